@@ -1,0 +1,26 @@
+/* cli.h - the subcommands of the `hotmoe` binary. Each lives in cli/cmd_<name>.c, parses its own
+ * flags, calls the public API (hotmoe.h) and returns the process exit code (0 ok, 1 error,
+ * 2 usage). The table in main.c lists them for `hotmoe help`. */
+#ifndef HM_CLI_H
+#define HM_CLI_H
+
+#include "hotmoe.h"
+
+typedef struct hm_cli_cmd {
+    const char *name;
+    int (*run)(int argc, char **argv); /* argv[0] is the subcommand name */
+    const char *summary;
+} hm_cli_cmd;
+
+int hm_cmd_inspect(int argc, char **argv);
+int hm_cmd_synth(int argc, char **argv);
+int hm_cmd_tokenize(int argc, char **argv);
+int hm_cmd_run(int argc, char **argv);
+int hm_cmd_bench(int argc, char **argv);
+int hm_cmd_perplexity(int argc, char **argv);
+int hm_cmd_logits(int argc, char **argv);
+
+/* True for -h / --help. */
+int hm_cli_is_help(const char *arg);
+
+#endif

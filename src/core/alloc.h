@@ -1,0 +1,28 @@
+/* alloc.h - aligned allocation and size-checked arithmetic.
+ *
+ * Sizes that come from files or users go through the checked helpers so an overflow becomes an
+ * error instead of a short allocation. */
+#ifndef HM_CORE_ALLOC_H
+#define HM_CORE_ALLOC_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define HM_ALIGN 64 /* cache line; enough for AVX-512 loads */
+
+/* Owned result, free with hm_free_aligned. NULL on failure or size 0. */
+void *hm_malloc_aligned(size_t size);
+void *hm_calloc_aligned(size_t size); /* zeroed */
+void hm_free_aligned(void *p);
+
+/* a*b / a+b into *out; false on overflow. */
+static inline bool hm_mul_ok(size_t a, size_t b, size_t *out) {
+    return !__builtin_mul_overflow(a, b, out);
+}
+static inline bool hm_add_ok(size_t a, size_t b, size_t *out) {
+    return !__builtin_add_overflow(a, b, out);
+}
+static inline uint64_t hm_align_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
+
+#endif

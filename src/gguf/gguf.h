@@ -1,0 +1,147 @@
+/* gguf.h - read (mmap) and write GGUF v2/v3 files.
+ *
+ * Reader invariants: every count, length, offset and shape in the file is bounds-checked
+ * against the file size before use; no allocation is sized from an unchecked value; a malformed
+ * file yields HM_ERR_FORMAT with a message naming the field and its byte offset. All pointers
+ * returned (strings, arrays, tensor data) are borrowed from the mapping and stay valid until
+ * hm_gguf_close. Strings in the file are not NUL-terminated: they come back as hm_gguf_str.
+ *
+ * Writer: streaming (tensor data is written as the caller produces it, in declaration order,
+ * never held whole in RAM) and atomic (writes PATH.tmp, fsyncs, renames onto PATH on finish). */
+#ifndef HM_GGUF_H
+#define HM_GGUF_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../core/status.h"
+
+#define HM_GGUF_MAX_DIMS 4
+#define HM_GGUF_DEFAULT_ALIGNMENT 32
+
+typedef enum hm_gguf_vtype {
+    HM_GGUF_U8 = 0,
+    HM_GGUF_I8 = 1,
+    HM_GGUF_U16 = 2,
+    HM_GGUF_I16 = 3,
+    HM_GGUF_U32 = 4,
+    HM_GGUF_I32 = 5,
+    HM_GGUF_F32 = 6,
+    HM_GGUF_BOOL = 7,
+    HM_GGUF_STRING = 8,
+    HM_GGUF_ARRAY = 9,
+    HM_GGUF_U64 = 10,
+    HM_GGUF_I64 = 11,
+    HM_GGUF_F64 = 12,
+    HM_GGUF_VTYPE_COUNT = 13,
+} hm_gguf_vtype;
+
+typedef struct hm_gguf_str {
+    const char *ptr; /* borrowed, not NUL-terminated */
+    uint64_t len;
+} hm_gguf_str;
+
+typedef struct hm_gguf hm_gguf;
+
+typedef struct hm_gguf_tensor {
+    const char *name;  /* NUL-terminated, owned by the hm_gguf */
+    uint32_t n_dims;
+    int64_t ne[HM_GGUF_MAX_DIMS]; /* elements per dim, ne[0] contiguous; unused dims are 1 */
+    int type;          /* ggml type id (hm_type); may be one we cannot compute */
+    uint64_t offset;   /* relative to the data section, as stored */
+    uint64_t file_offset; /* absolute byte offset in the file */
+    size_t nbytes;     /* checked: file_offset + nbytes <= file size */
+    const void *data;  /* borrowed pointer into the mapping */
+} hm_gguf_tensor;
+
+/* An array value: n elements of type elem_type (for nested arrays elem_type is HM_GGUF_ARRAY). */
+typedef struct hm_gguf_arr {
+    hm_gguf_vtype elem_type;
+    uint64_t n;
+    const void *data; /* borrowed; for fixed-size types a packed little-endian array */
+    uint64_t file_offset; /* where the first element starts */
+    const hm_gguf *owner;
+    int64_t kv_index; /* for string/nested element access */
+} hm_gguf_arr;
+
+/* ---- reader ---- */
+
+/* Map and parse PATH. *out owned by the caller, free with hm_gguf_close. */
+hm_status hm_gguf_open(hm_gguf **out, const char *path, hm_err *err);
+/* Parse an in-memory image (borrowed, must outlive the handle); used by the fuzzer and tests. */
+hm_status hm_gguf_open_mem(hm_gguf **out, const void *data, size_t size, hm_err *err);
+void hm_gguf_close(hm_gguf *g); /* NULL is a no-op */
+
+uint32_t hm_gguf_version(const hm_gguf *g);
+uint64_t hm_gguf_file_size(const hm_gguf *g);
+uint64_t hm_gguf_alignment(const hm_gguf *g);
+uint64_t hm_gguf_data_offset(const hm_gguf *g); /* absolute offset of the data section */
+const char *hm_gguf_path(const hm_gguf *g);     /* "" for in-memory images */
+
+/* Key/value pairs, in file order. */
+int64_t hm_gguf_n_kv(const hm_gguf *g);
+int64_t hm_gguf_find_key(const hm_gguf *g, const char *key); /* index or -1 */
+const char *hm_gguf_key(const hm_gguf *g, int64_t i);        /* NUL-terminated, owned by g */
+hm_gguf_vtype hm_gguf_kv_type(const hm_gguf *g, int64_t i);
+
+/* Typed getters by key. Return false when the key is absent or has an incompatible type.
+ * get_int accepts every integer type (and bool); get_float accepts f32/f64 and integers. */
+bool hm_gguf_get_int(const hm_gguf *g, const char *key, int64_t *out);
+bool hm_gguf_get_float(const hm_gguf *g, const char *key, double *out);
+bool hm_gguf_get_bool(const hm_gguf *g, const char *key, bool *out);
+bool hm_gguf_get_str(const hm_gguf *g, const char *key, hm_gguf_str *out);
+bool hm_gguf_get_arr(const hm_gguf *g, const char *key, hm_gguf_arr *out);
+/* By index, same rules. */
+bool hm_gguf_kv_int(const hm_gguf *g, int64_t i, int64_t *out);
+bool hm_gguf_kv_float(const hm_gguf *g, int64_t i, double *out);
+bool hm_gguf_kv_str(const hm_gguf *g, int64_t i, hm_gguf_str *out);
+bool hm_gguf_kv_arr(const hm_gguf *g, int64_t i, hm_gguf_arr *out);
+
+/* Array element access; index checked, false when out of range or of the wrong type.
+ * String elements are O(1) (the reader indexes string arrays at open). */
+bool hm_gguf_arr_str(const hm_gguf_arr *a, uint64_t i, hm_gguf_str *out);
+bool hm_gguf_arr_int(const hm_gguf_arr *a, uint64_t i, int64_t *out);
+bool hm_gguf_arr_float(const hm_gguf_arr *a, uint64_t i, double *out);
+bool hm_gguf_arr_arr(const hm_gguf_arr *a, uint64_t i, hm_gguf_arr *out); /* nested arrays */
+
+/* Tensors, in file order. */
+int64_t hm_gguf_n_tensors(const hm_gguf *g);
+const hm_gguf_tensor *hm_gguf_tensor_at(const hm_gguf *g, int64_t i);
+const hm_gguf_tensor *hm_gguf_find_tensor(const hm_gguf *g, const char *name); /* NULL if absent */
+
+/* ---- writer ---- */
+
+typedef struct hm_gguf_writer hm_gguf_writer;
+
+/* Start writing PATH (via PATH.tmp). alignment 0 = default 32. */
+hm_status hm_gguf_writer_open(hm_gguf_writer **out, const char *path, uint32_t alignment,
+                              hm_err *err);
+/* Metadata; call before hm_gguf_writer_begin_data. Keys are copied. */
+hm_status hm_gguf_writer_set_u32(hm_gguf_writer *w, const char *key, uint32_t v);
+hm_status hm_gguf_writer_set_i32(hm_gguf_writer *w, const char *key, int32_t v);
+hm_status hm_gguf_writer_set_u64(hm_gguf_writer *w, const char *key, uint64_t v);
+hm_status hm_gguf_writer_set_f32(hm_gguf_writer *w, const char *key, float v);
+hm_status hm_gguf_writer_set_bool(hm_gguf_writer *w, const char *key, bool v);
+hm_status hm_gguf_writer_set_str(hm_gguf_writer *w, const char *key, const char *v);
+/* Array of fixed-size elements (any scalar vtype); data copied. */
+hm_status hm_gguf_writer_set_arr(hm_gguf_writer *w, const char *key, hm_gguf_vtype elem_type,
+                                 const void *data, uint64_t n);
+hm_status hm_gguf_writer_set_arr_str(hm_gguf_writer *w, const char *key, const char *const *strs,
+                                     uint64_t n);
+/* Declare a tensor (shape, type); data comes later in the same order. */
+hm_status hm_gguf_writer_add_tensor(hm_gguf_writer *w, const char *name, int type, uint32_t n_dims,
+                                    const int64_t *ne);
+/* Write header, metadata and tensor table; after this only tensor data may be written. */
+hm_status hm_gguf_writer_begin_data(hm_gguf_writer *w);
+/* Append bytes of the current tensor; may be called many times per tensor. Padding between
+ * tensors is inserted automatically once a tensor's bytes are complete. */
+hm_status hm_gguf_writer_write(hm_gguf_writer *w, const void *data, size_t n);
+/* Check all data was written, fsync, rename PATH.tmp -> PATH, free w. */
+hm_status hm_gguf_writer_finish(hm_gguf_writer *w);
+/* Abandon: remove PATH.tmp, free w. NULL is a no-op. */
+void hm_gguf_writer_abort(hm_gguf_writer *w);
+/* Message of the last failure of w. */
+const char *hm_gguf_writer_error(const hm_gguf_writer *w);
+
+#endif
