@@ -41,6 +41,112 @@ const char *hm_status_name(hm_status s);
  * Returns HM_ERR_ARG on junk. */
 hm_status hm_parse_size(const char *s, int64_t *out, hm_err *err);
 
+/* ==== Models, sessions, sampling (engine/, model/) ======================================== */
+
+typedef struct hm_model hm_model;     /* an opened model file: weights mmapped, read-only */
+typedef struct hm_session hm_session; /* one conversation: KV cache, scratch, thread pool */
+
+typedef struct hm_model_opts {
+    bool verbose; /* log hparams and loading to stderr */
+} hm_model_opts;
+
+/* Fills o with the defaults. */
+void hm_model_opts_default(hm_model_opts *o);
+
+/* Open the GGUF model at path: reads hparams, checks the architecture is one we run and binds
+ * every tensor by name, checking shape and type (an error names the tensor, the expected and
+ * the found shape). Weights stay in the file mapping and are used in place. *out is owned by
+ * the caller (hm_model_close). opts NULL = defaults. */
+hm_status hm_model_open(hm_model **out, const char *path, const hm_model_opts *opts, hm_err *err);
+void hm_model_close(hm_model *m); /* NULL is a no-op; close sessions first */
+
+typedef struct hm_model_info {
+    const char *arch;     /* "qwen3moe"; borrowed from the model */
+    const char *name;     /* general.name or "" */
+    int32_t n_vocab;
+    int32_t n_ctx_train;
+    int32_t n_embd;
+    int32_t n_layer;
+    int32_t n_head;
+    int32_t n_head_kv;
+    int32_t head_dim;
+    int32_t n_expert;
+    int32_t n_expert_used;
+    int32_t n_ff_exp;
+    int32_t bos_id;       /* -1 when the file names none */
+    int32_t eos_id;       /* -1 when the file names none */
+    bool add_bos;         /* tokenizer.ggml.add_bos_token (false when absent) */
+    uint64_t n_params;    /* elements of all tensors */
+    uint64_t file_bytes;
+} hm_model_info;
+
+/* Borrowed; valid until hm_model_close. */
+const hm_model_info *hm_model_get_info(const hm_model *m);
+int32_t hm_model_n_vocab(const hm_model *m);
+int32_t hm_model_n_ctx_train(const hm_model *m);
+const char *hm_model_arch(const hm_model *m);
+
+typedef enum hm_kv_type { HM_KV_F16 = 0, HM_KV_F32 = 1 } hm_kv_type;
+
+typedef struct hm_session_opts {
+    int32_t n_ctx;     /* KV cache positions; 0 = min(n_ctx_train, 4096) */
+    int32_t n_threads; /* compute threads incl. the caller; 0 = online CPUs */
+    int32_t n_ubatch;  /* tokens per forward micro-batch; 0 = 512 */
+    hm_kv_type kv_type;
+} hm_session_opts;
+
+void hm_session_opts_default(hm_session_opts *o);
+
+/* Open a session on m (borrowed: m must outlive it). Everything the forward pass needs (KV cache
+ * for n_ctx positions, activations for one ubatch, the thread pool) is allocated here, so eval
+ * in decode never allocates. *out owned by the caller (hm_session_close). */
+hm_status hm_session_open(hm_session **out, hm_model *m, const hm_session_opts *opts, hm_err *err);
+void hm_session_close(hm_session *s); /* NULL is a no-op */
+
+/* Append n tokens at positions n_past .. n_past+n-1 and run the forward pass (in ubatch pieces).
+ * *logits (borrowed, valid until the next eval/reset/close) receives [n][n_vocab] floats when
+ * logits_all, else [n_vocab] for the last token. logits may be NULL (prefill only).
+ * HM_ERR_ARG when n_past + n > n_ctx (nothing is evaluated) or a token id is out of range.
+ * logits_all with a batch larger than any before grows the logits buffer (one allocation). */
+hm_status hm_session_eval(hm_session *s, const int32_t *tokens, int32_t n, bool logits_all,
+                          const float **logits, hm_err *err);
+int32_t hm_session_n_past(const hm_session *s);
+int32_t hm_session_n_ctx(const hm_session *s);
+int32_t hm_session_n_threads(const hm_session *s);
+/* Forget every position (n_past = 0). */
+void hm_session_reset(hm_session *s);
+/* Keep the first n_keep positions, drop the rest (n_keep <= n_past). */
+hm_status hm_session_trim(hm_session *s, int32_t n_keep, hm_err *err);
+
+/* Sampling: repetition penalty over the last repeat_last_n accepted tokens, then greedy argmax
+ * when temp <= 0, else top-k -> top-p -> min-p (on the softmax at temperature 1) -> temperature ->
+ * a draw from a seeded generator. Same seed, same logits, same history => same tokens. */
+typedef struct hm_sampler hm_sampler;
+
+typedef struct hm_sampler_opts {
+    float temp;           /* <= 0: greedy */
+    int32_t top_k;        /* <= 0: off */
+    float top_p;          /* >= 1: off */
+    float min_p;          /* <= 0: off */
+    float repeat_penalty; /* 1: off */
+    int32_t repeat_last_n;/* history window for the penalty (0: off) */
+    uint64_t seed;
+} hm_sampler_opts;
+
+/* temp 0.8, top_k 40, top_p 0.95, min_p 0.05, repeat_penalty 1.0, repeat_last_n 64, seed 0. */
+void hm_sampler_opts_default(hm_sampler_opts *o);
+hm_status hm_sampler_open(hm_sampler **out, int32_t n_vocab, const hm_sampler_opts *opts,
+                          hm_err *err);
+void hm_sampler_close(hm_sampler *s); /* NULL is a no-op */
+/* Pick a token from logits [n_vocab] (not modified). Does not allocate. */
+int32_t hm_sampler_sample(hm_sampler *s, const float *logits);
+/* Record a token in the penalty history (prompt tokens too, if they should be penalised). */
+void hm_sampler_accept(hm_sampler *s, int32_t token);
+/* Clear the history and re-seed with opts.seed. */
+void hm_sampler_reset(hm_sampler *s);
+
+/* ==== end of models, sessions, sampling ================================================== */
+
 #ifdef __cplusplus
 }
 #endif
