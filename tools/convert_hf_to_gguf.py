@@ -1,0 +1,174 @@
+"""convert_hf_to_gguf.py - convert a Hugging Face Qwen3MoeForCausalLM to GGUF (arch qwen3moe).
+
+Follows llama.cpp's conventions for qwen3moe (key and tensor names, expert tensors stacked into
+3-D {n_embd, n_ff_exp, n_expert} / {n_ff_exp, n_embd, n_expert}, Q/K not permuted since Qwen3
+uses NEOX-style rotary). Works from a state_dict, so it accepts both transformers layouts: one
+Linear per expert (mlp.experts.E.{gate,up,down}_proj.weight) and the fused v5 tensors
+(mlp.experts.gate_up_proj [E, 2*n_ff, n_embd], mlp.experts.down_proj [E, n_embd, n_ff]).
+
+Usage: python3 tools/convert_hf_to_gguf.py HF_DIR OUT.gguf [--type f32|f16|q8_0]
+"""
+import argparse
+import json
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import gguf_write as gw  # noqa: E402
+
+TOKEN_NORMAL, TOKEN_CONTROL, TOKEN_UNUSED = 1, 3, 5
+FTYPE = {"f32": 0, "f16": 1, "q8_0": 7}
+GGML = {"f32": gw.GGML_F32, "f16": gw.GGML_F16, "q8_0": gw.GGML_Q8_0}
+
+
+def gpt2_byte_tokens():
+    """The 256 byte tokens of byte-level BPE, in GPT-2's byte -> printable unicode mapping."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
+        list(range(ord("®"), ord("ÿ") + 1))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    table = dict(zip(bs, cs))
+    return [chr(table[b]) for b in range(256)]
+
+
+def minimal_vocab(vocab_size):
+    """A small valid byte-level BPE vocabulary padded to vocab_size (for random models)."""
+    toks = gpt2_byte_tokens()
+    merges = []
+    for a, b in [("Ġ", "t"), ("h", "e"), ("i", "n"), ("Ġ", "a"), ("r", "e"), ("o", "n"),
+                 ("Ġt", "he"), ("e", "r"), ("Ġ", "s"), ("a", "t")]:
+        if a in toks and b in toks and a + b not in toks:
+            toks.append(a + b)
+            merges.append(f"{a} {b}")
+    types = [TOKEN_NORMAL] * len(toks)
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    for s in specials:
+        toks.append(s)
+        types.append(TOKEN_CONTROL)
+    if len(toks) > vocab_size:
+        raise ValueError(f"vocab_size {vocab_size} too small for the minimal vocabulary ({len(toks)})")
+    while len(toks) < vocab_size:
+        toks.append(f"[PAD{len(toks)}]")
+        types.append(TOKEN_UNUSED)
+    eos = toks.index("<|endoftext|>")
+    return toks, types, merges, eos
+
+
+def experts_from_state(sd, layer, n_expert, n_ff, n_embd):
+    """Return gate, up [E, n_ff, n_embd] and down [E, n_embd, n_ff] for one layer."""
+    p = f"model.layers.{layer}.mlp.experts"
+    if f"{p}.0.gate_proj.weight" in sd:
+        gate = np.stack([sd[f"{p}.{e}.gate_proj.weight"] for e in range(n_expert)])
+        up = np.stack([sd[f"{p}.{e}.up_proj.weight"] for e in range(n_expert)])
+        down = np.stack([sd[f"{p}.{e}.down_proj.weight"] for e in range(n_expert)])
+        return gate, up, down
+    gu, dn = sd[f"{p}.gate_up_proj"], sd[f"{p}.down_proj"]
+    if gu.shape == (n_expert, 2 * n_ff, n_embd):
+        gate, up = gu[:, :n_ff, :], gu[:, n_ff:, :]
+    elif gu.shape == (n_expert, n_embd, 2 * n_ff):  # stored transposed
+        gate, up = gu[:, :, :n_ff].transpose(0, 2, 1), gu[:, :, n_ff:].transpose(0, 2, 1)
+    else:
+        raise ValueError(f"{p}.gate_up_proj: unexpected shape {gu.shape}")
+    if dn.shape == (n_expert, n_embd, n_ff):
+        down = dn
+    elif dn.shape == (n_expert, n_ff, n_embd):
+        down = dn.transpose(0, 2, 1)
+    else:
+        raise ValueError(f"{p}.down_proj: unexpected shape {dn.shape}")
+    return np.ascontiguousarray(gate), np.ascontiguousarray(up), np.ascontiguousarray(down)
+
+
+def gguf_tensors(cfg, sd):
+    """Map a Qwen3-MoE state_dict (numpy float arrays) to GGUF tensor names (numpy layout)."""
+    L, E = cfg["num_hidden_layers"], cfg["num_experts"]
+    n_embd, n_ff = cfg["hidden_size"], cfg["moe_intermediate_size"]
+    out = {"token_embd.weight": sd["model.embed_tokens.weight"],
+           "output_norm.weight": sd["model.norm.weight"]}
+    if "lm_head.weight" in sd and not cfg.get("tie_word_embeddings", False):
+        out["output.weight"] = sd["lm_head.weight"]
+    for i in range(L):
+        p = f"model.layers.{i}"
+        b = f"blk.{i}"
+        out[f"{b}.attn_norm.weight"] = sd[f"{p}.input_layernorm.weight"]
+        out[f"{b}.attn_q.weight"] = sd[f"{p}.self_attn.q_proj.weight"]
+        out[f"{b}.attn_k.weight"] = sd[f"{p}.self_attn.k_proj.weight"]
+        out[f"{b}.attn_v.weight"] = sd[f"{p}.self_attn.v_proj.weight"]
+        out[f"{b}.attn_output.weight"] = sd[f"{p}.self_attn.o_proj.weight"]
+        out[f"{b}.attn_q_norm.weight"] = sd[f"{p}.self_attn.q_norm.weight"]
+        out[f"{b}.attn_k_norm.weight"] = sd[f"{p}.self_attn.k_norm.weight"]
+        out[f"{b}.ffn_norm.weight"] = sd[f"{p}.post_attention_layernorm.weight"]
+        out[f"{b}.ffn_gate_inp.weight"] = sd[f"{p}.mlp.gate.weight"]
+        g, u, d = experts_from_state(sd, i, E, n_ff, n_embd)
+        out[f"{b}.ffn_gate_exps.weight"] = g
+        out[f"{b}.ffn_up_exps.weight"] = u
+        out[f"{b}.ffn_down_exps.weight"] = d
+    return out
+
+
+def write_gguf(path, cfg, tensors, out_type="f32", name="qwen3moe", tokenizer=None):
+    """tokenizer: None for the minimal vocabulary, else dict(tokens, types, merges, bos, eos)."""
+    a = "qwen3moe"
+    w = gw.GGUFWriter(path)
+    w.add_str("general.architecture", a)
+    w.add_str("general.name", name)
+    w.add_u32("general.file_type", FTYPE[out_type])
+    w.add_u32("general.quantization_version", 2)
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    w.add_u32(f"{a}.block_count", cfg["num_hidden_layers"])
+    w.add_u32(f"{a}.context_length", cfg["max_position_embeddings"])
+    w.add_u32(f"{a}.embedding_length", cfg["hidden_size"])
+    w.add_u32(f"{a}.feed_forward_length", cfg.get("intermediate_size", cfg["moe_intermediate_size"]))
+    w.add_u32(f"{a}.attention.head_count", cfg["num_attention_heads"])
+    w.add_u32(f"{a}.attention.head_count_kv", cfg["num_key_value_heads"])
+    w.add_u32(f"{a}.attention.key_length", head_dim)
+    w.add_u32(f"{a}.attention.value_length", head_dim)
+    w.add_f32(f"{a}.rope.freq_base", cfg.get("rope_theta", 1e6))
+    w.add_f32(f"{a}.attention.layer_norm_rms_epsilon", cfg["rms_norm_eps"])
+    w.add_u32(f"{a}.expert_count", cfg["num_experts"])
+    w.add_u32(f"{a}.expert_used_count", cfg["num_experts_per_tok"])
+    w.add_u32(f"{a}.expert_feed_forward_length", cfg["moe_intermediate_size"])
+    if tokenizer is None:
+        toks, types, merges, eos = minimal_vocab(cfg["vocab_size"])
+        tokenizer = {"tokens": toks, "types": types, "merges": merges, "bos": eos, "eos": eos}
+    w.add_str("tokenizer.ggml.model", "gpt2")
+    w.add_str("tokenizer.ggml.pre", "qwen2")
+    w.add_array("tokenizer.ggml.tokens", gw.STRING, tokenizer["tokens"])
+    w.add_array("tokenizer.ggml.token_type", gw.I32, tokenizer["types"])
+    w.add_array("tokenizer.ggml.merges", gw.STRING, tokenizer["merges"])
+    w.add_u32("tokenizer.ggml.bos_token_id", tokenizer["bos"])
+    w.add_u32("tokenizer.ggml.eos_token_id", tokenizer["eos"])
+    w.add_u32("tokenizer.ggml.padding_token_id", tokenizer["eos"])
+    w.add_bool("tokenizer.ggml.add_bos_token", False)
+    for n, t in tensors.items():
+        t = np.asarray(t, dtype=np.float32)
+        typ = GGML[out_type] if (t.ndim >= 2 and not n.endswith("_norm.weight")
+                                 and "ffn_gate_inp" not in n) else gw.GGML_F32
+        w.add_tensor(n, t, typ)
+    w.write()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("hf_dir")
+    ap.add_argument("out")
+    ap.add_argument("--type", default="f16", choices=sorted(FTYPE))
+    args = ap.parse_args()
+    from safetensors.numpy import load_file
+    cfg = json.load(open(os.path.join(args.hf_dir, "config.json")))
+    sd = {}
+    for f in sorted(os.listdir(args.hf_dir)):
+        if f.endswith(".safetensors"):
+            sd.update({k: v.astype(np.float32) for k, v in load_file(os.path.join(args.hf_dir, f)).items()})
+    write_gguf(args.out, cfg, gguf_tensors(cfg, sd), args.type, name=os.path.basename(args.hf_dir.rstrip("/")))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
