@@ -1,0 +1,214 @@
+/* cpu_attn.c - causal GQA attention over the f16 KV cache, and the cache writes.
+ *
+ * Work items are (query, q head, KV split). With few (query, head) pairs (decode on many threads)
+ * the KV range of each is cut into n_split parts computed independently (flash-decoding): each
+ * part keeps its max m, sum l and unnormalised output o, and after a barrier the parts are merged
+ * in split order. Each part is two-pass: scores into a per-thread buffer, then softmax and the
+ * weighted sum of V rows. */
+#include "cpu_impl.h"
+#include "core/fp16.h"
+
+/* ---- f16 row helpers ---- */
+
+static float dot_f32_f16(const float *q, const uint16_t *k, int n) {
+    int i = 0;
+#ifdef HM_CPU_AVX512
+    __m512 acc = _mm512_setzero_ps();
+    for (; i + 16 <= n; i += 16) {
+        __m512 kv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(k + i)));
+        acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + i), kv, acc);
+    }
+    float s = _mm512_reduce_add_ps(acc);
+#else
+    float s = 0.0f;
+#endif
+    for (; i < n; i++) s += q[i] * hm_fp16_to_f32(k[i]);
+    return s;
+}
+
+/* o += a * v */
+static void axpy_f16(float *o, float a, const uint16_t *v, int n) {
+    int i = 0;
+#ifdef HM_CPU_AVX512
+    __m512 av = _mm512_set1_ps(a);
+    for (; i + 16 <= n; i += 16) {
+        __m512 vv = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(v + i)));
+        _mm512_storeu_ps(o + i, _mm512_fmadd_ps(av, vv, _mm512_loadu_ps(o + i)));
+    }
+#endif
+    for (; i < n; i++) o[i] += a * hm_fp16_to_f32(v[i]);
+}
+
+static void f32_to_f16_row(const float *x, uint16_t *y, int n) {
+    int i = 0;
+#ifdef HM_CPU_AVX512
+    for (; i + 16 <= n; i += 16)
+        _mm256_storeu_si256((__m256i *)(y + i),
+                            _mm512_cvtps_ph(_mm512_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+#endif
+    for (; i < n; i++) y[i] = hm_f32_to_fp16(x[i]);
+}
+
+/* ---- cache write ---- */
+
+typedef struct {
+    uint16_t *kc, *vc;
+    int64_t n_ctx, n_tok;
+    int n_kv_head, head_dim;
+    const float *k, *v;
+    const int32_t *pos;
+} kvw_ctx;
+
+static void kvw_task(void *vctx, int ith, int nth) {
+    const kvw_ctx *c = vctx;
+    int64_t lo, hi;
+    hm_split(c->n_tok * c->n_kv_head, ith, nth, &lo, &hi);
+    for (int64_t i = lo; i < hi; i++) {
+        int64_t t = i / c->n_kv_head, h = i % c->n_kv_head;
+        HM_ASSERT(c->pos[t] >= 0 && c->pos[t] < c->n_ctx);
+        size_t dst = ((size_t)h * (size_t)c->n_ctx + (size_t)c->pos[t]) * (size_t)c->head_dim;
+        size_t src = ((size_t)t * (size_t)c->n_kv_head + (size_t)h) * (size_t)c->head_dim;
+        f32_to_f16_row(c->k + src, c->kc + dst, c->head_dim);
+        f32_to_f16_row(c->v + src, c->vc + dst, c->head_dim);
+    }
+}
+
+void hm_cpu_kv_write(hm_pool *pool, uint16_t *k_cache, uint16_t *v_cache, int64_t n_ctx,
+                     int n_kv_head, int head_dim, const float *k, const float *v, int64_t n_tok,
+                     const int32_t *pos) {
+    kvw_ctx c = {k_cache, v_cache, n_ctx, n_tok, n_kv_head, head_dim, k, v, pos};
+    if (n_tok * n_kv_head * head_dim < 16384) kvw_task(&c, 0, 1);
+    else hm_pool_run(pool, kvw_task, &c);
+}
+
+/* ---- attention ---- */
+
+typedef struct {
+    hm_pool *pool;
+    const float *q;
+    const int32_t *pos;
+    const uint16_t *kc, *vc;
+    float *out;
+    int64_t n_tok, n_ctx;
+    int n_head, n_kv_head, head_dim, n_split;
+    float scale;
+    float *scores;   /* [nth, n_ctx] */
+    float *partials; /* [n_tok * n_head * n_split, head_dim + 2] when n_split > 1 */
+    _Alignas(64) _Atomic int64_t next;
+} attn_ctx;
+
+static int attn_splits(int64_t n_tok, int n_head, int nth) {
+    int64_t pairs = n_tok * n_head;
+    if (pairs >= 4 * (int64_t)nth) return 1;
+    return (int)((4 * (int64_t)nth + pairs - 1) / pairs);
+}
+
+size_t hm_cpu_attention_scratch_size(int64_t n_tok, int64_t n_ctx, int n_head, int head_dim,
+                                     int n_threads) {
+    size_t s = 4 * HM_ALIGN;
+    s += (size_t)n_threads * hm_align_up((uint64_t)n_ctx * sizeof(float), HM_ALIGN);
+    int ns = attn_splits(n_tok, n_head, n_threads);
+    if (ns > 1)
+        s += (size_t)n_tok * (size_t)n_head * (size_t)ns * ((size_t)head_dim + 2) * sizeof(float);
+    return s;
+}
+
+/* One (t, h, split) item: unnormalised o over its KV range, with its max and sum. */
+static void attn_item(const attn_ctx *c, int64_t item, float *sc, float *o, float *m_out, float *l_out) {
+    const int64_t s = item % c->n_split;
+    const int64_t th = item / c->n_split;
+    const int64_t t = th / c->n_head;
+    const int h = (int)(th % c->n_head);
+    const int d = c->head_dim;
+    const int kvh = h / (c->n_head / c->n_kv_head);
+    const int64_t n_kv = (int64_t)c->pos[t] + 1;
+    const int64_t p0 = n_kv * s / c->n_split, p1 = n_kv * (s + 1) / c->n_split;
+    const float *qv = c->q + (t * c->n_head + h) * d;
+    const uint16_t *kb = c->kc + (size_t)kvh * (size_t)c->n_ctx * (size_t)d;
+    const uint16_t *vb = c->vc + (size_t)kvh * (size_t)c->n_ctx * (size_t)d;
+    float m = -INFINITY;
+    for (int64_t p = p0; p < p1; p++) {
+        float v = c->scale * dot_f32_f16(qv, kb + p * d, d);
+        sc[p - p0] = v;
+        m = v > m ? v : m;
+    }
+    float l = 0.0f;
+    memset(o, 0, (size_t)d * sizeof(float));
+    for (int64_t p = p0; p < p1; p++) {
+        float e = expf(sc[p - p0] - m);
+        l += e;
+        axpy_f16(o, e, vb + p * d, d);
+    }
+    *m_out = m;
+    *l_out = l;
+}
+
+static void attn_task(void *vctx, int ith, int nth) {
+    attn_ctx *c = vctx;
+    float *sc = c->scores + (size_t)ith * hm_align_up((uint64_t)c->n_ctx, 16);
+    const int d = c->head_dim;
+    const int64_t n_items = c->n_tok * c->n_head * c->n_split;
+    for (int64_t k = ith; k < n_items;) {
+        if (c->n_split == 1) {
+            float *o = c->out + k * d; /* item k = (t, h): out row t, head h */
+            float m, l;
+            attn_item(c, k, sc, o, &m, &l);
+            float inv = 1.0f / l;
+            for (int i = 0; i < d; i++) o[i] *= inv;
+        } else {
+            float *pp = c->partials + k * (d + 2);
+            attn_item(c, k, sc, pp + 2, &pp[0], &pp[1]);
+        }
+        k = atomic_fetch_add_explicit(&c->next, 1, memory_order_relaxed);
+    }
+    if (c->n_split == 1) return;
+    hm_pool_barrier(c->pool);
+    int64_t lo, hi;
+    hm_split(c->n_tok * c->n_head, ith, nth, &lo, &hi);
+    for (int64_t th = lo; th < hi; th++) {
+        const float *pp = c->partials + th * c->n_split * (d + 2);
+        float m = -INFINITY;
+        for (int s = 0; s < c->n_split; s++) m = pp[s * (d + 2)] > m ? pp[s * (d + 2)] : m;
+        float *o = c->out + th * d;
+        memset(o, 0, (size_t)d * sizeof(float));
+        float l = 0.0f;
+        for (int s = 0; s < c->n_split; s++) {
+            const float *ps = pp + s * (d + 2);
+            if (ps[1] == 0.0f) continue; /* empty range */
+            float f = expf(ps[0] - m);
+            l += f * ps[1];
+            for (int i = 0; i < d; i++) o[i] += f * ps[2 + i];
+        }
+        float inv = 1.0f / l;
+        for (int i = 0; i < d; i++) o[i] *= inv;
+    }
+}
+
+void hm_cpu_attention(hm_pool *pool, const float *q, int64_t n_tok, const int32_t *pos,
+                      const uint16_t *k_cache, const uint16_t *v_cache, int64_t n_ctx, int n_head,
+                      int n_kv_head, int head_dim, float scale, float *out, hm_scratch *scratch) {
+    HM_ASSERT(n_kv_head > 0 && n_head % n_kv_head == 0);
+    const int nth = hm_pool_size(pool);
+    attn_ctx c;
+    memset(&c, 0, sizeof c);
+    c.pool = pool;
+    c.q = q;
+    c.pos = pos;
+    c.kc = k_cache;
+    c.vc = v_cache;
+    c.out = out;
+    c.n_tok = n_tok;
+    c.n_ctx = n_ctx;
+    c.n_head = n_head;
+    c.n_kv_head = n_kv_head;
+    c.head_dim = head_dim;
+    c.scale = scale;
+    c.n_split = attn_splits(n_tok, n_head, nth);
+    for (int64_t t = 0; t < n_tok; t++) HM_ASSERT(pos[t] >= 0 && pos[t] < n_ctx);
+    hm_bump b = hm_bump_init(scratch);
+    c.scores = hm_bump_take(&b, (size_t)nth * hm_align_up((uint64_t)n_ctx, 16) * sizeof(float));
+    if (c.n_split > 1)
+        c.partials = hm_bump_take(&b, (size_t)(n_tok * n_head * c.n_split) * ((size_t)head_dim + 2) * sizeof(float));
+    atomic_init(&c.next, nth);
+    hm_pool_run(pool, attn_task, &c);
+}

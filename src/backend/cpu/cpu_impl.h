@@ -1,0 +1,77 @@
+/* cpu_impl.h - internals shared inside backend/cpu/: work splitting, activation quantisation,
+ * small SIMD helpers (AVX-512 when compiled, scalar otherwise). */
+#ifndef HM_BACKEND_CPU_IMPL_H
+#define HM_BACKEND_CPU_IMPL_H
+
+#include <math.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "core/status.h"
+#include "cpu_ops.h"
+#include "quant/quant.h"
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#define HM_CPU_AVX512 1
+#endif
+
+/* [*lo, *hi) = the ith of nth near-equal parts of [0, n). */
+static inline void hm_split(int64_t n, int ith, int nth, int64_t *lo, int64_t *hi) {
+    *lo = n * ith / nth;
+    *hi = n * (ith + 1) / nth;
+}
+
+/* Bump allocator over an hm_scratch: 64-byte aligned pieces; asserts on overflow (a sizing bug). */
+typedef struct hm_bump {
+    char *p;
+    size_t left;
+} hm_bump;
+
+static inline hm_bump hm_bump_init(hm_scratch *s) {
+    hm_bump b = {s ? (char *)s->data : NULL, s ? s->size : 0};
+    uintptr_t mis = (uintptr_t)b.p % HM_ALIGN;
+    if (mis) {
+        size_t pad = HM_ALIGN - mis;
+        HM_ASSERT(b.left >= pad);
+        b.p += pad;
+        b.left -= pad;
+    }
+    return b;
+}
+
+static inline void *hm_bump_take(hm_bump *b, size_t bytes) {
+    size_t n = (size_t)hm_align_up(bytes, HM_ALIGN);
+    HM_ASSERT(n <= b->left);
+    void *r = b->p;
+    b->p += n;
+    b->left -= n;
+    return r;
+}
+
+/* Bytes of one activation row of ne0 elements quantised to any partner type, rounded to 64:
+ * the largest partner is F32 (4 bytes/element). */
+static inline size_t hm_act_row_bound(int64_t ne0) { return (size_t)hm_align_up((uint64_t)ne0 * 4, HM_ALIGN); }
+
+static inline float hm_dot_f32(const float *a, const float *b, int64_t n) {
+    int64_t i = 0;
+#ifdef HM_CPU_AVX512
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    for (; i + 32 <= n; i += 32) {
+        acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc0);
+        acc1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), acc1);
+    }
+    for (; i + 16 <= n; i += 16) acc0 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc0);
+    float s = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+#else
+    float s = 0.0f;
+#endif
+    for (; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+static inline float hm_silu(float x) { return x / (1.0f + expf(-x)); }
+
+#endif
