@@ -19,6 +19,9 @@
 
 #define HM_GGUF_MAX_DIMS 4
 #define HM_GGUF_DEFAULT_ALIGNMENT 32
+/* Arrays may nest (array of arrays ...) at most this deep; deeper files are rejected, and the
+ * writer refuses to produce them. Bounds the reader's recursion. */
+#define HM_GGUF_MAX_ARRAY_DEPTH 8
 
 typedef enum hm_gguf_vtype {
     HM_GGUF_U8 = 0,
@@ -62,8 +65,14 @@ typedef struct hm_gguf_arr {
     const void *data; /* borrowed; for fixed-size types a packed little-endian array */
     uint64_t file_offset; /* where the first element starts */
     const hm_gguf *owner;
-    int64_t kv_index; /* for string/nested element access */
+    int64_t kv_index; /* the kv this array belongs to (nested arrays: the top-level kv) */
+    int64_t node;     /* internal: the reader's index of this array, for string/nested access */
 } hm_gguf_arr;
+
+/* Name of a value type ("u32", "string", "array"), "unknown" out of range. */
+const char *hm_gguf_vtype_name(int t);
+/* Bytes of one element of a fixed-size type; 0 for string, array and unknown types. */
+size_t hm_gguf_vtype_size(int t);
 
 /* ---- reader ---- */
 
@@ -97,6 +106,7 @@ bool hm_gguf_kv_int(const hm_gguf *g, int64_t i, int64_t *out);
 bool hm_gguf_kv_float(const hm_gguf *g, int64_t i, double *out);
 bool hm_gguf_kv_str(const hm_gguf *g, int64_t i, hm_gguf_str *out);
 bool hm_gguf_kv_arr(const hm_gguf *g, int64_t i, hm_gguf_arr *out);
+bool hm_gguf_kv_bool(const hm_gguf *g, int64_t i, bool *out);
 
 /* Array element access; index checked, false when out of range or of the wrong type.
  * String elements are O(1) (the reader indexes string arrays at open). */
@@ -114,9 +124,34 @@ const hm_gguf_tensor *hm_gguf_find_tensor(const hm_gguf *g, const char *name); /
 
 typedef struct hm_gguf_writer hm_gguf_writer;
 
-/* Start writing PATH (via PATH.tmp). alignment 0 = default 32. */
+/* A metadata value for hm_gguf_writer_set_value: any type, arrays nested to any depth up to
+ * HM_GGUF_MAX_ARRAY_DEPTH. Everything it points to is borrowed for the duration of the call. */
+typedef struct hm_gguf_value {
+    hm_gguf_vtype type;
+    union {
+        uint64_t u;      /* U8 U16 U32 U64, BOOL (0/1): must fit the type */
+        int64_t i;       /* I8 I16 I32 I64: must fit the type */
+        double f;        /* F32 F64 */
+        hm_gguf_str str; /* STRING (ptr may be NULL when len is 0) */
+        struct {
+            hm_gguf_vtype elem_type;
+            uint64_t n;
+            /* fixed-size elem_type: n packed little-endian elements; STRING: hm_gguf_str[n];
+             * ARRAY: hm_gguf_value[n], each of type ARRAY */
+            const void *data;
+        } arr;
+    };
+} hm_gguf_value;
+
+/* Start writing PATH (via PATH.tmp). alignment 0 = default 32; else a power of two (a
+ * non-default alignment is recorded as general.alignment automatically).
+ * err (may be NULL) is kept by the writer: every later failure of w is also reported there,
+ * including hm_gguf_writer_finish's (after which w is gone), so err must outlive w.
+ * The first failure is sticky: later calls return it and finish removes PATH.tmp. */
 hm_status hm_gguf_writer_open(hm_gguf_writer **out, const char *path, uint32_t alignment,
                               hm_err *err);
+/* Any value type, nested arrays included. Duplicate keys are HM_ERR_ARG. */
+hm_status hm_gguf_writer_set_value(hm_gguf_writer *w, const char *key, const hm_gguf_value *v);
 /* Metadata; call before hm_gguf_writer_begin_data. Keys are copied. */
 hm_status hm_gguf_writer_set_u32(hm_gguf_writer *w, const char *key, uint32_t v);
 hm_status hm_gguf_writer_set_i32(hm_gguf_writer *w, const char *key, int32_t v);
@@ -137,7 +172,9 @@ hm_status hm_gguf_writer_begin_data(hm_gguf_writer *w);
 /* Append bytes of the current tensor; may be called many times per tensor. Padding between
  * tensors is inserted automatically once a tensor's bytes are complete. */
 hm_status hm_gguf_writer_write(hm_gguf_writer *w, const void *data, size_t n);
-/* Check all data was written, fsync, rename PATH.tmp -> PATH, free w. */
+/* Check all data was written, fsync, rename PATH.tmp -> PATH, free w. Calls begin_data when it
+ * was not called (metadata-only files). Frees w on failure too (PATH.tmp removed, PATH untouched;
+ * the message goes to the err given to hm_gguf_writer_open). */
 hm_status hm_gguf_writer_finish(hm_gguf_writer *w);
 /* Abandon: remove PATH.tmp, free w. NULL is a no-op. */
 void hm_gguf_writer_abort(hm_gguf_writer *w);
