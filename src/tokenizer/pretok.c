@@ -1,0 +1,59 @@
+/* pretok.c - the table of known pre-tokenizers (see pretok.h). The regex strings are the
+ * originals from each model family's tokenizer.json. */
+#include "pretok.h"
+
+#include <string.h>
+
+#define RX_GPT2 "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+"
+
+static const hm_pretok_def defs[] = {
+    {"qwen2",
+     {"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*"
+      "|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"},
+     true, false},
+    {"qwen35",
+     {"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?[\\p{L}\\p{M}]+|\\p{N}"
+      "| ?[^\\s\\p{L}\\p{M}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"},
+     true, false},
+    {"llama-bpe",
+     {"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}"
+      "| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"},
+     false, true},
+    {"deepseek-llm",
+     {"[\\r\\n]",
+      "\\s?[A-Za-zµÀ-ÖØ-öø-ƺƼ-ƿǄ-ʓʕ-ʯͰ-ͳͶͷͻ-ͽͿΆΈ-ΊΌΎ-ΡΣ-ϵϷ-ҁҊ-ԯԱ-ՖႠ-ჅᎠ-Ᏽᏸ-ᏽᲐ-ᲺᲽ-Ჿᴀ-ᴫᵫ-ᵷᵹ-ᶚḀ-ἕἘ-Ἕἠ-ὅὈ-Ὅὐ-ὗὙὛὝὟ-ώᾀ-ᾴᾶ-ᾼιῂ-ῄῆ-ῌῐ-ΐῖ-Ίῠ-Ῥῲ-ῴῶ-ῼℂℇℊ-ℓℕℙ-ℝℤΩℨK-ℭℯ-ℴℹℼ-ℿⅅ-ⅉⅎↃↄⰀ-ⱻⱾ-ⳤⳫ-ⳮⳲⳳꙀ-ꙭꚀ-ꚛꜢ-ꝯꝱ-ꞇꞋ-ꞎꭰ-ꮿﬀ-ﬆﬓ-ﬗＡ-Ｚａ-ｚ𐐀-𐑏𐒰-𐓓𐓘-𐓻𐲀-𐲲𐳀-𐳲𑢠-𑣟𞤀-𞥃]+",
+      "\\s?[!-/:-~！-／：-～‘-‟　-。]+", "\\s+$", "[一-龥ࠀ-一가-퟿]+", "\\p{N}+"},
+     false, false},
+    {"deepseek-v3",
+     {"\\p{N}{1,3}", "[一-龥\\x{3040}-ゟ゠-ヿ]+",
+      "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\\r\\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+"
+      "| ?[\\p{P}\\p{S}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"},
+     false, false},
+    {"gpt-2", {RX_GPT2}, false, false},
+};
+
+static const struct {
+    const char *alias, *name;
+} aliases[] = {
+    {"default", "gpt-2"}, {"gpt2", "gpt-2"},   {"llama3", "llama-bpe"},
+    {"deepseek3-llm", "deepseek-v3"}, {"deepseek-llm", "deepseek-llm"},
+};
+
+const hm_pretok_def *hm_pretok_at(size_t i) {
+    return i < sizeof defs / sizeof defs[0] ? &defs[i] : NULL;
+}
+
+static const hm_pretok_def *find_exact(const char *name, size_t len) {
+    for (size_t i = 0; i < sizeof defs / sizeof defs[0]; i++)
+        if (strlen(defs[i].name) == len && memcmp(defs[i].name, name, len) == 0) return &defs[i];
+    return NULL;
+}
+
+const hm_pretok_def *hm_pretok_find(const char *name, size_t len) {
+    const hm_pretok_def *d = find_exact(name, len);
+    if (d) return d;
+    for (size_t i = 0; i < sizeof aliases / sizeof aliases[0]; i++)
+        if (strlen(aliases[i].alias) == len && memcmp(aliases[i].alias, name, len) == 0)
+            return find_exact(aliases[i].name, strlen(aliases[i].name));
+    return NULL;
+}
