@@ -86,7 +86,7 @@ int32_t hm_model_n_vocab(const hm_model *m);
 int32_t hm_model_n_ctx_train(const hm_model *m);
 const char *hm_model_arch(const hm_model *m);
 
-typedef enum hm_kv_type { HM_KV_F16 = 0, HM_KV_F32 = 1 } hm_kv_type;
+typedef enum hm_kv_type { HM_KV_F16 = 0 /* IEEE half; the only one so far */ } hm_kv_type;
 
 typedef struct hm_session_opts {
     int32_t n_ctx;     /* KV cache positions; 0 = min(n_ctx_train, 4096) */
@@ -146,6 +146,55 @@ void hm_sampler_accept(hm_sampler *s, int32_t token);
 void hm_sampler_reset(hm_sampler *s);
 
 /* ==== end of models, sessions, sampling ================================================== */
+
+/* ==== Inspect and synth (inspect/, synth/) ============================================== */
+
+typedef struct hm_inspect_opts {
+    bool json;      /* print one JSON object instead of the text report */
+    int64_t budget; /* bytes for "how many expert units fit"; < 0 = not asked */
+} hm_inspect_opts;
+
+/* Describe the GGUF file at path on out: architecture, every `<arch>.*` hyper-parameter, the
+ * tokenizer, the tensor table by type, and the MoE view (expert units per layer, their bytes,
+ * dense vs expert bytes, units that fit in o->budget). A vocab-only file (no tensors) is valid.
+ * A missing, truncated or corrupt file, or malformed expert tensors, fail with a message naming
+ * the file and field; nothing is printed then. o NULL = text, no budget. */
+hm_status hm_inspect(const char *path, const hm_inspect_opts *o, FILE *out, hm_err *err);
+
+/* Progress of hm_synth, reported after each chunk of tensor data. */
+typedef struct hm_synth_progress {
+    const char *tensor;   /* name of the tensor being written (borrowed, valid during the call) */
+    int64_t i_tensor;     /* its index, 0-based */
+    int64_t n_tensors;
+    uint64_t bytes_done;  /* tensor data bytes written so far, all tensors */
+    uint64_t bytes_total; /* tensor data bytes of the whole file */
+    double elapsed_s;     /* since hm_synth started writing tensor data */
+} hm_synth_progress;
+
+typedef struct hm_synth_opts {
+    const char *arch;             /* "qwen3moe" (NULL = qwen3moe) */
+    const char *preset;           /* "qwen3-30b-a3b" or "tiny" */
+    int32_t n_layer;              /* 0 = the preset's depth */
+    const char *type;             /* "q4_k_m", "q8_0", "f16", "f32", "bf16", "q4_0", "q4_k",
+                                     "q5_k", "q6_k", "iq4_xs", "mxfp4" */
+    uint64_t seed;                /* same options + seed => the same file, byte for byte */
+    const char *tokenizer_json;   /* Hugging Face tokenizer.json, or NULL for the built-in
+                                     byte-level BPE vocabulary (padded to the preset's n_vocab) */
+    const char *tokenizer_config; /* its tokenizer_config.json (chat template), or NULL */
+    const char *out_path;         /* written atomically (out_path.tmp, then rename) */
+    int32_t n_threads;            /* quantisation threads; 0 = online CPUs */
+    void (*progress)(void *ud, const hm_synth_progress *p); /* NULL = silent */
+    void *progress_ud;
+} hm_synth_opts;
+
+/* Write a random-weight model with the real tensor names, shapes, GGUF keys and (for q4_k_m)
+ * the per-tensor type mix of llama.cpp, so llama.cpp and hotmoe load it. Weights are
+ * gaussian-like (std 0.02 for matrices, about 1 for norms) from a counter-based generator:
+ * each value depends only on (seed, tensor name, element index). Memory stays small: tensors are
+ * generated and quantised in chunks and streamed to the file. */
+hm_status hm_synth(const hm_synth_opts *o, hm_err *err);
+
+/* ==== end of inspect and synth =========================================================== */
 
 #ifdef __cplusplus
 }

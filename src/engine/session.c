@@ -1,0 +1,146 @@
+/* session.c - sessions: a position counter over an arch's state (KV cache), the session's own
+ * thread pool, and the logits buffers. Evaluation splits a batch into micro-batches of at most
+ * n_ubatch tokens and asks the arch for logits only where the caller wants them.
+ *
+ * Invariants: 0 <= n_past <= n_ctx; the state holds positions [0, n_past); the last-token logits
+ * buffer and every per-ubatch array are allocated at open, so a decode step (n = 1, last logits)
+ * allocates nothing. The all-positions buffer grows only when a larger logits_all batch arrives. */
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core/alloc.h"
+#include "model/model.h"
+
+struct hm_session {
+    hm_model *model;  /* borrowed */
+    hm_pool *pool;    /* owned */
+    void *state;      /* owned, by model->arch */
+    int32_t n_ctx, n_ubatch, n_past, n_threads;
+    int32_t *pos;     /* [n_ubatch] */
+    int32_t *rows;    /* [n_ubatch] = 0, 1, ... */
+    float *logits_last; /* [n_vocab] */
+    float *logits_all;  /* [cap_all, n_vocab] */
+    int32_t cap_all;
+};
+
+void hm_session_opts_default(hm_session_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->kv_type = HM_KV_F16;
+}
+
+hm_status hm_session_open(hm_session **out, hm_model *m, const hm_session_opts *opts, hm_err *err) {
+    *out = NULL;
+    hm_session_opts o;
+    if (opts) o = *opts;
+    else hm_session_opts_default(&o);
+    if (o.n_ctx < 0 || o.n_threads < 0 || o.n_ubatch < 0)
+        return hm_errf(err, HM_ERR_ARG, "session: negative n_ctx/n_threads/n_ubatch");
+    if (o.kv_type != HM_KV_F16) return hm_errf(err, HM_ERR_UNSUPPORTED, "session: only an f16 KV cache is supported");
+    if (o.n_ctx == 0) {
+        o.n_ctx = m->info.n_ctx_train > 0 && m->info.n_ctx_train < 4096 ? m->info.n_ctx_train : 4096;
+    }
+    if (o.n_threads == 0) {
+        long nc = sysconf(_SC_NPROCESSORS_ONLN);
+        o.n_threads = nc > 0 ? (int32_t)nc : 1;
+    }
+    if (o.n_threads > 512) return hm_errf(err, HM_ERR_ARG, "session: %d threads is too many", o.n_threads);
+    if (o.n_ubatch == 0) o.n_ubatch = 512;
+    if (o.n_ubatch > o.n_ctx) o.n_ubatch = o.n_ctx;
+
+    hm_session *s = calloc(1, sizeof *s);
+    if (!s) return hm_errf(err, HM_ERR_NOMEM, "session: out of memory");
+    s->model = m;
+    s->n_ctx = o.n_ctx;
+    s->n_ubatch = o.n_ubatch;
+    s->n_threads = o.n_threads;
+    hm_status st = hm_pool_open(&s->pool, o.n_threads, err);
+    if (st != HM_OK) goto fail;
+    hm_state_opts so = {.n_ctx = o.n_ctx, .n_ubatch = o.n_ubatch, .n_threads = o.n_threads};
+    if ((st = m->arch->state_open(m, &so, &s->state, err)) != HM_OK) goto fail;
+    s->pos = hm_malloc_aligned((size_t)o.n_ubatch * sizeof(int32_t));
+    s->rows = hm_malloc_aligned((size_t)o.n_ubatch * sizeof(int32_t));
+    s->logits_last = hm_malloc_aligned((size_t)m->info.n_vocab * sizeof(float));
+    if (!s->pos || !s->rows || !s->logits_last) {
+        st = hm_errf(err, HM_ERR_NOMEM, "session: out of memory");
+        goto fail;
+    }
+    for (int32_t i = 0; i < o.n_ubatch; i++) s->rows[i] = i;
+    *out = s;
+    return HM_OK;
+fail:
+    hm_session_close(s);
+    return st;
+}
+
+void hm_session_close(hm_session *s) {
+    if (!s) return;
+    if (s->state) s->model->arch->state_close(s->state);
+    hm_pool_close(s->pool);
+    hm_free_aligned(s->pos);
+    hm_free_aligned(s->rows);
+    hm_free_aligned(s->logits_last);
+    hm_free_aligned(s->logits_all);
+    free(s);
+}
+
+hm_status hm_session_eval(hm_session *s, const int32_t *tokens, int32_t n, bool logits_all,
+                          const float **logits, hm_err *err) {
+    if (logits) *logits = NULL;
+    const int32_t n_vocab = s->model->info.n_vocab;
+    if (n <= 0) return hm_errf(err, HM_ERR_ARG, "eval: %d tokens (need at least 1)", n);
+    if (n > s->n_ctx - s->n_past)
+        return hm_errf(err, HM_ERR_ARG, "eval: %d tokens do not fit the context (%d of %d positions used)", n,
+                       s->n_past, s->n_ctx);
+    for (int32_t i = 0; i < n; i++)
+        if (tokens[i] < 0 || tokens[i] >= n_vocab)
+            return hm_errf(err, HM_ERR_ARG, "eval: token %d at index %d is outside the vocabulary [0, %d)",
+                           tokens[i], i, n_vocab);
+    if (logits_all && n > s->cap_all) {
+        size_t bytes;
+        if (!hm_mul_ok((size_t)n, (size_t)n_vocab * sizeof(float), &bytes))
+            return hm_errf(err, HM_ERR_NOMEM, "eval: logits for %d tokens overflow", n);
+        float *p = hm_malloc_aligned(bytes);
+        if (!p) return hm_errf(err, HM_ERR_NOMEM, "eval: cannot allocate logits for %d tokens (%.1f MiB)", n,
+                               (double)bytes / (1 << 20));
+        hm_free_aligned(s->logits_all);
+        s->logits_all = p;
+        s->cap_all = n;
+    }
+    for (int32_t i0 = 0; i0 < n; i0 += s->n_ubatch) {
+        int32_t nb = n - i0 < s->n_ubatch ? n - i0 : s->n_ubatch;
+        for (int32_t j = 0; j < nb; j++) s->pos[j] = s->n_past + j;
+        hm_fwd_batch b = {.tokens = tokens + i0, .pos = s->pos, .n = nb};
+        if (logits_all) {
+            b.out_rows = s->rows;
+            b.n_out = nb;
+            b.logits = s->logits_all + (size_t)i0 * (size_t)n_vocab;
+        } else if (i0 + nb == n) {
+            b.out_rows = s->rows + nb - 1;
+            b.n_out = 1;
+            b.logits = s->logits_last;
+        }
+        hm_status st = s->model->arch->forward(s->model, s->state, s->pool, &b, err);
+        if (st != HM_OK) return st;
+        s->n_past += nb;
+    }
+    if (logits) *logits = logits_all ? s->logits_all : s->logits_last;
+    return HM_OK;
+}
+
+int32_t hm_session_n_past(const hm_session *s) { return s->n_past; }
+int32_t hm_session_n_ctx(const hm_session *s) { return s->n_ctx; }
+int32_t hm_session_n_threads(const hm_session *s) { return s->n_threads; }
+
+void hm_session_reset(hm_session *s) {
+    s->model->arch->state_trim(s->state, 0, NULL);
+    s->n_past = 0;
+}
+
+hm_status hm_session_trim(hm_session *s, int32_t n_keep, hm_err *err) {
+    if (n_keep < 0 || n_keep > s->n_past)
+        return hm_errf(err, HM_ERR_ARG, "trim: n_keep %d outside [0, %d]", n_keep, s->n_past);
+    hm_status st = s->model->arch->state_trim(s->state, n_keep, err);
+    if (st == HM_OK) s->n_past = n_keep;
+    return st;
+}

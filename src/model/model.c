@@ -1,0 +1,189 @@
+/* model.c - opening a model: map the GGUF, pick the architecture, let it bind its tensors.
+ * Also the load helpers every arch uses (hparam keys, tensor binding with shape/type checks)
+ * and the public model getters. */
+#include "model.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "quant/quant.h"
+
+static const hm_arch *const archs[] = {
+    &hm_arch_qwen3moe,
+};
+
+void hm_model_opts_default(hm_model_opts *o) { memset(o, 0, sizeof *o); }
+
+static void copy_str(char *dst, size_t cap, hm_gguf_str s) {
+    size_t n = s.len < cap - 1 ? (size_t)s.len : cap - 1;
+    memcpy(dst, s.ptr, n);
+    dst[n] = '\0';
+}
+
+hm_status hm_model_open(hm_model **out, const char *path, const hm_model_opts *opts, hm_err *err) {
+    *out = NULL;
+    hm_model_opts o;
+    if (opts) o = *opts;
+    else hm_model_opts_default(&o);
+    hm_model *m = calloc(1, sizeof *m);
+    if (!m) return hm_errf(err, HM_ERR_NOMEM, "model: out of memory");
+    m->log.level = o.verbose ? HM_LOG_INFO : HM_LOG_WARN;
+    hm_status st = hm_gguf_open(&m->gguf, path, err);
+    if (st != HM_OK) goto fail;
+
+    hm_gguf_str s;
+    if (!hm_gguf_get_str(m->gguf, "general.architecture", &s)) {
+        st = hm_errf(err, HM_ERR_FORMAT, "%s: no general.architecture key (not a model file?)", path);
+        goto fail;
+    }
+    copy_str(m->arch_name, sizeof m->arch_name, s);
+    if (hm_gguf_get_str(m->gguf, "general.name", &s)) copy_str(m->name, sizeof m->name, s);
+    for (size_t i = 0; i < sizeof archs / sizeof archs[0]; i++)
+        if (strcmp(archs[i]->name, m->arch_name) == 0) m->arch = archs[i];
+    if (!m->arch) {
+        char list[256] = "";
+        for (size_t i = 0; i < sizeof archs / sizeof archs[0]; i++)
+            snprintf(list + strlen(list), sizeof list - strlen(list), "%s%s", i ? ", " : "", archs[i]->name);
+        st = hm_errf(err, HM_ERR_UNSUPPORTED, "%s: architecture '%s' is not supported (supported: %s)",
+                     path, m->arch_name, list);
+        goto fail;
+    }
+
+    hm_model_info *inf = &m->info;
+    inf->arch = m->arch_name;
+    inf->name = m->name;
+    inf->bos_id = inf->eos_id = -1;
+    int64_t v;
+    if (hm_gguf_get_int(m->gguf, "tokenizer.ggml.bos_token_id", &v)) inf->bos_id = (int32_t)v;
+    if (hm_gguf_get_int(m->gguf, "tokenizer.ggml.eos_token_id", &v)) inf->eos_id = (int32_t)v;
+    bool b;
+    if (hm_gguf_get_bool(m->gguf, "tokenizer.ggml.add_bos_token", &b)) inf->add_bos = b;
+    inf->file_bytes = hm_gguf_file_size(m->gguf);
+    for (int64_t i = 0; i < hm_gguf_n_tensors(m->gguf); i++) {
+        const hm_gguf_tensor *t = hm_gguf_tensor_at(m->gguf, i);
+        uint64_t n = 1;
+        for (uint32_t d = 0; d < t->n_dims; d++) n *= (uint64_t)t->ne[d];
+        inf->n_params += n;
+    }
+
+    st = m->arch->load(m, err);
+    if (st != HM_OK) {
+        /* prefix the path once, so messages read "FILE: tensor 'x' ..." */
+        if (err) {
+            char tmp[sizeof err->msg];
+            snprintf(tmp, sizeof tmp, "%s", err->msg);
+            hm_errf(err, st, "%s: %s", path, tmp);
+        }
+        goto fail;
+    }
+    if (inf->bos_id >= inf->n_vocab) inf->bos_id = -1;
+    if (inf->eos_id >= inf->n_vocab) inf->eos_id = -1;
+    *out = m;
+    return HM_OK;
+fail:
+    hm_model_close(m);
+    return st;
+}
+
+void hm_model_close(hm_model *m) {
+    if (!m) return;
+    if (m->arch && m->impl) m->arch->unload(m);
+    hm_gguf_close(m->gguf);
+    free(m);
+}
+
+const hm_model_info *hm_model_get_info(const hm_model *m) { return &m->info; }
+int32_t hm_model_n_vocab(const hm_model *m) { return m->info.n_vocab; }
+int32_t hm_model_n_ctx_train(const hm_model *m) { return m->info.n_ctx_train; }
+const char *hm_model_arch(const hm_model *m) { return m->arch_name; }
+
+/* ---- load helpers ---- */
+
+hm_status hm_model_hp_int(const hm_model *m, const char *suffix, bool required, int64_t dflt,
+                          int32_t *out, hm_err *err) {
+    char key[160];
+    snprintf(key, sizeof key, "%s.%s", m->arch_name, suffix);
+    int64_t v;
+    if (!hm_gguf_get_int(m->gguf, key, &v)) {
+        if (hm_gguf_find_key(m->gguf, key) >= 0)
+            return hm_errf(err, HM_ERR_FORMAT, "key %s is not an integer", key);
+        if (required) return hm_errf(err, HM_ERR_FORMAT, "missing key %s", key);
+        v = dflt;
+    }
+    if (v < 0 || v > INT32_MAX)
+        return hm_errf(err, HM_ERR_FORMAT, "key %s = %lld is out of range", key, (long long)v);
+    *out = (int32_t)v;
+    return HM_OK;
+}
+
+hm_status hm_model_hp_float(const hm_model *m, const char *suffix, bool required, double dflt,
+                            float *out, hm_err *err) {
+    char key[160];
+    snprintf(key, sizeof key, "%s.%s", m->arch_name, suffix);
+    double v;
+    if (!hm_gguf_get_float(m->gguf, key, &v)) {
+        if (hm_gguf_find_key(m->gguf, key) >= 0)
+            return hm_errf(err, HM_ERR_FORMAT, "key %s is not a number", key);
+        if (required) return hm_errf(err, HM_ERR_FORMAT, "missing key %s", key);
+        v = dflt;
+    }
+    *out = (float)v;
+    return HM_OK;
+}
+
+static void fmt_shape(char *buf, size_t cap, uint32_t n_dims, const int64_t *ne) {
+    size_t o = (size_t)snprintf(buf, cap, "[");
+    for (uint32_t d = 0; d < n_dims && o < cap; d++)
+        o += (size_t)snprintf(buf + o, cap - o, "%s%lld", d ? ", " : "", (long long)ne[d]);
+    if (o < cap) snprintf(buf + o, cap - o, "]");
+}
+
+hm_status hm_model_bind(const hm_model *m, const char *name, hm_bind_kind kind, uint32_t n_dims,
+                        const int64_t *ne, bool required, const hm_gguf_tensor **out, hm_err *err) {
+    *out = NULL;
+    char want[96], got[96];
+    fmt_shape(want, sizeof want, n_dims, ne);
+    const hm_gguf_tensor *t = hm_gguf_find_tensor(m->gguf, name);
+    if (!t) {
+        if (!required) return HM_OK;
+        return hm_errf(err, HM_ERR_FORMAT, "missing tensor '%s' (expected shape %s)", name, want);
+    }
+    /* trailing dims of 1 are not significant */
+    uint32_t nd = t->n_dims;
+    while (nd > n_dims && t->ne[nd - 1] == 1) nd--;
+    bool ok = nd == n_dims;
+    for (uint32_t d = 0; ok && d < n_dims; d++) ok = t->ne[d] == ne[d];
+    if (!ok) {
+        fmt_shape(got, sizeof got, t->n_dims, t->ne);
+        return hm_errf(err, HM_ERR_FORMAT, "tensor '%s': expected shape %s, found %s", name, want, got);
+    }
+    const hm_type_traits *tr = hm_type_get(t->type);
+    switch (kind) {
+    case HM_BIND_F32:
+        if (t->type != HM_TYPE_F32)
+            return hm_errf(err, HM_ERR_UNSUPPORTED, "tensor '%s': type %s, expected f32", name,
+                           hm_type_name(t->type));
+        break;
+    case HM_BIND_MATMUL:
+        if (!hm_cpu_type_ok(t->type))
+            return hm_errf(err, HM_ERR_UNSUPPORTED, "tensor '%s': type %s (id %d) is not supported for compute",
+                           name, hm_type_name(t->type), t->type);
+        if (ne[0] % tr->blck_size)
+            return hm_errf(err, HM_ERR_FORMAT, "tensor '%s': row length %lld is not a multiple of %s's block %lld",
+                           name, (long long)ne[0], hm_type_name(t->type), (long long)tr->blck_size);
+        break;
+    case HM_BIND_ROWS:
+        if (!tr || !tr->name || !tr->to_float || ne[0] % tr->blck_size)
+            return hm_errf(err, HM_ERR_UNSUPPORTED, "tensor '%s': type %s (id %d) cannot be dequantised",
+                           name, hm_type_name(t->type), t->type);
+        break;
+    }
+    *out = t;
+    return HM_OK;
+}
+
+hm_mat hm_model_mat(const hm_gguf_tensor *t) {
+    size_t nb1 = hm_row_size(t->type, t->ne[0]);
+    return hm_mat_make(t->data, t->type, t->ne[0], t->ne[1], nb1);
+}

@@ -1,0 +1,106 @@
+/* model.h - the contract between the engine and an architecture (model/<arch>.c).
+ *
+ * An hm_model is a GGUF file opened read-only (weights mmapped, borrowed by every hm_mat that
+ * points into them) plus an architecture: a table of functions that read the hparams and bind
+ * the tensors (load), size and own the per-session state (KV cache or recurrent state +
+ * activations for one micro-batch), and run the forward pass of one micro-batch.
+ *
+ * Invariants:
+ *  - load either succeeds with every tensor bound and checked, or fails naming the first key or
+ *    tensor that is wrong (expected vs found shape / type); nothing is checked later.
+ *  - forward never allocates: everything it needs was sized by state_open for n_ctx, n_ubatch and
+ *    the pool's thread count.
+ *  - an arch keeps no global state; everything hangs off hm_model.impl and the session state.
+ *
+ * Adding an architecture: write model/<arch>.c exporting one const hm_arch, list it in
+ * model.c's table. */
+#ifndef HM_MODEL_H
+#define HM_MODEL_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "backend/cpu/cpu_ops.h"
+#include "core/log.h"
+#include "core/status.h"
+#include "core/threadpool.h"
+#include "gguf/gguf.h"
+#include "hotmoe.h"
+
+typedef struct hm_arch hm_arch;
+
+struct hm_model {
+    hm_gguf *gguf;        /* owned; every weight pointer borrows from its mapping */
+    const hm_arch *arch;
+    void *impl;           /* owned by the arch (load / unload) */
+    hm_model_info info;   /* filled by the arch's load; strings point into name/arch below */
+    char name[256];
+    char arch_name[64];
+    hm_log log;
+};
+
+/* What a session asks of an arch's state. */
+typedef struct hm_state_opts {
+    int32_t n_ctx;    /* positions the state must hold */
+    int32_t n_ubatch; /* most tokens per forward call */
+    int n_threads;    /* the pool the forward will run on */
+} hm_state_opts;
+
+/* One micro-batch for forward: n tokens at positions pos[i] (pos[i] < n_ctx, ascending, the
+ * state holds every position < pos[0] already). Logits are wanted for rows out_rows[0..n_out)
+ * (ascending indexes into the batch) and written to logits: [n_out, n_vocab]. */
+typedef struct hm_fwd_batch {
+    const int32_t *tokens; /* [n] */
+    const int32_t *pos;    /* [n] */
+    int32_t n;
+    const int32_t *out_rows; /* [n_out] */
+    int32_t n_out;
+    float *logits; /* [n_out, n_vocab]; may be NULL when n_out == 0 */
+} hm_fwd_batch;
+
+struct hm_arch {
+    const char *name; /* general.architecture */
+    /* Read hparams, bind and check tensors; fill m->info and m->impl. */
+    hm_status (*load)(hm_model *m, hm_err *err);
+    void (*unload)(hm_model *m);
+    /* Per-session state: owned by the caller through state_close. */
+    hm_status (*state_open)(const hm_model *m, const hm_state_opts *o, void **state, hm_err *err);
+    void (*state_close)(void *state);
+    /* Forget positions >= n_keep. A KV cache needs nothing (rows are overwritten); a recurrent
+     * state can only go back to 0 and says HM_ERR_UNSUPPORTED otherwise. */
+    hm_status (*state_trim)(void *state, int32_t n_keep, hm_err *err);
+    /* Run one micro-batch (n <= n_ubatch). */
+    hm_status (*forward)(const hm_model *m, void *state, hm_pool *pool, const hm_fwd_batch *b,
+                         hm_err *err);
+};
+
+extern const hm_arch hm_arch_qwen3moe;
+
+/* ---- helpers for archs' load functions (model.c) ---- */
+
+/* Integer / float hparam "<arch>.<suffix>" (e.g. "block_count"). Absent and required ->
+ * HM_ERR_FORMAT naming the key; absent and optional -> *out = dflt, HM_OK. Integers must lie in
+ * [1, 2^31) unless allow_zero. */
+hm_status hm_model_hp_int(const hm_model *m, const char *suffix, bool required, int64_t dflt,
+                          int32_t *out, hm_err *err);
+hm_status hm_model_hp_float(const hm_model *m, const char *suffix, bool required, double dflt,
+                            float *out, hm_err *err);
+
+/* What a bound tensor must be. */
+typedef enum hm_bind_kind {
+    HM_BIND_F32 = 0,   /* norms and similar vectors: type must be F32 */
+    HM_BIND_MATMUL,    /* any type the CPU backend computes with; ne0 a multiple of its block */
+    HM_BIND_ROWS,      /* an embedding table: any type with a to_float (dequantised by rows) */
+} hm_bind_kind;
+
+/* Find tensor `name`, check it has n_dims dims of exactly ne[0..n_dims) and a type fitting kind.
+ * Absent: required -> HM_ERR_FORMAT "missing tensor 'name' (expected [a, b])", else *out = NULL.
+ * Shape wrong -> HM_ERR_FORMAT "tensor 'name': expected shape [..], found [..]"; type wrong ->
+ * HM_ERR_UNSUPPORTED naming the type. */
+hm_status hm_model_bind(const hm_model *m, const char *name, hm_bind_kind kind, uint32_t n_dims,
+                        const int64_t *ne, bool required, const hm_gguf_tensor **out, hm_err *err);
+
+/* The matrix view of a bound 2-D (or one slab of a 3-D) tensor: rows are ne[1]. */
+hm_mat hm_model_mat(const hm_gguf_tensor *t);
+
+#endif

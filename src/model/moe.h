@@ -1,0 +1,71 @@
+/* moe.h - expert units and the routing list: the seam between the forward pass and whoever
+ * computes experts.
+ *
+ * An expert unit is (layer, expert e). In GGUF, ffn_{gate,up}_exps are {n_embd, n_ff, n_expert}
+ * and ffn_down_exps {n_ff, n_embd, n_expert}: n_expert contiguous slabs, so unit e is three byte
+ * ranges, base + e * nb2 for each of the three tensors (hm_moe_unit).
+ *
+ * A forward pass does, per MoE layer: router logits -> hm_cpu_router (top-k ids + weights per
+ * token) -> hm_moe_route_build (the (token, unit, weight) list grouped by unit) ->
+ * hm_moe_compute (compute those units, accumulate into out). hm_moe_compute is the one place
+ * that decides *how* a unit is computed; today every unit runs through the CPU backend's MoE op,
+ * later the expert store hands some units to the GPU or reads them from SSD first. The route is
+ * also exactly what usage statistics need (unit ids and token counts).
+ *
+ * No allocation after hm_moe_route_init: the buffers are sized for n_batch tokens at start. */
+#ifndef HM_MODEL_MOE_H
+#define HM_MODEL_MOE_H
+
+#include <stdint.h>
+
+#include "backend/cpu/cpu_ops.h"
+#include "core/status.h"
+
+/* One layer's expert tensors (borrowed from the mapping). gate/up/down describe expert 0; expert
+ * e's slab starts nb2 bytes further per expert. */
+typedef struct hm_moe_weights {
+    hm_mat gate, up, down;
+    size_t gate_nb2, up_nb2, down_nb2;
+    int32_t n_expert;
+    int64_t n_embd, n_ff;
+} hm_moe_weights;
+
+/* The three matrices of unit e. */
+static inline void hm_moe_unit(const hm_moe_weights *w, int32_t e, hm_mat *gate, hm_mat *up, hm_mat *down) {
+    *gate = w->gate;
+    *up = w->up;
+    *down = w->down;
+    gate->data = (const char *)w->gate.data + (size_t)e * w->gate_nb2;
+    up->data = (const char *)w->up.data + (size_t)e * w->up_nb2;
+    down->data = (const char *)w->down.data + (size_t)e * w->down_nb2;
+}
+
+/* The routing list of one layer for one micro-batch, grouped by unit: active unit i is expert
+ * unit[i]; its tokens are tok[start[i] .. start[i+1]) with weights w[same range], tokens ascending. */
+typedef struct hm_moe_route {
+    int32_t n_expert, k, cap_tok; /* sizes the buffers were made for */
+    int32_t n_units;              /* active units (>= 1 token) this batch */
+    int32_t n_tok;
+    int32_t *unit;   /* [n_expert] */
+    int32_t *start;  /* [n_expert + 1] */
+    int32_t *tok;    /* [cap_tok * k] */
+    float *w;        /* [cap_tok * k] */
+    int32_t *count;  /* [n_expert] work space */
+    hm_moe_job *jobs;/* [n_expert] work space for the CPU op */
+} hm_moe_route;
+
+/* Allocate the buffers for up to cap_tok tokens, k experts each, of n_expert. */
+hm_status hm_moe_route_init(hm_moe_route *r, int32_t n_expert, int32_t k, int32_t cap_tok, hm_err *err);
+void hm_moe_route_free(hm_moe_route *r);
+
+/* Group a router's output (ids, weights: [n_tok, k]) by unit. n_tok <= cap_tok, ids < n_expert. */
+void hm_moe_route_build(hm_moe_route *r, const int32_t *ids, const float *weights, int32_t n_tok);
+
+/* Scratch bytes hm_moe_compute needs for this route's capacity. */
+size_t hm_moe_compute_scratch_size(const hm_moe_route *r, int64_t n_embd, int64_t n_ff, int n_threads);
+
+/* out[t] += sum over the route's (t, unit, w): w * unit(x[t]).  x, out: [n_tok, n_embd]. */
+void hm_moe_compute(hm_pool *pool, const hm_moe_weights *mw, hm_moe_route *r, const float *x,
+                    float *out, hm_scratch *scratch);
+
+#endif

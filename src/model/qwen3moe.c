@@ -1,0 +1,361 @@
+/* qwen3moe.c - the Qwen3-MoE architecture (Qwen3-30B-A3B, Qwen3-235B-A22B, ...).
+ *
+ * Per layer, for a micro-batch of n tokens (x is the residual stream, [n, n_embd]):
+ *   h = rmsnorm(x) * attn_norm
+ *   q, k, v = h Wq, h Wk, h Wv            q: [n, n_head*hd], k/v: [n, n_head_kv*hd]
+ *   q, k = per-head rmsnorm(q) * q_norm, (k) * k_norm; then RoPE (NEOX pairing i <-> i + n_rot/2)
+ *   k, v -> KV cache (f16); a = causal GQA attention of q over the cache, scale 1/sqrt(hd)
+ *   x += a Wo
+ *   h = rmsnorm(x) * ffn_norm
+ *   p = softmax(h Wr) over n_expert; top-k; weights renormalised to sum 1 (norm_topk_prob, which
+ *       llama.cpp hard-wires for qwen3moe); x += sum_e w_e * down_e(silu(gate_e h) * up_e h)
+ * then logits = (rmsnorm(x) * output_norm) Wout, Wout = token_embd when `output` is absent.
+ * head_dim comes from attention.key_length and may differ from n_embd / n_head.
+ *
+ * Session state: the KV cache for n_ctx positions and every activation for one micro-batch are
+ * allocated in state_open; forward allocates nothing. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "model.h"
+#include "moe.h"
+#include "quant/quant.h"
+
+typedef struct q3_layer {
+    const float *attn_norm, *q_norm, *k_norm, *ffn_norm; /* [n_embd], [hd], [hd], [n_embd] */
+    hm_mat wq, wk, wv, wo; /* [n_head*hd x n_embd], 2x [n_kv*hd x n_embd], [n_embd x n_head*hd] */
+    hm_mat router;         /* [n_expert x n_embd] */
+    hm_moe_weights moe;
+} q3_layer;
+
+typedef struct q3_model {
+    int32_t n_layer, n_embd, n_head, n_head_kv, head_dim, n_rot;
+    int32_t n_expert, n_expert_used, n_ff_exp, n_vocab, n_ctx_train;
+    float eps, theta;
+    hm_mat tok_embd, output;   /* [n_vocab x n_embd] */
+    const float *output_norm;  /* [n_embd] */
+    q3_layer *layers;          /* [n_layer], owned */
+} q3_model;
+
+typedef struct q3_state {
+    int32_t n_ctx, n_ubatch;
+    int n_threads;
+    size_t kv_layer_elems;  /* n_head_kv * n_ctx * head_dim: one of K or V of one layer */
+    uint16_t *kv;           /* [n_layer][2][n_head_kv][n_ctx][head_dim], owned */
+    void *act;              /* one block holding the activations below, owned */
+    float *x;      /* [U, n_embd] residual stream */
+    float *h;      /* [U, n_embd] normed input of a block, then its output */
+    float *q;      /* [U, n_head*hd] */
+    float *k, *v;  /* [U, n_head_kv*hd] */
+    float *att;    /* [U, n_head*hd] */
+    float *rlog;   /* [U, n_expert] router logits */
+    float *rw;     /* [U, k] routing weights */
+    int32_t *rid;  /* [U, k] routed experts */
+    float *hout;   /* [U, n_embd] rows whose logits are wanted */
+    hm_moe_route route;
+    hm_scratch scratch;
+} q3_state;
+
+/* ---- load ---- */
+
+#define HP_INT(suffix, req, dflt, dst) \
+    do { if ((st = hm_model_hp_int(m, suffix, req, dflt, dst, err)) != HM_OK) goto fail; } while (0)
+
+static hm_status bind_vec(const hm_model *m, const char *name, int64_t n, const float **out, hm_err *err) {
+    const hm_gguf_tensor *t;
+    hm_status st = hm_model_bind(m, name, HM_BIND_F32, 1, &n, true, &t, err);
+    *out = t ? (const float *)t->data : NULL;
+    return st;
+}
+
+static hm_status bind_mat(const hm_model *m, const char *name, int64_t ne0, int64_t ne1, hm_mat *out, hm_err *err) {
+    const int64_t ne[2] = {ne0, ne1};
+    const hm_gguf_tensor *t;
+    hm_status st = hm_model_bind(m, name, HM_BIND_MATMUL, 2, ne, true, &t, err);
+    if (st == HM_OK) *out = hm_model_mat(t);
+    return st;
+}
+
+/* One 3-D expert tensor {ne0, ne1, n_expert}: expert 0's matrix and the slab stride. */
+static hm_status bind_exps(const hm_model *m, const char *name, int64_t ne0, int64_t ne1, int64_t n_expert,
+                           hm_mat *out, size_t *nb2, hm_err *err) {
+    const int64_t ne[3] = {ne0, ne1, n_expert};
+    const hm_gguf_tensor *t;
+    hm_status st = hm_model_bind(m, name, HM_BIND_MATMUL, 3, ne, true, &t, err);
+    if (st != HM_OK) return st;
+    *out = hm_model_mat(t);
+    *nb2 = out->nb1 * (size_t)ne1;
+    return HM_OK;
+}
+
+static void q3_unload(hm_model *m) {
+    q3_model *q = m->impl;
+    if (!q) return;
+    free(q->layers);
+    free(q);
+    m->impl = NULL;
+}
+
+static hm_status q3_load(hm_model *m, hm_err *err) {
+    hm_status st;
+    q3_model *q = calloc(1, sizeof *q);
+    if (!q) return hm_errf(err, HM_ERR_NOMEM, "out of memory");
+    m->impl = q;
+
+    HP_INT("context_length", true, 0, &q->n_ctx_train);
+    HP_INT("embedding_length", true, 0, &q->n_embd);
+    HP_INT("block_count", true, 0, &q->n_layer);
+    HP_INT("attention.head_count", true, 0, &q->n_head);
+    HP_INT("attention.head_count_kv", false, q->n_head, &q->n_head_kv);
+    if (q->n_embd <= 0 || q->n_layer <= 0 || q->n_head <= 0 || q->n_head_kv <= 0 || q->n_head % q->n_head_kv) {
+        st = hm_errf(err, HM_ERR_FORMAT, "bad hparams: n_embd %d, block_count %d, head_count %d, head_count_kv %d",
+                     q->n_embd, q->n_layer, q->n_head, q->n_head_kv);
+        goto fail;
+    }
+    HP_INT("attention.key_length", false, q->n_embd / q->n_head, &q->head_dim);
+    int32_t v_len;
+    HP_INT("attention.value_length", false, q->head_dim, &v_len);
+    if (v_len != q->head_dim) {
+        st = hm_errf(err, HM_ERR_UNSUPPORTED, "attention.key_length %d != value_length %d", q->head_dim, v_len);
+        goto fail;
+    }
+    HP_INT("rope.dimension_count", false, q->head_dim, &q->n_rot);
+    if (q->head_dim <= 0 || q->head_dim % 2 || q->n_rot <= 0 || q->n_rot % 2 || q->n_rot > q->head_dim) {
+        st = hm_errf(err, HM_ERR_FORMAT, "bad hparams: key_length %d, rope.dimension_count %d", q->head_dim, q->n_rot);
+        goto fail;
+    }
+    HP_INT("expert_count", true, 0, &q->n_expert);
+    HP_INT("expert_used_count", true, 0, &q->n_expert_used);
+    if (q->n_expert <= 0 || q->n_expert_used <= 0 || q->n_expert_used > q->n_expert) {
+        st = hm_errf(err, HM_ERR_FORMAT, "bad hparams: expert_count %d, expert_used_count %d", q->n_expert,
+                     q->n_expert_used);
+        goto fail;
+    }
+    {
+        /* expert_feed_forward_length is optional in llama.cpp; fall back to the tensor's shape */
+        const hm_gguf_tensor *g = hm_gguf_find_tensor(m->gguf, "blk.0.ffn_gate_exps.weight");
+        HP_INT("expert_feed_forward_length", false, g && g->n_dims >= 2 ? g->ne[1] : 0, &q->n_ff_exp);
+        if (q->n_ff_exp <= 0) {
+            st = hm_errf(err, HM_ERR_FORMAT, "missing key %s.expert_feed_forward_length", m->arch_name);
+            goto fail;
+        }
+    }
+    if ((st = hm_model_hp_float(m, "rope.freq_base", false, 10000.0, &q->theta, err)) != HM_OK) goto fail;
+    if ((st = hm_model_hp_float(m, "attention.layer_norm_rms_epsilon", false, 1e-6, &q->eps, err)) != HM_OK)
+        goto fail;
+    {
+        char key[128];
+        hm_gguf_str s;
+        snprintf(key, sizeof key, "%s.rope.scaling.type", m->arch_name);
+        if (hm_gguf_get_str(m->gguf, key, &s) && !(s.len == 4 && memcmp(s.ptr, "none", 4) == 0))
+            hm_log_printf(&m->log, HM_LOG_WARN, "%s = %.*s is ignored (plain RoPE is used)", key, (int)s.len, s.ptr);
+    }
+
+    const int64_t E = q->n_embd, hd = q->head_dim, nq = (int64_t)q->n_head * hd, nkv = (int64_t)q->n_head_kv * hd;
+    const hm_gguf_tensor *t = hm_gguf_find_tensor(m->gguf, "token_embd.weight");
+    int64_t n_vocab = t && t->n_dims >= 2 ? t->ne[1] : 0;
+    if (t && (n_vocab <= 0 || n_vocab > INT32_MAX)) {
+        st = hm_errf(err, HM_ERR_FORMAT, "tensor 'token_embd.weight': bad vocabulary size %lld", (long long)n_vocab);
+        goto fail;
+    }
+    {
+        const int64_t ne[2] = {E, n_vocab};
+        if ((st = hm_model_bind(m, "token_embd.weight", HM_BIND_ROWS, 2, ne, true, &t, err)) != HM_OK) goto fail;
+        q->tok_embd = hm_model_mat(t);
+        q->n_vocab = (int32_t)n_vocab;
+        if ((st = hm_model_bind(m, "output.weight", HM_BIND_MATMUL, 2, ne, false, &t, err)) != HM_OK) goto fail;
+        if (t) {
+            q->output = hm_model_mat(t);
+        } else { /* tied embeddings: the table must then be computable as a matmul too */
+            if ((st = hm_model_bind(m, "token_embd.weight", HM_BIND_MATMUL, 2, ne, true, &t, err)) != HM_OK) goto fail;
+            q->output = q->tok_embd;
+        }
+    }
+    if ((st = bind_vec(m, "output_norm.weight", E, &q->output_norm, err)) != HM_OK) goto fail;
+
+    q->layers = calloc((size_t)q->n_layer, sizeof *q->layers);
+    if (!q->layers) {
+        st = hm_errf(err, HM_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    for (int32_t il = 0; il < q->n_layer; il++) {
+        q3_layer *L = &q->layers[il];
+        char n[96];
+#define NAME(s) (snprintf(n, sizeof n, "blk.%d." s ".weight", il), n)
+        if ((st = bind_vec(m, NAME("attn_norm"), E, &L->attn_norm, err)) != HM_OK) goto fail;
+        if ((st = bind_mat(m, NAME("attn_q"), E, nq, &L->wq, err)) != HM_OK) goto fail;
+        if ((st = bind_mat(m, NAME("attn_k"), E, nkv, &L->wk, err)) != HM_OK) goto fail;
+        if ((st = bind_mat(m, NAME("attn_v"), E, nkv, &L->wv, err)) != HM_OK) goto fail;
+        if ((st = bind_mat(m, NAME("attn_output"), nq, E, &L->wo, err)) != HM_OK) goto fail;
+        if ((st = bind_vec(m, NAME("attn_q_norm"), hd, &L->q_norm, err)) != HM_OK) goto fail;
+        if ((st = bind_vec(m, NAME("attn_k_norm"), hd, &L->k_norm, err)) != HM_OK) goto fail;
+        if ((st = bind_vec(m, NAME("ffn_norm"), E, &L->ffn_norm, err)) != HM_OK) goto fail;
+        if ((st = bind_mat(m, NAME("ffn_gate_inp"), E, q->n_expert, &L->router, err)) != HM_OK) goto fail;
+        hm_moe_weights *mw = &L->moe;
+        mw->n_expert = q->n_expert;
+        mw->n_embd = E;
+        mw->n_ff = q->n_ff_exp;
+        if ((st = bind_exps(m, NAME("ffn_gate_exps"), E, q->n_ff_exp, q->n_expert, &mw->gate, &mw->gate_nb2, err)))
+            goto fail;
+        if ((st = bind_exps(m, NAME("ffn_up_exps"), E, q->n_ff_exp, q->n_expert, &mw->up, &mw->up_nb2, err)))
+            goto fail;
+        if ((st = bind_exps(m, NAME("ffn_down_exps"), q->n_ff_exp, E, q->n_expert, &mw->down, &mw->down_nb2, err)))
+            goto fail;
+#undef NAME
+    }
+
+    hm_model_info *inf = &m->info;
+    inf->n_vocab = q->n_vocab;
+    inf->n_ctx_train = q->n_ctx_train;
+    inf->n_embd = q->n_embd;
+    inf->n_layer = q->n_layer;
+    inf->n_head = q->n_head;
+    inf->n_head_kv = q->n_head_kv;
+    inf->head_dim = q->head_dim;
+    inf->n_expert = q->n_expert;
+    inf->n_expert_used = q->n_expert_used;
+    inf->n_ff_exp = q->n_ff_exp;
+    hm_log_printf(&m->log, HM_LOG_INFO,
+                  "qwen3moe: %d layers, n_embd %d, heads %d/%d x %d, experts %d (k %d, n_ff %d), vocab %d, "
+                  "ctx_train %d, rope %g, eps %g",
+                  q->n_layer, q->n_embd, q->n_head, q->n_head_kv, q->head_dim, q->n_expert, q->n_expert_used,
+                  q->n_ff_exp, q->n_vocab, q->n_ctx_train, (double)q->theta, (double)q->eps);
+    return HM_OK;
+fail:
+    q3_unload(m);
+    return st;
+}
+
+/* ---- session state ---- */
+
+static void q3_state_close(void *p) {
+    q3_state *s = p;
+    if (!s) return;
+    hm_free_aligned(s->kv);
+    hm_free_aligned(s->act);
+    hm_free_aligned(s->scratch.data);
+    hm_moe_route_free(&s->route);
+    free(s);
+}
+
+static size_t max_sz(size_t a, size_t b) { return a > b ? a : b; }
+
+static hm_status q3_state_open(const hm_model *m, const hm_state_opts *o, void **out, hm_err *err) {
+    const q3_model *q = m->impl;
+    *out = NULL;
+    hm_status st = HM_OK;
+    q3_state *s = calloc(1, sizeof *s);
+    if (!s) return hm_errf(err, HM_ERR_NOMEM, "out of memory");
+    s->n_ctx = o->n_ctx;
+    s->n_ubatch = o->n_ubatch;
+    s->n_threads = o->n_threads;
+    const size_t U = (size_t)o->n_ubatch, E = (size_t)q->n_embd, hd = (size_t)q->head_dim;
+    const size_t nq = (size_t)q->n_head * hd, nkv = (size_t)q->n_head_kv * hd, K = (size_t)q->n_expert_used;
+
+    s->kv_layer_elems = (size_t)q->n_head_kv * (size_t)o->n_ctx * hd;
+    size_t kv_bytes = 0;
+    if (!hm_mul_ok(s->kv_layer_elems, 2u * (size_t)q->n_layer * sizeof(uint16_t), &kv_bytes) ||
+        !(s->kv = hm_malloc_aligned(kv_bytes))) {
+        st = hm_errf(err, HM_ERR_NOMEM, "cannot allocate the KV cache (%d positions, %.1f MiB)", o->n_ctx,
+                     (double)kv_bytes / (1 << 20));
+        goto fail;
+    }
+
+    /* activations: one block, each array 64-byte aligned */
+    const size_t sizes[] = {U * E, U * E, U * nq, U * nkv, U * nkv, U * nq, U * (size_t)q->n_expert, U * K, U * K, U * E};
+    float **dst[] = {&s->x, &s->h, &s->q, &s->k, &s->v, &s->att, &s->rlog, &s->rw, (float **)&s->rid, &s->hout};
+    size_t total = 0;
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) total += hm_align_up(sizes[i] * 4, HM_ALIGN);
+    if (!(s->act = hm_malloc_aligned(total))) {
+        st = hm_errf(err, HM_ERR_NOMEM, "cannot allocate activations (%.1f MiB)", (double)total / (1 << 20));
+        goto fail;
+    }
+    size_t off = 0;
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        *dst[i] = (float *)((char *)s->act + off);
+        off += hm_align_up(sizes[i] * 4, HM_ALIGN);
+    }
+
+    if ((st = hm_moe_route_init(&s->route, q->n_expert, q->n_expert_used, o->n_ubatch, err)) != HM_OK) goto fail;
+
+    size_t sc = hm_cpu_matmul_scratch_size((int64_t)max_sz(E, nq), (int64_t)U, o->n_threads);
+    sc = max_sz(sc, hm_cpu_attention_scratch_size((int64_t)U, o->n_ctx, q->n_head, q->head_dim, o->n_threads));
+    sc = max_sz(sc, hm_moe_compute_scratch_size(&s->route, q->n_embd, q->n_ff_exp, o->n_threads));
+    s->scratch.size = sc;
+    if (sc && !(s->scratch.data = hm_malloc_aligned(sc))) {
+        st = hm_errf(err, HM_ERR_NOMEM, "cannot allocate %.1f MiB of scratch", (double)sc / (1 << 20));
+        goto fail;
+    }
+    *out = s;
+    return HM_OK;
+fail:
+    q3_state_close(s);
+    return st;
+}
+
+static hm_status q3_state_trim(void *state, int32_t n_keep, hm_err *err) {
+    (void)state;
+    (void)n_keep;
+    return HM_OK; /* rows past n_keep are overwritten by the next eval */
+}
+
+/* ---- forward ---- */
+
+static hm_status q3_forward(const hm_model *m, void *state, hm_pool *pool, const hm_fwd_batch *b, hm_err *err) {
+    const q3_model *q = m->impl;
+    q3_state *s = state;
+    const int64_t n = b->n, E = q->n_embd;
+    const int hd = q->head_dim, nh = q->n_head, nkv = q->n_head_kv;
+    HM_ASSERT(n > 0 && n <= s->n_ubatch && b->n_out <= n);
+    HM_ASSERT(b->pos[n - 1] < s->n_ctx);
+    const float scale = 1.0f / sqrtf((float)hd);
+
+    hm_cpu_get_rows(pool, &q->tok_embd, b->tokens, n, s->x);
+    for (int32_t il = 0; il < q->n_layer; il++) {
+        const q3_layer *L = &q->layers[il];
+        uint16_t *kc = s->kv + (size_t)il * 2 * s->kv_layer_elems;
+        uint16_t *vc = kc + s->kv_layer_elems;
+
+        /* attention block */
+        hm_cpu_rmsnorm(pool, s->x, L->attn_norm, s->h, n, E, q->eps);
+        const hm_mat *ws[3] = {&L->wq, &L->wk, &L->wv};
+        float *const ys[3] = {s->q, s->k, s->v};
+        hm_cpu_matmul_n(pool, ws, 3, s->h, n, ys, &s->scratch);
+        hm_cpu_rmsnorm_heads(pool, s->q, L->q_norm, n, nh, hd, q->eps);
+        hm_cpu_rmsnorm_heads(pool, s->k, L->k_norm, n, nkv, hd, q->eps);
+        hm_cpu_rope_neox(pool, s->q, n, nh, hd, q->n_rot, b->pos, q->theta);
+        hm_cpu_rope_neox(pool, s->k, n, nkv, hd, q->n_rot, b->pos, q->theta);
+        hm_cpu_kv_write(pool, kc, vc, s->n_ctx, nkv, hd, s->k, s->v, n, b->pos);
+        hm_cpu_attention(pool, s->q, n, b->pos, kc, vc, s->n_ctx, nh, nkv, hd, scale, s->att, &s->scratch);
+        hm_cpu_matmul(pool, &L->wo, s->att, n, s->h, &s->scratch);
+        hm_cpu_add(pool, s->x, s->h, s->x, n * E);
+
+        /* MoE block: route, then compute the routed units straight into the residual */
+        hm_cpu_rmsnorm(pool, s->x, L->ffn_norm, s->h, n, E, q->eps);
+        hm_cpu_matmul(pool, &L->router, s->h, n, s->rlog, &s->scratch);
+        hm_cpu_router(s->rlog, n, q->n_expert, q->n_expert_used, true, s->rid, s->rw);
+        hm_moe_route_build(&s->route, s->rid, s->rw, (int32_t)n);
+        hm_moe_compute(pool, &L->moe, &s->route, s->h, s->x, &s->scratch);
+    }
+    if (b->n_out > 0) {
+        for (int32_t i = 0; i < b->n_out; i++)
+            memcpy(s->hout + (size_t)i * (size_t)E, s->x + (size_t)b->out_rows[i] * (size_t)E, (size_t)E * sizeof(float));
+        hm_cpu_rmsnorm(pool, s->hout, q->output_norm, s->hout, b->n_out, E, q->eps);
+        hm_cpu_matmul(pool, &q->output, s->hout, b->n_out, b->logits, &s->scratch);
+    }
+    (void)err;
+    return HM_OK;
+}
+
+const hm_arch hm_arch_qwen3moe = {
+    .name = "qwen3moe",
+    .load = q3_load,
+    .unload = q3_unload,
+    .state_open = q3_state_open,
+    .state_close = q3_state_close,
+    .state_trim = q3_state_trim,
+    .forward = q3_forward,
+};
