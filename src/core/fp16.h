@@ -21,7 +21,8 @@ static inline float hm_fp16_to_f32(uint16_t h) {
         float v = (float)man * (1.0f / 16777216.0f);
         return sign ? -v : v;
     }
-    if (exp == 31) return hm_bits_f32(sign | 0x7f800000u | (man << 13));
+    if (exp == 31) /* inf, or NaN made quiet as F16C's vcvtph2ps does */
+        return hm_bits_f32(sign | 0x7f800000u | (man << 13) | (man ? 0x400000u : 0));
     return hm_bits_f32(sign | ((exp + 112u) << 23) | (man << 13));
 }
 

@@ -57,6 +57,10 @@ typedef struct hm_type_traits {
     hm_type vec_dot_type;            /* the activation partner type y is quantised to */
     hm_vec_dot_fn vec_dot;           /* fastest compiled variant */
     hm_vec_dot_fn vec_dot_isa[HM_ISA_COUNT];
+    /* Each compiled conversion variant, for tests and benchmarks; NULL where a family has no
+     * variant for that ISA ([HM_ISA_SCALAR] is the reference when set). */
+    hm_to_float_fn to_float_isa[HM_ISA_COUNT];
+    hm_from_float_fn from_float_isa[HM_ISA_COUNT];
 } hm_type_traits;
 
 /* Traits of type t; a zeroed entry (name NULL) for ids that are not known, NULL if t is out of
