@@ -160,7 +160,7 @@ static hm_status vtake(cur *c, size_t n, const uint8_t **p, const char *fmt, va_
 
 static hm_status rd_u32(cur *c, uint32_t *v, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static hm_status rd_u32(cur *c, uint32_t *v, const char *fmt, ...) {
-    const uint8_t *p;
+    const uint8_t *p = NULL;
     va_list ap;
     va_start(ap, fmt);
     hm_status st = vtake(c, 4, &p, fmt, ap);
@@ -171,7 +171,7 @@ static hm_status rd_u32(cur *c, uint32_t *v, const char *fmt, ...) {
 
 static hm_status rd_u64(cur *c, uint64_t *v, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static hm_status rd_u64(cur *c, uint64_t *v, const char *fmt, ...) {
-    const uint8_t *p;
+    const uint8_t *p = NULL;
     va_list ap;
     va_start(ap, fmt);
     hm_status st = vtake(c, 8, &p, fmt, ap);
@@ -245,7 +245,7 @@ static hm_status parse_array(cur *c, const char *ctx, int depth, int64_t *out) {
                        "only %zu bytes left in the file",
                        g->label, ctx, (unsigned long long)n, count_at, vtype_names[et],
                        (unsigned long long)min_elem, left(c));
-    int64_t id;
+    int64_t id = -1;
     if ((st = new_node(c, &id))) return st;
     g->nodes[id].elem_type = (hm_gguf_vtype)et;
     g->nodes[id].n = n;
@@ -372,7 +372,12 @@ static hm_status parse_tensor_info(cur *c, int64_t i) {
     if (t->ne[0] % tr->blck_size)
         return hm_errf(c->err, HM_ERR_FORMAT, "%s: %s: ne[0] = %lld is not a multiple of the block size %lld of type %s",
                        g->label, what, (long long)t->ne[0], (long long)tr->blck_size, tr->name);
-    size_t nbytes = t->ne[0] ? hm_row_size(t->type, t->ne[0]) : 0;
+    size_t nbytes;
+    /* hm_row_size does not check (ne0 / blck) * type_size for overflow; do it first */
+    if (!hm_mul_ok((size_t)(t->ne[0] / tr->blck_size), tr->type_size, &nbytes))
+        return hm_errf(c->err, HM_ERR_FORMAT, "%s: %s: row byte size (ne[0] = %lld of type %s) overflows",
+                       g->label, what, (long long)t->ne[0], tr->name);
+    nbytes = t->ne[0] ? hm_row_size(t->type, t->ne[0]) : 0;
     if (t->ne[0] && !nbytes) /* hm_row_size returns 0 only when it cannot size the row */
         return hm_errf(c->err, HM_ERR_FORMAT, "%s: %s: cannot size a row of type %s", g->label, what, tr->name);
     for (int d = 1; d < HM_GGUF_MAX_DIMS; d++)

@@ -318,7 +318,10 @@ hm_status hm_gguf_writer_add_tensor(hm_gguf_writer *w, const char *name, int typ
     if (t.ne[0] % tr->blck_size)
         return fail(w, HM_ERR_ARG, "%s: tensor '%s': ne[0] = %lld is not a multiple of the block size %lld of %s",
                     w->path, name, (long long)t.ne[0], (long long)tr->blck_size, tr->name);
-    size_t nbytes = t.ne[0] ? hm_row_size(type, t.ne[0]) : 0;
+    size_t nbytes;
+    if (!hm_mul_ok((size_t)(t.ne[0] / tr->blck_size), tr->type_size, &nbytes)) /* before hm_row_size, which does not check */
+        return fail(w, HM_ERR_ARG, "%s: tensor '%s': row byte size overflows", w->path, name);
+    nbytes = t.ne[0] ? hm_row_size(type, t.ne[0]) : 0;
     for (int d = 1; d < HM_GGUF_MAX_DIMS; d++)
         if (!hm_mul_ok(nbytes, (size_t)t.ne[d], &nbytes)) return fail(w, HM_ERR_ARG, "%s: tensor '%s': byte size overflows", w->path, name);
     t.nbytes = nbytes;
