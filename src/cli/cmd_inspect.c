@@ -1,4 +1,63 @@
-/* cmd_inspect.c - `hotmoe inspect` (placeholder until the inspect module lands). */
+/* cmd_inspect.c - `hotmoe inspect FILE.gguf [--json] [--budget SIZE]`. */
 #include <stdio.h>
+#include <string.h>
+
 #include "cli.h"
-int hm_cmd_inspect(int argc, char **argv) { fprintf(stderr, "inspect: not built yet\n"); return 1; }
+
+static void usage(FILE *f) {
+    fputs("usage: hotmoe inspect FILE.gguf [--json] [--budget SIZE]\n"
+          "\n"
+          "Show a GGUF model without loading its weights: architecture, every hyper-parameter,\n"
+          "tokenizer, tensors by type, and the MoE view: expert units (layer, expert) per layer,\n"
+          "bytes of one unit, expert vs dense bytes. A vocab-only GGUF is fine.\n"
+          "\n"
+          "  --json         print one JSON object (arch, n_layer, n_expert, n_expert_used, n_vocab,\n"
+          "                 unit_bytes, expert_bytes, dense_bytes, units_in_budget, ...)\n"
+          "  --budget SIZE  how many expert units fit in SIZE bytes (e.g. 12GiB, 512MiB),\n"
+          "                 counting slots of the largest unit\n"
+          "  -h, --help     this text\n",
+          f);
+}
+
+int hm_cmd_inspect(int argc, char **argv) {
+    hm_inspect_opts o = {.json = false, .budget = -1};
+    const char *path = NULL;
+    hm_err err = {{0}};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (hm_cli_is_help(a)) {
+            usage(stdout);
+            return 0;
+        } else if (strcmp(a, "--json") == 0) {
+            o.json = true;
+        } else if (strcmp(a, "--budget") == 0 || strncmp(a, "--budget=", 9) == 0) {
+            const char *v = a[8] == '=' ? a + 9 : (i + 1 < argc ? argv[++i] : NULL);
+            if (!v) {
+                fprintf(stderr, "inspect: --budget needs a size (e.g. 12GiB)\n");
+                return 2;
+            }
+            if (hm_parse_size(v, &o.budget, &err) != HM_OK || o.budget < 0) {
+                fprintf(stderr, "inspect: --budget: %s\n", o.budget < 0 && !err.msg[0] ? "must be a size" : err.msg);
+                return 2;
+            }
+        } else if (a[0] == '-' && a[1]) {
+            fprintf(stderr, "inspect: unknown option '%s' (see `hotmoe inspect --help`)\n", a);
+            return 2;
+        } else if (path) {
+            fprintf(stderr, "inspect: one file at a time ('%s' and '%s')\n", path, a);
+            return 2;
+        } else {
+            path = a;
+        }
+    }
+    if (!path) {
+        usage(stderr);
+        return 2;
+    }
+    hm_status st = hm_inspect(path, &o, stdout, &err);
+    if (st != HM_OK) {
+        fprintf(stderr, "inspect: %s\n", err.msg[0] ? err.msg : hm_status_name(st));
+        return 1;
+    }
+    return 0;
+}

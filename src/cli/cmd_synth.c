@@ -1,4 +1,154 @@
-/* cmd_synth.c - `hotmoe synth` (placeholder until the synth module lands). */
+/* cmd_synth.c - `hotmoe synth`: flags -> hm_synth, and the progress display on stderr (a live
+ * bar when stderr is a terminal, else a line every 10 %). */
+#include <errno.h>
+#include <inttypes.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
 #include "cli.h"
-int hm_cmd_synth(int argc, char **argv) { fprintf(stderr, "synth: not built yet\n"); return 1; }
+
+static void usage(FILE *f) {
+    fputs("usage: hotmoe synth --preset qwen3-30b-a3b|tiny --type TYPE -o FILE.gguf [options]\n"
+          "\n"
+          "Write a random-weight MoE model with real tensor names, shapes and GGUF keys (llama.cpp\n"
+          "loads it): for tests, benchmarks and demos without downloading a model.\n"
+          "\n"
+          "  --arch qwen3moe         architecture (the only one for now)\n"
+          "  --preset NAME           qwen3-30b-a3b: Qwen3-30B-A3B's shapes (48 layers, 128 experts,\n"
+          "                          k 8, vocab 151936; 17 GB at q4_k_m); tiny: a few MB\n"
+          "  --layers N              override the preset's depth\n"
+          "  --type TYPE             q4_k_m (llama.cpp's Q4_K_M mix), q8_0, f16, f32, bf16, q4_0,\n"
+          "                          q4_k, q5_k, q6_k, iq4_xs (pure), mxfp4 (experts MXFP4, rest Q8_0)\n"
+          "  --seed S                random seed (default 1); same options + seed = same bytes\n"
+          "  --tokenizer FILE        a Hugging Face tokenizer.json to embed (default: a small\n"
+          "                          built-in byte-level BPE vocabulary)\n"
+          "  --tokenizer-config FILE its tokenizer_config.json (special tokens, chat template)\n"
+          "  -t, --threads N         quantisation threads (default: all CPUs)\n"
+          "  -q, --quiet             no progress display\n"
+          "  -o, --output FILE       where to write (atomically: FILE.tmp, then rename)\n"
+          "  -h, --help              this text\n",
+          f);
+}
+
+typedef struct progress_state {
+    bool tty;
+    int last_decile;
+    double last_draw;
+} progress_state;
+
+static void show_progress(void *ud, const hm_synth_progress *p) {
+    progress_state *s = ud;
+    double frac = p->bytes_total ? (double)p->bytes_done / (double)p->bytes_total : 1.0;
+    double mbs = p->elapsed_s > 0 ? (double)p->bytes_done / 1048576.0 / p->elapsed_s : 0;
+    double eta = frac > 0 ? p->elapsed_s * (1.0 - frac) / frac : 0;
+    bool last = p->bytes_done >= p->bytes_total;
+    if (s->tty) {
+        if (!last && p->elapsed_s - s->last_draw < 0.1) return;
+        s->last_draw = p->elapsed_s;
+        char bar[31];
+        int fill = (int)(frac * 30.0);
+        for (int i = 0; i < 30; i++) bar[i] = i < fill ? '#' : '.';
+        bar[30] = 0;
+        fprintf(stderr, "\r\033[K[%s] %5.1f%% %-28.28s %7.0f MB/s ETA %3d:%02d", bar, 100.0 * frac, p->tensor, mbs,
+                (int)eta / 60, (int)eta % 60);
+        if (last) fputc('\n', stderr);
+    } else {
+        int decile = (int)(frac * 10.0);
+        if (decile == s->last_decile && !last) return;
+        s->last_decile = decile;
+        fprintf(stderr, "synth: %3.0f%% %s (%" PRIu64 "/%" PRIu64 " MB, %.0f MB/s, ETA %.0f s)\n", 100.0 * frac,
+                p->tensor, p->bytes_done >> 20, p->bytes_total >> 20, mbs, eta);
+    }
+}
+
+static bool parse_int(const char *s, long long lo, long long hi, long long *out) {
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || end == s || *end || v < lo || v > hi) return false;
+    *out = v;
+    return true;
+}
+
+int hm_cmd_synth(int argc, char **argv) {
+    hm_synth_opts o = {.arch = "qwen3moe", .seed = 1};
+    bool quiet = false;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (hm_cli_is_help(a)) {
+            usage(stdout);
+            return 0;
+        }
+        if (strcmp(a, "-q") == 0 || strcmp(a, "--quiet") == 0) {
+            quiet = true;
+            continue;
+        }
+        if (a[0] != '-') {
+            fprintf(stderr, "synth: unexpected argument '%s' (see `hotmoe synth --help`)\n", a);
+            return 2;
+        }
+        static const char *const with_value[] = {"--arch", "--preset", "--layers", "--type", "--seed", "--tokenizer",
+                                                 "--tokenizer-config", "-t", "--threads", "-o", "--output"};
+        bool known = false;
+        for (size_t k = 0; k < sizeof with_value / sizeof with_value[0]; k++) known |= strcmp(a, with_value[k]) == 0;
+        if (!known) {
+            fprintf(stderr, "synth: unknown option '%s' (see `hotmoe synth --help`)\n", a);
+            return 2;
+        }
+        if (i + 1 >= argc) {
+            fprintf(stderr, "synth: %s needs a value\n", a);
+            return 2;
+        }
+        const char *v = argv[++i];
+        long long n;
+        if (strcmp(a, "--arch") == 0) o.arch = v;
+        else if (strcmp(a, "--preset") == 0) o.preset = v;
+        else if (strcmp(a, "--type") == 0) o.type = v;
+        else if (strcmp(a, "--tokenizer") == 0) o.tokenizer_json = v;
+        else if (strcmp(a, "--tokenizer-config") == 0) o.tokenizer_config = v;
+        else if (strcmp(a, "-o") == 0 || strcmp(a, "--output") == 0) o.out_path = v;
+        else if (strcmp(a, "--layers") == 0) {
+            if (!parse_int(v, 1, 1000, &n)) {
+                fprintf(stderr, "synth: --layers '%s' is not a number in [1, 1000]\n", v);
+                return 2;
+            }
+            o.n_layer = (int32_t)n;
+        } else if (strcmp(a, "--seed") == 0) {
+            char *end;
+            errno = 0;
+            unsigned long long s = strtoull(v, &end, 0);
+            if (errno || end == v || *end || v[0] == '-') {
+                fprintf(stderr, "synth: --seed '%s' is not a non-negative integer\n", v);
+                return 2;
+            }
+            o.seed = s;
+        } else { /* -t, --threads */
+            if (!parse_int(v, 1, 64, &n)) {
+                fprintf(stderr, "synth: --threads '%s' is not a number in [1, 64]\n", v);
+                return 2;
+            }
+            o.n_threads = (int32_t)n;
+        }
+    }
+    if (!o.preset || !o.type || !o.out_path) {
+        fprintf(stderr, "synth: %s is required\n\n", !o.preset ? "--preset" : !o.type ? "--type" : "-o FILE");
+        usage(stderr);
+        return 2;
+    }
+    progress_state ps = {.tty = isatty(STDERR_FILENO) != 0, .last_decile = -1, .last_draw = -1.0};
+    if (!quiet) {
+        o.progress = show_progress;
+        o.progress_ud = &ps;
+    }
+    hm_err err = {{0}};
+    hm_status st = hm_synth(&o, &err);
+    if (st != HM_OK) {
+        if (ps.tty && !quiet) fputc('\n', stderr);
+        fprintf(stderr, "synth: %s\n", err.msg[0] ? err.msg : hm_status_name(st));
+        return st == HM_ERR_ARG ? 2 : 1;
+    }
+    if (!quiet) fprintf(stderr, "synth: wrote %s\n", o.out_path);
+    return 0;
+}

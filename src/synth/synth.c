@@ -1,0 +1,220 @@
+/* synth.c - `hotmoe synth`: write a random-weight qwen3moe GGUF that llama.cpp and hotmoe load.
+ *
+ * Flow: options -> preset + type mix -> tensor plan (synth_plan.c) -> metadata (llama.cpp's
+ * qwen3moe keys, as its converter writes them) + tokenizer keys (synth_vocab.c) -> tensor data,
+ * streamed: each tensor is produced in chunks of rows; the rows of a chunk are split over
+ * n_threads threads, each generating its rows' floats (hm_synth_gauss) and quantising them with
+ * the type's reference quantiser into the chunk buffer, which is then appended to the file.
+ *
+ * Invariants: memory is O(chunk + threads * row), independent of the model size; the bytes
+ * depend only on the options and the seed, never on n_threads or chunking (the generator is
+ * counter-based and every row is quantised independently). */
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../core/timer.h"
+#include "../quant/quant.h"
+#include "synth_impl.h"
+
+#define CHUNK_BYTES ((size_t)4 << 20) /* quantised bytes per chunk */
+#define MAX_THREADS 64
+
+typedef struct chunk_job {
+    const hm_synth_tensor *t;
+    hm_from_float_fn quantise;
+    uint64_t key;
+    size_t row_bytes;
+    int64_t row0, n_rows; /* rows of this chunk; a row is ne[0] elements */
+    uint8_t *out;         /* n_rows * row_bytes */
+    float *scratch[MAX_THREADS];
+    int n_threads;
+} chunk_job;
+
+typedef struct worker_arg {
+    chunk_job *job;
+    int ith;
+} worker_arg;
+
+static void run_rows(chunk_job *j, int ith) {
+    const int64_t ne0 = j->t->ne[0];
+    const int64_t r0 = j->n_rows * ith / j->n_threads, r1 = j->n_rows * (ith + 1) / j->n_threads;
+    float *x = j->scratch[ith];
+    const float mean = j->t->mean, sd = j->t->std;
+    for (int64_t r = r0; r < r1; r++) {
+        uint64_t base = (uint64_t)(j->row0 + r) * (uint64_t)ne0;
+        for (int64_t c = 0; c < ne0; c++) x[c] = mean + sd * hm_synth_gauss(j->key, base + (uint64_t)c);
+        j->quantise(x, j->out + (size_t)r * j->row_bytes, ne0);
+    }
+}
+
+static void *worker_main(void *p) {
+    worker_arg *a = p;
+    run_rows(a->job, a->ith);
+    return NULL;
+}
+
+/* Run the chunk on n_threads threads (the caller is thread 0). A thread that cannot be started
+ * is not an error: the caller does its rows. */
+static void run_chunk(chunk_job *j) {
+    pthread_t tid[MAX_THREADS];
+    worker_arg args[MAX_THREADS];
+    bool started[MAX_THREADS] = {false};
+    for (int i = 1; i < j->n_threads; i++) {
+        args[i] = (worker_arg){j, i};
+        started[i] = pthread_create(&tid[i], NULL, worker_main, &args[i]) == 0;
+    }
+    run_rows(j, 0);
+    for (int i = 1; i < j->n_threads; i++) {
+        if (started[i]) pthread_join(tid[i], NULL);
+        else run_rows(j, i);
+    }
+}
+
+static hm_status write_metadata(hm_gguf_writer *w, const hm_synth_opts *o, const hm_synth_preset *p,
+                                int32_t n_layer, const hm_synth_mix *m, hm_err *err) {
+    hm_status st = HM_OK;
+#define SET(call) do { if (!st) st = (call); } while (0)
+    /* general.* and qwen3moe.* in the order and with the value types llama.cpp's converter
+     * writes (u32 counts, f32 floats) */
+    SET(hm_gguf_writer_set_str(w, "general.architecture", "qwen3moe"));
+    SET(hm_gguf_writer_set_str(w, "general.type", "model"));
+    SET(hm_gguf_writer_set_str(w, "general.name", p->model_name));
+    SET(hm_gguf_writer_set_u32(w, "qwen3moe.block_count", (uint32_t)n_layer));
+    SET(hm_gguf_writer_set_u32(w, "qwen3moe.context_length", (uint32_t)p->n_ctx));
+    SET(hm_gguf_writer_set_u32(w, "qwen3moe.embedding_length", (uint32_t)p->n_embd));
+    SET(hm_gguf_writer_set_u32(w, "qwen3moe.feed_forward_length", (uint32_t)p->n_ff));
+    SET(hm_gguf_writer_set_u32(w, "qwen3moe.attention.head_count", (uint32_t)p->n_head));
+    SET(hm_gguf_writer_set_u32(w, "qwen3moe.attention.head_count_kv", (uint32_t)p->n_head_kv));
+    SET(hm_gguf_writer_set_f32(w, "qwen3moe.rope.freq_base", p->rope_theta));
+    SET(hm_gguf_writer_set_f32(w, "qwen3moe.attention.layer_norm_rms_epsilon", p->rms_eps));
+    SET(hm_gguf_writer_set_u32(w, "qwen3moe.expert_used_count", (uint32_t)p->n_expert_used));
+    SET(hm_gguf_writer_set_u32(w, "qwen3moe.attention.key_length", (uint32_t)p->head_dim));
+    SET(hm_gguf_writer_set_u32(w, "qwen3moe.attention.value_length", (uint32_t)p->head_dim));
+    SET(hm_gguf_writer_set_u32(w, "qwen3moe.expert_count", (uint32_t)p->n_expert));
+    SET(hm_gguf_writer_set_u32(w, "qwen3moe.expert_feed_forward_length", (uint32_t)p->n_ff_exp));
+    SET(hm_gguf_writer_set_u32(w, "general.file_type", (uint32_t)m->ftype));
+    SET(hm_gguf_writer_set_u32(w, "general.quantization_version", 2));
+    /* provenance (llama.cpp ignores keys it does not know) */
+    SET(hm_gguf_writer_set_str(w, "hotmoe.synth.preset", p->name));
+    SET(hm_gguf_writer_set_str(w, "hotmoe.synth.type", m->name));
+    SET(hm_gguf_writer_set_u64(w, "hotmoe.synth.seed", o->seed));
+#undef SET
+    if (st) return st;
+    return hm_synth_write_vocab(w, p->n_vocab, o->tokenizer_json, o->tokenizer_config, err);
+}
+
+static hm_status check_opts(const hm_synth_opts *o, const hm_synth_preset **p, const hm_synth_mix **m,
+                            hm_err *err) {
+    if (o->arch && strcmp(o->arch, "qwen3moe") != 0)
+        return hm_errf(err, HM_ERR_UNSUPPORTED, "synth: architecture '%s' is not supported (only qwen3moe)", o->arch);
+    if (!o->preset) return hm_errf(err, HM_ERR_ARG, "synth: no preset (one of: %s)", hm_synth_preset_names());
+    if (!(*p = hm_synth_find_preset(o->preset)))
+        return hm_errf(err, HM_ERR_ARG, "synth: unknown preset '%s' (one of: %s)", o->preset, hm_synth_preset_names());
+    if (!o->type) return hm_errf(err, HM_ERR_ARG, "synth: no type (one of: %s)", hm_synth_mix_names());
+    if (!(*m = hm_synth_find_mix(o->type)))
+        return hm_errf(err, HM_ERR_ARG, "synth: unknown type '%s' (one of: %s)", o->type, hm_synth_mix_names());
+    if (o->n_layer < 0 || o->n_layer > 1000)
+        return hm_errf(err, HM_ERR_ARG, "synth: --layers %d is out of range [1, 1000]", o->n_layer);
+    if (!o->out_path || !*o->out_path) return hm_errf(err, HM_ERR_ARG, "synth: no output file (-o FILE)");
+    if (o->tokenizer_config && !o->tokenizer_json)
+        return hm_errf(err, HM_ERR_ARG, "synth: --tokenizer-config needs --tokenizer");
+    return HM_OK;
+}
+
+hm_status hm_synth(const hm_synth_opts *o, hm_err *err) {
+    const hm_synth_preset *p = NULL;
+    const hm_synth_mix *m = NULL;
+    hm_status st = check_opts(o, &p, &m, err);
+    if (st) return st;
+    const int32_t n_layer = o->n_layer ? o->n_layer : p->n_layer;
+
+    int n_threads = o->n_threads;
+    if (n_threads <= 0) {
+        long n = sysconf(_SC_NPROCESSORS_ONLN);
+        n_threads = n > 0 ? (int)n : 1;
+    }
+    if (n_threads > MAX_THREADS) n_threads = MAX_THREADS;
+
+    hm_synth_tensor *plan = NULL;
+    int64_t n_tensors = 0;
+    hm_gguf_writer *w = NULL;
+    chunk_job job;
+    memset(&job, 0, sizeof job);
+    st = hm_synth_plan(p, n_layer, m, &plan, &n_tensors, err);
+    if (st) return st;
+
+    uint64_t total = 0;
+    int64_t max_ne0 = 0;
+    size_t max_row = 0;
+    for (int64_t i = 0; i < n_tensors; i++) {
+        const hm_synth_tensor *t = &plan[i];
+        const hm_type_traits *tr = hm_type_get(t->type);
+        if (!tr || !tr->from_float_ref) {
+            st = hm_errf(err, HM_ERR_UNSUPPORTED, "synth: type %s (for %s) has no reference quantiser in this build",
+                         hm_type_name(t->type), t->name);
+            goto done;
+        }
+        size_t row = hm_row_size(t->type, t->ne[0]);
+        total += (uint64_t)row * (uint64_t)(t->ne[1] * t->ne[2]);
+        if (t->ne[0] > max_ne0) max_ne0 = t->ne[0];
+        if (row > max_row) max_row = row;
+    }
+
+    size_t buf_bytes = max_row > CHUNK_BYTES ? max_row : CHUNK_BYTES;
+    job.out = malloc(buf_bytes);
+    job.n_threads = n_threads;
+    for (int i = 0; i < n_threads; i++) job.scratch[i] = malloc((size_t)max_ne0 * sizeof(float));
+    bool oom = !job.out;
+    for (int i = 0; i < n_threads; i++) oom |= !job.scratch[i];
+    if (oom) {
+        st = hm_errf(err, HM_ERR_NOMEM, "synth: out of memory for the chunk buffers");
+        goto done;
+    }
+
+    st = hm_gguf_writer_open(&w, o->out_path, 0, err);
+    if (st) goto done;
+    st = write_metadata(w, o, p, n_layer, m, err);
+    for (int64_t i = 0; !st && i < n_tensors; i++) {
+        const hm_synth_tensor *t = &plan[i];
+        st = hm_gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne);
+    }
+    if (!st) st = hm_gguf_writer_begin_data(w);
+
+    int64_t t0 = hm_time_us();
+    uint64_t done_bytes = 0;
+    for (int64_t i = 0; !st && i < n_tensors; i++) {
+        const hm_synth_tensor *t = &plan[i];
+        job.t = t;
+        job.quantise = hm_type_get(t->type)->from_float_ref;
+        job.key = hm_synth_key(o->seed, t->name);
+        job.row_bytes = hm_row_size(t->type, t->ne[0]);
+        const int64_t rows = t->ne[1] * t->ne[2];
+        int64_t per_chunk = (int64_t)(buf_bytes / job.row_bytes);
+        for (int64_t r = 0; !st && r < rows; r += per_chunk) {
+            job.row0 = r;
+            job.n_rows = rows - r < per_chunk ? rows - r : per_chunk;
+            run_chunk(&job);
+            size_t n = (size_t)job.n_rows * job.row_bytes;
+            st = hm_gguf_writer_write(w, job.out, n);
+            done_bytes += n;
+            if (!st && o->progress) {
+                hm_synth_progress pr = {t->name, i, n_tensors, done_bytes, total, (double)(hm_time_us() - t0) * 1e-6};
+                o->progress(o->progress_ud, &pr);
+            }
+        }
+    }
+    if (!st) {
+        st = hm_gguf_writer_finish(w); /* frees w, success or not */
+        w = NULL;
+    }
+
+done:
+    hm_gguf_writer_abort(w);
+    free(plan);
+    free(job.out);
+    for (int i = 0; i < MAX_THREADS; i++) free(job.scratch[i]);
+    return st;
+}

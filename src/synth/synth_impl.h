@@ -1,0 +1,96 @@
+/* synth_impl.h - internals of `hotmoe synth`, shared by synth.c (driver: metadata, threads,
+ * streaming), synth_plan.c (presets, tensor list, per-tensor type mix) and synth_vocab.c
+ * (tokenizer keys).
+ *
+ * The random generator is counter-based: value (seed, tensor name, element index) -> float,
+ * with no state carried between elements, so any split of a tensor over threads or chunks gives
+ * the same bytes, and a tensor's values do not depend on which other tensors the file has
+ * (blk.0 of a 4-layer and of a 48-layer file are equal). */
+#ifndef HM_SYNTH_IMPL_H
+#define HM_SYNTH_IMPL_H
+
+#include <stdint.h>
+
+#include "../gguf/gguf.h"
+#include "hotmoe.h"
+
+/* ---- counter-based generator ---- */
+
+/* splitmix64's output function: a bijective 64-bit mixer. */
+static inline uint64_t hm_synth_mix64(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* Per-tensor key from the seed and the tensor name. */
+static inline uint64_t hm_synth_key(uint64_t seed, const char *name) {
+    uint64_t h = 1469598103934665603ull; /* FNV-1a of the name */
+    for (; *name; name++) h = (h ^ (unsigned char)*name) * 1099511628211ull;
+    return hm_synth_mix64(hm_synth_mix64(seed) ^ h);
+}
+
+/* Gaussian-like value (mean 0, std 1, within +-3.46) for element i: the sum of four 16-bit
+ * uniforms (Irwin-Hall, n = 4) of splitmix64's i-th output for state key. Exact std of the
+ * sum: sqrt((65536^2 - 1) / 3) = 37837.2265. */
+static inline float hm_synth_gauss(uint64_t key, uint64_t i) {
+    uint64_t r = hm_synth_mix64(key + (i + 1) * 0x9e3779b97f4a7c15ull);
+    int32_t s = (int32_t)(r & 0xffff) + (int32_t)((r >> 16) & 0xffff) + (int32_t)((r >> 32) & 0xffff) +
+                (int32_t)(r >> 48);
+    return (float)(s - 131070) * (1.0f / 37837.2265f);
+}
+
+/* ---- presets and the tensor plan ---- */
+
+typedef struct hm_synth_preset {
+    const char *name;       /* "--preset" value */
+    const char *model_name; /* general.name */
+    int32_t n_layer, n_embd, n_head, n_head_kv, head_dim;
+    int32_t n_expert, n_expert_used, n_ff_exp, n_ff, n_vocab, n_ctx;
+    float rope_theta, rms_eps;
+} hm_synth_preset;
+
+/* How --type maps tensors to ggml types. */
+typedef enum hm_synth_mix_kind {
+    HM_SYNTH_MIX_PURE,      /* every matrix of base type (llama-quantize --pure) */
+    HM_SYNTH_MIX_Q4_K_M,    /* llama.cpp's Q4_K_M rules */
+    HM_SYNTH_MIX_MXFP4_MOE, /* llama.cpp's MXFP4_MOE: experts MXFP4, other matrices Q8_0 */
+} hm_synth_mix_kind;
+
+typedef struct hm_synth_mix {
+    const char *name;  /* "--type" value */
+    int32_t ftype;     /* general.file_type (LLAMA_FTYPE_*) */
+    int base;          /* hm_type of the bulk of the matrices */
+    hm_synth_mix_kind kind;
+} hm_synth_mix;
+
+typedef struct hm_synth_tensor {
+    char name[64];
+    uint32_t n_dims;
+    int64_t ne[3];
+    int type;    /* hm_type */
+    float mean;  /* values are mean + std * gauss */
+    float std;
+} hm_synth_tensor;
+
+const hm_synth_preset *hm_synth_find_preset(const char *name);
+const hm_synth_mix *hm_synth_find_mix(const char *name);
+/* "tiny, qwen3-30b-a3b" / "q4_k_m, q8_0, ..." for error messages and --help. */
+const char *hm_synth_preset_names(void);
+const char *hm_synth_mix_names(void);
+
+/* The tensors of preset p with n_layer layers and type mix m, in file order. *out owned by the
+ * caller (free). HM_ERR_UNSUPPORTED when a shape does not fit a type's block size. */
+hm_status hm_synth_plan(const hm_synth_preset *p, int32_t n_layer, const hm_synth_mix *m,
+                        hm_synth_tensor **out, int64_t *n_out, hm_err *err);
+
+/* ---- tokenizer keys ---- */
+
+/* Write the tokenizer.* keys: the built-in byte-level BPE vocabulary padded with [PADi] tokens
+ * to n_vocab (tokenizer_json NULL), or the Hugging Face tokenizer.json (+ config) through the
+ * tokenizer module's importer, padded to n_vocab the way llama.cpp's converter does. A file with
+ * more than n_vocab tokens is HM_ERR_ARG. */
+hm_status hm_synth_write_vocab(hm_gguf_writer *w, int32_t n_vocab, const char *tokenizer_json,
+                               const char *tokenizer_config, hm_err *err);
+
+#endif

