@@ -256,3 +256,28 @@ done:
     json_decref(cfg);
     return st;
 }
+
+hm_status hm_tokenizer_write_vocab_gguf(const char *tokenizer_json, const char *tokenizer_config_json,
+                                        const char *out_path, hm_err *err) {
+    hm_gguf_writer *w = NULL;
+    hm_status st = hm_gguf_writer_open(&w, out_path, 0, err);
+    if (st != HM_OK) return st;
+    st = hm_gguf_writer_set_str(w, "general.architecture", "vocab-only");
+    if (st == HM_OK) st = hm_gguf_writer_set_str(w, "general.name", "tokenizer");
+    if (st != HM_OK) {
+        st = hm_errf(err, st, "%s: %s", out_path, hm_gguf_writer_error(w));
+        hm_gguf_writer_abort(w);
+        return st;
+    }
+    st = hm_tokenizer_import_hf(w, tokenizer_json, tokenizer_config_json, NULL, NULL, err);
+    if (st != HM_OK) {
+        hm_gguf_writer_abort(w);
+        return st;
+    }
+    if (hm_gguf_writer_begin_data(w) != HM_OK) {
+        st = hm_errf(err, HM_ERR_IO, "%s: %s", out_path, hm_gguf_writer_error(w));
+        hm_gguf_writer_abort(w);
+        return st;
+    }
+    return hm_gguf_writer_finish(w); /* frees w; a failure is reported in err by the writer */
+}

@@ -1,0 +1,111 @@
+/* quant_k_impl.h - internals of the K-quant family (Q8_K, Q4_K, Q5_K, Q6_K, IQ4_XS): block
+ * layouts bit-exact with ggml-common.h, the shared decoding helpers, and the SIMD entry points
+ * the family's register function (quant_k.c) installs.
+ *
+ * Every type here works on super-blocks of HM_QK_K = 256 elements; its dot partner is Q8_K.
+ * Invariant kept by all vec_dot variants: the integer part of each super-block's dot is exact,
+ * only the float accumulation order differs between scalar, AVX2 and AVX-512. */
+#ifndef HM_QUANT_K_IMPL_H
+#define HM_QUANT_K_IMPL_H
+
+#include <stdint.h>
+#include <string.h>
+
+#include "quant.h"
+
+#define HM_QK_K 256
+
+/* q8_k (activations only): value = qs[i] * d; bsums[j] = sum of qs[16j .. 16j+15]. */
+typedef struct hm_block_q8_k {
+    float d;
+    int8_t qs[HM_QK_K];
+    int16_t bsums[HM_QK_K / 16];
+} hm_block_q8_k;
+
+/* q4_k: 8 sub-blocks of 32; value = d*sc[j]*q - dmin*m[j] with 6-bit sc/m packed in scales[12]
+ * (see hm_k4_unpack_scales). qs: for each 64-element chunk c, 32 bytes whose low nibbles are
+ * elements 64c..64c+31 and high nibbles 64c+32..64c+63. */
+typedef struct hm_block_q4_k {
+    uint16_t d;    /* fp16 super-scale of the scales */
+    uint16_t dmin; /* fp16 super-scale of the mins */
+    uint8_t scales[12];
+    uint8_t qs[HM_QK_K / 2];
+} hm_block_q4_k;
+
+/* q5_k: as q4_k plus a fifth bit: bit 2c of qh[l] is the high bit of element 64c+l, bit 2c+1
+ * that of element 64c+32+l. */
+typedef struct hm_block_q5_k {
+    uint16_t d;
+    uint16_t dmin;
+    uint8_t scales[12];
+    uint8_t qh[HM_QK_K / 8];
+    uint8_t qs[HM_QK_K / 2];
+} hm_block_q5_k;
+
+/* q6_k: 16 sub-blocks of 16; value = d * scales[j] * (q - 32), q in [0, 63]. Per 128-element
+ * half h: ql[64h + l] low nibble = element l, ql[64h + 32 + l] low = l+32, high nibbles l+64,
+ * l+96; qh[32h + l] bits 0-1, 2-3, 4-5, 6-7 are the top two bits of l, l+32, l+64, l+96. */
+typedef struct hm_block_q6_k {
+    uint8_t ql[HM_QK_K / 2];
+    uint8_t qh[HM_QK_K / 4];
+    int8_t scales[HM_QK_K / 16];
+    uint16_t d; /* fp16 */
+} hm_block_q6_k;
+
+/* iq4_xs: 8 sub-blocks of 32; value = d * (ls[j] - 32) * kvalues_iq4nl[q]; ls is 6 bits: low 4
+ * in scales_l[j/2] (nibble j%2), high 2 in scales_h bits 2j..2j+1. qs per sub-block: 16 bytes,
+ * low nibbles elements 0..15, high nibbles 16..31. */
+typedef struct hm_block_iq4_xs {
+    uint16_t d; /* fp16 */
+    uint16_t scales_h;
+    uint8_t scales_l[HM_QK_K / 64];
+    uint8_t qs[HM_QK_K / 2];
+} hm_block_iq4_xs;
+
+_Static_assert(sizeof(hm_block_q8_k) == 292, "q8_K block is 292 bytes");
+_Static_assert(sizeof(hm_block_q4_k) == 144, "q4_K block is 144 bytes");
+_Static_assert(sizeof(hm_block_q5_k) == 176, "q5_K block is 176 bytes");
+_Static_assert(sizeof(hm_block_q6_k) == 210, "q6_K block is 210 bytes");
+_Static_assert(sizeof(hm_block_iq4_xs) == 136, "iq4_xs block is 136 bytes");
+
+/* The 16 non-linear levels of IQ4_NL / IQ4_XS. */
+static const int8_t hm_kvalues_iq4nl[16] = {-127, -104, -83, -65, -49, -35, -22, -10,
+                                            1,    13,   25,  38,  53,  69,  89,  113};
+
+/* Unpack the 12 bytes of 6-bit scales/mins of q4_k/q5_k into sc[0..7] and m[0..7] (bytes).
+ * Layout: bytes 0-3 hold sc[0..3] in bits 0-5 and the top 2 bits of sc[4..7] in bits 6-7;
+ * bytes 4-7 the same for m; bytes 8-11 hold sc[4..7] low nibbles | m[4..7] low nibbles << 4.
+ * Done on 32-bit words: each word carries four sub-blocks at once. */
+static inline void hm_k4_unpack_scales(const uint8_t *packed, uint8_t sc[8], uint8_t m[8]) {
+    uint32_t a, b, c;
+    memcpy(&a, packed, 4);
+    memcpy(&b, packed + 4, 4);
+    memcpy(&c, packed + 8, 4);
+    const uint32_t sc_lo = a & 0x3f3f3f3fu;
+    const uint32_t m_lo = b & 0x3f3f3f3fu;
+    const uint32_t sc_hi = (c & 0x0f0f0f0fu) | (((a >> 6) & 0x03030303u) << 4);
+    const uint32_t m_hi = ((c >> 4) & 0x0f0f0f0fu) | (((b >> 6) & 0x03030303u) << 4);
+    memcpy(sc, &sc_lo, 4);
+    memcpy(sc + 4, &sc_hi, 4);
+    memcpy(m, &m_lo, 4);
+    memcpy(m + 4, &m_hi, 4);
+}
+
+/* SIMD variants (compiled only where the build targets the ISA; NULL-safe registration in
+ * quant_k.c). Same contracts as the hm_to_float_fn / hm_from_float_fn / hm_vec_dot_fn types. */
+void hm_vec_dot_q4_k_avx2(int64_t n, float *out, const void *x, const void *y);
+void hm_vec_dot_q5_k_avx2(int64_t n, float *out, const void *x, const void *y);
+void hm_vec_dot_q6_k_avx2(int64_t n, float *out, const void *x, const void *y);
+void hm_vec_dot_iq4_xs_avx2(int64_t n, float *out, const void *x, const void *y);
+void hm_from_float_q8_k_avx2(const float *src, void *dst, int64_t n);
+
+void hm_vec_dot_q4_k_avx512(int64_t n, float *out, const void *x, const void *y);
+void hm_vec_dot_q5_k_avx512(int64_t n, float *out, const void *x, const void *y);
+void hm_vec_dot_q6_k_avx512(int64_t n, float *out, const void *x, const void *y);
+void hm_vec_dot_iq4_xs_avx512(int64_t n, float *out, const void *x, const void *y);
+void hm_from_float_q8_k_avx512(const float *src, void *dst, int64_t n);
+
+/* Scalar reference of Q8_K quantisation (what the SIMD variants must equal byte for byte). */
+void hm_from_float_q8_k_ref(const float *src, void *dst, int64_t n);
+
+#endif

@@ -1,0 +1,163 @@
+/* chat.c - chat templates. We do not run Jinja: each supported family is recognised from the
+ * template text (tokenizer.chat_template) and rendered by a small C function that produces what
+ * the Jinja template would for plain {role, content} conversations. Adding a family = one
+ * detect + one render function in the table below.
+ *
+ * chatml (Qwen 2/2.5/3, and others using <|im_start|>):
+ *   <|im_start|>{role}\n{content}<|im_end|>\n ... [+ <|im_start|>assistant\n]
+ *   Qwen3's extras, applied when the template mentions them: assistant turns before the last
+ *   user turn lose their <think>...</think> part; consecutive "tool" messages are grouped into
+ *   one user turn of <tool_response> blocks; no_thinking appends an empty think block to the
+ *   generation prompt (enable_thinking=false). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "../core/status.h"
+#include "tokenizer_impl.h"
+
+typedef struct sbuf {
+    char *p;
+    size_t n, cap;
+    bool oom;
+} sbuf;
+
+static void sb_put(sbuf *b, const char *s, size_t n) {
+    if (b->oom) return;
+    if (b->n + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 256;
+        while (b->n + n + 1 > cap) cap *= 2;
+        char *p = realloc(b->p, cap);
+        if (!p) { b->oom = true; return; }
+        b->p = p;
+        b->cap = cap;
+    }
+    memcpy(b->p + b->n, s, n);
+    b->n += n;
+    b->p[b->n] = 0;
+}
+static void sb_str(sbuf *b, const char *s) { sb_put(b, s, strlen(s)); }
+
+static bool starts_with(const char *s, const char *p) { return strncmp(s, p, strlen(p)) == 0; }
+static bool ends_with(const char *s, const char *p) {
+    size_t ls = strlen(s), lp = strlen(p);
+    return ls >= lp && memcmp(s + ls - lp, p, lp) == 0;
+}
+
+static bool detect_chatml(const char *tmpl) { return strstr(tmpl, "<|im_start|>") != NULL; }
+
+/* Qwen3: the answer part of an assistant turn is what follows the last </think> (leading
+ * newlines dropped); its reasoning is what lies between the last <think> before the first
+ * </think> and that </think>, newlines trimmed. Turns after the last user query keep the
+ * reasoning (rendered as a think block) when it is non-empty or the turn is the last message. */
+static void render_qwen3_assistant(sbuf *b, const char *c, bool after_query, bool is_last) {
+    const char *answer = c, *r0 = c, *r1 = c;
+    const char *first_end = strstr(c, "</think>");
+    if (first_end) {
+        const char *p = c, *e = NULL;
+        while ((p = strstr(p, "</think>"))) e = p, p += 8;
+        answer = e + 8;
+        while (*answer == '\n') answer++;
+        r0 = c;
+        r1 = first_end;
+        for (const char *q = c; (q = strstr(q, "<think>")) && q < first_end; q += 7) r0 = q + 7;
+        while (r1 > r0 && r1[-1] == '\n') r1--;
+        while (r0 < r1 && *r0 == '\n') r0++;
+    }
+    sb_str(b, "<|im_start|>assistant\n");
+    if (after_query && (is_last || r1 > r0)) {
+        sb_str(b, "<think>\n");
+        sb_put(b, r0, (size_t)(r1 - r0));
+        sb_str(b, "\n</think>\n\n");
+        while (*answer == '\n') answer++;
+    }
+    sb_str(b, answer);
+    sb_str(b, "<|im_end|>\n");
+}
+
+static void render_chatml(sbuf *b, const char *tmpl, const hm_chat_msg *m, size_t n,
+                          const hm_chat_opts *o) {
+    bool strip_think = strstr(tmpl, "</think>") != NULL;
+    bool tool_groups = strstr(tmpl, "<tool_response>") != NULL;
+    /* last user turn that is not a tool response (Qwen3's last_query_index) */
+    size_t last_query = n ? n - 1 : 0;
+    for (size_t i = n; i-- > 0;) {
+        const char *c = m[i].content ? m[i].content : "";
+        if (strcmp(m[i].role, "user") == 0 &&
+            !(starts_with(c, "<tool_response>") && ends_with(c, "</tool_response>"))) {
+            last_query = i;
+            break;
+        }
+    }
+    for (size_t i = 0; i < n; i++) {
+        const char *role = m[i].role, *c = m[i].content ? m[i].content : "";
+        if (tool_groups && strcmp(role, "tool") == 0) {
+            if (i == 0 || strcmp(m[i - 1].role, "tool") != 0) sb_str(b, "<|im_start|>user");
+            sb_str(b, "\n<tool_response>\n");
+            sb_str(b, c);
+            sb_str(b, "\n</tool_response>");
+            if (i + 1 == n || strcmp(m[i + 1].role, "tool") != 0) sb_str(b, "<|im_end|>\n");
+            continue;
+        }
+        if (strip_think && strcmp(role, "assistant") == 0) {
+            render_qwen3_assistant(b, c, i > last_query, i + 1 == n);
+            continue;
+        }
+        sb_str(b, "<|im_start|>");
+        sb_str(b, role);
+        sb_str(b, "\n");
+        sb_str(b, c);
+        sb_str(b, "<|im_end|>\n");
+    }
+    if (o->add_generation_prompt) {
+        sb_str(b, "<|im_start|>assistant\n");
+        if (o->no_thinking && strstr(tmpl, "enable_thinking")) sb_str(b, "<think>\n\n</think>\n\n");
+    }
+}
+
+static const struct chat_fmt {
+    const char *name;
+    bool (*detect)(const char *tmpl);
+    void (*render)(sbuf *b, const char *tmpl, const hm_chat_msg *m, size_t n, const hm_chat_opts *o);
+} formats[] = {
+    {"chatml", detect_chatml, render_chatml},
+};
+
+const char *hm_chat_template_name(const char *tmpl) {
+    if (!tmpl) return NULL;
+    for (size_t i = 0; i < sizeof formats / sizeof formats[0]; i++)
+        if (formats[i].detect(tmpl)) return formats[i].name;
+    return NULL;
+}
+
+hm_status hm_chat_apply(const char *tmpl, const hm_chat_msg *msgs, size_t n, const hm_chat_opts *o,
+                        char **out, hm_err *err) {
+    *out = NULL;
+    hm_chat_opts def = {.add_generation_prompt = true};
+    if (!o) o = &def;
+    if (!tmpl || !*tmpl)
+        return hm_errf(err, HM_ERR_UNSUPPORTED, "the model has no chat template (tokenizer.chat_template)");
+    const struct chat_fmt *f = NULL;
+    for (size_t i = 0; i < sizeof formats / sizeof formats[0] && !f; i++)
+        if (formats[i].detect(tmpl)) f = &formats[i];
+    if (!f) {
+        char head[81];
+        size_t k = 0;
+        for (const char *p = tmpl; *p && k < 80; p++) head[k++] = (*p == '\n' || *p == '\r') ? ' ' : *p;
+        head[k] = 0;
+        return hm_errf(err, HM_ERR_UNSUPPORTED,
+                       "chat template not recognised (supported: chatml / <|im_start|>); it begins: \"%s%s\"",
+                       head, strlen(tmpl) > 80 ? "..." : "");
+    }
+    for (size_t i = 0; i < n; i++)
+        if (!msgs[i].role || !*msgs[i].role)
+            return hm_errf(err, HM_ERR_ARG, "chat message %zu has no role", i);
+    sbuf b = {0};
+    f->render(&b, tmpl, msgs, n, o);
+    sb_put(&b, "", 0);
+    if (b.oom || !b.p) {
+        free(b.p);
+        return hm_errf(err, HM_ERR_NOMEM, "out of memory");
+    }
+    *out = b.p;
+    return HM_OK;
+}
