@@ -196,6 +196,103 @@ hm_status hm_synth(const hm_synth_opts *o, hm_err *err);
 
 /* ==== end of inspect and synth =========================================================== */
 
+/* ==== Tokenizer (tokenizer/) ============================================================== */
+
+/* A model's tokenizer, read from the tokenizer.* keys of a GGUF file (a full model or a
+ * vocab-only file). Immutable once open: every call takes it const, so threads may share one.
+ * Byte-level BPE (tokenizer.ggml.model "gpt2", pre-tokenizers qwen2, qwen35, llama-bpe,
+ * deepseek-llm, deepseek-v3, gpt-2) and SentencePiece BPE ("llama").
+ * Input text that is not valid UTF-8 is not an error: each invalid sequence is replaced by
+ * U+FFFD (per maximal subpart, as Python's bytes.decode(errors="replace") does), which is the
+ * text a Hugging Face tokenizer would have been given. Qwen's pre-tokenizers NFC-normalise the
+ * text between special tokens first, as their tokenizer.json does. */
+typedef struct hm_tokenizer hm_tokenizer;
+
+/* Open the tokenizer of the GGUF file at path. *out owned by the caller (hm_tokenizer_close).
+ * A missing file, a file without tokenizer keys or an unsupported vocabulary/pre-tokenizer
+ * fail with a message naming the file and key. */
+hm_status hm_tokenizer_open(hm_tokenizer **out, const char *path, hm_err *err);
+void hm_tokenizer_close(hm_tokenizer *t); /* NULL is a no-op */
+
+int32_t hm_tokenizer_n_vocab(const hm_tokenizer *t);
+int32_t hm_tokenizer_bos(const hm_tokenizer *t); /* -1 when the file names none */
+int32_t hm_tokenizer_eos(const hm_tokenizer *t); /* -1 when the file names none */
+bool hm_tokenizer_add_bos(const hm_tokenizer *t); /* tokenizer.ggml.add_bos_token */
+/* End of generation: eos, eot, and the turn/text end tokens the vocabulary has
+ * (<|im_end|>, <|endoftext|>, <|eot_id|>, <end_of_turn>, ...). */
+bool hm_tokenizer_is_eog(const hm_tokenizer *t, int32_t id);
+const char *hm_tokenizer_model(const hm_tokenizer *t); /* "gpt2" or "llama"; borrowed */
+const char *hm_tokenizer_pre(const hm_tokenizer *t);   /* pre-tokenizer name, "" for SPM */
+const char *hm_tokenizer_chat_template(const hm_tokenizer *t); /* borrowed; NULL when none */
+
+typedef struct hm_tokenize_opts {
+    bool add_bos;       /* prepend BOS (when the vocabulary has one) */
+    bool parse_special; /* match control tokens (<|im_start|>, ...) in the text; user-defined
+                           added tokens (<think>, ...) are matched either way */
+} hm_tokenize_opts;
+
+/* add_bos = the file's add_bos_token, parse_special = true. */
+void hm_tokenize_opts_default(const hm_tokenizer *t, hm_tokenize_opts *o);
+
+/* Tokenize text[0..len). *ids is malloc'd and owned by the caller (free()), *n_ids its length.
+ * o NULL = defaults. Fails only for lack of memory. */
+hm_status hm_tokenize(const hm_tokenizer *t, const char *text, size_t len,
+                      const hm_tokenize_opts *o, int32_t **ids, size_t *n_ids, hm_err *err);
+
+/* GGUF token types. */
+enum { HM_TOKEN_NORMAL = 1, HM_TOKEN_UNKNOWN = 2, HM_TOKEN_CONTROL = 3, HM_TOKEN_USER_DEFINED = 4,
+       HM_TOKEN_UNUSED = 5, HM_TOKEN_BYTE = 6 };
+int hm_token_type(const hm_tokenizer *t, int32_t id); /* 0 for an id out of range */
+/* The bytes a token stands for (byte-level decoded; SPM: U+2581 as ' ', <0xNN> as the byte;
+ * control tokens: their text). Not NUL-terminated; may be a partial UTF-8 character. Borrowed,
+ * valid until hm_tokenizer_close; "" for an id out of range. */
+const char *hm_token_piece(const hm_tokenizer *t, int32_t id, size_t *len);
+/* The token's text as stored in the file (GPT-2 byte encoding for BPE). Borrowed. */
+const char *hm_token_text(const hm_tokenizer *t, int32_t id, size_t *len);
+
+/* Streaming detokeniser: feed ids one at a time, print what comes back. Bytes that end inside a
+ * UTF-8 character are held until the next token completes them; bytes that can never form one
+ * come out as U+FFFD, so the output is always valid UTF-8. Control and unused tokens print
+ * nothing unless render_special. */
+typedef struct hm_detok hm_detok;
+hm_status hm_detok_open(hm_detok **out, const hm_tokenizer *t, bool render_special, hm_err *err);
+void hm_detok_close(hm_detok *d); /* NULL is a no-op */
+/* Returns the text now complete (borrowed, NUL-terminated, valid until the next call on d),
+ * its length in *len (may be 0). Never allocates. */
+const char *hm_detok_push(hm_detok *d, int32_t id, size_t *len);
+/* End of stream: the held bytes (as U+FFFD when incomplete). */
+const char *hm_detok_flush(hm_detok *d, size_t *len);
+/* Whole sequence at once; *out malloc'd, NUL-terminated, owned by the caller. */
+hm_status hm_detokenize(const hm_tokenizer *t, const int32_t *ids, size_t n, bool render_special,
+                        char **out, size_t *len, hm_err *err);
+
+/* Chat templates: the family is recognised from the template text (tokenizer.chat_template);
+ * supported: "chatml" (<|im_start|>, Qwen 2/2.5/3 with Qwen3's think/tool rules). */
+typedef struct hm_chat_msg {
+    const char *role;    /* "system", "user", "assistant", "tool" */
+    const char *content; /* NULL = "" */
+} hm_chat_msg;
+
+typedef struct hm_chat_opts {
+    bool add_generation_prompt; /* end with the assistant turn's header */
+    bool no_thinking;           /* Qwen3 enable_thinking=false: an empty think block */
+} hm_chat_opts;
+
+/* Render msgs[0..n) with template tmpl (e.g. hm_tokenizer_chat_template(t)). *out malloc'd,
+ * NUL-terminated, owned by the caller. o NULL = add_generation_prompt only. An unknown template
+ * is HM_ERR_UNSUPPORTED with a message quoting its beginning; NULL/"" says the model has none. */
+hm_status hm_chat_apply(const char *tmpl, const hm_chat_msg *msgs, size_t n, const hm_chat_opts *o,
+                        char **out, hm_err *err);
+/* "chatml", or NULL when the template is not one we render. */
+const char *hm_chat_template_name(const char *tmpl);
+
+/* Write a vocab-only GGUF (tokenizer keys, no tensors) at out_path from a Hugging Face
+ * tokenizer.json and optional tokenizer_config.json (NULL): byte-level BPE only. */
+hm_status hm_tokenizer_write_vocab_gguf(const char *tokenizer_json, const char *tokenizer_config_json,
+                                        const char *out_path, hm_err *err);
+
+/* ==== end of tokenizer ==================================================================== */
+
 #ifdef __cplusplus
 }
 #endif
