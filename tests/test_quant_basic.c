@@ -274,7 +274,8 @@ static void fill_blocks(void *dst, int t, int64_t n, bool finite) {
             uint16_t d = hm_f32_to_fp16(ldexpf(0.5f + rng_unit(), -(int)(rng_u64() % 12)));
             memcpy(blk, &d, 2);
         } else if (t == HM_TYPE_MXFP4) {
-            blk[0] = (uint8_t)(110 + rng_u64() % 30);
+            uint64_t r = rng_u64();
+            blk[0] = (uint8_t)(r % 8 == 0 ? r / 8 % 3 : 110 + r / 8 % 30); /* some subnormal scales */
         }
     }
 }

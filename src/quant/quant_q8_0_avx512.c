@@ -42,17 +42,19 @@ static inline __m512i dot_s8s8(__m512i x, __m512i y) {
 #endif
 }
 
+/* Four fp16 scales as floats. Packed in a general register first: one vmovq instead of four
+ * vpinsrw keeps them off the shuffle port, which the dot loop saturates. */
 static inline __m128 f16x4(uint16_t a, uint16_t b, uint16_t c, uint16_t d) {
-    return _mm_cvtph_ps(_mm_set_epi16(0, 0, 0, 0, (short)d, (short)c, (short)b, (short)a));
+    uint64_t h = (uint64_t)a | (uint64_t)b << 16 | (uint64_t)c << 32 | (uint64_t)d << 48;
+    return _mm_cvtph_ps(_mm_cvtsi64_si128((long long)h));
 }
 
-/* 2^(e-128) for four E8M0 bytes, as hm_e8m0_to_f32_half. */
+/* 2^(e-128) for four E8M0 bytes, as hm_e8m0_to_f32_half (vscalefps is exact, subnormals too). */
 static inline __m128 e8m0_half_x4(uint8_t a, uint8_t b, uint8_t c, uint8_t d) {
-    __m128i e = _mm_set_epi32(d, c, b, a);
-    __m128i norm = _mm_slli_epi32(_mm_sub_epi32(e, _mm_set1_epi32(1)), 23);
-    __m128i sub = _mm_sllv_epi32(_mm_set1_epi32(0x00200000), e);
-    __m128i small = _mm_cmplt_epi32(e, _mm_set1_epi32(2));
-    return _mm_castsi128_ps(_mm_blendv_epi8(norm, sub, small));
+    uint32_t packed = (uint32_t)a | (uint32_t)b << 8 | (uint32_t)c << 16 | (uint32_t)d << 24;
+    __m128i e = _mm_cvtepu8_epi32(_mm_cvtsi32_si128((int)packed));
+    __m128 p = _mm_cvtepi32_ps(_mm_sub_epi32(e, _mm_set1_epi32(128)));
+    return _mm_scalef_ps(_mm_set1_ps(1.0f), p);
 }
 
 /* Lanes 0-7 = d[2h], lanes 8-15 = d[2h+1]: the scales of the two blocks in one register. */
