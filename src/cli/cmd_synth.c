@@ -2,6 +2,7 @@
  * bar when stderr is a terminal, else a line every 10 %). */
 #include <errno.h>
 #include <inttypes.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,6 +39,16 @@ typedef struct progress_state {
     double last_draw;
 } progress_state;
 
+/* On SIGINT/SIGTERM remove the half-written OUT.tmp (the GGUF writer's temporary name) before
+ * dying, so an interrupted 17 GB run leaves nothing behind. unlink and _exit are
+ * async-signal-safe; the name is built before the handler is installed. */
+static char tmp_path[4096];
+
+static void on_signal(int sig) {
+    if (tmp_path[0]) unlink(tmp_path);
+    _exit(128 + sig);
+}
+
 static void show_progress(void *ud, const hm_synth_progress *p) {
     progress_state *s = ud;
     double frac = p->bytes_total ? (double)p->bytes_done / (double)p->bytes_total : 1.0;
@@ -56,8 +67,9 @@ static void show_progress(void *ud, const hm_synth_progress *p) {
         if (last) fputc('\n', stderr);
     } else {
         int decile = (int)(frac * 10.0);
-        if (decile == s->last_decile && !last) return;
+        if (decile == s->last_decile && !last && p->elapsed_s - s->last_draw < 30.0) return;
         s->last_decile = decile;
+        s->last_draw = p->elapsed_s;
         fprintf(stderr, "synth: %3.0f%% %s (%" PRIu64 "/%" PRIu64 " MB, %.0f MB/s, ETA %.0f s)\n", 100.0 * frac,
                 p->tensor, p->bytes_done >> 20, p->bytes_total >> 20, mbs, eta);
     }
@@ -142,6 +154,12 @@ int hm_cmd_synth(int argc, char **argv) {
         o.progress = show_progress;
         o.progress_ud = &ps;
     }
+    if ((size_t)snprintf(tmp_path, sizeof tmp_path, "%s.tmp", o.out_path) >= sizeof tmp_path) tmp_path[0] = 0;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
     hm_err err = {{0}};
     hm_status st = hm_synth(&o, &err);
     if (st != HM_OK) {
