@@ -30,7 +30,7 @@ check "inspect budget line" grep -q "holds 16 of 64 units" "$tmp/out"
 check "synth q8_0" test "$(code "$exe" synth --preset tiny --layers 2 --type q8_0 --seed 3 -q -o "$tmp/q8.gguf")" = 0
 check "synth -q is quiet" test ! -s "$tmp/err"
 check "inspect --json" test "$(code "$exe" inspect --json --budget 1MiB "$tmp/q8.gguf")" = 0
-for kv in '"arch": "qwen3moe"' '"n_layer": 2' '"n_expert": 16' '"n_expert_used": 4' '"n_vocab": 1024' \
+for kv in '"arch": "qwen3moe"' '"n_layer": 2' '"n_expert": 16' '"n_expert_used": 4' '"n_vocab": 384' \
           '"unit_bytes": 208896' '"expert_bytes": 6684672' '"units_in_budget": 5'; do
     check "json has $kv" grep -qF "$kv" "$tmp/out"
 done

@@ -24,7 +24,7 @@ static const hm_synth_preset presets[] = {
     {"qwen3-30b-a3b", "Qwen3-30B-A3B (hotmoe synth, random weights)", 48, 2048, 32, 4, 128,
      128, 8, 768, 6144, 151936, 40960, 1e6f, 1e-6f},
     {"tiny", "tiny qwen3moe (hotmoe synth, random weights)", 4, 256, 4, 2, 64,
-     16, 4, 256, 1024, 1024, 4096, 1e6f, 1e-6f},
+     16, 4, 256, 1024, 384, 4096, 1e6f, 1e-6f},
 };
 
 /* general.file_type values are llama.cpp's LLAMA_FTYPE_*. Pure K-quant files are labelled with
