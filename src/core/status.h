@@ -15,7 +15,8 @@
  * `return hm_errf(err, HM_ERR_FORMAT, "...", ...)`. */
 hm_status hm_errf(hm_err *err, hm_status code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
-hm_status hm_verrf(hm_err *err, hm_status code, const char *fmt, va_list ap);
+hm_status hm_verrf(hm_err *err, hm_status code, const char *fmt, va_list ap)
+    __attribute__((format(printf, 3, 0)));
 
 /* Assertions are for bugs only, never for bad input. */
 void hm_assert_fail(const char *file, int line, const char *expr) __attribute__((noreturn));
