@@ -376,19 +376,27 @@ static void vec_dot_q5_k_scalar(int64_t n, float *out, const void *vx, const voi
 
 /* ---------------------------------------------------------------- Q6_K */
 
-/* The 6-bit level (0..63) of element e (0..255) of a q6_k block. */
-static inline int q6_level(const hm_block_q6_k *b, int e) {
-    const int h = e / 128, r = e % 128, l = r % 32, part = r / 32; /* part: 0..3 = l, l+32, l+64, l+96 */
-    const uint8_t lo = b->ql[64 * h + 32 * (part & 1) + l];
-    const int nib = part < 2 ? (lo & 0xf) : (lo >> 4);
-    return nib | (((b->qh[32 * h + l] >> (2 * part)) & 3) << 4);
+/* The 256 levels of a q6_k block, offset removed (q - 32, in [-32, 31]), in element order. */
+static void q6_decode(const hm_block_q6_k *b, int8_t out[HM_QK_K]) {
+    for (int h = 0; h < 2; h++) {
+        const uint8_t *ql = b->ql + 64 * h, *qh = b->qh + 32 * h;
+        int8_t *o = out + 128 * h;
+        for (int l = 0; l < 32; l++) {
+            o[l] = (int8_t)(((ql[l] & 0xf) | (((qh[l] >> 0) & 3) << 4)) - 32);
+            o[l + 32] = (int8_t)(((ql[l + 32] & 0xf) | (((qh[l] >> 2) & 3) << 4)) - 32);
+            o[l + 64] = (int8_t)(((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32);
+            o[l + 96] = (int8_t)(((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32);
+        }
+    }
 }
 
 static void to_float_q6_k_ref(const void *src, float *dst, int64_t n) {
     const hm_block_q6_k *x = src;
+    int8_t q[HM_QK_K];
     for (int64_t i = 0; i < n / HM_QK_K; i++) {
         const float d = hm_fp16_to_f32(x[i].d);
-        for (int e = 0; e < HM_QK_K; e++) *dst++ = d * x[i].scales[e / 16] * (q6_level(&x[i], e) - 32);
+        q6_decode(&x[i], q);
+        for (int e = 0; e < HM_QK_K; e++) *dst++ = d * x[i].scales[e / 16] * q[e];
     }
 }
 
@@ -437,12 +445,14 @@ static void from_float_q6_k_ref(const float *src, void *dst, int64_t n) {
 static void vec_dot_q6_k_scalar(int64_t n, float *out, const void *vx, const void *vy) {
     const hm_block_q6_k *x = vx;
     const hm_block_q8_k *y = vy;
+    int8_t q[HM_QK_K];
     double sum = 0;
     for (int64_t i = 0; i < n / HM_QK_K; i++) {
+        q6_decode(&x[i], q);
         int32_t sumi = 0;
         for (int j = 0; j < 16; j++) {
             int32_t s = 0;
-            for (int l = 0; l < 16; l++) s += (q6_level(&x[i], 16 * j + l) - 32) * y[i].qs[16 * j + l];
+            for (int l = 0; l < 16; l++) s += q[16 * j + l] * y[i].qs[16 * j + l];
             sumi += x[i].scales[j] * s;
         }
         sum += (double)(hm_fp16_to_f32(x[i].d) * y[i].d) * sumi;

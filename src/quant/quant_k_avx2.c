@@ -38,8 +38,8 @@ static inline __m256i pair_words16(__m256i v, int k) {
 }
 
 /* sum_j m[j] * (bsums[2j] + bsums[2j+1]) as 8 int32 lanes. */
-static inline __m256i k4_mins_dot(const uint8_t m[8], const int16_t *bsums) {
-    __m256i m32 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)m));
+static inline __m256i k4_mins_dot(uint64_t m, const int16_t *bsums) {
+    __m256i m32 = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)m));
     __m256i mdup = _mm256_or_si256(m32, _mm256_slli_epi32(m32, 16));
     return _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)bsums), mdup);
 }
@@ -50,11 +50,11 @@ void hm_vec_dot_q4_k_avx2(int64_t n, float *out, const void *vx, const void *vy)
     const __m256i m4 = _mm256_set1_epi8(0x0f);
     __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
     for (int64_t i = 0; i < n / HM_QK_K; i++) {
-        uint8_t sc[8], m[8];
-        hm_k4_unpack_scales(x[i].scales, sc, m);
-        const float d = hm_fp16_to_f32(x[i].d) * y[i].d, dmin = hm_fp16_to_f32(x[i].dmin) * y[i].d;
+        uint64_t sc, m;
+        hm_k4_unpack_scales64(x[i].scales, &sc, &m);
+        const float d = hm_k_half(x[i].d) * y[i].d, dmin = hm_k_half(x[i].dmin) * y[i].d;
         accm = _mm256_fmadd_ps(_mm256_cvtepi32_ps(k4_mins_dot(m, y[i].bsums)), _mm256_set1_ps(dmin), accm);
-        const __m256i scv = _mm256_broadcastsi128_si256(_mm_loadl_epi64((const __m128i *)sc));
+        const __m256i scv = _mm256_broadcastsi128_si256(_mm_cvtsi64_si128((long long)sc));
         const uint8_t *q = x[i].qs;
         const int8_t *a = y[i].qs;
         __m256i sumi = _mm256_setzero_si256();
@@ -77,11 +77,11 @@ void hm_vec_dot_q5_k_avx2(int64_t n, float *out, const void *vx, const void *vy)
     const __m256i m4 = _mm256_set1_epi8(0x0f), bit4 = _mm256_set1_epi8(0x10);
     __m256 acc = _mm256_setzero_ps(), accm = _mm256_setzero_ps();
     for (int64_t i = 0; i < n / HM_QK_K; i++) {
-        uint8_t sc[8], m[8];
-        hm_k4_unpack_scales(x[i].scales, sc, m);
-        const float d = hm_fp16_to_f32(x[i].d) * y[i].d, dmin = hm_fp16_to_f32(x[i].dmin) * y[i].d;
+        uint64_t sc, m;
+        hm_k4_unpack_scales64(x[i].scales, &sc, &m);
+        const float d = hm_k_half(x[i].d) * y[i].d, dmin = hm_k_half(x[i].dmin) * y[i].d;
         accm = _mm256_fmadd_ps(_mm256_cvtepi32_ps(k4_mins_dot(m, y[i].bsums)), _mm256_set1_ps(dmin), accm);
-        const __m256i scv = _mm256_broadcastsi128_si256(_mm_loadl_epi64((const __m128i *)sc));
+        const __m256i scv = _mm256_broadcastsi128_si256(_mm_cvtsi64_si128((long long)sc));
         /* hb >> 2c each chunk: bits 0 and 1 of every byte are then the fifth bits of chunk c */
         __m256i hb = _mm256_loadu_si256((const __m256i *)x[i].qh);
         const uint8_t *q = x[i].qs;
@@ -110,7 +110,7 @@ void hm_vec_dot_q6_k_avx2(int64_t n, float *out, const void *vx, const void *vy)
     const __m256i m4 = _mm256_set1_epi8(0x0f), m30 = _mm256_set1_epi8(0x30);
     __m256 acc = _mm256_setzero_ps();
     for (int64_t i = 0; i < n / HM_QK_K; i++) {
-        const float d = hm_fp16_to_f32(x[i].d) * y[i].d;
+        const float d = hm_k_half(x[i].d) * y[i].d;
         /* sum_j sc[j] * bsums[j]: the -32 offset of every level, applied once */
         const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x[i].scales));
         const __m256i offs = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y[i].bsums), sc16);
@@ -146,11 +146,8 @@ void hm_vec_dot_iq4_xs_avx2(int64_t n, float *out, const void *vx, const void *v
     const __m256i table = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)hm_kvalues_iq4nl));
     __m256 acc = _mm256_setzero_ps();
     for (int64_t i = 0; i < n / HM_QK_K; i++) {
-        const float d = hm_fp16_to_f32(x[i].d) * y[i].d;
-        int16_t ls[8];
-        for (int j = 0; j < 8; j++)
-            ls[j] = (int16_t)((((x[i].scales_l[j / 2] >> (4 * (j % 2))) & 0xf) | (((x[i].scales_h >> (2 * j)) & 3) << 4)) - 32);
-        const __m256i scv = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)ls));
+        const float d = hm_k_half(x[i].d) * y[i].d;
+        const __m256i scv = _mm256_broadcastsi128_si256(hm_iq4xs_scales16(&x[i]));
         __m256i sumi = _mm256_setzero_si256();
         for (int k = 0; k < 4; k++) {
             /* 32 bytes = sub-blocks 2k (low half) and 2k+1 (high half); activations regrouped so

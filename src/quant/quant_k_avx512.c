@@ -48,8 +48,8 @@ static inline __m512i idx_quad16(int t) {
 static inline __m512i bcast256(const void *p) { return _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)p)); }
 
 /* sum_j m[j] * (bsums[2j] + bsums[2j+1]) as 8 int32 lanes. */
-static inline __m256i k4_mins_dot(const uint8_t m[8], const int16_t *bsums) {
-    __m256i m32 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)m));
+static inline __m256i k4_mins_dot(uint64_t m, const int16_t *bsums) {
+    __m256i m32 = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)m));
     __m256i mdup = _mm256_or_si256(m32, _mm256_slli_epi32(m32, 16));
     return _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)bsums), mdup);
 }
@@ -63,11 +63,11 @@ void hm_vec_dot_q4_k_avx512(int64_t n, float *out, const void *vx, const void *v
     __m512 acc = _mm512_setzero_ps();
     __m256 accm = _mm256_setzero_ps();
     for (int64_t i = 0; i < n / HM_QK_K; i++) {
-        uint8_t sc[8], m[8];
-        hm_k4_unpack_scales(x[i].scales, sc, m);
-        const float d = hm_fp16_to_f32(x[i].d) * y[i].d, dmin = hm_fp16_to_f32(x[i].dmin) * y[i].d;
+        uint64_t sc, m;
+        hm_k4_unpack_scales64(x[i].scales, &sc, &m);
+        const float d = hm_k_half(x[i].d) * y[i].d, dmin = hm_k_half(x[i].dmin) * y[i].d;
         accm = _mm256_fmadd_ps(_mm256_cvtepi32_ps(k4_mins_dot(m, y[i].bsums)), _mm256_set1_ps(dmin), accm);
-        const __m512i scz = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)sc)));
+        const __m512i scz = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)sc)));
         const uint8_t *q = x[i].qs;
         const int8_t *a = y[i].qs;
         __m512i q0 = _mm512_and_si512(_mm512_srlv_epi16(bcast256(q), shift), m4);
@@ -97,11 +97,11 @@ void hm_vec_dot_q5_k_avx512(int64_t n, float *out, const void *vx, const void *v
     __m512 acc = _mm512_setzero_ps();
     __m256 accm = _mm256_setzero_ps();
     for (int64_t i = 0; i < n / HM_QK_K; i++) {
-        uint8_t sc[8], m[8];
-        hm_k4_unpack_scales(x[i].scales, sc, m);
-        const float d = hm_fp16_to_f32(x[i].d) * y[i].d, dmin = hm_fp16_to_f32(x[i].dmin) * y[i].d;
+        uint64_t sc, m;
+        hm_k4_unpack_scales64(x[i].scales, &sc, &m);
+        const float d = hm_k_half(x[i].d) * y[i].d, dmin = hm_k_half(x[i].dmin) * y[i].d;
         accm = _mm256_fmadd_ps(_mm256_cvtepi32_ps(k4_mins_dot(m, y[i].bsums)), _mm256_set1_ps(dmin), accm);
-        const __m512i scz = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)sc)));
+        const __m512i scz = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)sc)));
         __m512i hb = _mm512_srlv_epi16(bcast256(x[i].qh), hshift);
         const uint8_t *q = x[i].qs;
         const int8_t *a = y[i].qs;
@@ -127,7 +127,7 @@ void hm_vec_dot_q6_k_avx512(int64_t n, float *out, const void *vx, const void *v
     const __m512i idx0 = idx_quad16(0), idx1 = idx_quad16(1), idx2 = idx_quad16(2), idx3 = idx_quad16(3);
     __m512 acc = _mm512_setzero_ps();
     for (int64_t i = 0; i < n / HM_QK_K; i++) {
-        const float d = hm_fp16_to_f32(x[i].d) * y[i].d;
+        const float d = hm_k_half(x[i].d) * y[i].d;
         const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x[i].scales));
         const __m512i scz = _mm512_castsi256_si512(sc16);
         /* sum_j sc[j] * bsums[j]: the -32 offset of every level, applied once */
@@ -161,11 +161,8 @@ void hm_vec_dot_iq4_xs_avx512(int64_t n, float *out, const void *vx, const void 
     for (int c = 0; c < 4; c++) idx[c] = idx_pair32(c);
     __m512 acc = _mm512_setzero_ps();
     for (int64_t i = 0; i < n / HM_QK_K; i++) {
-        const float d = hm_fp16_to_f32(x[i].d) * y[i].d;
-        int16_t ls[8];
-        for (int j = 0; j < 8; j++)
-            ls[j] = (int16_t)((((x[i].scales_l[j / 2] >> (4 * (j % 2))) & 0xf) | (((x[i].scales_h >> (2 * j)) & 3) << 4)) - 32);
-        const __m512i scz = _mm512_castsi128_si512(_mm_loadu_si128((const __m128i *)ls));
+        const float d = hm_k_half(x[i].d) * y[i].d;
+        const __m512i scz = _mm512_castsi128_si512(hm_iq4xs_scales16(&x[i]));
         __m512i s = _mm512_setzero_si512();
         for (int c = 0; c < 4; c++) {
             /* 16 bytes of sub-block 2c then 16 of 2c+1 -> 128-bit lanes [A A B B], shifted 0 4 0 4:

@@ -91,6 +91,47 @@ static inline void hm_k4_unpack_scales(const uint8_t *packed, uint8_t sc[8], uin
     memcpy(m + 4, &m_hi, 4);
 }
 
+/* The same as 64-bit words (byte j = sub-block j, little-endian), for SIMD code: building
+ * vectors from registers avoids the store-forwarding stall of reloading 8 bytes written as two
+ * 4-byte halves. */
+static inline void hm_k4_unpack_scales64(const uint8_t *packed, uint64_t *sc, uint64_t *m) {
+    uint32_t a, b, c;
+    memcpy(&a, packed, 4);
+    memcpy(&b, packed + 4, 4);
+    memcpy(&c, packed + 8, 4);
+    const uint32_t sc_hi = (c & 0x0f0f0f0fu) | (((a >> 6) & 0x03030303u) << 4);
+    const uint32_t m_hi = ((c >> 4) & 0x0f0f0f0fu) | (((b >> 6) & 0x03030303u) << 4);
+    *sc = (a & 0x3f3f3f3fu) | (uint64_t)sc_hi << 32;
+    *m = (b & 0x3f3f3f3fu) | (uint64_t)m_hi << 32;
+}
+
+#ifdef __AVX2__
+#include <immintrin.h>
+
+#include "core/fp16.h"
+
+/* fp16 -> f32 in one instruction where F16C exists (exact, like hm_fp16_to_f32). */
+static inline float hm_k_half(uint16_t h) {
+#ifdef __F16C__
+    return _cvtsh_ss(h);
+#else
+    return hm_fp16_to_f32(h);
+#endif
+}
+
+/* The 8 signed sub-block scales (ls - 32) of an iq4_xs block as int16, computed in registers. */
+static inline __m128i hm_iq4xs_scales16(const hm_block_iq4_xs *b) {
+    uint32_t l;
+    memcpy(&l, b->scales_l, 4);
+    const __m256i lo = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32((int)l), _mm256_setr_epi32(0, 4, 8, 12, 16, 20, 24, 28)),
+                                        _mm256_set1_epi32(0xf));
+    const __m256i hi = _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(b->scales_h), _mm256_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14)),
+                                        _mm256_set1_epi32(3));
+    const __m256i v = _mm256_sub_epi32(_mm256_or_si256(lo, _mm256_slli_epi32(hi, 4)), _mm256_set1_epi32(32));
+    return _mm_packs_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+}
+#endif
+
 /* SIMD variants (compiled only where the build targets the ISA; NULL-safe registration in
  * quant_k.c). Same contracts as the hm_to_float_fn / hm_from_float_fn / hm_vec_dot_fn types. */
 void hm_vec_dot_q4_k_avx2(int64_t n, float *out, const void *x, const void *y);
