@@ -144,6 +144,36 @@ static void test_bpe(void) {
     TOK(t, "abc abc", true, 6, 3, 6);
     hm_tokenizer_close(t);
 
+    /* every known pre-tokenizer compiles and splits mixed text without trouble */
+    const char *pres[] = {"qwen2", "qwen35", "llama-bpe", "llama3", "deepseek-llm", "deepseek-v3",
+                          "gpt-2", "default"};
+    for (size_t i = 0; i < sizeof pres / sizeof pres[0]; i++) {
+        p = write_bpe("bpe_pre", pres[i], raw, ty, 15, merges, 7);
+        CHECKF(hm_tokenizer_open(&t, p, &err) == HM_OK, "%s: %s", pres[i], err.msg);
+        if (!t) continue;
+        const char *mixed = "abc 123  \n\n\t x's 你好 café 😀 <|end|> ab\r\n";
+        int32_t *ids;
+        size_t n;
+        CHECK(hm_tokenize(t, mixed, strlen(mixed), NULL, &ids, &n, &err) == HM_OK && n > 0);
+        free(ids);
+        /* random bytes (mostly invalid UTF-8): must never fail or crash */
+        uint32_t rng = 12345u + (uint32_t)i;
+        char junk[64];
+        int ok = 1;
+        for (int k = 0; k < 200; k++) {
+            size_t len = (size_t)(k % 64);
+            for (size_t b = 0; b < len; b++) {
+                rng = rng * 1664525u + 1013904223u;
+                junk[b] = (char)(rng >> 24);
+            }
+            ok &= hm_tokenize(t, junk, len, NULL, &ids, &n, &err) == HM_OK;
+            free(ids);
+        }
+        CHECK(ok);
+        hm_tokenizer_close(t);
+        t = NULL;
+    }
+
     /* unknown pre-tokenizer: an error naming it */
     p = write_bpe("bpe_bad", "klingon", raw, ty, 15, merges, 7);
     CHECK(hm_tokenizer_open(&t, p, &err) == HM_ERR_UNSUPPORTED && strstr(err.msg, "klingon"));
