@@ -24,7 +24,6 @@ static void usage(FILE *f) {
             "                     with --ids, one output line per input line\n"
             "  --no-bos           do not add BOS even if the model asks for it\n"
             "  --no-special       treat control tokens (<|im_start|>, ...) in the text as plain text\n"
-            "  --show-special     print control tokens' text in pieces (default on)\n"
             "  --vocab-from JSON  write a vocab-only GGUF from a Hugging Face tokenizer.json (byte-level BPE)\n"
             "  --vocab-config CFG its tokenizer_config.json (special ids, add_bos, chat template)\n"
             "  -o, --output OUT   where --vocab-from writes\n");
@@ -109,7 +108,6 @@ int hm_cmd_tokenize(int argc, char **argv) {
         else if (!strcmp(a, "--no-special")) no_special = true;
         else if (!strcmp(a, "--ids")) ids_only = true;
         else if (!strcmp(a, "--per-line")) per_line = true;
-        else if (!strcmp(a, "--show-special")) continue;
         else {
             fprintf(stderr, "tokenize: unknown option or missing value: '%s'\n", a);
             usage(stderr);
