@@ -302,7 +302,9 @@ static void print_text(const hm_inspect_info *in, FILE *out) {
     }
     print_tokenizer(out, in);
 
-    fprintf(out, "tensors:    %" PRId64 ", %s\n", hm_gguf_n_tensors(g), fmt_bytes(b1, sizeof b1, in->units.tensor_bytes));
+    fprintf(out, "tensors:    %" PRId64 ", %s", hm_gguf_n_tensors(g), fmt_bytes(b1, sizeof b1, in->units.tensor_bytes));
+    if (in->n_params) fprintf(out, " (%.2f bits per weight)", 8.0 * (double)in->units.tensor_bytes / (double)in->n_params);
+    fputc('\n', out);
     for (int t = 0; t < HM_INSPECT_NTYPE; t++) {
         if (!in->type_count[t]) continue;
         double share = in->units.tensor_bytes ? 100.0 * (double)in->type_bytes[t] / (double)in->units.tensor_bytes : 0;
