@@ -347,11 +347,15 @@ static void test_roundtrip(void) {
     hm_gguf_writer *w;
     CHECK(hm_gguf_writer_open(&w, tpath("meta.gguf"), 0, &err) == HM_OK);
     hm_gguf_writer_set_str(w, "general.architecture", "qwen3moe");
+    hm_gguf_value big = {.type = HM_GGUF_F32, .f = -1e300}; /* saturates, never UB */
+    hm_gguf_writer_set_value(w, "f32.sat", &big);
     CHECK(hm_gguf_writer_finish(w) == HM_OK);
     hm_gguf *g;
     CHECK(hm_gguf_open(&g, tpath("meta.gguf"), &err) == HM_OK);
     hm_gguf_str s;
+    double f = 0;
     CHECK(hm_gguf_n_tensors(g) == 0 && hm_gguf_get_str(g, "general.architecture", &s) && str_eq(s, "qwen3moe", 8));
+    CHECK(hm_gguf_get_float(g, "f32.sat", &f) && isinf(f) && f < 0);
     hm_gguf_close(g);
     hm_gguf_close(NULL);
 }

@@ -5,6 +5,13 @@
  * file yields HM_ERR_FORMAT with a message naming the field and its byte offset. All pointers
  * returned (strings, arrays, tensor data) are borrowed from the mapping and stay valid until
  * hm_gguf_close. Strings in the file are not NUL-terminated: they come back as hm_gguf_str.
+ * Supported: v3 and v2 (same layout); v1 (32-bit counts) and big-endian files are rejected.
+ * Keys and tensor names must be unique and free of NUL bytes; arrays nest at most
+ * HM_GGUF_MAX_ARRAY_DEPTH deep; tensors have n_dims <= 4, a known type id (hm_type_get has its
+ * block size), offsets that are multiples of the alignment, and data inside the file (ranges of
+ * different tensors are not checked for overlap). Tensor data pointers are aligned to the file's
+ * alignment when the image is (mmap: always). A file shrunk by someone else while mapped can
+ * still raise SIGBUS on access: that is outside what a reader can check.
  *
  * Writer: streaming (tensor data is written as the caller produces it, in declaration order,
  * never held whole in RAM) and atomic (writes PATH.tmp, fsyncs, renames onto PATH on finish). */
@@ -85,7 +92,8 @@ void hm_gguf_close(hm_gguf *g); /* NULL is a no-op */
 uint32_t hm_gguf_version(const hm_gguf *g);
 uint64_t hm_gguf_file_size(const hm_gguf *g);
 uint64_t hm_gguf_alignment(const hm_gguf *g);
-uint64_t hm_gguf_data_offset(const hm_gguf *g); /* absolute offset of the data section */
+/* Absolute offset of the data section; may lie past the end of a file without tensors. */
+uint64_t hm_gguf_data_offset(const hm_gguf *g);
 const char *hm_gguf_path(const hm_gguf *g);     /* "" for in-memory images */
 
 /* Key/value pairs, in file order. */

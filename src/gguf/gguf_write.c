@@ -11,7 +11,9 @@
  * validates them, so the writer cannot produce a file the reader rejects. */
 #include <errno.h>
 #include <fcntl.h>
+#include <float.h>
 #include <libgen.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -172,8 +174,8 @@ static hm_status put_value(hm_gguf_writer *w, const char *key, const hm_gguf_val
     case HM_GGUF_I8: case HM_GGUF_I16: case HM_GGUF_I32: case HM_GGUF_I64:
         ok = meta_put(w, &v->i, hm_gguf_vtype_size(t));
         break;
-    case HM_GGUF_F32: {
-        float f = (float)v->f;
+    case HM_GGUF_F32: { /* out-of-range double -> float is undefined in C: saturate to +-inf */
+        float f = v->f > FLT_MAX ? INFINITY : v->f < -FLT_MAX ? -INFINITY : (float)v->f;
         ok = meta_put(w, &f, 4);
         break;
     }
