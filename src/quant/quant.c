@@ -68,7 +68,9 @@ int hm_type_from_name(const char *name) {
 size_t hm_row_size(int t, int64_t ne0) {
     const hm_type_traits *e = hm_type_get(t);
     if (!e || !e->name || e->blck_size <= 0 || ne0 < 0 || ne0 % e->blck_size) return 0;
-    return (size_t)(ne0 / e->blck_size) * e->type_size;
+    size_t bytes;
+    if (__builtin_mul_overflow((size_t)(ne0 / e->blck_size), e->type_size, &bytes)) return 0;
+    return bytes;
 }
 
 bool hm_isa_available(hm_isa isa) {

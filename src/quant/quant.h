@@ -73,7 +73,8 @@ const char *hm_type_name(int t);
 /* Parse a type name case-insensitively ("q4_k", "Q8_0", "f16"); -1 if unknown. */
 int hm_type_from_name(const char *name);
 
-/* Bytes of a row of ne0 elements; 0 if ne0 is not a multiple of the block size or t unknown. */
+/* Bytes of a row of ne0 elements; 0 if ne0 is not a multiple of the block size, t is unknown,
+ * or the size overflows size_t. */
 size_t hm_row_size(int t, int64_t ne0);
 
 /* Which variants this build compiled and this CPU can run. */
