@@ -242,7 +242,7 @@ static void test_round_trip(void) {
             x2 += (double)x[i] * x[i];
         }
         const double rel = sqrt(e2 / x2);
-        fprintf(stderr, "round trip %-6s rel rmse %.4f (bound %.3f)\n", tr->name, rel, cases[c].bound);
+        fprintf(stderr, "round trip %-6s rel rmse %.4f (bound %.4f)\n", tr->name, rel, cases[c].bound);
         CHECKF(rel < cases[c].bound, "%s rel rmse %.4f >= %.3f", tr->name, rel, cases[c].bound);
         /* at a typical weight magnitude (std 1/32) the fp16 super-scales still carry enough
          * precision: same bound */
@@ -360,14 +360,14 @@ static void test_dots(void) {
 /* ---------------------------------------------------------------- Q8_K quantiser variants */
 
 static void test_q8_k_variants(void) {
-    typedef void (*qfn)(const float *, void *, int64_t);
-    qfn fns[HM_ISA_COUNT] = {hm_from_float_q8_k_ref, NULL, NULL};
-#ifdef __AVX2__
-    fns[HM_ISA_AVX2] = hm_from_float_q8_k_avx2;
-#endif
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
-    fns[HM_ISA_AVX512] = hm_from_float_q8_k_avx512;
-#endif
+    const hm_type_traits *q8k = hm_type_get(HM_TYPE_Q8_K);
+    hm_from_float_fn fns[HM_ISA_COUNT];
+    for (int isa = 0; isa < HM_ISA_COUNT; isa++) {
+        fns[isa] = q8k->from_float_isa[isa];
+        /* every compiled ISA has a Q8_K quantiser: it is the run-time path of every K-quant dot */
+        CHECK((fns[isa] != NULL) == hm_isa_available((hm_isa)isa));
+    }
+    CHECK(fns[HM_ISA_SCALAR] == q8k->from_float_ref);
     const int64_t n = 256 * 40;
     float *x = xmalloc((size_t)n * 4);
     const size_t bytes = (size_t)(n / 256) * sizeof(hm_block_q8_k);

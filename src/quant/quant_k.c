@@ -595,6 +595,8 @@ static void k_set(hm_type_traits *e, const char *name, size_t type_size, hm_to_f
     e->vec_dot_isa[HM_ISA_SCALAR] = dot_scalar;
     e->vec_dot_isa[HM_ISA_AVX2] = dot_avx2;
     e->vec_dot_isa[HM_ISA_AVX512] = dot_avx512;
+    e->to_float_isa[HM_ISA_SCALAR] = to_float_ref;
+    e->from_float_isa[HM_ISA_SCALAR] = from_float_ref;
 }
 
 #ifdef __AVX2__
@@ -621,11 +623,11 @@ void hm_quant_register_k(hm_type_traits *table) {
           vec_dot_iq4_xs_scalar, K_AVX2(hm_vec_dot_iq4_xs), K_AVX512(hm_vec_dot_iq4_xs));
     /* Activations are quantised at run time: the fastest Q8_K quantiser (all agree byte for byte). */
     hm_type_traits *q8k = &table[HM_TYPE_Q8_K];
-    q8k->from_float = hm_from_float_q8_k_ref;
 #ifdef __AVX2__
-    q8k->from_float = hm_from_float_q8_k_avx2;
+    q8k->from_float_isa[HM_ISA_AVX2] = hm_from_float_q8_k_avx2;
 #endif
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
-    q8k->from_float = hm_from_float_q8_k_avx512;
+    q8k->from_float_isa[HM_ISA_AVX512] = hm_from_float_q8_k_avx512;
 #endif
+    for (int isa = HM_ISA_COUNT - 1; isa >= 0 && !q8k->from_float; isa--) q8k->from_float = q8k->from_float_isa[isa];
 }
