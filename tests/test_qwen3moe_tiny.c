@@ -1,0 +1,499 @@
+/* test_qwen3moe_tiny.c - the qwen3moe forward pass against an independent reference.
+ *
+ * Builds a tiny random qwen3moe GGUF (F32 weights, head_dim 12 != n_embd / n_head = 8, GQA 4/2,
+ * 6 experts, top-2) with the GGUF writer, keeps the weights in memory, and compares the engine's
+ * logits with a naive double-precision forward pass written here from the model's definition
+ * (plain loops over the in-memory weights; nothing shared with the engine). The reference
+ * stores K and V rounded to IEEE half, as the engine's f16 KV cache does.
+ *
+ * Also: prefill == token-by-token decode, identical results for 1/2/3 threads and for small
+ * micro-batches, tied output embeddings, trim + re-eval, context overflow, and bad files (wrong
+ * architecture, missing tensor, wrong shape, wrong type) whose errors name the tensor. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "gguf/gguf.h"
+#include "hotmoe.h"
+#include "test.h"
+
+enum { E = 32, NH = 4, NKV = 2, HD = 12, NL = 2, NX = 6, K = 2, FF = 16, NV = 50, CTX_TRAIN = 256 };
+#define THETA 10000.0
+#define EPS 1e-6
+
+typedef struct layer_w {
+    float attn_norm[E], q_norm[HD], k_norm[HD], ffn_norm[E];
+    float wq[NH * HD][E], wk[NKV * HD][E], wv[NKV * HD][E], wo[E][NH * HD];
+    float router[NX][E];
+    float gate[NX][FF][E], up[NX][FF][E], down[NX][E][FF];
+} layer_w;
+
+typedef struct model_w {
+    float embd[NV][E], out_norm[E], out[NV][E];
+    layer_w l[NL];
+} model_w;
+
+static uint64_t rng_state;
+static double urand(void) { /* uniform [-1, 1) */
+    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
+    return (double)(rng_state >> 11) / 4503599627370496.0 - 1.0;
+}
+static void fill(float *p, size_t n, double scale, double offset) {
+    for (size_t i = 0; i < n; i++) p[i] = (float)(offset + scale * urand());
+}
+
+static void init_weights(model_w *w, uint64_t seed) {
+    rng_state = seed;
+    fill(&w->embd[0][0], NV * E, 1.0, 0);
+    fill(w->out_norm, E, 0.2, 1.0);
+    fill(&w->out[0][0], NV * E, 0.3, 0);
+    for (int l = 0; l < NL; l++) {
+        layer_w *L = &w->l[l];
+        fill(L->attn_norm, E, 0.2, 1.0);
+        fill(L->q_norm, HD, 0.2, 1.0);
+        fill(L->k_norm, HD, 0.2, 1.0);
+        fill(L->ffn_norm, E, 0.2, 1.0);
+        fill(&L->wq[0][0], sizeof L->wq / 4, 0.4, 0);
+        fill(&L->wk[0][0], sizeof L->wk / 4, 0.4, 0);
+        fill(&L->wv[0][0], sizeof L->wv / 4, 0.4, 0);
+        fill(&L->wo[0][0], sizeof L->wo / 4, 0.3, 0);
+        fill(&L->router[0][0], sizeof L->router / 4, 0.5, 0);
+        fill(&L->gate[0][0][0], sizeof L->gate / 4, 0.4, 0);
+        fill(&L->up[0][0][0], sizeof L->up / 4, 0.4, 0);
+        fill(&L->down[0][0][0], sizeof L->down / 4, 0.4, 0);
+    }
+}
+
+/* ---- writing the file ---- */
+
+typedef enum variant { V_OK, V_TIED, V_WRONG_ARCH, V_MISSING, V_BAD_SHAPE, V_BAD_TYPE, V_BAD_QTYPE } variant;
+
+typedef struct tdesc {
+    char name[64];
+    int type;
+    uint32_t nd;
+    int64_t ne[3];
+    const void *data;
+    size_t bytes;
+} tdesc;
+
+static int add(tdesc *t, int n, const char *name, const void *data, uint32_t nd, int64_t a, int64_t b, int64_t c) {
+    tdesc *d = &t[n];
+    snprintf(d->name, sizeof d->name, "%s", name);
+    d->type = 0;
+    d->nd = nd;
+    d->ne[0] = a;
+    d->ne[1] = b;
+    d->ne[2] = c;
+    d->data = data;
+    d->bytes = (size_t)a * (size_t)(nd > 1 ? b : 1) * (size_t)(nd > 2 ? c : 1) * 4;
+    return n + 1;
+}
+
+static int write_model(const char *path, const model_w *w, variant var) {
+    static tdesc t[256];
+    static uint16_t half[E];
+    int n = 0;
+    n = add(t, n, "token_embd.weight", w->embd, 2, E, NV, 1);
+    n = add(t, n, "output_norm.weight", w->out_norm, 1, E, 1, 1);
+    if (var != V_TIED) n = add(t, n, "output.weight", w->out, 2, E, NV, 1);
+    for (int l = 0; l < NL; l++) {
+        const layer_w *L = &w->l[l];
+        char nm[64];
+#define T(s, data, nd, a, b, c) (snprintf(nm, sizeof nm, "blk.%d." s ".weight", l), n = add(t, n, nm, data, nd, a, b, c))
+        T("attn_norm", L->attn_norm, 1, E, 1, 1);
+        T("attn_q", L->wq, 2, E, NH * HD, 1);
+        T("attn_k", L->wk, 2, E, NKV * HD, 1);
+        T("attn_v", L->wv, 2, E, NKV * HD, 1);
+        T("attn_output", L->wo, 2, NH * HD, E, 1);
+        T("attn_q_norm", L->q_norm, 1, HD, 1, 1);
+        if (!(var == V_MISSING && l == 1)) T("attn_k_norm", L->k_norm, 1, HD, 1, 1);
+        T("ffn_norm", L->ffn_norm, 1, E, 1, 1);
+        T("ffn_gate_inp", L->router, 2, E, NX, 1);
+        T("ffn_gate_exps", L->gate, 3, E, FF, NX);
+        T("ffn_up_exps", L->up, 3, E, FF, NX);
+        if (var == V_BAD_SHAPE && l == 0) T("ffn_down_exps", L->down, 3, E, FF, NX); /* transposed slabs */
+        else T("ffn_down_exps", L->down, 3, FF, E, NX);
+#undef T
+    }
+    if (var == V_BAD_TYPE) { /* blk.0.ffn_norm as f16: norms must be f32 */
+        for (int i = 0; i < n; i++)
+            if (strcmp(t[i].name, "blk.0.ffn_norm.weight") == 0) {
+                t[i].type = 1;
+                t[i].data = half;
+                t[i].bytes = E * 2;
+            }
+    }
+    if (var == V_BAD_QTYPE) { /* blk.1.attn_q as i8: a type ggml knows that we do not compute with */
+        for (int i = 0; i < n; i++)
+            if (strcmp(t[i].name, "blk.1.attn_q.weight") == 0) {
+                t[i].type = 24;
+                t[i].bytes /= 4;
+            }
+    }
+
+    hm_err err;
+    hm_gguf_writer *g = NULL;
+    if (hm_gguf_writer_open(&g, path, 0, &err) != HM_OK) {
+        fprintf(stderr, "writer: %s\n", err.msg);
+        return -1;
+    }
+    hm_gguf_writer_set_str(g, "general.architecture", var == V_WRONG_ARCH ? "llama" : "qwen3moe");
+    const char *a = var == V_WRONG_ARCH ? "llama" : "qwen3moe";
+    char key[128];
+#define KU32(s, v) (snprintf(key, sizeof key, "%s." s, a), hm_gguf_writer_set_u32(g, key, (uint32_t)(v)))
+#define KF32(s, v) (snprintf(key, sizeof key, "%s." s, a), hm_gguf_writer_set_f32(g, key, (float)(v)))
+    hm_gguf_writer_set_str(g, "general.name", "tiny-test");
+    KU32("block_count", NL);
+    KU32("context_length", CTX_TRAIN);
+    KU32("embedding_length", E);
+    KU32("feed_forward_length", 64);
+    KU32("expert_feed_forward_length", FF);
+    KU32("attention.head_count", NH);
+    KU32("attention.head_count_kv", NKV);
+    KU32("attention.key_length", HD);
+    KU32("attention.value_length", HD);
+    KF32("rope.freq_base", THETA);
+    KF32("attention.layer_norm_rms_epsilon", EPS);
+    KU32("expert_count", NX);
+    KU32("expert_used_count", K);
+#undef KU32
+#undef KF32
+    for (int i = 0; i < n; i++) hm_gguf_writer_add_tensor(g, t[i].name, t[i].type, t[i].nd, t[i].ne);
+    hm_gguf_writer_begin_data(g);
+    for (int i = 0; i < n; i++) hm_gguf_writer_write(g, t[i].data, t[i].bytes);
+    if (hm_gguf_writer_finish(g) != HM_OK) {
+        fprintf(stderr, "writer finish: %s\n", err.msg);
+        return -1;
+    }
+    return 0;
+}
+
+/* ---- the reference forward pass (double, whole sequence, no cache) ---- */
+
+static double to_half(double x) { return (double)(_Float16)(float)x; }
+
+static void rmsnorm(const double *x, const float *w, double *out, int n) {
+    double ss = 0;
+    for (int i = 0; i < n; i++) ss += x[i] * x[i];
+    double r = 1.0 / sqrt(ss / n + EPS);
+    for (int i = 0; i < n; i++) out[i] = x[i] * r * w[i];
+}
+
+static void matvec(const float *w, int rows, int cols, const double *x, double *y) {
+    for (int r = 0; r < rows; r++) {
+        double s = 0;
+        for (int c = 0; c < cols; c++) s += (double)w[r * cols + c] * x[c];
+        y[r] = s;
+    }
+}
+
+static void rope(double *v, int pos) {
+    for (int i = 0; i < HD / 2; i++) {
+        double ang = pos * pow(THETA, -2.0 * i / HD);
+        double a = v[i], b = v[i + HD / 2];
+        v[i] = a * cos(ang) - b * sin(ang);
+        v[i + HD / 2] = a * sin(ang) + b * cos(ang);
+    }
+}
+
+/* logits: [n, NV] */
+static void reference(const model_w *w, bool tied, const int32_t *tok, int n, double *logits) {
+    double (*x)[E] = calloc((size_t)n, sizeof *x);
+    double (*kc)[NKV * HD] = calloc((size_t)n, sizeof *kc);
+    double (*vc)[NKV * HD] = calloc((size_t)n, sizeof *vc);
+    double (*qs)[NH * HD] = calloc((size_t)n, sizeof *qs);
+    for (int t = 0; t < n; t++)
+        for (int i = 0; i < E; i++) x[t][i] = w->embd[tok[t]][i];
+    for (int l = 0; l < NL; l++) {
+        const layer_w *L = &w->l[l];
+        for (int t = 0; t < n; t++) {
+            double h[E];
+            rmsnorm(x[t], L->attn_norm, h, E);
+            matvec(&L->wq[0][0], NH * HD, E, h, qs[t]);
+            matvec(&L->wk[0][0], NKV * HD, E, h, kc[t]);
+            matvec(&L->wv[0][0], NKV * HD, E, h, vc[t]);
+            for (int hh = 0; hh < NH; hh++) {
+                rmsnorm(qs[t] + hh * HD, L->q_norm, qs[t] + hh * HD, HD);
+                rope(qs[t] + hh * HD, t);
+            }
+            for (int hh = 0; hh < NKV; hh++) {
+                rmsnorm(kc[t] + hh * HD, L->k_norm, kc[t] + hh * HD, HD);
+                rope(kc[t] + hh * HD, t);
+            }
+            for (int i = 0; i < NKV * HD; i++) {
+                kc[t][i] = to_half(kc[t][i]);
+                vc[t][i] = to_half(vc[t][i]);
+            }
+        }
+        for (int t = 0; t < n; t++) {
+            double att[NH * HD];
+            for (int hh = 0; hh < NH; hh++) {
+                int g = hh / (NH / NKV);
+                double sc[512], mx = -1e300, sum = 0;
+                for (int s = 0; s <= t; s++) {
+                    double d = 0;
+                    for (int i = 0; i < HD; i++) d += qs[t][hh * HD + i] * kc[s][g * HD + i];
+                    sc[s] = d / sqrt((double)HD);
+                    if (sc[s] > mx) mx = sc[s];
+                }
+                for (int s = 0; s <= t; s++) sum += (sc[s] = exp(sc[s] - mx));
+                for (int i = 0; i < HD; i++) {
+                    double a = 0;
+                    for (int s = 0; s <= t; s++) a += sc[s] / sum * vc[s][g * HD + i];
+                    att[hh * HD + i] = a;
+                }
+            }
+            double o[E];
+            matvec(&L->wo[0][0], E, NH * HD, att, o);
+            for (int i = 0; i < E; i++) x[t][i] += o[i];
+
+            double h[E], p[NX], mx = -1e300, sum = 0;
+            rmsnorm(x[t], L->ffn_norm, h, E);
+            matvec(&L->router[0][0], NX, E, h, p);
+            for (int e = 0; e < NX; e++) if (p[e] > mx) mx = p[e];
+            for (int e = 0; e < NX; e++) sum += (p[e] = exp(p[e] - mx));
+            for (int e = 0; e < NX; e++) p[e] /= sum;
+            int sel[K];
+            double wsum = 0;
+            for (int j = 0; j < K; j++) {
+                int best = -1;
+                for (int e = 0; e < NX; e++) {
+                    bool used = false;
+                    for (int u = 0; u < j; u++) used |= sel[u] == e;
+                    if (!used && (best < 0 || p[e] > p[best])) best = e;
+                }
+                sel[j] = best;
+                wsum += p[best];
+            }
+            for (int j = 0; j < K; j++) {
+                int e = sel[j];
+                double gt[FF], up[FF], act[FF], y[E];
+                matvec(&L->gate[e][0][0], FF, E, h, gt);
+                matvec(&L->up[e][0][0], FF, E, h, up);
+                for (int i = 0; i < FF; i++) act[i] = gt[i] / (1 + exp(-gt[i])) * up[i];
+                matvec(&L->down[e][0][0], E, FF, act, y);
+                for (int i = 0; i < E; i++) x[t][i] += p[e] / wsum * y[i];
+            }
+        }
+    }
+    for (int t = 0; t < n; t++) {
+        double h[E];
+        rmsnorm(x[t], w->out_norm, h, E);
+        matvec(tied ? &w->embd[0][0] : &w->out[0][0], NV, E, h, logits + (size_t)t * NV);
+    }
+    free(x);
+    free(kc);
+    free(vc);
+    free(qs);
+}
+
+/* ---- helpers ---- */
+
+static double max_abs_diff_f(const float *a, const float *b, size_t n) {
+    double m = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - (double)b[i]);
+        if (!(d <= m)) m = d; /* NaN sticks */
+    }
+    return m;
+}
+
+static hm_session *open_session(hm_model *m, int threads, int ubatch, int ctx) {
+    hm_session_opts so;
+    hm_session_opts_default(&so);
+    so.n_threads = threads;
+    so.n_ubatch = ubatch;
+    so.n_ctx = ctx;
+    hm_session *s = NULL;
+    hm_err err;
+    if (hm_session_open(&s, m, &so, &err) != HM_OK) fprintf(stderr, "session: %s\n", err.msg);
+    return s;
+}
+
+#define NTOK 24
+
+static float *eval_all(hm_model *m, const int32_t *tok, int n, int threads, int ubatch) {
+    hm_session *s = open_session(m, threads, ubatch, 64);
+    if (!s) return NULL;
+    const float *lg = NULL;
+    hm_err err;
+    float *out = NULL;
+    if (hm_session_eval(s, tok, n, true, &lg, &err) == HM_OK) {
+        out = malloc((size_t)n * NV * sizeof(float));
+        memcpy(out, lg, (size_t)n * NV * sizeof(float));
+    } else {
+        fprintf(stderr, "eval: %s\n", err.msg);
+    }
+    hm_session_close(s);
+    return out;
+}
+
+static void check_bad(const char *path, const model_w *w, variant v, hm_status want, const char *const *needles) {
+    CHECK(write_model(path, w, v) == 0);
+    hm_model *m = NULL;
+    hm_err err = {{0}};
+    hm_status st = hm_model_open(&m, path, NULL, &err);
+    CHECKF(st == want, "variant %d: status %s, want %s (%s)", (int)v, hm_status_name(st), hm_status_name(want), err.msg);
+    CHECK(m == NULL);
+    for (int i = 0; needles[i]; i++) CHECKF(strstr(err.msg, needles[i]) != NULL, "'%s' not in \"%s\"", needles[i], err.msg);
+    fprintf(stderr, "  bad file %d -> %s\n", (int)v, err.msg);
+    hm_model_close(m);
+}
+
+int main(void) {
+    static model_w w;
+    init_weights(&w, 42);
+    char path[256];
+    snprintf(path, sizeof path, "/tmp/hm_test_qwen3moe_tiny_%d.gguf", (int)getpid());
+
+    int32_t tok[NTOK];
+    rng_state = 7;
+    for (int i = 0; i < NTOK; i++) tok[i] = (int32_t)((urand() + 1) * 0.5 * NV) % NV;
+
+    static double ref[NTOK * NV];
+    static float reff[NTOK * NV];
+    reference(&w, false, tok, NTOK, ref);
+    double ref_max = 0;
+    for (int i = 0; i < NTOK * NV; i++) {
+        reff[i] = (float)ref[i];
+        if (fabs(ref[i]) > ref_max) ref_max = fabs(ref[i]);
+    }
+    fprintf(stderr, "reference logits: max |l| = %.3f\n", ref_max);
+
+    CHECK(write_model(path, &w, V_OK) == 0);
+    hm_model *m = NULL;
+    hm_err err;
+    CHECKF(hm_model_open(&m, path, NULL, &err) == HM_OK, "%s", err.msg);
+    if (!m) return test_done();
+    const hm_model_info *inf = hm_model_get_info(m);
+    CHECK(strcmp(inf->arch, "qwen3moe") == 0 && strcmp(hm_model_arch(m), "qwen3moe") == 0);
+    CHECK(inf->n_vocab == NV && hm_model_n_vocab(m) == NV && hm_model_n_ctx_train(m) == CTX_TRAIN);
+    CHECK(inf->head_dim == HD && inf->n_head == NH && inf->n_head_kv == NKV && inf->n_layer == NL);
+    CHECK(inf->n_expert == NX && inf->n_expert_used == K && inf->n_ff_exp == FF && inf->n_embd == E);
+
+    /* 1. engine vs reference */
+    float *l1 = eval_all(m, tok, NTOK, 1, 512);
+    CHECK(l1 != NULL);
+    if (l1) {
+        double d = max_abs_diff_f(l1, reff, NTOK * NV);
+        fprintf(stderr, "engine vs reference: max |dlogit| = %.3g\n", d);
+        CHECKF(d < 1e-4 * (ref_max > 1 ? ref_max : 1), "max |d| %g", d);
+    }
+
+    /* 2. thread counts and micro-batch splits */
+    for (int th = 2; th <= 3; th++) {
+        float *lt = eval_all(m, tok, NTOK, th, 512);
+        CHECK(lt != NULL);
+        if (lt && l1) {
+            double d = max_abs_diff_f(lt, l1, NTOK * NV);
+            fprintf(stderr, "-t %d vs -t 1: max |d| = %.3g\n", th, d);
+            CHECKF(d < 1e-5, "-t %d: %g", th, d);
+        }
+        free(lt);
+    }
+    {
+        float *lu = eval_all(m, tok, NTOK, 2, 5);
+        CHECK(lu != NULL);
+        if (lu && l1) {
+            double d = max_abs_diff_f(lu, l1, NTOK * NV);
+            fprintf(stderr, "ubatch 5 vs 512: max |d| = %.3g\n", d);
+            CHECKF(d < 1e-5, "ubatch: %g", d);
+        }
+        free(lu);
+    }
+
+    /* 3. token-by-token decode == prefill; then trim and re-evaluate the tail */
+    {
+        hm_session *s = open_session(m, 2, 512, 64);
+        CHECK(s != NULL);
+        double dmax = 0;
+        for (int t = 0; s && t < NTOK; t++) {
+            const float *lg = NULL;
+            CHECK(hm_session_eval(s, &tok[t], 1, false, &lg, &err) == HM_OK);
+            if (lg && l1) {
+                double d = max_abs_diff_f(lg, l1 + (size_t)t * NV, NV);
+                if (d > dmax) dmax = d;
+            }
+        }
+        fprintf(stderr, "decode vs prefill: max |d| = %.3g\n", dmax);
+        CHECKF(dmax < 1e-5, "decode: %g", dmax);
+        if (s) {
+            CHECK(hm_session_n_past(s) == NTOK);
+            CHECK(hm_session_trim(s, 10, &err) == HM_OK && hm_session_n_past(s) == 10);
+            const float *lg = NULL;
+            CHECK(hm_session_eval(s, tok + 10, NTOK - 10, true, &lg, &err) == HM_OK);
+            if (lg && l1) CHECK(max_abs_diff_f(lg, l1 + 10 * NV, (NTOK - 10) * NV) < 1e-5);
+            /* last-only logits equal the last row */
+            hm_session_reset(s);
+            CHECK(hm_session_n_past(s) == 0);
+            CHECK(hm_session_eval(s, tok, NTOK, false, &lg, &err) == HM_OK);
+            if (lg && l1) CHECK(max_abs_diff_f(lg, l1 + (NTOK - 1) * NV, NV) < 1e-5);
+            CHECK(hm_session_trim(s, NTOK + 1, &err) == HM_ERR_ARG);
+        }
+        hm_session_close(s);
+    }
+
+    /* 4. bad requests: context overflow, token out of range */
+    {
+        hm_session *s = open_session(m, 1, 512, 16);
+        const float *lg = NULL;
+        CHECK(s && hm_session_n_ctx(s) == 16);
+        if (s) {
+            CHECK(hm_session_eval(s, tok, 17, false, &lg, &err) == HM_ERR_ARG);
+            CHECK(hm_session_n_past(s) == 0);
+            CHECK(hm_session_eval(s, tok, 16, false, &lg, &err) == HM_OK);
+            CHECK(hm_session_eval(s, tok, 1, false, &lg, &err) == HM_ERR_ARG);
+            hm_session_reset(s);
+            int32_t badtok = NV;
+            CHECK(hm_session_eval(s, &badtok, 1, false, &lg, &err) == HM_ERR_ARG);
+            CHECK(strstr(err.msg, "vocabulary") != NULL);
+        }
+        hm_session_close(s);
+    }
+    free(l1);
+    hm_model_close(m);
+
+    /* 5. tied output embeddings */
+    {
+        static double reft[NTOK * NV];
+        static float refft[NTOK * NV];
+        reference(&w, true, tok, NTOK, reft);
+        for (int i = 0; i < NTOK * NV; i++) refft[i] = (float)reft[i];
+        CHECK(write_model(path, &w, V_TIED) == 0);
+        m = NULL;
+        CHECKF(hm_model_open(&m, path, NULL, &err) == HM_OK, "%s", err.msg);
+        float *lt = m ? eval_all(m, tok, NTOK, 2, 512) : NULL;
+        CHECK(lt != NULL);
+        if (lt) {
+            double d = max_abs_diff_f(lt, refft, NTOK * NV);
+            fprintf(stderr, "tied: engine vs reference: max |d| = %.3g\n", d);
+            CHECKF(d < 1e-4 * (ref_max > 1 ? ref_max : 1), "tied: %g", d);
+        }
+        free(lt);
+        hm_model_close(m);
+    }
+
+    /* 6. bad files: the message names what is wrong */
+    {
+        const char *arch[] = {"llama", "qwen3moe", NULL};
+        check_bad(path, &w, V_WRONG_ARCH, HM_ERR_UNSUPPORTED, arch);
+        const char *miss[] = {"blk.1.attn_k_norm.weight", "missing", NULL};
+        check_bad(path, &w, V_MISSING, HM_ERR_FORMAT, miss);
+        const char *shape[] = {"blk.0.ffn_down_exps.weight", "[16, 32, 6]", "[32, 16, 6]", NULL};
+        check_bad(path, &w, V_BAD_SHAPE, HM_ERR_FORMAT, shape);
+        const char *type[] = {"blk.0.ffn_norm.weight", "f16", NULL};
+        check_bad(path, &w, V_BAD_TYPE, HM_ERR_UNSUPPORTED, type);
+        const char *qtype[] = {"blk.1.attn_q.weight", "i8", NULL};
+        check_bad(path, &w, V_BAD_QTYPE, HM_ERR_UNSUPPORTED, qtype);
+        hm_model *none = NULL;
+        CHECK(hm_model_open(&none, "/nonexistent/x.gguf", NULL, &err) != HM_OK && none == NULL);
+        hm_model_close(NULL);
+        hm_session_close(NULL);
+    }
+    unlink(path);
+    return test_done();
+}
