@@ -59,7 +59,9 @@ static void futex_wake_all(_Atomic uint32_t *addr) {
 static void *worker_main(void *arg) {
     hm_worker *w = arg;
     hm_pool *p = w->pool;
-    uint32_t seen = atomic_load_explicit(&p->gen, memory_order_acquire);
+    /* gen is 0 until hm_pool_open returns; reading it here instead could skip a first run that
+     * was published before this thread got scheduled */
+    uint32_t seen = 0;
     for (;;) {
         uint32_t g;
         int spins = 0;

@@ -1,0 +1,587 @@
+/* test_cpu_ops.c - every CPU op and the thread pool against naive double-precision references
+ * written here (independent of the backend's code paths).
+ *
+ * Weights of each supported type are built by quantising random floats with the type's reference
+ * from_float and dequantising them with to_float_ref: the reference multiplies those exact weights
+ * by the exact f32 activations, so the only error left is the backend's activation quantisation
+ * (bounded by the partner type's precision) and float accumulation. */
+#include <stdatomic.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "backend/cpu/cpu_ops.h"
+#include "core/alloc.h"
+#include "core/fp16.h"
+#include "core/threadpool.h"
+#include "quant/quant.h"
+#include "test.h"
+
+/* ---- helpers ---- */
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+static double rnd_u(void) { /* [0, 1) */
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (double)(rng_state >> 11) / 9007199254740992.0;
+}
+static float rnd_n(void) { /* ~N(0,1) via sum of uniforms */
+    double s = 0;
+    for (int i = 0; i < 4; i++) s += rnd_u();
+    return (float)((s - 2.0) * 1.7320508);
+}
+static void fill(float *x, int64_t n, float scale) {
+    for (int64_t i = 0; i < n; i++) x[i] = rnd_n() * scale;
+}
+
+static double nmse(const float *y, const double *ref, int64_t n) {
+    double e = 0, s = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double d = (double)y[i] - ref[i];
+        e += d * d;
+        s += ref[i] * ref[i];
+    }
+    return s > 0 ? e / s : e;
+}
+
+/* NMSE bound of a dot product whose activation side was rounded to partner type pt. */
+static double partner_bound(int pt) {
+    switch (pt) {
+    case HM_TYPE_F32: return 1e-10;
+    case HM_TYPE_F16: return 1e-6;
+    case HM_TYPE_BF16: return 1e-4;
+    default: return 2e-3; /* 8-bit block formats: step amax/127, uniform rounding */
+    }
+}
+
+static const int test_types[] = {HM_TYPE_F32, HM_TYPE_F16, HM_TYPE_BF16, HM_TYPE_Q8_0, HM_TYPE_Q4_0,
+                                 HM_TYPE_MXFP4, HM_TYPE_Q4_K, HM_TYPE_Q5_K, HM_TYPE_Q6_K, HM_TYPE_IQ4_XS};
+#define N_TEST_TYPES (int)(sizeof test_types / sizeof test_types[0])
+
+/* A random weight matrix of type t: quantised bytes + its exact dequantised values. */
+typedef struct {
+    hm_mat m;
+    void *q;
+    float *deq; /* [ne1, ne0] */
+} test_mat;
+
+static void mat_make(test_mat *tm, int type, int64_t ne0, int64_t ne1) {
+    const hm_type_traits *tr = hm_type_get(type);
+    size_t rs = hm_row_size(type, ne0);
+    float *src = malloc((size_t)(ne0 * ne1) * sizeof(float));
+    fill(src, ne0 * ne1, 0.5f);
+    tm->q = hm_malloc_aligned(rs * (size_t)ne1);
+    tm->deq = malloc((size_t)(ne0 * ne1) * sizeof(float));
+    for (int64_t r = 0; r < ne1; r++) {
+        tr->from_float_ref(src + r * ne0, (char *)tm->q + (size_t)r * rs, ne0);
+        tr->to_float_ref((char *)tm->q + (size_t)r * rs, tm->deq + r * ne0, ne0);
+    }
+    tm->m = hm_mat_make(tm->q, type, ne0, ne1, rs);
+    free(src);
+}
+static void mat_free(test_mat *tm) {
+    hm_free_aligned(tm->q);
+    free(tm->deq);
+}
+
+static hm_scratch scratch_make(size_t n) {
+    hm_scratch s = {hm_malloc_aligned(n), n};
+    return s;
+}
+
+/* ---- thread pool ---- */
+
+typedef struct {
+    _Atomic int64_t sum;
+    int64_t slots[64];
+    hm_pool *pool;
+    int rounds;
+} pool_ctx;
+
+static void pool_fn(void *vctx, int ith, int nth) {
+    pool_ctx *c = vctx;
+    atomic_fetch_add(&c->sum, ith + 1);
+    c->slots[ith] += nth;
+}
+
+static void pool_barrier_fn(void *vctx, int ith, int nth) {
+    pool_ctx *c = vctx;
+    for (int r = 0; r < c->rounds; r++) {
+        c->slots[ith] = r;
+        hm_pool_barrier(c->pool);
+        for (int j = 0; j < nth; j++)
+            if (c->slots[j] != r) atomic_fetch_add(&c->sum, 1000000); /* someone ran ahead */
+        hm_pool_barrier(c->pool);
+    }
+}
+
+static void test_pool(void) {
+    for (int n = 1; n <= 4; n++) {
+        hm_pool *pool = NULL;
+        hm_err err;
+        CHECK(hm_pool_open(&pool, n, &err) == HM_OK);
+        CHECK(hm_pool_size(pool) == n);
+        pool_ctx c;
+        memset(&c, 0, sizeof c);
+        atomic_init(&c.sum, 0);
+        const int runs = 20000;
+        for (int i = 0; i < runs; i++) hm_pool_run(pool, pool_fn, &c);
+        CHECK(atomic_load(&c.sum) == (int64_t)runs * n * (n + 1) / 2);
+        for (int i = 0; i < n; i++) CHECK(c.slots[i] == (int64_t)runs * n);
+        memset(c.slots, 0, sizeof c.slots);
+        atomic_store(&c.sum, 0);
+        c.pool = pool;
+        c.rounds = 2000;
+        hm_pool_run(pool, pool_barrier_fn, &c);
+        CHECKF(atomic_load(&c.sum) == 0, "barrier let a thread run ahead (n=%d)", n);
+        hm_pool_close(pool);
+    }
+    hm_pool *bad = NULL;
+    CHECK(hm_pool_open(&bad, 0, NULL) == HM_ERR_ARG && bad == NULL);
+    hm_pool_close(NULL);
+    CHECK(hm_pool_size(NULL) == 1);
+}
+
+/* ---- matmul ---- */
+
+static void ref_matmul(const float *deq, int64_t ne0, int64_t ne1, const float *x, int64_t n_tok,
+                       double *y) {
+    for (int64_t t = 0; t < n_tok; t++)
+        for (int64_t r = 0; r < ne1; r++) {
+            double s = 0;
+            for (int64_t c = 0; c < ne0; c++) s += (double)deq[r * ne0 + c] * (double)x[t * ne0 + c];
+            y[t * ne1 + r] = s;
+        }
+}
+
+static void test_matmul(hm_pool **pools) {
+    static const int64_t toks[] = {1, 3, 8, 33, 128};
+    const int64_t ne0 = 512, ne1 = 72;
+    for (int ti = 0; ti < N_TEST_TYPES; ti++) {
+        int type = test_types[ti];
+        if (!hm_cpu_type_ok(type)) {
+            fprintf(stderr, "matmul: %s not registered yet, skipped\n", hm_type_name(type));
+            continue;
+        }
+        test_mat w;
+        mat_make(&w, type, ne0, ne1);
+        const double bound = partner_bound((int)hm_type_get(type)->vec_dot_type);
+        for (size_t k = 0; k < sizeof toks / sizeof toks[0]; k++) {
+            int64_t n_tok = toks[k];
+            float *x = malloc((size_t)(n_tok * ne0) * sizeof(float));
+            fill(x, n_tok * ne0, 1.0f);
+            double *ref = malloc((size_t)(n_tok * ne1) * sizeof(double));
+            ref_matmul(w.deq, ne0, ne1, x, n_tok, ref);
+            float *y[3];
+            for (int p = 0; p < 3; p++) {
+                y[p] = malloc((size_t)(n_tok * ne1) * sizeof(float));
+                hm_scratch s = scratch_make(hm_cpu_matmul_scratch_size(ne0, n_tok, p + 1));
+                hm_cpu_matmul(pools[p], &w.m, x, n_tok, y[p], &s);
+                hm_free_aligned(s.data);
+                double e = nmse(y[p], ref, n_tok * ne1);
+                CHECKF(e < bound, "matmul %s n_tok=%lld threads=%d: nmse %.3g > %.3g",
+                       hm_type_name(type), (long long)n_tok, p + 1, e, bound);
+            }
+            CHECKF(memcmp(y[0], y[1], (size_t)(n_tok * ne1) * sizeof(float)) == 0 &&
+                       memcmp(y[0], y[2], (size_t)(n_tok * ne1) * sizeof(float)) == 0,
+                   "matmul %s n_tok=%lld: results differ across thread counts", hm_type_name(type),
+                   (long long)n_tok);
+            for (int p = 0; p < 3; p++) free(y[p]);
+            free(x);
+            free(ref);
+        }
+        mat_free(&w);
+    }
+    /* matmul_n: three mats sharing x, mixed types where available */
+    int types3[3] = {HM_TYPE_F32, HM_TYPE_F32, HM_TYPE_F32};
+    if (hm_cpu_type_ok(HM_TYPE_Q8_0)) types3[1] = HM_TYPE_Q8_0;
+    if (hm_cpu_type_ok(HM_TYPE_Q4_K)) types3[2] = HM_TYPE_Q4_K;
+    const int64_t rows3[3] = {64, 16, 40}, n_tok = 5;
+    test_mat w3[3];
+    const hm_mat *ws[3];
+    float *ys[3];
+    float *x = malloc((size_t)(n_tok * ne0) * sizeof(float));
+    fill(x, n_tok * ne0, 1.0f);
+    for (int i = 0; i < 3; i++) {
+        mat_make(&w3[i], types3[i], ne0, rows3[i]);
+        ws[i] = &w3[i].m;
+        ys[i] = malloc((size_t)(n_tok * rows3[i]) * sizeof(float));
+    }
+    hm_scratch s = scratch_make(hm_cpu_matmul_scratch_size(ne0, n_tok, 2));
+    hm_cpu_matmul_n(pools[1], ws, 3, x, n_tok, ys, &s);
+    for (int i = 0; i < 3; i++) {
+        double *ref = malloc((size_t)(n_tok * rows3[i]) * sizeof(double));
+        ref_matmul(w3[i].deq, ne0, rows3[i], x, n_tok, ref);
+        double bound = partner_bound((int)hm_type_get(types3[i])->vec_dot_type);
+        double e = nmse(ys[i], ref, n_tok * rows3[i]);
+        CHECKF(e < bound, "matmul_n mat %d (%s): nmse %.3g", i, hm_type_name(types3[i]), e);
+        free(ref);
+        free(ys[i]);
+        mat_free(&w3[i]);
+    }
+    hm_free_aligned(s.data);
+    free(x);
+}
+
+/* ---- moe ---- */
+
+static double silu_d(double v) { return v / (1.0 + exp(-v)); }
+
+static void test_moe_type(hm_pool **pools, int type_gu, int type_down) {
+    const int64_t n_embd = 512, n_ff = 256;
+    const int n_expert = 6, k = 3;
+    static const int64_t batches[] = {1, 5, 40};
+    test_mat gate[6], up[6], down[6];
+    for (int e = 0; e < n_expert; e++) {
+        mat_make(&gate[e], type_gu, n_embd, n_ff);
+        mat_make(&up[e], type_gu, n_embd, n_ff);
+        mat_make(&down[e], type_down, n_ff, n_embd);
+    }
+    const double bound = 2 * partner_bound((int)hm_type_get(type_gu)->vec_dot_type) +
+                         2 * partner_bound((int)hm_type_get(type_down)->vec_dot_type);
+    for (size_t bi = 0; bi < sizeof batches / sizeof batches[0]; bi++) {
+        const int64_t nb = batches[bi];
+        float *x = malloc((size_t)(nb * n_embd) * sizeof(float));
+        fill(x, nb * n_embd, 1.0f);
+        /* random routing: k distinct experts per token, random weights */
+        int32_t *sel = malloc((size_t)(nb * k) * sizeof(int32_t));
+        float *wsel = malloc((size_t)(nb * k) * sizeof(float));
+        for (int64_t t = 0; t < nb; t++)
+            for (int j = 0; j < k; j++) {
+                int e;
+                bool dup;
+                do {
+                    e = (int)(rnd_u() * n_expert);
+                    dup = false;
+                    for (int i = 0; i < j; i++) dup |= sel[t * k + i] == e;
+                } while (dup);
+                sel[t * k + j] = e;
+                wsel[t * k + j] = (float)(0.1 + rnd_u());
+            }
+        /* jobs: one per expert (some may be empty), pairs in token order */
+        hm_moe_job jobs[6];
+        int32_t *jt = malloc((size_t)(nb * k) * sizeof(int32_t));
+        float *jw = malloc((size_t)(nb * k) * sizeof(float));
+        int32_t at = 0;
+        for (int e = 0; e < n_expert; e++) {
+            jobs[e].gate = gate[e].m;
+            jobs[e].up = up[e].m;
+            jobs[e].down = down[e].m;
+            jobs[e].tok = jt + at;
+            jobs[e].w = jw + at;
+            jobs[e].n_tok = 0;
+            for (int64_t t = 0; t < nb; t++)
+                for (int j = 0; j < k; j++)
+                    if (sel[t * k + j] == e) {
+                        jt[at] = (int32_t)t;
+                        jw[at++] = wsel[t * k + j];
+                        jobs[e].n_tok++;
+                    }
+        }
+        /* naive reference: per token, per selected expert */
+        double *ref = calloc((size_t)(nb * n_embd), sizeof(double));
+        double *h = malloc((size_t)n_ff * sizeof(double));
+        float *base = malloc((size_t)(nb * n_embd) * sizeof(float));
+        fill(base, nb * n_embd, 0.1f);
+        for (int64_t t = 0; t < nb; t++) {
+            for (int64_t i = 0; i < n_embd; i++) ref[t * n_embd + i] = base[t * n_embd + i];
+            for (int j = 0; j < k; j++) {
+                int e = sel[t * k + j];
+                for (int64_t r = 0; r < n_ff; r++) {
+                    double g = 0, u = 0;
+                    for (int64_t c = 0; c < n_embd; c++) {
+                        g += (double)gate[e].deq[r * n_embd + c] * x[t * n_embd + c];
+                        u += (double)up[e].deq[r * n_embd + c] * x[t * n_embd + c];
+                    }
+                    h[r] = silu_d(g) * u;
+                }
+                for (int64_t r = 0; r < n_embd; r++) {
+                    double o = 0;
+                    for (int64_t c = 0; c < n_ff; c++) o += (double)down[e].deq[r * n_ff + c] * h[c];
+                    ref[t * n_embd + r] += wsel[t * k + j] * o;
+                }
+            }
+        }
+        float *out[3];
+        for (int p = 0; p < 3; p++) {
+            out[p] = malloc((size_t)(nb * n_embd) * sizeof(float));
+            memcpy(out[p], base, (size_t)(nb * n_embd) * sizeof(float));
+            hm_scratch s = scratch_make(hm_cpu_moe_scratch_size(nb, nb * k, n_embd, n_ff, p + 1));
+            hm_cpu_moe(pools[p], jobs, n_expert, x, nb, n_embd, n_ff, out[p], &s);
+            hm_free_aligned(s.data);
+            double e = nmse(out[p], ref, nb * n_embd);
+            CHECKF(e < bound, "moe %s/%s batch=%lld threads=%d: nmse %.3g > %.3g", hm_type_name(type_gu),
+                   hm_type_name(type_down), (long long)nb, p + 1, e, bound);
+        }
+        CHECKF(memcmp(out[0], out[1], (size_t)(nb * n_embd) * sizeof(float)) == 0 &&
+                   memcmp(out[0], out[2], (size_t)(nb * n_embd) * sizeof(float)) == 0,
+               "moe batch=%lld: results differ across thread counts", (long long)nb);
+        /* a subset of jobs (the CPU's share) adds exactly the other jobs' complement */
+        float *part = malloc((size_t)(nb * n_embd) * sizeof(float));
+        memcpy(part, base, (size_t)(nb * n_embd) * sizeof(float));
+        hm_scratch s = scratch_make(hm_cpu_moe_scratch_size(nb, nb * k, n_embd, n_ff, 2));
+        hm_cpu_moe(pools[1], jobs, 3, x, nb, n_embd, n_ff, part, &s);
+        hm_cpu_moe(pools[1], jobs + 3, n_expert - 3, x, nb, n_embd, n_ff, part, &s);
+        hm_free_aligned(s.data);
+        double e = nmse(part, ref, nb * n_embd);
+        CHECKF(e < bound, "moe split jobs batch=%lld: nmse %.3g", (long long)nb, e);
+        for (int p = 0; p < 3; p++) free(out[p]);
+        free(part);
+        free(base);
+        free(h);
+        free(ref);
+        free(jt);
+        free(jw);
+        free(sel);
+        free(wsel);
+        free(x);
+    }
+    for (int e = 0; e < n_expert; e++) {
+        mat_free(&gate[e]);
+        mat_free(&up[e]);
+        mat_free(&down[e]);
+    }
+}
+
+static void test_moe(hm_pool **pools) {
+    test_moe_type(pools, HM_TYPE_F32, HM_TYPE_F32);
+    if (hm_cpu_type_ok(HM_TYPE_Q4_K) && hm_cpu_type_ok(HM_TYPE_Q6_K)) test_moe_type(pools, HM_TYPE_Q4_K, HM_TYPE_Q6_K);
+    if (hm_cpu_type_ok(HM_TYPE_Q8_0) && hm_cpu_type_ok(HM_TYPE_Q4_K)) test_moe_type(pools, HM_TYPE_Q8_0, HM_TYPE_Q4_K);
+    if (hm_cpu_type_ok(HM_TYPE_MXFP4)) test_moe_type(pools, HM_TYPE_MXFP4, HM_TYPE_MXFP4);
+}
+
+/* ---- attention ---- */
+
+static void test_attention(hm_pool **pools) {
+    const int n_head = 4, n_kv = 2, d = 64, n_ctx = 40;
+    const int64_t row_q = n_head * d, row_kv = n_kv * d;
+    const int prefill = 23, n_total = 30;
+    float *q = malloc((size_t)(n_total * row_q) * sizeof(float));
+    float *k = malloc((size_t)(n_total * row_kv) * sizeof(float));
+    float *v = malloc((size_t)(n_total * row_kv) * sizeof(float));
+    fill(q, n_total * row_q, 1.0f);
+    fill(k, n_total * row_kv, 1.0f);
+    fill(v, n_total * row_kv, 1.0f);
+    const float scale = 1.0f / sqrtf((float)d);
+    /* reference over f16-rounded K/V (what the cache holds) */
+    double *ref = malloc((size_t)(n_total * row_q) * sizeof(double));
+    double *sc = malloc((size_t)n_total * sizeof(double));
+    for (int t = 0; t < n_total; t++)
+        for (int h = 0; h < n_head; h++) {
+            int kh = h / (n_head / n_kv);
+            double m = -INFINITY;
+            for (int p = 0; p <= t; p++) {
+                double s = 0;
+                for (int i = 0; i < d; i++)
+                    s += (double)q[t * row_q + h * d + i] *
+                         hm_fp16_to_f32(hm_f32_to_fp16(k[p * row_kv + kh * d + i]));
+                sc[p] = s * scale;
+                m = sc[p] > m ? sc[p] : m;
+            }
+            double l = 0;
+            for (int p = 0; p <= t; p++) l += (sc[p] = exp(sc[p] - m));
+            for (int i = 0; i < d; i++) {
+                double o = 0;
+                for (int p = 0; p <= t; p++) o += sc[p] * hm_fp16_to_f32(hm_f32_to_fp16(v[p * row_kv + kh * d + i]));
+                ref[t * row_q + h * d + i] = o / l;
+            }
+        }
+    for (int p = 0; p < 3; p++) {
+        size_t cs = (size_t)n_kv * n_ctx * d;
+        uint16_t *kc = calloc(cs, 2), *vc = calloc(cs, 2);
+        float *out = malloc((size_t)(n_total * row_q) * sizeof(float));
+        int32_t pos[64];
+        for (int i = 0; i < n_total; i++) pos[i] = i;
+        hm_scratch s = scratch_make(hm_cpu_attention_scratch_size(prefill, n_ctx, n_head, d, p + 1) +
+                                    hm_cpu_attention_scratch_size(1, n_ctx, n_head, d, p + 1));
+        /* prefill as one batch, then one token at a time */
+        hm_cpu_kv_write(pools[p], kc, vc, n_ctx, n_kv, d, k, v, prefill, pos);
+        hm_cpu_attention(pools[p], q, prefill, pos, kc, vc, n_ctx, n_head, n_kv, d, scale, out, &s);
+        for (int t = prefill; t < n_total; t++) {
+            hm_cpu_kv_write(pools[p], kc, vc, n_ctx, n_kv, d, k + t * row_kv, v + t * row_kv, 1, pos + t);
+            hm_cpu_attention(pools[p], q + t * row_q, 1, pos + t, kc, vc, n_ctx, n_head, n_kv, d, scale,
+                             out + t * row_q, &s);
+        }
+        double e = nmse(out, ref, n_total * row_q);
+        CHECKF(e < 1e-10, "attention threads=%d: nmse %.3g", p + 1, e);
+        /* cache contents are the f16 rounding of the inputs */
+        int bad = 0;
+        for (int t = 0; t < n_total; t++)
+            for (int h = 0; h < n_kv; h++)
+                for (int i = 0; i < d; i++)
+                    bad += kc[((size_t)h * n_ctx + t) * d + i] != hm_f32_to_fp16(k[t * row_kv + h * d + i]) ||
+                           vc[((size_t)h * n_ctx + t) * d + i] != hm_f32_to_fp16(v[t * row_kv + h * d + i]);
+        CHECKF(bad == 0, "kv_write: %d elements differ", bad);
+        hm_free_aligned(s.data);
+        free(kc);
+        free(vc);
+        free(out);
+    }
+    free(q);
+    free(k);
+    free(v);
+    free(ref);
+    free(sc);
+}
+
+/* ---- row and elementwise ops ---- */
+
+static void test_rows(hm_pool **pools) {
+    const int64_t n_rows = 37, n = 1024; /* large enough to go through the pool */
+    float *x = malloc((size_t)(n_rows * n) * sizeof(float));
+    float *w = malloc((size_t)n * sizeof(float));
+    float *y = malloc((size_t)(n_rows * n) * sizeof(float));
+    float *b = malloc((size_t)(n_rows * n) * sizeof(float));
+    double *ref = malloc((size_t)(n_rows * n) * sizeof(double));
+    fill(x, n_rows * n, 2.0f);
+    fill(w, n, 1.0f);
+    fill(b, n_rows * n, 1.0f);
+    const float eps = 1e-6f;
+    for (int p = 0; p < 3; p++) {
+        /* rmsnorm */
+        for (int64_t r = 0; r < n_rows; r++) {
+            double ss = 0;
+            for (int64_t i = 0; i < n; i++) ss += (double)x[r * n + i] * x[r * n + i];
+            double sc = 1.0 / sqrt(ss / (double)n + eps);
+            for (int64_t i = 0; i < n; i++) ref[r * n + i] = x[r * n + i] * sc * w[i];
+        }
+        hm_cpu_rmsnorm(pools[p], x, w, y, n_rows, n, eps);
+        CHECKF(nmse(y, ref, n_rows * n) < 1e-12, "rmsnorm threads=%d", p + 1);
+        /* per-head rmsnorm: heads of 128 */
+        const int hd = 128, nh = (int)(n / hd);
+        for (int64_t r = 0; r < n_rows * nh; r++) {
+            double ss = 0;
+            for (int i = 0; i < hd; i++) ss += (double)x[r * hd + i] * x[r * hd + i];
+            double sc = 1.0 / sqrt(ss / hd + eps);
+            for (int i = 0; i < hd; i++) ref[r * hd + i] = x[r * hd + i] * sc * w[i];
+        }
+        memcpy(y, x, (size_t)(n_rows * n) * sizeof(float));
+        hm_cpu_rmsnorm_heads(pools[p], y, w, n_rows, nh, hd, eps);
+        CHECKF(nmse(y, ref, n_rows * n) < 1e-12, "rmsnorm_heads threads=%d", p + 1);
+        /* rope neox: n_rot < head_dim leaves the tail */
+        const int n_rot = 96;
+        int32_t pos[64];
+        for (int t = 0; t < n_rows; t++) pos[t] = t * 977 % 5000;
+        for (int64_t t = 0; t < n_rows; t++)
+            for (int h = 0; h < nh; h++) {
+                const float *xv = x + (t * nh + h) * hd;
+                double *rv = ref + (t * nh + h) * hd;
+                for (int i = 0; i < hd; i++) rv[i] = xv[i];
+                for (int i = 0; i < n_rot / 2; i++) {
+                    double a = pos[t] * pow(1e6, -2.0 * i / n_rot);
+                    rv[i] = xv[i] * cos(a) - xv[i + n_rot / 2] * sin(a);
+                    rv[i + n_rot / 2] = xv[i] * sin(a) + xv[i + n_rot / 2] * cos(a);
+                }
+            }
+        memcpy(y, x, (size_t)(n_rows * n) * sizeof(float));
+        hm_cpu_rope_neox(pools[p], y, n_rows, nh, hd, n_rot, pos, 1e6f);
+        CHECKF(nmse(y, ref, n_rows * n) < 1e-12, "rope threads=%d: %.3g", p + 1, nmse(y, ref, n_rows * n));
+        /* softmax */
+        for (int64_t r = 0; r < n_rows; r++) {
+            double m = -INFINITY, s = 0;
+            for (int64_t i = 0; i < n; i++) m = x[r * n + i] > m ? x[r * n + i] : m;
+            for (int64_t i = 0; i < n; i++) s += exp(x[r * n + i] - m);
+            for (int64_t i = 0; i < n; i++) ref[r * n + i] = exp(x[r * n + i] - m) / s;
+        }
+        memcpy(y, x, (size_t)(n_rows * n) * sizeof(float));
+        hm_cpu_softmax(pools[p], y, n_rows, n);
+        CHECKF(nmse(y, ref, n_rows * n) < 1e-12, "softmax threads=%d", p + 1);
+        /* elementwise */
+        const int64_t ne = n_rows * n;
+        hm_cpu_add(pools[p], x, b, y, ne);
+        for (int64_t i = 0; i < ne; i++) ref[i] = (double)x[i] + b[i];
+        CHECKF(nmse(y, ref, ne) < 1e-14, "add");
+        hm_cpu_mul(pools[p], x, b, y, ne);
+        for (int64_t i = 0; i < ne; i++) ref[i] = (double)x[i] * b[i];
+        CHECKF(nmse(y, ref, ne) < 1e-14, "mul");
+        hm_cpu_scale(pools[p], x, 0.3f, y, ne);
+        for (int64_t i = 0; i < ne; i++) ref[i] = (double)x[i] * 0.3f;
+        CHECKF(nmse(y, ref, ne) < 1e-14, "scale");
+        hm_cpu_silu(pools[p], x, y, ne);
+        for (int64_t i = 0; i < ne; i++) ref[i] = silu_d(x[i]);
+        CHECKF(nmse(y, ref, ne) < 1e-12, "silu");
+        hm_cpu_swiglu(pools[p], x, b, y, ne);
+        for (int64_t i = 0; i < ne; i++) ref[i] = silu_d(x[i]) * b[i];
+        CHECKF(nmse(y, ref, ne) < 1e-12, "swiglu");
+    }
+    free(x);
+    free(w);
+    free(y);
+    free(b);
+    free(ref);
+}
+
+static void test_router(void) {
+    const int n_expert = 128, k = 8, n_tok = 9;
+    float *logits = malloc((size_t)(n_tok * n_expert) * sizeof(float));
+    fill(logits, n_tok * n_expert, 2.0f);
+    logits[5] = logits[7] = 10.0f; /* a tie: id 5 must come first */
+    int32_t ids[9 * 8];
+    float wts[9 * 8];
+    for (int renorm = 0; renorm < 2; renorm++) {
+        hm_cpu_router(logits, n_tok, n_expert, k, renorm, ids, wts);
+        for (int t = 0; t < n_tok; t++) {
+            const float *l = logits + t * n_expert;
+            double m = -INFINITY, s = 0;
+            for (int e = 0; e < n_expert; e++) m = l[e] > m ? l[e] : m;
+            for (int e = 0; e < n_expert; e++) s += exp(l[e] - m);
+            bool used[128] = {0};
+            double sel_sum = 0;
+            for (int j = 0; j < k; j++) {
+                /* expected j-th: largest unused, lowest id on ties */
+                int best = -1;
+                for (int e = 0; e < n_expert; e++)
+                    if (!used[e] && (best < 0 || l[e] > l[best])) best = e;
+                used[best] = true;
+                CHECKF(ids[t * k + j] == best, "router t=%d j=%d: id %d, expected %d", t, j, ids[t * k + j], best);
+                sel_sum += exp(l[best] - m) / s;
+            }
+            for (int j = 0; j < k; j++) {
+                double pj = exp(l[ids[t * k + j]] - m) / s;
+                if (renorm) pj /= sel_sum;
+                CHECK_NEAR(wts[t * k + j], pj, 1e-6);
+            }
+        }
+    }
+    free(logits);
+}
+
+static void test_get_rows(hm_pool **pools) {
+    const int64_t ne0 = 512, ne1 = 50;
+    int32_t ids[40];
+    for (int i = 0; i < 40; i++) ids[i] = (int32_t)((i * 7 + 3) % ne1);
+    for (int ti = 0; ti < N_TEST_TYPES; ti++) {
+        int type = test_types[ti];
+        if (!hm_cpu_type_ok(type)) continue;
+        test_mat w;
+        mat_make(&w, type, ne0, ne1);
+        float *out = malloc((size_t)(40 * ne0) * sizeof(float));
+        hm_cpu_get_rows(pools[1], &w.m, ids, 40, out);
+        int bad = 0;
+        for (int i = 0; i < 40; i++)
+            for (int64_t c = 0; c < ne0; c++) bad += out[i * ne0 + c] != w.deq[ids[i] * ne0 + c];
+        CHECKF(bad == 0, "get_rows %s: %d elements differ", hm_type_name(type), bad);
+        free(out);
+        mat_free(&w);
+    }
+}
+
+int main(void) {
+    test_pool();
+    hm_pool *pools[3];
+    for (int p = 0; p < 3; p++) {
+        hm_err err;
+        if (hm_pool_open(&pools[p], p + 1, &err) != HM_OK) {
+            fprintf(stderr, "%s\n", err.msg);
+            return 1;
+        }
+    }
+    test_matmul(pools);
+    test_moe(pools);
+    test_attention(pools);
+    test_rows(pools);
+    test_router();
+    test_get_rows(pools);
+    for (int p = 0; p < 3; p++) hm_pool_close(pools[p]);
+    return test_done();
+}
