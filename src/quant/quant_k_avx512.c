@@ -47,6 +47,36 @@ static inline __m512i idx_quad16(int t) {
 /* Broadcast 32 bytes to both halves of a zmm. */
 static inline __m512i bcast256(const void *p) { return _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)p)); }
 
+/* Nibble extraction, per 64-bit lane either the low nibble or the high nibble shifted down of
+ * every byte; sel has one bit per lane (set = high). With GFNI one affine transform per vector
+ * (bit matrix rows: output bit i <- input bit i, or i + 4), else a variable shift and a mask. */
+typedef struct k_nibsel {
+#ifdef __GFNI__
+    __m512i matrix;
+#else
+    __m512i shift;
+#endif
+} k_nibsel;
+
+static inline k_nibsel k_nibsel_make(unsigned sel) {
+    k_nibsel k;
+#ifdef __GFNI__
+    const long long lo = 0x0102040800000000ll, hi = 0x1020408000000000ll;
+    k.matrix = _mm512_mask_blend_epi64((__mmask8)sel, _mm512_set1_epi64(lo), _mm512_set1_epi64(hi));
+#else
+    k.shift = _mm512_maskz_mov_epi64((__mmask8)sel, _mm512_set1_epi64(4));
+#endif
+    return k;
+}
+
+static inline __m512i k_nibbles(__m512i v, k_nibsel k) {
+#ifdef __GFNI__
+    return _mm512_gf2p8affine_epi64_epi8(v, k.matrix, 0);
+#else
+    return _mm512_and_si512(_mm512_srlv_epi64(v, k.shift), _mm512_set1_epi8(0x0f));
+#endif
+}
+
 /* sum_j m[j] * (bsums[2j] + bsums[2j+1]) as 8 int32 lanes. */
 static inline __m256i k4_mins_dot(uint64_t m, const int16_t *bsums) {
     __m256i m32 = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)m));
@@ -57,8 +87,7 @@ static inline __m256i k4_mins_dot(uint64_t m, const int16_t *bsums) {
 void hm_vec_dot_q4_k_avx512(int64_t n, float *out, const void *vx, const void *vy) {
     const hm_block_q4_k *x = vx;
     const hm_block_q8_k *y = vy;
-    const __m512i m4 = _mm512_set1_epi8(0x0f);
-    const __m512i shift = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1); /* 0 | 4 */
+    const k_nibsel halves = k_nibsel_make(0xf0); /* low nibbles | high nibbles */
     const __m512i idx0 = idx_pair32(0), idx1 = idx_pair32(1), idx2 = idx_pair32(2), idx3 = idx_pair32(3);
     __m512 acc = _mm512_setzero_ps();
     __m256 accm = _mm256_setzero_ps();
@@ -70,10 +99,10 @@ void hm_vec_dot_q4_k_avx512(int64_t n, float *out, const void *vx, const void *v
         const __m512i scz = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)sc)));
         const uint8_t *q = x[i].qs;
         const int8_t *a = y[i].qs;
-        __m512i q0 = _mm512_and_si512(_mm512_srlv_epi16(bcast256(q), shift), m4);
-        __m512i q1 = _mm512_and_si512(_mm512_srlv_epi16(bcast256(q + 32), shift), m4);
-        __m512i q2 = _mm512_and_si512(_mm512_srlv_epi16(bcast256(q + 64), shift), m4);
-        __m512i q3 = _mm512_and_si512(_mm512_srlv_epi16(bcast256(q + 96), shift), m4);
+        __m512i q0 = k_nibbles(bcast256(q), halves);
+        __m512i q1 = k_nibbles(bcast256(q + 32), halves);
+        __m512i q2 = k_nibbles(bcast256(q + 64), halves);
+        __m512i q3 = k_nibbles(bcast256(q + 96), halves);
         __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
         s0 = K_DPWSSD(s0, _mm512_maddubs_epi16(q0, _mm512_loadu_si512(a)), _mm512_permutexvar_epi16(idx0, scz));
         s1 = K_DPWSSD(s1, _mm512_maddubs_epi16(q1, _mm512_loadu_si512(a + 64)), _mm512_permutexvar_epi16(idx1, scz));
@@ -87,8 +116,8 @@ void hm_vec_dot_q4_k_avx512(int64_t n, float *out, const void *vx, const void *v
 void hm_vec_dot_q5_k_avx512(int64_t n, float *out, const void *vx, const void *vy) {
     const hm_block_q5_k *x = vx;
     const hm_block_q8_k *y = vy;
-    const __m512i m4 = _mm512_set1_epi8(0x0f), bit4 = _mm512_set1_epi8(0x10);
-    const __m512i shift = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(4), 1); /* 0 | 4 */
+    const __m512i bit4 = _mm512_set1_epi8(0x10);
+    const k_nibsel halves = k_nibsel_make(0xf0); /* low nibbles | high nibbles */
     /* fifth bits: chunk c takes bit 2c (low half) and 2c+1 (high half) of qh; pre-shift the high
      * half by one so both sit at bit 2c, then move bit 2c to bit 4 */
     const __m512i hshift = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(1), 1);
@@ -107,8 +136,8 @@ void hm_vec_dot_q5_k_avx512(int64_t n, float *out, const void *vx, const void *v
         const int8_t *a = y[i].qs;
         __m512i s = _mm512_setzero_si512();
         for (int c = 0; c < 4; c++, q += 32, a += 64) {
-            __m512i lv = _mm512_and_si512(_mm512_srlv_epi16(bcast256(q), shift), m4);
-            lv = _mm512_or_si512(lv, _mm512_and_si512(_mm512_slli_epi16(hb, 4), bit4));
+            /* level = nibble | (fifth bit << 4), one ternary-logic op: (a | (b & c)) */
+            const __m512i lv = _mm512_ternarylogic_epi32(k_nibbles(bcast256(q), halves), _mm512_slli_epi16(hb, 4), bit4, 0xf8);
             hb = _mm512_srli_epi16(hb, 2);
             s = K_DPWSSD(s, _mm512_maddubs_epi16(lv, _mm512_loadu_si512(a)), _mm512_permutexvar_epi16(idx[c], scz));
         }
@@ -152,11 +181,11 @@ void hm_vec_dot_q6_k_avx512(int64_t n, float *out, const void *vx, const void *v
 void hm_vec_dot_iq4_xs_avx512(int64_t n, float *out, const void *vx, const void *vy) {
     const hm_block_iq4_xs *x = vx;
     const hm_block_q8_k *y = vy;
-    const __m512i m4 = _mm512_set1_epi8(0x0f), b3 = _mm512_set1_epi8(0x08);
+    const __m512i b3 = _mm512_set1_epi8(0x08);
     /* |kvalues|; levels 0..7 are the negative ones (bit 3 clear) */
     const __m128i kv = _mm_loadu_si128((const __m128i *)hm_kvalues_iq4nl);
     const __m512i table = _mm512_broadcast_i32x4(_mm_abs_epi8(kv));
-    const __m512i shift = _mm512_set_epi64(4, 4, 0, 0, 4, 4, 0, 0); /* 128-bit lanes: 0 4 0 4 */
+    const k_nibsel lanes = k_nibsel_make(0xcc); /* 128-bit lanes: low, high, low, high nibbles */
     __m512i idx[4];
     for (int c = 0; c < 4; c++) idx[c] = idx_pair32(c);
     __m512 acc = _mm512_setzero_ps();
@@ -168,7 +197,7 @@ void hm_vec_dot_iq4_xs_avx512(int64_t n, float *out, const void *vx, const void 
             /* 16 bytes of sub-block 2c then 16 of 2c+1 -> 128-bit lanes [A A B B], shifted 0 4 0 4:
              * elements 0..15, 16..31 of each sub-block, the activation's order */
             const __m512i qv = _mm512_shuffle_i64x2(bcast256(x[i].qs + 32 * c), bcast256(x[i].qs + 32 * c), 0x50);
-            const __m512i nib = _mm512_and_si512(_mm512_srlv_epi64(qv, shift), m4);
+            const __m512i nib = k_nibbles(qv, lanes);
             const __m512i mag = _mm512_shuffle_epi8(table, nib);
             const __mmask64 neg = _mm512_testn_epi8_mask(nib, b3);
             const __m512i av = _mm512_loadu_si512(y[i].qs + 64 * c);
