@@ -86,7 +86,9 @@ int32_t hm_model_n_vocab(const hm_model *m);
 int32_t hm_model_n_ctx_train(const hm_model *m);
 const char *hm_model_arch(const hm_model *m);
 
-typedef enum hm_kv_type { HM_KV_F16 = 0 /* IEEE half; the only one so far */ } hm_kv_type;
+/* KV cache element type: f16 is the default and the fast path; f32 is exact (for comparing
+ * against float references) and slower. */
+typedef enum hm_kv_type { HM_KV_F16 = 0, HM_KV_F32 = 1 } hm_kv_type;
 
 typedef struct hm_session_opts {
     int32_t n_ctx;     /* KV cache positions; 0 = min(n_ctx_train, 4096) */

@@ -4,8 +4,10 @@
  *   tests/fixtures/qwen3moe_tiny/model.gguf  a tiny random Qwen3MoeForCausalLM converted to GGUF (F32)
  *   tests/fixtures/qwen3moe_tiny/tokens.txt  token ids, separated by spaces, commas or newlines
  *   tests/fixtures/qwen3moe_tiny/logits.f32  transformers' logits, [n_tokens, n_vocab] little-endian f32
- * Skips (77) when the fixture is absent. Passes when max |ours - transformers| < 1e-3 over every
- * position, evaluated as one batch, and again token by token (KV cache path). */
+ * Skips (77) when the fixture is absent. With the exact f32 KV cache: max |ours - transformers| <
+ * 1e-3 over every position, evaluated as one batch and again token by token (KV cache path). With
+ * the default f16 cache the bound is 1e-2 (its rounding moves these logits by a few 1e-3) and
+ * top-1 must agree everywhere. */
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -67,13 +69,17 @@ int main(void) {
     CHECKF(got == cnt, "%s: %zu floats, want %d x %d", lgp, got, n, nv);
     fclose(fl);
 
-    hm_session_opts so;
-    hm_session_opts_default(&so);
-    so.n_ctx = n;
-    so.n_threads = 2;
-    hm_session *s = NULL;
-    CHECKF(hm_session_open(&s, m, &so, &err) == HM_OK, "%s", err.msg);
-    if (s && got == cnt) {
+    for (int kv = 0; kv < 2 && got == cnt; kv++) {
+        hm_session_opts so;
+        hm_session_opts_default(&so);
+        so.n_ctx = n;
+        so.n_threads = 2;
+        so.kv_type = kv == 0 ? HM_KV_F32 : HM_KV_F16;
+        const double tol = kv == 0 ? 1e-3 : 1e-2;
+        const char *name = kv == 0 ? "f32 KV" : "f16 KV";
+        hm_session *s = NULL;
+        CHECKF(hm_session_open(&s, m, &so, &err) == HM_OK, "%s", err.msg);
+        if (!s) continue;
         const float *lg = NULL;
         CHECKF(hm_session_eval(s, tok, n, true, &lg, &err) == HM_OK, "%s", err.msg);
         double dmax = 0, lmax = 0;
@@ -90,9 +96,10 @@ int main(void) {
             }
             agree += a == b;
         }
-        fprintf(stderr, "batch: %d tokens, max |d| = %.3g (max |logit| %.3g), top-1 agree %d/%d\n", n, dmax, lmax,
-                agree, n);
-        CHECKF(dmax < 1e-3, "batch: max |d| %g", dmax);
+        fprintf(stderr, "%s batch: %d tokens, max |d| = %.3g (max |logit| %.3g), top-1 agree %d/%d\n", name, n,
+                dmax, lmax, agree, n);
+        CHECKF(dmax < tol, "%s batch: max |d| %g", name, dmax);
+        CHECK(agree == n);
 
         hm_session_reset(s);
         dmax = 0;
@@ -103,10 +110,10 @@ int main(void) {
                 if (!(d <= dmax)) dmax = d;
             }
         }
-        fprintf(stderr, "decode: max |d| = %.3g\n", dmax);
-        CHECKF(dmax < 1e-3, "decode: max |d| %g", dmax);
+        fprintf(stderr, "%s decode: max |d| = %.3g\n", name, dmax);
+        CHECKF(dmax < tol, "%s decode: max |d| %g", name, dmax);
+        hm_session_close(s);
     }
-    hm_session_close(s);
     hm_model_close(m);
     free(want);
     free(gguf);

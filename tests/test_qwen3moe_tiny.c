@@ -174,7 +174,8 @@ static int write_model(const char *path, const model_w *w, variant var) {
 
 /* ---- the reference forward pass (double, whole sequence, no cache) ---- */
 
-static double to_half(double x) { return (double)(_Float16)(float)x; }
+static bool ref_half = true; /* model the f16 KV cache */
+static double to_half(double x) { return ref_half ? (double)(_Float16)(float)x : x; }
 
 static void rmsnorm(const double *x, const float *w, double *out, int n) {
     double ss = 0;
@@ -302,9 +303,12 @@ static double max_abs_diff_f(const float *a, const float *b, size_t n) {
     return m;
 }
 
+static hm_kv_type kv_type = HM_KV_F16;
+
 static hm_session *open_session(hm_model *m, int threads, int ubatch, int ctx) {
     hm_session_opts so;
     hm_session_opts_default(&so);
+    so.kv_type = kv_type;
     so.n_threads = threads;
     so.n_ubatch = ubatch;
     so.n_ctx = ctx;
@@ -382,6 +386,28 @@ int main(void) {
         double d = max_abs_diff_f(l1, reff, NTOK * NV);
         fprintf(stderr, "engine vs reference: max |dlogit| = %.3g\n", d);
         CHECKF(d < 1e-4 * (ref_max > 1 ? ref_max : 1), "max |d| %g", d);
+    }
+
+    /* 1b. f32 KV cache vs the reference without half rounding */
+    {
+        static double ref32[NTOK * NV];
+        static float ref32f[NTOK * NV];
+        ref_half = false;
+        reference(&w, false, tok, NTOK, ref32);
+        ref_half = true;
+        for (int i = 0; i < NTOK * NV; i++) ref32f[i] = (float)ref32[i];
+        kv_type = HM_KV_F32;
+        for (int th = 1; th <= 3; th += 2) {
+            float *l32 = eval_all(m, tok, NTOK, th, 7);
+            CHECK(l32 != NULL);
+            if (l32) {
+                double d = max_abs_diff_f(l32, ref32f, NTOK * NV);
+                fprintf(stderr, "f32 KV (-t %d, ubatch 7) vs reference: max |dlogit| = %.3g\n", th, d);
+                CHECKF(d < 1e-4 * (ref_max > 1 ? ref_max : 1), "f32 KV: max |d| %g", d);
+            }
+            free(l32);
+        }
+        kv_type = HM_KV_F16;
     }
 
     /* 2. thread counts and micro-batch splits */

@@ -36,7 +36,8 @@ hm_status hm_session_open(hm_session **out, hm_model *m, const hm_session_opts *
     else hm_session_opts_default(&o);
     if (o.n_ctx < 0 || o.n_threads < 0 || o.n_ubatch < 0)
         return hm_errf(err, HM_ERR_ARG, "session: negative n_ctx/n_threads/n_ubatch");
-    if (o.kv_type != HM_KV_F16) return hm_errf(err, HM_ERR_UNSUPPORTED, "session: only an f16 KV cache is supported");
+    if (o.kv_type != HM_KV_F16 && o.kv_type != HM_KV_F32)
+        return hm_errf(err, HM_ERR_ARG, "session: unknown KV cache type %d", (int)o.kv_type);
     if (o.n_ctx == 0) {
         o.n_ctx = m->info.n_ctx_train > 0 && m->info.n_ctx_train < 4096 ? m->info.n_ctx_train : 4096;
     }
@@ -56,7 +57,7 @@ hm_status hm_session_open(hm_session **out, hm_model *m, const hm_session_opts *
     s->n_threads = o.n_threads;
     hm_status st = hm_pool_open(&s->pool, o.n_threads, err);
     if (st != HM_OK) goto fail;
-    hm_state_opts so = {.n_ctx = o.n_ctx, .n_ubatch = o.n_ubatch, .n_threads = o.n_threads};
+    hm_state_opts so = {.n_ctx = o.n_ctx, .n_ubatch = o.n_ubatch, .n_threads = o.n_threads, .kv_type = o.kv_type};
     if ((st = m->arch->state_open(m, &so, &s->state, err)) != HM_OK) goto fail;
     s->pos = hm_malloc_aligned((size_t)o.n_ubatch * sizeof(int32_t));
     s->rows = hm_malloc_aligned((size_t)o.n_ubatch * sizeof(int32_t));

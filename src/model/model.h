@@ -44,6 +44,7 @@ typedef struct hm_state_opts {
     int32_t n_ctx;    /* positions the state must hold */
     int32_t n_ubatch; /* most tokens per forward call */
     int n_threads;    /* the pool the forward will run on */
+    hm_kv_type kv_type;
 } hm_state_opts;
 
 /* One micro-batch for forward: n tokens at positions pos[i] (pos[i] < n_ctx, ascending, the

@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "core/alloc.h"
+#include "kv_f32.h"
 #include "model.h"
 #include "moe.h"
 #include "quant/quant.h"
@@ -43,8 +44,11 @@ typedef struct q3_model {
 typedef struct q3_state {
     int32_t n_ctx, n_ubatch;
     int n_threads;
+    hm_kv_type kv_type;
     size_t kv_layer_elems;  /* n_head_kv * n_ctx * head_dim: one of K or V of one layer */
-    uint16_t *kv;           /* [n_layer][2][n_head_kv][n_ctx][head_dim], owned */
+    size_t kv_elem_size;    /* 2 (f16) or 4 (f32) */
+    void *kv;               /* [n_layer][2][n_head_kv][n_ctx][head_dim], owned */
+    float *kv_scratch;      /* f32 cache only: attention scores, owned */
     void *act;              /* one block holding the activations below, owned */
     float *x;      /* [U, n_embd] residual stream */
     float *h;      /* [U, n_embd] normed input of a block, then its output */
@@ -235,6 +239,7 @@ static void q3_state_close(void *p) {
     q3_state *s = p;
     if (!s) return;
     hm_free_aligned(s->kv);
+    hm_free_aligned(s->kv_scratch);
     hm_free_aligned(s->act);
     hm_free_aligned(s->scratch.data);
     hm_moe_route_free(&s->route);
@@ -255,9 +260,11 @@ static hm_status q3_state_open(const hm_model *m, const hm_state_opts *o, void *
     const size_t U = (size_t)o->n_ubatch, E = (size_t)q->n_embd, hd = (size_t)q->head_dim;
     const size_t nq = (size_t)q->n_head * hd, nkv = (size_t)q->n_head_kv * hd, K = (size_t)q->n_expert_used;
 
+    s->kv_type = o->kv_type;
+    s->kv_elem_size = o->kv_type == HM_KV_F32 ? 4 : 2;
     s->kv_layer_elems = (size_t)q->n_head_kv * (size_t)o->n_ctx * hd;
     size_t kv_bytes = 0;
-    if (!hm_mul_ok(s->kv_layer_elems, 2u * (size_t)q->n_layer * sizeof(uint16_t), &kv_bytes) ||
+    if (!hm_mul_ok(s->kv_layer_elems, 2u * (size_t)q->n_layer * s->kv_elem_size, &kv_bytes) ||
         !(s->kv = hm_malloc_aligned(kv_bytes))) {
         st = hm_errf(err, HM_ERR_NOMEM, "cannot allocate the KV cache (%d positions, %.1f MiB)", o->n_ctx,
                      (double)kv_bytes / (1 << 20));
@@ -279,6 +286,11 @@ static hm_status q3_state_open(const hm_model *m, const hm_state_opts *o, void *
         off += hm_align_up(sizes[i] * 4, HM_ALIGN);
     }
 
+    if (o->kv_type == HM_KV_F32 &&
+        !(s->kv_scratch = hm_malloc_aligned(hm_kv_f32_scratch_floats(o->n_ctx, o->n_threads) * sizeof(float)))) {
+        st = hm_errf(err, HM_ERR_NOMEM, "cannot allocate attention scratch");
+        goto fail;
+    }
     if ((st = hm_moe_route_init(&s->route, q->n_expert, q->n_expert_used, o->n_ubatch, err)) != HM_OK) goto fail;
 
     size_t sc = hm_cpu_matmul_scratch_size((int64_t)max_sz(E, nq), (int64_t)U, o->n_threads);
@@ -316,8 +328,8 @@ static hm_status q3_forward(const hm_model *m, void *state, hm_pool *pool, const
     hm_cpu_get_rows(pool, &q->tok_embd, b->tokens, n, s->x);
     for (int32_t il = 0; il < q->n_layer; il++) {
         const q3_layer *L = &q->layers[il];
-        uint16_t *kc = s->kv + (size_t)il * 2 * s->kv_layer_elems;
-        uint16_t *vc = kc + s->kv_layer_elems;
+        char *kc = (char *)s->kv + (size_t)il * 2 * s->kv_layer_elems * s->kv_elem_size;
+        char *vc = kc + s->kv_layer_elems * s->kv_elem_size;
 
         /* attention block */
         hm_cpu_rmsnorm(pool, s->x, L->attn_norm, s->h, n, E, q->eps);
@@ -328,8 +340,15 @@ static hm_status q3_forward(const hm_model *m, void *state, hm_pool *pool, const
         hm_cpu_rmsnorm_heads(pool, s->k, L->k_norm, n, nkv, hd, q->eps);
         hm_cpu_rope_neox(pool, s->q, n, nh, hd, q->n_rot, b->pos, q->theta);
         hm_cpu_rope_neox(pool, s->k, n, nkv, hd, q->n_rot, b->pos, q->theta);
-        hm_cpu_kv_write(pool, kc, vc, s->n_ctx, nkv, hd, s->k, s->v, n, b->pos);
-        hm_cpu_attention(pool, s->q, n, b->pos, kc, vc, s->n_ctx, nh, nkv, hd, scale, s->att, &s->scratch);
+        if (s->kv_type == HM_KV_F32) {
+            hm_kv_f32_write(pool, (float *)kc, (float *)vc, s->n_ctx, nkv, hd, s->k, s->v, n, b->pos);
+            hm_kv_f32_attention(pool, s->q, n, b->pos, (const float *)kc, (const float *)vc, s->n_ctx, nh, nkv, hd,
+                                scale, s->att, s->kv_scratch);
+        } else {
+            hm_cpu_kv_write(pool, (uint16_t *)kc, (uint16_t *)vc, s->n_ctx, nkv, hd, s->k, s->v, n, b->pos);
+            hm_cpu_attention(pool, s->q, n, b->pos, (const uint16_t *)kc, (const uint16_t *)vc, s->n_ctx, nh, nkv, hd,
+                             scale, s->att, &s->scratch);
+        }
         hm_cpu_matmul(pool, &L->wo, s->att, n, s->h, &s->scratch);
         hm_cpu_add(pool, s->x, s->h, s->x, n * E);
 
