@@ -11,6 +11,7 @@
  * counter-based and every row is quantised independently). */
 #include <inttypes.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -31,6 +32,7 @@ typedef struct chunk_job {
     uint8_t *out;         /* n_rows * row_bytes */
     float *scratch[MAX_THREADS];
     int n_threads;
+    _Atomic int64_t next_row; /* the next row of the chunk no thread has taken */
 } chunk_job;
 
 typedef struct worker_arg {
@@ -38,15 +40,24 @@ typedef struct worker_arg {
     int ith;
 } worker_arg;
 
+/* Threads take ROWS_PER_GRAB rows at a time from a shared counter, so a thread slowed down by
+ * other work on the machine does not hold the chunk up; which thread does a row does not
+ * change its bytes. */
+#define ROWS_PER_GRAB 8
+
 static void run_rows(chunk_job *j, int ith) {
     const int64_t ne0 = j->t->ne[0];
-    const int64_t r0 = j->n_rows * ith / j->n_threads, r1 = j->n_rows * (ith + 1) / j->n_threads;
     float *x = j->scratch[ith];
     const float mean = j->t->mean, sd = j->t->std;
-    for (int64_t r = r0; r < r1; r++) {
-        uint64_t base = (uint64_t)(j->row0 + r) * (uint64_t)ne0;
-        for (int64_t c = 0; c < ne0; c++) x[c] = mean + sd * hm_synth_gauss(j->key, base + (uint64_t)c);
-        j->quantise(x, j->out + (size_t)r * j->row_bytes, ne0);
+    for (;;) {
+        int64_t r0 = atomic_fetch_add(&j->next_row, ROWS_PER_GRAB);
+        if (r0 >= j->n_rows) break;
+        int64_t r1 = r0 + ROWS_PER_GRAB < j->n_rows ? r0 + ROWS_PER_GRAB : j->n_rows;
+        for (int64_t r = r0; r < r1; r++) {
+            uint64_t base = (uint64_t)(j->row0 + r) * (uint64_t)ne0;
+            for (int64_t c = 0; c < ne0; c++) x[c] = mean + sd * hm_synth_gauss(j->key, base + (uint64_t)c);
+            j->quantise(x, j->out + (size_t)r * j->row_bytes, ne0);
+        }
     }
 }
 
@@ -57,8 +68,9 @@ static void *worker_main(void *p) {
 }
 
 /* Run the chunk on n_threads threads (the caller is thread 0). A thread that cannot be started
- * is not an error: the caller does its rows. */
+ * is not an error: the others take its rows. */
 static void run_chunk(chunk_job *j) {
+    atomic_store(&j->next_row, 0);
     pthread_t tid[MAX_THREADS];
     worker_arg args[MAX_THREADS];
     bool started[MAX_THREADS] = {false};
@@ -67,10 +79,8 @@ static void run_chunk(chunk_job *j) {
         started[i] = pthread_create(&tid[i], NULL, worker_main, &args[i]) == 0;
     }
     run_rows(j, 0);
-    for (int i = 1; i < j->n_threads; i++) {
+    for (int i = 1; i < j->n_threads; i++) /* a thread that did not start left its rows to us */
         if (started[i]) pthread_join(tid[i], NULL);
-        else run_rows(j, i);
-    }
 }
 
 static hm_status write_metadata(hm_gguf_writer *w, const hm_synth_opts *o, const hm_synth_preset *p,
