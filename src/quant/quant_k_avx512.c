@@ -24,13 +24,6 @@
 #define K_DPWSSD(acc, a, b) _mm512_add_epi32((acc), _mm512_madd_epi16((a), (b)))
 #endif
 
-static inline float hsum256_ps(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
 /* vpermw index: int16 lanes 16*h .. 16*h+15 take word 2c+h (h = 0, 1): the scales of the two
  * 32-element sub-blocks of chunk c over their 16 maddubs lanes each. */
 static inline __m512i idx_pair32(int c) {
@@ -90,12 +83,12 @@ void hm_vec_dot_q4_k_avx512(int64_t n, float *out, const void *vx, const void *v
     const k_nibsel halves = k_nibsel_make(0xf0); /* low nibbles | high nibbles */
     const __m512i idx0 = idx_pair32(0), idx1 = idx_pair32(1), idx2 = idx_pair32(2), idx3 = idx_pair32(3);
     __m512 acc = _mm512_setzero_ps();
-    __m256 accm = _mm256_setzero_ps();
     for (int64_t i = 0; i < n / HM_QK_K; i++) {
         uint64_t sc, m;
         hm_k4_unpack_scales64(x[i].scales, &sc, &m);
         const float d = hm_k_half(x[i].d) * y[i].d, dmin = hm_k_half(x[i].dmin) * y[i].d;
-        accm = _mm256_fmadd_ps(_mm256_cvtepi32_ps(k4_mins_dot(m, y[i].bsums)), _mm256_set1_ps(dmin), accm);
+        /* mins share the accumulator (lanes 0-7): one reduction per row */
+        acc = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(_mm512_zextsi256_si512(k4_mins_dot(m, y[i].bsums))), _mm512_set1_ps(dmin), acc);
         const __m512i scz = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)sc)));
         const uint8_t *q = x[i].qs;
         const int8_t *a = y[i].qs;
@@ -110,7 +103,7 @@ void hm_vec_dot_q4_k_avx512(int64_t n, float *out, const void *vx, const void *v
         s1 = K_DPWSSD(s1, _mm512_maddubs_epi16(q3, _mm512_loadu_si512(a + 192)), _mm512_permutexvar_epi16(idx3, scz));
         acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0, s1)), _mm512_set1_ps(d), acc);
     }
-    *out = _mm512_reduce_add_ps(acc) - hsum256_ps(accm);
+    *out = _mm512_reduce_add_ps(acc);
 }
 
 void hm_vec_dot_q5_k_avx512(int64_t n, float *out, const void *vx, const void *vy) {
@@ -124,12 +117,12 @@ void hm_vec_dot_q5_k_avx512(int64_t n, float *out, const void *vx, const void *v
     __m512i idx[4];
     for (int c = 0; c < 4; c++) idx[c] = idx_pair32(c);
     __m512 acc = _mm512_setzero_ps();
-    __m256 accm = _mm256_setzero_ps();
     for (int64_t i = 0; i < n / HM_QK_K; i++) {
         uint64_t sc, m;
         hm_k4_unpack_scales64(x[i].scales, &sc, &m);
         const float d = hm_k_half(x[i].d) * y[i].d, dmin = hm_k_half(x[i].dmin) * y[i].d;
-        accm = _mm256_fmadd_ps(_mm256_cvtepi32_ps(k4_mins_dot(m, y[i].bsums)), _mm256_set1_ps(dmin), accm);
+        /* mins share the accumulator (lanes 0-7): one reduction per row */
+        acc = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(_mm512_zextsi256_si512(k4_mins_dot(m, y[i].bsums))), _mm512_set1_ps(dmin), acc);
         const __m512i scz = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)sc)));
         __m512i hb = _mm512_srlv_epi16(bcast256(x[i].qh), hshift);
         const uint8_t *q = x[i].qs;
@@ -143,7 +136,7 @@ void hm_vec_dot_q5_k_avx512(int64_t n, float *out, const void *vx, const void *v
         }
         acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_set1_ps(d), acc);
     }
-    *out = _mm512_reduce_add_ps(acc) - hsum256_ps(accm);
+    *out = _mm512_reduce_add_ps(acc);
 }
 
 void hm_vec_dot_q6_k_avx512(int64_t n, float *out, const void *vx, const void *vy) {
