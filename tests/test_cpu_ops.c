@@ -131,7 +131,7 @@ static void test_pool(void) {
         memset(c.slots, 0, sizeof c.slots);
         atomic_store(&c.sum, 0);
         c.pool = pool;
-        c.rounds = 2000;
+        c.rounds = 500;
         hm_pool_run(pool, pool_barrier_fn, &c);
         CHECKF(atomic_load(&c.sum) == 0, "barrier let a thread run ahead (n=%d)", n);
         hm_pool_close(pool);

@@ -28,6 +28,9 @@
 /* ~50-100 us of polling before sleeping: back-to-back decode dispatches stay on the fast path,
  * an idle engine stops burning its cores quickly. */
 #define SPIN_ITERS 2000
+/* Waits inside a run (for the other threads) poll this long, then yield: on an oversubscribed
+ * machine the thread we wait for may need our core. */
+#define YIELD_AFTER 1024
 
 typedef struct hm_worker {
     hm_pool *pool;
@@ -141,7 +144,7 @@ void hm_pool_run(hm_pool *pool, hm_pool_fn fn, void *ctx) {
     fn(ctx, 0, pool->n);
     int spins = 0;
     while (atomic_load_explicit(&pool->pending, memory_order_acquire) != 0) {
-        if (++spins < 1 << 16) CPU_RELAX();
+        if (++spins < YIELD_AFTER) CPU_RELAX();
         else sched_yield(); /* a worker was descheduled (oversubscribed machine) */
     }
 }
@@ -156,7 +159,7 @@ void hm_pool_barrier(hm_pool *pool) {
     }
     int spins = 0;
     while (atomic_load_explicit(&pool->bar_gen, memory_order_acquire) == g) {
-        if (++spins < 1 << 16) CPU_RELAX();
+        if (++spins < YIELD_AFTER) CPU_RELAX();
         else sched_yield();
     }
 }

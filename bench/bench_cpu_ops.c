@@ -1,0 +1,148 @@
+/* bench_cpu_ops.c - speed of the CPU backend's matmul and the pool's dispatch latency.
+ *
+ *   bench_cpu_ops [-t THREADS] [-r REPS] [TYPE ...]
+ *
+ * For each weight type (default q4_K q6_K q8_0, skipped when not registered) and shape (expert
+ * gate/up 2048->768, expert down 768->2048, attention 2048->4096) it prints hm_cpu_matmul at decode
+ * (n_tok = 1) and prefill (n_tok = 512), weight GB/s and GFLOP/s, beside a baseline: the plain
+ * loop of one traits vec_dot per (row, token) on one thread (what a naive engine does). Best of
+ * REPS runs. A benchmark, not a test: it asserts nothing. */
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cpu/cpu_ops.h"
+#include "core/alloc.h"
+#include "core/threadpool.h"
+#include "core/timer.h"
+#include "quant/quant.h"
+
+static void noop(void *ctx, int ith, int nth) {
+    (void)ith;
+    (void)nth;
+    atomic_fetch_add((_Atomic int *)ctx, 1);
+}
+
+static double now_s(void) { return (double)hm_time_us() * 1e-6; }
+
+static void bench_dispatch(hm_pool *pool) {
+    _Atomic int cnt = 0;
+    const int n = 20000;
+    double best = 1e9;
+    for (int rep = 0; rep < 5; rep++) {
+        double t0 = now_s();
+        for (int i = 0; i < n; i++) hm_pool_run(pool, noop, &cnt);
+        double dt = (now_s() - t0) / n;
+        best = dt < best ? dt : best;
+    }
+    printf("pool dispatch (%d threads, empty run): %.2f us\n", hm_pool_size(pool), best * 1e6);
+}
+
+static float frand(uint64_t *s) {
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    return (float)((double)(*s >> 11) / 9007199254740992.0 - 0.5);
+}
+
+static void bench_type(hm_pool *pool, int type, int reps) {
+    static const struct { const char *name; int64_t ne0, ne1; } shapes[] = {
+        {"expert gate/up 2048->768", 2048, 768},
+        {"expert down    768->2048", 768, 2048},
+        {"attention     2048->4096", 2048, 4096},
+    };
+    static const int64_t toks[] = {1, 512};
+    const hm_type_traits *tr = hm_type_get(type);
+    uint64_t seed = 12345;
+    for (size_t si = 0; si < sizeof shapes / sizeof shapes[0]; si++) {
+        const int64_t ne0 = shapes[si].ne0, ne1 = shapes[si].ne1;
+        size_t rs = hm_row_size(type, ne0);
+        char *wq = hm_malloc_aligned(rs * (size_t)ne1);
+        float *tmp = malloc((size_t)ne0 * sizeof(float));
+        for (int64_t r = 0; r < ne1; r++) {
+            for (int64_t c = 0; c < ne0; c++) tmp[c] = frand(&seed);
+            tr->from_float_ref(tmp, wq + (size_t)r * rs, ne0);
+        }
+        hm_mat w = hm_mat_make(wq, type, ne0, ne1, rs);
+        for (size_t ti = 0; ti < sizeof toks / sizeof toks[0]; ti++) {
+            const int64_t n_tok = toks[ti];
+            float *x = malloc((size_t)(n_tok * ne0) * sizeof(float));
+            float *y = malloc((size_t)(n_tok * ne1) * sizeof(float));
+            for (int64_t i = 0; i < n_tok * ne0; i++) x[i] = frand(&seed);
+            hm_scratch s = {NULL, hm_cpu_matmul_scratch_size(ne0, n_tok, hm_pool_size(pool))};
+            s.data = hm_malloc_aligned(s.size);
+            int r_eff = n_tok == 1 ? reps * 20 : reps;
+            double best = 1e9;
+            for (int r = 0; r < r_eff; r++) {
+                double t0 = now_s();
+                hm_cpu_matmul(pool, &w, x, n_tok, y, &s);
+                double dt = now_s() - t0;
+                best = dt < best ? dt : best;
+            }
+            /* baseline: quantise x, one vec_dot per (row, token), one thread */
+            const hm_type_traits *pt = hm_type_get((int)tr->vec_dot_type);
+            size_t qs = hm_row_size((int)tr->vec_dot_type, ne0);
+            char *xq = hm_malloc_aligned(qs * (size_t)n_tok);
+            double base = 1e9;
+            for (int r = 0; r < (n_tok == 1 ? r_eff : 1); r++) {
+                double t0 = now_s();
+                for (int64_t t = 0; t < n_tok; t++) pt->from_float(x + t * ne0, xq + (size_t)t * qs, ne0);
+                for (int64_t t = 0; t < n_tok; t++)
+                    for (int64_t rr = 0; rr < ne1; rr++)
+                        tr->vec_dot(ne0, &y[t * ne1 + rr], wq + (size_t)rr * rs, xq + (size_t)t * qs);
+                double dt = now_s() - t0;
+                base = dt < base ? dt : base;
+            }
+            double bytes = (double)rs * (double)ne1, flops = 2.0 * (double)ne0 * (double)ne1 * (double)n_tok;
+            printf("%-6s %s n_tok=%-4lld  %8.1f us  %6.1f GB/s  %7.1f GFLOP/s   | vec_dot loop 1 thr: %8.1f us  %6.1f GB/s  %7.1f GFLOP/s\n",
+                   tr->name, shapes[si].name, (long long)n_tok, best * 1e6, bytes / best * 1e-9,
+                   flops / best * 1e-9, base * 1e6, bytes / base * 1e-9, flops / base * 1e-9);
+            fflush(stdout);
+            hm_free_aligned(xq);
+            hm_free_aligned(s.data);
+            free(x);
+            free(y);
+        }
+        free(tmp);
+        hm_free_aligned(wq);
+    }
+}
+
+int main(int argc, char **argv) {
+    int n_threads = 1, reps = 5;
+    int types[16], n_types = 0;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "-t") && i + 1 < argc) n_threads = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "-r") && i + 1 < argc) reps = atoi(argv[++i]);
+        else if (n_types < 16) {
+            int t = hm_type_from_name(argv[i]);
+            if (t < 0) {
+                fprintf(stderr, "unknown type %s\n", argv[i]);
+                return 2;
+            }
+            types[n_types++] = t;
+        }
+    }
+    if (n_types == 0) {
+        types[n_types++] = HM_TYPE_Q4_K;
+        types[n_types++] = HM_TYPE_Q6_K;
+        types[n_types++] = HM_TYPE_Q8_0;
+    }
+    hm_pool *pool = NULL;
+    hm_err err;
+    if (hm_pool_open(&pool, n_threads, &err) != HM_OK) {
+        fprintf(stderr, "%s\n", err.msg);
+        return 1;
+    }
+    bench_dispatch(pool);
+    for (int i = 0; i < n_types; i++) {
+        if (!hm_cpu_type_ok(types[i])) {
+            printf("%s: not registered in this build, skipped\n", hm_type_name(types[i]));
+            continue;
+        }
+        bench_type(pool, types[i], reps);
+    }
+    hm_pool_close(pool);
+    return 0;
+}
