@@ -3,8 +3,9 @@
  *
  * One zmm covers 64 elements = two 32-element sub-blocks (or four 16-element ones for Q6_K), in
  * the activation's own order, so Q8_K rows are loaded straight: the 32 packed bytes of a Q4_K /
- * Q5_K chunk are broadcast to both halves and shifted by 0 / 4 per half (low nibbles meet the
- * first sub-block, high nibbles the second). Levels x int8 via maddubs (no saturation: all
+ * Q5_K chunk are broadcast to both halves, low nibbles taken in one half and high nibbles in the
+ * other (one GFNI affine op, or shift + mask), meeting the chunk's first and second sub-block.
+ * Q4_K/Q5_K mins come from the activation's bsums. Levels x int8 via maddubs (no saturation: all
  * levels are <= 63, or |level| <= 127 against a sign-adjusted activation for IQ4_XS), then
  * vpdpwssd against the sub-block scales spread over their lanes with one vpermw. Integer sums
  * per super-block are exact; only the float accumulation order differs from the reference.
