@@ -1,4 +1,151 @@
-/* cmd_bench.c - `hotmoe bench` (placeholder until its module lands). */
-#include <stdio.h>
-#include "cli.h"
-int hm_cmd_bench(int argc, char **argv) { fprintf(stderr, "bench: not built yet\n"); return 1; }
+/* cmd_bench.c - `hotmoe bench`: prompt processing and generation speed, measured as
+ * llama-bench does: pp = one batch of p random tokens into an empty context; tg = n single-token
+ * decodes from an empty context; one untimed warm-up of each, then r timed repetitions; tok/s
+ * reported as mean +/- sample standard deviation over the repetitions. Needs no tokenizer. */
+#include <math.h>
+#include <time.h>
+
+#include "cmd_engine.h"
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: hotmoe bench -m MODEL [-p N] [-n N] [-t T] [-r REPS] [--json]\n\n"
+               "  -p, --n-prompt N       prompt tokens, one batch (default 512; 0 = skip)\n"
+               "  -n, --n-gen N          generated tokens, one at a time (default 128; 0 = skip)\n"
+               "  -r, --repetitions N    timed runs of each test (default 5)\n"
+               "  --seed N               seed of the random token ids (default 1)\n"
+               "  --json                 print one JSON object (pp_tok_s, tg_tok_s, ...)\n" CLI_ENGINE_HELP);
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static void mean_std(const double *x, int n, double *mean, double *std) {
+    double s = 0, ss = 0;
+    for (int i = 0; i < n; i++) s += x[i];
+    *mean = n ? s / n : 0;
+    for (int i = 0; i < n; i++) ss += (x[i] - *mean) * (x[i] - *mean);
+    *std = n > 1 ? sqrt(ss / (n - 1)) : 0;
+}
+
+/* One timed test; returns tok/s or -1 on failure (printed). */
+static double run_test(hm_session *s, const int32_t *ids, int32_t n, bool prompt) {
+    hm_err err;
+    const float *lg;
+    hm_session_reset(s);
+    double t0 = now_s();
+    if (prompt) {
+        if (hm_session_eval(s, ids, n, false, &lg, &err) != HM_OK) goto fail;
+    } else {
+        for (int32_t i = 0; i < n; i++)
+            if (hm_session_eval(s, &ids[i], 1, false, &lg, &err) != HM_OK) goto fail;
+    }
+    return n / (now_s() - t0);
+fail:
+    fprintf(stderr, "hotmoe bench: %s\n", err.msg);
+    return -1;
+}
+
+int hm_cmd_bench(int argc, char **argv) {
+    cli_engine e = {.cmd = "bench"};
+    long n_prompt = 512, n_gen = 128, reps = 5, seed = 1;
+    bool json = false;
+    for (int i = 1; i < argc; i++) {
+        int r = cli_engine_arg(&e, argc, argv, &i);
+        if (r < 0) return 2;
+        if (r > 0) continue;
+        const char *a = argv[i], *v;
+        if (hm_cli_is_help(a)) {
+            usage(stdout);
+            return 0;
+        } else if (!strcmp(a, "-p") || !strcmp(a, "--n-prompt")) {
+            if (!(v = cli_value(e.cmd, argc, argv, &i)) || cli_long(e.cmd, a, v, 0, 1 << 20, &n_prompt)) return 2;
+        } else if (!strcmp(a, "-n") || !strcmp(a, "--n-gen")) {
+            if (!(v = cli_value(e.cmd, argc, argv, &i)) || cli_long(e.cmd, a, v, 0, 1 << 20, &n_gen)) return 2;
+        } else if (!strcmp(a, "-r") || !strcmp(a, "--repetitions")) {
+            if (!(v = cli_value(e.cmd, argc, argv, &i)) || cli_long(e.cmd, a, v, 1, 1000, &reps)) return 2;
+        } else if (!strcmp(a, "--seed")) {
+            if (!(v = cli_value(e.cmd, argc, argv, &i)) || cli_long(e.cmd, a, v, 0, 0x7fffffff, &seed)) return 2;
+        } else if (!strcmp(a, "--json")) {
+            json = true;
+        } else {
+            fprintf(stderr, "hotmoe bench: unknown option '%s'\n", a);
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (!e.model) {
+        fprintf(stderr, "hotmoe bench: no model given (-m FILE); see `hotmoe bench --help`\n");
+        return 2;
+    }
+    if (n_prompt == 0 && n_gen == 0) {
+        fprintf(stderr, "hotmoe bench: nothing to do (-p 0 -n 0)\n");
+        return 2;
+    }
+    int32_t need = (int32_t)(n_prompt > n_gen ? n_prompt : n_gen);
+    if (e.n_ctx && e.n_ctx < need) {
+        fprintf(stderr, "hotmoe bench: -c %d is smaller than the test (%d tokens)\n", e.n_ctx, need);
+        return 1;
+    }
+    hm_model *m = cli_open_model(&e);
+    if (!m) return 1;
+    hm_session *s = cli_open_session(&e, m, e.n_ctx ? e.n_ctx : need);
+    if (!s) {
+        hm_model_close(m);
+        return 1;
+    }
+    const hm_model_info *inf = hm_model_get_info(m);
+    int32_t *ids = malloc((size_t)need * sizeof *ids);
+    double *pp = calloc((size_t)reps, sizeof *pp), *tg = calloc((size_t)reps, sizeof *tg);
+    int rc = 1;
+    if (!ids || !pp || !tg) goto done;
+    uint64_t x = (uint64_t)seed * 0x9e3779b97f4a7c15ull + 1;
+    for (int32_t i = 0; i < need; i++) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        ids[i] = (int32_t)(x % (uint64_t)inf->n_vocab);
+    }
+    double pm = 0, psd = 0, tm = 0, tsd = 0;
+    if (n_prompt) {
+        if (run_test(s, ids, (int32_t)n_prompt, true) < 0) goto done; /* warm-up */
+        for (long r = 0; r < reps; r++)
+            if ((pp[r] = run_test(s, ids, (int32_t)n_prompt, true)) < 0) goto done;
+        mean_std(pp, (int)reps, &pm, &psd);
+    }
+    if (n_gen) {
+        if (run_test(s, ids, n_gen < 16 ? (int32_t)n_gen : 16, false) < 0) goto done; /* warm-up */
+        for (long r = 0; r < reps; r++)
+            if ((tg[r] = run_test(s, ids, (int32_t)n_gen, false)) < 0) goto done;
+        mean_std(tg, (int)reps, &tm, &tsd);
+    }
+    const char *name = strrchr(e.model, '/') ? strrchr(e.model, '/') + 1 : e.model;
+    double gib = (double)inf->file_bytes / (1024.0 * 1024 * 1024), bparams = (double)inf->n_params / 1e9;
+    int th = hm_session_n_threads(s);
+    if (json) {
+        printf("{\"model\": \"%s\", \"arch\": \"%s\", \"size_bytes\": %llu, \"n_params\": %llu, \"n_threads\": %d, "
+               "\"kv_type\": \"%s\", \"n_prompt\": %ld, \"n_gen\": %ld, \"repetitions\": %ld",
+               name, inf->arch, (unsigned long long)inf->file_bytes, (unsigned long long)inf->n_params, th,
+               e.kv_type == HM_KV_F32 ? "f32" : "f16", n_prompt, n_gen, reps);
+        if (n_prompt) printf(", \"pp_tok_s\": %.3f, \"pp_tok_s_std\": %.3f", pm, psd);
+        if (n_gen) printf(", \"tg_tok_s\": %.3f, \"tg_tok_s_std\": %.3f", tm, tsd);
+        printf("}\n");
+    } else {
+        printf("| model | size | params | backend | threads | test | t/s |\n");
+        printf("| --- | ---: | ---: | --- | ---: | ---: | ---: |\n");
+        if (n_prompt)
+            printf("| %s %s | %.2f GiB | %.2f B | CPU | %d | pp%ld | %.2f ± %.2f |\n", inf->arch, name, gib, bparams, th,
+                   n_prompt, pm, psd);
+        if (n_gen)
+            printf("| %s %s | %.2f GiB | %.2f B | CPU | %d | tg%ld | %.2f ± %.2f |\n", inf->arch, name, gib, bparams, th,
+                   n_gen, tm, tsd);
+    }
+    rc = 0;
+done:
+    free(ids);
+    free(pp);
+    free(tg);
+    hm_session_close(s);
+    hm_model_close(m);
+    return rc;
+}

@@ -1,4 +1,271 @@
-/* cmd_run.c - `hotmoe run` (placeholder until its module lands). */
-#include <stdio.h>
-#include "cli.h"
-int hm_cmd_run(int argc, char **argv) { fprintf(stderr, "run: not built yet\n"); return 1; }
+/* cmd_run.c - `hotmoe run`: generate from a prompt, streaming tokens to stdout, or chat.
+ *
+ * Plain mode echoes the prompt, then streams the continuation. --chat wraps the prompt as one
+ * user turn with the model's chat template; -i keeps chatting: each line from stdin is a new
+ * user turn appended to the same context (the KV cache is kept between turns). Generation stops
+ * at an end-of-generation token, after -n tokens, or when the context is full (said on stderr).
+ * A prompt that does not fit the context (-c) is an error; nothing is generated.
+ * Speed (prompt and generation tok/s) goes to stderr at the end. */
+#include <time.h>
+
+#include "cmd_engine.h"
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: hotmoe run -m MODEL (-p PROMPT | -f FILE) [options]\n\n"
+               "  -p, --prompt TEXT      prompt\n"
+               "  -f, --file FILE        read the prompt from a file\n"
+               "  -n, --n-predict N      tokens to generate (default 256; -1 = until the end or a full context)\n"
+               "  -c, --ctx-size N       context positions (default: min(trained context, 4096))\n"
+               "  --chat                 apply the model's chat template to the prompt\n"
+               "  -i, --interactive      chat: read further user turns from stdin (implies --chat)\n"
+               "  --no-think             Qwen3: answer without a thinking block\n"
+               "  --temp T               temperature (default 0.8; 0 = greedy)\n"
+               "  --top-k N              (default 40; 0 = off)\n"
+               "  --top-p P              (default 0.95; 1 = off)\n"
+               "  --min-p P              (default 0.05; 0 = off)\n"
+               "  --repeat-penalty X     (default 1.0 = off)\n"
+               "  --repeat-last-n N      tokens the penalty looks back over (default 64)\n"
+               "  --seed N               sampling seed (default: from the clock)\n" CLI_ENGINE_HELP);
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+typedef struct run_ctx {
+    hm_tokenizer *tk;
+    hm_model *m;
+    hm_session *s;
+    hm_sampler *smp;
+    hm_detok *dt;
+    long n_predict;
+    bool chat, no_think;
+    /* totals */
+    long n_prompt, n_gen;
+    double t_prompt, t_gen;
+} run_ctx;
+
+/* Feed text (the next part of the conversation) and generate. 0 ok, 1 error (printed). */
+static int turn(run_ctx *r, const char *text, bool first) {
+    hm_err err;
+    hm_tokenize_opts to;
+    hm_tokenize_opts_default(r->tk, &to);
+    to.add_bos = first && to.add_bos;
+    int32_t *ids = NULL;
+    size_t n = 0;
+    if (hm_tokenize(r->tk, text, strlen(text), &to, &ids, &n, &err) != HM_OK) {
+        fprintf(stderr, "hotmoe run: %s\n", err.msg);
+        return 1;
+    }
+    int32_t room = hm_session_n_ctx(r->s) - hm_session_n_past(r->s);
+    if (n == 0 || (size_t)room < n + 1) {
+        fprintf(stderr, "hotmoe run: the prompt (%zu tokens) does not fit the context (%d of %d positions free); "
+                        "use a larger -c\n", n, room, hm_session_n_ctx(r->s));
+        free(ids);
+        return 1;
+    }
+    const float *lg = NULL;
+    double t0 = now_s();
+    hm_status st = hm_session_eval(r->s, ids, (int32_t)n, false, &lg, &err);
+    r->t_prompt += now_s() - t0;
+    r->n_prompt += (long)n;
+    for (size_t i = 0; i < n; i++) hm_sampler_accept(r->smp, ids[i]);
+    free(ids);
+    if (st != HM_OK) {
+        fprintf(stderr, "hotmoe run: %s\n", err.msg);
+        return 1;
+    }
+    t0 = now_s();
+    size_t len;
+    for (long i = 0; r->n_predict < 0 || i < r->n_predict; i++) {
+        int32_t tok = hm_sampler_sample(r->smp, lg);
+        hm_sampler_accept(r->smp, tok);
+        bool eog = hm_tokenizer_is_eog(r->tk, tok);
+        if (!eog) {
+            const char *piece = hm_detok_push(r->dt, tok, &len);
+            fwrite(piece, 1, len, stdout);
+            fflush(stdout);
+        }
+        if (hm_session_n_past(r->s) >= hm_session_n_ctx(r->s)) {
+            fprintf(stderr, "\nhotmoe run: context full (%d positions)\n", hm_session_n_ctx(r->s));
+            break;
+        }
+        /* the last token is evaluated too, even at the end, so a next chat turn follows it */
+        st = hm_session_eval(r->s, &tok, 1, false, &lg, &err);
+        r->n_gen++;
+        if (st != HM_OK) {
+            fprintf(stderr, "\nhotmoe run: %s\n", err.msg);
+            return 1;
+        }
+        if (eog) break;
+    }
+    r->t_gen += now_s() - t0;
+    const char *rest = hm_detok_flush(r->dt, &len);
+    fwrite(rest, 1, len, stdout);
+    printf("\n");
+    fflush(stdout);
+    return 0;
+}
+
+/* The text of one user turn: the template applied to it (with a leading newline after the
+ * previous assistant turn's end token). *out malloc'd. */
+static int render_user(run_ctx *r, const char *content, bool first, char **out) {
+    hm_chat_msg msg = {"user", content};
+    hm_chat_opts co = {.add_generation_prompt = true, .no_thinking = r->no_think};
+    hm_err err;
+    char *txt = NULL;
+    if (hm_chat_apply(hm_tokenizer_chat_template(r->tk), &msg, 1, &co, &txt, &err) != HM_OK) {
+        fprintf(stderr, "hotmoe run: %s\n", err.msg);
+        return 1;
+    }
+    if (first) {
+        *out = txt;
+        return 0;
+    }
+    size_t l = strlen(txt);
+    *out = malloc(l + 2);
+    if (*out) {
+        (*out)[0] = '\n';
+        memcpy(*out + 1, txt, l + 1);
+    }
+    free(txt);
+    return *out ? 0 : 1;
+}
+
+int hm_cmd_run(int argc, char **argv) {
+    cli_engine e = {.cmd = "run"};
+    const char *prompt = NULL, *file = NULL;
+    bool interactive = false;
+    run_ctx r = {.n_predict = 256};
+    hm_sampler_opts so;
+    hm_sampler_opts_default(&so);
+    so.seed = (uint64_t)time(NULL);
+    for (int i = 1; i < argc; i++) {
+        int rr = cli_engine_arg(&e, argc, argv, &i);
+        if (rr < 0) return 2;
+        if (rr > 0) continue;
+        const char *a = argv[i], *v;
+        long n;
+        double d;
+#define VAL() (v = cli_value(e.cmd, argc, argv, &i))
+        if (hm_cli_is_help(a)) {
+            usage(stdout);
+            return 0;
+        } else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) {
+            if (!(prompt = cli_value(e.cmd, argc, argv, &i))) return 2;
+        } else if (!strcmp(a, "-f") || !strcmp(a, "--file")) {
+            if (!(file = cli_value(e.cmd, argc, argv, &i))) return 2;
+        } else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) {
+            if (!VAL() || cli_long(e.cmd, a, v, -1, 1 << 30, &r.n_predict)) return 2;
+        } else if (!strcmp(a, "--chat")) {
+            r.chat = true;
+        } else if (!strcmp(a, "-i") || !strcmp(a, "--interactive")) {
+            interactive = r.chat = true;
+        } else if (!strcmp(a, "--no-think")) {
+            r.no_think = true;
+        } else if (!strcmp(a, "--temp")) {
+            if (!VAL() || cli_float(e.cmd, a, v, 0, 100, &d)) return 2;
+            so.temp = (float)d;
+        } else if (!strcmp(a, "--top-k")) {
+            if (!VAL() || cli_long(e.cmd, a, v, 0, 1 << 30, &n)) return 2;
+            so.top_k = (int32_t)n;
+        } else if (!strcmp(a, "--top-p")) {
+            if (!VAL() || cli_float(e.cmd, a, v, 0, 1, &d)) return 2;
+            so.top_p = (float)d;
+        } else if (!strcmp(a, "--min-p")) {
+            if (!VAL() || cli_float(e.cmd, a, v, 0, 1, &d)) return 2;
+            so.min_p = (float)d;
+        } else if (!strcmp(a, "--repeat-penalty")) {
+            if (!VAL() || cli_float(e.cmd, a, v, 0.01, 100, &d)) return 2;
+            so.repeat_penalty = (float)d;
+        } else if (!strcmp(a, "--repeat-last-n")) {
+            if (!VAL() || cli_long(e.cmd, a, v, 0, 1 << 20, &n)) return 2;
+            so.repeat_last_n = (int32_t)n;
+        } else if (!strcmp(a, "--seed")) {
+            if (!VAL() || cli_long(e.cmd, a, v, 0, 0x7fffffffL, &n)) return 2;
+            so.seed = (uint64_t)n;
+        } else {
+            fprintf(stderr, "hotmoe run: unknown option '%s'\n", a);
+            usage(stderr);
+            return 2;
+        }
+#undef VAL
+    }
+    if (!e.model) {
+        fprintf(stderr, "hotmoe run: no model given (-m FILE); see `hotmoe run --help`\n");
+        return 2;
+    }
+    if (prompt && file) {
+        fprintf(stderr, "hotmoe run: give -p or -f, not both\n");
+        return 2;
+    }
+    if (!prompt && !file && !interactive) {
+        fprintf(stderr, "hotmoe run: no prompt (-p TEXT or -f FILE)\n");
+        return 2;
+    }
+    char *file_text = NULL;
+    if (file && !(file_text = cli_read_file(e.cmd, file, NULL))) return 1;
+    if (file) prompt = file_text;
+
+    hm_err err;
+    int rc = 1;
+    char *text = NULL;
+    if (hm_tokenizer_open(&r.tk, e.model, &err) != HM_OK) {
+        fprintf(stderr, "hotmoe run: %s\n", err.msg);
+        goto done;
+    }
+    if (!(r.m = cli_open_model(&e)) || !(r.s = cli_open_session(&e, r.m, e.n_ctx))) goto done;
+    if (hm_sampler_open(&r.smp, hm_model_n_vocab(r.m), &so, &err) != HM_OK ||
+        hm_detok_open(&r.dt, r.tk, false, &err) != HM_OK) {
+        fprintf(stderr, "hotmoe run: %s\n", err.msg);
+        goto done;
+    }
+    bool first = true;
+    if (prompt) {
+        if (r.chat) {
+            if (render_user(&r, prompt, true, &text)) goto done;
+        } else {
+            fputs(prompt, stdout); /* echo, then the continuation follows it */
+            fflush(stdout);
+        }
+        if (turn(&r, text ? text : prompt, true)) goto done;
+        free(text);
+        text = NULL;
+        first = false;
+    }
+    if (interactive) {
+        char *line = NULL;
+        size_t cap = 0;
+        ssize_t got;
+        for (;;) {
+            fprintf(stderr, "> ");
+            if ((got = getline(&line, &cap, stdin)) < 0) break;
+            while (got > 0 && (line[got - 1] == '\n' || line[got - 1] == '\r')) line[--got] = '\0';
+            if (got == 0) continue;
+            if (render_user(&r, line, first, &text) || turn(&r, text, first)) {
+                free(line);
+                goto done;
+            }
+            free(text);
+            text = NULL;
+            first = false;
+        }
+        free(line);
+    }
+    fprintf(stderr, "\nhotmoe run: prompt %ld tokens in %.2f s (%.2f tok/s), generation %ld tokens in %.2f s "
+                    "(%.2f tok/s), %d threads\n",
+            r.n_prompt, r.t_prompt, r.t_prompt > 0 ? (double)r.n_prompt / r.t_prompt : 0.0, r.n_gen, r.t_gen,
+            r.t_gen > 0 ? (double)r.n_gen / r.t_gen : 0.0, hm_session_n_threads(r.s));
+    rc = 0;
+done:
+    free(text);
+    free(file_text);
+    hm_detok_close(r.dt);
+    hm_sampler_close(r.smp);
+    hm_session_close(r.s);
+    hm_model_close(r.m);
+    hm_tokenizer_close(r.tk);
+    return rc;
+}
