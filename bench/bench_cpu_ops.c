@@ -1,6 +1,6 @@
 /* bench_cpu_ops.c - speed of the CPU backend's matmul and the pool's dispatch latency.
  *
- *   bench_cpu_ops [-t THREADS] [-r REPS] [TYPE ...]
+ *   bench_cpu_ops [-t THREADS] [-r REPS] [-cpu] [TYPE ...]
  *
  * For each weight type (default q4_K q6_K q8_0, skipped when not registered) and shape (expert
  * gate/up 2048->768, expert down 768->2048, attention 2048->4096) it prints hm_cpu_matmul at decode
@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "backend/cpu/cpu_ops.h"
 #include "core/alloc.h"
@@ -24,7 +25,15 @@ static void noop(void *ctx, int ith, int nth) {
     atomic_fetch_add((_Atomic int *)ctx, 1);
 }
 
-static double now_s(void) { return (double)hm_time_us() * 1e-6; }
+/* -cpu: time the calling thread's CPU time instead of the wall clock; with -t 1 that removes the
+ * noise of other processes on a shared machine. */
+static int use_cpu_clock;
+static double now_s(void) {
+    if (!use_cpu_clock) return (double)hm_time_us() * 1e-6;
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
 
 static void bench_dispatch(hm_pool *pool) {
     _Atomic int cnt = 0;
@@ -115,6 +124,7 @@ int main(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-t") && i + 1 < argc) n_threads = atoi(argv[++i]);
         else if (!strcmp(argv[i], "-r") && i + 1 < argc) reps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "-cpu")) use_cpu_clock = 1;
         else if (n_types < 16) {
             int t = hm_type_from_name(argv[i]);
             if (t < 0) {
