@@ -166,6 +166,30 @@ fail:
     return st;
 }
 
+hm_status hm_units_init_geom(hm_units *u, int32_t n_layer, int32_t n_expert, int32_t n_expert_used,
+                             uint64_t unit_bytes, hm_err *err) {
+    memset(u, 0, sizeof *u);
+    if (n_layer <= 0 || n_expert <= 0 || n_expert_used < 0 || n_expert_used > n_expert || !unit_bytes)
+        return hm_errf(err, HM_ERR_ARG, "unit geometry: need n_layer > 0, n_expert > 0, 0 <= k <= n_expert and unit "
+                       "bytes > 0 (got %d, %d, %d, %" PRIu64 ")", n_layer, n_expert, n_expert_used, unit_bytes);
+    uint64_t n_units = (uint64_t)n_layer * (uint64_t)n_expert, total;
+    if (__builtin_mul_overflow(n_units, unit_bytes, &total))
+        return hm_errf(err, HM_ERR_ARG, "unit geometry: %" PRIu64 " units of %" PRIu64 " bytes overflow", n_units, unit_bytes);
+    u->layers = calloc((size_t)n_layer, sizeof *u->layers);
+    if (!u->layers) return hm_errf(err, HM_ERR_NOMEM, "out of memory for %d layers", n_layer);
+    u->n_layer = n_layer;
+    u->n_expert = n_expert;
+    u->n_expert_used = n_expert_used;
+    for (int32_t l = 0; l < n_layer; l++) {
+        u->layers[l].n_expert = n_expert;
+        u->layers[l].unit_bytes = unit_bytes;
+    }
+    u->n_units = n_units;
+    u->unit_bytes_max = u->unit_bytes_min = unit_bytes;
+    u->expert_bytes = u->tensor_bytes = total;
+    return HM_OK;
+}
+
 void hm_units_free(hm_units *u) {
     if (!u) return;
     free(u->layers);

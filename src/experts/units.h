@@ -61,6 +61,12 @@ typedef struct hm_units {
 hm_status hm_units_init(hm_units *u, const hm_gguf *g, hm_err *err);
 void hm_units_free(hm_units *u); /* frees layers; NULL-safe, idempotent */
 
+/* A unit table without a file, for planning from a profile and for simulations: n_layer layers of
+ * n_expert units of unit_bytes each (part[] NULL, slab_bytes 0, tensor_bytes = expert_bytes).
+ * HM_ERR_ARG for non-positive counts or a size that overflows. */
+hm_status hm_units_init_geom(hm_units *u, int32_t n_layer, int32_t n_expert, int32_t n_expert_used,
+                             uint64_t unit_bytes, hm_err *err);
+
 /* File range of part p of unit (layer, expert): absolute offset and length (0 if absent). */
 static inline uint64_t hm_units_offset(const hm_units *u, int32_t layer, int32_t expert,
                                        hm_unit_part p) {

@@ -1,0 +1,175 @@
+/* experts.h - the expert store: the unit table, the tiers units live in, the usage counters and
+ * the policy that moves units between tiers. The forward pass talks to it with three calls:
+ *
+ *   after each MoE layer's router:   hm_experts_record(s, layer, ids, n_tok * k);
+ *   to compute a unit:               hm_experts_where(s, layer, e, &loc)  (or the layer's slot map)
+ *   after each forward step:         hm_experts_step_end(s, n_tok, is_prompt, err);
+ *
+ * Tiers. Every unit has exactly one home tier: HOT (a slot in the fast tier's pool - VRAM once the
+ * GPU issue plugs a tier in; a bookkeeping-only pool in simulations), RAM (the file mapping today;
+ * RAM slots once the SSD tier exists) or SSD. The fast tier is an hm_tier: a table of functions
+ * that fill a slot with a unit (possibly asynchronously), tell when a fill has landed, and say
+ * where a part of the unit in a slot lives. A unit whose fill has not landed is still computed
+ * from RAM (hm_experts_where says RAM) and counts as a miss.
+ *
+ * Threads and the hot path. One thread writes a store: the one that drives the forward pass (it
+ * calls record between layers and step_end between steps). record touches only that layer's
+ * slice of the unit table: O(n) counter bumps, no lock, no allocation. Several sessions that share
+ * one store must serialise their steps (the engine runs one step at a time), or keep their own
+ * store per session. Readers on other threads (the server's /experts page) may read the counters
+ * as racy snapshots of monotone values; residency they must read between steps.
+ *
+ * Policies (policy.c) act only inside step_end, never inside a layer: static (placement from a
+ * profile at open, never changes), online (decayed frequency + recency, admission after N misses,
+ * hysteresis, at most update_rate x slots swaps per window, one global pool so slots move between
+ * layers), lru (every missed unit is admitted at step end, the least recently used goes).
+ *
+ * Invariants: a unit holds at most one hot slot and a slot at most one unit; a pinned unit is
+ * never evicted; hits[l] + misses[l] = ids recorded for layer l; sum of counts = the same. */
+#ifndef HM_EXPERTS_EXPERTS_H
+#define HM_EXPERTS_EXPERTS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "core/status.h"
+#include "profile.h"
+#include "units.h"
+
+typedef enum hm_tier_id {
+    HM_TIER_SSD = 0,  /* only in the file; read into a RAM slot when routed (issue 6) */
+    HM_TIER_RAM = 1,  /* computed by the CPU from host memory (the file mapping today) */
+    HM_TIER_HOT = 2,  /* in a slot of the fast tier (VRAM; computed by the GPU) */
+} hm_tier_id;
+
+const char *hm_tier_name(hm_tier_id t); /* "ssd", "ram", "hot" */
+
+/* What the store knows about a unit when it asks a tier to hold it. */
+typedef struct hm_unit_ref {
+    int32_t layer, expert;
+    uint64_t bytes;
+    const void *src[HM_UNIT_NPART]; /* its parts in the file mapping (NULL when absent/no file) */
+    uint64_t part_bytes[HM_UNIT_NPART];
+} hm_unit_ref;
+
+/* A fast tier: a pool of n_slots slots of slot_bytes each, owned by whoever made it (the CUDA
+ * backend); the store borrows it. Function pointers may be NULL: fill NULL = nothing to copy
+ * (simulation), ready NULL = fills land at once, part NULL = no data to point at. */
+typedef struct hm_tier {
+    const char *name; /* "vram", "sim" */
+    void *ctx;
+    /* Start copying u into slot (async allowed). Errors leave the unit where it was. */
+    hm_status (*fill)(void *ctx, const hm_unit_ref *u, int32_t slot, hm_err *err);
+    bool (*ready)(void *ctx, int32_t slot);
+    /* The slot's copy of part p, in the tier's address space (a device pointer for VRAM). */
+    const void *(*part)(void *ctx, int32_t slot, hm_unit_part p);
+} hm_tier;
+
+typedef enum hm_policy_kind {
+    HM_POLICY_NONE = 0, /* no fast tier use: everything stays in RAM */
+    HM_POLICY_STATIC,
+    HM_POLICY_ONLINE,
+    HM_POLICY_LRU,
+} hm_policy_kind;
+
+const char *hm_policy_name(hm_policy_kind k);     /* "none", "static", "online", "lru" */
+int hm_policy_from_name(const char *name);        /* -1 if unknown */
+
+typedef struct hm_policy_opts {
+    hm_policy_kind kind;
+    bool static_per_layer;  /* static: the same number of slots in each layer (default: global) */
+    bool warm_start;        /* online/lru: start from the static placement when there is a profile */
+    int32_t window;         /* online: steps per window (16) */
+    float decay;            /* online: score *= decay at each window end (0.7) */
+    int32_t admit_misses;   /* online: misses before a unit may enter (2) */
+    float hysteresis;       /* online: a newcomer must beat its victim by this fraction (0.25) */
+    float update_rate;      /* online: at most update_rate * slots swaps per window (0.05) */
+    float recency;          /* online: value bonus for a unit routed in the current window (1.0) */
+} hm_policy_opts;
+
+void hm_policy_opts_default(hm_policy_opts *o); /* kind NONE and the defaults above */
+
+typedef struct hm_experts_opts {
+    int64_t hot_slots;          /* slots in the fast pool; < 0: hot_budget / units->unit_bytes_max */
+    int64_t hot_budget;         /* bytes for the fast pool when hot_slots < 0 */
+    hm_policy_opts policy;
+    const hm_profile *profile;  /* borrowed during open only; static needs it */
+    const hm_tier *hot_tier;    /* borrowed, must outlive the store; NULL = bookkeeping only */
+} hm_experts_opts;
+
+void hm_experts_opts_default(hm_experts_opts *o); /* 0 slots, policy none */
+
+/* One unit's entry in the table. Read-only outside the store. */
+typedef struct hm_unit {
+    int32_t layer, expert;
+    uint64_t bytes;
+    uint8_t home;        /* hm_tier_id it is computed from now */
+    uint8_t filling;     /* a fill into hot_slot is in flight (home stays RAM until it lands) */
+    int32_t hot_slot;    /* -1: none */
+    int32_t ram_slot;    /* -1: the file mapping (RAM slots come with the SSD tier) */
+    int32_t pin;         /* > 0: must not be evicted */
+    uint64_t count;      /* routed (token, unit) selections since open */
+    uint64_t hits;       /* of those, while it was HOT */
+    uint32_t win;        /* selections in the current policy window */
+    uint32_t misses;     /* selections while not HOT since it last left the pool */
+    float score;         /* decayed frequency (folded at each window end) */
+    int64_t last_step;   /* last step it was routed in; -1 never */
+} hm_unit;
+
+typedef struct hm_experts hm_experts;
+
+/* Build the unit table for units (borrowed: must outlive the store; a geometry-only table from
+ * hm_units_init_geom is fine) and place units by the policy. STATIC without a profile, or a
+ * profile whose n_layer / n_expert differ from units, is HM_ERR_ARG naming both. *out owned by
+ * the caller (hm_experts_close). */
+hm_status hm_experts_open(hm_experts **out, const hm_units *units, const hm_experts_opts *o, hm_err *err);
+void hm_experts_close(hm_experts *s); /* NULL is a no-op; closes a trace being written */
+
+/* Hot path: the routed experts of one layer for one micro-batch, ids [n] (token-major
+ * [n_tok][k], each < the layer's n_expert). Bumps count/win/last_step and hits or misses. */
+void hm_experts_record(hm_experts *s, int32_t layer, const int32_t *ids, int32_t n);
+
+/* Between steps: n_tok tokens went through (prompt or decode). Runs the policy (swaps via the
+ * tier's fill), lands finished fills, writes the trace's step record. An error from the tier
+ * leaves the unit in RAM and is returned (the store stays usable). */
+hm_status hm_experts_step_end(hm_experts *s, int32_t n_tok, bool prompt, hm_err *err);
+
+/* Where to compute unit (layer, expert) from. */
+typedef struct hm_unit_loc {
+    hm_tier_id tier;                 /* HOT: the fast tier's slot; RAM: the CPU from data[] */
+    int32_t slot;                    /* hot slot, -1 for RAM */
+    const void *data[HM_UNIT_NPART]; /* parts in that tier's address space (NULL when absent) */
+} hm_unit_loc;
+void hm_experts_where(const hm_experts *s, int32_t layer, int32_t expert, hm_unit_loc *loc);
+
+/* The layer's landed hot slot of each expert, -1 where it is not HOT: [n_expert], borrowed, valid
+ * until the next step_end (what a grouped GPU kernel takes). */
+const int32_t *hm_experts_slot_map(const hm_experts *s, int32_t layer);
+
+const hm_unit *hm_experts_unit(const hm_experts *s, int32_t layer, int32_t expert);
+void hm_experts_pin(hm_experts *s, int32_t layer, int32_t expert);
+void hm_experts_unpin(hm_experts *s, int32_t layer, int32_t expert);
+
+typedef struct hm_experts_stats {
+    int32_t n_layer;
+    int64_t n_slots, n_used;     /* fast pool size and slots holding a unit */
+    int64_t steps;
+    uint64_t tokens, prompt_tokens, decode_tokens;
+    uint64_t hits, misses;       /* all layers */
+    const uint64_t *layer_hits;  /* [n_layer], borrowed */
+    const uint64_t *layer_misses;
+    const int32_t *layer_resident; /* [n_layer] units HOT now */
+    uint64_t swaps_in, swaps_out, fill_bytes;
+} hm_experts_stats;
+void hm_experts_get_stats(const hm_experts *s, hm_experts_stats *out);
+/* Forget hits/misses (counts and scores stay): to measure after a warm-up. */
+void hm_experts_reset_stats(hm_experts *s);
+
+/* The counters as a profile (counts, hot = hits, token split). p owned by the caller. */
+hm_status hm_experts_to_profile(const hm_experts *s, hm_profile *p, const char *model, const char *arch,
+                                hm_err *err);
+
+/* Start writing every record/step_end to a trace file (trace.h). */
+hm_status hm_experts_trace_out(hm_experts *s, const char *path, hm_err *err);
+
+#endif

@@ -1,0 +1,182 @@
+/* policy.c - where units live: static, online and lru placement over one global pool of fast
+ * slots (experts.h). Policies decide; the store (store.c) moves. They run only at open
+ * (hm_policy_place) and at a step end (hm_policy_step), never inside a layer.
+ *
+ *  static  the n_slots units with the highest profile counts (ties: lower layer, lower expert),
+ *          so hot layers get more slots; static_per_layer gives each MoE layer the same share
+ *          (the top floor(n_slots / layers) of that layer, the remainder to the first layers).
+ *          Units never routed in the profile are not placed.
+ *  lru     at each step end the units routed in the step and not resident are admitted, each
+ *          evicting the least recently used resident unit that was not routed in this step.
+ *  online  value = decayed count (score, folded every `window` steps with factor `decay`)
+ *          + `recency` when routed in the current window. A unit may enter after `admit_misses`
+ *          misses since it last left; free slots are filled at any step end; at a window end
+ *          up to update_rate * n_slots (at least 1) swaps replace the lowest-valued residents with
+ *          the highest-valued candidates, each only when the newcomer's value exceeds the
+ *          victim's by the hysteresis fraction. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "experts_impl.h"
+
+void hm_policy_opts_default(hm_policy_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->kind = HM_POLICY_NONE;
+    o->window = 16;
+    o->decay = 0.7f;
+    o->admit_misses = 2;
+    o->hysteresis = 0.25f;
+    o->update_rate = 0.05f;
+    o->recency = 1.0f;
+}
+
+static const char *const policy_names[] = {"none", "static", "online", "lru"};
+
+const char *hm_policy_name(hm_policy_kind k) {
+    return (unsigned)k < sizeof policy_names / sizeof policy_names[0] ? policy_names[k] : "unknown";
+}
+
+int hm_policy_from_name(const char *name) {
+    for (int i = 0; i < (int)(sizeof policy_names / sizeof policy_names[0]); i++)
+        if (strcmp(name, policy_names[i]) == 0) return i;
+    return -1;
+}
+
+/* ---- static ---- */
+
+typedef struct ranked {
+    uint64_t count;
+    int32_t ui;
+} ranked;
+
+static int cmp_ranked(const void *a, const void *b) {
+    const ranked *x = a, *y = b;
+    if (x->count != y->count) return x->count > y->count ? -1 : 1;
+    return (x->ui > y->ui) - (x->ui < y->ui);
+}
+
+static hm_status place_static(hm_experts *s, const hm_profile *p, hm_err *err) {
+    ranked *r = malloc((size_t)s->n_units * sizeof *r);
+    if (!r) return hm_errf(err, HM_ERR_NOMEM, "static policy: out of memory");
+    int64_t n = 0;
+    for (int64_t ui = 0; ui < s->n_units; ui++) {
+        const hm_unit *u = &s->u[ui];
+        uint64_t c = hm_profile_count(p, u->layer, u->expert);
+        if (c) r[n++] = (ranked){c, (int32_t)ui};
+    }
+    qsort(r, (size_t)n, sizeof *r, cmp_ranked);
+    hm_status st = HM_OK;
+    if (!s->pol.static_per_layer) {
+        for (int64_t i = 0; i < n && s->n_free > 0 && st == HM_OK; i++) st = hm_experts_admit(s, r[i].ui, err);
+    } else {
+        int32_t n_moe = 0;
+        for (int32_t l = 0; l < s->n_layer; l++) n_moe += s->base[l + 1] > s->base[l];
+        int64_t share = n_moe ? s->n_slots / n_moe : 0, extra = n_moe ? s->n_slots % n_moe : 0;
+        int32_t *quota = calloc((size_t)s->n_layer, sizeof *quota);
+        if (!quota) {
+            free(r);
+            return hm_errf(err, HM_ERR_NOMEM, "static policy: out of memory");
+        }
+        for (int32_t l = 0; l < s->n_layer; l++)
+            if (s->base[l + 1] > s->base[l]) quota[l] = (int32_t)(share + (extra-- > 0));
+        for (int64_t i = 0; i < n && s->n_free > 0 && st == HM_OK; i++) {
+            int32_t l = s->u[r[i].ui].layer;
+            if (quota[l] > 0) {
+                quota[l]--;
+                st = hm_experts_admit(s, r[i].ui, err);
+            }
+        }
+        free(quota);
+    }
+    free(r);
+    return st;
+}
+
+hm_status hm_policy_place(hm_experts *s, const hm_profile *p, hm_err *err) {
+    if (!s->n_slots || !p) return HM_OK;
+    if (s->pol.kind == HM_POLICY_STATIC || s->pol.warm_start) return place_static(s, p, err);
+    return HM_OK;
+}
+
+/* ---- lru ---- */
+
+static hm_status step_lru(hm_experts *s, hm_err *err) {
+    for (int64_t i = 0; i < s->n_touched; i++) /* hits first: they become the most recent */
+        if (s->u[s->touched[i]].hot_slot >= 0) hm_experts_touch(s, s->touched[i]);
+    for (int64_t i = 0; i < s->n_touched; i++) {
+        int32_t ui = s->touched[i];
+        if (s->u[ui].hot_slot >= 0 || s->u[ui].pin) continue;
+        if (s->n_free == 0) {
+            int32_t v = s->tail;
+            while (v >= 0 && (s->u[v].pin || s->u[v].filling)) v = s->prev[v];
+            if (v < 0 || s->u[v].last_step == s->step) break; /* every resident was used this step */
+            hm_experts_evict(s, v);
+        }
+        hm_status st = hm_experts_admit(s, ui, err);
+        if (st) return st;
+    }
+    return HM_OK;
+}
+
+/* ---- online ---- */
+
+static float value(const hm_experts *s, const hm_unit *u) {
+    bool recent = u->last_step > s->step - s->pol.window;
+    return u->score + (float)u->win + (recent ? s->pol.recency : 0.0f);
+}
+
+static int cmp_cand_desc(const void *a, const void *b) {
+    const hm_cand *x = a, *y = b;
+    if (x->value != y->value) return x->value > y->value ? -1 : 1;
+    return (x->ui > y->ui) - (x->ui < y->ui);
+}
+
+static int cmp_cand_asc(const void *a, const void *b) { return -cmp_cand_desc(a, b); }
+
+static hm_status step_online(hm_experts *s, bool window_end, hm_err *err) {
+    hm_status st;
+    const uint32_t need = (uint32_t)s->pol.admit_misses;
+    /* free slots: the units missed in this step that have earned entry, best first */
+    if (s->n_free > 0) {
+        int64_t nc = 0;
+        for (int64_t i = 0; i < s->n_touched; i++) {
+            const hm_unit *u = &s->u[s->touched[i]];
+            if (u->hot_slot < 0 && u->misses >= need) s->cand[nc++] = (hm_cand){value(s, u), s->touched[i]};
+        }
+        qsort(s->cand, (size_t)nc, sizeof *s->cand, cmp_cand_desc);
+        for (int64_t i = 0; i < nc && s->n_free > 0; i++)
+            if ((st = hm_experts_admit(s, s->cand[i].ui, err))) return st;
+    }
+    if (!window_end || s->n_free > 0) return HM_OK;
+    int64_t max_swaps = (int64_t)((double)s->pol.update_rate * (double)s->n_slots);
+    if (max_swaps < 1) max_swaps = s->pol.update_rate > 0 ? 1 : 0;
+    if (!max_swaps) return HM_OK;
+    int64_t nc = 0, nv = 0;
+    for (int64_t ui = 0; ui < s->n_units; ui++) {
+        const hm_unit *u = &s->u[ui];
+        if (u->hot_slot < 0) {
+            if (u->misses >= need && u->last_step >= 0) s->cand[nc++] = (hm_cand){value(s, u), (int32_t)ui};
+        } else if (!u->pin && !u->filling) {
+            s->vict[nv++] = (hm_cand){value(s, u), (int32_t)ui};
+        }
+    }
+    qsort(s->cand, (size_t)nc, sizeof *s->cand, cmp_cand_desc);
+    qsort(s->vict, (size_t)nv, sizeof *s->vict, cmp_cand_asc);
+    const float gain = 1.0f + s->pol.hysteresis;
+    for (int64_t i = 0; i < nc && i < nv && i < max_swaps; i++) {
+        if (!(s->cand[i].value > s->vict[i].value * gain)) break;
+        hm_experts_evict(s, s->vict[i].ui);
+        if ((st = hm_experts_admit(s, s->cand[i].ui, err))) return st;
+    }
+    return HM_OK;
+}
+
+hm_status hm_policy_step(hm_experts *s, bool window_end, hm_err *err) {
+    switch (s->pol.kind) {
+    case HM_POLICY_LRU: return step_lru(s, err);
+    case HM_POLICY_ONLINE: return step_online(s, window_end, err);
+    case HM_POLICY_STATIC:
+    case HM_POLICY_NONE: return HM_OK;
+    }
+    return HM_OK;
+}

@@ -1,0 +1,65 @@
+/* profile.h - usage profiles: how often each expert unit was routed, per layer, on a workload.
+ *
+ * A profile is the input of the static policy and of `hotmoe plan`, and the output of
+ * `--profile-out`. On disk it is JSON (docs/PROFILE.md):
+ *   - ours, schema "hotmoe.profile.v1": metadata + one dense counts array per layer;
+ *   - the seed-1 llama.cpp fork's "llama.cpp.moe_layer_perf.v1" / "llama.cpp.moe_layer_opt_perf.v1":
+ *     layers[].hot_experts + cold_experts as [id, count] pairs (or layers[].experts when neither is
+ *     present, as that fork's own parser does). Read both; write either (HM_PROFILE_SEED1).
+ * Files are written atomically: PATH.tmp.<pid>, fsync, rename.
+ *
+ * Invariants: counts and hot are [n_layer * n_expert] (row = layer), hot[i] <= counts[i];
+ * n_layer, n_expert >= 1. Every layer of a profile recorded by the engine has the same total
+ * (tokens * k) unless layers are dense. */
+#ifndef HM_EXPERTS_PROFILE_H
+#define HM_EXPERTS_PROFILE_H
+
+#include <stdint.h>
+
+#include "core/status.h"
+
+#define HM_PROFILE_SCHEMA "hotmoe.profile.v1"
+
+typedef enum hm_profile_format {
+    HM_PROFILE_HOTMOE = 0, /* hotmoe.profile.v1 */
+    HM_PROFILE_SEED1 = 1,  /* llama.cpp.moe_layer_perf.v1 (the seed-1 fork's --moe-hot-cache input) */
+} hm_profile_format;
+
+typedef struct hm_profile {
+    char schema[64]; /* the schema the file was read from ("" when built in memory) */
+    char model[256]; /* general.name or file name; "" unknown */
+    char arch[64];   /* "qwen3moe"; "" unknown */
+    int32_t n_layer, n_expert;
+    int32_t k;                 /* experts per token (n_expert_used); 0 unknown */
+    uint64_t tokens;           /* tokens routed (prompt + decode) */
+    uint64_t prompt_tokens, decode_tokens;
+    uint64_t steps;            /* forward passes (ubatches + decode steps) */
+    uint64_t unit_bytes;       /* bytes of the largest unit of the model; 0 unknown */
+    uint64_t *counts;          /* [n_layer * n_expert] routed (token, unit) selections, owned */
+    uint64_t *hot;             /* [n_layer * n_expert] of those, computed from the fast tier; owned */
+} hm_profile;
+
+/* Zeroed counts for n_layer x n_expert. p is owned by the caller (hm_profile_free). */
+hm_status hm_profile_init(hm_profile *p, int32_t n_layer, int32_t n_expert, hm_err *err);
+void hm_profile_free(hm_profile *p); /* NULL-safe, idempotent */
+
+static inline uint64_t hm_profile_count(const hm_profile *p, int32_t layer, int32_t expert) {
+    return p->counts[(size_t)layer * (size_t)p->n_expert + (size_t)expert];
+}
+/* Sum of a layer's counts (its routed slots). */
+uint64_t hm_profile_layer_total(const hm_profile *p, int32_t layer);
+
+/* Read a profile in any supported schema. Every number is checked (ids < n_expert, layer ids
+ * >= 0 and < 65536, counts fit in uint64); an error names the file and the field. For seed-1
+ * files n_layer = 1 + the highest layer id, tokens = decode_tokens = the largest layer "calls". */
+hm_status hm_profile_read(hm_profile *p, const char *path, hm_err *err);
+/* Same from a NUL-terminated JSON text; name is used in messages. */
+hm_status hm_profile_parse(hm_profile *p, const char *json_text, const char *name, hm_err *err);
+
+/* Write p atomically to path in format fmt. */
+hm_status hm_profile_write(const hm_profile *p, const char *path, hm_profile_format fmt, hm_err *err);
+
+/* Fraction of routed slots that land on the units for which chosen[layer * n_expert + e] != 0. */
+double hm_profile_hit_rate(const hm_profile *p, const uint8_t *chosen);
+
+#endif

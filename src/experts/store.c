@@ -1,0 +1,350 @@
+/* store.c - the expert store: unit table, fast-tier slots, counters, step boundary (experts.h).
+ *
+ * Invariants kept here: slot_unit[s] == ui <=> u[ui].hot_slot == s; slot_map[ui] == hot_slot
+ * exactly when the fill landed (home == HOT); free_slots holds every slot with slot_unit -1;
+ * the recency list holds exactly the units with a hot slot. */
+#include "experts_impl.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+const char *hm_tier_name(hm_tier_id t) {
+    switch (t) {
+    case HM_TIER_SSD: return "ssd";
+    case HM_TIER_RAM: return "ram";
+    case HM_TIER_HOT: return "hot";
+    }
+    return "unknown";
+}
+
+void hm_experts_opts_default(hm_experts_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->hot_slots = 0;
+    o->hot_budget = 0;
+    hm_policy_opts_default(&o->policy);
+}
+
+/* ---- recency list ---- */
+
+static void list_unlink(hm_experts *s, int32_t ui) {
+    int32_t p = s->prev[ui], n = s->next[ui];
+    if (p >= 0) s->next[p] = n;
+    else s->head = n;
+    if (n >= 0) s->prev[n] = p;
+    else s->tail = p;
+    s->prev[ui] = s->next[ui] = -1;
+}
+
+static void list_push_front(hm_experts *s, int32_t ui) {
+    s->prev[ui] = -1;
+    s->next[ui] = s->head;
+    if (s->head >= 0) s->prev[s->head] = ui;
+    s->head = ui;
+    if (s->tail < 0) s->tail = ui;
+}
+
+void hm_experts_touch(hm_experts *s, int32_t ui) {
+    if (s->head == ui) return;
+    list_unlink(s, ui);
+    list_push_front(s, ui);
+}
+
+/* ---- open / close ---- */
+
+static hm_unit_ref unit_ref(const hm_experts *s, int32_t ui) {
+    const hm_unit *u = &s->u[ui];
+    const hm_units_layer *l = &s->units->layers[u->layer];
+    hm_unit_ref r = {.layer = u->layer, .expert = u->expert, .bytes = u->bytes};
+    for (int p = 0; p < HM_UNIT_NPART; p++) {
+        r.part_bytes[p] = l->slab_bytes[p];
+        r.src[p] = l->part[p] ? (const char *)l->part[p]->data + (size_t)u->expert * l->slab_bytes[p] : NULL;
+    }
+    return r;
+}
+
+hm_status hm_experts_open(hm_experts **out, const hm_units *units, const hm_experts_opts *o, hm_err *err) {
+    *out = NULL;
+    hm_experts_opts dflt;
+    if (!o) hm_experts_opts_default(&dflt), o = &dflt;
+    if (units->n_units == 0 || units->n_units > INT32_MAX / 2)
+        return hm_errf(err, HM_ERR_ARG, "expert store: the model has %" PRIu64 " expert units", units->n_units);
+    int64_t n_slots = o->hot_slots;
+    if (n_slots < 0) n_slots = (int64_t)hm_units_fit(units, o->hot_budget < 0 ? 0 : o->hot_budget);
+    if (n_slots > (int64_t)units->n_units) n_slots = (int64_t)units->n_units;
+    if (o->policy.kind == HM_POLICY_NONE) n_slots = 0;
+    const hm_profile *p = o->profile;
+    if (o->policy.kind == HM_POLICY_STATIC && !p)
+        return hm_errf(err, HM_ERR_ARG, "policy static needs a profile (--profile FILE)");
+    if (p && (p->n_layer != units->n_layer || p->n_expert != units->n_expert))
+        return hm_errf(err, HM_ERR_ARG, "the profile has %d layers x %d experts but the model %d x %d", p->n_layer,
+                       p->n_expert, units->n_layer, units->n_expert);
+    if (o->policy.kind < HM_POLICY_NONE || o->policy.kind > HM_POLICY_LRU || o->policy.window < 1 ||
+        !(o->policy.decay >= 0 && o->policy.decay <= 1) || !(o->policy.update_rate >= 0) ||
+        !(o->policy.hysteresis >= 0) || o->policy.admit_misses < 0)
+        return hm_errf(err, HM_ERR_ARG, "policy options out of range (window >= 1, 0 <= decay <= 1, update rate, "
+                       "hysteresis and admission misses >= 0)");
+
+    hm_experts *s = calloc(1, sizeof *s);
+    if (!s) return hm_errf(err, HM_ERR_NOMEM, "expert store: out of memory");
+    hm_status st;
+    s->units = units;
+    s->n_layer = units->n_layer;
+    s->n_units = (int64_t)units->n_units;
+    s->n_slots = n_slots;
+    s->pol = o->policy;
+    if (o->hot_tier) s->tier = *o->hot_tier;
+    else s->tier.name = "sim";
+    size_t nu = (size_t)s->n_units, ns = (size_t)(n_slots ? n_slots : 1), nl = (size_t)s->n_layer;
+    s->base = calloc(nl + 1, sizeof *s->base);
+    s->u = calloc(nu, sizeof *s->u);
+    s->slot_map = malloc(nu * sizeof *s->slot_map);
+    s->slot_unit = malloc(ns * sizeof *s->slot_unit);
+    s->free_slots = malloc(ns * sizeof *s->free_slots);
+    s->touched = malloc(nu * sizeof *s->touched);
+    s->filling = malloc(ns * sizeof *s->filling);
+    s->prev = malloc(nu * sizeof *s->prev);
+    s->next = malloc(nu * sizeof *s->next);
+    s->cand = malloc(nu * sizeof *s->cand);
+    s->vict = malloc(ns * sizeof *s->vict);
+    s->layer_hits = calloc(nl, sizeof *s->layer_hits);
+    s->layer_misses = calloc(nl, sizeof *s->layer_misses);
+    s->layer_resident = calloc(nl, sizeof *s->layer_resident);
+    if (!s->base || !s->u || !s->slot_map || !s->slot_unit || !s->free_slots || !s->touched || !s->filling ||
+        !s->prev || !s->next || !s->cand || !s->vict || !s->layer_hits || !s->layer_misses || !s->layer_resident) {
+        st = hm_errf(err, HM_ERR_NOMEM, "expert store: out of memory for %" PRId64 " units", s->n_units);
+        goto fail;
+    }
+    int32_t ui = 0;
+    for (int32_t l = 0; l < s->n_layer; l++) {
+        s->base[l] = ui;
+        const hm_units_layer *L = &units->layers[l];
+        for (int32_t e = 0; e < L->n_expert; e++, ui++) {
+            hm_unit *u = &s->u[ui];
+            u->layer = l, u->expert = e, u->bytes = L->unit_bytes;
+            u->home = HM_TIER_RAM;
+            u->hot_slot = u->ram_slot = -1;
+            u->last_step = -1;
+            s->slot_map[ui] = -1;
+            s->prev[ui] = s->next[ui] = -1;
+        }
+    }
+    s->base[s->n_layer] = ui;
+    s->head = s->tail = -1;
+    for (int64_t i = 0; i < n_slots; i++) {
+        s->slot_unit[i] = -1;
+        s->free_slots[i] = (int32_t)(n_slots - 1 - i); /* pop order 0, 1, 2, ... */
+    }
+    s->n_free = n_slots;
+    if ((st = hm_policy_place(s, p, err)) != HM_OK) goto fail;
+    *out = s;
+    return HM_OK;
+fail:
+    hm_experts_close(s);
+    return st;
+}
+
+void hm_experts_close(hm_experts *s) {
+    if (!s) return;
+    hm_trace_writer_close(s->trace, NULL);
+    free(s->base), free(s->u), free(s->slot_map), free(s->slot_unit), free(s->free_slots);
+    free(s->touched), free(s->filling), free(s->prev), free(s->next), free(s->cand), free(s->vict);
+    free(s->layer_hits), free(s->layer_misses), free(s->layer_resident);
+    free(s);
+}
+
+/* ---- slots ---- */
+
+static void land(hm_experts *s, int32_t ui) {
+    hm_unit *u = &s->u[ui];
+    u->filling = 0;
+    u->home = HM_TIER_HOT;
+    s->slot_map[ui] = u->hot_slot;
+    s->layer_resident[u->layer]++;
+}
+
+hm_status hm_experts_admit(hm_experts *s, int32_t ui, hm_err *err) {
+    hm_unit *u = &s->u[ui];
+    HM_ASSERT(s->n_free > 0 && u->hot_slot < 0);
+    int32_t slot = s->free_slots[s->n_free - 1];
+    if (s->tier.fill) {
+        hm_unit_ref r = unit_ref(s, ui);
+        hm_status st = s->tier.fill(s->tier.ctx, &r, slot, err);
+        if (st != HM_OK) return st;
+    }
+    s->n_free--;
+    s->slot_unit[slot] = ui;
+    u->hot_slot = slot;
+    u->misses = 0;
+    list_push_front(s, ui);
+    s->swaps_in++;
+    s->fill_bytes += u->bytes;
+    if (s->tier.ready && !s->tier.ready(s->tier.ctx, slot)) {
+        u->filling = 1;
+        s->filling[s->n_filling++] = ui;
+    } else {
+        land(s, ui);
+    }
+    return HM_OK;
+}
+
+void hm_experts_evict(hm_experts *s, int32_t ui) {
+    hm_unit *u = &s->u[ui];
+    HM_ASSERT(u->hot_slot >= 0 && u->pin == 0);
+    if (u->filling) {
+        for (int64_t i = 0; i < s->n_filling; i++)
+            if (s->filling[i] == ui) {
+                s->filling[i] = s->filling[--s->n_filling];
+                break;
+            }
+        u->filling = 0;
+    } else {
+        s->layer_resident[u->layer]--;
+    }
+    s->slot_unit[u->hot_slot] = -1;
+    s->free_slots[s->n_free++] = u->hot_slot;
+    u->hot_slot = -1;
+    u->home = HM_TIER_RAM;
+    u->misses = 0;
+    s->slot_map[ui] = -1;
+    list_unlink(s, ui);
+    s->swaps_out++;
+}
+
+/* ---- hot path ---- */
+
+void hm_experts_record(hm_experts *s, int32_t layer, const int32_t *ids, int32_t n) {
+    HM_ASSERT(layer >= 0 && layer < s->n_layer);
+    const int32_t b = s->base[layer], ne = s->base[layer + 1] - b;
+    hm_unit *lu = s->u + b;
+    const int64_t step = s->step;
+    uint64_t hit = 0;
+    for (int32_t i = 0; i < n; i++) {
+        int32_t e = ids[i];
+        HM_ASSERT((uint32_t)e < (uint32_t)ne);
+        hm_unit *u = &lu[e];
+        u->count++;
+        u->win++;
+        if (u->home == HM_TIER_HOT) {
+            u->hits++;
+            hit++;
+        } else if (u->misses != UINT32_MAX) {
+            u->misses++;
+        }
+        if (u->last_step != step) {
+            u->last_step = step;
+            s->touched[s->n_touched++] = b + e;
+        }
+    }
+    s->layer_hits[layer] += hit;
+    s->layer_misses[layer] += (uint64_t)n - hit;
+    if (s->trace) hm_trace_write_route(s->trace, layer, ids, n);
+}
+
+hm_status hm_experts_step_end(hm_experts *s, int32_t n_tok, bool prompt, hm_err *err) {
+    s->tokens += (uint64_t)n_tok;
+    if (prompt) s->prompt_tokens += (uint64_t)n_tok;
+    else s->decode_tokens += (uint64_t)n_tok;
+    if (s->trace) hm_trace_write_step(s->trace, n_tok, prompt);
+    for (int64_t i = 0; i < s->n_filling;) { /* land finished fills */
+        int32_t ui = s->filling[i];
+        if (!s->tier.ready || s->tier.ready(s->tier.ctx, s->u[ui].hot_slot)) {
+            land(s, ui);
+            s->filling[i] = s->filling[--s->n_filling];
+        } else {
+            i++;
+        }
+    }
+    bool window_end = (s->step + 1) % s->pol.window == 0;
+    if (window_end) /* fold the window's counts into the decayed scores */
+        for (int64_t i = 0; i < s->n_units; i++) {
+            hm_unit *u = &s->u[i];
+            u->score = u->score * s->pol.decay + (float)u->win;
+            u->win = 0;
+        }
+    hm_status st = s->n_slots ? hm_policy_step(s, window_end, err) : HM_OK;
+    s->n_touched = 0;
+    s->step++;
+    return st;
+}
+
+/* ---- queries ---- */
+
+void hm_experts_where(const hm_experts *s, int32_t layer, int32_t expert, hm_unit_loc *loc) {
+    int32_t ui = s->base[layer] + expert;
+    const hm_unit *u = &s->u[ui];
+    memset(loc, 0, sizeof *loc);
+    if (u->home == HM_TIER_HOT) {
+        loc->tier = HM_TIER_HOT;
+        loc->slot = u->hot_slot;
+        for (int p = 0; p < HM_UNIT_NPART; p++)
+            loc->data[p] = s->tier.part && s->units->layers[layer].part[p] ? s->tier.part(s->tier.ctx, u->hot_slot, (hm_unit_part)p)
+                                                                          : NULL;
+        return;
+    }
+    hm_unit_ref r = unit_ref(s, ui);
+    loc->tier = HM_TIER_RAM;
+    loc->slot = -1;
+    for (int p = 0; p < HM_UNIT_NPART; p++) loc->data[p] = r.src[p];
+}
+
+const int32_t *hm_experts_slot_map(const hm_experts *s, int32_t layer) { return s->slot_map + s->base[layer]; }
+
+const hm_unit *hm_experts_unit(const hm_experts *s, int32_t layer, int32_t expert) {
+    return &s->u[s->base[layer] + expert];
+}
+
+void hm_experts_pin(hm_experts *s, int32_t layer, int32_t expert) { s->u[s->base[layer] + expert].pin++; }
+
+void hm_experts_unpin(hm_experts *s, int32_t layer, int32_t expert) {
+    hm_unit *u = &s->u[s->base[layer] + expert];
+    HM_ASSERT(u->pin > 0);
+    u->pin--;
+}
+
+void hm_experts_get_stats(const hm_experts *s, hm_experts_stats *o) {
+    memset(o, 0, sizeof *o);
+    o->n_layer = s->n_layer;
+    o->n_slots = s->n_slots;
+    o->n_used = s->n_slots - s->n_free;
+    o->steps = s->step;
+    o->tokens = s->tokens, o->prompt_tokens = s->prompt_tokens, o->decode_tokens = s->decode_tokens;
+    for (int32_t l = 0; l < s->n_layer; l++) o->hits += s->layer_hits[l], o->misses += s->layer_misses[l];
+    o->layer_hits = s->layer_hits;
+    o->layer_misses = s->layer_misses;
+    o->layer_resident = s->layer_resident;
+    o->swaps_in = s->swaps_in, o->swaps_out = s->swaps_out, o->fill_bytes = s->fill_bytes;
+}
+
+void hm_experts_reset_stats(hm_experts *s) {
+    memset(s->layer_hits, 0, (size_t)s->n_layer * sizeof *s->layer_hits);
+    memset(s->layer_misses, 0, (size_t)s->n_layer * sizeof *s->layer_misses);
+    s->swaps_in = s->swaps_out = s->fill_bytes = 0;
+}
+
+hm_status hm_experts_to_profile(const hm_experts *s, hm_profile *p, const char *model, const char *arch,
+                                hm_err *err) {
+    const hm_units *un = s->units;
+    hm_status st = hm_profile_init(p, un->n_layer, un->n_expert, err);
+    if (st) return st;
+    snprintf(p->model, sizeof p->model, "%s", model ? model : "");
+    snprintf(p->arch, sizeof p->arch, "%s", arch ? arch : "");
+    p->k = un->n_expert_used;
+    p->tokens = s->tokens, p->prompt_tokens = s->prompt_tokens, p->decode_tokens = s->decode_tokens;
+    p->steps = (uint64_t)s->step;
+    p->unit_bytes = un->unit_bytes_max;
+    for (int64_t i = 0; i < s->n_units; i++) {
+        const hm_unit *u = &s->u[i];
+        if (u->expert >= p->n_expert) continue;
+        size_t j = (size_t)u->layer * (size_t)p->n_expert + (size_t)u->expert;
+        p->counts[j] = u->count;
+        p->hot[j] = u->hits;
+    }
+    return HM_OK;
+}
+
+hm_status hm_experts_trace_out(hm_experts *s, const char *path, hm_err *err) {
+    if (s->trace) return hm_errf(err, HM_ERR_ARG, "%s: a trace is already being written", path);
+    return hm_trace_writer_open(&s->trace, path, s->n_layer, s->units->n_expert, s->units->n_expert_used, err);
+}
