@@ -55,6 +55,50 @@ static float frand(uint64_t *s) {
     return (float)((double)(*s >> 11) / 9007199254740992.0 - 0.5);
 }
 
+/* Qwen3-30B-A3B attention: 32 q heads, 4 kv heads, head_dim 128; prefill of 512 tokens, then one
+ * decode step at position 4096. */
+static void bench_attention(hm_pool *pool) {
+    const int nh = 32, nkv = 4, d = 128;
+    const int64_t n_ctx = 4608, n_tok = 512;
+    uint64_t seed = 777;
+    size_t cs = (size_t)nkv * (size_t)n_ctx * d;
+    uint16_t *kc = hm_malloc_aligned(cs * 2), *vc = hm_malloc_aligned(cs * 2);
+    float *kv = malloc((size_t)n_ctx * nkv * d * sizeof(float));
+    for (size_t i = 0; i < (size_t)n_ctx * nkv * d; i++) kv[i] = frand(&seed);
+    int32_t *pos = malloc((size_t)n_ctx * sizeof(int32_t));
+    for (int64_t i = 0; i < n_ctx; i++) pos[i] = (int32_t)i;
+    hm_cpu_kv_write(pool, kc, vc, n_ctx, nkv, d, kv, kv, n_ctx, pos);
+    float *q = malloc((size_t)n_tok * nh * d * sizeof(float)), *o = malloc((size_t)n_tok * nh * d * sizeof(float));
+    for (int64_t i = 0; i < n_tok * nh * d; i++) q[i] = frand(&seed);
+    hm_scratch s = {NULL, hm_cpu_attention_scratch_size(n_tok, n_ctx, nh, d, hm_pool_size(pool))};
+    s.data = hm_malloc_aligned(s.size);
+    double best = 1e9;
+    for (int r = 0; r < 3; r++) {
+        double t0 = now_s();
+        hm_cpu_attention(pool, q, n_tok, pos, kc, vc, n_ctx, nh, nkv, d, 0.088f, o, &s);
+        double dt = now_s() - t0;
+        best = dt < best ? dt : best;
+    }
+    double flops = 4.0 * nh * d * (double)n_tok * (double)(n_tok + 1) / 2;
+    printf("attention prefill 512 tok (32/4 heads, d 128): %8.1f us  %6.1f GFLOP/s\n", best * 1e6, flops / best * 1e-9);
+    best = 1e9;
+    for (int r = 0; r < 20; r++) {
+        double t0 = now_s();
+        hm_cpu_attention(pool, q, 1, pos + 4096, kc, vc, n_ctx, nh, nkv, d, 0.088f, o, &s);
+        double dt = now_s() - t0;
+        best = dt < best ? dt : best;
+    }
+    printf("attention decode at pos 4096:                   %8.1f us  %6.1f GB/s of KV\n", best * 1e6,
+           4097.0 * nkv * d * 2 * 2 / best * 1e-9);
+    hm_free_aligned(s.data);
+    hm_free_aligned(kc);
+    hm_free_aligned(vc);
+    free(kv);
+    free(pos);
+    free(q);
+    free(o);
+}
+
 static void bench_type(hm_pool *pool, int type, int reps) {
     static const struct { const char *name; int64_t ne0, ne1; } shapes[] = {
         {"expert gate/up 2048->768", 2048, 768},
@@ -146,6 +190,7 @@ int main(int argc, char **argv) {
         return 1;
     }
     bench_dispatch(pool);
+    bench_attention(pool);
     for (int i = 0; i < n_types; i++) {
         if (!hm_cpu_type_ok(types[i])) {
             printf("%s: not registered in this build, skipped\n", hm_type_name(types[i]));

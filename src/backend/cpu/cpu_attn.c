@@ -132,13 +132,9 @@ static void attn_item(const attn_ctx *c, int64_t item, float *sc, float *o, floa
         sc[p - p0] = v;
         m = v > m ? v : m;
     }
-    float l = 0.0f;
+    float l = p1 > p0 ? hm_exp_sub_sum(sc, p1 - p0, m) : 0.0f;
     memset(o, 0, (size_t)d * sizeof(float));
-    for (int64_t p = p0; p < p1; p++) {
-        float e = expf(sc[p - p0] - m);
-        l += e;
-        axpy_f16(o, e, vb + p * d, d);
-    }
+    for (int64_t p = p0; p < p1; p++) axpy_f16(o, sc[p - p0], vb + p * d, d);
     *m_out = m;
     *l_out = l;
 }

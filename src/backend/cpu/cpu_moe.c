@@ -112,7 +112,7 @@ static void moe_task(void *vctx, int ith, int nth) {
         while (p >= c->off[a + 1]) a++;
         float *g = c->g + p * c->n_ff;
         const float *u = c->u + p * c->n_ff;
-        for (int64_t i = 0; i < c->n_ff; i++) g[i] = hm_silu(g[i]) * u[i];
+        hm_swiglu_vec(g, u, g, c->n_ff);
         const hm_type_traits *dt = hm_type_get(c->jobs[c->active[a]].down.type);
         if (dt->vec_dot_type != HM_TYPE_F32)
             hm_type_get((int)dt->vec_dot_type)->from_float(g, c->hq + (size_t)p * c->hq_stride, c->n_ff);

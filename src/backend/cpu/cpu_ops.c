@@ -35,7 +35,7 @@ static void ew_range(const ew_ctx *c, int64_t lo, int64_t hi) {
     case EW_MUL: for (int64_t i = lo; i < hi; i++) o[i] = a[i] * b[i]; break;
     case EW_SCALE: for (int64_t i = lo; i < hi; i++) o[i] = a[i] * c->s; break;
     case EW_SILU: for (int64_t i = lo; i < hi; i++) o[i] = hm_silu(a[i]); break;
-    case EW_SWIGLU: for (int64_t i = lo; i < hi; i++) o[i] = hm_silu(a[i]) * b[i]; break;
+    case EW_SWIGLU: hm_swiglu_vec(a + lo, b + lo, o + lo, hi - lo); break;
     }
 }
 
@@ -165,11 +165,7 @@ void hm_cpu_rope_neox(hm_pool *pool, float *x, int64_t n_tok, int n_head, int he
 static void softmax_vec(float *x, int64_t n) {
     float m = -INFINITY;
     for (int64_t i = 0; i < n; i++) m = x[i] > m ? x[i] : m;
-    float s = 0.0f;
-    for (int64_t i = 0; i < n; i++) {
-        x[i] = expf(x[i] - m);
-        s += x[i];
-    }
+    float s = hm_exp_sub_sum(x, n, m);
     float inv = 1.0f / s;
     for (int64_t i = 0; i < n; i++) x[i] *= inv;
 }
