@@ -295,6 +295,44 @@ hm_status hm_tokenizer_write_vocab_gguf(const char *tokenizer_json, const char *
 
 /* ==== end of tokenizer ==================================================================== */
 
+/* ==== Server (server/) ===================================================================== */
+
+/* `hotmoe serve`: an OpenAI-compatible HTTP server (libmicrohttpd) over one model with
+ * n_parallel slots, each its own session (KV cache). One engine thread steps every active slot
+ * in turn; connection threads only parse, tokenize and wait. See src/server/server.h. */
+typedef struct hm_server hm_server;
+
+typedef struct hm_server_opts {
+    const char *model_path;    /* GGUF model (required) */
+    const char *host;          /* bind address; NULL = "127.0.0.1" */
+    int port;                  /* 0 = 8080 */
+    int32_t n_parallel;        /* slots; 0 = 1 */
+    int32_t n_ctx;             /* positions per slot; 0 = min(n_ctx_train, 4096) */
+    int32_t n_threads;         /* compute threads; 0 = online CPUs */
+    const char *api_key;       /* NULL = no auth; else every endpoint but /health and the page
+                                  needs "Authorization: Bearer KEY" */
+    const char *alias;         /* model id in the API; NULL = the file name */
+    const char *chat_template; /* "chatml" or a template text; NULL = the model's own */
+    const char *profile_out;   /* where POST /profile/save writes; NULL = "hotmoe-profile.json" */
+    size_t max_body;           /* request body cap in bytes; 0 = 8 MiB */
+    bool verbose;              /* log requests to stderr */
+} hm_server_opts;
+
+void hm_server_opts_default(hm_server_opts *o);
+/* Open the model, one session per slot, start the engine thread and listen. *out owned by the
+ * caller (hm_server_close). A port in use or a bad model fails with a message. */
+hm_status hm_server_open(hm_server **out, const hm_server_opts *o, hm_err *err);
+/* Block until hm_server_stop. */
+void hm_server_wait(hm_server *s);
+/* Ask hm_server_wait to return. Async-signal-safe (a SIGINT handler may call it). */
+void hm_server_stop(hm_server *s);
+/* The port the server listens on. */
+int hm_server_port(const hm_server *s);
+/* Stop listening, cancel every request, join the engine thread, free everything. NULL no-op. */
+void hm_server_close(hm_server *s);
+
+/* ==== end of server ======================================================================= */
+
 #ifdef __cplusplus
 }
 #endif

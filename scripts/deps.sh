@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
 # deps.sh - install what hotmoe needs to build and test on Debian 12, skipping what is present.
-# Usage: scripts/deps.sh [--test]   (--test adds the test-only tools: clang/libFuzzer, node/npm)
+# Usage: scripts/deps.sh [--test]   (--test adds the test-only tools: clang/libFuzzer, node/npm, curl, chromium)
 set -euo pipefail
-pkgs=(build-essential cmake pkg-config libpcre2-dev libjansson-dev)
+pkgs=(build-essential cmake pkg-config libpcre2-dev libjansson-dev libmicrohttpd-dev)
 if [ "${1:-}" = "--test" ]; then
-  pkgs+=(clang libclang-rt-14-dev nodejs npm)
+  pkgs+=(clang libclang-rt-14-dev nodejs npm curl chromium chromium-driver)
 fi
 missing=()
 for p in "${pkgs[@]}"; do

@@ -1,0 +1,125 @@
+/* cmd_serve.c - `hotmoe serve`: the OpenAI-compatible HTTP server and the web page (server/). */
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+
+static hm_server *g_server; /* for the signal handler only */
+
+static void on_signal(int sig) {
+    if (g_server) hm_server_stop(g_server);
+}
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: hotmoe serve -m FILE [--host ADDR] [--port N] [--parallel N] [--api-key KEY] [-c CTX] [-t T]\n"
+            "\n"
+            "Serve the model over HTTP: OpenAI's /v1/chat/completions, /v1/completions and /v1/models (SSE\n"
+            "streaming), llama-server's /health, /props, /slots and /metrics (Prometheus), hotmoe's /experts,\n"
+            "POST /experts/policy and POST /profile/save, and a web page at / (chat + experts heatmap).\n"
+            "\n"
+            "  -m, --model FILE       GGUF model\n"
+            "      --host ADDR        address to bind (default 127.0.0.1; 0.0.0.0 = every interface)\n"
+            "      --port N           TCP port (default 8080)\n"
+            "  -np, --parallel N      slots: requests decoded at the same time, each with its own KV cache (1)\n"
+            "      --api-key KEY      require \"Authorization: Bearer KEY\" on every endpoint but /health and the\n"
+            "                         page (also read from HOTMOE_API_KEY)\n"
+            "  -c, --ctx-size N       context positions per slot (default min(training context, 4096))\n"
+            "  -t, --threads N        compute threads (default: online CPUs)\n"
+            "      --alias NAME       model id in the API (default: the file name)\n"
+            "      --chat-template T  \"chatml\" or a template text (default: the model's own)\n"
+            "      --profile-out FILE where POST /profile/save writes (default hotmoe-profile.json)\n"
+            "      --max-body BYTES   request body cap (default 8MiB)\n"
+            "  -v, --verbose          log loading and every request to stderr\n");
+}
+
+static int int_arg(const char *flag, const char *v, long lo, long hi, int32_t *out) {
+    char *end;
+    long x = v ? strtol(v, &end, 10) : 0;
+    if (!v || *end || end == v || x < lo || x > hi) {
+        fprintf(stderr, "serve: %s needs an integer in [%ld, %ld]\n", flag, lo, hi);
+        return 0;
+    }
+    *out = (int32_t)x;
+    return 1;
+}
+
+int hm_cmd_serve(int argc, char **argv) {
+    hm_server_opts o;
+    hm_server_opts_default(&o);
+    o.api_key = getenv("HOTMOE_API_KEY");
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+        int32_t n;
+        if (hm_cli_is_help(a)) {
+            usage(stdout);
+            return 0;
+        } else if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) {
+            o.verbose = true;
+            continue;
+        }
+        if (!v) {
+            fprintf(stderr, "serve: unknown option or missing value: %s\n", a);
+            usage(stderr);
+            return 2;
+        }
+        i++;
+        if (!strcmp(a, "-m") || !strcmp(a, "--model")) o.model_path = v;
+        else if (!strcmp(a, "--host")) o.host = v;
+        else if (!strcmp(a, "--port")) {
+            if (!int_arg(a, v, 1, 65535, &n)) return 2;
+            o.port = n;
+        } else if (!strcmp(a, "-np") || !strcmp(a, "--parallel")) {
+            if (!int_arg(a, v, 1, 256, &n)) return 2;
+            o.n_parallel = n;
+        } else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) {
+            if (!int_arg(a, v, 0, 1 << 24, &o.n_ctx)) return 2;
+        } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
+            if (!int_arg(a, v, 0, 512, &o.n_threads)) return 2;
+        } else if (!strcmp(a, "--api-key")) o.api_key = v;
+        else if (!strcmp(a, "--alias")) o.alias = v;
+        else if (!strcmp(a, "--chat-template")) o.chat_template = v;
+        else if (!strcmp(a, "--profile-out")) o.profile_out = v;
+        else if (!strcmp(a, "--max-body")) {
+            int64_t b;
+            hm_err err = {{0}};
+            if (hm_parse_size(v, &b, &err) != HM_OK || b < 1024) {
+                fprintf(stderr, "serve: --max-body needs a size of at least 1KiB\n");
+                return 2;
+            }
+            o.max_body = (size_t)b;
+        } else {
+            fprintf(stderr, "serve: unknown option %s\n", a);
+            usage(stderr);
+            return 2;
+        }
+    }
+    if (!o.model_path) {
+        fprintf(stderr, "serve: -m FILE is required\n");
+        usage(stderr);
+        return 2;
+    }
+    hm_err err = {{0}};
+    hm_server *s;
+    if (hm_server_open(&s, &o, &err) != HM_OK) {
+        fprintf(stderr, "%s\n", err.msg);
+        return 1;
+    }
+    g_server = s;
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+    fprintf(stderr, "serve: listening on http://%s:%d (%d slot%s)\n", o.host, hm_server_port(s), o.n_parallel,
+            o.n_parallel == 1 ? "" : "s");
+    hm_server_wait(s);
+    fprintf(stderr, "serve: stopping\n");
+    g_server = NULL;
+    hm_server_close(s);
+    return 0;
+}

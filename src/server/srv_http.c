@@ -1,0 +1,452 @@
+/* srv_http.c - the HTTP side of `hotmoe serve` (libmicrohttpd, one thread per connection) and the
+ * hm_server life cycle.
+ *
+ * A request passes: first call of the access handler (auth, Content-Length cap: rejected before
+ * the body is read), body chunks (accumulated up to max_body, the rest discarded and answered
+ * 413), final call (static page or srv_api_handle). Completions then wait here: a non-streaming
+ * one blocks this connection's thread until its task is done, a streaming one becomes a
+ * response whose reader callback blocks until the engine has published more SSE bytes. Both
+ * waits wake every SRV_POLL_MS to poll the socket: a client that has gone away cancels its
+ * task, and the engine frees the slot before its next round.
+ *
+ * Shutdown (hm_server_close): stop accepting, stop the scheduler (every task ends cancelled, so
+ * every waiting connection thread returns), stop the daemon (joins those threads), free. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <microhttpd.h>
+#include <netdb.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "server/server.h"
+
+#define SRV_POLL_MS 100
+#define SRV_DEFAULT_MAX_BODY ((size_t)8 << 20)
+
+/* ChatML as Qwen writes it; hm_chat_apply recognises the family from <|im_start|>. */
+static const char chatml_template[] =
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + "
+    "'<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+
+struct hm_server {
+    hm_server_opts o;
+    char *host, *api_key, *profile_out, *model_path;
+    hm_model *model;
+    hm_tokenizer *tok;
+    char model_id[256];
+    char *chat_template; /* owned copy, NULL when none */
+    srv_sched sched;
+    bool sched_init;
+    srv_api api;
+    struct MHD_Daemon *d;
+    int port;
+    int stop_pipe[2];
+    volatile sig_atomic_t stopping;
+};
+
+/* Per request (libmicrohttpd's con_cls). */
+typedef struct srv_conn {
+    srv_buf body;
+    bool too_big;
+    bool is_static;
+} srv_conn;
+
+/* Owned by a streaming response (freed by its free callback). */
+typedef struct srv_stream {
+    hm_server *s;
+    srv_task *t;
+    int fd;
+} srv_stream;
+
+void hm_server_opts_default(hm_server_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->host = "127.0.0.1";
+    o->port = 8080;
+    o->n_parallel = 1;
+}
+
+/* ---- helpers ---- */
+
+static bool peer_gone(int fd) {
+    if (fd < 0) return false;
+    struct pollfd p = {.fd = fd, .events = POLLRDHUP};
+    if (poll(&p, 1, 0) <= 0) return false;
+    return (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
+}
+
+static int conn_fd(struct MHD_Connection *c) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    return ci ? ci->connect_fd : -1;
+}
+
+static void deadline_in(struct timespec *ts, int ms) {
+    clock_gettime(CLOCK_REALTIME, ts);
+    ts->tv_nsec += (long)ms * 1000000L;
+    while (ts->tv_nsec >= 1000000000L) {
+        ts->tv_nsec -= 1000000000L;
+        ts->tv_sec++;
+    }
+}
+
+static enum MHD_Result send_reply(struct MHD_Connection *c, srv_reply *r) {
+    struct MHD_Response *resp =
+        MHD_create_response_from_buffer(r->body_len, r->body ? r->body : (char *)"", r->body ? MHD_RESPMEM_MUST_FREE
+                                                                                              : MHD_RESPMEM_PERSISTENT);
+    if (!resp) {
+        free(r->body);
+        return MHD_NO;
+    }
+    r->body = NULL;
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, r->content_type ? r->content_type : "application/json");
+    if (r->status == 401) MHD_add_response_header(resp, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
+    enum MHD_Result ret = MHD_queue_response(c, r->status, resp);
+    MHD_destroy_response(resp);
+    return ret;
+}
+
+static enum MHD_Result send_error(struct MHD_Connection *c, unsigned status, const char *msg, const char *type,
+                                  const char *code) {
+    srv_reply r = {0};
+    srv_reply_error(&r, status, msg, type, NULL, code);
+    return send_reply(c, &r);
+}
+
+static bool authorized(hm_server *s, struct MHD_Connection *c) {
+    if (!s->api_key) return true;
+    const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+    if (!h || strncasecmp(h, "Bearer ", 7) != 0) return false;
+    h += 7;
+    while (*h == ' ') h++;
+    size_t n = strlen(h), k = strlen(s->api_key);
+    unsigned char diff = (unsigned char)(n != k);
+    for (size_t i = 0; i < k; i++) diff |= (unsigned char)(s->api_key[i] ^ (i < n ? h[i] : 0));
+    return diff == 0;
+}
+
+static const srv_asset *find_asset(const char *url) {
+    if (!strcmp(url, "/")) url = "/index.html";
+    for (size_t i = 0; i < srv_n_assets; i++)
+        if (!strcmp(srv_assets[i].path, url)) return &srv_assets[i];
+    return NULL;
+}
+
+/* ---- streaming ---- */
+
+static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
+    srv_stream *st = cls;
+    srv_sched *sc = &st->s->sched;
+    srv_task *t = st->t;
+    pthread_mutex_lock(&sc->mu);
+    for (;;) {
+        if (t->out.len) {
+            size_t n = t->out.len < max ? t->out.len : max;
+            memcpy(buf, t->out.p, n);
+            srv_buf_consume(&t->out, n);
+            pthread_mutex_unlock(&sc->mu);
+            return (ssize_t)n;
+        }
+        if (t->done) {
+            pthread_mutex_unlock(&sc->mu);
+            return MHD_CONTENT_READER_END_OF_STREAM;
+        }
+        struct timespec ts;
+        deadline_in(&ts, SRV_POLL_MS);
+        pthread_cond_timedwait(&t->cv, &sc->mu, &ts);
+        if (!t->done && !t->out.len && peer_gone(st->fd)) {
+            t->cancelled = true;
+            pthread_cond_signal(&sc->cv);
+            pthread_mutex_unlock(&sc->mu);
+            return MHD_CONTENT_READER_END_WITH_ERROR;
+        }
+    }
+}
+
+static void stream_free(void *cls) {
+    srv_stream *st = cls;
+    srv_sched_cancel(&st->s->sched, st->t); /* no-op when done */
+    srv_task_release(&st->s->sched, st->t);
+    free(st);
+}
+
+static enum MHD_Result start_stream(hm_server *s, struct MHD_Connection *c, srv_task *t) {
+    srv_stream *st = malloc(sizeof *st);
+    struct MHD_Response *resp = NULL;
+    if (st) {
+        *st = (srv_stream){.s = s, .t = t, .fd = conn_fd(c)};
+        resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024, stream_read, st, stream_free);
+    }
+    if (!resp) {
+        free(st);
+        srv_sched_cancel(&s->sched, t);
+        srv_task_release(&s->sched, t);
+        return send_error(c, 500, "out of memory", "server_error", NULL);
+    }
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream; charset=utf-8");
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+    MHD_add_response_header(resp, "X-Accel-Buffering", "no");
+    enum MHD_Result ret = MHD_queue_response(c, MHD_HTTP_OK, resp);
+    MHD_destroy_response(resp);
+    return ret;
+}
+
+/* Block until t is done; false when the client went away first (t is then cancelled). */
+static bool wait_task(hm_server *s, struct MHD_Connection *c, srv_task *t) {
+    int fd = conn_fd(c);
+    srv_sched *sc = &s->sched;
+    pthread_mutex_lock(&sc->mu);
+    while (!t->done) {
+        struct timespec ts;
+        deadline_in(&ts, SRV_POLL_MS);
+        pthread_cond_timedwait(&t->cv, &sc->mu, &ts);
+        if (!t->done && peer_gone(fd)) {
+            t->cancelled = true;
+            pthread_cond_signal(&sc->cv);
+            pthread_mutex_unlock(&sc->mu);
+            return false;
+        }
+    }
+    pthread_mutex_unlock(&sc->mu);
+    return true;
+}
+
+/* ---- the access handler ---- */
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
+                                  const char *version, const char *upload_data, size_t *upload_data_size,
+                                  void **con_cls) {
+    hm_server *s = cls;
+    srv_conn *rc = *con_cls;
+    if (!rc) { /* headers are in; the body (if any) is not */
+        if (!(rc = calloc(1, sizeof *rc))) return MHD_NO;
+        *con_cls = rc;
+        rc->is_static = (!strcmp(method, "GET") || !strcmp(method, "HEAD")) && find_asset(url);
+        if (!rc->is_static && strcmp(url, "/health") != 0 && !authorized(s, c))
+            return send_error(c, 401, "invalid or missing API key (send \"Authorization: Bearer KEY\")",
+                              "invalid_request_error", "invalid_api_key");
+        const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+        if (cl && strtoull(cl, NULL, 10) > s->o.max_body) {
+            char msg[128];
+            snprintf(msg, sizeof msg, "the request body is larger than %zu bytes", s->o.max_body);
+            return send_error(c, 413, msg, "invalid_request_error", "request_too_large");
+        }
+        return MHD_YES;
+    }
+    if (*upload_data_size) {
+        if (!rc->too_big) {
+            if (rc->body.len + *upload_data_size > s->o.max_body) {
+                rc->too_big = true;
+                srv_buf_free(&rc->body);
+            } else if (!srv_buf_add(&rc->body, upload_data, *upload_data_size)) {
+                return MHD_NO;
+            }
+        }
+        *upload_data_size = 0;
+        return MHD_YES;
+    }
+    if (rc->too_big) {
+        char msg[128];
+        snprintf(msg, sizeof msg, "the request body is larger than %zu bytes", s->o.max_body);
+        return send_error(c, 413, msg, "invalid_request_error", "request_too_large");
+    }
+    if (rc->is_static) {
+        const srv_asset *a = find_asset(url);
+        struct MHD_Response *resp =
+            MHD_create_response_from_buffer(a->len, (void *)(uintptr_t)a->data, MHD_RESPMEM_PERSISTENT);
+        if (!resp) return MHD_NO;
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, a->mime);
+        MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+        enum MHD_Result ret = MHD_queue_response(c, MHD_HTTP_OK, resp);
+        MHD_destroy_response(resp);
+        return ret;
+    }
+    srv_reply r = {0};
+    srv_api_handle(&s->api, method, url, rc->body.p, rc->body.len, &r);
+    if (s->o.verbose)
+        fprintf(stderr, "serve: %s %s -> %s\n", method, url, r.stream_task ? "stream" : r.wait_task ? "wait" : "done");
+    if (r.stream_task) return start_stream(s, c, r.stream_task);
+    if (r.wait_task) {
+        srv_task *t = r.wait_task;
+        if (!wait_task(s, c, t)) {
+            srv_task_release(&s->sched, t);
+            return MHD_NO; /* nobody to answer: close */
+        }
+        srv_api_finish_reply(&s->api, t, &r);
+        srv_task_release(&s->sched, t);
+    }
+    return send_reply(c, &r);
+}
+
+static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
+    srv_conn *rc = *con_cls;
+    if (!rc) return;
+    srv_buf_free(&rc->body);
+    free(rc);
+    *con_cls = NULL;
+}
+
+/* ---- life cycle ---- */
+
+static char *dup_or_null(const char *s) { return s ? strdup(s) : NULL; }
+
+static void set_err(hm_err *err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void set_err(hm_err *err, const char *fmt, ...) {
+    if (!err) return;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+    va_end(ap);
+}
+
+hm_status hm_server_open(hm_server **out, const hm_server_opts *opts, hm_err *err) {
+    *out = NULL;
+    hm_status st = HM_OK;
+    hm_server *s = calloc(1, sizeof *s);
+    if (!s) return HM_ERR_NOMEM;
+    s->stop_pipe[0] = s->stop_pipe[1] = -1;
+    s->o = *opts;
+    if (!s->o.host) s->o.host = "127.0.0.1";
+    if (s->o.port == 0) s->o.port = 8080;
+    if (s->o.n_parallel <= 0) s->o.n_parallel = 1;
+    if (s->o.max_body == 0) s->o.max_body = SRV_DEFAULT_MAX_BODY;
+    if (!s->o.profile_out) s->o.profile_out = "hotmoe-profile.json";
+    if (!opts->model_path) {
+        set_err(err, "serve: no model (-m FILE)");
+        st = HM_ERR_ARG;
+        goto fail;
+    }
+    if (s->o.port < 1 || s->o.port > 65535 || s->o.n_parallel > 256) {
+        set_err(err, "serve: port must be in 1..65535 and --parallel in 1..256");
+        st = HM_ERR_ARG;
+        goto fail;
+    }
+    s->host = dup_or_null(s->o.host);
+    s->api_key = dup_or_null(s->o.api_key && *s->o.api_key ? s->o.api_key : NULL);
+    s->profile_out = dup_or_null(s->o.profile_out);
+    s->model_path = dup_or_null(s->o.model_path);
+    if (!s->host || !s->profile_out || !s->model_path) {
+        st = HM_ERR_NOMEM;
+        goto fail;
+    }
+    if (pipe(s->stop_pipe) != 0) {
+        set_err(err, "serve: pipe: %s", strerror(errno));
+        st = HM_ERR_IO;
+        goto fail;
+    }
+
+    hm_model_opts mo;
+    hm_model_opts_default(&mo);
+    mo.verbose = s->o.verbose;
+    if ((st = hm_model_open(&s->model, s->model_path, &mo, err)) != HM_OK) goto fail;
+    if ((st = hm_tokenizer_open(&s->tok, s->model_path, err)) != HM_OK) goto fail;
+    if (s->o.alias) {
+        snprintf(s->model_id, sizeof s->model_id, "%s", s->o.alias);
+    } else {
+        const char *base = strrchr(s->model_path, '/');
+        snprintf(s->model_id, sizeof s->model_id, "%s", base ? base + 1 : s->model_path);
+    }
+    const char *tmpl = s->o.chat_template;
+    if (tmpl && !strcmp(tmpl, "chatml")) tmpl = chatml_template;
+    if (!tmpl) tmpl = hm_tokenizer_chat_template(s->tok);
+    if (tmpl && *tmpl) {
+        if (!hm_chat_template_name(tmpl)) {
+            if (s->o.chat_template) {
+                set_err(err, "serve: --chat-template '%.60s%s' is not a template hotmoe renders (chatml)", s->o.chat_template,
+                        strlen(s->o.chat_template) > 60 ? "..." : "");
+                st = HM_ERR_ARG;
+                goto fail;
+            }
+            fprintf(stderr, "serve: warning: the model's chat template is not one hotmoe renders; "
+                            "/v1/chat/completions will answer 400 (use --chat-template chatml)\n");
+        } else if (!(s->chat_template = strdup(tmpl))) {
+            st = HM_ERR_NOMEM;
+            goto fail;
+        }
+    }
+
+    if ((st = srv_sched_init(&s->sched, s->model, s->tok, s->model_id, s->o.n_parallel, s->o.n_ctx, s->o.n_threads,
+                             err)) != HM_OK) {
+        s->sched_init = true;
+        goto fail;
+    }
+    s->sched_init = true;
+    s->api = (srv_api){.sched = &s->sched, .model = s->model, .tok = s->tok, .info = hm_model_get_info(s->model),
+                       .model_id = s->model_id, .model_path = s->model_path, .chat_template = s->chat_template,
+                       .profile_out = s->profile_out, .n_ctx = s->sched.n_ctx, .n_slots = s->o.n_parallel,
+                       .started = srv_unix_time()};
+    if ((st = srv_sched_start(&s->sched, err)) != HM_OK) goto fail;
+
+    /* the address to bind */
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE}, *ai = NULL;
+    char port_s[16];
+    snprintf(port_s, sizeof port_s, "%d", s->o.port);
+    int gai = getaddrinfo(s->host, port_s, &hints, &ai);
+    if (gai != 0 || !ai) {
+        set_err(err, "serve: cannot resolve --host '%s': %s", s->host, gai_strerror(gai));
+        st = HM_ERR_ARG;
+        goto fail;
+    }
+    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_USE_ITC;
+    if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
+    if (s->o.verbose) flags |= MHD_USE_ERROR_LOG;
+    s->d = MHD_start_daemon(flags, (uint16_t)s->o.port, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR, ai->ai_addr,
+                            MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_CONNECTION_LIMIT, 256u,
+                            MHD_OPTION_CONNECTION_TIMEOUT, 300u, MHD_OPTION_LISTENING_ADDRESS_REUSE, 1u, MHD_OPTION_END);
+    freeaddrinfo(ai);
+    if (!s->d) {
+        set_err(err, "serve: cannot listen on %s:%d (address in use, or not an address of this machine)", s->host,
+                s->o.port);
+        st = HM_ERR_IO;
+        goto fail;
+    }
+    s->port = s->o.port;
+    *out = s;
+    return HM_OK;
+fail:
+    hm_server_close(s);
+    return st;
+}
+
+int hm_server_port(const hm_server *s) { return s->port; }
+
+void hm_server_stop(hm_server *s) {
+    s->stopping = 1;
+    char b = 1;
+    if (s->stop_pipe[1] >= 0) {
+        ssize_t w = write(s->stop_pipe[1], &b, 1);
+        (void)w;
+    }
+}
+
+void hm_server_wait(hm_server *s) {
+    char b;
+    while (!s->stopping) {
+        ssize_t r = read(s->stop_pipe[0], &b, 1);
+        if (r == 1 || (r < 0 && errno != EINTR)) break;
+    }
+}
+
+void hm_server_close(hm_server *s) {
+    if (!s) return;
+    if (s->d) MHD_quiesce_daemon(s->d);
+    if (s->sched_init) srv_sched_stop(&s->sched);
+    if (s->d) MHD_stop_daemon(s->d);
+    if (s->sched_init) srv_sched_free(&s->sched);
+    hm_tokenizer_close(s->tok);
+    hm_model_close(s->model);
+    if (s->stop_pipe[0] >= 0) close(s->stop_pipe[0]);
+    if (s->stop_pipe[1] >= 0) close(s->stop_pipe[1]);
+    free(s->chat_template);
+    free(s->host);
+    free(s->api_key);
+    free(s->profile_out);
+    free(s->model_path);
+    free(s);
+}
