@@ -147,6 +147,7 @@ void hm_experts_where(const hm_experts *s, int32_t layer, int32_t expert, hm_uni
 const int32_t *hm_experts_slot_map(const hm_experts *s, int32_t layer);
 
 const hm_unit *hm_experts_unit(const hm_experts *s, int32_t layer, int32_t expert);
+const hm_units *hm_experts_units(const hm_experts *s); /* the table it was opened on (borrowed) */
 void hm_experts_pin(hm_experts *s, int32_t layer, int32_t expert);
 void hm_experts_unpin(hm_experts *s, int32_t layer, int32_t expert);
 

@@ -295,6 +295,8 @@ const hm_unit *hm_experts_unit(const hm_experts *s, int32_t layer, int32_t exper
     return &s->u[s->base[layer] + expert];
 }
 
+const hm_units *hm_experts_units(const hm_experts *s) { return s->units; }
+
 void hm_experts_pin(hm_experts *s, int32_t layer, int32_t expert) { s->u[s->base[layer] + expert].pin++; }
 
 void hm_experts_unpin(hm_experts *s, int32_t layer, int32_t expert) {

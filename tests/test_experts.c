@@ -1,0 +1,352 @@
+/* test_experts.c - the expert store and its policies on small traces whose hits were counted by
+ * hand (the expected numbers are derived in the comments), trace write -> read -> replay, and
+ * the store's RAM locations on a geometry-only table.
+ *
+ * Conventions the hand counts follow (experts.h): a routed unit is a hit when it is HOT at the
+ * time it is recorded; policies act at step end only. */
+#include <string.h>
+#include <unistd.h>
+
+#include "experts/experts.h"
+#include "experts/sim.h"
+#include "experts/trace.h"
+#include "test.h"
+
+static hm_experts *open_store(hm_units *u, int32_t n_layer, int32_t n_expert, int32_t k, int64_t slots,
+                              const hm_policy_opts *pol, const hm_profile *p) {
+    hm_err err = {{0}};
+    CHECK(hm_units_init_geom(u, n_layer, n_expert, k, 1000, &err) == HM_OK);
+    hm_experts_opts o;
+    hm_experts_opts_default(&o);
+    o.hot_slots = slots;
+    o.policy = *pol;
+    o.profile = p;
+    hm_experts *s = NULL;
+    hm_status st = hm_experts_open(&s, u, &o, &err);
+    CHECKF(st == HM_OK, "%s", err.msg);
+    return s;
+}
+
+/* One token per step, one layer: ids[t] is step t's routed expert(s), k per step. */
+static void feed(hm_experts *s, const int32_t *ids, int n_steps, int k) {
+    for (int t = 0; t < n_steps; t++) {
+        hm_experts_record(s, 0, ids + t * k, k);
+        CHECK(hm_experts_step_end(s, 1, false, NULL) == HM_OK);
+    }
+}
+
+static void test_lru(void) {
+    /* 4 experts, 2 slots, k 1; trace 0 1 0 2 1 0 3 0.
+     * s0 0 miss -> {0}; s1 1 miss -> {0,1} (MRU 1); s2 0 HIT (MRU 0); s3 2 miss, evict 1 -> {0,2};
+     * s4 1 miss, evict 0 -> {2,1}; s5 0 miss, evict 2 -> {1,0}; s6 3 miss, evict 1 -> {0,3};
+     * s7 0 HIT. Hits 2, misses 6, admitted 6, evicted 4. */
+    hm_policy_opts pol;
+    hm_policy_opts_default(&pol);
+    pol.kind = HM_POLICY_LRU;
+    hm_units u;
+    hm_experts *s = open_store(&u, 1, 4, 1, 2, &pol, NULL);
+    const int32_t trace[] = {0, 1, 0, 2, 1, 0, 3, 0};
+    feed(s, trace, 8, 1);
+    hm_experts_stats st;
+    hm_experts_get_stats(s, &st);
+    CHECK(st.hits == 2 && st.misses == 6);
+    CHECK(st.swaps_in == 6 && st.swaps_out == 4);
+    CHECK(hm_experts_unit(s, 0, 0)->home == HM_TIER_HOT && hm_experts_unit(s, 0, 3)->home == HM_TIER_HOT);
+    CHECK(hm_experts_unit(s, 0, 0)->count == 4 && hm_experts_unit(s, 0, 0)->hits == 2);
+    CHECK(hm_experts_unit(s, 0, 1)->last_step == 4);
+    const int32_t *map = hm_experts_slot_map(s, 0);
+    CHECK(map[0] >= 0 && map[3] >= 0 && map[1] == -1 && map[2] == -1 && map[0] != map[3]);
+    /* a pinned resident is never the victim: pin 3 (LRU after 0 is used), route 1 -> evicts 0 */
+    hm_experts_pin(s, 0, 3);
+    const int32_t t2[] = {1};
+    feed(s, t2, 1, 1);
+    CHECK(hm_experts_unit(s, 0, 3)->home == HM_TIER_HOT && hm_experts_unit(s, 0, 0)->hot_slot < 0);
+    hm_experts_unpin(s, 0, 3);
+    hm_experts_close(s);
+    hm_units_free(&u);
+}
+
+static void test_static(void) {
+    /* 2 layers x 4 experts: L0 counts 5 4 3 1 (13), L1 9 1 0 0 (10); 23 routed slots.
+     * Global, 4 slots: 9 5 4 3 -> 21/23. Per layer, 4 slots = 2 + 2: L0 5 4, L1 9 1 -> 19/23.
+     * Global, 2 slots: 9 5 -> 14/23. A never-routed unit is not placed: 7 slots hold 6 units. */
+    hm_err err = {{0}};
+    hm_profile p;
+    CHECK(hm_profile_init(&p, 2, 4, &err) == HM_OK);
+    const uint64_t c[8] = {5, 4, 3, 1, 9, 1, 0, 0};
+    memcpy(p.counts, c, sizeof c);
+    p.k = 1;
+    struct { int64_t slots; bool per_layer; uint64_t hits; int32_t res0, res1; } cases[] = {
+        {4, false, 21, 3, 1}, {4, true, 19, 2, 2}, {2, false, 14, 1, 1}, {7, false, 23, 4, 2},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        hm_policy_opts pol;
+        hm_policy_opts_default(&pol);
+        pol.kind = HM_POLICY_STATIC;
+        pol.static_per_layer = cases[i].per_layer;
+        hm_units u;
+        hm_experts *s = open_store(&u, 2, 4, 1, cases[i].slots, &pol, &p);
+        for (int32_t l = 0; l < 2; l++) /* replay the profile's own counts: in-sample hits */
+            for (int32_t e = 0; e < 4; e++)
+                for (uint64_t n = 0; n < c[l * 4 + e]; n++) hm_experts_record(s, l, &e, 1);
+        CHECK(hm_experts_step_end(s, 23, true, NULL) == HM_OK);
+        hm_experts_stats st;
+        hm_experts_get_stats(s, &st);
+        CHECKF(st.hits == cases[i].hits && st.hits + st.misses == 23, "case %zu: hits %llu", i,
+               (unsigned long long)st.hits);
+        CHECKF(st.layer_resident[0] == cases[i].res0 && st.layer_resident[1] == cases[i].res1, "case %zu: %d %d", i,
+               st.layer_resident[0], st.layer_resident[1]);
+        CHECK(st.swaps_in == (uint64_t)(cases[i].res0 + cases[i].res1) && st.swaps_out == 0);
+        hm_experts_close(s);
+        hm_units_free(&u);
+    }
+    /* static without a profile, or with one of another shape, is an argument error */
+    hm_policy_opts pol;
+    hm_policy_opts_default(&pol);
+    pol.kind = HM_POLICY_STATIC;
+    hm_units u;
+    CHECK(hm_units_init_geom(&u, 3, 4, 1, 1000, &err) == HM_OK);
+    hm_experts_opts o;
+    hm_experts_opts_default(&o);
+    o.hot_slots = 2;
+    o.policy = pol;
+    hm_experts *s = NULL;
+    CHECK(hm_experts_open(&s, &u, &o, &err) == HM_ERR_ARG && s == NULL);
+    o.profile = &p;
+    CHECK(hm_experts_open(&s, &u, &o, &err) == HM_ERR_ARG && strstr(err.msg, "2 layers x 4 experts"));
+    hm_units_free(&u);
+    hm_profile_free(&p);
+}
+
+static void test_online(void) {
+    hm_policy_opts pol;
+    hm_policy_opts_default(&pol);
+    pol.kind = HM_POLICY_ONLINE;
+    pol.window = 2;
+    pol.decay = 0.5f;
+    pol.admit_misses = 2;
+    pol.hysteresis = 0.5f;
+    pol.update_rate = 1.0f;
+    pol.recency = 0.0f;
+    {
+        /* 4 experts, 1 slot, k 1; trace 0 0 0 0 1 1 1 1 1 1; windows end after steps 1, 3, 5, 7, 9.
+         * s0 0 miss (1 miss); s1 0 miss (2): window end, score0 = 2, 0 earned entry -> admitted.
+         * s2, s3 0 HIT; s3 window end: score0 = 2*.5 + 2 = 3.
+         * s4 1 miss; s5 1 miss: score0 = 1.5, score1 = 2; 2 > 1.5 * 1.5? no -> no swap.
+         * s6, s7 1 miss: score0 = .75, score1 = 1 + 2 = 3 > 1.125 -> swap 0 out, 1 in.
+         * s8, s9 1 HIT. Hits 4 of 10; in 2, out 1. */
+        hm_units u;
+        hm_experts *s = open_store(&u, 1, 4, 1, 1, &pol, NULL);
+        const int32_t trace[] = {0, 0, 0, 0, 1, 1, 1, 1, 1, 1};
+        feed(s, trace, 10, 1);
+        hm_experts_stats st;
+        hm_experts_get_stats(s, &st);
+        CHECKF(st.hits == 4 && st.misses == 6, "hits %llu", (unsigned long long)st.hits);
+        CHECK(st.swaps_in == 2 && st.swaps_out == 1);
+        CHECK(hm_experts_unit(s, 0, 1)->home == HM_TIER_HOT);
+        CHECK_NEAR(hm_experts_unit(s, 0, 0)->score, 0.375, 1e-6); /* folded at s9: .75 * .5 */
+        hm_experts_close(s);
+        hm_units_free(&u);
+    }
+    {
+        /* The update rate: 8 experts, 4 slots, k 4, rate .25 -> at most 1 swap per window.
+         * s0, s1 route 0-3: 2 misses each at s1 -> all four fill free slots (8 misses).
+         * s2, s3 route 4-7: 8 misses; window end: old score 2*.5 = 1, new 2 > 1.5 -> ONE swap
+         *   (candidate 4: ties go to the lower id; victim 3: ties go to the higher id).
+         * s4, s5 route 4-7: 4 is HOT -> 2 hits; window end: new ones 2*.5+2 = 3 (4 too), old .5
+         *   -> one swap: 5 in, 2 out.  s6, s7: 4 and 5 HOT -> 4 hits; window end: 6 and 7 at
+         *   3*.5+2 = 3.5 vs 0 and 1 at .25 -> one swap: 6 in, 1 out.  Hits 6, in 7, out 3. */
+        pol.update_rate = 0.25f;
+        hm_units u;
+        hm_experts *s = open_store(&u, 1, 8, 4, 4, &pol, NULL);
+        const int32_t a[] = {0, 1, 2, 3, 0, 1, 2, 3}, b[] = {4, 5, 6, 7, 4, 5, 6, 7, 4, 5, 6, 7, 4, 5, 6, 7, 4, 5, 6, 7, 4, 5, 6, 7};
+        feed(s, a, 2, 4);
+        hm_experts_stats st;
+        hm_experts_get_stats(s, &st);
+        CHECK(st.n_used == 4 && st.hits == 0);
+        feed(s, b, 6, 4);
+        hm_experts_get_stats(s, &st);
+        CHECKF(st.hits == 6 && st.swaps_in == 7 && st.swaps_out == 3, "hits %llu in %llu out %llu",
+               (unsigned long long)st.hits, (unsigned long long)st.swaps_in, (unsigned long long)st.swaps_out);
+        CHECK(hm_experts_unit(s, 0, 4)->home == HM_TIER_HOT && hm_experts_unit(s, 0, 5)->home == HM_TIER_HOT);
+        CHECK(hm_experts_unit(s, 0, 3)->home == HM_TIER_RAM && hm_experts_unit(s, 0, 2)->home == HM_TIER_RAM);
+        CHECK(hm_experts_unit(s, 0, 0)->home == HM_TIER_HOT && hm_experts_unit(s, 0, 1)->home == HM_TIER_RAM);
+        CHECK(hm_experts_unit(s, 0, 6)->home == HM_TIER_HOT && hm_experts_unit(s, 0, 7)->home == HM_TIER_RAM);
+        hm_experts_close(s);
+        hm_units_free(&u);
+    }
+}
+
+/* A fast tier whose fills land one step_end after they start: the unit is computed from RAM
+ * (a miss) until then. */
+typedef struct slow_tier {
+    int pending[8];
+    int n_fill;
+} slow_tier;
+static hm_status slow_fill(void *ctx, const hm_unit_ref *u, int32_t slot, hm_err *err) {
+    slow_tier *t = ctx;
+    t->pending[slot] = 1;
+    t->n_fill++;
+    return HM_OK;
+}
+static bool slow_ready(void *ctx, int32_t slot) {
+    slow_tier *t = ctx;
+    return t->pending[slot]-- <= 0;
+}
+
+static void test_async_tier(void) {
+    /* lru, 2 slots, trace 0 0 0: s0 miss, fill starts (not landed); s1 still a miss (the fill
+     * lands in s1's step_end); s2 HIT. */
+    slow_tier t = {{0}, 0};
+    hm_tier tier = {.name = "slow", .ctx = &t, .fill = slow_fill, .ready = slow_ready};
+    hm_err err = {{0}};
+    hm_units u;
+    CHECK(hm_units_init_geom(&u, 1, 4, 1, 1000, &err) == HM_OK);
+    hm_experts_opts o;
+    hm_experts_opts_default(&o);
+    o.hot_slots = 2;
+    o.policy.kind = HM_POLICY_LRU;
+    o.hot_tier = &tier;
+    hm_experts *s = NULL;
+    CHECK(hm_experts_open(&s, &u, &o, &err) == HM_OK);
+    const int32_t trace[] = {0, 0, 0};
+    feed(s, trace, 1, 1);
+    hm_unit_loc loc;
+    hm_experts_where(s, 0, 0, &loc);
+    CHECK(hm_experts_unit(s, 0, 0)->filling && loc.tier == HM_TIER_RAM && hm_experts_slot_map(s, 0)[0] == -1);
+    feed(s, trace, 2, 1);
+    hm_experts_where(s, 0, 0, &loc);
+    CHECK(loc.tier == HM_TIER_HOT && loc.slot == 0);
+    hm_experts_stats st;
+    hm_experts_get_stats(s, &st);
+    CHECK(st.hits == 1 && st.misses == 2 && t.n_fill == 1);
+    hm_experts_close(s);
+    hm_units_free(&u);
+}
+
+static void test_trace_roundtrip(void) {
+    char path[] = "/tmp/hm_test_trace_XXXXXX";
+    int fd = mkstemp(path);
+    CHECK(fd >= 0);
+    close(fd);
+    /* a synthetic trace from a skewed profile, replayed through lru, equals feeding it directly */
+    hm_err err = {{0}};
+    hm_profile p;
+    CHECK(hm_profile_init(&p, 3, 300, &err) == HM_OK); /* 300 experts: 2-byte ids */
+    for (int32_t i = 0; i < 900; i++) p.counts[i] = (uint64_t)((i * 7919) % 50) + (i % 300 < 10 ? 400 : 0);
+    hm_sim_gen *g;
+    CHECK(hm_sim_gen_open(&g, &p, 4, 42, &err) == HM_OK);
+    CHECK(hm_sim_write_trace(g, 500, path, &err) == HM_OK);
+    hm_sim_gen_close(g);
+    hm_policy_opts pol;
+    hm_policy_opts_default(&pol);
+    pol.kind = HM_POLICY_LRU;
+    hm_units u1, u2;
+    hm_experts *a = open_store(&u1, 3, 300, 4, 60, &pol, NULL), *b = open_store(&u2, 3, 300, 4, 60, &pol, NULL);
+    CHECKF(hm_sim_replay(a, path, &err) == HM_OK, "%s", err.msg);
+    CHECK(hm_sim_gen_open(&g, &p, 4, 42, &err) == HM_OK);
+    CHECK(hm_sim_synthetic(b, g, 500, &err) == HM_OK);
+    hm_sim_gen_close(g);
+    hm_experts_stats sa, sb;
+    hm_experts_get_stats(a, &sa);
+    hm_experts_get_stats(b, &sb);
+    CHECK(sa.hits == sb.hits && sa.misses == sb.misses && sa.hits + sa.misses == 500 * 3 * 4);
+    CHECK(sa.tokens == 500 && sa.decode_tokens == 500 && sa.hits > 0);
+    /* each token's k ids are distinct, and the 10 boosted experts get most of the routing */
+    hm_profile tp;
+    CHECK(hm_sim_trace_profile(path, &tp, &err) == HM_OK);
+    CHECK(tp.tokens == 500 && tp.k == 4 && hm_profile_layer_total(&tp, 1) == 2000);
+    uint64_t boosted = 0, w_boost = 0;
+    for (int32_t e = 0; e < 10; e++) boosted += hm_profile_count(&tp, 1, e), w_boost += hm_profile_count(&p, 1, e);
+    double share = (double)w_boost / (double)hm_profile_layer_total(&p, 1); /* the profile's share */
+    CHECK_NEAR((double)boosted / 2000.0, share, 0.06);
+    for (int32_t e = 0; e < 300; e++) CHECK(hm_profile_count(&tp, 2, e) <= 500);
+    hm_profile_free(&tp);
+    /* the store's own trace-out gives the same file content back */
+    char path2[] = "/tmp/hm_test_trace2_XXXXXX";
+    fd = mkstemp(path2);
+    close(fd);
+    hm_experts_close(a);
+    a = open_store(&u1, 3, 300, 4, 60, &pol, NULL);
+    CHECK(hm_experts_trace_out(a, path2, &err) == HM_OK);
+    CHECK(hm_sim_replay(a, path, &err) == HM_OK);
+    hm_experts_close(a); /* closes the trace */
+    FILE *f1 = fopen(path, "rb"), *f2 = fopen(path2, "rb");
+    CHECK(f1 && f2);
+    int c1, c2;
+    long n = 0;
+    do {
+        c1 = fgetc(f1), c2 = fgetc(f2), n++;
+    } while (c1 == c2 && c1 != EOF);
+    CHECKF(c1 == c2, "traces differ at byte %ld", n);
+    fclose(f1), fclose(f2);
+    /* truncated: every cut inside a record is a format error naming an offset */
+    FILE *f = fopen(path, "rb");
+    char buf[200];
+    size_t len = fread(buf, 1, sizeof buf, f);
+    fclose(f);
+    for (size_t cut = 33; cut < 60 && cut < len; cut += 3) {
+        if (cut == 48) continue; /* header 32 + one route record (8 + 4 ids * 2 bytes): a clean end */
+        f = fopen(path2, "wb");
+        fwrite(buf, 1, cut, f);
+        fclose(f);
+        hm_units u3;
+        hm_experts *c = open_store(&u3, 3, 300, 4, 60, &pol, NULL);
+        hm_status st = hm_sim_replay(c, path2, &err);
+        CHECKF(st == HM_ERR_FORMAT && strstr(err.msg, "offset"), "cut %zu: %d %s", cut, st, err.msg);
+        hm_experts_close(c);
+        hm_units_free(&u3);
+    }
+    /* a trace of another geometry is refused */
+    hm_units u4;
+    hm_experts *d = open_store(&u4, 2, 300, 4, 60, &pol, NULL);
+    CHECK(hm_sim_replay(d, path, &err) == HM_ERR_ARG);
+    hm_experts_close(d);
+    hm_units_free(&u4);
+    hm_experts_close(b);
+    hm_units_free(&u1), hm_units_free(&u2);
+    hm_profile_free(&p);
+    unlink(path), unlink(path2);
+}
+
+static void test_where_ram(void) {
+    /* a geometry-only table has no file: RAM, slot -1, no data pointers; none policy = no slots */
+    hm_err err = {{0}};
+    hm_units u;
+    CHECK(hm_units_init_geom(&u, 2, 8, 2, 4096, &err) == HM_OK);
+    CHECK(u.n_units == 16 && u.expert_bytes == 16 * 4096 && hm_units_fit(&u, 3 * 4096 + 1) == 3);
+    hm_experts *s = NULL;
+    hm_experts_opts o;
+    hm_experts_opts_default(&o);
+    o.hot_budget = 1 << 20;
+    o.hot_slots = -1;
+    CHECK(hm_experts_open(&s, &u, &o, &err) == HM_OK);
+    hm_unit_loc loc;
+    hm_experts_where(s, 1, 7, &loc);
+    CHECK(loc.tier == HM_TIER_RAM && loc.slot == -1 && loc.data[HM_UNIT_GATE] == NULL);
+    const int32_t ids[4] = {7, 1, 7, 3};
+    hm_experts_record(s, 1, ids, 4);
+    CHECK(hm_experts_step_end(s, 2, true, &err) == HM_OK);
+    hm_experts_stats st;
+    hm_experts_get_stats(s, &st);
+    CHECK(st.n_slots == 0 && st.misses == 4 && st.prompt_tokens == 2);
+    hm_profile p;
+    CHECK(hm_experts_to_profile(s, &p, "m", "qwen3moe", &err) == HM_OK);
+    CHECK(hm_profile_count(&p, 1, 7) == 2 && hm_profile_count(&p, 1, 3) == 1 && p.tokens == 2 && p.k == 2);
+    hm_profile_free(&p);
+    hm_experts_close(s);
+    hm_experts_close(NULL);
+    hm_units_free(&u);
+    CHECK(hm_units_init_geom(&u, 0, 8, 2, 4096, &err) == HM_ERR_ARG);
+    CHECK(hm_policy_from_name("online") == HM_POLICY_ONLINE && hm_policy_from_name("x") == -1);
+}
+
+int main(void) {
+    test_lru();
+    test_static();
+    test_online();
+    test_async_tier();
+    test_trace_roundtrip();
+    test_where_ram();
+    return test_done();
+}
