@@ -352,8 +352,9 @@ static void test_moe(hm_pool **pools) {
 
 /* ---- attention ---- */
 
-static void test_attention(hm_pool **pools) {
-    const int n_head = 4, n_kv = 2, d = 64, n_ctx = 40;
+/* d = 64 takes the grouped (GQA) path on AVX-512 builds, d = 40 the per-head path. */
+static void test_attention(hm_pool **pools, int d) {
+    const int n_head = 4, n_kv = 2, n_ctx = 40;
     const int64_t row_q = n_head * d, row_kv = n_kv * d;
     const int prefill = 23, n_total = 30;
     float *q = malloc((size_t)(n_total * row_q) * sizeof(float));
@@ -403,7 +404,7 @@ static void test_attention(hm_pool **pools) {
                              out + t * row_q, &s);
         }
         double e = nmse(out, ref, n_total * row_q);
-        CHECKF(e < 1e-10, "attention threads=%d: nmse %.3g", p + 1, e);
+        CHECKF(e < 1e-10, "attention d=%d threads=%d: nmse %.3g", d, p + 1, e);
         /* cache contents are the f16 rounding of the inputs */
         int bad = 0;
         for (int t = 0; t < n_total; t++)
@@ -578,7 +579,8 @@ int main(void) {
     }
     test_matmul(pools);
     test_moe(pools);
-    test_attention(pools);
+    test_attention(pools, 64);
+    test_attention(pools, 40);
     test_rows(pools);
     test_router();
     test_get_rows(pools);

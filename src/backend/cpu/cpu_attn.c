@@ -1,10 +1,12 @@
 /* cpu_attn.c - causal GQA attention over the f16 KV cache, and the cache writes.
  *
- * Work items are (query, q head, KV split). With few (query, head) pairs (decode on many threads)
- * the KV range of each is cut into n_split parts computed independently (flash-decoding): each
- * part keeps its max m, sum l and unnormalised output o, and after a barrier the parts are merged
- * in split order. Each part is two-pass: scores into a per-thread buffer, then softmax and the
- * weighted sum of V rows. */
+ * Work items are (query, kv head, KV split) on AVX-512 builds with head_dim % 16 == 0 (the
+ * grouped path: the q heads of one kv head share each f16 -> f32 conversion of a 16-key K or V
+ * block, and scores come 16 keys at a time), else (query, q head, KV split). With few items
+ * (decode on many threads) the KV range is cut into n_split parts computed independently
+ * (flash-decoding): each part keeps its max m, sum l and unnormalised output o, and after a
+ * barrier the parts are merged in split order. Each part is two-pass: scores into a per-thread
+ * buffer, then softmax and the weighted sum of V rows. */
 #include "cpu_impl.h"
 #include "core/fp16.h"
 
@@ -92,7 +94,10 @@ typedef struct {
     int64_t n_tok, n_ctx;
     int n_head, n_kv_head, head_dim, n_split;
     float scale;
-    float *scores;   /* [nth, n_ctx] */
+    int grouped;     /* items are (query, kv head, split) over n_head / n_kv_head q heads */
+    size_t sc_stride; /* floats per thread in scores */
+    float *scores;   /* per thread: [n_head][n_ctx rounded up + 16] */
+    float *tiles;    /* per thread: [16][head_dim] f32 K or V block */
     float *partials; /* [n_tok * n_head * n_split, head_dim + 2] when n_split > 1 */
     _Alignas(64) _Atomic int64_t next;
 } attn_ctx;
@@ -103,11 +108,16 @@ static int attn_splits(int64_t n_tok, int n_head, int nth) {
     return (int)((4 * (int64_t)nth + pairs - 1) / pairs);
 }
 
+static size_t sc_stride(int64_t n_ctx, int n_head) {
+    return (size_t)n_head * (size_t)(hm_align_up((uint64_t)n_ctx, 16) + 16);
+}
+
 size_t hm_cpu_attention_scratch_size(int64_t n_tok, int64_t n_ctx, int n_head, int head_dim,
                                      int n_threads) {
     size_t s = 4 * HM_ALIGN;
-    s += (size_t)n_threads * hm_align_up((uint64_t)n_ctx * sizeof(float), HM_ALIGN);
-    int ns = attn_splits(n_tok, n_head, n_threads);
+    s += (size_t)n_threads * sc_stride(n_ctx, n_head) * sizeof(float);
+    s += (size_t)n_threads * 16 * (size_t)head_dim * sizeof(float);
+    int ns = attn_splits(n_tok, 1, n_threads); /* the most splits any n_kv_head can ask for */
     if (ns > 1)
         s += (size_t)n_tok * (size_t)n_head * (size_t)ns * ((size_t)head_dim + 2) * sizeof(float);
     return s;
@@ -139,12 +149,122 @@ static void attn_item(const attn_ctx *c, int64_t item, float *sc, float *o, floa
     *l_out = l;
 }
 
+#ifdef HM_CPU_AVX512
+/* 16 vectors -> one vector of their 16 horizontal sums, lane j = sum of v[j]. */
+static inline __m512 reduce16(__m512 *v) {
+    __m512 a[8], b[4];
+    for (int i = 0; i < 8; i++)
+        a[i] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x44), _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xee));
+    for (int i = 0; i < 4; i++)
+        b[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0x88), _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], 0xdd));
+    /* b[i] chunk k: 4 partial lanes of v[4i + k] */
+    __m512 t0 = _mm512_add_ps(_mm512_unpacklo_ps(b[0], b[1]), _mm512_unpackhi_ps(b[0], b[1]));
+    __m512 t1 = _mm512_add_ps(_mm512_unpacklo_ps(b[2], b[3]), _mm512_unpackhi_ps(b[2], b[3]));
+    __m512 r = _mm512_add_ps(_mm512_shuffle_ps(t0, t1, 0x44), _mm512_shuffle_ps(t0, t1, 0xee));
+    /* lane 4k + i holds v[4i + k] */
+    const __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+    return _mm512_permutexvar_ps(idx, r);
+}
+
+/* rows [p, p + nk) of an f16 [.., d] block -> tile [16][d] f32, rows >= nk zeroed */
+static void f16_block(const uint16_t *src, int nk, int d, float *tile) {
+    for (int j = 0; j < 16; j++)
+        for (int i = 0; i < d; i += 16)
+            _mm512_storeu_ps(tile + j * d + i, j < nk ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(src + (size_t)j * d + i)))
+                                                      : _mm512_setzero_ps());
+}
+
+/* Grouped item (t, kv head g, split s): the n_rep q heads of g share every K/V block conversion.
+ * Per head: scores of 16 keys per step (one reduce16), softmax, then o += p V over 16-key tiles. */
+static void attn_group_item(const attn_ctx *c, int64_t item, float *sc, float *tile) {
+    const int d = c->head_dim, nd = d / 16;
+    const int n_rep = c->n_head / c->n_kv_head;
+    const int64_t s = item % c->n_split;
+    const int64_t tg = item / c->n_split;
+    const int64_t t = tg / c->n_kv_head;
+    const int g = (int)(tg % c->n_kv_head);
+    const int64_t n_kv = (int64_t)c->pos[t] + 1;
+    const int64_t p0 = n_kv * s / c->n_split, p1 = n_kv * (s + 1) / c->n_split, len = p1 - p0;
+    const size_t scs = (size_t)(hm_align_up((uint64_t)c->n_ctx, 16) + 16);
+    const uint16_t *kb = c->kc + (size_t)g * (size_t)c->n_ctx * (size_t)d;
+    const uint16_t *vb = c->vc + (size_t)g * (size_t)c->n_ctx * (size_t)d;
+    const __m512 scale = _mm512_set1_ps(c->scale);
+    for (int64_t p = p0; p < p1; p += 16) {
+        const int nk = (int)(p1 - p < 16 ? p1 - p : 16);
+        f16_block(kb + p * d, nk, d, tile);
+        for (int r = 0; r < n_rep; r++) {
+            const float *qv = c->q + (t * c->n_head + g * n_rep + r) * d;
+            __m512 acc[16];
+            for (int j = 0; j < 16; j++) acc[j] = _mm512_setzero_ps();
+            for (int i = 0; i < nd; i++) {
+                const __m512 qi = _mm512_loadu_ps(qv + 16 * i);
+                for (int j = 0; j < 16; j++) acc[j] = _mm512_fmadd_ps(qi, _mm512_loadu_ps(tile + j * d + 16 * i), acc[j]);
+            }
+            _mm512_mask_storeu_ps(sc + r * scs + (p - p0), (__mmask16)((1u << nk) - 1), _mm512_mul_ps(reduce16(acc), scale));
+        }
+    }
+    float m[64], l[64];
+    HM_ASSERT(n_rep <= 64);
+    for (int r = 0; r < n_rep; r++) {
+        const float *sr = sc + r * scs;
+        const float mx = hm_max_f32(sr, len);
+        m[r] = mx;
+        l[r] = len > 0 ? hm_exp_sub_sum(sc + r * scs, len, mx) : 0.0f;
+    }
+    float *dst[64];
+    for (int r = 0; r < n_rep; r++) {
+        const int64_t th = t * c->n_head + g * n_rep + r;
+        dst[r] = c->n_split == 1 ? c->out + th * d : c->partials + (th * c->n_split + s) * (d + 2) + 2;
+        memset(dst[r], 0, (size_t)d * sizeof(float));
+    }
+    for (int64_t p = p0; p < p1; p += 16) {
+        const int nk = (int)(p1 - p < 16 ? p1 - p : 16);
+        f16_block(vb + p * d, nk, d, tile);
+        for (int r = 0; r < n_rep; r++) {
+            const float *pr = sc + r * scs + (p - p0);
+            float *o = dst[r];
+            if (nd <= 16) { /* o in registers, one broadcast per key */
+                __m512 ov[16];
+                for (int i = 0; i < nd; i++) ov[i] = _mm512_loadu_ps(o + 16 * i);
+                for (int j = 0; j < nk; j++) {
+                    const __m512 pj = _mm512_set1_ps(pr[j]);
+                    for (int i = 0; i < nd; i++) ov[i] = _mm512_fmadd_ps(pj, _mm512_loadu_ps(tile + j * d + 16 * i), ov[i]);
+                }
+                for (int i = 0; i < nd; i++) _mm512_storeu_ps(o + 16 * i, ov[i]);
+            } else {
+                for (int i = 0; i < nd; i++) {
+                    __m512 ov = _mm512_loadu_ps(o + 16 * i);
+                    for (int j = 0; j < nk; j++) ov = _mm512_fmadd_ps(_mm512_set1_ps(pr[j]), _mm512_loadu_ps(tile + j * d + 16 * i), ov);
+                    _mm512_storeu_ps(o + 16 * i, ov);
+                }
+            }
+        }
+    }
+    for (int r = 0; r < n_rep; r++) {
+        if (c->n_split == 1) {
+            const float inv = 1.0f / l[r];
+            for (int i = 0; i < d; i++) dst[r][i] *= inv;
+        } else {
+            dst[r][-2] = m[r];
+            dst[r][-1] = l[r];
+        }
+    }
+}
+#endif
+
 static void attn_task(void *vctx, int ith, int nth) {
     attn_ctx *c = vctx;
-    float *sc = c->scores + (size_t)ith * hm_align_up((uint64_t)c->n_ctx, 16);
+    float *sc = c->scores + (size_t)ith * c->sc_stride;
     const int d = c->head_dim;
-    const int64_t n_items = c->n_tok * c->n_head * c->n_split;
+    const int64_t n_items = c->n_tok * (c->grouped ? c->n_kv_head : c->n_head) * c->n_split;
     for (int64_t k = ith; k < n_items;) {
+#ifdef HM_CPU_AVX512
+        if (c->grouped) {
+            attn_group_item(c, k, sc, c->tiles + (size_t)ith * 16 * (size_t)d);
+            k = atomic_fetch_add_explicit(&c->next, 1, memory_order_relaxed);
+            continue;
+        }
+#endif
         if (c->n_split == 1) {
             float *o = c->out + k * d; /* item k = (t, h): out row t, head h */
             float m, l;
@@ -199,10 +319,15 @@ void hm_cpu_attention(hm_pool *pool, const float *q, int64_t n_tok, const int32_
     c.n_kv_head = n_kv_head;
     c.head_dim = head_dim;
     c.scale = scale;
-    c.n_split = attn_splits(n_tok, n_head, nth);
+#ifdef HM_CPU_AVX512
+    c.grouped = head_dim % 16 == 0 && head_dim <= 512;
+#endif
+    c.n_split = attn_splits(n_tok, c.grouped ? n_kv_head : n_head, nth);
     for (int64_t t = 0; t < n_tok; t++) HM_ASSERT(pos[t] >= 0 && pos[t] < n_ctx);
     hm_bump b = hm_bump_init(scratch);
-    c.scores = hm_bump_take(&b, (size_t)nth * hm_align_up((uint64_t)n_ctx, 16) * sizeof(float));
+    c.sc_stride = sc_stride(n_ctx, n_head);
+    c.scores = hm_bump_take(&b, (size_t)nth * c.sc_stride * sizeof(float));
+    c.tiles = hm_bump_take(&b, (size_t)nth * 16 * (size_t)head_dim * sizeof(float));
     if (c.n_split > 1)
         c.partials = hm_bump_take(&b, (size_t)(n_tok * n_head * c.n_split) * ((size_t)head_dim + 2) * sizeof(float));
     atomic_init(&c.next, nth);

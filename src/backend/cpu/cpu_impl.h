@@ -109,6 +109,21 @@ static inline void hm_swiglu_vec(const float *g, const float *u, float *o, int64
     for (; i < n; i++) o[i] = hm_silu(g[i]) * u[i];
 }
 
+/* max of x[0..n), -inf for n = 0 */
+static inline float hm_max_f32(const float *x, int64_t n) {
+    int64_t i = 0;
+    float m = -INFINITY;
+#ifdef HM_CPU_AVX512
+    if (n >= 16) {
+        __m512 mv = _mm512_loadu_ps(x);
+        for (i = 16; i + 16 <= n; i += 16) mv = _mm512_max_ps(mv, _mm512_loadu_ps(x + i));
+        m = _mm512_reduce_max_ps(mv);
+    }
+#endif
+    for (; i < n; i++) m = x[i] > m ? x[i] : m;
+    return m;
+}
+
 /* x[i] = e^(x[i] - m), returns the sum (in lane order, then the tail). */
 static inline float hm_exp_sub_sum(float *x, int64_t n, float m) {
     int64_t i = 0;

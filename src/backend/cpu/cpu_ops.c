@@ -163,8 +163,7 @@ void hm_cpu_rope_neox(hm_pool *pool, float *x, int64_t n_tok, int n_head, int he
 }
 
 static void softmax_vec(float *x, int64_t n) {
-    float m = -INFINITY;
-    for (int64_t i = 0; i < n; i++) m = x[i] > m ? x[i] : m;
+    const float m = hm_max_f32(x, n);
     float s = hm_exp_sub_sum(x, n, m);
     float inv = 1.0f / s;
     for (int64_t i = 0; i < n; i++) x[i] *= inv;
