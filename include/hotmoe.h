@@ -333,6 +333,39 @@ void hm_server_close(hm_server *s);
 
 /* ==== end of server ======================================================================= */
 
+/* ==== Expert placement: plan (experts/) ================================================= */
+
+/* `hotmoe plan`: which expert units to keep in a fast tier of a given size, the hit rate that
+ * buys, the llama.cpp --n-cpu-moe placement with the same bytes and its hit rate, and (with a
+ * model file) the measured CPU cost of a unit and the decode speed that implies. */
+typedef struct hm_plan_opts {
+    const char *model_path;   /* GGUF: unit sizes + CPU calibration; NULL = profile/trace + unit_bytes */
+    const char *profile_path; /* a usage profile (hotmoe.profile.v1 or the seed-1 fork's v1) */
+    const char *trace_path;   /* a routing trace (--trace-out): every policy is replayed on it */
+    int64_t budget;           /* bytes of the fast tier for expert units; < 0: use budget_frac */
+    double budget_frac;       /* or this fraction (0, 1] of all units, when budget < 0 */
+    const char *policy;       /* "static" (default with a profile), "online" (default for a trace
+                                 alone), "lru" */
+    uint64_t unit_bytes;      /* without a model: bytes of one unit (0 = the profile's) */
+    int64_t sim_tokens;       /* without a trace: tokens of the synthetic trace (0 = the profile's
+                                 decode tokens, at least 2000, at most 20000) */
+    uint64_t seed;            /* of the synthetic trace */
+    int32_t n_threads;        /* calibration threads; 0 = online CPUs */
+    bool calibrate;           /* time a unit's matvec on this CPU (needs model_path) */
+    bool static_per_layer;    /* static: the same number of units in each layer */
+    bool warm_start;          /* online/lru start from the static placement */
+    float update_rate;        /* online: swaps per window as a fraction of slots (< 0: default) */
+    bool json;                /* one JSON object instead of the text report */
+} hm_plan_opts;
+
+void hm_plan_opts_default(hm_plan_opts *o);
+
+/* Compute and print the plan on out. Errors (unreadable profile/trace/model, shapes that do not
+ * match, no unit size) name the file and field; nothing is printed then. */
+hm_status hm_plan(const hm_plan_opts *o, FILE *out, hm_err *err);
+
+/* ==== end of expert placement ============================================================= */
+
 #ifdef __cplusplus
 }
 #endif

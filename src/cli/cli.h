@@ -19,6 +19,7 @@ int hm_cmd_run(int argc, char **argv);
 int hm_cmd_bench(int argc, char **argv);
 int hm_cmd_perplexity(int argc, char **argv);
 int hm_cmd_logits(int argc, char **argv);
+int hm_cmd_plan(int argc, char **argv);
 int hm_cmd_serve(int argc, char **argv);
 
 /* True for -h / --help. */

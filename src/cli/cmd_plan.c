@@ -1,0 +1,134 @@
+/* cmd_plan.c - `hotmoe plan`: how many expert units fit a budget, which, the hit rate, the
+ * llama.cpp --n-cpu-moe equivalent, and the CPU cost of the rest (hm_plan). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cli.h"
+
+static void usage(FILE *f) {
+    fputs("usage: hotmoe plan [-m MODEL.gguf] (--profile P.json | --trace T.bin) --budget SIZE|N%\n"
+          "                   [--policy static|online|lru] [--json]\n"
+          "\n"
+          "Answers: with SIZE bytes of VRAM for experts, how many expert units fit, which ones, how\n"
+          "often a routed unit is found there (the hit rate), what llama.cpp's --n-cpu-moe would do with\n"
+          "the same bytes, and what the rest costs on this CPU.\n"
+          "\n"
+          "  -m, --model FILE     the GGUF: unit sizes and a short CPU timing of its units\n"
+          "  --profile FILE       usage profile (hotmoe's, or the seed-1 fork's moe_layer_perf.v1 /\n"
+          "                       moe_layer_opt_perf.v1); alias --moe-hot-cache\n"
+          "  --trace FILE         routing trace from --trace-out: every policy is replayed on it\n"
+          "  --budget SIZE|N%     bytes for expert units (12GiB, 512MiB) or a share of all units (20%)\n"
+          "  --policy NAME        static (default with a profile), online (default with a trace), lru\n"
+          "  --unit-bytes SIZE    without -m: the size of one unit (if the profile does not say)\n"
+          "  --per-layer          static: the same number of units in every layer\n"
+          "  --warm-start         online/lru: start from the static placement\n"
+          "  --update-rate R      online: swaps per window as a fraction of the slots (default 0.05)\n"
+          "  --sim-tokens N       without a trace: length of the synthetic trace (default: the\n"
+          "                       profile's decode tokens, 2000..20000)\n"
+          "  --seed N             of the synthetic trace (default 1)\n"
+          "  -t, --threads N      threads for the CPU timing (default: all)\n"
+          "  --no-calibrate       skip the CPU timing\n"
+          "  --json               one JSON object\n"
+          "  -h, --help           this text\n",
+          f);
+}
+
+int hm_cmd_plan(int argc, char **argv) {
+    hm_plan_opts o;
+    hm_plan_opts_default(&o);
+    hm_err err = {{0}};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        const char *eq = strchr(a, '=');
+        char name[64];
+        size_t nlen = eq && a[0] == '-' ? (size_t)(eq - a) : strlen(a);
+        snprintf(name, sizeof name, "%.*s", (int)(nlen < sizeof name ? nlen : sizeof name - 1), a);
+        bool flag_only = strcmp(name, "--json") == 0 || strcmp(name, "--per-layer") == 0 ||
+                         strcmp(name, "--warm-start") == 0 || strcmp(name, "--no-calibrate") == 0 || hm_cli_is_help(a);
+        const char *v = NULL;
+        if (!flag_only && a[0] == '-') {
+            v = eq ? eq + 1 : (i + 1 < argc ? argv[++i] : NULL);
+            if (!v) {
+                fprintf(stderr, "plan: %s needs a value (see `hotmoe plan --help`)\n", name);
+                return 2;
+            }
+        }
+        if (hm_cli_is_help(a)) {
+            usage(stdout);
+            return 0;
+        } else if (strcmp(name, "--json") == 0) {
+            o.json = true;
+        } else if (strcmp(name, "--per-layer") == 0) {
+            o.static_per_layer = true;
+        } else if (strcmp(name, "--warm-start") == 0) {
+            o.warm_start = true;
+        } else if (strcmp(name, "--no-calibrate") == 0) {
+            o.calibrate = false;
+        } else if (strcmp(name, "-m") == 0 || strcmp(name, "--model") == 0) {
+            o.model_path = v;
+        } else if (strcmp(name, "--profile") == 0 || strcmp(name, "--moe-hot-cache") == 0) {
+            o.profile_path = v;
+        } else if (strcmp(name, "--trace") == 0) {
+            o.trace_path = v;
+        } else if (strcmp(name, "--policy") == 0) {
+            o.policy = v;
+        } else if (strcmp(name, "--budget") == 0) {
+            size_t n = strlen(v);
+            if (n > 1 && v[n - 1] == '%') {
+                char *end;
+                double pct = strtod(v, &end);
+                if (end != v + n - 1 || !(pct > 0 && pct <= 100)) {
+                    fprintf(stderr, "plan: --budget %s: a share must be in (0, 100]%%\n", v);
+                    return 2;
+                }
+                o.budget_frac = pct / 100.0;
+            } else if (hm_parse_size(v, &o.budget, &err) != HM_OK || o.budget < 0) {
+                fprintf(stderr, "plan: --budget: %s\n", err.msg[0] ? err.msg : "must be a size or a share (20%)");
+                return 2;
+            }
+        } else if (strcmp(name, "--unit-bytes") == 0) {
+            int64_t b;
+            if (hm_parse_size(v, &b, &err) != HM_OK || b <= 0) {
+                fprintf(stderr, "plan: --unit-bytes: %s\n", err.msg[0] ? err.msg : "must be a positive size");
+                return 2;
+            }
+            o.unit_bytes = (uint64_t)b;
+        } else if (strcmp(name, "--update-rate") == 0 || strcmp(name, "--moe-hot-cache-update-rate") == 0) {
+            char *end;
+            o.update_rate = strtof(v, &end);
+            if (*end || !(o.update_rate >= 0 && o.update_rate <= 1)) {
+                fprintf(stderr, "plan: --update-rate must be in [0, 1]\n");
+                return 2;
+            }
+        } else if (strcmp(name, "--sim-tokens") == 0 || strcmp(name, "--seed") == 0 || strcmp(name, "-t") == 0 ||
+                   strcmp(name, "--threads") == 0) {
+            char *end;
+            long long n = strtoll(v, &end, 10);
+            if (*end || n < 0 || n > 100000000) {
+                fprintf(stderr, "plan: %s expects a non-negative integer, got '%s'\n", name, v);
+                return 2;
+            }
+            if (name[2] == 's' && name[3] == 'i') o.sim_tokens = n;
+            else if (name[2] == 's') o.seed = (uint64_t)n;
+            else o.n_threads = (int32_t)n;
+        } else {
+            fprintf(stderr, "plan: unknown option '%s' (see `hotmoe plan --help`)\n", a);
+            return 2;
+        }
+    }
+    if (!o.profile_path && !o.trace_path) {
+        fprintf(stderr, "plan: give usage data: --profile FILE or --trace FILE (see `hotmoe plan --help`)\n");
+        return 2;
+    }
+    if (o.budget < 0 && o.budget_frac < 0) {
+        fprintf(stderr, "plan: give a budget: --budget 12GiB or --budget 20%%\n");
+        return 2;
+    }
+    hm_status st = hm_plan(&o, stdout, &err);
+    if (st != HM_OK) {
+        fprintf(stderr, "plan: %s\n", err.msg[0] ? err.msg : hm_status_name(st));
+        return st == HM_ERR_ARG ? 2 : 1;
+    }
+    return 0;
+}

@@ -1,0 +1,410 @@
+/* plan.c - `hotmoe plan`: placement, hit rates and predicted speed for a fast-tier budget
+ * (hotmoe.h, hm_plan). Every policy runs through the real store with a bookkeeping-only fast tier:
+ * static's in-sample rate from the profile's own counts, and every policy replayed on the same
+ * routing (the trace, or a synthetic trace sampled from the profile, sim.h). The llama.cpp
+ * equivalent is --n-cpu-moe N: the experts of layers 0..N-1 on the CPU, all of the others in
+ * VRAM; its hit rate is the share of routed slots in the GPU layers. */
+#include <inttypes.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "calib.h"
+#include "experts.h"
+#include "gguf/gguf.h"
+#include "sim.h"
+
+void hm_plan_opts_default(hm_plan_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->budget = -1;
+    o->budget_frac = -1;
+    o->update_rate = -1;
+    o->seed = 1;
+    o->calibrate = true;
+}
+
+typedef struct pol_run {
+    bool done;
+    double hit;             /* overall */
+    uint64_t *lhit, *ltot;  /* [n_layer] */
+    int32_t *resident;      /* [n_layer] at the end */
+    uint8_t *chosen;        /* [n_units] HOT at the end (layer-major) */
+    uint64_t swaps_in;
+} pol_run;
+
+typedef struct plan {
+    const hm_plan_opts *o;
+    hm_units units;
+    hm_gguf *gguf;
+    hm_profile prof;        /* the profile, or the trace's counts */
+    bool have_prof;
+    char model[256], arch[64];
+    int32_t k;
+    int64_t slots;
+    uint64_t budget_bytes;
+    hm_policy_kind kind;
+    int64_t sim_tokens;
+    pol_run in_sample;      /* static from the profile's counts */
+    pol_run on[4];          /* each policy on the trace / synthetic trace, indexed by kind */
+    int32_t ncm;            /* --n-cpu-moe N */
+    uint64_t ncm_bytes;
+    double ncm_hit;
+    bool calibrated;
+    hm_calib cal;
+    char calib_note[256];
+} plan;
+
+static void run_free(pol_run *r) {
+    free(r->lhit), free(r->ltot), free(r->resident), free(r->chosen);
+    memset(r, 0, sizeof *r);
+}
+
+static hm_status run_alloc(pol_run *r, const plan *pl, hm_err *err) {
+    size_t nl = (size_t)pl->units.n_layer;
+    r->lhit = calloc(nl, sizeof *r->lhit);
+    r->ltot = calloc(nl, sizeof *r->ltot);
+    r->resident = calloc(nl, sizeof *r->resident);
+    r->chosen = calloc((size_t)pl->units.n_units, 1);
+    if (!r->lhit || !r->ltot || !r->resident || !r->chosen) return hm_errf(err, HM_ERR_NOMEM, "plan: out of memory");
+    return HM_OK;
+}
+
+static hm_status open_store(const plan *pl, hm_policy_kind kind, hm_experts **s, hm_err *err) {
+    hm_experts_opts eo;
+    hm_experts_opts_default(&eo);
+    eo.hot_slots = pl->slots;
+    eo.policy.kind = kind;
+    eo.policy.static_per_layer = pl->o->static_per_layer;
+    eo.policy.warm_start = pl->o->warm_start;
+    if (pl->o->update_rate >= 0) eo.policy.update_rate = pl->o->update_rate;
+    eo.profile = pl->have_prof ? &pl->prof : NULL;
+    return hm_experts_open(s, &pl->units, &eo, err);
+}
+
+static void harvest(const plan *pl, hm_experts *s, pol_run *r) {
+    hm_experts_stats st;
+    hm_experts_get_stats(s, &st);
+    uint64_t h = 0, t = 0;
+    for (int32_t l = 0; l < pl->units.n_layer; l++) {
+        r->lhit[l] = st.layer_hits[l];
+        r->ltot[l] = st.layer_hits[l] + st.layer_misses[l];
+        r->resident[l] = st.layer_resident[l];
+        h += r->lhit[l], t += r->ltot[l];
+    }
+    size_t i = 0;
+    for (int32_t l = 0; l < pl->units.n_layer; l++)
+        for (int32_t e = 0; e < pl->units.layers[l].n_expert; e++, i++)
+            r->chosen[i] = hm_experts_unit(s, l, e)->home == HM_TIER_HOT;
+    r->hit = t ? (double)h / (double)t : 0;
+    r->swaps_in = st.swaps_in;
+    r->done = true;
+}
+
+/* Static placement scored on the profile's own counts. */
+static hm_status eval_in_sample(plan *pl, hm_err *err) {
+    hm_experts *s = NULL;
+    hm_status st = run_alloc(&pl->in_sample, pl, err);
+    if (!st) st = open_store(pl, HM_POLICY_STATIC, &s, err);
+    if (st) return st;
+    harvest(pl, s, &pl->in_sample);
+    pol_run *r = &pl->in_sample;
+    uint64_t h = 0, t = 0;
+    size_t i = 0;
+    for (int32_t l = 0; l < pl->units.n_layer; l++) {
+        r->lhit[l] = r->ltot[l] = 0;
+        for (int32_t e = 0; e < pl->units.layers[l].n_expert; e++, i++) {
+            uint64_t c = hm_profile_count(&pl->prof, l, e);
+            r->ltot[l] += c;
+            if (r->chosen[i]) r->lhit[l] += c;
+        }
+        h += r->lhit[l], t += r->ltot[l];
+    }
+    r->hit = t ? (double)h / (double)t : 0;
+    hm_experts_close(s);
+    return HM_OK;
+}
+
+static hm_status eval_on_routing(plan *pl, hm_policy_kind kind, hm_err *err) {
+    pol_run *r = &pl->on[kind];
+    hm_experts *s = NULL;
+    hm_sim_gen *g = NULL;
+    hm_status st = run_alloc(r, pl, err);
+    if (!st) st = open_store(pl, kind, &s, err);
+    if (!st) {
+        if (pl->o->trace_path) {
+            st = hm_sim_replay(s, pl->o->trace_path, err);
+        } else {
+            st = hm_sim_gen_open(&g, &pl->prof, pl->k, pl->o->seed, err);
+            if (!st) st = hm_sim_synthetic(s, g, pl->sim_tokens, err);
+        }
+    }
+    if (!st) harvest(pl, s, r);
+    hm_sim_gen_close(g);
+    hm_experts_close(s);
+    return st;
+}
+
+/* llama.cpp --n-cpu-moe N: the smallest N whose GPU layers' expert bytes fit the budget. */
+static void eval_layer_split(plan *pl) {
+    const hm_units *u = &pl->units;
+    uint64_t bytes = 0;
+    int32_t n = u->n_layer;
+    while (n > 0) {
+        const hm_units_layer *L = &u->layers[n - 1];
+        uint64_t b = L->unit_bytes * (uint64_t)L->n_expert;
+        if (bytes + b > pl->budget_bytes) break;
+        bytes += b;
+        n--;
+    }
+    pl->ncm = n;
+    pl->ncm_bytes = bytes;
+    uint64_t h = 0, t = 0;
+    for (int32_t l = 0; l < u->n_layer; l++) {
+        uint64_t c = hm_profile_layer_total(&pl->prof, l);
+        t += c;
+        if (l >= n) h += c;
+    }
+    pl->ncm_hit = t ? (double)h / (double)t : 0;
+}
+
+static const char *human(uint64_t b, char *buf, size_t cap) {
+    if (b >= (1ull << 30)) snprintf(buf, cap, "%.2f GiB", (double)b / (double)(1ull << 30));
+    else if (b >= (1ull << 20)) snprintf(buf, cap, "%.1f MiB", (double)b / (double)(1ull << 20));
+    else snprintf(buf, cap, "%.1f KiB", (double)b / 1024.0);
+    return buf;
+}
+
+static int32_t n_moe_layers(const hm_units *u) {
+    int32_t n = 0;
+    for (int32_t l = 0; l < u->n_layer; l++) n += u->layers[l].n_expert > 0;
+    return n;
+}
+
+/* CPU-computed units per decode token at hit rate h, and the tok/s the CPU part alone allows. */
+static double cpu_units_per_token(const plan *pl, double h) { return n_moe_layers(&pl->units) * pl->k * (1.0 - h); }
+static double cpu_tok_s(const plan *pl, double h) {
+    double us = cpu_units_per_token(pl, h) * pl->cal.us_unit_nt;
+    return us > 0 ? 1e6 / us : INFINITY;
+}
+
+static const pol_run *main_run(const plan *pl) {
+    if (pl->kind == HM_POLICY_STATIC && !pl->o->trace_path) return &pl->in_sample;
+    return &pl->on[pl->kind];
+}
+
+static void source_words(const plan *pl, char *buf, size_t cap) {
+    if (pl->o->trace_path) snprintf(buf, cap, "the trace %s", pl->o->trace_path);
+    else snprintf(buf, cap, "a synthetic trace of %" PRId64 " tokens sampled from the profile (seed %" PRIu64 ")",
+                  pl->sim_tokens, pl->o->seed);
+}
+
+static void print_text(const plan *pl, FILE *out) {
+    const hm_units *u = &pl->units;
+    char b1[32], b2[32], b3[32], src[1200];
+    const pol_run *r = main_run(pl);
+    source_words(pl, src, sizeof src);
+    fprintf(out, "model: %s%s%s, %d layers x %d experts, %d per token; %" PRIu64 " expert units of %s (%s in all)\n",
+            pl->model[0] ? pl->model : "(unnamed)", pl->arch[0] ? " / " : "", pl->arch, u->n_layer, u->n_expert, pl->k,
+            u->n_units, human(u->unit_bytes_max, b1, sizeof b1), human(u->expert_bytes, b2, sizeof b2));
+    if (pl->have_prof)
+        fprintf(out, "usage: %s (%" PRIu64 " tokens: %" PRIu64 " prompt, %" PRIu64 " decode)\n",
+                pl->o->profile_path ? pl->o->profile_path : pl->o->trace_path, pl->prof.tokens, pl->prof.prompt_tokens,
+                pl->prof.decode_tokens);
+    fprintf(out, "\nbudget %s -> %" PRId64 " of %" PRIu64 " units fit (%.1f %%)\n", human(pl->budget_bytes, b1, sizeof b1),
+            pl->slots, u->n_units, 100.0 * (double)pl->slots / (double)u->n_units);
+    fprintf(out, "policy %s: expected hit rate %.1f %% (routed units computed from the fast tier)\n",
+            hm_policy_name(pl->kind), 100.0 * r->hit);
+    if (r == &pl->in_sample)
+        fprintf(out, "  measured on the profile's own counts (in-sample: a new workload will do somewhat worse)\n");
+    else
+        fprintf(out, "  measured on %s; %" PRIu64 " units copied in over the run\n", src, r->swaps_in);
+    fprintf(out, "\nunits in the fast tier and hit rate, per layer:\n");
+    for (int32_t l = 0; l < u->n_layer; l++) {
+        double h = r->ltot[l] ? 100.0 * (double)r->lhit[l] / (double)r->ltot[l] : 0;
+        fprintf(out, "  L%-3d %4d %5.1f %%%s", l, r->resident[l], h, (l % 4 == 3 || l == u->n_layer - 1) ? "\n" : "   |");
+    }
+    fprintf(out, "\nall policies on the same routing (%s):\n", src);
+    for (int k = HM_POLICY_STATIC; k <= HM_POLICY_LRU; k++)
+        if (pl->on[k].done) fprintf(out, "  %-7s %5.1f %%\n", hm_policy_name((hm_policy_kind)k), 100.0 * pl->on[k].hit);
+    if (pl->in_sample.done) fprintf(out, "  static on the profile's own counts: %.1f %%\n", 100.0 * pl->in_sample.hit);
+    fprintf(out, "\nllama.cpp with the same bytes: -ngl 99 --n-cpu-moe %d (experts of layers %d..%d in VRAM, %s): "
+            "hit rate %.1f %%\n", pl->ncm, pl->ncm, u->n_layer - 1, human(pl->ncm_bytes, b3, sizeof b3), 100.0 * pl->ncm_hit);
+    if (pl->calibrated) {
+        double cu = cpu_units_per_token(pl, r->hit), cl = cpu_units_per_token(pl, pl->ncm_hit);
+        fprintf(out, "\nCPU cost of one unit on this machine (decode, 1 token): %.1f us on 1 thread, %.1f us on %d "
+                "threads (%.1f GB/s)\n", pl->cal.us_unit_1t, pl->cal.us_unit_nt, pl->cal.n_threads, pl->cal.gbs_nt);
+        fprintf(out, "  hotmoe %s: %.1f units per token on the CPU -> %.2f ms -> the CPU part allows %.1f tok/s\n",
+                hm_policy_name(pl->kind), cu, cu * pl->cal.us_unit_nt / 1000.0, cpu_tok_s(pl, r->hit));
+        fprintf(out, "  llama.cpp --n-cpu-moe %d: %.1f units per token on the CPU -> %.2f ms -> %.1f tok/s\n", pl->ncm, cl,
+                cl * pl->cal.us_unit_nt / 1000.0, cpu_tok_s(pl, pl->ncm_hit));
+        fprintf(out, "  (CPU expert time only: attention, the dense part and the GPU's own time come on top)\n");
+    } else {
+        fprintf(out, "\nCPU cost: %s\n", pl->calib_note);
+    }
+    fprintf(out, "GPU and upload cost per unit: not measured yet (placeholders until the CUDA backend, issue 5), so\n"
+                 "no total tok/s and no break-even hit rate yet.\n");
+    fprintf(out, "\nto run it (once the VRAM tier lands): --vram-budget %" PRIu64 "MiB --policy %s%s%s\n",
+            pl->budget_bytes >> 20, hm_policy_name(pl->kind), pl->o->profile_path ? " --profile " : "",
+            pl->o->profile_path ? pl->o->profile_path : "");
+}
+
+static hm_status print_json(const plan *pl, FILE *out) {
+    const hm_units *u = &pl->units;
+    const pol_run *r = main_run(pl);
+    char src[1200];
+    source_words(pl, src, sizeof src);
+    json_t *j = json_object(), *layers = json_array(), *cmp = json_object();
+    if (!j || !layers || !cmp) {
+        json_decref(j), json_decref(layers), json_decref(cmp);
+        return HM_ERR_NOMEM;
+    }
+    json_object_set_new(j, "model", json_string(pl->model));
+    json_object_set_new(j, "arch", json_string(pl->arch));
+    json_object_set_new(j, "n_layer", json_integer(u->n_layer));
+    json_object_set_new(j, "n_expert", json_integer(u->n_expert));
+    json_object_set_new(j, "k", json_integer(pl->k));
+    json_object_set_new(j, "n_units", json_integer((json_int_t)u->n_units));
+    json_object_set_new(j, "unit_bytes", json_integer((json_int_t)u->unit_bytes_max));
+    json_object_set_new(j, "expert_bytes", json_integer((json_int_t)u->expert_bytes));
+    json_object_set_new(j, "budget_bytes", json_integer((json_int_t)pl->budget_bytes));
+    json_object_set_new(j, "units_fit", json_integer(pl->slots));
+    json_object_set_new(j, "units_fraction", json_real((double)pl->slots / (double)u->n_units));
+    json_object_set_new(j, "policy", json_string(hm_policy_name(pl->kind)));
+    json_object_set_new(j, "hit_rate", json_real(r->hit));
+    json_object_set_new(j, "evaluated_on", json_string(r == &pl->in_sample ? "profile counts (in-sample)" : src));
+    size_t i = 0;
+    for (int32_t l = 0; l < u->n_layer; l++) {
+        json_t *lo = json_object(), *ex = json_array();
+        for (int32_t e = 0; e < u->layers[l].n_expert; e++, i++)
+            if (r->chosen[i]) json_array_append_new(ex, json_integer(e));
+        json_object_set_new(lo, "layer", json_integer(l));
+        json_object_set_new(lo, "resident", json_integer(r->resident[l]));
+        json_object_set_new(lo, "hit_rate", json_real(r->ltot[l] ? (double)r->lhit[l] / (double)r->ltot[l] : 0));
+        json_object_set_new(lo, "experts", ex);
+        json_array_append_new(layers, lo);
+    }
+    json_object_set_new(j, "layers", layers);
+    for (int k = HM_POLICY_STATIC; k <= HM_POLICY_LRU; k++)
+        if (pl->on[k].done) json_object_set_new(cmp, hm_policy_name((hm_policy_kind)k), json_real(pl->on[k].hit));
+    if (pl->in_sample.done) json_object_set_new(cmp, "static_in_sample", json_real(pl->in_sample.hit));
+    json_object_set_new(cmp, "routing", json_string(src));
+    json_object_set_new(j, "compare", cmp);
+    json_object_set_new(j, "n_cpu_moe", json_pack("{s:i, s:I, s:f}", "n", pl->ncm, "gpu_bytes", (json_int_t)pl->ncm_bytes,
+                                                  "hit_rate", pl->ncm_hit));
+    if (pl->calibrated)
+        json_object_set_new(j, "cpu", json_pack("{s:f, s:i, s:f, s:f, s:f, s:f, s:f, s:f}", "us_per_unit_1t",
+                                                pl->cal.us_unit_1t, "threads", pl->cal.n_threads, "us_per_unit",
+                                                pl->cal.us_unit_nt, "gb_per_s", pl->cal.gbs_nt, "cpu_units_per_token",
+                                                cpu_units_per_token(pl, r->hit), "cpu_tok_s", cpu_tok_s(pl, r->hit),
+                                                "n_cpu_moe_units_per_token", cpu_units_per_token(pl, pl->ncm_hit),
+                                                "n_cpu_moe_tok_s", cpu_tok_s(pl, pl->ncm_hit)));
+    else
+        json_object_set_new(j, "cpu", json_null());
+    json_object_set_new(j, "gpu", json_pack("{s:b, s:s}", "measured", 0, "note",
+                                            "GPU and upload costs are placeholders until the CUDA backend (issue 5)"));
+    int rc = json_dumpf(j, out, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
+    fputc('\n', out);
+    json_decref(j);
+    return rc ? HM_ERR_IO : HM_OK;
+}
+
+static hm_status load_inputs(plan *pl, hm_err *err) {
+    const hm_plan_opts *o = pl->o;
+    hm_status st;
+    if (!o->profile_path && !o->trace_path)
+        return hm_errf(err, HM_ERR_ARG, "plan needs usage data: --profile FILE or --trace FILE");
+    if (o->profile_path) {
+        if ((st = hm_profile_read(&pl->prof, o->profile_path, err))) return st;
+    } else if ((st = hm_sim_trace_profile(o->trace_path, &pl->prof, err))) {
+        return st;
+    }
+    pl->have_prof = true;
+    snprintf(pl->model, sizeof pl->model, "%s", pl->prof.model);
+    snprintf(pl->arch, sizeof pl->arch, "%s", pl->prof.arch);
+    if (o->model_path) {
+        if ((st = hm_gguf_open(&pl->gguf, o->model_path, err))) return st;
+        if ((st = hm_units_init(&pl->units, pl->gguf, err))) return st;
+        if (!pl->units.n_units)
+            return hm_errf(err, HM_ERR_ARG, "%s: the model has no expert tensors (not an MoE model?)", o->model_path);
+        hm_gguf_str s;
+        if (hm_gguf_get_str(pl->gguf, "general.name", &s) && s.len < 256)
+            snprintf(pl->model, sizeof pl->model, "%.*s", (int)s.len, s.ptr);
+        if (hm_gguf_get_str(pl->gguf, "general.architecture", &s) && s.len < 64)
+            snprintf(pl->arch, sizeof pl->arch, "%.*s", (int)s.len, s.ptr);
+        if (pl->units.n_layer != pl->prof.n_layer || pl->units.n_expert != pl->prof.n_expert)
+            return hm_errf(err, HM_ERR_ARG, "%s has %d layers x %d experts but the model %s has %d x %d",
+                           o->profile_path ? o->profile_path : o->trace_path, pl->prof.n_layer, pl->prof.n_expert,
+                           o->model_path, pl->units.n_layer, pl->units.n_expert);
+    } else {
+        uint64_t ub = o->unit_bytes ? o->unit_bytes : pl->prof.unit_bytes;
+        if (!ub)
+            return hm_errf(err, HM_ERR_ARG, "the size of a unit is unknown: give the model (-m MODEL.gguf) or "
+                           "--unit-bytes SIZE");
+        int32_t k = pl->prof.k;
+        if ((st = hm_units_init_geom(&pl->units, pl->prof.n_layer, pl->prof.n_expert, k, ub, err))) return st;
+    }
+    pl->k = pl->units.n_expert_used ? pl->units.n_expert_used : pl->prof.k;
+    if (pl->k <= 0) return hm_errf(err, HM_ERR_ARG, "experts per token unknown (neither the model nor the usage data say)");
+    if (!pl->model[0] && o->model_path) snprintf(pl->model, sizeof pl->model, "%s", o->model_path);
+    return HM_OK;
+}
+
+hm_status hm_plan(const hm_plan_opts *o, FILE *out, hm_err *err) {
+    hm_plan_opts dflt;
+    if (!o) hm_plan_opts_default(&dflt), o = &dflt;
+    plan *pl = calloc(1, sizeof *pl);
+    if (!pl) return hm_errf(err, HM_ERR_NOMEM, "plan: out of memory");
+    pl->o = o;
+    hm_status st = load_inputs(pl, err);
+    if (st) goto done;
+    const hm_units *u = &pl->units;
+    if (o->budget >= 0) {
+        pl->slots = (int64_t)hm_units_fit(u, o->budget);
+        pl->budget_bytes = (uint64_t)o->budget;
+    } else if (o->budget_frac > 0 && o->budget_frac <= 1) {
+        pl->slots = (int64_t)llround(o->budget_frac * (double)u->n_units);
+        pl->budget_bytes = (uint64_t)pl->slots * u->unit_bytes_max;
+    } else {
+        st = hm_errf(err, HM_ERR_ARG, "plan needs a budget: --budget SIZE (e.g. 12GiB) or a share of the units (e.g. 20%%)");
+        goto done;
+    }
+    int kind = o->policy ? hm_policy_from_name(o->policy) : (o->profile_path ? HM_POLICY_STATIC : HM_POLICY_ONLINE);
+    if (kind <= HM_POLICY_NONE) {
+        st = hm_errf(err, HM_ERR_ARG, "unknown policy '%s' (static, online, lru)", o->policy);
+        goto done;
+    }
+    pl->kind = (hm_policy_kind)kind;
+    if (!o->trace_path) {
+        int64_t n = o->sim_tokens > 0 ? o->sim_tokens : (int64_t)pl->prof.decode_tokens;
+        if (o->sim_tokens <= 0) n = n < 2000 ? 2000 : n > 20000 ? 20000 : n;
+        pl->sim_tokens = n;
+        if ((st = eval_in_sample(pl, err))) goto done;
+    }
+    for (int k = HM_POLICY_STATIC; k <= HM_POLICY_LRU; k++)
+        if ((st = eval_on_routing(pl, (hm_policy_kind)k, err))) goto done;
+    eval_layer_split(pl);
+    if (o->model_path && o->calibrate) {
+        int32_t nt = o->n_threads > 0 ? o->n_threads : (int32_t)sysconf(_SC_NPROCESSORS_ONLN);
+        hm_err cerr = {{0}};
+        if (hm_calib_cpu(u, nt < 1 ? 1 : nt, &pl->cal, &cerr) == HM_OK) pl->calibrated = true;
+        else snprintf(pl->calib_note, sizeof pl->calib_note, "not measured (%s)", cerr.msg);
+    } else {
+        snprintf(pl->calib_note, sizeof pl->calib_note, "not measured (%s)",
+                 o->model_path ? "--no-calibrate" : "needs the model file, -m MODEL.gguf");
+    }
+    if (o->json) {
+        if ((st = print_json(pl, out))) hm_errf(err, st, "plan: could not write the JSON report");
+    } else {
+        print_text(pl, out);
+    }
+done:
+    run_free(&pl->in_sample);
+    for (int k = 0; k < 4; k++) run_free(&pl->on[k]);
+    hm_units_free(&pl->units);
+    hm_gguf_close(pl->gguf);
+    hm_profile_free(&pl->prof);
+    free(pl);
+    return st;
+}
