@@ -8,6 +8,7 @@
  * loop of one traits vec_dot per (row, token) on one thread (what a naive engine does). Best of
  * REPS runs. A benchmark, not a test: it asserts nothing. */
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -97,6 +98,77 @@ static void bench_attention(hm_pool *pool) {
     free(pos);
     free(q);
     free(o);
+}
+
+/* One Qwen3-30B-A3B MoE layer (128 experts, top-8, n_embd 2048, n_ff 768) in type `type` for
+ * gate/up and `dtype` for down: decode (1 token) and prefill (512 tokens, random routing). */
+static void bench_moe(hm_pool *pool, int type, int dtype) {
+    const int64_t E = 2048, F = 768;
+    const int n_exp = 128, k = 8;
+    uint64_t seed = 99;
+    const hm_type_traits *tr = hm_type_get(type), *dr = hm_type_get(dtype);
+    size_t rs_gu = hm_row_size(type, E), rs_d = hm_row_size(dtype, F);
+    char *gu = hm_malloc_aligned(rs_gu * (size_t)F * 2 * n_exp), *dn = hm_malloc_aligned(rs_d * (size_t)E * n_exp);
+    float *tmp = malloc((size_t)E * sizeof(float));
+    for (int64_t r = 0; r < F * 2 * n_exp; r++) {
+        for (int64_t c = 0; c < E; c++) tmp[c] = frand(&seed);
+        tr->from_float_ref(tmp, gu + (size_t)r * rs_gu, E);
+    }
+    for (int64_t r = 0; r < E * n_exp; r++) {
+        for (int64_t c = 0; c < F; c++) tmp[c] = frand(&seed);
+        dr->from_float_ref(tmp, dn + (size_t)r * rs_d, F);
+    }
+    const int64_t batches[2] = {1, 512};
+    for (int bi = 0; bi < 2; bi++) {
+        const int64_t nb = batches[bi];
+        float *x = malloc((size_t)(nb * E) * sizeof(float)), *out = calloc((size_t)(nb * E), sizeof(float));
+        for (int64_t i = 0; i < nb * E; i++) x[i] = frand(&seed);
+        int32_t *tok = malloc((size_t)(nb * k) * sizeof(int32_t));
+        float *w = malloc((size_t)(nb * k) * sizeof(float));
+        hm_moe_job *jobs = calloc((size_t)n_exp, sizeof *jobs);
+        int32_t *sel = malloc((size_t)(nb * k) * sizeof(int32_t));
+        for (int64_t t = 0; t < nb; t++)
+            for (int j = 0; j < k; j++) sel[t * k + j] = (int32_t)((t * 37 + j * 16 + (int64_t)((frand(&seed) + 0.5f) * 15)) % n_exp);
+        int32_t at = 0;
+        for (int e = 0; e < n_exp; e++) {
+            jobs[e].gate = hm_mat_make(gu + (size_t)(2 * e) * F * rs_gu, type, E, F, rs_gu);
+            jobs[e].up = hm_mat_make(gu + (size_t)(2 * e + 1) * F * rs_gu, type, E, F, rs_gu);
+            jobs[e].down = hm_mat_make(dn + (size_t)e * E * rs_d, dtype, F, E, rs_d);
+            jobs[e].tok = tok + at;
+            jobs[e].w = w + at;
+            for (int64_t t = 0; t < nb; t++) {
+                bool hit = false;
+                for (int j = 0; j < k; j++) hit |= sel[t * k + j] == e;
+                if (hit) {
+                    tok[at] = (int32_t)t;
+                    w[at++] = 0.125f;
+                    jobs[e].n_tok++;
+                }
+            }
+        }
+        hm_scratch s = {NULL, hm_cpu_moe_scratch_size(nb, at, E, F, hm_pool_size(pool))};
+        s.data = hm_malloc_aligned(s.size);
+        double best = 1e9;
+        for (int r = 0; r < (nb == 1 ? 50 : 3); r++) {
+            double t0 = now_s();
+            hm_cpu_moe(pool, jobs, n_exp, x, nb, E, F, out, &s);
+            double dt = now_s() - t0;
+            best = dt < best ? dt : best;
+        }
+        double flops = 2.0 * 3 * (double)E * (double)F * at;
+        printf("moe layer %s/%s batch %-4lld (%d pairs): %9.1f us  %7.1f GFLOP/s  %.1f tok/s per layer\n", tr->name,
+               dr->name, (long long)nb, at, best * 1e6, flops / best * 1e-9, (double)nb / best);
+        hm_free_aligned(s.data);
+        free(x);
+        free(out);
+        free(tok);
+        free(w);
+        free(jobs);
+        free(sel);
+    }
+    free(tmp);
+    hm_free_aligned(gu);
+    hm_free_aligned(dn);
 }
 
 static void bench_type(hm_pool *pool, int type, int reps) {
@@ -191,6 +263,7 @@ int main(int argc, char **argv) {
     }
     bench_dispatch(pool);
     bench_attention(pool);
+    if (hm_cpu_type_ok(HM_TYPE_Q4_K) && hm_cpu_type_ok(HM_TYPE_Q6_K)) bench_moe(pool, HM_TYPE_Q4_K, HM_TYPE_Q6_K);
     for (int i = 0; i < n_types; i++) {
         if (!hm_cpu_type_ok(types[i])) {
             printf("%s: not registered in this build, skipped\n", hm_type_name(types[i]));

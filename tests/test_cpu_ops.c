@@ -393,8 +393,8 @@ static void test_attention(hm_pool **pools, int d) {
         float *out = malloc((size_t)(n_total * row_q) * sizeof(float));
         int32_t pos[64];
         for (int i = 0; i < n_total; i++) pos[i] = i;
-        hm_scratch s = scratch_make(hm_cpu_attention_scratch_size(prefill, n_ctx, n_head, d, p + 1) +
-                                    hm_cpu_attention_scratch_size(1, n_ctx, n_head, d, p + 1));
+        /* sized once for the largest batch: it must serve the one-token calls too */
+        hm_scratch s = scratch_make(hm_cpu_attention_scratch_size(prefill, n_ctx, n_head, d, p + 1));
         /* prefill as one batch, then one token at a time */
         hm_cpu_kv_write(pools[p], kc, vc, n_ctx, n_kv, d, k, v, prefill, pos);
         hm_cpu_attention(pools[p], q, prefill, pos, kc, vc, n_ctx, n_head, n_kv, d, scale, out, &s);

@@ -117,9 +117,10 @@ size_t hm_cpu_attention_scratch_size(int64_t n_tok, int64_t n_ctx, int n_head, i
     size_t s = 4 * HM_ALIGN;
     s += (size_t)n_threads * sc_stride(n_ctx, n_head) * sizeof(float);
     s += (size_t)n_threads * 16 * (size_t)head_dim * sizeof(float);
-    int ns = attn_splits(n_tok, 1, n_threads); /* the most splits any n_kv_head can ask for */
-    if (ns > 1)
-        s += (size_t)n_tok * (size_t)n_head * (size_t)ns * ((size_t)head_dim + 2) * sizeof(float);
+    /* partials: a call with n <= n_tok queries splits only when n * heads < 4 * nth, into
+     * ceil(4 * nth / (n * heads)) parts, so n * n_split <= 4 * nth + n < 8 * nth per head */
+    (void)n_tok;
+    s += (size_t)n_head * 8 * (size_t)n_threads * ((size_t)head_dim + 2) * sizeof(float);
     return s;
 }
 

@@ -104,6 +104,8 @@ void hm_cpu_kv_write(hm_pool *pool, uint16_t *k_cache, uint16_t *v_cache, int64_
                      int n_kv_head, int head_dim, const float *k, const float *v, int64_t n_tok,
                      const int32_t *pos);
 
+/* Scratch bytes for hm_cpu_attention with up to n_tok queries (any smaller count too), n_ctx
+ * positions, n_head q heads of head_dim, on a pool of n_threads. Monotonic in every argument. */
 size_t hm_cpu_attention_scratch_size(int64_t n_tok, int64_t n_ctx, int n_head, int head_dim,
                                      int n_threads);
 
