@@ -246,7 +246,7 @@ static void print_text(const plan *pl, FILE *out) {
     fprintf(out, "GPU and upload cost per unit: not measured yet (placeholders until the CUDA backend, issue 5), so\n"
                  "no total tok/s and no break-even hit rate yet.\n");
     fprintf(out, "\nto run it (once the VRAM tier lands): --vram-budget %" PRIu64 "MiB --policy %s%s%s\n",
-            pl->budget_bytes >> 20, hm_policy_name(pl->kind), pl->o->profile_path ? " --profile " : "",
+            (pl->budget_bytes + (1u << 20) - 1) >> 20, hm_policy_name(pl->kind), pl->o->profile_path ? " --profile " : "",
             pl->o->profile_path ? pl->o->profile_path : "");
 }
 
