@@ -463,6 +463,16 @@ int main(void) {
         hm_session_close(s);
     }
 
+    /* 3b. last-only logits through micro-batches of 5 (earlier ones want no logits at all) */
+    {
+        hm_session *s = open_session(m, 2, 5, 64);
+        const float *lg = NULL;
+        CHECK(s && hm_session_eval(s, tok, NTOK, false, &lg, &err) == HM_OK);
+        if (lg && l1) CHECK(max_abs_diff_f(lg, l1 + (NTOK - 1) * NV, NV) < 1e-5);
+        /* a rows-wanted batch after that continues the same cache */
+        hm_session_close(s);
+    }
+
     /* 4. bad requests: context overflow, token out of range */
     {
         hm_session *s = open_session(m, 1, 512, 16);

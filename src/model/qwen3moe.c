@@ -11,6 +11,8 @@
  *       llama.cpp hard-wires for qwen3moe); x += sum_e w_e * down_e(silu(gate_e h) * up_e h)
  * then logits = (rmsnorm(x) * output_norm) Wout, Wout = token_embd when `output` is absent.
  * head_dim comes from attention.key_length and may differ from n_embd / n_head.
+ * In the last layer only the rows whose logits are wanted go past the K/V write (a prompt's
+ * prefill computes one row there, a micro-batch without wanted logits stops at the write).
  *
  * Session state: the KV cache for n_ctx positions and every activation for one micro-batch are
  * allocated in state_open; forward allocates nothing. */
@@ -59,6 +61,7 @@ typedef struct q3_state {
     float *rw;     /* [U, k] routing weights */
     int32_t *rid;  /* [U, k] routed experts */
     float *hout;   /* [U, n_embd] rows whose logits are wanted */
+    int32_t *pos_out; /* [U] positions of those rows */
     hm_moe_route route;
     hm_scratch scratch;
 } q3_state;
@@ -272,8 +275,9 @@ static hm_status q3_state_open(const hm_model *m, const hm_state_opts *o, void *
     }
 
     /* activations: one block, each array 64-byte aligned */
-    const size_t sizes[] = {U * E, U * E, U * nq, U * nkv, U * nkv, U * nq, U * (size_t)q->n_expert, U * K, U * K, U * E};
-    float **dst[] = {&s->x, &s->h, &s->q, &s->k, &s->v, &s->att, &s->rlog, &s->rw, (float **)&s->rid, &s->hout};
+    const size_t sizes[] = {U * E, U * E, U * nq, U * nkv, U * nkv, U * nq, U * (size_t)q->n_expert, U * K, U * K, U * E, U};
+    float **dst[] = {&s->x,  &s->h,    &s->q,  &s->k,              &s->v,   &s->att,
+                     &s->rlog, &s->rw, (float **)&s->rid, &s->hout, (float **)&s->pos_out};
     size_t total = 0;
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) total += hm_align_up(sizes[i] * 4, HM_ALIGN);
     if (!(s->act = hm_malloc_aligned(total))) {
@@ -326,12 +330,14 @@ static hm_status q3_forward(const hm_model *m, void *state, hm_pool *pool, const
     const float scale = 1.0f / sqrtf((float)hd);
 
     hm_cpu_get_rows(pool, &q->tok_embd, b->tokens, n, s->x);
+    int64_t nr = n;              /* rows carried through the layer (all but in the last layer) */
+    const int32_t *pos = b->pos; /* their positions */
     for (int32_t il = 0; il < q->n_layer; il++) {
         const q3_layer *L = &q->layers[il];
         char *kc = (char *)s->kv + (size_t)il * 2 * s->kv_layer_elems * s->kv_elem_size;
         char *vc = kc + s->kv_layer_elems * s->kv_elem_size;
 
-        /* attention block */
+        /* attention block: Q/K/V of every token (the cache needs all K/V rows) */
         hm_cpu_rmsnorm(pool, s->x, L->attn_norm, s->h, n, E, q->eps);
         const hm_mat *ws[3] = {&L->wq, &L->wk, &L->wv};
         float *const ys[3] = {s->q, s->k, s->v};
@@ -340,29 +346,46 @@ static hm_status q3_forward(const hm_model *m, void *state, hm_pool *pool, const
         hm_cpu_rmsnorm_heads(pool, s->k, L->k_norm, n, nkv, hd, q->eps);
         hm_cpu_rope_neox(pool, s->q, n, nh, hd, q->n_rot, b->pos, q->theta);
         hm_cpu_rope_neox(pool, s->k, n, nkv, hd, q->n_rot, b->pos, q->theta);
-        if (s->kv_type == HM_KV_F32) {
+        if (s->kv_type == HM_KV_F32)
             hm_kv_f32_write(pool, (float *)kc, (float *)vc, s->n_ctx, nkv, hd, s->k, s->v, n, b->pos);
-            hm_kv_f32_attention(pool, s->q, n, b->pos, (const float *)kc, (const float *)vc, s->n_ctx, nh, nkv, hd,
-                                scale, s->att, s->kv_scratch);
-        } else {
+        else
             hm_cpu_kv_write(pool, (uint16_t *)kc, (uint16_t *)vc, s->n_ctx, nkv, hd, s->k, s->v, n, b->pos);
-            hm_cpu_attention(pool, s->q, n, b->pos, (const uint16_t *)kc, (const uint16_t *)vc, s->n_ctx, nh, nkv, hd,
-                             scale, s->att, &s->scratch);
+
+        if (il == q->n_layer - 1 && b->n_out < n) {
+            /* last layer: only the rows whose logits are wanted matter from here on (as
+             * llama.cpp's inp_out_ids); out_rows ascend, so compacting forward is safe */
+            if (b->n_out == 0) break;
+            for (int32_t i = 0; i < b->n_out; i++) {
+                const int32_t r = b->out_rows[i];
+                s->pos_out[i] = b->pos[r];
+                if (r == i) continue;
+                memcpy(s->q + (size_t)i * (size_t)(nh * hd), s->q + (size_t)r * (size_t)(nh * hd),
+                       (size_t)(nh * hd) * sizeof(float));
+                memcpy(s->x + (size_t)i * (size_t)E, s->x + (size_t)r * (size_t)E, (size_t)E * sizeof(float));
+            }
+            nr = b->n_out;
+            pos = s->pos_out;
         }
-        hm_cpu_matmul(pool, &L->wo, s->att, n, s->h, &s->scratch);
-        hm_cpu_add(pool, s->x, s->h, s->x, n * E);
+        if (s->kv_type == HM_KV_F32)
+            hm_kv_f32_attention(pool, s->q, nr, pos, (const float *)kc, (const float *)vc, s->n_ctx, nh, nkv, hd,
+                                scale, s->att, s->kv_scratch);
+        else
+            hm_cpu_attention(pool, s->q, nr, pos, (const uint16_t *)kc, (const uint16_t *)vc, s->n_ctx, nh, nkv, hd,
+                             scale, s->att, &s->scratch);
+        hm_cpu_matmul(pool, &L->wo, s->att, nr, s->h, &s->scratch);
+        hm_cpu_add(pool, s->x, s->h, s->x, nr * E);
 
         /* MoE block: route, then compute the routed units straight into the residual */
-        hm_cpu_rmsnorm(pool, s->x, L->ffn_norm, s->h, n, E, q->eps);
-        hm_cpu_matmul(pool, &L->router, s->h, n, s->rlog, &s->scratch);
-        hm_cpu_router(s->rlog, n, q->n_expert, q->n_expert_used, true, s->rid, s->rw);
-        hm_moe_route_build(&s->route, s->rid, s->rw, (int32_t)n);
+        hm_cpu_rmsnorm(pool, s->x, L->ffn_norm, s->h, nr, E, q->eps);
+        hm_cpu_matmul(pool, &L->router, s->h, nr, s->rlog, &s->scratch);
+        hm_cpu_router(s->rlog, nr, q->n_expert, q->n_expert_used, true, s->rid, s->rw);
+        hm_moe_route_build(&s->route, s->rid, s->rw, (int32_t)nr);
         hm_moe_compute(pool, &L->moe, &s->route, s->h, s->x, &s->scratch);
     }
     if (b->n_out > 0) {
-        for (int32_t i = 0; i < b->n_out; i++)
-            memcpy(s->hout + (size_t)i * (size_t)E, s->x + (size_t)b->out_rows[i] * (size_t)E, (size_t)E * sizeof(float));
-        hm_cpu_rmsnorm(pool, s->hout, q->output_norm, s->hout, b->n_out, E, q->eps);
+        /* x rows 0..n_out-1 are the wanted rows now (compacted above, or all rows in order) */
+        HM_ASSERT(nr == b->n_out);
+        hm_cpu_rmsnorm(pool, s->x, q->output_norm, s->hout, b->n_out, E, q->eps);
         hm_cpu_matmul(pool, &q->output, s->hout, b->n_out, b->logits, &s->scratch);
     }
     (void)err;
