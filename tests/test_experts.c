@@ -267,6 +267,7 @@ static void test_trace_roundtrip(void) {
     fd = mkstemp(path2);
     close(fd);
     hm_experts_close(a);
+    hm_units_free(&u1);
     a = open_store(&u1, 3, 300, 4, 60, &pol, NULL);
     CHECK(hm_experts_trace_out(a, path2, &err) == HM_OK);
     CHECK(hm_sim_replay(a, path, &err) == HM_OK);
