@@ -1,9 +1,13 @@
-/* cuda_device.cu - CUDA device discovery. The CUDA backend (kernels, VRAM expert slots) grows
- * here; this file answers "is there a GPU and what is it" without failing when there is none. */
-#include <cuda_runtime.h>
+/* cuda_device.cu - CUDA device discovery, the device context (its compute and upload streams),
+ * device memory and host<->device copies.
+ *
+ * Discovery never fails when there is no GPU (hm_cuda_device_count() == 0 is an answer, not an
+ * error). Everything else reports CUDA failures as HM_ERR_CUDA through HM_CU. */
 #include <stdio.h>
+#include <stdlib.h>
 
 #include "cuda_device.h"
+#include "cuda_impl.h"
 
 extern "C" int hm_cuda_device_count(void) {
     int n = 0;
@@ -17,4 +21,97 @@ extern "C" int hm_cuda_device_name(int dev, char *buf, size_t len) {
     snprintf(buf, len, "%s (sm_%d%d, %.1f GiB)", p.name, p.major, p.minor,
              (double)p.totalGlobalMem / (1024.0 * 1024.0 * 1024.0));
     return 0;
+}
+
+static hm_status ctx_init(hm_cuda_ctx *c, int device, hm_err *err) {
+    HM_CU(cudaSetDevice(device));
+    HM_CU(cudaDeviceGetAttribute(&c->n_sm, cudaDevAttrMultiProcessorCount, device));
+    HM_CU(cudaStreamCreateWithFlags(&c->compute, cudaStreamNonBlocking));
+    HM_CU(cudaStreamCreateWithFlags(&c->upload, cudaStreamNonBlocking));
+    HM_CU(cudaEventCreateWithFlags(&c->upload_done, cudaEventDisableTiming));
+    for (int i = 0; i < HM_CUDA_MOE_RING; i++)
+        HM_CU(cudaEventCreateWithFlags(&c->moe_free[i], cudaEventDisableTiming));
+    return HM_OK;
+}
+
+hm_status hm_cuda_open(hm_cuda_ctx **out, int device, hm_err *err) {
+    *out = NULL;
+    hm_cuda_ctx *c = (hm_cuda_ctx *)calloc(1, sizeof *c);
+    if (!c) return hm_errf(err, HM_ERR_NOMEM, "cuda: out of host memory for the context");
+    c->device = device;
+    hm_status st = ctx_init(c, device, err);
+    if (st) {
+        hm_cuda_close(c);
+        return st;
+    }
+    *out = c;
+    return HM_OK;
+}
+
+void hm_cuda_close(hm_cuda_ctx *c) {
+    if (!c) return;
+    cudaSetDevice(c->device);
+    if (c->compute) cudaStreamSynchronize(c->compute);
+    if (c->upload) cudaStreamSynchronize(c->upload);
+    for (int i = 0; i < HM_CUDA_MOE_RING; i++) {
+        if (c->moe_host[i]) cudaFreeHost(c->moe_host[i]);
+        if (c->moe_free[i]) cudaEventDestroy(c->moe_free[i]);
+    }
+    if (c->upload_done) cudaEventDestroy(c->upload_done);
+    if (c->upload) cudaStreamDestroy(c->upload);
+    if (c->compute) cudaStreamDestroy(c->compute);
+    free(c);
+}
+
+hm_status hm_cuda_alloc(hm_cuda_ctx *c, size_t bytes, void **out, hm_err *err) {
+    *out = NULL;
+    HM_CU(cudaSetDevice(c->device));
+    cudaError_t e = cudaMalloc(out, bytes ? bytes : 1);
+    if (e != cudaSuccess) {
+        *out = NULL;
+        (void)cudaGetLastError(); /* clear the sticky-free allocation error */
+        return hm_errf(err, e == cudaErrorMemoryAllocation ? HM_ERR_NOMEM : HM_ERR_CUDA,
+                       "cuda: cudaMalloc of %zu bytes on device %d: %s", bytes, c->device,
+                       cudaGetErrorString(e));
+    }
+    return HM_OK;
+}
+
+void hm_cuda_free(hm_cuda_ctx *c, void *p) {
+    (void)c;
+    if (p) cudaFree(p);
+}
+
+hm_status hm_cuda_memset(hm_cuda_ctx *c, void *dst, int byte, size_t n, hm_err *err) {
+    HM_CU(cudaMemsetAsync(dst, byte, n, c->compute));
+    return HM_OK;
+}
+
+hm_status hm_cuda_upload(hm_cuda_ctx *c, void *dst, const void *src_host, size_t n, hm_err *err) {
+    HM_CU(cudaMemcpyAsync(dst, src_host, n, cudaMemcpyHostToDevice, c->upload));
+    HM_CU(cudaStreamSynchronize(c->upload));
+    return HM_OK;
+}
+
+hm_status hm_cuda_upload_async(hm_cuda_ctx *c, void *dst, const void *src_host, size_t n,
+                               hm_err *err) {
+    HM_CU(cudaMemcpyAsync(dst, src_host, n, cudaMemcpyHostToDevice, c->upload));
+    return HM_OK;
+}
+
+hm_status hm_cuda_upload_fence(hm_cuda_ctx *c, hm_err *err) {
+    HM_CU(cudaEventRecord(c->upload_done, c->upload));
+    HM_CU(cudaStreamWaitEvent(c->compute, c->upload_done, 0));
+    return HM_OK;
+}
+
+hm_status hm_cuda_download(hm_cuda_ctx *c, void *dst_host, const void *src, size_t n, hm_err *err) {
+    HM_CU(cudaMemcpyAsync(dst_host, src, n, cudaMemcpyDeviceToHost, c->compute));
+    HM_CU(cudaStreamSynchronize(c->compute));
+    return HM_OK;
+}
+
+hm_status hm_cuda_sync(hm_cuda_ctx *c, hm_err *err) {
+    HM_CU(cudaStreamSynchronize(c->compute));
+    return HM_OK;
 }

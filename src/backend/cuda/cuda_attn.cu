@@ -1,0 +1,194 @@
+/* cuda_attn.cu - causal GQA attention over the f16 KV cache, with a flash-decoding split.
+ *
+ * Kernel 1 (partials): a 128-thread block takes one (query token, KV range, kv head, chunk of up to
+ * GC q heads of that kv head's group). K and V rows of the range are read once and used for all
+ * GC q heads: GQA's sharing happens in registers, not in L2. Each warp walks positions
+ * p0 + warp, p0 + warp + 4, ... keeping an online softmax (max m, sum l, unnormalised o) per head,
+ * lane l holding elements l*D .. l*D+D-1 of head_dim = 32 D; the four warps merge through shared
+ * memory and the block writes (m, l, o) of its range.
+ * Kernel 2 (merge): per (token, q head) the ranges are merged in range order and normalised.
+ * The number of ranges grows when few (token, head) blocks would leave multiprocessors idle
+ * (decode at long context); prefill uses one range. Fixed orders everywhere: deterministic. */
+#include "cuda_impl.h"
+#include "cuda_quant.cuh"
+
+using namespace hmcu;
+
+#define ATTN_WARPS 4
+#define ATTN_MIN_RANGE 256 /* positions per range at least, before splitting further */
+#define ATTN_MAX_SPLIT 128
+
+static int heads_per_block(int head_dim) { return head_dim == 256 ? 4 : 8; }
+
+static int attn_splits(const hm_cuda_ctx *c, int64_t n_tok, int64_t kv_len, int n_head,
+                       int n_kv_head, int head_dim) {
+    const int gc = heads_per_block(head_dim);
+    const int64_t g = n_head / n_kv_head;
+    const int64_t blocks = n_tok * n_kv_head * ((g + gc - 1) / gc);
+    int64_t want = (2 * (int64_t)c->n_sm + blocks - 1) / blocks;
+    const int64_t by_len = (kv_len + ATTN_MIN_RANGE - 1) / ATTN_MIN_RANGE;
+    if (want > by_len) want = by_len;
+    if (want > ATTN_MAX_SPLIT) want = ATTN_MAX_SPLIT;
+    return want < 1 ? 1 : (int)want;
+}
+
+size_t hm_cuda_attention_scratch_size(const hm_cuda_ctx *c, int64_t n_tok, int64_t kv_len,
+                                      int n_head, int n_kv_head, int head_dim) {
+    if (n_kv_head <= 0 || n_head % n_kv_head) return 0;
+    const int ns = attn_splits(c, n_tok, kv_len, n_head, n_kv_head, head_dim);
+    return (size_t)n_tok * (size_t)n_head * (size_t)ns * ((size_t)head_dim + 2) * sizeof(float);
+}
+
+/* D consecutive f16 of a K or V row (2, 4 or 8: one 4-, 8- or 16-byte load). */
+template <int D>
+__device__ __forceinline__ void ld_half_d(const uint16_t *p, float (&v)[D]) {
+    uint32_t w[D / 2];
+    if constexpr (D == 2) {
+        w[0] = *(const uint32_t *)p;
+    } else if constexpr (D == 4) {
+        const uint2 u = *(const uint2 *)p;
+        w[0] = u.x; w[1] = u.y;
+    } else {
+        const uint4 u = *(const uint4 *)p;
+        w[0] = u.x; w[1] = u.y; w[2] = u.z; w[3] = u.w;
+    }
+#pragma unroll
+    for (int i = 0; i < D / 2; i++) {
+        const float2 f = __half22float2(*(const __half2 *)&w[i]);
+        v[2 * i] = f.x;
+        v[2 * i + 1] = f.y;
+    }
+}
+
+template <int D, int GC>
+__global__ void __launch_bounds__(32 * ATTN_WARPS) k_attn_part(const float *__restrict__ q, const int32_t *__restrict__ pos,
+                                                               const uint16_t *__restrict__ kc, const uint16_t *__restrict__ vc,
+                                                               int64_t n_ctx, int n_head, int n_kv_head, int n_hchunk,
+                                                               float scale, int n_split, float *__restrict__ part) {
+    constexpr int HD = 32 * D;
+    __shared__ float sm_m[ATTN_WARPS][GC], sm_l[ATTN_WARPS][GC];
+    __shared__ float sm_o[ATTN_WARPS][GC][HD];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int s = blockIdx.x;
+    const int kvh = blockIdx.y / n_hchunk, hc = blockIdx.y % n_hchunk;
+    const int64_t t = blockIdx.z;
+    const int G = n_head / n_kv_head;
+    const int h0 = kvh * G + hc * GC;
+    const int nh = min(GC, G - hc * GC);
+    const int64_t n_kv = (int64_t)pos[t] + 1;
+    const int64_t p0 = n_kv * s / n_split, p1 = n_kv * (s + 1) / n_split;
+
+    float qr[GC][D], o[GC][D], m[GC], l[GC];
+#pragma unroll
+    for (int g = 0; g < GC; g++) {
+        const float *qp = q + (t * n_head + h0 + (g < nh ? g : 0)) * HD + lane * D;
+#pragma unroll
+        for (int i = 0; i < D; i++) {
+            qr[g][i] = qp[i] * scale;
+            o[g][i] = 0.0f;
+        }
+        m[g] = -INFINITY;
+        l[g] = 0.0f;
+    }
+    const uint16_t *kb = kc + (int64_t)kvh * n_ctx * HD + lane * D;
+    const uint16_t *vb = vc + (int64_t)kvh * n_ctx * HD + lane * D;
+    for (int64_t p = p0 + warp; p < p1; p += ATTN_WARPS) {
+        float kv[D], vv[D];
+        ld_half_d<D>(kb + p * HD, kv);
+        ld_half_d<D>(vb + p * HD, vv);
+#pragma unroll
+        for (int g = 0; g < GC; g++) {
+            float sc = 0.0f;
+#pragma unroll
+            for (int i = 0; i < D; i++) sc = fmaf(qr[g][i], kv[i], sc);
+            sc = warp_sum(sc);
+            const float mn = fmaxf(m[g], sc);
+            const float corr = expf(m[g] - mn), e = expf(sc - mn);
+            l[g] = l[g] * corr + e;
+#pragma unroll
+            for (int i = 0; i < D; i++) o[g][i] = fmaf(o[g][i], corr, e * vv[i]);
+            m[g] = mn;
+        }
+    }
+#pragma unroll
+    for (int g = 0; g < GC; g++) {
+        if (lane == 0) {
+            sm_m[warp][g] = m[g];
+            sm_l[warp][g] = l[g];
+        }
+#pragma unroll
+        for (int i = 0; i < D; i++) sm_o[warp][g][lane * D + i] = o[g][i];
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < nh * HD; e += 32 * ATTN_WARPS) {
+        const int g = e / HD, d = e % HD;
+        float M = -INFINITY;
+#pragma unroll
+        for (int w = 0; w < ATTN_WARPS; w++) M = fmaxf(M, sm_m[w][g]);
+        float L = 0.0f, O = 0.0f;
+        if (M != -INFINITY) {
+#pragma unroll
+            for (int w = 0; w < ATTN_WARPS; w++) {
+                const float f = expf(sm_m[w][g] - M);
+                L += f * sm_l[w][g];
+                O += f * sm_o[w][g][d];
+            }
+        }
+        float *pp = part + ((t * n_head + h0 + g) * n_split + s) * (HD + 2);
+        if (d == 0) {
+            pp[0] = M;
+            pp[1] = L;
+        }
+        pp[2 + d] = O;
+    }
+}
+
+/* one block of head_dim threads per (token, q head) */
+__global__ void k_attn_merge(const float *__restrict__ part, int n_split, int head_dim, float *__restrict__ out) {
+    const int64_t th = blockIdx.x;
+    const int d = threadIdx.x;
+    const float *pp = part + th * n_split * (head_dim + 2);
+    float M = -INFINITY;
+    for (int s = 0; s < n_split; s++)
+        if (pp[s * (head_dim + 2) + 1] > 0.0f) M = fmaxf(M, pp[s * (head_dim + 2)]);
+    float L = 0.0f, O = 0.0f;
+    for (int s = 0; s < n_split; s++) {
+        const float *ps = pp + s * (head_dim + 2);
+        if (ps[1] == 0.0f) continue; /* empty range */
+        const float f = expf(ps[0] - M);
+        L += f * ps[1];
+        O += f * ps[2 + d];
+    }
+    out[th * head_dim + d] = O / L;
+}
+
+template <int D>
+static void launch_attn(hm_cuda_ctx *c, const float *q, int64_t n_tok, const int32_t *pos,
+                        const uint16_t *kc, const uint16_t *vc, int64_t n_ctx, int n_head,
+                        int n_kv_head, float scale, int n_split, float *part, float *out) {
+    constexpr int GC = D == 8 ? 4 : 8;
+    const int G = n_head / n_kv_head, n_hchunk = (G + GC - 1) / GC;
+    const dim3 grid((unsigned)n_split, (unsigned)(n_kv_head * n_hchunk), (unsigned)n_tok);
+    k_attn_part<D, GC><<<grid, 32 * ATTN_WARPS, 0, c->compute>>>(q, pos, kc, vc, n_ctx, n_head, n_kv_head,
+                                                                 n_hchunk, scale, n_split, part);
+    k_attn_merge<<<(unsigned)(n_tok * n_head), 32 * D, 0, c->compute>>>(part, n_split, 32 * D, out);
+}
+
+hm_status hm_cuda_attention(hm_cuda_ctx *c, const float *q, int64_t n_tok, const int32_t *pos,
+                            int64_t kv_len, const uint16_t *k_cache, const uint16_t *v_cache,
+                            int64_t n_ctx, int n_head, int n_kv_head, int head_dim, float scale,
+                            float *out, void *scratch, size_t scratch_size, hm_err *err) {
+    HM_CU_ARG(q && pos && k_cache && v_cache && out && n_kv_head > 0 && n_head % n_kv_head == 0);
+    HM_CU_ARG(kv_len >= 1 && kv_len <= n_ctx && n_tok >= 0 && n_tok <= 65535);
+    if (head_dim != 64 && head_dim != 128 && head_dim != 256)
+        return hm_errf(err, HM_ERR_UNSUPPORTED, "cuda attention: head_dim %d (64, 128, 256 supported)", head_dim);
+    if (!n_tok) return HM_OK;
+    const int ns = attn_splits(c, n_tok, kv_len, n_head, n_kv_head, head_dim);
+    HM_CU_ARG(scratch && scratch_size >= hm_cuda_attention_scratch_size(c, n_tok, kv_len, n_head, n_kv_head, head_dim));
+    float *part = (float *)scratch;
+    if (head_dim == 64) launch_attn<2>(c, q, n_tok, pos, k_cache, v_cache, n_ctx, n_head, n_kv_head, scale, ns, part, out);
+    else if (head_dim == 128) launch_attn<4>(c, q, n_tok, pos, k_cache, v_cache, n_ctx, n_head, n_kv_head, scale, ns, part, out);
+    else launch_attn<8>(c, q, n_tok, pos, k_cache, v_cache, n_ctx, n_head, n_kv_head, scale, ns, part, out);
+    HM_CU_LAUNCH("attention");
+    return HM_OK;
+}

@@ -1,0 +1,62 @@
+/* cuda_impl.h - internals shared by the CUDA backend's .cu files (C++ only): the context, the
+ * one CUDA-call checking macro and the small launch helpers.
+ *
+ * Invariants: every CUDA runtime call goes through HM_CU / HM_CU_LAUNCH, which turn a failure into
+ * HM_ERR_CUDA with "file:line: call: cudaGetErrorString" in the caller's hm_err. Ops only enqueue
+ * on the context's compute stream; they never synchronise and never allocate. */
+#ifndef HM_BACKEND_CUDA_IMPL_H
+#define HM_BACKEND_CUDA_IMPL_H
+
+#include <cuda_runtime.h>
+#include <stdint.h>
+
+extern "C" {
+#include "core/status.h"
+}
+#include "cuda_ops.h"
+
+#define HM_CUDA_MOE_RING 4
+
+struct hm_cuda_ctx {
+    int device;
+    int n_sm;                  /* multiprocessors, for grid sizing */
+    cudaStream_t compute;      /* every op runs here, in call order */
+    cudaStream_t upload;       /* host -> device copies that overlap compute */
+    cudaEvent_t upload_done;   /* recorded on `upload`, waited on by `compute` (upload fence) */
+    /* Pinned staging of the MoE routing tables, a ring so the host can fill the next layer's
+     * tables while earlier copies are still queued; slot i is reusable once moe_free[i] fired. */
+    void *moe_host[HM_CUDA_MOE_RING];
+    size_t moe_host_size[HM_CUDA_MOE_RING];
+    cudaEvent_t moe_free[HM_CUDA_MOE_RING];
+    int moe_next;
+};
+
+/* Evaluate a CUDA runtime call; on failure fill `err` (a hm_err * in scope) and return. */
+#define HM_CU(call)                                                                              \
+    do {                                                                                         \
+        cudaError_t e_ = (call);                                                                 \
+        if (e_ != cudaSuccess)                                                                   \
+            return hm_errf(err, HM_ERR_CUDA, "%s:%d: %s: %s", __FILE__, __LINE__, #call,         \
+                           cudaGetErrorString(e_));                                              \
+    } while (0)
+
+/* After a kernel launch: a bad configuration shows here; faults inside show at the next sync. */
+#define HM_CU_LAUNCH(what) HM_CU(cudaPeekAtLastError())
+
+/* Argument checks of the op entry points: a failing one is a caller bug reported as HM_ERR_ARG. */
+#define HM_CU_ARG(cond)                                                                          \
+    do {                                                                                         \
+        if (!(cond)) return hm_errf(err, HM_ERR_ARG, "%s:%d: bad argument: %s", __FILE__,        \
+                                    __LINE__, #cond);                                            \
+    } while (0)
+
+/* Internal entry points between the op families (all enqueue on c->compute). */
+/* Decode path of hm_cuda_matmul (1 <= n_tok <= HM_CUDA_MATVEC_MAX_TOK), arguments checked. */
+hm_status hm_cuda_matvec_run(hm_cuda_ctx *c, const hm_cuda_mat *w, const float *x, int n_tok,
+                             float *y, hm_err *err);
+/* Checks a weight matrix against the kernels' needs (type, alignment, ne0). */
+hm_status hm_cuda_mat_check(const hm_cuda_mat *w, hm_err *err);
+
+static inline unsigned hm_cu_blocks(int64_t n, int per) { return (unsigned)((n + per - 1) / per); }
+
+#endif

@@ -1,0 +1,83 @@
+/* cuda_matvec.cu - the decode matvec: y = W x for 1..8 tokens, every weight type.
+ *
+ * One warp per weight row, four rows per 128-thread block. Lane l decodes groups l, l+32, ... of
+ * 8 consecutive elements (cuda_quant.cuh) and multiplies each by the matching 8 activations of
+ * every token, so the weight bytes stream from HBM once for all tokens and the activation loads of
+ * a warp are contiguous. The kernel is templated on the token count NT in {1, 2, 4, 8}; a batch
+ * of 3 runs NT = 4 with the last token repeated (its result is not stored). Activations stay f32:
+ * exact against the CPU reference, at the price of 4 bytes of (L1-resident) activation per weight
+ * element per token; quantising x to int8 for dp4a is the next step if L1 becomes the limit. */
+#include "cuda_impl.h"
+#include "cuda_quant.cuh"
+
+using namespace hmcu;
+
+template <int T, int NT>
+__global__ void __launch_bounds__(128) k_matvec(const uint8_t *__restrict__ w, size_t nb1, int64_t ne0,
+                                                int64_t ne1, const float *__restrict__ x, int n_tok,
+                                                float *__restrict__ y) {
+    const int lane = threadIdx.x & 31;
+    const int64_t r = (int64_t)blockIdx.x * 4 + (threadIdx.x >> 5);
+    if (r >= ne1) return;
+    const float *xs[NT];
+    float acc[NT];
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        xs[t] = x + (int64_t)(t < n_tok ? t : n_tok - 1) * ne0;
+        acc[t] = 0.0f;
+    }
+    warp_row_dot<T, NT>(w + r * nb1, ne0 / 8, xs, acc, lane);
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        const float s = warp_sum(acc[t]);
+        if (lane == t && t < n_tok) y[(int64_t)t * ne1 + r] = s;
+    }
+}
+
+template <int T>
+static void launch_matvec(cudaStream_t st, const hm_cuda_mat *w, const float *x, int n_tok, float *y) {
+    const unsigned nb = hm_cu_blocks(w->ne1, 4);
+    const uint8_t *wd = (const uint8_t *)w->data;
+    if (n_tok == 1) k_matvec<T, 1><<<nb, 128, 0, st>>>(wd, w->nb1, w->ne0, w->ne1, x, n_tok, y);
+    else if (n_tok == 2) k_matvec<T, 2><<<nb, 128, 0, st>>>(wd, w->nb1, w->ne0, w->ne1, x, n_tok, y);
+    else if (n_tok <= 4) k_matvec<T, 4><<<nb, 128, 0, st>>>(wd, w->nb1, w->ne0, w->ne1, x, n_tok, y);
+    else k_matvec<T, 8><<<nb, 128, 0, st>>>(wd, w->nb1, w->ne0, w->ne1, x, n_tok, y);
+}
+
+bool hm_cuda_type_ok(int type) { return hm_cuda_type_align(type) != 0; }
+
+size_t hm_cuda_type_align(int type) {
+    switch (type) {
+#define HM_ALIGN_CASE(T) case T: return (size_t)qtype<T>::align;
+        HM_CUDA_FOR_TYPES(HM_ALIGN_CASE)
+#undef HM_ALIGN_CASE
+    default: return 0;
+    }
+}
+
+hm_status hm_cuda_mat_check(const hm_cuda_mat *w, hm_err *err) {
+    const size_t a = hm_cuda_type_align(w->type);
+    if (!a)
+        return hm_errf(err, HM_ERR_UNSUPPORTED, "cuda: weight type %s has no CUDA kernel",
+                       hm_type_name(w->type));
+    const hm_type_traits *tr = hm_type_get(w->type);
+    if (w->ne0 <= 0 || w->ne0 % 32 || w->ne0 % tr->blck_size || w->ne1 <= 0)
+        return hm_errf(err, HM_ERR_ARG, "cuda: %s matrix of %lld x %lld: ne0 must be a multiple of 32 "
+                       "and of the block size", hm_type_name(w->type), (long long)w->ne1, (long long)w->ne0);
+    if ((uintptr_t)w->data % a || w->nb1 % a || w->nb1 < hm_row_size(w->type, w->ne0))
+        return hm_errf(err, HM_ERR_ARG, "cuda: %s matrix data %p / row stride %zu not %zu-byte aligned "
+                       "or too small", hm_type_name(w->type), w->data, w->nb1, a);
+    return HM_OK;
+}
+
+hm_status hm_cuda_matvec_run(hm_cuda_ctx *c, const hm_cuda_mat *w, const float *x, int n_tok,
+                             float *y, hm_err *err) {
+    switch (w->type) {
+#define HM_MV_CASE(T) case T: launch_matvec<T>(c->compute, w, x, n_tok, y); break;
+        HM_CUDA_FOR_TYPES(HM_MV_CASE)
+#undef HM_MV_CASE
+    default: return hm_errf(err, HM_ERR_UNSUPPORTED, "cuda matvec: type %d", w->type);
+    }
+    HM_CU_LAUNCH("matvec");
+    return HM_OK;
+}

@@ -1,0 +1,233 @@
+/* cuda_moe.cu - the grouped MoE kernel: every resident expert unit of a layer in two launches.
+ *
+ * Routing tables (built on the host, uploaded once per call into the head of the scratch):
+ *   units[a]     = {gate, up, down, pair0, n_pair}: active unit a owns pairs [pair0, pair0+n_pair)
+ *   pair_tok[i], pair_w[i], pair_unit[i]: the token, routing weight and unit of pair i
+ *   tok_start[t], tok_pairs[]: CSR of the pairs of each token, in unit order
+ * Launch A, grid (n_ff / 4 rows, unit): a warp takes row r of one unit's gate and up and all the
+ *   unit's tokens (8 at a time, the weights read once per 8 tokens) and writes
+ *   h[i][r] = silu(gate_r . x) * (up_r . x) for each pair i.   h: [n_pairs, n_ff] f32
+ * Launch B, grid (n_embd / 4 rows, token): a warp takes row r of the output of token t and sums
+ *   w_i * (down_u row r . h_i) over t's pairs in unit order, then out[t][r] += the sum.
+ * Each output element has exactly one writer: no atomics, bit-identical results run to run.
+ * Launch B reads a unit's down rows once per token routed to it (from L2 after the first): right
+ * for decode batches; large prefill batches should take the tiled matmul per unit instead. */
+#include <string.h>
+
+#include "cuda_impl.h"
+#include "cuda_quant.cuh"
+
+using namespace hmcu;
+
+struct moe_unit_dev {
+    const uint8_t *gate, *up, *down;
+    int32_t pair0, n_pair;
+};
+
+/* Byte offsets of the tables and of h inside the scratch. */
+typedef struct {
+    size_t units, pair_tok, pair_w, pair_unit, tok_start, tok_pairs, tables_end, h, end;
+} moe_layout;
+
+static size_t up16(size_t n) { return (n + 15) & ~(size_t)15; }
+
+static moe_layout moe_layout_of(int64_t n_batch, int64_t n_pairs, int64_t n_units, int64_t n_ff) {
+    moe_layout L;
+    L.units = 0;
+    L.pair_tok = up16((size_t)n_units * sizeof(moe_unit_dev));
+    L.pair_w = L.pair_tok + up16((size_t)n_pairs * 4);
+    L.pair_unit = L.pair_w + up16((size_t)n_pairs * 4);
+    L.tok_start = L.pair_unit + up16((size_t)n_pairs * 4);
+    L.tok_pairs = L.tok_start + up16(((size_t)n_batch + 1) * 4);
+    L.tables_end = L.tok_pairs + up16((size_t)n_pairs * 4);
+    L.h = (L.tables_end + 255) & ~(size_t)255;
+    L.end = L.h + (size_t)n_pairs * (size_t)n_ff * sizeof(float);
+    return L;
+}
+
+size_t hm_cuda_moe_scratch_size(int64_t n_batch, int64_t n_pairs, int64_t n_units, int64_t n_ff) {
+    return moe_layout_of(n_batch, n_pairs, n_units, n_ff).end;
+}
+
+__device__ __forceinline__ float silu(float v) { return v / (1.0f + expf(-v)); }
+
+/* gate and up rows r for NT tokens (pairs i0 .. i0+n-1 of the unit). */
+template <int T, int NT>
+__device__ __forceinline__ void gate_up_chunk(const moe_unit_dev &u, int64_t r, size_t nb1, int64_t n_embd,
+                                              int64_t n_ff, const int32_t *pair_tok, int32_t i0, int n,
+                                              const float *x, float *h, int lane) {
+    const float *xs[NT];
+    float g[NT], up[NT];
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        xs[t] = x + (int64_t)pair_tok[i0 + (t < n ? t : n - 1)] * n_embd;
+        g[t] = up[t] = 0.0f;
+    }
+    warp_row_dot<T, NT>(u.gate + r * nb1, n_embd / 8, xs, g, lane);
+    warp_row_dot<T, NT>(u.up + r * nb1, n_embd / 8, xs, up, lane);
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        const float gs = warp_sum(g[t]), us = warp_sum(up[t]);
+        if (lane == t && t < n) h[(int64_t)(i0 + t) * n_ff + r] = silu(gs) * us;
+    }
+}
+
+template <int T>
+__global__ void __launch_bounds__(128) k_moe_gate_up(const moe_unit_dev *__restrict__ units, const int32_t *__restrict__ pair_tok,
+                                                     const float *__restrict__ x, int64_t n_embd, int64_t n_ff, size_t nb1,
+                                                     float *__restrict__ h) {
+    const int lane = threadIdx.x & 31;
+    const int64_t r = (int64_t)blockIdx.x * 4 + (threadIdx.x >> 5);
+    if (r >= n_ff) return;
+    const moe_unit_dev u = units[blockIdx.y];
+    for (int32_t i = u.pair0; i < u.pair0 + u.n_pair; i += 8) {
+        const int n = min(8, u.pair0 + u.n_pair - i);
+        if (n == 1) gate_up_chunk<T, 1>(u, r, nb1, n_embd, n_ff, pair_tok, i, n, x, h, lane);
+        else if (n == 2) gate_up_chunk<T, 2>(u, r, nb1, n_embd, n_ff, pair_tok, i, n, x, h, lane);
+        else if (n <= 4) gate_up_chunk<T, 4>(u, r, nb1, n_embd, n_ff, pair_tok, i, n, x, h, lane);
+        else gate_up_chunk<T, 8>(u, r, nb1, n_embd, n_ff, pair_tok, i, n, x, h, lane);
+    }
+}
+
+template <int T>
+__global__ void __launch_bounds__(128) k_moe_down(const moe_unit_dev *__restrict__ units, const float *__restrict__ pair_w,
+                                                  const int32_t *__restrict__ pair_unit, const int32_t *__restrict__ tok_start,
+                                                  const int32_t *__restrict__ tok_pairs, const float *__restrict__ h,
+                                                  int64_t n_embd, int64_t n_ff, size_t nb1, float *__restrict__ out) {
+    const int lane = threadIdx.x & 31;
+    const int64_t r = (int64_t)blockIdx.x * 4 + (threadIdx.x >> 5);
+    const int64_t t = blockIdx.y;
+    if (r >= n_embd) return;
+    const int32_t q0 = tok_start[t], q1 = tok_start[t + 1];
+    if (q0 == q1) return;
+    float acc = 0.0f;
+    for (int32_t q = q0; q < q1; q++) {
+        const int32_t i = tok_pairs[q];
+        const float *xs[1] = {h + (int64_t)i * n_ff};
+        float d[1] = {0.0f};
+        warp_row_dot<T, 1>(units[pair_unit[i]].down + r * nb1, n_ff / 8, xs, d, lane);
+        acc = fmaf(pair_w[i], d[0], acc);
+    }
+    acc = warp_sum(acc);
+    if (lane == 0) out[t * n_embd + r] += acc;
+}
+
+template <int TG, int TD>
+static void launch_moe(cudaStream_t st, char *scr, const moe_layout &L, int n_active, const float *x,
+                       int64_t n_batch, int64_t n_embd, int64_t n_ff, float *out) {
+    const moe_unit_dev *units = (const moe_unit_dev *)(scr + L.units);
+    float *h = (float *)(scr + L.h);
+    k_moe_gate_up<TG><<<dim3(hm_cu_blocks(n_ff, 4), (unsigned)n_active), 128, 0, st>>>(
+        units, (const int32_t *)(scr + L.pair_tok), x, n_embd, n_ff, hm_row_size(TG, n_embd), h);
+    k_moe_down<TD><<<dim3(hm_cu_blocks(n_embd, 4), (unsigned)n_batch), 128, 0, st>>>(
+        units, (const float *)(scr + L.pair_w), (const int32_t *)(scr + L.pair_unit),
+        (const int32_t *)(scr + L.tok_start), (const int32_t *)(scr + L.tok_pairs), h, n_embd, n_ff,
+        hm_row_size(TD, n_ff), out);
+}
+
+/* Dispatch the (gate type, down type) pair: the gate type is a template of launch A, the down
+ * type of launch B, so the 10 x 10 table is two switches. */
+template <int TG>
+static bool launch_moe_down(int down_type, cudaStream_t st, char *scr, const moe_layout &L, int n_active,
+                            const float *x, int64_t n_batch, int64_t n_embd, int64_t n_ff, float *out) {
+    switch (down_type) {
+#define HM_MD_CASE(T) case T: launch_moe<TG, T>(st, scr, L, n_active, x, n_batch, n_embd, n_ff, out); return true;
+        HM_CUDA_FOR_TYPES(HM_MD_CASE)
+#undef HM_MD_CASE
+    default: return false;
+    }
+}
+
+/* The next staging slot, grown to `bytes` (pinned), once its previous copy has been read. */
+static hm_status moe_staging(hm_cuda_ctx *c, size_t bytes, int *slot, hm_err *err) {
+    const int s = c->moe_next;
+    c->moe_next = (s + 1) % HM_CUDA_MOE_RING;
+    HM_CU(cudaEventSynchronize(c->moe_free[s]));
+    if (c->moe_host_size[s] < bytes) {
+        if (c->moe_host[s]) HM_CU(cudaFreeHost(c->moe_host[s]));
+        c->moe_host[s] = NULL;
+        c->moe_host_size[s] = 0;
+        size_t sz = bytes < 65536 ? 65536 : bytes * 2;
+        HM_CU(cudaHostAlloc(&c->moe_host[s], sz, cudaHostAllocDefault));
+        c->moe_host_size[s] = sz;
+    }
+    *slot = s;
+    return HM_OK;
+}
+
+hm_status hm_cuda_moe(hm_cuda_ctx *c, const hm_cuda_moe_unit *units, int n_units, int gate_type,
+                      int down_type, const float *x, int64_t n_batch, int64_t n_embd, int64_t n_ff,
+                      float *out, void *scratch, size_t scratch_size, hm_err *err) {
+    HM_CU_ARG(x && out && scratch && n_units >= 0 && n_batch >= 0 && n_batch <= 65535);
+    if (!hm_cuda_type_ok(gate_type) || !hm_cuda_type_ok(down_type))
+        return hm_errf(err, HM_ERR_UNSUPPORTED, "cuda moe: types %s / %s", hm_type_name(gate_type),
+                       hm_type_name(down_type));
+    HM_CU_ARG(n_embd > 0 && n_ff > 0 && n_embd % 256 == 0 && n_ff % 256 == 0);
+    const size_t ga = hm_cuda_type_align(gate_type), da = hm_cuda_type_align(down_type);
+    HM_CU_ARG(hm_row_size(gate_type, n_embd) % ga == 0 && hm_row_size(down_type, n_ff) % da == 0);
+    int64_t n_pairs = 0;
+    int n_active = 0;
+    for (int j = 0; j < n_units; j++) {
+        HM_CU_ARG(units[j].n_tok >= 0);
+        if (!units[j].n_tok) continue;
+        HM_CU_ARG(units[j].gate && units[j].up && units[j].down && units[j].tok_host && units[j].w_host);
+        HM_CU_ARG((uintptr_t)units[j].gate % ga == 0 && (uintptr_t)units[j].up % ga == 0 &&
+                  (uintptr_t)units[j].down % da == 0);
+        n_pairs += units[j].n_tok;
+        n_active++;
+    }
+    if (!n_pairs) return HM_OK;
+    const moe_layout L = moe_layout_of(n_batch, n_pairs, n_active, n_ff);
+    HM_CU_ARG(scratch_size >= L.end);
+
+    int slot = 0;
+    hm_status st = moe_staging(c, L.tables_end + ((size_t)n_batch + 1) * 4, &slot, err);
+    if (st) return st;
+    char *hb = (char *)c->moe_host[slot];
+    moe_unit_dev *ud = (moe_unit_dev *)(hb + L.units);
+    int32_t *pair_tok = (int32_t *)(hb + L.pair_tok), *pair_unit = (int32_t *)(hb + L.pair_unit);
+    float *pair_w = (float *)(hb + L.pair_w);
+    int32_t *tok_start = (int32_t *)(hb + L.tok_start), *tok_pairs = (int32_t *)(hb + L.tok_pairs);
+    memset(tok_start, 0, ((size_t)n_batch + 1) * 4);
+    int32_t i = 0, a = 0;
+    for (int j = 0; j < n_units; j++) {
+        const hm_cuda_moe_unit *u = &units[j];
+        if (!u->n_tok) continue;
+        ud[a].gate = (const uint8_t *)u->gate;
+        ud[a].up = (const uint8_t *)u->up;
+        ud[a].down = (const uint8_t *)u->down;
+        ud[a].pair0 = i;
+        ud[a].n_pair = u->n_tok;
+        for (int32_t k = 0; k < u->n_tok; k++, i++) {
+            const int32_t t = u->tok_host[k];
+            if (t < 0 || t >= n_batch)
+                return hm_errf(err, HM_ERR_ARG, "cuda moe: unit %d routes token %d outside the batch of %lld",
+                               j, t, (long long)n_batch);
+            pair_tok[i] = t;
+            pair_w[i] = u->w_host[k];
+            pair_unit[i] = a;
+            tok_start[t + 1]++;
+        }
+        a++;
+    }
+    for (int64_t t = 0; t < n_batch; t++) tok_start[t + 1] += tok_start[t];
+    /* stable counting sort: each token's pairs in pair (= unit) order; the cursors live in the
+     * staging tail, which is not uploaded */
+    int32_t *cur = (int32_t *)(hb + L.tables_end);
+    memcpy(cur, tok_start, (size_t)n_batch * 4);
+    for (int32_t p = 0; p < (int32_t)n_pairs; p++) tok_pairs[cur[pair_tok[p]]++] = p;
+    char *scr = (char *)scratch;
+    HM_CU(cudaMemcpyAsync(scr, hb, L.tables_end, cudaMemcpyHostToDevice, c->compute));
+    HM_CU(cudaEventRecord(c->moe_free[slot], c->compute));
+
+    bool ok = false;
+    switch (gate_type) {
+#define HM_MG_CASE(T) case T: ok = launch_moe_down<T>(down_type, c->compute, scr, L, n_active, x, n_batch, n_embd, n_ff, out); break;
+        HM_CUDA_FOR_TYPES(HM_MG_CASE)
+#undef HM_MG_CASE
+    default: break;
+    }
+    if (!ok) return hm_errf(err, HM_ERR_UNSUPPORTED, "cuda moe: type pair %d/%d", gate_type, down_type);
+    HM_CU_LAUNCH("moe");
+    return HM_OK;
+}

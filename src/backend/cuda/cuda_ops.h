@@ -1,0 +1,183 @@
+/* cuda_ops.h - the CUDA backend (C interface): a device context with its streams, device memory,
+ * and the op set of the forward pass, mirroring backend/cpu/cpu_ops.h.
+ *
+ * Vocabulary as in cpu_ops.h: activations are row-major f32 ([n_tok, n] = n_tok rows of n floats),
+ * weights are hm_cuda_mat (ne0 contiguous columns = the input dimension, ne1 rows). Every pointer
+ * an op takes is a DEVICE pointer (from hm_cuda_alloc or inside such a buffer) unless its name ends
+ * in _host. Weights and caches are borrowed; nothing here frees what it did not allocate.
+ *
+ * Execution: every op enqueues kernels on the context's compute stream and returns at once; its
+ * hm_status covers bad arguments and launch errors, a fault inside a kernel shows at the next
+ * hm_cuda_sync / hm_cuda_download. Ops never allocate: the few that need temporary device memory
+ * take a scratch buffer sized at start with their *_scratch_size function.
+ *
+ * Numerics (the backend-ops test bounds each against a double reference):
+ *   - decode matvec (n_tok <= HM_CUDA_MATVEC_MAX_TOK) and the grouped MoE: weights dequantised
+ *     exactly to f32 in registers, f32 activations, f32 accumulation: error is float rounding only.
+ *   - prefill matmul (n_tok > HM_CUDA_MATVEC_MAX_TOK): weights and activations rounded to bf16
+ *     (8-bit mantissa, f32 range) for the tensor cores, f32 accumulation.
+ *   - attention: f16 KV (as the CPU), f32 scores and online softmax with expf.
+ * Determinism: every output element is computed by one thread in a fixed order: results are
+ * bit-identical run to run (no atomics anywhere).
+ *
+ * KV cache layout (one layer, one sequence), f16, identical to the CPU's:
+ *   k_cache, v_cache: [n_kv_head][n_ctx][head_dim]. */
+#ifndef HM_BACKEND_CUDA_OPS_H
+#define HM_BACKEND_CUDA_OPS_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "hotmoe.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- context, memory, streams ------------------------------------------------------------------ */
+
+/* One device: a compute stream, an upload stream and their fence. Owned by the engine. */
+typedef struct hm_cuda_ctx hm_cuda_ctx;
+
+/* Open device `device` (0-based). HM_ERR_CUDA when there is no such device or no driver. */
+hm_status hm_cuda_open(hm_cuda_ctx **out, int device, hm_err *err);
+/* Waits for queued work, then frees the streams and staging buffers. NULL is a no-op. */
+void hm_cuda_close(hm_cuda_ctx *c);
+
+/* Device memory (cudaMalloc, 256-byte aligned). *out is owned by the caller: hm_cuda_free it. */
+hm_status hm_cuda_alloc(hm_cuda_ctx *c, size_t bytes, void **out, hm_err *err);
+void hm_cuda_free(hm_cuda_ctx *c, void *p); /* NULL is a no-op */
+/* Fill n bytes with `byte` (on the compute stream). */
+hm_status hm_cuda_memset(hm_cuda_ctx *c, void *dst, int byte, size_t n, hm_err *err);
+
+/* Copy host -> device on the upload stream and wait for it (src may be pageable). */
+hm_status hm_cuda_upload(hm_cuda_ctx *c, void *dst, const void *src_host, size_t n, hm_err *err);
+/* Copy host -> device on the upload stream without waiting: src must stay valid (and should be
+ * pinned to overlap) until hm_cuda_upload_fence's work has run. */
+hm_status hm_cuda_upload_async(hm_cuda_ctx *c, void *dst, const void *src_host, size_t n,
+                               hm_err *err);
+/* Make every op enqueued after this wait for the uploads issued before it (no host wait). */
+hm_status hm_cuda_upload_fence(hm_cuda_ctx *c, hm_err *err);
+/* Copy device -> host after all queued compute work, and wait for it. */
+hm_status hm_cuda_download(hm_cuda_ctx *c, void *dst_host, const void *src, size_t n, hm_err *err);
+/* Wait for all queued compute work; reports faults of kernels that ran. */
+hm_status hm_cuda_sync(hm_cuda_ctx *c, hm_err *err);
+
+/* ---- matmul ---------------------------------------------------------------------------------- */
+
+/* A weight matrix in device memory: ne1 rows of ne0 elements of `type`, row r at
+ * (const char *)data + r * nb1. Borrowed. Alignment: data and nb1 multiples of
+ * hm_cuda_type_align(type); ne0 a multiple of the block size and of 32. */
+typedef struct hm_cuda_mat {
+    const void *data;
+    int type;    /* hm_type */
+    int64_t ne0; /* columns (contiguous), the input dimension */
+    int64_t ne1; /* rows, the output dimension */
+    size_t nb1;  /* row stride in bytes */
+} hm_cuda_mat;
+
+/* True for the types this backend computes with: F32 F16 BF16 Q8_0 Q4_0 MXFP4 Q4_K Q5_K Q6_K IQ4_XS. */
+bool hm_cuda_type_ok(int type);
+/* Alignment in bytes the kernels' vector loads need of a weight's data pointer and row stride. */
+size_t hm_cuda_type_align(int type);
+
+/* Largest batch that takes the decode matvec path; larger batches take the tiled matmul. */
+#define HM_CUDA_MATVEC_MAX_TOK 8
+
+/* y[t][r] = sum_c x[t][c] * w(r, c), t < n_tok, r < w->ne1.
+ *   x: [n_tok, w->ne0] f32;  y: [n_tok, w->ne1] f32 (must not alias x).
+ * n_tok <= 8: one warp per row, all tokens at once (weights read once, exact f32 dequant).
+ * n_tok > 8: 64x64 tiles, weights dequantised to bf16 in shared memory, WMMA tensor cores. */
+hm_status hm_cuda_matmul(hm_cuda_ctx *c, const hm_cuda_mat *w, const float *x, int64_t n_tok,
+                         float *y, hm_err *err);
+
+/* ---- mixture of experts ----------------------------------------------------------------------- */
+
+/* One resident expert unit for hm_cuda_moe: device pointers to its three slices and the tokens
+ * routed to it. gate, up: n_ff rows of n_embd; down: n_embd rows of n_ff (dense rows).
+ * tok_host[i] indexes a row of x / out, w_host[i] its routing weight (host memory, n_tok entries). */
+typedef struct hm_cuda_moe_unit {
+    const void *gate, *up, *down;
+    const int32_t *tok_host;
+    const float *w_host;
+    int32_t n_tok;
+} hm_cuda_moe_unit;
+
+/* Scratch bytes for hm_cuda_moe over up to n_batch tokens, n_pairs (token, unit) pairs and
+ * n_units units. */
+size_t hm_cuda_moe_scratch_size(int64_t n_batch, int64_t n_pairs, int64_t n_units, int64_t n_ff);
+
+/* out[t] += sum over units u, pairs i with tok = t: w_i * down_u(silu(gate_u(x_t)) * up_u(x_t)).
+ *   x: [n_batch, n_embd];  out: [n_batch, n_embd] (accumulated into).
+ * All units share gate_type (gate and up) and down_type (true within a layer). Two launches for all
+ * units: gate+up+SwiGLU over (unit, row) items, then down + the weighted sum over (token, row)
+ * items, each token's pairs summed in unit order: atomics-free and deterministic. The routing
+ * tables go up through pinned staging on the compute stream (a few KB per layer). */
+hm_status hm_cuda_moe(hm_cuda_ctx *c, const hm_cuda_moe_unit *units, int n_units, int gate_type,
+                      int down_type, const float *x, int64_t n_batch, int64_t n_embd, int64_t n_ff,
+                      float *out, void *scratch, size_t scratch_size, hm_err *err);
+
+/* Router: per token p = softmax(logits[t]), the k largest (ties: lower id first; ids in descending
+ * p), weights = their p, divided by their sum when renorm. n_expert <= 1024, k <= 32.
+ *   logits: [n_tok, n_expert];  ids, weights: [n_tok, k]. */
+hm_status hm_cuda_router(hm_cuda_ctx *c, const float *logits, int64_t n_tok, int n_expert, int k,
+                         bool renorm, int32_t *ids, float *weights, hm_err *err);
+
+/* ---- attention -------------------------------------------------------------------------------- */
+
+/* Write n_tok K/V rows into the cache at rows pos[t] (f32 -> f16, round to nearest even).
+ *   k, v: [n_tok, n_kv_head * head_dim];  pos: [n_tok] device int32 in [0, n_ctx). */
+hm_status hm_cuda_kv_write(hm_cuda_ctx *c, uint16_t *k_cache, uint16_t *v_cache, int64_t n_ctx,
+                           int n_kv_head, int head_dim, const float *k, const float *v,
+                           int64_t n_tok, const int32_t *pos, hm_err *err);
+
+/* Scratch bytes for hm_cuda_attention with n_tok queries and KV length up to kv_len. */
+size_t hm_cuda_attention_scratch_size(const hm_cuda_ctx *c, int64_t n_tok, int64_t kv_len,
+                                      int n_head, int n_kv_head, int head_dim);
+
+/* Causal GQA attention, the CPU's contract: query t (position pos[t], its K/V already written)
+ * attends to cache rows 0..pos[t]; q head h uses kv head h / (n_head / n_kv_head).
+ *   q: [n_tok, n_head * head_dim];  out: [n_tok, n_head * head_dim];  pos: device int32.
+ * kv_len >= max_t pos[t] + 1 (the host knows it) sizes the flash-decoding split: each
+ * (token, kv head, KV range) block computes all q heads of its group from one read of K/V, and a
+ * second kernel merges the ranges. head_dim in {64, 128, 256}. */
+hm_status hm_cuda_attention(hm_cuda_ctx *c, const float *q, int64_t n_tok, const int32_t *pos,
+                            int64_t kv_len, const uint16_t *k_cache, const uint16_t *v_cache,
+                            int64_t n_ctx, int n_head, int n_kv_head, int head_dim, float scale,
+                            float *out, void *scratch, size_t scratch_size, hm_err *err);
+
+/* ---- elementwise and row ops (out may alias the input) -------------------------------------------- */
+
+/* out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w;  w: [n] (NULL = ones). */
+hm_status hm_cuda_rmsnorm(hm_cuda_ctx *c, const float *x, const float *w, float *out,
+                          int64_t n_rows, int64_t n, float eps, hm_err *err);
+/* Per-head RMSNorm in place: x: [n_tok, n_head * head_dim], w: [head_dim]. */
+hm_status hm_cuda_rmsnorm_heads(hm_cuda_ctx *c, float *x, const float *w, int64_t n_tok,
+                                int n_head, int head_dim, float eps, hm_err *err);
+/* RoPE NEOX in place (i with i + n_rot/2), angle = pos[t] * theta^(-2i/n_rot) in double. */
+hm_status hm_cuda_rope_neox(hm_cuda_ctx *c, float *x, int64_t n_tok, int n_head, int head_dim,
+                            int n_rot, const int32_t *pos, float theta_base, hm_err *err);
+hm_status hm_cuda_add(hm_cuda_ctx *c, const float *a, const float *b, float *out, int64_t n,
+                      hm_err *err);
+hm_status hm_cuda_mul(hm_cuda_ctx *c, const float *a, const float *b, float *out, int64_t n,
+                      hm_err *err);
+hm_status hm_cuda_scale(hm_cuda_ctx *c, const float *a, float s, float *out, int64_t n,
+                        hm_err *err);
+/* out = silu(gate) * up */
+hm_status hm_cuda_swiglu(hm_cuda_ctx *c, const float *gate, const float *up, float *out,
+                         int64_t n, hm_err *err);
+/* Row softmax in place with max subtraction: x: [n_rows, n]. */
+hm_status hm_cuda_softmax(hm_cuda_ctx *c, float *x, int64_t n_rows, int64_t n, hm_err *err);
+/* Embedding lookup: out[i] = dequant(table row ids[i]); ids: device int32 in [0, table->ne1). */
+hm_status hm_cuda_get_rows(hm_cuda_ctx *c, const hm_cuda_mat *table, const int32_t *ids,
+                           int64_t n_ids, float *out, hm_err *err);
+
+/* The kernels' block decoders run on the host (no GPU needed): out[0 .. ne0) = `row` of `type`
+ * dequantised exactly as the device does it. For tests; HM_ERR_UNSUPPORTED without a kernel. */
+hm_status hm_cuda_dequant_row_host(int type, const void *row, int64_t ne0, float *out, hm_err *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

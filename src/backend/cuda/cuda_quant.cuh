@@ -1,0 +1,299 @@
+/* cuda_quant.cuh - device-side block decoding: for every weight type, deq8<T>(row, g, w) writes
+ * the 8 consecutive elements 8g .. 8g+7 of a row as f32, bit-exact with the CPU's to_float_ref
+ * up to the order of the two float operations of the affine K-quants.
+ *
+ * Why groups of 8: a warp whose lane l decodes group l reads 8 consecutive activations per lane,
+ * so the activation loads of a warp are one contiguous 1 KiB run (perfectly coalesced), and the
+ * weight bytes of consecutive lanes are consecutive too. Each type reads its bytes with the widest
+ * load its block alignment allows (16 B for F32/F16/BF16 and the header of Q4_K/Q5_K, 8 B for the
+ * quants of Q4_K/Q5_K/IQ4_XS, 2 B for Q8_0/Q4_0/Q6_K whose blocks are only 2-aligned, bytes for
+ * MXFP4). Layouts: src/quant/quant_impl.h and quant_k_impl.h (ggml-common.h compatible). */
+#ifndef HM_BACKEND_CUDA_QUANT_CUH
+#define HM_BACKEND_CUDA_QUANT_CUH
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+#include <string.h>
+
+extern "C" {
+#include "quant/quant.h"
+}
+
+namespace hmcu {
+
+/* Decoding is __host__ __device__ so its bit layouts can be checked on the CPU too; the few
+ * device intrinsics it needs have host equivalents here. */
+#define HMCU_HD __host__ __device__ __forceinline__
+#ifdef __CUDA_ARCH__
+#define HMCU_UNROLL _Pragma("unroll")
+#else
+#define HMCU_UNROLL
+#endif
+
+template <typename V> HMCU_HD V ldg(const V *p) {
+#ifdef __CUDA_ARCH__
+    return __ldg(p);
+#else
+    return *p;
+#endif
+}
+HMCU_HD uint32_t byte_perm(uint32_t x, uint32_t y, uint32_t s) {
+#ifdef __CUDA_ARCH__
+    return __byte_perm(x, y, s);
+#else
+    const uint64_t v = (uint64_t)y << 32 | x;
+    uint32_t r = 0;
+    for (int i = 0; i < 4; i++) r |= (uint32_t)((v >> (8 * ((s >> (4 * i)) & 7))) & 0xff) << (8 * i);
+    return r;
+#endif
+}
+HMCU_HD float u2f(uint32_t u) {
+#ifdef __CUDA_ARCH__
+    return __uint_as_float(u);
+#else
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+#endif
+}
+
+HMCU_HD float half_f(uint16_t h) { return __half2float(__ushort_as_half(h)); }
+HMCU_HD float bf16_f(uint16_t h) { return u2f((uint32_t)h << 16); }
+HMCU_HD uint16_t ld16(const uint8_t *p) { return *(const uint16_t *)p; }
+HMCU_HD uint32_t ld32(const uint8_t *p) { return *(const uint32_t *)p; }
+/* 8 bytes from a 2-aligned address, as two little-endian words. */
+HMCU_HD uint2 ld8_a2(const uint8_t *p) {
+    const uint16_t *q = (const uint16_t *)p;
+    return make_uint2((uint32_t)q[0] | (uint32_t)q[1] << 16, (uint32_t)q[2] | (uint32_t)q[3] << 16);
+}
+HMCU_HD uint2 ld8_a1(const uint8_t *p) {
+    return make_uint2((uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24,
+                      (uint32_t)p[4] | (uint32_t)p[5] << 8 | (uint32_t)p[6] << 16 | (uint32_t)p[7] << 24);
+}
+
+/* 2^(e-128): half the E8M0 scale, as quant_impl.h's hm_e8m0_to_f32_half. */
+HMCU_HD float e8m0_half(uint32_t e) {
+    return u2f(e < 2 ? 0x00200000u << e : (e - 1) << 23);
+}
+
+/* 16-entry signed int8 tables looked up in registers with byte permutes (no memory traffic, no
+ * divergence): t0..t3 hold entries 0-3, 4-7, 8-11, 12-15 little-endian. */
+HMCU_HD int lut16(uint32_t q, uint32_t t0, uint32_t t1, uint32_t t2, uint32_t t3) {
+    uint32_t lo = byte_perm(t0, t1, q & 7), hi = byte_perm(t2, t3, q & 7);
+    return (int)(int8_t)(q & 8 ? hi : lo);
+}
+/* Doubled E2M1 values {0,1,2,3,4,6,8,12,-0,-1,-2,-3,-4,-6,-8,-12}. */
+HMCU_HD int lut_mxfp4(uint32_t q) {
+    return lut16(q, 0x03020100u, 0x0c080604u, 0xfdfeff00u, 0xf4f8fafcu);
+}
+/* IQ4_NL levels {-127,-104,-83,-65,-49,-35,-22,-10,1,13,25,38,53,69,89,113}. */
+HMCU_HD int lut_iq4nl(uint32_t q) {
+    return lut16(q, 0xbfad9881u, 0xf6eaddcfu, 0x26190d01u, 0x71594535u);
+}
+
+/* The 8 nibbles (low or high) of the 8 bytes in u, as ints. */
+HMCU_HD void nib8(uint2 u, bool high, int q[8]) {
+    const uint32_t a = high ? u.x >> 4 : u.x, b = high ? u.y >> 4 : u.y;
+HMCU_UNROLL
+    for (int i = 0; i < 4; i++) {
+        q[i] = (int)((a >> (8 * i)) & 15u);
+        q[i + 4] = (int)((b >> (8 * i)) & 15u);
+    }
+}
+
+/* 6-bit scale and min of sub-block j (0..7) of a q4_K/q5_K block from its packed words
+ * s0 = scales[0..3], s1 = scales[4..7], s2 = scales[8..11] (see hm_k4_unpack_scales). */
+HMCU_HD void k4_scale_min(uint32_t s0, uint32_t s1, uint32_t s2, int j, int *sc, int *m) {
+    const int sh = 8 * (j & 3);
+    if (j < 4) {
+        *sc = (int)((s0 >> sh) & 63u);
+        *m = (int)((s1 >> sh) & 63u);
+    } else {
+        *sc = (int)(((s2 >> sh) & 15u) | (((s0 >> sh) >> 6 & 3u) << 4));
+        *m = (int)(((s2 >> sh) >> 4 & 15u) | (((s1 >> sh) >> 6 & 3u) << 4));
+    }
+}
+
+template <int T> struct qtype;
+/* elems/bytes per block, required alignment of rows (bytes). */
+template <> struct qtype<HM_TYPE_F32>    { static constexpr int blk = 1,   size = 4,   align = 16; };
+template <> struct qtype<HM_TYPE_F16>    { static constexpr int blk = 1,   size = 2,   align = 16; };
+template <> struct qtype<HM_TYPE_BF16>   { static constexpr int blk = 1,   size = 2,   align = 16; };
+template <> struct qtype<HM_TYPE_Q8_0>   { static constexpr int blk = 32,  size = 34,  align = 2; };
+template <> struct qtype<HM_TYPE_Q4_0>   { static constexpr int blk = 32,  size = 18,  align = 2; };
+template <> struct qtype<HM_TYPE_MXFP4>  { static constexpr int blk = 32,  size = 17,  align = 1; };
+template <> struct qtype<HM_TYPE_Q4_K>   { static constexpr int blk = 256, size = 144, align = 16; };
+template <> struct qtype<HM_TYPE_Q5_K>   { static constexpr int blk = 256, size = 176, align = 16; };
+template <> struct qtype<HM_TYPE_Q6_K>   { static constexpr int blk = 256, size = 210, align = 2; };
+template <> struct qtype<HM_TYPE_IQ4_XS> { static constexpr int blk = 256, size = 136, align = 8; };
+
+template <int T> HMCU_HD void deq8(const uint8_t *__restrict__ row, int64_t g, float w[8]);
+
+template <> HMCU_HD void deq8<HM_TYPE_F32>(const uint8_t *__restrict__ row, int64_t g, float w[8]) {
+    const float4 *p = (const float4 *)row + 2 * g;
+    const float4 a = ldg(p), b = ldg(p + 1);
+    w[0] = a.x; w[1] = a.y; w[2] = a.z; w[3] = a.w;
+    w[4] = b.x; w[5] = b.y; w[6] = b.z; w[7] = b.w;
+}
+
+template <> HMCU_HD void deq8<HM_TYPE_F16>(const uint8_t *__restrict__ row, int64_t g, float w[8]) {
+    const uint4 u = ldg((const uint4 *)row + g);
+    const uint32_t v[4] = {u.x, u.y, u.z, u.w};
+HMCU_UNROLL
+    for (int i = 0; i < 4; i++) {
+        w[2 * i] = half_f((uint16_t)v[i]);
+        w[2 * i + 1] = half_f((uint16_t)(v[i] >> 16));
+    }
+}
+
+template <> HMCU_HD void deq8<HM_TYPE_BF16>(const uint8_t *__restrict__ row, int64_t g, float w[8]) {
+    const uint4 u = ldg((const uint4 *)row + g);
+    const uint32_t v[4] = {u.x, u.y, u.z, u.w};
+HMCU_UNROLL
+    for (int i = 0; i < 4; i++) {
+        w[2 * i] = u2f(v[i] << 16);
+        w[2 * i + 1] = u2f(v[i] & 0xffff0000u);
+    }
+}
+
+/* q8_0: group k of block b is qs[8k .. 8k+7]. */
+template <> HMCU_HD void deq8<HM_TYPE_Q8_0>(const uint8_t *__restrict__ row, int64_t g, float w[8]) {
+    const uint8_t *b = row + (g >> 2) * 34;
+    const float d = half_f(ld16(b));
+    const uint2 u = ld8_a2(b + 2 + 8 * (g & 3));
+HMCU_UNROLL
+    for (int i = 0; i < 4; i++) {
+        w[i] = d * (float)(int8_t)(u.x >> (8 * i));
+        w[i + 4] = d * (float)(int8_t)(u.y >> (8 * i));
+    }
+}
+
+/* q4_0 / mxfp4: groups 0,1 are the low nibbles of qs[0..15], groups 2,3 the high nibbles. */
+template <> HMCU_HD void deq8<HM_TYPE_Q4_0>(const uint8_t *__restrict__ row, int64_t g, float w[8]) {
+    const uint8_t *b = row + (g >> 2) * 18;
+    const float d = half_f(ld16(b));
+    int q[8];
+    nib8(ld8_a2(b + 2 + 8 * (g & 1)), (g & 2) != 0, q);
+HMCU_UNROLL
+    for (int i = 0; i < 8; i++) w[i] = d * (float)(q[i] - 8);
+}
+
+template <> HMCU_HD void deq8<HM_TYPE_MXFP4>(const uint8_t *__restrict__ row, int64_t g, float w[8]) {
+    const uint8_t *b = row + (g >> 2) * 17;
+    const float d = e8m0_half(b[0]);
+    int q[8];
+    nib8(ld8_a1(b + 1 + 8 * (g & 1)), (g & 2) != 0, q);
+HMCU_UNROLL
+    for (int i = 0; i < 8; i++) w[i] = d * (float)lut_mxfp4((uint32_t)q[i]);
+}
+
+/* q4_K: lane-group l (0..31) of a block: sub-block j = l/4 (scale j), chunk c = l/8, nibble half
+ * (l/4)&1, bytes qs[32c + 8(l%4) ..]. */
+template <> HMCU_HD void deq8<HM_TYPE_Q4_K>(const uint8_t *__restrict__ row, int64_t g, float w[8]) {
+    const uint8_t *b = row + (g >> 5) * 144;
+    const int l = (int)(g & 31), j = l >> 2;
+    const uint4 h = ldg((const uint4 *)b); /* d, dmin, scales[12] */
+    const uint2 u = ldg((const uint2 *)(b + 16 + 32 * (l >> 3) + 8 * (l & 3)));
+    int sc, m;
+    k4_scale_min(h.y, h.z, h.w, j, &sc, &m);
+    const float d = half_f((uint16_t)h.x) * (float)sc, dm = half_f((uint16_t)(h.x >> 16)) * (float)m;
+    int q[8];
+    nib8(u, (j & 1) != 0, q);
+HMCU_UNROLL
+    for (int i = 0; i < 8; i++) w[i] = d * (float)q[i] - dm;
+}
+
+/* q5_K: as q4_K plus bit 2c + half of qh[8(l%4) + i]. */
+template <> HMCU_HD void deq8<HM_TYPE_Q5_K>(const uint8_t *__restrict__ row, int64_t g, float w[8]) {
+    const uint8_t *b = row + (g >> 5) * 176;
+    const int l = (int)(g & 31), j = l >> 2;
+    const uint4 h = ldg((const uint4 *)b);
+    const uint2 hb = ldg((const uint2 *)(b + 16 + 8 * (l & 3)));
+    const uint2 u = ldg((const uint2 *)(b + 48 + 32 * (l >> 3) + 8 * (l & 3)));
+    int sc, m;
+    k4_scale_min(h.y, h.z, h.w, j, &sc, &m);
+    const float d = half_f((uint16_t)h.x) * (float)sc, dm = half_f((uint16_t)(h.x >> 16)) * (float)m;
+    int q[8];
+    nib8(u, (j & 1) != 0, q);
+HMCU_UNROLL
+    for (int i = 0; i < 4; i++) {
+        q[i] |= (int)((hb.x >> (8 * i + j)) & 1u) << 4;
+        q[i + 4] |= (int)((hb.y >> (8 * i + j)) & 1u) << 4;
+    }
+HMCU_UNROLL
+    for (int i = 0; i < 8; i++) w[i] = d * (float)q[i] - dm;
+}
+
+/* q6_K: element e = 8l .. 8l+7 of the block: half h = l/16, quarter k = (l%16)/4, l0 = 8(l%4);
+ * low 4 bits from ql[64h + 32(k&1) + l0 + i] (high nibble when k >= 2), top 2 bits from
+ * qh[32h + l0 + i] bits 2k, 2k+1; scale scales[l/2]. */
+template <> HMCU_HD void deq8<HM_TYPE_Q6_K>(const uint8_t *__restrict__ row, int64_t g, float w[8]) {
+    const uint8_t *b = row + (g >> 5) * 210;
+    const int l = (int)(g & 31), hf = l >> 4, k = (l >> 2) & 3, l0 = 8 * (l & 3);
+    const uint2 ql = ld8_a2(b + 64 * hf + 32 * (k & 1) + l0);
+    const uint2 qh = ld8_a2(b + 128 + 32 * hf + l0);
+    const float d = half_f(ld16(b + 208)) * (float)(int8_t)b[192 + (l >> 1)];
+    int q[8];
+    nib8(ql, k >= 2, q);
+HMCU_UNROLL
+    for (int i = 0; i < 4; i++) {
+        q[i] |= (int)((qh.x >> (8 * i + 2 * k)) & 3u) << 4;
+        q[i + 4] |= (int)((qh.y >> (8 * i + 2 * k)) & 3u) << 4;
+    }
+HMCU_UNROLL
+    for (int i = 0; i < 8; i++) w[i] = d * (float)(q[i] - 32);
+}
+
+/* iq4_xs: sub-block j = l/4, group k = l%4: low nibbles of qs[16j + 8k ..] for k < 2, high
+ * nibbles of qs[16j + 8(k-2) ..] for k >= 2. */
+template <> HMCU_HD void deq8<HM_TYPE_IQ4_XS>(const uint8_t *__restrict__ row, int64_t g, float w[8]) {
+    const uint8_t *b = row + (g >> 5) * 136;
+    const int l = (int)(g & 31), j = l >> 2, k = l & 3;
+    const uint2 hd = ldg((const uint2 *)b); /* d, scales_h, scales_l[4] */
+    const uint2 u = ldg((const uint2 *)(b + 8 + 16 * j + 8 * (k & 1)));
+    const int ls = (int)(((hd.y >> (4 * j)) & 15u) | (((hd.x >> 16) >> (2 * j) & 3u) << 4));
+    const float d = half_f((uint16_t)hd.x) * (float)(ls - 32);
+    int q[8];
+    nib8(u, k >= 2, q);
+HMCU_UNROLL
+    for (int i = 0; i < 8; i++) w[i] = d * (float)lut_iq4nl((uint32_t)q[i]);
+}
+
+/* sum over all lanes of a warp, every lane gets it */
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+/* acc[t] += row . xs[t] over this lane's groups (lane, lane+32, ...) for NT activation rows at
+ * once: the weight bytes are read and decoded once for all NT tokens. xs[t] 16-byte aligned. */
+template <int T, int NT>
+__device__ __forceinline__ void warp_row_dot(const uint8_t *__restrict__ row, int64_t n_groups,
+                                             const float *const (&xs)[NT], float (&acc)[NT], int lane) {
+#pragma unroll(NT <= 2 ? 4 : 2)
+    for (int64_t g = lane; g < n_groups; g += 32) {
+        float w[8];
+        deq8<T>(row, g, w);
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            const float4 *xp = (const float4 *)xs[t] + 2 * g;
+            const float4 a = __ldg(xp), b = __ldg(xp + 1);
+            float s = w[0] * a.x;
+            s = fmaf(w[1], a.y, s); s = fmaf(w[2], a.z, s); s = fmaf(w[3], a.w, s);
+            s = fmaf(w[4], b.x, s); s = fmaf(w[5], b.y, s); s = fmaf(w[6], b.z, s);
+            s = fmaf(w[7], b.w, s);
+            acc[t] += s;
+        }
+    }
+}
+
+} /* namespace hmcu */
+
+/* Expand M(T) for every weight type the backend supports (dispatch tables of the .cu files). */
+#define HM_CUDA_FOR_TYPES(M) \
+    M(HM_TYPE_F32) M(HM_TYPE_F16) M(HM_TYPE_BF16) M(HM_TYPE_Q8_0) M(HM_TYPE_Q4_0) \
+    M(HM_TYPE_MXFP4) M(HM_TYPE_Q4_K) M(HM_TYPE_Q5_K) M(HM_TYPE_Q6_K) M(HM_TYPE_IQ4_XS)
+
+#endif

@@ -1,0 +1,688 @@
+/* test_cuda_ops_gpu.c - the CUDA backend's ops against naive double-precision references written
+ * here (the backend-ops test of the CUDA side), plus a decode-matvec bandwidth print.
+ *
+ * Weights of every CUDA type are made by quantising random floats with the type's reference
+ * from_float and dequantising them with to_float_ref, so the reference multiplies the exact
+ * weights the GPU decodes. Bounds (NMSE = sum (y - ref)^2 / sum ref^2):
+ *   f32 paths (matvec, MoE, norms, rope, softmax, router, attention): float rounding only;
+ *   prefill matmul: weights and activations rounded to bf16 for the tensor cores.
+ * Exits 77 ("skipped: no GPU") where there is no CUDA device: what CI sees. */
+#include <stdint.h>
+#include <string.h>
+#include <time.h>
+
+#include "backend/cuda/cuda_device.h"
+#include "backend/cuda/cuda_ops.h"
+#include "core/fp16.h"
+#include "quant/quant.h"
+#include "test.h"
+
+static hm_cuda_ctx *ctx;
+static hm_err err;
+
+#define CK(call)                                                                              \
+    do {                                                                                      \
+        hm_status st_ = (call);                                                               \
+        if (st_ != HM_OK) {                                                                   \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, err.msg);          \
+            exit(1);                                                                          \
+        }                                                                                     \
+    } while (0)
+
+/* ---- helpers ---- */
+
+static uint64_t rng_state = 0x243f6a8885a308d3ull;
+static double rnd_u(void) {
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return (double)(rng_state >> 11) / 9007199254740992.0;
+}
+static float rnd_n(void) {
+    double s = 0;
+    for (int i = 0; i < 4; i++) s += rnd_u();
+    return (float)((s - 2.0) * 1.7320508);
+}
+static void fill(float *x, int64_t n, float scale) {
+    for (int64_t i = 0; i < n; i++) x[i] = rnd_n() * scale;
+}
+static void *xmalloc(size_t n) {
+    void *p = malloc(n ? n : 1);
+    if (!p) {
+        fprintf(stderr, "out of memory (%zu bytes)\n", n);
+        exit(1);
+    }
+    return p;
+}
+static double nmse(const float *y, const double *ref, int64_t n) {
+    double e = 0, s = 0;
+    for (int64_t i = 0; i < n; i++) {
+        double d = (double)y[i] - ref[i];
+        e += d * d;
+        s += ref[i] * ref[i];
+    }
+    return s > 0 ? e / s : e;
+}
+static void *dev_from(const void *host, size_t n) {
+    void *d;
+    CK(hm_cuda_alloc(ctx, n, &d, &err));
+    CK(hm_cuda_upload(ctx, d, host, n, &err));
+    return d;
+}
+static void *dev_zero(size_t n) {
+    void *d;
+    CK(hm_cuda_alloc(ctx, n, &d, &err));
+    CK(hm_cuda_memset(ctx, d, 0, n, &err));
+    return d;
+}
+static void dev_to(void *host, const void *d, size_t n) { CK(hm_cuda_download(ctx, host, d, n, &err)); }
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static const int types[] = {HM_TYPE_F32,  HM_TYPE_F16,  HM_TYPE_BF16, HM_TYPE_Q8_0, HM_TYPE_Q4_0,
+                            HM_TYPE_MXFP4, HM_TYPE_Q4_K, HM_TYPE_Q5_K, HM_TYPE_Q6_K, HM_TYPE_IQ4_XS};
+#define N_TYPES ((int)(sizeof types / sizeof types[0]))
+
+/* Random weights of `type`: quantised bytes (host) and their exact dequantisation. */
+typedef struct {
+    void *q;     /* host bytes, ne1 rows of rs */
+    float *deq;  /* [ne1, ne0] */
+    size_t rs;
+} tmat;
+
+static tmat make_weights(int type, int64_t ne0, int64_t ne1) {
+    const hm_type_traits *tr = hm_type_get(type);
+    tmat m;
+    m.rs = hm_row_size(type, ne0);
+    m.q = xmalloc(m.rs * (size_t)ne1);
+    m.deq = xmalloc(sizeof(float) * (size_t)(ne0 * ne1));
+    float *src = xmalloc(sizeof(float) * (size_t)ne0);
+    for (int64_t r = 0; r < ne1; r++) {
+        fill(src, ne0, 0.5f);
+        tr->from_float_ref(src, (char *)m.q + (size_t)r * m.rs, ne0);
+        tr->to_float_ref((char *)m.q + (size_t)r * m.rs, m.deq + r * ne0, ne0);
+    }
+    free(src);
+    return m;
+}
+static void free_weights(tmat *m) {
+    free(m->q);
+    free(m->deq);
+}
+
+/* ---- the device block decoders, run on the host: bit-exact with to_float_ref (no GPU needed) ---- */
+
+static void test_decoders_host(void) {
+    const int64_t ne0 = 1024;
+    float *src = xmalloc(sizeof(float) * (size_t)ne0), *a = xmalloc(sizeof(float) * (size_t)ne0),
+          *b = xmalloc(sizeof(float) * (size_t)ne0);
+    for (int ti = 0; ti < N_TYPES; ti++) {
+        const int type = types[ti];
+        const hm_type_traits *tr = hm_type_get(type);
+        const size_t rs = hm_row_size(type, ne0);
+        unsigned char *q = xmalloc(rs);
+        int bad = 0;
+        for (int r = 0; r < 64; r++) {
+            if (r < 32) { /* quantised random data */
+                fill(src, ne0, r < 16 ? 0.5f : 100.0f);
+                tr->from_float_ref(src, q, ne0);
+            } else { /* random bytes: every scale / exponent bit pattern */
+                for (size_t i = 0; i < rs; i++) q[i] = (unsigned char)(rnd_u() * 256);
+                if (type == HM_TYPE_F32) fill((float *)q, ne0, 1.0f);
+            }
+            tr->to_float_ref(q, a, ne0);
+            CK(hm_cuda_dequant_row_host(type, q, ne0, b, &err));
+            for (int64_t i = 0; i < ne0; i++)
+                if (memcmp(&a[i], &b[i], 4) && !(isnan(a[i]) && isnan(b[i]))) bad++;
+        }
+        CHECKF(bad == 0, "device decoder %s on the host: %d elements differ from to_float_ref", tr->name, bad);
+        free(q);
+    }
+    printf("device block decoders (run on the host) bit-exact with to_float_ref for %d types\n", N_TYPES);
+    free(src);
+    free(a);
+    free(b);
+}
+
+/* ---- matmul: decode matvec and prefill tiles, every type ---- */
+
+static void test_matmul(void) {
+    const int64_t ne0 = 512, ne1 = 200;
+    const int64_t toks[] = {1, 2, 3, 5, 8, 9, 33, 100};
+    const int64_t max_tok = 100;
+    float *x = xmalloc(sizeof(float) * (size_t)(max_tok * ne0));
+    fill(x, max_tok * ne0, 1.0f);
+    float *dx = dev_from(x, sizeof(float) * (size_t)(max_tok * ne0));
+    float *dy = dev_zero(sizeof(float) * (size_t)(max_tok * ne1));
+    float *y = xmalloc(sizeof(float) * (size_t)(max_tok * ne1));
+    double *ref = xmalloc(sizeof(double) * (size_t)(max_tok * ne1));
+    for (int ti = 0; ti < N_TYPES; ti++) {
+        const int type = types[ti];
+        tmat m = make_weights(type, ne0, ne1);
+        void *dw = dev_from(m.q, m.rs * (size_t)ne1);
+        hm_cuda_mat w = {dw, type, ne0, ne1, m.rs};
+        for (int64_t t = 0; t < max_tok; t++)
+            for (int64_t r = 0; r < ne1; r++) {
+                double s = 0;
+                for (int64_t k = 0; k < ne0; k++) s += (double)m.deq[r * ne0 + k] * (double)x[t * ne0 + k];
+                ref[t * ne1 + r] = s;
+            }
+        double worst_mv = 0, worst_mm = 0;
+        for (size_t i = 0; i < sizeof toks / sizeof toks[0]; i++) {
+            const int64_t nt = toks[i];
+            CK(hm_cuda_memset(ctx, dy, 0xff, sizeof(float) * (size_t)(max_tok * ne1), &err)); /* NaNs */
+            CK(hm_cuda_matmul(ctx, &w, dx, nt, dy, &err));
+            dev_to(y, dy, sizeof(float) * (size_t)(nt * ne1));
+            const double e = nmse(y, ref, nt * ne1);
+            const bool mv = nt <= HM_CUDA_MATVEC_MAX_TOK;
+            const double bound = mv ? 1e-10 : 1e-4;
+            CHECKF(e < bound, "matmul %s n_tok %lld: nmse %.3g (bound %.0e)", hm_type_name(type), (long long)nt, e, bound);
+            if (mv && e > worst_mv) worst_mv = e;
+            if (!mv && e > worst_mm) worst_mm = e;
+        }
+        printf("matmul %-7s decode matvec nmse %.2e   prefill tiles (bf16 wmma) nmse %.2e\n",
+               hm_type_name(type), worst_mv, worst_mm);
+        hm_cuda_free(ctx, dw);
+        free_weights(&m);
+    }
+    hm_cuda_free(ctx, dx);
+    hm_cuda_free(ctx, dy);
+    free(x);
+    free(y);
+    free(ref);
+}
+
+/* ---- get_rows ---- */
+
+static void test_get_rows(void) {
+    const int64_t ne0 = 768, ne1 = 50, n_ids = 7;
+    const int32_t ids[7] = {3, 0, 49, 3, 17, 25, 48};
+    int32_t *dids = dev_from(ids, sizeof ids);
+    float *dout = dev_zero(sizeof(float) * (size_t)(n_ids * ne0));
+    float *out = xmalloc(sizeof(float) * (size_t)(n_ids * ne0));
+    double *ref = xmalloc(sizeof(double) * (size_t)(n_ids * ne0));
+    for (int ti = 0; ti < N_TYPES; ti++) {
+        tmat m = make_weights(types[ti], ne0, ne1);
+        void *dw = dev_from(m.q, m.rs * (size_t)ne1);
+        hm_cuda_mat w = {dw, types[ti], ne0, ne1, m.rs};
+        CK(hm_cuda_get_rows(ctx, &w, dids, n_ids, dout, &err));
+        dev_to(out, dout, sizeof(float) * (size_t)(n_ids * ne0));
+        for (int64_t i = 0; i < n_ids; i++)
+            for (int64_t k = 0; k < ne0; k++) ref[i * ne0 + k] = m.deq[ids[i] * ne0 + k];
+        const double e = nmse(out, ref, n_ids * ne0);
+        CHECKF(e < 1e-12, "get_rows %s: nmse %.3g", hm_type_name(types[ti]), e);
+        printf("get_rows %-7s nmse %.2e\n", hm_type_name(types[ti]), e);
+        hm_cuda_free(ctx, dw);
+        free_weights(&m);
+    }
+    hm_cuda_free(ctx, dids);
+    hm_cuda_free(ctx, dout);
+    free(out);
+    free(ref);
+}
+
+/* ---- row and elementwise ops ---- */
+
+static void test_row_ops(void) {
+    const int64_t n_rows = 5, n = 2048;
+    const size_t bytes = sizeof(float) * (size_t)(n_rows * n);
+    float *x = xmalloc(bytes), *b = xmalloc(bytes), *w = xmalloc(sizeof(float) * (size_t)n), *y = xmalloc(bytes);
+    double *ref = xmalloc(sizeof(double) * (size_t)(n_rows * n));
+    fill(x, n_rows * n, 2.0f);
+    fill(b, n_rows * n, 1.0f);
+    fill(w, n, 1.0f);
+    float *dx = dev_from(x, bytes), *db = dev_from(b, bytes), *dw = dev_from(w, sizeof(float) * (size_t)n);
+    float *dy = dev_zero(bytes);
+    const float eps = 1e-6f;
+
+    /* rmsnorm, with and without weight */
+    for (int with_w = 0; with_w < 2; with_w++) {
+        CK(hm_cuda_rmsnorm(ctx, dx, with_w ? dw : NULL, dy, n_rows, n, eps, &err));
+        dev_to(y, dy, bytes);
+        for (int64_t r = 0; r < n_rows; r++) {
+            double ss = 0;
+            for (int64_t i = 0; i < n; i++) ss += (double)x[r * n + i] * x[r * n + i];
+            double sc = 1.0 / sqrt(ss / (double)n + eps);
+            for (int64_t i = 0; i < n; i++) ref[r * n + i] = x[r * n + i] * sc * (with_w ? w[i] : 1.0);
+        }
+        double e = nmse(y, ref, n_rows * n);
+        CHECKF(e < 1e-12, "rmsnorm w=%d nmse %.3g", with_w, e);
+        printf("rmsnorm%s nmse %.2e\n", with_w ? "" : " (no weight)", e);
+    }
+    /* per-head rmsnorm: 5 rows of 2048 = 5 tokens x 16 heads x 128 */
+    {
+        const int n_head = 16, hd = 128;
+        CK(hm_cuda_upload(ctx, dy, x, bytes, &err));
+        CK(hm_cuda_rmsnorm_heads(ctx, dy, dw, n_rows, n_head, hd, eps, &err));
+        dev_to(y, dy, bytes);
+        for (int64_t s = 0; s < n_rows * n_head; s++) {
+            double ss = 0;
+            for (int i = 0; i < hd; i++) ss += (double)x[s * hd + i] * x[s * hd + i];
+            double sc = 1.0 / sqrt(ss / hd + eps);
+            for (int i = 0; i < hd; i++) ref[s * hd + i] = x[s * hd + i] * sc * w[i];
+        }
+        double e = nmse(y, ref, n_rows * n);
+        CHECKF(e < 1e-12, "rmsnorm_heads nmse %.3g", e);
+        printf("rmsnorm_heads nmse %.2e\n", e);
+    }
+    /* rope neox: full and partial rotation, large positions */
+    for (int partial = 0; partial < 2; partial++) {
+        const int n_head = 16, hd = 128, n_rot = partial ? 64 : 128;
+        const int32_t pos[5] = {0, 1, 777, 4095, 31999};
+        int32_t *dpos = dev_from(pos, sizeof pos);
+        const float theta = 1e6f;
+        CK(hm_cuda_upload(ctx, dy, x, bytes, &err));
+        CK(hm_cuda_rope_neox(ctx, dy, n_rows, n_head, hd, n_rot, dpos, theta, &err));
+        dev_to(y, dy, bytes);
+        for (int64_t t = 0; t < n_rows; t++)
+            for (int h = 0; h < n_head; h++) {
+                const float *v = x + (t * n_head + h) * hd;
+                double *o = ref + (t * n_head + h) * hd;
+                for (int i = 0; i < hd; i++) o[i] = v[i];
+                for (int i = 0; i < n_rot / 2; i++) {
+                    double a = pos[t] * pow(theta, -2.0 * i / n_rot);
+                    o[i] = v[i] * cos(a) - v[i + n_rot / 2] * sin(a);
+                    o[i + n_rot / 2] = v[i] * sin(a) + v[i + n_rot / 2] * cos(a);
+                }
+            }
+        double e = nmse(y, ref, n_rows * n);
+        CHECKF(e < 1e-12, "rope n_rot %d nmse %.3g", n_rot, e);
+        printf("rope_neox n_rot %d nmse %.2e\n", n_rot, e);
+        hm_cuda_free(ctx, dpos);
+    }
+    /* elementwise */
+    const char *names[4] = {"add", "mul", "scale", "swiglu"};
+    for (int op = 0; op < 4; op++) {
+        const int64_t ne = n_rows * n;
+        if (op == 0) CK(hm_cuda_add(ctx, dx, db, dy, ne, &err));
+        if (op == 1) CK(hm_cuda_mul(ctx, dx, db, dy, ne, &err));
+        if (op == 2) CK(hm_cuda_scale(ctx, dx, 0.37f, dy, ne, &err));
+        if (op == 3) CK(hm_cuda_swiglu(ctx, dx, db, dy, ne, &err));
+        dev_to(y, dy, bytes);
+        for (int64_t i = 0; i < ne; i++) {
+            double a = x[i], bb = b[i];
+            ref[i] = op == 0 ? a + bb : op == 1 ? a * bb : op == 2 ? a * 0.37f : a / (1.0 + exp(-a)) * bb;
+        }
+        double e = nmse(y, ref, ne);
+        CHECKF(e < 1e-12, "%s nmse %.3g", names[op], e);
+        printf("%s nmse %.2e\n", names[op], e);
+    }
+    /* softmax over rows of 1000 (not a multiple of the block) */
+    {
+        const int64_t rows = 3, m = 1000;
+        CK(hm_cuda_upload(ctx, dy, x, sizeof(float) * (size_t)(rows * m), &err));
+        CK(hm_cuda_softmax(ctx, dy, rows, m, &err));
+        dev_to(y, dy, sizeof(float) * (size_t)(rows * m));
+        for (int64_t r = 0; r < rows; r++) {
+            double mx = -INFINITY, s = 0;
+            for (int64_t i = 0; i < m; i++) mx = fmax(mx, x[r * m + i]);
+            for (int64_t i = 0; i < m; i++) s += exp(x[r * m + i] - mx);
+            for (int64_t i = 0; i < m; i++) ref[r * m + i] = exp(x[r * m + i] - mx) / s;
+        }
+        double e = nmse(y, ref, rows * m);
+        CHECKF(e < 1e-12, "softmax nmse %.3g", e);
+        printf("softmax nmse %.2e\n", e);
+    }
+    hm_cuda_free(ctx, dx);
+    hm_cuda_free(ctx, db);
+    hm_cuda_free(ctx, dw);
+    hm_cuda_free(ctx, dy);
+    free(x);
+    free(b);
+    free(w);
+    free(y);
+    free(ref);
+}
+
+/* ---- router ---- */
+
+static void test_router(void) {
+    const int64_t n_tok = 6;
+    const int n_expert = 128, k = 8;
+    float *lg = xmalloc(sizeof(float) * (size_t)(n_tok * n_expert));
+    fill(lg, n_tok * n_expert, 2.0f);
+    lg[5 * n_expert + 10] = lg[5 * n_expert + 3] = 9.0f; /* an exact tie: lower id first */
+    float *dl = dev_from(lg, sizeof(float) * (size_t)(n_tok * n_expert));
+    int32_t *did = dev_zero(sizeof(int32_t) * (size_t)(n_tok * k));
+    float *dwt = dev_zero(sizeof(float) * (size_t)(n_tok * k));
+    int32_t ids[6 * 8];
+    float wt[6 * 8];
+    double ref[6 * 8];
+    for (int renorm = 0; renorm < 2; renorm++) {
+        CK(hm_cuda_router(ctx, dl, n_tok, n_expert, k, renorm, did, dwt, &err));
+        dev_to(ids, did, sizeof ids);
+        dev_to(wt, dwt, sizeof wt);
+        int bad_ids = 0;
+        for (int64_t t = 0; t < n_tok; t++) {
+            double p[128], mx = -INFINITY, s = 0;
+            bool taken[128] = {false};
+            for (int e = 0; e < n_expert; e++) mx = fmax(mx, lg[t * n_expert + e]);
+            for (int e = 0; e < n_expert; e++) s += p[e] = exp(lg[t * n_expert + e] - mx);
+            double sel = 0;
+            int rid[8];
+            for (int j = 0; j < k; j++) {
+                int best = -1;
+                for (int e = 0; e < n_expert; e++)
+                    if (!taken[e] && (best < 0 || p[e] > p[best])) best = e;
+                taken[best] = true;
+                rid[j] = best;
+                ref[t * k + j] = p[best] / s;
+                sel += p[best] / s;
+            }
+            for (int j = 0; j < k; j++) {
+                if (renorm) ref[t * k + j] /= sel;
+                if (ids[t * k + j] != rid[j]) bad_ids++;
+            }
+        }
+        double e = nmse(wt, ref, n_tok * k);
+        CHECKF(bad_ids == 0, "router renorm %d: %d ids differ", renorm, bad_ids);
+        CHECKF(e < 1e-12, "router renorm %d weights nmse %.3g", renorm, e);
+        CHECKF(ids[5 * k] == 3 && ids[5 * k + 1] == 10, "router tie order %d %d", ids[5 * k], ids[5 * k + 1]);
+        printf("router (softmax, top-%d of %d, renorm %d) ids exact, weights nmse %.2e\n", k, n_expert, renorm, e);
+    }
+    hm_cuda_free(ctx, dl);
+    hm_cuda_free(ctx, did);
+    hm_cuda_free(ctx, dwt);
+    free(lg);
+}
+
+/* ---- KV write and attention ---- */
+
+typedef struct {
+    int n_head, n_kv_head, hd;
+    int64_t n_ctx, n_tok, pos0; /* queries at positions pos0 .. pos0 + n_tok - 1 */
+} attn_case;
+
+static void test_attention_case(const attn_case *ac) {
+    const int nh = ac->n_head, nkv = ac->n_kv_head, hd = ac->hd;
+    const int64_t n_ctx = ac->n_ctx, n_tok = ac->n_tok, kv_len = ac->pos0 + n_tok;
+    const size_t cache_n = (size_t)nkv * (size_t)n_ctx * (size_t)hd;
+    uint16_t *kc = xmalloc(cache_n * 2), *vc = xmalloc(cache_n * 2);
+    /* history rows 0..pos0-1 straight into the cache; the batch's own rows through kv_write */
+    for (size_t i = 0; i < cache_n; i++) {
+        kc[i] = hm_f32_to_fp16(rnd_n());
+        vc[i] = hm_f32_to_fp16(rnd_n());
+    }
+    const size_t kvb = sizeof(float) * (size_t)(n_tok * nkv * hd);
+    float *k = xmalloc(kvb), *v = xmalloc(kvb);
+    fill(k, n_tok * nkv * hd, 1.0f);
+    fill(v, n_tok * nkv * hd, 1.0f);
+    int32_t *pos = xmalloc(sizeof(int32_t) * (size_t)n_tok);
+    for (int64_t t = 0; t < n_tok; t++) pos[t] = (int32_t)(ac->pos0 + t);
+    uint16_t *dkc = dev_from(kc, cache_n * 2), *dvc = dev_from(vc, cache_n * 2);
+    float *dk = dev_from(k, kvb), *dv = dev_from(v, kvb);
+    int32_t *dpos = dev_from(pos, sizeof(int32_t) * (size_t)n_tok);
+    CK(hm_cuda_kv_write(ctx, dkc, dvc, n_ctx, nkv, hd, dk, dv, n_tok, dpos, &err));
+    /* the reference cache gets the same rows through the scalar f16 conversion */
+    for (int64_t t = 0; t < n_tok; t++)
+        for (int h = 0; h < nkv; h++)
+            for (int d = 0; d < hd; d++) {
+                size_t dst = ((size_t)h * (size_t)n_ctx + (size_t)pos[t]) * (size_t)hd + (size_t)d;
+                kc[dst] = hm_f32_to_fp16(k[(t * nkv + h) * hd + d]);
+                vc[dst] = hm_f32_to_fp16(v[(t * nkv + h) * hd + d]);
+            }
+    uint16_t *kc2 = xmalloc(cache_n * 2), *vc2 = xmalloc(cache_n * 2);
+    dev_to(kc2, dkc, cache_n * 2);
+    dev_to(vc2, dvc, cache_n * 2);
+    CHECKF(!memcmp(kc, kc2, cache_n * 2) && !memcmp(vc, vc2, cache_n * 2), "kv_write: cache differs");
+
+    const size_t qn = (size_t)(n_tok * nh * hd);
+    float *q = xmalloc(qn * sizeof(float)), *out = xmalloc(qn * sizeof(float));
+    double *ref = xmalloc(qn * sizeof(double));
+    fill(q, (int64_t)qn, 1.0f);
+    float *dq = dev_from(q, qn * sizeof(float)), *dout = dev_zero(qn * sizeof(float));
+    const size_t ss = hm_cuda_attention_scratch_size(ctx, n_tok, kv_len, nh, nkv, hd);
+    void *scr = dev_zero(ss);
+    const float scale = 1.0f / sqrtf((float)hd);
+    CK(hm_cuda_attention(ctx, dq, n_tok, dpos, kv_len, dkc, dvc, n_ctx, nh, nkv, hd, scale, dout, scr, ss, &err));
+    dev_to(out, dout, qn * sizeof(float));
+    double *sc = xmalloc(sizeof(double) * (size_t)kv_len);
+    for (int64_t t = 0; t < n_tok; t++)
+        for (int h = 0; h < nh; h++) {
+            const int g = h / (nh / nkv);
+            const float *qv = q + (t * nh + h) * hd;
+            double mx = -INFINITY, s = 0;
+            for (int64_t p = 0; p <= pos[t]; p++) {
+                double d = 0;
+                for (int i = 0; i < hd; i++)
+                    d += (double)qv[i] * hm_fp16_to_f32(kc[((size_t)g * (size_t)n_ctx + (size_t)p) * (size_t)hd + (size_t)i]);
+                sc[p] = d * scale;
+                mx = fmax(mx, sc[p]);
+            }
+            double *o = ref + (t * nh + h) * hd;
+            for (int i = 0; i < hd; i++) o[i] = 0;
+            for (int64_t p = 0; p <= pos[t]; p++) {
+                double e = exp(sc[p] - mx);
+                s += e;
+                for (int i = 0; i < hd; i++)
+                    o[i] += e * hm_fp16_to_f32(vc[((size_t)g * (size_t)n_ctx + (size_t)p) * (size_t)hd + (size_t)i]);
+            }
+            for (int i = 0; i < hd; i++) o[i] /= s;
+        }
+    const double e = nmse(out, ref, (int64_t)qn);
+    CHECKF(e < 1e-10, "attention %d/%d heads hd %d n_tok %lld pos0 %lld: nmse %.3g", nh, nkv, hd,
+           (long long)n_tok, (long long)ac->pos0, e);
+    printf("kv_write exact; attention q %d / kv %d heads, hd %d, %lld queries at %lld.. (scratch %zu KiB) nmse %.2e\n",
+           nh, nkv, hd, (long long)n_tok, (long long)ac->pos0, ss / 1024, e);
+    hm_cuda_free(ctx, dkc);
+    hm_cuda_free(ctx, dvc);
+    hm_cuda_free(ctx, dk);
+    hm_cuda_free(ctx, dv);
+    hm_cuda_free(ctx, dpos);
+    hm_cuda_free(ctx, dq);
+    hm_cuda_free(ctx, dout);
+    hm_cuda_free(ctx, scr);
+    free(kc); free(vc); free(kc2); free(vc2); free(k); free(v); free(pos);
+    free(q); free(out); free(ref); free(sc);
+}
+
+static void test_attention(void) {
+    const attn_case cases[] = {
+        {32, 4, 128, 4096, 1, 3000},  /* decode at long context: flash-decoding split */
+        {32, 4, 128, 256, 40, 100},   /* prefill batch, causal */
+        {32, 4, 128, 64, 1, 0},       /* the very first token */
+        {8, 4, 64, 2048, 3, 1500},    /* hd 64, G 2 */
+        {32, 2, 256, 1024, 2, 700},   /* hd 256, G 16: head chunks of 4 */
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) test_attention_case(&cases[i]);
+}
+
+/* ---- grouped MoE ---- */
+
+static void test_moe_case(int gate_type, int down_type, int64_t n_batch, int n_units, int k) {
+    const int64_t n_embd = 512, n_ff = 256;
+    tmat *g = xmalloc(sizeof(tmat) * (size_t)n_units), *u = xmalloc(sizeof(tmat) * (size_t)n_units),
+         *dn = xmalloc(sizeof(tmat) * (size_t)n_units);
+    hm_cuda_moe_unit *mu = xmalloc(sizeof(hm_cuda_moe_unit) * (size_t)n_units);
+    int32_t *tok = xmalloc(sizeof(int32_t) * (size_t)(n_units * n_batch));
+    float *wts = xmalloc(sizeof(float) * (size_t)(n_units * n_batch));
+    void **dptr = xmalloc(sizeof(void *) * (size_t)(3 * n_units));
+    /* routing: token t picks k distinct units (unit n_units-1 gets none unless k = n_units) */
+    int32_t *cnt = calloc((size_t)n_units, sizeof(int32_t));
+    for (int64_t t = 0; t < n_batch; t++) {
+        bool used[64] = {false};
+        for (int j = 0; j < k; j++) {
+            int e;
+            do e = (int)(rnd_u() * (n_units - 1)); while (used[e]);
+            used[e] = true;
+            tok[e * n_batch + cnt[e]] = (int32_t)t;
+            wts[e * n_batch + cnt[e]] = (float)(0.1 + rnd_u());
+            cnt[e]++;
+        }
+    }
+    int64_t n_pairs = 0;
+    for (int e = 0; e < n_units; e++) {
+        g[e] = make_weights(gate_type, n_embd, n_ff);
+        u[e] = make_weights(gate_type, n_embd, n_ff);
+        dn[e] = make_weights(down_type, n_ff, n_embd);
+        dptr[3 * e] = dev_from(g[e].q, g[e].rs * (size_t)n_ff);
+        dptr[3 * e + 1] = dev_from(u[e].q, u[e].rs * (size_t)n_ff);
+        dptr[3 * e + 2] = dev_from(dn[e].q, dn[e].rs * (size_t)n_embd);
+        mu[e] = (hm_cuda_moe_unit){dptr[3 * e], dptr[3 * e + 1], dptr[3 * e + 2], tok + e * n_batch,
+                                   wts + e * n_batch, cnt[e]};
+        n_pairs += cnt[e];
+    }
+    const size_t xb = sizeof(float) * (size_t)(n_batch * n_embd);
+    float *x = xmalloc(xb), *out0 = xmalloc(xb), *out = xmalloc(xb), *out2 = xmalloc(xb);
+    double *ref = xmalloc(sizeof(double) * (size_t)(n_batch * n_embd));
+    fill(x, n_batch * n_embd, 1.0f);
+    fill(out0, n_batch * n_embd, 1.0f);
+    float *dx = dev_from(x, xb), *dout = dev_from(out0, xb);
+    const size_t ss = hm_cuda_moe_scratch_size(n_batch, n_pairs, n_units, n_ff);
+    void *scr = dev_zero(ss);
+    CK(hm_cuda_moe(ctx, mu, n_units, gate_type, down_type, dx, n_batch, n_embd, n_ff, dout, scr, ss, &err));
+    dev_to(out, dout, xb);
+    CK(hm_cuda_upload(ctx, dout, out0, xb, &err));
+    CK(hm_cuda_moe(ctx, mu, n_units, gate_type, down_type, dx, n_batch, n_embd, n_ff, dout, scr, ss, &err));
+    dev_to(out2, dout, xb);
+    CHECKF(!memcmp(out, out2, xb), "moe: two runs differ (not deterministic)");
+
+    for (int64_t i = 0; i < n_batch * n_embd; i++) ref[i] = out0[i];
+    double *hbuf = xmalloc(sizeof(double) * (size_t)n_ff);
+    for (int e = 0; e < n_units; e++)
+        for (int32_t i = 0; i < cnt[e]; i++) {
+            const int32_t t = tok[e * n_batch + i];
+            const float *xv = x + t * n_embd;
+            for (int64_t r = 0; r < n_ff; r++) {
+                double a = 0, b = 0;
+                for (int64_t c = 0; c < n_embd; c++) {
+                    a += (double)g[e].deq[r * n_embd + c] * xv[c];
+                    b += (double)u[e].deq[r * n_embd + c] * xv[c];
+                }
+                hbuf[r] = a / (1.0 + exp(-a)) * b;
+            }
+            for (int64_t r = 0; r < n_embd; r++) {
+                double d = 0;
+                for (int64_t c = 0; c < n_ff; c++) d += (double)dn[e].deq[r * n_ff + c] * hbuf[c];
+                ref[t * n_embd + r] += (double)wts[e * n_batch + i] * d;
+            }
+        }
+    const double err_n = nmse(out, ref, n_batch * n_embd);
+    CHECKF(err_n < 1e-10, "moe %s/%s batch %lld: nmse %.3g", hm_type_name(gate_type), hm_type_name(down_type),
+           (long long)n_batch, err_n);
+    printf("moe gate/up %s down %s: %d units, batch %lld, top-%d, %lld pairs: nmse %.2e, deterministic\n",
+           hm_type_name(gate_type), hm_type_name(down_type), n_units, (long long)n_batch, k,
+           (long long)n_pairs, err_n);
+    for (int e = 0; e < 3 * n_units; e++) hm_cuda_free(ctx, dptr[e]);
+    for (int e = 0; e < n_units; e++) {
+        free_weights(&g[e]);
+        free_weights(&u[e]);
+        free_weights(&dn[e]);
+    }
+    hm_cuda_free(ctx, dx);
+    hm_cuda_free(ctx, dout);
+    hm_cuda_free(ctx, scr);
+    free(g); free(u); free(dn); free(mu); free(tok); free(wts); free(dptr); free(cnt);
+    free(x); free(out0); free(out); free(out2); free(ref); free(hbuf);
+}
+
+static void test_moe(void) {
+    test_moe_case(HM_TYPE_Q4_K, HM_TYPE_Q6_K, 1, 9, 4);   /* decode */
+    test_moe_case(HM_TYPE_Q4_K, HM_TYPE_Q6_K, 5, 9, 3);
+    test_moe_case(HM_TYPE_IQ4_XS, HM_TYPE_Q5_K, 3, 5, 2);
+    test_moe_case(HM_TYPE_F16, HM_TYPE_Q8_0, 23, 4, 2);   /* units with > 8 tokens */
+    test_moe_case(HM_TYPE_MXFP4, HM_TYPE_BF16, 4, 6, 2);
+}
+
+/* ---- errors are statuses ---- */
+
+static void test_errors(void) {
+    hm_err e2;
+    void *p = NULL;
+    CHECK(hm_cuda_alloc(ctx, (size_t)1 << 50, &p, &e2) == HM_ERR_NOMEM && p == NULL);
+    hm_cuda_mat w = {NULL, HM_TYPE_Q4_1, 512, 4, hm_row_size(HM_TYPE_Q4_1, 512)};
+    float *d = dev_zero(4096);
+    CHECK(hm_cuda_matmul(ctx, &w, d, 1, d, &e2) == HM_ERR_UNSUPPORTED);
+    w.type = HM_TYPE_Q4_K;
+    w.data = (char *)d + 8;
+    w.nb1 = hm_row_size(HM_TYPE_Q4_K, 512);
+    CHECK(hm_cuda_matmul(ctx, &w, d, 1, d, &e2) == HM_ERR_ARG); /* misaligned */
+    CHECK(hm_cuda_sync(ctx, &e2) == HM_OK);                      /* the context still works */
+    hm_cuda_free(ctx, d);
+}
+
+/* ---- decode matvec bandwidth (prints, no asserts) ---- */
+
+static void bench_matvec(void) {
+    const int64_t shapes[2][2] = {{2048, 768}, {4096, 4096}};
+    printf("\ndecode matvec, n_tok 1, weights cycled through >= 1 GiB so they come from HBM:\n");
+    printf("%-7s %28s %28s\n", "type", "2048 x 768 (expert gate)", "4096 x 4096");
+    float *dx = dev_zero(sizeof(float) * 4096 * 8), *dy = dev_zero(sizeof(float) * 4096 * 8);
+    for (int ti = 0; ti < N_TYPES; ti++) {
+        const int type = types[ti];
+        printf("%-7s", hm_type_name(type));
+        for (int s = 0; s < 2; s++) {
+            const int64_t ne0 = shapes[s][0], ne1 = shapes[s][1];
+            const size_t rs = hm_row_size(type, ne0), mb = (rs * (size_t)ne1 + 255) & ~(size_t)255;
+            const size_t copies = ((size_t)1 << 30) / mb + 1;
+            void *buf;
+            CK(hm_cuda_alloc(ctx, copies * mb, &buf, &err));
+            CK(hm_cuda_memset(ctx, buf, 0x11, copies * mb, &err));
+            const int iters = (int)(copies < 400 ? 400 : copies);
+            double t0 = 0;
+            for (int it = -20; it < iters; it++) {
+                if (it == 0) {
+                    CK(hm_cuda_sync(ctx, &err));
+                    t0 = now_s();
+                }
+                hm_cuda_mat w = {(char *)buf + (size_t)((it + 20) % (int)copies) * mb, type, ne0, ne1, rs};
+                CK(hm_cuda_matmul(ctx, &w, dx, 1, dy, &err));
+            }
+            CK(hm_cuda_sync(ctx, &err));
+            const double dt = (now_s() - t0) / iters;
+            printf("   %7.1f GB/s (%6.2f us)", (double)rs * (double)ne1 / dt * 1e-9, dt * 1e6);
+            hm_cuda_free(ctx, buf);
+        }
+        printf("\n");
+    }
+    /* prefill tiles: 512 tokens through a 4096 x 4096 weight */
+    printf("\nprefill matmul 4096 x 4096, 512 tokens (bf16 wmma):\n");
+    float *px = dev_zero(sizeof(float) * 4096 * 512), *py = dev_zero(sizeof(float) * 4096 * 512);
+    for (int ti = 0; ti < N_TYPES; ti++) {
+        const int type = types[ti];
+        const size_t rs = hm_row_size(type, 4096);
+        void *buf;
+        CK(hm_cuda_alloc(ctx, rs * 4096, &buf, &err));
+        CK(hm_cuda_memset(ctx, buf, 0x11, rs * 4096, &err));
+        hm_cuda_mat w = {buf, type, 4096, 4096, rs};
+        CK(hm_cuda_matmul(ctx, &w, px, 512, py, &err));
+        CK(hm_cuda_sync(ctx, &err));
+        const int iters = 20;
+        const double t0 = now_s();
+        for (int it = 0; it < iters; it++) CK(hm_cuda_matmul(ctx, &w, px, 512, py, &err));
+        CK(hm_cuda_sync(ctx, &err));
+        const double dt = (now_s() - t0) / iters;
+        printf("%-7s %7.1f TFLOP/s (%7.1f us)\n", hm_type_name(type), 2.0 * 4096 * 4096 * 512 / dt * 1e-12, dt * 1e6);
+        hm_cuda_free(ctx, buf);
+    }
+    hm_cuda_free(ctx, px);
+    hm_cuda_free(ctx, py);
+    hm_cuda_free(ctx, dx);
+    hm_cuda_free(ctx, dy);
+}
+
+int main(void) {
+    test_decoders_host();
+    if (hm_cuda_device_count() == 0) {
+        if (test_failures_) return test_done();
+        printf("skipped: no GPU (the host decoder check passed)\n");
+        return 77;
+    }
+    char name[256];
+    if (hm_cuda_device_name(0, name, sizeof name) == 0) printf("device 0: %s\n", name);
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    CK(hm_cuda_open(&ctx, 0, &err));
+    test_errors();
+    test_matmul();
+    test_get_rows();
+    test_row_ops();
+    test_router();
+    test_attention();
+    test_moe();
+    if (!getenv("HM_NO_BENCH")) bench_matvec();
+    hm_cuda_close(ctx);
+    return test_done();
+}
