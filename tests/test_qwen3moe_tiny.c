@@ -292,6 +292,32 @@ static void reference(const model_w *w, bool tied, const int32_t *tok, int n, do
     free(qs);
 }
 
+/* ---- allocation counting: the decode loop must not allocate ---- */
+
+/* glibc's own entry points; the definitions below interpose the public names for this binary */
+void *__libc_malloc(size_t n);
+void *__libc_calloc(size_t n, size_t sz);
+void *__libc_realloc(void *p, size_t n);
+void *__libc_memalign(size_t align, size_t n);
+void *malloc(size_t n);
+void *calloc(size_t n, size_t sz);
+void *realloc(void *p, size_t n);
+int posix_memalign(void **out, size_t align, size_t n);
+void *aligned_alloc(size_t align, size_t n);
+
+static _Atomic long n_allocs;
+void *malloc(size_t n) { n_allocs++; return __libc_malloc(n); }
+void *calloc(size_t n, size_t sz) { n_allocs++; return __libc_calloc(n, sz); }
+void *realloc(void *p, size_t n) { n_allocs++; return __libc_realloc(p, n); }
+int posix_memalign(void **out, size_t align, size_t n) {
+    n_allocs++;
+    void *p = __libc_memalign(align, n);
+    if (!p) return 12; /* ENOMEM */
+    *out = p;
+    return 0;
+}
+void *aligned_alloc(size_t align, size_t n) { n_allocs++; return __libc_memalign(align, n); }
+
 /* ---- helpers ---- */
 
 static double max_abs_diff_f(const float *a, const float *b, size_t n) {
@@ -446,6 +472,17 @@ int main(void) {
             }
         }
         fprintf(stderr, "decode vs prefill: max |d| = %.3g\n", dmax);
+        if (s) { /* a further decode step and a prompt of several tokens allocate nothing */
+            hm_session_trim(s, 4, &err);
+            const float *lg = NULL;
+            long before = n_allocs;
+            CHECK(before > 0); /* the counter sees the library's allocations (interposition works) */
+            for (int t = 4; t < 12; t++) CHECK(hm_session_eval(s, &tok[t], 1, false, &lg, &err) == HM_OK);
+            CHECK(hm_session_eval(s, tok + 12, 6, false, &lg, &err) == HM_OK);
+            fprintf(stderr, "allocations in 8 decode steps + a 6-token batch: %ld\n", n_allocs - before);
+            CHECK(n_allocs == before);
+            CHECK(hm_session_eval(s, tok + 18, NTOK - 18, false, &lg, &err) == HM_OK); /* back to NTOK */
+        }
         CHECKF(dmax < 1e-5, "decode: %g", dmax);
         if (s) {
             CHECK(hm_session_n_past(s) == NTOK);
