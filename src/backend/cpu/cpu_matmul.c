@@ -20,6 +20,7 @@ typedef struct mm_ctx {
     int64_t chunk_rows;
     const float *x;
     int64_t n_tok, ne0;
+    int pre_quantized; /* the caller quantised x before the run (few tokens: saves a barrier) */
     int n_q;
     int q_type[MM_MAX_Q];
     char *q_buf[MM_MAX_Q];
@@ -61,7 +62,7 @@ static void mm_chunk(const mm_ctx *c, int64_t k) {
 
 static void mm_task(void *vctx, int ith, int nth) {
     mm_ctx *c = vctx;
-    if (c->n_q) {
+    if (c->n_q && !c->pre_quantized) {
         int64_t lo, hi;
         hm_split(c->n_tok, ith, nth, &lo, &hi);
         for (int q = 0; q < c->n_q; q++) {
@@ -126,6 +127,13 @@ static void mm_run(hm_pool *pool, const hm_mat *const *ws, int n_mat, const floa
     for (int m = 0; m < n_mat; m++) {
         acc += (ws[m]->ne1 + cr - 1) / cr;
         c.chunk_end[m] = acc;
+    }
+    if (n_tok < nth || nth == 1) {
+        for (int q = 0; q < c.n_q; q++) {
+            hm_from_float_fn qf = hm_type_get(c.q_type[q])->from_float;
+            for (int64_t t = 0; t < n_tok; t++) qf(x + t * c.ne0, c.q_buf[q] + (size_t)t * c.q_stride[q], c.ne0);
+        }
+        c.pre_quantized = 1;
     }
     atomic_init(&c.next, nth);
     hm_pool_run(pool, mm_task, &c);

@@ -23,6 +23,7 @@ typedef struct moe_ctx {
     const float *x;
     float *out;
     int64_t n_batch, n_embd, n_ff, n_pairs;
+    int pre_quantized;
     int n_q;
     int q_type[MOE_MAX_Q];
     char *xq[MOE_MAX_Q];
@@ -87,17 +88,23 @@ static void down_item(moe_ctx *c, int64_t item) {
     hm_cpu_rows(&j->down, r0, r1, hb, hs, NULL, j->n_tok, c->o + p0 * c->n_embd, c->n_embd);
 }
 
-static void moe_task(void *vctx, int ith, int nth) {
-    moe_ctx *c = vctx;
-    int64_t lo, hi;
-    /* 1 */
-    hm_split(c->n_batch, ith, nth, &lo, &hi);
+static void quantize_x(const moe_ctx *c, int64_t lo, int64_t hi) {
     for (int q = 0; q < c->n_q; q++) {
         hm_from_float_fn qf = hm_type_get(c->q_type[q])->from_float;
         for (int64_t t = lo; t < hi; t++)
             qf(c->x + t * c->n_embd, c->xq[q] + (size_t)t * c->xq_stride[q], c->n_embd);
     }
-    hm_pool_barrier(c->pool);
+}
+
+static void moe_task(void *vctx, int ith, int nth) {
+    moe_ctx *c = vctx;
+    int64_t lo, hi;
+    /* 1 (done by the caller when there are fewer tokens than threads) */
+    if (!c->pre_quantized) {
+        hm_split(c->n_batch, ith, nth, &lo, &hi);
+        quantize_x(c, lo, hi);
+        hm_pool_barrier(c->pool);
+    }
     /* 2 */
     const int64_t n_a = c->n_active * c->items_a_per_job;
     for (int64_t k = ith; k < n_a;) {
@@ -235,6 +242,10 @@ void hm_cpu_moe(hm_pool *pool, const hm_moe_job *jobs, int n_jobs, const float *
     c.cr_b = clamp64(n_embd * na / want, 8, n_pairs / na >= 16 ? 64 : 32);
     c.items_a_per_job = (n_ff + c.cr_a - 1) / c.cr_a;
     c.items_b_per_job = (n_embd + c.cr_b - 1) / c.cr_b;
+    if (n_batch < nth || nth == 1) {
+        quantize_x(&c, 0, n_batch);
+        c.pre_quantized = 1;
+    }
     atomic_init(&c.next_a, nth);
     atomic_init(&c.next_b, nth);
     hm_pool_run(pool, moe_task, &c);
