@@ -42,6 +42,7 @@ typedef struct run_ctx {
     hm_detok *dt;
     long n_predict;
     bool chat, no_think;
+    bool turn_closed; /* the last generation ended with an end-of-generation token */
     /* totals */
     long n_prompt, n_gen;
     double t_prompt, t_gen;
@@ -79,6 +80,7 @@ static int turn(run_ctx *r, const char *text, bool first) {
     }
     t0 = now_s();
     size_t len;
+    r->turn_closed = false;
     for (long i = 0; r->n_predict < 0 || i < r->n_predict; i++) {
         int32_t tok = hm_sampler_sample(r->smp, lg);
         hm_sampler_accept(r->smp, tok);
@@ -99,7 +101,10 @@ static int turn(run_ctx *r, const char *text, bool first) {
             fprintf(stderr, "\nhotmoe run: %s\n", err.msg);
             return 1;
         }
-        if (eog) break;
+        if (eog) {
+            r->turn_closed = true;
+            break;
+        }
     }
     r->t_gen += now_s() - t0;
     const char *rest = hm_detok_flush(r->dt, &len);
@@ -109,8 +114,9 @@ static int turn(run_ctx *r, const char *text, bool first) {
     return 0;
 }
 
-/* The text of one user turn: the template applied to it (with a leading newline after the
- * previous assistant turn's end token). *out malloc'd. */
+/* The text of one user turn: the template applied to it. After an earlier turn it starts with
+ * what closes the previous assistant turn: a newline after its end token, or (ChatML, cut off by
+ * -n or the context) the end token itself too. *out malloc'd. */
 static int render_user(run_ctx *r, const char *content, bool first, char **out) {
     hm_chat_msg msg = {"user", content};
     hm_chat_opts co = {.add_generation_prompt = true, .no_thinking = r->no_think};
@@ -124,11 +130,13 @@ static int render_user(run_ctx *r, const char *content, bool first, char **out) 
         *out = txt;
         return 0;
     }
-    size_t l = strlen(txt);
-    *out = malloc(l + 2);
+    const char *tmpl_name = hm_chat_template_name(hm_tokenizer_chat_template(r->tk));
+    const char *close = !r->turn_closed && tmpl_name && !strcmp(tmpl_name, "chatml") ? "<|im_end|>\n" : "\n";
+    size_t l = strlen(txt), lc = strlen(close);
+    *out = malloc(lc + l + 1);
     if (*out) {
-        (*out)[0] = '\n';
-        memcpy(*out + 1, txt, l + 1);
+        memcpy(*out, close, lc);
+        memcpy(*out + lc, txt, l + 1);
     }
     free(txt);
     return *out ? 0 : 1;
