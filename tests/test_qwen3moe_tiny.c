@@ -175,7 +175,17 @@ static int write_model(const char *path, const model_w *w, variant var) {
 /* ---- the reference forward pass (double, whole sequence, no cache) ---- */
 
 static bool ref_half = true; /* model the f16 KV cache */
-static double to_half(double x) { return ref_half ? (double)(_Float16)(float)x : x; }
+/* Round to the nearest IEEE half (ties to even; subnormal quantum 2^-24; our values never
+ * overflow), via the float the engine stores from. */
+static double to_half(double x) {
+    if (!ref_half) return x;
+    double f = (float)x;
+    if (f == 0) return f;
+    int e;
+    frexp(f, &e);     /* f = m * 2^e, m in [0.5, 1): 11 significant bits -> quantum 2^(e-11) */
+    int q = e - 11 < -24 ? -24 : e - 11;
+    return ldexp(nearbyint(ldexp(f, -q)), q);
+}
 
 static void rmsnorm(const double *x, const float *w, double *out, int n) {
     double ss = 0;
