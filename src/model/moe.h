@@ -26,6 +26,7 @@
 typedef struct hm_moe_weights {
     hm_mat gate, up, down;
     size_t gate_nb2, up_nb2, down_nb2;
+    int32_t layer;    /* which layer these are: unit (layer, e) is the store's key */
     int32_t n_expert;
     int64_t n_embd, n_ff;
 } hm_moe_weights;

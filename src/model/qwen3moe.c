@@ -202,6 +202,7 @@ static hm_status q3_load(hm_model *m, hm_err *err) {
         if ((st = bind_vec(m, NAME("ffn_norm"), E, &L->ffn_norm, err)) != HM_OK) goto fail;
         if ((st = bind_mat(m, NAME("ffn_gate_inp"), E, q->n_expert, &L->router, err)) != HM_OK) goto fail;
         hm_moe_weights *mw = &L->moe;
+        mw->layer = il;
         mw->n_expert = q->n_expert;
         mw->n_embd = E;
         mw->n_ff = q->n_ff_exp;
