@@ -51,7 +51,8 @@ void hm_cuda_free(hm_cuda_ctx *c, void *p); /* NULL is a no-op */
 /* Fill n bytes with `byte` (on the compute stream). */
 hm_status hm_cuda_memset(hm_cuda_ctx *c, void *dst, int byte, size_t n, hm_err *err);
 
-/* Copy host -> device on the upload stream and wait for it (src may be pageable). */
+/* Copy host -> device on the upload stream and wait for it (src may be pageable). dst must not be
+ * in use by queued compute work (that stream is not ordered with this one: hm_cuda_sync first). */
 hm_status hm_cuda_upload(hm_cuda_ctx *c, void *dst, const void *src_host, size_t n, hm_err *err);
 /* Copy host -> device on the upload stream without waiting: src must stay valid (and should be
  * pinned to overlap) until hm_cuda_upload_fence's work has run. */
