@@ -4,7 +4,7 @@
 set -euo pipefail
 pkgs=(build-essential cmake pkg-config libpcre2-dev libjansson-dev libmicrohttpd-dev)
 if [ "${1:-}" = "--test" ]; then
-  pkgs+=(clang libclang-rt-14-dev nodejs npm curl chromium chromium-driver)
+  pkgs+=(clang libclang-rt-14-dev nodejs npm curl jq chromium chromium-driver)
 fi
 missing=()
 for p in "${pkgs[@]}"; do

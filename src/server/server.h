@@ -70,6 +70,7 @@ typedef struct srv_task {
     srv_task_kind kind;
     bool stream;
     bool include_usage;   /* stream_options.include_usage: a last chunk with usage, no choices */
+    bool ignore_eos;      /* llama-server's ignore_eos: end-of-generation tokens are never sampled */
     int32_t *prompt;      /* [n_prompt] owned */
     int32_t n_prompt;
     int32_t max_tokens;   /* >= 1, already clipped to the context */
@@ -118,6 +119,8 @@ typedef struct srv_sched {
     const hm_tokenizer *tok;   /* borrowed */
     const char *model_id;      /* borrowed */
     int32_t n_ctx, n_vocab;
+    int32_t *eog;              /* [n_eog] the vocabulary's end-of-generation ids */
+    int32_t n_eog;
     int n_slots;
     srv_slot *slots;           /* [n_slots] */
 

@@ -116,6 +116,7 @@ static bool parse_common(srv_api *a, json_t *req, srv_task *t, bad *b) {
     json_int_t n = 1;
     if (!get_int(req, "n", 1, 1, &n, NULL, b)) return false;
     if (!get_bool(req, "stream", &t->stream, b)) return false;
+    if (!get_bool(req, "ignore_eos", &t->ignore_eos, b)) return false;
     json_t *so = json_object_get(req, "stream_options");
     if (so && !json_is_null(so)) {
         if (!json_is_object(so)) return fail(b, 400, "stream_options", "invalid_type", "'stream_options' must be an object");

@@ -398,7 +398,7 @@ hm_status hm_server_open(hm_server **out, const hm_server_opts *opts, hm_err *er
     if (s->o.verbose) flags |= MHD_USE_ERROR_LOG;
     s->d = MHD_start_daemon(flags, (uint16_t)s->o.port, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR, ai->ai_addr,
                             MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_CONNECTION_LIMIT, 256u,
-                            MHD_OPTION_CONNECTION_TIMEOUT, 300u, MHD_OPTION_LISTENING_ADDRESS_REUSE, 1u, MHD_OPTION_END);
+                            MHD_OPTION_CONNECTION_TIMEOUT, 300u, MHD_OPTION_END);
     freeaddrinfo(ai);
     if (!s->d) {
         set_err(err, "serve: cannot listen on %s:%d (address in use, or not an address of this machine)", s->host,

@@ -19,6 +19,7 @@
  * Invariants: only the engine thread touches sessions, samplers and detokenizers; slot->task
  * changes only under mu (so /slots and cancel see a consistent picture); every task the
  * scheduler holds ends with done = true and exactly one finish reason. */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -35,6 +36,7 @@ struct srv_slot {
     srv_task *task;     /* NULL when idle */
     bool fresh;         /* task just assigned: needs set-up on the engine thread */
     int32_t *cache;     /* [n_ctx] the tokens in the KV cache */
+    float *masked;      /* [n_vocab] logits with end-of-generation ids masked (ignore_eos) */
     int32_t n_cache;
     int32_t n_done;     /* prompt tokens of the task in the KV */
     int32_t next_tok;   /* the token to evaluate next round once the prompt is in */
@@ -372,6 +374,11 @@ static size_t release_text(srv_slot *sl, bool final, bool *stopped) {
 /* Sample the slot's next token from logits and publish it; may finish the task. */
 static void slot_sample(srv_sched *s, srv_slot *sl, const float *logits) {
     srv_task *t = sl->task;
+    if (t->ignore_eos && s->n_eog) {
+        memcpy(sl->masked, logits, (size_t)s->n_vocab * sizeof(float));
+        for (int32_t i = 0; i < s->n_eog; i++) sl->masked[s->eog[i]] = -INFINITY;
+        logits = sl->masked;
+    }
     int32_t tok = hm_sampler_sample(sl->smp, logits);
     bool eog = hm_tokenizer_is_eog(s->tok, tok);
     size_t plen = 0;
@@ -535,7 +542,10 @@ hm_status srv_sched_init(srv_sched *s, hm_model *m, const hm_tokenizer *tok, con
     pthread_cond_init(&s->cv, NULL);
     pthread_cond_init(&s->call_cv, NULL);
     s->slots = calloc((size_t)n_slots, sizeof *s->slots);
-    if (!s->slots) {
+    s->eog = malloc((size_t)s->n_vocab * sizeof(int32_t));
+    for (int32_t i = 0; s->eog && i < s->n_vocab; i++)
+        if (hm_tokenizer_is_eog(tok, i)) s->eog[s->n_eog++] = i;
+    if (!s->slots || !s->eog) {
         snprintf(err->msg, sizeof err->msg, "serve: out of memory for %d slots", n_slots);
         return HM_ERR_NOMEM;
     }
@@ -550,7 +560,8 @@ hm_status srv_sched_init(srv_sched *s, hm_model *m, const hm_tokenizer *tok, con
         if (st != HM_OK) return st;
         s->n_ctx = hm_session_n_ctx(sl->sess);
         sl->cache = malloc((size_t)s->n_ctx * sizeof(int32_t));
-        if (!sl->cache) {
+        sl->masked = malloc((size_t)s->n_vocab * sizeof(float));
+        if (!sl->cache || !sl->masked) {
             snprintf(err->msg, sizeof err->msg, "serve: out of memory for slot %d", i);
             return HM_ERR_NOMEM;
         }
@@ -583,10 +594,13 @@ void srv_sched_free(srv_sched *s) {
         hm_sampler_close(sl->smp);
         hm_detok_close(sl->detok);
         free(sl->cache);
+        free(sl->masked);
         srv_buf_free(&sl->gen);
     }
     free(s->slots);
     s->slots = NULL;
+    free(s->eog);
+    s->eog = NULL;
     pthread_mutex_destroy(&s->mu);
     pthread_cond_destroy(&s->cv);
     pthread_cond_destroy(&s->call_cv);
