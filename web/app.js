@@ -107,7 +107,7 @@ async function send(text) {
       if (!c) return;
       const piece = state.chat ? (c.delta && c.delta.content) : c.text;
       if (c.finish_reason) finish = c.finish_reason;
-      else n++;
+      else out.dataset.chunks = String(++n);
       if (piece) {
         reply += piece;
         span.textContent = reply;
