@@ -1,13 +1,19 @@
 /* srv_store.c - the expert store as the server shows it: GET /experts, the hotmoe_expert_*
  * metrics, POST /profile/save and POST /experts/policy.
  *
- * This file is the only one in the server that knows about the expert store (experts/). Until
- * the store's public API (per-layer per-expert counts, residency per tier, hit rates, bytes
- * moved, profile write, policy switch) is in hotmoe.h, it reports what the model says (layers,
- * experts, k) with "available": false, and the write/switch calls answer HM_ERR_UNSUPPORTED.
- * When the API lands, each function below gets filled in and nothing else in the server moves:
+ * This file is the only one in the server that knows about the expert store (experts/). The store
+ * exists (src/experts/experts.h: hm_experts_get_stats, hm_experts_unit, hm_experts_to_profile,
+ * hm_policy_from_name) but is not yet attached to sessions nor reachable through hotmoe.h, so
+ * today this reports what the model says (layers, experts, k) with "available": false, and the
+ * write/switch calls answer HM_ERR_UNSUPPORTED (HTTP 501). When hotmoe.h gains the store's view
+ * (e.g. hm_model_experts(m) or a JSON snapshot), each function below is filled in and nothing else
+ * in the server moves:
+ *   layers[l].counts[e] = unit(l, e)->count      layers[l].tier[e] = hm_tier_name(unit->home)
+ *   layers[l].hit_rate  = layer_hits / (layer_hits + layer_misses)   (hm_experts_stats)
+ *   units{vram,ram,ssd} = counts of unit->home   bytes moved = stats.fill_bytes, swaps_in/out
+ *   /profile/save       = hm_experts_to_profile + hm_profile_write (tmp + rename)
  * srv_store_experts_json and the profile/policy calls already run on the engine thread between
- * rounds (srv_sched_call), where the store allows its counters to be read and units to move. */
+ * rounds (srv_sched_call): the store's rule is that residency is read and changed between steps. */
 #include <stdio.h>
 #include <string.h>
 
