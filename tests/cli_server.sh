@@ -24,7 +24,7 @@ trap cleanup EXIT
 pass=0 fail=0
 ok() { pass=$((pass + 1)); }
 bad() { fail=$((fail + 1)); echo "FAIL: $*"; }
-check() { if eval "$2"; then ok; else bad "$1"; fi; }
+check() { if eval "$2"; then ok; else bad "$1"; return 1; fi; }
 
 KEY=test-key-123
 AUTH=(-H "Authorization: Bearer $KEY")
@@ -242,7 +242,8 @@ kill -TERM "$SERVER_PID"
 for _ in $(seq 1 50); do kill -0 "$SERVER_PID" 2>/dev/null || break; sleep 0.1; done
 check "SIGTERM stops the server" '! kill -0 "$SERVER_PID" 2>/dev/null'
 wait "$SERVER_PID"
-check "clean exit status" '[ $? = 0 ]'
+rc=$?
+check "clean exit status ($rc)" '[ $rc = 0 ]' || tail -n 40 "$TMP/server.log"
 
 # ---- a server without a chat template: chat is a clear 400, completions work ----
 if start_server "$TMP/server2.log" -t 1; then

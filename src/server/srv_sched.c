@@ -294,6 +294,10 @@ static bool slot_setup(srv_sched *s, srv_slot *sl) {
     sl->gen.len = 0;
     sl->released = 0;
     sl->t_start = srv_now();
+    hm_sampler_close(sl->smp); /* left over when the last task ended by cancel under the lock */
+    hm_detok_close(sl->detok);
+    sl->smp = NULL;
+    sl->detok = NULL;
     if (hm_sampler_open(&sl->smp, s->n_vocab, &t->sampling, &err) != HM_OK ||
         hm_detok_open(&sl->detok, s->tok, false, &err) != HM_OK) {
         finish(s, sl, SRV_FINISH_ERROR, err.msg);
