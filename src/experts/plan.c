@@ -389,7 +389,7 @@ hm_status hm_plan(const hm_plan_opts *o, FILE *out, hm_err *err) {
         int32_t nt = o->n_threads > 0 ? o->n_threads : (int32_t)sysconf(_SC_NPROCESSORS_ONLN);
         hm_err cerr = {{0}};
         if (hm_calib_cpu(u, nt < 1 ? 1 : nt, &pl->cal, &cerr) == HM_OK) pl->calibrated = true;
-        else snprintf(pl->calib_note, sizeof pl->calib_note, "not measured (%s)", cerr.msg);
+        else snprintf(pl->calib_note, sizeof pl->calib_note, "not measured (%.200s)", cerr.msg);
     } else {
         snprintf(pl->calib_note, sizeof pl->calib_note, "not measured (%s)",
                  o->model_path ? "--no-calibrate" : "needs the model file, -m MODEL.gguf");
