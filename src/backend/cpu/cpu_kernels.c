@@ -54,7 +54,7 @@ static inline __attribute__((always_inline)) void q4k_row(const hm_block_q4_k *w
     for (int64_t b = 0; b < nb; b++) {
         uint64_t sc, m;
         hm_k4_unpack_scales64(w[b].scales, &sc, &m);
-        const float d = hm_k_half(w[b].d), dmin = hm_k_half(w[b].dmin);
+        const __m512 vd = _mm512_set1_ps(hm_k_half(w[b].d)), vdmin = _mm512_set1_ps(hm_k_half(w[b].dmin));
         const __m512i scz = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)sc)));
         const __m256i m32 = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)m));
         const __m256i mdup = _mm256_or_si256(m32, _mm256_slli_epi32(m32, 16));
@@ -70,13 +70,16 @@ static inline __attribute__((always_inline)) void q4k_row(const hm_block_q4_k *w
             if (t >= nt) break;
             const hm_block_q8_k *y = &x[t][b];
             const int8_t *a = y->qs;
+            /* one dependent chain per token: the KT tokens give the parallelism */
             __m512i e = _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_maddubs_epi16(q0, _mm512_loadu_si512(a)), s0);
-            __m512i o = _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_maddubs_epi16(q1, _mm512_loadu_si512(a + 64)), s1);
+            e = _mm512_dpwssd_epi32(e, _mm512_maddubs_epi16(q1, _mm512_loadu_si512(a + 64)), s1);
             e = _mm512_dpwssd_epi32(e, _mm512_maddubs_epi16(q2, _mm512_loadu_si512(a + 128)), s2);
-            o = _mm512_dpwssd_epi32(o, _mm512_maddubs_epi16(q3, _mm512_loadu_si512(a + 192)), s3);
+            e = _mm512_dpwssd_epi32(e, _mm512_maddubs_epi16(q3, _mm512_loadu_si512(a + 192)), s3);
             const __m256i mins = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y->bsums), mdup);
-            acc[t] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(_mm512_zextsi256_si512(mins)), _mm512_set1_ps(dmin * y->d), acc[t]);
-            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(e, o)), _mm512_set1_ps(d * y->d), acc[t]);
+            /* weight-side scales first (shared by all tokens), the token's scale last */
+            __m512 v = _mm512_mul_ps(_mm512_cvtepi32_ps(e), vd);
+            v = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(_mm512_zextsi256_si512(mins)), vdmin, v);
+            acc[t] = _mm512_fmadd_ps(v, _mm512_set1_ps(y->d), acc[t]);
         }
     }
     for (int t = 0; t < nt; t++) out[t * ldo] = _mm512_reduce_add_ps(acc[t]);
@@ -92,7 +95,7 @@ static inline __attribute__((always_inline)) void q6k_row(const hm_block_q6_k *w
     __m512 acc[KT];
     for (int t = 0; t < KT; t++) acc[t] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
-        const float d = hm_k_half(w[b].d);
+        const __m512 vd = _mm512_set1_ps(hm_k_half(w[b].d));
         const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)w[b].scales));
         const __m512i scz = _mm512_castsi256_si512(sc16);
         __m512i lv[4];
@@ -113,11 +116,11 @@ static inline __attribute__((always_inline)) void q6k_row(const hm_block_q6_k *w
             /* levels are q in [0, 63]; the -32 offset is applied once through the block sums */
             const __m256i offs = _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)y->bsums), sc16);
             __m512i e = _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_maddubs_epi16(lv[0], _mm512_loadu_si512(a)), s0);
-            __m512i o = _mm512_dpwssd_epi32(_mm512_setzero_si512(), _mm512_maddubs_epi16(lv[1], _mm512_loadu_si512(a + 64)), s1);
+            e = _mm512_dpwssd_epi32(e, _mm512_maddubs_epi16(lv[1], _mm512_loadu_si512(a + 64)), s1);
             e = _mm512_dpwssd_epi32(e, _mm512_maddubs_epi16(lv[2], _mm512_loadu_si512(a + 128)), s2);
-            o = _mm512_dpwssd_epi32(o, _mm512_maddubs_epi16(lv[3], _mm512_loadu_si512(a + 192)), s3);
-            const __m512i s = _mm512_sub_epi32(_mm512_add_epi32(e, o), _mm512_zextsi256_si512(_mm256_slli_epi32(offs, 5)));
-            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_set1_ps(d * y->d), acc[t]);
+            e = _mm512_dpwssd_epi32(e, _mm512_maddubs_epi16(lv[3], _mm512_loadu_si512(a + 192)), s3);
+            const __m512i s = _mm512_sub_epi32(e, _mm512_zextsi256_si512(_mm256_slli_epi32(offs, 5)));
+            acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(s), vd), _mm512_set1_ps(y->d), acc[t]);
         }
     }
     for (int t = 0; t < nt; t++) out[t * ldo] = _mm512_reduce_add_ps(acc[t]);
