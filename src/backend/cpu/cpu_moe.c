@@ -202,6 +202,7 @@ void hm_cpu_moe(hm_pool *pool, const hm_moe_job *jobs, int n_jobs, const float *
         if (dpt != HM_TYPE_F32) {
             f32_down = false;
             size_t rs = hm_row_size(dpt, n_ff);
+            HM_ASSERT(rs > 0); /* n_ff is a multiple of the partner's block (the weight's too) */
             if (rs > hq_stride) hq_stride = rs;
         }
     }
@@ -226,6 +227,7 @@ void hm_cpu_moe(hm_pool *pool, const hm_moe_job *jobs, int n_jobs, const float *
     c.pair_w = pair_w;
     for (int q = 0; q < c.n_q; q++) {
         c.xq_stride[q] = hm_row_size(c.q_type[q], n_embd);
+        HM_ASSERT(c.xq_stride[q] > 0);
         c.xq[q] = hm_bump_take(&b, c.xq_stride[q] * (size_t)n_batch);
     }
     c.g = hm_bump_take(&b, (size_t)n_pairs * (size_t)n_ff * sizeof(float));
