@@ -187,6 +187,9 @@ typedef struct hm_synth_opts {
     int32_t n_threads;            /* quantisation threads; 0 = online CPUs */
     void (*progress)(void *ud, const hm_synth_progress *p); /* NULL = silent */
     void *progress_ud;
+    const char *routing_profile;  /* a usage profile (docs/PROFILE.md): build its per-layer expert
+                                     popularity into the weights (docs/SYNTH.md); its n_expert
+                                     must be the preset's. NULL = unskewed random routing */
 } hm_synth_opts;
 
 /* Write a random-weight model with the real tensor names, shapes, GGUF keys and (for q4_k_m)

@@ -11,18 +11,24 @@
 #include "cli.h"
 
 static void usage(FILE *f) {
-    fputs("usage: hotmoe synth --preset qwen3-30b-a3b|tiny --type TYPE -o FILE.gguf [options]\n"
+    fputs("usage: hotmoe synth --preset qwen3-30b-a3b|tiny|qwen36-geom --type TYPE -o FILE.gguf [options]\n"
           "\n"
           "Write a random-weight MoE model with real tensor names, shapes and GGUF keys (llama.cpp\n"
           "loads it): for tests, benchmarks and demos without downloading a model.\n"
           "\n"
           "  --arch qwen3moe         architecture (the only one for now)\n"
           "  --preset NAME           qwen3-30b-a3b: Qwen3-30B-A3B's shapes (48 layers, 128 experts,\n"
-          "                          k 8, vocab 151936; 17 GB at q4_k_m); tiny: a few MB\n"
+          "                          k 8, vocab 151936; 17 GB at q4_k_m); tiny: a few MB;\n"
+          "                          qwen36-geom: Qwen3.6-35B-A3B's expert geometry (40 layers,\n"
+          "                          256 experts of n_ff 512, k 8) on qwen3moe\n"
           "  --layers N              override the preset's depth\n"
           "  --type TYPE             q4_k_m (llama.cpp's Q4_K_M mix), q8_0, f16, f32, bf16, q4_0,\n"
           "                          q4_k, q5_k, q6_k, iq4_xs (pure), mxfp4 (experts MXFP4, rest Q8_0)\n"
           "  --seed S                random seed (default 1); same options + seed = same bytes\n"
+          "  --routing-profile P.json  build the profile's per-layer expert popularity into the\n"
+          "                          weights: every engine then routes with that skew (profile\n"
+          "                          n_expert = the preset's; layers mapped proportionally;\n"
+          "                          docs/SYNTH.md)\n"
           "  --tokenizer FILE        a Hugging Face tokenizer.json to embed (default: a small\n"
           "                          built-in byte-level BPE vocabulary)\n"
           "  --tokenizer-config FILE its tokenizer_config.json (special tokens, chat template)\n"
@@ -102,7 +108,8 @@ int hm_cmd_synth(int argc, char **argv) {
             return 2;
         }
         static const char *const with_value[] = {"--arch", "--preset", "--layers", "--type", "--seed", "--tokenizer",
-                                                 "--tokenizer-config", "-t", "--threads", "-o", "--output"};
+                                                 "--tokenizer-config", "-t", "--threads", "-o", "--output",
+                                                 "--routing-profile"};
         bool known = false;
         for (size_t k = 0; k < sizeof with_value / sizeof with_value[0]; k++) known |= strcmp(a, with_value[k]) == 0;
         if (!known) {
@@ -120,6 +127,7 @@ int hm_cmd_synth(int argc, char **argv) {
         else if (strcmp(a, "--type") == 0) o.type = v;
         else if (strcmp(a, "--tokenizer") == 0) o.tokenizer_json = v;
         else if (strcmp(a, "--tokenizer-config") == 0) o.tokenizer_config = v;
+        else if (strcmp(a, "--routing-profile") == 0) o.routing_profile = v;
         else if (strcmp(a, "-o") == 0 || strcmp(a, "--output") == 0) o.out_path = v;
         else if (strcmp(a, "--layers") == 0) {
             if (!parse_int(v, 1, 1000, &n)) {

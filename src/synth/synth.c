@@ -32,6 +32,9 @@ typedef struct chunk_job {
     uint8_t *out;         /* n_rows * row_bytes */
     float *scratch[MAX_THREADS];
     int n_threads;
+    const hm_synth_routing *routing; /* --routing-profile, or NULL */
+    int route_op;                    /* what routing does to this tensor's rows (0: nothing) */
+    int32_t route_layer;
     _Atomic int64_t next_row; /* the next row of the chunk no thread has taken */
 } chunk_job;
 
@@ -56,6 +59,7 @@ static void run_rows(chunk_job *j, int ith) {
         for (int64_t r = r0; r < r1; r++) {
             uint64_t base = (uint64_t)(j->row0 + r) * (uint64_t)ne0;
             for (int64_t c = 0; c < ne0; c++) x[c] = mean + sd * hm_synth_gauss(j->key, base + (uint64_t)c);
+            if (j->route_op) hm_synth_routing_row(j->routing, j->route_op, j->route_layer, j->key, j->row0 + r, x, ne0);
             j->quantise(x, j->out + (size_t)r * j->row_bytes, ne0);
         }
     }
@@ -84,7 +88,8 @@ static void run_chunk(chunk_job *j) {
 }
 
 static hm_status write_metadata(hm_gguf_writer *w, const hm_synth_opts *o, const hm_synth_preset *p,
-                                int32_t n_layer, const hm_synth_mix *m, hm_err *err) {
+                                int32_t n_layer, const hm_synth_mix *m, const hm_synth_routing *routing,
+                                hm_err *err) {
     hm_status st = HM_OK;
 #define SET(call) do { if (!st) st = (call); } while (0)
     /* general.* and qwen3moe.* in the order and with the value types llama.cpp's converter
@@ -111,6 +116,7 @@ static hm_status write_metadata(hm_gguf_writer *w, const hm_synth_opts *o, const
     SET(hm_gguf_writer_set_str(w, "hotmoe.synth.preset", p->name));
     SET(hm_gguf_writer_set_str(w, "hotmoe.synth.type", m->name));
     SET(hm_gguf_writer_set_u64(w, "hotmoe.synth.seed", o->seed));
+    SET(hm_synth_routing_write_meta(routing, w));
 #undef SET
     if (st) return st;
     return hm_synth_write_vocab(w, p->n_vocab, o->tokenizer_json, o->tokenizer_config, err);
@@ -153,8 +159,13 @@ hm_status hm_synth(const hm_synth_opts *o, hm_err *err) {
     hm_gguf_writer *w = NULL;
     chunk_job job;
     memset(&job, 0, sizeof job);
+    hm_synth_routing *routing = NULL;
     st = hm_synth_plan(p, n_layer, m, &plan, &n_tensors, err);
     if (st) return st;
+    if (o->routing_profile &&
+        (st = hm_synth_routing_open(&routing, o->routing_profile, p, n_layer, plan, n_tensors, o->seed, n_threads, err)))
+        goto done;
+    job.routing = routing;
 
     uint64_t total = 0;
     int64_t max_ne0 = 0;
@@ -186,7 +197,7 @@ hm_status hm_synth(const hm_synth_opts *o, hm_err *err) {
 
     st = hm_gguf_writer_open(&w, o->out_path, 0, err);
     if (st) goto done;
-    st = write_metadata(w, o, p, n_layer, m, err);
+    st = write_metadata(w, o, p, n_layer, m, routing, err);
     for (int64_t i = 0; !st && i < n_tensors; i++) {
         const hm_synth_tensor *t = &plan[i];
         st = hm_gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne);
@@ -200,6 +211,7 @@ hm_status hm_synth(const hm_synth_opts *o, hm_err *err) {
         job.t = t;
         job.quantise = hm_type_get(t->type)->from_float_ref;
         job.key = hm_synth_key(o->seed, t->name);
+        job.route_op = hm_synth_routing_op(routing, t, &job.route_layer);
         job.row_bytes = hm_row_size(t->type, t->ne[0]);
         const int64_t rows = t->ne[1] * t->ne[2];
         int64_t per_chunk = (int64_t)(buf_bytes / job.row_bytes);
@@ -223,6 +235,7 @@ hm_status hm_synth(const hm_synth_opts *o, hm_err *err) {
 
 done:
     hm_gguf_writer_abort(w);
+    hm_synth_routing_close(routing);
     free(plan);
     free(job.out);
     for (int i = 0; i < MAX_THREADS; i++) free(job.scratch[i]);

@@ -93,4 +93,26 @@ hm_status hm_synth_plan(const hm_synth_preset *p, int32_t n_layer, const hm_synt
 hm_status hm_synth_write_vocab(hm_gguf_writer *w, int32_t n_vocab, const char *tokenizer_json,
                                const char *tokenizer_config, hm_err *err);
 
+/* ---- routing skew (synth_routing.c, --routing-profile) ---- */
+
+typedef struct hm_synth_routing hm_synth_routing;
+
+/* Read the profile at path (any schema profile.h reads), check it against preset p (n_expert
+ * must match: HM_ERR_ARG naming both counts), map its layers onto n_layer and calibrate every
+ * layer's router biases on n_threads threads. plan is the file's tensor list (token_embd's type
+ * and std are replayed). *out owned by the caller (hm_synth_routing_close). */
+hm_status hm_synth_routing_open(hm_synth_routing **out, const char *path, const hm_synth_preset *p, int32_t n_layer,
+                                const hm_synth_tensor *plan, int64_t n_plan, uint64_t seed, int n_threads,
+                                hm_err *err);
+void hm_synth_routing_close(hm_synth_routing *r); /* NULL-safe */
+/* What the construction does to tensor t (0: nothing; r NULL: 0); *layer = its block or -1. */
+int hm_synth_routing_op(const hm_synth_routing *r, const hm_synth_tensor *t, int32_t *layer);
+/* Rewrite row `row` (ne0 generator values x, tensor key `key`) for op; pure, thread-safe. */
+void hm_synth_routing_row(const hm_synth_routing *r, int op, int32_t layer, uint64_t key, int64_t row, float *x,
+                          int64_t ne0);
+/* hotmoe.synth.routing.* provenance keys (profile, layer map, reserved channels, fit). r NULL: none. */
+hm_status hm_synth_routing_write_meta(const hm_synth_routing *r, hm_gguf_writer *w);
+/* [n_layer] total variation between the calibration sample's selection frequencies and the target. */
+const float *hm_synth_routing_fit_tv(const hm_synth_routing *r);
+
 #endif
