@@ -25,12 +25,12 @@ static const hm_synth_preset presets[] = {
      128, 8, 768, 6144, 151936, 40960, 1e6f, 1e-6f},
     {"tiny", "tiny qwen3moe (hotmoe synth, random weights)", 4, 256, 4, 2, 64,
      16, 4, 256, 1024, 384, 4096, 1e6f, 1e-6f},
-};
     /* qwen3moe with Qwen3.6-35B-A3B's expert geometry (40 layers, 256 experts, k 8, n_ff_exp
      * 512), so its usage profiles (the seed-1 coding profile) map 1:1 layer by layer; attention
      * and vocabulary as qwen3-30b-a3b. For --routing-profile benchmarks across engines. */
     {"qwen36-geom", "Qwen3.6-35B-A3B expert geometry on qwen3moe (hotmoe synth, random weights)", 40, 2048, 32, 4,
      128, 256, 8, 512, 6144, 151936, 40960, 1e7f, 1e-6f},
+};
 
 /* general.file_type values are llama.cpp's LLAMA_FTYPE_*. Pure K-quant files are labelled with
  * the nearest llama.cpp ftype (Q4_K_S, Q5_K_S, Q6_K), as llama-quantize --pure does. */
