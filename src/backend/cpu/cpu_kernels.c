@@ -1,6 +1,7 @@
 /* cpu_kernels.c - the matmul tile: specialised kernels per type where compiled, else vec_dot.
  *
- * Specialised kernels (AVX-512 BW + VNNI): Q4_K and Q6_K rows against Q8_K activations. Each
+ * Specialised kernels (AVX-512 BW + VNNI): Q4_K and Q6_K rows against Q8_K activations, Q8_0
+ * rows against Q8_0 (tokens in the outer loop there: the row chunk stays in L1/L2). Each
  * weight super-block is decoded once into four 64-level vectors in the activation's element order
  * plus their per-lane scale vectors, then dotted with up to KT tokens (maddubs + dpwssd per 64
  * elements). For every (row, token) pair the instruction sequence is the same whatever the tile
@@ -26,6 +27,7 @@ static inline void prefetch_row(const hm_mat *w, int64_t r, size_t row_bytes) {
 #define HM_KERNELS_AVX512 1
 #include <immintrin.h>
 
+#include "quant/quant_impl.h"
 #include "quant/quant_k_impl.h"
 
 #define KT 8 /* tokens per inner step */
@@ -126,10 +128,66 @@ static inline __attribute__((always_inline)) void q6k_row(const hm_block_q6_k *w
     for (int t = 0; t < nt; t++) out[t * ldo] = _mm512_reduce_add_ps(acc[t]);
 }
 
+#define Q8_MAX_BLOCKS 1024 /* ne0 <= 32768 for the Q8_0 kernel (else vec_dot) */
+
+static inline __m512i q8_pair(const hm_block_q8_0 *b) {
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)b[0].qs)),
+                              _mm256_loadu_si256((const __m256i *)b[1].qs), 1);
+}
+
+/* One Q8_0 row against nt (<= KT) Q8_0 token rows; two blocks per zmm. |w| (u8) times x with w's
+ * sign (activations are in [-127, 127], so negating them cannot overflow). dxs[t][b]: the
+ * tokens' block scales as f32. */
+static inline __attribute__((always_inline)) void q80_row(const hm_block_q8_0 *w, const hm_block_q8_0 *const *x,
+                                                          const float (*dxs)[Q8_MAX_BLOCKS], int nt, int64_t nb,
+                                                          float *out, int64_t ldo) {
+    __m512 acc[KT];
+    for (int t = 0; t < KT; t++) acc[t] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b += 2) {
+        const __m512i wv = q8_pair(w + b);
+        const __m512i wabs = _mm512_abs_epi8(wv);
+        const __mmask64 neg = _mm512_movepi8_mask(wv);
+        const __m512 dw = _mm512_insertf32x8(_mm512_set1_ps(hm_k_half(w[b].d)), _mm256_set1_ps(hm_k_half(w[b + 1].d)), 1);
+#pragma GCC unroll 8
+        for (int t = 0; t < KT; t++) {
+            if (t >= nt) break;
+            const __m512i xv = q8_pair(x[t] + b);
+            const __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), wabs, _mm512_mask_sub_epi8(xv, neg, _mm512_setzero_si512(), xv));
+            const __m512 dx = _mm512_insertf32x8(_mm512_set1_ps(dxs[t][b]), _mm256_set1_ps(dxs[t][b + 1]), 1);
+            acc[t] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(dot), dw), dx, acc[t]);
+        }
+    }
+    for (int t = 0; t < nt; t++) out[t * ldo] = _mm512_reduce_add_ps(acc[t]);
+}
+
+static bool q80_rows(const hm_mat *w, int64_t r0, int64_t r1, const char *xq, size_t xs,
+                     const int32_t *xidx, int64_t n_tok, float *y, int64_t ldy) {
+    const int64_t nb = w->ne0 / HM_QK8_0;
+    if (nb % 2 || nb > Q8_MAX_BLOCKS) return false;
+    const size_t row_bytes = hm_row_size(w->type, w->ne0);
+    const hm_block_q8_0 *xr[KT];
+    static _Thread_local float dxs[KT][Q8_MAX_BLOCKS];
+    for (int64_t t0 = 0; t0 < n_tok; t0 += KT) {
+        const int nt = (int)(n_tok - t0 < KT ? n_tok - t0 : KT);
+        for (int i = 0; i < nt; i++) {
+            xr[i] = (const hm_block_q8_0 *)(xq + (size_t)(xidx ? xidx[t0 + i] : t0 + i) * xs);
+            for (int64_t b = 0; b < nb; b++) dxs[i][b] = hm_k_half(xr[i][b].d);
+        }
+        for (int64_t r = r0; r < r1; r++) {
+            if (t0 == 0) prefetch_row(w, r + PREFETCH_ROWS, row_bytes);
+            q80_row((const hm_block_q8_0 *)((const char *)w->data + (size_t)r * w->nb1), xr,
+                    (const float (*)[Q8_MAX_BLOCKS])dxs, nt, nb, &y[t0 * ldy + r], ldy);
+        }
+    }
+    return true;
+}
+
 static bool kernel_rows(const hm_mat *w, int64_t r0, int64_t r1, const char *xq, size_t xs,
                         const int32_t *xidx, int64_t n_tok, float *y, int64_t ldy) {
     /* one token: nothing to reuse, the traits' vec_dot is as fast */
-    if (n_tok < 2 || (w->type != HM_TYPE_Q4_K && w->type != HM_TYPE_Q6_K)) return false;
+    if (n_tok < 2) return false;
+    if (w->type == HM_TYPE_Q8_0) return q80_rows(w, r0, r1, xq, xs, xidx, n_tok, y, ldy);
+    if (w->type != HM_TYPE_Q4_K && w->type != HM_TYPE_Q6_K) return false;
     const int64_t nb = w->ne0 / HM_QK_K;
     const size_t row_bytes = hm_row_size(w->type, w->ne0);
     const hm_block_q8_k *xr[KT];
