@@ -2,7 +2,7 @@
 # deps.sh - install what hotmoe needs to build and test on Debian 12, skipping what is present.
 # Usage: scripts/deps.sh [--test]   (--test adds the test-only tools: clang/libFuzzer, node/npm, curl, chromium)
 set -euo pipefail
-pkgs=(build-essential cmake pkg-config libpcre2-dev libjansson-dev libmicrohttpd-dev)
+pkgs=(build-essential cmake pkg-config libpcre2-dev libjansson-dev libmicrohttpd-dev liburing-dev)
 if [ "${1:-}" = "--test" ]; then
   pkgs+=(clang libclang-rt-14-dev nodejs npm curl jq chromium chromium-driver)
 fi
