@@ -46,8 +46,11 @@ hm_status hm_parse_size(const char *s, int64_t *out, hm_err *err);
 typedef struct hm_model hm_model;     /* an opened model file: weights mmapped, read-only */
 typedef struct hm_session hm_session; /* one conversation: KV cache, scratch, thread pool */
 
+typedef struct hm_placement_opts hm_placement_opts; /* see "Expert store of a model" below */
+
 typedef struct hm_model_opts {
     bool verbose; /* log hparams and loading to stderr */
+    const hm_placement_opts *placement; /* borrowed during open; NULL = count expert use only */
 } hm_model_opts;
 
 /* Fills o with the defaults. */
@@ -101,11 +104,17 @@ void hm_session_opts_default(hm_session_opts *o);
 
 /* Open a session on m (borrowed: m must outlive it). Everything the forward pass needs (KV cache
  * for n_ctx positions, activations for one ubatch, the thread pool) is allocated here, so eval
- * in decode never allocates. *out owned by the caller (hm_session_close). */
+ * in decode never allocates. *out owned by the caller (hm_session_close).
+ * Sessions of one model share its expert store (usage counts, placement): their evals must not
+ * overlap in time. One thread drives a model (the server's engine thread steps every slot in
+ * turn); an eval that starts while another session of the same model is inside one fails with
+ * HM_ERR_ARG instead of racing. */
 hm_status hm_session_open(hm_session **out, hm_model *m, const hm_session_opts *opts, hm_err *err);
 void hm_session_close(hm_session *s); /* NULL is a no-op */
 
 /* Append n tokens at positions n_past .. n_past+n-1 and run the forward pass (in ubatch pieces).
+ * Every ubatch's routing is counted in the model's expert store (a prompt step when n > 1, a
+ * decode step when n == 1).
  * *logits (borrowed, valid until the next eval/reset/close) receives [n][n_vocab] floats when
  * logits_all, else [n_vocab] for the last token. logits may be NULL (prefill only).
  * HM_ERR_ARG when n_past + n > n_ctx (nothing is evaluated) or a token id is out of range.
@@ -148,6 +157,81 @@ void hm_sampler_accept(hm_sampler *s, int32_t token);
 void hm_sampler_reset(hm_sampler *s);
 
 /* ==== end of models, sessions, sampling ================================================== */
+
+/* ==== Expert store of a model: usage, placement, profiles, traces (engine/ + experts/) ===== */
+
+/* Every MoE model opened by hm_model_open has one expert store: a table of its expert units
+ * (layer, expert), the home tier of each (VRAM, RAM, SSD), usage counters, and a placement
+ * policy. The forward pass records each layer's routed experts into it and the session marks the
+ * end of each step, so counting costs O(k) per token per layer and takes no lock. All calls below
+ * read or change the store between evals: call them from the thread that drives the model's
+ * sessions (or while none is evaluating); the server runs them on its engine thread. */
+
+struct hm_placement_opts {
+    const char *profile;  /* usage profile to place from (--profile; hotmoe.profile.v1 or the seed-1
+                             fork's v1, docs/PROFILE.md); NULL = none */
+    const char *policy;   /* "static", "online", "lru" or "none"; NULL = "static" with a profile,
+                             else "none" */
+    float update_rate;    /* online: at most rate x slots swaps per window; < 0 = default (0.05) */
+    int64_t vram_budget;  /* bytes of VRAM for expert units; 0 = none. > 0 is HM_ERR_UNSUPPORTED
+                             until a GPU expert tier exists ("no GPU backend yet") */
+};
+
+/* No profile, policy NULL, update_rate -1, vram_budget 0. */
+void hm_placement_opts_default(hm_placement_opts *o);
+
+/* Usage profile file formats (docs/PROFILE.md). */
+typedef enum hm_profile_fmt {
+    HM_PROFILE_FMT_HOTMOE = 0, /* "hotmoe": hotmoe.profile.v1 */
+    HM_PROFILE_FMT_SEED1 = 1,  /* "seed1": llama.cpp.moe_layer_perf.v1 (the seed-1 fork's input) */
+} hm_profile_fmt;
+/* "hotmoe" / "seed1" -> the format; -1 for anything else. */
+int hm_profile_fmt_from_name(const char *name);
+
+/* False for a model without expert tensors (then the calls below answer HM_ERR_UNSUPPORTED). */
+bool hm_model_has_experts(const hm_model *m);
+
+/* Write the usage counts so far (per layer per expert, tokens, prompt/decode split) to path,
+ * atomically (path.tmp.<pid>, fsync, rename). */
+hm_status hm_model_profile_save(const hm_model *m, const char *path, hm_profile_fmt fmt, hm_err *err);
+
+/* From now on write every routed (token, layer, expert) and step boundary to path (the binary
+ * trace of docs/PROFILE.md; `hotmoe plan --trace` replays it). Start it before the first eval to
+ * trace the whole run; the file is flushed and closed by hm_model_close. One trace per model. */
+hm_status hm_model_trace_out(hm_model *m, const char *path, hm_err *err);
+
+/* The placement policy in force: "none", "static", "online", "lru" (static string). */
+const char *hm_model_policy(const hm_model *m);
+/* Switch the placement policy between steps. Without a fast tier (no VRAM slots: today's only
+ * case) every unit stays where it is and only the name changes; HM_ERR_ARG for an unknown name. */
+hm_status hm_model_set_policy(hm_model *m, const char *policy, hm_err *err);
+
+/* Where a unit is computed from now. */
+typedef enum hm_unit_home { HM_HOME_SSD = 0, HM_HOME_RAM = 1, HM_HOME_VRAM = 2 } hm_unit_home;
+const char *hm_unit_home_name(hm_unit_home h); /* "ssd", "ram", "vram" */
+
+/* A snapshot of the store. A "hit" is a routed (token, unit) computed from VRAM. */
+typedef struct hm_usage {
+    int32_t n_layer, n_expert, n_expert_used;
+    const char *policy;              /* static string */
+    uint64_t tokens, prompt_tokens, decode_tokens, steps;
+    uint64_t hits, misses;           /* all layers */
+    int64_t vram_slots, vram_slots_used;
+    uint64_t units[3];               /* units by home: [HM_HOME_SSD], [HM_HOME_RAM], [HM_HOME_VRAM] */
+    uint64_t unit_bytes;             /* the largest unit (the size of a slot) */
+    uint64_t swaps_in, swaps_out;    /* units moved into / out of VRAM since open */
+    uint64_t bytes_to_vram;          /* bytes copied into VRAM slots since open */
+    uint64_t bytes_from_ssd;         /* bytes read from SSD since open (0 until the SSD tier) */
+    uint64_t *counts;                /* [n_layer * n_expert] routed selections (row = layer), owned */
+    uint8_t *home;                   /* [n_layer * n_expert] hm_unit_home, owned */
+    uint64_t *layer_hits, *layer_misses; /* [n_layer], owned */
+} hm_usage;
+
+/* Fill u (arrays malloc'd, owned by u: hm_usage_free). HM_ERR_UNSUPPORTED without experts. */
+hm_status hm_model_usage(const hm_model *m, hm_usage *u, hm_err *err);
+void hm_usage_free(hm_usage *u); /* NULL-safe, idempotent */
+
+/* ==== end of expert store of a model ===================================================== */
 
 /* ==== Inspect and synth (inspect/, synth/) ============================================== */
 
@@ -317,6 +401,10 @@ typedef struct hm_server_opts {
     const char *alias;         /* model id in the API; NULL = the file name */
     const char *chat_template; /* "chatml" or a template text; NULL = the model's own */
     const char *profile_out;   /* where POST /profile/save writes; NULL = "hotmoe-profile.json" */
+    bool profile_on_exit;      /* also write profile_out when the server closes (--profile-out) */
+    hm_profile_fmt profile_format; /* of those files (default hotmoe) */
+    const hm_placement_opts *placement; /* borrowed during open; NULL = count expert use only */
+    const char *trace_out;     /* write the routing trace of every request here; NULL = none */
     size_t max_body;           /* request body cap in bytes; 0 = 8 MiB */
     bool verbose;              /* log requests to stderr */
 } hm_server_opts;

@@ -140,7 +140,7 @@ int hm_cmd_bench(int argc, char **argv) {
             printf("| %s %s | %.2f GiB | %.2f B | CPU | %d | tg%ld | %.2f ± %.2f |\n", inf->arch, name, gib, bparams, th,
                    n_gen, tm, tsd);
     }
-    rc = 0;
+    rc = cli_engine_finish(&e, m);
 done:
     free(ids);
     free(pp);

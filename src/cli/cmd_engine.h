@@ -1,6 +1,10 @@
 /* cmd_engine.h - flag parsing shared by the commands that run a model (logits, run, perplexity,
- * bench): -m, -t, -c, --ubatch, --kv-type, -v, and number parsing with errors that name the flag.
- * Header-only (static functions) so each command stays one file; only uses hotmoe.h. */
+ * bench, profile; serve takes the placement flags): -m, -t, -c, --ubatch, --kv-type, -v; the expert
+ * placement and usage flags (--profile-out, --profile-format, --trace-out, --profile, --policy,
+ * --update-rate, --vram-budget, with the seed forks' names as aliases); and number parsing with
+ * errors that name the flag. Header-only (static functions) so each command stays one file; only
+ * uses hotmoe.h. A command calls cli_open_model (which applies the placement flags and starts a
+ * trace) and, before closing the model, cli_engine_finish (which writes --profile-out). */
 #ifndef HM_CLI_CMD_ENGINE_H
 #define HM_CLI_CMD_ENGINE_H
 
@@ -19,6 +23,12 @@ typedef struct cli_engine {
     int32_t n_ubatch;  /* -ub, 0 = 512 */
     hm_kv_type kv_type;
     bool verbose;
+    /* expert placement and usage */
+    const char *profile_out;  /* --profile-out: usage profile written at the end */
+    hm_profile_fmt profile_format;
+    const char *trace_out;    /* --trace-out: routing trace */
+    hm_placement_opts place;  /* --profile, --policy, --update-rate, --vram-budget */
+    bool place_init;
 } cli_engine;
 
 #define CLI_ENGINE_HELP                                                                        \
@@ -26,7 +36,19 @@ typedef struct cli_engine {
     "  -t, --threads N        compute threads (default: all CPUs)\n"                             \
     "  -ub, --ubatch N        tokens per forward micro-batch (default 512)\n"                    \
     "  --kv-type f16|f32      KV cache type (default f16; f32 is exact and slower)\n"            \
-    "  -v, --verbose          log model loading\n"
+    "  -v, --verbose          log model loading\n" CLI_PLACEMENT_HELP
+
+#define CLI_PLACEMENT_HELP                                                                     \
+    "expert usage and placement:\n"                                                             \
+    "  --profile-out FILE     write the expert usage profile at the end (alias --moe-layer-perf-out)\n" \
+    "  --profile-format F     hotmoe (default) or seed1 (the seed-1 fork's moe_layer_perf.v1)\n"  \
+    "  --trace-out FILE       write every routed (token, layer, expert) to a binary trace\n"      \
+    "  --profile FILE         usage profile for static placement (alias --moe-hot-cache)\n"      \
+    "  --policy P             static|online|lru|none (default: static with --profile, else none)\n" \
+    "  --update-rate R        online: swaps per window as a fraction of slots (alias\n"          \
+    "                         --moe-hot-cache-update-rate; default 0.05)\n"                     \
+    "  --vram-budget SIZE     VRAM for expert units (alias --moe-hot-cache-max-mib MIB); no GPU\n" \
+    "                         backend yet, so a budget > 0 is an error\n"
 
 static inline int cli_long(const char *cmd, const char *flag, const char *s, long lo, long hi, long *out) {
     char *end;
@@ -61,10 +83,62 @@ static inline const char *cli_value(const char *cmd, int argc, char **argv, int 
     return argv[++*i];
 }
 
+/* Try argv[*i] as one of the expert usage/placement flags: 1 consumed, 0 not ours, -1 bad value
+ * (printed). */
+static inline int cli_placement_arg(cli_engine *e, int argc, char **argv, int *i) {
+    const char *a = argv[*i], *v;
+    double d;
+    if (!e->place_init) {
+        hm_placement_opts_default(&e->place);
+        e->place_init = true;
+    }
+    if (!strcmp(a, "--profile-out") || !strcmp(a, "--moe-layer-perf-out")) {
+        if (!(e->profile_out = cli_value(e->cmd, argc, argv, i))) return -1;
+    } else if (!strcmp(a, "--profile-format")) {
+        if (!(v = cli_value(e->cmd, argc, argv, i))) return -1;
+        int f = hm_profile_fmt_from_name(v);
+        if (f < 0) {
+            fprintf(stderr, "hotmoe %s: --profile-format expects hotmoe or seed1, got '%s'\n", e->cmd, v);
+            return -1;
+        }
+        e->profile_format = (hm_profile_fmt)f;
+    } else if (!strcmp(a, "--trace-out")) {
+        if (!(e->trace_out = cli_value(e->cmd, argc, argv, i))) return -1;
+    } else if (!strcmp(a, "--profile") || !strcmp(a, "--moe-hot-cache")) {
+        if (!(e->place.profile = cli_value(e->cmd, argc, argv, i))) return -1;
+    } else if (!strcmp(a, "--policy")) {
+        if (!(v = cli_value(e->cmd, argc, argv, i))) return -1;
+        if (strcmp(v, "static") && strcmp(v, "online") && strcmp(v, "lru") && strcmp(v, "none")) {
+            fprintf(stderr, "hotmoe %s: --policy expects static, online, lru or none, got '%s'\n", e->cmd, v);
+            return -1;
+        }
+        e->place.policy = v;
+    } else if (!strcmp(a, "--update-rate") || !strcmp(a, "--moe-hot-cache-update-rate")) {
+        if (!(v = cli_value(e->cmd, argc, argv, i)) || cli_float(e->cmd, a, v, 0, 1, &d)) return -1;
+        e->place.update_rate = (float)d;
+    } else if (!strcmp(a, "--vram-budget")) {
+        hm_err err;
+        if (!(v = cli_value(e->cmd, argc, argv, i))) return -1;
+        if (hm_parse_size(v, &e->place.vram_budget, &err) != HM_OK || e->place.vram_budget < 0) {
+            fprintf(stderr, "hotmoe %s: --vram-budget expects a size (12GiB, 512MiB, 0), got '%s'\n", e->cmd, v);
+            return -1;
+        }
+    } else if (!strcmp(a, "--moe-hot-cache-max-mib")) {
+        long mib;
+        if (!(v = cli_value(e->cmd, argc, argv, i)) || cli_long(e->cmd, a, v, 0, 1L << 40, &mib)) return -1;
+        e->place.vram_budget = (int64_t)mib << 20;
+    } else {
+        return 0;
+    }
+    return 1;
+}
+
 /* Try argv[*i] as one of the shared flags: 1 consumed, 0 not ours, -1 bad value (printed). */
 static inline int cli_engine_arg(cli_engine *e, int argc, char **argv, int *i) {
     const char *a = argv[*i], *v;
     long n;
+    int r = cli_placement_arg(e, argc, argv, i);
+    if (r) return r;
     if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
         if (!(e->model = cli_value(e->cmd, argc, argv, i))) return -1;
     } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
@@ -98,16 +172,41 @@ static inline hm_model *cli_open_model(const cli_engine *e) {
         fprintf(stderr, "hotmoe %s: no model given (-m FILE); see `hotmoe %s --help`\n", e->cmd, e->cmd);
         return NULL;
     }
+    hm_placement_opts po;
+    if (e->place_init) po = e->place;
+    else hm_placement_opts_default(&po);
     hm_model_opts mo;
     hm_model_opts_default(&mo);
     mo.verbose = e->verbose;
+    mo.placement = &po;
     hm_model *m = NULL;
     hm_err err;
     if (hm_model_open(&m, e->model, &mo, &err) != HM_OK) {
         fprintf(stderr, "hotmoe %s: %s\n", e->cmd, err.msg);
         return NULL;
     }
+    if (po.policy && strcmp(po.policy, "none") && po.vram_budget == 0)
+        fprintf(stderr, "hotmoe %s: note: --policy %s has no fast tier to place units in (no VRAM budget); expert "
+                        "use is counted, every unit runs from RAM\n", e->cmd, po.policy);
+    if (e->trace_out && hm_model_trace_out(m, e->trace_out, &err) != HM_OK) {
+        fprintf(stderr, "hotmoe %s: %s\n", e->cmd, err.msg);
+        hm_model_close(m);
+        return NULL;
+    }
     return m;
+}
+
+/* Before closing m: write --profile-out (message printed). 0 ok, 1 error. */
+static inline int cli_engine_finish(const cli_engine *e, const hm_model *m) {
+    if (!e->profile_out || !m) return 0;
+    hm_err err;
+    if (hm_model_profile_save(m, e->profile_out, e->profile_format, &err) != HM_OK) {
+        fprintf(stderr, "hotmoe %s: %s\n", e->cmd, err.msg);
+        return 1;
+    }
+    fprintf(stderr, "hotmoe %s: wrote the expert usage profile to %s (%s)\n", e->cmd, e->profile_out,
+            e->profile_format == HM_PROFILE_FMT_SEED1 ? "seed1" : "hotmoe");
+    return 0;
 }
 
 /* Open a session of n_ctx positions (error printed, NULL on failure). */

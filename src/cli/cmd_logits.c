@@ -119,6 +119,7 @@ int hm_cmd_logits(int argc, char **argv) {
             }
         }
     }
+    if (rc == 0 && cli_engine_finish(&e, m)) rc = 1;
     hm_session_close(s);
     hm_model_close(m);
     free(ids);

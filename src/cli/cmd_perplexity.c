@@ -144,7 +144,7 @@ int hm_cmd_perplexity(int argc, char **argv) {
         else
             printf("Final estimate: PPL = %.4f +/- %.5f\n", ppl, 0.0);
     }
-    rc = 0;
+    rc = cli_engine_finish(&e, m);
 done:
     hm_session_close(s);
     hm_model_close(m);

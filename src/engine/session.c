@@ -4,7 +4,10 @@
  *
  * Invariants: 0 <= n_past <= n_ctx; the state holds positions [0, n_past); the last-token logits
  * buffer and every per-ubatch array are allocated at open, so a decode step (n = 1, last logits)
- * allocates nothing. The all-positions buffer grows only when a larger logits_all batch arrives. */
+ * allocates nothing. The all-positions buffer grows only when a larger logits_all batch arrives.
+ * Each micro-batch is one step of the model's expert store (step_end after its forward); evals of
+ * one model's sessions never overlap (model->busy), since they share that store. */
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -108,6 +111,9 @@ hm_status hm_session_eval(hm_session *s, const int32_t *tokens, int32_t n, bool 
         s->logits_all = p;
         s->cap_all = n;
     }
+    if (atomic_exchange(&s->model->busy, 1))
+        return hm_errf(err, HM_ERR_ARG, "eval: another session of this model is evaluating (sessions of one model "
+                       "share its expert store: evaluate them one at a time)");
     for (int32_t i0 = 0; i0 < n; i0 += s->n_ubatch) {
         int32_t nb = n - i0 < s->n_ubatch ? n - i0 : s->n_ubatch;
         for (int32_t j = 0; j < nb; j++) s->pos[j] = s->n_past + j;
@@ -122,9 +128,20 @@ hm_status hm_session_eval(hm_session *s, const int32_t *tokens, int32_t n, bool 
             b.logits = s->logits_last;
         }
         hm_status st = s->model->arch->forward(s->model, s->state, s->pool, &b, err);
-        if (st != HM_OK) return st;
+        if (st != HM_OK) {
+            atomic_store(&s->model->busy, 0);
+            return st;
+        }
         s->n_past += nb;
+        if (s->model->experts) {
+            /* the step boundary: the policy may move units now, never inside a layer. A tier error
+             * leaves units in RAM and the logits are good, so it is a warning, not a failure. */
+            hm_err serr;
+            if (hm_experts_step_end(s->model->experts, nb, n > 1, &serr) != HM_OK)
+                hm_log_printf(&s->model->log, HM_LOG_WARN, "expert store: %s", serr.msg);
+        }
     }
+    atomic_store(&s->model->busy, 0);
     if (logits) *logits = logits_all ? s->logits_all : s->logits_last;
     return HM_OK;
 }

@@ -1,5 +1,5 @@
-/* model.c - opening a model: map the GGUF, pick the architecture, let it bind its tensors.
- * Also the load helpers every arch uses (hparam keys, tensor binding with shape/type checks)
+/* model.c - opening a model: map the GGUF, pick the architecture, let it bind its tensors, open
+ * its expert store (model_experts.c). Also the load helpers every arch uses (hparam keys, tensor binding with shape/type checks)
  * and the public model getters. */
 #include "model.h"
 
@@ -79,6 +79,7 @@ hm_status hm_model_open(hm_model **out, const char *path, const hm_model_opts *o
     }
     if (inf->bos_id >= inf->n_vocab) inf->bos_id = -1;
     if (inf->eos_id >= inf->n_vocab) inf->eos_id = -1;
+    if ((st = hm_model_experts_open(m, o.placement, err)) != HM_OK) goto fail;
     *out = m;
     return HM_OK;
 fail:
@@ -88,6 +89,7 @@ fail:
 
 void hm_model_close(hm_model *m) {
     if (!m) return;
+    hm_model_experts_close(m); /* flushes a trace being written */
     if (m->arch && m->impl) m->arch->unload(m);
     hm_gguf_close(m->gguf);
     free(m);

@@ -24,6 +24,7 @@
 #include "core/log.h"
 #include "core/status.h"
 #include "core/threadpool.h"
+#include "experts/experts.h"
 #include "gguf/gguf.h"
 #include "hotmoe.h"
 
@@ -37,7 +38,18 @@ struct hm_model {
     char name[256];
     char arch_name[64];
     hm_log log;
+    /* The expert store (model_experts.c): one per model, shared by its sessions. The forward
+     * pass records into it after each router; the session ends each step. NULL for a model
+     * without expert tensors. Single writer: `busy` makes overlapping evals an error. */
+    hm_units units;       /* owned; borrows gguf's tensor table */
+    hm_experts *experts;  /* owned */
+    hm_policy_kind policy;
+    _Atomic int busy;     /* 1 while a session of this model is inside eval */
 };
+
+/* model_experts.c: build the unit table and open the store with o (NULL = count only). */
+hm_status hm_model_experts_open(hm_model *m, const hm_placement_opts *o, hm_err *err);
+void hm_model_experts_close(hm_model *m);
 
 /* What a session asks of an arch's state. */
 typedef struct hm_state_opts {

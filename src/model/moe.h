@@ -65,7 +65,11 @@ void hm_moe_route_build(hm_moe_route *r, const int32_t *ids, const float *weight
 /* Scratch bytes hm_moe_compute needs for this route's capacity. */
 size_t hm_moe_compute_scratch_size(const hm_moe_route *r, int64_t n_embd, int64_t n_ff, int n_threads);
 
-/* out[t] += sum over the route's (t, unit, w): w * unit(x[t]).  x, out: [n_tok, n_embd]. */
+/* out[t] += sum over the route's (t, unit, w): w * unit(x[t]).  x, out: [n_tok, n_embd].
+ * The tier split goes here and nowhere else: with a fast tier, the layer's units whose entry in
+ * hm_experts_slot_map(store, mw->layer) is >= 0 go to the GPU's grouped kernel, the rest run
+ * below on the CPU (after an SSD read when the store says so, hm_experts_where). Usage counting
+ * is not done here: the forward pass records the router's ids right after routing. */
 void hm_moe_compute(hm_pool *pool, const hm_moe_weights *mw, hm_moe_route *r, const float *x,
                     float *out, hm_scratch *scratch);
 

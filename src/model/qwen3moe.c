@@ -13,6 +13,8 @@
  * head_dim comes from attention.key_length and may differ from n_embd / n_head.
  * In the last layer only the rows whose logits are wanted go past the K/V write (a prompt's
  * prefill computes one row there, a micro-batch without wanted logits stops at the write).
+ * After each router the layer's routed experts go to the model's expert store (hm_experts_record,
+ * O(rows * k)); so the last layer counts only the rows it computes, as llama.cpp's does.
  *
  * Session state: the KV cache for n_ctx positions and every activation for one micro-batch are
  * allocated in state_open; forward allocates nothing. */
@@ -380,6 +382,8 @@ static hm_status q3_forward(const hm_model *m, void *state, hm_pool *pool, const
         hm_cpu_rmsnorm(pool, s->x, L->ffn_norm, s->h, nr, E, q->eps);
         hm_cpu_matmul(pool, &L->router, s->h, nr, s->rlog, &s->scratch);
         hm_cpu_router(s->rlog, nr, q->n_expert, q->n_expert_used, true, s->rid, s->rw);
+        /* usage counts: the units this layer computes (only the wanted rows in the last layer) */
+        if (m->experts) hm_experts_record(m->experts, il, s->rid, (int32_t)nr * q->n_expert_used);
         hm_moe_route_build(&s->route, s->rid, s->rw, (int32_t)nr);
         hm_moe_compute(pool, &L->moe, &s->route, s->h, s->x, &s->scratch);
     }

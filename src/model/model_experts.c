@@ -1,0 +1,192 @@
+/* model_experts.c - a model's expert store: opening it from the placement options, and the public
+ * view of it (hotmoe.h, "Expert store of a model").
+ *
+ * One store per model, not per session. The store's counting has one writer, the thread that
+ * drives the forward pass; the server steps all its sessions on one engine thread, so the sessions
+ * of a model share the model's store and the profile it writes covers every request. The session
+ * enforces "one eval at a time per model" (hm_model.busy), so a caller that breaks the rule gets
+ * an error, not torn counters.
+ *
+ * Tiers. Today every unit is computed from RAM (the file mapping): no GPU expert tier exists, so a
+ * VRAM budget is refused, and the store runs with zero fast slots (the policy is only a name).
+ * The GPU tier plugs in here as hm_experts_opts.hot_tier (+ hot_budget), the SSD tier
+ * (experts/tier_ssd.c, being built) where marked below; the forward pass does not change, it asks
+ * the store where a unit is in hm_moe_compute (model/moe.h).
+ *
+ * Invariants: m->experts != NULL exactly when the model has expert units; m->policy is the kind
+ * the store was opened with or last switched to. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "experts/profile.h"
+#include "model.h"
+
+void hm_placement_opts_default(hm_placement_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->update_rate = -1.0f;
+}
+
+int hm_profile_fmt_from_name(const char *name) {
+    if (!name) return -1;
+    if (!strcmp(name, "hotmoe")) return HM_PROFILE_FMT_HOTMOE;
+    if (!strcmp(name, "seed1")) return HM_PROFILE_FMT_SEED1;
+    return -1;
+}
+
+const char *hm_unit_home_name(hm_unit_home h) {
+    switch (h) {
+    case HM_HOME_SSD: return "ssd";
+    case HM_HOME_RAM: return "ram";
+    case HM_HOME_VRAM: return "vram";
+    }
+    return "unknown";
+}
+
+hm_status hm_model_experts_open(hm_model *m, const hm_placement_opts *po, hm_err *err) {
+    hm_placement_opts dflt;
+    if (!po) hm_placement_opts_default(&dflt), po = &dflt;
+    if (po->vram_budget > 0)
+        return hm_errf(err, HM_ERR_UNSUPPORTED,
+                       "no GPU backend yet: a VRAM budget of %lld bytes was asked for, but hotmoe cannot compute "
+                       "expert units on a GPU yet (every unit runs on the CPU from RAM); drop --vram-budget",
+                       (long long)po->vram_budget);
+    if (po->vram_budget < 0) return hm_errf(err, HM_ERR_ARG, "the VRAM budget must not be negative");
+    int kind = HM_POLICY_NONE;
+    if (po->policy) {
+        kind = hm_policy_from_name(po->policy);
+        if (kind < 0)
+            return hm_errf(err, HM_ERR_ARG, "unknown placement policy '%s' (static, online, lru, none)", po->policy);
+    } else if (po->profile) {
+        kind = HM_POLICY_STATIC;
+    }
+
+    hm_status st = hm_units_init(&m->units, m->gguf, err);
+    if (st != HM_OK) return st;
+    if (m->units.n_units == 0) { /* a dense model: nothing to count */
+        if (po->profile || po->policy)
+            return hm_errf(err, HM_ERR_ARG, "the model has no expert tensors, so --profile/--policy do not apply");
+        return HM_OK;
+    }
+
+    hm_profile prof;
+    memset(&prof, 0, sizeof prof);
+    if (po->profile && (st = hm_profile_read(&prof, po->profile, err)) != HM_OK) return st;
+
+    hm_experts_opts eo;
+    hm_experts_opts_default(&eo);
+    eo.policy.kind = (hm_policy_kind)kind;
+    if (po->update_rate >= 0) eo.policy.update_rate = po->update_rate;
+    eo.profile = po->profile ? &prof : NULL;
+    eo.hot_slots = 0;     /* the GPU tier: hot_slots = -1, hot_budget = vram_budget, hot_tier = its table */
+    eo.hot_tier = NULL;
+    /* The SSD tier (experts/tier_ssd.c) plugs in here: a RAM budget and the tier's table. */
+    st = hm_experts_open(&m->experts, &m->units, &eo, err);
+    if (st != HM_OK && po->profile) {
+        char tmp[sizeof err->msg];
+        if (err) {
+            snprintf(tmp, sizeof tmp, "%s", err->msg);
+            hm_errf(err, st, "%s: %s", po->profile, tmp);
+        }
+    }
+    hm_profile_free(&prof);
+    if (st != HM_OK) return st;
+    m->policy = (hm_policy_kind)kind;
+    return HM_OK;
+}
+
+void hm_model_experts_close(hm_model *m) {
+    hm_experts_close(m->experts);
+    m->experts = NULL;
+    hm_units_free(&m->units);
+}
+
+static hm_status no_experts(const hm_model *m, hm_err *err) {
+    return hm_errf(err, HM_ERR_UNSUPPORTED, "the model (%s) has no expert tensors", m->arch_name);
+}
+
+bool hm_model_has_experts(const hm_model *m) { return m->experts != NULL; }
+
+hm_status hm_model_profile_save(const hm_model *m, const char *path, hm_profile_fmt fmt, hm_err *err) {
+    if (!m->experts) return no_experts(m, err);
+    if (fmt != HM_PROFILE_FMT_HOTMOE && fmt != HM_PROFILE_FMT_SEED1)
+        return hm_errf(err, HM_ERR_ARG, "unknown profile format %d", (int)fmt);
+    hm_profile p;
+    hm_status st = hm_experts_to_profile(m->experts, &p, m->name, m->arch_name, err);
+    if (st != HM_OK) return st;
+    st = hm_profile_write(&p, path, fmt == HM_PROFILE_FMT_SEED1 ? HM_PROFILE_SEED1 : HM_PROFILE_HOTMOE, err);
+    hm_profile_free(&p);
+    return st;
+}
+
+hm_status hm_model_trace_out(hm_model *m, const char *path, hm_err *err) {
+    if (!m->experts) return no_experts(m, err);
+    return hm_experts_trace_out(m->experts, path, err);
+}
+
+const char *hm_model_policy(const hm_model *m) { return hm_policy_name(m->policy); }
+
+hm_status hm_model_set_policy(hm_model *m, const char *policy, hm_err *err) {
+    if (!m->experts) return no_experts(m, err);
+    int kind = hm_policy_from_name(policy);
+    if (kind < 0) return hm_errf(err, HM_ERR_ARG, "unknown placement policy '%s' (static, online, lru, none)", policy);
+    hm_experts_stats es;
+    hm_experts_get_stats(m->experts, &es);
+    if (es.n_slots > 0) /* a live fast tier: re-placing needs the store's own switch (experts/) */
+        return hm_errf(err, HM_ERR_UNSUPPORTED, "switching the policy of a live VRAM tier (%lld slots) is not "
+                       "supported yet", (long long)es.n_slots);
+    m->policy = (hm_policy_kind)kind; /* no slots: nothing moves, every unit stays in RAM */
+    return HM_OK;
+}
+
+void hm_usage_free(hm_usage *u) {
+    if (!u) return;
+    free(u->counts);
+    free(u->home);
+    free(u->layer_hits);
+    free(u->layer_misses);
+    u->counts = NULL, u->home = NULL, u->layer_hits = u->layer_misses = NULL;
+}
+
+hm_status hm_model_usage(const hm_model *m, hm_usage *u, hm_err *err) {
+    memset(u, 0, sizeof *u);
+    if (!m->experts) return no_experts(m, err);
+    const hm_units *un = &m->units;
+    hm_experts_stats es;
+    hm_experts_get_stats(m->experts, &es);
+    const size_t nl = (size_t)un->n_layer, nu = nl * (size_t)un->n_expert;
+    u->counts = calloc(nu, sizeof *u->counts);
+    u->home = calloc(nu, sizeof *u->home);
+    u->layer_hits = calloc(nl, sizeof *u->layer_hits);
+    u->layer_misses = calloc(nl, sizeof *u->layer_misses);
+    if (!u->counts || !u->home || !u->layer_hits || !u->layer_misses) {
+        hm_usage_free(u);
+        return hm_errf(err, HM_ERR_NOMEM, "usage snapshot: out of memory");
+    }
+    u->n_layer = un->n_layer, u->n_expert = un->n_expert, u->n_expert_used = un->n_expert_used;
+    u->policy = hm_policy_name(m->policy);
+    u->tokens = es.tokens, u->prompt_tokens = es.prompt_tokens, u->decode_tokens = es.decode_tokens;
+    u->steps = (uint64_t)es.steps;
+    u->hits = es.hits, u->misses = es.misses;
+    u->vram_slots = es.n_slots, u->vram_slots_used = es.n_used;
+    u->unit_bytes = un->unit_bytes_max;
+    u->swaps_in = es.swaps_in, u->swaps_out = es.swaps_out, u->bytes_to_vram = es.fill_bytes;
+    u->bytes_from_ssd = 0; /* the SSD tier will report its reads here */
+    memcpy(u->layer_hits, es.layer_hits, nl * sizeof *u->layer_hits);
+    memcpy(u->layer_misses, es.layer_misses, nl * sizeof *u->layer_misses);
+    for (int32_t l = 0; l < un->n_layer; l++) {
+        for (int32_t e = 0; e < un->n_expert; e++) {
+            size_t i = (size_t)l * (size_t)un->n_expert + (size_t)e;
+            if (e >= un->layers[l].n_expert) { /* a dense layer: no unit */
+                u->home[i] = HM_HOME_RAM;
+                continue;
+            }
+            const hm_unit *x = hm_experts_unit(m->experts, l, e);
+            u->counts[i] = x->count;
+            hm_unit_home h = x->home == HM_TIER_HOT ? HM_HOME_VRAM : x->home == HM_TIER_SSD ? HM_HOME_SSD : HM_HOME_RAM;
+            u->home[i] = (uint8_t)h;
+            u->units[h]++;
+        }
+    }
+    return HM_OK;
+}
