@@ -21,6 +21,7 @@ int hm_cmd_perplexity(int argc, char **argv);
 int hm_cmd_logits(int argc, char **argv);
 int hm_cmd_plan(int argc, char **argv);
 int hm_cmd_serve(int argc, char **argv);
+int hm_cmd_profile(int argc, char **argv);
 
 /* True for -h / --help. */
 int hm_cli_is_help(const char *arg);

@@ -16,6 +16,7 @@ static const hm_cli_cmd commands[] = {
     {"perplexity", hm_cmd_perplexity, "perplexity of a text file (same method as llama-perplexity)"},
     {"logits", hm_cmd_logits, "write raw float32 logits of a token sequence (for comparing engines)"},
     {"serve", hm_cmd_serve, "OpenAI-compatible HTTP server with a web page (chat + experts heatmap)"},
+    {"profile", hm_cmd_profile, "run prompts only to record which experts they use (a usage profile)"},
     {"plan", hm_cmd_plan, "which expert units fit a VRAM budget, hit rate, llama.cpp --n-cpu-moe equivalent"},
     {"version", cmd_version, "print the version"},
     {"help", cmd_help, "list subcommands; `hotmoe CMD --help` for one"},
