@@ -1,4 +1,11 @@
-"""convert_hf_to_gguf.py - convert a Hugging Face Qwen3MoeForCausalLM to GGUF (arch qwen3moe).
+"""convert_hf_to_gguf.py - convert a Hugging Face Qwen3-MoE or Qwen3.5-MoE model to GGUF.
+
+The architecture comes from config.json (model_type / architectures): Qwen3MoeForCausalLM ->
+qwen3moe, Qwen3_5Moe* (model_type qwen3_5_moe[_text]) -> qwen35moe (qwen35moe.py beside this file
+holds that recipe). Without numpy (tiny fixtures on a bare machine) safetensors are read by
+pytensor.py and only F32 output is possible; with numpy the numpy path is used.
+
+qwen3moe:
 
 Follows llama.cpp's conventions for qwen3moe (key and tensor names, expert tensors stacked into
 3-D {n_embd, n_ff_exp, n_expert} / {n_ff_exp, n_embd, n_expert}, Q/K not permuted since Qwen3
@@ -13,10 +20,14 @@ import json
 import os
 import sys
 
-import numpy as np
+try:
+    import numpy as np
+except ImportError:  # pure-Python path (pytensor), F32 only
+    np = None
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import gguf_write as gw  # noqa: E402
+import pytensor  # noqa: E402
 
 TOKEN_NORMAL, TOKEN_CONTROL, TOKEN_UNUSED = 1, 3, 5
 FTYPE = {"f32": 0, "f16": 1, "q8_0": 7}
@@ -134,18 +145,7 @@ def write_gguf(path, cfg, tensors, out_type="f32", name="qwen3moe", tokenizer=No
     w.add_u32(f"{a}.expert_count", cfg["num_experts"])
     w.add_u32(f"{a}.expert_used_count", cfg["num_experts_per_tok"])
     w.add_u32(f"{a}.expert_feed_forward_length", cfg["moe_intermediate_size"])
-    if tokenizer is None:
-        toks, types, merges, eos = minimal_vocab(cfg["vocab_size"])
-        tokenizer = {"tokens": toks, "types": types, "merges": merges, "bos": eos, "eos": eos}
-    w.add_str("tokenizer.ggml.model", "gpt2")
-    w.add_str("tokenizer.ggml.pre", "qwen2")
-    w.add_array("tokenizer.ggml.tokens", gw.STRING, tokenizer["tokens"])
-    w.add_array("tokenizer.ggml.token_type", gw.I32, tokenizer["types"])
-    w.add_array("tokenizer.ggml.merges", gw.STRING, tokenizer["merges"])
-    w.add_u32("tokenizer.ggml.bos_token_id", tokenizer["bos"])
-    w.add_u32("tokenizer.ggml.eos_token_id", tokenizer["eos"])
-    w.add_u32("tokenizer.ggml.padding_token_id", tokenizer["eos"])
-    w.add_bool("tokenizer.ggml.add_bos_token", False)
+    write_tokenizer(w, cfg, tokenizer, "qwen2")
     for n, t in tensors.items():
         t = np.asarray(t, dtype=np.float32)
         typ = GGML[out_type] if (t.ndim >= 2 and not n.endswith("_norm.weight")
@@ -154,20 +154,63 @@ def write_gguf(path, cfg, tensors, out_type="f32", name="qwen3moe", tokenizer=No
     w.write()
 
 
+def write_tokenizer(w, cfg, tokenizer, pre):
+    """tokenizer: None for the minimal vocabulary, else dict(tokens, types, merges, bos, eos)."""
+    if tokenizer is None:
+        toks, types, merges, eos = minimal_vocab(cfg["vocab_size"])
+        tokenizer = {"tokens": toks, "types": types, "merges": merges, "bos": eos, "eos": eos}
+    w.add_str("tokenizer.ggml.model", "gpt2")
+    w.add_str("tokenizer.ggml.pre", pre)
+    w.add_array("tokenizer.ggml.tokens", gw.STRING, tokenizer["tokens"])
+    w.add_array("tokenizer.ggml.token_type", gw.I32, tokenizer["types"])
+    w.add_array("tokenizer.ggml.merges", gw.STRING, tokenizer["merges"])
+    w.add_u32("tokenizer.ggml.bos_token_id", tokenizer["bos"])
+    w.add_u32("tokenizer.ggml.eos_token_id", tokenizer["eos"])
+    w.add_u32("tokenizer.ggml.padding_token_id", tokenizer["eos"])
+    w.add_bool("tokenizer.ggml.add_bos_token", False)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("hf_dir")
     ap.add_argument("out")
     ap.add_argument("--type", default="f16", choices=sorted(FTYPE))
     args = ap.parse_args()
-    from safetensors.numpy import load_file
     cfg = json.load(open(os.path.join(args.hf_dir, "config.json")))
+    arch = arch_of(cfg)
+    if np is None and args.type != "f32":
+        sys.exit(f"--type {args.type} needs numpy; without it only --type f32 can be written")
     sd = {}
     for f in sorted(os.listdir(args.hf_dir)):
-        if f.endswith(".safetensors"):
-            sd.update({k: v.astype(np.float32) for k, v in load_file(os.path.join(args.hf_dir, f)).items()})
-    write_gguf(args.out, cfg, gguf_tensors(cfg, sd), args.type, name=os.path.basename(args.hf_dir.rstrip("/")))
-    print(f"wrote {args.out}")
+        if not f.endswith(".safetensors"):
+            continue
+        path = os.path.join(args.hf_dir, f)
+        if np is not None:
+            from safetensors.numpy import load_file
+            sd.update({k: v.astype(np.float32) for k, v in load_file(path).items()})
+        else:
+            sd.update(pytensor.load_safetensors(path))
+    name = os.path.basename(args.hf_dir.rstrip("/"))
+    if arch == "qwen35moe":
+        import qwen35moe
+        qwen35moe.write_gguf(args.out, cfg, sd, args.type, name=name)
+    else:
+        if np is None:
+            sys.exit("the qwen3moe conversion needs numpy")
+        write_gguf(args.out, cfg, gguf_tensors(cfg, sd), args.type, name=name)
+    print(f"wrote {args.out} ({arch})")
+
+
+def arch_of(cfg):
+    """The GGUF architecture for a config.json."""
+    mt = cfg.get("model_type", "")
+    archs = cfg.get("architectures") or []
+    if mt.startswith("qwen3_5_moe") or any(a.startswith("Qwen3_5Moe") for a in archs):
+        return "qwen35moe"
+    if mt == "qwen3_moe" or "Qwen3MoeForCausalLM" in archs or not (mt or archs):
+        return "qwen3moe"
+    raise SystemExit(f"unsupported model: model_type '{mt}', architectures {archs} "
+                     "(supported: Qwen3MoeForCausalLM, Qwen3_5Moe*)")
 
 
 if __name__ == "__main__":

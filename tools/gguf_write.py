@@ -1,16 +1,22 @@
-"""gguf_write.py - a small GGUF v3 writer (numpy only) for hotmoe's Python tools.
+"""gguf_write.py - a small GGUF v3 writer for hotmoe's Python tools.
 
 Writes metadata of every GGUF value type (incl. string arrays) and tensors in F32, F16 or Q8_0
 (ggml's block layout: fp16 scale + 32 int8). Tensor data is aligned to 32 bytes; the file is
 written to PATH.tmp and renamed onto PATH when complete (atomic).
 
+Without numpy, tensors go in as bytes already in their GGML layout (add_tensor_raw).
+
 Shapes: pass numpy arrays in row-major order; GGUF stores ne[] reversed (ne[0] = last numpy axis,
-the contiguous one), which this writer does for you.
+the contiguous one), which this writer does for you. Without numpy, pass pytensor.PyTensor
+(F32 only).
 """
 import os
 import struct
 
-import numpy as np
+try:
+    import numpy as np
+except ImportError:  # add_tensor_raw, PyTensors (F32) and metadata work without numpy
+    np = None
 
 # GGUF metadata value types
 U8, I8, U16, I16, U32, I32, F32, BOOL, STRING, ARRAY, U64, I64, F64 = range(13)
@@ -73,6 +79,11 @@ class GGUFWriter:
 
     # ---- tensors ----
     def add_tensor(self, name, array, ggml_type=GGML_F32):
+        if hasattr(array, "le_bytes"):  # pytensor.PyTensor
+            if ggml_type != GGML_F32:
+                raise ValueError(f"{name}: only F32 can be written without numpy")
+            self.tensors.append((name, list(reversed(array.shape)), GGML_F32, array.le_bytes()))
+            return
         a = np.ascontiguousarray(array)
         ne = list(reversed(a.shape))
         if ggml_type == GGML_F32:
@@ -86,6 +97,10 @@ class GGUFWriter:
         else:
             raise ValueError(f"{name}: unsupported ggml type {ggml_type}")
         self.tensors.append((name, ne, ggml_type, data))
+
+    def add_tensor_raw(self, name, ne, ggml_type, data):
+        """A tensor given as bytes in ggml's layout; ne[0] is the contiguous dimension."""
+        self.tensors.append((name, list(ne), ggml_type, data))
 
     def write(self):
         tmp = self.path + ".tmp"
