@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli.h"
+#include "cmd_engine.h"
 
 static hm_server *g_server; /* for the signal handler only */
 
@@ -30,9 +30,10 @@ static void usage(FILE *f) {
             "  -t, --threads N        compute threads (default: online CPUs)\n"
             "      --alias NAME       model id in the API (default: the file name)\n"
             "      --chat-template T  \"chatml\" or a template text (default: the model's own)\n"
-            "      --profile-out FILE where POST /profile/save writes (default hotmoe-profile.json)\n"
+            "      --profile-out FILE where POST /profile/save writes (default hotmoe-profile.json); given,\n"
+            "                         the profile is also written when the server stops\n"
             "      --max-body BYTES   request body cap (default 8MiB)\n"
-            "  -v, --verbose          log loading and every request to stderr\n");
+            "  -v, --verbose          log loading and every request to stderr\n" CLI_PLACEMENT_HELP);
 }
 
 static int int_arg(const char *flag, const char *v, long lo, long hi, int32_t *out) {
@@ -50,7 +51,12 @@ int hm_cmd_serve(int argc, char **argv) {
     hm_server_opts o;
     hm_server_opts_default(&o);
     o.api_key = getenv("HOTMOE_API_KEY");
+    cli_engine e = {.cmd = "serve", .place_init = true};
+    hm_placement_opts_default(&e.place);
     for (int i = 1; i < argc; i++) {
+        int pr = cli_placement_arg(&e, argc, argv, &i); /* --profile-out, --policy, ... */
+        if (pr < 0) return 2;
+        if (pr > 0) continue;
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         int32_t n;
@@ -82,7 +88,6 @@ int hm_cmd_serve(int argc, char **argv) {
         } else if (!strcmp(a, "--api-key")) o.api_key = v;
         else if (!strcmp(a, "--alias")) o.alias = v;
         else if (!strcmp(a, "--chat-template")) o.chat_template = v;
-        else if (!strcmp(a, "--profile-out")) o.profile_out = v;
         else if (!strcmp(a, "--max-body")) {
             int64_t b;
             hm_err err = {{0}};
@@ -102,6 +107,16 @@ int hm_cmd_serve(int argc, char **argv) {
         usage(stderr);
         return 2;
     }
+    if (e.profile_out) {
+        o.profile_out = e.profile_out;
+        o.profile_on_exit = true;
+    }
+    o.profile_format = e.profile_format;
+    o.trace_out = e.trace_out;
+    o.placement = &e.place;
+    if (e.place.policy && strcmp(e.place.policy, "none") && e.place.vram_budget == 0)
+        fprintf(stderr, "serve: note: --policy %s has no fast tier to place units in (no VRAM budget); expert use is "
+                        "counted, every unit runs from RAM\n", e.place.policy);
     hm_err err = {{0}};
     hm_server *s;
     if (hm_server_open(&s, &o, &err) != HM_OK) {

@@ -133,6 +133,7 @@ typedef struct srv_sched {
     bool started;
     pthread_t thread;
     srv_stats stats;
+    hm_profile_fmt profile_format; /* of POST /profile/save */
     /* one pending engine call (srv_sched_call) */
     srv_engine_fn call_fn;
     void *call_arg;

@@ -384,6 +384,16 @@ static void experts_on_engine(void *arg) {
     c->out = srv_store_experts_json(c->s);
 }
 
+typedef struct call_metrics {
+    srv_sched *s;
+    srv_buf *b;
+} call_metrics;
+
+static void metrics_on_engine(void *arg) {
+    call_metrics *c = arg;
+    srv_store_metrics(c->s, c->b);
+}
+
 typedef struct call_status {
     srv_sched *s;
     const char *arg;
@@ -455,7 +465,8 @@ void srv_api_handle(srv_api *a, const char *method, const char *path, const char
         if (!get) goto bad_method;
         srv_buf b = {0};
         srv_sched_metrics(a->sched, &b);
-        srv_store_metrics(a->sched, &b);
+        call_metrics cm = {.s = a->sched, .b = &b}; /* the store is read between steps */
+        srv_sched_call(a->sched, metrics_on_engine, &cm);
         reply_text(r, 200, "text/plain; version=0.0.4; charset=utf-8", &b);
     } else if (!strcmp(path, "/experts")) {
         if (!get) goto bad_method;

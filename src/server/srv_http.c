@@ -50,6 +50,7 @@ struct hm_server {
     int port;
     int stop_pipe[2];
     volatile sig_atomic_t stopping;
+    bool opened; /* hm_server_open succeeded: save the profile at close (profile_on_exit) */
 };
 
 /* Per request (libmicrohttpd's con_cls). */
@@ -344,7 +345,10 @@ hm_status hm_server_open(hm_server **out, const hm_server_opts *opts, hm_err *er
     hm_model_opts mo;
     hm_model_opts_default(&mo);
     mo.verbose = s->o.verbose;
+    mo.placement = s->o.placement;
+    s->o.placement = NULL; /* borrowed during open only */
     if ((st = hm_model_open(&s->model, s->model_path, &mo, err)) != HM_OK) goto fail;
+    if (s->o.trace_out && (st = hm_model_trace_out(s->model, s->o.trace_out, err)) != HM_OK) goto fail;
     if ((st = hm_tokenizer_open(&s->tok, s->model_path, err)) != HM_OK) goto fail;
     if (s->o.alias) {
         snprintf(s->model_id, sizeof s->model_id, "%s", s->o.alias);
@@ -377,6 +381,7 @@ hm_status hm_server_open(hm_server **out, const hm_server_opts *opts, hm_err *er
         goto fail;
     }
     s->sched_init = true;
+    s->sched.profile_format = s->o.profile_format;
     s->api = (srv_api){.sched = &s->sched, .model = s->model, .tok = s->tok, .info = hm_model_get_info(s->model),
                        .model_id = s->model_id, .model_path = s->model_path, .chat_template = s->chat_template,
                        .profile_out = s->profile_out, .n_ctx = s->sched.n_ctx, .n_slots = s->o.n_parallel,
@@ -407,6 +412,7 @@ hm_status hm_server_open(hm_server **out, const hm_server_opts *opts, hm_err *er
         goto fail;
     }
     s->port = s->o.port;
+    s->opened = true;
     *out = s;
     return HM_OK;
 fail:
@@ -439,6 +445,14 @@ void hm_server_close(hm_server *s) {
     if (s->sched_init) srv_sched_stop(&s->sched);
     if (s->d) MHD_stop_daemon(s->d);
     if (s->sched_init) srv_sched_free(&s->sched);
+    if (s->opened && s->o.profile_on_exit && s->model && hm_model_has_experts(s->model)) {
+        /* the engine thread has stopped: the store is quiet */
+        hm_err err;
+        if (hm_model_profile_save(s->model, s->profile_out, s->o.profile_format, &err) != HM_OK)
+            fprintf(stderr, "serve: %s\n", err.msg);
+        else
+            fprintf(stderr, "serve: wrote the expert usage profile to %s\n", s->profile_out);
+    }
     hm_tokenizer_close(s->tok);
     hm_model_close(s->model);
     if (s->stop_pipe[0] >= 0) close(s->stop_pipe[0]);

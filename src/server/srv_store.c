@@ -1,66 +1,131 @@
 /* srv_store.c - the expert store as the server shows it: GET /experts, the hotmoe_expert_*
  * metrics, POST /profile/save and POST /experts/policy.
  *
- * This file is the only one in the server that knows about the expert store (experts/). The store
- * exists (src/experts/experts.h: hm_experts_get_stats, hm_experts_unit, hm_experts_to_profile,
- * hm_policy_from_name) but is not yet attached to sessions nor reachable through hotmoe.h, so
- * today this reports what the model says (layers, experts, k) with "available": false, and the
- * write/switch calls answer HM_ERR_UNSUPPORTED (HTTP 501). When hotmoe.h gains the store's view
- * (e.g. hm_model_experts(m) or a JSON snapshot), each function below is filled in and nothing else
- * in the server moves:
- *   layers[l].counts[e] = unit(l, e)->count      layers[l].tier[e] = hm_tier_name(unit->home)
- *   layers[l].hit_rate  = layer_hits / (layer_hits + layer_misses)   (hm_experts_stats)
- *   units{vram,ram,ssd} = counts of unit->home   bytes moved = stats.fill_bytes, swaps_in/out
- *   /profile/save       = hm_experts_to_profile + hm_profile_write (tmp + rename)
- * srv_store_experts_json and the profile/policy calls already run on the engine thread between
- * rounds (srv_sched_call): the store's rule is that residency is read and changed between steps. */
+ * This file is the only one in the server that knows about the expert store, and it sees it only
+ * through hotmoe.h: the model owns one store shared by every slot's session (the engine thread
+ * steps them one at a time, which is the store's single-writer rule), and
+ *   layers[l].counts[e] = usage.counts[l * n_expert + e]   layers[l].tier[e] = hm_unit_home_name
+ *   layers[l].hit_rate  = layer_hits / (layer_hits + layer_misses), null before any selection
+ *   units{vram,ram,ssd} = usage.units[]      bytes moved = bytes_to_vram, bytes_from_ssd; swaps
+ *   /profile/save       = hm_model_profile_save (tmp + rename)
+ *   policy switch       = hm_model_set_policy
+ * Every function here runs on the engine thread between rounds (srv_sched_call), because the
+ * store's residency is only read and changed between steps. A model without expert tensors
+ * answers "available": false and 501 for the write/switch calls. */
 #include <stdio.h>
 #include <string.h>
 
 #include "server/server.h"
 
-static const char *const policies[] = {"static", "online", "lru"};
+static const char *const policies[] = {"static", "online", "lru", "none"};
+
+static json_t *policy_list(void) {
+    json_t *pol = json_array();
+    for (size_t i = 0; i < sizeof policies / sizeof policies[0]; i++) json_array_append_new(pol, json_string(policies[i]));
+    return pol;
+}
+
+static double ratio(uint64_t a, uint64_t b) { return b ? (double)a / (double)b : 0.0; }
 
 json_t *srv_store_experts_json(srv_sched *s) {
     const hm_model_info *mi = hm_model_get_info(s->model);
-    json_t *pol = json_array();
-    for (size_t i = 0; i < sizeof policies / sizeof policies[0]; i++) json_array_append_new(pol, json_string(policies[i]));
-    /* layers[]: {"counts": [n_expert], "tier": [n_expert] ("vram"|"ram"|"ssd"), "hit_rate"} once the
-     * store publishes them; tiers[] and the hit-rate history come with it. */
-    return json_pack("{s:b, s:s, s:i, s:i, s:i, s:n, s:o, s:[], s:I, s:{s:i, s:i, s:i}, s:s}", "available", 0,
-                     "model", s->model_id, "n_layer", mi->n_layer, "n_expert", mi->n_expert, "n_expert_used",
-                     mi->n_expert_used, "policy", "policies", pol, "layers", "tokens", (json_int_t)0, "units",
-                     "vram", 0, "ram", mi->n_layer * mi->n_expert, "ssd", 0, "note",
-                     "the expert store does not publish usage counts yet (hotmoe.h has no stats API); "
-                     "this view fills in when it does");
+    hm_usage u;
+    hm_err err;
+    if (hm_model_usage(s->model, &u, &err) != HM_OK)
+        return json_pack("{s:b, s:s, s:i, s:i, s:i, s:n, s:o, s:[], s:I, s:{s:i, s:i, s:i}, s:s}", "available", 0,
+                         "model", s->model_id, "n_layer", mi->n_layer, "n_expert", mi->n_expert, "n_expert_used",
+                         mi->n_expert_used, "policy", "policies", policy_list(), "layers", "tokens", (json_int_t)0,
+                         "units", "vram", 0, "ram", 0, "ssd", 0, "note", err.msg);
+    json_t *layers = json_array();
+    for (int32_t l = 0; l < u.n_layer; l++) {
+        json_t *counts = json_array(), *tier = json_array();
+        uint64_t total = 0;
+        for (int32_t e = 0; e < u.n_expert; e++) {
+            size_t i = (size_t)l * (size_t)u.n_expert + (size_t)e;
+            total += u.counts[i];
+            json_array_append_new(counts, json_integer((json_int_t)u.counts[i]));
+            json_array_append_new(tier, json_string(hm_unit_home_name((hm_unit_home)u.home[i])));
+        }
+        uint64_t sel = u.layer_hits[l] + u.layer_misses[l];
+        json_array_append_new(layers, json_pack("{s:i, s:I, s:o, s:o, s:I, s:I, s:o}", "layer", l, "total",
+                                                (json_int_t)total, "counts", counts, "tier", tier, "hits",
+                                                (json_int_t)u.layer_hits[l], "misses", (json_int_t)u.layer_misses[l],
+                                                "hit_rate", sel ? json_real(ratio(u.layer_hits[l], sel)) : json_null()));
+    }
+    uint64_t sel = u.hits + u.misses;
+    json_t *j = json_pack(
+        "{s:b, s:s, s:i, s:i, s:i, s:s, s:o, s:I, s:I, s:I, s:I, s:I, s:I, s:o, s:I, s:I, s:I,"
+        " s:{s:I, s:I, s:I}, s:{s:I, s:I}, s:{s:I, s:I}, s:o}",
+        "available", 1, "model", s->model_id, "n_layer", u.n_layer, "n_expert", u.n_expert, "n_expert_used",
+        u.n_expert_used, "policy", u.policy, "policies", policy_list(), "tokens", (json_int_t)u.tokens,
+        "prompt_tokens", (json_int_t)u.prompt_tokens, "decode_tokens", (json_int_t)u.decode_tokens, "steps",
+        (json_int_t)u.steps, "hits", (json_int_t)u.hits, "misses", (json_int_t)u.misses, "hit_rate",
+        sel ? json_real(ratio(u.hits, sel)) : json_null(), "vram_slots", (json_int_t)u.vram_slots, "vram_slots_used",
+        (json_int_t)u.vram_slots_used, "unit_bytes", (json_int_t)u.unit_bytes, "units", "vram",
+        (json_int_t)u.units[HM_HOME_VRAM], "ram", (json_int_t)u.units[HM_HOME_RAM], "ssd",
+        (json_int_t)u.units[HM_HOME_SSD], "bytes_moved", "to_vram", (json_int_t)u.bytes_to_vram, "from_ssd",
+        (json_int_t)u.bytes_from_ssd, "swaps", "in", (json_int_t)u.swaps_in, "out", (json_int_t)u.swaps_out, "layers",
+        layers);
+    if (j && u.vram_slots == 0)
+        json_object_set_new(j, "note", json_string("no GPU backend yet: every expert unit runs on the CPU from RAM"));
+    hm_usage_free(&u);
+    return j;
 }
 
 void srv_store_metrics(srv_sched *s, srv_buf *o) {
-    const hm_model_info *mi = hm_model_get_info(s->model);
-    /* Every unit is in RAM (the file mapping) until the store places units in other tiers. */
+    hm_usage u;
+    bool ok = hm_model_usage(s->model, &u, NULL) == HM_OK;
+    srv_buf_str(o, "# HELP hotmoe_expert_stats_available 1 when the expert store publishes usage counts.\n"
+                   "# TYPE hotmoe_expert_stats_available gauge\n");
+    srv_buf_printf(o, "hotmoe_expert_stats_available %d\n", ok ? 1 : 0);
+    if (!ok) return;
     srv_buf_str(o, "# HELP hotmoe_expert_units Expert units (layer, expert) by home tier.\n"
                    "# TYPE hotmoe_expert_units gauge\n");
-    srv_buf_printf(o, "hotmoe_expert_units{tier=\"vram\"} 0\nhotmoe_expert_units{tier=\"ram\"} %d\n"
-                      "hotmoe_expert_units{tier=\"ssd\"} 0\n", mi->n_layer * mi->n_expert);
-    srv_buf_str(o, "# HELP hotmoe_expert_stats_available 1 when the expert store publishes usage counts.\n"
-                   "# TYPE hotmoe_expert_stats_available gauge\nhotmoe_expert_stats_available 0\n");
-    /* hotmoe_expert_hit_rate{layer="L"} and hotmoe_expert_bytes_moved_total{direction=...} come
-     * from the store's stats once its API lands. */
+    srv_buf_printf(o, "hotmoe_expert_units{tier=\"vram\"} %llu\nhotmoe_expert_units{tier=\"ram\"} %llu\n"
+                      "hotmoe_expert_units{tier=\"ssd\"} %llu\n",
+                   (unsigned long long)u.units[HM_HOME_VRAM], (unsigned long long)u.units[HM_HOME_RAM],
+                   (unsigned long long)u.units[HM_HOME_SSD]);
+    srv_buf_str(o, "# HELP hotmoe_expert_tokens_total Tokens routed through the experts, by phase.\n"
+                   "# TYPE hotmoe_expert_tokens_total counter\n");
+    srv_buf_printf(o, "hotmoe_expert_tokens_total{phase=\"prompt\"} %llu\nhotmoe_expert_tokens_total{phase=\"decode\"} %llu\n",
+                   (unsigned long long)u.prompt_tokens, (unsigned long long)u.decode_tokens);
+    srv_buf_str(o, "# HELP hotmoe_expert_selections_total Routed (token, unit) selections, by where the unit was "
+                   "computed (hit = VRAM).\n# TYPE hotmoe_expert_selections_total counter\n");
+    srv_buf_printf(o, "hotmoe_expert_selections_total{result=\"hit\"} %llu\n"
+                      "hotmoe_expert_selections_total{result=\"miss\"} %llu\n",
+                   (unsigned long long)u.hits, (unsigned long long)u.misses);
+    srv_buf_str(o, "# HELP hotmoe_expert_hit_rate Fraction of a layer's routed selections computed from VRAM.\n"
+                   "# TYPE hotmoe_expert_hit_rate gauge\n");
+    for (int32_t l = 0; l < u.n_layer; l++) {
+        uint64_t sel = u.layer_hits[l] + u.layer_misses[l];
+        srv_buf_printf(o, "hotmoe_expert_hit_rate{layer=\"%d\"} %.6f\n", l, ratio(u.layer_hits[l], sel));
+    }
+    srv_buf_str(o, "# HELP hotmoe_expert_bytes_moved_total Expert bytes copied between tiers.\n"
+                   "# TYPE hotmoe_expert_bytes_moved_total counter\n");
+    srv_buf_printf(o, "hotmoe_expert_bytes_moved_total{direction=\"to_vram\"} %llu\n"
+                      "hotmoe_expert_bytes_moved_total{direction=\"from_ssd\"} %llu\n",
+                   (unsigned long long)u.bytes_to_vram, (unsigned long long)u.bytes_from_ssd);
+    srv_buf_str(o, "# HELP hotmoe_expert_swaps_total Units moved into / out of VRAM slots.\n"
+                   "# TYPE hotmoe_expert_swaps_total counter\n");
+    srv_buf_printf(o, "hotmoe_expert_swaps_total{direction=\"in\"} %llu\nhotmoe_expert_swaps_total{direction=\"out\"} %llu\n",
+                   (unsigned long long)u.swaps_in, (unsigned long long)u.swaps_out);
+    srv_buf_str(o, "# HELP hotmoe_expert_vram_slots VRAM slots for expert units.\n"
+                   "# TYPE hotmoe_expert_vram_slots gauge\n");
+    srv_buf_printf(o, "hotmoe_expert_vram_slots{state=\"total\"} %lld\nhotmoe_expert_vram_slots{state=\"used\"} %lld\n",
+                   (long long)u.vram_slots, (long long)u.vram_slots_used);
+    hm_usage_free(&u);
 }
 
 hm_status srv_store_profile_save(srv_sched *s, const char *path, hm_err *err) {
-    snprintf(err->msg, sizeof err->msg,
-             "the expert store does not count expert use yet, so there is no profile to write to %s", path);
-    return HM_ERR_UNSUPPORTED;
+    return hm_model_profile_save(s->model, path, s->profile_format, err);
 }
 
 hm_status srv_store_set_policy(srv_sched *s, const char *name, hm_err *err) {
     bool known = false;
     for (size_t i = 0; i < sizeof policies / sizeof policies[0]; i++) known |= strcmp(name, policies[i]) == 0;
     if (!known) {
-        snprintf(err->msg, sizeof err->msg, "unknown policy '%s' (static, online, lru)", name);
+        snprintf(err->msg, sizeof err->msg, "unknown policy '%.100s' (static, online, lru, none)", name);
         return HM_ERR_ARG;
     }
-    snprintf(err->msg, sizeof err->msg, "the expert store has no placement policies yet; '%s' cannot be set", name);
-    return HM_ERR_UNSUPPORTED;
+    return hm_model_set_policy(s->model, name, err);
 }
