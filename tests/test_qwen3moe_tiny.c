@@ -8,7 +8,14 @@
  *
  * Also: prefill == token-by-token decode, identical results for 1/2/3 threads and for small
  * micro-batches, tied output embeddings, trim + re-eval, context overflow, and bad files (wrong
- * architecture, missing tensor, wrong shape, wrong type) whose errors name the tensor. */
+ * architecture, missing tensor, wrong shape, wrong type) whose errors name the tensor.
+ *
+ * Expert usage (section 7): the reference's own router picks (double precision) are the truth
+ * for the model's expert store. The engine runs with a routing trace; every (token, layer) expert
+ * set in the trace must equal the reference's top-k (near-ties, where the k-th and the next
+ * probability differ by < 1e-6, are reported and excused), the store's counts must equal the
+ * trace's recount and the reference's tally, and the profile written in both formats must read
+ * back with the same counts and token split. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -16,6 +23,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "experts/profile.h"
+#include "experts/trace.h"
 #include "gguf/gguf.h"
 #include "hotmoe.h"
 #include "test.h"
@@ -211,6 +220,12 @@ static void rope(double *v, int pos) {
     }
 }
 
+/* The reference router's picks of the last reference() call: [layer][token][K] (ascending ids) and
+ * the gap between the k-th and the (k+1)-th probability (small = a near-tie). */
+#define REF_MAX_TOK 64
+static int ref_sel[NL][REF_MAX_TOK][K];
+static double ref_gap[NL][REF_MAX_TOK];
+
 /* logits: [n, NV] */
 static void reference(const model_w *w, bool tied, const int32_t *tok, int n, double *logits) {
     double (*x)[E] = calloc((size_t)n, sizeof *x);
@@ -279,6 +294,23 @@ static void reference(const model_w *w, bool tied, const int32_t *tok, int n, do
                 }
                 sel[j] = best;
                 wsum += p[best];
+            }
+            if (t < REF_MAX_TOK) {
+                double next = -1;
+                for (int e = 0; e < NX; e++) {
+                    bool used = false;
+                    for (int u = 0; u < K; u++) used |= sel[u] == e;
+                    if (!used && p[e] > next) next = p[e];
+                }
+                ref_gap[l][t] = p[sel[K - 1]] - next;
+                for (int j = 0; j < K; j++) ref_sel[l][t][j] = sel[j];
+                for (int a = 0; a < K; a++) /* ascending, to compare as sets */
+                    for (int b = a + 1; b < K; b++)
+                        if (ref_sel[l][t][b] < ref_sel[l][t][a]) {
+                            int sw = ref_sel[l][t][a];
+                            ref_sel[l][t][a] = ref_sel[l][t][b];
+                            ref_sel[l][t][b] = sw;
+                        }
             }
             for (int j = 0; j < K; j++) {
                 int e = sel[j];
@@ -387,6 +419,192 @@ static void check_bad(const char *path, const model_w *w, variant v, hm_status w
     for (int i = 0; needles[i]; i++) CHECKF(strstr(err.msg, needles[i]) != NULL, "'%s' not in \"%s\"", needles[i], err.msg);
     fprintf(stderr, "  bad file %d -> %s\n", (int)v, err.msg);
     hm_model_close(m);
+}
+
+/* ---- 7. expert usage: the store against the reference router ---- */
+
+/* Open the model at path with placement opts (NULL = defaults); the status, message in err. */
+static hm_status open_placed(const char *path, const hm_placement_opts *po, hm_model **m, hm_err *err) {
+    hm_model_opts mo;
+    hm_model_opts_default(&mo);
+    mo.placement = po;
+    return hm_model_open(m, path, &mo, err);
+}
+
+static void check_usage(const char *path, const model_w *w, const int32_t *tok) {
+    enum { UB = 5, NP = 10, ND = 3 };
+    static double lg[NTOK * NV];
+    reference(w, false, tok, NTOK, lg); /* fills ref_sel / ref_gap for these tokens */
+    char trace[300], prof[300], prof1[300];
+    snprintf(trace, sizeof trace, "%s.trace", path);
+    snprintf(prof, sizeof prof, "%s.profile.json", path);
+    snprintf(prof1, sizeof prof1, "%s.seed1.json", path);
+    CHECK(write_model(path, w, V_OK) == 0);
+    hm_model *m = NULL;
+    hm_err err;
+    CHECKF(hm_model_open(&m, path, NULL, &err) == HM_OK, "%s", err.msg);
+    if (!m) return;
+    CHECK(hm_model_has_experts(m) && strcmp(hm_model_policy(m), "none") == 0);
+    CHECKF(hm_model_trace_out(m, trace, &err) == HM_OK, "%s", err.msg);
+    hm_session *s = open_session(m, 2, UB, 64);
+    CHECK(s != NULL);
+    if (!s) {
+        hm_model_close(m);
+        return;
+    }
+    /* phase A: NTOK tokens, all logits (every row reaches the last layer), ubatches of UB.
+     * phase B: a prompt of NP without logits (the last layer computes only its last row), then
+     * ND decode steps continuing the same sequence. */
+    const float *l = NULL;
+    CHECKF(hm_session_eval(s, tok, NTOK, true, &l, &err) == HM_OK, "%s", err.msg);
+    hm_session_reset(s);
+    CHECKF(hm_session_eval(s, tok, NP, false, &l, &err) == HM_OK, "%s", err.msg);
+    for (int i = 0; i < ND; i++) CHECKF(hm_session_eval(s, &tok[NP + i], 1, false, &l, &err) == HM_OK, "%s", err.msg);
+    hm_session_close(s);
+
+    hm_usage u;
+    CHECKF(hm_model_usage(m, &u, &err) == HM_OK, "%s", err.msg);
+    const int steps_a = (NTOK + UB - 1) / UB, steps_b = (NP + UB - 1) / UB + ND;
+    CHECK(u.n_layer == NL && u.n_expert == NX && u.n_expert_used == K);
+    CHECKF(u.prompt_tokens == NTOK + NP && u.decode_tokens == ND && u.tokens == NTOK + NP + ND, "%llu %llu",
+           (unsigned long long)u.prompt_tokens, (unsigned long long)u.decode_tokens);
+    CHECKF(u.steps == (uint64_t)(steps_a + steps_b), "steps %llu", (unsigned long long)u.steps);
+    CHECK(u.units[HM_HOME_RAM] == NL * NX && u.units[HM_HOME_VRAM] == 0 && u.hits == 0 && u.vram_slots == 0);
+    /* per layer: every token's k picks, except the last layer in phase B (its computed rows only) */
+    for (int il = 0; il < NL; il++) {
+        uint64_t sum = 0;
+        for (int e = 0; e < NX; e++) sum += u.counts[il * NX + e];
+        uint64_t want = (uint64_t)K * (NTOK + (il == NL - 1 ? 1 + ND : NP + ND));
+        CHECKF(sum == want, "layer %d: %llu selections, want %llu", il, (unsigned long long)sum,
+               (unsigned long long)want);
+        CHECK(u.layer_misses[il] == sum && u.layer_hits[il] == 0);
+    }
+    /* the reference's tally over the same schedule */
+    uint64_t refc[NL][NX];
+    memset(refc, 0, sizeof refc);
+    for (int il = 0; il < NL; il++) {
+        for (int t = 0; t < NTOK; t++)
+            for (int j = 0; j < K; j++) refc[il][ref_sel[il][t][j]]++;
+        for (int t = il == NL - 1 ? NP - 1 : 0; t < NP + ND; t++)
+            for (int j = 0; j < K; j++) refc[il][ref_sel[il][t][j]]++;
+    }
+    CHECKF(hm_model_profile_save(m, prof, HM_PROFILE_FMT_HOTMOE, &err) == HM_OK, "%s", err.msg);
+    CHECKF(hm_model_profile_save(m, prof1, HM_PROFILE_FMT_SEED1, &err) == HM_OK, "%s", err.msg);
+
+    /* placement options: refused and accepted */
+    {
+        hm_placement_opts po;
+        hm_placement_opts_default(&po);
+        po.vram_budget = 1 << 20;
+        hm_model *x = NULL;
+        CHECK(open_placed(path, &po, &x, &err) == HM_ERR_UNSUPPORTED && x == NULL);
+        CHECKF(strstr(err.msg, "no GPU backend yet") != NULL, "%s", err.msg);
+        hm_placement_opts_default(&po);
+        po.policy = "static";
+        CHECK(open_placed(path, &po, &x, &err) == HM_ERR_ARG && strstr(err.msg, "profile") != NULL);
+        po.policy = "fastest";
+        CHECK(open_placed(path, &po, &x, &err) == HM_ERR_ARG && strstr(err.msg, "fastest") != NULL);
+        hm_placement_opts_default(&po);
+        po.profile = prof; /* policy NULL + a profile = static */
+        CHECKF(open_placed(path, &po, &x, &err) == HM_OK, "%s", err.msg);
+        if (x) {
+            CHECK(strcmp(hm_model_policy(x), "static") == 0);
+            CHECKF(hm_model_set_policy(x, "lru", &err) == HM_OK, "%s", err.msg);
+            CHECK(strcmp(hm_model_policy(x), "lru") == 0);
+            CHECK(hm_model_set_policy(x, "random", &err) == HM_ERR_ARG);
+        }
+        hm_model_close(x);
+        x = NULL;
+        po.profile = "tests/fixtures/does-not-exist.json";
+        CHECK(open_placed(path, &po, &x, &err) != HM_OK && strstr(err.msg, "does-not-exist") != NULL);
+    }
+    hm_model_close(m); /* flushes the trace */
+
+    /* the trace: every (token, layer) set against the reference, and a recount */
+    hm_trace_reader *r = NULL;
+    CHECKF(hm_trace_reader_open(&r, trace, &err) == HM_OK, "%s", err.msg);
+    uint64_t cnt[NL][NX];
+    memset(cnt, 0, sizeof cnt);
+    int n_match = 0, n_tie = 0, n_bad = 0, step = 0, n_steps = 0;
+    uint64_t t_prompt = 0, t_decode = 0;
+    for (hm_trace_event ev; r;) {
+        if (hm_trace_next(r, &ev, &err) != HM_OK) {
+            CHECKF(0, "trace: %s", err.msg);
+            break;
+        }
+        if (ev.kind == HM_TRACE_END) break;
+        /* the step's tokens: phase A steps 0..steps_a-1 start at 0, UB, ...; phase B restarts at 0 */
+        int in_b = step >= steps_a, first = in_b ? (step - steps_a < (NP + UB - 1) / UB ? (step - steps_a) * UB
+                                                                                       : NP + (step - steps_a - (NP + UB - 1) / UB))
+                                                 : step * UB;
+        if (ev.kind == HM_TRACE_STEP) {
+            if (ev.prompt) t_prompt += (uint64_t)ev.n;
+            else t_decode += (uint64_t)ev.n;
+            step++, n_steps++;
+            continue;
+        }
+        int rows = ev.n / K;
+        int n_tok = in_b ? (first < NP ? (NP - first < UB ? NP - first : UB) : 1) : (NTOK - first < UB ? NTOK - first : UB);
+        CHECKF(ev.n % K == 0 && rows <= n_tok, "layer %d: %d ids for a step of %d tokens", ev.layer, ev.n, n_tok);
+        for (int i = 0; i < rows && ev.n % K == 0; i++) {
+            int t = first + (n_tok - rows) + i; /* a short last layer computes the last rows */
+            int got[K];
+            for (int j = 0; j < K; j++) {
+                got[j] = ev.ids[i * K + j];
+                cnt[ev.layer][got[j]]++;
+            }
+            for (int a = 0; a < K; a++)
+                for (int b = a + 1; b < K; b++)
+                    if (got[b] < got[a]) {
+                        int sw = got[a];
+                        got[a] = got[b];
+                        got[b] = sw;
+                    }
+            bool same = memcmp(got, ref_sel[ev.layer][t], sizeof got) == 0;
+            if (same) n_match++;
+            else if (ref_gap[ev.layer][t] < 1e-6) n_tie++;
+            else {
+                n_bad++;
+                fprintf(stderr, "  layer %d token %d: engine {%d, %d}, reference {%d, %d} (gap %.3g)\n", ev.layer, t,
+                        got[0], got[1], ref_sel[ev.layer][t][0], ref_sel[ev.layer][t][1], ref_gap[ev.layer][t]);
+            }
+        }
+    }
+    hm_trace_reader_close(r);
+    fprintf(stderr, "expert routing vs reference: %d (token, layer) sets equal, %d near-ties, %d differ\n", n_match,
+            n_tie, n_bad);
+    CHECK(n_bad == 0 && n_match > 0);
+    CHECK(n_steps == steps_a + steps_b && t_prompt == NTOK + NP && t_decode == ND);
+    bool eq_trace = true, eq_ref = true;
+    for (int il = 0; il < NL; il++)
+        for (int e = 0; e < NX; e++) {
+            eq_trace &= cnt[il][e] == u.counts[il * NX + e];
+            eq_ref &= refc[il][e] == u.counts[il * NX + e];
+        }
+    CHECK(eq_trace);
+    CHECK(eq_ref || n_tie > 0);
+
+    /* the profiles read back: ours and the seed-1 schema */
+    hm_profile p;
+    CHECKF(hm_profile_read(&p, prof, &err) == HM_OK, "%s", err.msg);
+    if (p.counts) {
+        CHECK(strcmp(p.schema, HM_PROFILE_SCHEMA) == 0 && p.n_layer == NL && p.n_expert == NX && p.k == K);
+        CHECK(p.tokens == u.tokens && p.prompt_tokens == u.prompt_tokens && p.decode_tokens == u.decode_tokens);
+        CHECK(memcmp(p.counts, u.counts, sizeof(uint64_t) * NL * NX) == 0);
+    }
+    hm_profile_free(&p);
+    CHECKF(hm_profile_read(&p, prof1, &err) == HM_OK, "%s", err.msg);
+    if (p.counts) {
+        CHECKF(strcmp(p.schema, "llama.cpp.moe_layer_perf.v1") == 0, "schema %s", p.schema);
+        CHECK(p.n_layer == NL && p.n_expert == NX && p.k == K);
+        CHECK(memcmp(p.counts, u.counts, sizeof(uint64_t) * NL * NX) == 0);
+    }
+    hm_profile_free(&p);
+    hm_usage_free(&u);
+    hm_usage_free(&u); /* idempotent */
+    unlink(trace);
+    unlink(prof);
+    unlink(prof1);
 }
 
 int main(void) {
@@ -564,6 +782,9 @@ int main(void) {
         free(lt);
         hm_model_close(m);
     }
+
+    /* 7. expert usage counts, trace and profiles */
+    check_usage(path, &w, tok);
 
     /* 6. bad files: the message names what is wrong */
     {
