@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# cli_qwen3moe.sh - the engine's command lines (logits, run, perplexity, bench) as a user types
-# them: help, exit codes and messages for bad input, the documented behaviour when a prompt does
-# not fit the context, output sizes and formats, and determinism of seeded sampling. The numbers
-# themselves are checked against references by test_qwen3moe_tiny / test_qwen3moe_hf.
+# cli_qwen3moe.sh - the engine's command lines (logits, run, perplexity, bench, profile) as a user
+# types them: help, exit codes and messages for bad input, the documented behaviour when a prompt
+# does not fit the context, output sizes and formats, and determinism of seeded sampling; the
+# expert usage flags (--profile-out/--profile-format/--trace-out/--profile/--policy/--vram-budget):
+# files that `hotmoe plan` reads, per-layer totals, and the refusals. The numbers themselves are
+# checked against references by test_qwen3moe_tiny (routing included) / test_qwen3moe_hf.
 set -uo pipefail
 exe="${HM_EXE:-build/hotmoe}"
 tmp=$(mktemp -d /tmp/hm_cli_qwen3moe.XXXXXX)
@@ -14,7 +16,7 @@ check() { # check NAME COND...
 }
 code() { "$@" >"$tmp/out" 2>"$tmp/err"; echo $?; }
 
-for c in logits run perplexity bench; do
+for c in logits run perplexity bench profile; do
     check "$c --help" test "$(code "$exe" $c --help)" = 0
     check "$c --help text" grep -q -- "--model" "$tmp/out"
     check "$c without -m" test "$(code "$exe" $c)" = 2
@@ -66,6 +68,57 @@ check "bench pp_tok_s" grep -qE '"pp_tok_s": [0-9.]+' "$tmp/out"
 check "bench tg_tok_s" grep -qE '"tg_tok_s": [0-9.]+' "$tmp/out"
 check "bench table" test "$(code "$exe" bench -m "$m" -p 16 -n 4 -r 1)" = 0
 check "bench table rows" grep -q "| pp16 |" "$tmp/out"
+
+# expert usage: profiles and traces from every command, read by plan; refusals
+nl=$("$exe" inspect "$m" 2>/dev/null | sed -n 's/.*block_count *\([0-9]*\).*/\1/p')
+k=$("$exe" inspect "$m" 2>/dev/null | sed -n 's/.*expert_used_count *\([0-9]*\).*/\1/p')
+check "logits --profile-out --trace-out" test "$(code "$exe" logits -m "$m" --tokens 1,2,3,4,5,6,7 -o "$tmp/l.f32" -ub 3 --profile-out "$tmp/p.json" --trace-out "$tmp/t.bin")" = 0
+check "profile written message" grep -q "wrote the expert usage profile" "$tmp/err"
+check "profile schema" grep -q '"schema":"hotmoe.profile.v1"' "$tmp/p.json"
+if command -v jq >/dev/null && [ -n "$nl" ] && [ -n "$k" ]; then
+    # all logits wanted: every layer routes all 7 tokens, k each
+    check "profile: every layer's counts sum to 7 x k" test "$(jq -c "[.layers[] | (.counts | add)] | unique" "$tmp/p.json")" = "[$((7 * k))]"
+    check "profile: $nl layers, 7 prompt tokens, 3 steps" test "$(jq -c "[(.layers | length), .prompt_tokens, .decode_tokens, .steps]" "$tmp/p.json")" = "[$nl,7,0,3]"
+fi
+check "trace size: header + per step and layer" test "$(stat -c %s "$tmp/t.bin")" -gt 32
+check "plan reads the profile" test "$(code "$exe" plan --profile "$tmp/p.json" --budget 20%)" = 0
+check "plan reads the trace" test "$(code "$exe" plan -m "$m" --no-calibrate --trace "$tmp/t.bin" --budget 20%)" = 0
+check "seed1 format" test "$(code "$exe" logits -m "$m" --tokens 1,2,3 -o "$tmp/l.f32" --moe-layer-perf-out "$tmp/s.json" --profile-format seed1)" = 0
+check "seed1 schema" grep -q '"schema":"llama.cpp.moe_layer_perf.v1"' "$tmp/s.json"
+check "plan reads the seed1 profile" test "$(code "$exe" plan -m "$m" --no-calibrate --profile "$tmp/s.json" --budget 20%)" = 0
+check "--profile loads (static)" test "$(code "$exe" logits -m "$m" --tokens 1,2 -o "$tmp/l.f32" --moe-hot-cache "$tmp/p.json")" = 0
+check "--policy online --update-rate" test "$(code "$exe" logits -m "$m" --tokens 1,2 -o "$tmp/l.f32" --policy online --moe-hot-cache-update-rate 0.1)" = 0
+check "--policy without a fast tier says so" grep -q "no fast tier" "$tmp/err"
+check "--policy static without a profile" test "$(code "$exe" logits -m "$m" --tokens 1,2 -o "$tmp/l.f32" --policy static)" = 1
+check "--policy bad" test "$(code "$exe" logits -m "$m" --tokens 1,2 -o "$tmp/l.f32" --policy fastest)" = 2
+check "--profile-format bad" test "$(code "$exe" logits -m "$m" --tokens 1,2 -o "$tmp/l.f32" --profile-format csv)" = 2
+check "--vram-budget refused" test "$(code "$exe" run -m "$m" -p hi -n 2 --vram-budget 1GiB)" = 1
+check "--vram-budget message" grep -q "no GPU backend yet" "$tmp/err"
+check "--moe-hot-cache-max-mib refused" test "$(code "$exe" bench -m "$m" -p 4 -n 0 -r 1 --moe-hot-cache-max-mib 512)" = 1
+check "--vram-budget 0 is fine" test "$(code "$exe" bench -m "$m" -p 4 -n 2 -r 1 --vram-budget 0 --profile-out "$tmp/b.json")" = 0
+check "bench profile" test -s "$tmp/b.json"
+check "run --profile-out" test "$(code "$exe" run -m "$m" -p "hello" -n 3 --seed 1 --profile-out "$tmp/r.json")" = 0
+if command -v jq >/dev/null; then
+    check "run profile: 3 decode steps after the prompt" test "$(jq .decode_tokens "$tmp/r.json")" = 3
+fi
+check "perplexity --profile-out" test "$(code "$exe" perplexity -m "$m" -f "$tmp/text.txt" -c 32 --chunks 1 --profile-out "$tmp/ppl.json")" = 0
+check "perplexity profile" test -s "$tmp/ppl.json"
+
+# hotmoe profile: prompts file -> profile
+printf 'hello world\n\nthe quick brown fox\nint main(void) { return 0; }\n' >"$tmp/prompts.txt"
+check "profile" test "$(code "$exe" profile -m "$m" -f "$tmp/prompts.txt" -o "$tmp/pp.json" -n 4 -t 2)" = 0
+check "profile progress" grep -q "\[3/3\]" "$tmp/err"
+check "profile says where" grep -q "wrote the expert usage profile to" "$tmp/err"
+check "profile stdout empty" test ! -s "$tmp/out"
+if command -v jq >/dev/null; then
+    check "profile: 3 prompts x 4 decoded tokens" test "$(jq .decode_tokens "$tmp/pp.json")" = 12
+fi
+check "plan reads hotmoe profile's output" test "$(code "$exe" plan --profile "$tmp/pp.json" --budget 20%)" = 0
+check "profile --format seed1" test "$(code "$exe" profile -m "$m" -f "$tmp/prompts.txt" -o "$tmp/pp1.json" -n 0 --format seed1)" = 0
+check "profile seed1 schema" grep -q '"schema":"llama.cpp.moe_layer_perf.v1"' "$tmp/pp1.json"
+check "profile without -o" test "$(code "$exe" profile -m "$m" -f "$tmp/prompts.txt")" = 2
+check "profile empty prompts" test "$(code "$exe" profile -m "$m" -f /dev/null -o "$tmp/x.json")" = 1
+check "profile bad --format" test "$(code "$exe" profile -m "$m" -f "$tmp/prompts.txt" -o "$tmp/x.json" --format xml)" = 2
 
 [ $fail = 0 ] && echo "cli_qwen3moe: all passed"
 exit $fail

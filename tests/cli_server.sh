@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # cli_server.sh - `hotmoe serve` end to end: the real server on a free port of 127.0.0.1 with the
 # tiny qwen3moe fixture, driven by curl. Completions (plain and SSE), chat (ChatML override and
-# the no-template error), models, health, props, slots, metrics format, experts, the API key,
+# the no-template error), models, health, props, slots, metrics format, experts (counts grow with
+# a completion, /profile/save writes what `plan --profile` reads, policy switch), the API key,
 # malformed and oversized requests, seeded determinism, two concurrent streams with
 # --parallel 2 equal to the same requests run alone, and a client that disconnects mid-stream
 # freeing its slot. Skips (77) when curl/jq are missing or the engine cannot run the model.
@@ -62,7 +63,7 @@ code() { tail -n1; }
 "$EXE" serve --help | grep -q -- "--parallel" || bad "serve --help"
 if "$EXE" serve 2>/dev/null; then bad "serve without -m accepted"; else ok; fi
 
-if ! start_server "$TMP/server.log" --parallel 2 --api-key "$KEY" --chat-template chatml -t 1 -c 2048; then
+if ! start_server "$TMP/server.log" --parallel 2 --api-key "$KEY" --chat-template chatml -t 1 -c 2048 --profile-out "$TMP/srv-profile.json"; then
     cat "$TMP/server.log"
     echo "SKIP: the server did not start with the fixture model (engine not ready?)"
     exit 77
@@ -184,8 +185,26 @@ r=$(curl -s "${AUTH[@]}" "$URL/slots")
 check "/slots: 2 idle slots" '[ "$(echo "$r" | jq -c "[.[] | .is_processing]")" = "[false,false]" ]'
 r=$(curl -s "${AUTH[@]}" "$URL/experts")
 check "/experts shape" '[ "$(echo "$r" | jq -r ".n_layer, .n_expert, .n_expert_used" | tr "\n" " ")" = "4 8 2 " ]'
+check "/experts available" '[ "$(echo "$r" | jq -r .available)" = true ]'
+n_a=$(echo "$r" | jq '[.layers[0].counts[]] | add')
+post /v1/completions '{"prompt":"Counting the experts","max_tokens":6,"temperature":0}' >/dev/null
+r=$(curl -s "${AUTH[@]}" "$URL/experts")
+n_b=$(echo "$r" | jq '[.layers[0].counts[]] | add')
+check "/experts counts grow after a completion ($n_a -> $n_b)" '[ "$n_b" -gt "$n_a" ]'
+check "/experts layer 0 counts = tokens x k" '[ "$n_b" = "$(echo "$r" | jq ".tokens * .n_expert_used")" ]'
+check "/experts tiers, hit rate, units" 'echo "$r" | jq -e "(.layers[0].tier | length) == 8 and (.layers[0].tier | unique) == [\"ram\"] and .layers[0].hit_rate == 0 and .units.ram == 32 and .units.vram == 0 and .bytes_moved.to_vram == 0" >/dev/null'
+check "/experts prompt/decode split" 'echo "$r" | jq -e ".prompt_tokens > 0 and .decode_tokens > 0 and .prompt_tokens + .decode_tokens == .tokens" >/dev/null'
+curl -s "${AUTH[@]}" "$URL/metrics" >"$TMP/metrics2"
+check "metrics: hit rate per layer" 'grep -q "^hotmoe_expert_hit_rate{layer=\"3\"} " "$TMP/metrics2"'
+check "metrics: bytes moved" 'grep -q "^hotmoe_expert_bytes_moved_total{direction=\"to_vram\"} 0$" "$TMP/metrics2"'
+check "metrics: expert stats available" 'grep -q "^hotmoe_expert_stats_available 1$" "$TMP/metrics2"'
+check "metrics: routed selections" 'awk "/^hotmoe_expert_selections_total\\{result=\"miss\"\\}/ { exit !(\$2 > 0) }" "$TMP/metrics2"'
 r=$(post /profile/save '{}')
-check "/profile/save answers (200 written, or 501 until the store counts)" '[ "$(echo "$r" | code)" = 200 ] || { [ "$(echo "$r" | code)" = 501 ] && echo "$r" | body | jq -e .error.message >/dev/null; }'
+check "/profile/save writes the file" '[ "$(echo "$r" | code)" = 200 ] && [ -s "$TMP/srv-profile.json" ]'
+check "plan --profile reads the saved profile" '"$EXE" plan --profile "$TMP/srv-profile.json" --budget 25% >"$TMP/plan.out" 2>&1'
+check "saved profile counts = /experts" '[ "$(jq -c "[.layers[] | .counts]" "$TMP/srv-profile.json")" = "$(curl -s "${AUTH[@]}" "$URL/experts" | jq -c "[.layers[] | .counts]")" ]'
+r=$(post /experts/policy '{"policy":"lru"}')
+check "policy switch" '[ "$(echo "$r" | code)" = 200 ] && [ "$(curl -s "${AUTH[@]}" "$URL/experts" | jq -r .policy)" = lru ]'
 expect_err "unknown policy" 400 'true' '{"policy":"random"}' /experts/policy
 
 # ---- two concurrent streams (--parallel 2) equal the same requests alone ----
@@ -244,6 +263,7 @@ check "SIGTERM stops the server" '! kill -0 "$SERVER_PID" 2>/dev/null'
 wait "$SERVER_PID"
 rc=$?
 check "clean exit status ($rc)" '[ $rc = 0 ]' || tail -n 40 "$TMP/server.log"
+check "--profile-out: the profile is written at exit" 'grep -q "wrote the expert usage profile to" "$TMP/server.log" && "$EXE" plan --profile "$TMP/srv-profile.json" --budget 25% >/dev/null 2>&1'
 
 # ---- a server without a chat template: chat is a clear 400, completions work ----
 if start_server "$TMP/server2.log" -t 1; then
