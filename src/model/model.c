@@ -11,6 +11,7 @@
 
 static const hm_arch *const archs[] = {
     &hm_arch_qwen3moe,
+    &hm_arch_qwen35moe,
 };
 
 void hm_model_opts_default(hm_model_opts *o) { memset(o, 0, sizeof *o); }

@@ -88,6 +88,7 @@ struct hm_arch {
 };
 
 extern const hm_arch hm_arch_qwen3moe;
+extern const hm_arch hm_arch_qwen35moe; /* qwen35moe.c */
 
 /* ---- helpers for archs' load functions (model.c) ---- */
 
