@@ -2,7 +2,8 @@
 # cli_web.sh - the web page of `hotmoe serve` in real headless Chromium (tests/js/web_page.mjs,
 # playwright-core driving Debian's /usr/bin/chromium): load, API key, a streamed chat answer, the
 # experts heatmap. Skips (77) without chromium, node or `npm ci` in tests/js, or when the engine
-# cannot run the fixture model. Screenshot: $HM_WEB_SHOT (default /tmp/hotmoe-web.png).
+# cannot run the fixture model. Screenshot (a CI artefact): $HM_WEB_SHOT, default
+# $HM_BINARY_DIR/artifacts/web.png (ctest sets HM_BINARY_DIR; /tmp/hotmoe/artifacts without it).
 set -u
 SRC=${HM_SOURCE_DIR:-$(cd "$(dirname "$0")/.." && pwd)}
 EXE=${HM_EXE:-$SRC/build/hotmoe}
@@ -37,4 +38,10 @@ if [ $up != 1 ]; then cat "$LOG"; echo "SKIP: the server did not start with the 
 code=$(curl -s -o /dev/null -w '%{http_code}' -H "Authorization: Bearer $KEY" "http://127.0.0.1:$PORT/v1/completions" \
     -d '{"prompt":"hi","max_tokens":2}')
 [ "$code" = 200 ] || { echo "SKIP: the engine cannot run the fixture model yet ($code)"; exit 77; }
-CHROMIUM=$CHROMIUM node "$JS/web_page.mjs" "http://127.0.0.1:$PORT/" "$KEY" "${HM_WEB_SHOT:-/tmp/hotmoe-web.png}"
+SHOT=${HM_WEB_SHOT:-${HM_BINARY_DIR:-/tmp/hotmoe}/artifacts/web.png}
+mkdir -p "$(dirname "$SHOT")"
+rm -f "$SHOT"
+CHROMIUM=$CHROMIUM node "$JS/web_page.mjs" "http://127.0.0.1:$PORT/" "$KEY" "$SHOT"
+rc=$?
+if [ -s "$SHOT" ]; then echo "screenshot: $SHOT"; else echo "no screenshot written ($SHOT)"; fi
+exit $rc
