@@ -30,10 +30,10 @@ static void usage(FILE *f) {
             "  -t, --threads N        compute threads (default: online CPUs)\n"
             "      --alias NAME       model id in the API (default: the file name)\n"
             "      --chat-template T  \"chatml\" or a template text (default: the model's own)\n"
-            "      --profile-out FILE where POST /profile/save writes (default hotmoe-profile.json); given,\n"
-            "                         the profile is also written when the server stops\n"
             "      --max-body BYTES   request body cap (default 8MiB)\n"
-            "  -v, --verbose          log loading and every request to stderr\n" CLI_PLACEMENT_HELP);
+            "  -v, --verbose          log loading and every request to stderr\n" CLI_PLACEMENT_HELP
+            "  (serve: --profile-out is also where POST /profile/save writes; without it that is\n"
+            "  hotmoe-profile.json and nothing is written at exit)\n");
 }
 
 static int int_arg(const char *flag, const char *v, long lo, long hi, int32_t *out) {

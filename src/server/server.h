@@ -173,7 +173,8 @@ void srv_sched_counts(srv_sched *s, int *n_busy, int *n_queued);
  * "policies", "layers": [{"counts": [...], "tier": [...], "hit_rate"}], ...}. Runs on the engine
  * thread (through srv_sched_call). New reference. */
 json_t *srv_store_experts_json(srv_sched *s);
-/* hotmoe_expert_* Prometheus lines (per-layer hit rate, units per tier, bytes moved). */
+/* hotmoe_expert_* Prometheus lines (per-layer hit rate, units per tier, bytes moved). Runs on the
+ * engine thread (srv_sched_call), like the two calls below. */
 void srv_store_metrics(srv_sched *s, srv_buf *out);
 /* Write the usage profile to path atomically (path.tmp + rename). */
 hm_status srv_store_profile_save(srv_sched *s, const char *path, hm_err *err);
