@@ -177,6 +177,9 @@ def main():
     ap.add_argument("--type", default="f16", choices=sorted(FTYPE))
     args = ap.parse_args()
     cfg = json.load(open(os.path.join(args.hf_dir, "config.json")))
+    import convert_gemma4  # Gemma 4 lives in its own module (F32/F16 without numpy)
+    if convert_gemma4.is_gemma4(cfg):
+        return convert_gemma4.write_gguf(args.hf_dir, args.out, args.type)
     arch = arch_of(cfg)
     if np is None and args.type != "f32":
         sys.exit(f"--type {args.type} needs numpy; without it only --type f32 can be written")

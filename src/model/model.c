@@ -9,8 +9,11 @@
 
 #include "quant/quant.h"
 
+extern const hm_arch hm_arch_gemma4; /* gemma4.c */
+
 static const hm_arch *const archs[] = {
     &hm_arch_qwen3moe,
+    &hm_arch_gemma4,
     &hm_arch_qwen35moe,
 };
 

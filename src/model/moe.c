@@ -5,6 +5,7 @@
 
 #include <string.h>
 
+#include "backend/cpu/cpu_gemma.h"
 #include "core/alloc.h"
 
 hm_status hm_moe_route_init(hm_moe_route *r, int32_t n_expert, int32_t k, int32_t cap_tok, hm_err *err) {
@@ -71,7 +72,9 @@ void hm_moe_route_build(hm_moe_route *r, const int32_t *ids, const float *weight
 }
 
 size_t hm_moe_compute_scratch_size(const hm_moe_route *r, int64_t n_embd, int64_t n_ff, int n_threads) {
-    return hm_cpu_moe_scratch_size(r->cap_tok, (int64_t)r->cap_tok * r->k, n_embd, n_ff, n_threads);
+    size_t a = hm_cpu_moe_scratch_size(r->cap_tok, (int64_t)r->cap_tok * r->k, n_embd, n_ff, n_threads);
+    size_t b = hm_gemma_moe_scratch_size(r->cap_tok, n_embd, n_ff, n_threads);
+    return a > b ? a : b;
 }
 
 void hm_moe_compute(hm_pool *pool, const hm_moe_weights *mw, hm_moe_route *r, const float *x,
@@ -83,5 +86,8 @@ void hm_moe_compute(hm_pool *pool, const hm_moe_weights *mw, hm_moe_route *r, co
         j->w = r->w + r->start[i];
         j->n_tok = r->start[i + 1] - r->start[i];
     }
-    hm_cpu_moe(pool, r->jobs, r->n_units, x, r->n_tok, mw->n_embd, mw->n_ff, out, scratch);
+    if (mw->act == HM_MOE_ACT_GELU)
+        hm_gemma_moe(pool, r->jobs, r->n_units, x, r->n_tok, mw->n_embd, mw->n_ff, out, scratch);
+    else
+        hm_cpu_moe(pool, r->jobs, r->n_units, x, r->n_tok, mw->n_embd, mw->n_ff, out, scratch);
 }

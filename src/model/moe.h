@@ -21,6 +21,10 @@
 #include "backend/cpu/cpu_ops.h"
 #include "core/status.h"
 
+/* The gate's activation of an expert: silu(gate) * up (Qwen, the zero default) or
+ * gelu_tanh(gate) * up (Gemma). */
+typedef enum hm_moe_act { HM_MOE_ACT_SILU = 0, HM_MOE_ACT_GELU = 1 } hm_moe_act;
+
 /* One layer's expert tensors (borrowed from the mapping). gate/up/down describe expert 0; expert
  * e's slab starts nb2 bytes further per expert. */
 typedef struct hm_moe_weights {
@@ -29,6 +33,7 @@ typedef struct hm_moe_weights {
     int32_t layer;    /* which layer these are: unit (layer, e) is the store's key */
     int32_t n_expert;
     int64_t n_embd, n_ff;
+    hm_moe_act act;
 } hm_moe_weights;
 
 /* The three matrices of unit e. */
