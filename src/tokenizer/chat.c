@@ -1,7 +1,7 @@
 /* chat.c - chat templates. We do not run Jinja: each supported family is recognised from the
  * template text (tokenizer.chat_template) and rendered by a small C function that produces what
  * the Jinja template would for plain {role, content} conversations. Adding a family = one
- * detect + one render function in the table below.
+ * detect + one render function in the table below. gemma4 (<|turn>): chat_gemma.c.
  *
  * chatml (Qwen 2/2.5/3, and others using <|im_start|>):
  *   <|im_start|>{role}\n{content}<|im_end|>\n ... [+ <|im_start|>assistant\n]
@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "../core/status.h"
+#include "chat_gemma.h"
 #include "tokenizer_impl.h"
 
 typedef struct sbuf {
@@ -114,12 +115,22 @@ static void render_chatml(sbuf *b, const char *tmpl, const hm_chat_msg *m, size_
     }
 }
 
+/* gemma4: chat_gemma.c */
+static void render_gemma4(sbuf *b, const char *tmpl, const hm_chat_msg *m, size_t n, const hm_chat_opts *o) {
+    (void)tmpl;
+    char *s = hm_chat_gemma4_render(m, n, o);
+    if (!s) b->oom = true;
+    else sb_str(b, s);
+    free(s);
+}
+
 static const struct chat_fmt {
     const char *name;
     bool (*detect)(const char *tmpl);
     void (*render)(sbuf *b, const char *tmpl, const hm_chat_msg *m, size_t n, const hm_chat_opts *o);
 } formats[] = {
     {"chatml", detect_chatml, render_chatml},
+    {"gemma4", hm_chat_gemma4_detect, render_gemma4},
 };
 
 const char *hm_chat_template_name(const char *tmpl) {
@@ -145,7 +156,7 @@ hm_status hm_chat_apply(const char *tmpl, const hm_chat_msg *msgs, size_t n, con
         for (const char *p = tmpl; *p && k < 80; p++) head[k++] = (*p == '\n' || *p == '\r') ? ' ' : *p;
         head[k] = 0;
         return hm_errf(err, HM_ERR_UNSUPPORTED,
-                       "chat template not recognised (supported: chatml / <|im_start|>); it begins: \"%s%s\"",
+                       "chat template not recognised (supported: chatml / <|im_start|>, gemma4 / <|turn>); it begins: \"%s%s\"",
                        head, strlen(tmpl) > 80 ? "..." : "");
     }
     for (size_t i = 0; i < n; i++)
