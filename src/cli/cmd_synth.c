@@ -16,7 +16,7 @@ static void usage(FILE *f) {
           "Write a random-weight MoE model with real tensor names, shapes and GGUF keys (llama.cpp\n"
           "loads it): for tests, benchmarks and demos without downloading a model.\n"
           "\n"
-          "  --arch qwen3moe         architecture (the only one for now)\n"
+          "  --arch ARCH             qwen3moe (default) or qwen35moe (preset qwen36-35b-a3b)\n"
           "  --preset NAME           qwen3-30b-a3b: Qwen3-30B-A3B's shapes (48 layers, 128 experts,\n"
           "                          k 8, vocab 151936; 17 GB at q4_k_m); tiny: a few MB;\n"
           "                          qwen36-geom: Qwen3.6-35B-A3B's expert geometry (40 layers,\n"

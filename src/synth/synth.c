@@ -88,10 +88,14 @@ static void run_chunk(chunk_job *j) {
 }
 
 static hm_status write_metadata(hm_gguf_writer *w, const hm_synth_opts *o, const hm_synth_preset *p,
-                                int32_t n_layer, const hm_synth_mix *m, const hm_synth_routing *routing,
-                                hm_err *err) {
+                                const hm_synth_q35 *q35, int32_t n_layer, const hm_synth_mix *m,
+                                const hm_synth_routing *routing, hm_err *err) {
     hm_status st = HM_OK;
 #define SET(call) do { if (!st) st = (call); } while (0)
+    if (q35) {
+        SET(hm_synth_meta_q35(w, q35, n_layer, m));
+        goto provenance;
+    }
     /* general.* and qwen3moe.* in the order and with the value types llama.cpp's converter
      * writes (u32 counts, f32 floats) */
     SET(hm_gguf_writer_set_str(w, "general.architecture", "qwen3moe"));
@@ -112,6 +116,7 @@ static hm_status write_metadata(hm_gguf_writer *w, const hm_synth_opts *o, const
     SET(hm_gguf_writer_set_u32(w, "qwen3moe.expert_feed_forward_length", (uint32_t)p->n_ff_exp));
     SET(hm_gguf_writer_set_u32(w, "general.file_type", (uint32_t)m->ftype));
     SET(hm_gguf_writer_set_u32(w, "general.quantization_version", 2));
+provenance:
     /* provenance (llama.cpp ignores keys it does not know) */
     SET(hm_gguf_writer_set_str(w, "hotmoe.synth.preset", p->name));
     SET(hm_gguf_writer_set_str(w, "hotmoe.synth.type", m->name));
@@ -122,13 +127,18 @@ static hm_status write_metadata(hm_gguf_writer *w, const hm_synth_opts *o, const
     return hm_synth_write_vocab(w, p->n_vocab, o->tokenizer_json, o->tokenizer_config, err);
 }
 
-static hm_status check_opts(const hm_synth_opts *o, const hm_synth_preset **p, const hm_synth_mix **m,
-                            hm_err *err) {
-    if (o->arch && strcmp(o->arch, "qwen3moe") != 0)
-        return hm_errf(err, HM_ERR_UNSUPPORTED, "synth: architecture '%s' is not supported (only qwen3moe)", o->arch);
-    if (!o->preset) return hm_errf(err, HM_ERR_ARG, "synth: no preset (one of: %s)", hm_synth_preset_names());
-    if (!(*p = hm_synth_find_preset(o->preset)))
-        return hm_errf(err, HM_ERR_ARG, "synth: unknown preset '%s' (one of: %s)", o->preset, hm_synth_preset_names());
+static hm_status check_opts(const hm_synth_opts *o, const hm_synth_preset **p, const hm_synth_q35 **q35,
+                            const hm_synth_mix **m, hm_err *err) {
+    const bool is_q35 = o->arch && strcmp(o->arch, "qwen35moe") == 0;
+    if (o->arch && !is_q35 && strcmp(o->arch, "qwen3moe") != 0)
+        return hm_errf(err, HM_ERR_UNSUPPORTED, "synth: architecture '%s' is not supported (qwen3moe, qwen35moe)",
+                       o->arch);
+    const char *names = is_q35 ? hm_synth_q35_names() : hm_synth_preset_names();
+    if (!o->preset) return hm_errf(err, HM_ERR_ARG, "synth: no preset (one of: %s)", names);
+    *q35 = is_q35 ? hm_synth_find_q35(o->preset) : NULL;
+    if (!(*p = is_q35 ? (*q35 ? &(*q35)->base : NULL) : hm_synth_find_preset(o->preset)))
+        return hm_errf(err, HM_ERR_ARG, "synth: unknown %s preset '%s' (one of: %s)", is_q35 ? "qwen35moe" : "qwen3moe",
+                       o->preset, names);
     if (!o->type) return hm_errf(err, HM_ERR_ARG, "synth: no type (one of: %s)", hm_synth_mix_names());
     if (!(*m = hm_synth_find_mix(o->type)))
         return hm_errf(err, HM_ERR_ARG, "synth: unknown type '%s' (one of: %s)", o->type, hm_synth_mix_names());
@@ -142,8 +152,9 @@ static hm_status check_opts(const hm_synth_opts *o, const hm_synth_preset **p, c
 
 hm_status hm_synth(const hm_synth_opts *o, hm_err *err) {
     const hm_synth_preset *p = NULL;
+    const hm_synth_q35 *q35 = NULL;
     const hm_synth_mix *m = NULL;
-    hm_status st = check_opts(o, &p, &m, err);
+    hm_status st = check_opts(o, &p, &q35, &m, err);
     if (st) return st;
     const int32_t n_layer = o->n_layer ? o->n_layer : p->n_layer;
 
@@ -160,7 +171,8 @@ hm_status hm_synth(const hm_synth_opts *o, hm_err *err) {
     chunk_job job;
     memset(&job, 0, sizeof job);
     hm_synth_routing *routing = NULL;
-    st = hm_synth_plan(p, n_layer, m, &plan, &n_tensors, err);
+    st = q35 ? hm_synth_plan_q35(q35, n_layer, m, &plan, &n_tensors, err)
+             : hm_synth_plan(p, n_layer, m, &plan, &n_tensors, err);
     if (st) return st;
     if (o->routing_profile &&
         (st = hm_synth_routing_open(&routing, o->routing_profile, p, n_layer, plan, n_tensors, o->seed, n_threads, err)))
@@ -197,7 +209,7 @@ hm_status hm_synth(const hm_synth_opts *o, hm_err *err) {
 
     st = hm_gguf_writer_open(&w, o->out_path, 0, err);
     if (st) goto done;
-    st = write_metadata(w, o, p, n_layer, m, routing, err);
+    st = write_metadata(w, o, p, q35, n_layer, m, routing, err);
     for (int64_t i = 0; !st && i < n_tensors; i++) {
         const hm_synth_tensor *t = &plan[i];
         st = hm_gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne);

@@ -115,4 +115,21 @@ hm_status hm_synth_routing_write_meta(const hm_synth_routing *r, hm_gguf_writer 
 /* [n_layer] total variation between the calibration sample's selection frequencies and the target. */
 const float *hm_synth_routing_fit_tv(const hm_synth_routing *r);
 
+/* ---- qwen35moe (synth_qwen35.c) ---- */
+
+/* A Qwen3.5-MoE preset: the common shape plus the DeltaNet and shared-expert dimensions
+ * (base.n_ff is unused). */
+typedef struct hm_synth_q35 {
+    hm_synth_preset base;
+    int32_t n_ff_sh, d_conv, n_k, n_v, d_k, d_v, n_rot, interval;
+} hm_synth_q35;
+
+const hm_synth_q35 *hm_synth_find_q35(const char *name);
+const char *hm_synth_q35_names(void);
+/* As hm_synth_plan, for qwen35moe. */
+hm_status hm_synth_plan_q35(const hm_synth_q35 *q, int32_t n_layer, const hm_synth_mix *m, hm_synth_tensor **out,
+                            int64_t *n_out, hm_err *err);
+/* general.* and qwen35moe.* keys as llama.cpp's converter writes them. */
+hm_status hm_synth_meta_q35(hm_gguf_writer *w, const hm_synth_q35 *q, int32_t n_layer, const hm_synth_mix *m);
+
 #endif
