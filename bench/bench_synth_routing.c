@@ -2,7 +2,7 @@
  * profile when the real engine runs it?
  *
  *   bench_synth_routing -m MODEL.gguf --profile P.json [-n TOKENS] [--decode N] [--ctx C]
- *                       [-t THREADS] [--seed S] [-o MEASURED.json]
+ *                       [-t THREADS] [--seed S] [-o MEASURED.json] [--replay-only]
  *
  * Runs TOKENS random token ids (uniform over the vocabulary, as llama-bench feeds them) through
  * hotmoe's forward pass: sequences of C positions, the first C - N of each sequence as one prompt
@@ -16,8 +16,10 @@
  * an independent replay (the GGUF's embedding row -> RMSNorm * ffn_norm -> F32 router -> top-k,
  * written here from the file alone; exact at every layer when the construction holds, because no
  * layer writes the reserved channels), and the fraction of (token, layer) whose k experts the
- * engine and the replay agree on. Then the means, and the TV a model without skew (uniform
- * routing) would have. -o writes the engine's counts as a hotmoe.profile.v1 file. A benchmark
+ * engine and the replay agree on, and the synth tool's own calibration fit (TV on its 8192-token
+ * sample, hotmoe.synth.routing.fit_tv). Then the means, and the TV a model without skew (uniform
+ * routing) would have. --replay-only skips the engine (its columns are then empty): the replay
+ * alone, for large token counts. -o writes the engine's counts as a hotmoe.profile.v1 file. A benchmark
  * prints numbers; it asserts nothing. */
 #include <math.h>
 #include <stdio.h>
@@ -118,7 +120,7 @@ static double tv_dist(const uint64_t *a, const hm_profile *p, int32_t pl, int32_
 
 static void usage(void) {
     fputs("usage: bench_synth_routing -m MODEL.gguf --profile P.json [-n TOKENS] [--decode N] [--ctx C]\n"
-          "                           [-t THREADS] [--seed S] [-o MEASURED.json]\n",
+          "                           [-t THREADS] [--seed S] [-o MEASURED.json] [--replay-only]\n",
           stderr);
 }
 
@@ -126,9 +128,14 @@ int main(int argc, char **argv) {
     const char *model_path = NULL, *prof_path = NULL, *out_path = NULL;
     int64_t n_tokens = 2048;
     int32_t n_decode = 64, n_ctx = 512, n_threads = 0;
+    bool replay_only = false;
     uint64_t seed = 1;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--replay-only")) {
+            replay_only = true;
+            continue;
+        }
         if (!v) {
             usage();
             return 2;
@@ -197,9 +204,10 @@ int main(int argc, char **argv) {
         fprintf(stderr, "bench_synth_routing: %s\n", err.msg);
         return 1;
     }
-    fprintf(stderr, "running %lld random tokens (sequences of %d: %d prompt + %d decode)...\n", (long long)n_tokens, n_ctx,
+    if (!replay_only)
+        fprintf(stderr, "running %lld random tokens (sequences of %d: %d prompt + %d decode)...\n", (long long)n_tokens, n_ctx,
             n_ctx - n_decode, n_decode);
-    for (int64_t i = 0; i < n_tokens;) {
+    for (int64_t i = replay_only ? n_tokens : 0; i < n_tokens;) {
         hm_session_reset(s);
         int64_t left = n_tokens - i;
         int32_t n_prompt = (int32_t)(left < n_ctx - n_decode ? left : n_ctx - n_decode);
@@ -217,7 +225,9 @@ int main(int argc, char **argv) {
     uint64_t *rcounts = calloc((size_t)L * (size_t)X, sizeof *rcounts);
     int32_t ids[256];
     double sum_tv = 0, sum_rtv = 0, sum_agree = 0, sum_uni = 0;
-    printf("layer  profile  TV(engine)  TV(replay)  agree(engine=replay)  TV(uniform)\n");
+    hm_gguf_arr fit;
+    const bool have_fit = hm_gguf_get_arr(g, "hotmoe.synth.routing.fit_tv", &fit) && fit.n == (uint64_t)L;
+    printf("layer  profile  TV(engine)  TV(replay)  agree(engine=replay)  TV(uniform)  synth fit TV\n");
     for (int32_t l = 0; l < L; l++) {
         uint64_t *rc = rcounts + (size_t)l * (size_t)X;
         int64_t agree = 0;
@@ -239,7 +249,9 @@ int main(int argc, char **argv) {
         double rtv = tv_dist(rc, &prof, map[l], X), utv = tv_dist(uni, &prof, map[l], X);
         free(uni);
         double ag = (double)agree / (double)n_tokens;
-        printf("%5d  %7d  %10.4f  %10.4f  %19.4f  %11.4f\n", l, map[l], tv, rtv, ag, utv);
+        double ftv = -1;
+        if (have_fit) hm_gguf_arr_float(&fit, (uint64_t)l, &ftv);
+        printf("%5d  %7d  %10.4f  %10.4f  %19.4f  %11.4f  %12.4f\n", l, map[l], tv, rtv, ag, utv, ftv);
         sum_tv += tv;
         sum_rtv += rtv;
         sum_agree += ag;

@@ -2,13 +2,15 @@
  * expert popularity into the random weights, so that any engine that runs the file (llama.cpp,
  * the seed forks, hotmoe) routes it with that skew. docs/SYNTH.md has the derivation.
  *
- * Construction (qwen3moe: the residual stream is written only by attn_output and ffn_down_exps):
+ * Construction (the residual stream is written only by attn_output and ffn_down_exps in qwen3moe,
+ * and by attn_output / ssm_out, ffn_down_exps and ffn_down_shexp in qwen35moe):
  *  - R = the last nu + ns channels of the residual stream: U = [u0, u0 + nu) and S = [s0, s0 + ns).
  *  - token_embd: every row gets the constant c on U; its S values stay the generator's, so each
  *    token carries its own random "routing code" z_t on S.
- *  - attn_output and ffn_down_exps: the rows that write channels of R are zero, so h restricted to
- *    R stays the embedding's at every layer (zero rows quantise to exact zeros in every format).
- *  - ffn_norm: 1 on R.
+ *  - attn_output, ssm_out, ffn_down_exps, ffn_down_shexp: the rows that write channels of R are
+ *    zero, so h restricted to R stays the embedding's at every layer (zero rows quantise to exact
+ *    zeros in every format).
+ *  - ffn_norm (qwen35moe: post_attention_norm): 1 on R.
  *  - ffn_gate_inp (F32) row e of layer l: zero outside R; on S a random vector n_le with std
  *    sigma_n; on U the constant b_le / (nu c).
  * After the pre-FFN RMSNorm, x = gamma_t * h (on R) with gamma_t = 1 / rms(h_t) common to all
@@ -76,8 +78,12 @@ int hm_synth_routing_op(const hm_synth_routing *r, const hm_synth_tensor *t, int
     char suffix[64];
     if (sscanf(t->name, "blk.%d.%63[a-z_].weight%n", &l, suffix, &n) != 2 || t->name[n] || l < 0) return OP_NONE;
     *layer = l;
-    if (strcmp(suffix, "ffn_norm") == 0) return OP_NORM;
-    if (strcmp(suffix, "attn_output") == 0 || strcmp(suffix, "ffn_down_exps") == 0) return OP_ZERO_OUT;
+    /* the norm in front of the router: ffn_norm (qwen3moe), post_attention_norm (qwen35moe) */
+    if (strcmp(suffix, "ffn_norm") == 0 || strcmp(suffix, "post_attention_norm") == 0) return OP_NORM;
+    /* every writer of the residual stream: attention / DeltaNet outputs, routed and shared experts */
+    if (strcmp(suffix, "attn_output") == 0 || strcmp(suffix, "ssm_out") == 0 || strcmp(suffix, "ffn_down_exps") == 0 ||
+        strcmp(suffix, "ffn_down_shexp") == 0)
+        return OP_ZERO_OUT;
     if (strcmp(suffix, "ffn_gate_inp") == 0) return OP_ROUTER;
     return OP_NONE;
 }
