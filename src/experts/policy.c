@@ -72,7 +72,8 @@ static hm_status place_static(hm_experts *s, const hm_profile *p, hm_err *err) {
         int32_t n_moe = 0;
         for (int32_t l = 0; l < s->n_layer; l++) n_moe += s->base[l + 1] > s->base[l];
         int64_t share = n_moe ? s->n_slots / n_moe : 0, extra = n_moe ? s->n_slots % n_moe : 0;
-        int32_t *quota = calloc((size_t)s->n_layer, sizeof *quota);
+        /* n_layer >= 1 for any open store; the cast through uint32_t tells the compiler so */
+        int32_t *quota = calloc((size_t)(uint32_t)s->n_layer, sizeof *quota);
         if (!quota) {
             free(r);
             return hm_errf(err, HM_ERR_NOMEM, "static policy: out of memory");
