@@ -82,6 +82,7 @@ static const hm_gguf_tensor *find(const hm_gguf *g, int l, const char *suffix) {
 static void replay(const hm_gguf *g, int l, int32_t tok, int32_t k, float *h, float *logit, int32_t *ids) {
     const hm_gguf_tensor *emb = hm_gguf_find_tensor(g, "token_embd.weight");
     const hm_gguf_tensor *fn = find(g, l, "ffn_norm"), *gi = find(g, l, "ffn_gate_inp");
+    if (!fn) fn = find(g, l, "post_attention_norm"); /* qwen35moe's norm in front of the MoE */
     const int64_t E = emb->ne[0], X = gi->ne[1];
     size_t rb = hm_row_size(emb->type, E);
     hm_type_get(emb->type)->to_float((const char *)emb->data + (size_t)tok * rb, h, E);
