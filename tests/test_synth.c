@@ -8,8 +8,8 @@
  *    use_more_bits layers 2 and 3 of 4);
  *  - the GGUF reader accepts the files; keys, vocabulary and tensor shapes are llama.cpp's;
  *  - same seed -> identical bytes (with 1 and with 3 threads), another seed -> different bytes;
- *  - dequantised weights have the intended mean and std; f32 files hold exactly the generator's
- *    values;
+ *  - dequantised weights have the intended mean and std (token_embd and output: the scales
+ *    derived in synth_plan.c); f32 files hold exactly the generator's values;
  *  - inspect on a vocab-only GGUF, a missing file, a truncated file and garbage. */
 #include <jansson.h>
 #include <stdint.h>
@@ -241,8 +241,17 @@ static void check_values(void) {
         double m, sd;
         tensor_stats(g, "blk.0.ffn_up_exps.weight", &m, &sd);
         CHECKF(fabs(m) < 0.002 && fabs(sd - 0.02) < 0.02 * cases[c].tol, "%s experts mean %g std %g", cases[c].mix, m, sd);
+        /* the two scaled ends (synth_plan.c): token_embd 32 x the rms of one attention block's
+         * output at position 0, 0.02 sqrt(Q) * 0.02 sqrt(E); output 8 / sqrt(E), so that the
+         * logits' std over the vocabulary is 8 (|h|^2 ~= E after the output norm) */
+        const double embd_sd = 32.0 * 0.02 * sqrt((double)Q) * 0.02 * sqrt((double)E);
+        const double out_sd = 8.0 / sqrt((double)E);
         tensor_stats(g, "token_embd.weight", &m, &sd);
-        CHECKF(fabs(m) < 0.002 && fabs(sd - 0.02) < 0.02 * cases[c].tol, "%s token_embd mean %g std %g", cases[c].mix, m, sd);
+        CHECKF(fabs(m) < 0.1 * embd_sd && fabs(sd - embd_sd) < embd_sd * cases[c].tol, "%s token_embd mean %g std %g (want %g)",
+               cases[c].mix, m, sd, embd_sd);
+        tensor_stats(g, "output.weight", &m, &sd);
+        CHECKF(fabs(m) < 0.1 * out_sd && fabs(sd - out_sd) < out_sd * cases[c].tol, "%s output mean %g std %g (want %g)",
+               cases[c].mix, m, sd, out_sd);
         tensor_stats(g, "blk.0.attn_norm.weight", &m, &sd);
         CHECKF(fabs(m - 1.0) < 0.01 && fabs(sd - 0.05) < 0.005, "%s norm mean %g std %g", cases[c].mix, m, sd);
         if (strcmp(cases[c].mix, "f32") == 0) { /* exactly the generator's values */
@@ -251,6 +260,12 @@ static void check_values(void) {
             const float *x = t->data;
             bool same = true;
             for (uint64_t i = 0; i < (uint64_t)(F * E * X); i += 997) same &= x[i] == 0.02f * hm_synth_gauss(key, i);
+            CHECK(same);
+            t = hm_gguf_find_tensor(g, "output.weight");
+            key = hm_synth_key(42, t->name);
+            x = t->data;
+            same = true;
+            for (uint64_t i = 0; i < (uint64_t)(E * V); i += 97) same &= x[i] == (float)out_sd * hm_synth_gauss(key, i);
             CHECK(same);
         }
         hm_gguf_close(g);

@@ -8,6 +8,7 @@
  * ffn_gate_exps / ffn_up_exps {n_embd, n_ff_exp, n_expert}; ffn_down_exps {n_ff_exp, n_embd,
  * n_expert}; the norms {n_embd}. Order: token_embd, then each layer's tensors, then output_norm
  * and output, so a layer's bytes are contiguous in the file. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -107,7 +108,44 @@ typedef struct plan {
     int64_t n, cap;
     const hm_synth_mix *mix;
     int32_t n_layer;
+    float embd_std, output_std; /* the two ends of the network (see synth_scales) */
 } plan;
+
+/* Value scales. Matrices are N(0, 0.02^2) (a usual init std) and norms N(1, 0.05^2), except the
+ * two ends of the network, which are scaled so that a random model has what comparing engines
+ * needs from a trained one: a peaked next-token distribution that small numerical differences
+ * (F16 KV, summation order, a near-tie between two experts in the router) rarely reorder.
+ *
+ * output: the last hidden state h is RMS-normalised and multiplied by output_norm (mean 1, std
+ * 0.05), so |h|^2 = n_embd (1 + 0.05^2); a row of iid values of std s gives a logit of std
+ * s |h| over the rows. s = SYNTH_LOGIT_STD / sqrt(n_embd) makes the logits' std over the
+ * vocabulary SYNTH_LOGIT_STD = 8 (s = 0.177 for n_embd 2048). With 0.02 it was 0.9: a flat
+ * distribution (top-1 probability ~1e-4 over 151936 tokens). 8 is above sqrt(2 ln n_vocab) (4.9),
+ * so the softmax is carried by its top few tokens (mean top-1 probability ~0.5).
+ *
+ * token_embd: scaling output alone scales every logit and every engine difference by the same
+ * factor, so it cannot change which token wins. What decides that is the relative error of h.
+ * The random layers add noise-like vectors to the residual stream, and the engines' rounding
+ * differences are a fraction of those vectors (amplified where a tiny difference flips a Q8
+ * activation rounding or a near-tie in the router); an embedding that dominates the stream makes
+ * them a small fraction of h (in a trained model the hidden state carries a strong signal the
+ * same way). One attention block at position 0 (where attention averages nothing) adds a vector
+ * of rms 0.02 sqrt(n_q) * 0.02 sqrt(n_embd) (v = W_v x with |x|^2 = n_embd after the norm, then
+ * W_o over n_q = n_head * head_dim inputs); an MoE block adds less. token_embd's std is
+ * SYNTH_EMBD_RATIO = 32 times that: 37.1 for qwen3-30b-a3b, 3.28 for tiny. Measured on the
+ * qwen3-30b-a3b shape, 4 layers, Q4_K_M (llama.cpp F16 KV vs F32 KV, and vs hotmoe): the rms
+ * engine difference per logit is 0.016 at ratio 16, 0.010 at 32, 0.0065 at 64 (logit std 8),
+ * top-1 agreement ~99 %, ~99.5 %, ~99.5 %; ratio 1 with the old output scale gave 96 %. 32 keeps
+ * the layers' share of the logits large enough that a wrong layer still moves them by far more
+ * than that (tests/fixtures/llama_q3l4/README.md has the numbers). */
+#define SYNTH_WEIGHT_STD 0.02
+#define SYNTH_LOGIT_STD 8.0
+#define SYNTH_EMBD_RATIO 32.0
+static void synth_scales(plan *pl, const hm_synth_preset *p) {
+    const double n_q = (double)p->n_head * p->head_dim, w2 = SYNTH_WEIGHT_STD * SYNTH_WEIGHT_STD;
+    pl->output_std = (float)(SYNTH_LOGIT_STD / sqrt((double)p->n_embd));
+    pl->embd_std = (float)(SYNTH_EMBD_RATIO * w2 * sqrt(n_q * (double)p->n_embd));
+}
 
 static hm_status add(plan *pl, tkind k, int layer, const char *suffix, uint32_t n_dims, int64_t ne0,
                      int64_t ne1, int64_t ne2, hm_err *err) {
@@ -129,7 +167,9 @@ static hm_status add(plan *pl, tkind k, int layer, const char *suffix, uint32_t 
     t->type = tensor_type(pl->mix, k, n_dims, layer, pl->n_layer);
     bool norm = n_dims == 1;
     t->mean = norm ? 1.0f : 0.0f; /* norms near 1, matrices centred */
-    t->std = norm ? 0.05f : 0.02f;
+    t->std = norm ? 0.05f : (float)SYNTH_WEIGHT_STD;
+    if (k == T_TOKEN_EMBD) t->std = pl->embd_std;
+    if (k == T_OUTPUT) t->std = pl->output_std;
     int64_t blck = hm_type_get(t->type)->blck_size;
     if (blck <= 0 || ne0 % blck)
         return hm_errf(err, HM_ERR_UNSUPPORTED, "synth: %s has rows of %lld elements, not a multiple of %s's block of %lld",
@@ -140,6 +180,7 @@ static hm_status add(plan *pl, tkind k, int layer, const char *suffix, uint32_t 
 hm_status hm_synth_plan(const hm_synth_preset *p, int32_t n_layer, const hm_synth_mix *m,
                         hm_synth_tensor **out, int64_t *n_out, hm_err *err) {
     plan pl = {.mix = m, .n_layer = n_layer};
+    synth_scales(&pl, p);
     const int64_t E = p->n_embd, Q = (int64_t)p->n_head * p->head_dim, KV = (int64_t)p->n_head_kv * p->head_dim;
     hm_status st = add(&pl, T_TOKEN_EMBD, -1, "token_embd", 2, E, p->n_vocab, 1, err);
     for (int l = 0; !st && l < n_layer; l++) {
