@@ -2,11 +2,12 @@
  *
  * A hand-made 2-layer profile of 16 experts (k 4) with a steep popularity curve (counts ~ 0.78^e,
  * the last expert never routed; layer 1 the same curve reversed) is built into the tiny preset
- * (4 layers: model layers 0, 1 take profile layer 0 and 2, 3 take layer 1). Then, reading only
+ * (4 layers: model layers 0, 1 take profile layer 0 and 2, 3 take layer 1), as q8_0 and as q4_k_m
+ * (a Q4_K embedding: the calibration replays its quantisation). Then, reading only
  * the GGUF file (reader + the quant table's to_float, no synth code):
  *  - the construction's invariants hold: the rows of attn_output / ffn_down_exps that write the
  *    reserved channels R are exactly zero, ffn_norm is 1 on R, the router is zero outside R, and
- *    every token embedding carries the same constant on U;
+ *    every token embedding carries the same constant on U (up to its quantisation);
  *  - a naive router (embedding row -> RMSNorm * ffn_norm -> F32 router -> top-k) over every token
  *    of the vocabulary gives each layer's selection frequencies within TV 0.02 of its profile
  *    layer. Since nothing writes R, this layer-l replay from the embedding is exact for any
@@ -62,8 +63,8 @@ static void write_profile(const char *path, int32_t n_layer, int32_t n_expert) {
     hm_profile_free(&p);
 }
 
-static hm_status synth(const char *out, const char *profile, int threads, hm_err *err) {
-    hm_synth_opts o = {.arch = "qwen3moe", .preset = "tiny", .type = "q8_0", .seed = 7, .out_path = out,
+static hm_status synth(const char *out, const char *profile, const char *type, int threads, hm_err *err) {
+    hm_synth_opts o = {.arch = "qwen3moe", .preset = "tiny", .type = type, .seed = 7, .out_path = out,
                        .n_threads = threads, .routing_profile = profile};
     return hm_synth(&o, err);
 }
@@ -98,18 +99,12 @@ static double files_differ(const char *a_path, const char *b_path) { /* 0 when e
     return diff;
 }
 
-int main(void) {
-    snprintf(tmpdir, sizeof tmpdir, "/tmp/hm_test_synth_routing.XXXXXX");
-    if (!mkdtemp(tmpdir)) return 1;
-    const char *prof = tpath("p16.json");
-    write_profile(prof, 2, X);
+/* The invariants and the naive router's frequencies of a synthesised tiny model (see the top). */
+static void check_model(const char *model, const char *prof, const char *type) {
     hm_err err = {{0}};
-    const char *model = tpath("tiny.gguf");
-    CHECKF(synth(model, prof, 1, &err) == HM_OK, "%s", err.msg);
-
     hm_gguf *g = NULL;
     CHECKF(hm_gguf_open(&g, model, &err) == HM_OK, "%s", err.msg);
-    if (!g) return test_done();
+    if (!g) return;
 
     /* metadata */
     int64_t u0 = 0, nu = 0, ns = 0;
@@ -131,14 +126,19 @@ int main(void) {
     static float buf[X * E];
     const hm_gguf_tensor *emb = hm_gguf_find_tensor(g, "token_embd.weight");
     CHECK(emb && emb->ne[0] == E && emb->ne[1] == V);
-    float c0 = 0;
-    bool u_const = true;
+    /* U is one quant sub-block of equal values: equal within a row; across rows the block scale
+     * is rounded per row (Q4_K: a 6-bit sub-block scale under an fp16 super-block scale, measured
+     * +-3 %), so the spread max - min is within 1 % (q8_0) / 10 % (q4_k_m) of the max */
+    const float tol = strcmp(type, "q8_0") == 0 ? 0.01f : 0.10f;
+    float cmin = INFINITY, cmax = -INFINITY;
+    bool u_row = true;
     for (int64_t t = 0; t < V; t++) {
         row(emb, t, buf);
-        if (t == 0) c0 = buf[u0];
-        for (int64_t j = u0; j < u0 + nu; j++) u_const &= fabsf(buf[j] - c0) <= 0.01f * fabsf(c0);
+        for (int64_t j = u0; j < u0 + nu; j++) u_row &= buf[j] == buf[u0];
+        cmin = fminf(cmin, buf[u0]);
+        cmax = fmaxf(cmax, buf[u0]);
     }
-    CHECK(c0 > 0 && u_const);
+    CHECKF(cmin > 0 && u_row && cmax - cmin <= tol * cmax, "%s: U in [%g, %g]", type, (double)cmin, (double)cmax);
     for (int l = 0; l < NL; l++) {
         const hm_gguf_tensor *ao = tensor(g, "attn_output", l), *dn = tensor(g, "ffn_down_exps", l);
         const hm_gguf_tensor *fn = tensor(g, "ffn_norm", l), *gi = tensor(g, "ffn_gate_inp", l);
@@ -209,7 +209,7 @@ int main(void) {
         }
         tv *= 0.5;
         tv_other *= 0.5;
-        fprintf(stderr, "layer %d (profile layer %d): TV %.4f (vs the other profile layer %.3f)\n", l, pl, tv, tv_other);
+        fprintf(stderr, "%s layer %d (profile layer %d): TV %.4f (vs the other profile layer %.3f)\n", type, l, pl, tv, tv_other);
         CHECKF(tv < 0.02, "layer %d: TV %.4f", l, tv);
         CHECK(tv_other > 0.5);
         CHECK(cnt[pl == 0 ? X - 1 : 0] == 0 || cnt[pl == 0 ? X - 1 : 0] < V * K / 200); /* the never-routed expert */
@@ -218,22 +218,38 @@ int main(void) {
     CHECK(0.5 * unskewed_tv > 0.3);
     hm_profile_free(&p);
     hm_gguf_close(g);
+}
+
+int main(void) {
+    snprintf(tmpdir, sizeof tmpdir, "/tmp/hm_test_synth_routing.XXXXXX");
+    if (!mkdtemp(tmpdir)) return 1;
+    const char *prof = tpath("p16.json");
+    write_profile(prof, 2, X);
+    hm_err err = {{0}};
+    const char *model = tpath("tiny.gguf");
+    CHECKF(synth(model, prof, "q8_0", 1, &err) == HM_OK, "%s", err.msg);
+
+    check_model(model, prof, "q8_0");
+    const char *model_q4 = tpath("tiny_q4.gguf");
+    CHECKF(synth(model_q4, prof, "q4_k_m", 1, &err) == HM_OK, "%s", err.msg);
+    check_model(model_q4, prof, "q4_k_m");
+    unlink(model_q4);
 
     /* threads do not change the bytes */
     const char *model3 = tpath("tiny3.gguf");
-    CHECKF(synth(model3, prof, 3, &err) == HM_OK, "%s", err.msg);
+    CHECKF(synth(model3, prof, "q8_0", 3, &err) == HM_OK, "%s", err.msg);
     CHECK(files_differ(model, model3) == 0);
 
     /* bad profiles */
     const char *p32 = tpath("p32.json");
     write_profile(p32, 2, 32);
     memset(&err, 0, sizeof err);
-    CHECK(synth(tpath("bad.gguf"), p32, 1, &err) == HM_ERR_ARG);
+    CHECK(synth(tpath("bad.gguf"), p32, "q8_0", 1, &err) == HM_ERR_ARG);
     CHECKF(strstr(err.msg, "p32.json") && strstr(err.msg, "32 experts") && strstr(err.msg, "has 16"), "%s", err.msg);
     struct stat sb;
     CHECK(stat(tpath("bad.gguf"), &sb) != 0); /* nothing written */
     memset(&err, 0, sizeof err);
-    CHECK(synth(tpath("bad.gguf"), tpath("nope.json"), 1, &err) != HM_OK);
+    CHECK(synth(tpath("bad.gguf"), tpath("nope.json"), "q8_0", 1, &err) != HM_OK);
     CHECKF(strstr(err.msg, "nope.json") != NULL, "%s", err.msg);
 
     unlink(prof);
