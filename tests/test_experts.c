@@ -342,6 +342,141 @@ static void test_where_ram(void) {
     CHECK(hm_policy_from_name("online") == HM_POLICY_ONLINE && hm_policy_from_name("x") == -1);
 }
 
+static void test_set_policy(void) {
+    /* 2 layers x 4 experts, k 1, 2 slots, lru. Steps (layer 0 / layer 1): 0/0 1/0 0/0 2/0, then
+     * 0/- -> live counts L0 {0: 3, 1: 1, 2: 1}, L1 {0: 4}: static from the live counts = L1/0, L0/0
+     * (whatever lru held then; the residents that stay are not filled again). */
+    hm_err err = {{0}};
+    hm_policy_opts pol;
+    hm_policy_opts_default(&pol);
+    pol.kind = HM_POLICY_LRU;
+    hm_units u;
+    hm_experts *s = open_store(&u, 2, 4, 1, 2, &pol, NULL);
+    const int32_t l0[] = {0, 1, 0, 2}, l1[] = {0, 0, 0, 0};
+    for (int t = 0; t < 4; t++) {
+        hm_experts_record(s, 0, &l0[t], 1);
+        hm_experts_record(s, 1, &l1[t], 1);
+        CHECK(hm_experts_step_end(s, 1, false, NULL) == HM_OK);
+    }
+    hm_experts_stats st;
+    hm_experts_get_stats(s, &st);
+    uint64_t in0 = st.swaps_in;
+    /* mid-step: refused, nothing changes */
+    hm_experts_record(s, 0, &l0[0], 1);
+    CHECK(hm_experts_set_policy(s, HM_POLICY_STATIC, NULL, &err) == HM_ERR_ARG && strstr(err.msg, "between steps"));
+    CHECK(hm_experts_policy(s) == HM_POLICY_LRU);
+    CHECK(hm_experts_step_end(s, 1, false, NULL) == HM_OK); /* L0/0 now counted 3 times */
+    /* bad options: refused, policy unchanged */
+    hm_policy_opts bad = pol;
+    bad.decay = 2.0f;
+    CHECK(hm_experts_set_policy(s, HM_POLICY_ONLINE, &bad, &err) == HM_ERR_ARG);
+    CHECK(hm_experts_policy(s) == HM_POLICY_LRU);
+    /* static without a profile re-seeds from the live counts: L1/0 (4) and L0/0 (3) */
+    hm_experts_get_stats(s, &st);
+    in0 = st.swaps_in;
+    bool had00 = hm_experts_unit(s, 0, 0)->hot_slot >= 0, had10 = hm_experts_unit(s, 1, 0)->hot_slot >= 0;
+    CHECKF(hm_experts_set_policy(s, HM_POLICY_STATIC, NULL, &err) == HM_OK, "%s", err.msg);
+    CHECK(hm_experts_policy(s) == HM_POLICY_STATIC);
+    CHECK(hm_experts_unit(s, 0, 0)->home == HM_TIER_HOT && hm_experts_unit(s, 1, 0)->home == HM_TIER_HOT);
+    hm_experts_get_stats(s, &st);
+    CHECK(st.n_used == 2 && st.layer_resident[0] == 1 && st.layer_resident[1] == 1);
+    CHECK(st.swaps_in - in0 == (uint64_t)(!had00 + !had10)); /* residents that stay are not filled again */
+    /* static never moves: routing 3 three times on layer 0 changes nothing */
+    const int32_t three[] = {3, 3, 3};
+    feed(s, three, 3, 1);
+    CHECK(hm_experts_unit(s, 0, 3)->hot_slot < 0 && hm_experts_unit(s, 0, 0)->home == HM_TIER_HOT);
+    /* switch to lru: residents stay, lru acts from the next step on (L0/3 routed -> admitted,
+     * evicting the least recent resident not routed in the step) */
+    hm_experts_get_stats(s, &st);
+    in0 = st.swaps_in;
+    CHECK(hm_experts_set_policy(s, HM_POLICY_LRU, NULL, &err) == HM_OK);
+    hm_experts_get_stats(s, &st);
+    CHECK(st.swaps_in == in0 && st.n_used == 2);
+    feed(s, three, 1, 1);
+    CHECK(hm_experts_unit(s, 0, 3)->home == HM_TIER_HOT);
+    /* online with new tuning, then none: the pool empties except a pinned unit */
+    hm_policy_opts on;
+    hm_policy_opts_default(&on);
+    on.window = 4;
+    CHECK(hm_experts_set_policy(s, HM_POLICY_ONLINE, &on, &err) == HM_OK && hm_experts_policy(s) == HM_POLICY_ONLINE);
+    hm_experts_get_stats(s, &st);
+    CHECK(st.n_used == 2);
+    hm_experts_pin(s, 0, 3);
+    CHECK(hm_experts_set_policy(s, HM_POLICY_NONE, NULL, &err) == HM_OK);
+    hm_experts_get_stats(s, &st);
+    CHECK(st.n_used == 1 && hm_experts_unit(s, 0, 3)->home == HM_TIER_HOT);
+    /* static again: the pinned unit keeps its slot, the one left goes to the top count (L1/0) */
+    CHECK(hm_experts_set_policy(s, HM_POLICY_STATIC, NULL, &err) == HM_OK);
+    hm_experts_get_stats(s, &st);
+    CHECK(st.n_used == 2 && hm_experts_unit(s, 0, 3)->home == HM_TIER_HOT &&
+          hm_experts_unit(s, 1, 0)->home == HM_TIER_HOT);
+    hm_experts_unpin(s, 0, 3);
+    hm_experts_close(s);
+    hm_units_free(&u);
+
+    /* a store opened with a profile re-seeds static from the profile, not the live counts:
+     * profile L0 {3: 5, 2: 1}; live routing only expert 0 */
+    hm_profile p;
+    CHECK(hm_profile_init(&p, 1, 4, &err) == HM_OK);
+    p.counts[3] = 5, p.counts[2] = 1;
+    p.k = 1;
+    hm_policy_opts_default(&pol);
+    pol.kind = HM_POLICY_ONLINE;
+    s = open_store(&u, 1, 4, 1, 1, &pol, &p);
+    hm_experts_get_stats(s, &st);
+    CHECK(st.n_used == 0); /* online starts empty (no warm start) */
+    const int32_t zeros[] = {0, 0, 0, 0};
+    feed(s, zeros, 4, 1);
+    CHECK(hm_experts_unit(s, 0, 0)->home == HM_TIER_HOT); /* online admitted it after 2 misses */
+    CHECK(hm_experts_set_policy(s, HM_POLICY_STATIC, NULL, &err) == HM_OK);
+    CHECK(hm_experts_unit(s, 0, 3)->home == HM_TIER_HOT && hm_experts_unit(s, 0, 0)->hot_slot < 0);
+    hm_experts_close(s);
+    hm_units_free(&u);
+    hm_profile_free(&p);
+}
+
+static void test_trace_full_disk(void) {
+    /* /dev/full takes the open and fails every write: the store keeps running, and the close
+     * reports the cause (stdio buffers, so the error shows at the flush) */
+    hm_err err = {{0}};
+    hm_policy_opts pol;
+    hm_policy_opts_default(&pol);
+    pol.kind = HM_POLICY_LRU;
+    hm_units u;
+    hm_experts *s = open_store(&u, 2, 8, 2, 4, &pol, NULL);
+    CHECK(hm_experts_trace_close(s, &err) == HM_OK); /* none being written */
+    if (access("/dev/full", W_OK) == 0) {
+        CHECKF(hm_experts_trace_out(s, "/dev/full", &err) == HM_OK, "%s", err.msg);
+        const int32_t ids[] = {1, 2, 3, 4};
+        for (int t = 0; t < 100; t++) {
+            hm_experts_record(s, t & 1, ids, 4);
+            CHECK(hm_experts_step_end(s, 2, false, NULL) == HM_OK);
+        }
+        hm_status st = hm_experts_trace_close(s, &err);
+        CHECKF(st == HM_ERR_IO && strstr(err.msg, "/dev/full") && strstr(err.msg, "No space left"), "%d %s", st,
+               err.msg);
+        CHECK(hm_experts_trace_close(s, &err) == HM_OK); /* closed: a second call has nothing to report */
+        /* a new trace may start after the close */
+        char path[] = "/tmp/hm_test_trace3_XXXXXX";
+        int fd = mkstemp(path);
+        CHECK(fd >= 0);
+        close(fd);
+        CHECK(hm_experts_trace_out(s, path, &err) == HM_OK);
+        hm_experts_record(s, 0, ids, 4);
+        CHECK(hm_experts_step_end(s, 2, false, NULL) == HM_OK);
+        CHECK(hm_experts_trace_close(s, &err) == HM_OK);
+        hm_profile tp;
+        CHECK(hm_sim_trace_profile(path, &tp, &err) == HM_OK);
+        CHECK(tp.tokens == 2 && hm_profile_count(&tp, 0, 3) == 1);
+        hm_profile_free(&tp);
+        unlink(path);
+    } else {
+        printf("test_trace_full_disk: no /dev/full, skipped the write error\n");
+    }
+    hm_experts_close(s);
+    hm_units_free(&u);
+}
+
 int main(void) {
     test_lru();
     test_static();
@@ -349,5 +484,7 @@ int main(void) {
     test_async_tier();
     test_trace_roundtrip();
     test_where_ram();
+    test_set_policy();
+    test_trace_full_disk();
     return test_done();
 }

@@ -123,7 +123,8 @@ typedef struct hm_experts hm_experts;
  * profile whose n_layer / n_expert differ from units, is HM_ERR_ARG naming both. *out owned by
  * the caller (hm_experts_close). */
 hm_status hm_experts_open(hm_experts **out, const hm_units *units, const hm_experts_opts *o, hm_err *err);
-void hm_experts_close(hm_experts *s); /* NULL is a no-op; closes a trace being written */
+void hm_experts_close(hm_experts *s); /* NULL is a no-op; closes a trace being written (errors lost:
+                                        * hm_experts_trace_close reports them) */
 
 /* Hot path: the routed experts of one layer for one micro-batch, ids [n] (token-major
  * [n_tok][k], each < the layer's n_expert). Bumps count/win/last_step and hits or misses. */
@@ -170,7 +171,23 @@ void hm_experts_reset_stats(hm_experts *s);
 hm_status hm_experts_to_profile(const hm_experts *s, hm_profile *p, const char *model, const char *arch,
                                 hm_err *err);
 
+/* Switch the policy between steps (after a step_end, before the next record; HM_ERR_ARG with
+ * "between steps" otherwise, and for options out of range; the store is unchanged on error).
+ * opts NULL keeps the tuning in force; kind always wins over opts->kind. Residency is re-planned
+ * at once: static re-seeds from the profile the store was opened with, or from the live counts
+ * when it had none (the same ranking as at open; residents that stay are not copied again, the
+ * others are evicted and the missing ones filled); online and lru keep the residents and go on
+ * from the live counters (scores, misses, recency); none empties the pool. Pinned units stay. A
+ * fill error from the tier leaves the rest in RAM and is returned (the new policy is in force). */
+hm_status hm_experts_set_policy(hm_experts *s, hm_policy_kind kind, const hm_policy_opts *opts, hm_err *err);
+hm_policy_kind hm_experts_policy(const hm_experts *s);
+
 /* Start writing every record/step_end to a trace file (trace.h). */
 hm_status hm_experts_trace_out(hm_experts *s, const char *path, hm_err *err);
+/* Flush and close the trace being written: HM_ERR_IO naming the file and the cause for the first
+ * write error since hm_experts_trace_out (a full disk shows only here, buffers being flushed at
+ * close). HM_OK when none is being written. hm_experts_close drops this status: call this first
+ * to learn whether the trace is complete. */
+hm_status hm_experts_trace_close(hm_experts *s, hm_err *err);
 
 #endif

@@ -41,6 +41,7 @@ struct hm_experts {
     uint64_t tokens, prompt_tokens, decode_tokens;
     uint64_t swaps_in, swaps_out, fill_bytes;
     hm_trace_writer *trace;
+    uint64_t *seed_counts; /* [n_units] the open-time profile's counts; NULL: none (static uses the live ones) */
 };
 
 /* Put unit ui into a free slot (there must be one) through the tier's fill. */
@@ -50,9 +51,12 @@ void hm_experts_evict(hm_experts *s, int32_t ui);
 /* Move resident ui to the head of the recency list. */
 void hm_experts_touch(hm_experts *s, int32_t ui);
 
-/* policy.c: the initial placement at open, and the decision at each step end (window_end when
- * the scores were just folded). */
-hm_status hm_policy_place(hm_experts *s, const hm_profile *p, hm_err *err);
+/* policy.c: the initial placement at open (and at a switch: hm_experts_set_policy), and the
+ * decision at each step end (window_end when the scores were just folded). */
+hm_status hm_policy_place(hm_experts *s, bool have_profile, hm_err *err);
+/* Static placement ranked by counts[ui] (seed_counts or the live counts): residents outside the
+ * chosen set leave (unless pinned), the chosen ones missing are filled in rank order. */
+hm_status hm_policy_place_static(hm_experts *s, const uint64_t *counts, hm_err *err);
 hm_status hm_policy_step(hm_experts *s, bool window_end, hm_err *err);
 
 #endif

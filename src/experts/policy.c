@@ -14,6 +14,7 @@
  *          up to update_rate * n_slots (at least 1) swaps replace the lowest-valued residents with
  *          the highest-valued candidates, each only when the newcomer's value exceeds the
  *          victim's by the hysteresis fraction. */
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -55,19 +56,23 @@ static int cmp_ranked(const void *a, const void *b) {
     return (x->ui > y->ui) - (x->ui < y->ui);
 }
 
-static hm_status place_static(hm_experts *s, const hm_profile *p, hm_err *err) {
+hm_status hm_policy_place_static(hm_experts *s, const uint64_t *counts, hm_err *err) {
     ranked *r = malloc((size_t)s->n_units * sizeof *r);
-    if (!r) return hm_errf(err, HM_ERR_NOMEM, "static policy: out of memory");
-    int64_t n = 0;
+    uint8_t *chosen = calloc((size_t)s->n_units, 1);
+    if (!r || !chosen) {
+        free(r), free(chosen);
+        return hm_errf(err, HM_ERR_NOMEM, "static policy: out of memory");
+    }
+    int64_t n = 0, pinned = 0;
     for (int64_t ui = 0; ui < s->n_units; ui++) {
-        const hm_unit *u = &s->u[ui];
-        uint64_t c = hm_profile_count(p, u->layer, u->expert);
-        if (c) r[n++] = (ranked){c, (int32_t)ui};
+        if (counts[ui]) r[n++] = (ranked){counts[ui], (int32_t)ui};
+        if (s->u[ui].hot_slot >= 0 && s->u[ui].pin) chosen[ui] = 1, pinned++; /* pinned residents stay */
     }
     qsort(r, (size_t)n, sizeof *r, cmp_ranked);
-    hm_status st = HM_OK;
+    int64_t room = s->n_slots - pinned;
     if (!s->pol.static_per_layer) {
-        for (int64_t i = 0; i < n && s->n_free > 0 && st == HM_OK; i++) st = hm_experts_admit(s, r[i].ui, err);
+        for (int64_t i = 0; i < n && room > 0; i++)
+            if (!chosen[r[i].ui]) chosen[r[i].ui] = 1, room--;
     } else {
         int32_t n_moe = 0;
         for (int32_t l = 0; l < s->n_layer; l++) n_moe += s->base[l + 1] > s->base[l];
@@ -75,27 +80,31 @@ static hm_status place_static(hm_experts *s, const hm_profile *p, hm_err *err) {
         /* n_layer >= 1 for any open store; the cast through uint32_t tells the compiler so */
         int32_t *quota = calloc((size_t)(uint32_t)s->n_layer, sizeof *quota);
         if (!quota) {
-            free(r);
+            free(r), free(chosen);
             return hm_errf(err, HM_ERR_NOMEM, "static policy: out of memory");
         }
         for (int32_t l = 0; l < s->n_layer; l++)
             if (s->base[l + 1] > s->base[l]) quota[l] = (int32_t)(share + (extra-- > 0));
-        for (int64_t i = 0; i < n && s->n_free > 0 && st == HM_OK; i++) {
+        for (int64_t ui = 0; ui < s->n_units; ui++) /* a pinned resident uses its layer's share */
+            if (chosen[ui] && quota[s->u[ui].layer] > 0) quota[s->u[ui].layer]--;
+        for (int64_t i = 0; i < n && room > 0; i++) {
             int32_t l = s->u[r[i].ui].layer;
-            if (quota[l] > 0) {
-                quota[l]--;
-                st = hm_experts_admit(s, r[i].ui, err);
-            }
+            if (quota[l] > 0 && !chosen[r[i].ui]) quota[l]--, chosen[r[i].ui] = 1, room--;
         }
         free(quota);
     }
-    free(r);
+    for (int64_t ui = 0; ui < s->n_units; ui++) /* make room first: residents not chosen go home */
+        if (s->u[ui].hot_slot >= 0 && !chosen[ui]) hm_experts_evict(s, (int32_t)ui);
+    hm_status st = HM_OK;
+    for (int64_t i = 0; i < n && s->n_free > 0 && st == HM_OK; i++) /* rank order: the best first */
+        if (chosen[r[i].ui] && s->u[r[i].ui].hot_slot < 0) st = hm_experts_admit(s, r[i].ui, err);
+    free(r), free(chosen);
     return st;
 }
 
-hm_status hm_policy_place(hm_experts *s, const hm_profile *p, hm_err *err) {
-    if (!s->n_slots || !p) return HM_OK;
-    if (s->pol.kind == HM_POLICY_STATIC || s->pol.warm_start) return place_static(s, p, err);
+hm_status hm_policy_place(hm_experts *s, bool have_profile, hm_err *err) {
+    if (!s->n_slots || !have_profile || !s->seed_counts) return HM_OK;
+    if (s->pol.kind == HM_POLICY_STATIC || s->pol.warm_start) return hm_policy_place_static(s, s->seed_counts, err);
     return HM_OK;
 }
 

@@ -64,6 +64,14 @@ static hm_unit_ref unit_ref(const hm_experts *s, int32_t ui) {
     return r;
 }
 
+static hm_status check_policy(const hm_policy_opts *p, hm_err *err) {
+    if (p->kind < HM_POLICY_NONE || p->kind > HM_POLICY_LRU || p->window < 1 || !(p->decay >= 0 && p->decay <= 1) ||
+        !(p->update_rate >= 0) || !(p->hysteresis >= 0) || p->admit_misses < 0)
+        return hm_errf(err, HM_ERR_ARG, "policy options out of range (window >= 1, 0 <= decay <= 1, update rate, "
+                       "hysteresis and admission misses >= 0)");
+    return HM_OK;
+}
+
 hm_status hm_experts_open(hm_experts **out, const hm_units *units, const hm_experts_opts *o, hm_err *err) {
     *out = NULL;
     hm_experts_opts dflt;
@@ -80,11 +88,7 @@ hm_status hm_experts_open(hm_experts **out, const hm_units *units, const hm_expe
     if (p && (p->n_layer != units->n_layer || p->n_expert != units->n_expert))
         return hm_errf(err, HM_ERR_ARG, "the profile has %d layers x %d experts but the model %d x %d", p->n_layer,
                        p->n_expert, units->n_layer, units->n_expert);
-    if (o->policy.kind < HM_POLICY_NONE || o->policy.kind > HM_POLICY_LRU || o->policy.window < 1 ||
-        !(o->policy.decay >= 0 && o->policy.decay <= 1) || !(o->policy.update_rate >= 0) ||
-        !(o->policy.hysteresis >= 0) || o->policy.admit_misses < 0)
-        return hm_errf(err, HM_ERR_ARG, "policy options out of range (window >= 1, 0 <= decay <= 1, update rate, "
-                       "hysteresis and admission misses >= 0)");
+    if (check_policy(&o->policy, err) != HM_OK) return HM_ERR_ARG;
 
     hm_experts *s = calloc(1, sizeof *s);
     if (!s) return hm_errf(err, HM_ERR_NOMEM, "expert store: out of memory");
@@ -137,7 +141,14 @@ hm_status hm_experts_open(hm_experts **out, const hm_units *units, const hm_expe
         s->free_slots[i] = (int32_t)(n_slots - 1 - i); /* pop order 0, 1, 2, ... */
     }
     s->n_free = n_slots;
-    if ((st = hm_policy_place(s, p, err)) != HM_OK) goto fail;
+    if (p) { /* kept for a later switch to static (hm_experts_set_policy) */
+        if (!(s->seed_counts = malloc(nu * sizeof *s->seed_counts))) {
+            st = hm_errf(err, HM_ERR_NOMEM, "expert store: out of memory for the profile's counts");
+            goto fail;
+        }
+        for (int64_t i = 0; i < s->n_units; i++) s->seed_counts[i] = hm_profile_count(p, s->u[i].layer, s->u[i].expert);
+    }
+    if ((st = hm_policy_place(s, p != NULL, err)) != HM_OK) goto fail;
     *out = s;
     return HM_OK;
 fail:
@@ -150,7 +161,7 @@ void hm_experts_close(hm_experts *s) {
     hm_trace_writer_close(s->trace, NULL);
     free(s->base), free(s->u), free(s->slot_map), free(s->slot_unit), free(s->free_slots);
     free(s->touched), free(s->filling), free(s->prev), free(s->next), free(s->cand), free(s->vict);
-    free(s->layer_hits), free(s->layer_misses), free(s->layer_resident);
+    free(s->layer_hits), free(s->layer_misses), free(s->layer_resident), free(s->seed_counts);
     free(s);
 }
 
@@ -349,4 +360,39 @@ hm_status hm_experts_to_profile(const hm_experts *s, hm_profile *p, const char *
 hm_status hm_experts_trace_out(hm_experts *s, const char *path, hm_err *err) {
     if (s->trace) return hm_errf(err, HM_ERR_ARG, "%s: a trace is already being written", path);
     return hm_trace_writer_open(&s->trace, path, s->n_layer, s->units->n_expert, s->units->n_expert_used, err);
+}
+
+hm_status hm_experts_trace_close(hm_experts *s, hm_err *err) {
+    hm_trace_writer *w = s->trace;
+    s->trace = NULL;
+    return hm_trace_writer_close(w, err);
+}
+
+/* ---- policy switch ---- */
+
+hm_policy_kind hm_experts_policy(const hm_experts *s) { return s->pol.kind; }
+
+hm_status hm_experts_set_policy(hm_experts *s, hm_policy_kind kind, const hm_policy_opts *opts, hm_err *err) {
+    hm_policy_opts pol = opts ? *opts : s->pol;
+    pol.kind = kind;
+    if (check_policy(&pol, err) != HM_OK) return HM_ERR_ARG;
+    if (s->n_touched > 0)
+        return hm_errf(err, HM_ERR_ARG, "the placement policy can change only between steps (%lld units were "
+                       "routed since the last step end)", (long long)s->n_touched);
+    uint64_t *live = NULL;
+    if (kind == HM_POLICY_STATIC && s->n_slots && !s->seed_counts) { /* re-seed from what was counted */
+        if (!(live = malloc((size_t)s->n_units * sizeof *live)))
+            return hm_errf(err, HM_ERR_NOMEM, "policy switch: out of memory");
+        for (int64_t i = 0; i < s->n_units; i++) live[i] = s->u[i].count;
+    }
+    s->pol = pol;
+    hm_status st = HM_OK;
+    if (kind == HM_POLICY_NONE) { /* the pool empties (pinned units stay) */
+        for (int64_t ui = 0; ui < s->n_units; ui++)
+            if (s->u[ui].hot_slot >= 0 && !s->u[ui].pin) hm_experts_evict(s, (int32_t)ui);
+    } else if (kind == HM_POLICY_STATIC && s->n_slots) {
+        st = hm_policy_place_static(s, live ? live : s->seed_counts, err);
+    } /* online, lru: the residents stay; scores, misses and recency go on */
+    free(live);
+    return st;
 }
