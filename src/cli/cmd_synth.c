@@ -11,12 +11,14 @@
 #include "cli.h"
 
 static void usage(FILE *f) {
-    fputs("usage: hotmoe synth --preset qwen3-30b-a3b|tiny|qwen36-geom --type TYPE -o FILE.gguf [options]\n"
+    fputs("usage: hotmoe synth [--arch ARCH] --preset NAME --type TYPE -o FILE.gguf [options]\n"
           "\n"
           "Write a random-weight MoE model with real tensor names, shapes and GGUF keys (llama.cpp\n"
           "loads it): for tests, benchmarks and demos without downloading a model.\n"
           "\n"
-          "  --arch ARCH             qwen3moe (default) or qwen35moe (preset qwen36-35b-a3b)\n"
+          "  --arch ARCH             qwen3moe (default), qwen35moe (preset qwen36-35b-a3b) or\n"
+          "                          gemma4 (presets gemma4-26b-a4b: 30 layers, 128 experts k 8,\n"
+          "                          vocab 262144; gemma4-tiny: a few MB)\n"
           "  --preset NAME           qwen3-30b-a3b: Qwen3-30B-A3B's shapes (48 layers, 128 experts,\n"
           "                          k 8, vocab 151936; 17 GB at q4_k_m); tiny: a few MB;\n"
           "                          qwen36-geom: Qwen3.6-35B-A3B's expert geometry (40 layers,\n"

@@ -18,6 +18,7 @@
 
 #include "../core/timer.h"
 #include "../quant/quant.h"
+#include "synth_gemma4.h"
 #include "synth_impl.h"
 
 #define CHUNK_BYTES ((size_t)4 << 20) /* quantised bytes per chunk */
@@ -59,6 +60,8 @@ static void run_rows(chunk_job *j, int ith) {
         for (int64_t r = r0; r < r1; r++) {
             uint64_t base = (uint64_t)(j->row0 + r) * (uint64_t)ne0;
             for (int64_t c = 0; c < ne0; c++) x[c] = mean + sd * hm_synth_gauss(j->key, base + (uint64_t)c);
+            if (j->t->rope_pairs) /* rope_freqs: fixed values */
+                for (int64_t c = 0; c < ne0; c++) x[c] = c < j->t->rope_pairs ? 1.0f : 1e30f;
             if (j->route_op) hm_synth_routing_row(j->routing, j->route_op, j->route_layer, j->key, j->row0 + r, x, ne0);
             j->quantise(x, j->out + (size_t)r * j->row_bytes, ne0);
         }
@@ -88,12 +91,16 @@ static void run_chunk(chunk_job *j) {
 }
 
 static hm_status write_metadata(hm_gguf_writer *w, const hm_synth_opts *o, const hm_synth_preset *p,
-                                const hm_synth_q35 *q35, int32_t n_layer, const hm_synth_mix *m,
-                                const hm_synth_routing *routing, hm_err *err) {
+                                const hm_synth_q35 *q35, const hm_synth_g4 *g4, bool g4_subst, int32_t n_layer,
+                                const hm_synth_mix *m, const hm_synth_routing *routing, hm_err *err) {
     hm_status st = HM_OK;
 #define SET(call) do { if (!st) st = (call); } while (0)
     if (q35) {
         SET(hm_synth_meta_q35(w, q35, n_layer, m));
+        goto provenance;
+    }
+    if (g4) {
+        SET(hm_synth_meta_g4(w, g4, n_layer, m, g4_subst));
         goto provenance;
     }
     /* general.* and qwen3moe.* in the order and with the value types llama.cpp's converter
@@ -124,19 +131,30 @@ provenance:
     SET(hm_synth_routing_write_meta(routing, w));
 #undef SET
     if (st) return st;
+    if (g4) return hm_synth_vocab_g4(w, p->n_vocab, err);
     return hm_synth_write_vocab(w, p->n_vocab, o->tokenizer_json, o->tokenizer_config, err);
 }
 
 static hm_status check_opts(const hm_synth_opts *o, const hm_synth_preset **p, const hm_synth_q35 **q35,
-                            const hm_synth_mix **m, hm_err *err) {
+                            const hm_synth_g4 **g4, const hm_synth_mix **m, hm_err *err) {
     const bool is_q35 = o->arch && strcmp(o->arch, "qwen35moe") == 0;
-    if (o->arch && !is_q35 && strcmp(o->arch, "qwen3moe") != 0)
-        return hm_errf(err, HM_ERR_UNSUPPORTED, "synth: architecture '%s' is not supported (qwen3moe, qwen35moe)",
-                       o->arch);
+    const bool is_g4 = o->arch && strcmp(o->arch, "gemma4") == 0;
+    if (o->arch && !is_q35 && !is_g4 && strcmp(o->arch, "qwen3moe") != 0)
+        return hm_errf(err, HM_ERR_UNSUPPORTED,
+                       "synth: architecture '%s' is not supported (qwen3moe, qwen35moe, gemma4)", o->arch);
+    if (is_g4) {
+        if (!o->preset) return hm_errf(err, HM_ERR_ARG, "synth: no preset (one of: %s)", hm_synth_g4_names());
+        if (!(*g4 = hm_synth_find_g4(o->preset)))
+            return hm_errf(err, HM_ERR_ARG, "synth: unknown gemma4 preset '%s' (one of: %s)", o->preset,
+                           hm_synth_g4_names());
+        *p = &(*g4)->base;
+        if (o->tokenizer_json)
+            return hm_errf(err, HM_ERR_UNSUPPORTED, "synth: --tokenizer is not supported for gemma4 (built-in vocabulary)");
+    }
     const char *names = is_q35 ? hm_synth_q35_names() : hm_synth_preset_names();
     if (!o->preset) return hm_errf(err, HM_ERR_ARG, "synth: no preset (one of: %s)", names);
     *q35 = is_q35 ? hm_synth_find_q35(o->preset) : NULL;
-    if (!(*p = is_q35 ? (*q35 ? &(*q35)->base : NULL) : hm_synth_find_preset(o->preset)))
+    if (!is_g4 && !(*p = is_q35 ? (*q35 ? &(*q35)->base : NULL) : hm_synth_find_preset(o->preset)))
         return hm_errf(err, HM_ERR_ARG, "synth: unknown %s preset '%s' (one of: %s)", is_q35 ? "qwen35moe" : "qwen3moe",
                        o->preset, names);
     if (!o->type) return hm_errf(err, HM_ERR_ARG, "synth: no type (one of: %s)", hm_synth_mix_names());
@@ -153,8 +171,10 @@ static hm_status check_opts(const hm_synth_opts *o, const hm_synth_preset **p, c
 hm_status hm_synth(const hm_synth_opts *o, hm_err *err) {
     const hm_synth_preset *p = NULL;
     const hm_synth_q35 *q35 = NULL;
+    const hm_synth_g4 *g4 = NULL;
+    bool g4_subst = false;
     const hm_synth_mix *m = NULL;
-    hm_status st = check_opts(o, &p, &q35, &m, err);
+    hm_status st = check_opts(o, &p, &q35, &g4, &m, err);
     if (st) return st;
     const int32_t n_layer = o->n_layer ? o->n_layer : p->n_layer;
 
@@ -171,8 +191,9 @@ hm_status hm_synth(const hm_synth_opts *o, hm_err *err) {
     chunk_job job;
     memset(&job, 0, sizeof job);
     hm_synth_routing *routing = NULL;
-    st = q35 ? hm_synth_plan_q35(q35, n_layer, m, &plan, &n_tensors, err)
-             : hm_synth_plan(p, n_layer, m, &plan, &n_tensors, err);
+    st = q35  ? hm_synth_plan_q35(q35, n_layer, m, &plan, &n_tensors, err)
+         : g4 ? hm_synth_plan_g4(g4, n_layer, m, &plan, &n_tensors, &g4_subst, err)
+              : hm_synth_plan(p, n_layer, m, &plan, &n_tensors, err);
     if (st) return st;
     if (o->routing_profile &&
         (st = hm_synth_routing_open(&routing, o->routing_profile, p, n_layer, plan, n_tensors, o->seed, n_threads, err)))
@@ -209,7 +230,7 @@ hm_status hm_synth(const hm_synth_opts *o, hm_err *err) {
 
     st = hm_gguf_writer_open(&w, o->out_path, 0, err);
     if (st) goto done;
-    st = write_metadata(w, o, p, q35, n_layer, m, routing, err);
+    st = write_metadata(w, o, p, q35, g4, g4_subst, n_layer, m, routing, err);
     for (int64_t i = 0; !st && i < n_tensors; i++) {
         const hm_synth_tensor *t = &plan[i];
         st = hm_gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne);

@@ -71,6 +71,7 @@ typedef struct hm_synth_tensor {
     int type;    /* hm_type */
     float mean;  /* values are mean + std * gauss */
     float std;
+    int32_t rope_pairs; /* > 0: rope_freqs (gemma4): 1 for the first rope_pairs values, 1e30 after */
 } hm_synth_tensor;
 
 const hm_synth_preset *hm_synth_find_preset(const char *name);

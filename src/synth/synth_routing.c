@@ -82,7 +82,7 @@ int hm_synth_routing_op(const hm_synth_routing *r, const hm_synth_tensor *t, int
     if (strcmp(suffix, "ffn_norm") == 0 || strcmp(suffix, "post_attention_norm") == 0) return OP_NORM;
     /* every writer of the residual stream: attention / DeltaNet outputs, routed and shared experts */
     if (strcmp(suffix, "attn_output") == 0 || strcmp(suffix, "ssm_out") == 0 || strcmp(suffix, "ffn_down_exps") == 0 ||
-        strcmp(suffix, "ffn_down_shexp") == 0)
+        strcmp(suffix, "ffn_down_shexp") == 0 || strcmp(suffix, "ffn_down") == 0 /* gemma4's dense MLP */)
         return OP_ZERO_OUT;
     if (strcmp(suffix, "ffn_gate_inp") == 0) return OP_ROUTER;
     return OP_NONE;
