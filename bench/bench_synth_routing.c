@@ -7,9 +7,9 @@
  * Runs TOKENS random token ids (uniform over the vocabulary, as llama-bench feeds them) through
  * hotmoe's forward pass: sequences of C positions, the first C - N of each sequence as one prompt
  * batch and its last N one token at a time (decode), the session reset between sequences. The
- * routing the engine computes is counted by wrapping hm_moe_compute (linked with
- * -Wl,--wrap=hm_moe_compute, see CMakeLists.txt): every (token, unit) of every layer, with the
- * layer from the unit weights. Nothing in src/ is changed for it.
+ * routing the engine computes is counted by wrapping hm_moe_route_build (linked with
+ * -Wl,--wrap=hm_moe_route_build, see CMakeLists.txt): every (token, expert) of every layer.
+ * Nothing in src/ is changed for it.
  *
  * Prints per layer: the profile layer it maps to (hotmoe.synth.routing.layer_map), the total
  * variation distance between the engine's selection frequencies and the profile's, the same for
@@ -32,42 +32,46 @@
 #include "model/moe.h"
 #include "quant/quant.h"
 
-/* ---- the engine's routing, seen through hm_moe_compute ---- */
+/* ---- the engine's routing, seen through hm_moe_route_build ---- */
 
-void __real_hm_moe_compute(hm_pool *pool, const hm_moe_weights *mw, hm_moe_route *r, const float *x, float *out,
-                           hm_scratch *scratch);
-void __wrap_hm_moe_compute(hm_pool *pool, const hm_moe_weights *mw, hm_moe_route *r, const float *x, float *out,
-                           hm_scratch *scratch);
+/* Every MoE layer of a forward call hands its router's top-k ids ([n_tok, k]) to
+ * hm_moe_route_build, layer after layer, from the arch's file (so --wrap sees every call; the
+ * compute behind it may go through the expert tiers). The layer is the call's index modulo
+ * n_layer: every layer of these archs is MoE, and with logits for every row each call of one
+ * forward has the same n_tok, which is checked. */
+void __real_hm_moe_route_build(hm_moe_route *r, const int32_t *ids, const float *weights, int32_t n_tok);
+void __wrap_hm_moe_route_build(hm_moe_route *r, const int32_t *ids, const float *weights, int32_t n_tok);
 
 static struct {
     int32_t n_layer, n_expert, k;
     uint64_t *counts;   /* [n_layer * n_expert] */
-    int32_t *ids;       /* [n_tokens * n_layer * k] the engine's experts, unordered */
+    int32_t *ids;       /* [n_tokens * n_layer * k] the engine's experts */
     uint8_t *n_ids;     /* [n_tokens * n_layer] */
     int64_t n_tokens;
-    int64_t base, next; /* global index of the current ubatch's token 0 */
-    int64_t calls;
+    int64_t base, next; /* global index of the current forward's token 0 */
+    int64_t calls, n_tok0, mismatched;
 } g_eng;
 
-void __wrap_hm_moe_compute(hm_pool *pool, const hm_moe_weights *mw, hm_moe_route *r, const float *x, float *out,
-                           hm_scratch *scratch) {
-    const int32_t l = mw->layer;
-    if (l == 0) { /* layer 0 opens a ubatch */
+void __wrap_hm_moe_route_build(hm_moe_route *r, const int32_t *ids, const float *weights, int32_t n_tok) {
+    const int32_t l = (int32_t)(g_eng.calls++ % g_eng.n_layer), k = r->k;
+    if (l == 0) { /* layer 0 opens a forward call */
         g_eng.base = g_eng.next;
-        g_eng.next += r->n_tok;
+        g_eng.next += n_tok;
+        g_eng.n_tok0 = n_tok;
+    } else if (n_tok != g_eng.n_tok0) {
+        g_eng.mismatched++;
     }
-    g_eng.calls++;
-    for (int32_t i = 0; i < r->n_units; i++) {
-        const int32_t e = r->unit[i];
-        g_eng.counts[(size_t)l * (size_t)g_eng.n_expert + (size_t)e] += (uint64_t)(r->start[i + 1] - r->start[i]);
-        for (int32_t j = r->start[i]; j < r->start[i + 1]; j++) {
-            int64_t t = g_eng.base + r->tok[j];
-            if (t < 0 || t >= g_eng.n_tokens) continue;
-            size_t slot = (size_t)t * (size_t)g_eng.n_layer + (size_t)l;
+    for (int32_t t = 0; t < n_tok; t++)
+        for (int32_t i = 0; i < k; i++) {
+            const int32_t e = ids[(size_t)t * (size_t)k + (size_t)i];
+            if (e < 0 || e >= g_eng.n_expert) continue;
+            g_eng.counts[(size_t)l * (size_t)g_eng.n_expert + (size_t)e]++;
+            const int64_t gt = g_eng.base + t;
+            if (gt >= g_eng.n_tokens || k != g_eng.k) continue;
+            const size_t slot = (size_t)gt * (size_t)g_eng.n_layer + (size_t)l;
             if (g_eng.n_ids[slot] < g_eng.k) g_eng.ids[slot * (size_t)g_eng.k + g_eng.n_ids[slot]++] = e;
         }
-    }
-    __real_hm_moe_compute(pool, mw, r, x, out, scratch);
+    __real_hm_moe_route_build(r, ids, weights, n_tok);
 }
 
 /* ---- the replay, from the file alone ---- */
@@ -259,7 +263,8 @@ int main(int argc, char **argv) {
         sum_uni += utv;
     }
     printf(" mean           %10.4f  %10.4f  %19.4f  %11.4f\n", sum_tv / L, sum_rtv / L, sum_agree / L, sum_uni / L);
-    printf("(%lld tokens x %d layers x k %d; moe calls %lld)\n", (long long)n_tokens, L, k, (long long)g_eng.calls);
+    printf("(%lld tokens x %d layers x k %d; router calls %lld%s)\n", (long long)n_tokens, L, k, (long long)g_eng.calls,
+           g_eng.mismatched ? "; LAYER ORDER UNCLEAR: calls of one forward with different n_tok" : "");
 
     if (out_path) {
         hm_profile mp;

@@ -113,8 +113,6 @@ void hm_synth_routing_row(const hm_synth_routing *r, int op, int32_t layer, uint
                           int64_t ne0);
 /* hotmoe.synth.routing.* provenance keys (profile, layer map, reserved channels, fit). r NULL: none. */
 hm_status hm_synth_routing_write_meta(const hm_synth_routing *r, hm_gguf_writer *w);
-/* [n_layer] total variation between the calibration sample's selection frequencies and the target. */
-const float *hm_synth_routing_fit_tv(const hm_synth_routing *r);
 
 /* ---- qwen35moe (synth_qwen35.c) ---- */
 

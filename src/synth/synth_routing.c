@@ -384,5 +384,3 @@ hm_status hm_synth_routing_write_meta(const hm_synth_routing *r, hm_gguf_writer 
     if (!st) st = hm_gguf_writer_set_arr(w, "hotmoe.synth.routing.fit_tv", HM_GGUF_F32, r->fit_tv, (uint64_t)r->n_layer);
     return st;
 }
-
-const float *hm_synth_routing_fit_tv(const hm_synth_routing *r) { return r->fit_tv; }
