@@ -191,6 +191,15 @@ int hm_profile_fmt_from_name(const char *name);
 /* False for a model without expert tensors (then the calls below answer HM_ERR_UNSUPPORTED). */
 bool hm_model_has_experts(const hm_model *m);
 
+    /* The SSD tier (models larger than RAM, docs/ENGINE.md). ram_budget 0, or >= the model's
+     * expert bytes: every unit is computed from the file mapping (plain mmap). Below: expert
+     * units live in a RAM slot pool of ram_budget bytes (placed by `policy`), units without a
+     * slot are read from the file when routed (io_uring or pread, O_DIRECT when it can). */
+    int64_t ram_budget;   /* bytes for RAM expert slots + staging (--ram-budget); 0 = plain mmap */
+    bool mlock;           /* lock the slot pool in RAM (--mlock); fails naming RLIMIT_MEMLOCK */
+    bool prefetch;        /* apply layer l+1's router to layer l's input, read its units ahead */
+    int32_t io_depth;     /* reads in flight (--io-depth); 0 = 16 */
+    bool io_pread;        /* never io_uring (pread); for tests and seccomp'd containers */
 /* Write the usage counts so far (per layer per expert, tokens, prompt/decode split) to path,
  * atomically (path.tmp.<pid>, fsync, rename). */
 hm_status hm_model_profile_save(const hm_model *m, const char *path, hm_profile_fmt fmt, hm_err *err);
@@ -221,7 +230,19 @@ typedef struct hm_usage {
     uint64_t unit_bytes;             /* the largest unit (the size of a slot) */
     uint64_t swaps_in, swaps_out;    /* units moved into / out of VRAM since open */
     uint64_t bytes_to_vram;          /* bytes copied into VRAM slots since open */
-    uint64_t bytes_from_ssd;         /* bytes read from SSD since open (0 until the SSD tier) */
+    uint64_t bytes_from_ssd;         /* bytes read from SSD since open (0 without a RAM budget) */
+    /* The SSD tier (all 0 without a RAM budget): */
+    int64_t ram_budget;              /* the pool's bytes (0 = no SSD tier: plain mmap) */
+    int32_t ram_slots, ram_stage;    /* policy slots, staging buffers */
+    uint64_t ram_acquired;           /* routed unit acquisitions from the RAM tier */
+    uint64_t ram_hits;               /* of those: already in RAM (slot, staging, or prefetched) */
+    uint64_t ram_hit_prefetch;       /* of the hits: there because a prefetch read them */
+    uint64_t ssd_reads;              /* unit reads from the file (on demand + prefetch + policy) */
+    uint64_t ssd_errors;             /* failed unit reads */
+    uint64_t prefetch_pred, prefetch_used; /* predicted units; of them, routed then */
+    uint64_t prefetch_acq;           /* acquisitions in layers that had a prediction */
+    double ssd_wait_us;              /* time the forward pass blocked on reads */
+    bool io_uring, io_direct, ram_mlocked;
     uint64_t *counts;                /* [n_layer * n_expert] routed selections (row = layer), owned */
     uint8_t *home;                   /* [n_layer * n_expert] hm_unit_home, owned */
     uint64_t *layer_hits, *layer_misses; /* [n_layer], owned */

@@ -3,6 +3,7 @@
  * decodes from an empty context; one untimed warm-up of each, then r timed repetitions; tok/s
  * reported as mean +/- sample standard deviation over the repetitions. Needs no tokenizer. */
 #include <math.h>
+#include <sys/resource.h>
 #include <time.h>
 
 #include "cmd_engine.h"
@@ -113,12 +114,18 @@ int hm_cmd_bench(int argc, char **argv) {
             if ((pp[r] = run_test(s, ids, (int32_t)n_prompt, true)) < 0) goto done;
         mean_std(pp, (int)reps, &pm, &psd);
     }
+    cli_tier_snap t0, t1;
+    memset(&t1, 0, sizeof t1);
     if (n_gen) {
         if (run_test(s, ids, n_gen < 16 ? (int32_t)n_gen : 16, false) < 0) goto done; /* warm-up */
+        cli_tier_get(m, &t0);
         for (long r = 0; r < reps; r++)
             if ((tg[r] = run_test(s, ids, (int32_t)n_gen, false)) < 0) goto done;
         mean_std(tg, (int)reps, &tm, &tsd);
+        cli_tier_get(m, &t1);
     }
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
     const char *name = strrchr(e.model, '/') ? strrchr(e.model, '/') + 1 : e.model;
     double gib = (double)inf->file_bytes / (1024.0 * 1024 * 1024), bparams = (double)inf->n_params / 1e9;
     int th = hm_session_n_threads(s);
@@ -129,6 +136,17 @@ int hm_cmd_bench(int argc, char **argv) {
                e.kv_type == HM_KV_F32 ? "f32" : "f16", n_prompt, n_gen, reps);
         if (n_prompt) printf(", \"pp_tok_s\": %.3f, \"pp_tok_s_std\": %.3f", pm, psd);
         if (n_gen) printf(", \"tg_tok_s\": %.3f, \"tg_tok_s_std\": %.3f", tm, tsd);
+        printf(", \"peak_rss_bytes\": %lld", (long long)ru.ru_maxrss * 1024);
+        if (t1.on) {
+            const double ntg = (double)(reps * n_gen), acq = (double)(t1.acq - t0.acq), pred = (double)(t1.pred - t0.pred);
+            printf(", \"ram_budget\": %lld, \"tg_ssd_bytes_per_tok\": %.1f, \"tg_ram_hit_rate\": %.4f",
+                   (long long)t1.budget, (double)(t1.bytes - t0.bytes) / ntg,
+                   acq > 0 ? (double)(t1.hits - t0.hits) / acq : 0.0);
+            if (pred > 0)
+                printf(", \"tg_prefetch_precision\": %.4f, \"tg_prefetch_recall\": %.4f",
+                       (double)(t1.pred_used - t0.pred_used) / pred,
+                       t1.acq_pred > t0.acq_pred ? (double)(t1.pred_used - t0.pred_used) / (double)(t1.acq_pred - t0.acq_pred) : 0.0);
+        }
         printf("}\n");
     } else {
         printf("| model | size | params | backend | threads | test | t/s |\n");
@@ -139,6 +157,13 @@ int hm_cmd_bench(int argc, char **argv) {
         if (n_gen)
             printf("| %s %s | %.2f GiB | %.2f B | CPU | %d | tg%ld | %.2f ± %.2f |\n", inf->arch, name, gib, bparams, th,
                    n_gen, tm, tsd);
+    }
+    if (!json) {
+        if (t1.on) cli_tier_print(stderr, "bench", "tg", &t0, &t1, (uint64_t)(reps * n_gen));
+        cli_tier_snap ta;
+        cli_tier_get(m, &ta);
+        cli_tier_print(stderr, "bench", "whole run", NULL, &ta, 0);
+        fprintf(stderr, "hotmoe bench: peak RSS %.1f MiB\n", (double)ru.ru_maxrss / 1024.0);
     }
     rc = cli_engine_finish(&e, m);
 done:

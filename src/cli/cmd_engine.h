@@ -48,7 +48,16 @@ typedef struct cli_engine {
     "  --update-rate R        online: swaps per window as a fraction of slots (alias\n"          \
     "                         --moe-hot-cache-update-rate; default 0.05)\n"                     \
     "  --vram-budget SIZE     VRAM for expert units (alias --moe-hot-cache-max-mib MIB); no GPU\n" \
-    "                         backend yet, so a budget > 0 is an error\n"
+    "                         backend yet, so a budget > 0 is an error\n"                   \
+    "models larger than RAM (the SSD tier):\n"                                                  \
+    "  --ram-budget SIZE      RAM for expert units (e.g. 16GiB); below the experts' size, units\n" \
+    "                         live in a RAM slot pool and the rest are read from the file when\n" \
+    "                         routed (default: all in RAM through the mmap)\n"                 \
+    "  --mlock                lock the RAM slot pool (env GGML_CUDA_MOE_CACHE_MLOCK=1 or\n"     \
+    "                         LLAMA_EXPERT_SWAP_MLOCK=1)\n"                                     \
+    "  --prefetch             read the next layer's predicted units ahead (env\n"              \
+    "                         LLAMA_EXPERT_SWAP_PREFETCH=1)\n"                                  \
+    "  --io-depth N           reads in flight (default 16); --io-pread: no io_uring\n"
 
 static inline int cli_long(const char *cmd, const char *flag, const char *s, long lo, long hi, long *out) {
     char *end;
@@ -124,6 +133,23 @@ static inline int cli_placement_arg(cli_engine *e, int argc, char **argv, int *i
             return -1;
         }
     } else if (!strcmp(a, "--moe-hot-cache-max-mib")) {
+    } else if (!strcmp(a, "--ram-budget")) {
+        hm_err err;
+        if (!(v = cli_value(e->cmd, argc, argv, i))) return -1;
+        if (hm_parse_size(v, &e->place.ram_budget, &err) != HM_OK || e->place.ram_budget < 0) {
+            fprintf(stderr, "hotmoe %s: --ram-budget expects a size (16GiB, 512MiB, 0), got '%s'\n", e->cmd, v);
+            return -1;
+        }
+    } else if (!strcmp(a, "--mlock")) {
+        e->place.mlock = true;
+    } else if (!strcmp(a, "--prefetch")) {
+        e->place.prefetch = true;
+    } else if (!strcmp(a, "--io-pread")) {
+        e->place.io_pread = true;
+    } else if (!strcmp(a, "--io-depth")) {
+        long nd;
+        if (!(v = cli_value(e->cmd, argc, argv, i)) || cli_long(e->cmd, a, v, 1, 4096, &nd)) return -1;
+        e->place.io_depth = (int32_t)nd;
         long mib;
         if (!(v = cli_value(e->cmd, argc, argv, i)) || cli_long(e->cmd, a, v, 0, 1L << 40, &mib)) return -1;
         e->place.vram_budget = (int64_t)mib << 20;
@@ -134,6 +160,15 @@ static inline int cli_placement_arg(cli_engine *e, int argc, char **argv, int *i
 }
 
 /* Try argv[*i] as one of the shared flags: 1 consumed, 0 not ours, -1 bad value (printed). */
+/* The seed forks' environment aliases of --mlock / --prefetch. */
+static inline void cli_placement_env(hm_placement_opts *po) {
+    const char *v;
+    if (((v = getenv("GGML_CUDA_MOE_CACHE_MLOCK")) && !strcmp(v, "1")) ||
+        ((v = getenv("LLAMA_EXPERT_SWAP_MLOCK")) && !strcmp(v, "1")))
+        po->mlock = true;
+    if ((v = getenv("LLAMA_EXPERT_SWAP_PREFETCH")) && !strcmp(v, "1")) po->prefetch = true;
+}
+
 static inline int cli_engine_arg(cli_engine *e, int argc, char **argv, int *i) {
     const char *a = argv[*i], *v;
     long n;
@@ -176,6 +211,7 @@ static inline hm_model *cli_open_model(const cli_engine *e) {
     if (e->place_init) po = e->place;
     else hm_placement_opts_default(&po);
     hm_model_opts mo;
+    cli_placement_env(&po);
     hm_model_opts_default(&mo);
     mo.verbose = e->verbose;
     mo.placement = &po;
@@ -206,7 +242,57 @@ static inline int cli_engine_finish(const cli_engine *e, const hm_model *m) {
     }
     fprintf(stderr, "hotmoe %s: wrote the expert usage profile to %s (%s)\n", e->cmd, e->profile_out,
             e->profile_format == HM_PROFILE_FMT_SEED1 ? "seed1" : "hotmoe");
-    return 0;
+    return rc;
+}
+
+/* The SSD tier's counters at one moment (on = false: no tier, nothing to print). */
+typedef struct cli_tier_snap {
+    bool on, uring, direct, mlocked;
+    int64_t budget;
+    int32_t slots, stage;
+    uint64_t tokens, bytes, reads, errors, acq, hits, hit_pf, pred, pred_used, acq_pred;
+    double wait_us;
+} cli_tier_snap;
+
+static inline void cli_tier_get(const hm_model *m, cli_tier_snap *t) {
+    memset(t, 0, sizeof *t);
+    hm_usage u;
+    if (!m || hm_model_usage(m, &u, NULL) != HM_OK) return;
+    t->on = u.ram_budget > 0;
+    t->uring = u.io_uring, t->direct = u.io_direct, t->mlocked = u.ram_mlocked;
+    t->budget = u.ram_budget, t->slots = u.ram_slots, t->stage = u.ram_stage;
+    t->tokens = u.tokens, t->bytes = u.bytes_from_ssd, t->reads = u.ssd_reads, t->errors = u.ssd_errors;
+    t->acq = u.ram_acquired, t->hits = u.ram_hits, t->hit_pf = u.ram_hit_prefetch;
+    t->pred = u.prefetch_pred, t->pred_used = u.prefetch_used, t->acq_pred = u.prefetch_acq;
+    t->wait_us = u.ssd_wait_us;
+    hm_usage_free(&u);
+}
+
+/* Print what the SSD tier did between a (NULL: since open) and b, over n_tok tokens (0: the
+ * store's token count): one line, "what" names the span. */
+static inline void cli_tier_print(FILE *f, const char *cmd, const char *what, const cli_tier_snap *a,
+                                  const cli_tier_snap *b, uint64_t n_tok) {
+    if (!b->on) return;
+    cli_tier_snap z;
+    memset(&z, 0, sizeof z);
+    if (!a) a = &z;
+    if (!n_tok) n_tok = b->tokens - a->tokens;
+    const double mib = (double)(b->bytes - a->bytes) / 1048576.0;
+    const uint64_t acq = b->acq - a->acq, hits = b->hits - a->hits, pred = b->pred - a->pred;
+    const uint64_t used = b->pred_used - a->pred_used, acqp = b->acq_pred - a->acq_pred;
+    fprintf(f, "hotmoe %s: SSD tier (%s): budget %.1f MiB (%d slots + %d staging, %s%s%s), %.1f MiB read in %llu "
+               "reads = %.2f MiB/token over %llu tokens, RAM hit rate %.1f %% of %llu units (%.1f %% via prefetch), "
+               "read wait %.1f ms",
+            cmd, what, (double)b->budget / 1048576.0, b->slots, b->stage, b->uring ? "io_uring" : "pread",
+            b->direct ? ", O_DIRECT" : "", b->mlocked ? ", mlocked" : "", mib,
+            (unsigned long long)(b->reads - a->reads), n_tok ? mib / (double)n_tok : 0.0, (unsigned long long)n_tok,
+            acq ? 100.0 * (double)hits / (double)acq : 0.0, (unsigned long long)acq,
+            acq ? 100.0 * (double)(b->hit_pf - a->hit_pf) / (double)acq : 0.0, (b->wait_us - a->wait_us) / 1000.0);
+    if (pred)
+        fprintf(f, ", prefetch precision %.1f %% recall %.1f %%", 100.0 * (double)used / (double)pred,
+                acqp ? 100.0 * (double)used / (double)acqp : 0.0);
+    if (b->errors - a->errors) fprintf(f, ", %llu read errors", (unsigned long long)(b->errors - a->errors));
+    fprintf(f, "\n");
 }
 
 /* Open a session of n_ctx positions (error printed, NULL on failure). */

@@ -266,6 +266,11 @@ int hm_cmd_run(int argc, char **argv) {
                     "(%.2f tok/s), %d threads\n",
             r.n_prompt, r.t_prompt, r.t_prompt > 0 ? (double)r.n_prompt / r.t_prompt : 0.0, r.n_gen, r.t_gen,
             r.t_gen > 0 ? (double)r.n_gen / r.t_gen : 0.0, hm_session_n_threads(r.s));
+    {
+        cli_tier_snap ts;
+        cli_tier_get(r.m, &ts);
+        cli_tier_print(stderr, "run", "whole run", NULL, &ts, 0);
+    }
     rc = cli_engine_finish(&e, r.m);
 done:
     free(text);

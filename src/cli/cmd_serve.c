@@ -113,6 +113,7 @@ int hm_cmd_serve(int argc, char **argv) {
     }
     o.profile_format = e.profile_format;
     o.trace_out = e.trace_out;
+    cli_placement_env(&e.place);
     o.placement = &e.place;
     if (e.place.policy && strcmp(e.place.policy, "none") && e.place.vram_budget == 0)
         fprintf(stderr, "serve: note: --policy %s has no fast tier to place units in (no VRAM budget); expert use is "

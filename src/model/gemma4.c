@@ -574,7 +574,9 @@ static hm_status g4_forward(const hm_model *m, void *state, hm_pool *pool, const
             hm_moe_route_build(&s->route, s->rid, s->rw, (int32_t)nr);
             hm_cpu_rmsnorm(pool, s->x, L->pre_ffw_norm_2, s->h, nr, E, g->eps);
             memset(s->e, 0, (size_t)(nr * E) * sizeof(float));
-            hm_moe_compute(pool, &L->experts, &s->route, s->h, s->e, &s->scratch);
+            hm_status mst = hm_moe_forward(m, pool, &L->experts, &s->route, s->h, s->e, &s->scratch,
+                                           il + 1 < g->n_layer ? &g->layers[il + 1].router : NULL, err);
+            if (mst != HM_OK) return mst;
             hm_cpu_rmsnorm(pool, s->e, L->post_ffw_norm_2, s->e, nr, E, g->eps);
             hm_cpu_add(pool, s->m, s->e, s->m, nr * E);
         }

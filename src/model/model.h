@@ -25,6 +25,7 @@
 #include "core/status.h"
 #include "core/threadpool.h"
 #include "experts/experts.h"
+#include "experts/tier_ram.h"
 #include "gguf/gguf.h"
 #include "hotmoe.h"
 
@@ -44,12 +45,19 @@ struct hm_model {
     hm_units units;       /* owned; borrows gguf's tensor table */
     hm_experts *experts;  /* owned */
     hm_policy_kind policy;
+    /* The SSD tier (experts/tier_ram.h): NULL unless the placement's ram_budget is below the
+     * model's expert bytes. Then the forward pass computes its CPU units through it (moe.c,
+     * hm_moe_forward) and the session ends its steps after the store's. */
+    hm_ram_tier *ram;     /* owned */
+    bool prefetch;        /* --prefetch: read layer l+1's predicted units during layer l */
     _Atomic int busy;     /* 1 while a session of this model is inside eval */
 };
 
 /* model_experts.c: build the unit table and open the store with o (NULL = count only). */
 hm_status hm_model_experts_open(hm_model *m, const hm_placement_opts *o, hm_err *err);
 void hm_model_experts_close(hm_model *m);
+/* Test-only: the SSD tier's read fault hook (tier_ssd.h) for tiers opened from now on. */
+void hm_model_test_io_fault(hm_ssd_fault_fn fn, void *ctx);
 
 /* What a session asks of an arch's state. */
 typedef struct hm_state_opts {

@@ -43,6 +43,13 @@ const char *hm_unit_home_name(hm_unit_home h) {
     return "unknown";
 }
 
+static hm_ssd_fault_fn test_fault;
+static void *test_fault_ctx;
+void hm_model_test_io_fault(hm_ssd_fault_fn fn, void *ctx) {
+    test_fault = fn;
+    test_fault_ctx = ctx;
+}
+
 hm_status hm_model_experts_open(hm_model *m, const hm_placement_opts *po, hm_err *err) {
     hm_placement_opts dflt;
     if (!po) hm_placement_opts_default(&dflt), po = &dflt;
@@ -52,6 +59,9 @@ hm_status hm_model_experts_open(hm_model *m, const hm_placement_opts *po, hm_err
                        "expert units on a GPU yet (every unit runs on the CPU from RAM); drop --vram-budget",
                        (long long)po->vram_budget);
     if (po->vram_budget < 0) return hm_errf(err, HM_ERR_ARG, "the VRAM budget must not be negative");
+    if (po->ram_budget < 0) return hm_errf(err, HM_ERR_ARG, "the RAM budget must not be negative");
+    if (po->io_depth < 0 || po->io_depth > 4096)
+        return hm_errf(err, HM_ERR_ARG, "--io-depth %d outside [1, 4096]", (int)po->io_depth);
     int kind = HM_POLICY_NONE;
     if (po->policy) {
         kind = hm_policy_from_name(po->policy);
@@ -80,8 +90,30 @@ hm_status hm_model_experts_open(hm_model *m, const hm_placement_opts *po, hm_err
     eo.profile = po->profile ? &prof : NULL;
     eo.hot_slots = 0;     /* the GPU tier: hot_slots = -1, hot_budget = vram_budget, hot_tier = its table */
     eo.hot_tier = NULL;
-    /* The SSD tier (experts/tier_ssd.c) plugs in here: a RAM budget and the tier's table. */
     st = hm_experts_open(&m->experts, &m->units, &eo, err);
+    /* The SSD tier: only when the RAM budget is below the expert bytes (else the plain mmap). */
+    if (st == HM_OK && po->ram_budget > 0 && (uint64_t)po->ram_budget < m->units.expert_bytes) {
+        const char *path = hm_gguf_path(m->gguf);
+        if (!path || !*path) {
+            st = hm_errf(err, HM_ERR_ARG, "--ram-budget needs a model file (this one is an in-memory image)");
+        } else {
+            hm_experts_stats es;
+            hm_experts_get_stats(m->experts, &es);
+            hm_ram_tier_opts ro;
+            hm_ram_tier_opts_default(&ro);
+            ro.budget = po->ram_budget;
+            ro.mlock = po->mlock;
+            ro.policy = eo.policy;
+            ro.profile = eo.profile;
+            ro.vram = es.n_slots > 0 ? m->experts : NULL; /* the VRAM store, when it has slots */
+            if (po->io_depth > 0) ro.io.queue_depth = po->io_depth;
+            ro.io.force_pread = po->io_pread;
+            ro.io.fault = test_fault;
+            ro.io.fault_ctx = test_fault_ctx;
+            st = hm_ram_tier_open(&m->ram, path, &m->units, &ro, err);
+            if (st == HM_OK) m->prefetch = po->prefetch;
+        }
+    }
     if (st != HM_OK && po->profile) {
         char tmp[sizeof err->msg];
         if (err) {
@@ -96,6 +128,8 @@ hm_status hm_model_experts_open(hm_model *m, const hm_placement_opts *po, hm_err
 }
 
 void hm_model_experts_close(hm_model *m) {
+    hm_ram_tier_close(m->ram); /* waits for reads in flight; before the store it may borrow */
+    m->ram = NULL;
     hm_experts_close(m->experts);
     m->experts = NULL;
     hm_units_free(&m->units);
@@ -130,13 +164,12 @@ hm_status hm_model_set_policy(hm_model *m, const char *policy, hm_err *err) {
     if (!m->experts) return no_experts(m, err);
     int kind = hm_policy_from_name(policy);
     if (kind < 0) return hm_errf(err, HM_ERR_ARG, "unknown placement policy '%s' (static, online, lru, none)", policy);
-    hm_experts_stats es;
-    hm_experts_get_stats(m->experts, &es);
-    if (es.n_slots > 0) /* a live fast tier: re-placing needs the store's own switch (experts/) */
-        return hm_errf(err, HM_ERR_UNSUPPORTED, "switching the policy of a live VRAM tier (%lld slots) is not "
-                       "supported yet", (long long)es.n_slots);
-    m->policy = (hm_policy_kind)kind; /* no slots: nothing moves, every unit stays in RAM */
-    return HM_OK;
+    /* the store re-plans its fast slots (static: from the profile or the live counts; online, lru:
+     * from the live counters); without slots only the name changes. A fill error still leaves
+     * the new policy in force, so the name follows the store either way. */
+    hm_status st = hm_experts_set_policy(m->experts, (hm_policy_kind)kind, NULL, err);
+    m->policy = hm_experts_policy(m->experts);
+    return st;
 }
 
 void hm_usage_free(hm_usage *u) {
@@ -171,7 +204,21 @@ hm_status hm_model_usage(const hm_model *m, hm_usage *u, hm_err *err) {
     u->vram_slots = es.n_slots, u->vram_slots_used = es.n_used;
     u->unit_bytes = un->unit_bytes_max;
     u->swaps_in = es.swaps_in, u->swaps_out = es.swaps_out, u->bytes_to_vram = es.fill_bytes;
-    u->bytes_from_ssd = 0; /* the SSD tier will report its reads here */
+    u->bytes_from_ssd = 0;
+    if (m->ram) {
+        hm_ram_tier_stats rs;
+        hm_ram_tier_get_stats(m->ram, &rs);
+        u->bytes_from_ssd = rs.read_bytes;
+        u->ram_budget = (int64_t)rs.pool_bytes;
+        u->ram_slots = rs.n_slots, u->ram_stage = rs.n_stage;
+        u->ram_acquired = rs.acquired;
+        u->ram_hits = rs.hit_slot + rs.hit_stage + rs.hit_prefetch;
+        u->ram_hit_prefetch = rs.hit_prefetch;
+        u->ssd_reads = rs.reads, u->ssd_errors = rs.io_errors;
+        u->prefetch_pred = rs.pred, u->prefetch_used = rs.pred_used, u->prefetch_acq = rs.acq_predicted;
+        u->ssd_wait_us = rs.wait_us;
+        u->io_uring = rs.uring, u->io_direct = rs.direct, u->ram_mlocked = rs.mlocked;
+    }
     memcpy(u->layer_hits, es.layer_hits, nl * sizeof *u->layer_hits);
     memcpy(u->layer_misses, es.layer_misses, nl * sizeof *u->layer_misses);
     for (int32_t l = 0; l < un->n_layer; l++) {
@@ -188,5 +235,6 @@ hm_status hm_model_usage(const hm_model *m, hm_usage *u, hm_err *err) {
             u->units[h]++;
         }
     }
+            if (m->ram && h == HM_HOME_RAM && hm_ram_tier_where(m->ram, l, e) == 0) h = HM_HOME_SSD;
     return HM_OK;
 }

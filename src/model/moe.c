@@ -3,10 +3,13 @@
  * + n_expert), deterministic, no allocation. */
 #include "moe.h"
 
+#include <stddef.h>
 #include <string.h>
 
 #include "backend/cpu/cpu_gemma.h"
 #include "core/alloc.h"
+#include "experts/tier_ram.h"
+#include "model.h"
 
 hm_status hm_moe_route_init(hm_moe_route *r, int32_t n_expert, int32_t k, int32_t cap_tok, hm_err *err) {
     memset(r, 0, sizeof *r);
@@ -22,7 +25,14 @@ hm_status hm_moe_route_init(hm_moe_route *r, int32_t n_expert, int32_t k, int32_
     r->tok = hm_malloc_aligned(pairs * sizeof(int32_t));
     r->w = hm_malloc_aligned(pairs * sizeof(float));
     r->jobs = hm_malloc_aligned((size_t)n_expert * sizeof(hm_moe_job));
-    if (!r->unit || !r->start || !r->count || !r->tok || !r->w || !r->jobs) {
+    r->tier_unit = hm_malloc_aligned((size_t)n_expert * sizeof(int32_t));
+    r->tier_ntok = hm_malloc_aligned((size_t)n_expert * sizeof(int32_t));
+    r->parts = hm_malloc_aligned((size_t)n_expert * sizeof(hm_unit_parts));
+    r->pred = hm_malloc_aligned((size_t)n_expert * sizeof(int32_t));
+    r->pred_mark = hm_malloc_aligned((size_t)n_expert);
+    r->pred_logits = hm_malloc_aligned((size_t)cap_tok * (size_t)n_expert * sizeof(float));
+    if (!r->unit || !r->start || !r->count || !r->tok || !r->w || !r->jobs || !r->tier_unit || !r->tier_ntok ||
+        !r->parts || !r->pred || !r->pred_mark || !r->pred_logits) {
         hm_moe_route_free(r);
         return hm_errf(err, HM_ERR_NOMEM, "moe route: out of memory (%d tokens x %d experts)", cap_tok, k);
     }
@@ -36,6 +46,12 @@ void hm_moe_route_free(hm_moe_route *r) {
     hm_free_aligned(r->tok);
     hm_free_aligned(r->w);
     hm_free_aligned(r->jobs);
+    hm_free_aligned(r->tier_unit);
+    hm_free_aligned(r->tier_ntok);
+    hm_free_aligned(r->parts);
+    hm_free_aligned(r->pred);
+    hm_free_aligned(r->pred_mark);
+    hm_free_aligned(r->pred_logits);
     memset(r, 0, sizeof *r);
 }
 
@@ -74,7 +90,9 @@ void hm_moe_route_build(hm_moe_route *r, const int32_t *ids, const float *weight
 size_t hm_moe_compute_scratch_size(const hm_moe_route *r, int64_t n_embd, int64_t n_ff, int n_threads) {
     size_t a = hm_cpu_moe_scratch_size(r->cap_tok, (int64_t)r->cap_tok * r->k, n_embd, n_ff, n_threads);
     size_t b = hm_gemma_moe_scratch_size(r->cap_tok, n_embd, n_ff, n_threads);
-    return a > b ? a : b;
+    size_t c = hm_cpu_matmul_scratch_size(n_embd, r->cap_tok, n_threads); /* the prefetch's router */
+    a = a > b ? a : b;
+    return a > c ? a : c;
 }
 
 void hm_moe_compute(hm_pool *pool, const hm_moe_weights *mw, hm_moe_route *r, const float *x,
@@ -90,4 +108,110 @@ void hm_moe_compute(hm_pool *pool, const hm_moe_weights *mw, hm_moe_route *r, co
         hm_gemma_moe(pool, r->jobs, r->n_units, x, r->n_tok, mw->n_embd, mw->n_ff, out, scratch);
     else
         hm_cpu_moe(pool, r->jobs, r->n_units, x, r->n_tok, mw->n_embd, mw->n_ff, out, scratch);
+}
+
+static void run_jobs(hm_pool *pool, const hm_moe_weights *mw, const hm_moe_job *jobs, int32_t n_jobs,
+                     const float *x, int32_t n_tok, float *out, hm_scratch *scratch) {
+    if (n_jobs <= 0) return;
+    if (mw->act == HM_MOE_ACT_GELU)
+        hm_gemma_moe(pool, jobs, n_jobs, x, n_tok, mw->n_embd, mw->n_ff, out, scratch);
+    else
+        hm_cpu_moe(pool, jobs, n_jobs, x, n_tok, mw->n_embd, mw->n_ff, out, scratch);
+}
+
+/* The next layer's router on x: the union of each token's top-k (by logit: the softmax keeps
+ * the order), started as prefetch reads. */
+static void prefetch_next(hm_ram_tier *t, hm_pool *pool, const hm_moe_weights *mw, hm_moe_route *r,
+                          const hm_mat *router, const float *x, hm_scratch *scratch) {
+    const int32_t ne = (int32_t)router->ne1, k = r->k;
+    if (ne <= 0 || ne > r->n_expert || r->n_tok <= 0) return;
+    hm_cpu_matmul(pool, router, x, r->n_tok, r->pred_logits, scratch);
+    memset(r->pred_mark, 0, (size_t)ne);
+    int32_t np = 0;
+    for (int32_t t0 = 0; t0 < r->n_tok; t0++) {
+        const float *lg = r->pred_logits + (size_t)t0 * (size_t)ne;
+        for (int32_t j = 0; j < k && j < ne; j++) { /* k passes of argmax over the unmarked-this-token */
+            int32_t best = -1;
+            for (int32_t e = 0; e < ne; e++) {
+                if (r->pred_mark[e] & 2) continue;
+                if (best < 0 || lg[e] > lg[best]) best = e;
+            }
+            if (best < 0) break;
+            r->pred_mark[best] |= 2;
+            if (!(r->pred_mark[best] & 1)) {
+                r->pred_mark[best] |= 1;
+                r->pred[np++] = best;
+            }
+        }
+        for (int32_t e = 0; e < ne; e++) r->pred_mark[e] &= 1;
+    }
+    hm_ram_tier_prefetch(t, mw->layer + 1, r->pred, np);
+}
+
+hm_status hm_moe_forward(const hm_model *m, hm_pool *pool, const hm_moe_weights *mw, hm_moe_route *r,
+                         const float *x, float *out, hm_scratch *scratch, const hm_mat *next_router, hm_err *err) {
+    hm_ram_tier *t = m->ram;
+    if (!t) {
+        hm_moe_compute(pool, mw, r, x, out, scratch);
+        return HM_OK;
+    }
+    /* units HOT in VRAM keep their place in the job order; the rest come through the RAM tier */
+    const int32_t *smap = m->experts ? hm_experts_slot_map(m->experts, mw->layer) : NULL;
+    int32_t n = 0;
+    for (int32_t i = 0; i < r->n_units; i++) {
+        int32_t e = r->unit[i];
+        if (smap && smap[e] >= 0) continue;
+        r->tier_unit[n] = e;
+        r->tier_ntok[n] = r->start[i + 1] - r->start[i];
+        n++;
+    }
+    /* the fused gate_up form: up lies this far into the unit's gate_up slab */
+    const ptrdiff_t up_off = (const char *)mw->up.data - (const char *)mw->gate.data;
+    bool pf = m->prefetch && next_router && next_router->data;
+    int32_t done = 0, i0 = 0;
+    while (i0 < r->n_units) {
+        int32_t n_ready = 0;
+        if (done < n) {
+            hm_status st = hm_ram_tier_acquire(t, mw->layer, r->tier_unit + done, r->tier_ntok + done, n - done,
+                                               r->parts + done, &n_ready, err);
+            if (st != HM_OK) return st;
+            if (n_ready <= 0)
+                return hm_errf(err, HM_ERR_NOMEM, "layer %d: the RAM tier has no free staging buffer for %d "
+                               "units (raise --ram-budget)", (int)mw->layer, (int)(n - done));
+        }
+        if (pf) { /* after the first acquire (its reads are out), before the compute */
+            prefetch_next(t, pool, mw, r, next_router, x, scratch);
+            pf = false;
+        }
+        int32_t nj = 0, used = 0, i = i0;
+        for (; i < r->n_units; i++) {
+            const int32_t e = r->unit[i];
+            const bool hot = smap && smap[e] >= 0;
+            if (!hot && used == n_ready) break;
+            hm_moe_job *j = &r->jobs[nj++];
+            hm_moe_unit(mw, e, &j->gate, &j->up, &j->down);
+            if (!hot) {
+                const hm_unit_parts *p = &r->parts[done + used];
+                HM_ASSERT(r->tier_unit[done + used] == e);
+                if (p->p[HM_UNIT_GATE_UP]) {
+                    j->gate.data = p->p[HM_UNIT_GATE_UP];
+                    j->up.data = (const char *)p->p[HM_UNIT_GATE_UP] + up_off;
+                } else {
+                    j->gate.data = p->p[HM_UNIT_GATE];
+                    j->up.data = p->p[HM_UNIT_UP];
+                }
+                j->down.data = p->p[HM_UNIT_DOWN];
+                used++;
+            }
+            j->tok = r->tok + r->start[i];
+            j->w = r->w + r->start[i];
+            j->n_tok = r->start[i + 1] - r->start[i];
+        }
+        /* jobs in route order, summed into out in job order: the same sums as hm_moe_compute */
+        run_jobs(pool, mw, r->jobs, nj, x, r->n_tok, out, scratch);
+        if (n_ready > 0) hm_ram_tier_release(t, mw->layer, r->tier_unit + done, n_ready);
+        done += n_ready;
+        i0 = i;
+    }
+    return HM_OK;
 }

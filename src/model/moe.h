@@ -58,6 +58,12 @@ typedef struct hm_moe_route {
     float *w;        /* [cap_tok * k] */
     int32_t *count;  /* [n_expert] work space */
     hm_moe_job *jobs;/* [n_expert] work space for the CPU op */
+    /* work space of hm_moe_forward (the SSD tier): */
+    int32_t *tier_unit, *tier_ntok; /* [n_expert] the units computed through the RAM tier */
+    struct hm_unit_parts *parts;    /* [n_expert] their parts in RAM */
+    int32_t *pred;                  /* [n_expert] predicted units of the next layer */
+    uint8_t *pred_mark;             /* [n_expert] */
+    float *pred_logits;             /* [cap_tok * n_expert] the next layer's router on this input */
 } hm_moe_route;
 
 /* Allocate the buffers for up to cap_tok tokens, k experts each, of n_expert. */
@@ -77,5 +83,18 @@ size_t hm_moe_compute_scratch_size(const hm_moe_route *r, int64_t n_embd, int64_
  * is not done here: the forward pass records the router's ids right after routing. */
 void hm_moe_compute(hm_pool *pool, const hm_moe_weights *mw, hm_moe_route *r, const float *x,
                     float *out, hm_scratch *scratch);
+
+/* hm_moe_compute through the model's tiers: what a forward pass calls. Without an SSD tier
+ * (m->ram NULL) it is exactly hm_moe_compute. With one, the route's units not HOT in VRAM are
+ * acquired from the RAM tier (read from the file when they are in no RAM buffer), computed from
+ * their RAM copies in the same job order (so the result is bit-identical to the mapping's), and
+ * released; if the tier's staging runs out, in several rounds. With m->prefetch and
+ * next_router (layer mw->layer + 1's router; NULL / data NULL = none), the next layer's router is
+ * applied to x after the first acquire and its predicted units' reads start before the compute.
+ * An I/O error fails the call (HM_ERR_IO naming file, unit, offset); nothing stays pinned and the
+ * tier stays usable. */
+struct hm_model;
+hm_status hm_moe_forward(const struct hm_model *m, hm_pool *pool, const hm_moe_weights *mw, hm_moe_route *r,
+                         const float *x, float *out, hm_scratch *scratch, const hm_mat *next_router, hm_err *err);
 
 #endif

@@ -133,7 +133,9 @@ hm_status hm_q35_forward(const hm_model *m, void *state, hm_pool *pool, const hm
         hm_cpu_router(s->rlog, nr, q->n_expert, q->n_expert_used, true, s->rid, s->rw);
         if (m->experts) hm_experts_record(m->experts, il, s->rid, (int32_t)nr * q->n_expert_used);
         hm_moe_route_build(&s->route, s->rid, s->rw, (int32_t)nr);
-        hm_moe_compute(pool, &L->moe, &s->route, s->h, s->x, &s->scratch);
+        hm_status mst = hm_moe_forward(m, pool, &L->moe, &s->route, s->h, s->x, &s->scratch,
+                                       il + 1 < q->n_layer ? &q->layers[il + 1].router : NULL, err);
+        if (mst != HM_OK) return mst;
     }
     s->n_pos = b->pos[n - 1] + 1;
     if (b->n_out > 0) {

@@ -385,7 +385,9 @@ static hm_status q3_forward(const hm_model *m, void *state, hm_pool *pool, const
         /* usage counts: the units this layer computes (only the wanted rows in the last layer) */
         if (m->experts) hm_experts_record(m->experts, il, s->rid, (int32_t)nr * q->n_expert_used);
         hm_moe_route_build(&s->route, s->rid, s->rw, (int32_t)nr);
-        hm_moe_compute(pool, &L->moe, &s->route, s->h, s->x, &s->scratch);
+        hm_status mst = hm_moe_forward(m, pool, &L->moe, &s->route, s->h, s->x, &s->scratch,
+                                       il + 1 < q->n_layer ? &q->layers[il + 1].router : NULL, err);
+        if (mst != HM_OK) return mst;
     }
     if (b->n_out > 0) {
         /* x rows 0..n_out-1 are the wanted rows now (compacted above, or all rows in order) */
