@@ -121,6 +121,22 @@ void hm_session_close(hm_session *s); /* NULL is a no-op */
  * logits_all with a batch larger than any before grows the logits buffer (one allocation). */
 hm_status hm_session_eval(hm_session *s, const int32_t *tokens, int32_t n, bool logits_all,
                           const float **logits, hm_err *err);
+/* [batch eval] Evaluate several sessions of one model in ONE forward pass per micro-batch:
+ * session i appends n_tokens[i] tokens (tokens[i]) at its own positions n_past_i ..; the dense
+ * matmuls and the MoE block run on all sessions' rows together (an expert unit computes once per
+ * pass for every row routed to it), attention runs per session over its own KV cache. logits[i]
+ * (borrowed, like hm_session_eval's last-token logits, valid until session i's next eval) receives
+ * session i's last-token logits; logits may be NULL. The rows go in session order, at most session
+ * 0's n_ubatch per pass (a session's longer run continues in the next pass), on session 0's thread
+ * pool: every session must have the same thread count. Each pass is one step of the expert store.
+ * Results equal evaluating each session alone within float rounding (docs/ENGINE.md).
+ * n_seq == 1 is hm_session_eval. HM_ERR_ARG (nothing evaluated): n_seq outside 1..HM_BATCH_MAX_SEQ,
+ * a session twice, sessions of different models or thread counts, a sequence that does not fit its
+ * context or has a token out of range. HM_ERR_UNSUPPORTED (nothing evaluated): the architecture
+ * batches one session only (gemma4 and qwen35moe today); evaluate the sessions one at a time. */
+#define HM_BATCH_MAX_SEQ 64
+hm_status hm_batch_eval(hm_session *const *sessions, const int32_t *const *tokens, const int32_t *n_tokens,
+                        int n_seq, const float **logits, hm_err *err);
 int32_t hm_session_n_past(const hm_session *s);
 int32_t hm_session_n_ctx(const hm_session *s);
 int32_t hm_session_n_threads(const hm_session *s);

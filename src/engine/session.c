@@ -149,6 +149,105 @@ hm_status hm_session_eval(hm_session *s, const int32_t *tokens, int32_t n, bool 
     return HM_OK;
 }
 
+/* Arguments of one sequence of a batched eval (as hm_session_eval checks them). */
+static hm_status check_seq(const hm_session *s, const int32_t *tokens, int32_t n, int i, hm_err *err) {
+    const int32_t n_vocab = s->model->info.n_vocab;
+    if (!tokens || n <= 0) return hm_errf(err, HM_ERR_ARG, "batch eval: sequence %d has %d tokens (need at least 1)", i, n);
+    if (n > s->n_ctx - s->n_past)
+        return hm_errf(err, HM_ERR_ARG, "batch eval: sequence %d: %d tokens do not fit the context (%d of %d positions "
+                       "used)", i, n, s->n_past, s->n_ctx);
+    for (int32_t j = 0; j < n; j++)
+        if (tokens[j] < 0 || tokens[j] >= n_vocab)
+            return hm_errf(err, HM_ERR_ARG, "batch eval: sequence %d: token %d at index %d is outside the vocabulary "
+                           "[0, %d)", i, tokens[j], j, n_vocab);
+    return HM_OK;
+}
+
+hm_status hm_batch_eval(hm_session *const *sessions, const int32_t *const *tokens, const int32_t *n_tokens, int n_seq,
+                        const float **logits, hm_err *err) {
+    if (!sessions || !tokens || !n_tokens || n_seq < 1 || n_seq > HM_BATCH_MAX_SEQ)
+        return hm_errf(err, HM_ERR_ARG, "batch eval: %d sequences (need 1..%d and non-NULL arrays)", n_seq,
+                       HM_BATCH_MAX_SEQ);
+    if (logits)
+        for (int i = 0; i < n_seq; i++) logits[i] = NULL;
+    if (!sessions[0]) return hm_errf(err, HM_ERR_ARG, "batch eval: session 0 is NULL");
+    if (n_seq == 1) return hm_session_eval(sessions[0], tokens[0], n_tokens[0], false, logits, err);
+    hm_session *s0 = sessions[0];
+    hm_model *m = s0->model;
+    if (!m->arch->forward_multi)
+        return hm_errf(err, HM_ERR_UNSUPPORTED, "batch eval: architecture %s evaluates one session at a time",
+                       m->arch->name);
+    for (int i = 0; i < n_seq; i++) {
+        const hm_session *si = sessions[i];
+        if (!si) return hm_errf(err, HM_ERR_ARG, "batch eval: session %d is NULL", i);
+        if (si->model != m) return hm_errf(err, HM_ERR_ARG, "batch eval: session %d belongs to another model", i);
+        for (int j = 0; j < i; j++)
+            if (sessions[j] == si) return hm_errf(err, HM_ERR_ARG, "batch eval: session %d is also session %d", i, j);
+        if (si->n_threads != s0->n_threads)
+            return hm_errf(err, HM_ERR_ARG, "batch eval: session %d has %d threads, session 0 has %d (the batch runs "
+                           "on session 0's pool)", i, si->n_threads, s0->n_threads);
+        hm_status st = check_seq(si, tokens[i], n_tokens[i], i, err);
+        if (st != HM_OK) return st;
+    }
+    const int32_t n_vocab = m->info.n_vocab;
+    if (n_seq > s0->cap_all) { /* the batch's logits land in session 0's all-rows buffer first */
+        float *p = hm_malloc_aligned((size_t)n_seq * (size_t)n_vocab * sizeof(float));
+        if (!p) return hm_errf(err, HM_ERR_NOMEM, "batch eval: cannot allocate logits for %d sequences", n_seq);
+        hm_free_aligned(s0->logits_all);
+        s0->logits_all = p;
+        s0->cap_all = n_seq;
+    }
+    if (atomic_exchange(&m->busy, 1))
+        return hm_errf(err, HM_ERR_ARG, "batch eval: another session of this model is evaluating");
+    int32_t done[HM_BATCH_MAX_SEQ] = {0}, take[HM_BATCH_MAX_SEQ];
+    int idx[HM_BATCH_MAX_SEQ];
+    hm_fwd_seq seqs[HM_BATCH_MAX_SEQ];
+    for (;;) {
+        /* one forward: the sequences' next pieces in order, up to session 0's n_ubatch rows */
+        int ns = 0;
+        int32_t used = 0;
+        bool prompt = false;
+        for (int i = 0; i < n_seq && used < s0->n_ubatch; i++) {
+            hm_session *si = sessions[i];
+            int32_t t = n_tokens[i] - done[i];
+            if (t == 0) continue;
+            if (t > s0->n_ubatch - used) t = s0->n_ubatch - used;
+            if (t > si->n_ubatch) t = si->n_ubatch;
+            for (int32_t j = 0; j < t; j++) si->pos[j] = si->n_past + j;
+            const bool last = done[i] + t == n_tokens[i];
+            seqs[ns] = (hm_fwd_seq){.state = si->state,
+                                    .b = {.tokens = tokens[i] + done[i], .pos = si->pos, .n = t,
+                                          .out_rows = last ? si->rows + t - 1 : NULL, .n_out = last ? 1 : 0}};
+            take[ns] = t;
+            idx[ns++] = i;
+            used += t;
+            prompt |= n_tokens[i] > 1;
+        }
+        if (ns == 0) break;
+        hm_status st = m->arch->forward_multi(m, s0->state, s0->pool, seqs, ns, s0->logits_all, err);
+        if (st != HM_OK) {
+            atomic_store(&m->busy, 0);
+            return st;
+        }
+        for (int k = 0, o = 0; k < ns; k++) {
+            hm_session *si = sessions[idx[k]];
+            si->n_past += take[k];
+            done[idx[k]] += take[k];
+            if (seqs[k].b.n_out)
+                memcpy(si->logits_last, s0->logits_all + (size_t)o++ * (size_t)n_vocab, (size_t)n_vocab * sizeof(float));
+        }
+        if (m->experts) { /* one step of the store per forward, as hm_session_eval's ubatches */
+            hm_err serr;
+            if (hm_experts_step_end(m->experts, used, prompt, &serr) != HM_OK)
+                hm_log_printf(&m->log, HM_LOG_WARN, "expert store: %s", serr.msg);
+        }
+    }
+    atomic_store(&m->busy, 0);
+    if (logits)
+        for (int i = 0; i < n_seq; i++) logits[i] = sessions[i]->logits_last;
+    return HM_OK;
+}
+
 int32_t hm_session_n_past(const hm_session *s) { return s->n_past; }
 int32_t hm_session_n_ctx(const hm_session *s) { return s->n_ctx; }
 int32_t hm_session_n_threads(const hm_session *s) { return s->n_threads; }

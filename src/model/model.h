@@ -79,6 +79,16 @@ typedef struct hm_fwd_batch {
     float *logits; /* [n_out, n_vocab]; may be NULL when n_out == 0 */
 } hm_fwd_batch;
 
+/* Most sequences in one forward_multi call. */
+#define HM_FWD_MAX_SEQ 64
+
+/* One sequence of a batched forward (forward_multi): a micro-batch (tokens, positions, wanted rows
+ * as in hm_fwd_batch, its logits field unused) on that sequence's own state (its KV cache). */
+typedef struct hm_fwd_seq {
+    void *state;
+    hm_fwd_batch b;
+} hm_fwd_seq;
+
 struct hm_arch {
     const char *name; /* general.architecture */
     /* Read hparams, bind and check tensors; fill m->info and m->impl. */
@@ -93,6 +103,16 @@ struct hm_arch {
     /* Run one micro-batch (n <= n_ubatch). */
     hm_status (*forward)(const hm_model *m, void *state, hm_pool *pool, const hm_fwd_batch *b,
                          hm_err *err);
+    /* Optional (NULL = the arch batches one sequence only): one forward pass over n_seq
+     * sequences' micro-batches concatenated in order. Dense matmuls and the MoE block run once on
+     * all rows (each expert unit computes once for every row routed to it); RoPE, the K/V write and
+     * attention use each row's own sequence state and positions. `work` is the state whose
+     * activations and scratch the pass uses (one of the sequences', or any state of the model
+     * opened with the same thread count); sum of b.n <= its n_ubatch, each b.n <= its own state's
+     * n_ubatch, states distinct. The wanted rows of all sequences, in sequence order, are written
+     * to logits: [sum of b.n_out, n_vocab] (NULL when that sum is 0). */
+    hm_status (*forward_multi)(const hm_model *m, void *work, hm_pool *pool, const hm_fwd_seq *seqs,
+                               int n_seq, float *logits, hm_err *err);
 };
 
 extern const hm_arch hm_arch_qwen3moe;

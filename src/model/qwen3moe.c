@@ -64,6 +64,8 @@ typedef struct q3_state {
     int32_t *rid;  /* [U, k] routed experts */
     float *hout;   /* [U, n_embd] rows whose logits are wanted */
     int32_t *pos_out; /* [U] positions of those rows */
+    int32_t *tok_all, *pos_all, *row_out; /* [U] forward_multi: the sequences' tokens, positions and
+                                             wanted rows (batch indexes), concatenated */
     hm_moe_route route;
     hm_scratch scratch;
 } q3_state;
@@ -278,9 +280,11 @@ static hm_status q3_state_open(const hm_model *m, const hm_state_opts *o, void *
     }
 
     /* activations: one block, each array 64-byte aligned */
-    const size_t sizes[] = {U * E, U * E, U * nq, U * nkv, U * nkv, U * nq, U * (size_t)q->n_expert, U * K, U * K, U * E, U};
-    float **dst[] = {&s->x,  &s->h,    &s->q,  &s->k,              &s->v,   &s->att,
-                     &s->rlog, &s->rw, (float **)&s->rid, &s->hout, (float **)&s->pos_out};
+    const size_t sizes[] = {U * E, U * E, U * nq, U * nkv, U * nkv, U * nq, U * (size_t)q->n_expert, U * K, U * K,
+                            U * E, U,     U,     U,     U};
+    float **dst[] = {&s->x,    &s->h,  &s->q,             &s->k,    &s->v,                 &s->att,
+                     &s->rlog, &s->rw, (float **)&s->rid, &s->hout, (float **)&s->pos_out, (float **)&s->tok_all,
+                     (float **)&s->pos_all, (float **)&s->row_out};
     size_t total = 0;
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) total += hm_align_up(sizes[i] * 4, HM_ALIGN);
     if (!(s->act = hm_malloc_aligned(total))) {
@@ -323,22 +327,49 @@ static hm_status q3_state_trim(void *state, int32_t n_keep, hm_err *err) {
 
 /* ---- forward ---- */
 
-static hm_status q3_forward(const hm_model *m, void *state, hm_pool *pool, const hm_fwd_batch *b, hm_err *err) {
-    const q3_model *q = m->impl;
-    q3_state *s = state;
-    const int64_t n = b->n, E = q->n_embd;
-    const int hd = q->head_dim, nh = q->n_head, nkv = q->n_head_kv;
-    HM_ASSERT(n > 0 && n <= s->n_ubatch && b->n_out <= n);
-    HM_ASSERT(b->pos[n - 1] < s->n_ctx);
-    const float scale = 1.0f / sqrtf((float)hd);
+/* Layer il's K cache of a state (its V cache follows at kv_layer_elems elements). */
+static char *q3_kv_layer(const q3_state *s, int32_t il) {
+    return (char *)s->kv + (size_t)il * 2 * s->kv_layer_elems * s->kv_elem_size;
+}
 
-    hm_cpu_get_rows(pool, &q->tok_embd, b->tokens, n, s->x);
+/* Batched forward over several sequences (model.h, forward_multi). The batch is the sequences'
+ * rows concatenated; sequence i owns rows [off[i], off[i] + cnt[i]) (its b.n rows, then after the
+ * last layer's compaction its b.n_out wanted rows). Everything row-wise (norms, matmuls, RoPE with
+ * each row's own position, the router, the MoE block) runs once on the whole batch; only the K/V
+ * write and attention go sequence by sequence, into and over that sequence's own cache. One
+ * sequence is the plain single-session forward (q3_forward): no copies then. */
+static hm_status q3_forward_multi(const hm_model *m, void *work, hm_pool *pool, const hm_fwd_seq *seqs, int n_seq,
+                                  float *logits, hm_err *err) {
+    const q3_model *q = m->impl;
+    q3_state *s = work;
+    const int64_t E = q->n_embd;
+    const int hd = q->head_dim, nh = q->n_head, nkv = q->n_head_kv;
+    HM_ASSERT(n_seq > 0 && n_seq <= HM_FWD_MAX_SEQ);
+    const float scale = 1.0f / sqrtf((float)hd);
+    int32_t off[HM_FWD_MAX_SEQ], cnt[HM_FWD_MAX_SEQ];
+    int64_t n = 0, n_out = 0;
+    for (int i = 0; i < n_seq; i++) {
+        const hm_fwd_batch *b = &seqs[i].b;
+        const q3_state *si = seqs[i].state;
+        HM_ASSERT(b->n > 0 && b->n <= si->n_ubatch && b->n_out <= b->n && n + b->n <= s->n_ubatch);
+        HM_ASSERT(b->pos[b->n - 1] < si->n_ctx && si->n_threads == s->n_threads);
+        off[i] = (int32_t)n;
+        cnt[i] = b->n;
+        if (n_seq > 1) {
+            memcpy(s->tok_all + n, b->tokens, (size_t)b->n * sizeof(int32_t));
+            memcpy(s->pos_all + n, b->pos, (size_t)b->n * sizeof(int32_t));
+        }
+        for (int32_t j = 0; j < b->n_out; j++) s->row_out[n_out++] = (int32_t)n + b->out_rows[j];
+        n += b->n;
+    }
+    const int32_t *tokens = n_seq > 1 ? s->tok_all : seqs[0].b.tokens;
+    const int32_t *pos_in = n_seq > 1 ? s->pos_all : seqs[0].b.pos; /* [n] every row's position */
+
+    hm_cpu_get_rows(pool, &q->tok_embd, tokens, n, s->x);
     int64_t nr = n;              /* rows carried through the layer (all but in the last layer) */
-    const int32_t *pos = b->pos; /* their positions */
+    const int32_t *pos = pos_in; /* their positions */
     for (int32_t il = 0; il < q->n_layer; il++) {
         const q3_layer *L = &q->layers[il];
-        char *kc = (char *)s->kv + (size_t)il * 2 * s->kv_layer_elems * s->kv_elem_size;
-        char *vc = kc + s->kv_layer_elems * s->kv_elem_size;
 
         /* attention block: Q/K/V of every token (the cache needs all K/V rows) */
         hm_cpu_rmsnorm(pool, s->x, L->attn_norm, s->h, n, E, q->eps);
@@ -347,34 +378,51 @@ static hm_status q3_forward(const hm_model *m, void *state, hm_pool *pool, const
         hm_cpu_matmul_n(pool, ws, 3, s->h, n, ys, &s->scratch);
         hm_cpu_rmsnorm_heads(pool, s->q, L->q_norm, n, nh, hd, q->eps);
         hm_cpu_rmsnorm_heads(pool, s->k, L->k_norm, n, nkv, hd, q->eps);
-        hm_cpu_rope_neox(pool, s->q, n, nh, hd, q->n_rot, b->pos, q->theta);
-        hm_cpu_rope_neox(pool, s->k, n, nkv, hd, q->n_rot, b->pos, q->theta);
-        if (s->kv_type == HM_KV_F32)
-            hm_kv_f32_write(pool, (float *)kc, (float *)vc, s->n_ctx, nkv, hd, s->k, s->v, n, b->pos);
-        else
-            hm_cpu_kv_write(pool, (uint16_t *)kc, (uint16_t *)vc, s->n_ctx, nkv, hd, s->k, s->v, n, b->pos);
+        hm_cpu_rope_neox(pool, s->q, n, nh, hd, q->n_rot, pos_in, q->theta);
+        hm_cpu_rope_neox(pool, s->k, n, nkv, hd, q->n_rot, pos_in, q->theta);
+        for (int i = 0; i < n_seq; i++) { /* each sequence's K/V rows into its own cache */
+            const q3_state *si = seqs[i].state;
+            char *kc = q3_kv_layer(si, il), *vc = kc + si->kv_layer_elems * si->kv_elem_size;
+            const size_t ro = (size_t)off[i] * (size_t)(nkv * hd);
+            if (si->kv_type == HM_KV_F32)
+                hm_kv_f32_write(pool, (float *)kc, (float *)vc, si->n_ctx, nkv, hd, s->k + ro, s->v + ro, cnt[i],
+                                seqs[i].b.pos);
+            else
+                hm_cpu_kv_write(pool, (uint16_t *)kc, (uint16_t *)vc, si->n_ctx, nkv, hd, s->k + ro, s->v + ro,
+                                cnt[i], seqs[i].b.pos);
+        }
 
-        if (il == q->n_layer - 1 && b->n_out < n) {
+        if (il == q->n_layer - 1 && n_out < n) {
             /* last layer: only the rows whose logits are wanted matter from here on (as
-             * llama.cpp's inp_out_ids); out_rows ascend, so compacting forward is safe */
-            if (b->n_out == 0) break;
-            for (int32_t i = 0; i < b->n_out; i++) {
-                const int32_t r = b->out_rows[i];
-                s->pos_out[i] = b->pos[r];
+             * llama.cpp's inp_out_ids); row_out ascends, so compacting forward is safe */
+            if (n_out == 0) break;
+            for (int64_t i = 0; i < n_out; i++) {
+                const int32_t r = s->row_out[i];
+                s->pos_out[i] = pos_in[r];
                 if (r == i) continue;
                 memcpy(s->q + (size_t)i * (size_t)(nh * hd), s->q + (size_t)r * (size_t)(nh * hd),
                        (size_t)(nh * hd) * sizeof(float));
                 memcpy(s->x + (size_t)i * (size_t)E, s->x + (size_t)r * (size_t)E, (size_t)E * sizeof(float));
             }
-            nr = b->n_out;
+            nr = n_out;
             pos = s->pos_out;
+            for (int i = 0, o = 0; i < n_seq; o += cnt[i], i++) {
+                off[i] = o;
+                cnt[i] = seqs[i].b.n_out;
+            }
         }
-        if (s->kv_type == HM_KV_F32)
-            hm_kv_f32_attention(pool, s->q, nr, pos, (const float *)kc, (const float *)vc, s->n_ctx, nh, nkv, hd,
-                                scale, s->att, s->kv_scratch);
-        else
-            hm_cpu_attention(pool, s->q, nr, pos, (const uint16_t *)kc, (const uint16_t *)vc, s->n_ctx, nh, nkv, hd,
-                             scale, s->att, &s->scratch);
+        for (int i = 0; i < n_seq; i++) { /* each sequence's queries over its own cache */
+            q3_state *si = seqs[i].state;
+            if (!cnt[i]) continue;
+            const char *kc = q3_kv_layer(si, il), *vc = kc + si->kv_layer_elems * si->kv_elem_size;
+            const size_t ro = (size_t)off[i] * (size_t)(nh * hd);
+            if (si->kv_type == HM_KV_F32)
+                hm_kv_f32_attention(pool, s->q + ro, cnt[i], pos + off[i], (const float *)kc, (const float *)vc,
+                                    si->n_ctx, nh, nkv, hd, scale, s->att + ro, si->kv_scratch);
+            else
+                hm_cpu_attention(pool, s->q + ro, cnt[i], pos + off[i], (const uint16_t *)kc, (const uint16_t *)vc,
+                                 si->n_ctx, nh, nkv, hd, scale, s->att + ro, &si->scratch);
+        }
         hm_cpu_matmul(pool, &L->wo, s->att, nr, s->h, &s->scratch);
         hm_cpu_add(pool, s->x, s->h, s->x, nr * E);
 
@@ -389,14 +437,20 @@ static hm_status q3_forward(const hm_model *m, void *state, hm_pool *pool, const
                                        il + 1 < q->n_layer ? &q->layers[il + 1].router : NULL, err);
         if (mst != HM_OK) return mst;
     }
-    if (b->n_out > 0) {
+    if (n_out > 0) {
         /* x rows 0..n_out-1 are the wanted rows now (compacted above, or all rows in order) */
-        HM_ASSERT(nr == b->n_out);
-        hm_cpu_rmsnorm(pool, s->x, q->output_norm, s->hout, b->n_out, E, q->eps);
-        hm_cpu_matmul(pool, &q->output, s->hout, b->n_out, b->logits, &s->scratch);
+        HM_ASSERT(nr == n_out && logits);
+        hm_cpu_rmsnorm(pool, s->x, q->output_norm, s->hout, n_out, E, q->eps);
+        hm_cpu_matmul(pool, &q->output, s->hout, n_out, logits, &s->scratch);
     }
     (void)err;
     return HM_OK;
+}
+
+/* One session's micro-batch: the batched forward with one sequence. */
+static hm_status q3_forward(const hm_model *m, void *state, hm_pool *pool, const hm_fwd_batch *b, hm_err *err) {
+    const hm_fwd_seq seq = {.state = state, .b = *b};
+    return q3_forward_multi(m, state, pool, &seq, 1, b->logits, err);
 }
 
 const hm_arch hm_arch_qwen3moe = {
@@ -407,4 +461,5 @@ const hm_arch hm_arch_qwen3moe = {
     .state_close = q3_state_close,
     .state_trim = q3_state_trim,
     .forward = q3_forward,
+    .forward_multi = q3_forward_multi,
 };
