@@ -214,6 +214,7 @@ sse_text() { grep '^data: {' "$1" | sed 's/^data: //' | jq -s -c '[.[].choices[0
 curl -sN "${AUTH[@]}" "$URL/v1/completions" -d "$reqA" >"$TMP/a1"
 curl -sN "${AUTH[@]}" "$URL/v1/completions" -d "$reqB" >"$TMP/b1"
 rounds0=$(awk '/^hotmoe_decode_rounds_total/ {print $2}' <(curl -s "${AUTH[@]}" "$URL/metrics"))
+batched0=$(awk '/^hotmoe_batched_rounds_total/ {print $2}' <(curl -s "${AUTH[@]}" "$URL/metrics"))
 tok0=$(awk '/^hotmoe_tokens_predicted_total/ {print $2}' <(curl -s "${AUTH[@]}" "$URL/metrics"))
 curl -sN "${AUTH[@]}" "$URL/v1/completions" -d "$reqA" >"$TMP/a2" &
 pa=$!
@@ -226,7 +227,9 @@ check "concurrent A = A alone" '[ "$(sse_text "$TMP/a1")" = "$(sse_text "$TMP/a2
 check "concurrent B = B alone" '[ "$(sse_text "$TMP/b1")" = "$(sse_text "$TMP/b2")" ]'
 rounds1=$(awk '/^hotmoe_decode_rounds_total/ {print $2}' <(curl -s "${AUTH[@]}" "$URL/metrics"))
 tok1=$(awk '/^hotmoe_tokens_predicted_total/ {print $2}' <(curl -s "${AUTH[@]}" "$URL/metrics"))
-echo "concurrent: $((tok1 - tok0)) tokens in $((rounds1 - rounds0)) rounds"
+batched1=$(awk '/^hotmoe_batched_rounds_total/ {print $2}' <(curl -s "${AUTH[@]}" "$URL/metrics"))
+echo "concurrent: $((tok1 - tok0)) tokens in $((rounds1 - rounds0)) rounds, $((batched1 - batched0)) batched"
+check "shared rounds were one batched forward pass (hm_batch_eval)" '[ $((batched1 - batched0)) -gt 100 ]'
 check "the two streams shared rounds (interleaved)" '[ $((rounds1 - rounds0)) -lt $((tok1 - tok0)) ]' 
 
 # ---- a client that disconnects mid-stream frees its slot ----

@@ -240,6 +240,8 @@ hm_status hm_batch_eval(hm_session *const *sessions, const int32_t *const *token
             hm_err serr;
             if (hm_experts_step_end(m->experts, used, prompt, &serr) != HM_OK)
                 hm_log_printf(&m->log, HM_LOG_WARN, "expert store: %s", serr.msg);
+            if (m->ram && hm_ram_tier_step_end(m->ram, used, prompt, &serr) != HM_OK)
+                hm_log_printf(&m->log, HM_LOG_WARN, "RAM tier: %s", serr.msg);
         }
     }
     atomic_store(&m->busy, 0);

@@ -108,6 +108,7 @@ typedef struct srv_stats {
     double t_prompt_s, t_predicted_s;
     uint64_t n_requests_ok, n_requests_cancelled, n_requests_failed;
     uint64_t n_rounds;
+    uint64_t n_batched;         /* rounds whose slots went through one hm_batch_eval (>= 2 slots) */
     double rate_predicted;      /* generated tokens per second over the last seconds */
     double rate_t[16];          /* ring of (time, n_predicted) samples for the rate */
     uint64_t rate_n[16];
@@ -134,6 +135,8 @@ typedef struct srv_sched {
     pthread_t thread;
     srv_stats stats;
     hm_profile_fmt profile_format; /* of POST /profile/save */
+    bool no_batch;             /* the model evaluates one session at a time (hm_batch_eval said
+                                  HM_ERR_UNSUPPORTED once): eval_jobs loops over the slots */
     /* one pending engine call (srv_sched_call) */
     srv_engine_fn call_fn;
     void *call_arg;

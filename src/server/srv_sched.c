@@ -319,7 +319,41 @@ static bool slot_setup(srv_sched *s, srv_slot *sl) {
 }
 
 /* THE place that runs the model: one evaluation per job today; one batched call later. */
+/* All jobs in one hm_batch_eval (one forward pass per micro-batch for every slot). The pass's time
+ * is shared among the jobs by their token counts. The per-session loop stays for models whose
+ * architecture batches one session only (qwen35moe, gemma4: HM_ERR_UNSUPPORTED, remembered) and
+ * for a round with a bad job (HM_ERR_ARG: nothing was evaluated; the loop fails that job alone). */
 static void eval_jobs(srv_sched *s, srv_job *jobs, int n_jobs) {
+    if (n_jobs > 1 && n_jobs <= HM_BATCH_MAX_SEQ && !s->no_batch) {
+        hm_session *ss[HM_BATCH_MAX_SEQ];
+        const int32_t *tp[HM_BATCH_MAX_SEQ];
+        int32_t nn[HM_BATCH_MAX_SEQ];
+        const float *lg[HM_BATCH_MAX_SEQ];
+        int64_t total = 0;
+        for (int i = 0; i < n_jobs; i++) {
+            ss[i] = jobs[i].slot->sess;
+            tp[i] = jobs[i].tokens;
+            nn[i] = jobs[i].n;
+            total += jobs[i].n;
+        }
+        hm_err err;
+        double t0 = srv_now();
+        hm_status st = hm_batch_eval(ss, tp, nn, n_jobs, lg, &err);
+        double dt = srv_now() - t0;
+        if (st == HM_ERR_UNSUPPORTED) s->no_batch = true;
+        if (st != HM_ERR_UNSUPPORTED && st != HM_ERR_ARG) {
+            pthread_mutex_lock(&s->mu);
+            s->stats.n_batched += st == HM_OK;
+            pthread_mutex_unlock(&s->mu);
+            for (int i = 0; i < n_jobs; i++) {
+                jobs[i].st = st;
+                jobs[i].logits = st == HM_OK ? lg[i] : NULL;
+                jobs[i].dt = dt * (double)jobs[i].n / (double)total;
+                if (st != HM_OK) jobs[i].err = err;
+            }
+            return;
+        }
+    }
     for (int i = 0; i < n_jobs; i++) {
         srv_job *j = &jobs[i];
         double t0 = srv_now();
@@ -663,6 +697,8 @@ void srv_sched_metrics(srv_sched *s, srv_buf *o) {
     metric(o, "slots_total", "gauge", "Parallel slots (--parallel).", s->n_slots);
     metric(o, "decode_rounds_total", "counter", "Scheduler rounds (one step of every active slot).",
            (double)st.n_rounds);
+    metric(o, "batched_rounds_total", "counter",
+           "Rounds whose slots were evaluated together in one forward pass (hm_batch_eval).", (double)st.n_batched);
     srv_buf_str(o, "# HELP hotmoe_requests_total Finished completion requests by outcome.\n"
                    "# TYPE hotmoe_requests_total counter\n");
     srv_buf_printf(o, "hotmoe_requests_total{outcome=\"ok\"} %llu\n", (unsigned long long)st.n_requests_ok);
