@@ -224,11 +224,18 @@ hm_status hm_model_profile_save(const hm_model *m, const char *path, hm_profile_
  * trace of docs/PROFILE.md; `hotmoe plan --trace` replays it). Start it before the first eval to
  * trace the whole run; the file is flushed and closed by hm_model_close. One trace per model. */
 hm_status hm_model_trace_out(hm_model *m, const char *path, hm_err *err);
+/* Flush and close the trace: HM_ERR_IO naming the file and the cause (a full disk shows here)
+ * when any write since hm_model_trace_out failed; HM_OK when none is being written. Call it before
+ * hm_model_close to learn whether the trace is complete (hm_model_close drops the status). */
+hm_status hm_model_trace_close(hm_model *m, hm_err *err);
 
 /* The placement policy in force: "none", "static", "online", "lru" (static string). */
 const char *hm_model_policy(const hm_model *m);
-/* Switch the placement policy between steps. Without a fast tier (no VRAM slots: today's only
- * case) every unit stays where it is and only the name changes; HM_ERR_ARG for an unknown name. */
+/* Switch the placement policy between steps (HM_ERR_ARG inside a step or for an unknown name).
+ * With VRAM slots the residency is re-planned at once: static re-seeds from the --profile the
+ * model was opened with, or from the counts so far; online and lru keep the residents and go on
+ * from the live counters; none empties the slots. Without a fast tier (no VRAM slots: today's
+ * only case) every unit stays where it is and only the name changes. */
 hm_status hm_model_set_policy(hm_model *m, const char *policy, hm_err *err);
 
 /* Where a unit is computed from now. */

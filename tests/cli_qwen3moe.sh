@@ -81,6 +81,10 @@ if command -v jq >/dev/null && [ -n "$nl" ] && [ -n "$k" ]; then
     check "profile: $nl layers, 7 prompt tokens, 3 steps" test "$(jq -c "[(.layers | length), .prompt_tokens, .decode_tokens, .steps]" "$tmp/p.json")" = "[$nl,7,0,3]"
 fi
 check "trace size: header + per step and layer" test "$(stat -c %s "$tmp/t.bin")" -gt 32
+if [ -w /dev/full ]; then # a full disk: the run finishes, the trace's close fails loudly, exit 1
+    check "logits --trace-out /dev/full exits 1" test "$(code "$exe" logits -m "$m" --tokens 1,2,3 -o "$tmp/x.f32" --trace-out /dev/full)" = 1
+    check "full disk message names the file and the cause" grep -q "/dev/full: trace write failed: No space left on device" "$tmp/err"
+fi
 check "plan reads the profile" test "$(code "$exe" plan --profile "$tmp/p.json" --budget 20%)" = 0
 check "plan reads the trace" test "$(code "$exe" plan -m "$m" --no-calibrate --trace "$tmp/t.bin" --budget 20%)" = 0
 check "seed1 format" test "$(code "$exe" logits -m "$m" --tokens 1,2,3 -o "$tmp/l.f32" --moe-layer-perf-out "$tmp/s.json" --profile-format seed1)" = 0

@@ -512,13 +512,18 @@ static void check_usage(const char *path, const model_w *w, const int32_t *tok) 
             CHECKF(hm_model_set_policy(x, "lru", &err) == HM_OK, "%s", err.msg);
             CHECK(strcmp(hm_model_policy(x), "lru") == 0);
             CHECK(hm_model_set_policy(x, "random", &err) == HM_ERR_ARG);
+            CHECK(strcmp(hm_model_policy(x), "lru") == 0); /* a refused switch changes nothing */
+            CHECKF(hm_model_set_policy(x, "static", &err) == HM_OK, "%s", err.msg); /* the store's switch */
+            CHECK(strcmp(hm_model_policy(x), "static") == 0);
         }
         hm_model_close(x);
         x = NULL;
         po.profile = "tests/fixtures/does-not-exist.json";
         CHECK(open_placed(path, &po, &x, &err) != HM_OK && strstr(err.msg, "does-not-exist") != NULL);
     }
-    hm_model_close(m); /* flushes the trace */
+    CHECKF(hm_model_trace_close(m, &err) == HM_OK, "%s", err.msg); /* flushed, no write failed */
+    CHECK(hm_model_trace_close(m, &err) == HM_OK);                  /* nothing left to close */
+    hm_model_close(m);
 
     /* the trace: every (token, layer) set against the reference, and a recount */
     hm_trace_reader *r = NULL;

@@ -4,7 +4,8 @@
  * --update-rate, --vram-budget, with the seed forks' names as aliases); and number parsing with
  * errors that name the flag. Header-only (static functions) so each command stays one file; only
  * uses hotmoe.h. A command calls cli_open_model (which applies the placement flags and starts a
- * trace) and, before closing the model, cli_engine_finish (which writes --profile-out). */
+ * trace) and, before closing the model, cli_engine_finish (which closes --trace-out, reporting a
+ * failed write, and writes --profile-out). */
 #ifndef HM_CLI_CMD_ENGINE_H
 #define HM_CLI_CMD_ENGINE_H
 
@@ -232,10 +233,17 @@ static inline hm_model *cli_open_model(const cli_engine *e) {
     return m;
 }
 
-/* Before closing m: write --profile-out (message printed). 0 ok, 1 error. */
-static inline int cli_engine_finish(const cli_engine *e, const hm_model *m) {
-    if (!e->profile_out || !m) return 0;
+/* Before closing m: flush and close --trace-out (a failed write, e.g. a full disk, is an error
+ * naming the file) and write --profile-out (messages printed). 0 ok, 1 error. */
+static inline int cli_engine_finish(const cli_engine *e, hm_model *m) {
+    if (!m) return 0;
     hm_err err;
+    int rc = 0;
+    if (e->trace_out && hm_model_trace_close(m, &err) != HM_OK) {
+        fprintf(stderr, "hotmoe %s: %s\n", e->cmd, err.msg);
+        rc = 1;
+    }
+    if (!e->profile_out) return rc;
     if (hm_model_profile_save(m, e->profile_out, e->profile_format, &err) != HM_OK) {
         fprintf(stderr, "hotmoe %s: %s\n", e->cmd, err.msg);
         return 1;

@@ -158,6 +158,10 @@ hm_status hm_model_trace_out(hm_model *m, const char *path, hm_err *err) {
     return hm_experts_trace_out(m->experts, path, err);
 }
 
+hm_status hm_model_trace_close(hm_model *m, hm_err *err) {
+    return m->experts ? hm_experts_trace_close(m->experts, err) : HM_OK;
+}
+
 const char *hm_model_policy(const hm_model *m) { return hm_policy_name(m->policy); }
 
 hm_status hm_model_set_policy(hm_model *m, const char *policy, hm_err *err) {

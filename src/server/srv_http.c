@@ -453,6 +453,10 @@ void hm_server_close(hm_server *s) {
         else
             fprintf(stderr, "serve: wrote the expert usage profile to %s\n", s->profile_out);
     }
+    if (s->opened && s->o.trace_out && s->model) { /* the engine thread has stopped: flush the trace */
+        hm_err err;
+        if (hm_model_trace_close(s->model, &err) != HM_OK) fprintf(stderr, "serve: %s\n", err.msg);
+    }
     hm_tokenizer_close(s->tok);
     hm_model_close(s->model);
     if (s->stop_pipe[0] >= 0) close(s->stop_pipe[0]);
