@@ -121,6 +121,27 @@ static hm_status text_segment(tok_ctx *c, const char *s, size_t n, hm_err *err) 
         if (!hm_spm_segment(t, buf, o, &c->out, &c->sc)) return hm_errf(err, HM_ERR_NOMEM, "out of memory");
         return HM_OK;
     }
+    if (t->kind == HM_VOCAB_GEMMA4) {
+        /* spaces -> U+2581, then words = runs of '\n' and runs of anything else; a run of
+         * newlines that is a token is that token (llama.cpp) */
+        char *buf = hm_tok_scratch_get(&c->sc2, n * 3 + 1);
+        if (!buf) return hm_errf(err, HM_ERR_NOMEM, "out of memory");
+        size_t o = 0;
+        for (size_t i = 0; i < n; i++) {
+            if (s[i] == ' ') { memcpy(buf + o, "\xe2\x96\x81", 3); o += 3; }
+            else buf[o++] = s[i];
+        }
+        for (size_t w = 0; w < o;) {
+            bool nl = buf[w] == '\n';
+            size_t e = w;
+            while (e < o && (buf[e] == '\n') == nl) e++;
+            int32_t id = nl ? hm_tok_map_find(t, buf + w, e - w) : -1;
+            if (id >= 0 ? !hm_idvec_push(&c->out, id) : !hm_g4_word(t, buf + w, e - w, &c->out, &c->sc))
+                return hm_errf(err, HM_ERR_NOMEM, "out of memory");
+            w = e;
+        }
+        return HM_OK;
+    }
     char *norm = NULL;
     if (t->pretok->nfc && !hm_nfc_quick(s, n)) {
         size_t nl;

@@ -13,7 +13,9 @@
 #include "pretok.h"
 #include "tokenizer.h"
 
-typedef enum hm_vocab_kind { HM_VOCAB_BPE = 0, HM_VOCAB_SPM = 1 } hm_vocab_kind;
+/* GEMMA4: llama.cpp's "gemma4" vocabulary, BPE over raw UTF-8 with U+2581 spaces (bpe_gemma4.c);
+ * keyed, decoded and byte-tokened like SPM. */
+typedef enum hm_vocab_kind { HM_VOCAB_BPE = 0, HM_VOCAB_SPM = 1, HM_VOCAB_GEMMA4 = 2 } hm_vocab_kind;
 
 typedef struct hm_merge_slot {
     uint64_t key; /* (left id << 32) | right id; UINT64_MAX = empty */
@@ -99,6 +101,8 @@ void *hm_tok_scratch_get(hm_tok_scratch *s, size_t bytes);
 /* Append the ids of one pre-tokenized piece (raw bytes). false on allocation failure. */
 bool hm_bpe_piece(const hm_tokenizer *t, const char *s, size_t n, hm_idvec *out, hm_tok_scratch *sc);
 /* Append the ids of one text segment (already space-escaped to U+2581 and prefixed). */
+/* gemma4: append the ids of one word (spaces already U+2581, no newline next to other text). */
+bool hm_g4_word(const hm_tokenizer *t, const char *s, size_t n, hm_idvec *out, hm_tok_scratch *sc);
 bool hm_spm_segment(const hm_tokenizer *t, const char *s, size_t n, hm_idvec *out, hm_tok_scratch *sc);
 
 #endif

@@ -133,10 +133,11 @@ hm_status hm_tokenizer_from_gguf(hm_tokenizer **out, const hm_gguf *g, hm_err *e
     }
     if (s.len == 4 && memcmp(s.ptr, "gpt2", 4) == 0) t->kind = HM_VOCAB_BPE;
     else if (s.len == 5 && memcmp(s.ptr, "llama", 5) == 0) t->kind = HM_VOCAB_SPM;
+    else if (s.len == 6 && memcmp(s.ptr, "gemma4", 6) == 0) t->kind = HM_VOCAB_GEMMA4;
     else {
         st = hm_errf(err, HM_ERR_UNSUPPORTED,
                      "%s: tokenizer.ggml.model '%.*s' not supported (gpt2 = byte-level BPE, llama = "
-                     "SentencePiece)", path, (int)(s.len > 40 ? 40 : s.len), s.ptr);
+                     "SentencePiece, gemma4)", path, (int)(s.len > 40 ? 40 : s.len), s.ptr);
         goto fail;
     }
     memcpy(t->model, s.ptr, s.len);
@@ -227,7 +228,7 @@ hm_status hm_tokenizer_from_gguf(hm_tokenizer **out, const hm_gguf *g, hm_err *e
     memset(t->map, 0xff, ((size_t)t->map_mask + 1) * sizeof *t->map);
     for (int32_t i = 0; i < n; i++) {
         int ty = t->type[i];
-        if (ty == HM_TT_NORMAL || (t->kind == HM_VOCAB_SPM && ty == HM_TT_USER_DEFINED)) map_insert(t, i);
+        if (ty == HM_TT_NORMAL || (t->kind != HM_VOCAB_BPE && ty == HM_TT_USER_DEFINED)) map_insert(t, i);
     }
     for (int b = 0; b < 256; b++) {
         if (t->kind == HM_VOCAB_BPE) {
@@ -237,7 +238,7 @@ hm_status hm_tokenizer_from_gguf(hm_tokenizer **out, const hm_gguf *g, hm_err *e
             t->byte_tok[b] = -1;
         }
     }
-    if (t->kind == HM_VOCAB_SPM) /* <0xNN> tokens */
+    if (t->kind != HM_VOCAB_BPE) /* <0xNN> tokens */
         for (int32_t i = 0; i < n; i++)
             if (t->type[i] == HM_TT_BYTE && t->piece_len[i] == 1)
                 t->byte_tok[(unsigned char)t->piece[t->piece_off[i]]] = i;
@@ -275,6 +276,45 @@ hm_status hm_tokenizer_from_gguf(hm_tokenizer **out, const hm_gguf *g, hm_err *e
             uint64_t key = ((uint64_t)(uint32_t)a << 32) | (uint32_t)b;
             for (uint32_t i = hm_tok_hash64(key) & t->merge_mask;; i = (i + 1) & t->merge_mask) {
                 if (t->merges[i].key == key) break; /* duplicate: the first (lower rank) wins */
+                if (t->merges[i].key == UINT64_MAX) {
+                    t->merges[i] = (hm_merge_slot){key, (int32_t)r, c};
+                    t->n_merges++;
+                    break;
+                }
+            }
+        }
+        free(buf);
+    }
+
+    /* gemma4 merges: "left right" in the file's text (U+2581 spaces), split at the first space
+     * after the first byte as llama.cpp does */
+    if (t->kind == HM_VOCAB_GEMMA4 && hm_gguf_get_arr(g, "tokenizer.ggml.merges", &merges) && merges.n > 0) {
+        if (merges.elem_type != HM_GGUF_STRING || merges.n > INT32_MAX / 4) {
+            st = hm_errf(err, HM_ERR_FORMAT, "%s: tokenizer.ggml.merges is not a string array", path);
+            goto fail;
+        }
+        t->merge_mask = pow2_at_least(merges.n * 2) - 1;
+        t->merges = malloc(((size_t)t->merge_mask + 1) * sizeof *t->merges);
+        char *buf = malloc(65536 * 2 + 2);
+        if (!t->merges || !buf) {
+            free(buf);
+            st = hm_errf(err, HM_ERR_NOMEM, "out of memory");
+            goto fail;
+        }
+        memset(t->merges, 0xff, ((size_t)t->merge_mask + 1) * sizeof *t->merges);
+        for (uint64_t r = 0; r < merges.n; r++) {
+            if (!hm_gguf_arr_str(&merges, r, &s) || s.len > 65536 || s.len < 2) continue;
+            const char *sp = memchr(s.ptr + 1, ' ', s.len - 1);
+            if (!sp) continue;
+            size_t la = (size_t)(sp - s.ptr), lb = s.len - la - 1;
+            memcpy(buf, s.ptr, la);
+            memcpy(buf + la, sp + 1, lb);
+            int32_t a = hm_tok_map_find(t, buf, la), b = hm_tok_map_find(t, buf + la, lb);
+            int32_t c = hm_tok_map_find(t, buf, la + lb);
+            if (a < 0 || b < 0 || c < 0) continue;
+            uint64_t key = ((uint64_t)(uint32_t)a << 32) | (uint32_t)b;
+            for (uint32_t i = hm_tok_hash64(key) & t->merge_mask;; i = (i + 1) & t->merge_mask) {
+                if (t->merges[i].key == key) break;
                 if (t->merges[i].key == UINT64_MAX) {
                     t->merges[i] = (hm_merge_slot){key, (int32_t)r, c};
                     t->n_merges++;
@@ -343,9 +383,11 @@ hm_status hm_tokenizer_from_gguf(hm_tokenizer **out, const hm_gguf *g, hm_err *e
     t->unk = get_id(g, "tokenizer.ggml.unknown_token_id", n);
     bool b;
     t->add_bos = hm_gguf_get_bool(g, "tokenizer.ggml.add_bos_token", &b) ? b : t->kind == HM_VOCAB_SPM;
+    if (t->kind == HM_VOCAB_GEMMA4) t->add_bos = true; /* llama.cpp forces it for gemma4 (its PR 21500) */
     t->add_eos = hm_gguf_get_bool(g, "tokenizer.ggml.add_eos_token", &b) && b;
     t->add_space_prefix = hm_gguf_get_bool(g, "tokenizer.ggml.add_space_prefix", &b)
                               ? b : t->kind == HM_VOCAB_SPM;
+    if (t->kind == HM_VOCAB_GEMMA4) t->add_space_prefix = false; /* llama.cpp: BPE vocabularies never */
     if (t->eos >= 0) t->eog[t->n_eog++] = t->eos;
     if (t->eot >= 0 && t->eot != t->eos) t->eog[t->n_eog++] = t->eot;
     for (size_t i = 0; i < sizeof eog_texts / sizeof eog_texts[0]; i++) {
