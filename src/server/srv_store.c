@@ -113,6 +113,34 @@ void srv_store_metrics(srv_sched *s, srv_buf *o) {
                    "# TYPE hotmoe_expert_vram_slots gauge\n");
     srv_buf_printf(o, "hotmoe_expert_vram_slots{state=\"total\"} %lld\nhotmoe_expert_vram_slots{state=\"used\"} %lld\n",
                    (long long)u.vram_slots, (long long)u.vram_slots_used);
+    if (u.ram_budget > 0) { /* the SSD tier (--ram-budget below the experts' size) */
+        srv_buf_str(o, "# HELP hotmoe_ssd_tier_budget_bytes RAM pool of the SSD tier (slots + staging).\n"
+                       "# TYPE hotmoe_ssd_tier_budget_bytes gauge\n");
+        srv_buf_printf(o, "hotmoe_ssd_tier_budget_bytes %lld\n", (long long)u.ram_budget);
+        srv_buf_str(o, "# HELP hotmoe_ssd_tier_acquired_total Routed units computed through the RAM tier, by "
+                       "whether they were in RAM already (hit) or read from the file (miss).\n"
+                       "# TYPE hotmoe_ssd_tier_acquired_total counter\n");
+        srv_buf_printf(o, "hotmoe_ssd_tier_acquired_total{result=\"hit\"} %llu\n"
+                          "hotmoe_ssd_tier_acquired_total{result=\"miss\"} %llu\n",
+                       (unsigned long long)u.ram_hits, (unsigned long long)(u.ram_acquired - u.ram_hits));
+        srv_buf_str(o, "# HELP hotmoe_ssd_tier_hit_rate Fraction of RAM-tier units found in RAM.\n"
+                       "# TYPE hotmoe_ssd_tier_hit_rate gauge\n");
+        srv_buf_printf(o, "hotmoe_ssd_tier_hit_rate %.6f\n", ratio(u.ram_hits, u.ram_acquired));
+        srv_buf_str(o, "# HELP hotmoe_ssd_bytes_per_token Bytes read from the file per token since open.\n"
+                       "# TYPE hotmoe_ssd_bytes_per_token gauge\n");
+        srv_buf_printf(o, "hotmoe_ssd_bytes_per_token %.1f\n",
+                       u.tokens ? (double)u.bytes_from_ssd / (double)u.tokens : 0.0);
+        srv_buf_str(o, "# HELP hotmoe_ssd_reads_total Unit reads from the file, by outcome.\n"
+                       "# TYPE hotmoe_ssd_reads_total counter\n");
+        srv_buf_printf(o, "hotmoe_ssd_reads_total{result=\"ok\"} %llu\nhotmoe_ssd_reads_total{result=\"error\"} %llu\n",
+                       (unsigned long long)(u.ssd_reads - u.ssd_errors), (unsigned long long)u.ssd_errors);
+        srv_buf_str(o, "# HELP hotmoe_prefetch_precision Predicted units that were then routed / predicted.\n"
+                       "# TYPE hotmoe_prefetch_precision gauge\n");
+        srv_buf_printf(o, "hotmoe_prefetch_precision %.6f\n", ratio(u.prefetch_used, u.prefetch_pred));
+        srv_buf_str(o, "# HELP hotmoe_prefetch_recall Routed units that had been predicted / routed (layers "
+                       "with a prediction).\n# TYPE hotmoe_prefetch_recall gauge\n");
+        srv_buf_printf(o, "hotmoe_prefetch_recall %.6f\n", ratio(u.prefetch_used, u.prefetch_acq));
+    }
     hm_usage_free(&u);
 }
 
