@@ -109,6 +109,9 @@ void hm_session_opts_default(hm_session_opts *o);
  * overlap in time. One thread drives a model (the server's engine thread steps every slot in
  * turn); an eval that starts while another session of the same model is inside one fails with
  * HM_ERR_ARG instead of racing. */
+/* [batch eval] Sessions of one model share one thread pool when their thread count is the one of
+ * the first session open (their evals never overlap, so no sibling's idle pool spins beside the
+ * working one); a session with another count has a pool of its own. */
 hm_status hm_session_open(hm_session **out, hm_model *m, const hm_session_opts *opts, hm_err *err);
 void hm_session_close(hm_session *s); /* NULL is a no-op */
 

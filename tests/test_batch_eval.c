@@ -159,7 +159,21 @@ static void run_model(const char *path, const char *label) {
             toks[i][j] = (int32_t)((rng >> 33) % (uint64_t)V);
         }
     const int32_t prompt[NS] = {5, 11, 3};
+    int32_t prompt0[16];
+    memcpy(prompt0, toks[0], sizeof prompt0);
     round_(bs, as, mb, toks, prompt, V, L, K, "prompt");
+    {
+        /* a session with another thread count has its own pool (not the model's shared one) and
+         * gives the same logits (-t 2 vs -t 3: equal within rounding) */
+        const float *l3, *l2;
+        CHECK(hm_session_eval(t3, prompt0, 5, false, &l3, &err) == HM_OK);
+        hm_session *t2 = NULL;
+        so.n_threads = 2;
+        CHECK(hm_session_open(&t2, mb, &so, &err) == HM_OK);
+        CHECK(hm_session_eval(t2, prompt0, 5, false, &l2, &err) == HM_OK);
+        CHECKF(max_rel_diff(l3, l2, V) <= BOUND, "-t 3 vs -t 2: %.3g", max_rel_diff(l3, l2, V));
+        hm_session_close(t2);
+    }
     /* sanity: the comparison can fail (different sequences have different logits) */
     {
         const float *l0, *l1;

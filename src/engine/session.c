@@ -1,5 +1,5 @@
-/* session.c - sessions: a position counter over an arch's state (KV cache), the session's own
- * thread pool, and the logits buffers. Evaluation splits a batch into micro-batches of at most
+/* session.c - sessions: a position counter over an arch's state (KV cache), a thread pool (the
+ * model's shared one when the thread count matches, model.h), and the logits buffers. Evaluation splits a batch into micro-batches of at most
  * n_ubatch tokens and asks the arch for logits only where the caller wants them.
  *
  * Invariants: 0 <= n_past <= n_ctx; the state holds positions [0, n_past); the last-token logits
@@ -7,6 +7,7 @@
  * allocates nothing. The all-positions buffer grows only when a larger logits_all batch arrives.
  * Each micro-batch is one step of the model's expert store (step_end after its forward); evals of
  * one model's sessions never overlap (model->busy), since they share that store. */
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,7 +18,8 @@
 
 struct hm_session {
     hm_model *model;  /* borrowed */
-    hm_pool *pool;    /* owned */
+    hm_pool *pool;    /* the model's shared pool (pool_shared) or owned */
+    bool pool_shared;
     void *state;      /* owned, by model->arch */
     int32_t n_ctx, n_ubatch, n_past, n_threads;
     int32_t *pos;     /* [n_ubatch] */
@@ -30,6 +32,48 @@ struct hm_session {
 void hm_session_opts_default(hm_session_opts *o) {
     memset(o, 0, sizeof *o);
     o->kv_type = HM_KV_F16;
+}
+
+static void pool_lock(hm_model *m) {
+    while (atomic_exchange_explicit(&m->pool_lock, 1, memory_order_acquire)) sched_yield();
+}
+static void pool_unlock(hm_model *m) { atomic_store_explicit(&m->pool_lock, 0, memory_order_release); }
+
+/* The model's pool when free or of s's thread count (shared, counted), else a pool of s's own. */
+static hm_status pool_acquire(hm_session *s, hm_err *err) {
+    hm_model *m = s->model;
+    hm_status st = HM_OK;
+    pool_lock(m);
+    if (m->pool_refs == 0 || m->pool_threads == s->n_threads) {
+        if (m->pool_refs == 0 && (st = hm_pool_open(&m->pool, s->n_threads, err)) == HM_OK)
+            m->pool_threads = s->n_threads;
+        if (st == HM_OK) {
+            m->pool_refs++;
+            s->pool = m->pool;
+            s->pool_shared = true;
+        }
+    } else {
+        st = hm_pool_open(&s->pool, s->n_threads, err);
+    }
+    pool_unlock(m);
+    return st;
+}
+
+static void pool_release(hm_session *s) {
+    if (!s->pool) return;
+    if (!s->pool_shared) {
+        hm_pool_close(s->pool);
+        return;
+    }
+    hm_model *m = s->model;
+    pool_lock(m);
+    if (--m->pool_refs == 0) {
+        hm_pool_close(m->pool);
+        m->pool = NULL;
+        m->pool_threads = 0;
+    }
+    pool_unlock(m);
+    s->pool = NULL;
 }
 
 hm_status hm_session_open(hm_session **out, hm_model *m, const hm_session_opts *opts, hm_err *err) {
@@ -58,7 +102,7 @@ hm_status hm_session_open(hm_session **out, hm_model *m, const hm_session_opts *
     s->n_ctx = o.n_ctx;
     s->n_ubatch = o.n_ubatch;
     s->n_threads = o.n_threads;
-    hm_status st = hm_pool_open(&s->pool, o.n_threads, err);
+    hm_status st = pool_acquire(s, err);
     if (st != HM_OK) goto fail;
     hm_state_opts so = {.n_ctx = o.n_ctx, .n_ubatch = o.n_ubatch, .n_threads = o.n_threads, .kv_type = o.kv_type};
     if ((st = m->arch->state_open(m, &so, &s->state, err)) != HM_OK) goto fail;
@@ -80,7 +124,7 @@ fail:
 void hm_session_close(hm_session *s) {
     if (!s) return;
     if (s->state) s->model->arch->state_close(s->state);
-    hm_pool_close(s->pool);
+    pool_release(s);
     hm_free_aligned(s->pos);
     hm_free_aligned(s->rows);
     hm_free_aligned(s->logits_last);

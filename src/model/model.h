@@ -51,6 +51,13 @@ struct hm_model {
     hm_ram_tier *ram;     /* owned */
     bool prefetch;        /* --prefetch: read layer l+1's predicted units during layer l */
     _Atomic int busy;     /* 1 while a session of this model is inside eval */
+    /* The compute pool shared by the model's sessions (engine/session.c): the first session opened
+     * sets its thread count; later sessions with that count share the pool, others own theirs.
+     * Evals of one model never overlap (busy), so one pool serves them all and no idle pool of a
+     * sibling session spins beside the working one. Closed with the last session using it. */
+    hm_pool *pool;
+    int32_t pool_threads, pool_refs;
+    _Atomic int pool_lock; /* guards the three fields above (session open/close) */
 };
 
 /* model_experts.c: build the unit table and open the store with o (NULL = count only). */
