@@ -1,7 +1,10 @@
 /* bench_batch.c - aggregate decode throughput of N concurrent sessions: one hm_batch_eval per
  * round (batched) vs one hm_session_eval per session per round (the server's old per-session loop).
  *
- *   bench_batch MODEL [-t THREADS] [-n 1,2,4] [-d DECODE_ROUNDS] [-r REPEATS] [-p PROMPT_LEN]
+ *   bench_batch MODEL [-t THREADS] [-n 1,2,4] [-d DECODE_ROUNDS] [-r REPEATS] [-p PROMPT_LEN] [-own-pools 1]
+ *
+ * -own-pools 1: every session gets a pool of its own (as before sessions shared the model's pool:
+ * a 1-thread session is opened first and holds the model's pool), i.e. the server's old set-up.
  *
  * For each N: N sessions, each prefilled with its own PROMPT_LEN-token prompt (different tokens),
  * 2 warm-up rounds, then DECODE_ROUNDS timed rounds in which every session decodes its greedy
@@ -81,7 +84,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     const char *path = argv[1];
-    int threads = 2, rounds = 16, repeats = 5, plen = 16;
+    int threads = 2, rounds = 16, repeats = 5, plen = 16, own = 0;
     char ns_arg[64] = "1,2,4";
     for (int i = 2; i + 1 < argc; i += 2) {
         if (!strcmp(argv[i], "-t")) threads = atoi(argv[i + 1]);
@@ -89,6 +92,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "-d")) rounds = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "-r")) repeats = atoi(argv[i + 1]);
         else if (!strcmp(argv[i], "-p")) plen = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "-own-pools")) own = atoi(argv[i + 1]);
     }
     if (plen < 1 || plen > 256 || repeats < 1 || repeats > 64 || rounds < 1) return 2;
     hm_err err;
@@ -98,8 +102,16 @@ int main(int argc, char **argv) {
         return 1;
     }
     const int32_t n_vocab = hm_model_n_vocab(m);
-    printf("# %s, -t %d, %d decode rounds after a %d-token prompt, median of %d\n", path, threads, rounds, plen,
-           repeats);
+    hm_session *holder = NULL; /* -own-pools: takes the model's pool with 1 thread */
+    if (own) {
+        hm_session_opts ho;
+        hm_session_opts_default(&ho);
+        ho.n_ctx = 16;
+        ho.n_threads = threads == 1 ? 2 : 1;
+        if (hm_session_open(&holder, m, &ho, &err) != HM_OK) return 1;
+    }
+    printf("# %s, -t %d, %d decode rounds after a %d-token prompt, median of %d, %s\n", path, threads, rounds, plen,
+           repeats, own ? "a pool per session" : "the model's shared pool");
     printf("# N  batched_tok_s  loop_tok_s  speedup\n");
     for (char *tok = strtok(ns_arg, ","); tok; tok = strtok(NULL, ",")) {
         int n = atoi(tok);
@@ -127,6 +139,7 @@ int main(int argc, char **argv) {
         fflush(stdout);
         for (int i = 0; i < n; i++) hm_session_close(ss[i]);
     }
+    hm_session_close(holder);
     hm_model_close(m);
     return 0;
 }
