@@ -221,8 +221,37 @@ static void run_model(const char *path, const char *label) {
     hm_model_close(mo);
 }
 
+/* An arch without forward_multi: n_seq > 1 is HM_ERR_UNSUPPORTED and evaluates nothing (the
+ * server then loops over its slots); n_seq == 1 is hm_session_eval. */
+static void unsupported(const char *path) {
+    hm_err err = {{0}};
+    hm_model *m = NULL;
+    hm_status st = hm_model_open(&m, path, NULL, &err);
+    CHECKF(st == HM_OK, "%s: %s", path, err.msg);
+    if (st != HM_OK) return;
+    hm_session_opts so;
+    hm_session_opts_default(&so);
+    so.n_ctx = 32;
+    so.n_threads = 2;
+    hm_session *a = NULL, *b = NULL;
+    CHECK(hm_session_open(&a, m, &so, &err) == HM_OK && hm_session_open(&b, m, &so, &err) == HM_OK);
+    int32_t t[2] = {1, 2};
+    const int32_t *tp[2] = {t, t + 1};
+    const int32_t nn[2] = {2, 1};
+    hm_session *ss[2] = {a, b};
+    const float *lg[2];
+    CHECKF(hm_batch_eval(ss, tp, nn, 2, lg, &err) == HM_ERR_UNSUPPORTED, "%s: %s", path, err.msg);
+    CHECK(hm_session_n_past(a) == 0 && hm_session_n_past(b) == 0 && lg[0] == NULL);
+    CHECK(hm_batch_eval(ss, tp, nn, 1, lg, &err) == HM_OK && lg[0] && hm_session_n_past(a) == 2);
+    hm_session_close(a);
+    hm_session_close(b);
+    hm_model_close(m);
+}
+
 int main(void) {
     run_model(test_src_path("tests/fixtures/qwen3moe_tiny/model.gguf"), "qwen3moe_tiny (f32)");
+    unsupported(test_src_path("tests/fixtures/hf_ref/qwen35moe/model.gguf"));
+    unsupported(test_src_path("tests/fixtures/hf_ref/gemma4/model.gguf"));
     char path[] = "/tmp/hm_batch_eval_XXXXXX";
     int fd = mkstemp(path);
     CHECK(fd >= 0);
