@@ -22,7 +22,8 @@
  * Policies (policy.c) act only inside step_end, never inside a layer: static (placement from a
  * profile at open, never changes), online (decayed frequency + recency, admission after N misses,
  * hysteresis, at most update_rate x slots swaps per window, one global pool so slots move between
- * layers), lru (every missed unit is admitted at step end, the least recently used goes).
+ * layers), lru (every missed unit is admitted at step end, the least recently used goes). The
+ * policy may be switched between steps (hm_experts_set_policy), which re-plans residency once.
  *
  * Invariants: a unit holds at most one hot slot and a slot at most one unit; a pinned unit is
  * never evicted; hits[l] + misses[l] = ids recorded for layer l; sum of counts = the same. */
