@@ -194,6 +194,15 @@ struct hm_placement_opts {
     float update_rate;    /* online: at most rate x slots swaps per window; < 0 = default (0.05) */
     int64_t vram_budget;  /* bytes of VRAM for expert units; 0 = none. > 0 is HM_ERR_UNSUPPORTED
                              until a GPU expert tier exists ("no GPU backend yet") */
+    /* The SSD tier (models larger than RAM, docs/ENGINE.md). ram_budget 0, or >= the model's
+     * expert bytes: every unit is computed from the file mapping (plain mmap). Below: expert
+     * units live in a RAM slot pool of ram_budget bytes (placed by `policy`), units without a
+     * slot are read from the file when routed (io_uring or pread, O_DIRECT when it can). */
+    int64_t ram_budget;   /* bytes for RAM expert slots + staging (--ram-budget); 0 = plain mmap */
+    bool mlock;           /* lock the slot pool in RAM (--mlock); fails naming RLIMIT_MEMLOCK */
+    bool prefetch;        /* apply layer l+1's router to layer l's input, read its units ahead */
+    int32_t io_depth;     /* reads in flight (--io-depth); 0 = 16 */
+    bool io_pread;        /* never io_uring (pread); for tests and seccomp'd containers */
 };
 
 /* No profile, policy NULL, update_rate -1, vram_budget 0. */
@@ -210,15 +219,6 @@ int hm_profile_fmt_from_name(const char *name);
 /* False for a model without expert tensors (then the calls below answer HM_ERR_UNSUPPORTED). */
 bool hm_model_has_experts(const hm_model *m);
 
-    /* The SSD tier (models larger than RAM, docs/ENGINE.md). ram_budget 0, or >= the model's
-     * expert bytes: every unit is computed from the file mapping (plain mmap). Below: expert
-     * units live in a RAM slot pool of ram_budget bytes (placed by `policy`), units without a
-     * slot are read from the file when routed (io_uring or pread, O_DIRECT when it can). */
-    int64_t ram_budget;   /* bytes for RAM expert slots + staging (--ram-budget); 0 = plain mmap */
-    bool mlock;           /* lock the slot pool in RAM (--mlock); fails naming RLIMIT_MEMLOCK */
-    bool prefetch;        /* apply layer l+1's router to layer l's input, read its units ahead */
-    int32_t io_depth;     /* reads in flight (--io-depth); 0 = 16 */
-    bool io_pread;        /* never io_uring (pread); for tests and seccomp'd containers */
 /* Write the usage counts so far (per layer per expert, tokens, prompt/decode split) to path,
  * atomically (path.tmp.<pid>, fsync, rename). */
 hm_status hm_model_profile_save(const hm_model *m, const char *path, hm_profile_fmt fmt, hm_err *err);

@@ -133,7 +133,6 @@ static inline int cli_placement_arg(cli_engine *e, int argc, char **argv, int *i
             fprintf(stderr, "hotmoe %s: --vram-budget expects a size (12GiB, 512MiB, 0), got '%s'\n", e->cmd, v);
             return -1;
         }
-    } else if (!strcmp(a, "--moe-hot-cache-max-mib")) {
     } else if (!strcmp(a, "--ram-budget")) {
         hm_err err;
         if (!(v = cli_value(e->cmd, argc, argv, i))) return -1;
@@ -151,6 +150,7 @@ static inline int cli_placement_arg(cli_engine *e, int argc, char **argv, int *i
         long nd;
         if (!(v = cli_value(e->cmd, argc, argv, i)) || cli_long(e->cmd, a, v, 1, 4096, &nd)) return -1;
         e->place.io_depth = (int32_t)nd;
+    } else if (!strcmp(a, "--moe-hot-cache-max-mib")) {
         long mib;
         if (!(v = cli_value(e->cmd, argc, argv, i)) || cli_long(e->cmd, a, v, 0, 1L << 40, &mib)) return -1;
         e->place.vram_budget = (int64_t)mib << 20;
@@ -160,7 +160,6 @@ static inline int cli_placement_arg(cli_engine *e, int argc, char **argv, int *i
     return 1;
 }
 
-/* Try argv[*i] as one of the shared flags: 1 consumed, 0 not ours, -1 bad value (printed). */
 /* The seed forks' environment aliases of --mlock / --prefetch. */
 static inline void cli_placement_env(hm_placement_opts *po) {
     const char *v;
@@ -170,6 +169,7 @@ static inline void cli_placement_env(hm_placement_opts *po) {
     if ((v = getenv("LLAMA_EXPERT_SWAP_PREFETCH")) && !strcmp(v, "1")) po->prefetch = true;
 }
 
+/* Try argv[*i] as one of the shared flags: 1 consumed, 0 not ours, -1 bad value (printed). */
 static inline int cli_engine_arg(cli_engine *e, int argc, char **argv, int *i) {
     const char *a = argv[*i], *v;
     long n;
@@ -211,8 +211,8 @@ static inline hm_model *cli_open_model(const cli_engine *e) {
     hm_placement_opts po;
     if (e->place_init) po = e->place;
     else hm_placement_opts_default(&po);
-    hm_model_opts mo;
     cli_placement_env(&po);
+    hm_model_opts mo;
     hm_model_opts_default(&mo);
     mo.verbose = e->verbose;
     mo.placement = &po;

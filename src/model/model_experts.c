@@ -235,10 +235,10 @@ hm_status hm_model_usage(const hm_model *m, hm_usage *u, hm_err *err) {
             const hm_unit *x = hm_experts_unit(m->experts, l, e);
             u->counts[i] = x->count;
             hm_unit_home h = x->home == HM_TIER_HOT ? HM_HOME_VRAM : x->home == HM_TIER_SSD ? HM_HOME_SSD : HM_HOME_RAM;
+            if (m->ram && h == HM_HOME_RAM && hm_ram_tier_where(m->ram, l, e) == 0) h = HM_HOME_SSD;
             u->home[i] = (uint8_t)h;
             u->units[h]++;
         }
     }
-            if (m->ram && h == HM_HOME_RAM && hm_ram_tier_where(m->ram, l, e) == 0) h = HM_HOME_SSD;
     return HM_OK;
 }
