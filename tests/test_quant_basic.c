@@ -1,9 +1,9 @@
-/* test_quant_basic.c - the float and Q8_0 quant families (F32, F16, BF16, Q8_0, Q4_0, MXFP4):
- * hand-built blocks with hand-derived values, quantisation of hand-picked floats (ggml's
- * rounding rules: q8_0 half away from zero, q4_0 trunc(x/d + 8.5) clamped, mxfp4 nearest code
- * with the lowest code winning ties), round-trip error bounds on random data, every SIMD
- * variant against the scalar reference, vec_dot against the dot of the dequantised rows, and
- * the IEEE half conversions exhaustively (and against F16C). */
+/* test_quant_basic.c - the float and Q8_0 quant families (F32, F16, BF16, Q8_0, Q4_0, Q5_0,
+ * MXFP4): hand-built blocks with hand-derived values, quantisation of hand-picked floats
+ * (ggml's rounding rules: q8_0 half away from zero, q4_0 trunc(x/d + 8.5) and q5_0
+ * trunc(x/d + 16.5) clamped, mxfp4 nearest code with the lowest code winning ties), round-trip
+ * error bounds on random data, every SIMD variant against the scalar reference, vec_dot against
+ * the dot of the dequantised rows, and the IEEE half conversions exhaustively (and against F16C). */
 #include <float.h>
 #include <math.h>
 #include <stdint.h>
@@ -42,6 +42,7 @@ static void test_traits(void) {
         {HM_TYPE_F32, "f32", 1, 4, HM_TYPE_F32},       {HM_TYPE_F16, "f16", 1, 2, HM_TYPE_F32},
         {HM_TYPE_BF16, "bf16", 1, 2, HM_TYPE_F32},     {HM_TYPE_Q8_0, "q8_0", 32, 34, HM_TYPE_Q8_0},
         {HM_TYPE_Q4_0, "q4_0", 32, 18, HM_TYPE_Q8_0},  {HM_TYPE_MXFP4, "mxfp4", 32, 17, HM_TYPE_Q8_0},
+        {HM_TYPE_Q5_0, "q5_0", 32, 22, HM_TYPE_Q8_0},
     };
     for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
         const hm_type_traits *e = hm_type_get(want[i].t);
@@ -54,6 +55,7 @@ static void test_traits(void) {
     }
     CHECK(hm_row_size(HM_TYPE_Q4_0, 4096) == 128 * 18);
     CHECK(hm_row_size(HM_TYPE_MXFP4, 64) == 34);
+    CHECK(hm_row_size(HM_TYPE_Q5_0, 4096) == 128 * 22);
     CHECK(hm_row_size(HM_TYPE_Q8_0, 33) == 0);
 }
 
@@ -91,6 +93,51 @@ static void test_known_q4_0(void) {
     memset(y, 0, sizeof y);
     hm_type_get(HM_TYPE_Q4_0)->from_float_ref(y, &q, 32);
     CHECK(q.d == 0x8000 && q.qs[0] == 0x88 && q.qs[15] == 0x88);
+}
+
+/* q5_0: qs as q4_0, qh bit j = fifth bit of element j, value = (q - 16) * d. */
+static void test_known_q5_0(void) {
+    hm_block_q5_0 b;
+    b.d = 0x3800; /* 0.5 */
+    for (int j = 0; j < 16; j++) b.qs[j] = (uint8_t)(j | ((15 - j) << 4));
+    /* fifth bits set on elements 1,3,5,7 (0xaa), 8,10,12,14 (0x55), 16-19 (0x0f), 28-31 (0xf0) */
+    b.qh[0] = 0xaa, b.qh[1] = 0x55, b.qh[2] = 0x0f, b.qh[3] = 0xf0;
+    /* element j < 16: code j (+16 where set); element 16 + j: code 15 - j (+16 where set) */
+    static const float want[32] = {
+        -8, 0.5f, -7, 1.5f, -6, 2.5f, -5, 3.5f, 4, -3.5f, 5, -2.5f, 6, -1.5f, 7, -0.5f,
+        7.5f, 7, 6.5f, 6, -2.5f, -3, -3.5f, -4, -4.5f, -5, -5.5f, -6, 1.5f, 1, 0.5f, 0,
+    };
+    for (int isa = 0; isa < HM_ISA_COUNT; isa++) {
+        hm_to_float_fn f = hm_type_get(HM_TYPE_Q5_0)->to_float_isa[isa];
+        if (!f) continue;
+        float out[32];
+        f(&b, out, 32);
+        for (int j = 0; j < 32; j++) CHECKF(out[j] == want[j], "isa %d el %d: %g", isa, j, out[j]);
+    }
+    /* quantise: the largest magnitude is -16, so d = -16/-16 = 1 and q = min(31, trunc(x + 16.5)):
+     * codes 0, 31, 31 (32 clamped), 17, 16, 17, 0, 16; the zeros elsewhere get 16 */
+    float x[32] = {-16, 15, 15.6f, 0.5f, -0.5f, 1.49f, -15.51f, 0};
+    hm_block_q5_0 q;
+    hm_type_get(HM_TYPE_Q5_0)->from_float_ref(x, &q, 32);
+    CHECK(q.d == 0x3c00);
+    CHECK((q.qs[0] & 15) == 0 && (q.qs[1] & 15) == 15 && (q.qs[2] & 15) == 15 && (q.qs[3] & 15) == 1);
+    CHECK((q.qs[4] & 15) == 0 && (q.qs[5] & 15) == 1 && (q.qs[6] & 15) == 0 && (q.qs[7] & 15) == 0);
+    CHECK((q.qs[0] >> 4) == 0);                 /* element 16 = 0 -> code 16 */
+    CHECK(q.qh[0] == 0xbe && q.qh[1] == 0xff); /* fifth bits: elements 1-5, 7 and 8-15 */
+    CHECK(q.qh[2] == 0xff && q.qh[3] == 0xff);
+    /* a positive extreme: d = 16/-16 = -1, so +16 gets code 0 and decodes to (0-16)*-1 = 16;
+     * -3 -> trunc(3 + 16.5) = 19 */
+    float y[32] = {0};
+    y[16] = 16.0f;
+    y[17] = -3.0f;
+    hm_type_get(HM_TYPE_Q5_0)->from_float_ref(y, &q, 32);
+    CHECK(q.d == 0xbc00 && (q.qs[0] >> 4) == 0 && (q.qs[1] >> 4) == 3);
+    CHECK(q.qh[2] == 0xfe && q.qh[0] == 0xff);
+    /* all zeros: d = -0 (0x8000, as ggml), every code 16: nibbles 0, all fifth bits set */
+    memset(y, 0, sizeof y);
+    hm_type_get(HM_TYPE_Q5_0)->from_float_ref(y, &q, 32);
+    CHECK(q.d == 0x8000 && q.qs[0] == 0x00 && q.qs[15] == 0x00);
+    CHECK(q.qh[0] == 0xff && q.qh[1] == 0xff && q.qh[2] == 0xff && q.qh[3] == 0xff);
 }
 
 static void test_known_q8_0(void) {
@@ -270,7 +317,7 @@ static void fill_blocks(void *dst, int t, int64_t n, bool finite) {
     for (size_t i = 0; i < bytes; i++) p[i] = (uint8_t)rng_u64();
     for (int64_t b = 0; b < n / e->blck_size; b++) {
         uint8_t *blk = p + (size_t)b * e->type_size;
-        if (t == HM_TYPE_Q8_0 || t == HM_TYPE_Q4_0) {
+        if (t == HM_TYPE_Q8_0 || t == HM_TYPE_Q4_0 || t == HM_TYPE_Q5_0) {
             uint16_t d = hm_f32_to_fp16(ldexpf(0.5f + rng_unit(), -(int)(rng_u64() % 12)));
             memcpy(blk, &d, 2);
         } else if (t == HM_TYPE_MXFP4) {
@@ -293,7 +340,8 @@ static double dot_d(const float *a, const float *b, int64_t n, double *abs_sum) 
 static float xf[MAXN], yf[MAXN], xr[MAXN], yr[MAXN];
 static uint8_t xq[MAXN * 4], yq[MAXN * 4], q1[MAXN * 4], q2[MAXN * 4];
 
-static const int types[] = {HM_TYPE_F32, HM_TYPE_F16, HM_TYPE_BF16, HM_TYPE_Q8_0, HM_TYPE_Q4_0, HM_TYPE_MXFP4};
+static const int types[] = {HM_TYPE_F32, HM_TYPE_F16, HM_TYPE_BF16, HM_TYPE_Q8_0, HM_TYPE_Q4_0, HM_TYPE_Q5_0,
+                            HM_TYPE_MXFP4};
 static const int64_t lens_float[] = {1, 7, 8, 15, 16, 17, 31, 33, 64, 100, 255, 256, 1000, 4096};
 static const int64_t lens_block[] = {32, 64, 96, 128, 160, 224, 256, 288, 1056, 4096};
 
@@ -379,6 +427,8 @@ static void test_round_trip(void) {
                 case HM_TYPE_Q8_0: bound = amax / 127.0f * (0.5f + 127.0f * 0x1p-11f) * 1.0001f; break;
                 /* step d = amax/8; the end opposite the signed max clamps at 7d (error up to d) */
                 case HM_TYPE_Q4_0: bound = amax / 8.0f * (1.0f + 8.0f * 0x1p-11f) * 1.0001f; break;
+                /* the same with 16 steps: d = amax/16, the far end clamps at 15d */
+                case HM_TYPE_Q5_0: bound = amax / 16.0f * (1.0f + 16.0f * 0x1p-11f) * 1.0001f; break;
                 /* scale s = 2^floor(log2 amax - 2): codes reach 6s >= 1.5 amax... the largest gap is
                  * 2s (between 4s and 6s, half of it is s), values above 6s clamp: error < 2s */
                 case HM_TYPE_MXFP4: bound = 2.0f * ldexpf(1.0f, (int)floorf(log2f(amax)) - 2); break;
@@ -398,6 +448,7 @@ static void test_round_trip(void) {
         case HM_TYPE_BF16: lim = 0x1p-8; break;
         case HM_TYPE_Q8_0: lim = 0.02; break;  /* ~ (amax/rms)/127/sqrt(12), amax/rms ~ 5 */
         case HM_TYPE_Q4_0: lim = 0.2; break;   /* ~ (amax/rms)/8/sqrt(12) */
+        case HM_TYPE_Q5_0: lim = 0.1; break;   /* ~ (amax/rms)/16/sqrt(12) */
         case HM_TYPE_MXFP4: lim = 0.2; break;
         }
         CHECKF(rel <= lim, "%s: relative RMS error %g > %g", e->name, rel, lim);
@@ -408,6 +459,7 @@ static void test_round_trip(void) {
 int main(void) {
     test_traits();
     test_known_q4_0();
+    test_known_q5_0();
     test_known_q8_0();
     test_known_mxfp4();
     test_known_f16_bf16();

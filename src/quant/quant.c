@@ -13,8 +13,7 @@ static pthread_once_t table_once = PTHREAD_ONCE_INIT;
 /* Types we can name and size but do not compute (so inspect can describe any file). */
 static void register_known_sizes(hm_type_traits *t) {
     static const struct { int id; const char *name; int64_t blck; size_t size; } known[] = {
-        {HM_TYPE_Q4_1, "q4_1", 32, 20}, {HM_TYPE_Q5_0, "q5_0", 32, 22},
-        {HM_TYPE_Q5_1, "q5_1", 32, 24}, {HM_TYPE_Q8_1, "q8_1", 32, 36},
+        {HM_TYPE_Q4_1, "q4_1", 32, 20}, {HM_TYPE_Q5_1, "q5_1", 32, 24}, {HM_TYPE_Q8_1, "q8_1", 32, 36},
         {HM_TYPE_Q2_K, "q2_K", 256, 84}, {HM_TYPE_Q3_K, "q3_K", 256, 110},
         {16, "iq2_xxs", 256, 66}, {17, "iq2_xs", 256, 74}, {18, "iq3_xxs", 256, 98},
         {19, "iq1_s", 256, 50}, {20, "iq4_nl", 32, 18}, {21, "iq3_s", 256, 110},

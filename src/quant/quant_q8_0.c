@@ -1,7 +1,7 @@
-/* quant_q8_0.c - the Q8_0 family: Q8_0, Q4_0 and MXFP4 (32-element blocks, layouts in
+/* quant_q8_0.c - the Q8_0 family: Q8_0, Q4_0, Q5_0 and MXFP4 (32-element blocks, layouts in
  * quant_impl.h), scalar reference and registration.
  *
- * All three take Q8_0 activations as their dot partner. The reference quantisers reproduce
+ * All four take Q8_0 activations as their dot partner. The reference quantisers reproduce
  * ggml's quantize_row_*_ref rounding step for step (same float operations in the same order),
  * so quantising the same floats gives the same bytes as ggml. Dot products sum each block in
  * integers and accumulate the scaled block sums in float, as ggml does. */
@@ -109,6 +109,68 @@ static void vec_dot_q4_0_q8_0_ref(int64_t n, float *out, const void *vx, const v
     *out = s;
 }
 
+/* ---- Q5_0 ---- */
+
+/* The fifth bit of element j, 0 or 16. */
+static inline int q5_0_hbit(const hm_block_q5_0 *b, int j) { return ((b->qh[j >> 3] >> (j & 7)) & 1) << 4; }
+
+static void to_float_q5_0_ref(const void *src, float *dst, int64_t n) {
+    const hm_block_q5_0 *x = src;
+    for (int64_t i = 0; i < n / HM_QK5_0; i++) {
+        const float d = hm_fp16_to_f32(x[i].d);
+        float *o = dst + i * HM_QK5_0;
+        for (int j = 0; j < HM_QK5_0 / 2; j++) {
+            o[j] = (float)(((x[i].qs[j] & 0x0f) | q5_0_hbit(&x[i], j)) - 16) * d;
+            o[j + HM_QK5_0 / 2] = (float)(((x[i].qs[j] >> 4) | q5_0_hbit(&x[i], j + HM_QK5_0 / 2)) - 16) * d;
+        }
+    }
+}
+
+/* As q4_0 with 16 in place of 8: d = max / -16 (max = signed value of largest magnitude, first
+ * on ties), q = min(31, trunc(x/d + 16.5)); bit 4 of each code goes to qh. */
+static void from_float_q5_0_ref(const float *src, void *dst, int64_t n) {
+    hm_block_q5_0 *y = dst;
+    for (int64_t i = 0; i < n / HM_QK5_0; i++) {
+        const float *x = src + i * HM_QK5_0;
+        float amax = 0.0f, max = 0.0f;
+        for (int j = 0; j < HM_QK5_0; j++) {
+            if (amax < fabsf(x[j])) {
+                amax = fabsf(x[j]);
+                max = x[j];
+            }
+        }
+        const float d = max / -16.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        y[i].d = hm_f32_to_fp16(d);
+        uint32_t qh = 0;
+        for (int j = 0; j < HM_QK5_0 / 2; j++) {
+            int q0 = (int8_t)(mul_unfused(x[j], id) + 16.5f);
+            int q1 = (int8_t)(mul_unfused(x[j + HM_QK5_0 / 2], id) + 16.5f);
+            q0 = q0 < 31 ? q0 : 31;
+            q1 = q1 < 31 ? q1 : 31;
+            y[i].qs[j] = (uint8_t)((q0 & 0x0f) | ((q1 & 0x0f) << 4));
+            qh |= (uint32_t)((q0 >> 4) & 1) << j;
+            qh |= (uint32_t)((q1 >> 4) & 1) << (j + HM_QK5_0 / 2);
+        }
+        for (int k = 0; k < 4; k++) y[i].qh[k] = (uint8_t)(qh >> (8 * k));
+    }
+}
+
+static void vec_dot_q5_0_q8_0_ref(int64_t n, float *out, const void *vx, const void *vy) {
+    const hm_block_q5_0 *x = vx;
+    const hm_block_q8_0 *y = vy;
+    float s = 0.0f;
+    for (int64_t i = 0; i < n / HM_QK5_0; i++) {
+        int32_t si = 0;
+        for (int j = 0; j < HM_QK5_0 / 2; j++) {
+            si += (((x[i].qs[j] & 0x0f) | q5_0_hbit(&x[i], j)) - 16) * y[i].qs[j];
+            si += (((x[i].qs[j] >> 4) | q5_0_hbit(&x[i], j + HM_QK5_0 / 2)) - 16) * y[i].qs[j + HM_QK5_0 / 2];
+        }
+        s += (float)si * (hm_fp16_to_f32(x[i].d) * hm_fp16_to_f32(y[i].d));
+    }
+    *out = s;
+}
+
 /* ---- MXFP4 ---- */
 
 static void to_float_mxfp4_ref(const void *src, float *dst, int64_t n) {
@@ -204,6 +266,8 @@ void hm_quant_register_q8_0(hm_type_traits *table) {
                from_float_q8_0_ref, vec_dot_q8_0_q8_0_ref);
     set_scalar(&table[HM_TYPE_Q4_0], "q4_0", sizeof(hm_block_q4_0), to_float_q4_0_ref,
                from_float_q4_0_ref, vec_dot_q4_0_q8_0_ref);
+    set_scalar(&table[HM_TYPE_Q5_0], "q5_0", sizeof(hm_block_q5_0), to_float_q5_0_ref,
+               from_float_q5_0_ref, vec_dot_q5_0_q8_0_ref);
     set_scalar(&table[HM_TYPE_MXFP4], "mxfp4", sizeof(hm_block_mxfp4), to_float_mxfp4_ref,
                from_float_mxfp4_ref, vec_dot_mxfp4_q8_0_ref);
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
@@ -214,5 +278,6 @@ void hm_quant_register_q8_0(hm_type_traits *table) {
 #endif
     pick_fastest(&table[HM_TYPE_Q8_0]);
     pick_fastest(&table[HM_TYPE_Q4_0]);
+    pick_fastest(&table[HM_TYPE_Q5_0]);
     pick_fastest(&table[HM_TYPE_MXFP4]);
 }

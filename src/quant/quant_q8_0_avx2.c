@@ -1,4 +1,4 @@
-/* quant_q8_0_avx2.c - AVX2 (+FMA, F16C) variants of the Q8_0 family: Q4_0/Q8_0/MXFP4 x Q8_0
+/* quant_q8_0_avx2.c - AVX2 (+FMA, F16C) variants of the Q8_0 family: Q4_0/Q5_0/Q8_0/MXFP4 x Q8_0
  * dot products, dequantisation and the Q8_0 activation quantiser, for CPUs without AVX-512.
  *
  * Dot products: one block per 256-bit register; signed weights q and activations y are
@@ -9,6 +9,7 @@
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>
+#include <string.h>
 
 #include "core/fp16.h"
 
@@ -31,6 +32,19 @@ static inline __m256i nibbles(const uint8_t *q) {
     __m128i b = _mm_loadu_si128((const __m128i *)q);
     const __m128i m4 = _mm_set1_epi8(0x0f);
     return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), m4), _mm_and_si128(b, m4));
+}
+
+/* The 32 codes of a q5_0 block minus 16 (-16..15), in element order: the nibble, with 0xf0
+ * or'ed in where the fifth bit is clear (nibble - 16 as a signed byte). */
+static inline __m256i q5_0_codes(const hm_block_q5_0 *b) {
+    uint32_t qh;
+    memcpy(&qh, b->qh, 4);
+    /* byte k = qh byte k/8, then keep bit k%8 */
+    const __m256i spread = _mm256_setr_epi64x(0, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303);
+    const __m256i bitsel = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+    __m256i h = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), spread), bitsel);
+    __m256i clear = _mm256_andnot_si256(_mm256_cmpeq_epi8(h, bitsel), _mm256_set1_epi8((char)0xf0));
+    return _mm256_or_si256(nibbles(b->qs), clear);
 }
 
 static void vec_dot_q8_0_q8_0_avx2(int64_t n, float *out, const void *vx, const void *vy) {
@@ -69,6 +83,25 @@ static void vec_dot_q4_0_q8_0_avx2(int64_t n, float *out, const void *vx, const 
     }
     if (i < nb) {
         __m256 p0 = dot_s8s8(_mm256_sub_epi8(nibbles(x[i].qs), eight), _mm256_loadu_si256((const __m256i *)y[i].qs));
+        acc0 = _mm256_fmadd_ps(p0, _mm256_set1_ps(_cvtsh_ss(x[i].d) * _cvtsh_ss(y[i].d)), acc0);
+    }
+    *out = hsum8(_mm256_add_ps(acc0, acc1));
+}
+
+static void vec_dot_q5_0_q8_0_avx2(int64_t n, float *out, const void *vx, const void *vy) {
+    const hm_block_q5_0 *x = vx;
+    const hm_block_q8_0 *y = vy;
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = _mm256_setzero_ps();
+    const int64_t nb = n / HM_QK5_0;
+    int64_t i = 0;
+    for (; i + 2 <= nb; i += 2) {
+        __m256 p0 = dot_s8s8(q5_0_codes(&x[i]), _mm256_loadu_si256((const __m256i *)y[i].qs));
+        __m256 p1 = dot_s8s8(q5_0_codes(&x[i + 1]), _mm256_loadu_si256((const __m256i *)y[i + 1].qs));
+        acc0 = _mm256_fmadd_ps(p0, _mm256_set1_ps(_cvtsh_ss(x[i].d) * _cvtsh_ss(y[i].d)), acc0);
+        acc1 = _mm256_fmadd_ps(p1, _mm256_set1_ps(_cvtsh_ss(x[i + 1].d) * _cvtsh_ss(y[i + 1].d)), acc1);
+    }
+    if (i < nb) {
+        __m256 p0 = dot_s8s8(q5_0_codes(&x[i]), _mm256_loadu_si256((const __m256i *)y[i].qs));
         acc0 = _mm256_fmadd_ps(p0, _mm256_set1_ps(_cvtsh_ss(x[i].d) * _cvtsh_ss(y[i].d)), acc0);
     }
     *out = hsum8(_mm256_add_ps(acc0, acc1));
@@ -118,6 +151,12 @@ static void to_float_q4_0_avx2(const void *src, float *dst, int64_t n) {
     const __m256i eight = _mm256_set1_epi8(8);
     for (int64_t i = 0; i < n / HM_QK4_0; i++)
         store_scaled_i8x32(dst + i * HM_QK4_0, _mm256_sub_epi8(nibbles(x[i].qs), eight), _cvtsh_ss(x[i].d));
+}
+
+static void to_float_q5_0_avx2(const void *src, float *dst, int64_t n) {
+    const hm_block_q5_0 *x = src;
+    for (int64_t i = 0; i < n / HM_QK5_0; i++)
+        store_scaled_i8x32(dst + i * HM_QK5_0, q5_0_codes(&x[i]), _cvtsh_ss(x[i].d));
 }
 
 static void to_float_mxfp4_avx2(const void *src, float *dst, int64_t n) {
@@ -174,6 +213,8 @@ void hm_quant_register_q8_0_avx2(hm_type_traits *table) {
     table[HM_TYPE_Q8_0].from_float_isa[HM_ISA_AVX2] = from_float_q8_0_avx2;
     table[HM_TYPE_Q4_0].vec_dot_isa[HM_ISA_AVX2] = vec_dot_q4_0_q8_0_avx2;
     table[HM_TYPE_Q4_0].to_float_isa[HM_ISA_AVX2] = to_float_q4_0_avx2;
+    table[HM_TYPE_Q5_0].vec_dot_isa[HM_ISA_AVX2] = vec_dot_q5_0_q8_0_avx2;
+    table[HM_TYPE_Q5_0].to_float_isa[HM_ISA_AVX2] = to_float_q5_0_avx2;
     table[HM_TYPE_MXFP4].vec_dot_isa[HM_ISA_AVX2] = vec_dot_mxfp4_q8_0_avx2;
     table[HM_TYPE_MXFP4].to_float_isa[HM_ISA_AVX2] = to_float_mxfp4_avx2;
 }

@@ -1,8 +1,9 @@
 /* quant_q8_0_avx512.c - AVX-512 (F/BW/VL, VNNI when present) variants of the Q8_0 family:
- * Q4_0/Q8_0/MXFP4 x Q8_0 dot products, dequantisation, and the Q8_0 activation quantiser.
+ * Q4_0/Q5_0/Q8_0/MXFP4 x Q8_0 dot products, dequantisation, and the Q8_0 activation quantiser.
  *
  * Dot products take two blocks per 512-bit register and four blocks per iteration. Weights are
- * made unsigned by an offset (q4_0: the raw nibble n = q+8; mxfp4: table value + 12; q8_0:
+ * made unsigned by an offset (q4_0: the raw nibble n = q+8;
+ * q5_0: nibble | fifth bit << 4 = q+16; mxfp4: table value + 12; q8_0:
  * q ^ 0x80 = q+128), so one u8 x s8 dot (vpdpbusd, or vpmaddubsw+vpmaddwd without VNNI)
  * gives sum((q+off)*y); subtracting off*sum(y) restores sum(q*y) exactly in int32. Each block's
  * int sum is scaled by dx*dy and accumulated in float, as the scalar reference does, so the
@@ -15,6 +16,7 @@
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
 #include <immintrin.h>
 #include <math.h>
+#include <string.h>
 
 #include "core/fp16.h"
 
@@ -80,6 +82,16 @@ static inline __m512i nibbles_pair(const uint8_t *qa, const uint8_t *qb) {
     return _mm512_permutex2var_epi64(lo, _mm512_set_epi64(11, 10, 3, 2, 9, 8, 1, 0), hi);
 }
 
+/* Two q5_0 blocks' codes + 16 (0..31) in element order: nibbles_pair with 16 added where the
+ * fifth bit is set (the two qh words form the 64-bit byte mask). */
+static inline __m512i q5_0_pair_u8(const hm_block_q5_0 *b) {
+    uint32_t ha, hb;
+    memcpy(&ha, b[0].qh, 4);
+    memcpy(&hb, b[1].qh, 4);
+    __m512i nib = nibbles_pair(b[0].qs, b[1].qs);
+    return _mm512_mask_add_epi8(nib, _cvtu64_mask64((uint64_t)ha | (uint64_t)hb << 32), nib, _mm512_set1_epi8(16));
+}
+
 /* sum((u - off) * y) per lane, u unsigned. */
 static inline __m512i dot_offset(__m512i u, __m512i y, char off) {
     return _mm512_sub_epi32(dot_u8s8(u, y), dot_u8s8(_mm512_set1_epi8(off), y));
@@ -100,6 +112,15 @@ static inline int32_t blk_q8_0(const hm_block_q8_0 *x, const hm_block_q8_0 *y) {
 static inline int32_t blk_q4_0(const hm_block_q4_0 *x, const hm_block_q8_0 *y) {
     int32_t s = 0;
     for (int j = 0; j < 16; j++) s += ((x->qs[j] & 0x0f) - 8) * y->qs[j] + ((x->qs[j] >> 4) - 8) * y->qs[j + 16];
+    return s;
+}
+static inline int32_t blk_q5_0(const hm_block_q5_0 *x, const hm_block_q8_0 *y) {
+    uint32_t qh;
+    memcpy(&qh, x->qh, 4);
+    int32_t s = 0;
+    for (int j = 0; j < 16; j++)
+        s += ((int)((x->qs[j] & 0x0f) | ((qh >> j & 1) << 4)) - 16) * y->qs[j] +
+             ((int)((x->qs[j] >> 4) | ((qh >> (j + 16) & 1) << 4)) - 16) * y->qs[j + 16];
     return s;
 }
 static inline int32_t blk_mxfp4(const hm_block_mxfp4 *x, const hm_block_q8_0 *y) {
@@ -146,6 +167,25 @@ static void vec_dot_q4_0_q8_0_avx512(int64_t n, float *out, const void *vx, cons
     }
     float s = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
     for (; i < nb; i++) s += (float)blk_q4_0(x + i, y + i) * (hm_fp16_to_f32(x[i].d) * hm_fp16_to_f32(y[i].d));
+    *out = s;
+}
+
+static void vec_dot_q5_0_q8_0_avx512(int64_t n, float *out, const void *vx, const void *vy) {
+    const hm_block_q5_0 *x = vx;
+    const hm_block_q8_0 *y = vy;
+    const int64_t nb = n / HM_QK5_0;
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 4 <= nb; i += 4) {
+        __m128 d = _mm_mul_ps(f16x4(x[i].d, x[i + 1].d, x[i + 2].d, x[i + 3].d),
+                              f16x4(y[i].d, y[i + 1].d, y[i + 2].d, y[i + 3].d));
+        __m512i s0 = dot_offset(q5_0_pair_u8(x + i), load_q8_pair(y + i), 16);
+        __m512i s1 = dot_offset(q5_0_pair_u8(x + i + 2), load_q8_pair(y + i + 2), 16);
+        acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s0), spread_pair(d, 0), acc0);
+        acc1 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s1), spread_pair(d, 1), acc1);
+    }
+    float s = _mm512_reduce_add_ps(_mm512_add_ps(acc0, acc1));
+    for (; i < nb; i++) s += (float)blk_q5_0(x + i, y + i) * (hm_fp16_to_f32(x[i].d) * hm_fp16_to_f32(y[i].d));
     *out = s;
 }
 
@@ -199,6 +239,25 @@ static void to_float_q4_0_avx512(const void *src, float *dst, int64_t n) {
     }
 }
 
+static void to_float_q5_0_avx512(const void *src, float *dst, int64_t n) {
+    const hm_block_q5_0 *x = src;
+    const __m128i m4 = _mm_set1_epi8(0x0f);
+    const __m512i sixteen = _mm512_set1_epi32(16);
+    for (int64_t i = 0; i < n / HM_QK5_0; i++) {
+        const __m512 d = _mm512_set1_ps(hm_fp16_to_f32(x[i].d));
+        uint32_t qh;
+        memcpy(&qh, x[i].qh, 4);
+        __m128i q = _mm_loadu_si128((const __m128i *)x[i].qs);
+        __m512i lo = _mm512_cvtepu8_epi32(_mm_and_si128(q, m4));
+        __m512i hi = _mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(q, 4), m4));
+        /* +16 where the fifth bit is set, then -16 for every element */
+        lo = _mm512_sub_epi32(_mm512_mask_add_epi32(lo, (__mmask16)(qh & 0xffff), lo, sixteen), sixteen);
+        hi = _mm512_sub_epi32(_mm512_mask_add_epi32(hi, (__mmask16)(qh >> 16), hi, sixteen), sixteen);
+        _mm512_storeu_ps(dst + i * HM_QK5_0, _mm512_mul_ps(_mm512_cvtepi32_ps(lo), d));
+        _mm512_storeu_ps(dst + i * HM_QK5_0 + 16, _mm512_mul_ps(_mm512_cvtepi32_ps(hi), d));
+    }
+}
+
 static void to_float_mxfp4_avx512(const void *src, float *dst, int64_t n) {
     const hm_block_mxfp4 *x = src;
     const __m128i m4 = _mm_set1_epi8(0x0f);
@@ -249,6 +308,8 @@ void hm_quant_register_q8_0_avx512(hm_type_traits *table) {
     table[HM_TYPE_Q8_0].from_float_isa[HM_ISA_AVX512] = from_float_q8_0_avx512;
     table[HM_TYPE_Q4_0].vec_dot_isa[HM_ISA_AVX512] = vec_dot_q4_0_q8_0_avx512;
     table[HM_TYPE_Q4_0].to_float_isa[HM_ISA_AVX512] = to_float_q4_0_avx512;
+    table[HM_TYPE_Q5_0].vec_dot_isa[HM_ISA_AVX512] = vec_dot_q5_0_q8_0_avx512;
+    table[HM_TYPE_Q5_0].to_float_isa[HM_ISA_AVX512] = to_float_q5_0_avx512;
     table[HM_TYPE_MXFP4].vec_dot_isa[HM_ISA_AVX512] = vec_dot_mxfp4_q8_0_avx512;
     table[HM_TYPE_MXFP4].to_float_isa[HM_ISA_AVX512] = to_float_mxfp4_avx512;
 }
