@@ -2,21 +2,14 @@
 # cli_plan.sh - `hotmoe plan` as a user types it: a tiny synth model with a hand-made profile
 # (hit rates derived below), the budget as bytes and as a share, a trace, and bad input.
 set -uo pipefail
-exe="${HM_EXE:-build/hotmoe}"
+. "$(dirname "$0")/lib.sh"
 command -v jq >/dev/null || { echo "skipped: jq not installed"; exit 77; }
-tmp=$(mktemp -d /tmp/hm_cli_plan.XXXXXX)
-trap 'rm -rf "$tmp"' EXIT
-fail=0
-check() { # check NAME COND...
-    local name=$1; shift
-    if "$@"; then :; else echo "FAIL: $name"; fail=1; fi
-}
-code() { "$@" >"$tmp/out" 2>"$tmp/err"; echo $?; }
+hm_tmpdir plan
 near() { awk -v a="$1" -v b="$2" 'BEGIN { d = a - b; exit !(d < 1e-9 && d > -1e-9) }'; }
 
-check "plan --help" test "$(code "$exe" plan --help)" = 0
+check "plan --help" test "$(code "$EXE" plan --help)" = 0
 check "plan --help text" grep -q -- "--n-cpu-moe" "$tmp/out"
-check "synth tiny" test "$(code "$exe" synth --preset tiny --type q4_k_m --seed 1 -q -o "$tmp/tiny.gguf")" = 0
+check "synth tiny" test "$(code "$EXE" synth --preset tiny --type q4_k_m --seed 1 -q -o "$tmp/tiny.gguf")" = 0
 
 # tiny: 4 layers x 16 experts, k 4. Every layer routes expert e (16 - e) times: 136 per layer.
 # 25 % of 64 units = 16 slots: the top counts 16, 15, 14, 13 of each layer (ties go to the lower
@@ -29,7 +22,7 @@ row=$(seq 16 -1 1 | paste -sd, -)
     for l in 0 1 2 3; do printf '%s{"layer": %d, "counts": [%s]}' "$([ $l = 0 ] || echo ,)" $l "$row"; done
     printf ']}\n'
 } >"$tmp/p.json"
-check "plan -m --json" test "$(code "$exe" plan -m "$tmp/tiny.gguf" --profile "$tmp/p.json" --budget 25% --json -t 2)" = 0
+check "plan -m --json" test "$(code "$EXE" plan -m "$tmp/tiny.gguf" --profile "$tmp/p.json" --budget 25% --json -t 2)" = 0
 j="$tmp/out"
 check "units_fit 16" test "$(jq .units_fit "$j")" = 16
 check "policy static" test "$(jq -r .policy "$j")" = static
@@ -42,13 +35,13 @@ check "cpu calibrated" test "$(jq '.cpu.us_per_unit > 0 and .cpu.threads == 2' "
 check "gpu placeholder" test "$(jq .gpu.measured "$j")" = false
 check "compare has lru" test "$(jq '.compare.lru >= 0' "$j")" = true
 
-check "plan text" test "$(code "$exe" plan -m "$tmp/tiny.gguf" --profile "$tmp/p.json" --budget 25% --no-calibrate)" = 0
+check "plan text" test "$(code "$EXE" plan -m "$tmp/tiny.gguf" --profile "$tmp/p.json" --budget 25% --no-calibrate)" = 0
 check "text: units fit" grep -q "16 of 64 units fit" "$tmp/out"
 check "text: n-cpu-moe" grep -q -- "--n-cpu-moe 3" "$tmp/out"
 check "text: hit rate" grep -q "expected hit rate 42.6 %" "$tmp/out"
 
 # without a model: the unit size from --unit-bytes; 1 MiB budget = 4 units of 256 KiB
-check "plan --unit-bytes" test "$(code "$exe" plan --profile "$tmp/p.json" --budget 1MiB --unit-bytes 256KiB --json)" = 0
+check "plan --unit-bytes" test "$(code "$EXE" plan --profile "$tmp/p.json" --budget 1MiB --unit-bytes 256KiB --json)" = 0
 check "4 units fit" test "$(jq .units_fit "$tmp/out")" = 4
 check "top 4 = 16+16+16+16 of 544" near "$(jq .hit_rate "$tmp/out")" "$(awk 'BEGIN { printf "%.12f", 64 / 544 }')"
 
@@ -58,19 +51,19 @@ check "top 4 = 16+16+16+16 of 544" near "$(jq .hit_rate "$tmp/out")" "$(awk 'BEG
     printf 'HMTRACE1\x01\0\0\0\x01\0\0\0\x04\0\0\0\x01\0\0\0\x01\0\0\0\0\0\0\0'
     for e in 0 1 0 2 1 0 3 0; do printf "R\\0\\0\\0\\x01\\0\\0\\0\\x0$e"; printf 'S\0\0\0\x01\0\0\0'; done
 } >"$tmp/t.bin"
-check "plan --trace" test "$(code "$exe" plan --trace "$tmp/t.bin" --budget 50% --unit-bytes 1MiB --policy lru --json)" = 0
+check "plan --trace" test "$(code "$EXE" plan --trace "$tmp/t.bin" --budget 50% --unit-bytes 1MiB --policy lru --json)" = 0
 check "trace lru 2/8" near "$(jq .hit_rate "$tmp/out")" 0.25
 
 # bad input: 2 for usage, 1 for files
-check "no budget exit 2" test "$(code "$exe" plan --profile "$tmp/p.json")" = 2
-check "no usage data exit 2" test "$(code "$exe" plan --budget 1GiB)" = 2
-check "bad policy exit 2" test "$(code "$exe" plan --profile "$tmp/p.json" --budget 10% --unit-bytes 1M --policy fifo)" = 2
+check "no budget exit 2" test "$(code "$EXE" plan --profile "$tmp/p.json")" = 2
+check "no usage data exit 2" test "$(code "$EXE" plan --budget 1GiB)" = 2
+check "bad policy exit 2" test "$(code "$EXE" plan --profile "$tmp/p.json" --budget 10% --unit-bytes 1M --policy fifo)" = 2
 check "bad policy message" grep -q "unknown policy 'fifo'" "$tmp/err"
-check "no unit size exit 2" test "$(code "$exe" plan --profile "$tmp/p.json" --budget 10%)" = 2
+check "no unit size exit 2" test "$(code "$EXE" plan --profile "$tmp/p.json" --budget 10%)" = 2
 check "no unit size message" grep -q -- "--unit-bytes" "$tmp/err"
-check "missing profile exit 1" test "$(code "$exe" plan --profile "$tmp/nope.json" --budget 10% --unit-bytes 1M)" = 1
+check "missing profile exit 1" test "$(code "$EXE" plan --profile "$tmp/nope.json" --budget 10% --unit-bytes 1M)" = 1
 check "missing profile named" grep -q "nope.json" "$tmp/err"
 sed 's/"n_expert": 16/"n_expert": 8/' "$tmp/p.json" >"$tmp/bad.json"
-check "mismatch exit" test "$(code "$exe" plan -m "$tmp/tiny.gguf" --profile "$tmp/bad.json" --budget 10%)" != 0
-check "bad share exit 2" test "$(code "$exe" plan --profile "$tmp/p.json" --budget 150% --unit-bytes 1M)" = 2
+check "mismatch exit" test "$(code "$EXE" plan -m "$tmp/tiny.gguf" --profile "$tmp/bad.json" --budget 10%)" != 0
+check "bad share exit 2" test "$(code "$EXE" plan --profile "$tmp/p.json" --budget 150% --unit-bytes 1M)" = 2
 exit $fail

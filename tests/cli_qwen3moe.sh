@@ -6,73 +6,66 @@
 # files that `hotmoe plan` reads, per-layer totals, and the refusals. The numbers themselves are
 # checked against references by test_qwen3moe_tiny (routing included) / test_qwen3moe_hf.
 set -uo pipefail
-exe="${HM_EXE:-build/hotmoe}"
-tmp=$(mktemp -d /tmp/hm_cli_qwen3moe.XXXXXX)
-trap 'rm -rf "$tmp"' EXIT
-fail=0
-check() { # check NAME COND...
-    local name=$1; shift
-    if "$@"; then :; else echo "FAIL: $name"; fail=1; fi
-}
-code() { "$@" >"$tmp/out" 2>"$tmp/err"; echo $?; }
+. "$(dirname "$0")/lib.sh"
+hm_tmpdir qwen3moe
 
 for c in logits run perplexity bench profile; do
-    check "$c --help" test "$(code "$exe" $c --help)" = 0
+    check "$c --help" test "$(code "$EXE" $c --help)" = 0
     check "$c --help text" grep -q -- "--model" "$tmp/out"
-    check "$c without -m" test "$(code "$exe" $c)" = 2
+    check "$c without -m" test "$(code "$EXE" $c)" = 2
     check "$c without -m says so" grep -q "no model given" "$tmp/err"
 done
 
-if ! "$exe" synth --preset tiny --type q4_k_m --seed 2 -q -o "$tmp/m.gguf" >/dev/null 2>&1; then
+if ! "$EXE" synth --preset tiny --type q4_k_m --seed 2 -q -o "$tmp/m.gguf" >/dev/null 2>&1; then
     echo "synth unavailable: skipping the model runs"
     [ $fail = 0 ] && exit 77 || exit 1
 fi
 m="$tmp/m.gguf"
 
 # logits: n_tokens x n_vocab float32
-check "logits" test "$(code "$exe" logits -m "$m" --tokens 1,2,3,4,5 -o "$tmp/l.f32" -t 2)" = 0
+check "logits" test "$(code "$EXE" logits -m "$m" --tokens 1,2,3,4,5 -o "$tmp/l.f32" -t 2)" = 0
 nv=$(sed -n 's/.*wrote 5 x \([0-9]*\) float32.*/\1/p' "$tmp/err")
 check "logits n_vocab reported" test -n "$nv"
 check "logits size" test "$(stat -c %s "$tmp/l.f32")" = "$((5 * ${nv:-0} * 4))"
-check "logits same with -t 1" test "$(code "$exe" logits -m "$m" --tokens "1 2 3 4 5" -o "$tmp/l1.f32" -t 1)" = 0
+check "logits same with -t 1" test "$(code "$EXE" logits -m "$m" --tokens "1 2 3 4 5" -o "$tmp/l1.f32" -t 1)" = 0
 check "logits -t 1 == -t 2 (bytes)" cmp -s "$tmp/l.f32" "$tmp/l1.f32"
-check "logits too long for -c" test "$(code "$exe" logits -m "$m" --tokens 1,2,3 -c 2 -o "$tmp/x.f32")" = 1
+check "logits too long for -c" test "$(code "$EXE" logits -m "$m" --tokens 1,2,3 -c 2 -o "$tmp/x.f32")" = 1
 check "logits too long message" grep -q "do not fit the context" "$tmp/err"
-check "logits bad id" test "$(code "$exe" logits -m "$m" --tokens 1,999999999 -o "$tmp/x.f32")" = 1
+check "logits bad id" test "$(code "$EXE" logits -m "$m" --tokens 1,999999999 -o "$tmp/x.f32")" = 1
 check "logits bad id message" grep -q "outside the vocabulary" "$tmp/err"
-check "logits missing file" test "$(code "$exe" logits -m "$tmp/nope.gguf" --tokens 1 -o "$tmp/x.f32")" = 1
-check "logits bad -t" test "$(code "$exe" logits -m "$m" --tokens 1 -o "$tmp/x.f32" -t zero)" = 2
+check "logits missing file" test "$(code "$EXE" logits -m "$tmp/nope.gguf" --tokens 1 -o "$tmp/x.f32")" = 1
+check "logits bad -t" test "$(code "$EXE" logits -m "$m" --tokens 1 -o "$tmp/x.f32" -t zero)" = 2
 
 # run: seeded sampling is deterministic; a prompt longer than -c is an error
-check "run" test "$(code "$exe" run -m "$m" -p "hello world" -n 12 --seed 7 --temp 1 -t 2)" = 0
+check "run" test "$(code "$EXE" run -m "$m" -p "hello world" -n 12 --seed 7 --temp 1 -t 2)" = 0
 cp "$tmp/out" "$tmp/run1"
 check "run speed line" grep -q "generation .* tok/s" "$tmp/err"
-check "run again" test "$(code "$exe" run -m "$m" -p "hello world" -n 12 --seed 7 --temp 1 -t 1)" = 0
+check "run again" test "$(code "$EXE" run -m "$m" -p "hello world" -n 12 --seed 7 --temp 1 -t 1)" = 0
 check "run deterministic" cmp -s "$tmp/out" "$tmp/run1"
 check "run echoes the prompt" grep -q "^hello world" "$tmp/out"
-check "run prompt > ctx" test "$(code "$exe" run -m "$m" -p "one two three four five six seven eight" -c 4)" = 1
+check "run prompt > ctx" test "$(code "$EXE" run -m "$m" -p "one two three four five six seven eight" -c 4)" = 1
 check "run prompt > ctx message" grep -q "does not fit the context" "$tmp/err"
-check "run -p and -f" test "$(code "$exe" run -m "$m" -p a -f b)" = 2
+check "run -p and -f" test "$(code "$EXE" run -m "$m" -p a -f b)" = 2
 
 # perplexity: needs 2 x CTX tokens; prints [i] values and the final line
 for i in $(seq 1 40); do echo "The quick brown fox jumps over the lazy dog number $i."; done >"$tmp/text.txt"
-check "perplexity" test "$(code "$exe" perplexity -m "$m" -f "$tmp/text.txt" -c 32 -t 2 --chunks 3)" = 0
+check "perplexity" test "$(code "$EXE" perplexity -m "$m" -f "$tmp/text.txt" -c 32 -t 2 --chunks 3)" = 0
 check "perplexity chunks" grep -q "^\[1\][0-9.]*,\[2\][0-9.]*,\[3\][0-9.]*," "$tmp/out"
 check "perplexity final" grep -qE "^Final estimate: PPL = [0-9.]+ \+/- [0-9.]+$" "$tmp/out"
-check "perplexity too short" test "$(code "$exe" perplexity -m "$m" -f "$tmp/text.txt" -c 4096)" = 1
+check "perplexity too short" test "$(code "$EXE" perplexity -m "$m" -f "$tmp/text.txt" -c 4096)" = 1
 check "perplexity too short message" grep -q "you need at least 8192 tokens" "$tmp/err"
 
 # bench
-check "bench --json" test "$(code "$exe" bench -m "$m" -p 16 -n 4 -r 2 -t 2 --json)" = 0
+check "bench --json" test "$(code "$EXE" bench -m "$m" -p 16 -n 4 -r 2 -t 2 --json)" = 0
 check "bench pp_tok_s" grep -qE '"pp_tok_s": [0-9.]+' "$tmp/out"
 check "bench tg_tok_s" grep -qE '"tg_tok_s": [0-9.]+' "$tmp/out"
-check "bench table" test "$(code "$exe" bench -m "$m" -p 16 -n 4 -r 1)" = 0
+check "bench table" test "$(code "$EXE" bench -m "$m" -p 16 -n 4 -r 1)" = 0
 check "bench table rows" grep -q "| pp16 |" "$tmp/out"
 
 # expert usage: profiles and traces from every command, read by plan; refusals
-nl=$("$exe" inspect "$m" 2>/dev/null | sed -n 's/.*block_count *\([0-9]*\).*/\1/p')
-k=$("$exe" inspect "$m" 2>/dev/null | sed -n 's/.*expert_used_count *\([0-9]*\).*/\1/p')
-check "logits --profile-out --trace-out" test "$(code "$exe" logits -m "$m" --tokens 1,2,3,4,5,6,7 -o "$tmp/l.f32" -ub 3 --profile-out "$tmp/p.json" --trace-out "$tmp/t.bin")" = 0
+nl=$("$EXE" inspect "$m" 2>/dev/null | sed -n 's/.*block_count *\([0-9]*\).*/\1/p')
+k=$("$EXE" inspect "$m" 2>/dev/null | sed -n 's/.*expert_used_count *\([0-9]*\).*/\1/p')
+check "logits --profile-out --trace-out" test "$(code "$EXE" logits -m "$m" --tokens 1,2,3,4,5,6,7 -o "$tmp/l.f32" -ub 3 --profile-out "$tmp/p.json" --trace-out "$tmp/t.bin")" = 0
 check "profile written message" grep -q "wrote the expert usage profile" "$tmp/err"
 check "profile schema" grep -q '"schema":"hotmoe.profile.v1"' "$tmp/p.json"
 if command -v jq >/dev/null && [ -n "$nl" ] && [ -n "$k" ]; then
@@ -82,47 +75,47 @@ if command -v jq >/dev/null && [ -n "$nl" ] && [ -n "$k" ]; then
 fi
 check "trace size: header + per step and layer" test "$(stat -c %s "$tmp/t.bin")" -gt 32
 if [ -w /dev/full ]; then # a full disk: the run finishes, the trace's close fails loudly, exit 1
-    check "logits --trace-out /dev/full exits 1" test "$(code "$exe" logits -m "$m" --tokens 1,2,3 -o "$tmp/x.f32" --trace-out /dev/full)" = 1
+    check "logits --trace-out /dev/full exits 1" test "$(code "$EXE" logits -m "$m" --tokens 1,2,3 -o "$tmp/x.f32" --trace-out /dev/full)" = 1
     check "full disk message names the file and the cause" grep -q "/dev/full: trace write failed: No space left on device" "$tmp/err"
 fi
-check "plan reads the profile" test "$(code "$exe" plan --profile "$tmp/p.json" --budget 20%)" = 0
-check "plan reads the trace" test "$(code "$exe" plan -m "$m" --no-calibrate --trace "$tmp/t.bin" --budget 20%)" = 0
-check "seed1 format" test "$(code "$exe" logits -m "$m" --tokens 1,2,3 -o "$tmp/l.f32" --moe-layer-perf-out "$tmp/s.json" --profile-format seed1)" = 0
+check "plan reads the profile" test "$(code "$EXE" plan --profile "$tmp/p.json" --budget 20%)" = 0
+check "plan reads the trace" test "$(code "$EXE" plan -m "$m" --no-calibrate --trace "$tmp/t.bin" --budget 20%)" = 0
+check "seed1 format" test "$(code "$EXE" logits -m "$m" --tokens 1,2,3 -o "$tmp/l.f32" --moe-layer-perf-out "$tmp/s.json" --profile-format seed1)" = 0
 check "seed1 schema" grep -q '"schema":"llama.cpp.moe_layer_perf.v1"' "$tmp/s.json"
-check "plan reads the seed1 profile" test "$(code "$exe" plan -m "$m" --no-calibrate --profile "$tmp/s.json" --budget 20%)" = 0
-check "--profile loads (static)" test "$(code "$exe" logits -m "$m" --tokens 1,2 -o "$tmp/l.f32" --moe-hot-cache "$tmp/p.json")" = 0
-check "--policy online --update-rate" test "$(code "$exe" logits -m "$m" --tokens 1,2 -o "$tmp/l.f32" --policy online --moe-hot-cache-update-rate 0.1)" = 0
+check "plan reads the seed1 profile" test "$(code "$EXE" plan -m "$m" --no-calibrate --profile "$tmp/s.json" --budget 20%)" = 0
+check "--profile loads (static)" test "$(code "$EXE" logits -m "$m" --tokens 1,2 -o "$tmp/l.f32" --moe-hot-cache "$tmp/p.json")" = 0
+check "--policy online --update-rate" test "$(code "$EXE" logits -m "$m" --tokens 1,2 -o "$tmp/l.f32" --policy online --moe-hot-cache-update-rate 0.1)" = 0
 check "--policy without a fast tier says so" grep -q "no fast tier" "$tmp/err"
-check "--policy static without a profile" test "$(code "$exe" logits -m "$m" --tokens 1,2 -o "$tmp/l.f32" --policy static)" = 1
-check "--policy bad" test "$(code "$exe" logits -m "$m" --tokens 1,2 -o "$tmp/l.f32" --policy fastest)" = 2
-check "--profile-format bad" test "$(code "$exe" logits -m "$m" --tokens 1,2 -o "$tmp/l.f32" --profile-format csv)" = 2
-check "--vram-budget refused" test "$(code "$exe" run -m "$m" -p hi -n 2 --vram-budget 1GiB)" = 1
+check "--policy static without a profile" test "$(code "$EXE" logits -m "$m" --tokens 1,2 -o "$tmp/l.f32" --policy static)" = 1
+check "--policy bad" test "$(code "$EXE" logits -m "$m" --tokens 1,2 -o "$tmp/l.f32" --policy fastest)" = 2
+check "--profile-format bad" test "$(code "$EXE" logits -m "$m" --tokens 1,2 -o "$tmp/l.f32" --profile-format csv)" = 2
+check "--vram-budget refused" test "$(code "$EXE" run -m "$m" -p hi -n 2 --vram-budget 1GiB)" = 1
 check "--vram-budget message" grep -q "no GPU backend yet" "$tmp/err"
-check "--moe-hot-cache-max-mib refused" test "$(code "$exe" bench -m "$m" -p 4 -n 0 -r 1 --moe-hot-cache-max-mib 512)" = 1
-check "--vram-budget 0 is fine" test "$(code "$exe" bench -m "$m" -p 4 -n 2 -r 1 --vram-budget 0 --profile-out "$tmp/b.json")" = 0
+check "--moe-hot-cache-max-mib refused" test "$(code "$EXE" bench -m "$m" -p 4 -n 0 -r 1 --moe-hot-cache-max-mib 512)" = 1
+check "--vram-budget 0 is fine" test "$(code "$EXE" bench -m "$m" -p 4 -n 2 -r 1 --vram-budget 0 --profile-out "$tmp/b.json")" = 0
 check "bench profile" test -s "$tmp/b.json"
-check "run --profile-out" test "$(code "$exe" run -m "$m" -p "hello" -n 3 --seed 1 --profile-out "$tmp/r.json")" = 0
+check "run --profile-out" test "$(code "$EXE" run -m "$m" -p "hello" -n 3 --seed 1 --profile-out "$tmp/r.json")" = 0
 if command -v jq >/dev/null; then
     check "run profile: 3 decode steps after the prompt" test "$(jq .decode_tokens "$tmp/r.json")" = 3
 fi
-check "perplexity --profile-out" test "$(code "$exe" perplexity -m "$m" -f "$tmp/text.txt" -c 32 --chunks 1 --profile-out "$tmp/ppl.json")" = 0
+check "perplexity --profile-out" test "$(code "$EXE" perplexity -m "$m" -f "$tmp/text.txt" -c 32 --chunks 1 --profile-out "$tmp/ppl.json")" = 0
 check "perplexity profile" test -s "$tmp/ppl.json"
 
 # hotmoe profile: prompts file -> profile
 printf 'hello world\n\nthe quick brown fox\nint main(void) { return 0; }\n' >"$tmp/prompts.txt"
-check "profile" test "$(code "$exe" profile -m "$m" -f "$tmp/prompts.txt" -o "$tmp/pp.json" -n 4 -t 2)" = 0
+check "profile" test "$(code "$EXE" profile -m "$m" -f "$tmp/prompts.txt" -o "$tmp/pp.json" -n 4 -t 2)" = 0
 check "profile progress" grep -q "\[3/3\]" "$tmp/err"
 check "profile says where" grep -q "wrote the expert usage profile to" "$tmp/err"
 check "profile stdout empty" test ! -s "$tmp/out"
 if command -v jq >/dev/null; then
     check "profile: 3 prompts x 4 decoded tokens" test "$(jq .decode_tokens "$tmp/pp.json")" = 12
 fi
-check "plan reads hotmoe profile's output" test "$(code "$exe" plan --profile "$tmp/pp.json" --budget 20%)" = 0
-check "profile --format seed1" test "$(code "$exe" profile -m "$m" -f "$tmp/prompts.txt" -o "$tmp/pp1.json" -n 0 --format seed1)" = 0
+check "plan reads hotmoe profile's output" test "$(code "$EXE" plan --profile "$tmp/pp.json" --budget 20%)" = 0
+check "profile --format seed1" test "$(code "$EXE" profile -m "$m" -f "$tmp/prompts.txt" -o "$tmp/pp1.json" -n 0 --format seed1)" = 0
 check "profile seed1 schema" grep -q '"schema":"llama.cpp.moe_layer_perf.v1"' "$tmp/pp1.json"
-check "profile without -o" test "$(code "$exe" profile -m "$m" -f "$tmp/prompts.txt")" = 2
-check "profile empty prompts" test "$(code "$exe" profile -m "$m" -f /dev/null -o "$tmp/x.json")" = 1
-check "profile bad --format" test "$(code "$exe" profile -m "$m" -f "$tmp/prompts.txt" -o "$tmp/x.json" --format xml)" = 2
+check "profile without -o" test "$(code "$EXE" profile -m "$m" -f "$tmp/prompts.txt")" = 2
+check "profile empty prompts" test "$(code "$EXE" profile -m "$m" -f /dev/null -o "$tmp/x.json")" = 1
+check "profile bad --format" test "$(code "$EXE" profile -m "$m" -f "$tmp/prompts.txt" -o "$tmp/x.json" --format xml)" = 2
 
 [ $fail = 0 ] && echo "cli_qwen3moe: all passed"
 exit $fail

@@ -7,8 +7,7 @@
 # --parallel 2 equal to the same requests run alone, and a client that disconnects mid-stream
 # freeing its slot. Skips (77) when curl/jq are missing or the engine cannot run the model.
 set -u
-SRC=${HM_SOURCE_DIR:-$(cd "$(dirname "$0")/.." && pwd)}
-EXE=${HM_EXE:-$SRC/build/hotmoe}
+. "$(dirname "$0")/lib.sh"
 MODEL=$SRC/tests/fixtures/qwen3moe_tiny/model.gguf
 for tool in curl jq; do
     command -v $tool >/dev/null || { echo "SKIP: $tool not installed (scripts/deps.sh --test)"; exit 77; }

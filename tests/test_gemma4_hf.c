@@ -16,49 +16,19 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fixture.h"
 #include "hotmoe.h"
 #include "test.h"
 
 #define DIR "tests/fixtures/hf_ref/gemma4/"
 #define MAX_TOK 256
 
-static char *path_of(const char *rel) {
-    const char *p = test_src_path(rel);
-    char *s = malloc(strlen(p) + 1);
-    strcpy(s, p);
-    return s;
-}
-
-static int read_tokens(const char *path, int32_t *tok, int cap) {
-    FILE *f = fopen(path, "r");
-    if (!f) return -1;
-    int n = 0, c;
-    long v = -1;
-    while ((c = fgetc(f)) != EOF) {
-        if (c >= '0' && c <= '9') {
-            v = (v < 0 ? 0 : v * 10) + (c - '0');
-        } else if (v >= 0) {
-            if (n < cap) tok[n++] = (int32_t)v;
-            v = -1;
-        }
-    }
-    if (v >= 0 && n < cap) tok[n++] = (int32_t)v;
-    fclose(f);
-    return n;
-}
-
 static int32_t nv;
 static const float *want;
 
 /* max |got - want| over rows [t0, t0 + n) */
 static double dmax_rows(const float *got, int t0, int n) {
-    double d = 0;
-    for (int t = 0; t < n; t++)
-        for (int32_t i = 0; i < nv; i++) {
-            double x = fabs((double)got[(size_t)t * nv + i] - (double)want[(size_t)(t0 + t) * nv + i]);
-            if (!(x <= d)) d = x;
-        }
-    return d;
+    return fixture_maxdiff(got, want + (size_t)t0 * nv, (size_t)n * nv);
 }
 
 static hm_session *open_session(hm_model *m, int n_ctx, int n_ubatch, hm_kv_type kv) {
@@ -164,32 +134,22 @@ static void bad_copy(const char *gguf, const char *from, const char *to, const c
 }
 
 int main(void) {
-    char *gguf = path_of(DIR "model.gguf"), *toks = path_of(DIR "tokens.txt"), *lgp = path_of(DIR "logits.f32");
+    fixture fx;
     static int32_t tok[MAX_TOK];
-    FILE *fl = fopen(lgp, "rb"), *fg = fopen(gguf, "rb");
-    int n = read_tokens(toks, tok, MAX_TOK);
-    if (!fl || !fg || n <= 0) {
-        fprintf(stderr, "fixture %s not present: skipped\n", DIR);
-        return 77;
-    }
-    fclose(fg);
-    hm_model *m = NULL;
-    hm_err err;
-    CHECKF(hm_model_open(&m, gguf, NULL, &err) == HM_OK, "%s", err.msg);
+    if (!fixture_open(&fx, DIR, tok, MAX_TOK) || fx.n <= 0) return fixture_skip(&fx);
+    const int n = fx.n;
+    hm_model *m = fixture_model(&fx, "gemma4");
     if (!m) return test_done();
-    CHECK(strcmp(hm_model_arch(m), "gemma4") == 0);
     nv = hm_model_n_vocab(m);
-    size_t cnt = (size_t)n * (size_t)nv;
-    float *w = malloc(cnt * sizeof(float));
-    size_t got = fread(w, sizeof(float), cnt, fl);
-    fclose(fl);
-    CHECKF(got == cnt, "%s: %zu floats, want %d x %d", lgp, got, n, nv);
+    size_t cnt = (size_t)n * (size_t)nv, got;
+    float *w = fixture_read_logits(&fx, nv, &got);
     want = w;
     if (got == cnt) {
         run_kv(m, tok, n, HM_KV_F32);
         run_kv(m, tok, n, HM_KV_F16);
     }
     /* a token outside the vocabulary is refused */
+    hm_err err;
     hm_session *s = open_session(m, n, 0, HM_KV_F32);
     const float *lg;
     int32_t bad = nv;
@@ -197,13 +157,11 @@ int main(void) {
     hm_session_close(s);
     hm_model_close(m);
 
-    bad_copy(gguf, "blk.3.attn_q_norm.weight", "blk.3.attn_q_norX.weight", "blk.3.attn_q_norm.weight");
-    bad_copy(gguf, "gemma4.attention.sliding_window_pattern", "gemma4.attention.sliding_window_patterX",
+    bad_copy(fx.gguf, "blk.3.attn_q_norm.weight", "blk.3.attn_q_norX.weight", "blk.3.attn_q_norm.weight");
+    bad_copy(fx.gguf, "gemma4.attention.sliding_window_pattern", "gemma4.attention.sliding_window_patterX",
              "sliding_window_pattern");
-    bad_copy(gguf, "rope_freqs.weight", "rope_freqX.weight", "rope_freqs.weight");
+    bad_copy(fx.gguf, "rope_freqs.weight", "rope_freqX.weight", "rope_freqs.weight");
     free(w);
-    free(gguf);
-    free(toks);
-    free(lgp);
+    fixture_close(&fx);
     return test_done();
 }

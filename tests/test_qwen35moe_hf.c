@@ -17,52 +17,12 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "fixture.h"
 #include "hotmoe.h"
 #include "test.h"
 
 #define DIR "tests/fixtures/hf_ref/qwen35moe/"
 #define MAX_TOK 256
-
-static char *path_of(const char *rel) {
-    const char *p = test_src_path(rel);
-    char *s = malloc(strlen(p) + 1);
-    strcpy(s, p);
-    return s;
-}
-
-static int read_tokens(const char *path, int32_t *tok, int cap) {
-    FILE *f = fopen(path, "r");
-    if (!f) return -1;
-    int n = 0, c;
-    long v = -1;
-    while ((c = fgetc(f)) != EOF) {
-        if (c >= '0' && c <= '9') {
-            v = (v < 0 ? 0 : v * 10) + (c - '0');
-        } else if (v >= 0) {
-            if (n < cap) tok[n++] = (int32_t)v;
-            v = -1;
-        }
-    }
-    if (v >= 0 && n < cap) tok[n++] = (int32_t)v;
-    fclose(f);
-    return n;
-}
-
-static double maxdiff(const float *a, const float *b, size_t n) {
-    double d = 0;
-    for (size_t i = 0; i < n; i++) {
-        double e = fabs((double)a[i] - (double)b[i]);
-        if (!(e <= d)) d = e;
-    }
-    return d;
-}
-
-static int argmax(const float *x, int32_t n) {
-    int a = 0;
-    for (int32_t i = 1; i < n; i++)
-        if (x[i] > x[a]) a = i;
-    return a;
-}
 
 /* Evaluate tokens [0, n) in pieces: first `first` tokens in one eval, then micro-batches of `step`;
  * compare every row's logits with want. Returns max |d| (and top-1 agreement count via agree). */
@@ -91,9 +51,9 @@ static double run(hm_model *m, hm_kv_type kv, int32_t ubatch, const int32_t *tok
         }
         for (int i = 0; i < len; i++) {
             const float *a = lg + (size_t)i * (size_t)nv, *b = want + (size_t)(t + i) * (size_t)nv;
-            double e = maxdiff(a, b, (size_t)nv);
+            double e = fixture_maxdiff(a, b, (size_t)nv);
             if (!(e <= d)) d = e;
-            *agree += argmax(a, nv) == argmax(b, nv);
+            *agree += fixture_argmax(a, nv) == fixture_argmax(b, nv);
         }
         t += len;
     }
@@ -105,7 +65,8 @@ static double run(hm_model *m, hm_kv_type kv, int32_t ubatch, const int32_t *tok
     CHECK(hm_session_trim(s, 0, &err) == HM_OK);
     const float *lg = NULL;
     CHECK(hm_session_eval(s, tok, 1, false, &lg, &err) == HM_OK);
-    if (lg) CHECKF(maxdiff(lg, want, (size_t)nv) < 1e-2, "after trim(0): %g", maxdiff(lg, want, (size_t)nv));
+    if (lg)
+        CHECKF(fixture_maxdiff(lg, want, (size_t)nv) < 1e-2, "after trim(0): %g", fixture_maxdiff(lg, want, (size_t)nv));
     hm_session_close(s);
     return d;
 }
@@ -149,25 +110,15 @@ static void check_missing_tensor(const char *gguf) {
 }
 
 int main(void) {
-    char *gguf = path_of(DIR "model.gguf"), *toks = path_of(DIR "tokens.txt"), *lgp = path_of(DIR "logits.f32");
+    fixture fx;
     static int32_t tok[MAX_TOK];
-    int n = read_tokens(toks, tok, MAX_TOK);
-    FILE *fl = fopen(lgp, "rb"), *fg = fopen(gguf, "rb");
-    if (!fl || !fg || n <= 0) {
-        fprintf(stderr, "fixture %s not present: skipped\n", DIR);
-        return 77;
-    }
-    fclose(fg);
-    hm_model *m = NULL;
-    hm_err err;
-    CHECKF(hm_model_open(&m, gguf, NULL, &err) == HM_OK, "%s", err.msg);
+    if (!fixture_open(&fx, DIR, tok, MAX_TOK) || fx.n <= 0) return fixture_skip(&fx);
+    const int n = fx.n;
+    hm_model *m = fixture_model(&fx, "qwen35moe");
     if (!m) return test_done();
-    CHECK(strcmp(hm_model_arch(m), "qwen35moe") == 0);
     const int32_t nv = hm_model_n_vocab(m);
-    const size_t cnt = (size_t)n * (size_t)nv;
-    float *want = malloc(cnt * sizeof(float));
-    CHECKF(fread(want, sizeof(float), cnt, fl) == cnt, "%s: want %d x %d floats", lgp, n, nv);
-    fclose(fl);
+    size_t got;
+    float *want = fixture_read_logits(&fx, nv, &got);
 
     int agree;
     double d = run(m, HM_KV_F32, 512, tok, n, n, 1, want, &agree);
@@ -186,10 +137,8 @@ int main(void) {
     CHECK(agree == n);
     hm_model_close(m);
 
-    check_missing_tensor(gguf);
+    check_missing_tensor(fx.gguf);
     free(want);
-    free(gguf);
-    free(toks);
-    free(lgp);
+    fixture_close(&fx);
     return test_done();
 }
