@@ -44,7 +44,7 @@
  * use_more_bits(layer); everything else Q4_K; 1-D tensors and ffn_gate_inp F32. Rows that are not
  * a multiple of the type's block (ffn_down_exps: 704, ffn_down: 2112 are not multiples of 256)
  * take llama.cpp's fallback: Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, IQ4_XS -> IQ4_NL; where
- * this build has no quantiser for the fallback type (Q5_0, Q5_1, IQ4_NL today) synth writes Q8_0
+ * this build has no quantiser for the fallback type (Q5_1, IQ4_NL today) synth writes Q8_0
  * instead and says so in the key hotmoe.synth.fallback_substitute. */
 #include <math.h>
 #include <stdio.h>
