@@ -10,7 +10,8 @@
  *  - same seed -> identical bytes (with 1 and with 3 threads), another seed -> different bytes;
  *  - dequantised weights have the intended mean and std (token_embd and output: the scales
  *    derived in synth_plan.c); f32 files hold exactly the generator's values;
- *  - inspect on a vocab-only GGUF, a missing file, a truncated file and garbage. */
+ *  - inspect on a vocab-only GGUF, a missing file, a truncated file and garbage;
+ *  - gemma4's q4_k_m plan takes llama.cpp's block fallbacks (Q5_0, Q8_0) for rows of 704/2112. */
 #include <jansson.h>
 #include <stdint.h>
 #include <string.h>
@@ -21,6 +22,7 @@
 #include "gguf/gguf.h"
 #include "hotmoe.h"
 #include "quant/quant.h"
+#include "synth/synth_gemma4.h"
 #include "synth/synth_impl.h"
 #include "test.h"
 
@@ -444,6 +446,39 @@ static void check_bad_options(void) {
     }
 }
 
+/* gemma4-26b-a4b's plan over 2 layers (use_more_bits(i, 2): only layer 1): under q4_k_m the
+ * rows of 704 (ffn_down_exps) and 2112 (ffn_down) are not multiples of 256, so llama.cpp's
+ * fallback applies - layer 0 Q4_K -> Q5_0, layer 1 Q6_K -> Q8_0 - with no substitute; the fused
+ * ffn_gate_up_exps rows (2816 = 11 * 256) keep Q4_K. Pure q5_k falls back to Q5_1, which has no
+ * quantiser here: Q8_0, substituted. */
+static void check_g4_fallback(void) {
+    static const struct { const char *mix; const char *name; int type; bool subst; } want[] = {
+        {"q4_k_m", "blk.0.ffn_down_exps.weight", HM_TYPE_Q5_0, false},
+        {"q4_k_m", "blk.0.ffn_down.weight", HM_TYPE_Q5_0, false},
+        {"q4_k_m", "blk.1.ffn_down_exps.weight", HM_TYPE_Q8_0, false},
+        {"q4_k_m", "blk.1.ffn_down.weight", HM_TYPE_Q8_0, false},
+        {"q4_k_m", "blk.0.ffn_gate_up_exps.weight", HM_TYPE_Q4_K, false},
+        {"q5_k", "blk.0.ffn_down_exps.weight", HM_TYPE_Q8_0, true},
+    };
+    const hm_synth_g4 *q = hm_synth_find_g4("gemma4-26b-a4b");
+    CHECK(q != NULL);
+    if (!q) return;
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        hm_err err = {{0}};
+        hm_synth_tensor *t = NULL;
+        int64_t n = 0;
+        bool subst = false;
+        hm_status st = hm_synth_plan_g4(q, 2, hm_synth_find_mix(want[i].mix), &t, &n, &subst, &err);
+        CHECKF(st == HM_OK, "plan %s: %s", want[i].mix, err.msg);
+        int type = -1;
+        for (int64_t k = 0; k < n; k++)
+            if (strcmp(t[k].name, want[i].name) == 0) type = t[k].type;
+        CHECKF(type == want[i].type, "%s %s: type %d, want %d", want[i].mix, want[i].name, type, want[i].type);
+        CHECKF(subst == want[i].subst, "%s: substituted %d", want[i].mix, subst);
+        free(t);
+    }
+}
+
 int main(void) {
     snprintf(tmpdir, sizeof tmpdir, "/tmp/hm_test_synth_%d", (int)getpid());
     mkdir(tmpdir, 0700);
@@ -454,6 +489,7 @@ int main(void) {
     check_determinism();
     check_inspect_inputs();
     check_bad_options();
+    check_g4_fallback();
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmpdir);
