@@ -9,7 +9,7 @@ cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DHOTMOE_WERROR=ON
 cmake --build build -j"$jobs"
 if [ -f tests/js/package.json ]; then (cd tests/js && npm ci --no-audit --no-fund --silent); fi
 ctest --test-dir build --output-on-failure -j"$jobs"
-cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DHOTMOE_WERROR=ON -DHOTMOE_SANITIZE=ON -DHOTMOE_CUDA=OFF
+cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DHOTMOE_WERROR=ON -DHOTMOE_SANITIZE=ON -DHOTMOE_CUDA=OFF
 cmake --build build-asan -j"$jobs"
 ctest --test-dir build-asan --output-on-failure -j"$jobs" -L fast
 if [ -x fuzz/run_fuzz.sh ]; then fuzz/run_fuzz.sh 60; fi

@@ -26,6 +26,13 @@
 
 /* Evaluate tokens [0, n) in pieces: first `first` tokens in one eval, then micro-batches of `step`;
  * compare every row's logits with want. Returns max |d| (and top-1 agreement count via agree). */
+/* An unaligned little-endian u64 (GGUF string lengths sit at any offset). */
+static uint64_t u64_at(const char *p) {
+    uint64_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
 static double run(hm_model *m, hm_kv_type kv, int32_t ubatch, const int32_t *tok, int n, int first, int step,
                   const float *want, int *agree) {
     const int32_t nv = hm_model_n_vocab(m);
@@ -86,7 +93,7 @@ static void check_missing_tensor(const char *gguf) {
         const size_t len = strlen(names[k]);
         char *hit = NULL;
         for (long i = 0; i + (long)len + 1 <= sz && !hit; i++) /* the exact name: a u64 length before it */
-            if (memcmp(buf + i, names[k], len) == 0 && i >= 8 && *(uint64_t *)(void *)(buf + i - 8) == len) hit = buf + i;
+            if (memcmp(buf + i, names[k], len) == 0 && i >= 8 && u64_at(buf + i - 8) == len) hit = buf + i;
         CHECKF(hit != NULL, "%s not in the fixture", names[k]);
         if (!hit) continue;
         hit[0] = 'X';
