@@ -443,17 +443,8 @@ static hm_status g4_state_open(const hm_model *m, const hm_state_opts *o, void *
                             U * E, U * E, U * nexp, U * K, U * E, U * K, U};
     float **dst[] = {&s->x, &s->h, &s->q, &s->k, &s->v, &s->att, &s->g, &s->u, &s->m, &s->e,
                      &s->rlog, &s->rw, &s->hout, (float **)&s->rid, (float **)&s->pos_out};
-    size_t total = 0;
-    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) total += hm_align_up(sizes[i] * 4, HM_ALIGN);
-    if (!(s->act = hm_malloc_aligned(total))) {
-        st = hm_errf(err, HM_ERR_NOMEM, "cannot allocate activations (%.1f MiB)", (double)total / (1 << 20));
-        goto fail;
-    }
-    size_t off = 0;
-    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
-        *dst[i] = (float *)(void *)((char *)s->act + off);
-        off += hm_align_up(sizes[i] * 4, HM_ALIGN);
-    }
+    _Static_assert(sizeof sizes / sizeof sizes[0] == sizeof dst / sizeof dst[0], "activation table");
+    if ((st = hm_model_carve(&s->act, sizes, dst, sizeof sizes / sizeof sizes[0], err)) != HM_OK) goto fail;
     size_t sc = hm_cpu_matmul_scratch_size((int64_t)max_sz(max_sz(E, nq), nff), (int64_t)U, o->n_threads);
     if (g->n_expert > 0) {
         if ((st = hm_moe_route_init(&s->route, g->n_expert, g->n_expert_used, o->n_ubatch, err)) != HM_OK) goto fail;

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/alloc.h"
 #include "quant/quant.h"
 
 extern const hm_arch hm_arch_gemma4; /* gemma4.c */
@@ -192,4 +193,17 @@ hm_status hm_model_bind(const hm_model *m, const char *name, hm_bind_kind kind, 
 hm_mat hm_model_mat(const hm_gguf_tensor *t) {
     size_t nb1 = hm_row_size(t->type, t->ne[0]);
     return hm_mat_make(t->data, t->type, t->ne[0], t->ne[1], nb1);
+}
+
+hm_status hm_model_carve(void **block, const size_t *n_elems, float **const *dst, size_t n, hm_err *err) {
+    size_t total = 0;
+    for (size_t i = 0; i < n; i++) total += hm_align_up(n_elems[i] * 4, HM_ALIGN);
+    if (!(*block = hm_malloc_aligned(total)))
+        return hm_errf(err, HM_ERR_NOMEM, "cannot allocate activations (%.1f MiB)", (double)total / (1 << 20));
+    size_t off = 0;
+    for (size_t i = 0; i < n; i++) {
+        *dst[i] = (float *)(void *)((char *)*block + off);
+        off += hm_align_up(n_elems[i] * 4, HM_ALIGN);
+    }
+    return HM_OK;
 }

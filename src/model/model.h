@@ -152,4 +152,11 @@ hm_status hm_model_bind(const hm_model *m, const char *name, hm_bind_kind kind, 
 /* The matrix view of a bound 2-D (or one slab of a 3-D) tensor: rows are ne[1]. */
 hm_mat hm_model_mat(const hm_gguf_tensor *t);
 
+/* ---- helper for archs' state_open ---- */
+
+/* Carve one aligned allocation (*block, owned by the caller, free with hm_free_aligned) into n
+ * arrays of n_elems[i] 4-byte elements, each HM_ALIGN-aligned: *dst[i] points at array i (float or
+ * int32 arrays alike). HM_ERR_NOMEM naming the size on failure. */
+hm_status hm_model_carve(void **block, const size_t *n_elems, float **const *dst, size_t n, hm_err *err);
+
 #endif

@@ -299,17 +299,7 @@ static hm_status q35_state_open(const hm_model *m, const hm_state_opts *o, void 
                      &s->aa, &s->g, &s->beta, &s->rlog, &s->rw, (float **)&s->rid, &s->shg, &s->shu, &s->sho,
                      &s->shs, &s->hout, (float **)&s->pos_out};
     _Static_assert(sizeof sizes / sizeof sizes[0] == sizeof dst / sizeof dst[0], "activation table");
-    size_t total = 0;
-    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) total += hm_align_up(sizes[i] * 4, HM_ALIGN);
-    if (!(s->act = hm_malloc_aligned(total))) {
-        st = hm_errf(err, HM_ERR_NOMEM, "cannot allocate activations (%.1f MiB)", (double)total / (1 << 20));
-        goto fail;
-    }
-    size_t off = 0;
-    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
-        *dst[i] = (float *)((char *)s->act + off);
-        off += hm_align_up(sizes[i] * 4, HM_ALIGN);
-    }
+    if ((st = hm_model_carve(&s->act, sizes, dst, sizeof sizes / sizeof sizes[0], err)) != HM_OK) goto fail;
     if (o->kv_type == HM_KV_F32 && q->n_attn > 0 &&
         !(s->kv_scratch = hm_malloc_aligned(hm_kv_f32_scratch_floats(o->n_ctx, o->n_threads) * sizeof(float)))) {
         st = hm_errf(err, HM_ERR_NOMEM, "cannot allocate attention scratch");

@@ -285,17 +285,8 @@ static hm_status q3_state_open(const hm_model *m, const hm_state_opts *o, void *
     float **dst[] = {&s->x,    &s->h,  &s->q,             &s->k,    &s->v,                 &s->att,
                      &s->rlog, &s->rw, (float **)&s->rid, &s->hout, (float **)&s->pos_out, (float **)&s->tok_all,
                      (float **)&s->pos_all, (float **)&s->row_out};
-    size_t total = 0;
-    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) total += hm_align_up(sizes[i] * 4, HM_ALIGN);
-    if (!(s->act = hm_malloc_aligned(total))) {
-        st = hm_errf(err, HM_ERR_NOMEM, "cannot allocate activations (%.1f MiB)", (double)total / (1 << 20));
-        goto fail;
-    }
-    size_t off = 0;
-    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
-        *dst[i] = (float *)((char *)s->act + off);
-        off += hm_align_up(sizes[i] * 4, HM_ALIGN);
-    }
+    _Static_assert(sizeof sizes / sizeof sizes[0] == sizeof dst / sizeof dst[0], "activation table");
+    if ((st = hm_model_carve(&s->act, sizes, dst, sizeof sizes / sizeof sizes[0], err)) != HM_OK) goto fail;
 
     if (o->kv_type == HM_KV_F32 &&
         !(s->kv_scratch = hm_malloc_aligned(hm_kv_f32_scratch_floats(o->n_ctx, o->n_threads) * sizeof(float)))) {
