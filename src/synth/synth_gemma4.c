@@ -123,28 +123,12 @@ static int g4_type(g4_plan *pl, const char *name, uint32_t n_dims, int64_t ne0, 
 
 static hm_status g4_add(g4_plan *pl, const char *name, uint32_t n_dims, int64_t ne0, int64_t ne1, int64_t ne2,
                         float mean, float std, bool more, hm_err *err) {
-    if (pl->n == pl->cap) {
-        int64_t cap = pl->cap ? pl->cap * 2 : 64;
-        hm_synth_tensor *t = realloc(pl->t, (size_t)cap * sizeof *t);
-        if (!t) return hm_errf(err, HM_ERR_NOMEM, "synth: out of memory for the tensor list");
-        pl->t = t;
-        pl->cap = cap;
-    }
-    hm_synth_tensor *t = &pl->t[pl->n++];
-    memset(t, 0, sizeof *t);
-    snprintf(t->name, sizeof t->name, "%s", name);
-    t->n_dims = n_dims;
-    t->ne[0] = ne0;
-    t->ne[1] = ne1;
-    t->ne[2] = ne2;
+    hm_synth_tensor *t = hm_synth_push(&pl->t, &pl->n, &pl->cap, name, n_dims, ne0, ne1, ne2, err);
+    if (!t) return HM_ERR_NOMEM;
     t->type = g4_type(pl, name, n_dims, ne0, more);
     t->mean = mean;
     t->std = std;
-    int64_t blck = hm_type_get(t->type)->blck_size;
-    if (blck <= 0 || ne0 % blck)
-        return hm_errf(err, HM_ERR_UNSUPPORTED, "synth: %s has rows of %lld elements, not a multiple of %s's block of %lld",
-                       t->name, (long long)ne0, hm_type_name(t->type), (long long)blck);
-    return HM_OK;
+    return hm_synth_check_rows(t, err);
 }
 
 hm_status hm_synth_plan_g4(const hm_synth_g4 *q, int32_t n_layer, const hm_synth_mix *m, hm_synth_tensor **out,

@@ -80,6 +80,13 @@ const hm_synth_mix *hm_synth_find_mix(const char *name);
 const char *hm_synth_preset_names(void);
 const char *hm_synth_mix_names(void);
 
+/* Append a zeroed tensor named `name` of shape (n_dims; ne0, ne1, ne2) to the growing list
+ * (*t, *n, *cap: owned by the caller, free(*t)). NULL with HM_ERR_NOMEM in err on failure. */
+hm_synth_tensor *hm_synth_push(hm_synth_tensor **t, int64_t *n, int64_t *cap, const char *name, uint32_t n_dims,
+                               int64_t ne0, int64_t ne1, int64_t ne2, hm_err *err);
+/* HM_ERR_UNSUPPORTED naming the tensor when its rows do not fit its type's block size. */
+hm_status hm_synth_check_rows(const hm_synth_tensor *t, hm_err *err);
+
 /* The tensors of preset p with n_layer layers and type mix m, in file order. *out owned by the
  * caller (free). HM_ERR_UNSUPPORTED when a shape does not fit a type's block size. */
 hm_status hm_synth_plan(const hm_synth_preset *p, int32_t n_layer, const hm_synth_mix *m,

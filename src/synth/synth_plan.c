@@ -147,34 +147,50 @@ static void synth_scales(plan *pl, const hm_synth_preset *p) {
     pl->embd_std = (float)(SYNTH_EMBD_RATIO * w2 * sqrt(n_q * (double)p->n_embd));
 }
 
-static hm_status add(plan *pl, tkind k, int layer, const char *suffix, uint32_t n_dims, int64_t ne0,
-                     int64_t ne1, int64_t ne2, hm_err *err) {
-    if (pl->n == pl->cap) {
-        int64_t cap = pl->cap ? pl->cap * 2 : 64;
-        hm_synth_tensor *t = realloc(pl->t, (size_t)cap * sizeof *t);
-        if (!t) return hm_errf(err, HM_ERR_NOMEM, "synth: out of memory for the tensor list");
-        pl->t = t;
-        pl->cap = cap;
+hm_synth_tensor *hm_synth_push(hm_synth_tensor **tl, int64_t *n, int64_t *cap, const char *name, uint32_t n_dims,
+                               int64_t ne0, int64_t ne1, int64_t ne2, hm_err *err) {
+    if (*n == *cap) {
+        int64_t c = *cap ? *cap * 2 : 64;
+        hm_synth_tensor *g = realloc(*tl, (size_t)c * sizeof *g);
+        if (!g) {
+            hm_errf(err, HM_ERR_NOMEM, "synth: out of memory for the tensor list");
+            return NULL;
+        }
+        *tl = g;
+        *cap = c;
     }
-    hm_synth_tensor *t = &pl->t[pl->n++];
+    hm_synth_tensor *t = &(*tl)[(*n)++];
     memset(t, 0, sizeof *t);
-    if (layer >= 0) snprintf(t->name, sizeof t->name, "blk.%d.%s.weight", layer, suffix);
-    else snprintf(t->name, sizeof t->name, "%s.weight", suffix);
+    snprintf(t->name, sizeof t->name, "%s", name);
     t->n_dims = n_dims;
     t->ne[0] = ne0;
     t->ne[1] = ne1;
     t->ne[2] = ne2;
+    return t;
+}
+
+hm_status hm_synth_check_rows(const hm_synth_tensor *t, hm_err *err) {
+    int64_t blck = hm_type_get(t->type)->blck_size;
+    if (blck <= 0 || t->ne[0] % blck)
+        return hm_errf(err, HM_ERR_UNSUPPORTED, "synth: %s has rows of %lld elements, not a multiple of %s's block of %lld",
+                       t->name, (long long)t->ne[0], hm_type_name(t->type), (long long)blck);
+    return HM_OK;
+}
+
+static hm_status add(plan *pl, tkind k, int layer, const char *suffix, uint32_t n_dims, int64_t ne0,
+                     int64_t ne1, int64_t ne2, hm_err *err) {
+    char name[64];
+    if (layer >= 0) snprintf(name, sizeof name, "blk.%d.%s.weight", layer, suffix);
+    else snprintf(name, sizeof name, "%s.weight", suffix);
+    hm_synth_tensor *t = hm_synth_push(&pl->t, &pl->n, &pl->cap, name, n_dims, ne0, ne1, ne2, err);
+    if (!t) return HM_ERR_NOMEM;
     t->type = tensor_type(pl->mix, k, n_dims, layer, pl->n_layer);
     bool norm = n_dims == 1;
     t->mean = norm ? 1.0f : 0.0f; /* norms near 1, matrices centred */
     t->std = norm ? 0.05f : (float)SYNTH_WEIGHT_STD;
     if (k == T_TOKEN_EMBD) t->std = pl->embd_std;
     if (k == T_OUTPUT) t->std = pl->output_std;
-    int64_t blck = hm_type_get(t->type)->blck_size;
-    if (blck <= 0 || ne0 % blck)
-        return hm_errf(err, HM_ERR_UNSUPPORTED, "synth: %s has rows of %lld elements, not a multiple of %s's block of %lld",
-                       t->name, (long long)ne0, hm_type_name(t->type), (long long)blck);
-    return HM_OK;
+    return hm_synth_check_rows(t, err);
 }
 
 hm_status hm_synth_plan(const hm_synth_preset *p, int32_t n_layer, const hm_synth_mix *m,
