@@ -192,8 +192,18 @@ struct hm_placement_opts {
     const char *policy;   /* "static", "online", "lru" or "none"; NULL = "static" with a profile,
                              else "none" */
     float update_rate;    /* online: at most rate x slots swaps per window; < 0 = default (0.05) */
-    int64_t vram_budget;  /* bytes of VRAM for expert units; 0 = none. > 0 is HM_ERR_UNSUPPORTED
-                             until a GPU expert tier exists ("no GPU backend yet") */
+    /* The GPU (CUDA builds; docs/ENGINE.md "GPU placement"). The dense part, the KV cache and the
+     * hot expert units go to the device when n_gpu_layers > 0 or vram_budget != 0. */
+    int32_t n_gpu_layers; /* -ngl: > 0 = the dense part on the GPU (every layer: a value below the
+                             model's layer count is treated as all, with a warning); 0 = CPU only */
+    int64_t vram_budget;  /* bytes of VRAM for expert slots; 0 = by the flags below, -1 = auto
+                             (free VRAM after the dense part, KV and activations, minus vram_reserve) */
+    int64_t vram_reserve; /* auto: VRAM left free; < 0 = 1 GiB */
+    bool cpu_moe;         /* --cpu-moe: no expert slots unless vram_budget says otherwise */
+    int32_t n_cpu_moe;    /* --n-cpu-moe N: units of layers >= N in VRAM, the rest on the CPU; < 0 = off */
+    int32_t main_gpu;     /* --main-gpu: the device (0) */
+    int32_t n_ctx;        /* context the sessions will ask for: sizes the auto budget's KV share
+                             (0 = the model's training context, capped at 32768) */
     /* The SSD tier (models larger than RAM, docs/ENGINE.md). ram_budget 0, or >= the model's
      * expert bytes: every unit is computed from the file mapping (plain mmap). Below: expert
      * units live in a RAM slot pool of ram_budget bytes (placed by `policy`), units without a
@@ -205,7 +215,8 @@ struct hm_placement_opts {
     bool io_pread;        /* never io_uring (pread); for tests and seccomp'd containers */
 };
 
-/* No profile, policy NULL, update_rate -1, vram_budget 0. */
+/* No profile, policy NULL, update_rate -1, no GPU (n_gpu_layers 0, vram_budget 0, vram_reserve -1,
+ * n_cpu_moe -1). */
 void hm_placement_opts_default(hm_placement_opts *o);
 
 /* Usage profile file formats (docs/PROFILE.md). */

@@ -136,6 +136,10 @@ void hm_experts_record(hm_experts *s, int32_t layer, const int32_t *ids, int32_t
  * leaves the unit in RAM and is returned (the store stays usable). */
 hm_status hm_experts_step_end(hm_experts *s, int32_t n_tok, bool prompt, hm_err *err);
 
+/* Between steps: make every fill that has landed (the tier's ready() says so) HOT now, as
+ * step_end does first. For the caller that waited for a tier's fills (at open, before step 0). */
+void hm_experts_land(hm_experts *s);
+
 /* Where to compute unit (layer, expert) from. */
 typedef struct hm_unit_loc {
     hm_tier_id tier;                 /* HOT: the fast tier's slot; RAM: the CPU from data[] */

@@ -253,12 +253,8 @@ void hm_experts_record(hm_experts *s, int32_t layer, const int32_t *ids, int32_t
     if (s->trace) hm_trace_write_route(s->trace, layer, ids, n);
 }
 
-hm_status hm_experts_step_end(hm_experts *s, int32_t n_tok, bool prompt, hm_err *err) {
-    s->tokens += (uint64_t)n_tok;
-    if (prompt) s->prompt_tokens += (uint64_t)n_tok;
-    else s->decode_tokens += (uint64_t)n_tok;
-    if (s->trace) hm_trace_write_step(s->trace, n_tok, prompt);
-    for (int64_t i = 0; i < s->n_filling;) { /* land finished fills */
+void hm_experts_land(hm_experts *s) {
+    for (int64_t i = 0; i < s->n_filling;) {
         int32_t ui = s->filling[i];
         if (!s->tier.ready || s->tier.ready(s->tier.ctx, s->u[ui].hot_slot)) {
             land(s, ui);
@@ -267,6 +263,14 @@ hm_status hm_experts_step_end(hm_experts *s, int32_t n_tok, bool prompt, hm_err 
             i++;
         }
     }
+}
+
+hm_status hm_experts_step_end(hm_experts *s, int32_t n_tok, bool prompt, hm_err *err) {
+    s->tokens += (uint64_t)n_tok;
+    if (prompt) s->prompt_tokens += (uint64_t)n_tok;
+    else s->decode_tokens += (uint64_t)n_tok;
+    if (s->trace) hm_trace_write_step(s->trace, n_tok, prompt);
+    hm_experts_land(s);
     bool window_end = (s->step + 1) % s->pol.window == 0;
     if (window_end) /* fold the window's counts into the decayed scores */
         for (int64_t i = 0; i < s->n_units; i++) {

@@ -50,6 +50,10 @@ struct hm_model {
      * hm_moe_forward) and the session ends its steps after the store's. */
     hm_ram_tier *ram;     /* owned */
     bool prefetch;        /* --prefetch: read layer l+1's predicted units during layer l */
+    /* GPU placement (model_gpu.h): NULL = every op on the CPU. With it the arch keeps its dense
+     * weights and each session its KV cache and activations on the device, and the store's hot
+     * tier is gpu->vram (hot units computed there, the others by the CPU at the same time). */
+    struct hm_gpu *gpu;   /* owned */
     _Atomic int busy;     /* 1 while a session of this model is inside eval */
     /* The compute pool shared by the model's sessions (engine/session.c): the first session opened
      * sets its thread count; later sessions with that count share the pool, others own theirs.
@@ -120,6 +124,12 @@ struct hm_arch {
      * to logits: [sum of b.n_out, n_vocab] (NULL when that sum is 0). */
     hm_status (*forward_multi)(const hm_model *m, void *work, hm_pool *pool, const hm_fwd_seq *seqs,
                                int n_seq, float *logits, hm_err *err);
+    /* Optional (NULL = no GPU path: asking for the GPU is HM_ERR_UNSUPPORTED naming the arch):
+     * upload the dense weights to m->gpu (hm_gpu_upload_*), keeping the arch's device view in
+     * m->gpu->arch; gpu_unload frees that view (the buffers belong to m->gpu). With m->gpu set,
+     * state_open also allocates the session's device state and forward runs on the device. */
+    hm_status (*gpu_load)(hm_model *m, hm_err *err);
+    void (*gpu_unload)(hm_model *m);
 };
 
 extern const hm_arch hm_arch_qwen3moe;

@@ -25,6 +25,8 @@
 void hm_placement_opts_default(hm_placement_opts *o) {
     memset(o, 0, sizeof *o);
     o->update_rate = -1.0f;
+    o->vram_reserve = -1;
+    o->n_cpu_moe = -1;
 }
 
 int hm_profile_fmt_from_name(const char *name) {

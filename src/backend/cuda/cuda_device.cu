@@ -115,3 +115,97 @@ hm_status hm_cuda_sync(hm_cuda_ctx *c, hm_err *err) {
     HM_CU(cudaStreamSynchronize(c->compute));
     return HM_OK;
 }
+
+/* ---- pinned host memory, device info, async copies on the compute stream, events ---- */
+
+hm_status hm_cuda_host_alloc(hm_cuda_ctx *c, size_t bytes, void **out, hm_err *err) {
+    *out = NULL;
+    HM_CU(cudaSetDevice(c->device));
+    cudaError_t e = cudaHostAlloc(out, bytes ? bytes : 1, cudaHostAllocPortable);
+    if (e != cudaSuccess) {
+        *out = NULL;
+        (void)cudaGetLastError();
+        return hm_errf(err, HM_ERR_NOMEM, "cuda: cudaHostAlloc of %zu pinned bytes: %s", bytes,
+                       cudaGetErrorString(e));
+    }
+    return HM_OK;
+}
+
+void hm_cuda_host_free(hm_cuda_ctx *c, void *p) {
+    (void)c;
+    if (p) cudaFreeHost(p);
+}
+
+hm_status hm_cuda_mem_info(hm_cuda_ctx *c, size_t *free_bytes, size_t *total_bytes, hm_err *err) {
+    HM_CU(cudaSetDevice(c->device));
+    HM_CU(cudaMemGetInfo(free_bytes, total_bytes));
+    return HM_OK;
+}
+
+hm_status hm_cuda_download_async(hm_cuda_ctx *c, void *dst_host, const void *src, size_t n, hm_err *err) {
+    HM_CU(cudaMemcpyAsync(dst_host, src, n, cudaMemcpyDeviceToHost, c->compute));
+    return HM_OK;
+}
+
+hm_status hm_cuda_upload_compute(hm_cuda_ctx *c, void *dst, const void *src_host, size_t n, hm_err *err) {
+    HM_CU(cudaMemcpyAsync(dst, src_host, n, cudaMemcpyHostToDevice, c->compute));
+    return HM_OK;
+}
+
+struct hm_cuda_event {
+    cudaEvent_t ev;
+    bool recorded;
+};
+
+hm_status hm_cuda_event_create(hm_cuda_ctx *c, hm_cuda_event **out, hm_err *err) {
+    *out = NULL;
+    hm_cuda_event *e = (hm_cuda_event *)calloc(1, sizeof *e);
+    if (!e) return hm_errf(err, HM_ERR_NOMEM, "cuda: out of host memory for an event");
+    cudaError_t ce = cudaSetDevice(c->device);
+    if (ce == cudaSuccess) ce = cudaEventCreateWithFlags(&e->ev, cudaEventDisableTiming);
+    if (ce != cudaSuccess) {
+        free(e);
+        return hm_errf(err, HM_ERR_CUDA, "cuda: cudaEventCreate: %s", cudaGetErrorString(ce));
+    }
+    *out = e;
+    return HM_OK;
+}
+
+void hm_cuda_event_destroy(hm_cuda_event *e) {
+    if (!e) return;
+    cudaEventDestroy(e->ev);
+    free(e);
+}
+
+hm_status hm_cuda_event_record(hm_cuda_ctx *c, hm_cuda_event *e, bool on_upload, hm_err *err) {
+    HM_CU(cudaEventRecord(e->ev, on_upload ? c->upload : c->compute));
+    e->recorded = true;
+    return HM_OK;
+}
+
+bool hm_cuda_event_done(hm_cuda_event *e) {
+    if (!e->recorded) return true;
+    cudaError_t q = cudaEventQuery(e->ev);
+    if (q == cudaErrorNotReady) {
+        return false;
+    }
+    return true; /* done, or an error that the next wait/sync reports */
+}
+
+hm_status hm_cuda_event_wait(hm_cuda_event *e, hm_err *err) {
+    if (!e->recorded) return HM_OK;
+    HM_CU(cudaEventSynchronize(e->ev));
+    return HM_OK;
+}
+
+hm_status hm_cuda_compute_wait(hm_cuda_ctx *c, hm_cuda_event *e, hm_err *err) {
+    if (!e->recorded) return HM_OK;
+    HM_CU(cudaStreamWaitEvent(c->compute, e->ev, 0));
+    return HM_OK;
+}
+
+hm_status hm_cuda_copy(hm_cuda_ctx *c, void *dst, const void *src, size_t n, hm_err *err) {
+    if (!n) return HM_OK;
+    HM_CU(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, c->compute));
+    return HM_OK;
+}

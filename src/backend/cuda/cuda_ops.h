@@ -65,6 +65,37 @@ hm_status hm_cuda_download(hm_cuda_ctx *c, void *dst_host, const void *src, size
 /* Wait for all queued compute work; reports faults of kernels that ran. */
 hm_status hm_cuda_sync(hm_cuda_ctx *c, hm_err *err);
 
+/* ---- host memory, device info and events (for the engine's GPU path) ------------------------- */
+
+/* Page-locked host memory (cudaHostAlloc, portable): what async copies need to overlap. *out owned
+ * by the caller: hm_cuda_host_free it. */
+hm_status hm_cuda_host_alloc(hm_cuda_ctx *c, size_t bytes, void **out, hm_err *err);
+void hm_cuda_host_free(hm_cuda_ctx *c, void *p); /* NULL is a no-op */
+/* Free and total device memory now (cudaMemGetInfo). */
+hm_status hm_cuda_mem_info(hm_cuda_ctx *c, size_t *free_bytes, size_t *total_bytes, hm_err *err);
+/* Copy device -> host on the compute stream after queued work, without waiting: dst_host must be
+ * pinned and stay valid until a later hm_cuda_sync / hm_cuda_event_wait on an event recorded after. */
+hm_status hm_cuda_download_async(hm_cuda_ctx *c, void *dst_host, const void *src, size_t n, hm_err *err);
+/* Copy host -> device on the COMPUTE stream (ordered with the ops around it), without waiting:
+ * src_host must be pinned and unchanged until that point of the stream has run. */
+hm_status hm_cuda_upload_compute(hm_cuda_ctx *c, void *dst, const void *src_host, size_t n, hm_err *err);
+
+/* Device -> device copy on the compute stream (regions must not overlap). */
+hm_status hm_cuda_copy(hm_cuda_ctx *c, void *dst, const void *src, size_t n, hm_err *err);
+
+/* A point in one of the context's streams. */
+typedef struct hm_cuda_event hm_cuda_event;
+hm_status hm_cuda_event_create(hm_cuda_ctx *c, hm_cuda_event **out, hm_err *err);
+void hm_cuda_event_destroy(hm_cuda_event *e); /* NULL is a no-op */
+/* Record at the current end of the compute (on_upload false) or upload stream. */
+hm_status hm_cuda_event_record(hm_cuda_ctx *c, hm_cuda_event *e, bool on_upload, hm_err *err);
+/* True when everything before the record has run (or the event was never recorded). */
+bool hm_cuda_event_done(hm_cuda_event *e);
+/* Block the host until the event has run; reports faults of the work before it. */
+hm_status hm_cuda_event_wait(hm_cuda_event *e, hm_err *err);
+/* Make the compute stream wait (on the device, no host wait) for an event of either stream. */
+hm_status hm_cuda_compute_wait(hm_cuda_ctx *c, hm_cuda_event *e, hm_err *err);
+
 /* ---- matmul ---------------------------------------------------------------------------------- */
 
 /* A weight matrix in device memory: ne1 rows of ne0 elements of `type`, row r at
