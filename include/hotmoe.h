@@ -218,6 +218,8 @@ struct hm_placement_opts {
 /* No profile, policy NULL, update_rate -1, no GPU (n_gpu_layers 0, vram_budget 0, vram_reserve -1,
  * n_cpu_moe -1). */
 void hm_placement_opts_default(hm_placement_opts *o);
+/* True when o puts anything on the GPU (n_gpu_layers > 0 or vram_budget != 0). */
+bool hm_placement_wants_gpu(const hm_placement_opts *o);
 
 /* Usage profile file formats (docs/PROFILE.md). */
 typedef enum hm_profile_fmt {

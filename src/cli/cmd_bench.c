@@ -1,7 +1,9 @@
 /* cmd_bench.c - `hotmoe bench`: prompt processing and generation speed, measured as
- * llama-bench does: pp = one batch of p random tokens into an empty context; tg = n single-token
- * decodes from an empty context; one untimed warm-up of each, then r timed repetitions; tok/s
- * reported as mean +/- sample standard deviation over the repetitions. Needs no tokenizer. */
+ * llama-bench does: pp = one batch of p random tokens; tg = n single-token decodes; both after a
+ * context of d tokens (-d, llama-bench's --n-depth: filled once, untimed, and trimmed back to
+ * before each run); one untimed warm-up of each, then r timed repetitions; tok/s reported as mean
+ * +/- sample standard deviation over the repetitions. With the GPU, the expert hit rate of the tg
+ * runs (routed units found in VRAM) is printed too. Needs no tokenizer. */
 #include <math.h>
 #include <sys/resource.h>
 #include <time.h>
@@ -9,9 +11,10 @@
 #include "cmd_engine.h"
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: hotmoe bench -m MODEL [-p N] [-n N] [-t T] [-r REPS] [--json]\n\n"
+    fprintf(f, "usage: hotmoe bench -m MODEL [-p N] [-n N] [-d N] [-t T] [-r REPS] [--json]\n\n"
                "  -p, --n-prompt N       prompt tokens, one batch (default 512; 0 = skip)\n"
                "  -n, --n-gen N          generated tokens, one at a time (default 128; 0 = skip)\n"
+               "  -d, --n-depth N        context already in the cache before each test (default 0)\n"
                "  -r, --repetitions N    timed runs of each test (default 5)\n"
                "  --seed N               seed of the random token ids (default 1)\n"
                "  --json                 print one JSON object (pp_tok_s, tg_tok_s, ...)\n" CLI_ENGINE_HELP);
@@ -31,11 +34,13 @@ static void mean_std(const double *x, int n, double *mean, double *std) {
     *std = n > 1 ? sqrt(ss / (n - 1)) : 0;
 }
 
-/* One timed test; returns tok/s or -1 on failure (printed). */
-static double run_test(hm_session *s, const int32_t *ids, int32_t n, bool prompt) {
+/* One timed test after `depth` tokens of context (the session already holds them); returns tok/s
+ * or -1 on failure (printed). */
+static double run_test(hm_session *s, int32_t depth, const int32_t *ids, int32_t n, bool prompt) {
     hm_err err;
     const float *lg;
-    hm_session_reset(s);
+    if (depth == 0) hm_session_reset(s);
+    else if (hm_session_trim(s, depth, &err) != HM_OK) goto fail;
     double t0 = now_s();
     if (prompt) {
         if (hm_session_eval(s, ids, n, false, &lg, &err) != HM_OK) goto fail;
@@ -51,7 +56,7 @@ fail:
 
 int hm_cmd_bench(int argc, char **argv) {
     cli_engine e = {.cmd = "bench"};
-    long n_prompt = 512, n_gen = 128, reps = 5, seed = 1;
+    long n_prompt = 512, n_gen = 128, reps = 5, seed = 1, depth = 0;
     bool json = false;
     for (int i = 1; i < argc; i++) {
         int r = cli_engine_arg(&e, argc, argv, &i);
@@ -65,6 +70,8 @@ int hm_cmd_bench(int argc, char **argv) {
             if (!(v = cli_value(e.cmd, argc, argv, &i)) || cli_long(e.cmd, a, v, 0, 1 << 20, &n_prompt)) return 2;
         } else if (!strcmp(a, "-n") || !strcmp(a, "--n-gen")) {
             if (!(v = cli_value(e.cmd, argc, argv, &i)) || cli_long(e.cmd, a, v, 0, 1 << 20, &n_gen)) return 2;
+        } else if (!strcmp(a, "-d") || !strcmp(a, "--n-depth")) {
+            if (!(v = cli_value(e.cmd, argc, argv, &i)) || cli_long(e.cmd, a, v, 0, 1 << 24, &depth)) return 2;
         } else if (!strcmp(a, "-r") || !strcmp(a, "--repetitions")) {
             if (!(v = cli_value(e.cmd, argc, argv, &i)) || cli_long(e.cmd, a, v, 1, 1000, &reps)) return 2;
         } else if (!strcmp(a, "--seed")) {
@@ -85,7 +92,7 @@ int hm_cmd_bench(int argc, char **argv) {
         fprintf(stderr, "hotmoe bench: nothing to do (-p 0 -n 0)\n");
         return 2;
     }
-    int32_t need = (int32_t)(n_prompt > n_gen ? n_prompt : n_gen);
+    int32_t need = (int32_t)(depth + (n_prompt > n_gen ? n_prompt : n_gen));
     if (e.n_ctx && e.n_ctx < need) {
         fprintf(stderr, "hotmoe bench: -c %d is smaller than the test (%d tokens)\n", e.n_ctx, need);
         return 1;
@@ -108,22 +115,51 @@ int hm_cmd_bench(int argc, char **argv) {
         ids[i] = (int32_t)(x % (uint64_t)inf->n_vocab);
     }
     double pm = 0, psd = 0, tm = 0, tsd = 0;
+    const int32_t d = (int32_t)depth, *gen = ids + d;
+    if (d > 0) { /* the context every test starts from, filled once in -ub sized batches */
+        hm_err err;
+        const float *lg;
+        hm_session_reset(s);
+        double t0 = now_s();
+        if (hm_session_eval(s, ids, d, false, &lg, &err) != HM_OK) {
+            fprintf(stderr, "hotmoe bench: %s\n", err.msg);
+            goto done;
+        }
+        if (!json) fprintf(stderr, "hotmoe bench: filled %d tokens of context in %.1f s\n", d, now_s() - t0);
+    }
     if (n_prompt) {
-        if (run_test(s, ids, (int32_t)n_prompt, true) < 0) goto done; /* warm-up */
+        if (run_test(s, d, gen, (int32_t)n_prompt, true) < 0) goto done; /* warm-up */
         for (long r = 0; r < reps; r++)
-            if ((pp[r] = run_test(s, ids, (int32_t)n_prompt, true)) < 0) goto done;
+            if ((pp[r] = run_test(s, d, gen, (int32_t)n_prompt, true)) < 0) goto done;
         mean_std(pp, (int)reps, &pm, &psd);
     }
     cli_tier_snap t0, t1;
     memset(&t1, 0, sizeof t1);
+    hm_usage u0, u1;
+    bool have_u = false;
     if (n_gen) {
-        if (run_test(s, ids, n_gen < 16 ? (int32_t)n_gen : 16, false) < 0) goto done; /* warm-up */
+        if (run_test(s, d, gen, n_gen < 16 ? (int32_t)n_gen : 16, false) < 0) goto done; /* warm-up */
         cli_tier_get(m, &t0);
+        have_u = hm_model_usage(m, &u0, NULL) == HM_OK;
         for (long r = 0; r < reps; r++)
-            if ((tg[r] = run_test(s, ids, (int32_t)n_gen, false)) < 0) goto done;
+            if ((tg[r] = run_test(s, d, gen, (int32_t)n_gen, false)) < 0) goto done;
         mean_std(tg, (int)reps, &tm, &tsd);
         cli_tier_get(m, &t1);
+        if (have_u && hm_model_usage(m, &u1, NULL) != HM_OK) {
+            hm_usage_free(&u0);
+            have_u = false;
+        }
     }
+    double hit = -1; /* tg's share of routed units computed from VRAM */
+    int64_t vslots = 0;
+    if (have_u) {
+        uint64_t h = u1.hits - u0.hits, mi = u1.misses - u0.misses;
+        if (u1.vram_slots > 0 || h > 0) hit = h + mi ? (double)h / (double)(h + mi) : 0.0;
+        vslots = u1.vram_slots;
+        hm_usage_free(&u0);
+        hm_usage_free(&u1);
+    }
+    const char *backend = hm_placement_wants_gpu(&e.place) ? "CUDA" : "CPU";
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
     const char *name = strrchr(e.model, '/') ? strrchr(e.model, '/') + 1 : e.model;
@@ -131,9 +167,11 @@ int hm_cmd_bench(int argc, char **argv) {
     int th = hm_session_n_threads(s);
     if (json) {
         printf("{\"model\": \"%s\", \"arch\": \"%s\", \"size_bytes\": %llu, \"n_params\": %llu, \"n_threads\": %d, "
-               "\"kv_type\": \"%s\", \"n_prompt\": %ld, \"n_gen\": %ld, \"repetitions\": %ld",
+               "\"kv_type\": \"%s\", \"backend\": \"%s\", \"n_prompt\": %ld, \"n_gen\": %ld, \"n_depth\": %ld, "
+               "\"repetitions\": %ld",
                name, inf->arch, (unsigned long long)inf->file_bytes, (unsigned long long)inf->n_params, th,
-               e.kv_type == HM_KV_F32 ? "f32" : "f16", n_prompt, n_gen, reps);
+               e.kv_type == HM_KV_F32 ? "f32" : "f16", backend, n_prompt, n_gen, depth, reps);
+        if (hit >= 0) printf(", \"vram_slots\": %lld, \"tg_vram_hit_rate\": %.4f", (long long)vslots, hit);
         if (n_prompt) printf(", \"pp_tok_s\": %.3f, \"pp_tok_s_std\": %.3f", pm, psd);
         if (n_gen) printf(", \"tg_tok_s\": %.3f, \"tg_tok_s_std\": %.3f", tm, tsd);
         printf(", \"peak_rss_bytes\": %lld", (long long)ru.ru_maxrss * 1024);
@@ -151,18 +189,23 @@ int hm_cmd_bench(int argc, char **argv) {
     } else {
         printf("| model | size | params | backend | threads | test | t/s |\n");
         printf("| --- | ---: | ---: | --- | ---: | ---: | ---: |\n");
+        char dep[32] = "";
+        if (depth) snprintf(dep, sizeof dep, " @ d%ld", depth);
         if (n_prompt)
-            printf("| %s %s | %.2f GiB | %.2f B | CPU | %d | pp%ld | %.2f ± %.2f |\n", inf->arch, name, gib, bparams, th,
-                   n_prompt, pm, psd);
+            printf("| %s %s | %.2f GiB | %.2f B | %s | %d | pp%ld%s | %.2f ± %.2f |\n", inf->arch, name, gib, bparams,
+                   backend, th, n_prompt, dep, pm, psd);
         if (n_gen)
-            printf("| %s %s | %.2f GiB | %.2f B | CPU | %d | tg%ld | %.2f ± %.2f |\n", inf->arch, name, gib, bparams, th,
-                   n_gen, tm, tsd);
+            printf("| %s %s | %.2f GiB | %.2f B | %s | %d | tg%ld%s | %.2f ± %.2f |\n", inf->arch, name, gib, bparams,
+                   backend, th, n_gen, dep, tm, tsd);
     }
     if (!json) {
         if (t1.on) cli_tier_print(stderr, "bench", "tg", &t0, &t1, (uint64_t)(reps * n_gen));
         cli_tier_snap ta;
         cli_tier_get(m, &ta);
         cli_tier_print(stderr, "bench", "whole run", NULL, &ta, 0);
+        if (hit >= 0)
+            fprintf(stderr, "hotmoe bench: tg expert hit rate %.1f %% (%lld VRAM slots)\n", 100.0 * hit,
+                    (long long)vslots);
         fprintf(stderr, "hotmoe bench: peak RSS %.1f MiB\n", (double)ru.ru_maxrss / 1024.0);
     }
     rc = cli_engine_finish(&e, m);

@@ -48,8 +48,19 @@ typedef struct cli_engine {
     "  --policy P             static|online|lru|none (default: static with --profile, else none)\n" \
     "  --update-rate R        online: swaps per window as a fraction of slots (alias\n"          \
     "                         --moe-hot-cache-update-rate; default 0.05)\n"                     \
-    "  --vram-budget SIZE     VRAM for expert units (alias --moe-hot-cache-max-mib MIB); no GPU\n" \
-    "                         backend yet, so a budget > 0 is an error\n"                   \
+    "GPU (CUDA builds; docs/ENGINE.md \"GPU placement\"):\n"                                  \
+    "  -ngl, --n-gpu-layers N dense part (attention, norms, routers, embeddings) and KV cache on\n" \
+    "                         the GPU; alone, every expert goes there too (llama.cpp's -ngl 99)\n" \
+    "  --vram-budget SIZE     VRAM for hot expert units (e.g. 12GiB; auto or -1 = free VRAM minus\n" \
+    "                         --vram-reserve); placed by --profile / --policy (default: static\n" \
+    "                         with a profile, else online); the other units run on the CPU at the\n" \
+    "                         same time (aliases --moe-hot-cache-max-mib MIB, env\n"         \
+    "                         GGML_CUDA_MOE_CACHE_BUDGET_MB)\n"                             \
+    "  --vram-reserve SIZE    VRAM left free by auto (default 1GiB; alias\n"                 \
+    "                         --moe-hot-cache-auto-reserve-mib MIB)\n"                      \
+    "  -cmoe, --cpu-moe       every expert on the CPU (unless --vram-budget gives slots)\n"   \
+    "  -ncmoe, --n-cpu-moe N  experts of the first N layers on the CPU, the rest in VRAM\n"  \
+    "  -mg, --main-gpu N      the CUDA device (default 0)\n"                                 \
     "models larger than RAM (the SSD tier):\n"                                                  \
     "  --ram-budget SIZE      RAM for expert units (e.g. 16GiB); below the experts' size, units\n" \
     "                         live in a RAM slot pool and the rest are read from the file when\n" \
@@ -129,10 +140,40 @@ static inline int cli_placement_arg(cli_engine *e, int argc, char **argv, int *i
     } else if (!strcmp(a, "--vram-budget")) {
         hm_err err;
         if (!(v = cli_value(e->cmd, argc, argv, i))) return -1;
-        if (hm_parse_size(v, &e->place.vram_budget, &err) != HM_OK || e->place.vram_budget < 0) {
-            fprintf(stderr, "hotmoe %s: --vram-budget expects a size (12GiB, 512MiB, 0), got '%s'\n", e->cmd, v);
+        if (!strcmp(v, "auto") || !strcmp(v, "-1")) {
+            e->place.vram_budget = -1;
+        } else if (hm_parse_size(v, &e->place.vram_budget, &err) != HM_OK || e->place.vram_budget < 0) {
+            fprintf(stderr, "hotmoe %s: --vram-budget expects a size (12GiB, 512MiB, 0) or auto, got '%s'\n", e->cmd,
+                    v);
             return -1;
         }
+    } else if (!strcmp(a, "--vram-reserve")) {
+        hm_err err;
+        if (!(v = cli_value(e->cmd, argc, argv, i))) return -1;
+        if (hm_parse_size(v, &e->place.vram_reserve, &err) != HM_OK || e->place.vram_reserve < 0) {
+            fprintf(stderr, "hotmoe %s: --vram-reserve expects a size (1GiB, 512MiB), got '%s'\n", e->cmd, v);
+            return -1;
+        }
+    } else if (!strcmp(a, "--moe-hot-cache-auto-reserve-mib")) {
+        long mib;
+        if (!(v = cli_value(e->cmd, argc, argv, i)) || cli_long(e->cmd, a, v, 0, 1L << 30, &mib)) return -1;
+        e->place.vram_reserve = (int64_t)mib << 20;
+    } else if (!strcmp(a, "-ngl") || !strcmp(a, "--n-gpu-layers") || !strcmp(a, "--gpu-layers")) {
+        long n;
+        if (!(v = cli_value(e->cmd, argc, argv, i))) return -1;
+        if (!strcmp(v, "all") || !strcmp(v, "auto")) n = 999;
+        else if (cli_long(e->cmd, a, v, 0, 1 << 20, &n)) return -1;
+        e->place.n_gpu_layers = (int32_t)n;
+    } else if (!strcmp(a, "-cmoe") || !strcmp(a, "--cpu-moe")) {
+        e->place.cpu_moe = true;
+    } else if (!strcmp(a, "-ncmoe") || !strcmp(a, "--n-cpu-moe")) {
+        long n;
+        if (!(v = cli_value(e->cmd, argc, argv, i)) || cli_long(e->cmd, a, v, 0, 1 << 20, &n)) return -1;
+        e->place.n_cpu_moe = (int32_t)n;
+    } else if (!strcmp(a, "-mg") || !strcmp(a, "--main-gpu")) {
+        long n;
+        if (!(v = cli_value(e->cmd, argc, argv, i)) || cli_long(e->cmd, a, v, 0, 63, &n)) return -1;
+        e->place.main_gpu = (int32_t)n;
     } else if (!strcmp(a, "--ram-budget")) {
         hm_err err;
         if (!(v = cli_value(e->cmd, argc, argv, i))) return -1;
@@ -152,8 +193,8 @@ static inline int cli_placement_arg(cli_engine *e, int argc, char **argv, int *i
         e->place.io_depth = (int32_t)nd;
     } else if (!strcmp(a, "--moe-hot-cache-max-mib")) {
         long mib;
-        if (!(v = cli_value(e->cmd, argc, argv, i)) || cli_long(e->cmd, a, v, 0, 1L << 40, &mib)) return -1;
-        e->place.vram_budget = (int64_t)mib << 20;
+        if (!(v = cli_value(e->cmd, argc, argv, i)) || cli_long(e->cmd, a, v, -1, 1L << 40, &mib)) return -1;
+        e->place.vram_budget = mib < 0 ? -1 : (int64_t)mib << 20;
     } else {
         return 0;
     }
@@ -167,6 +208,13 @@ static inline void cli_placement_env(hm_placement_opts *po) {
         ((v = getenv("LLAMA_EXPERT_SWAP_MLOCK")) && !strcmp(v, "1")))
         po->mlock = true;
     if ((v = getenv("LLAMA_EXPERT_SWAP_PREFETCH")) && !strcmp(v, "1")) po->prefetch = true;
+    /* the seed-1 fork's budget in MiB (-1 = auto); a flag given on the command line wins */
+    if (po->vram_budget == 0 && (v = getenv("GGML_CUDA_MOE_CACHE_BUDGET_MB")) && *v) {
+        char *end;
+        long long mib = strtoll(v, &end, 10);
+        if (!*end && mib >= -1) po->vram_budget = mib < 0 ? -1 : (int64_t)mib << 20;
+        else fprintf(stderr, "hotmoe: ignoring GGML_CUDA_MOE_CACHE_BUDGET_MB='%s' (expects MiB or -1)\n", v);
+    }
 }
 
 /* Try argv[*i] as one of the shared flags: 1 consumed, 0 not ours, -1 bad value (printed). */
@@ -222,7 +270,8 @@ static inline hm_model *cli_open_model(const cli_engine *e) {
         fprintf(stderr, "hotmoe %s: %s\n", e->cmd, err.msg);
         return NULL;
     }
-    if (po.policy && strcmp(po.policy, "none") && po.vram_budget == 0)
+    if (!po.n_ctx) po.n_ctx = e->n_ctx;
+    if (po.policy && strcmp(po.policy, "none") && !hm_placement_wants_gpu(&po))
         fprintf(stderr, "hotmoe %s: note: --policy %s has no fast tier to place units in (no VRAM budget); expert "
                         "use is counted, every unit runs from RAM\n", e->cmd, po.policy);
     if (e->trace_out && hm_model_trace_out(m, e->trace_out, &err) != HM_OK) {

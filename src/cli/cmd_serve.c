@@ -115,7 +115,8 @@ int hm_cmd_serve(int argc, char **argv) {
     o.trace_out = e.trace_out;
     cli_placement_env(&e.place);
     o.placement = &e.place;
-    if (e.place.policy && strcmp(e.place.policy, "none") && e.place.vram_budget == 0)
+    if (!e.place.n_ctx && o.n_ctx > 0) e.place.n_ctx = o.n_ctx * (o.n_parallel > 0 ? o.n_parallel : 1); /* every slot's KV */
+    if (e.place.policy && strcmp(e.place.policy, "none") && !hm_placement_wants_gpu(&e.place))
         fprintf(stderr, "serve: note: --policy %s has no fast tier to place units in (no VRAM budget); expert use is "
                         "counted, every unit runs from RAM\n", e.place.policy);
     hm_err err = {{0}};

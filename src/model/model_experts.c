@@ -21,6 +21,10 @@
 
 #include "experts/profile.h"
 #include "model.h"
+#include "model_gpu.h"
+#ifdef HM_HAVE_CUDA
+#include "backend/cuda/cuda_tier.h"
+#endif
 
 void hm_placement_opts_default(hm_placement_opts *o) {
     memset(o, 0, sizeof *o);
@@ -55,12 +59,11 @@ void hm_model_test_io_fault(hm_ssd_fault_fn fn, void *ctx) {
 hm_status hm_model_experts_open(hm_model *m, const hm_placement_opts *po, hm_err *err) {
     hm_placement_opts dflt;
     if (!po) hm_placement_opts_default(&dflt), po = &dflt;
-    if (po->vram_budget > 0)
-        return hm_errf(err, HM_ERR_UNSUPPORTED,
-                       "no GPU backend yet: a VRAM budget of %lld bytes was asked for, but hotmoe cannot compute "
-                       "expert units on a GPU yet (every unit runs on the CPU from RAM); drop --vram-budget",
-                       (long long)po->vram_budget);
-    if (po->vram_budget < 0) return hm_errf(err, HM_ERR_ARG, "the VRAM budget must not be negative");
+#ifndef HM_HAVE_CUDA
+    if (hm_placement_wants_gpu(po))
+        return hm_errf(err, HM_ERR_UNSUPPORTED, "this hotmoe was built without CUDA, so -ngl / --vram-budget cannot "
+                       "be used (rebuild with nvcc installed, or drop them to run on the CPU)");
+#endif
     if (po->ram_budget < 0) return hm_errf(err, HM_ERR_ARG, "the RAM budget must not be negative");
     if (po->io_depth < 0 || po->io_depth > 4096)
         return hm_errf(err, HM_ERR_ARG, "--io-depth %d outside [1, 4096]", (int)po->io_depth);
@@ -87,12 +90,43 @@ hm_status hm_model_experts_open(hm_model *m, const hm_placement_opts *po, hm_err
 
     hm_experts_opts eo;
     hm_experts_opts_default(&eo);
+    eo.profile = po->profile ? &prof : NULL;
+    eo.hot_slots = 0;
+    eo.hot_tier = NULL;
+#ifdef HM_HAVE_CUDA
+    if (hm_placement_wants_gpu(po)) {
+        int64_t slots = 0;
+        int32_t layer_from = -1;
+        if ((st = hm_model_gpu_open(m, po, &slots, &layer_from, err)) != HM_OK) goto done;
+        eo.hot_slots = slots;
+        eo.hot_tier = slots > 0 ? &m->gpu->hot : NULL;
+        if (layer_from >= 0 && slots > 0) {
+            /* layer placement (-ngl alone, --n-cpu-moe): a static placement from a profile that
+             * counts exactly the units of layers >= layer_from */
+            if (po->policy || po->profile)
+                hm_log_printf(&m->log, HM_LOG_WARN, "%s places experts by layer: --profile/--policy are ignored "
+                              "(give --vram-budget to place units by use)",
+                              po->n_cpu_moe >= 0 ? "--n-cpu-moe" : "-ngl without --cpu-moe");
+            hm_profile_free(&prof);
+            if ((st = hm_profile_init(&prof, m->units.n_layer, m->units.n_expert, err)) != HM_OK) goto done;
+            for (int32_t l = layer_from; l < m->units.n_layer; l++)
+                for (int32_t e = 0; e < m->units.layers[l].n_expert && e < prof.n_expert; e++)
+                    prof.counts[(size_t)l * (size_t)prof.n_expert + (size_t)e] = 1;
+            eo.profile = &prof;
+            kind = HM_POLICY_STATIC;
+        } else if (slots > 0 && kind == HM_POLICY_NONE && !po->policy) {
+            kind = HM_POLICY_ONLINE; /* a budget without a profile: learn the hot units while running */
+        }
+    }
+#endif
     eo.policy.kind = (hm_policy_kind)kind;
     if (po->update_rate >= 0) eo.policy.update_rate = po->update_rate;
-    eo.profile = po->profile ? &prof : NULL;
-    eo.hot_slots = 0;     /* the GPU tier: hot_slots = -1, hot_budget = vram_budget, hot_tier = its table */
-    eo.hot_tier = NULL;
     st = hm_experts_open(&m->experts, &m->units, &eo, err);
+#ifdef HM_HAVE_CUDA
+    if (st == HM_OK && m->gpu && m->gpu->vram) { /* the initial placement's copies, before step 0 */
+        if ((st = hm_vram_tier_wait(m->gpu->vram, err)) == HM_OK) hm_experts_land(m->experts);
+    }
+#endif
     /* The SSD tier: only when the RAM budget is below the expert bytes (else the plain mmap). */
     if (st == HM_OK && po->ram_budget > 0 && (uint64_t)po->ram_budget < m->units.expert_bytes) {
         const char *path = hm_gguf_path(m->gguf);
@@ -116,6 +150,9 @@ hm_status hm_model_experts_open(hm_model *m, const hm_placement_opts *po, hm_err
             if (st == HM_OK) m->prefetch = po->prefetch;
         }
     }
+#ifdef HM_HAVE_CUDA
+done:
+#endif
     if (st != HM_OK && po->profile) {
         char tmp[sizeof err->msg];
         if (err) {
@@ -124,16 +161,24 @@ hm_status hm_model_experts_open(hm_model *m, const hm_placement_opts *po, hm_err
         }
     }
     hm_profile_free(&prof);
-    if (st != HM_OK) return st;
+    if (st != HM_OK) {
+        hm_model_experts_close(m);
+        return st;
+    }
     m->policy = (hm_policy_kind)kind;
     return HM_OK;
 }
+
+bool hm_placement_wants_gpu(const hm_placement_opts *o) { return o->n_gpu_layers > 0 || o->vram_budget != 0; }
 
 void hm_model_experts_close(hm_model *m) {
     hm_ram_tier_close(m->ram); /* waits for reads in flight; before the store it may borrow */
     m->ram = NULL;
     hm_experts_close(m->experts);
     m->experts = NULL;
+#ifdef HM_HAVE_CUDA
+    hm_model_gpu_close(m); /* after the store, which borrows its tier */
+#endif
     hm_units_free(&m->units);
 }
 

@@ -50,8 +50,6 @@ typedef struct hm_gpu {
 hm_status hm_model_gpu_open(struct hm_model *m, const hm_placement_opts *o, int64_t *slots_out,
                             int32_t *layer_from, hm_err *err);
 void hm_model_gpu_close(struct hm_model *m); /* NULL gpu is a no-op */
-/* True when o asks for the GPU at all (-ngl > 0, --vram-budget != 0, --n-cpu-moe/--cpu-moe with -ngl). */
-bool hm_placement_wants_gpu(const hm_placement_opts *o);
 
 /* For an arch's gpu_load: copy a host matrix / f32 vector to the device (a buffer owned by g, freed
  * at close; counted in dense_bytes). *out's data is the device copy; nb1 kept. HM_ERR_NOMEM naming

@@ -1,0 +1,195 @@
+/* model_gpu_cuda.c - opening a model's GPU placement (model_gpu.h): the device, the arch's dense
+ * upload, and the size of the VRAM expert slot pool from the placement flags. CUDA builds only.
+ *
+ * Sizing (in this order): the dense weights go up first (their bytes are known only after the
+ * arch's gpu_load); then the slots the flags ask for; then what fits: free VRAM minus the KV
+ * cache of the context the sessions will ask for, an activation margin and the reserve. A pool
+ * that fits only in part comes up smaller with a warning; the tier itself may come up smaller
+ * still if an allocation fails (a warning again). Nothing here aborts for lack of VRAM except the
+ * dense part, which must fit whole (an error naming the bytes). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cuda/cuda_device.h"
+#include "backend/cuda/cuda_ops.h"
+#include "backend/cuda/cuda_tier.h"
+#include "model.h"
+#include "model_gpu.h"
+#include "quant/quant.h"
+
+#define MIB (1024.0 * 1024.0)
+#define GIB (1024.0 * 1024.0 * 1024.0)
+/* Activations, attention and MoE scratch of a session's device state, with room to spare. */
+#define HM_GPU_ACT_MARGIN ((int64_t)512 << 20)
+
+static hm_status track(hm_gpu *g, void *p, hm_err *err) {
+    if (g->n_allocs == g->cap_allocs) {
+        int32_t cap = g->cap_allocs ? 2 * g->cap_allocs : 64;
+        void **a = realloc(g->allocs, (size_t)cap * sizeof *a);
+        if (!a) {
+            hm_cuda_free(g->ctx, p);
+            return hm_errf(err, HM_ERR_NOMEM, "gpu: out of host memory");
+        }
+        g->allocs = a;
+        g->cap_allocs = cap;
+    }
+    g->allocs[g->n_allocs++] = p;
+    return HM_OK;
+}
+
+static hm_status upload(hm_gpu *g, const void *src, size_t bytes, void **out, const char *what, hm_err *err) {
+    void *d = NULL;
+    hm_status st = hm_cuda_alloc(g->ctx, bytes, &d, err);
+    if (st != HM_OK) {
+        size_t fr = 0, tot = 0;
+        hm_err e2;
+        hm_cuda_mem_info(g->ctx, &fr, &tot, &e2);
+        return hm_errf(err, st, "gpu: no room for the dense weights (%s, %.1f MiB; %.1f MiB uploaded so far, %.1f "
+                       "MiB free of %.1f)", what, (double)bytes / MIB, (double)g->dense_bytes / MIB,
+                       (double)fr / MIB, (double)tot / MIB);
+    }
+    if ((st = track(g, d, err)) != HM_OK) return st;
+    if ((st = hm_cuda_upload(g->ctx, d, src, bytes, err)) != HM_OK) return st;
+    g->dense_bytes += bytes;
+    *out = d;
+    return HM_OK;
+}
+
+hm_status hm_gpu_upload_mat(hm_gpu *g, const hm_mat *w, hm_cuda_mat *out, hm_err *err) {
+    memset(out, 0, sizeof *out);
+    if (!hm_cuda_type_ok(w->type))
+        return hm_errf(err, HM_ERR_UNSUPPORTED, "gpu: weights of type %s are not computed by the CUDA backend",
+                       hm_type_name(w->type));
+    void *d;
+    hm_status st = upload(g, w->data, w->nb1 * (size_t)w->ne1, &d, hm_type_name(w->type), err);
+    if (st != HM_OK) return st;
+    out->data = d;
+    out->type = w->type;
+    out->ne0 = w->ne0;
+    out->ne1 = w->ne1;
+    out->nb1 = w->nb1;
+    return HM_OK;
+}
+
+hm_status hm_gpu_upload_vec(hm_gpu *g, const float *v, int64_t n, float **out, hm_err *err) {
+    *out = NULL;
+    if (!v) return HM_OK;
+    void *d;
+    hm_status st = upload(g, v, (size_t)n * sizeof(float), &d, "f32 vector", err);
+    if (st == HM_OK) *out = d;
+    return st;
+}
+
+void hm_model_gpu_close(hm_model *m) {
+    hm_gpu *g = m->gpu;
+    if (!g) return;
+    hm_vram_tier_close(g->vram); /* waits for fills in flight */
+    if (m->arch && m->arch->gpu_unload) m->arch->gpu_unload(m);
+    for (int32_t i = 0; i < g->n_allocs; i++) hm_cuda_free(g->ctx, g->allocs[i]);
+    free(g->allocs);
+    hm_cuda_close(g->ctx);
+    free(g);
+    m->gpu = NULL;
+}
+
+/* Bytes of the f16 KV cache of one session at n_ctx positions. */
+static int64_t kv_bytes(const hm_model *m, int32_t n_ctx) {
+    const hm_model_info *i = &m->info;
+    return (int64_t)n_ctx * i->n_layer * 2 * (int64_t)i->n_head_kv * i->head_dim * 2;
+}
+
+hm_status hm_model_gpu_open(hm_model *m, const hm_placement_opts *o, int64_t *slots_out, int32_t *layer_from,
+                            hm_err *err) {
+    *slots_out = 0;
+    *layer_from = -1;
+    if (!m->arch->gpu_load)
+        return hm_errf(err, HM_ERR_UNSUPPORTED, "the GPU path is not implemented for %s models yet (drop -ngl / "
+                       "--vram-budget to run on the CPU)", m->arch_name);
+    if (o->ram_budget > 0 && (uint64_t)o->ram_budget < m->units.expert_bytes)
+        return hm_errf(err, HM_ERR_UNSUPPORTED, "--ram-budget (the SSD tier) together with the GPU is not "
+                       "supported yet: use one or the other");
+    const int n_dev = hm_cuda_device_count();
+    if (n_dev <= 0)
+        return hm_errf(err, HM_ERR_CUDA, "no CUDA device found (drop -ngl / --vram-budget to run on the CPU)");
+    if (o->main_gpu < 0 || o->main_gpu >= n_dev)
+        return hm_errf(err, HM_ERR_ARG, "--main-gpu %d: there are %d CUDA devices", (int)o->main_gpu, n_dev);
+    if (o->n_gpu_layers > 0 && o->n_gpu_layers < m->info.n_layer)
+        hm_log_printf(&m->log, HM_LOG_WARN, "-ngl %d < %d layers: hotmoe keeps every layer's dense part on the "
+                      "GPU (use --cpu-moe / --n-cpu-moe / --vram-budget to keep experts on the CPU)",
+                      (int)o->n_gpu_layers, (int)m->info.n_layer);
+
+    hm_gpu *g = calloc(1, sizeof *g);
+    if (!g) return hm_errf(err, HM_ERR_NOMEM, "out of memory");
+    g->n_cpu_moe = -1;
+    m->gpu = g;
+    hm_status st = hm_cuda_open(&g->ctx, o->main_gpu, err);
+    if (st != HM_OK) goto fail;
+    if ((st = m->arch->gpu_load(m, err)) != HM_OK) goto fail;
+
+    /* the slots the flags ask for */
+    const hm_units *u = &m->units;
+    g->slot_bytes = hm_vram_tier_slot_bytes(u);
+    int64_t want = 0;
+    const char *why;
+    if (o->vram_budget > 0) {
+        want = g->slot_bytes ? o->vram_budget / (int64_t)g->slot_bytes : 0;
+        why = "--vram-budget";
+    } else if (o->vram_budget < 0) {
+        want = INT64_MAX; /* capped by what fits below */
+        why = "--vram-budget auto";
+    } else if (o->cpu_moe) {
+        why = "--cpu-moe";
+    } else {
+        int32_t from = o->n_cpu_moe >= 0 ? o->n_cpu_moe : 0;
+        if (from > u->n_layer) from = u->n_layer;
+        for (int32_t l = from; l < u->n_layer; l++) want += u->layers[l].n_expert;
+        *layer_from = from;
+        g->n_cpu_moe = from;
+        why = o->n_cpu_moe >= 0 ? "--n-cpu-moe" : "-ngl (every expert on the GPU)";
+    }
+    if ((uint64_t)want > u->n_units) want = (int64_t)u->n_units;
+
+    /* what fits */
+    size_t fr = 0, tot = 0;
+    if ((st = hm_cuda_mem_info(g->ctx, &fr, &tot, err)) != HM_OK) goto fail;
+    int32_t n_ctx = o->n_ctx > 0 ? o->n_ctx : (m->info.n_ctx_train > 0 ? m->info.n_ctx_train : 4096);
+    if (o->n_ctx <= 0 && n_ctx > 32768) n_ctx = 32768;
+    const int64_t reserve = o->vram_reserve >= 0 ? o->vram_reserve : ((int64_t)1 << 30);
+    const int64_t keep = kv_bytes(m, n_ctx) + HM_GPU_ACT_MARGIN + (o->vram_budget < 0 ? reserve : 0);
+    int64_t fit = g->slot_bytes && (int64_t)fr > keep ? ((int64_t)fr - keep) / (int64_t)g->slot_bytes : 0;
+    if (want > fit) {
+        if (o->vram_budget >= 0)
+            hm_log_printf(&m->log, HM_LOG_WARN, "%s asks for %lld expert slots (%.2f GiB) but only %lld fit in the "
+                          "%.2f GiB of free VRAM after the KV cache for %d positions and activations: using %lld",
+                          why, (long long)want, (double)want * (double)g->slot_bytes / GIB, (long long)fit,
+                          (double)fr / GIB, (int)n_ctx, (long long)fit);
+        want = fit;
+    }
+    if (want > 0) {
+        hm_vram_tier_opts vo;
+        memset(&vo, 0, sizeof vo);
+        vo.n_slots = want;
+        vo.slot_bytes = g->slot_bytes;
+        if ((st = hm_vram_tier_open(&g->vram, g->ctx, &vo, err)) != HM_OK) goto fail;
+        g->n_slots = hm_vram_tier_n_slots(g->vram);
+        if (g->n_slots < want)
+            hm_log_printf(&m->log, HM_LOG_WARN, "VRAM ran out while taking the expert slots: %lld of %lld",
+                          (long long)g->n_slots, (long long)want);
+        hm_vram_tier_as_hot(g->vram, &g->hot);
+    }
+    *slots_out = g->n_slots;
+    {
+        char name[128] = "";
+        hm_cuda_device_name(o->main_gpu, name, sizeof name);
+        hm_log_printf(&m->log, HM_LOG_INFO, "gpu %d: %s; dense part %.1f MiB; %lld expert slots of %.2f MiB "
+                      "(%.2f GiB, %s) for %llu units; %.2f GiB free of %.2f before the slots",
+                      (int)o->main_gpu, name, (double)g->dense_bytes / MIB, (long long)g->n_slots,
+                      (double)g->slot_bytes / MIB, (double)g->n_slots * (double)g->slot_bytes / GIB, why,
+                      (unsigned long long)u->n_units, (double)fr / GIB, (double)tot / GIB);
+    }
+    return HM_OK;
+fail:
+    hm_model_gpu_close(m);
+    return st;
+}
