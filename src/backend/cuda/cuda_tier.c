@@ -1,0 +1,283 @@
+/* cuda_tier.c - the VRAM expert slot pool (cuda_tier.h): slots in device memory, filled through a
+ * ring of pinned staging buffers on the context's upload stream.
+ *
+ * A fill lays the unit out as one byte image (its present parts back to back in part order, each
+ * at a multiple of 256) and streams that image through the ring: the host memcpys a piece from the
+ * mapping into the current buffer, queues the async copy of the piece into the slot and records
+ * the buffer's event; the next piece goes on in the same buffer or the next one, so the host's
+ * memcpy of one piece overlaps the DMA of the previous ones. Several small units share a buffer;
+ * a large one spans several. Before the host writes into a buffer again after the ring wrapped,
+ * it waits for that buffer's event (recorded after the last copy that reads it).
+ *
+ * Invariants: every buffer region the host writes is either never queued or behind an event the
+ * host waited for; slot_ev[s] is recorded after the last piece of the last fill of slot s; part[s]
+ * changes only when a fill queued all its pieces (a failed fill keeps the previous pointers; the
+ * pieces it did queue may have overwritten the slot's bytes, which is why the store fills only
+ * free slots). */
+#include "backend/cuda/cuda_tier.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "core/timer.h"
+
+#define TIER_ALIGN 256u
+#define CHUNK_SLOTS 64
+#define CHUNK_BYTES (1ull << 30)
+#define DEFAULT_STAGING (64ull << 20)
+#define DEFAULT_N_STAGING 4
+/* A piece smaller than this (and than what is left of the unit) moves to the next buffer first:
+ * the tail of a nearly full buffer is not worth a copy of its own. */
+#define MIN_PIECE (64u << 10)
+
+struct hm_vram_tier {
+    hm_cuda_ctx *c;                         /* borrowed */
+    uint64_t slot_bytes;                    /* as asked: the largest unit image a slot takes */
+    uint64_t stride;                        /* slot_bytes rounded up to 256 */
+    int64_t n_slots;                        /* allocated */
+    int64_t per_chunk;                      /* slots per chunk (the last chunk may hold fewer) */
+    int64_t n_chunks;
+    void **chunk;                           /* [n_chunks] device memory, owned */
+    hm_cuda_event **slot_ev;                /* [n_slots] owned */
+    const void *(*part)[HM_UNIT_NPART];     /* [n_slots] device pointers of the last fill */
+    int64_t cap;                            /* capacity of slot_ev and part */
+    int n_staging;
+    size_t buf_bytes;                       /* bytes of one staging buffer */
+    void **buf;                             /* [n_staging] pinned, owned */
+    hm_cuda_event **buf_ev;                 /* [n_staging] owned */
+    int cur;                                /* buffer being written */
+    size_t used;                            /* bytes of buf[cur] already handed to copies */
+    hm_vram_tier_stats stats;
+};
+
+static uint64_t round_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
+
+uint64_t hm_vram_tier_slot_bytes(const hm_units *u) {
+    uint64_t best = 0;
+    for (int32_t l = 0; l < u->n_layer; l++) {
+        const hm_units_layer *L = &u->layers[l];
+        if (L->n_expert <= 0) continue;
+        uint64_t b = 0;
+        for (int p = 0; p < HM_UNIT_NPART; p++)
+            if (L->slab_bytes[p]) b += round_up(L->slab_bytes[p], TIER_ALIGN);
+        if (!b) b = round_up(L->unit_bytes, TIER_ALIGN); /* a geometry-only table: no parts */
+        if (b > best) best = b;
+    }
+    return best;
+}
+
+static char *slot_base(const hm_vram_tier *t, int64_t slot) {
+    return (char *)t->chunk[slot / t->per_chunk] + (uint64_t)(slot % t->per_chunk) * t->stride;
+}
+
+/* Grow slot_ev / part to hold at least n slots. */
+static hm_status grow(hm_vram_tier *t, int64_t n, hm_err *err) {
+    if (n <= t->cap) return HM_OK;
+    int64_t cap = t->cap ? t->cap : 64;
+    while (cap < n) cap *= 2;
+    hm_cuda_event **ev = realloc(t->slot_ev, (size_t)cap * sizeof *ev);
+    if (ev) t->slot_ev = ev;
+    const void *(*pt)[HM_UNIT_NPART] = ev ? realloc(t->part, (size_t)cap * sizeof *pt) : NULL;
+    if (!ev || !pt)
+        return hm_errf(err, HM_ERR_NOMEM, "vram tier: out of host memory for %" PRId64 " slots", cap);
+    t->part = pt;
+    t->cap = cap;
+    return HM_OK;
+}
+
+/* Allocate slots in chunks until n_want or the first out-of-memory of the device. */
+static hm_status alloc_slots(hm_vram_tier *t, int64_t n_want, hm_err *err) {
+    t->per_chunk = (int64_t)(CHUNK_BYTES / t->stride);
+    if (t->per_chunk > CHUNK_SLOTS) t->per_chunk = CHUNK_SLOTS;
+    if (t->per_chunk < 1) t->per_chunk = 1;
+    int64_t max_chunks = (n_want + t->per_chunk - 1) / t->per_chunk;
+    if (!(t->chunk = calloc((size_t)(max_chunks ? max_chunks : 1), sizeof *t->chunk)))
+        return hm_errf(err, HM_ERR_NOMEM, "vram tier: out of host memory for %" PRId64 " chunks", max_chunks);
+    while (t->n_slots < n_want) {
+        int64_t n = n_want - t->n_slots;
+        if (n > t->per_chunk) n = t->per_chunk;
+        size_t bytes = (size_t)((uint64_t)n * t->stride);
+        void *d = NULL;
+        hm_err aerr = {{0}};
+        hm_status st = hm_cuda_alloc(t->c, bytes, &d, &aerr);
+        if (st == HM_ERR_NOMEM) break; /* the device is full: the pool is what fitted */
+        if (st) return hm_errf(err, st, "vram tier: slots %" PRId64 "..%" PRId64 ": %s", t->n_slots,
+                               t->n_slots + n - 1, aerr.msg);
+        t->chunk[t->n_chunks++] = d;
+        if ((st = grow(t, t->n_slots + n, err)) != HM_OK) return st;
+        for (int64_t i = 0; i < n; i++) {
+            int64_t s = t->n_slots;
+            if ((st = hm_cuda_event_create(t->c, &t->slot_ev[s], &aerr)) != HM_OK)
+                return hm_errf(err, st, "vram tier: event of slot %" PRId64 ": %s", s, aerr.msg);
+            memset(t->part[s], 0, sizeof t->part[s]);
+            t->n_slots++;
+        }
+    }
+    return HM_OK;
+}
+
+hm_status hm_vram_tier_open(hm_vram_tier **out, hm_cuda_ctx *c, const hm_vram_tier_opts *o, hm_err *err) {
+    *out = NULL;
+    if (o->n_slots < 0 || o->n_staging < 0 || (o->n_slots > 0 && o->slot_bytes == 0))
+        return hm_errf(err, HM_ERR_ARG, "vram tier: bad options (%" PRId64 " slots of %" PRIu64
+                       " bytes, %d staging buffers)", o->n_slots, o->slot_bytes, o->n_staging);
+    int n_staging = o->n_staging ? o->n_staging : DEFAULT_N_STAGING;
+    size_t staging = o->staging_bytes ? o->staging_bytes : (size_t)DEFAULT_STAGING;
+    size_t buf_bytes = staging / (size_t)n_staging / TIER_ALIGN * TIER_ALIGN;
+    if (buf_bytes == 0)
+        return hm_errf(err, HM_ERR_ARG, "vram tier: %zu staging bytes in %d buffers: under %u bytes each",
+                       staging, n_staging, TIER_ALIGN);
+    hm_vram_tier *t = calloc(1, sizeof *t);
+    if (!t) return hm_errf(err, HM_ERR_NOMEM, "vram tier: out of host memory");
+    hm_status st;
+    t->c = c;
+    t->slot_bytes = o->slot_bytes;
+    t->stride = round_up(o->slot_bytes ? o->slot_bytes : 1, TIER_ALIGN);
+    t->n_staging = n_staging;
+    t->buf_bytes = buf_bytes;
+    t->buf = calloc((size_t)n_staging, sizeof *t->buf);
+    t->buf_ev = calloc((size_t)n_staging, sizeof *t->buf_ev);
+    if (!t->buf || !t->buf_ev) {
+        st = hm_errf(err, HM_ERR_NOMEM, "vram tier: out of host memory");
+        goto fail;
+    }
+    for (int i = 0; i < n_staging; i++) {
+        if ((st = hm_cuda_host_alloc(c, buf_bytes, &t->buf[i], err)) != HM_OK) goto fail;
+        if ((st = hm_cuda_event_create(c, &t->buf_ev[i], err)) != HM_OK) goto fail;
+    }
+    if ((st = alloc_slots(t, o->n_slots, err)) != HM_OK) goto fail;
+    *out = t;
+    return HM_OK;
+fail:
+    hm_vram_tier_close(t);
+    return st;
+}
+
+hm_status hm_vram_tier_wait(hm_vram_tier *t, hm_err *err) {
+    for (int i = 0; i < t->n_staging; i++) {
+        hm_status st = hm_cuda_event_wait(t->buf_ev[i], err);
+        if (st) return st;
+    }
+    for (int64_t s = 0; s < t->n_slots; s++) {
+        hm_status st = hm_cuda_event_wait(t->slot_ev[s], err);
+        if (st) return st;
+    }
+    return HM_OK;
+}
+
+void hm_vram_tier_close(hm_vram_tier *t) {
+    if (!t) return;
+    (void)hm_vram_tier_wait(t, NULL); /* nothing may still read a buffer or write a slot */
+    for (int64_t s = 0; s < t->n_slots; s++) hm_cuda_event_destroy(t->slot_ev[s]);
+    for (int64_t i = 0; i < t->n_chunks; i++) hm_cuda_free(t->c, t->chunk[i]);
+    for (int i = 0; t->buf && i < t->n_staging; i++) hm_cuda_host_free(t->c, t->buf[i]);
+    for (int i = 0; t->buf_ev && i < t->n_staging; i++) hm_cuda_event_destroy(t->buf_ev[i]);
+    free(t->slot_ev), free(t->part), free(t->chunk), free(t->buf), free(t->buf_ev);
+    free(t);
+}
+
+int64_t hm_vram_tier_n_slots(const hm_vram_tier *t) { return t->n_slots; }
+uint64_t hm_vram_tier_bytes(const hm_vram_tier *t) { return (uint64_t)t->n_slots * t->stride; }
+void hm_vram_tier_get_stats(const hm_vram_tier *t, hm_vram_tier_stats *out) { *out = t->stats; }
+
+/* ---- fill ---- */
+
+/* The image layout of u: off[p] for present parts (UINT64_MAX absent), returns its length. */
+static uint64_t layout(const hm_unit_ref *u, uint64_t off[HM_UNIT_NPART]) {
+    uint64_t pos = 0, end = 0;
+    for (int p = 0; p < HM_UNIT_NPART; p++) {
+        if (!u->src[p] || !u->part_bytes[p]) {
+            off[p] = UINT64_MAX;
+            continue;
+        }
+        off[p] = pos;
+        end = pos + u->part_bytes[p];
+        pos = round_up(end, TIER_ALIGN);
+    }
+    return end;
+}
+
+/* Copy bytes [a, a + n) of u's image into dst (the padding between parts is left as it was). */
+static void stage(const hm_unit_ref *u, const uint64_t off[HM_UNIT_NPART], uint64_t a, size_t n, char *dst) {
+    uint64_t b = a + n;
+    for (int p = 0; p < HM_UNIT_NPART; p++) {
+        if (off[p] == UINT64_MAX) continue;
+        uint64_t lo = off[p] > a ? off[p] : a, hi = off[p] + u->part_bytes[p];
+        if (hi > b) hi = b;
+        if (lo < hi) memcpy(dst + (lo - a), (const char *)u->src[p] + (lo - off[p]), (size_t)(hi - lo));
+    }
+}
+
+/* Make buf[cur] the next buffer of the ring, once the copies reading it have run. */
+static hm_status next_buffer(hm_vram_tier *t, hm_err *err) {
+    int next = (t->cur + 1) % t->n_staging;
+    hm_status st = hm_cuda_event_wait(t->buf_ev[next], err);
+    if (st) return st;
+    t->cur = next;
+    t->used = 0;
+    return HM_OK;
+}
+
+static hm_status tier_fill(void *ctx, const hm_unit_ref *u, int32_t slot, hm_err *err) {
+    hm_vram_tier *t = ctx;
+    if (slot < 0 || slot >= t->n_slots)
+        return hm_errf(err, HM_ERR_ARG, "vram tier: unit (%d, %d) into slot %d: the pool has %" PRId64 " slots",
+                       u->layer, u->expert, slot, t->n_slots);
+    uint64_t off[HM_UNIT_NPART];
+    uint64_t len = layout(u, off);
+    if (len > t->slot_bytes)
+        return hm_errf(err, HM_ERR_ARG, "vram tier: unit (%d, %d) needs %" PRIu64 " bytes, slot %d holds %" PRIu64,
+                       u->layer, u->expert, len, slot, t->slot_bytes);
+    int64_t t0 = hm_time_us();
+    char *dst = slot_base(t, slot);
+    hm_status st = HM_OK;
+    for (uint64_t done = 0; done < len;) {
+        uint64_t left = len - done;
+        size_t room = t->buf_bytes - t->used;
+        if (room < left && room < MIN_PIECE && t->used > 0 && (st = next_buffer(t, err)) != HM_OK) break;
+        room = t->buf_bytes - t->used;
+        size_t n = left < room ? (size_t)left : room;
+        char *b = (char *)t->buf[t->cur] + t->used;
+        stage(u, off, done, n, b);
+        if ((st = hm_cuda_upload_async(t->c, dst + done, b, n, err)) != HM_OK) break;
+        if ((st = hm_cuda_event_record(t->c, t->buf_ev[t->cur], true, err)) != HM_OK) break;
+        t->used = (size_t)round_up(t->used + n, TIER_ALIGN);
+        if (t->used > t->buf_bytes) t->used = t->buf_bytes;
+        done += n;
+    }
+    if (!st) st = hm_cuda_event_record(t->c, t->slot_ev[slot], true, err);
+    t->stats.fill_seconds += (double)(hm_time_us() - t0) * 1e-6;
+    if (st) {
+        hm_err what;
+        snprintf(what.msg, sizeof what.msg, "%s", err ? err->msg : "");
+        return hm_errf(err, st, "vram tier: filling slot %d with unit (%d, %d) (%" PRIu64 " bytes): %s", slot,
+                       u->layer, u->expert, len, what.msg);
+    }
+    for (int p = 0; p < HM_UNIT_NPART; p++) t->part[slot][p] = off[p] == UINT64_MAX ? NULL : dst + off[p];
+    t->stats.fills++;
+    t->stats.fill_bytes += len;
+    return HM_OK;
+}
+
+static bool tier_ready(void *ctx, int32_t slot) {
+    hm_vram_tier *t = ctx;
+    if (slot < 0 || slot >= t->n_slots) return true;
+    return hm_cuda_event_done(t->slot_ev[slot]);
+}
+
+static const void *tier_part(void *ctx, int32_t slot, hm_unit_part p) {
+    hm_vram_tier *t = ctx;
+    if (slot < 0 || slot >= t->n_slots || (unsigned)p >= HM_UNIT_NPART) return NULL;
+    return t->part[slot][p];
+}
+
+void hm_vram_tier_as_hot(hm_vram_tier *t, hm_tier *out) {
+    memset(out, 0, sizeof *out);
+    out->name = "vram";
+    out->ctx = t;
+    out->fill = tier_fill;
+    out->ready = tier_ready;
+    out->part = tier_part;
+}

@@ -1,0 +1,526 @@
+/* test_cuda_tier_gpu.c - the VRAM expert slot pool (backend/cuda/cuda_tier.h) on a real device.
+ *
+ * Every check compares device bytes (downloaded) with the host bytes they were filled from:
+ *  - slot size from a unit table (host only, also runs without a GPU);
+ *  - units with gate/up/down and with the fused gate_up land byte-exact at part(), each part at a
+ *    multiple of 256 and right after the previous one; absent parts are NULL; refilling a slot
+ *    with another unit (of the other form) replaces what part() says;
+ *  - errors: a slot out of range, a unit larger than a slot (the slot keeps its unit), bad options;
+ *  - a small staging ring (pieces of 64 KiB): units larger than one buffer and than the whole
+ *    ring, many fills in a row while the ring wraps, ready() true after wait;
+ *  - 0 slots is a valid pool; asking for 4x the free device memory gives a smaller pool that
+ *    works (fills at its first, middle and last slot) and frees everything at close;
+ *  - end to end: a small GGUF written here (random f32 experts: a gate/up/down layer, a dense
+ *    layer, a gate_up layer), an expert store with this pool as its hot tier (static placement,
+ *    then lru swaps): after hm_vram_tier_wait + hm_experts_land every HOT unit's parts
+ *    (hm_experts_where) equal the file's bytes.
+ * Prints the fill bandwidth of 1.7 MB units from pageable memory (HM_NO_BENCH=1 skips it).
+ * Exits 77 ("skipped: no GPU") where there is no CUDA device. */
+#include <stdint.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "backend/cuda/cuda_device.h"
+#include "backend/cuda/cuda_ops.h"
+#include "backend/cuda/cuda_tier.h"
+#include "experts/experts.h"
+#include "experts/profile.h"
+#include "experts/units.h"
+#include "gguf/gguf.h"
+#include "quant/quant.h"
+#include "test.h"
+
+static hm_cuda_ctx *ctx;
+static hm_err err;
+
+#define CK(call)                                                                              \
+    do {                                                                                      \
+        hm_status st_ = (call);                                                               \
+        if (st_ != HM_OK) {                                                                   \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, err.msg);          \
+            exit(1);                                                                          \
+        }                                                                                     \
+    } while (0)
+
+static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
+static uint64_t rnd(void) {
+    rng_state ^= rng_state << 13;
+    rng_state ^= rng_state >> 7;
+    rng_state ^= rng_state << 17;
+    return rng_state;
+}
+static void *xmalloc(size_t n) {
+    void *p = malloc(n ? n : 1);
+    if (!p) {
+        fprintf(stderr, "out of memory (%zu bytes)\n", n);
+        exit(1);
+    }
+    return p;
+}
+static void fill_random(void *p, size_t n) {
+    uint8_t *b = p;
+    for (size_t i = 0; i < n; i++) b[i] = (uint8_t)(rnd() >> 24);
+}
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+static uint64_t r256(uint64_t x) { return (x + 255) / 256 * 256; }
+
+/* ---- host units: parts of random bytes ---- */
+
+typedef struct hunit {
+    hm_unit_ref r;
+    void *mem[HM_UNIT_NPART];
+} hunit;
+
+/* bytes[p] == 0: part p absent. */
+static void hunit_make(hunit *h, int32_t layer, int32_t expert, const uint64_t bytes[HM_UNIT_NPART]) {
+    memset(h, 0, sizeof *h);
+    h->r.layer = layer, h->r.expert = expert;
+    for (int p = 0; p < HM_UNIT_NPART; p++) {
+        if (!bytes[p]) continue;
+        h->mem[p] = xmalloc(bytes[p]);
+        fill_random(h->mem[p], bytes[p]);
+        h->r.src[p] = h->mem[p];
+        h->r.part_bytes[p] = bytes[p];
+        h->r.bytes += bytes[p];
+    }
+}
+static void hunit_free(hunit *h) {
+    for (int p = 0; p < HM_UNIT_NPART; p++) free(h->mem[p]);
+    memset(h, 0, sizeof *h);
+}
+/* Bytes of the unit's slot image: parts back to back, each at a multiple of 256. */
+static uint64_t image_bytes(const hm_unit_ref *r) {
+    uint64_t pos = 0, end = 0;
+    for (int p = 0; p < HM_UNIT_NPART; p++)
+        if (r->src[p] && r->part_bytes[p]) end = pos + r->part_bytes[p], pos = r256(end);
+    return end;
+}
+
+/* The slot's parts equal r's: present ones byte-exact at 256-aligned pointers, each right after
+ * the previous present part; absent ones NULL. */
+static void check_slot(const hm_tier *h, int32_t slot, const hm_unit_ref *r, const char *what) {
+    const char *prev = NULL;
+    uint64_t prev_bytes = 0;
+    for (int p = 0; p < HM_UNIT_NPART; p++) {
+        const char *d = h->part(h->ctx, slot, (hm_unit_part)p);
+        if (!r->src[p] || !r->part_bytes[p]) {
+            CHECKF(d == NULL, "%s: slot %d part %d should be absent", what, slot, p);
+            continue;
+        }
+        CHECKF(d != NULL, "%s: slot %d part %d missing", what, slot, p);
+        if (!d) continue;
+        CHECKF((uintptr_t)d % 256 == 0, "%s: slot %d part %d at %p", what, slot, p, (const void *)d);
+        if (prev) CHECKF(d == prev + r256(prev_bytes), "%s: slot %d part %d not right after the previous part", what, slot, p);
+        prev = d, prev_bytes = r->part_bytes[p];
+        void *got = xmalloc(r->part_bytes[p]);
+        CK(hm_cuda_download(ctx, got, d, r->part_bytes[p], &err));
+        CHECKF(memcmp(got, r->src[p], r->part_bytes[p]) == 0, "%s: slot %d part %d (%llu bytes) differs", what, slot,
+               p, (unsigned long long)r->part_bytes[p]);
+        free(got);
+    }
+}
+
+/* ---- slot size (host only) ---- */
+
+static void test_slot_bytes(void) {
+    hm_units_layer L[3];
+    memset(L, 0, sizeof L);
+    L[0].n_expert = 4, L[0].slab_bytes[HM_UNIT_GATE] = 100, L[0].slab_bytes[HM_UNIT_UP] = 100;
+    L[0].slab_bytes[HM_UNIT_DOWN] = 300; /* 256 + 256 + 512 = 1024 */
+    L[2].n_expert = 4, L[2].slab_bytes[HM_UNIT_GATE_UP] = 1000, L[2].slab_bytes[HM_UNIT_DOWN] = 10; /* 1024 + 256 */
+    hm_units u = {.n_layer = 3, .layers = L};
+    CHECK(hm_vram_tier_slot_bytes(&u) == 1280);
+    L[2].n_expert = 0; /* a dense layer does not count */
+    CHECK(hm_vram_tier_slot_bytes(&u) == 1024);
+}
+
+/* ---- fills, refills, errors ---- */
+
+static void test_basic(void) {
+    const uint64_t a_b[HM_UNIT_NPART] = {100003, 100003, 77777, 0};
+    const uint64_t b_b[HM_UNIT_NPART] = {0, 0, 77777, 200006};
+    const uint64_t c_b[HM_UNIT_NPART] = {256, 1, 5000, 0};
+    hunit A, B, C, D, big;
+    hunit_make(&A, 0, 1, a_b);
+    hunit_make(&B, 2, 3, b_b);
+    hunit_make(&C, 5, 0, c_b);
+    hunit_make(&D, 2, 7, b_b);
+    uint64_t slot_bytes = image_bytes(&A.r);
+    if (image_bytes(&B.r) > slot_bytes) slot_bytes = image_bytes(&B.r);
+    const uint64_t big_b[HM_UNIT_NPART] = {slot_bytes, 1, 1, 0};
+    hunit_make(&big, 9, 9, big_b);
+
+    hm_vram_tier *t = NULL;
+    hm_vram_tier_opts o = {.n_slots = 6, .slot_bytes = slot_bytes};
+    CK(hm_vram_tier_open(&t, ctx, &o, &err));
+    CHECK(hm_vram_tier_n_slots(t) == 6);
+    CHECK(hm_vram_tier_bytes(t) == 6 * r256(slot_bytes));
+    hm_tier h;
+    hm_vram_tier_as_hot(t, &h);
+    CHECK(h.name && strcmp(h.name, "vram") == 0 && h.ctx == t && h.fill && h.ready && h.part);
+    CHECK(h.ready(h.ctx, 2)); /* never filled */
+    for (int p = 0; p < HM_UNIT_NPART; p++) CHECK(h.part(h.ctx, 2, (hm_unit_part)p) == NULL);
+
+    CK(h.fill(h.ctx, &A.r, 0, &err));
+    CK(h.fill(h.ctx, &B.r, 1, &err));
+    CK(h.fill(h.ctx, &C.r, 5, &err));
+    CK(hm_vram_tier_wait(t, &err));
+    for (int32_t s = 0; s < 6; s++) CHECKF(h.ready(h.ctx, s), "slot %d not ready after wait", s);
+    check_slot(&h, 0, &A.r, "3 parts");
+    check_slot(&h, 1, &B.r, "gate_up");
+    check_slot(&h, 5, &C.r, "small parts");
+
+    /* refill slot 0 with a fused unit: gate and up go away */
+    CK(h.fill(h.ctx, &D.r, 0, &err));
+    CK(hm_vram_tier_wait(t, &err));
+    check_slot(&h, 0, &D.r, "refill");
+    check_slot(&h, 1, &B.r, "neighbour of a refill");
+
+    /* errors: nothing changes */
+    const void *before[HM_UNIT_NPART];
+    for (int p = 0; p < HM_UNIT_NPART; p++) before[p] = h.part(h.ctx, 1, (hm_unit_part)p);
+    err.msg[0] = 0;
+    CHECK(h.fill(h.ctx, &A.r, 6, &err) == HM_ERR_ARG && strstr(err.msg, "slot 6"));
+    CHECK(h.fill(h.ctx, &A.r, -1, &err) == HM_ERR_ARG);
+    err.msg[0] = 0;
+    CHECK(h.fill(h.ctx, &big.r, 1, &err) == HM_ERR_ARG && strstr(err.msg, "slot 1") && strstr(err.msg, "bytes"));
+    printf("error messages: %s\n", err.msg);
+    for (int p = 0; p < HM_UNIT_NPART; p++) CHECK(h.part(h.ctx, 1, (hm_unit_part)p) == before[p]);
+    check_slot(&h, 1, &B.r, "after a failed fill");
+
+    hm_vram_tier_stats st;
+    hm_vram_tier_get_stats(t, &st);
+    CHECK(st.fills == 4);
+    CHECK(st.fill_bytes == image_bytes(&A.r) + image_bytes(&B.r) + image_bytes(&C.r) + image_bytes(&D.r));
+    CHECK(st.fill_seconds >= 0);
+    hm_vram_tier_close(t);
+    hm_vram_tier_close(NULL);
+    hunit_free(&A), hunit_free(&B), hunit_free(&C), hunit_free(&D), hunit_free(&big);
+}
+
+static void test_options(void) {
+    hm_vram_tier *t = NULL;
+    hm_vram_tier_opts o = {.n_slots = 0};
+    CK(hm_vram_tier_open(&t, ctx, &o, &err)); /* 0 slots, slot_bytes 0: a valid empty pool */
+    CHECK(hm_vram_tier_n_slots(t) == 0 && hm_vram_tier_bytes(t) == 0);
+    hm_tier h;
+    hm_vram_tier_as_hot(t, &h);
+    const uint64_t b[HM_UNIT_NPART] = {1000, 1000, 1000, 0};
+    hunit u;
+    hunit_make(&u, 0, 0, b);
+    CHECK(h.fill(h.ctx, &u.r, 0, &err) == HM_ERR_ARG);
+    CHECK(h.part(h.ctx, 0, HM_UNIT_GATE) == NULL);
+    CK(hm_vram_tier_wait(t, &err));
+    hm_vram_tier_close(t);
+
+    t = NULL;
+    o = (hm_vram_tier_opts){.n_slots = 3, .slot_bytes = 0};
+    CHECK(hm_vram_tier_open(&t, ctx, &o, &err) == HM_ERR_ARG && t == NULL);
+    o = (hm_vram_tier_opts){.n_slots = -1, .slot_bytes = 4096};
+    CHECK(hm_vram_tier_open(&t, ctx, &o, &err) == HM_ERR_ARG && t == NULL);
+    o = (hm_vram_tier_opts){.n_slots = 1, .slot_bytes = 4096, .staging_bytes = 100, .n_staging = 4};
+    CHECK(hm_vram_tier_open(&t, ctx, &o, &err) == HM_ERR_ARG && t == NULL);
+    hunit_free(&u);
+}
+
+/* ---- a small ring: pieces, wrap-around, many fills ---- */
+
+static void test_ring(void) {
+    enum { N_SLOTS = 5, N_FILL = 48 };
+    /* 3 buffers of 66560 bytes (200000 / 3 rounded down to 256) */
+    const uint64_t slot_bytes = 3 * r256(150000);
+    hm_vram_tier *t = NULL;
+    hm_vram_tier_opts o = {.n_slots = N_SLOTS, .slot_bytes = slot_bytes, .staging_bytes = 200000, .n_staging = 3};
+    CK(hm_vram_tier_open(&t, ctx, &o, &err));
+    CHECK(hm_vram_tier_n_slots(t) == N_SLOTS);
+    hm_tier h;
+    hm_vram_tier_as_hot(t, &h);
+    hunit *u = xmalloc(N_FILL * sizeof *u);
+    int last[N_SLOTS];
+    uint64_t total = 0;
+    for (int i = 0; i < N_FILL; i++) {
+        uint64_t b[HM_UNIT_NPART] = {0, 0, 0, 0};
+        if (i == 0) { /* larger than the whole ring (199680 bytes) */
+            b[0] = b[1] = b[2] = 150000;
+        } else if (i % 3 == 0) { /* fused */
+            b[HM_UNIT_GATE_UP] = 1 + rnd() % 200000;
+            b[HM_UNIT_DOWN] = 1 + rnd() % 100000;
+        } else {
+            b[0] = b[1] = 1 + rnd() % 140000;
+            b[2] = 1 + rnd() % 140000;
+        }
+        hunit_make(&u[i], i % 7, i, b);
+        total += image_bytes(&u[i].r);
+        int32_t slot = (int32_t)((i * 3) % N_SLOTS);
+        CK(h.fill(h.ctx, &u[i].r, slot, &err));
+        last[slot] = i;
+        (void)h.ready(h.ctx, slot); /* may be either; must not disturb anything */
+    }
+    CK(hm_vram_tier_wait(t, &err));
+    for (int32_t s = 0; s < N_SLOTS; s++) {
+        CHECKF(h.ready(h.ctx, s), "slot %d not ready after wait", s);
+        char what[64];
+        snprintf(what, sizeof what, "ring fill %d", last[s]);
+        check_slot(&h, s, &u[last[s]].r, what);
+    }
+    hm_vram_tier_stats st;
+    hm_vram_tier_get_stats(t, &st);
+    CHECK(st.fills == N_FILL && st.fill_bytes == total);
+    /* one more unit larger than the ring, alone, and its neighbours stay */
+    hunit w;
+    const uint64_t wb[HM_UNIT_NPART] = {0, 0, 150000, 300000};
+    hunit_make(&w, 1, 1, wb);
+    CK(h.fill(h.ctx, &w.r, 2, &err));
+    CK(hm_vram_tier_wait(t, &err));
+    check_slot(&h, 2, &w.r, "unit larger than the ring");
+    check_slot(&h, 1, &u[last[1]].r, "neighbour");
+    check_slot(&h, 3, &u[last[3]].r, "neighbour");
+    hm_vram_tier_close(t);
+    for (int i = 0; i < N_FILL; i++) hunit_free(&u[i]);
+    hunit_free(&w);
+    free(u);
+}
+
+/* ---- more slots than the device holds ---- */
+
+static void test_degrade(void) {
+    size_t free0 = 0, total = 0;
+    CK(hm_cuda_mem_info(ctx, &free0, &total, &err));
+    const uint64_t slot_bytes = 64ull << 20;
+    int64_t want = (int64_t)(4 * (uint64_t)free0 / slot_bytes);
+    hm_vram_tier *t = NULL;
+    hm_vram_tier_opts o = {.n_slots = want, .slot_bytes = slot_bytes};
+    double t0 = now_s();
+    CK(hm_vram_tier_open(&t, ctx, &o, &err));
+    int64_t n = hm_vram_tier_n_slots(t);
+    printf("degrade: asked %lld slots of 64 MiB (%.1f GiB free), got %lld (%.1f GiB) in %.2f s\n", (long long)want,
+           (double)free0 / (1 << 30), (long long)n, (double)hm_vram_tier_bytes(t) / (1 << 30), now_s() - t0);
+    CHECK(n > 0 && n < want);
+    CHECK(hm_vram_tier_bytes(t) <= free0);
+    hm_tier h;
+    hm_vram_tier_as_hot(t, &h);
+    /* larger than one default staging buffer (16 MiB) */
+    const uint64_t b1[HM_UNIT_NPART] = {9000001, 9000001, 9000001, 0};
+    const uint64_t b2[HM_UNIT_NPART] = {0, 0, 12345, 23456};
+    hunit u1, u2;
+    hunit_make(&u1, 0, 0, b1);
+    hunit_make(&u2, 0, 1, b2);
+    int32_t s_first = 0, s_mid = (int32_t)(n / 2), s_last = (int32_t)(n - 1);
+    CK(h.fill(h.ctx, &u1.r, s_last, &err));
+    CK(h.fill(h.ctx, &u2.r, s_mid, &err));
+    CK(h.fill(h.ctx, &u1.r, s_first, &err));
+    CHECK(h.fill(h.ctx, &u2.r, (int32_t)n, &err) == HM_ERR_ARG);
+    CK(hm_vram_tier_wait(t, &err));
+    check_slot(&h, s_last, &u1.r, "last slot of a degraded pool");
+    check_slot(&h, s_mid, &u2.r, "middle slot of a degraded pool");
+    check_slot(&h, s_first, &u1.r, "first slot of a degraded pool");
+    hm_vram_tier_close(t);
+    size_t free1 = 0;
+    CK(hm_cuda_mem_info(ctx, &free1, &total, &err));
+    CHECKF(free1 + (256u << 20) >= free0, "free %zu before, %zu after close", free0, free1);
+    hunit_free(&u1), hunit_free(&u2);
+}
+
+/* ---- end to end through the expert store, on a GGUF written here ---- */
+
+typedef struct tdesc {
+    const char *name;
+    uint32_t n_dims;
+    int64_t ne[3];
+} tdesc;
+
+static int write_model(const char *path) {
+    /* f32; 8 experts; slabs of 300 * 37 * 4 = 44400 bytes (not a multiple of 256) */
+    const tdesc t[] = {
+        {"token_embd.weight", 2, {16, 10, 1}},
+        {"blk.0.ffn_gate_inp.weight", 2, {300, 8, 1}},
+        {"blk.0.ffn_gate_exps.weight", 3, {300, 37, 8}},
+        {"blk.0.ffn_up_exps.weight", 3, {300, 37, 8}},
+        {"blk.0.ffn_down_exps.weight", 3, {37, 300, 8}},
+        {"blk.1.attn_q.weight", 2, {16, 16, 1}},
+        {"blk.2.ffn_gate_inp.weight", 2, {300, 8, 1}},
+        {"blk.2.ffn_gate_up_exps.weight", 3, {300, 74, 8}},
+        {"blk.2.ffn_down_exps.weight", 3, {37, 300, 8}},
+    };
+    const int n = (int)(sizeof t / sizeof t[0]);
+    hm_gguf_writer *w = NULL;
+    hm_status st = hm_gguf_writer_open(&w, path, 0, &err);
+    if (!st) st = hm_gguf_writer_set_str(w, "general.architecture", "qwen3moe");
+    if (!st) st = hm_gguf_writer_set_u32(w, "qwen3moe.block_count", 3);
+    if (!st) st = hm_gguf_writer_set_u32(w, "qwen3moe.expert_count", 8);
+    if (!st) st = hm_gguf_writer_set_u32(w, "qwen3moe.expert_used_count", 2);
+    for (int i = 0; !st && i < n; i++) st = hm_gguf_writer_add_tensor(w, t[i].name, HM_TYPE_F32, t[i].n_dims, t[i].ne);
+    if (!st) st = hm_gguf_writer_begin_data(w);
+    float buf[4096];
+    for (int i = 0; !st && i < n; i++) {
+        int64_t left = 1;
+        for (uint32_t d = 0; d < t[i].n_dims; d++) left *= t[i].ne[d];
+        while (!st && left > 0) {
+            int64_t k = left < 4096 ? left : 4096;
+            for (int64_t j = 0; j < k; j++) buf[j] = (float)((double)(rnd() >> 11) / 9007199254740992.0 - 0.5);
+            st = hm_gguf_writer_write(w, buf, (size_t)k * sizeof(float));
+            left -= k;
+        }
+    }
+    if (!st) st = hm_gguf_writer_finish(w);
+    else hm_gguf_writer_abort(w);
+    CHECKF(st == HM_OK, "writing %s: %s", path, err.msg);
+    return st == HM_OK;
+}
+
+/* Every HOT unit's parts equal the file's bytes; RAM units point into the mapping. Returns the
+ * number of HOT units. */
+static int64_t check_store(const hm_experts *s, const hm_units *units, const char *what) {
+    int64_t n_hot = 0;
+    for (int32_t l = 0; l < units->n_layer; l++) {
+        const hm_units_layer *L = &units->layers[l];
+        for (int32_t e = 0; e < L->n_expert; e++) {
+            hm_unit_loc loc;
+            hm_experts_where(s, l, e, &loc);
+            for (int p = 0; p < HM_UNIT_NPART; p++) {
+                const char *file = L->part[p] ? (const char *)L->part[p]->data + (size_t)e * L->slab_bytes[p] : NULL;
+                if (!file) {
+                    CHECKF(loc.data[p] == NULL, "%s: unit (%d, %d) part %d should be absent", what, l, e, p);
+                    continue;
+                }
+                if (loc.tier != HM_TIER_HOT) {
+                    CHECKF(loc.data[p] == file, "%s: RAM unit (%d, %d) part %d not the mapping", what, l, e, p);
+                    continue;
+                }
+                CHECKF(loc.data[p] && (uintptr_t)loc.data[p] % 256 == 0, "%s: unit (%d, %d) part %d at %p", what, l,
+                       e, p, loc.data[p]);
+                if (!loc.data[p]) continue;
+                void *got = xmalloc(L->slab_bytes[p]);
+                CK(hm_cuda_download(ctx, got, loc.data[p], L->slab_bytes[p], &err));
+                CHECKF(memcmp(got, file, L->slab_bytes[p]) == 0, "%s: HOT unit (%d, %d) part %d differs from the file",
+                       what, l, e, p);
+                free(got);
+            }
+            n_hot += loc.tier == HM_TIER_HOT;
+        }
+    }
+    return n_hot;
+}
+
+static void test_store(void) {
+    char path[256];
+    snprintf(path, sizeof path, "/tmp/hm_test_cuda_tier.%d.gguf", (int)getpid());
+    if (!write_model(path)) return;
+    hm_gguf *g = NULL;
+    hm_units units;
+    memset(&units, 0, sizeof units);
+    CK(hm_gguf_open(&g, path, &err));
+    CK(hm_units_init(&units, g, &err));
+    CHECK(units.n_units == 16);
+    uint64_t slot_bytes = hm_vram_tier_slot_bytes(&units);
+    CHECK(slot_bytes == 3 * r256(44400)); /* layer 0; layer 2 is r256(88800) + r256(44400) */
+
+    hm_vram_tier *t = NULL;
+    hm_vram_tier_opts o = {.n_slots = 10, .slot_bytes = slot_bytes, .staging_bytes = 3 * 40000, .n_staging = 3};
+    CK(hm_vram_tier_open(&t, ctx, &o, &err));
+    hm_tier hot;
+    hm_vram_tier_as_hot(t, &hot);
+
+    hm_profile prof;
+    CK(hm_profile_init(&prof, 3, 8, &err));
+    for (int32_t e = 0; e < 8; e++) { /* top 10: experts 3..7 of layers 0 and 2 */
+        prof.counts[0 * 8 + e] = 100 + 3 * (uint64_t)e;
+        prof.counts[2 * 8 + e] = 101 + 3 * (uint64_t)e;
+    }
+    hm_experts_opts eo;
+    hm_experts_opts_default(&eo);
+    eo.hot_slots = hm_vram_tier_n_slots(t);
+    eo.policy.kind = HM_POLICY_STATIC;
+    eo.profile = &prof;
+    eo.hot_tier = &hot;
+    hm_experts *s = NULL;
+    CK(hm_experts_open(&s, &units, &eo, &err));
+    hm_profile_free(&prof);
+    CK(hm_vram_tier_wait(t, &err));
+    hm_experts_land(s);
+    hm_experts_stats es;
+    hm_experts_get_stats(s, &es);
+    CHECK(es.n_slots == 10 && es.n_used == 10);
+    CHECK(check_store(s, &units, "static") == 10);
+    for (int32_t e = 3; e < 8; e++)
+        CHECK(hm_experts_unit(s, 0, e)->home == HM_TIER_HOT && hm_experts_unit(s, 2, e)->home == HM_TIER_HOT);
+
+    /* lru: experts 0..2 of both layers are routed, admitted into slots of evicted units */
+    CK(hm_experts_set_policy(s, HM_POLICY_LRU, NULL, &err));
+    const int32_t ids[3] = {0, 1, 2};
+    hm_experts_record(s, 0, ids, 3);
+    hm_experts_record(s, 2, ids, 3);
+    CK(hm_experts_step_end(s, 1, false, &err));
+    CK(hm_vram_tier_wait(t, &err));
+    hm_experts_land(s);
+    hm_experts_get_stats(s, &es);
+    CHECK(es.swaps_in == 16 && es.swaps_out == 6 && es.n_used == 10);
+    CHECK(check_store(s, &units, "lru") == 10);
+    for (int32_t e = 0; e < 3; e++)
+        CHECK(hm_experts_unit(s, 0, e)->home == HM_TIER_HOT && hm_experts_unit(s, 2, e)->home == HM_TIER_HOT);
+    hm_vram_tier_stats ts;
+    hm_vram_tier_get_stats(t, &ts);
+    CHECK(ts.fills == 16);
+
+    hm_experts_close(s);
+    hm_vram_tier_close(t);
+    hm_units_free(&units);
+    hm_gguf_close(g);
+    unlink(path);
+}
+
+/* ---- fill bandwidth (a print, not a check) ---- */
+
+static void bench_fill(void) {
+    const uint64_t part = 589824; /* a Qwen3-30B-A3B Q4_K gate slab */
+    const uint64_t b[HM_UNIT_NPART] = {part, part, part, 0};
+    const int n_units = 160;      /* 270 MiB */
+    char *src = xmalloc((size_t)(n_units * 3 * part));
+    memset(src, 0x5a, (size_t)(n_units * 3 * part)); /* pageable, touched */
+    hm_unit_ref r = {0};
+    for (int p = 0; p < 3; p++) r.part_bytes[p] = b[p];
+    hm_vram_tier *t = NULL;
+    hm_vram_tier_opts o = {.n_slots = n_units, .slot_bytes = 3 * part}; /* part is a multiple of 256 */
+    CK(hm_vram_tier_open(&t, ctx, &o, &err));
+    hm_tier h;
+    hm_vram_tier_as_hot(t, &h);
+    double t0 = now_s();
+    for (int i = 0; i < n_units; i++) {
+        for (int p = 0; p < 3; p++) r.src[p] = src + ((size_t)i * 3 + (size_t)p) * part;
+        CK(h.fill(h.ctx, &r, i, &err));
+    }
+    CK(hm_vram_tier_wait(t, &err));
+    double dt = now_s() - t0;
+    hm_vram_tier_stats st;
+    hm_vram_tier_get_stats(t, &st);
+    printf("fill: %d units of %.2f MB in %.3f s: %.2f GB/s (host time in fill %.3f s)\n", n_units,
+           (double)(3 * part) / 1e6, dt, (double)st.fill_bytes / dt / 1e9, st.fill_seconds);
+    hm_vram_tier_close(t);
+    free(src);
+}
+
+int main(void) {
+    test_slot_bytes();
+    if (hm_cuda_device_count() == 0) {
+        if (test_failures_) return test_done();
+        printf("skipped: no GPU (the host slot-size check passed)\n");
+        return 77;
+    }
+    char name[256];
+    if (hm_cuda_device_name(0, name, sizeof name) == 0) printf("device 0: %s\n", name);
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    CK(hm_cuda_open(&ctx, 0, &err));
+    test_basic();
+    test_options();
+    test_ring();
+    test_store();
+    test_degrade();
+    if (!getenv("HM_NO_BENCH")) bench_fill();
+    hm_cuda_close(ctx);
+    return test_done();
+}
