@@ -97,4 +97,44 @@ struct hm_model;
 hm_status hm_moe_forward(const struct hm_model *m, hm_pool *pool, const hm_moe_weights *mw, hm_moe_route *r,
                          const float *x, float *out, hm_scratch *scratch, const hm_mat *next_router, hm_err *err);
 
+#ifdef HM_HAVE_CUDA
+/* ---- the hybrid step (moe_cuda.c, CUDA builds): hot units on the GPU, cold ones on the CPU ----
+ *
+ * With a GPU placement (m->gpu) the layer's routed units split by the store's slot map: a unit
+ * whose slot is >= 0 (landed in VRAM) is HOT and runs in ONE grouped hm_cuda_moe launch over all
+ * of them, reading the input on the device and accumulating straight into the device residual;
+ * every other unit runs on the CPU threads at the same time (hm_cpu_moe, the jobs built as
+ * hm_moe_compute builds them) from a pinned host copy of the input into a pinned host buffer,
+ * which then goes up on the compute stream and is added into the residual there. The call returns
+ * with everything queued: no sync (the layer's one sync is the caller's routing download before).
+ * Results: the hot part is summed per token in unit order on the device, the cold part in job
+ * order on the CPU, then added: the same terms as hm_moe_compute in another order (f32
+ * rounding only). O(routed units + pairs); no allocation. */
+struct hm_cuda_moe_unit;
+
+typedef struct hm_moe_gpu_buf {
+    const float *x_dev;   /* [n_tok, n_embd] the MoE input (the normed residual), device */
+    const float *x_host;  /* the same rows, pinned host: what the CPU part reads (may be NULL when
+                             hm_moe_gpu_all_hot said true: then nothing runs on the CPU) */
+    float *out_dev;       /* [n_tok, n_embd] device, accumulated into (the residual) */
+    float *cold_host;     /* [cap_tok, n_embd] pinned host: the CPU part's sum (cleared here) */
+    float *cold_dev;      /* [cap_tok, n_embd] device: the CPU part's sum on its way to the add */
+    void *scratch_dev;    /* hm_cuda_moe's scratch (hm_cuda_moe_scratch_size for cap_tok) */
+    size_t scratch_dev_size;
+    struct hm_cuda_moe_unit *units; /* [n_expert] host work space */
+} hm_moe_gpu_buf;
+
+/* True when every unit of layer mw->layer is HOT now and computable on the GPU (the store's slot
+ * map and the kernel's types): the CPU part is then empty for any route, so the caller need not
+ * download the input. O(n_expert); valid until the store's next step_end. */
+bool hm_moe_gpu_all_hot(const struct hm_model *m, const hm_moe_weights *mw);
+
+/* out_dev += the route's units of x (see above). Requires m->gpu, no SSD tier (m->ram NULL).
+ * r's tok/w and b->x_host must stay unchanged until the call returns (the kernel's routing tables
+ * are staged inside it); cold_host until the compute stream has passed this layer (the next
+ * sync). Errors: the CUDA calls' (the residual is then undefined). */
+hm_status hm_moe_forward_gpu(const struct hm_model *m, hm_pool *pool, const hm_moe_weights *mw, hm_moe_route *r,
+                             const hm_moe_gpu_buf *b, hm_scratch *scratch, hm_err *err);
+#endif
+
 #endif

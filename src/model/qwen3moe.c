@@ -28,47 +28,7 @@
 #include "model.h"
 #include "moe.h"
 #include "quant/quant.h"
-
-typedef struct q3_layer {
-    const float *attn_norm, *q_norm, *k_norm, *ffn_norm; /* [n_embd], [hd], [hd], [n_embd] */
-    hm_mat wq, wk, wv, wo; /* [n_head*hd x n_embd], 2x [n_kv*hd x n_embd], [n_embd x n_head*hd] */
-    hm_mat router;         /* [n_expert x n_embd] */
-    hm_moe_weights moe;
-} q3_layer;
-
-typedef struct q3_model {
-    int32_t n_layer, n_embd, n_head, n_head_kv, head_dim, n_rot;
-    int32_t n_expert, n_expert_used, n_ff_exp, n_vocab, n_ctx_train;
-    float eps, theta;
-    hm_mat tok_embd, output;   /* [n_vocab x n_embd] */
-    const float *output_norm;  /* [n_embd] */
-    q3_layer *layers;          /* [n_layer], owned */
-} q3_model;
-
-typedef struct q3_state {
-    int32_t n_ctx, n_ubatch;
-    int n_threads;
-    hm_kv_type kv_type;
-    size_t kv_layer_elems;  /* n_head_kv * n_ctx * head_dim: one of K or V of one layer */
-    size_t kv_elem_size;    /* 2 (f16) or 4 (f32) */
-    void *kv;               /* [n_layer][2][n_head_kv][n_ctx][head_dim], owned */
-    float *kv_scratch;      /* f32 cache only: attention scores, owned */
-    void *act;              /* one block holding the activations below, owned */
-    float *x;      /* [U, n_embd] residual stream */
-    float *h;      /* [U, n_embd] normed input of a block, then its output */
-    float *q;      /* [U, n_head*hd] */
-    float *k, *v;  /* [U, n_head_kv*hd] */
-    float *att;    /* [U, n_head*hd] */
-    float *rlog;   /* [U, n_expert] router logits */
-    float *rw;     /* [U, k] routing weights */
-    int32_t *rid;  /* [U, k] routed experts */
-    float *hout;   /* [U, n_embd] rows whose logits are wanted */
-    int32_t *pos_out; /* [U] positions of those rows */
-    int32_t *tok_all, *pos_all, *row_out; /* [U] forward_multi: the sequences' tokens, positions and
-                                             wanted rows (batch indexes), concatenated */
-    hm_moe_route route;
-    hm_scratch scratch;
-} q3_state;
+#include "qwen3moe_impl.h"
 
 /* ---- load ---- */
 
@@ -246,6 +206,9 @@ fail:
 static void q3_state_close(void *p) {
     q3_state *s = p;
     if (!s) return;
+#ifdef HM_HAVE_CUDA
+    q3_gpu_state_close(s);
+#endif
     hm_free_aligned(s->kv);
     hm_free_aligned(s->kv_scratch);
     hm_free_aligned(s->act);
@@ -265,10 +228,17 @@ static hm_status q3_state_open(const hm_model *m, const hm_state_opts *o, void *
     s->n_ctx = o->n_ctx;
     s->n_ubatch = o->n_ubatch;
     s->n_threads = o->n_threads;
+    s->kv_type = o->kv_type;
+#ifdef HM_HAVE_CUDA
+    if (m->gpu) { /* the device state instead of the host KV cache and activations */
+        if ((st = q3_gpu_state_open(m, o, s, err)) != HM_OK) goto fail;
+        *out = s;
+        return HM_OK;
+    }
+#endif
     const size_t U = (size_t)o->n_ubatch, E = (size_t)q->n_embd, hd = (size_t)q->head_dim;
     const size_t nq = (size_t)q->n_head * hd, nkv = (size_t)q->n_head_kv * hd, K = (size_t)q->n_expert_used;
 
-    s->kv_type = o->kv_type;
     s->kv_elem_size = o->kv_type == HM_KV_F32 ? 4 : 2;
     s->kv_layer_elems = (size_t)q->n_head_kv * (size_t)o->n_ctx * hd;
     size_t kv_bytes = 0;
@@ -336,6 +306,23 @@ static hm_status q3_forward_multi(const hm_model *m, void *work, hm_pool *pool, 
     const int64_t E = q->n_embd;
     const int hd = q->head_dim, nh = q->n_head, nkv = q->n_head_kv;
     HM_ASSERT(n_seq > 0 && n_seq <= HM_FWD_MAX_SEQ);
+#ifdef HM_HAVE_CUDA
+    if (m->gpu) {
+        /* no batched pass on the device yet: the sequences one after another on their own
+         * states (each unit computes once per sequence instead of once per batch, results as
+         * alone); the wanted rows land in sequence order as the batched pass writes them */
+        (void)work;
+        float *lg = logits;
+        for (int i = 0; i < n_seq; i++) {
+            hm_fwd_batch b = seqs[i].b;
+            b.logits = b.n_out ? lg : NULL;
+            hm_status st = q3_gpu_forward(m, seqs[i].state, pool, &b, err);
+            if (st != HM_OK) return st;
+            if (b.n_out) lg += (size_t)b.n_out * (size_t)q->n_vocab;
+        }
+        return HM_OK;
+    }
+#endif
     const float scale = 1.0f / sqrtf((float)hd);
     int32_t off[HM_FWD_MAX_SEQ], cnt[HM_FWD_MAX_SEQ];
     int64_t n = 0, n_out = 0;
@@ -440,6 +427,9 @@ static hm_status q3_forward_multi(const hm_model *m, void *work, hm_pool *pool, 
 
 /* One session's micro-batch: the batched forward with one sequence. */
 static hm_status q3_forward(const hm_model *m, void *state, hm_pool *pool, const hm_fwd_batch *b, hm_err *err) {
+#ifdef HM_HAVE_CUDA
+    if (m->gpu) return q3_gpu_forward(m, state, pool, b, err);
+#endif
     const hm_fwd_seq seq = {.state = state, .b = *b};
     return q3_forward_multi(m, state, pool, &seq, 1, b->logits, err);
 }
@@ -453,4 +443,8 @@ const hm_arch hm_arch_qwen3moe = {
     .state_trim = q3_state_trim,
     .forward = q3_forward,
     .forward_multi = q3_forward_multi,
+#ifdef HM_HAVE_CUDA
+    .gpu_load = q3_gpu_load,
+    .gpu_unload = q3_gpu_unload,
+#endif
 };

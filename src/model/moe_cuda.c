@@ -1,0 +1,87 @@
+/* moe_cuda.c - the hybrid MoE step of a GPU placement (moe.h, hm_moe_forward_gpu): the layer's
+ * HOT units (landed in a VRAM slot) in one grouped GPU launch, the others on the CPU threads at
+ * the same time, their sum added on the device. CUDA builds only.
+ *
+ * Order of work (the overlap is the point): the hot launch is queued first (hm_cuda_moe stages
+ * its routing tables on the host and returns), then the CPU threads compute the cold units while
+ * the GPU runs, then the cold sum goes up on the compute stream (after the hot launch) and is
+ * added into the residual. Nothing here waits for the device. */
+#include <stddef.h>
+#include <string.h>
+
+#include "backend/cpu/cpu_gemma.h"
+#include "backend/cuda/cuda_ops.h"
+#include "model.h"
+#include "model_gpu.h"
+#include "moe.h"
+
+/* Whether the grouped kernel can compute this layer's units (else every unit is cold). */
+static bool gpu_computes(const hm_gpu *g, const hm_moe_weights *mw) {
+    return g->hot.part && mw->act == HM_MOE_ACT_SILU && mw->gate.type == mw->up.type &&
+           hm_cuda_type_ok(mw->gate.type) && hm_cuda_type_ok(mw->down.type) && mw->n_embd % 256 == 0 &&
+           mw->n_ff % 256 == 0;
+}
+
+bool hm_moe_gpu_all_hot(const hm_model *m, const hm_moe_weights *mw) {
+    if (!m->gpu || !m->experts || !gpu_computes(m->gpu, mw)) return false;
+    const int32_t *smap = hm_experts_slot_map(m->experts, mw->layer);
+    if (!smap) return false;
+    for (int32_t e = 0; e < mw->n_expert; e++)
+        if (smap[e] < 0) return false;
+    return true;
+}
+
+hm_status hm_moe_forward_gpu(const hm_model *m, hm_pool *pool, const hm_moe_weights *mw, hm_moe_route *r,
+                             const hm_moe_gpu_buf *b, hm_scratch *scratch, hm_err *err) {
+    const hm_gpu *g = m->gpu;
+    HM_ASSERT(g && !m->ram);
+    hm_cuda_ctx *c = g->ctx;
+    const int32_t *smap = m->experts && gpu_computes(g, mw) ? hm_experts_slot_map(m->experts, mw->layer) : NULL;
+    /* a fused gate_up part: up lies this far into it (as in the file) */
+    const ptrdiff_t up_off = (const char *)mw->up.data - (const char *)mw->gate.data;
+    int n_hot = 0;
+    int32_t n_cold = 0;
+    for (int32_t i = 0; i < r->n_units; i++) {
+        const int32_t e = r->unit[i], slot = smap ? smap[e] : -1;
+        const int32_t *tok = r->tok + r->start[i];
+        const float *w = r->w + r->start[i];
+        const int32_t nt = r->start[i + 1] - r->start[i];
+        if (slot >= 0) {
+            hm_cuda_moe_unit *u = &b->units[n_hot++];
+            const void *gu = g->hot.part(g->hot.ctx, slot, HM_UNIT_GATE_UP);
+            if (gu) {
+                u->gate = gu;
+                u->up = (const char *)gu + up_off;
+            } else {
+                u->gate = g->hot.part(g->hot.ctx, slot, HM_UNIT_GATE);
+                u->up = g->hot.part(g->hot.ctx, slot, HM_UNIT_UP);
+            }
+            u->down = g->hot.part(g->hot.ctx, slot, HM_UNIT_DOWN);
+            u->tok_host = tok;
+            u->w_host = w;
+            u->n_tok = nt;
+        } else {
+            hm_moe_job *j = &r->jobs[n_cold++];
+            hm_moe_unit(mw, e, &j->gate, &j->up, &j->down);
+            j->tok = tok;
+            j->w = w;
+            j->n_tok = nt;
+        }
+    }
+    hm_status st;
+    if (n_hot > 0 &&
+        (st = hm_cuda_moe(c, b->units, n_hot, mw->gate.type, mw->down.type, b->x_dev, r->n_tok, mw->n_embd, mw->n_ff,
+                          b->out_dev, b->scratch_dev, b->scratch_dev_size, err)) != HM_OK)
+        return st;
+    if (n_cold == 0) return HM_OK;
+    /* the CPU part, while the hot launch runs */
+    HM_ASSERT(b->x_host);
+    const size_t n = (size_t)r->n_tok * (size_t)mw->n_embd;
+    memset(b->cold_host, 0, n * sizeof(float));
+    if (mw->act == HM_MOE_ACT_GELU)
+        hm_gemma_moe(pool, r->jobs, n_cold, b->x_host, r->n_tok, mw->n_embd, mw->n_ff, b->cold_host, scratch);
+    else
+        hm_cpu_moe(pool, r->jobs, n_cold, b->x_host, r->n_tok, mw->n_embd, mw->n_ff, b->cold_host, scratch);
+    if ((st = hm_cuda_upload_compute(c, b->cold_dev, b->cold_host, n * sizeof(float), err)) != HM_OK) return st;
+    return hm_cuda_add(c, b->out_dev, b->cold_dev, b->out_dev, (int64_t)n, err);
+}

@@ -1,0 +1,411 @@
+/* qwen3moe_cuda.c - the Qwen3-MoE forward pass on the GPU (CUDA builds only): the dense part, the
+ * KV cache and the activations on the device, the HOT expert units in VRAM slots computed there,
+ * the cold ones by the CPU threads at the same time (moe.h, hm_moe_forward_gpu).
+ *
+ * The layer is qwen3moe.c's, op for op (see there). Per layer the device does rmsnorm, Q/K/V,
+ * per-head norms, RoPE, the K/V write, attention, Wo, the residual add, the FFN norm, the router
+ * matmul and softmax/top-k; then the layer's ONE host wait: the routing (ids + weights) and, when
+ * some unit of the layer may be cold, the normed input come down to pinned buffers and the host
+ * syncs. The host records the routing in the store, groups it by unit, queues the hot units'
+ * grouped launch, computes the cold ones, and queues their sum's upload and add. The next layer's
+ * ops are queued behind that without a wait. After the last layer, the output norm and matmul of
+ * the wanted rows and the logits' download (a sync); without wanted logits, a plain sync: the
+ * store refills slots between steps and no queued kernel may still read them then.
+ *
+ * Numerics (cuda_ops.h): batches of <= 8 rows take the exact-f32 matvec path (decode: the CPU's
+ * results up to summation order); larger ones the bf16 tensor-core matmul (prefill: bf16
+ * rounding of weights and activations). The KV cache is f16 as the CPU's.
+ *
+ * Memory: everything is sized in state_open for n_ctx and n_ubatch (device KV, activations,
+ * scratch; pinned host buffers for everything that crosses the bus; the CPU route and scratch
+ * for the cold units). forward allocates nothing. The device weights are the model's
+ * (m->gpu->arch, uploaded once by q3_gpu_load); the states borrow them. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cuda/cuda_ops.h"
+#include "core/alloc.h"
+#include "model.h"
+#include "model_gpu.h"
+#include "moe.h"
+#include "quant/quant.h"
+#include "qwen3moe_impl.h"
+
+#define MIB (1024.0 * 1024.0)
+/* Most rows of logits computed per output matmul (bounds the device logits buffer). */
+#define Q3_LOGIT_ROWS 64
+
+/* ---- the device weights (m->gpu->arch) ---- */
+
+typedef struct q3_gpu_layer {
+    float *attn_norm, *q_norm, *k_norm, *ffn_norm;
+    hm_cuda_mat wq, wk, wv, wo, router;
+} q3_gpu_layer;
+
+typedef struct q3_gpu {
+    hm_cuda_mat tok_embd, output;
+    float *output_norm;
+    q3_gpu_layer *layers; /* [n_layer], owned */
+} q3_gpu;
+
+void q3_gpu_unload(hm_model *m) {
+    if (!m->gpu || !m->gpu->arch) return;
+    q3_gpu *d = m->gpu->arch;
+    free(d->layers);
+    free(d);
+    m->gpu->arch = NULL;
+}
+
+/* Upload matrix w (tensor `name`): a type or layout the CUDA kernels do not take is
+ * HM_ERR_UNSUPPORTED naming the tensor. */
+static hm_status up_mat(hm_gpu *g, const hm_mat *w, const char *name, hm_cuda_mat *out, hm_err *err) {
+    if (!hm_cuda_type_ok(w->type))
+        return hm_errf(err, HM_ERR_UNSUPPORTED, "tensor '%s': type %s is not computed by the CUDA backend (run "
+                       "the model on the CPU: drop -ngl / --vram-budget)", name, hm_type_name(w->type));
+    const size_t al = hm_cuda_type_align(w->type);
+    if (w->ne0 % 32 || (al && w->nb1 % al))
+        return hm_errf(err, HM_ERR_UNSUPPORTED, "tensor '%s': rows of %lld %s elements (%zu bytes) do not fit the "
+                       "CUDA kernels (a multiple of 32 elements and of %zu bytes)", name, (long long)w->ne0,
+                       hm_type_name(w->type), w->nb1, al);
+    hm_status st = hm_gpu_upload_mat(g, w, out, err);
+    if (st != HM_OK && err) {
+        char tmp[sizeof err->msg];
+        snprintf(tmp, sizeof tmp, "%s", err->msg);
+        hm_errf(err, st, "tensor '%s': %s", name, tmp);
+    }
+    return st;
+}
+
+static hm_status up_vec(hm_gpu *g, const float *v, int64_t n, const char *name, float **out, hm_err *err) {
+    hm_status st = hm_gpu_upload_vec(g, v, n, out, err);
+    if (st != HM_OK && err) {
+        char tmp[sizeof err->msg];
+        snprintf(tmp, sizeof tmp, "%s", err->msg);
+        hm_errf(err, st, "tensor '%s': %s", name, tmp);
+    }
+    return st;
+}
+
+hm_status q3_gpu_load(hm_model *m, hm_err *err) {
+    const q3_model *q = m->impl;
+    hm_gpu *g = m->gpu;
+    HM_ASSERT(q && g && !g->arch);
+    if (q->head_dim != 64 && q->head_dim != 128 && q->head_dim != 256)
+        return hm_errf(err, HM_ERR_UNSUPPORTED, "head_dim %d: the CUDA attention takes 64, 128 or 256 (run the "
+                       "model on the CPU: drop -ngl / --vram-budget)", q->head_dim);
+    if (q->n_expert > 1024 || q->n_expert_used > 32)
+        return hm_errf(err, HM_ERR_UNSUPPORTED, "%d experts, %d used: the CUDA router takes at most 1024 and 32",
+                       q->n_expert, q->n_expert_used);
+    q3_gpu *d = calloc(1, sizeof *d);
+    if (!d) return hm_errf(err, HM_ERR_NOMEM, "out of memory");
+    g->arch = d;
+    hm_status st;
+    const int64_t E = q->n_embd, hd = q->head_dim;
+    if (!(d->layers = calloc((size_t)q->n_layer, sizeof *d->layers))) {
+        st = hm_errf(err, HM_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    if ((st = up_mat(g, &q->tok_embd, "token_embd.weight", &d->tok_embd, err)) != HM_OK) goto fail;
+    if (q->output.data == q->tok_embd.data)
+        d->output = d->tok_embd; /* tied embeddings: one device copy */
+    else if ((st = up_mat(g, &q->output, "output.weight", &d->output, err)) != HM_OK)
+        goto fail;
+    if ((st = up_vec(g, q->output_norm, E, "output_norm.weight", &d->output_norm, err)) != HM_OK) goto fail;
+    for (int32_t il = 0; il < q->n_layer; il++) {
+        const q3_layer *L = &q->layers[il];
+        q3_gpu_layer *D = &d->layers[il];
+        char n[96];
+#define NAME(s) (snprintf(n, sizeof n, "blk.%d." s ".weight", il), n)
+        if ((st = up_vec(g, L->attn_norm, E, NAME("attn_norm"), &D->attn_norm, err)) != HM_OK) goto fail;
+        if ((st = up_vec(g, L->q_norm, hd, NAME("attn_q_norm"), &D->q_norm, err)) != HM_OK) goto fail;
+        if ((st = up_vec(g, L->k_norm, hd, NAME("attn_k_norm"), &D->k_norm, err)) != HM_OK) goto fail;
+        if ((st = up_vec(g, L->ffn_norm, E, NAME("ffn_norm"), &D->ffn_norm, err)) != HM_OK) goto fail;
+        if ((st = up_mat(g, &L->wq, NAME("attn_q"), &D->wq, err)) != HM_OK) goto fail;
+        if ((st = up_mat(g, &L->wk, NAME("attn_k"), &D->wk, err)) != HM_OK) goto fail;
+        if ((st = up_mat(g, &L->wv, NAME("attn_v"), &D->wv, err)) != HM_OK) goto fail;
+        if ((st = up_mat(g, &L->wo, NAME("attn_output"), &D->wo, err)) != HM_OK) goto fail;
+        if ((st = up_mat(g, &L->router, NAME("ffn_gate_inp"), &D->router, err)) != HM_OK) goto fail;
+#undef NAME
+    }
+    return HM_OK;
+fail:
+    q3_gpu_unload(m); /* the buffers themselves are m->gpu's (freed at its close) */
+    return st;
+}
+
+/* ---- session state on the device ---- */
+
+typedef struct q3_gstate {
+    hm_cuda_ctx *c;           /* borrowed: the model's */
+    size_t kv_layer_elems;    /* n_head_kv * n_ctx * head_dim */
+    uint16_t *kv;             /* device [n_layer][2][n_head_kv][n_ctx][head_dim] f16, owned */
+    void *dev;                /* device block holding the activations below, owned */
+    float *x;                 /* [U, n_embd] residual stream */
+    float *h;                 /* [U, n_embd] normed input of a block, then its output */
+    float *q, *k, *v, *att;   /* [U, n_head*hd], 2x [U, n_head_kv*hd], [U, n_head*hd] */
+    float *rlog;              /* [U, n_expert] router logits */
+    int32_t *sel;             /* [2 * U * k]: a layer's ids [nr, k], then its weights [nr, k] */
+    float *cold;              /* [U, n_embd] the CPU part's sum, uploaded */
+    float *logits;            /* [min(U, Q3_LOGIT_ROWS), n_vocab] */
+    int32_t *ints;            /* [3 * U]: tokens, positions, positions of the wanted rows */
+    void *scratch;            /* attention and MoE scratch (used one after the other), owned */
+    size_t scratch_size;
+    void *pin;                /* pinned host block holding the arrays below, owned */
+    int32_t *ints_h;          /* [3 * U] what goes up into ints */
+    int32_t *sel_h;           /* [2 * U * k] what comes down from sel */
+    float *h_h;               /* [U, n_embd] the normed MoE input, for the CPU part */
+    float *cold_h;            /* [U, n_embd] the CPU part's sum */
+    hm_cuda_moe_unit *units;  /* [n_expert] hot-unit work space, owned */
+    uint8_t *all_hot;         /* [n_layer] per forward: the layer has no cold unit, owned */
+    int32_t logit_rows;
+} q3_gstate;
+
+void q3_gpu_state_close(q3_state *s) {
+    q3_gstate *g = s->g;
+    if (!g) return;
+    if (g->c) {
+        hm_err e;
+        hm_cuda_sync(g->c, &e); /* nothing queued may still use what is freed below */
+        hm_cuda_free(g->c, g->kv);
+        hm_cuda_free(g->c, g->dev);
+        hm_cuda_free(g->c, g->scratch);
+        hm_cuda_host_free(g->c, g->pin);
+    }
+    free(g->units);
+    free(g->all_hot);
+    free(g);
+    s->g = NULL;
+}
+
+/* n bytes of device memory for `what`: failure is HM_ERR_NOMEM naming it and the MiB. */
+static hm_status dev_alloc(hm_cuda_ctx *c, size_t n, void **out, const char *what, hm_err *err) {
+    hm_err e;
+    *out = NULL;
+    if (hm_cuda_alloc(c, n ? n : 256, out, &e) != HM_OK)
+        return hm_errf(err, HM_ERR_NOMEM, "gpu: cannot allocate the %s (%.1f MiB) on the device: %s", what,
+                       (double)n / MIB, e.msg);
+    return HM_OK;
+}
+
+/* Offsets of n arrays of elems[i] 4-byte elements in one block, each 256-byte aligned. */
+static size_t layout(const size_t *elems, size_t *off, size_t n) {
+    size_t at = 0;
+    for (size_t i = 0; i < n; i++) {
+        off[i] = at;
+        at += (elems[i] * 4 + 255) & ~(size_t)255;
+    }
+    return at;
+}
+
+static size_t max_sz(size_t a, size_t b) { return a > b ? a : b; }
+
+hm_status q3_gpu_state_open(const hm_model *m, const hm_state_opts *o, q3_state *s, hm_err *err) {
+    const q3_model *q = m->impl;
+    HM_ASSERT(m->gpu && m->gpu->arch && !s->g);
+    if (o->kv_type == HM_KV_F32)
+        return hm_errf(err, HM_ERR_UNSUPPORTED, "an f32 KV cache with the GPU: the device KV cache is f16 (drop the "
+                       "f32 KV type, or run on the CPU)");
+    if (m->ram) return hm_errf(err, HM_ERR_UNSUPPORTED, "--ram-budget with the GPU is not supported yet");
+    if (o->n_ubatch > 65535)
+        return hm_errf(err, HM_ERR_ARG, "n_ubatch %d: the GPU path takes at most 65535 rows a pass", o->n_ubatch);
+    q3_gstate *g = calloc(1, sizeof *g);
+    if (!g) return hm_errf(err, HM_ERR_NOMEM, "out of memory");
+    s->g = g;
+    hm_cuda_ctx *c = m->gpu->ctx;
+    g->c = c;
+    hm_status st;
+    const size_t U = (size_t)o->n_ubatch, E = (size_t)q->n_embd, hd = (size_t)q->head_dim;
+    const size_t nq = (size_t)q->n_head * hd, nkv = (size_t)q->n_head_kv * hd, K = (size_t)q->n_expert_used;
+    const size_t V = (size_t)q->n_vocab;
+    g->logit_rows = o->n_ubatch < Q3_LOGIT_ROWS ? o->n_ubatch : Q3_LOGIT_ROWS;
+
+    /* the KV cache */
+    s->kv_elem_size = 2;
+    g->kv_layer_elems = s->kv_layer_elems = nkv * (size_t)o->n_ctx;
+    size_t kv_bytes = 0;
+    if (!hm_mul_ok(g->kv_layer_elems, 2u * (size_t)q->n_layer * 2u, &kv_bytes)) {
+        st = hm_errf(err, HM_ERR_NOMEM, "gpu: the KV cache for %d positions is too large", o->n_ctx);
+        goto fail;
+    }
+    char what[96];
+    snprintf(what, sizeof what, "KV cache (%d positions)", o->n_ctx);
+    if ((st = dev_alloc(c, kv_bytes, (void **)&g->kv, what, err)) != HM_OK) goto fail;
+
+    /* activations: one device block */
+    {
+        const size_t el[] = {U * E, U * E, U * nq, U * nkv, U * nkv, U * nq, U * (size_t)q->n_expert, 2 * U * K,
+                             U * E, (size_t)g->logit_rows * V, 3 * U};
+        size_t off[sizeof el / sizeof el[0]];
+        const size_t bytes = layout(el, off, sizeof el / sizeof el[0]);
+        if ((st = dev_alloc(c, bytes, &g->dev, "activations", err)) != HM_OK) goto fail;
+        char *b = g->dev;
+        g->x = (float *)(b + off[0]);
+        g->h = (float *)(b + off[1]);
+        g->q = (float *)(b + off[2]);
+        g->k = (float *)(b + off[3]);
+        g->v = (float *)(b + off[4]);
+        g->att = (float *)(b + off[5]);
+        g->rlog = (float *)(b + off[6]);
+        g->sel = (int32_t *)(b + off[7]);
+        g->cold = (float *)(b + off[8]);
+        g->logits = (float *)(b + off[9]);
+        g->ints = (int32_t *)(b + off[10]);
+    }
+    /* scratch: attention and the grouped MoE run one after the other on one stream */
+    g->scratch_size = max_sz(hm_cuda_attention_scratch_size(c, (int64_t)U, o->n_ctx, q->n_head, q->n_head_kv,
+                                                            q->head_dim),
+                             hm_cuda_moe_scratch_size((int64_t)U, (int64_t)(U * K), q->n_expert, q->n_ff_exp));
+    if ((st = dev_alloc(c, g->scratch_size, &g->scratch, "attention/MoE scratch", err)) != HM_OK) goto fail;
+
+    /* pinned host buffers: everything that crosses the bus */
+    {
+        const size_t el[] = {3 * U, 2 * U * K, U * E, U * E};
+        size_t off[sizeof el / sizeof el[0]];
+        const size_t bytes = layout(el, off, sizeof el / sizeof el[0]);
+        hm_err e;
+        if (hm_cuda_host_alloc(c, bytes, &g->pin, &e) != HM_OK) {
+            st = hm_errf(err, HM_ERR_NOMEM, "gpu: cannot allocate %.1f MiB of pinned host memory: %s",
+                         (double)bytes / MIB, e.msg);
+            goto fail;
+        }
+        char *b = g->pin;
+        g->ints_h = (int32_t *)(b + off[0]);
+        g->sel_h = (int32_t *)(b + off[1]);
+        g->h_h = (float *)(b + off[2]);
+        g->cold_h = (float *)(b + off[3]);
+    }
+    g->units = calloc((size_t)q->n_expert, sizeof *g->units);
+    g->all_hot = calloc((size_t)q->n_layer, 1);
+    if (!g->units || !g->all_hot) {
+        st = hm_errf(err, HM_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+
+    /* the CPU part: the route and the scratch of its MoE op */
+    if ((st = hm_moe_route_init(&s->route, q->n_expert, q->n_expert_used, o->n_ubatch, err)) != HM_OK) goto fail;
+    s->scratch.size = hm_moe_compute_scratch_size(&s->route, q->n_embd, q->n_ff_exp, o->n_threads);
+    if (s->scratch.size && !(s->scratch.data = hm_malloc_aligned(s->scratch.size))) {
+        st = hm_errf(err, HM_ERR_NOMEM, "cannot allocate %.1f MiB of scratch", (double)s->scratch.size / MIB);
+        goto fail;
+    }
+    return HM_OK;
+fail:
+    q3_gpu_state_close(s); /* the caller frees the rest of s */
+    return st;
+}
+
+/* ---- forward ---- */
+
+#define CK(call)                                   \
+    do {                                           \
+        if ((st = (call)) != HM_OK) goto fail;     \
+    } while (0)
+
+hm_status q3_gpu_forward(const hm_model *m, q3_state *s, hm_pool *pool, const hm_fwd_batch *b, hm_err *err) {
+    const q3_model *q = m->impl;
+    const q3_gpu *d = m->gpu->arch;
+    q3_gstate *g = s->g;
+    hm_cuda_ctx *c = g->c;
+    const int64_t E = q->n_embd, n = b->n, n_out = b->n_out, U = s->n_ubatch;
+    const int hd = q->head_dim, nh = q->n_head, nkv = q->n_head_kv, K = q->n_expert_used;
+    const size_t nq = (size_t)nh * (size_t)hd;
+    const float scale = 1.0f / sqrtf((float)hd);
+    HM_ASSERT(g && n > 0 && n <= U && n_out <= n && b->pos[n - 1] < s->n_ctx);
+    hm_status st = HM_OK;
+
+    /* tokens, positions and the wanted rows' positions go up in one copy */
+    int32_t *tok_d = g->ints, *pos_d = g->ints + U, *pos_out_d = g->ints + 2 * U;
+    memcpy(g->ints_h, b->tokens, (size_t)n * sizeof(int32_t));
+    memcpy(g->ints_h + U, b->pos, (size_t)n * sizeof(int32_t));
+    for (int64_t i = 0; i < n_out; i++) g->ints_h[2 * U + i] = b->pos[b->out_rows[i]];
+    CK(hm_cuda_upload_compute(c, g->ints, g->ints_h, (size_t)(3 * U) * sizeof(int32_t), err));
+    /* which layers have no cold unit this step (the slot map changes only between steps) */
+    for (int32_t il = 0; il < q->n_layer; il++) g->all_hot[il] = hm_moe_gpu_all_hot(m, &q->layers[il].moe);
+
+    CK(hm_cuda_get_rows(c, &d->tok_embd, tok_d, n, g->x, err));
+    int64_t nr = n;                /* rows carried through the layer (all but in the last layer) */
+    const int32_t *pos = pos_d;    /* their positions (device) */
+    int64_t kv_len = b->pos[n - 1] + 1;
+    bool done_early = false;
+    for (int32_t il = 0; il < q->n_layer; il++) {
+        const q3_layer *L = &q->layers[il];
+        const q3_gpu_layer *D = &d->layers[il];
+        uint16_t *kc = g->kv + (size_t)il * 2 * g->kv_layer_elems, *vc = kc + g->kv_layer_elems;
+
+        /* attention block: Q/K/V of every row (the cache needs all K/V rows) */
+        CK(hm_cuda_rmsnorm(c, g->x, D->attn_norm, g->h, n, E, q->eps, err));
+        CK(hm_cuda_matmul(c, &D->wq, g->h, n, g->q, err));
+        CK(hm_cuda_matmul(c, &D->wk, g->h, n, g->k, err));
+        CK(hm_cuda_matmul(c, &D->wv, g->h, n, g->v, err));
+        CK(hm_cuda_rmsnorm_heads(c, g->q, D->q_norm, n, nh, hd, q->eps, err));
+        CK(hm_cuda_rmsnorm_heads(c, g->k, D->k_norm, n, nkv, hd, q->eps, err));
+        CK(hm_cuda_rope_neox(c, g->q, n, nh, hd, q->n_rot, pos_d, q->theta, err));
+        CK(hm_cuda_rope_neox(c, g->k, n, nkv, hd, q->n_rot, pos_d, q->theta, err));
+        CK(hm_cuda_kv_write(c, kc, vc, s->n_ctx, nkv, hd, g->k, g->v, n, pos_d, err));
+
+        if (il == q->n_layer - 1 && n_out < n) {
+            /* last layer: only the wanted rows go on (as the CPU's compaction; out_rows ascend,
+             * so copying forward never overwrites a row still to be read) */
+            if (n_out == 0) {
+                done_early = true;
+                break;
+            }
+            for (int64_t i = 0; i < n_out; i++) {
+                const int64_t r = b->out_rows[i];
+                if (r == i) continue;
+                CK(hm_cuda_copy(c, g->q + (size_t)i * nq, g->q + (size_t)r * nq, nq * sizeof(float), err));
+                CK(hm_cuda_copy(c, g->x + (size_t)i * (size_t)E, g->x + (size_t)r * (size_t)E,
+                                (size_t)E * sizeof(float), err));
+            }
+            nr = n_out;
+            pos = pos_out_d;
+            kv_len = b->pos[b->out_rows[n_out - 1]] + 1;
+        }
+        CK(hm_cuda_attention(c, g->q, nr, pos, kv_len, kc, vc, s->n_ctx, nh, nkv, hd, scale, g->att, g->scratch,
+                             g->scratch_size, err));
+        CK(hm_cuda_matmul(c, &D->wo, g->att, nr, g->h, err));
+        CK(hm_cuda_add(c, g->x, g->h, g->x, nr * E, err));
+
+        /* MoE block: route on the device, the routing (and the input for the CPU part) down */
+        CK(hm_cuda_rmsnorm(c, g->x, D->ffn_norm, g->h, nr, E, q->eps, err));
+        CK(hm_cuda_matmul(c, &D->router, g->h, nr, g->rlog, err));
+        const size_t nk = (size_t)nr * (size_t)K;
+        CK(hm_cuda_router(c, g->rlog, nr, q->n_expert, K, true, g->sel, (float *)(g->sel + nk), err));
+        CK(hm_cuda_download_async(c, g->sel_h, g->sel, 2 * nk * sizeof(int32_t), err));
+        if (!g->all_hot[il]) CK(hm_cuda_download_async(c, g->h_h, g->h, (size_t)(nr * E) * sizeof(float), err));
+        CK(hm_cuda_sync(c, err)); /* the layer's one wait: the host needs the routing */
+        const int32_t *ids = g->sel_h;
+        const float *wts = (const float *)(g->sel_h + nk);
+        /* usage counts: the units this layer computes (only the wanted rows in the last layer) */
+        if (m->experts) hm_experts_record(m->experts, il, ids, (int32_t)nk);
+        hm_moe_route_build(&s->route, ids, wts, (int32_t)nr);
+        const hm_moe_gpu_buf mb = {.x_dev = g->h,
+                                   .x_host = g->all_hot[il] ? NULL : g->h_h,
+                                   .out_dev = g->x,
+                                   .cold_host = g->cold_h,
+                                   .cold_dev = g->cold,
+                                   .scratch_dev = g->scratch,
+                                   .scratch_dev_size = g->scratch_size,
+                                   .units = g->units};
+        CK(hm_moe_forward_gpu(m, pool, &L->moe, &s->route, &mb, &s->scratch, err));
+    }
+    if (done_early || n_out == 0) return hm_cuda_sync(c, err); /* nothing may still read a slot */
+    /* x rows 0..n_out-1 are the wanted rows now (compacted above, or all rows in order) */
+    HM_ASSERT(nr == n_out && b->logits);
+    CK(hm_cuda_rmsnorm(c, g->x, d->output_norm, g->h, n_out, E, q->eps, err));
+    const size_t V = (size_t)q->n_vocab;
+    for (int64_t r0 = 0; r0 < n_out; r0 += g->logit_rows) {
+        const int64_t nc = n_out - r0 < g->logit_rows ? n_out - r0 : g->logit_rows;
+        CK(hm_cuda_matmul(c, &d->output, g->h + (size_t)r0 * (size_t)E, nc, g->logits, err));
+        /* waits for the queued work (the last chunk's wait ends the step's device work) */
+        CK(hm_cuda_download(c, b->logits + (size_t)r0 * V, g->logits, (size_t)nc * V * sizeof(float), err));
+    }
+    return HM_OK;
+fail: {
+    hm_err e; /* best effort: nothing queued may outlive the step (the store refills slots next) */
+    hm_cuda_sync(c, &e);
+    return st;
+}
+}

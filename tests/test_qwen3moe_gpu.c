@@ -1,0 +1,301 @@
+/* test_qwen3moe_gpu.c - the qwen3moe forward pass on the GPU (dense part, KV and hot experts on the
+ * device, cold experts on the CPU at the same time) against the CPU engine, through the public API.
+ *
+ * Models: two synths of the tiny qwen3moe preset (4 layers, n_embd 256, 16 experts, k 4): F32 and
+ * Q4_K_M. For each, the CPU engine (verified against transformers and llama.cpp) runs two
+ * sequences and keeps its logits per step:
+ *   P: a 40-token prompt (the GPU's prefill path: n > 8 rows take the bf16 tensor-core matmul)
+ *      then 8 decode steps;
+ *   D: a 6-token prompt (n <= 8: the exact-f32 matvec path throughout) then 8 decode steps.
+ * The decode tokens are the CPU's greedy picks, fed identically to every run. Then each placement
+ * (-ngl 99 plus: (a) --cpu-moe, (b) --n-cpu-moe 2, (c) --vram-budget ~30 % of the units with a
+ * static placement from the CPU run's profile, and with lru (units move between steps, fills
+ * land mid-run), (d) nothing else: every unit on the GPU) runs P and D on the GPU and each step's
+ * logits must match the CPU's:
+ *   - NMSE = sum (g - c)^2 / sum c^2 below a bound derived from the numerics (below), and
+ *   - the same argmax, unless the CPU's logits of the two picks are closer than
+ *     max(NEAR_TIE x max |logit|, 4 x the step's rms logit difference): a near-tie the allowed
+ *     rounding may break either way (then either may win).
+ * Bounds. F32 weights: the CPU's dot products are f32 x f32; the GPU's matvec is exact f32 dequant
+ * with f32 accumulation: only summation order, expf/rsqrt and a rare f16 KV rounding flip differ
+ * (relative ~1e-6 per op: NMSE ~1e-12), so D is held to NMSE_F32_EXACT = 1e-7. P's prefill rounds
+ * weights and activations to bf16 (2^-9 relative, ~0.2 % per matmul output; a near-tie in a
+ * router may swap one of a token's experts, which moves that row by ~0.3 % of the residual since
+ * the synth's embedding dominates it): NMSE_BF16 = 1e-4 (10x over that estimate squared).
+ * Q4_K_M: the CPU quantises activations to Q8_K / Q8_0 for its dot products (0.6 % rms rounding
+ * per element) while the GPU keeps them f32 (or bf16 in prefill): the CPU's own rounding
+ * dominates, NMSE_Q8 = 3e-4 for both runs.
+ * Store stats (hm_model_usage): per layer hits + misses = the rows that layer computed x k;
+ * (a) no hits, (d) no misses, (b) hits exactly on layers >= 2 (all of them, no misses there);
+ * (c) static: hits and misses both > 0, lru: units swapped in during the run.
+ * Also: two GPU sessions through hm_batch_eval equal each alone; an f32 KV cache with the GPU is
+ * HM_ERR_UNSUPPORTED. Exits 77 ("skipped: no GPU") without a CUDA device. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "backend/cuda/cuda_device.h"
+#include "hotmoe.h"
+#include "test.h"
+
+#define NP 40       /* prompt P */
+#define ND 6        /* prompt D (matvec path) */
+#define NDEC 8      /* decode steps after each prompt */
+#define NSTEP (1 + NDEC)
+#define N_CPU_MOE 2
+#define NEAR_TIE 1e-3 /* logits closer than this (x max |logit|) may swap places */
+#define NMSE_F32_EXACT 1e-7
+#define NMSE_BF16 1e-4
+#define NMSE_Q8 3e-4
+
+typedef struct ref {
+    int32_t n_vocab, n_layer, k;
+    int32_t toks_p[NP + NDEC], toks_d[ND + NDEC];
+    float *lp, *ld; /* [NSTEP][n_vocab] the CPU's logits per step of P and D */
+    uint64_t unit_bytes, n_units;
+} ref;
+
+static int32_t argmax(const float *x, int32_t n) {
+    int32_t b = 0;
+    for (int32_t i = 1; i < n; i++)
+        if (x[i] > x[b]) b = i;
+    return b;
+}
+
+static hm_session *open_session(hm_model *m, hm_kv_type kv, hm_err *err) {
+    hm_session_opts so;
+    hm_session_opts_default(&so);
+    so.n_ctx = 64;
+    so.n_threads = 4;
+    so.kv_type = kv;
+    hm_session *s = NULL;
+    return hm_session_open(&s, m, &so, err) == HM_OK ? s : NULL;
+}
+
+/* Run prompt toks[0..np) then NDEC single tokens toks[np..], logits per step into out
+ * ([NSTEP][V]). greedy: the CPU reference picks toks[np + i] = argmax of step i's logits. */
+static hm_status run_seq(hm_model *m, int32_t *toks, int32_t np, bool greedy, float *out, int32_t V, hm_err *err) {
+    hm_session *s = open_session(m, HM_KV_F16, err);
+    if (!s) return HM_ERR_ARG;
+    hm_status st = HM_OK;
+    for (int step = 0; step < NSTEP && st == HM_OK; step++) {
+        const float *lg = NULL;
+        const int32_t *t = step == 0 ? toks : toks + np + step - 1;
+        st = hm_session_eval(s, t, step == 0 ? np : 1, false, &lg, err);
+        if (st != HM_OK) break;
+        memcpy(out + (size_t)step * (size_t)V, lg, (size_t)V * sizeof(float));
+        if (greedy && step < NDEC) toks[np + step] = argmax(lg, V);
+    }
+    hm_session_close(s);
+    return st;
+}
+
+/* Compare one run's logits with the CPU's, step by step. */
+static double compare(const char *what, const float *g, const float *c, int32_t V, double bound) {
+    double worst = 0;
+    for (int step = 0; step < NSTEP; step++) {
+        const float *gs = g + (size_t)step * (size_t)V, *cs = c + (size_t)step * (size_t)V;
+        double num = 0, den = 0, mx = 1;
+        for (int32_t i = 0; i < V; i++) {
+            const double d = (double)gs[i] - (double)cs[i];
+            num += d * d;
+            den += (double)cs[i] * (double)cs[i];
+            if (fabs((double)cs[i]) > mx) mx = fabs((double)cs[i]);
+        }
+        const double nmse = den > 0 ? num / den : num;
+        if (nmse > worst) worst = nmse;
+        CHECKF(nmse <= bound, "%s step %d: NMSE %.3g > %.3g", what, step, nmse, bound);
+        /* a different argmax only where the CPU's top two are closer than the noise allowed */
+        const int32_t ag = argmax(gs, V), ac = argmax(cs, V);
+        const double tie = fmax(NEAR_TIE * mx, 4.0 * sqrt(num / V));
+        CHECKF(ag == ac || (double)cs[ac] - (double)cs[ag] <= tie,
+               "%s step %d: argmax %d (GPU) vs %d (CPU), CPU logits %.6g vs %.6g", what, step, ag, ac,
+               (double)cs[ag], (double)cs[ac]);
+    }
+    return worst;
+}
+
+typedef enum place { P_CPU_MOE, P_N_CPU_MOE, P_STATIC, P_LRU, P_ALL } place;
+static const char *place_name[] = {"--cpu-moe", "--n-cpu-moe 2", "--vram-budget 30% static", "--vram-budget 30% lru",
+                                   "-ngl 99 (all experts on the GPU)"};
+
+static void run_placement(const char *path, const char *label, const ref *r, place p, const char *profile,
+                          bool quant) {
+    hm_placement_opts po;
+    hm_placement_opts_default(&po);
+    po.n_gpu_layers = 99;
+    po.n_ctx = 64;
+    /* slots for ~30 % of the units (a slot is the largest unit, parts rounded up to 256 bytes) */
+    const int64_t budget = (int64_t)((r->n_units * 3 + 9) / 10) * (int64_t)(r->unit_bytes + 3 * 256);
+    switch (p) {
+    case P_CPU_MOE: po.cpu_moe = true; break;
+    case P_N_CPU_MOE: po.n_cpu_moe = N_CPU_MOE; break;
+    case P_STATIC:
+        po.vram_budget = budget;
+        po.profile = profile;
+        po.policy = "static";
+        break;
+    case P_LRU:
+        po.vram_budget = budget;
+        po.policy = "lru";
+        break;
+    case P_ALL: break;
+    }
+    char what[160];
+    hm_model_opts mo;
+    memset(&mo, 0, sizeof mo);
+    mo.placement = &po;
+    hm_err err = {{0}};
+    hm_model *m = NULL;
+    hm_status st = hm_model_open(&m, path, &mo, &err);
+    CHECKF(st == HM_OK, "%s %s: open: %s", label, place_name[p], err.msg);
+    if (st != HM_OK) return;
+    const int32_t V = r->n_vocab;
+    float *g = malloc((size_t)NSTEP * (size_t)V * sizeof(float));
+    int32_t tp[NP + NDEC], td[ND + NDEC];
+    memcpy(tp, r->toks_p, sizeof tp);
+    memcpy(td, r->toks_d, sizeof td);
+
+    snprintf(what, sizeof what, "%s %s P (prefill %d)", label, place_name[p], NP);
+    st = run_seq(m, tp, NP, false, g, V, &err);
+    CHECKF(st == HM_OK, "%s: %s", what, err.msg);
+    double wp = st == HM_OK ? compare(what, g, r->lp, V, quant ? NMSE_Q8 : NMSE_BF16) : -1;
+    snprintf(what, sizeof what, "%s %s D (prompt %d)", label, place_name[p], ND);
+    st = run_seq(m, td, ND, false, g, V, &err);
+    CHECKF(st == HM_OK, "%s: %s", what, err.msg);
+    double wd = st == HM_OK ? compare(what, g, r->ld, V, quant ? NMSE_Q8 : NMSE_F32_EXACT) : -1;
+
+    /* the store: every routed (row, unit) counted once, as a hit or a miss, where it ran */
+    hm_usage u;
+    memset(&u, 0, sizeof u);
+    st = hm_model_usage(m, &u, &err);
+    CHECKF(st == HM_OK, "%s usage: %s", label, err.msg);
+    uint64_t hits = 0, misses = 0;
+    for (int32_t l = 0; st == HM_OK && l < r->n_layer; l++) {
+        /* rows a layer computed: both prompts and every decode step; the last layer only the
+         * wanted rows (one per eval) */
+        const uint64_t rows = l + 1 < r->n_layer ? (uint64_t)(NP + ND + 2 * NDEC) : (uint64_t)(2 * NSTEP);
+        const uint64_t h = u.layer_hits[l], mi = u.layer_misses[l];
+        hits += h;
+        misses += mi;
+        CHECKF(h + mi == rows * (uint64_t)r->k, "%s %s layer %d: %llu hits + %llu misses, want %llu x %d", label,
+               place_name[p], l, (unsigned long long)h, (unsigned long long)mi, (unsigned long long)rows, r->k);
+        if (p == P_CPU_MOE) CHECKF(h == 0, "%s --cpu-moe layer %d: %llu hits", label, l, (unsigned long long)h);
+        if (p == P_ALL) CHECKF(mi == 0, "%s -ngl 99 layer %d: %llu misses", label, l, (unsigned long long)mi);
+        if (p == P_N_CPU_MOE)
+            CHECKF(l >= N_CPU_MOE ? mi == 0 : h == 0, "%s --n-cpu-moe %d layer %d: %llu hits, %llu misses", label,
+                   N_CPU_MOE, l, (unsigned long long)h, (unsigned long long)mi);
+    }
+    if (st == HM_OK) {
+        if (p == P_STATIC) CHECKF(hits > 0 && misses > 0, "%s static: %llu hits, %llu misses", label,
+                                  (unsigned long long)hits, (unsigned long long)misses);
+        if (p == P_LRU) CHECKF(u.swaps_in > 0 && hits > 0, "%s lru: %llu swaps in, %llu hits", label,
+                               (unsigned long long)u.swaps_in, (unsigned long long)hits);
+        CHECKF(p == P_CPU_MOE ? u.vram_slots == 0 : u.vram_slots > 0, "%s %s: %lld VRAM slots", label,
+               place_name[p], (long long)u.vram_slots);
+        fprintf(stderr, "%s %-34s NMSE P %.3g, D %.3g; %lld slots, %llu hits, %llu misses, %llu swaps in\n", label,
+                place_name[p], wp, wd, (long long)u.vram_slots, (unsigned long long)hits, (unsigned long long)misses,
+                (unsigned long long)u.swaps_in);
+    }
+    hm_usage_free(&u);
+
+    if (p == P_ALL) {
+        /* the device state refuses an f32 KV cache */
+        hm_session *s = open_session(m, HM_KV_F32, &err);
+        CHECKF(!s, "%s: an f32 KV cache with the GPU opened", label);
+        hm_session_close(s);
+    }
+    if (p == P_N_CPU_MOE) {
+        /* two sessions in one hm_batch_eval equal each alone (hot and cold units both in play) */
+        hm_session *a = open_session(m, HM_KV_F16, &err), *b = open_session(m, HM_KV_F16, &err);
+        hm_session *a1 = open_session(m, HM_KV_F16, &err), *b1 = open_session(m, HM_KV_F16, &err);
+        CHECK(a && b && a1 && b1);
+        if (a && b && a1 && b1) {
+            hm_session *ss[2] = {a, b};
+            const int32_t *tk[2] = {r->toks_p, r->toks_d};
+            const int32_t nn[2] = {12, 5};
+            const float *lb[2] = {NULL, NULL}, *la = NULL;
+            st = hm_batch_eval(ss, tk, nn, 2, lb, &err);
+            CHECKF(st == HM_OK, "%s batch eval: %s", label, err.msg);
+            for (int i = 0; st == HM_OK && i < 2; i++) {
+                CHECK(hm_session_eval(i ? b1 : a1, tk[i], nn[i], false, &la, &err) == HM_OK);
+                double md = 0;
+                for (int32_t j = 0; j < V; j++) md = fmax(md, fabs((double)lb[i][j] - (double)la[j]));
+                CHECKF(md == 0, "%s batch eval sequence %d vs alone: max difference %.3g", label, i, md);
+            }
+        }
+        hm_session_close(a);
+        hm_session_close(b);
+        hm_session_close(a1);
+        hm_session_close(b1);
+    }
+    free(g);
+    hm_model_close(m);
+}
+
+static void run_model(const char *type, bool quant) {
+    char path[] = "/tmp/hm_q3gpu_XXXXXX", prof[64];
+    int fd = mkstemp(path);
+    CHECK(fd >= 0);
+    if (fd < 0) return;
+    close(fd);
+    snprintf(prof, sizeof prof, "%s.profile.json", path);
+    hm_synth_opts so = {.arch = "qwen3moe", .preset = "tiny", .type = type, .seed = 11, .out_path = path,
+                        .n_threads = 4};
+    hm_err err = {{0}};
+    hm_status st = hm_synth(&so, &err);
+    CHECKF(st == HM_OK, "synth %s: %s", type, err.msg);
+    char label[32];
+    snprintf(label, sizeof label, "tiny %s", type);
+
+    ref r;
+    memset(&r, 0, sizeof r);
+    hm_model *m = NULL;
+    if (st == HM_OK) st = hm_model_open(&m, path, NULL, &err);
+    CHECKF(st == HM_OK, "%s: open on the CPU: %s", label, err.msg);
+    if (st == HM_OK) {
+        const hm_model_info *inf = hm_model_get_info(m);
+        r.n_vocab = inf->n_vocab;
+        r.n_layer = inf->n_layer;
+        r.k = inf->n_expert_used;
+        r.lp = malloc((size_t)NSTEP * (size_t)r.n_vocab * sizeof(float));
+        r.ld = malloc((size_t)NSTEP * (size_t)r.n_vocab * sizeof(float));
+        uint64_t rng = 0x2545f4914f6cdd1dull;
+        for (int i = 0; i < NP; i++) {
+            rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+            r.toks_p[i] = (int32_t)((rng >> 33) % (uint64_t)r.n_vocab);
+        }
+        for (int i = 0; i < ND; i++) r.toks_d[i] = r.toks_p[NP - 1 - i];
+        CHECKF(run_seq(m, r.toks_p, NP, true, r.lp, r.n_vocab, &err) == HM_OK, "%s CPU P: %s", label, err.msg);
+        CHECKF(run_seq(m, r.toks_d, ND, true, r.ld, r.n_vocab, &err) == HM_OK, "%s CPU D: %s", label, err.msg);
+        hm_usage u;
+        if (hm_model_usage(m, &u, &err) == HM_OK) {
+            r.unit_bytes = u.unit_bytes;
+            r.n_units = (uint64_t)u.n_layer * (uint64_t)u.n_expert;
+            hm_usage_free(&u);
+        }
+        CHECKF(hm_model_profile_save(m, prof, HM_PROFILE_FMT_HOTMOE, &err) == HM_OK, "profile: %s", err.msg);
+        hm_model_close(m);
+        if (!test_failures_)
+            for (int p = P_CPU_MOE; p <= P_ALL; p++) run_placement(path, label, &r, (place)p, prof, quant);
+    }
+    free(r.lp);
+    free(r.ld);
+    unlink(path);
+    unlink(prof);
+}
+
+int main(void) {
+    if (hm_cuda_device_count() == 0) {
+        printf("skipped: no GPU\n");
+        return 77;
+    }
+    char name[256];
+    if (hm_cuda_device_name(0, name, sizeof name) == 0) fprintf(stderr, "device 0: %s\n", name);
+    run_model("f32", false);
+    run_model("q4_k_m", true);
+    return test_done();
+}
