@@ -3,7 +3,14 @@
 The architecture comes from config.json (model_type / architectures): Qwen3MoeForCausalLM ->
 qwen3moe, Qwen3_5Moe* (model_type qwen3_5_moe[_text]) -> qwen35moe (qwen35moe.py beside this file
 holds that recipe). Without numpy (tiny fixtures on a bare machine) safetensors are read by
-pytensor.py and only F32 output is possible; with numpy the numpy path is used.
+pytensor.py (qwen3moe: F32, F16 or Q8_0, quantized in pure Python; qwen35moe: F32 only); with
+numpy the numpy path is used.
+
+Vocabulary: a Hugging Face tokenizer.json beside config.json (byte-level BPE with the Qwen2 split
+regex, as tools/train_tiny trains) is written as tokenizer.ggml.model "gpt2", pre "qwen2", with its
+tokens, token types (added special tokens CONTROL, other added tokens USER_DEFINED), merges,
+bos = eos = <|endoftext|>, add_bos false; tokens are padded to the model's vocab_size with UNUSED
+"[PAD<id>]" entries. Without tokenizer.json a minimal placeholder vocabulary is written.
 
 qwen3moe:
 
@@ -12,6 +19,8 @@ Follows llama.cpp's conventions for qwen3moe (key and tensor names, expert tenso
 uses NEOX-style rotary). Works from a state_dict, so it accepts both transformers layouts: one
 Linear per expert (mlp.experts.E.{gate,up,down}_proj.weight) and the fused v5 tensors
 (mlp.experts.gate_up_proj [E, 2*n_ff, n_embd], mlp.experts.down_proj [E, n_embd, n_ff]).
+
+Q8_0 goes to every 2-D+ weight except norms and the router (ffn_gate_inp), which stay F32.
 
 Usage: python3 tools/convert_hf_to_gguf.py HF_DIR OUT.gguf [--type f32|f16|q8_0]
 """
@@ -75,6 +84,15 @@ def minimal_vocab(vocab_size):
 def experts_from_state(sd, layer, n_expert, n_ff, n_embd):
     """Return gate, up [E, n_ff, n_embd] and down [E, n_embd, n_ff] for one layer."""
     p = f"model.layers.{layer}.mlp.experts"
+    if np is None or not isinstance(sd.get(f"{p}.gate_up_proj"), (type(None), np.ndarray)):
+        # pytensor path: the fused v5 layout in its natural orientation only
+        if f"{p}.gate_up_proj" not in sd:
+            raise ValueError(f"{p}: per-expert Linear weights need numpy")
+        gu, dn = sd[f"{p}.gate_up_proj"], sd[f"{p}.down_proj"]
+        if pytensor.shape(gu) != (n_expert, 2 * n_ff, n_embd) or pytensor.shape(dn) != (n_expert, n_embd, n_ff):
+            raise ValueError(f"{p}: gate_up_proj {pytensor.shape(gu)} / down_proj {pytensor.shape(dn)}: "
+                             "only [E, 2*n_ff, n_embd] / [E, n_embd, n_ff] without numpy")
+        return pytensor.rows(gu, 0, n_ff, axis=1), pytensor.rows(gu, n_ff, 2 * n_ff, axis=1), dn
     if f"{p}.0.gate_proj.weight" in sd:
         gate = np.stack([sd[f"{p}.{e}.gate_proj.weight"] for e in range(n_expert)])
         up = np.stack([sd[f"{p}.{e}.up_proj.weight"] for e in range(n_expert)])
@@ -98,7 +116,7 @@ def experts_from_state(sd, layer, n_expert, n_ff, n_embd):
 
 def gguf_tensors(cfg, sd):
     """Map a Qwen3-MoE state_dict (numpy float arrays) to GGUF tensor names (numpy layout)."""
-    L, E = cfg["num_hidden_layers"], cfg["num_experts"]
+    L, E = cfg["num_hidden_layers"], n_experts(cfg)
     n_embd, n_ff = cfg["hidden_size"], cfg["moe_intermediate_size"]
     out = {"token_embd.weight": sd["model.embed_tokens.weight"],
            "output_norm.weight": sd["model.norm.weight"]}
@@ -140,18 +158,65 @@ def write_gguf(path, cfg, tensors, out_type="f32", name="qwen3moe", tokenizer=No
     w.add_u32(f"{a}.attention.head_count_kv", cfg["num_key_value_heads"])
     w.add_u32(f"{a}.attention.key_length", head_dim)
     w.add_u32(f"{a}.attention.value_length", head_dim)
-    w.add_f32(f"{a}.rope.freq_base", cfg.get("rope_theta", 1e6))
+    w.add_f32(f"{a}.rope.freq_base", rope_theta(cfg))
     w.add_f32(f"{a}.attention.layer_norm_rms_epsilon", cfg["rms_norm_eps"])
-    w.add_u32(f"{a}.expert_count", cfg["num_experts"])
+    w.add_u32(f"{a}.expert_count", n_experts(cfg))
     w.add_u32(f"{a}.expert_used_count", cfg["num_experts_per_tok"])
     w.add_u32(f"{a}.expert_feed_forward_length", cfg["moe_intermediate_size"])
     write_tokenizer(w, cfg, tokenizer, "qwen2")
     for n, t in tensors.items():
-        t = np.asarray(t, dtype=np.float32)
+        if not hasattr(t, "le_bytes"):  # numpy (a PyTensor goes in as it is)
+            t = np.asarray(t, dtype=np.float32)
         typ = GGML[out_type] if (t.ndim >= 2 and not n.endswith("_norm.weight")
                                  and "ffn_gate_inp" not in n) else gw.GGML_F32
         w.add_tensor(n, t, typ)
     w.write()
+
+
+def n_experts(cfg):
+    return cfg["num_experts"] if "num_experts" in cfg else cfg["num_local_experts"]
+
+
+def rope_theta(cfg):
+    if "rope_theta" in cfg:
+        return cfg["rope_theta"]
+    return (cfg.get("rope_parameters") or {}).get("rope_theta", 1e6)
+
+
+QWEN2_SPLIT = ("(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*"
+               "|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+")
+
+
+def hf_tokenizer(path, vocab_size):
+    """tokenizer.json (byte-level BPE, Qwen2 split) -> dict(tokens, types, merges, bos, eos, pre)."""
+    tj = json.load(open(path, encoding="utf-8"))
+    model = tj.get("model") or {}
+    if model.get("type") != "BPE":
+        raise SystemExit(f"{path}: model type {model.get('type')!r}, only BPE is supported")
+    pt = tj.get("pre_tokenizer") or {}
+    parts = pt.get("pretokenizers", [pt]) if pt.get("type") == "Sequence" else [pt]
+    splits = [p["pattern"].get("Regex") for p in parts if p.get("type") == "Split"]
+    if splits != [QWEN2_SPLIT] or not any(p.get("type") == "ByteLevel" for p in parts):
+        raise SystemExit(f"{path}: pre-tokenizer is not Qwen2's Split regex + ByteLevel ({splits})")
+    if tj.get("normalizer"):
+        raise SystemExit(f"{path}: a normalizer ({tj['normalizer'].get('type')}) is not supported")
+    n = max([vocab_size] + [i + 1 for i in model["vocab"].values()] +
+            [t["id"] + 1 for t in tj.get("added_tokens", [])])
+    if n > vocab_size:
+        raise SystemExit(f"{path}: token id {n - 1} >= the model's vocab_size {vocab_size}")
+    toks, types = [None] * n, [TOKEN_UNUSED] * n
+    for t, i in model["vocab"].items():
+        toks[i], types[i] = t, TOKEN_NORMAL
+    for t in tj.get("added_tokens", []):
+        toks[t["id"]], types[t["id"]] = t["content"], TOKEN_CONTROL if t.get("special") else 4
+    for i in range(n):
+        if toks[i] is None:
+            toks[i] = f"[PAD{i}]"
+    merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]
+    if "<|endoftext|>" not in toks:
+        raise SystemExit(f"{path}: no <|endoftext|> token")
+    eos = toks.index("<|endoftext|>")
+    return {"tokens": toks, "types": types, "merges": merges, "bos": eos, "eos": eos, "pre": "qwen2"}
 
 
 def write_tokenizer(w, cfg, tokenizer, pre):
@@ -160,7 +225,7 @@ def write_tokenizer(w, cfg, tokenizer, pre):
         toks, types, merges, eos = minimal_vocab(cfg["vocab_size"])
         tokenizer = {"tokens": toks, "types": types, "merges": merges, "bos": eos, "eos": eos}
     w.add_str("tokenizer.ggml.model", "gpt2")
-    w.add_str("tokenizer.ggml.pre", pre)
+    w.add_str("tokenizer.ggml.pre", tokenizer.get("pre", pre))
     w.add_array("tokenizer.ggml.tokens", gw.STRING, tokenizer["tokens"])
     w.add_array("tokenizer.ggml.token_type", gw.I32, tokenizer["types"])
     w.add_array("tokenizer.ggml.merges", gw.STRING, tokenizer["merges"])
@@ -181,7 +246,7 @@ def main():
     if convert_gemma4.is_gemma4(cfg):
         return convert_gemma4.write_gguf(args.hf_dir, args.out, args.type)
     arch = arch_of(cfg)
-    if np is None and args.type != "f32":
+    if np is None and args.type != "f32" and arch != "qwen3moe":
         sys.exit(f"--type {args.type} needs numpy; without it only --type f32 can be written")
     sd = {}
     for f in sorted(os.listdir(args.hf_dir)):
@@ -198,9 +263,9 @@ def main():
         import qwen35moe
         qwen35moe.write_gguf(args.out, cfg, sd, args.type, name=name)
     else:
-        if np is None:
-            sys.exit("the qwen3moe conversion needs numpy")
-        write_gguf(args.out, cfg, gguf_tensors(cfg, sd), args.type, name=name)
+        tj = os.path.join(args.hf_dir, "tokenizer.json")
+        tok = hf_tokenizer(tj, cfg["vocab_size"]) if os.path.exists(tj) else None
+        write_gguf(args.out, cfg, gguf_tensors(cfg, sd), args.type, name=name, tokenizer=tok)
     print(f"wrote {args.out} ({arch})")
 
 

@@ -4,11 +4,11 @@ Writes metadata of every GGUF value type (incl. string arrays) and tensors in F3
 (ggml's block layout: fp16 scale + 32 int8). Tensor data is aligned to 32 bytes; the file is
 written to PATH.tmp and renamed onto PATH when complete (atomic).
 
-Without numpy, tensors go in as bytes already in their GGML layout (add_tensor_raw).
+Without numpy, tensors go in as bytes already in their GGML layout (add_tensor_raw) or as
+pytensor.PyTensor (F32, F16 or Q8_0, quantized in pure Python: slow, for tiny fixtures only).
 
 Shapes: pass numpy arrays in row-major order; GGUF stores ne[] reversed (ne[0] = last numpy axis,
-the contiguous one), which this writer does for you. Without numpy, pass pytensor.PyTensor
-(F32 only).
+the contiguous one), which this writer does for you.
 """
 import os
 import struct
@@ -48,6 +48,30 @@ def quantize_q8_0(x):
     return out.tobytes()
 
 
+def _f32(v):
+    """v rounded to the nearest float32 (Python floats are doubles)."""
+    return struct.unpack("<f", struct.pack("<f", v))[0]
+
+
+def quantize_q8_0_py(values):
+    """quantize_q8_0 without numpy, bit for bit: the same float32 steps as ggml's
+    quantize_row_q8_0_ref (d = amax/127, id = d ? 1/d : 0, q = roundf(x*id)). values: floats
+    (already float32), a multiple of 32 of them."""
+    out = bytearray()
+    for b in range(0, len(values), 32):
+        blk = values[b:b + 32]
+        amax = max(abs(x) for x in blk)
+        d = _f32(amax / 127.0)
+        inv = _f32(1.0 / d) if d else 0.0
+        q = []
+        for x in blk:
+            v = _f32(x * inv)
+            r = int(abs(v) + 0.5)  # roundf: half away from zero
+            q.append(-r if v < 0 else r)
+        out += struct.pack("<e", d) + struct.pack("<32b", *q)
+    return bytes(out)
+
+
 class GGUFWriter:
     def __init__(self, path):
         self.path = path
@@ -80,9 +104,18 @@ class GGUFWriter:
     # ---- tensors ----
     def add_tensor(self, name, array, ggml_type=GGML_F32):
         if hasattr(array, "le_bytes"):  # pytensor.PyTensor
-            if ggml_type != GGML_F32:
-                raise ValueError(f"{name}: only F32 can be written without numpy")
-            self.tensors.append((name, list(reversed(array.shape)), GGML_F32, array.le_bytes()))
+            ne = list(reversed(array.shape))
+            if ggml_type == GGML_F32:
+                data = array.le_bytes()
+            elif ggml_type == GGML_F16:
+                data = struct.pack(f"<{len(array.data)}e", *array.data)
+            elif ggml_type == GGML_Q8_0:
+                if ne[0] % 32:
+                    raise ValueError(f"{name}: Q8_0 needs rows of a multiple of 32, got {ne[0]}")
+                data = quantize_q8_0_py(array.data)
+            else:
+                raise ValueError(f"{name}: unsupported ggml type {ggml_type}")
+            self.tensors.append((name, ne, ggml_type, data))
             return
         a = np.ascontiguousarray(array)
         ne = list(reversed(a.shape))
