@@ -67,7 +67,8 @@ json_t *srv_store_experts_json(srv_sched *s) {
         (json_int_t)u.bytes_from_ssd, "swaps", "in", (json_int_t)u.swaps_in, "out", (json_int_t)u.swaps_out, "layers",
         layers);
     if (j && u.vram_slots == 0)
-        json_object_set_new(j, "note", json_string("no GPU backend yet: every expert unit runs on the CPU from RAM"));
+        json_object_set_new(j, "note", json_string("no VRAM expert slots: every expert unit runs on the CPU from RAM (start the server with "
+                                                   "-ngl 99 and --vram-budget on a CUDA build to place hot units on the GPU)"));
     hm_usage_free(&u);
     return j;
 }
