@@ -7,7 +7,8 @@
 #
 # For each budget B (GiB of expert weights in VRAM; default "4 8 12"):
 #   hotmoe bench --vram-budget B with --policy static (--profile PROFILE), online and lru (no
-#   profile: they learn during the run; the tg figure is measured after pp and a 16-token warm-up);
+#   profile: they learn during the run; the tg figure is measured after pp and a 16-token warm-up;
+#   POLICIES="static online" picks a subset);
 #   llama-bench -ngl 99 --n-cpu-moe N with N = the layers whose experts do not fit in B
 #   (n_layer - floor(B / expert bytes per layer)), and hotmoe with that same layer placement.
 # Both engines run pp512 and tg128 after a 512-token context (llama-bench -d 512 semantics), with
@@ -87,7 +88,7 @@ for b in $budgets; do
     echo "| $b GiB | llama.cpp -ngl 99 --n-cpu-moe $ncmoe | $lpp | $ltg | - | | |"
     read -r pp tg hit < <(hm -ngl 99 --n-cpu-moe $ncmoe -p 512 -n 128 -d 512)
     echo "| $b GiB | hotmoe --n-cpu-moe $ncmoe (llama.cpp's placement) | $pp | $tg | $hit % | $(ratio "$pp" "$lpp") | $(ratio "$tg" "$ltg") |"
-    for pol in static online lru; do
+    for pol in ${POLICIES:-static online lru}; do
         args=(--vram-budget "${b}GiB" --policy $pol -p 512 -n 128 -d 512)
         [ $pol = static ] && args+=(--profile "$profile")
         read -r pp tg hit < <(hm -ngl 99 "${args[@]}")
