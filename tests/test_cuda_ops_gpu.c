@@ -587,6 +587,192 @@ static void test_moe(void) {
     test_moe_case(HM_TYPE_MXFP4, HM_TYPE_BF16, 4, 6, 2);
 }
 
+/* ---- fused decode ops: the same results as the ops they fuse ---- */
+
+static void test_fused(void) {
+    /* add + rmsnorm: x += h exactly, out (aliasing h) = rmsnorm(x) * w */
+    {
+        const int64_t n_rows = 5, n = 2048;
+        const size_t bytes = sizeof(float) * (size_t)(n_rows * n);
+        float *x = xmalloc(bytes), *h = xmalloc(bytes), *w = xmalloc(sizeof(float) * (size_t)n);
+        float *xo = xmalloc(bytes), *y = xmalloc(bytes);
+        double *ref = xmalloc(sizeof(double) * (size_t)(n_rows * n));
+        fill(x, n_rows * n, 2.0f);
+        fill(h, n_rows * n, 1.0f);
+        fill(w, n, 1.0f);
+        float *dx = dev_from(x, bytes), *dh = dev_from(h, bytes), *dw = dev_from(w, sizeof(float) * (size_t)n);
+        CK(hm_cuda_add_rmsnorm(ctx, dx, dh, dw, dh, n_rows, n, 1e-6f, &err));
+        dev_to(xo, dx, bytes);
+        dev_to(y, dh, bytes);
+        int bad = 0;
+        for (int64_t r = 0; r < n_rows; r++) {
+            double ss = 0;
+            for (int64_t i = 0; i < n; i++) {
+                const float v = x[r * n + i] + h[r * n + i];
+                if (xo[r * n + i] != v) bad++;
+                ss += (double)v * v;
+            }
+            const double sc = 1.0 / sqrt(ss / (double)n + 1e-6);
+            for (int64_t i = 0; i < n; i++) ref[r * n + i] = (double)(x[r * n + i] + h[r * n + i]) * sc * w[i];
+        }
+        const double e = nmse(y, ref, n_rows * n);
+        CHECKF(bad == 0, "add_rmsnorm: %d residual elements differ from x + h", bad);
+        CHECKF(e < 1e-12, "add_rmsnorm nmse %.3g", e);
+        printf("add_rmsnorm: residual exact, norm nmse %.2e\n", e);
+        hm_cuda_free(ctx, dx);
+        hm_cuda_free(ctx, dh);
+        hm_cuda_free(ctx, dw);
+        free(x); free(h); free(w); free(xo); free(y); free(ref);
+    }
+    /* q/k norms + RoPE + K/V write: bit-identical with rmsnorm_heads, rope_neox and kv_write */
+    for (int partial = 0; partial < 2; partial++) {
+        const int nh = 8, nkv = 2, hd = 128, n_rot = partial ? 64 : 128;
+        const int64_t n_tok = 3, n_ctx = 64;
+        const int32_t pos[3] = {5, 17, 63};
+        const size_t qb = sizeof(float) * (size_t)(n_tok * nh * hd), kb = sizeof(float) * (size_t)(n_tok * nkv * hd);
+        const size_t cb = sizeof(uint16_t) * (size_t)(nkv * n_ctx * hd);
+        float *q = xmalloc(qb), *k = xmalloc(kb), *v = xmalloc(kb), *wq = xmalloc(sizeof(float) * hd),
+              *wk = xmalloc(sizeof(float) * hd);
+        fill(q, n_tok * nh * hd, 2.0f);
+        fill(k, n_tok * nkv * hd, 2.0f);
+        fill(v, n_tok * nkv * hd, 1.0f);
+        fill(wq, hd, 1.0f);
+        fill(wk, hd, 1.0f);
+        int32_t *dpos = dev_from(pos, sizeof pos);
+        float *dwq = dev_from(wq, sizeof(float) * hd), *dwk = dev_from(wk, sizeof(float) * hd);
+        float *dv = dev_from(v, kb);
+        float *dq0 = dev_from(q, qb), *dk0 = dev_from(k, kb), *dq1 = dev_from(q, qb), *dk1 = dev_from(k, kb);
+        uint16_t *kc0 = dev_zero(cb), *vc0 = dev_zero(cb), *kc1 = dev_zero(cb), *vc1 = dev_zero(cb);
+        const float eps = 1e-6f, theta = 1e6f;
+        CK(hm_cuda_rmsnorm_heads(ctx, dq0, dwq, n_tok, nh, hd, eps, &err));
+        CK(hm_cuda_rmsnorm_heads(ctx, dk0, dwk, n_tok, nkv, hd, eps, &err));
+        CK(hm_cuda_rope_neox(ctx, dq0, n_tok, nh, hd, n_rot, dpos, theta, &err));
+        CK(hm_cuda_rope_neox(ctx, dk0, n_tok, nkv, hd, n_rot, dpos, theta, &err));
+        CK(hm_cuda_kv_write(ctx, kc0, vc0, n_ctx, nkv, hd, dk0, dv, n_tok, dpos, &err));
+        CK(hm_cuda_qk_norm_rope_kv(ctx, dq1, dk1, dv, dwq, dwk, n_tok, nh, nkv, hd, n_rot, dpos, theta, eps, kc1,
+                                   vc1, n_ctx, &err));
+        float *a = xmalloc(qb), *b = xmalloc(qb);
+        uint16_t *ca = xmalloc(cb), *cb2 = xmalloc(cb);
+        dev_to(a, dq0, qb);
+        dev_to(b, dq1, qb);
+        CHECKF(!memcmp(a, b, qb), "qk_norm_rope_kv n_rot %d: q differs from the unfused ops", n_rot);
+        dev_to(a, dk0, kb);
+        dev_to(b, dk1, kb);
+        CHECKF(!memcmp(a, b, kb), "qk_norm_rope_kv n_rot %d: k differs from the unfused ops", n_rot);
+        dev_to(ca, kc0, cb);
+        dev_to(cb2, kc1, cb);
+        CHECKF(!memcmp(ca, cb2, cb), "qk_norm_rope_kv n_rot %d: K cache differs from the unfused ops", n_rot);
+        dev_to(ca, vc0, cb);
+        dev_to(cb2, vc1, cb);
+        CHECKF(!memcmp(ca, cb2, cb), "qk_norm_rope_kv n_rot %d: V cache differs from the unfused ops", n_rot);
+        printf("qk_norm_rope_kv n_rot %d: q, k and the K/V cache bit-identical with the 5 unfused ops\n", n_rot);
+        void *fr[] = {dpos, dwq, dwk, dv, dq0, dk0, dq1, dk1, kc0, vc0, kc1, vc1};
+        for (size_t i = 0; i < sizeof fr / sizeof fr[0]; i++) hm_cuda_free(ctx, fr[i]);
+        free(q); free(k); free(v); free(wq); free(wk); free(a); free(b); free(ca); free(cb2);
+    }
+}
+
+/* The device-routed MoE: router-shaped ids/weights [n_tok, k] on the device, a slot table with
+ * some experts cold (NULL: skipped); against a double reference over the hot pairs. */
+static void test_moe_dev_case(int gate_type, int down_type, int64_t n_tok, int n_expert, int k) {
+    const int64_t n_embd = 512, n_ff = 256;
+    tmat *g = xmalloc(sizeof(tmat) * (size_t)n_expert), *u = xmalloc(sizeof(tmat) * (size_t)n_expert),
+         *dn = xmalloc(sizeof(tmat) * (size_t)n_expert);
+    hm_cuda_moe_slot *slots = xmalloc(sizeof(hm_cuda_moe_slot) * (size_t)n_expert);
+    void **dptr = xmalloc(sizeof(void *) * (size_t)(3 * n_expert));
+    int32_t *ids = xmalloc(sizeof(int32_t) * (size_t)(n_tok * k));
+    float *wts = xmalloc(sizeof(float) * (size_t)(n_tok * k));
+    for (int64_t t = 0; t < n_tok; t++) {
+        bool used[64] = {false};
+        for (int j = 0; j < k; j++) {
+            int e;
+            do e = (int)(rnd_u() * n_expert); while (e >= n_expert || used[e]);
+            used[e] = true;
+            ids[t * k + j] = e;
+            wts[t * k + j] = (float)(0.1 + rnd_u());
+        }
+    }
+    int n_hot = 0;
+    for (int e = 0; e < n_expert; e++) {
+        g[e] = make_weights(gate_type, n_embd, n_ff);
+        u[e] = make_weights(gate_type, n_embd, n_ff);
+        dn[e] = make_weights(down_type, n_ff, n_embd);
+        dptr[3 * e] = dev_from(g[e].q, g[e].rs * (size_t)n_ff);
+        dptr[3 * e + 1] = dev_from(u[e].q, u[e].rs * (size_t)n_ff);
+        dptr[3 * e + 2] = dev_from(dn[e].q, dn[e].rs * (size_t)n_embd);
+        const bool hot = e % 3 != 1; /* every third expert cold */
+        slots[e] = hot ? (hm_cuda_moe_slot){dptr[3 * e], dptr[3 * e + 1], dptr[3 * e + 2]}
+                       : (hm_cuda_moe_slot){NULL, NULL, NULL};
+        n_hot += hot;
+    }
+    const size_t xb = sizeof(float) * (size_t)(n_tok * n_embd);
+    float *x = xmalloc(xb), *out0 = xmalloc(xb), *out = xmalloc(xb), *out2 = xmalloc(xb);
+    double *ref = xmalloc(sizeof(double) * (size_t)(n_tok * n_embd)), *hbuf = xmalloc(sizeof(double) * (size_t)n_ff);
+    fill(x, n_tok * n_embd, 1.0f);
+    fill(out0, n_tok * n_embd, 1.0f);
+    float *dx = dev_from(x, xb), *dout = dev_from(out0, xb);
+    int32_t *dids = dev_from(ids, sizeof(int32_t) * (size_t)(n_tok * k));
+    float *dw = dev_from(wts, sizeof(float) * (size_t)(n_tok * k));
+    hm_cuda_moe_slot *dslots = dev_from(slots, sizeof(hm_cuda_moe_slot) * (size_t)n_expert);
+    const size_t ss = hm_cuda_moe_dev_scratch_size(n_tok, k, n_ff);
+    void *scr = dev_zero(ss);
+    CK(hm_cuda_moe_dev(ctx, dslots, gate_type, down_type, dids, dw, k, dx, n_tok, n_embd, n_ff, dout, scr, ss, &err));
+    dev_to(out, dout, xb);
+    CK(hm_cuda_upload(ctx, dout, out0, xb, &err));
+    CK(hm_cuda_moe_dev(ctx, dslots, gate_type, down_type, dids, dw, k, dx, n_tok, n_embd, n_ff, dout, scr, ss, &err));
+    dev_to(out2, dout, xb);
+    CHECKF(!memcmp(out, out2, xb), "moe_dev: two runs differ (not deterministic)");
+    for (int64_t i = 0; i < n_tok * n_embd; i++) ref[i] = out0[i];
+    int64_t n_pairs = 0;
+    for (int64_t t = 0; t < n_tok; t++)
+        for (int j = 0; j < k; j++) {
+            const int e = ids[t * k + j];
+            if (!slots[e].gate) continue;
+            n_pairs++;
+            const float *xv = x + t * n_embd;
+            for (int64_t r = 0; r < n_ff; r++) {
+                double a = 0, b = 0;
+                for (int64_t c = 0; c < n_embd; c++) {
+                    a += (double)g[e].deq[r * n_embd + c] * xv[c];
+                    b += (double)u[e].deq[r * n_embd + c] * xv[c];
+                }
+                hbuf[r] = a / (1.0 + exp(-a)) * b;
+            }
+            for (int64_t r = 0; r < n_embd; r++) {
+                double d = 0;
+                for (int64_t c = 0; c < n_ff; c++) d += (double)dn[e].deq[r * n_ff + c] * hbuf[c];
+                ref[t * n_embd + r] += (double)wts[t * k + j] * d;
+            }
+        }
+    const double err_n = nmse(out, ref, n_tok * n_embd);
+    CHECKF(err_n < 1e-10, "moe_dev %s/%s n_tok %lld: nmse %.3g", hm_type_name(gate_type), hm_type_name(down_type),
+           (long long)n_tok, err_n);
+    printf("moe_dev gate/up %s down %s: %d of %d experts hot, n_tok %lld, top-%d, %lld hot pairs: nmse %.2e, "
+           "deterministic\n", hm_type_name(gate_type), hm_type_name(down_type), n_hot, n_expert, (long long)n_tok, k,
+           (long long)n_pairs, err_n);
+    for (int e = 0; e < 3 * n_expert; e++) hm_cuda_free(ctx, dptr[e]);
+    for (int e = 0; e < n_expert; e++) {
+        free_weights(&g[e]);
+        free_weights(&u[e]);
+        free_weights(&dn[e]);
+    }
+    hm_cuda_free(ctx, dx);
+    hm_cuda_free(ctx, dout);
+    hm_cuda_free(ctx, dids);
+    hm_cuda_free(ctx, dw);
+    hm_cuda_free(ctx, dslots);
+    hm_cuda_free(ctx, scr);
+    free(g); free(u); free(dn); free(slots); free(dptr); free(ids); free(wts);
+    free(x); free(out0); free(out); free(out2); free(ref); free(hbuf);
+}
+
+static void test_moe_dev(void) {
+    test_moe_dev_case(HM_TYPE_Q4_K, HM_TYPE_Q6_K, 1, 12, 4); /* decode */
+    test_moe_dev_case(HM_TYPE_Q4_K, HM_TYPE_Q6_K, 5, 12, 3);
+    test_moe_dev_case(HM_TYPE_IQ4_XS, HM_TYPE_Q5_K, 8, 9, 2);
+    test_moe_dev_case(HM_TYPE_F16, HM_TYPE_Q8_0, 2, 6, 6); /* every expert of the layer routed */
+}
+
 /* ---- errors are statuses ---- */
 
 static void test_errors(void) {
@@ -682,6 +868,8 @@ int main(void) {
     test_router();
     test_attention();
     test_moe();
+    test_fused();
+    test_moe_dev();
     if (!getenv("HM_NO_BENCH")) bench_matvec();
     hm_cuda_close(ctx);
     return test_done();

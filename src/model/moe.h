@@ -135,6 +135,29 @@ bool hm_moe_gpu_all_hot(const struct hm_model *m, const hm_moe_weights *mw);
  * sync). Errors: the CUDA calls' (the residual is then undefined). */
 hm_status hm_moe_forward_gpu(const struct hm_model *m, hm_pool *pool, const hm_moe_weights *mw, hm_moe_route *r,
                              const hm_moe_gpu_buf *b, hm_scratch *scratch, hm_err *err);
+
+/* ---- the decode split (n_tok <= 8): hot units routed on the device, cold ones on the host ----
+ *
+ * hm_moe_gpu_slot_table: bring `slots` ([n_expert] host, the table hm_cuda_moe_dev reads once
+ * uploaded) in line with layer mw->layer's slot map, using `seen` ([n_expert], the slots the table
+ * was built for; start it at -2 so the first call builds every entry). Entries of experts that are
+ * not HOT or not computable on the GPU are NULL. Returns whether any entry changed (then upload
+ * it); *all_hot / *any_hot say whether every / some expert of the layer is HOT now. O(n_expert)
+ * compares, part() calls only for changed entries; valid until the store's next step_end. */
+struct hm_cuda_moe_slot;
+bool hm_moe_gpu_slot_table(const struct hm_model *m, const hm_moe_weights *mw, int32_t *seen,
+                           struct hm_cuda_moe_slot *slots, bool *all_hot, bool *any_hot);
+/* b->out_dev += the layer's HOT pairs, read from the router's device output (ids_dev, w_dev:
+ * [n_tok, k]) through slots_dev (the uploaded table); queues two launches, no host work. */
+hm_status hm_moe_forward_gpu_dev(const struct hm_model *m, const hm_moe_weights *mw,
+                                 const struct hm_cuda_moe_slot *slots_dev, const int32_t *ids_dev,
+                                 const float *w_dev, int64_t n_tok, int k, const hm_moe_gpu_buf *b,
+                                 hm_err *err);
+/* The rest of the step: the route's COLD units on the CPU threads from b->x_host, their sum
+ * uploaded and added into b->out_dev (as hm_moe_forward_gpu's CPU part); nothing when none. */
+hm_status hm_moe_forward_gpu_cold(const struct hm_model *m, hm_pool *pool, const hm_moe_weights *mw,
+                                  hm_moe_route *r, const hm_moe_gpu_buf *b, hm_scratch *scratch,
+                                  hm_err *err);
 #endif
 
 #endif

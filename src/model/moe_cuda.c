@@ -5,7 +5,12 @@
  * Order of work (the overlap is the point): the hot launch is queued first (hm_cuda_moe stages
  * its routing tables on the host and returns), then the CPU threads compute the cold units while
  * the GPU runs, then the cold sum goes up on the compute stream (after the hot launch) and is
- * added into the residual. Nothing here waits for the device. */
+ * added into the residual. Nothing here waits for the device.
+ *
+ * Decode (n_tok <= 8) splits the step in two (hm_moe_forward_gpu_dev / _cold): the hot units run
+ * from the router's ids on the device through a per-layer slot table (hm_moe_gpu_slot_table,
+ * refreshed when the store's slot map changes), so a layer with no cold unit needs no host round
+ * trip at all; the cold units then run here as above from the downloaded routing. */
 #include <stddef.h>
 #include <string.h>
 
@@ -31,11 +36,25 @@ bool hm_moe_gpu_all_hot(const hm_model *m, const hm_moe_weights *mw) {
     return true;
 }
 
-hm_status hm_moe_forward_gpu(const hm_model *m, hm_pool *pool, const hm_moe_weights *mw, hm_moe_route *r,
-                             const hm_moe_gpu_buf *b, hm_scratch *scratch, hm_err *err) {
+/* The hot part of unit (slot) as the kernels take it. */
+static void slot_parts(const hm_gpu *g, int32_t slot, ptrdiff_t up_off, const void **gate, const void **up,
+                       const void **down) {
+    const void *gu = g->hot.part(g->hot.ctx, slot, HM_UNIT_GATE_UP);
+    if (gu) {
+        *gate = gu;
+        *up = (const char *)gu + up_off;
+    } else {
+        *gate = g->hot.part(g->hot.ctx, slot, HM_UNIT_GATE);
+        *up = g->hot.part(g->hot.ctx, slot, HM_UNIT_UP);
+    }
+    *down = g->hot.part(g->hot.ctx, slot, HM_UNIT_DOWN);
+}
+
+/* The route's units, split: hot ones into b->units (when want_hot) and the count *n_hot; cold
+ * ones as CPU jobs into r->jobs, returned. */
+static int32_t split_units(const hm_model *m, const hm_moe_weights *mw, hm_moe_route *r, const hm_moe_gpu_buf *b,
+                           bool want_hot, int *n_hot_out) {
     const hm_gpu *g = m->gpu;
-    HM_ASSERT(g && !m->ram);
-    hm_cuda_ctx *c = g->ctx;
     const int32_t *smap = m->experts && gpu_computes(g, mw) ? hm_experts_slot_map(m->experts, mw->layer) : NULL;
     /* a fused gate_up part: up lies this far into it (as in the file) */
     const ptrdiff_t up_off = (const char *)mw->up.data - (const char *)mw->gate.data;
@@ -47,16 +66,9 @@ hm_status hm_moe_forward_gpu(const hm_model *m, hm_pool *pool, const hm_moe_weig
         const float *w = r->w + r->start[i];
         const int32_t nt = r->start[i + 1] - r->start[i];
         if (slot >= 0) {
+            if (!want_hot) continue;
             hm_cuda_moe_unit *u = &b->units[n_hot++];
-            const void *gu = g->hot.part(g->hot.ctx, slot, HM_UNIT_GATE_UP);
-            if (gu) {
-                u->gate = gu;
-                u->up = (const char *)gu + up_off;
-            } else {
-                u->gate = g->hot.part(g->hot.ctx, slot, HM_UNIT_GATE);
-                u->up = g->hot.part(g->hot.ctx, slot, HM_UNIT_UP);
-            }
-            u->down = g->hot.part(g->hot.ctx, slot, HM_UNIT_DOWN);
+            slot_parts(g, slot, up_off, &u->gate, &u->up, &u->down);
             u->tok_host = tok;
             u->w_host = w;
             u->n_tok = nt;
@@ -68,13 +80,15 @@ hm_status hm_moe_forward_gpu(const hm_model *m, hm_pool *pool, const hm_moe_weig
             j->n_tok = nt;
         }
     }
-    hm_status st;
-    if (n_hot > 0 &&
-        (st = hm_cuda_moe(c, b->units, n_hot, mw->gate.type, mw->down.type, b->x_dev, r->n_tok, mw->n_embd, mw->n_ff,
-                          b->out_dev, b->scratch_dev, b->scratch_dev_size, err)) != HM_OK)
-        return st;
+    *n_hot_out = n_hot;
+    return n_cold;
+}
+
+/* The CPU part: n_cold jobs of r on b->x_host, their sum up and added into b->out_dev. */
+static hm_status cold_part(const hm_model *m, hm_pool *pool, const hm_moe_weights *mw, hm_moe_route *r,
+                           int32_t n_cold, const hm_moe_gpu_buf *b, hm_scratch *scratch, hm_err *err) {
+    hm_cuda_ctx *c = m->gpu->ctx;
     if (n_cold == 0) return HM_OK;
-    /* the CPU part, while the hot launch runs */
     HM_ASSERT(b->x_host);
     const size_t n = (size_t)r->n_tok * (size_t)mw->n_embd;
     memset(b->cold_host, 0, n * sizeof(float));
@@ -82,6 +96,65 @@ hm_status hm_moe_forward_gpu(const hm_model *m, hm_pool *pool, const hm_moe_weig
         hm_gemma_moe(pool, r->jobs, n_cold, b->x_host, r->n_tok, mw->n_embd, mw->n_ff, b->cold_host, scratch);
     else
         hm_cpu_moe(pool, r->jobs, n_cold, b->x_host, r->n_tok, mw->n_embd, mw->n_ff, b->cold_host, scratch);
+    hm_status st;
     if ((st = hm_cuda_upload_compute(c, b->cold_dev, b->cold_host, n * sizeof(float), err)) != HM_OK) return st;
     return hm_cuda_add(c, b->out_dev, b->cold_dev, b->out_dev, (int64_t)n, err);
+}
+
+hm_status hm_moe_forward_gpu(const hm_model *m, hm_pool *pool, const hm_moe_weights *mw, hm_moe_route *r,
+                             const hm_moe_gpu_buf *b, hm_scratch *scratch, hm_err *err) {
+    const hm_gpu *g = m->gpu;
+    HM_ASSERT(g && !m->ram);
+    int n_hot = 0;
+    const int32_t n_cold = split_units(m, mw, r, b, true, &n_hot);
+    hm_status st;
+    if (n_hot > 0 &&
+        (st = hm_cuda_moe(g->ctx, b->units, n_hot, mw->gate.type, mw->down.type, b->x_dev, r->n_tok, mw->n_embd,
+                          mw->n_ff, b->out_dev, b->scratch_dev, b->scratch_dev_size, err)) != HM_OK)
+        return st;
+    /* the CPU part, while the hot launch runs */
+    return cold_part(m, pool, mw, r, n_cold, b, scratch, err);
+}
+
+bool hm_moe_gpu_slot_table(const hm_model *m, const hm_moe_weights *mw, int32_t *seen, hm_cuda_moe_slot *slots,
+                           bool *all_hot, bool *any_hot) {
+    const hm_gpu *g = m->gpu;
+    HM_ASSERT(g);
+    const int32_t *smap = m->experts && gpu_computes(g, mw) ? hm_experts_slot_map(m->experts, mw->layer) : NULL;
+    const ptrdiff_t up_off = (const char *)mw->up.data - (const char *)mw->gate.data;
+    bool changed = false, all = true, any = false;
+    for (int32_t e = 0; e < mw->n_expert; e++) {
+        const int32_t slot = smap && smap[e] >= 0 ? smap[e] : -1;
+        if (slot >= 0) any = true;
+        else all = false;
+        if (slot == seen[e]) continue;
+        changed = true;
+        seen[e] = slot;
+        hm_cuda_moe_slot *sl = &slots[e];
+        if (slot < 0) {
+            sl->gate = sl->up = sl->down = NULL;
+            continue;
+        }
+        slot_parts(g, slot, up_off, &sl->gate, &sl->up, &sl->down);
+        HM_ASSERT(sl->gate && sl->up && sl->down);
+    }
+    *all_hot = all;
+    *any_hot = any;
+    return changed;
+}
+
+hm_status hm_moe_forward_gpu_dev(const hm_model *m, const hm_moe_weights *mw, const hm_cuda_moe_slot *slots_dev,
+                                 const int32_t *ids_dev, const float *w_dev, int64_t n_tok, int k,
+                                 const hm_moe_gpu_buf *b, hm_err *err) {
+    HM_ASSERT(m->gpu && !m->ram && mw->act == HM_MOE_ACT_SILU);
+    return hm_cuda_moe_dev(m->gpu->ctx, slots_dev, mw->gate.type, mw->down.type, ids_dev, w_dev, k, b->x_dev, n_tok,
+                           mw->n_embd, mw->n_ff, b->out_dev, b->scratch_dev, b->scratch_dev_size, err);
+}
+
+hm_status hm_moe_forward_gpu_cold(const hm_model *m, hm_pool *pool, const hm_moe_weights *mw, hm_moe_route *r,
+                                  const hm_moe_gpu_buf *b, hm_scratch *scratch, hm_err *err) {
+    HM_ASSERT(m->gpu && !m->ram);
+    int n_hot = 0;
+    const int32_t n_cold = split_units(m, mw, r, b, false, &n_hot);
+    return cold_part(m, pool, mw, r, n_cold, b, scratch, err);
 }

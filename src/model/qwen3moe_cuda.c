@@ -3,14 +3,22 @@
  * the cold ones by the CPU threads at the same time (moe.h, hm_moe_forward_gpu).
  *
  * The layer is qwen3moe.c's, op for op (see there). Per layer the device does rmsnorm, Q/K/V,
- * per-head norms, RoPE, the K/V write, attention, Wo, the residual add, the FFN norm, the router
- * matmul and softmax/top-k; then the layer's ONE host wait: the routing (ids + weights) and, when
- * some unit of the layer may be cold, the normed input come down to pinned buffers and the host
- * syncs. The host records the routing in the store, groups it by unit, queues the hot units'
- * grouped launch, computes the cold ones, and queues their sum's upload and add. The next layer's
- * ops are queued behind that without a wait. After the last layer, the output norm and matmul of
- * the wanted rows and the logits' download (a sync); without wanted logits, a plain sync: the
- * store refills slots between steps and no queued kernel may still read them then.
+ * the per-head norms + RoPE + K/V write (one fused launch), attention, Wo, the residual add + FFN
+ * norm (one fused launch), the router matmul and softmax/top-k. Then the MoE, two ways:
+ *   - prefill (n > 8): the layer's ONE host wait: the routing (ids + weights) and, when some unit
+ *     of the layer may be cold, the normed input come down to pinned buffers and the host syncs.
+ *     The host records the routing in the store, groups it by unit, queues the hot units' grouped
+ *     launch, computes the cold ones, and queues their sum's upload and add.
+ *   - decode (n <= 8): the hot units run from the router's device output through a per-layer
+ *     table of slot pointers (uploaded at step start when a slot map changed): no host staging.
+ *     A layer whose units are ALL hot has no host wait at all; another one downloads its routing
+ *     and input, records an event, queues the hot launch and waits for the event only (the GPU
+ *     computes the hot units while the host computes the cold ones). Every layer's routing stays
+ *     on the device and comes down in one copy at the end of the step, where it is recorded in
+ *     the store (it only counts; the session's step_end comes after forward).
+ * The next layer's ops are queued behind that without a wait. After the last layer, the output
+ * norm and matmul of the wanted rows and the logits' download (a sync); without wanted logits, a
+ * plain sync: the store refills slots between steps and no queued kernel may still read them then.
  *
  * Numerics (cuda_ops.h): batches of <= 8 rows take the exact-f32 matvec path (decode: the CPU's
  * results up to summation order); larger ones the bf16 tensor-core matmul (prefill: bf16
@@ -160,6 +168,17 @@ typedef struct q3_gstate {
     hm_cuda_moe_unit *units;  /* [n_expert] hot-unit work space, owned */
     uint8_t *all_hot;         /* [n_layer] per forward: the layer has no cold unit, owned */
     int32_t logit_rows;
+    /* decode (n <= HM_CUDA_MATVEC_MAX_TOK): the MoE routed on the device */
+    int32_t dec_cap;          /* min(U, HM_CUDA_MATVEC_MAX_TOK) */
+    size_t sel_stride;        /* 2 * dec_cap * k: one layer's ids then weights in sel_all */
+    int32_t *sel_all;         /* device [n_layer][sel_stride]: every layer's routing of the step */
+    int32_t *sel_all_h;       /* pinned [n_layer][sel_stride]: what comes down (record, cold units) */
+    hm_cuda_moe_slot *slots;  /* device [n_layer][n_expert]: the hot slices per expert (or NULL) */
+    hm_cuda_moe_slot *slots_h;/* pinned, what goes up into slots when a slot map changed */
+    int32_t *seen;            /* [n_layer][n_expert] the slot each entry of slots_h was built for, owned */
+    uint8_t *any_hot;         /* [n_layer] per decode forward: some unit of the layer is hot, owned */
+    int32_t *rec_n;           /* [n_layer] per decode forward: ids each layer routed (for the record) */
+    hm_cuda_event *routed;    /* a mixed layer's routing has come down, owned */
 } q3_gstate;
 
 void q3_gpu_state_close(q3_state *s) {
@@ -173,8 +192,12 @@ void q3_gpu_state_close(q3_state *s) {
         hm_cuda_free(g->c, g->scratch);
         hm_cuda_host_free(g->c, g->pin);
     }
+    hm_cuda_event_destroy(g->routed);
     free(g->units);
     free(g->all_hot);
+    free(g->seen);
+    free(g->any_hot);
+    free(g->rec_n);
     free(g);
     s->g = NULL;
 }
@@ -220,6 +243,10 @@ hm_status q3_gpu_state_open(const hm_model *m, const hm_state_opts *o, q3_state 
     const size_t nq = (size_t)q->n_head * hd, nkv = (size_t)q->n_head_kv * hd, K = (size_t)q->n_expert_used;
     const size_t V = (size_t)q->n_vocab;
     g->logit_rows = o->n_ubatch < Q3_LOGIT_ROWS ? o->n_ubatch : Q3_LOGIT_ROWS;
+    g->dec_cap = o->n_ubatch < HM_CUDA_MATVEC_MAX_TOK ? o->n_ubatch : HM_CUDA_MATVEC_MAX_TOK;
+    g->sel_stride = 2 * (size_t)g->dec_cap * K;
+    const size_t NL = (size_t)q->n_layer, NE = (size_t)q->n_expert;
+    const size_t slot_words = NL * NE * sizeof(hm_cuda_moe_slot) / 4;
 
     /* the KV cache */
     s->kv_elem_size = 2;
@@ -236,7 +263,7 @@ hm_status q3_gpu_state_open(const hm_model *m, const hm_state_opts *o, q3_state 
     /* activations: one device block */
     {
         const size_t el[] = {U * E, U * E, U * nq, U * nkv, U * nkv, U * nq, U * (size_t)q->n_expert, 2 * U * K,
-                             U * E, (size_t)g->logit_rows * V, 3 * U};
+                             U * E, (size_t)g->logit_rows * V, 3 * U, NL * g->sel_stride, slot_words};
         size_t off[sizeof el / sizeof el[0]];
         const size_t bytes = layout(el, off, sizeof el / sizeof el[0]);
         if ((st = dev_alloc(c, bytes, &g->dev, "activations", err)) != HM_OK) goto fail;
@@ -252,16 +279,19 @@ hm_status q3_gpu_state_open(const hm_model *m, const hm_state_opts *o, q3_state 
         g->cold = (float *)(b + off[8]);
         g->logits = (float *)(b + off[9]);
         g->ints = (int32_t *)(b + off[10]);
+        g->sel_all = (int32_t *)(b + off[11]);
+        g->slots = (hm_cuda_moe_slot *)(b + off[12]);
     }
     /* scratch: attention and the grouped MoE run one after the other on one stream */
     g->scratch_size = max_sz(hm_cuda_attention_scratch_size(c, (int64_t)U, o->n_ctx, q->n_head, q->n_head_kv,
                                                             q->head_dim),
                              hm_cuda_moe_scratch_size((int64_t)U, (int64_t)(U * K), q->n_expert, q->n_ff_exp));
+    g->scratch_size = max_sz(g->scratch_size, hm_cuda_moe_dev_scratch_size(g->dec_cap, q->n_expert_used, q->n_ff_exp));
     if ((st = dev_alloc(c, g->scratch_size, &g->scratch, "attention/MoE scratch", err)) != HM_OK) goto fail;
 
     /* pinned host buffers: everything that crosses the bus */
     {
-        const size_t el[] = {3 * U, 2 * U * K, U * E, U * E};
+        const size_t el[] = {3 * U, 2 * U * K, U * E, U * E, NL * g->sel_stride, slot_words};
         size_t off[sizeof el / sizeof el[0]];
         const size_t bytes = layout(el, off, sizeof el / sizeof el[0]);
         hm_err e;
@@ -275,12 +305,26 @@ hm_status q3_gpu_state_open(const hm_model *m, const hm_state_opts *o, q3_state 
         g->sel_h = (int32_t *)(b + off[1]);
         g->h_h = (float *)(b + off[2]);
         g->cold_h = (float *)(b + off[3]);
+        g->sel_all_h = (int32_t *)(b + off[4]);
+        g->slots_h = (hm_cuda_moe_slot *)(b + off[5]);
     }
     g->units = calloc((size_t)q->n_expert, sizeof *g->units);
     g->all_hot = calloc((size_t)q->n_layer, 1);
-    if (!g->units || !g->all_hot) {
+    g->any_hot = calloc((size_t)q->n_layer, 1);
+    g->rec_n = calloc((size_t)q->n_layer, sizeof *g->rec_n);
+    g->seen = malloc(NL * NE * sizeof *g->seen);
+    if (!g->units || !g->all_hot || !g->any_hot || !g->rec_n || !g->seen) {
         st = hm_errf(err, HM_ERR_NOMEM, "out of memory");
         goto fail;
+    }
+
+    for (size_t i = 0; i < NL * NE; i++) g->seen[i] = -2; /* no entry of slots_h built yet */
+    {
+        hm_err e;
+        if (hm_cuda_event_create(c, &g->routed, &e) != HM_OK) {
+            st = hm_errf(err, HM_ERR_CUDA, "gpu: %s", e.msg);
+            goto fail;
+        }
     }
 
     /* the CPU part: the route and the scratch of its MoE op */
@@ -303,6 +347,14 @@ fail:
         if ((st = (call)) != HM_OK) goto fail;     \
     } while (0)
 
+/* Decode: the usage counts of layers 0..n_rec-1 from their routing (downloaded, synced). They
+ * only count, so after the step is as good as per layer: the session's step_end comes later. */
+static void record_routing(const hm_model *m, const q3_gstate *g, int32_t n_rec) {
+    if (!m->experts) return;
+    for (int32_t il = 0; il < n_rec; il++)
+        hm_experts_record(m->experts, il, g->sel_all_h + (size_t)il * g->sel_stride, g->rec_n[il]);
+}
+
 hm_status q3_gpu_forward(const hm_model *m, q3_state *s, hm_pool *pool, const hm_fwd_batch *b, hm_err *err) {
     const q3_model *q = m->impl;
     const q3_gpu *d = m->gpu->arch;
@@ -321,8 +373,27 @@ hm_status q3_gpu_forward(const hm_model *m, q3_state *s, hm_pool *pool, const hm
     memcpy(g->ints_h + U, b->pos, (size_t)n * sizeof(int32_t));
     for (int64_t i = 0; i < n_out; i++) g->ints_h[2 * U + i] = b->pos[b->out_rows[i]];
     CK(hm_cuda_upload_compute(c, g->ints, g->ints_h, (size_t)(3 * U) * sizeof(int32_t), err));
-    /* which layers have no cold unit this step (the slot map changes only between steps) */
-    for (int32_t il = 0; il < q->n_layer; il++) g->all_hot[il] = hm_moe_gpu_all_hot(m, &q->layers[il].moe);
+    /* which layers have no cold unit this step (the slot map changes only between steps); for
+     * decode also the device's slot table, uploaded when a slot map changed (the previous step
+     * ended with a sync, so nothing queued still reads it) */
+    const bool dec = n <= HM_CUDA_MATVEC_MAX_TOK && n <= g->dec_cap;
+    if (dec) {
+        const size_t NE = (size_t)q->n_expert;
+        bool changed = false;
+        for (int32_t il = 0; il < q->n_layer; il++) {
+            bool all = false, any = false;
+            changed |= hm_moe_gpu_slot_table(m, &q->layers[il].moe, g->seen + (size_t)il * NE,
+                                             g->slots_h + (size_t)il * NE, &all, &any);
+            g->all_hot[il] = all;
+            g->any_hot[il] = any;
+        }
+        if (changed)
+            CK(hm_cuda_upload_compute(c, g->slots, g->slots_h, (size_t)q->n_layer * NE * sizeof(hm_cuda_moe_slot),
+                                      err));
+    } else {
+        for (int32_t il = 0; il < q->n_layer; il++) g->all_hot[il] = hm_moe_gpu_all_hot(m, &q->layers[il].moe);
+    }
+    int32_t n_rec = 0; /* decode: layers whose routing is recorded after the step */
 
     CK(hm_cuda_get_rows(c, &d->tok_embd, tok_d, n, g->x, err));
     int64_t nr = n;                /* rows carried through the layer (all but in the last layer) */
@@ -339,11 +410,9 @@ hm_status q3_gpu_forward(const hm_model *m, q3_state *s, hm_pool *pool, const hm
         CK(hm_cuda_matmul(c, &D->wq, g->h, n, g->q, err));
         CK(hm_cuda_matmul(c, &D->wk, g->h, n, g->k, err));
         CK(hm_cuda_matmul(c, &D->wv, g->h, n, g->v, err));
-        CK(hm_cuda_rmsnorm_heads(c, g->q, D->q_norm, n, nh, hd, q->eps, err));
-        CK(hm_cuda_rmsnorm_heads(c, g->k, D->k_norm, n, nkv, hd, q->eps, err));
-        CK(hm_cuda_rope_neox(c, g->q, n, nh, hd, q->n_rot, pos_d, q->theta, err));
-        CK(hm_cuda_rope_neox(c, g->k, n, nkv, hd, q->n_rot, pos_d, q->theta, err));
-        CK(hm_cuda_kv_write(c, kc, vc, s->n_ctx, nkv, hd, g->k, g->v, n, pos_d, err));
+        /* per-head norms, RoPE of q and k, the K/V write: one launch */
+        CK(hm_cuda_qk_norm_rope_kv(c, g->q, g->k, g->v, D->q_norm, D->k_norm, n, nh, nkv, hd, q->n_rot, pos_d,
+                                   q->theta, q->eps, kc, vc, s->n_ctx, err));
 
         if (il == q->n_layer - 1 && n_out < n) {
             /* last layer: only the wanted rows go on (as the CPU's compaction; out_rows ascend,
@@ -366,12 +435,41 @@ hm_status q3_gpu_forward(const hm_model *m, q3_state *s, hm_pool *pool, const hm
         CK(hm_cuda_attention(c, g->q, nr, pos, kv_len, kc, vc, s->n_ctx, nh, nkv, hd, scale, g->att, g->scratch,
                              g->scratch_size, err));
         CK(hm_cuda_matmul(c, &D->wo, g->att, nr, g->h, err));
-        CK(hm_cuda_add(c, g->x, g->h, g->x, nr * E, err));
 
-        /* MoE block: route on the device, the routing (and the input for the CPU part) down */
-        CK(hm_cuda_rmsnorm(c, g->x, D->ffn_norm, g->h, nr, E, q->eps, err));
+        /* MoE block: the residual add and the FFN norm in one launch, route on the device */
+        CK(hm_cuda_add_rmsnorm(c, g->x, g->h, D->ffn_norm, g->h, nr, E, q->eps, err));
         CK(hm_cuda_matmul(c, &D->router, g->h, nr, g->rlog, err));
         const size_t nk = (size_t)nr * (size_t)K;
+        const hm_moe_gpu_buf mb = {.x_dev = g->h,
+                                   .x_host = g->all_hot[il] ? NULL : g->h_h,
+                                   .out_dev = g->x,
+                                   .cold_host = g->cold_h,
+                                   .cold_dev = g->cold,
+                                   .scratch_dev = g->scratch,
+                                   .scratch_dev_size = g->scratch_size,
+                                   .units = g->units};
+        if (dec) {
+            /* the hot units straight from the device routing; a host round trip only when the
+             * layer may have cold units, and then the hot launch runs while the host computes */
+            int32_t *ids_d = g->sel_all + (size_t)il * g->sel_stride, *ids_h = g->sel_all_h + (size_t)il * g->sel_stride;
+            CK(hm_cuda_router(c, g->rlog, nr, q->n_expert, K, true, ids_d, (float *)(ids_d + nk), err));
+            g->rec_n[il] = (int32_t)nk;
+            n_rec = il + 1;
+            if (!g->all_hot[il]) {
+                CK(hm_cuda_download_async(c, ids_h, ids_d, 2 * nk * sizeof(int32_t), err));
+                CK(hm_cuda_download_async(c, g->h_h, g->h, (size_t)(nr * E) * sizeof(float), err));
+                CK(hm_cuda_event_record(c, g->routed, false, err));
+            }
+            if (g->any_hot[il])
+                CK(hm_moe_forward_gpu_dev(m, &L->moe, g->slots + (size_t)il * (size_t)q->n_expert, ids_d,
+                                          (const float *)(ids_d + nk), nr, K, &mb, err));
+            if (!g->all_hot[il]) {
+                CK(hm_cuda_event_wait(g->routed, err)); /* the layer's one wait */
+                hm_moe_route_build(&s->route, ids_h, (const float *)(ids_h + nk), (int32_t)nr);
+                CK(hm_moe_forward_gpu_cold(m, pool, &L->moe, &s->route, &mb, &s->scratch, err));
+            }
+            continue;
+        }
         CK(hm_cuda_router(c, g->rlog, nr, q->n_expert, K, true, g->sel, (float *)(g->sel + nk), err));
         CK(hm_cuda_download_async(c, g->sel_h, g->sel, 2 * nk * sizeof(int32_t), err));
         if (!g->all_hot[il]) CK(hm_cuda_download_async(c, g->h_h, g->h, (size_t)(nr * E) * sizeof(float), err));
@@ -381,17 +479,15 @@ hm_status q3_gpu_forward(const hm_model *m, q3_state *s, hm_pool *pool, const hm
         /* usage counts: the units this layer computes (only the wanted rows in the last layer) */
         if (m->experts) hm_experts_record(m->experts, il, ids, (int32_t)nk);
         hm_moe_route_build(&s->route, ids, wts, (int32_t)nr);
-        const hm_moe_gpu_buf mb = {.x_dev = g->h,
-                                   .x_host = g->all_hot[il] ? NULL : g->h_h,
-                                   .out_dev = g->x,
-                                   .cold_host = g->cold_h,
-                                   .cold_dev = g->cold,
-                                   .scratch_dev = g->scratch,
-                                   .scratch_dev_size = g->scratch_size,
-                                   .units = g->units};
         CK(hm_moe_forward_gpu(m, pool, &L->moe, &s->route, &mb, &s->scratch, err));
     }
-    if (done_early || n_out == 0) return hm_cuda_sync(c, err); /* nothing may still read a slot */
+    /* decode: every layer's routing comes down in one copy, recorded once the step's work is done */
+    if (n_rec > 0) CK(hm_cuda_download_async(c, g->sel_all_h, g->sel_all, (size_t)n_rec * g->sel_stride * sizeof(int32_t), err));
+    if (done_early || n_out == 0) {
+        CK(hm_cuda_sync(c, err)); /* nothing may still read a slot */
+        record_routing(m, g, n_rec);
+        return HM_OK;
+    }
     /* x rows 0..n_out-1 are the wanted rows now (compacted above, or all rows in order) */
     HM_ASSERT(nr == n_out && b->logits);
     CK(hm_cuda_rmsnorm(c, g->x, d->output_norm, g->h, n_out, E, q->eps, err));
@@ -402,6 +498,7 @@ hm_status q3_gpu_forward(const hm_model *m, q3_state *s, hm_pool *pool, const hm
         /* waits for the queued work (the last chunk's wait ends the step's device work) */
         CK(hm_cuda_download(c, b->logits + (size_t)r0 * V, g->logits, (size_t)nc * V * sizeof(float), err));
     }
+    record_routing(m, g, n_rec);
     return HM_OK;
 fail: {
     hm_err e; /* best effort: nothing queued may outlive the step (the store refills slots next) */

@@ -231,3 +231,90 @@ hm_status hm_cuda_moe(hm_cuda_ctx *c, const hm_cuda_moe_unit *units, int n_units
     HM_CU_LAUNCH("moe");
     return HM_OK;
 }
+
+/* ---- the device-routed variant (decode): ids and weights read on the device ----
+ * Launch A, grid (n_ff / 4 rows, pair p = t * k + j): expert ids[p]'s slot (NULL gate = cold:
+ *   the block returns) gives h[p][r] = silu(gate_r . x_t) * (up_r . x_t).
+ * Launch B, grid (n_embd / 4 rows, token t): out[t][r] += sum over j < k in j order of
+ *   weights[p] * (down_r . h[p]) over the hot pairs. One writer per element, fixed order. */
+
+template <int T>
+__global__ void __launch_bounds__(128) k_moed_gate_up(const hm_cuda_moe_slot *__restrict__ slots,
+                                                      const int32_t *__restrict__ ids, int k,
+                                                      const float *__restrict__ x, int64_t n_embd,
+                                                      int64_t n_ff, size_t nb1, float *__restrict__ h) {
+    const int lane = threadIdx.x & 31;
+    const int64_t r = (int64_t)blockIdx.x * 4 + (threadIdx.x >> 5);
+    if (r >= n_ff) return;
+    const int64_t p = blockIdx.y;
+    const hm_cuda_moe_slot s = slots[ids[p]];
+    if (!s.gate) return;
+    const float *xs[1] = {x + (p / k) * n_embd};
+    float g[1] = {0.0f}, u[1] = {0.0f};
+    warp_row_dot<T, 1>((const uint8_t *)s.gate + r * nb1, n_embd / 8, xs, g, lane);
+    warp_row_dot<T, 1>((const uint8_t *)s.up + r * nb1, n_embd / 8, xs, u, lane);
+    const float gs = warp_sum(g[0]), us = warp_sum(u[0]);
+    if (lane == 0) h[p * n_ff + r] = silu(gs) * us;
+}
+
+template <int T>
+__global__ void __launch_bounds__(128) k_moed_down(const hm_cuda_moe_slot *__restrict__ slots,
+                                                   const int32_t *__restrict__ ids,
+                                                   const float *__restrict__ weights, int k,
+                                                   const float *__restrict__ h, int64_t n_embd,
+                                                   int64_t n_ff, size_t nb1, float *__restrict__ out) {
+    const int lane = threadIdx.x & 31;
+    const int64_t r = (int64_t)blockIdx.x * 4 + (threadIdx.x >> 5);
+    const int64_t t = blockIdx.y;
+    if (r >= n_embd) return;
+    float acc = 0.0f;
+    bool any = false;
+    for (int j = 0; j < k; j++) {
+        const int64_t p = t * k + j;
+        const uint8_t *down = (const uint8_t *)slots[ids[p]].down;
+        if (!down) continue;
+        const float *xs[1] = {h + p * n_ff};
+        float d[1] = {0.0f};
+        warp_row_dot<T, 1>(down + r * nb1, n_ff / 8, xs, d, lane);
+        acc = fmaf(weights[p], d[0], acc);
+        any = true;
+    }
+    if (!any) return;
+    acc = warp_sum(acc);
+    if (lane == 0) out[t * n_embd + r] += acc;
+}
+
+size_t hm_cuda_moe_dev_scratch_size(int64_t n_tok, int k, int64_t n_ff) {
+    return (size_t)n_tok * (size_t)k * (size_t)n_ff * sizeof(float);
+}
+
+hm_status hm_cuda_moe_dev(hm_cuda_ctx *c, const hm_cuda_moe_slot *slots, int gate_type, int down_type,
+                          const int32_t *ids, const float *weights, int k, const float *x, int64_t n_tok,
+                          int64_t n_embd, int64_t n_ff, float *out, void *scratch, size_t scratch_size,
+                          hm_err *err) {
+    HM_CU_ARG(slots && ids && weights && x && out && scratch && k >= 1 && n_tok >= 0);
+    HM_CU_ARG(n_tok * k <= 65535);
+    if (!hm_cuda_type_ok(gate_type) || !hm_cuda_type_ok(down_type))
+        return hm_errf(err, HM_ERR_UNSUPPORTED, "cuda moe: types %s / %s", hm_type_name(gate_type),
+                       hm_type_name(down_type));
+    HM_CU_ARG(n_embd > 0 && n_ff > 0 && n_embd % 256 == 0 && n_ff % 256 == 0);
+    HM_CU_ARG(scratch_size >= hm_cuda_moe_dev_scratch_size(n_tok, k, n_ff));
+    if (!n_tok) return HM_OK;
+    float *h = (float *)scratch;
+    const dim3 ga(hm_cu_blocks(n_ff, 4), (unsigned)(n_tok * k)), gb(hm_cu_blocks(n_embd, 4), (unsigned)n_tok);
+    switch (gate_type) {
+#define HM_MDG_CASE(T) case T: k_moed_gate_up<T><<<ga, 128, 0, c->compute>>>(slots, ids, k, x, n_embd, n_ff, hm_row_size(T, n_embd), h); break;
+        HM_CUDA_FOR_TYPES(HM_MDG_CASE)
+#undef HM_MDG_CASE
+    default: return hm_errf(err, HM_ERR_UNSUPPORTED, "cuda moe: gate type %d", gate_type);
+    }
+    HM_CU_LAUNCH("moe_dev gate_up");
+    switch (down_type) {
+#define HM_MDD_CASE(T) case T: k_moed_down<T><<<gb, 128, 0, c->compute>>>(slots, ids, weights, k, h, n_embd, n_ff, hm_row_size(T, n_ff), out); break;
+        HM_CUDA_FOR_TYPES(HM_MDD_CASE)
+#undef HM_MDD_CASE
+    default: return hm_errf(err, HM_ERR_UNSUPPORTED, "cuda moe: down type %d", down_type);
+    }
+    HM_CU_LAUNCH("moe_dev down");
+    return HM_OK;
+}

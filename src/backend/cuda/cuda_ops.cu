@@ -308,3 +308,97 @@ hm_status hm_cuda_kv_write(hm_cuda_ctx *c, uint16_t *k_cache, uint16_t *v_cache,
     HM_CU_LAUNCH("kv_write");
     return HM_OK;
 }
+
+/* ---- fused decode ops (one launch for what took several) ---- */
+
+/* x[r] += h[r]; out[r] = rmsnorm(x[r]) * w. A thread reads h[i] and writes x[i] and out[i] for the
+ * same i, so out may alias h. */
+__global__ void k_add_rmsnorm(float *x, const float *h, const float *w, float *out, int64_t n, float eps) {
+    __shared__ float sh[32];
+    float *xr = x + (int64_t)blockIdx.x * n;
+    const float *hr = h + (int64_t)blockIdx.x * n;
+    float *orow = out + (int64_t)blockIdx.x * n;
+    float ss = 0.0f;
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+        const float v = xr[i] + hr[i];
+        xr[i] = v;
+        ss += v * v;
+    }
+    ss = block_sum(ss, sh);
+    const float scale = 1.0f / sqrtf(ss / (float)n + eps);
+    for (int64_t i = threadIdx.x; i < n; i += blockDim.x) orow[i] = w ? xr[i] * scale * w[i] : xr[i] * scale;
+}
+
+hm_status hm_cuda_add_rmsnorm(hm_cuda_ctx *c, float *x, const float *h, const float *w, float *out,
+                              int64_t n_rows, int64_t n, float eps, hm_err *err) {
+    HM_CU_ARG(x && h && out && n > 0 && n_rows >= 0 && n_rows < (1ll << 31));
+    if (!n_rows) return HM_OK;
+    k_add_rmsnorm<<<(unsigned)n_rows, 256, 0, c->compute>>>(x, h, w, out, n, eps);
+    HM_CU_LAUNCH("add_rmsnorm");
+    return HM_OK;
+}
+
+/* One warp per (token, head) of q's n_head then k's n_kv_head heads: the head's RMSNorm, RoPE NEOX
+ * (the same expressions as k_rmsnorm_heads and k_rope_neox, so the results are theirs), and for a
+ * k head the K and V rows into the cache. The head goes through shared memory between the norm
+ * and the rotation (a lane rotates pairs it did not normalise). */
+__global__ void __launch_bounds__(128) k_qk_norm_rope_kv(float *q, float *k, const float *v, const float *q_norm,
+                                                         const float *k_norm, int64_t n_tok, int n_head,
+                                                         int n_kv_head, int head_dim, int n_rot,
+                                                         const int32_t *pos, double theta_base, float eps,
+                                                         uint16_t *kc, uint16_t *vc, int64_t n_ctx) {
+    __shared__ float sh[4][256];
+    const int lane = threadIdx.x & 31, wi = threadIdx.x >> 5;
+    const int nhh = n_head + n_kv_head;
+    const int64_t s = (int64_t)blockIdx.x * 4 + wi;
+    if (s >= n_tok * nhh) return;
+    const int64_t t = s / nhh;
+    const int hh = (int)(s % nhh);
+    const bool is_k = hh >= n_head;
+    const int h = is_k ? hh - n_head : hh;
+    float *p = is_k ? k + (t * n_kv_head + h) * head_dim : q + (t * n_head + h) * head_dim;
+    const float *w = is_k ? k_norm : q_norm;
+    float *m = sh[wi];
+    float ss = 0.0f;
+    for (int i = lane; i < head_dim; i += 32) ss += p[i] * p[i];
+    ss = warp_sum(ss);
+    const float scale = 1.0f / sqrtf(ss / (float)head_dim + eps);
+    for (int i = lane; i < head_dim; i += 32) m[i] = w ? p[i] * scale * w[i] : p[i] * scale;
+    __syncwarp();
+    const int half = n_rot / 2;
+    for (int i = lane; i < half; i += 32) {
+        const double a = (double)pos[t] * pow(theta_base, -2.0 * i / n_rot);
+        double sd, cd;
+        sincos(a, &sd, &cd);
+        const float cs = (float)cd, sn = (float)sd;
+        const float x0 = m[i], x1 = m[i + half];
+        m[i] = x0 * cs - x1 * sn;
+        m[i + half] = x0 * sn + x1 * cs;
+    }
+    __syncwarp();
+    for (int i = lane; i < head_dim; i += 32) p[i] = m[i];
+    if (!is_k) return;
+    const int64_t dst = ((int64_t)h * n_ctx + pos[t]) * head_dim;
+    const float *vr = v + (t * n_kv_head + h) * head_dim;
+    for (int i = lane; i < head_dim; i += 32) {
+        kc[dst + i] = __half_as_ushort(__float2half_rn(m[i]));
+        vc[dst + i] = __half_as_ushort(__float2half_rn(vr[i]));
+    }
+}
+
+hm_status hm_cuda_qk_norm_rope_kv(hm_cuda_ctx *c, float *q, float *k, const float *v, const float *q_norm,
+                                  const float *k_norm, int64_t n_tok, int n_head, int n_kv_head,
+                                  int head_dim, int n_rot, const int32_t *pos, float theta_base, float eps,
+                                  uint16_t *k_cache, uint16_t *v_cache, int64_t n_ctx, hm_err *err) {
+    HM_CU_ARG(q && k && v && pos && k_cache && v_cache && n_head > 0 && n_kv_head > 0 && n_ctx > 0);
+    HM_CU_ARG(head_dim > 0 && head_dim <= 256 && n_rot > 0 && n_rot % 2 == 0 && n_rot <= head_dim);
+    HM_CU_ARG(n_tok >= 0 && n_tok < (1ll << 24));
+    const int64_t n_seg = n_tok * (n_head + n_kv_head);
+    if (!n_seg) return HM_OK;
+    k_qk_norm_rope_kv<<<hm_cu_blocks(n_seg, 4), 128, 0, c->compute>>>(q, k, v, q_norm, k_norm, n_tok, n_head,
+                                                                     n_kv_head, head_dim, n_rot, pos,
+                                                                     (double)theta_base, eps, k_cache, v_cache,
+                                                                     n_ctx);
+    HM_CU_LAUNCH("qk_norm_rope_kv");
+    return HM_OK;
+}

@@ -150,6 +150,26 @@ hm_status hm_cuda_moe(hm_cuda_ctx *c, const hm_cuda_moe_unit *units, int n_units
                       int down_type, const float *x, int64_t n_batch, int64_t n_embd, int64_t n_ff,
                       float *out, void *scratch, size_t scratch_size, hm_err *err);
 
+/* The device-routed variant for decode (no host staging, no host wait before it): the routing
+ * is read on the device, straight from the router's output.
+ * slots: device [n_expert], expert e's slices in VRAM, or all NULL when e is not resident (COLD:
+ * its pairs are skipped here; the caller computes them elsewhere). gate, up: n_ff dense rows of
+ * n_embd (gate_type); down: n_embd dense rows of n_ff (down_type). Borrowed.
+ *   ids, weights: device [n_tok, k] (hm_cuda_router's output);  x: [n_tok, n_embd];
+ *   out: [n_tok, n_embd], out[t] += sum over t's hot pairs j (in j order) of
+ *   weights[t][j] * down(silu(gate x_t) * up x_t).
+ * Two launches (gate+up+SwiGLU over (pair, row), down + the weighted sum over (token, row)); no
+ * atomics, deterministic. A pair's weights are read once per pair: right for n_tok <= 8.
+ * scratch: hm_cuda_moe_dev_scratch_size bytes (h: [n_tok * k, n_ff]). */
+typedef struct hm_cuda_moe_slot {
+    const void *gate, *up, *down;
+} hm_cuda_moe_slot;
+size_t hm_cuda_moe_dev_scratch_size(int64_t n_tok, int k, int64_t n_ff);
+hm_status hm_cuda_moe_dev(hm_cuda_ctx *c, const hm_cuda_moe_slot *slots, int gate_type, int down_type,
+                          const int32_t *ids, const float *weights, int k, const float *x, int64_t n_tok,
+                          int64_t n_embd, int64_t n_ff, float *out, void *scratch, size_t scratch_size,
+                          hm_err *err);
+
 /* Router: per token p = softmax(logits[t]), the k largest (ties: lower id first; ids in descending
  * p), weights = their p, divided by their sum when renorm. n_expert <= 1024, k <= 32.
  *   logits: [n_tok, n_expert];  ids, weights: [n_tok, k]. */
@@ -201,6 +221,18 @@ hm_status hm_cuda_swiglu(hm_cuda_ctx *c, const float *gate, const float *up, flo
                          int64_t n, hm_err *err);
 /* Row softmax in place with max subtraction: x: [n_rows, n]. */
 hm_status hm_cuda_softmax(hm_cuda_ctx *c, float *x, int64_t n_rows, int64_t n, hm_err *err);
+/* Fused for decode: x[r] += h[r] (in place), then out[r] = rmsnorm(x[r]) * w (NULL w = ones):
+ * hm_cuda_add then hm_cuda_rmsnorm in one launch, the same results. out may alias h. */
+hm_status hm_cuda_add_rmsnorm(hm_cuda_ctx *c, float *x, const float *h, const float *w, float *out,
+                              int64_t n_rows, int64_t n, float eps, hm_err *err);
+/* Fused for decode: hm_cuda_rmsnorm_heads of q (q_norm) and k (k_norm), hm_cuda_rope_neox of both,
+ * then hm_cuda_kv_write of k and v, in one launch with the same results (q and k are left normed
+ * and rotated in place, as those ops leave them). head_dim <= 256.
+ *   q: [n_tok, n_head * head_dim];  k, v: [n_tok, n_kv_head * head_dim];  pos: device [n_tok]. */
+hm_status hm_cuda_qk_norm_rope_kv(hm_cuda_ctx *c, float *q, float *k, const float *v, const float *q_norm,
+                                  const float *k_norm, int64_t n_tok, int n_head, int n_kv_head,
+                                  int head_dim, int n_rot, const int32_t *pos, float theta_base, float eps,
+                                  uint16_t *k_cache, uint16_t *v_cache, int64_t n_ctx, hm_err *err);
 /* Embedding lookup: out[i] = dequant(table row ids[i]); ids: device int32 in [0, table->ne1). */
 hm_status hm_cuda_get_rows(hm_cuda_ctx *c, const hm_cuda_mat *table, const int32_t *ids,
                            int64_t n_ids, float *out, hm_err *err);
