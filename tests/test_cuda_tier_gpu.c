@@ -8,13 +8,23 @@
  *  - errors: a slot out of range, a unit larger than a slot (the slot keeps its unit), bad options;
  *  - a small staging ring (pieces of 64 KiB): units larger than one buffer and than the whole
  *    ring, many fills in a row while the ring wraps, ready() true after wait;
+ *  - asynchronous fills (the copier thread): 160 fills queued back to back through a FIFO of 8
+ *    (fill blocks while it is full) into 24 slots, each slot filled several times: after wait every
+ *    slot holds its latest unit; a slot filled three times quickly (18 MB, 12 MB, 6 KB) is ready
+ *    only with the last unit's bytes, and a landed slot filled again is never ready with the old
+ *    bytes (checked the moment ready() says true); ready() right after a big fill is printed, not
+ *    asserted (timing); closing pools with 400 fills queued does not hang and frees the device
+ *    memory;
  *  - 0 slots is a valid pool; asking for 4x the free device memory gives a smaller pool that
  *    works (fills at its first, middle and last slot) and frees everything at close;
  *  - end to end: a small GGUF written here (random f32 experts: a gate/up/down layer, a dense
  *    layer, a gate_up layer), an expert store with this pool as its hot tier (static placement,
- *    then lru swaps): after hm_vram_tier_wait + hm_experts_land every HOT unit's parts
- *    (hm_experts_where) equal the file's bytes.
- * Prints the fill bandwidth of 1.7 MB units from pageable memory (HM_NO_BENCH=1 skips it).
+ *    then lru swaps landed by polling hm_experts_land without a wait, then an lru step whose
+ *    fills are still queued when policy none evicts them and static re-places into the same
+ *    slots): every HOT unit's parts (hm_experts_where) equal the file's bytes, also while other
+ *    fills are still in flight.
+ * Prints the fill bandwidth of 1.7 MB units from pageable memory and the engine's time inside fill
+ * (HM_NO_BENCH=1 skips it).
  * Exits 77 ("skipped: no GPU") where there is no CUDA device. */
 #include <stdint.h>
 #include <string.h>
@@ -286,6 +296,145 @@ static void test_ring(void) {
     free(u);
 }
 
+/* ---- asynchronous fills: the copier thread ---- */
+
+/* Poll ready(slot) for up to 10 s (the copier has to get there; nothing else is asserted about
+ * time). Returns whether it became ready. */
+static bool poll_ready(const hm_tier *h, int32_t slot) {
+    double t0 = now_s();
+    while (!h->ready(h->ctx, slot)) {
+        if (now_s() - t0 > 10) return false;
+        usleep(50);
+    }
+    return true;
+}
+
+/* Many fills queued back to back into a small FIFO (fill blocks while it is full), slots filled
+ * several times over: after wait every slot holds its latest unit exactly. */
+static void test_async_many(void) {
+    enum { N_SLOTS = 24, N_FILL = 160 };
+    const uint64_t slot_bytes = 3 * r256(400000);
+    hm_vram_tier *t = NULL;
+    hm_vram_tier_opts o = {.n_slots = N_SLOTS, .slot_bytes = slot_bytes, .staging_bytes = 4 << 20, .max_queued = 8};
+    CK(hm_vram_tier_open(&t, ctx, &o, &err));
+    CHECK(hm_vram_tier_n_slots(t) == N_SLOTS);
+    hm_tier h;
+    hm_vram_tier_as_hot(t, &h);
+    hunit *u = xmalloc(N_FILL * sizeof *u);
+    int last[N_SLOTS];
+    uint64_t total = 0;
+    int not_ready = 0;
+    for (int i = 0; i < N_FILL; i++) {
+        uint64_t b[HM_UNIT_NPART] = {0, 0, 0, 0};
+        if (i % 4 == 0) {
+            b[HM_UNIT_GATE_UP] = 1 + rnd() % 800000;
+            b[HM_UNIT_DOWN] = 1 + rnd() % 400000;
+        } else {
+            b[0] = b[1] = b[2] = 1 + rnd() % 400000;
+        }
+        hunit_make(&u[i], i % 5, i, b);
+        total += image_bytes(&u[i].r);
+    }
+    double t0 = now_s();
+    for (int i = 0; i < N_FILL; i++) {
+        int32_t slot = (int32_t)((i * 7) % N_SLOTS);
+        CK(h.fill(h.ctx, &u[i].r, slot, &err));
+        last[slot] = i;
+        not_ready += !h.ready(h.ctx, slot);
+    }
+    double t_queue = now_s() - t0;
+    CK(hm_vram_tier_wait(t, &err));
+    hm_vram_tier_stats st;
+    hm_vram_tier_get_stats(t, &st);
+    printf("async: %d fills (%.1f MB) queued in %.3f s, landed in %.3f s; ready false right after fill %d times; "
+           "%llu dropped as overtaken\n", N_FILL, (double)total / 1e6, t_queue, now_s() - t0, not_ready,
+           (unsigned long long)st.skipped);
+    for (int32_t s = 0; s < N_SLOTS; s++) {
+        CHECKF(h.ready(h.ctx, s), "slot %d not ready after wait", s);
+        char what[64];
+        snprintf(what, sizeof what, "async fill %d", last[s]);
+        check_slot(&h, s, &u[last[s]].r, what);
+    }
+    CHECK(st.fills == N_FILL && st.fill_bytes == total && st.queued == 0);
+    CHECK(st.skipped < N_FILL);
+    hm_vram_tier_close(t);
+    for (int i = 0; i < N_FILL; i++) hunit_free(&u[i]);
+    free(u);
+}
+
+/* A slot filled again before its earlier fill landed: ready() only once the latest copy landed,
+ * and then the bytes are the latest unit's. Also: a landed slot filled again is not ready with
+ * the old fill's event (checked by reading the bytes the moment ready() says true). */
+static void test_async_refill(void) {
+    const uint64_t big_b[HM_UNIT_NPART] = {6000000, 6000000, 6000000, 0};  /* 18 MB: takes the copier a while */
+    const uint64_t mid_b[HM_UNIT_NPART] = {0, 0, 3000000, 9000000};
+    const uint64_t small_b[HM_UNIT_NPART] = {1000, 2000, 3000, 0};
+    hunit A, B, C;
+    hunit_make(&A, 0, 0, big_b);
+    hunit_make(&B, 0, 1, mid_b);
+    hunit_make(&C, 0, 2, small_b);
+    hm_vram_tier *t = NULL;
+    hm_vram_tier_opts o = {.n_slots = 4, .slot_bytes = 3 * r256(6000000)};
+    CK(hm_vram_tier_open(&t, ctx, &o, &err));
+    hm_tier h;
+    hm_vram_tier_as_hot(t, &h);
+    int early = 0;
+    for (int round = 0; round < 4; round++) {
+        /* A, B, C into slot 1 back to back: only C may ever be reported */
+        CK(h.fill(h.ctx, &A.r, 1, &err));
+        early += !h.ready(h.ctx, 1);
+        CK(h.fill(h.ctx, &B.r, 1, &err));
+        CK(h.fill(h.ctx, &C.r, 1, &err));
+        CHECK(h.part(h.ctx, 1, HM_UNIT_GATE_UP) == NULL && h.part(h.ctx, 1, HM_UNIT_GATE) != NULL); /* C's, at once */
+        CHECKF(poll_ready(&h, 1), "round %d: slot 1 never ready", round);
+        check_slot(&h, 1, &C.r, "latest of three quick fills");
+        /* a landed slot filled again: whenever ready() says true, the bytes are the new unit's */
+        const hunit *X = round % 2 ? &A : &B;
+        CK(h.fill(h.ctx, &X->r, 1, &err));
+        CHECKF(poll_ready(&h, 1), "round %d: slot 1 never ready after a refill", round);
+        check_slot(&h, 1, &X->r, "refill of a landed slot");
+        /* neighbours filled in between do not make slot 2's older fill count */
+        CK(h.fill(h.ctx, &A.r, 2, &err));
+        CK(h.fill(h.ctx, &C.r, 3, &err));
+        CK(h.fill(h.ctx, &B.r, 2, &err));
+        CHECKF(poll_ready(&h, 3), "round %d: slot 3 never ready", round);
+        check_slot(&h, 3, &C.r, "small fill behind a big one");
+        CHECKF(poll_ready(&h, 2), "round %d: slot 2 never ready", round);
+        check_slot(&h, 2, &B.r, "latest of two fills around a neighbour");
+    }
+    printf("refill: ready() false right after an 18 MB fill in %d of 4 rounds\n", early);
+    CK(hm_vram_tier_wait(t, &err));
+    hm_vram_tier_close(t);
+    hunit_free(&A), hunit_free(&B), hunit_free(&C);
+}
+
+/* Close while fills are queued and copying: no hang, no device or pinned memory left behind. */
+static void test_async_close(void) {
+    const uint64_t b[HM_UNIT_NPART] = {2000000, 2000000, 2000000, 0};
+    hunit A;
+    hunit_make(&A, 0, 0, b);
+    size_t free0 = 0, total = 0;
+    CK(hm_cuda_mem_info(ctx, &free0, &total, &err));
+    double t0 = now_s();
+    for (int round = 0; round < 5; round++) {
+        hm_vram_tier *t = NULL;
+        hm_vram_tier_opts o = {.n_slots = 64, .slot_bytes = 3 * r256(2000000), .max_queued = 512};
+        CK(hm_vram_tier_open(&t, ctx, &o, &err));
+        hm_tier h;
+        hm_vram_tier_as_hot(t, &h);
+        for (int i = 0; i < 400; i++) CK(h.fill(h.ctx, &A.r, i % 64, &err)); /* 2.4 GB queued */
+        hm_vram_tier_stats st;
+        hm_vram_tier_get_stats(t, &st);
+        if (round == 0) printf("close: %llu of 400 fills still queued at close\n", (unsigned long long)st.queued);
+        hm_vram_tier_close(t);
+    }
+    printf("close: 5 pools closed with fills queued in %.3f s\n", now_s() - t0);
+    size_t free1 = 0;
+    CK(hm_cuda_mem_info(ctx, &free1, &total, &err));
+    CHECKF(free1 + (64u << 20) >= free0, "free %zu before, %zu after 5 closes with fills queued", free0, free1);
+    hunit_free(&A);
+}
+
 /* ---- more slots than the device holds ---- */
 
 static void test_degrade(void) {
@@ -407,6 +556,22 @@ static int64_t check_store(const hm_experts *s, const hm_units *units, const cha
     return n_hot;
 }
 
+/* Land fills as the engine does, between steps, without hm_vram_tier_wait: until a fill is
+ * ready() its unit is RAM; every landed unit must already be exact. Up to 10 s. */
+static void land_all(hm_experts *s) {
+    const hm_units *un = hm_experts_units(s);
+    for (double t0 = now_s(); now_s() - t0 < 10;) {
+        hm_experts_land(s);
+        int filling = 0;
+        for (int32_t l = 0; l < un->n_layer; l++)
+            for (int32_t e = 0; e < un->layers[l].n_expert; e++) filling += hm_experts_unit(s, l, e)->filling;
+        if (!filling) return;
+        check_store(s, un, "while filling"); /* landed ones exact, the rest RAM */
+        usleep(100);
+    }
+    CHECKF(0, "fills did not land in 10 s");
+}
+
 static void test_store(void) {
     char path[256];
     snprintf(path, sizeof path, "/tmp/hm_test_cuda_tier.%d.gguf", (int)getpid());
@@ -456,8 +621,7 @@ static void test_store(void) {
     hm_experts_record(s, 0, ids, 3);
     hm_experts_record(s, 2, ids, 3);
     CK(hm_experts_step_end(s, 1, false, &err));
-    CK(hm_vram_tier_wait(t, &err));
-    hm_experts_land(s);
+    land_all(s); /* no wait: the store lands each fill when ready() says so */
     hm_experts_get_stats(s, &es);
     CHECK(es.swaps_in == 16 && es.swaps_out == 6 && es.n_used == 10);
     CHECK(check_store(s, &units, "lru") == 10);
@@ -466,6 +630,25 @@ static void test_store(void) {
     hm_vram_tier_stats ts;
     hm_vram_tier_get_stats(t, &ts);
     CHECK(ts.fills == 16);
+
+    /* an lru step queues fills; at once the pool empties (policy none evicts units still filling)
+     * and static re-places into the same slots: the slots' older fills must never land instead */
+    const int32_t ids2[3] = {3, 4, 5};
+    hm_experts_record(s, 0, ids2, 3);
+    hm_experts_record(s, 2, ids2, 3);
+    CK(hm_experts_step_end(s, 1, false, &err));
+    CK(hm_experts_set_policy(s, HM_POLICY_NONE, NULL, &err));
+    CK(hm_experts_set_policy(s, HM_POLICY_STATIC, NULL, &err));
+    land_all(s);
+    hm_experts_get_stats(s, &es);
+    CHECK(es.n_used == 10);
+    CHECK(check_store(s, &units, "static after a cancelled lru step") == 10);
+    for (int32_t e = 3; e < 8; e++)
+        CHECK(hm_experts_unit(s, 0, e)->home == HM_TIER_HOT && hm_experts_unit(s, 2, e)->home == HM_TIER_HOT);
+    hm_vram_tier_get_stats(t, &ts);
+    printf("store: %llu fills, %llu dropped as overtaken\n", (unsigned long long)ts.fills,
+           (unsigned long long)ts.skipped);
+    CK(hm_vram_tier_wait(t, &err));
 
     hm_experts_close(s);
     hm_vram_tier_close(t);
@@ -498,8 +681,9 @@ static void bench_fill(void) {
     double dt = now_s() - t0;
     hm_vram_tier_stats st;
     hm_vram_tier_get_stats(t, &st);
-    printf("fill: %d units of %.2f MB in %.3f s: %.2f GB/s (host time in fill %.3f s)\n", n_units,
-           (double)(3 * part) / 1e6, dt, (double)st.fill_bytes / dt / 1e9, st.fill_seconds);
+    printf("fill: %d units of %.2f MB in %.3f s: %.2f GB/s (engine time in fill %.3f s, copier %.3f s)\n",
+           n_units, (double)(3 * part) / 1e6, dt, (double)st.fill_bytes / dt / 1e9, st.fill_seconds,
+           st.copy_seconds);
     hm_vram_tier_close(t);
     free(src);
 }
@@ -518,6 +702,9 @@ int main(void) {
     test_basic();
     test_options();
     test_ring();
+    test_async_many();
+    test_async_refill();
+    test_async_close();
     test_store();
     test_degrade();
     if (!getenv("HM_NO_BENCH")) bench_fill();
