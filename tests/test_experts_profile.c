@@ -2,7 +2,9 @@
  * files, and the seed-1 fork's recorded profile (Qwen3.6-35B-A3B, coding): read by the store,
  * its in-sample static hit rates compared with the same rates counted here straight from the
  * JSON with jansson (per layer: hot_experts + cold_experts counts, the top 20 % / 50 % of experts
- * of each layer; globally: the top units of all layers together). */
+ * of each layer; globally: the top units of all layers together); and the bundled trained model's
+ * profile on its held-out split (tests/data/tiny_profile.json): its skew, static placement from it
+ * against random placements through the store. */
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
@@ -99,8 +101,10 @@ static int cmp_desc(const void *a, const void *b) {
     return (x < y) - (x > y);
 }
 
-/* In-sample hits of a static store over the profile: replay every count as a routing. */
-static double store_static_rate(const hm_profile *p, int64_t slots, bool per_layer, int32_t *resident_l0) {
+/* Hits of a static store placed from the profile `place`, replaying every count of `p` as a
+ * routing (in-sample when place == p). */
+static double store_placed_rate(const hm_profile *place, const hm_profile *p, int64_t slots, bool per_layer,
+                                int32_t *resident_l0) {
     hm_err err = {{0}};
     hm_units u;
     CHECK(hm_units_init_geom(&u, p->n_layer, p->n_expert, p->k, 1, &err) == HM_OK);
@@ -109,7 +113,7 @@ static double store_static_rate(const hm_profile *p, int64_t slots, bool per_lay
     o.hot_slots = slots;
     o.policy.kind = HM_POLICY_STATIC;
     o.policy.static_per_layer = per_layer;
-    o.profile = p;
+    o.profile = place;
     hm_experts *s = NULL;
     CHECKF(hm_experts_open(&s, &u, &o, &err) == HM_OK, "%s", err.msg);
     if (!s) return -1;
@@ -129,6 +133,11 @@ static double store_static_rate(const hm_profile *p, int64_t slots, bool per_lay
     hm_experts_close(s);
     hm_units_free(&u);
     return rate;
+}
+
+/* In-sample hits of a static store over the profile. */
+static double store_static_rate(const hm_profile *p, int64_t slots, bool per_layer, int32_t *resident_l0) {
+    return store_placed_rate(p, p, slots, per_layer, resident_l0);
 }
 
 static void test_seed1_file(void) {
@@ -194,9 +203,102 @@ static void test_seed1_file(void) {
     hm_profile_free(&p);
 }
 
+/* The bundled trained model's profile (models/tiny-qwen3moe-q8_0.gguf, issue 8): `hotmoe perplexity
+ * -c 512 --profile-out` over tests/data/tiny_heldout.txt, the chunks of
+ * tools/train_tiny/results/eval.json. Its per-layer skew, static placement from it through the
+ * store (hit rate = the chosen units' share of the routed slots, counted here from the JSON), and
+ * random placements of the same size through the store (hit rate = their units' share; expected
+ * slots / n_expert), which static placement must beat. */
+static void test_tiny_file(void) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s", test_src_path("tests/data/tiny_profile.json"));
+    hm_err err = {{0}};
+    hm_profile p;
+    CHECKF(hm_profile_read(&p, path, &err) == HM_OK, "%s", err.msg);
+    if (!p.counts) return;
+    enum { NL = 6, NE = 32, K = 4, TOP20 = 6, TOP50 = 16 }; /* 20 % of 32 = 6.4 -> 6 */
+    CHECK(p.n_layer == NL && p.n_expert == NE && p.k == K && strcmp(p.arch, "qwen3moe") == 0);
+    if (p.n_layer != NL || p.n_expert != NE) {
+        hm_profile_free(&p);
+        return;
+    }
+
+    /* the tokens are eval.json's chunks; the last layer routes only the rows whose logits are
+     * scored (positions n_ctx/2 - 1 .. n_ctx - 1 of each chunk: the last layer's compaction) */
+    json_error_t je;
+    json_t *ev = json_load_file(test_src_path("tools/train_tiny/results/eval.json"), 0, &je);
+    CHECKF(ev != NULL, "eval.json: %s", je.text);
+    json_int_t chunks = json_integer_value(json_object_get(ev, "chunks"));
+    json_int_t n_ctx = json_integer_value(json_object_get(ev, "n_ctx"));
+    json_decref(ev);
+    CHECK(chunks > 0 && n_ctx == 512 && p.tokens == (uint64_t)(chunks * n_ctx));
+    for (int l = 0; l < NL - 1; l++) CHECK(hm_profile_layer_total(&p, l) == p.tokens * K);
+    CHECK(hm_profile_layer_total(&p, NL - 1) == (uint64_t)(chunks * (n_ctx - n_ctx / 2 + 1) * K));
+
+    /* skew: per layer, the share of routed slots covered by the top 20 % / 50 % of its experts */
+    uint64_t sorted[NE], total = 0, top20 = 0, top50 = 0;
+    double r20min = 1, r20max = 0, r50min = 1, r50max = 0, r20sum = 0, r50sum = 0;
+    for (int l = 0; l < NL; l++) {
+        uint64_t t = 0, a = 0, b = 0;
+        for (int e = 0; e < NE; e++) sorted[e] = hm_profile_count(&p, l, e);
+        qsort(sorted, NE, sizeof sorted[0], cmp_desc);
+        for (int e = 0; e < NE; e++) t += sorted[e], a += e < TOP20 ? sorted[e] : 0, b += e < TOP50 ? sorted[e] : 0;
+        double x = (double)a / (double)t, y = (double)b / (double)t;
+        fprintf(stderr, "tiny profile: layer %d, %llu slots: top 20 %% %.4f, top 50 %% %.4f\n", l,
+                (unsigned long long)t, x, y);
+        r20sum += x, r50sum += y;
+        r20min = fmin(r20min, x), r20max = fmax(r20max, x), r50min = fmin(r50min, y), r50max = fmax(r50max, y);
+        total += t, top20 += a, top50 += b;
+    }
+    fprintf(stderr, "tiny profile: top 20 %% per layer mean %.4f (min %.4f, max %.4f), top 50 %% mean %.4f (min %.4f, max %.4f)\n",
+            r20sum / NL, r20min, r20max, r50sum / NL, r50min, r50max);
+    double r20 = (double)top20 / (double)total, r50 = (double)top50 / (double)total;
+
+    /* static placement from the profile: in-sample hit rate = the chosen units' share */
+    int32_t res0 = 0;
+    double s20 = store_static_rate(&p, TOP20 * NL, true, &res0), s50 = store_static_rate(&p, TOP50 * NL, true, NULL);
+    CHECK_NEAR(s20, r20, 1e-12);
+    CHECK(res0 == TOP20);
+    CHECK_NEAR(s50, r50, 1e-12);
+
+    /* random placements of TOP20 units per layer: a placement profile whose counts rank a random
+     * permutation of the experts first; the store's hit rate is those units' share of p */
+    hm_profile q;
+    CHECK(hm_profile_init(&q, NL, NE, &err) == HM_OK);
+    q.k = K;
+    uint64_t rng = 0x9e3779b97f4a7c15ull;
+    double rmax = 0, rsum = 0;
+    enum { NRAND = 16 };
+    for (int trial = 0; trial < NRAND && q.counts; trial++) {
+        uint64_t hit = 0;
+        for (int l = 0; l < NL; l++) {
+            int perm[NE];
+            for (int e = 0; e < NE; e++) perm[e] = e;
+            for (int e = NE - 1; e > 0; e--) { /* Fisher-Yates, xorshift64 */
+                rng ^= rng << 13, rng ^= rng >> 7, rng ^= rng << 17;
+                int j = (int)(rng % (uint64_t)(e + 1)), tmp = perm[e];
+                perm[e] = perm[j], perm[j] = tmp;
+            }
+            for (int e = 0; e < NE; e++) q.counts[(size_t)l * NE + (size_t)perm[e]] = (uint64_t)(NE - e);
+            for (int e = 0; e < TOP20; e++) hit += hm_profile_count(&p, l, perm[e]);
+        }
+        double want = (double)hit / (double)total, got = store_placed_rate(&q, &p, TOP20 * NL, true, NULL);
+        CHECK_NEAR(got, want, 1e-12);
+        rmax = fmax(rmax, got), rsum += got;
+    }
+    fprintf(stderr, "tiny profile: static top-%d per layer hit rate %.4f; %d random placements mean %.4f, max %.4f "
+            "(expected %.4f)\n", TOP20, s20, NRAND, rsum / NRAND, rmax, (double)TOP20 / NE);
+    CHECK(s20 > rmax);
+    CHECK(s20 > 2.0 * TOP20 / NE); /* a trained router is skewed: well above random's expectation */
+    CHECK(s50 > 0.5 + 0.2);
+    hm_profile_free(&q);
+    hm_profile_free(&p);
+}
+
 int main(void) {
     test_roundtrip();
     test_malformed();
     test_seed1_file();
+    test_tiny_file();
     return test_done();
 }
