@@ -334,6 +334,10 @@ typedef struct hm_synth_opts {
     const char *routing_profile;  /* a usage profile (docs/PROFILE.md): build its per-layer expert
                                      popularity into the weights (docs/SYNTH.md); its n_expert
                                      must be the preset's. NULL = unskewed random routing */
+    bool fast_experts;            /* for I/O benchmarks: expert tensors (3-D) of q4_0, q5_0, q8_0,
+                                     q4_k, q5_k, q6_k are random blocks of the same magnitude
+                                     (std 0.02), not quantised gaussians; minutes instead of an
+                                     hour for tens of GB. Every other tensor is unchanged */
 } hm_synth_opts;
 
 /* Write a random-weight model with the real tensor names, shapes, GGUF keys and (for q4_k_m)

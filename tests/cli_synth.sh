@@ -29,6 +29,13 @@ for kv in '"arch": "qwen3moe"' '"n_layer": 2' '"n_expert": 16' '"n_expert_used":
 done
 check "json is one object" test "$(head -c1 "$tmp/out")" = "{"
 
+# --fast-experts: documented; the same experts view as the regular file, other bytes
+check "help names --fast-experts" sh -c "'$EXE' synth --help | grep -q 'for I/O benchmarks: expert values are random blocks'"
+check "synth --fast-experts" test "$(code "$EXE" synth --preset tiny --layers 2 --type q8_0 --seed 3 -q --fast-experts -o "$tmp/q8f.gguf")" = 0
+check "fast: other bytes" sh -c "! cmp -s '$tmp/q8f.gguf' '$tmp/q8.gguf'"
+check "inspect fast" test "$(code "$EXE" inspect --json --budget 1MiB "$tmp/q8f.gguf")" = 0
+check "fast: same expert bytes" grep -qF '"expert_bytes": 6684672' "$tmp/out"
+
 # errors: exit 1 with the file named for bad files, 2 for bad usage
 check "missing file exit 1" test "$(code "$EXE" inspect "$tmp/nope.gguf")" = 1
 check "missing file named" grep -q "nope.gguf" "$tmp/err"

@@ -11,13 +11,19 @@
  *  - dequantised weights have the intended mean and std (token_embd and output: the scales
  *    derived in synth_plan.c); f32 files hold exactly the generator's values;
  *  - inspect on a vocab-only GGUF, a missing file, a truncated file and garbage;
- *  - gemma4's q4_k_m plan takes llama.cpp's block fallbacks (Q5_0, Q8_0) for rows of 704/2112. */
+ *  - gemma4's q4_k_m plan takes llama.cpp's block fallbacks (Q5_0, Q8_0) for rows of 704/2112;
+ *  - --fast-experts: the random-block generator of every supported type dequantises to mean ~0,
+ *    std ~0.02; a q4_k_m file (Q4_K and Q6_K experts) loads, is the same for 1 and 3 threads,
+ *    differs from the regular file only in the expert tensors (same types), whose values have the
+ *    regular file's magnitude; with a routing profile the reserved rows of ffn_down_exps are
+ *    exact zeros as in the regular file. */
 #include <jansson.h>
 #include <stdint.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "experts/profile.h"
 #include "experts/units.h"
 #include "gguf/gguf.h"
 #include "hotmoe.h"
@@ -479,6 +485,122 @@ static void check_g4_fallback(void) {
     }
 }
 
+/* --fast-experts (synth_fast.c) */
+static hm_status synth_fast(const char *path, const char *type, int layers, int threads, bool fast, const char *prof) {
+    hm_synth_opts o = {.arch = "qwen3moe", .preset = "tiny", .n_layer = layers, .type = type, .seed = 5,
+                       .out_path = path, .n_threads = threads, .fast_experts = fast, .routing_profile = prof};
+    hm_err err = {{0}};
+    hm_status st = hm_synth(&o, &err);
+    if (st) fprintf(stderr, "synth %s: %s\n", type, err.msg);
+    return st;
+}
+
+static bool same_tensor(const hm_gguf_tensor *a, const hm_gguf_tensor *b) {
+    return a && b && a->type == b->type && a->nbytes == b->nbytes && memcmp(a->data, b->data, a->nbytes) == 0;
+}
+
+static void check_fast_generator(void) {
+    static const int types[] = {HM_TYPE_Q4_0, HM_TYPE_Q5_0, HM_TYPE_Q8_0, HM_TYPE_Q4_K, HM_TYPE_Q5_K, HM_TYPE_Q6_K};
+    enum { NE0 = 512, ROWS = 256 };
+    static float x[NE0];
+    static uint8_t q[NE0 * 2];
+    for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
+        CHECK(hm_synth_fast_supported(types[i]));
+        double s = 0, s2 = 0, amax = 0;
+        for (int r = 0; r < ROWS; r++) {
+            hm_synth_fast_row(types[i], 99, r, NE0, 0.02f, q);
+            hm_type_get(types[i])->to_float_ref(q, x, NE0);
+            for (int c = 0; c < NE0; c++) s += x[c], s2 += (double)x[c] * x[c], amax = fmax(amax, fabs(x[c]));
+        }
+        const double n = (double)NE0 * ROWS, m = s / n, sd = sqrt(s2 / n - m * m);
+        CHECKF(fabs(m) < 0.001 && fabs(sd - 0.02) < 0.001 && amax < 0.08, "fast %s: mean %g std %g max %g",
+               hm_type_name(types[i]), m, sd, amax);
+    }
+    CHECK(!hm_synth_fast_supported(HM_TYPE_IQ4_XS) && !hm_synth_fast_supported(HM_TYPE_F16));
+}
+
+static void check_fast_experts(void) {
+    const char *reg = tpath("f-reg.gguf"), *f1 = tpath("f-1.gguf"), *f3 = tpath("f-3.gguf");
+    CHECK(synth_fast(reg, "q4_k_m", 4, 2, false, NULL) == HM_OK);
+    CHECK(synth_fast(f1, "q4_k_m", 4, 1, true, NULL) == HM_OK);
+    CHECK(synth_fast(f3, "q4_k_m", 4, 3, true, NULL) == HM_OK);
+    CHECKF(same_file(f1, f3), "--fast-experts: thread count changed the bytes");
+    hm_gguf *gr = NULL, *gf = NULL;
+    hm_err err = {{0}};
+    CHECKF(hm_gguf_open(&gr, reg, &err) == HM_OK && hm_gguf_open(&gf, f1, &err) == HM_OK, "%s", err.msg);
+    if (gr && gf) {
+        bool flag = false;
+        CHECK(hm_gguf_get_bool(gf, "hotmoe.synth.fast_experts", &flag) && flag);
+        CHECK(hm_gguf_n_tensors(gr) == hm_gguf_n_tensors(gf));
+        int n_exp = 0, n_q6 = 0;
+        for (int64_t i = 0; i < hm_gguf_n_tensors(gr); i++) {
+            const hm_gguf_tensor *a = hm_gguf_tensor_at(gr, i), *b = hm_gguf_find_tensor(gf, a->name);
+            if (!b) {
+                CHECKF(0, "%s missing", a->name);
+                continue;
+            }
+            CHECKF(a->type == b->type, "%s type", a->name);
+            if (a->n_dims != 3) {
+                CHECKF(same_tensor(a, b), "%s differs from the regular file", a->name);
+                continue;
+            }
+            n_exp++;
+            n_q6 += b->type == HM_TYPE_Q6_K;
+            CHECKF(!same_tensor(a, b), "%s: not random blocks", a->name);
+            double ma, sa, mb, sb;
+            tensor_stats(gr, a->name, &ma, &sa);
+            tensor_stats(gf, a->name, &mb, &sb);
+            CHECKF(fabs(mb) < 0.001 && fabs(sb - sa) < 0.05 * sa, "%s: fast mean %g std %g, regular std %g", a->name, mb,
+                   sb, sa);
+        }
+        CHECK(n_exp == 12 && n_q6 == 2); /* ffn_down_exps of layers 2, 3 */
+    }
+    hm_gguf_close(gr);
+    hm_gguf_close(gf);
+    /* with a routing profile: ffn_down_exps rows that write the reserved channels are zero,
+     * exactly the regular file's rows there */
+    const char *prof = tpath("p.json");
+    hm_profile p;
+    CHECK(hm_profile_init(&p, 4, X, &err) == HM_OK);
+    p.k = K_USED;
+    p.tokens = p.decode_tokens = 1000;
+    snprintf(p.arch, sizeof p.arch, "qwen3moe");
+    for (int32_t i = 0; i < 4 * X; i++) p.counts[i] = (uint64_t)(1000.0 * pow(0.8, i % X));
+    CHECK(hm_profile_write(&p, prof, HM_PROFILE_HOTMOE, &err) == HM_OK);
+    hm_profile_free(&p);
+    CHECK(synth_fast(reg, "q4_k_m", 4, 2, false, prof) == HM_OK);
+    CHECK(synth_fast(f1, "q4_k_m", 4, 2, true, prof) == HM_OK);
+    gr = gf = NULL;
+    CHECKF(hm_gguf_open(&gr, reg, &err) == HM_OK && hm_gguf_open(&gf, f1, &err) == HM_OK, "%s", err.msg);
+    if (gr && gf) {
+        int64_t u0 = -1;
+        CHECK(hm_gguf_get_int(gf, "hotmoe.synth.routing.u_first", &u0) && u0 > 0 && u0 < E);
+        const hm_gguf_tensor *a = hm_gguf_find_tensor(gr, "blk.2.ffn_down_exps.weight");
+        const hm_gguf_tensor *b = hm_gguf_find_tensor(gf, "blk.2.ffn_down_exps.weight");
+        const hm_gguf_tensor *ra = hm_gguf_find_tensor(gr, "blk.2.ffn_gate_inp.weight");
+        const hm_gguf_tensor *rb = hm_gguf_find_tensor(gf, "blk.2.ffn_gate_inp.weight");
+        CHECK(same_tensor(ra, rb)); /* routers (the skew) unchanged */
+        if (a && b && u0 > 0) {
+            const size_t rs = hm_row_size(b->type, b->ne[0]);
+            bool zeros = true, other = false;
+            for (int64_t r = 0; r < b->ne[1] * b->ne[2]; r++) {
+                const uint8_t *ya = (const uint8_t *)a->data + (size_t)r * rs, *yb = (const uint8_t *)b->data + (size_t)r * rs;
+                bool z = true;
+                for (size_t k = 0; k < rs; k++) z &= yb[k] == 0;
+                if (r % E >= u0) zeros &= z && memcmp(ya, yb, rs) == 0;
+                else other |= !z;
+            }
+            CHECK(zeros && other);
+        }
+    }
+    hm_gguf_close(gr);
+    hm_gguf_close(gf);
+    unlink(reg);
+    unlink(f1);
+    unlink(f3);
+    unlink(prof);
+}
+
 int main(void) {
     snprintf(tmpdir, sizeof tmpdir, "/tmp/hm_test_synth_%d", (int)getpid());
     mkdir(tmpdir, 0700);
@@ -490,6 +612,8 @@ int main(void) {
     check_inspect_inputs();
     check_bad_options();
     check_g4_fallback();
+    check_fast_generator();
+    check_fast_experts();
     char cmd[600];
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmpdir);

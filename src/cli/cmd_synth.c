@@ -31,6 +31,9 @@ static void usage(FILE *f) {
           "                          weights: every engine then routes with that skew (profile\n"
           "                          n_expert = the preset's; layers mapped proportionally;\n"
           "                          docs/SYNTH.md)\n"
+          "  --fast-experts          for I/O benchmarks: expert values are random blocks, not\n"
+          "                          quantised Gaussians (same types, shapes and magnitude; the\n"
+          "                          rest of the file unchanged); disk-bound, minutes for 40 GB\n"
           "  --tokenizer FILE        a Hugging Face tokenizer.json to embed (default: a small\n"
           "                          built-in byte-level BPE vocabulary)\n"
           "  --tokenizer-config FILE its tokenizer_config.json (special tokens, chat template)\n"
@@ -103,6 +106,10 @@ int hm_cmd_synth(int argc, char **argv) {
         }
         if (strcmp(a, "-q") == 0 || strcmp(a, "--quiet") == 0) {
             quiet = true;
+            continue;
+        }
+        if (strcmp(a, "--fast-experts") == 0) {
+            o.fast_experts = true;
             continue;
         }
         if (a[0] != '-') {

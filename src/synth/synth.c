@@ -6,6 +6,9 @@
  * n_threads threads, each generating its rows' floats (hm_synth_gauss) and quantising them with
  * the type's reference quantiser into the chunk buffer, which is then appended to the file.
  *
+ * --fast-experts: the expert tensors' rows are random quantised blocks (synth_fast.c) instead of
+ * quantised gaussians; every other tensor is the same bytes as without it.
+ *
  * Invariants: memory is O(chunk + threads * row), independent of the model size; the bytes
  * depend only on the options and the seed, never on n_threads or chunking (the generator is
  * counter-based and every row is quantised independently). */
@@ -36,6 +39,7 @@ typedef struct chunk_job {
     const hm_synth_routing *routing; /* --routing-profile, or NULL */
     int route_op;                    /* what routing does to this tensor's rows (0: nothing) */
     int32_t route_layer;
+    bool fast; /* --fast-experts and an expert tensor of a type with a generator */
     _Atomic int64_t next_row; /* the next row of the chunk no thread has taken */
 } chunk_job;
 
@@ -58,12 +62,18 @@ static void run_rows(chunk_job *j, int ith) {
         if (r0 >= j->n_rows) break;
         int64_t r1 = r0 + ROWS_PER_GRAB < j->n_rows ? r0 + ROWS_PER_GRAB : j->n_rows;
         for (int64_t r = r0; r < r1; r++) {
+            uint8_t *y = j->out + (size_t)r * j->row_bytes;
+            if (j->fast) { /* random blocks; a reserved-channel row of ffn_down_exps stays exact zeros */
+                if (hm_synth_routing_zeroes_row(j->routing, j->route_op, j->row0 + r)) memset(y, 0, j->row_bytes);
+                else hm_synth_fast_row(j->t->type, j->key, j->row0 + r, ne0, sd, y);
+                continue;
+            }
             uint64_t base = (uint64_t)(j->row0 + r) * (uint64_t)ne0;
             for (int64_t c = 0; c < ne0; c++) x[c] = mean + sd * hm_synth_gauss(j->key, base + (uint64_t)c);
             if (j->t->rope_pairs) /* rope_freqs: fixed values */
                 for (int64_t c = 0; c < ne0; c++) x[c] = c < j->t->rope_pairs ? 1.0f : 1e30f;
             if (j->route_op) hm_synth_routing_row(j->routing, j->route_op, j->route_layer, j->key, j->row0 + r, x, ne0);
-            j->quantise(x, j->out + (size_t)r * j->row_bytes, ne0);
+            j->quantise(x, y, ne0);
         }
     }
 }
@@ -128,6 +138,7 @@ provenance:
     SET(hm_gguf_writer_set_str(w, "hotmoe.synth.preset", p->name));
     SET(hm_gguf_writer_set_str(w, "hotmoe.synth.type", m->name));
     SET(hm_gguf_writer_set_u64(w, "hotmoe.synth.seed", o->seed));
+    if (o->fast_experts) SET(hm_gguf_writer_set_bool(w, "hotmoe.synth.fast_experts", true));
     SET(hm_synth_routing_write_meta(routing, w));
 #undef SET
     if (st) return st;
@@ -245,6 +256,7 @@ hm_status hm_synth(const hm_synth_opts *o, hm_err *err) {
         job.quantise = hm_type_get(t->type)->from_float_ref;
         job.key = hm_synth_key(o->seed, t->name);
         job.route_op = hm_synth_routing_op(routing, t, &job.route_layer);
+        job.fast = o->fast_experts && t->n_dims == 3 && hm_synth_fast_supported(t->type);
         job.row_bytes = hm_row_size(t->type, t->ne[0]);
         const int64_t rows = t->ne[1] * t->ne[2];
         int64_t per_chunk = (int64_t)(buf_bytes / job.row_bytes);

@@ -9,6 +9,7 @@
 #ifndef HM_SYNTH_IMPL_H
 #define HM_SYNTH_IMPL_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "../gguf/gguf.h"
@@ -118,8 +119,19 @@ int hm_synth_routing_op(const hm_synth_routing *r, const hm_synth_tensor *t, int
 /* Rewrite row `row` (ne0 generator values x, tensor key `key`) for op; pure, thread-safe. */
 void hm_synth_routing_row(const hm_synth_routing *r, int op, int32_t layer, uint64_t key, int64_t row, float *x,
                           int64_t ne0);
+/* Whether op makes row `row` all zeros (a writer of the residual stream on a reserved channel):
+ * what hm_synth_routing_row would do, for rows that are not generated as floats (--fast-experts). */
+bool hm_synth_routing_zeroes_row(const hm_synth_routing *r, int op, int64_t row);
 /* hotmoe.synth.routing.* provenance keys (profile, layer map, reserved channels, fit). r NULL: none. */
 hm_status hm_synth_routing_write_meta(const hm_synth_routing *r, hm_gguf_writer *w);
+
+/* ---- --fast-experts (synth_fast.c) ---- */
+
+/* Whether type has a random-block generator (q4_0, q5_0, q8_0, q4_k, q5_k, q6_k). */
+bool hm_synth_fast_supported(int type);
+/* Write row `row` of an expert tensor (ne0 elements of a supported type) as random blocks whose
+ * dequantised values have mean ~0 and std ~std; the bytes depend only on (key, row). */
+void hm_synth_fast_row(int type, uint64_t key, int64_t row, int64_t ne0, float std, uint8_t *out);
 
 /* ---- qwen35moe (synth_qwen35.c) ---- */
 

@@ -112,6 +112,10 @@ void hm_synth_routing_row(const hm_synth_routing *r, int op, int32_t layer, uint
     }
 }
 
+bool hm_synth_routing_zeroes_row(const hm_synth_routing *r, int op, int64_t row) {
+    return r && (route_op)op == OP_ZERO_OUT && row % r->n_embd >= r->u0;
+}
+
 /* ---- calibration ---- */
 
 /* Standard normal quantile by bisection on the CDF (called a few thousand times per layer). */
