@@ -672,6 +672,53 @@ static void test_fused(void) {
     }
 }
 
+/* Stacked q|k|v matvec: each output bit-identical with hm_cuda_matmul of its part alone. */
+static void test_matvec_multi(void) {
+    const int tys[] = {HM_TYPE_Q4_K, HM_TYPE_Q6_K, HM_TYPE_F16};
+    const int64_t ne0 = 512, rows[3] = {256, 64, 32}, nrow = 256 + 64 + 32;
+    for (size_t ti = 0; ti < sizeof tys / sizeof tys[0]; ti++) {
+        tmat w = make_weights(tys[ti], ne0, nrow);
+        void *dw = dev_from(w.q, w.rs * (size_t)nrow);
+        float *x = xmalloc(sizeof(float) * (size_t)(8 * ne0));
+        fill(x, 8 * ne0, 1.0f);
+        float *dx = dev_from(x, sizeof(float) * (size_t)(8 * ne0));
+        float *a = xmalloc(sizeof(float) * (size_t)(8 * nrow)), *b = xmalloc(sizeof(float) * (size_t)(8 * nrow));
+        float *dy[3], *dz[3];
+        for (int i = 0; i < 3; i++) {
+            dy[i] = dev_zero(sizeof(float) * (size_t)(8 * rows[i]));
+            dz[i] = dev_zero(sizeof(float) * (size_t)(8 * rows[i]));
+        }
+        int bad = 0;
+        for (int n_out = 2; n_out <= 3; n_out++)
+            for (int64_t nt = 1; nt <= 8; nt += nt < 3 ? 2 : 5) { /* 1, 3, 8 */
+                const int64_t tot = rows[0] + rows[1] + (n_out == 3 ? rows[2] : 0);
+                hm_cuda_mat m = {dw, tys[ti], ne0, tot, w.rs};
+                CK(hm_cuda_matvec_multi(ctx, &m, dx, nt, n_out, dy, rows, &err));
+                int64_t r0 = 0;
+                for (int i = 0; i < n_out; i++) {
+                    hm_cuda_mat part = {(const char *)dw + (size_t)r0 * w.rs, tys[ti], ne0, rows[i], w.rs};
+                    CK(hm_cuda_matmul(ctx, &part, dx, nt, dz[i], &err));
+                    const size_t nb = sizeof(float) * (size_t)(nt * rows[i]);
+                    dev_to(a, dy[i], nb);
+                    dev_to(b, dz[i], nb);
+                    if (memcmp(a, b, nb)) bad++;
+                    r0 += rows[i];
+                }
+            }
+        CHECKF(bad == 0, "matvec_multi %s: %d outputs differ from the separate matvecs", hm_type_name(tys[ti]), bad);
+        printf("matvec_multi %-5s (2 and 3 stacked, n_tok 1/3/8): bit-identical with separate matvecs\n",
+               hm_type_name(tys[ti]));
+        for (int i = 0; i < 3; i++) {
+            hm_cuda_free(ctx, dy[i]);
+            hm_cuda_free(ctx, dz[i]);
+        }
+        hm_cuda_free(ctx, dw);
+        hm_cuda_free(ctx, dx);
+        free_weights(&w);
+        free(x); free(a); free(b);
+    }
+}
+
 /* The device-routed MoE: router-shaped ids/weights [n_tok, k] on the device, a slot table with
  * some experts cold (NULL: skipped); against a double reference over the hot pairs. */
 static void test_moe_dev_case(int gate_type, int down_type, int64_t n_tok, int n_expert, int k) {
@@ -869,6 +916,7 @@ int main(void) {
     test_attention();
     test_moe();
     test_fused();
+    test_matvec_multi();
     test_moe_dev();
     if (!getenv("HM_NO_BENCH")) bench_matvec();
     hm_cuda_close(ctx);

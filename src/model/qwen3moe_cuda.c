@@ -50,6 +50,10 @@
 typedef struct q3_gpu_layer {
     float *attn_norm, *q_norm, *k_norm, *ffn_norm;
     hm_cuda_mat wq, wk, wv, wo, router;
+    /* wq|wk (n_qkv 2) or wq|wk|wv (3) stacked in one device matrix when their types and rows
+     * match: decode gets them in one matvec launch; wq, wk (, wv) are views into it. 0: apart. */
+    hm_cuda_mat wqkv;
+    int n_qkv;
 } q3_gpu_layer;
 
 typedef struct q3_gpu {
@@ -84,6 +88,44 @@ static hm_status up_mat(hm_gpu *g, const hm_mat *w, const char *name, hm_cuda_ma
         hm_errf(err, st, "tensor '%s': %s", name, tmp);
     }
     return st;
+}
+
+/* Upload wq|wk (|wv when it matches too) as one stacked device matrix, D's views into it. Returns
+ * HM_OK with D->n_qkv 0 (nothing uploaded) when the types or rows differ. */
+static hm_status up_qkv(hm_gpu *g, const q3_layer *L, q3_gpu_layer *D, int32_t il, hm_err *err) {
+    const hm_mat *m3[3] = {&L->wq, &L->wk, &L->wv};
+    int n = 0;
+    while (n < 3 && m3[n]->type == L->wq.type && m3[n]->ne0 == L->wq.ne0 && m3[n]->nb1 == L->wq.nb1 &&
+           m3[n]->nb1 == hm_row_size(L->wq.type, L->wq.ne0))
+        n++;
+    D->n_qkv = 0;
+    if (n < 2 || !hm_cuda_type_ok(L->wq.type)) return HM_OK;
+    int64_t rows = 0;
+    for (int i = 0; i < n; i++) rows += m3[i]->ne1;
+    const size_t nb1 = L->wq.nb1;
+    char *buf = malloc(nb1 * (size_t)rows);
+    if (!buf) return hm_errf(err, HM_ERR_NOMEM, "out of memory");
+    size_t at = 0;
+    for (int i = 0; i < n; i++) {
+        memcpy(buf + at, m3[i]->data, nb1 * (size_t)m3[i]->ne1);
+        at += nb1 * (size_t)m3[i]->ne1;
+    }
+    const hm_mat cat = {.data = buf, .type = L->wq.type, .ne0 = L->wq.ne0, .ne1 = rows, .nb1 = nb1};
+    char name[96];
+    snprintf(name, sizeof name, "blk.%d.attn_q|k%s (stacked)", il, n == 3 ? "|v" : "");
+    hm_status st = up_mat(g, &cat, name, &D->wqkv, err);
+    free(buf);
+    if (st != HM_OK) return st;
+    hm_cuda_mat *views[3] = {&D->wq, &D->wk, &D->wv};
+    at = 0;
+    for (int i = 0; i < n; i++) {
+        *views[i] = D->wqkv;
+        views[i]->data = (const char *)D->wqkv.data + at;
+        views[i]->ne1 = m3[i]->ne1;
+        at += nb1 * (size_t)m3[i]->ne1;
+    }
+    D->n_qkv = n;
+    return HM_OK;
 }
 
 static hm_status up_vec(hm_gpu *g, const float *v, int64_t n, const char *name, float **out, hm_err *err) {
@@ -130,9 +172,10 @@ hm_status q3_gpu_load(hm_model *m, hm_err *err) {
         if ((st = up_vec(g, L->q_norm, hd, NAME("attn_q_norm"), &D->q_norm, err)) != HM_OK) goto fail;
         if ((st = up_vec(g, L->k_norm, hd, NAME("attn_k_norm"), &D->k_norm, err)) != HM_OK) goto fail;
         if ((st = up_vec(g, L->ffn_norm, E, NAME("ffn_norm"), &D->ffn_norm, err)) != HM_OK) goto fail;
-        if ((st = up_mat(g, &L->wq, NAME("attn_q"), &D->wq, err)) != HM_OK) goto fail;
-        if ((st = up_mat(g, &L->wk, NAME("attn_k"), &D->wk, err)) != HM_OK) goto fail;
-        if ((st = up_mat(g, &L->wv, NAME("attn_v"), &D->wv, err)) != HM_OK) goto fail;
+        if ((st = up_qkv(g, L, D, il, err)) != HM_OK) goto fail;
+        if (D->n_qkv < 1 && (st = up_mat(g, &L->wq, NAME("attn_q"), &D->wq, err)) != HM_OK) goto fail;
+        if (D->n_qkv < 2 && (st = up_mat(g, &L->wk, NAME("attn_k"), &D->wk, err)) != HM_OK) goto fail;
+        if (D->n_qkv < 3 && (st = up_mat(g, &L->wv, NAME("attn_v"), &D->wv, err)) != HM_OK) goto fail;
         if ((st = up_mat(g, &L->wo, NAME("attn_output"), &D->wo, err)) != HM_OK) goto fail;
         if ((st = up_mat(g, &L->router, NAME("ffn_gate_inp"), &D->router, err)) != HM_OK) goto fail;
 #undef NAME
@@ -379,17 +422,20 @@ hm_status q3_gpu_forward(const hm_model *m, q3_state *s, hm_pool *pool, const hm
     const bool dec = n <= HM_CUDA_MATVEC_MAX_TOK && n <= g->dec_cap;
     if (dec) {
         const size_t NE = (size_t)q->n_expert;
-        bool changed = false;
+        int32_t lo = q->n_layer, hi = -1; /* the changed layers' range goes up */
         for (int32_t il = 0; il < q->n_layer; il++) {
             bool all = false, any = false;
-            changed |= hm_moe_gpu_slot_table(m, &q->layers[il].moe, g->seen + (size_t)il * NE,
-                                             g->slots_h + (size_t)il * NE, &all, &any);
+            if (hm_moe_gpu_slot_table(m, &q->layers[il].moe, g->seen + (size_t)il * NE, g->slots_h + (size_t)il * NE,
+                                      &all, &any)) {
+                lo = il < lo ? il : lo;
+                hi = il;
+            }
             g->all_hot[il] = all;
             g->any_hot[il] = any;
         }
-        if (changed)
-            CK(hm_cuda_upload_compute(c, g->slots, g->slots_h, (size_t)q->n_layer * NE * sizeof(hm_cuda_moe_slot),
-                                      err));
+        if (hi >= lo)
+            CK(hm_cuda_upload_compute(c, g->slots + (size_t)lo * NE, g->slots_h + (size_t)lo * NE,
+                                      (size_t)(hi - lo + 1) * NE * sizeof(hm_cuda_moe_slot), err));
     } else {
         for (int32_t il = 0; il < q->n_layer; il++) g->all_hot[il] = hm_moe_gpu_all_hot(m, &q->layers[il].moe);
     }
@@ -407,9 +453,17 @@ hm_status q3_gpu_forward(const hm_model *m, q3_state *s, hm_pool *pool, const hm
 
         /* attention block: Q/K/V of every row (the cache needs all K/V rows) */
         CK(hm_cuda_rmsnorm(c, g->x, D->attn_norm, g->h, n, E, q->eps, err));
-        CK(hm_cuda_matmul(c, &D->wq, g->h, n, g->q, err));
-        CK(hm_cuda_matmul(c, &D->wk, g->h, n, g->k, err));
-        CK(hm_cuda_matmul(c, &D->wv, g->h, n, g->v, err));
+        if (dec && D->n_qkv >= 2) {
+            /* stacked q|k(|v): one launch (same kernel per row: the same results) */
+            float *const ys[3] = {g->q, g->k, g->v};
+            const int64_t rows[3] = {D->wq.ne1, D->wk.ne1, D->wv.ne1};
+            CK(hm_cuda_matvec_multi(c, &D->wqkv, g->h, n, D->n_qkv, ys, rows, err));
+            if (D->n_qkv < 3) CK(hm_cuda_matmul(c, &D->wv, g->h, n, g->v, err));
+        } else {
+            CK(hm_cuda_matmul(c, &D->wq, g->h, n, g->q, err));
+            CK(hm_cuda_matmul(c, &D->wk, g->h, n, g->k, err));
+            CK(hm_cuda_matmul(c, &D->wv, g->h, n, g->v, err));
+        }
         /* per-head norms, RoPE of q and k, the K/V write: one launch */
         CK(hm_cuda_qk_norm_rope_kv(c, g->q, g->k, g->v, D->q_norm, D->k_norm, n, nh, nkv, hd, q->n_rot, pos_d,
                                    q->theta, q->eps, kc, vc, s->n_ctx, err));

@@ -18,10 +18,18 @@
 
 using namespace hmcu;
 
+/* Where the rows' results go: rows [r0[s], r0[s] + n[s]) of the matrix are output s, written as
+ * y[s][t * n[s] + row - r0[s]] (one segment for a plain matvec; up to 3 for stacked q|k|v). */
+struct mv_out {
+    float *y[3];
+    int64_t r0[3], n[3];
+    int n_seg;
+};
+
 template <int T, int NT>
 __global__ void __launch_bounds__(128) k_matvec(const uint8_t *__restrict__ w, size_t nb1, int64_t ne0,
                                                 int64_t ne1, const float *__restrict__ x, int n_tok,
-                                                float *__restrict__ y) {
+                                                const mv_out o) {
     const int lane = threadIdx.x & 31;
     const int64_t r = (int64_t)blockIdx.x * 4 + (threadIdx.x >> 5);
     if (r >= ne1) return;
@@ -33,15 +41,20 @@ __global__ void __launch_bounds__(128) k_matvec(const uint8_t *__restrict__ w, s
         acc[t] = 0.0f;
     }
     warp_row_dot<T, NT>(w + r * nb1, ne0 / 8, xs, acc, lane);
+    int sg = 0;
+    if (o.n_seg > 1 && r >= o.r0[1]) sg = 1;
+    if (o.n_seg > 2 && r >= o.r0[2]) sg = 2;
+    float *y = o.y[sg];
+    const int64_t ry = r - o.r0[sg], ny = o.n[sg];
 #pragma unroll
     for (int t = 0; t < NT; t++) {
         const float s = warp_sum(acc[t]);
-        if (lane == t && t < n_tok) y[(int64_t)t * ne1 + r] = s;
+        if (lane == t && t < n_tok) y[(int64_t)t * ny + ry] = s;
     }
 }
 
 template <int T>
-static void launch_matvec(cudaStream_t st, const hm_cuda_mat *w, const float *x, int n_tok, float *y) {
+static void launch_matvec(cudaStream_t st, const hm_cuda_mat *w, const float *x, int n_tok, const mv_out &y) {
     const unsigned nb = hm_cu_blocks(w->ne1, 4);
     const uint8_t *wd = (const uint8_t *)w->data;
     if (n_tok == 1) k_matvec<T, 1><<<nb, 128, 0, st>>>(wd, w->nb1, w->ne0, w->ne1, x, n_tok, y);
@@ -76,8 +89,8 @@ hm_status hm_cuda_mat_check(const hm_cuda_mat *w, hm_err *err) {
     return HM_OK;
 }
 
-hm_status hm_cuda_matvec_run(hm_cuda_ctx *c, const hm_cuda_mat *w, const float *x, int n_tok,
-                             float *y, hm_err *err) {
+static hm_status matvec_out(hm_cuda_ctx *c, const hm_cuda_mat *w, const float *x, int n_tok, const mv_out &y,
+                            hm_err *err) {
     switch (w->type) {
 #define HM_MV_CASE(T) case T: launch_matvec<T>(c->compute, w, x, n_tok, y); break;
         HM_CUDA_FOR_TYPES(HM_MV_CASE)
@@ -86,4 +99,33 @@ hm_status hm_cuda_matvec_run(hm_cuda_ctx *c, const hm_cuda_mat *w, const float *
     }
     HM_CU_LAUNCH("matvec");
     return HM_OK;
+}
+
+hm_status hm_cuda_matvec_run(hm_cuda_ctx *c, const hm_cuda_mat *w, const float *x, int n_tok,
+                             float *y, hm_err *err) {
+    mv_out o = {};
+    o.y[0] = y;
+    o.n[0] = w->ne1;
+    o.n_seg = 1;
+    return matvec_out(c, w, x, n_tok, o, err);
+}
+
+hm_status hm_cuda_matvec_multi(hm_cuda_ctx *c, const hm_cuda_mat *w, const float *x, int64_t n_tok, int n_out,
+                               float *const *y, const int64_t *rows, hm_err *err) {
+    hm_status st = hm_cuda_mat_check(w, err);
+    if (st) return st;
+    HM_CU_ARG(x && y && rows && n_out >= 1 && n_out <= 3 && n_tok >= 1 && n_tok <= HM_CUDA_MATVEC_MAX_TOK);
+    HM_CU_ARG((uintptr_t)x % 16 == 0);
+    mv_out o = {};
+    int64_t at = 0;
+    for (int i = 0; i < n_out; i++) {
+        HM_CU_ARG(y[i] && rows[i] > 0);
+        o.y[i] = y[i];
+        o.r0[i] = at;
+        o.n[i] = rows[i];
+        at += rows[i];
+    }
+    HM_CU_ARG(at == w->ne1);
+    o.n_seg = n_out;
+    return matvec_out(c, w, x, (int)n_tok, o, err);
 }

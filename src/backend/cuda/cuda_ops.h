@@ -124,6 +124,13 @@ size_t hm_cuda_type_align(int type);
 hm_status hm_cuda_matmul(hm_cuda_ctx *c, const hm_cuda_mat *w, const float *x, int64_t n_tok,
                          float *y, hm_err *err);
 
+/* Decode only (1 <= n_tok <= HM_CUDA_MATVEC_MAX_TOK): n_out (<= 3) matrices of one type stacked
+ * as ONE matrix w (rows [0, rows[0]) are the first, the next rows[1] the second, ...), all in one
+ * matvec launch: y[i] = [n_tok, rows[i]] gets matrix i's outputs, exactly what hm_cuda_matmul of
+ * each alone gives (e.g. Q|K|V from one read of the normed input). Sum of rows = w->ne1. */
+hm_status hm_cuda_matvec_multi(hm_cuda_ctx *c, const hm_cuda_mat *w, const float *x, int64_t n_tok,
+                               int n_out, float *const *y, const int64_t *rows, hm_err *err);
+
 /* ---- mixture of experts ----------------------------------------------------------------------- */
 
 /* One resident expert unit for hm_cuda_moe: device pointers to its three slices and the tokens
