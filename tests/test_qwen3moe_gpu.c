@@ -28,6 +28,11 @@
  * Store stats (hm_model_usage): per layer hits + misses = the rows that layer computed x k;
  * (a) no hits, (d) no misses, (b) hits exactly on layers >= 2 (all of them, no misses there);
  * (c) static: hits and misses both > 0, lru: units swapped in during the run.
+ * Steps of <= 8 rows (D, and every decode step) take the decode MoE: hot units routed on the device
+ * through the slot table, no host round trip in a layer whose units are all HOT ((d), layers >= 2
+ * of (b)), one that the hot launch overlaps elsewhere ((a), (b)'s first layers, (c)), the routing
+ * recorded after the step: the usage checks above hold for it as for the prefill path. Stacked
+ * q|k(|v) weights are used by both models (F32: all three; Q4_K_M: q|k, v apart when Q6_K).
  * Also: two GPU sessions through hm_batch_eval equal each alone; an f32 KV cache with the GPU is
  * HM_ERR_UNSUPPORTED. Exits 77 ("skipped: no GPU") without a CUDA device. */
 #include <math.h>

@@ -557,6 +557,8 @@ hm_status q3_gpu_forward(const hm_model *m, q3_state *s, hm_pool *pool, const hm
 fail: {
     hm_err e; /* best effort: nothing queued may outlive the step (the store refills slots next) */
     hm_cuda_sync(c, &e);
+    /* the device slot table may not have gone up: rebuild all of it next time */
+    for (size_t i = 0; i < (size_t)q->n_layer * (size_t)q->n_expert; i++) g->seen[i] = -2;
     return st;
 }
 }
