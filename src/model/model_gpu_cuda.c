@@ -149,6 +149,13 @@ hm_status hm_model_gpu_open(hm_model *m, const hm_placement_opts *o, int64_t *sl
         why = o->n_cpu_moe >= 0 ? "--n-cpu-moe" : "-ngl (every expert on the GPU)";
     }
     if ((uint64_t)want > u->n_units) want = (int64_t)u->n_units;
+    if (want > 0 && g->no_gpu_experts) {
+        hm_log_printf(&m->log, HM_LOG_WARN, "the CUDA expert kernels cannot compute this model's expert units (%s): "
+                      "every expert runs on the CPU, no VRAM slots are taken", g->no_gpu_experts);
+        want = 0;
+        *layer_from = -1;
+        g->n_cpu_moe = -1;
+    }
 
     /* what fits */
     size_t fr = 0, tot = 0;
