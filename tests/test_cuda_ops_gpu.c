@@ -170,21 +170,30 @@ static void test_matmul(void) {
                 for (int64_t k = 0; k < ne0; k++) s += (double)m.deq[r * ne0 + k] * (double)x[t * ne0 + k];
                 ref[t * ne1 + r] = s;
             }
-        double worst_mv = 0, worst_mm = 0;
+        double worst_mv = 0, worst_mm = 0, worst_old = 0;
+        for (int kern = HM_CUDA_KERN_OLD; kern <= HM_CUDA_KERN_NEW; kern++)
         for (size_t i = 0; i < sizeof toks / sizeof toks[0]; i++) {
             const int64_t nt = toks[i];
+            if (kern == HM_CUDA_KERN_OLD && nt > HM_CUDA_MATVEC_MAX_TOK) continue;
+            hm_cuda_set_kern(ctx, kern);
             CK(hm_cuda_memset(ctx, dy, 0xff, sizeof(float) * (size_t)(max_tok * ne1), &err)); /* NaNs */
             CK(hm_cuda_matmul(ctx, &w, dx, nt, dy, &err));
             dev_to(y, dy, sizeof(float) * (size_t)(nt * ne1));
             const double e = nmse(y, ref, nt * ne1);
             const bool mv = nt <= HM_CUDA_MATVEC_MAX_TOK;
             const double bound = mv ? 1e-10 : 1e-4;
-            CHECKF(e < bound, "matmul %s n_tok %lld: nmse %.3g (bound %.0e)", hm_type_name(type), (long long)nt, e, bound);
+            CHECKF(e < bound, "matmul %s n_tok %lld (%s kernel): nmse %.3g (bound %.0e)", hm_type_name(type),
+                   (long long)nt, kern == HM_CUDA_KERN_OLD ? "old" : "new", e, bound);
+            if (kern == HM_CUDA_KERN_OLD) {
+                if (e > worst_old) worst_old = e;
+                continue;
+            }
             if (mv && e > worst_mv) worst_mv = e;
             if (!mv && e > worst_mm) worst_mm = e;
         }
-        printf("matmul %-7s decode matvec nmse %.2e   prefill tiles (bf16 wmma) nmse %.2e\n",
-               hm_type_name(type), worst_mv, worst_mm);
+        hm_cuda_set_kern(ctx, HM_CUDA_KERN_DEFAULT);
+        printf("matmul %-7s decode matvec nmse old %.2e new %.2e   prefill tiles (bf16 wmma) nmse %.2e\n",
+               hm_type_name(type), worst_old, worst_mv, worst_mm);
         hm_cuda_free(ctx, dw);
         free_weights(&m);
     }
@@ -689,10 +698,12 @@ static void test_matvec_multi(void) {
             dz[i] = dev_zero(sizeof(float) * (size_t)(8 * rows[i]));
         }
         int bad = 0;
+        for (int kern = HM_CUDA_KERN_OLD; kern <= HM_CUDA_KERN_NEW; kern++)
         for (int n_out = 2; n_out <= 3; n_out++)
             for (int64_t nt = 1; nt <= 8; nt += nt < 3 ? 2 : 5) { /* 1, 3, 8 */
                 const int64_t tot = rows[0] + rows[1] + (n_out == 3 ? rows[2] : 0);
                 hm_cuda_mat m = {dw, tys[ti], ne0, tot, w.rs};
+                hm_cuda_set_kern(ctx, kern);
                 CK(hm_cuda_matvec_multi(ctx, &m, dx, nt, n_out, dy, rows, &err));
                 int64_t r0 = 0;
                 for (int i = 0; i < n_out; i++) {
@@ -705,8 +716,9 @@ static void test_matvec_multi(void) {
                     r0 += rows[i];
                 }
             }
+        hm_cuda_set_kern(ctx, HM_CUDA_KERN_DEFAULT);
         CHECKF(bad == 0, "matvec_multi %s: %d outputs differ from the separate matvecs", hm_type_name(tys[ti]), bad);
-        printf("matvec_multi %-5s (2 and 3 stacked, n_tok 1/3/8): bit-identical with separate matvecs\n",
+        printf("matvec_multi %-5s (2 and 3 stacked, n_tok 1/3/8, old and new kernel): bit-identical with separate matvecs\n",
                hm_type_name(tys[ti]));
         for (int i = 0; i < 3; i++) {
             hm_cuda_free(ctx, dy[i]);
@@ -763,11 +775,19 @@ static void test_moe_dev_case(int gate_type, int down_type, int64_t n_tok, int n
     hm_cuda_moe_slot *dslots = dev_from(slots, sizeof(hm_cuda_moe_slot) * (size_t)n_expert);
     const size_t ss = hm_cuda_moe_dev_scratch_size(n_tok, k, n_ff);
     void *scr = dev_zero(ss);
+    float *out_old = xmalloc(xb);
+    hm_cuda_set_kern(ctx, HM_CUDA_KERN_OLD);
+    CK(hm_cuda_moe_dev(ctx, dslots, gate_type, down_type, dids, dw, k, dx, n_tok, n_embd, n_ff, dout, scr, ss, &err));
+    dev_to(out_old, dout, xb);
+    CK(hm_cuda_upload(ctx, dout, out0, xb, &err));
+    CK(hm_cuda_memset(ctx, scr, 0xff, ss, &err)); /* NaN h: the new kernel must write what it reads */
+    hm_cuda_set_kern(ctx, HM_CUDA_KERN_NEW);
     CK(hm_cuda_moe_dev(ctx, dslots, gate_type, down_type, dids, dw, k, dx, n_tok, n_embd, n_ff, dout, scr, ss, &err));
     dev_to(out, dout, xb);
     CK(hm_cuda_upload(ctx, dout, out0, xb, &err));
     CK(hm_cuda_moe_dev(ctx, dslots, gate_type, down_type, dids, dw, k, dx, n_tok, n_embd, n_ff, dout, scr, ss, &err));
     dev_to(out2, dout, xb);
+    hm_cuda_set_kern(ctx, HM_CUDA_KERN_DEFAULT);
     CHECKF(!memcmp(out, out2, xb), "moe_dev: two runs differ (not deterministic)");
     for (int64_t i = 0; i < n_tok * n_embd; i++) ref[i] = out0[i];
     int64_t n_pairs = 0;
@@ -791,12 +811,16 @@ static void test_moe_dev_case(int gate_type, int down_type, int64_t n_tok, int n
                 ref[t * n_embd + r] += (double)wts[t * k + j] * d;
             }
         }
-    const double err_n = nmse(out, ref, n_tok * n_embd);
-    CHECKF(err_n < 1e-10, "moe_dev %s/%s n_tok %lld: nmse %.3g", hm_type_name(gate_type), hm_type_name(down_type),
-           (long long)n_tok, err_n);
-    printf("moe_dev gate/up %s down %s: %d of %d experts hot, n_tok %lld, top-%d, %lld hot pairs: nmse %.2e, "
-           "deterministic\n", hm_type_name(gate_type), hm_type_name(down_type), n_hot, n_expert, (long long)n_tok, k,
-           (long long)n_pairs, err_n);
+    const double err_n = nmse(out, ref, n_tok * n_embd), err_o = nmse(out_old, ref, n_tok * n_embd);
+    CHECKF(err_n < 1e-10, "moe_dev %s/%s n_tok %lld (new kernel): nmse %.3g", hm_type_name(gate_type),
+           hm_type_name(down_type), (long long)n_tok, err_n);
+    CHECKF(err_o < 1e-10, "moe_dev %s/%s n_tok %lld (old kernel): nmse %.3g", hm_type_name(gate_type),
+           hm_type_name(down_type), (long long)n_tok, err_o);
+    printf("moe_dev gate/up %s down %s: %d of %d experts hot, n_tok %lld, top-%d, %lld hot pairs: nmse old %.2e "
+           "new %.2e (%s), deterministic\n", hm_type_name(gate_type), hm_type_name(down_type), n_hot, n_expert,
+           (long long)n_tok, k, (long long)n_pairs, err_o, err_n,
+           memcmp(out, out_old, xb) ? "new != old bitwise" : "new == old bitwise");
+    free(out_old);
     for (int e = 0; e < 3 * n_expert; e++) hm_cuda_free(ctx, dptr[e]);
     for (int e = 0; e < n_expert; e++) {
         free_weights(&g[e]);
@@ -839,38 +863,131 @@ static void test_errors(void) {
 
 /* ---- decode matvec bandwidth (prints, no asserts) ---- */
 
+/* Mean time of one decode matvec of `type` (ne0 x ne1, nt tokens), weights cycled through
+ * `copies` copies in buf (>= 1 GiB) so they come from HBM. */
+static double time_matvec(int type, int64_t ne0, int64_t ne1, int64_t nt, void *buf, size_t mb, size_t copies,
+                          const float *dx, float *dy) {
+    const size_t rs = hm_row_size(type, ne0);
+    const int iters = (int)(copies < 400 ? 400 : copies);
+    double t0 = 0;
+    for (int it = -20; it < iters; it++) {
+        if (it == 0) {
+            CK(hm_cuda_sync(ctx, &err));
+            t0 = now_s();
+        }
+        hm_cuda_mat w = {(char *)buf + (size_t)((it + 20) % (int)copies) * mb, type, ne0, ne1, rs};
+        CK(hm_cuda_matmul(ctx, &w, dx, nt, dy, &err));
+    }
+    CK(hm_cuda_sync(ctx, &err));
+    return (now_s() - t0) / iters;
+}
+
 static void bench_matvec(void) {
-    const int64_t shapes[2][2] = {{2048, 768}, {4096, 4096}};
-    printf("\ndecode matvec, n_tok 1, weights cycled through >= 1 GiB so they come from HBM:\n");
-    printf("%-7s %28s %28s\n", "type", "2048 x 768 (expert gate)", "4096 x 4096");
-    float *dx = dev_zero(sizeof(float) * 4096 * 8), *dy = dev_zero(sizeof(float) * 4096 * 8);
+    const int64_t shapes[][2] = {{2048, 768}, {2048, 512}, {512, 2048}, {4096, 4096}, {4608, 2048}};
+    const int n_shapes = (int)(sizeof shapes / sizeof shapes[0]);
+    printf("\ndecode matvec (ne0 x ne1 = row length x rows), weights cycled through >= 1 GiB so they come "
+           "from HBM;\neach cell: OLD us -> NEW us (NEW GB/s of weight bytes)\n");
+    printf("%-7s %-3s", "type", "tok");
+    for (int s = 0; s < n_shapes; s++) printf(" %27lldx%-5lld", (long long)shapes[s][0], (long long)shapes[s][1]);
+    printf("\n");
+    float *hx = xmalloc(sizeof(float) * 4608 * 8);
+    fill(hx, 4608 * 8, 1.0f);
+    float *dx = dev_from(hx, sizeof(float) * 4608 * 8), *dy = dev_zero(sizeof(float) * 4608 * 8);
+    free(hx);
+    const int64_t nts[2] = {1, 4};
     for (int ti = 0; ti < N_TYPES; ti++) {
         const int type = types[ti];
-        printf("%-7s", hm_type_name(type));
-        for (int s = 0; s < 2; s++) {
+        double t[2][8][2];
+        for (int s = 0; s < n_shapes; s++) {
             const int64_t ne0 = shapes[s][0], ne1 = shapes[s][1];
             const size_t rs = hm_row_size(type, ne0), mb = (rs * (size_t)ne1 + 255) & ~(size_t)255;
             const size_t copies = ((size_t)1 << 30) / mb + 1;
             void *buf;
             CK(hm_cuda_alloc(ctx, copies * mb, &buf, &err));
             CK(hm_cuda_memset(ctx, buf, 0x11, copies * mb, &err));
-            const int iters = (int)(copies < 400 ? 400 : copies);
-            double t0 = 0;
-            for (int it = -20; it < iters; it++) {
-                if (it == 0) {
-                    CK(hm_cuda_sync(ctx, &err));
-                    t0 = now_s();
+            for (int n = 0; n < 2; n++)
+                for (int k = 0; k < 2; k++) {
+                    hm_cuda_set_kern(ctx, k ? HM_CUDA_KERN_NEW : HM_CUDA_KERN_OLD);
+                    t[n][s][k] = time_matvec(type, ne0, ne1, nts[n], buf, mb, copies, dx, dy);
                 }
-                hm_cuda_mat w = {(char *)buf + (size_t)((it + 20) % (int)copies) * mb, type, ne0, ne1, rs};
-                CK(hm_cuda_matmul(ctx, &w, dx, 1, dy, &err));
-            }
-            CK(hm_cuda_sync(ctx, &err));
-            const double dt = (now_s() - t0) / iters;
-            printf("   %7.1f GB/s (%6.2f us)", (double)rs * (double)ne1 / dt * 1e-9, dt * 1e6);
+            hm_cuda_set_kern(ctx, HM_CUDA_KERN_DEFAULT);
             hm_cuda_free(ctx, buf);
         }
-        printf("\n");
+        for (int n = 0; n < 2; n++) {
+            printf("%-7s %-3lld", hm_type_name(type), (long long)nts[n]);
+            for (int s = 0; s < n_shapes; s++) {
+                const double bytes = (double)hm_row_size(type, shapes[s][0]) * (double)shapes[s][1];
+                printf("  %7.2f -> %7.2f (%6.0f)", t[n][s][0] * 1e6, t[n][s][1] * 1e6, bytes / t[n][s][1] * 1e-9);
+            }
+            printf("\n");
+        }
     }
+    hm_cuda_free(ctx, dx);
+    hm_cuda_free(ctx, dy);
+}
+
+/* The decode MoE of the target model: 256 experts of n_ff 512 on n_embd 2048, q4_K gate/up and
+ * q6_K down, top-8, one token; all experts hot (~0.5 GB, so each call's 8 experts come from HBM
+ * after the first few routings). */
+static void bench_moe_dev(void) {
+    const int n_expert = 256, k = 8;
+    const int64_t n_embd = 2048, n_ff = 512;
+    const int n_route = 64;
+    const size_t gs = hm_row_size(HM_TYPE_Q4_K, n_embd) * (size_t)n_ff, ds = hm_row_size(HM_TYPE_Q6_K, n_ff) * (size_t)n_embd;
+    const size_t es = (2 * gs + ds + 255) & ~(size_t)255;
+    char *buf;
+    CK(hm_cuda_alloc(ctx, es * (size_t)n_expert, (void **)&buf, &err));
+    CK(hm_cuda_memset(ctx, buf, 0x11, es * (size_t)n_expert, &err));
+    hm_cuda_moe_slot *slots = xmalloc(sizeof(hm_cuda_moe_slot) * (size_t)n_expert);
+    for (int e = 0; e < n_expert; e++)
+        slots[e] = (hm_cuda_moe_slot){buf + (size_t)e * es, buf + (size_t)e * es + gs, buf + (size_t)e * es + 2 * gs};
+    hm_cuda_moe_slot *dslots = dev_from(slots, sizeof(hm_cuda_moe_slot) * (size_t)n_expert);
+    int32_t *ids = xmalloc(sizeof(int32_t) * (size_t)(n_route * k));
+    float *wts = xmalloc(sizeof(float) * (size_t)(n_route * k));
+    for (int i = 0; i < n_route * k; i++) {
+        ids[i] = (int32_t)(rnd_u() * n_expert) % n_expert;
+        wts[i] = (float)rnd_u();
+    }
+    int32_t *dids = dev_from(ids, sizeof(int32_t) * (size_t)(n_route * k));
+    float *dw = dev_from(wts, sizeof(float) * (size_t)(n_route * k));
+    float *hx = xmalloc(sizeof(float) * (size_t)n_embd);
+    fill(hx, n_embd, 1.0f);
+    float *dx = dev_from(hx, sizeof(float) * (size_t)n_embd), *dout = dev_zero(sizeof(float) * (size_t)n_embd);
+    const size_t ss = hm_cuda_moe_dev_scratch_size(1, k, n_ff);
+    void *scr = dev_zero(ss);
+    double t[2];
+    for (int kk = 0; kk < 2; kk++) {
+        hm_cuda_set_kern(ctx, kk ? HM_CUDA_KERN_NEW : HM_CUDA_KERN_OLD);
+        const int iters = 2000;
+        double t0 = 0;
+        for (int it = -20; it < iters; it++) {
+            if (it == 0) {
+                CK(hm_cuda_sync(ctx, &err));
+                t0 = now_s();
+            }
+            const int r = (it + 20) % n_route;
+            CK(hm_cuda_moe_dev(ctx, dslots, HM_TYPE_Q4_K, HM_TYPE_Q6_K, dids + r * k, dw + r * k, k, dx, 1, n_embd,
+                               n_ff, dout, scr, ss, &err));
+        }
+        CK(hm_cuda_sync(ctx, &err));
+        t[kk] = (now_s() - t0) / iters;
+    }
+    hm_cuda_set_kern(ctx, HM_CUDA_KERN_DEFAULT);
+    const double bytes = (double)k * (double)(2 * gs + ds);
+    printf("\nmoe_dev decode (256 experts, n_embd 2048, n_ff 512, q4_K/q6_K, top-8, 1 token, %.1f MB of "
+           "weights a call): OLD %.2f us -> NEW %.2f us (%.0f GB/s)\n", bytes * 1e-6, t[0] * 1e6, t[1] * 1e6,
+           bytes / t[1] * 1e-9);
+    hm_cuda_free(ctx, buf);
+    hm_cuda_free(ctx, dslots);
+    hm_cuda_free(ctx, dids);
+    hm_cuda_free(ctx, dw);
+    hm_cuda_free(ctx, dx);
+    hm_cuda_free(ctx, dout);
+    hm_cuda_free(ctx, scr);
+    free(slots); free(ids); free(wts); free(hx);
+}
+
+static void bench_prefill(void) {
     /* prefill tiles: 512 tokens through a 4096 x 4096 weight */
     printf("\nprefill matmul 4096 x 4096, 512 tokens (bf16 wmma):\n");
     float *px = dev_zero(sizeof(float) * 4096 * 512), *py = dev_zero(sizeof(float) * 4096 * 512);
@@ -893,8 +1010,6 @@ static void bench_matvec(void) {
     }
     hm_cuda_free(ctx, px);
     hm_cuda_free(ctx, py);
-    hm_cuda_free(ctx, dx);
-    hm_cuda_free(ctx, dy);
 }
 
 int main(void) {
@@ -918,7 +1033,11 @@ int main(void) {
     test_fused();
     test_matvec_multi();
     test_moe_dev();
-    if (!getenv("HM_NO_BENCH")) bench_matvec();
+    if (!getenv("HM_NO_BENCH")) {
+        bench_matvec();
+        bench_moe_dev();
+        bench_prefill();
+    }
     hm_cuda_close(ctx);
     return test_done();
 }

@@ -29,6 +29,7 @@ struct hm_cuda_ctx {
     size_t moe_host_size[HM_CUDA_MOE_RING];
     cudaEvent_t moe_free[HM_CUDA_MOE_RING];
     int moe_next;
+    int kern;                  /* hm_cuda_kern: which decode kernels (tests pick; 0 = default) */
 };
 
 /* Evaluate a CUDA runtime call; on failure fill `err` (a hm_err * in scope) and return. */

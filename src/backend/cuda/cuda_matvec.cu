@@ -53,15 +53,77 @@ __global__ void __launch_bounds__(128) k_matvec(const uint8_t *__restrict__ w, s
     }
 }
 
-template <int T>
-static void launch_matvec(cudaStream_t st, const hm_cuda_mat *w, const float *x, int n_tok, const mv_out &y) {
-    const unsigned nb = hm_cu_blocks(w->ne1, 4);
-    const uint8_t *wd = (const uint8_t *)w->data;
-    if (n_tok == 1) k_matvec<T, 1><<<nb, 128, 0, st>>>(wd, w->nb1, w->ne0, w->ne1, x, n_tok, y);
-    else if (n_tok == 2) k_matvec<T, 2><<<nb, 128, 0, st>>>(wd, w->nb1, w->ne0, w->ne1, x, n_tok, y);
-    else if (n_tok <= 4) k_matvec<T, 4><<<nb, 128, 0, st>>>(wd, w->nb1, w->ne0, w->ne1, x, n_tok, y);
-    else k_matvec<T, 8><<<nb, 128, 0, st>>>(wd, w->nb1, w->ne0, w->ne1, x, n_tok, y);
+/* The new kernel (HM_CUDA_KERN_NEW): a warp takes R consecutive rows and each lane issues the
+ * loads of U groups of all R rows before decoding any (warp_rows_dot), so a lane has U*R loads in
+ * flight instead of one; the R rows share one read of the activations. Each row's sum is formed in
+ * the same order as k_matvec's, whatever R and U, so a row's result does not depend on which rows
+ * share its launch (hm_cuda_matvec_multi stays bit-identical to separate hm_cuda_matmul calls). */
+template <int T, int NT, int R, int U>
+__global__ void __launch_bounds__(128) k_matvec2(const uint8_t *__restrict__ w, size_t nb1, int64_t ne0,
+                                                 int64_t ne1, const float *__restrict__ x, int n_tok,
+                                                 const mv_out o) {
+    const int lane = threadIdx.x & 31;
+    const int64_t r0 = ((int64_t)blockIdx.x * 4 + (threadIdx.x >> 5)) * R;
+    if (r0 >= ne1) return;
+    const uint8_t *rows[R];
+    const float *xs[R][NT];
+    float acc[R][NT];
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        rows[r] = w + (r0 + r < ne1 ? r0 + r : ne1 - 1) * nb1; /* a tail row repeats the last */
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            xs[r][t] = x + (int64_t)(t < n_tok ? t : n_tok - 1) * ne0;
+            acc[r][t] = 0.0f;
+        }
+    }
+    warp_rows_dot<T, NT, R, U, true>(rows, (int)(ne0 / 8), xs, acc, lane);
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        const int64_t row = r0 + r;
+        if (row >= ne1) break;
+        int sg = 0;
+        if (o.n_seg > 1 && row >= o.r0[1]) sg = 1;
+        if (o.n_seg > 2 && row >= o.r0[2]) sg = 2;
+        float *y = o.y[sg];
+        const int64_t ry = row - o.r0[sg], ny = o.n[sg];
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            const float s = warp_sum(acc[r][t]);
+            if (lane == t && t < n_tok) y[(int64_t)t * ny + ry] = s;
+        }
+    }
 }
+
+template <int T, int NT, int R, int U>
+static void launch2(cudaStream_t st, const hm_cuda_mat *w, const float *x, int n_tok, const mv_out &y) {
+    k_matvec2<T, NT, R, U><<<hm_cu_blocks(w->ne1, 4 * R), 128, 0, st>>>((const uint8_t *)w->data, w->nb1,
+                                                                       w->ne0, w->ne1, x, n_tok, y);
+}
+
+template <int T>
+static void launch_matvec(const hm_cuda_ctx *c, const hm_cuda_mat *w, const float *x, int n_tok, const mv_out &y) {
+    cudaStream_t st = c->compute;
+    if (c->kern == HM_CUDA_KERN_OLD) {
+        const unsigned nb = hm_cu_blocks(w->ne1, 4);
+        const uint8_t *wd = (const uint8_t *)w->data;
+        if (n_tok == 1) k_matvec<T, 1><<<nb, 128, 0, st>>>(wd, w->nb1, w->ne0, w->ne1, x, n_tok, y);
+        else if (n_tok == 2) k_matvec<T, 2><<<nb, 128, 0, st>>>(wd, w->nb1, w->ne0, w->ne1, x, n_tok, y);
+        else if (n_tok <= 4) k_matvec<T, 4><<<nb, 128, 0, st>>>(wd, w->nb1, w->ne0, w->ne1, x, n_tok, y);
+        else k_matvec<T, 8><<<nb, 128, 0, st>>>(wd, w->nb1, w->ne0, w->ne1, x, n_tok, y);
+        return;
+    }
+    /* Two rows per warp only when that still leaves >= 4 warps per multiprocessor; short
+     * matrices (the experts' 512..768 rows) take one row per warp and 8 groups in flight. */
+    if (n_tok == 1) {
+        if (w->ne1 >= (int64_t)c->n_sm * 16) launch2<T, 1, 2, 4>(st, w, x, n_tok, y);
+        else launch2<T, 1, 1, 8>(st, w, x, n_tok, y);
+    } else if (n_tok == 2) launch2<T, 2, 1, 4>(st, w, x, n_tok, y);
+    else if (n_tok <= 4) launch2<T, 4, 1, 4>(st, w, x, n_tok, y);
+    else launch2<T, 8, 1, 2>(st, w, x, n_tok, y);
+}
+
+void hm_cuda_set_kern(hm_cuda_ctx *c, int kern) { c->kern = kern; }
 
 bool hm_cuda_type_ok(int type) { return hm_cuda_type_align(type) != 0; }
 
@@ -92,7 +154,7 @@ hm_status hm_cuda_mat_check(const hm_cuda_mat *w, hm_err *err) {
 static hm_status matvec_out(hm_cuda_ctx *c, const hm_cuda_mat *w, const float *x, int n_tok, const mv_out &y,
                             hm_err *err) {
     switch (w->type) {
-#define HM_MV_CASE(T) case T: launch_matvec<T>(c->compute, w, x, n_tok, y); break;
+#define HM_MV_CASE(T) case T: launch_matvec<T>(c, w, x, n_tok, y); break;
         HM_CUDA_FOR_TYPES(HM_MV_CASE)
 #undef HM_MV_CASE
     default: return hm_errf(err, HM_ERR_UNSUPPORTED, "cuda matvec: type %d", w->type);

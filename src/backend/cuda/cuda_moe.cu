@@ -284,6 +284,80 @@ __global__ void __launch_bounds__(128) k_moed_down(const hm_cuda_moe_slot *__res
     if (lane == 0) out[t * n_embd + r] += acc;
 }
 
+/* The new kernels (HM_CUDA_KERN_NEW, warp_rows_dot): launch A takes gate row r and up row r as
+ * the two rows of one warp_rows_dot (their loads interleaved, 8 in flight per lane instead of one
+ * sequential pass per matrix); launch B takes the down rows of MOED_R of the token's k experts at
+ * once, each against its own h[p]. Sums are formed in the old kernels' order. */
+#define MOED_R 4
+
+template <int T>
+__global__ void __launch_bounds__(128) k_moed_gate_up2(const hm_cuda_moe_slot *__restrict__ slots,
+                                                       const int32_t *__restrict__ ids, int k,
+                                                       const float *__restrict__ x, int64_t n_embd,
+                                                       int64_t n_ff, size_t nb1, float *__restrict__ h) {
+    const int lane = threadIdx.x & 31;
+    const int64_t r = (int64_t)blockIdx.x * 4 + (threadIdx.x >> 5);
+    if (r >= n_ff) return;
+    const int64_t p = blockIdx.y;
+    const hm_cuda_moe_slot s = slots[ids[p]];
+    if (!s.gate) return;
+    const float *xt = x + (p / k) * n_embd;
+    const uint8_t *rows[2] = {(const uint8_t *)s.gate + r * nb1, (const uint8_t *)s.up + r * nb1};
+    const float *xs[2][1] = {{xt}, {xt}};
+    float acc[2][1] = {{0.0f}, {0.0f}};
+    warp_rows_dot<T, 1, 2, 4, true>(rows, (int)(n_embd / 8), xs, acc, lane);
+    const float gs = warp_sum(acc[0][0]), us = warp_sum(acc[1][0]);
+    if (lane == 0) h[p * n_ff + r] = silu(gs) * us;
+}
+
+template <int T>
+__global__ void __launch_bounds__(128) k_moed_down2(const hm_cuda_moe_slot *__restrict__ slots,
+                                                    const int32_t *__restrict__ ids,
+                                                    const float *__restrict__ weights, int k,
+                                                    const float *__restrict__ h, int64_t n_embd,
+                                                    int64_t n_ff, size_t nb1, float *__restrict__ out) {
+    const int lane = threadIdx.x & 31;
+    const int64_t r = (int64_t)blockIdx.x * 4 + (threadIdx.x >> 5);
+    const int64_t t = blockIdx.y;
+    if (r >= n_embd) return;
+    float acc = 0.0f;
+    bool any = false;
+    for (int j0 = 0; j0 < k; j0 += MOED_R) {
+        const uint8_t *rows[MOED_R];
+        const float *xs[MOED_R][1];
+        bool live[MOED_R];
+        int hot = -1;
+#pragma unroll
+        for (int jj = 0; jj < MOED_R; jj++) {
+            const int64_t p = t * k + j0 + jj;
+            const uint8_t *down = j0 + jj < k ? (const uint8_t *)slots[ids[p]].down : NULL;
+            live[jj] = down != NULL;
+            rows[jj] = down ? down + r * nb1 : NULL;
+            xs[jj][0] = h + p * n_ff;
+            if (down && hot < 0) hot = jj;
+        }
+        if (hot < 0) continue;
+        /* cold or past-k entries read a hot entry's row (valid memory) and are not summed */
+#pragma unroll
+        for (int jj = 0; jj < MOED_R; jj++)
+            if (!live[jj]) {
+                rows[jj] = rows[hot];
+                xs[jj][0] = xs[hot][0];
+            }
+        float d[MOED_R][1];
+#pragma unroll
+        for (int jj = 0; jj < MOED_R; jj++) d[jj][0] = 0.0f;
+        warp_rows_dot<T, 1, MOED_R, 2, false>(rows, (int)(n_ff / 8), xs, d, lane);
+#pragma unroll
+        for (int jj = 0; jj < MOED_R; jj++)
+            if (live[jj]) acc = fmaf(weights[t * k + j0 + jj], d[jj][0], acc);
+        any = true;
+    }
+    if (!any) return;
+    acc = warp_sum(acc);
+    if (lane == 0) out[t * n_embd + r] += acc;
+}
+
 size_t hm_cuda_moe_dev_scratch_size(int64_t n_tok, int k, int64_t n_ff) {
     return (size_t)n_tok * (size_t)k * (size_t)n_ff * sizeof(float);
 }
@@ -301,16 +375,19 @@ hm_status hm_cuda_moe_dev(hm_cuda_ctx *c, const hm_cuda_moe_slot *slots, int gat
     HM_CU_ARG(scratch_size >= hm_cuda_moe_dev_scratch_size(n_tok, k, n_ff));
     if (!n_tok) return HM_OK;
     float *h = (float *)scratch;
+    const bool old = c->kern == HM_CUDA_KERN_OLD;
     const dim3 ga(hm_cu_blocks(n_ff, 4), (unsigned)(n_tok * k)), gb(hm_cu_blocks(n_embd, 4), (unsigned)n_tok);
     switch (gate_type) {
-#define HM_MDG_CASE(T) case T: k_moed_gate_up<T><<<ga, 128, 0, c->compute>>>(slots, ids, k, x, n_embd, n_ff, hm_row_size(T, n_embd), h); break;
+#define HM_MDG_CASE(T) case T: if (old) k_moed_gate_up<T><<<ga, 128, 0, c->compute>>>(slots, ids, k, x, n_embd, n_ff, hm_row_size(T, n_embd), h); \
+                               else k_moed_gate_up2<T><<<ga, 128, 0, c->compute>>>(slots, ids, k, x, n_embd, n_ff, hm_row_size(T, n_embd), h); break;
         HM_CUDA_FOR_TYPES(HM_MDG_CASE)
 #undef HM_MDG_CASE
     default: return hm_errf(err, HM_ERR_UNSUPPORTED, "cuda moe: gate type %d", gate_type);
     }
     HM_CU_LAUNCH("moe_dev gate_up");
     switch (down_type) {
-#define HM_MDD_CASE(T) case T: k_moed_down<T><<<gb, 128, 0, c->compute>>>(slots, ids, weights, k, h, n_embd, n_ff, hm_row_size(T, n_ff), out); break;
+#define HM_MDD_CASE(T) case T: if (old) k_moed_down<T><<<gb, 128, 0, c->compute>>>(slots, ids, weights, k, h, n_embd, n_ff, hm_row_size(T, n_ff), out); \
+                               else k_moed_down2<T><<<gb, 128, 0, c->compute>>>(slots, ids, weights, k, h, n_embd, n_ff, hm_row_size(T, n_ff), out); break;
         HM_CUDA_FOR_TYPES(HM_MDD_CASE)
 #undef HM_MDD_CASE
     default: return hm_errf(err, HM_ERR_UNSUPPORTED, "cuda moe: down type %d", down_type);

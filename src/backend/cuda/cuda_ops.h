@@ -244,6 +244,11 @@ hm_status hm_cuda_qk_norm_rope_kv(hm_cuda_ctx *c, float *q, float *k, const floa
 hm_status hm_cuda_get_rows(hm_cuda_ctx *c, const hm_cuda_mat *table, const int32_t *ids,
                            int64_t n_ids, float *out, hm_err *err);
 
+/* Test hook, not for the engine: which decode kernels (hm_cuda_matmul's matvec path,
+ * hm_cuda_matvec_multi, hm_cuda_moe_dev) the context runs. DEFAULT is what the engine gets. */
+enum hm_cuda_kern { HM_CUDA_KERN_DEFAULT = 0, HM_CUDA_KERN_OLD = 1, HM_CUDA_KERN_NEW = 2 };
+void hm_cuda_set_kern(hm_cuda_ctx *c, int kern);
+
 /* The kernels' block decoders run on the host (no GPU needed): out[0 .. ne0) = `row` of `type`
  * dequantised exactly as the device does it. For tests; HM_ERR_UNSUPPORTED without a kernel. */
 hm_status hm_cuda_dequant_row_host(int type, const void *row, int64_t ne0, float *out, hm_err *err);

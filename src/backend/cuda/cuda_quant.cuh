@@ -128,18 +128,35 @@ template <> struct qtype<HM_TYPE_Q5_K>   { static constexpr int blk = 256, size 
 template <> struct qtype<HM_TYPE_Q6_K>   { static constexpr int blk = 256, size = 210, align = 2; };
 template <> struct qtype<HM_TYPE_IQ4_XS> { static constexpr int blk = 256, size = 136, align = 8; };
 
-template <int T> HMCU_HD void deq8(const uint8_t *__restrict__ row, int64_t g, float w[8]);
+/* Decoding is split in two halves so that a kernel can issue the loads of several groups before
+ * the arithmetic of the first (memory-level parallelism): load<T>(row, g) reads the raw bytes of
+ * group g into a `raw` (8 registers; unused words are dropped by the compiler), dec<T>(raw, g, w)
+ * turns them into 8 floats. deq8 = dec(load()), so the host check of deq8 covers both halves. */
+struct raw {
+    uint4 a, b;
+};
 
-template <> HMCU_HD void deq8<HM_TYPE_F32>(const uint8_t *__restrict__ row, int64_t g, float w[8]) {
-    const float4 *p = (const float4 *)row + 2 * g;
-    const float4 a = ldg(p), b = ldg(p + 1);
-    w[0] = a.x; w[1] = a.y; w[2] = a.z; w[3] = a.w;
-    w[4] = b.x; w[5] = b.y; w[6] = b.z; w[7] = b.w;
+template <int T> HMCU_HD raw load(const uint8_t *__restrict__ row, int g);
+template <int T> HMCU_HD void dec(const raw &r, int g, float w[8]);
+
+template <int T> HMCU_HD void deq8(const uint8_t *__restrict__ row, int64_t g, float w[8]) {
+    dec<T>(load<T>(row, (int)g), (int)g, w);
 }
 
-template <> HMCU_HD void deq8<HM_TYPE_F16>(const uint8_t *__restrict__ row, int64_t g, float w[8]) {
-    const uint4 u = ldg((const uint4 *)row + g);
-    const uint32_t v[4] = {u.x, u.y, u.z, u.w};
+template <> HMCU_HD raw load<HM_TYPE_F32>(const uint8_t *__restrict__ row, int g) {
+    const uint4 *p = (const uint4 *)row + 2 * (int64_t)g;
+    return raw{ldg(p), ldg(p + 1)};
+}
+template <> HMCU_HD void dec<HM_TYPE_F32>(const raw &r, int, float w[8]) {
+    w[0] = u2f(r.a.x); w[1] = u2f(r.a.y); w[2] = u2f(r.a.z); w[3] = u2f(r.a.w);
+    w[4] = u2f(r.b.x); w[5] = u2f(r.b.y); w[6] = u2f(r.b.z); w[7] = u2f(r.b.w);
+}
+
+template <> HMCU_HD raw load<HM_TYPE_F16>(const uint8_t *__restrict__ row, int g) {
+    return raw{ldg((const uint4 *)row + g), make_uint4(0, 0, 0, 0)};
+}
+template <> HMCU_HD void dec<HM_TYPE_F16>(const raw &r, int, float w[8]) {
+    const uint32_t v[4] = {r.a.x, r.a.y, r.a.z, r.a.w};
 HMCU_UNROLL
     for (int i = 0; i < 4; i++) {
         w[2 * i] = half_f((uint16_t)v[i]);
@@ -147,9 +164,11 @@ HMCU_UNROLL
     }
 }
 
-template <> HMCU_HD void deq8<HM_TYPE_BF16>(const uint8_t *__restrict__ row, int64_t g, float w[8]) {
-    const uint4 u = ldg((const uint4 *)row + g);
-    const uint32_t v[4] = {u.x, u.y, u.z, u.w};
+template <> HMCU_HD raw load<HM_TYPE_BF16>(const uint8_t *__restrict__ row, int g) {
+    return raw{ldg((const uint4 *)row + g), make_uint4(0, 0, 0, 0)};
+}
+template <> HMCU_HD void dec<HM_TYPE_BF16>(const raw &r, int, float w[8]) {
+    const uint32_t v[4] = {r.a.x, r.a.y, r.a.z, r.a.w};
 HMCU_UNROLL
     for (int i = 0; i < 4; i++) {
         w[2 * i] = u2f(v[i] << 16);
@@ -157,69 +176,86 @@ HMCU_UNROLL
     }
 }
 
-/* q8_0: group k of block b is qs[8k .. 8k+7]. */
-template <> HMCU_HD void deq8<HM_TYPE_Q8_0>(const uint8_t *__restrict__ row, int64_t g, float w[8]) {
-    const uint8_t *b = row + (g >> 2) * 34;
-    const float d = half_f(ld16(b));
+/* q8_0: group k of block b is qs[8k .. 8k+7]. a = {d, qs lo, qs hi}. */
+template <> HMCU_HD raw load<HM_TYPE_Q8_0>(const uint8_t *__restrict__ row, int g) {
+    const uint8_t *b = row + (int64_t)(g >> 2) * 34;
     const uint2 u = ld8_a2(b + 2 + 8 * (g & 3));
+    return raw{make_uint4(ld16(b), u.x, u.y, 0), make_uint4(0, 0, 0, 0)};
+}
+template <> HMCU_HD void dec<HM_TYPE_Q8_0>(const raw &r, int, float w[8]) {
+    const float d = half_f((uint16_t)r.a.x);
 HMCU_UNROLL
     for (int i = 0; i < 4; i++) {
-        w[i] = d * (float)(int8_t)(u.x >> (8 * i));
-        w[i + 4] = d * (float)(int8_t)(u.y >> (8 * i));
+        w[i] = d * (float)(int8_t)(r.a.y >> (8 * i));
+        w[i + 4] = d * (float)(int8_t)(r.a.z >> (8 * i));
     }
 }
 
 /* q4_0 / mxfp4: groups 0,1 are the low nibbles of qs[0..15], groups 2,3 the high nibbles. */
-template <> HMCU_HD void deq8<HM_TYPE_Q4_0>(const uint8_t *__restrict__ row, int64_t g, float w[8]) {
-    const uint8_t *b = row + (g >> 2) * 18;
-    const float d = half_f(ld16(b));
+template <> HMCU_HD raw load<HM_TYPE_Q4_0>(const uint8_t *__restrict__ row, int g) {
+    const uint8_t *b = row + (int64_t)(g >> 2) * 18;
+    const uint2 u = ld8_a2(b + 2 + 8 * (g & 1));
+    return raw{make_uint4(ld16(b), u.x, u.y, 0), make_uint4(0, 0, 0, 0)};
+}
+template <> HMCU_HD void dec<HM_TYPE_Q4_0>(const raw &r, int g, float w[8]) {
+    const float d = half_f((uint16_t)r.a.x);
     int q[8];
-    nib8(ld8_a2(b + 2 + 8 * (g & 1)), (g & 2) != 0, q);
+    nib8(make_uint2(r.a.y, r.a.z), (g & 2) != 0, q);
 HMCU_UNROLL
     for (int i = 0; i < 8; i++) w[i] = d * (float)(q[i] - 8);
 }
 
-template <> HMCU_HD void deq8<HM_TYPE_MXFP4>(const uint8_t *__restrict__ row, int64_t g, float w[8]) {
-    const uint8_t *b = row + (g >> 2) * 17;
-    const float d = e8m0_half(b[0]);
+template <> HMCU_HD raw load<HM_TYPE_MXFP4>(const uint8_t *__restrict__ row, int g) {
+    const uint8_t *b = row + (int64_t)(g >> 2) * 17;
+    const uint2 u = ld8_a1(b + 1 + 8 * (g & 1));
+    return raw{make_uint4(b[0], u.x, u.y, 0), make_uint4(0, 0, 0, 0)};
+}
+template <> HMCU_HD void dec<HM_TYPE_MXFP4>(const raw &r, int g, float w[8]) {
+    const float d = e8m0_half(r.a.x);
     int q[8];
-    nib8(ld8_a1(b + 1 + 8 * (g & 1)), (g & 2) != 0, q);
+    nib8(make_uint2(r.a.y, r.a.z), (g & 2) != 0, q);
 HMCU_UNROLL
     for (int i = 0; i < 8; i++) w[i] = d * (float)lut_mxfp4((uint32_t)q[i]);
 }
 
 /* q4_K: lane-group l (0..31) of a block: sub-block j = l/4 (scale j), chunk c = l/8, nibble half
- * (l/4)&1, bytes qs[32c + 8(l%4) ..]. */
-template <> HMCU_HD void deq8<HM_TYPE_Q4_K>(const uint8_t *__restrict__ row, int64_t g, float w[8]) {
-    const uint8_t *b = row + (g >> 5) * 144;
-    const int l = (int)(g & 31), j = l >> 2;
-    const uint4 h = ldg((const uint4 *)b); /* d, dmin, scales[12] */
+ * (l/4)&1, bytes qs[32c + 8(l%4) ..]. a = header {d, dmin, scales[12]}, b.xy = the 8 quant bytes. */
+template <> HMCU_HD raw load<HM_TYPE_Q4_K>(const uint8_t *__restrict__ row, int g) {
+    const uint8_t *b = row + (int64_t)(g >> 5) * 144;
+    const int l = g & 31;
     const uint2 u = ldg((const uint2 *)(b + 16 + 32 * (l >> 3) + 8 * (l & 3)));
+    return raw{ldg((const uint4 *)b), make_uint4(u.x, u.y, 0, 0)};
+}
+template <> HMCU_HD void dec<HM_TYPE_Q4_K>(const raw &r, int g, float w[8]) {
+    const int j = (g & 31) >> 2;
     int sc, m;
-    k4_scale_min(h.y, h.z, h.w, j, &sc, &m);
-    const float d = half_f((uint16_t)h.x) * (float)sc, dm = half_f((uint16_t)(h.x >> 16)) * (float)m;
+    k4_scale_min(r.a.y, r.a.z, r.a.w, j, &sc, &m);
+    const float d = half_f((uint16_t)r.a.x) * (float)sc, dm = half_f((uint16_t)(r.a.x >> 16)) * (float)m;
     int q[8];
-    nib8(u, (j & 1) != 0, q);
+    nib8(make_uint2(r.b.x, r.b.y), (j & 1) != 0, q);
 HMCU_UNROLL
     for (int i = 0; i < 8; i++) w[i] = d * (float)q[i] - dm;
 }
 
-/* q5_K: as q4_K plus bit 2c + half of qh[8(l%4) + i]. */
-template <> HMCU_HD void deq8<HM_TYPE_Q5_K>(const uint8_t *__restrict__ row, int64_t g, float w[8]) {
-    const uint8_t *b = row + (g >> 5) * 176;
-    const int l = (int)(g & 31), j = l >> 2;
-    const uint4 h = ldg((const uint4 *)b);
+/* q5_K: as q4_K plus bit 2c + half of qh[8(l%4) + i]. b.xy = quants, b.zw = the qh bytes. */
+template <> HMCU_HD raw load<HM_TYPE_Q5_K>(const uint8_t *__restrict__ row, int g) {
+    const uint8_t *b = row + (int64_t)(g >> 5) * 176;
+    const int l = g & 31;
     const uint2 hb = ldg((const uint2 *)(b + 16 + 8 * (l & 3)));
     const uint2 u = ldg((const uint2 *)(b + 48 + 32 * (l >> 3) + 8 * (l & 3)));
+    return raw{ldg((const uint4 *)b), make_uint4(u.x, u.y, hb.x, hb.y)};
+}
+template <> HMCU_HD void dec<HM_TYPE_Q5_K>(const raw &r, int g, float w[8]) {
+    const int j = (g & 31) >> 2;
     int sc, m;
-    k4_scale_min(h.y, h.z, h.w, j, &sc, &m);
-    const float d = half_f((uint16_t)h.x) * (float)sc, dm = half_f((uint16_t)(h.x >> 16)) * (float)m;
+    k4_scale_min(r.a.y, r.a.z, r.a.w, j, &sc, &m);
+    const float d = half_f((uint16_t)r.a.x) * (float)sc, dm = half_f((uint16_t)(r.a.x >> 16)) * (float)m;
     int q[8];
-    nib8(u, (j & 1) != 0, q);
+    nib8(make_uint2(r.b.x, r.b.y), (j & 1) != 0, q);
 HMCU_UNROLL
     for (int i = 0; i < 4; i++) {
-        q[i] |= (int)((hb.x >> (8 * i + j)) & 1u) << 4;
-        q[i + 4] |= (int)((hb.y >> (8 * i + j)) & 1u) << 4;
+        q[i] |= (int)((r.b.z >> (8 * i + j)) & 1u) << 4;
+        q[i + 4] |= (int)((r.b.w >> (8 * i + j)) & 1u) << 4;
     }
 HMCU_UNROLL
     for (int i = 0; i < 8; i++) w[i] = d * (float)q[i] - dm;
@@ -227,35 +263,45 @@ HMCU_UNROLL
 
 /* q6_K: element e = 8l .. 8l+7 of the block: half h = l/16, quarter k = (l%16)/4, l0 = 8(l%4);
  * low 4 bits from ql[64h + 32(k&1) + l0 + i] (high nibble when k >= 2), top 2 bits from
- * qh[32h + l0 + i] bits 2k, 2k+1; scale scales[l/2]. */
-template <> HMCU_HD void deq8<HM_TYPE_Q6_K>(const uint8_t *__restrict__ row, int64_t g, float w[8]) {
-    const uint8_t *b = row + (g >> 5) * 210;
-    const int l = (int)(g & 31), hf = l >> 4, k = (l >> 2) & 3, l0 = 8 * (l & 3);
+ * qh[32h + l0 + i] bits 2k, 2k+1; scale scales[l/2]. a = {ql lo, ql hi, qh lo, qh hi},
+ * b.x = d | scale << 16. */
+template <> HMCU_HD raw load<HM_TYPE_Q6_K>(const uint8_t *__restrict__ row, int g) {
+    const uint8_t *b = row + (int64_t)(g >> 5) * 210;
+    const int l = g & 31, hf = l >> 4, k = (l >> 2) & 3, l0 = 8 * (l & 3);
     const uint2 ql = ld8_a2(b + 64 * hf + 32 * (k & 1) + l0);
     const uint2 qh = ld8_a2(b + 128 + 32 * hf + l0);
-    const float d = half_f(ld16(b + 208)) * (float)(int8_t)b[192 + (l >> 1)];
+    return raw{make_uint4(ql.x, ql.y, qh.x, qh.y),
+               make_uint4((uint32_t)ld16(b + 208) | (uint32_t)b[192 + (l >> 1)] << 16, 0, 0, 0)};
+}
+template <> HMCU_HD void dec<HM_TYPE_Q6_K>(const raw &r, int g, float w[8]) {
+    const int k = (g >> 2) & 3;
+    const float d = half_f((uint16_t)r.b.x) * (float)(int8_t)(r.b.x >> 16);
     int q[8];
-    nib8(ql, k >= 2, q);
+    nib8(make_uint2(r.a.x, r.a.y), k >= 2, q);
 HMCU_UNROLL
     for (int i = 0; i < 4; i++) {
-        q[i] |= (int)((qh.x >> (8 * i + 2 * k)) & 3u) << 4;
-        q[i + 4] |= (int)((qh.y >> (8 * i + 2 * k)) & 3u) << 4;
+        q[i] |= (int)((r.a.z >> (8 * i + 2 * k)) & 3u) << 4;
+        q[i + 4] |= (int)((r.a.w >> (8 * i + 2 * k)) & 3u) << 4;
     }
 HMCU_UNROLL
     for (int i = 0; i < 8; i++) w[i] = d * (float)(q[i] - 32);
 }
 
 /* iq4_xs: sub-block j = l/4, group k = l%4: low nibbles of qs[16j + 8k ..] for k < 2, high
- * nibbles of qs[16j + 8(k-2) ..] for k >= 2. */
-template <> HMCU_HD void deq8<HM_TYPE_IQ4_XS>(const uint8_t *__restrict__ row, int64_t g, float w[8]) {
-    const uint8_t *b = row + (g >> 5) * 136;
-    const int l = (int)(g & 31), j = l >> 2, k = l & 3;
-    const uint2 hd = ldg((const uint2 *)b); /* d, scales_h, scales_l[4] */
+ * nibbles of qs[16j + 8(k-2) ..] for k >= 2. a.xy = {d, scales_h, scales_l[4]}, a.zw = quants. */
+template <> HMCU_HD raw load<HM_TYPE_IQ4_XS>(const uint8_t *__restrict__ row, int g) {
+    const uint8_t *b = row + (int64_t)(g >> 5) * 136;
+    const int l = g & 31, j = l >> 2, k = l & 3;
+    const uint2 hd = ldg((const uint2 *)b);
     const uint2 u = ldg((const uint2 *)(b + 8 + 16 * j + 8 * (k & 1)));
-    const int ls = (int)(((hd.y >> (4 * j)) & 15u) | (((hd.x >> 16) >> (2 * j) & 3u) << 4));
-    const float d = half_f((uint16_t)hd.x) * (float)(ls - 32);
+    return raw{make_uint4(hd.x, hd.y, u.x, u.y), make_uint4(0, 0, 0, 0)};
+}
+template <> HMCU_HD void dec<HM_TYPE_IQ4_XS>(const raw &r, int g, float w[8]) {
+    const int l = g & 31, j = l >> 2, k = l & 3;
+    const int ls = (int)(((r.a.y >> (4 * j)) & 15u) | (((r.a.x >> 16) >> (2 * j) & 3u) << 4));
+    const float d = half_f((uint16_t)r.a.x) * (float)(ls - 32);
     int q[8];
-    nib8(u, k >= 2, q);
+    nib8(make_uint2(r.a.z, r.a.w), k >= 2, q);
 HMCU_UNROLL
     for (int i = 0; i < 8; i++) w[i] = d * (float)lut_iq4nl((uint32_t)q[i]);
 }
@@ -285,6 +331,53 @@ __device__ __forceinline__ void warp_row_dot(const uint8_t *__restrict__ row, in
             s = fmaf(w[4], b.x, s); s = fmaf(w[5], b.y, s); s = fmaf(w[6], b.z, s);
             s = fmaf(w[7], b.w, s);
             acc[t] += s;
+        }
+    }
+}
+
+/* The fast path (hm_cuda_kern HM_CUDA_KERN_NEW): acc[r][t] += row r . x[r][t] for R rows at once,
+ * lane l taking groups l, l+32, ... in ascending order like warp_row_dot (so each row's per-lane
+ * sum, and after warp_sum its result, is the same for any R and U). The loop body first issues the
+ * loads of U groups of all R rows (U*R independent loads in flight per lane, instead of one), then
+ * decodes and multiplies. SX: every row takes the same activations (a matvec: x[0][t] is used and
+ * loaded once for all R rows); otherwise row r multiplies x[r][t] (the MoE down rows of k experts). */
+template <int T, int NT, int R, int U, bool SX>
+__device__ __forceinline__ void warp_rows_dot(const uint8_t *const (&rows)[R], int n_groups,
+                                              const float *const (&xs)[R][NT], float (&acc)[R][NT], int lane) {
+    for (int g0 = lane; g0 < n_groups; g0 += 32 * U) {
+        raw rw[U][R];
+#pragma unroll
+        for (int u = 0; u < U; u++)
+#pragma unroll
+            for (int r = 0; r < R; r++)
+                if (g0 + 32 * u < n_groups) rw[u][r] = load<T>(rows[r], g0 + 32 * u);
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int g = g0 + 32 * u;
+            if (g >= n_groups) break;
+            float4 xa[SX ? 1 : R][NT][2];
+#pragma unroll
+            for (int r = 0; r < (SX ? 1 : R); r++)
+#pragma unroll
+                for (int t = 0; t < NT; t++) {
+                    const float4 *xp = (const float4 *)xs[r][t] + 2 * g;
+                    xa[r][t][0] = __ldg(xp);
+                    xa[r][t][1] = __ldg(xp + 1);
+                }
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                float w[8];
+                dec<T>(rw[u][r], g, w);
+#pragma unroll
+                for (int t = 0; t < NT; t++) {
+                    const float4 a = xa[SX ? 0 : r][t][0], b = xa[SX ? 0 : r][t][1];
+                    float s = w[0] * a.x;
+                    s = fmaf(w[1], a.y, s); s = fmaf(w[2], a.z, s); s = fmaf(w[3], a.w, s);
+                    s = fmaf(w[4], b.x, s); s = fmaf(w[5], b.y, s); s = fmaf(w[6], b.z, s);
+                    s = fmaf(w[7], b.w, s);
+                    acc[r][t] += s;
+                }
+            }
         }
     }
 }
