@@ -326,7 +326,8 @@ __global__ void __launch_bounds__(128) k_moed_down2(const hm_cuda_moe_slot *__re
         const uint8_t *rows[MOED_R];
         const float *xs[MOED_R][1];
         bool live[MOED_R];
-        int hot = -1;
+        const uint8_t *frow = NULL; /* a hot entry's row and h (no run-time array index) */
+        const float *fx = NULL;
 #pragma unroll
         for (int jj = 0; jj < MOED_R; jj++) {
             const int64_t p = t * k + j0 + jj;
@@ -334,15 +335,18 @@ __global__ void __launch_bounds__(128) k_moed_down2(const hm_cuda_moe_slot *__re
             live[jj] = down != NULL;
             rows[jj] = down ? down + r * nb1 : NULL;
             xs[jj][0] = h + p * n_ff;
-            if (down && hot < 0) hot = jj;
+            if (down && !frow) {
+                frow = rows[jj];
+                fx = xs[jj][0];
+            }
         }
-        if (hot < 0) continue;
+        if (!frow) continue;
         /* cold or past-k entries read a hot entry's row (valid memory) and are not summed */
 #pragma unroll
         for (int jj = 0; jj < MOED_R; jj++)
             if (!live[jj]) {
-                rows[jj] = rows[hot];
-                xs[jj][0] = xs[hot][0];
+                rows[jj] = frow;
+                xs[jj][0] = fx;
             }
         float d[MOED_R][1];
 #pragma unroll
