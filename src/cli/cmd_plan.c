@@ -1,5 +1,6 @@
 /* cmd_plan.c - `hotmoe plan`: how many expert units fit a budget, which, the hit rate, the
- * llama.cpp --n-cpu-moe equivalent, and the CPU cost of the rest (hm_plan). */
+ * llama.cpp --n-cpu-moe equivalent, the CPU cost of the rest and, with a GPU, the GPU and upload
+ * costs and the decode speed they predict (hm_plan). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,9 +13,11 @@ static void usage(FILE *f) {
           "\n"
           "Answers: with SIZE bytes of VRAM for experts, how many expert units fit, which ones, how\n"
           "often a routed unit is found there (the hit rate), what llama.cpp's --n-cpu-moe would do with\n"
-          "the same bytes, and what the rest costs on this CPU.\n"
+          "the same bytes, and what the rest costs on this CPU. With a GPU (CUDA build), it also\n"
+          "measures the upload rate, a hot unit's GPU time and two short decode runs of the model\n"
+          "(every unit in VRAM; --cpu-moe), and predicts decode tok/s for both placements.\n"
           "\n"
-          "  -m, --model FILE     the GGUF: unit sizes and a short CPU timing of its units\n"
+          "  -m, --model FILE     the GGUF: unit sizes and a short CPU (and GPU) timing of its units\n"
           "  --profile FILE       usage profile (hotmoe's, or the seed-1 fork's moe_layer_perf.v1 /\n"
           "                       moe_layer_opt_perf.v1); alias --moe-hot-cache\n"
           "  --trace FILE         routing trace from --trace-out: every policy is replayed on it\n"
@@ -28,7 +31,7 @@ static void usage(FILE *f) {
           "                       profile's decode tokens, 2000..20000)\n"
           "  --seed N             of the synthetic trace (default 1)\n"
           "  -t, --threads N      threads for the CPU timing (default: all)\n"
-          "  --no-calibrate       skip the CPU timing\n"
+          "  --no-calibrate       skip the CPU and GPU timing\n"
           "  --json               one JSON object\n"
           "  -h, --help           this text\n",
           f);

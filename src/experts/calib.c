@@ -1,7 +1,9 @@
-/* calib.c - CPU cost of one expert unit (see calib.h). */
+/* calib.c - CPU cost of one expert unit, and the GPU cost model of a decode token (see calib.h);
+ * the GPU measurement itself is calib_gpu_cuda.c (a stub here without CUDA). */
 #include "calib.h"
 
 #include <float.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -121,3 +123,23 @@ done:
     free(c);
     return st;
 }
+
+double hm_calib_gpu_token_ms(const hm_calib_gpu *g, double us_cpu_unit, const double *layer_hit, int32_t n) {
+    double us = 0, k = g->k;
+    for (int32_t i = 0; i < n; i++) {
+        double h = layer_hit[i] < 0 ? 0 : layer_hit[i] > 1 ? 1 : layer_hit[i];
+        double gpu = k * h * g->us_hot_unit;
+        double cpu = h < 1 ? k * (1 - h) * us_cpu_unit + (1 - pow(h, k)) * g->us_cold_layer : 0;
+        us += gpu > cpu ? gpu : cpu;
+    }
+    return g->ms_dense + us / 1000.0;
+}
+
+#ifndef HM_HAVE_CUDA
+hm_status hm_calib_gpu_measure(const char *path, const hm_units *u, int32_t n_threads, double us_cpu_unit,
+                               hm_calib_gpu *out, hm_err *err) {
+    (void)path, (void)u, (void)n_threads, (void)us_cpu_unit;
+    memset(out, 0, sizeof *out);
+    return hm_errf(err, HM_ERR_UNSUPPORTED, "built without CUDA");
+}
+#endif

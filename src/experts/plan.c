@@ -3,7 +3,9 @@
  * static's in-sample rate from the profile's own counts, and every policy replayed on the same
  * routing (the trace, or a synthetic trace sampled from the profile, sim.h). The llama.cpp
  * equivalent is --n-cpu-moe N: the experts of layers 0..N-1 on the CPU, all of the others in
- * VRAM; its hit rate is the share of routed slots in the GPU layers. */
+ * VRAM; its hit rate is the share of routed slots in the GPU layers. With a GPU (CUDA build and a
+ * device) the GPU side is measured too (calib.h, hm_calib_gpu) and both placements get a predicted
+ * decode tok/s from the per-layer hit rates; without one the report says why not. */
 #include <inttypes.h>
 #include <jansson.h>
 #include <math.h>
@@ -54,6 +56,9 @@ typedef struct plan {
     bool calibrated;
     hm_calib cal;
     char calib_note[256];
+    bool gpu_measured;      /* gcal holds at least the upload */
+    hm_calib_gpu gcal;
+    char gpu_note[400];     /* why not (or which parts are missing) */
 } plan;
 
 static void run_free(pol_run *r) {
@@ -200,6 +205,80 @@ static void source_words(const plan *pl, char *buf, size_t cap) {
                   pl->sim_tokens, pl->o->seed);
 }
 
+/* GPU predictions: decode ms per token from per-layer hit rates (calib.h's cost model). */
+typedef struct gpu_pred {
+    bool ok;
+    double ms, ms_ncm;      /* hotmoe's placement at the budget; llama.cpp's --n-cpu-moe */
+    double break_even;      /* lowest uniform hit rate at which hotmoe's placement is at least as fast
+                               as the layer split with the same bytes; < 0: none */
+    double cpu_units_per_upload; /* one unit's copy time in CPU unit computations */
+} gpu_pred;
+
+static double layers_ms(const plan *pl, const pol_run *r, double uniform, int32_t ncm) {
+    const hm_units *u = &pl->units;
+    double h[4096];
+    int32_t n = 0;
+    for (int32_t l = 0; l < u->n_layer && n < 4096; l++) {
+        if (!u->layers[l].n_expert) continue;
+        if (r) h[n++] = r->ltot[l] ? (double)r->lhit[l] / (double)r->ltot[l] : r->hit;
+        else if (uniform >= 0) h[n++] = uniform;
+        else h[n++] = l >= ncm ? 1.0 : 0.0;
+    }
+    return hm_calib_gpu_token_ms(&pl->gcal, pl->cal.us_unit_nt, h, n);
+}
+
+static gpu_pred predict(const plan *pl) {
+    gpu_pred p = {.break_even = -1};
+    const hm_calib_gpu *g = &pl->gcal;
+    if (!pl->gpu_measured || !pl->calibrated || !g->have_unit || !g->have_decode) return p;
+    p.ok = true;
+    p.ms = layers_ms(pl, main_run(pl), -1, 0);
+    p.ms_ncm = layers_ms(pl, NULL, -1, pl->ncm);
+    for (int i = 0; i <= 1000; i++)
+        if (layers_ms(pl, NULL, i / 1000.0, 0) <= p.ms_ncm) {
+            p.break_even = i / 1000.0;
+            break;
+        }
+    p.cpu_units_per_upload = pl->cal.us_unit_nt > 0 ? g->us_upload_unit / pl->cal.us_unit_nt : 0;
+    return p;
+}
+
+static void print_gpu(const plan *pl, FILE *out) {
+    const hm_calib_gpu *g = &pl->gcal;
+    if (!pl->gpu_measured) {
+        fprintf(out, "GPU: %s, so no total tok/s and no break-even hit rate.\n", pl->gpu_note);
+        return;
+    }
+    fprintf(out, "\nGPU (%s, measured): upload %.1f GB/s", g->device, g->upload_gbs);
+    if (g->have_decode) fprintf(out, ", dense part %.2f ms/token", g->ms_dense);
+    if (g->have_unit) fprintf(out, ", hot unit %.1f us", g->us_hot_unit);
+    fprintf(out, "\n  upload: %d units from the file mapping into VRAM slots, %.0f us a unit\n", g->upload_units,
+            g->us_upload_unit);
+    if (g->have_unit)
+        fprintf(out, "  hot unit: one grouped launch of %d resident units for one token, per unit\n", g->k);
+    if (g->have_decode)
+        fprintf(out, "  decode (%d tokens after 3 warm-up): every unit in VRAM %.2f ms/token (hit rate %.1f %%), "
+                "--cpu-moe %.2f ms/token;\n  a layer with a CPU part costs %.0f us on top of its units\n",
+                g->decode_tokens, g->ms_tok_hot, 100.0 * g->hit_hot, g->ms_tok_cpu_moe, g->us_cold_layer);
+    if (g->note[0]) fprintf(out, "  not measured or assumed: %s\n", g->note);
+    gpu_pred p = predict(pl);
+    if (!p.ok) {
+        fprintf(out, "  no total tok/s: %s\n", pl->calibrated ? "the decode runs are missing" : "no CPU calibration");
+        return;
+    }
+    fprintf(out, "predicted decode (per token = dense part + per MoE layer max(GPU hot units, CPU cold units +\n"
+                 "the CPU-part cost), with this layer's hit rate):\n");
+    fprintf(out, "  hotmoe %s at this budget: %.1f tok/s (%.2f ms)\n", hm_policy_name(pl->kind), 1000.0 / p.ms, p.ms);
+    fprintf(out, "  llama.cpp -ngl 99 --n-cpu-moe %d:  %.1f tok/s (%.2f ms)\n", pl->ncm, 1000.0 / p.ms_ncm, p.ms_ncm);
+    if (p.break_even >= 0)
+        fprintf(out, "  break-even hit rate %.1f %%: below it (the same in every layer) the VRAM units decode slower "
+                "than llama.cpp's layer split with the same bytes\n", 100.0 * p.break_even);
+    else
+        fprintf(out, "  break-even hit rate: none (even 100 %% hits per unit do not beat llama.cpp's layer split)\n");
+    fprintf(out, "  an online swap copies a unit in %.0f us on the side stream (= %.1f units of CPU time)\n",
+            g->us_upload_unit, p.cpu_units_per_upload);
+}
+
 static void print_text(const plan *pl, FILE *out) {
     const hm_units *u = &pl->units;
     char b1[32], b2[32], b3[32], src[1200];
@@ -243,11 +322,41 @@ static void print_text(const plan *pl, FILE *out) {
     } else {
         fprintf(out, "\nCPU cost: %s\n", pl->calib_note);
     }
-    fprintf(out, "GPU and upload cost per unit: not measured yet (placeholders until the CUDA backend, issue 5), so\n"
-                 "no total tok/s and no break-even hit rate yet.\n");
-    fprintf(out, "\nto run it (once the VRAM tier lands): --vram-budget %" PRIu64 "MiB --policy %s%s%s\n",
+    print_gpu(pl, out);
+    fprintf(out, "\nto run it: -ngl 99 --vram-budget %" PRIu64 "MiB --policy %s%s%s\n",
             (pl->budget_bytes + (1u << 20) - 1) >> 20, hm_policy_name(pl->kind), pl->o->profile_path ? " --profile " : "",
             pl->o->profile_path ? pl->o->profile_path : "");
+}
+
+static json_t *num_or_null(bool have, double v) { return have ? json_real(v) : json_null(); }
+
+static json_t *gpu_json(const plan *pl) {
+    const hm_calib_gpu *g = &pl->gcal;
+    json_t *o = json_object();
+    json_object_set_new(o, "measured", json_boolean(pl->gpu_measured));
+    json_object_set_new(o, "note", json_string(pl->gpu_measured ? g->note : pl->gpu_note));
+    if (!pl->gpu_measured) return o;
+    json_object_set_new(o, "device", json_string(g->device));
+    json_object_set_new(o, "upload_units", json_integer(g->upload_units));
+    json_object_set_new(o, "upload_gb_per_s", json_real(g->upload_gbs));
+    json_object_set_new(o, "us_per_upload_unit", json_real(g->us_upload_unit));
+    json_object_set_new(o, "us_per_hot_unit", num_or_null(g->have_unit, g->us_hot_unit));
+    json_object_set_new(o, "decode_tokens", json_integer(g->decode_tokens));
+    json_object_set_new(o, "ms_per_token_all_hot", num_or_null(g->have_decode, g->ms_tok_hot));
+    json_object_set_new(o, "hit_rate_all_hot", num_or_null(g->have_decode, g->hit_hot));
+    json_object_set_new(o, "ms_per_token_cpu_moe", num_or_null(g->have_decode, g->ms_tok_cpu_moe));
+    json_object_set_new(o, "ms_per_token_dense", num_or_null(g->have_decode, g->ms_dense));
+    json_object_set_new(o, "us_per_cold_layer", num_or_null(g->have_decode, g->us_cold_layer));
+    gpu_pred p = predict(pl);
+    if (p.ok)
+        json_object_set_new(o, "predicted", json_pack("{s:f, s:f, s:f, s:f, s:o, s:f}", "tok_s", 1000.0 / p.ms,
+                                                      "ms_per_token", p.ms, "n_cpu_moe_tok_s", 1000.0 / p.ms_ncm,
+                                                      "n_cpu_moe_ms_per_token", p.ms_ncm, "break_even_hit_rate",
+                                                      p.break_even >= 0 ? json_real(p.break_even) : json_null(),
+                                                      "cpu_units_per_upload", p.cpu_units_per_upload));
+    else
+        json_object_set_new(o, "predicted", json_null());
+    return o;
 }
 
 static hm_status print_json(const plan *pl, FILE *out) {
@@ -302,8 +411,7 @@ static hm_status print_json(const plan *pl, FILE *out) {
                                                 "n_cpu_moe_tok_s", cpu_tok_s(pl, pl->ncm_hit)));
     else
         json_object_set_new(j, "cpu", json_null());
-    json_object_set_new(j, "gpu", json_pack("{s:b, s:s}", "measured", 0, "note",
-                                            "GPU and upload costs are placeholders until the CUDA backend (issue 5)"));
+    json_object_set_new(j, "gpu", gpu_json(pl));
     int rc = json_dumpf(j, out, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
     fputc('\n', out);
     json_decref(j);
@@ -387,12 +495,18 @@ hm_status hm_plan(const hm_plan_opts *o, FILE *out, hm_err *err) {
     eval_layer_split(pl);
     if (o->model_path && o->calibrate) {
         int32_t nt = o->n_threads > 0 ? o->n_threads : (int32_t)sysconf(_SC_NPROCESSORS_ONLN);
-        hm_err cerr = {{0}};
-        if (hm_calib_cpu(u, nt < 1 ? 1 : nt, &pl->cal, &cerr) == HM_OK) pl->calibrated = true;
+        if (nt < 1) nt = 1;
+        hm_err cerr = {{0}}, gerr = {{0}};
+        if (hm_calib_cpu(u, nt, &pl->cal, &cerr) == HM_OK) pl->calibrated = true;
         else snprintf(pl->calib_note, sizeof pl->calib_note, "not measured (%.200s)", cerr.msg);
+        /* never fatal: without a GPU (or when it fails) the report says why and goes on */
+        if (hm_calib_gpu_measure(o->model_path, u, nt, pl->calibrated ? pl->cal.us_unit_nt : 0, &pl->gcal, &gerr) == HM_OK)
+            pl->gpu_measured = true;
+        else snprintf(pl->gpu_note, sizeof pl->gpu_note, "not measured (%.300s)", gerr.msg);
     } else {
         snprintf(pl->calib_note, sizeof pl->calib_note, "not measured (%s)",
                  o->model_path ? "--no-calibrate" : "needs the model file, -m MODEL.gguf");
+        snprintf(pl->gpu_note, sizeof pl->gpu_note, "%s", pl->calib_note);
     }
     if (o->json) {
         if ((st = print_json(pl, out))) hm_errf(err, st, "plan: could not write the JSON report");
