@@ -6,9 +6,12 @@
  * transformers' logits.f32 [80, 512] from one full forward; model.gguf was converted from it by
  * tools/convert_hf_to_gguf.py (llama.cpp loads the same file; its logits differ from
  * transformers' by 2.5e-4). With the f32 KV cache: max |ours - transformers| < 1e-3 for
- *   - one micro-batch of all 80 tokens (chunk of the delta rule from an empty state),
- *   - prefill 64 then 16 single-token steps (the recurrent conv/delta state carried across calls),
+ *   - one micro-batch of all 80 tokens (the delta rule by chunks, 64 + 16, from an empty state),
+ *   - prefill 64 then 16 single-token steps (the recurrent conv/delta state carried across calls;
+ *     the chunked form for the prefill, the token-by-token one for the steps),
  *   - prefill in micro-batches of 7 (the state carried between micro-batches).
+ * (Chunked vs token by token is an AVX-512 build's choice, hm_cpu_gated_delta_chunks; either form
+ * must pass. Row 51 is the sensitive one: docs/QWEN35MOE.md.)
  * The f16 cache: < 1e-2 and top-1 agreement. Also: trim semantics of a recurrent state (only
  * "keep all" or "reset"), and a file missing a tensor fails naming it. */
 #include <math.h>

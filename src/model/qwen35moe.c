@@ -311,6 +311,7 @@ static hm_status q35_state_open(const hm_model *m, const hm_state_opts *o, void 
     size_t sc = hm_cpu_matmul_scratch_size((int64_t)in_max, (int64_t)U, o->n_threads);
     sc = max_sz(sc, hm_cpu_attention_scratch_size((int64_t)U, o->n_ctx, q->n_head, q->head_dim, o->n_threads));
     sc = max_sz(sc, hm_moe_compute_scratch_size(&s->route, q->n_embd, q->n_ff_exp, o->n_threads));
+    if (q->n_recr > 0) sc = max_sz(sc, hm_cpu_gated_delta_scratch_size(q->d_k, q->d_v, o->n_threads));
     s->scratch.size = sc;
     if (sc && !(s->scratch.data = hm_malloc_aligned(sc))) {
         st = hm_errf(err, HM_ERR_NOMEM, "cannot allocate %.1f MiB of scratch", (double)sc / (1 << 20));

@@ -2,9 +2,9 @@
  * qwen35moe.c's header comment).
  *
  * DeltaNet layers run every token of the batch through the causal conv and the gated delta rule
- * (hm_cpu_gated_delta: a per-token recurrence, exact for prefill and decode alike; the chunked
- * matrix form that would turn prefill into GEMMs is not written yet) and leave their conv window
- * and delta state for the next call. In the last layer only the rows whose logits are wanted go
+ * (hm_cpu_gated_delta: chunks of 64 tokens in matrix form for a prefill batch, the per-token
+ * recurrence for decode and short batches) and leave their conv window and delta state for the
+ * next call. In the last layer only the rows whose logits are wanted go
  * on past the token mixer (attention: past the K/V write; DeltaNet: past the state update), as in
  * qwen3moe.c. Nothing here allocates. */
 #include <math.h>
@@ -42,7 +42,7 @@ static void deltanet(const q35_model *q, const q35_layer *L, q35_state *s, hm_po
             s->beta[i] = sigmoidf(s->ba[i]);
         }
     hm_cpu_gated_delta(pool, s->conv, s->conv + qk, cd, s->conv + 2 * qk, cd, s->g, s->beta, n, q->n_k, q->n_v,
-                       q->d_k, q->d_v, delta_state, s->att);
+                       q->d_k, q->d_v, delta_state, s->att, &s->scratch);
     /* gated RMSNorm per value head: rmsnorm(o) * ssm_norm * silu(z) */
     hm_cpu_rmsnorm(pool, s->att, L->ssm_norm, s->att, n * nv, q->d_v, q->eps);
     hm_cpu_swiglu(pool, s->z, s->att, s->att, n * vdim);
