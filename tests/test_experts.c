@@ -224,6 +224,184 @@ static void test_async_tier(void) {
     hm_units_free(&u);
 }
 
+/* The store's invariants (experts.h, store.c) seen from outside: every slot index < n_slots and
+ * held by one unit; slot map = the slot exactly for HOT units; layer_resident = HOT units per
+ * layer; n_used = units holding a slot; hits + misses per layer = ids recorded. */
+static void check_invariants(const hm_experts *s, const char *when, uint64_t recorded) {
+    hm_experts_stats st;
+    hm_experts_get_stats(s, &st);
+    const hm_units *un = hm_experts_units(s);
+    int64_t used = 0;
+    uint64_t hm = 0;
+    uint8_t seen[64] = {0};
+    for (int32_t l = 0; l < un->n_layer; l++) {
+        int32_t res = 0;
+        const int32_t *map = hm_experts_slot_map(s, l);
+        for (int32_t e = 0; e < un->layers[l].n_expert; e++) {
+            const hm_unit *u = hm_experts_unit(s, l, e);
+            if (u->hot_slot >= 0) {
+                used++;
+                CHECKF(u->hot_slot < st.n_slots && u->hot_slot < 64 && !seen[u->hot_slot],
+                       "%s: unit (%d, %d) in slot %d of %lld (or a slot held twice)", when, l, e, u->hot_slot,
+                       (long long)st.n_slots);
+                if (u->hot_slot < 64) seen[u->hot_slot] = 1;
+            }
+            CHECKF(u->home == HM_TIER_HOT ? map[e] == u->hot_slot && u->hot_slot >= 0 && !u->filling : map[e] == -1,
+                   "%s: unit (%d, %d) home %s, slot %d, map %d", when, l, e, hm_tier_name((hm_tier_id)u->home),
+                   u->hot_slot, map[e]);
+            res += u->home == HM_TIER_HOT;
+        }
+        CHECKF(res == st.layer_resident[l], "%s: layer %d has %d HOT units, layer_resident %d", when, l, res,
+               st.layer_resident[l]);
+        hm += st.layer_hits[l] + st.layer_misses[l];
+    }
+    CHECKF(used == st.n_used, "%s: %lld units hold a slot, n_used %lld", when, (long long)used, (long long)st.n_used);
+    CHECKF(hm == recorded, "%s: %llu hits + misses, %llu recorded", when, (unsigned long long)hm,
+           (unsigned long long)recorded);
+}
+
+static void test_shrink(void) {
+    /* Bookkeeping-only pool, lru, 1 layer x 8 experts, k 1, 6 slots. Steps 0-5 route 0..5: each is
+     * a miss and is admitted into slots 0..5 in that order (the free stack pops 0, 1, 2, ...). */
+    hm_policy_opts pol;
+    hm_policy_opts_default(&pol);
+    pol.kind = HM_POLICY_LRU;
+    hm_units u;
+    hm_experts *s = open_store(&u, 1, 8, 1, 6, &pol, NULL);
+    hm_err err = {{0}};
+    const int32_t first[] = {0, 1, 2, 3, 4, 5};
+    feed(s, first, 6, 1);
+    uint64_t rec = 6;
+    for (int32_t e = 0; e < 6; e++) CHECK(hm_experts_unit(s, 0, e)->hot_slot == e);
+    check_invariants(s, "after 0..5", rec);
+
+    /* refused: inside a step; below zero; a pinned unit in a slot that goes with no free slot
+     * below the new count. The store is unchanged each time. */
+    const int32_t one[] = {6};
+    hm_experts_record(s, 0, one, 1);
+    rec++;
+    CHECK(hm_experts_shrink(s, 3, &err) == HM_ERR_ARG && strstr(err.msg, "between steps"));
+    CHECK(hm_experts_step_end(s, 1, false, NULL) == HM_OK); /* lru: 6 evicts 0 (the LRU) into slot 0 */
+    CHECK(hm_experts_unit(s, 0, 6)->hot_slot == 0 && hm_experts_unit(s, 0, 0)->hot_slot < 0);
+    CHECK(hm_experts_shrink(s, -1, &err) == HM_ERR_ARG);
+    hm_experts_pin(s, 0, 4); /* in slot 4 */
+    CHECK(hm_experts_shrink(s, 3, &err) == HM_ERR_ARG && strstr(err.msg, "pinned"));
+    hm_experts_stats st;
+    hm_experts_get_stats(s, &st);
+    CHECK(st.n_slots == 6 && st.n_used == 6 && st.swaps_out == 1);
+    CHECK(hm_experts_shrink(s, 6, &err) == HM_OK && hm_experts_shrink(s, 9, &err) == HM_OK); /* no-ops */
+    hm_experts_get_stats(s, &st);
+    CHECK(st.n_slots == 6 && st.n_used == 6);
+
+    /* Make room below: policy none evicts every unpinned unit in unit order (the free stack, bottom
+     * to top: slots 1 2 3 5 0 of units 1 2 3 5 6), back to lru; route 1 then 2: admitted into slots
+     * 0 and 5 (the top of the stack). Now 1@0, 2@5, pinned 4@4, free 1 2 3. */
+    CHECK(hm_experts_set_policy(s, HM_POLICY_NONE, NULL, &err) == HM_OK);
+    CHECK(hm_experts_set_policy(s, HM_POLICY_LRU, NULL, &err) == HM_OK);
+    const int32_t two[] = {1, 2};
+    feed(s, two, 2, 1);
+    rec += 2;
+    CHECK(hm_experts_unit(s, 0, 1)->hot_slot == 0 && hm_experts_unit(s, 0, 2)->hot_slot == 5);
+    hm_experts_get_stats(s, &st);
+    const uint64_t hits = st.hits, misses = st.misses, out = st.swaps_out;
+    /* shrink to 3: 2 goes home, pinned 4 moves to slot 2 (the free slot below 3 nearest the top of
+     * the stack), 1 stays in slot 0, slots 3..5 leave the free stack: free 1 */
+    CHECKF(hm_experts_shrink(s, 3, &err) == HM_OK, "%s", err.msg);
+    hm_experts_get_stats(s, &st);
+    CHECK(st.n_slots == 3 && st.n_used == 2 && st.swaps_out == out + 1);
+    CHECK(st.hits == hits && st.misses == misses && st.layer_resident[0] == 2);
+    CHECK(hm_experts_unit(s, 0, 4)->hot_slot == 2 && hm_experts_unit(s, 0, 4)->home == HM_TIER_HOT);
+    CHECK(hm_experts_slot_map(s, 0)[4] == 2);
+    CHECK(hm_experts_unit(s, 0, 1)->home == HM_TIER_HOT && hm_experts_unit(s, 0, 1)->hot_slot == 0);
+    CHECK(hm_experts_unit(s, 0, 2)->home == HM_TIER_RAM && hm_experts_unit(s, 0, 2)->hot_slot < 0);
+    check_invariants(s, "after shrink to 3", rec);
+
+    /* the policy goes on with 3 slots: 0 misses and fills slot 1, 1 and 4 hit, 7 misses and evicts
+     * the LRU (0), 4 hits: 3 hits, 2 misses */
+    const int32_t more[] = {0, 1, 4, 7, 4};
+    feed(s, more, 5, 1);
+    rec += 5;
+    hm_experts_get_stats(s, &st);
+    CHECK(st.n_slots == 3 && st.n_used == 3 && st.hits == hits + 3 && st.misses == misses + 2);
+    CHECK(hm_experts_unit(s, 0, 7)->hot_slot == 1 && hm_experts_unit(s, 0, 0)->hot_slot < 0);
+    CHECK(hm_experts_unit(s, 0, 4)->hot_slot == 2);
+    check_invariants(s, "lru on 3 slots", rec);
+
+    /* to zero: refused while 4 is pinned (no slot below 0), then every unit goes home */
+    CHECK(hm_experts_shrink(s, 0, &err) == HM_ERR_ARG);
+    hm_experts_unpin(s, 0, 4);
+    CHECK(hm_experts_shrink(s, 0, &err) == HM_OK);
+    hm_experts_get_stats(s, &st);
+    CHECK(st.n_slots == 0 && st.n_used == 0 && st.layer_resident[0] == 0);
+    feed(s, more, 5, 1); /* an empty pool: misses, nothing moves */
+    rec += 5;
+    hm_experts_get_stats(s, &st);
+    CHECK(st.n_used == 0 && st.misses == misses + 2 + 5);
+    check_invariants(s, "empty pool", rec);
+    /* a switch to static on the empty pool places nothing (no profile: the live counts) */
+    CHECK(hm_experts_set_policy(s, HM_POLICY_STATIC, NULL, &err) == HM_OK);
+    check_invariants(s, "static on the empty pool", rec);
+    hm_experts_close(s);
+    hm_units_free(&u);
+}
+
+static void test_shrink_async(void) {
+    /* A tier whose fills land one step end later (slow_tier), lru, 1 layer x 4 experts, 4 slots. */
+    slow_tier t = {{0}, 0};
+    hm_tier tier = {.name = "slow", .ctx = &t, .fill = slow_fill, .ready = slow_ready};
+    hm_err err = {{0}};
+    hm_units u;
+    CHECK(hm_units_init_geom(&u, 1, 4, 1, 1000, &err) == HM_OK);
+    hm_experts_opts o;
+    hm_experts_opts_default(&o);
+    o.hot_slots = 4;
+    o.policy.kind = HM_POLICY_LRU;
+    o.hot_tier = &tier;
+    hm_experts *s = NULL;
+    CHECK(hm_experts_open(&s, &u, &o, &err) == HM_OK);
+    /* s0 routes 0: filling in slot 0; s1 routes 1: 0 lands, 1 filling in slot 1. Shrink to 1: the
+     * fill in flight into slot 1 is forgotten (1 goes home; it must not land later). */
+    const int32_t tr[] = {0, 1};
+    feed(s, tr, 2, 1);
+    CHECK(hm_experts_unit(s, 0, 0)->home == HM_TIER_HOT && hm_experts_unit(s, 0, 1)->filling);
+    CHECK(hm_experts_shrink(s, 1, &err) == HM_OK);
+    const hm_unit *u1 = hm_experts_unit(s, 0, 1);
+    CHECK(!u1->filling && u1->hot_slot < 0 && u1->home == HM_TIER_RAM);
+    CHECK(hm_experts_step_end(s, 0, false, NULL) == HM_OK);
+    CHECK(u1->home == HM_TIER_RAM && hm_experts_unit(s, 0, 0)->hot_slot == 0);
+    check_invariants(s, "async shrink to 1", 2);
+    hm_experts_close(s);
+
+    /* A pinned unit moves: 4 slots, s0 routes 0 (slot 0), s1 routes 1 (slot 1), s2 lands 1. Pin 1;
+     * policy none evicts 0 (slot 0 free again); shrink to 1 moves 1 into slot 0 through a new fill:
+     * computed from RAM until it lands (the slow tier: at the next look), then HOT in slot 0. */
+    memset(&t, 0, sizeof t);
+    CHECK(hm_experts_open(&s, &u, &o, &err) == HM_OK);
+    feed(s, tr, 2, 1);
+    CHECK(hm_experts_step_end(s, 0, false, NULL) == HM_OK);
+    CHECK(hm_experts_unit(s, 0, 1)->home == HM_TIER_HOT && hm_experts_unit(s, 0, 1)->hot_slot == 1);
+    hm_experts_pin(s, 0, 1);
+    CHECK(hm_experts_set_policy(s, HM_POLICY_NONE, NULL, &err) == HM_OK);
+    CHECK(hm_experts_set_policy(s, HM_POLICY_LRU, NULL, &err) == HM_OK);
+    const int n_fill = t.n_fill;
+    CHECKF(hm_experts_shrink(s, 1, &err) == HM_OK, "%s", err.msg);
+    u1 = hm_experts_unit(s, 0, 1);
+    hm_unit_loc loc;
+    hm_experts_where(s, 0, 1, &loc);
+    CHECK(t.n_fill == n_fill + 1 && u1->hot_slot == 0 && u1->filling && loc.tier == HM_TIER_RAM);
+    check_invariants(s, "pinned move, filling", 2);
+    hm_experts_land(s); /* as the GPU placement does after the tier's shrink drained the copies */
+    hm_experts_where(s, 0, 1, &loc);
+    CHECK(!u1->filling && u1->home == HM_TIER_HOT && loc.tier == HM_TIER_HOT && loc.slot == 0);
+    hm_experts_stats st;
+    hm_experts_get_stats(s, &st);
+    CHECK(st.n_slots == 1 && st.n_used == 1 && st.layer_resident[0] == 1);
+    check_invariants(s, "pinned move, landed", 2);
+    hm_experts_unpin(s, 0, 1);
+    hm_experts_close(s);
+    hm_units_free(&u);
+}
+
 static void test_trace_roundtrip(void) {
     char path[] = "/tmp/hm_test_trace_XXXXXX";
     int fd = mkstemp(path);
@@ -482,6 +660,8 @@ int main(void) {
     test_static();
     test_online();
     test_async_tier();
+    test_shrink();
+    test_shrink_async();
     test_trace_roundtrip();
     test_where_ram();
     test_set_policy();

@@ -187,6 +187,18 @@ hm_status hm_experts_to_profile(const hm_experts *s, hm_profile *p, const char *
 hm_status hm_experts_set_policy(hm_experts *s, hm_policy_kind kind, const hm_policy_opts *opts, hm_err *err);
 hm_policy_kind hm_experts_policy(const hm_experts *s);
 
+/* Between steps (HM_ERR_ARG with "between steps" otherwise): give up the fast pool's slots >=
+ * keep_slots, so their owner (the VRAM tier) can free them. Their units go home to RAM (evicted:
+ * swaps_out counts them, layer_resident and the slot map drop them; a fill in flight into such a
+ * slot is forgotten); a pinned unit there moves to a free slot < keep_slots through the tier's
+ * fill (it is computed from RAM until that fill lands: hm_experts_land); with more pinned units
+ * there than free slots below keep_slots it is HM_ERR_ARG and the store is unchanged. Counts,
+ * hits/misses, scores and the policy stay; the policy goes on with the smaller pool (static is
+ * not re-planned: its units past the new count stay in RAM). keep_slots >= the current count is
+ * a no-op. A fill error while moving a pinned unit is returned (the moves made so far stand, the
+ * pool keeps its size). */
+hm_status hm_experts_shrink(hm_experts *s, int64_t keep_slots, hm_err *err);
+
 /* Start writing every record/step_end to a trace file (trace.h). */
 hm_status hm_experts_trace_out(hm_experts *s, const char *path, hm_err *err);
 /* Flush and close the trace being written: HM_ERR_IO naming the file and the cause for the first

@@ -2,7 +2,8 @@
  *
  * Invariants kept here: slot_unit[s] == ui <=> u[ui].hot_slot == s; slot_map[ui] == hot_slot
  * exactly when the fill landed (home == HOT); free_slots holds every slot with slot_unit -1;
- * the recency list holds exactly the units with a hot slot. */
+ * the recency list holds exactly the units with a hot slot; every slot index is < n_slots (a
+ * shrink empties the slots past the new count and drops them from free_slots first). */
 #include "experts_impl.h"
 
 #include <inttypes.h>
@@ -370,6 +371,78 @@ hm_status hm_experts_trace_close(hm_experts *s, hm_err *err) {
     hm_trace_writer *w = s->trace;
     s->trace = NULL;
     return hm_trace_writer_close(w, err);
+}
+
+/* ---- shrinking the pool ---- */
+
+/* Move resident, pinned ui into free slot fs (through the tier's fill). Its old slot goes on the
+ * free stack; until the new fill lands the unit is computed from RAM. */
+static hm_status move_unit(hm_experts *s, int32_t ui, int64_t fi, hm_err *err) {
+    hm_unit *u = &s->u[ui];
+    const int32_t fs = s->free_slots[fi], hs = u->hot_slot;
+    if (s->tier.fill) {
+        hm_unit_ref r = unit_ref(s, ui);
+        hm_status st = s->tier.fill(s->tier.ctx, &r, fs, err);
+        if (st != HM_OK) return st;
+    }
+    memmove(s->free_slots + fi, s->free_slots + fi + 1, (size_t)(s->n_free - fi - 1) * sizeof *s->free_slots);
+    s->free_slots[s->n_free - 1] = hs; /* the stack keeps its size: one slot out, one in */
+    s->slot_unit[hs] = -1;
+    s->slot_unit[fs] = ui;
+    u->hot_slot = fs;
+    s->fill_bytes += u->bytes;
+    const bool landed = !s->tier.ready || s->tier.ready(s->tier.ctx, fs);
+    if (u->filling) { /* still in the filling list: it lands on the new slot */
+        if (landed) {
+            for (int64_t i = 0; i < s->n_filling; i++)
+                if (s->filling[i] == ui) {
+                    s->filling[i] = s->filling[--s->n_filling];
+                    break;
+                }
+            land(s, ui);
+        }
+    } else if (landed) {
+        s->slot_map[ui] = fs;
+    } else { /* was HOT: RAM until the new copy lands */
+        u->home = HM_TIER_RAM;
+        s->slot_map[ui] = -1;
+        s->layer_resident[u->layer]--;
+        u->filling = 1;
+        s->filling[s->n_filling++] = ui;
+    }
+    return HM_OK;
+}
+
+hm_status hm_experts_shrink(hm_experts *s, int64_t keep, hm_err *err) {
+    if (keep < 0) return hm_errf(err, HM_ERR_ARG, "expert store: shrink to %lld slots", (long long)keep);
+    if (s->n_touched > 0)
+        return hm_errf(err, HM_ERR_ARG, "the expert pool can shrink only between steps (%lld units were routed "
+                       "since the last step end)", (long long)s->n_touched);
+    if (keep >= s->n_slots) return HM_OK;
+    int64_t pinned = 0, free_low = 0;
+    for (int64_t sl = keep; sl < s->n_slots; sl++)
+        if (s->slot_unit[sl] >= 0 && s->u[s->slot_unit[sl]].pin) pinned++;
+    for (int64_t i = 0; i < s->n_free; i++) free_low += s->free_slots[i] < keep;
+    if (pinned > free_low)
+        return hm_errf(err, HM_ERR_ARG, "expert store: cannot shrink the pool to %lld slots: %lld pinned units "
+                       "in the slots past it, %lld free slots below it", (long long)keep, (long long)pinned,
+                       (long long)free_low);
+    hm_status st;
+    for (int64_t sl = keep; sl < s->n_slots; sl++) { /* pinned ones first: a failure changes nothing else */
+        const int32_t ui = s->slot_unit[sl];
+        if (ui < 0 || !s->u[ui].pin) continue;
+        int64_t fi = s->n_free - 1; /* the free slot below keep nearest the top of the stack */
+        while (s->free_slots[fi] >= keep) fi--;
+        if ((st = move_unit(s, ui, fi, err)) != HM_OK) return st;
+    }
+    for (int64_t sl = keep; sl < s->n_slots; sl++)
+        if (s->slot_unit[sl] >= 0) hm_experts_evict(s, s->slot_unit[sl]);
+    int64_t n = 0; /* the free stack without the slots that go, in its order */
+    for (int64_t i = 0; i < s->n_free; i++)
+        if (s->free_slots[i] < keep) s->free_slots[n++] = s->free_slots[i];
+    s->n_free = n;
+    s->n_slots = keep;
+    return HM_OK;
 }
 
 /* ---- policy switch ---- */

@@ -11,7 +11,9 @@
  *   (layer placement, exactly llama.cpp's split);  -ngl alone: every unit;  --vram-budget B: B
  *   bytes of slots, placed by the policy;  --vram-budget auto (-1): free VRAM after the dense
  *   weights, the KV cache for the context asked for and the activations, minus --vram-reserve.
- * A pool that does not fit comes up smaller with a warning (never an abort).
+ * A pool that does not fit comes up smaller with a warning (never an abort); a session opened later
+ * whose device state does not fit takes room from the pool (hm_model_gpu_make_room), again with a
+ * warning.
  *
  * Lifetime: opened in hm_model_experts_open before the store (which borrows gpu->hot), closed in
  * hm_model_experts_close after it. Only built with CUDA (model_gpu_cuda.c); without it, asking
@@ -53,6 +55,18 @@ typedef struct hm_gpu {
 hm_status hm_model_gpu_open(struct hm_model *m, const hm_placement_opts *o, int64_t *slots_out,
                             int32_t *layer_from, hm_err *err);
 void hm_model_gpu_close(struct hm_model *m); /* NULL gpu is a no-op */
+
+/* For an arch's state_open when a device allocation of its session state failed: give VRAM back
+ * from the expert slot pool so that `bytes` (the state still to allocate) fit, plus a margin.
+ * Shrinks by whole chunks of slots (hm_vram_tier_chunk_slots), the store first (hm_experts_shrink:
+ * the units in the slots that go run on the CPU from then on), then the tier, which frees the
+ * chunks; warns once per call naming the slots and GiB given up. The pool and the store are the
+ * model's, shared by its sessions: call between evals only (on the engine thread, as state_open
+ * runs). m is const for the arch's sake; its gpu and store change through their pointers.
+ * HM_ERR_NOMEM when the pool has no slot left to give, or when even the whole pool would not make
+ * room (then nothing is given up: the sessions that fit keep it); the store's HM_ERR_ARG when
+ * pinned units cannot move out of the way; HM_OK when slots were given up (the caller retries). */
+hm_status hm_model_gpu_make_room(const struct hm_model *m, uint64_t bytes, hm_err *err);
 
 /* For an arch's gpu_load: copy a host matrix / f32 vector to the device (a buffer owned by g, freed
  * at close; counted in dense_bytes). *out's data is the device copy; nb1 kept. HM_ERR_NOMEM naming

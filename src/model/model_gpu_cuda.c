@@ -6,7 +6,9 @@
  * cache of the context the sessions will ask for, an activation margin and the reserve. A pool
  * that fits only in part comes up smaller with a warning; the tier itself may come up smaller
  * still if an allocation fails (a warning again). Nothing here aborts for lack of VRAM except the
- * dense part, which must fit whole (an error naming the bytes). */
+ * dense part, which must fit whole (an error naming the bytes). Later, a session whose device
+ * state does not fit takes room back from the pool (hm_model_gpu_make_room: whole chunks of
+ * slots, their units back to the CPU, a warning). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -91,6 +93,42 @@ void hm_model_gpu_close(hm_model *m) {
     hm_cuda_close(g->ctx);
     free(g);
     m->gpu = NULL;
+}
+
+/* Room left free beyond a session state's own bytes when the pool gives some up: the allocator's
+ * rounding and whatever the runtime takes on the side. */
+#define HM_GPU_ROOM_MARGIN ((uint64_t)64 << 20)
+
+hm_status hm_model_gpu_make_room(const hm_model *m, uint64_t bytes, hm_err *err) {
+    hm_gpu *g = m->gpu;
+    if (!g || !g->vram || g->n_slots <= 0)
+        return hm_errf(err, HM_ERR_NOMEM, "no expert slots left in VRAM to give up");
+    size_t fr = 0, tot = 0;
+    hm_status st = hm_cuda_mem_info(g->ctx, &fr, &tot, err);
+    if (st != HM_OK) return st;
+    const uint64_t want = bytes + HM_GPU_ROOM_MARGIN, pool = hm_vram_tier_bytes(g->vram);
+    const uint64_t stride = pool / (uint64_t)g->n_slots;
+    if ((uint64_t)fr + pool < want) /* hopeless: keep the pool for the sessions that fit */
+        return hm_errf(err, HM_ERR_NOMEM, "even the whole expert slot pool (%lld slots, %.1f MiB) and the %.1f "
+                       "MiB free would not make room", (long long)g->n_slots, (double)pool / MIB, (double)fr / MIB);
+    /* free may already look big enough when the allocation failed for lack of one piece that
+     * large: give up at least one chunk then */
+    const uint64_t deficit = want > fr ? want - fr : 1;
+    const int64_t pc = hm_vram_tier_chunk_slots(g->vram), before = g->n_slots;
+    int64_t give = (int64_t)((deficit + stride - 1) / stride);
+    int64_t keep = before - give;
+    keep = keep > 0 ? keep / pc * pc : 0; /* whole chunks: the tier frees nothing less */
+    if (m->experts && (st = hm_experts_shrink(m->experts, keep, err)) != HM_OK) return st;
+    const int64_t n = hm_vram_tier_shrink(g->vram, keep, err);
+    if (n < 0) return (hm_status)n;
+    hm_err werr;
+    /* pinned units moved below keep: their copies have landed now (the shrink drained the copier) */
+    if (hm_vram_tier_wait(g->vram, &werr) == HM_OK && m->experts) hm_experts_land(m->experts);
+    g->n_slots = n;
+    hm_log_printf(&m->log, HM_LOG_WARN, "VRAM: gave up %lld expert slots (%.2f GiB) for session state of %.1f MiB; "
+                  "the evicted units run on the CPU (%lld slots left; %.1f MiB were free)", (long long)(before - n),
+                  (double)(before - n) * (double)stride / GIB, (double)bytes / MIB, (long long)n, (double)fr / MIB);
+    return HM_OK;
 }
 
 /* Bytes of the f16 KV cache of one session at n_ctx positions. */

@@ -26,7 +26,10 @@
  *
  * Memory: everything is sized in state_open for n_ctx and n_ubatch (device KV, activations,
  * scratch; pinned host buffers for everything that crosses the bus; the CPU route and scratch
- * for the cold units). forward allocates nothing. The device weights are the model's
+ * for the cold units). forward allocates nothing. When the device state does not fit, the
+ * model's expert slot pool gives up whole chunks of slots for it (hm_model_gpu_make_room, a
+ * warning); only with the pool empty (or too small to help) is the open HM_ERR_NOMEM. The device
+ * weights are the model's
  * (m->gpu->arch, uploaded once by q3_gpu_load); the states borrow them. */
 #include <math.h>
 #include <stdio.h>
@@ -251,14 +254,35 @@ void q3_gpu_state_close(q3_state *s) {
     s->g = NULL;
 }
 
-/* n bytes of device memory for `what`: failure is HM_ERR_NOMEM naming it and the MiB. */
-static hm_status dev_alloc(hm_cuda_ctx *c, size_t n, void **out, const char *what, hm_err *err) {
-    hm_err e;
+/* n bytes of device memory for `what`. When the device is full, the model's expert slot pool
+ * gives up room for `rest` bytes (this allocation and the state's later ones, so that one warning
+ * covers the state) and it tries again, until the pool is empty: then HM_ERR_NOMEM naming it and
+ * the MiB. Other sessions of the model keep working with the smaller pool. */
+static hm_status dev_alloc(const hm_model *m, size_t n, size_t rest, void **out, const char *what, hm_err *err) {
+    hm_cuda_ctx *c = m->gpu->ctx;
     *out = NULL;
-    if (hm_cuda_alloc(c, n ? n : 256, out, &e) != HM_OK)
-        return hm_errf(err, HM_ERR_NOMEM, "gpu: cannot allocate the %s (%.1f MiB) on the device: %s", what,
-                       (double)n / MIB, e.msg);
-    return HM_OK;
+    if (!n) n = 256;
+    if (rest < n) rest = n;
+    for (;;) {
+        hm_err e;
+        hm_status st = hm_cuda_alloc(c, n, out, &e);
+        if (st == HM_OK) return HM_OK;
+        if (st != HM_ERR_NOMEM)
+            return hm_errf(err, st, "gpu: cannot allocate the %s (%.1f MiB) on the device: %s", what, (double)n / MIB,
+                           e.msg);
+        hm_err re;
+        if ((st = hm_model_gpu_make_room(m, rest, &re)) == HM_ERR_NOMEM) {
+            size_t fr = 0, tot = 0;
+            hm_err e2;
+            (void)hm_cuda_mem_info(c, &fr, &tot, &e2);
+            return hm_errf(err, HM_ERR_NOMEM, "gpu: cannot allocate the %s (%.1f MiB) on the device (%.1f MiB free "
+                           "of %.1f, %s): %s", what, (double)n / MIB, (double)fr / MIB, (double)tot / MIB, re.msg,
+                           e.msg);
+        }
+        if (st != HM_OK)
+            return hm_errf(err, st, "gpu: cannot allocate the %s (%.1f MiB) on the device, nor give up expert slots "
+                           "for it: %s", what, (double)n / MIB, re.msg);
+    }
 }
 
 /* Offsets of n arrays of elems[i] 4-byte elements in one block, each 256-byte aligned. */
@@ -297,7 +321,7 @@ hm_status q3_gpu_state_open(const hm_model *m, const hm_state_opts *o, q3_state 
     const size_t NL = (size_t)q->n_layer, NE = (size_t)q->n_expert;
     const size_t slot_words = NL * NE * sizeof(hm_cuda_moe_slot) / 4;
 
-    /* the KV cache */
+    /* sizes first: a device that is full makes the expert pool give up room for all of them */
     s->kv_elem_size = 2;
     g->kv_layer_elems = s->kv_layer_elems = nkv * (size_t)o->n_ctx;
     size_t kv_bytes = 0;
@@ -305,18 +329,26 @@ hm_status q3_gpu_state_open(const hm_model *m, const hm_state_opts *o, q3_state 
         st = hm_errf(err, HM_ERR_NOMEM, "gpu: the KV cache for %d positions is too large", o->n_ctx);
         goto fail;
     }
+    const size_t act_el[] = {U * E, U * E, U * nq, U * nkv, U * nkv, U * nq, U * (size_t)q->n_expert, 2 * U * K,
+                             U * E, (size_t)g->logit_rows * V, 3 * U, NL * g->sel_stride, slot_words};
+    size_t act_off[sizeof act_el / sizeof act_el[0]];
+    const size_t act_bytes = layout(act_el, act_off, sizeof act_el / sizeof act_el[0]);
+    /* attention and the grouped MoE run one after the other on one stream: one scratch */
+    g->scratch_size = max_sz(hm_cuda_attention_scratch_size(c, (int64_t)U, o->n_ctx, q->n_head, q->n_head_kv,
+                                                            q->head_dim),
+                             hm_cuda_moe_scratch_size((int64_t)U, (int64_t)(U * K), q->n_expert, q->n_ff_exp));
+    g->scratch_size = max_sz(g->scratch_size, hm_cuda_moe_dev_scratch_size(g->dec_cap, q->n_expert_used, q->n_ff_exp));
+
+    /* the KV cache */
     char what[96];
     snprintf(what, sizeof what, "KV cache (%d positions)", o->n_ctx);
-    if ((st = dev_alloc(c, kv_bytes, (void **)&g->kv, what, err)) != HM_OK) goto fail;
-
+    if ((st = dev_alloc(m, kv_bytes, kv_bytes + act_bytes + g->scratch_size, (void **)&g->kv, what, err)) != HM_OK)
+        goto fail;
     /* activations: one device block */
+    if ((st = dev_alloc(m, act_bytes, act_bytes + g->scratch_size, &g->dev, "activations", err)) != HM_OK) goto fail;
     {
-        const size_t el[] = {U * E, U * E, U * nq, U * nkv, U * nkv, U * nq, U * (size_t)q->n_expert, 2 * U * K,
-                             U * E, (size_t)g->logit_rows * V, 3 * U, NL * g->sel_stride, slot_words};
-        size_t off[sizeof el / sizeof el[0]];
-        const size_t bytes = layout(el, off, sizeof el / sizeof el[0]);
-        if ((st = dev_alloc(c, bytes, &g->dev, "activations", err)) != HM_OK) goto fail;
         char *b = g->dev;
+        const size_t *off = act_off;
         g->x = (float *)(b + off[0]);
         g->h = (float *)(b + off[1]);
         g->q = (float *)(b + off[2]);
@@ -331,12 +363,8 @@ hm_status q3_gpu_state_open(const hm_model *m, const hm_state_opts *o, q3_state 
         g->sel_all = (int32_t *)(b + off[11]);
         g->slots = (hm_cuda_moe_slot *)(b + off[12]);
     }
-    /* scratch: attention and the grouped MoE run one after the other on one stream */
-    g->scratch_size = max_sz(hm_cuda_attention_scratch_size(c, (int64_t)U, o->n_ctx, q->n_head, q->n_head_kv,
-                                                            q->head_dim),
-                             hm_cuda_moe_scratch_size((int64_t)U, (int64_t)(U * K), q->n_expert, q->n_ff_exp));
-    g->scratch_size = max_sz(g->scratch_size, hm_cuda_moe_dev_scratch_size(g->dec_cap, q->n_expert_used, q->n_ff_exp));
-    if ((st = dev_alloc(c, g->scratch_size, &g->scratch, "attention/MoE scratch", err)) != HM_OK) goto fail;
+    if ((st = dev_alloc(m, g->scratch_size, g->scratch_size, &g->scratch, "attention/MoE scratch", err)) != HM_OK)
+        goto fail;
 
     /* pinned host buffers: everything that crosses the bus */
     {

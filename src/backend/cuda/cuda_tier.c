@@ -353,6 +353,40 @@ void hm_vram_tier_close(hm_vram_tier *t) {
 }
 
 int64_t hm_vram_tier_n_slots(const hm_vram_tier *t) { return t->n_slots; }
+int64_t hm_vram_tier_chunk_slots(const hm_vram_tier *t) { return t->per_chunk > 0 ? t->per_chunk : 1; }
+
+int64_t hm_vram_tier_shrink(hm_vram_tier *t, int64_t keep_slots, hm_err *err) {
+    if (keep_slots < 0)
+        return hm_errf(err, HM_ERR_ARG, "vram tier: shrink to %" PRId64 " slots", keep_slots);
+    const int64_t pc = hm_vram_tier_chunk_slots(t);
+    int64_t keep_chunks = (keep_slots + pc - 1) / pc;
+    if (keep_chunks >= t->n_chunks) return t->n_slots; /* nothing whole to give back */
+    const int64_t n_new = keep_chunks * pc;             /* < n_slots: a whole chunk goes */
+    /* the copier idle and every fill so far issued: nothing is queued for a slot about to go */
+    if (t->sync_ok) {
+        pthread_mutex_lock(&t->mu);
+        while (t->head != t->tail) pthread_cond_wait(&t->done, &t->mu);
+        pthread_mutex_unlock(&t->mu);
+    }
+    /* the copies into the freed slots have run (cudaFree would wait for the device anyway) */
+    for (int64_t s = n_new; s < t->n_slots; s++) (void)hm_cuda_event_wait(t->slot_ev[s], NULL);
+    for (int i = 0; t->buf_ev && i < t->n_staging; i++)
+        if (t->buf_ev[i]) (void)hm_cuda_event_wait(t->buf_ev[i], NULL);
+    if (t->sync_ok) pthread_mutex_lock(&t->mu); /* the copier reads chunk[] for the requests it takes */
+    for (int64_t s = n_new; s < t->n_slots; s++) {
+        hm_cuda_event_destroy(t->slot_ev[s]);
+        t->slot_ev[s] = NULL;
+        memset(t->part[s], 0, sizeof t->part[s]);
+    }
+    for (int64_t i = keep_chunks; i < t->n_chunks; i++) {
+        hm_cuda_free(t->c, t->chunk[i]);
+        t->chunk[i] = NULL;
+    }
+    t->n_chunks = keep_chunks;
+    t->n_slots = n_new;
+    if (t->sync_ok) pthread_mutex_unlock(&t->mu);
+    return n_new;
+}
 uint64_t hm_vram_tier_bytes(const hm_vram_tier *t) { return (uint64_t)t->n_slots * t->stride; }
 
 void hm_vram_tier_get_stats(const hm_vram_tier *t, hm_vram_tier_stats *out) {

@@ -2,7 +2,8 @@
  *
  * n_slots slots of slot_bytes each in device memory, taken in chunks of slots (one cudaMalloc per
  * chunk), so a pool that does not fit whole comes up smaller instead of failing: the caller reads
- * hm_vram_tier_n_slots and warns.
+ * hm_vram_tier_n_slots and warns. The same chunks let a pool give memory back later
+ * (hm_vram_tier_shrink: whole chunks from the end) when a session's state needs the room.
  *
  * Fills are asynchronous: fill() only checks the request and queues it (it blocks only while
  * max_queued fills are already waiting). A copier thread of the pool, started at open and joined at
@@ -61,6 +62,19 @@ void hm_vram_tier_close(hm_vram_tier *t);
 
 int64_t hm_vram_tier_n_slots(const hm_vram_tier *t);
 uint64_t hm_vram_tier_bytes(const hm_vram_tier *t); /* device bytes of the slots */
+
+/* Slots per chunk: the pool gives memory back only in whole chunks (hm_vram_tier_shrink). */
+int64_t hm_vram_tier_chunk_slots(const hm_vram_tier *t);
+
+/* Give device memory back: keep the slots < keep_slots rounded UP to a whole chunk (at most the
+ * current count) and free the chunks past them. Waits first until the copier is idle and every
+ * fill made so far has been copied (no copy may be in flight into freed memory); a sticky copy
+ * error does not stop it. Slots below the new count keep their memory, their device pointers
+ * (part) and their readiness; fill() of a slot past it is HM_ERR_ARG. The caller must have
+ * stopped using the slots past it (the store evicts their units first: hm_experts_shrink) and no
+ * queued compute may still read them (between steps). Engine thread only. Returns the new slot
+ * count (>= 0), or a negative hm_status (HM_ERR_ARG for keep_slots < 0). */
+int64_t hm_vram_tier_shrink(hm_vram_tier *t, int64_t keep_slots, hm_err *err);
 
 /* The store's view: fill / ready / part over this pool (ctx = t). */
 void hm_vram_tier_as_hot(hm_vram_tier *t, hm_tier *out);
