@@ -29,8 +29,7 @@
  * for the cold units). forward allocates nothing. When the device state does not fit, the
  * model's expert slot pool gives up whole chunks of slots for it (hm_model_gpu_make_room, a
  * warning); only with the pool empty (or too small to help) is the open HM_ERR_NOMEM. The device
- * weights are the model's
- * (m->gpu->arch, uploaded once by q3_gpu_load); the states borrow them. */
+ * weights are the model's (m->gpu->arch, uploaded once by q3_gpu_load); the states borrow them. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
