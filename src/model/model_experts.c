@@ -93,6 +93,7 @@ hm_status hm_model_experts_open(hm_model *m, const hm_placement_opts *po, hm_err
     eo.profile = po->profile ? &prof : NULL;
     eo.hot_slots = 0;
     eo.hot_tier = NULL;
+    bool store_failed = false; /* the one failure a --profile can cause (geometry, policy): named after it */
 #ifdef HM_HAVE_CUDA
     if (hm_placement_wants_gpu(po)) {
         int64_t slots = 0;
@@ -122,6 +123,7 @@ hm_status hm_model_experts_open(hm_model *m, const hm_placement_opts *po, hm_err
     eo.policy.kind = (hm_policy_kind)kind;
     if (po->update_rate >= 0) eo.policy.update_rate = po->update_rate;
     st = hm_experts_open(&m->experts, &m->units, &eo, err);
+    store_failed = st != HM_OK;
 #ifdef HM_HAVE_CUDA
     if (st == HM_OK && m->gpu && m->gpu->vram) { /* the initial placement's copies, before step 0 */
         if ((st = hm_vram_tier_wait(m->gpu->vram, err)) == HM_OK) hm_experts_land(m->experts);
@@ -153,7 +155,7 @@ hm_status hm_model_experts_open(hm_model *m, const hm_placement_opts *po, hm_err
 #ifdef HM_HAVE_CUDA
 done:
 #endif
-    if (st != HM_OK && po->profile) {
+    if (st != HM_OK && po->profile && store_failed) {
         char tmp[sizeof err->msg];
         if (err) {
             snprintf(tmp, sizeof tmp, "%s", err->msg);

@@ -170,6 +170,9 @@ hm_status hm_model_gpu_open(hm_model *m, const hm_placement_opts *o, int64_t *sl
     g->slot_bytes = hm_vram_tier_slot_bytes(u);
     int64_t want = 0;
     const char *why;
+    if (o->vram_budget != 0 && o->n_cpu_moe >= 0)
+        hm_log_printf(&m->log, HM_LOG_WARN, "--n-cpu-moe %d is ignored: --vram-budget places expert units by use",
+                      (int)o->n_cpu_moe);
     if (o->vram_budget > 0) {
         want = g->slot_bytes ? o->vram_budget / (int64_t)g->slot_bytes : 0;
         why = "--vram-budget";
