@@ -9,35 +9,18 @@
  * Exits 77 ("skipped: no GPU") where there is no CUDA device: what CI sees. */
 #include <stdint.h>
 #include <string.h>
-#include <time.h>
 
 #include "backend/cuda/cuda_device.h"
 #include "backend/cuda/cuda_ops.h"
 #include "core/fp16.h"
+#include "cuda_test.h"
 #include "quant/quant.h"
 #include "test.h"
-
-static hm_cuda_ctx *ctx;
-static hm_err err;
-
-#define CK(call)                                                                              \
-    do {                                                                                      \
-        hm_status st_ = (call);                                                               \
-        if (st_ != HM_OK) {                                                                   \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, err.msg);          \
-            exit(1);                                                                          \
-        }                                                                                     \
-    } while (0)
 
 /* ---- helpers ---- */
 
 static uint64_t rng_state = 0x243f6a8885a308d3ull;
-static double rnd_u(void) {
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return (double)(rng_state >> 11) / 9007199254740992.0;
-}
+static double rnd_u(void) { return (double)(xorshift64(&rng_state) >> 11) / 9007199254740992.0; }
 static float rnd_n(void) {
     double s = 0;
     for (int i = 0; i < 4; i++) s += rnd_u();
@@ -45,14 +28,6 @@ static float rnd_n(void) {
 }
 static void fill(float *x, int64_t n, float scale) {
     for (int64_t i = 0; i < n; i++) x[i] = rnd_n() * scale;
-}
-static void *xmalloc(size_t n) {
-    void *p = malloc(n ? n : 1);
-    if (!p) {
-        fprintf(stderr, "out of memory (%zu bytes)\n", n);
-        exit(1);
-    }
-    return p;
 }
 static double nmse(const float *y, const double *ref, int64_t n) {
     double e = 0, s = 0;
@@ -76,11 +51,6 @@ static void *dev_zero(size_t n) {
     return d;
 }
 static void dev_to(void *host, const void *d, size_t n) { CK(hm_cuda_download(ctx, host, d, n, &err)); }
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static const int types[] = {HM_TYPE_F32,  HM_TYPE_F16,  HM_TYPE_BF16, HM_TYPE_Q8_0, HM_TYPE_Q4_0,
                             HM_TYPE_MXFP4, HM_TYPE_Q4_K, HM_TYPE_Q5_K, HM_TYPE_Q6_K, HM_TYPE_IQ4_XS};
@@ -1014,15 +984,8 @@ static void bench_prefill(void) {
 
 int main(void) {
     test_decoders_host();
-    if (hm_cuda_device_count() == 0) {
-        if (test_failures_) return test_done();
-        printf("skipped: no GPU (the host decoder check passed)\n");
-        return 77;
-    }
-    char name[256];
-    if (hm_cuda_device_name(0, name, sizeof name) == 0) printf("device 0: %s\n", name);
-    setvbuf(stdout, NULL, _IOLBF, 0);
-    CK(hm_cuda_open(&ctx, 0, &err));
+    int rc = cuda_test_open("the host decoder check passed");
+    if (rc >= 0) return rc;
     test_errors();
     test_matmul();
     test_get_rows();

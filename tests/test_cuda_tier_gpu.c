@@ -28,12 +28,12 @@
  * Exits 77 ("skipped: no GPU") where there is no CUDA device. */
 #include <stdint.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 #include "backend/cuda/cuda_device.h"
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/cuda_tier.h"
+#include "cuda_test.h"
 #include "experts/experts.h"
 #include "experts/profile.h"
 #include "experts/units.h"
@@ -41,41 +41,11 @@
 #include "quant/quant.h"
 #include "test.h"
 
-static hm_cuda_ctx *ctx;
-static hm_err err;
-
-#define CK(call)                                                                              \
-    do {                                                                                      \
-        hm_status st_ = (call);                                                               \
-        if (st_ != HM_OK) {                                                                   \
-            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, err.msg);          \
-            exit(1);                                                                          \
-        }                                                                                     \
-    } while (0)
-
 static uint64_t rng_state = 0x9e3779b97f4a7c15ull;
-static uint64_t rnd(void) {
-    rng_state ^= rng_state << 13;
-    rng_state ^= rng_state >> 7;
-    rng_state ^= rng_state << 17;
-    return rng_state;
-}
-static void *xmalloc(size_t n) {
-    void *p = malloc(n ? n : 1);
-    if (!p) {
-        fprintf(stderr, "out of memory (%zu bytes)\n", n);
-        exit(1);
-    }
-    return p;
-}
+static uint64_t rnd(void) { return xorshift64(&rng_state); }
 static void fill_random(void *p, size_t n) {
     uint8_t *b = p;
     for (size_t i = 0; i < n; i++) b[i] = (uint8_t)(rnd() >> 24);
-}
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 static uint64_t r256(uint64_t x) { return (x + 255) / 256 * 256; }
 
@@ -238,6 +208,17 @@ static void test_options(void) {
     hunit_free(&u);
 }
 
+/* After a wait: each of slots [0, n_slots) is ready and holds u[last[slot]], the unit filled into
+ * it last. */
+static void check_latest(const hm_tier *h, int32_t n_slots, const hunit *u, const int *last, const char *label) {
+    for (int32_t s = 0; s < n_slots; s++) {
+        CHECKF(h->ready(h->ctx, s), "slot %d not ready after wait", s);
+        char what[64];
+        snprintf(what, sizeof what, "%s fill %d", label, last[s]);
+        check_slot(h, s, &u[last[s]].r, what);
+    }
+}
+
 /* ---- a small ring: pieces, wrap-around, many fills ---- */
 
 static void test_ring(void) {
@@ -272,12 +253,7 @@ static void test_ring(void) {
         (void)h.ready(h.ctx, slot); /* may be either; must not disturb anything */
     }
     CK(hm_vram_tier_wait(t, &err));
-    for (int32_t s = 0; s < N_SLOTS; s++) {
-        CHECKF(h.ready(h.ctx, s), "slot %d not ready after wait", s);
-        char what[64];
-        snprintf(what, sizeof what, "ring fill %d", last[s]);
-        check_slot(&h, s, &u[last[s]].r, what);
-    }
+    check_latest(&h, N_SLOTS, u, last, "ring");
     hm_vram_tier_stats st;
     hm_vram_tier_get_stats(t, &st);
     CHECK(st.fills == N_FILL && st.fill_bytes == total);
@@ -349,12 +325,7 @@ static void test_async_many(void) {
     printf("async: %d fills (%.1f MB) queued in %.3f s, landed in %.3f s; ready false right after fill %d times; "
            "%llu dropped as overtaken\n", N_FILL, (double)total / 1e6, t_queue, now_s() - t0, not_ready,
            (unsigned long long)st.skipped);
-    for (int32_t s = 0; s < N_SLOTS; s++) {
-        CHECKF(h.ready(h.ctx, s), "slot %d not ready after wait", s);
-        char what[64];
-        snprintf(what, sizeof what, "async fill %d", last[s]);
-        check_slot(&h, s, &u[last[s]].r, what);
-    }
+    check_latest(&h, N_SLOTS, u, last, "async");
     CHECK(st.fills == N_FILL && st.fill_bytes == total && st.queued == 0);
     CHECK(st.skipped < N_FILL);
     hm_vram_tier_close(t);
@@ -690,15 +661,8 @@ static void bench_fill(void) {
 
 int main(void) {
     test_slot_bytes();
-    if (hm_cuda_device_count() == 0) {
-        if (test_failures_) return test_done();
-        printf("skipped: no GPU (the host slot-size check passed)\n");
-        return 77;
-    }
-    char name[256];
-    if (hm_cuda_device_name(0, name, sizeof name) == 0) printf("device 0: %s\n", name);
-    setvbuf(stdout, NULL, _IOLBF, 0);
-    CK(hm_cuda_open(&ctx, 0, &err));
+    int rc = cuda_test_open("the host slot-size check passed");
+    if (rc >= 0) return rc;
     test_basic();
     test_options();
     test_ring();

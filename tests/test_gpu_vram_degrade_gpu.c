@@ -8,8 +8,8 @@
  * MiB, so the pool is 4 chunks of 64 slots (~160 MiB each) and chunk freeing matters. The CPU
  * engine computes the reference logits of two sequences (P: a 16-token prompt, the GPU's prefill
  * path; D: a 6-token prompt, the matvec path; each then 8 greedy decode steps); the GPU runs must
- * match them with test_qwen3moe_gpu.c's rule: NMSE below NMSE_Q8 (the CPU's Q8 activation
- * rounding dominates) and the same argmax unless a near-tie.
+ * match them by gpu_compare.h's rule (also test_qwen3moe_gpu.c's): NMSE below NMSE_Q8 (the CPU's
+ * Q8 activation rounding dominates) and the same argmax unless a near-tie.
  *
  * Steps: open on the GPU with --vram-budget for every unit (256 slots, lru); session A (n_ctx 64)
  * runs P (slots fill). A "balloon" of device memory then leaves ~32 MiB free. (1) A session of
@@ -30,6 +30,7 @@
 
 #include "backend/cuda/cuda_device.h"
 #include "backend/cuda/cuda_ops.h"
+#include "gpu_compare.h"
 #include "hotmoe.h"
 #include "test.h"
 
@@ -38,7 +39,6 @@
 #define NDEC 8      /* decode steps after each prompt */
 #define NSTEP (1 + NDEC)
 #define UBATCH 64
-#define NEAR_TIE 1e-3
 #define NMSE_Q8 3e-4
 #define MIB (1024.0 * 1024.0)
 #define LEFT_FREE ((size_t)32 << 20)   /* what the balloon leaves free */
@@ -57,13 +57,6 @@ static double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static int32_t argmax(const float *x, int32_t n) {
-    int32_t b = 0;
-    for (int32_t i = 1; i < n; i++)
-        if (x[i] > x[b]) b = i;
-    return b;
-}
-
 static hm_session *open_session(hm_model *m, int32_t n_ctx, hm_err *err) {
     hm_session_opts so;
     hm_session_opts_default(&so);
@@ -78,40 +71,7 @@ static hm_session *open_session(hm_model *m, int32_t n_ctx, hm_err *err) {
  * out ([NSTEP][V]); greedy: the CPU reference picks the decode tokens. */
 static hm_status run_seq(hm_session *s, int32_t *toks, int32_t np, bool greedy, float *out, int32_t V, hm_err *err) {
     hm_session_reset(s);
-    for (int step = 0; step < NSTEP; step++) {
-        const float *lg = NULL;
-        const int32_t *t = step == 0 ? toks : toks + np + step - 1;
-        hm_status st = hm_session_eval(s, t, step == 0 ? np : 1, false, &lg, err);
-        if (st != HM_OK) return st;
-        memcpy(out + (size_t)step * (size_t)V, lg, (size_t)V * sizeof(float));
-        if (greedy && step < NDEC) toks[np + step] = argmax(lg, V);
-    }
-    return HM_OK;
-}
-
-/* test_qwen3moe_gpu.c's comparison: NMSE per step under the bound, the same argmax unless the
- * CPU's top two are closer than the rounding allowed. */
-static double compare(const char *what, const float *g, const float *c, int32_t V) {
-    double worst = 0;
-    for (int step = 0; step < NSTEP; step++) {
-        const float *gs = g + (size_t)step * (size_t)V, *cs = c + (size_t)step * (size_t)V;
-        double num = 0, den = 0, mx = 1;
-        for (int32_t i = 0; i < V; i++) {
-            const double d = (double)gs[i] - (double)cs[i];
-            num += d * d;
-            den += (double)cs[i] * (double)cs[i];
-            if (fabs((double)cs[i]) > mx) mx = fabs((double)cs[i]);
-        }
-        const double nmse = den > 0 ? num / den : num;
-        if (nmse > worst) worst = nmse;
-        CHECKF(nmse <= NMSE_Q8, "%s step %d: NMSE %.3g > %.3g", what, step, nmse, NMSE_Q8);
-        const int32_t ag = argmax(gs, V), ac = argmax(cs, V);
-        const double tie = fmax(NEAR_TIE * mx, 4.0 * sqrt(num / V));
-        CHECKF(ag == ac || (double)cs[ac] - (double)cs[ag] <= tie,
-               "%s step %d: argmax %d (GPU) vs %d (CPU), CPU logits %.6g vs %.6g", what, step, ag, ac,
-               (double)cs[ag], (double)cs[ac]);
-    }
-    return worst;
+    return gpu_compare_run(s, toks, np, NDEC, greedy, out, V, err);
 }
 
 /* Both sequences on s against the CPU's. */
@@ -126,11 +86,11 @@ static void check_logits(const char *label, hm_session *s, const ref *r) {
     snprintf(what, sizeof what, "%s P", label);
     hm_status st = run_seq(s, tp, NP, false, g, V, &err);
     CHECKF(st == HM_OK, "%s: %s", what, err.msg);
-    double wp = st == HM_OK ? compare(what, g, r->lp, V) : -1;
+    double wp = st == HM_OK ? gpu_compare_logits(what, g, r->lp, NSTEP, V, NMSE_Q8) : -1;
     snprintf(what, sizeof what, "%s D", label);
     st = run_seq(s, td, ND, false, g, V, &err);
     CHECKF(st == HM_OK, "%s: %s", what, err.msg);
-    double wd = st == HM_OK ? compare(what, g, r->ld, V) : -1;
+    double wd = st == HM_OK ? gpu_compare_logits(what, g, r->ld, NSTEP, V, NMSE_Q8) : -1;
     fprintf(stderr, "  %s: logits vs the CPU: NMSE P %.3g, D %.3g (bound %.0e)\n", label, wp, wd, NMSE_Q8);
     free(g);
 }
@@ -295,12 +255,7 @@ static void run(const char *path, const ref *r) {
 }
 
 int main(void) {
-    if (hm_cuda_device_count() == 0) {
-        printf("skipped: no GPU\n");
-        return 77;
-    }
-    char name[256];
-    if (hm_cuda_device_name(0, name, sizeof name) == 0) fprintf(stderr, "device 0: %s\n", name);
+    if (!gpu_compare_have_device()) return 77;
     char path[] = "/tmp/hm_vramdg_XXXXXX";
     int fd = mkstemp(path);
     CHECK(fd >= 0);
@@ -324,12 +279,7 @@ int main(void) {
         r.n_vocab = hm_model_get_info(m)->n_vocab;
         r.lp = malloc((size_t)NSTEP * (size_t)r.n_vocab * sizeof(float));
         r.ld = malloc((size_t)NSTEP * (size_t)r.n_vocab * sizeof(float));
-        uint64_t rng = 0x9e3779b97f4a7c15ull;
-        for (int i = 0; i < NP; i++) {
-            rng = rng * 6364136223846793005ull + 1442695040888963407ull;
-            r.toks_p[i] = (int32_t)((rng >> 33) % (uint64_t)r.n_vocab);
-        }
-        for (int i = 0; i < ND; i++) r.toks_d[i] = r.toks_p[NP - 1 - i];
+        gpu_compare_prompts(0x9e3779b97f4a7c15ull, r.n_vocab, r.toks_p, NP, r.toks_d, ND);
         hm_session *s = open_session(m, 64, &err);
         CHECKF(s != NULL, "CPU session: %s", err.msg);
         if (s) {
@@ -337,12 +287,7 @@ int main(void) {
             CHECKF(run_seq(s, r.toks_d, ND, true, r.ld, r.n_vocab, &err) == HM_OK, "CPU D: %s", err.msg);
         }
         hm_session_close(s);
-        hm_usage u;
-        if (hm_model_usage(m, &u, &err) == HM_OK) {
-            r.unit_bytes = u.unit_bytes;
-            r.n_units = (uint64_t)u.n_layer * (uint64_t)u.n_expert;
-            hm_usage_free(&u);
-        }
+        gpu_compare_units(m, &r.unit_bytes, &r.n_units, &err);
         hm_model_close(m);
         fprintf(stderr, "CPU reference: %.1f s; %llu units of %.2f MiB\n", now_s() - t0,
                 (unsigned long long)r.n_units, (double)r.unit_bytes / MIB);

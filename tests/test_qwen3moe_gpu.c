@@ -14,8 +14,8 @@
  * logits must match the CPU's:
  *   - NMSE = sum (g - c)^2 / sum c^2 below a bound derived from the numerics (below), and
  *   - the same argmax, unless the CPU's logits of the two picks are closer than
- *     max(NEAR_TIE x max |logit|, 4 x the step's rms logit difference): a near-tie the allowed
- *     rounding may break either way (then either may win).
+ *     max(GPU_COMPARE_NEAR_TIE x max |logit|, 4 x the step's rms logit difference): a near-tie the
+ *     allowed rounding may break either way (then either may win). (gpu_compare.h's rule.)
  * Bounds. F32 weights: the CPU's dot products are f32 x f32; the GPU's matvec is exact f32 dequant
  * with f32 accumulation: only summation order, expf/rsqrt and a rare f16 KV rounding flip differ
  * (relative ~1e-6 per op: NMSE ~1e-12), so D is held to NMSE_F32_EXACT = 1e-7. P's prefill rounds
@@ -42,7 +42,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "backend/cuda/cuda_device.h"
+#include "gpu_compare.h"
 #include "hotmoe.h"
 #include "test.h"
 
@@ -51,7 +51,6 @@
 #define NDEC 8      /* decode steps after each prompt */
 #define NSTEP (1 + NDEC)
 #define N_CPU_MOE 2
-#define NEAR_TIE 1e-3 /* logits closer than this (x max |logit|) may swap places */
 #define NMSE_F32_EXACT 1e-7
 #define NMSE_BF16 1e-4
 #define NMSE_Q8 3e-4
@@ -62,13 +61,6 @@ typedef struct ref {
     float *lp, *ld; /* [NSTEP][n_vocab] the CPU's logits per step of P and D */
     uint64_t unit_bytes, n_units;
 } ref;
-
-static int32_t argmax(const float *x, int32_t n) {
-    int32_t b = 0;
-    for (int32_t i = 1; i < n; i++)
-        if (x[i] > x[b]) b = i;
-    return b;
-}
 
 static hm_session *open_session(hm_model *m, hm_kv_type kv, hm_err *err) {
     hm_session_opts so;
@@ -85,42 +77,9 @@ static hm_session *open_session(hm_model *m, hm_kv_type kv, hm_err *err) {
 static hm_status run_seq(hm_model *m, int32_t *toks, int32_t np, bool greedy, float *out, int32_t V, hm_err *err) {
     hm_session *s = open_session(m, HM_KV_F16, err);
     if (!s) return HM_ERR_ARG;
-    hm_status st = HM_OK;
-    for (int step = 0; step < NSTEP && st == HM_OK; step++) {
-        const float *lg = NULL;
-        const int32_t *t = step == 0 ? toks : toks + np + step - 1;
-        st = hm_session_eval(s, t, step == 0 ? np : 1, false, &lg, err);
-        if (st != HM_OK) break;
-        memcpy(out + (size_t)step * (size_t)V, lg, (size_t)V * sizeof(float));
-        if (greedy && step < NDEC) toks[np + step] = argmax(lg, V);
-    }
+    hm_status st = gpu_compare_run(s, toks, np, NDEC, greedy, out, V, err);
     hm_session_close(s);
     return st;
-}
-
-/* Compare one run's logits with the CPU's, step by step. */
-static double compare(const char *what, const float *g, const float *c, int32_t V, double bound) {
-    double worst = 0;
-    for (int step = 0; step < NSTEP; step++) {
-        const float *gs = g + (size_t)step * (size_t)V, *cs = c + (size_t)step * (size_t)V;
-        double num = 0, den = 0, mx = 1;
-        for (int32_t i = 0; i < V; i++) {
-            const double d = (double)gs[i] - (double)cs[i];
-            num += d * d;
-            den += (double)cs[i] * (double)cs[i];
-            if (fabs((double)cs[i]) > mx) mx = fabs((double)cs[i]);
-        }
-        const double nmse = den > 0 ? num / den : num;
-        if (nmse > worst) worst = nmse;
-        CHECKF(nmse <= bound, "%s step %d: NMSE %.3g > %.3g", what, step, nmse, bound);
-        /* a different argmax only where the CPU's top two are closer than the noise allowed */
-        const int32_t ag = argmax(gs, V), ac = argmax(cs, V);
-        const double tie = fmax(NEAR_TIE * mx, 4.0 * sqrt(num / V));
-        CHECKF(ag == ac || (double)cs[ac] - (double)cs[ag] <= tie,
-               "%s step %d: argmax %d (GPU) vs %d (CPU), CPU logits %.6g vs %.6g", what, step, ag, ac,
-               (double)cs[ag], (double)cs[ac]);
-    }
-    return worst;
 }
 
 typedef enum place { P_CPU_MOE, P_N_CPU_MOE, P_STATIC, P_LRU, P_ALL } place;
@@ -167,11 +126,11 @@ static void run_placement(const char *path, const char *label, const ref *r, pla
     snprintf(what, sizeof what, "%s %s P (prefill %d)", label, place_name[p], NP);
     st = run_seq(m, tp, NP, false, g, V, &err);
     CHECKF(st == HM_OK, "%s: %s", what, err.msg);
-    double wp = st == HM_OK ? compare(what, g, r->lp, V, quant ? NMSE_Q8 : NMSE_BF16) : -1;
+    double wp = st == HM_OK ? gpu_compare_logits(what, g, r->lp, NSTEP, V, quant ? NMSE_Q8 : NMSE_BF16) : -1;
     snprintf(what, sizeof what, "%s %s D (prompt %d)", label, place_name[p], ND);
     st = run_seq(m, td, ND, false, g, V, &err);
     CHECKF(st == HM_OK, "%s: %s", what, err.msg);
-    double wd = st == HM_OK ? compare(what, g, r->ld, V, quant ? NMSE_Q8 : NMSE_F32_EXACT) : -1;
+    double wd = st == HM_OK ? gpu_compare_logits(what, g, r->ld, NSTEP, V, quant ? NMSE_Q8 : NMSE_F32_EXACT) : -1;
 
     /* the store: every routed (row, unit) counted once, as a hit or a miss, where it ran */
     hm_usage u;
@@ -268,20 +227,10 @@ static void run_model(const char *type, bool quant) {
         r.k = inf->n_expert_used;
         r.lp = malloc((size_t)NSTEP * (size_t)r.n_vocab * sizeof(float));
         r.ld = malloc((size_t)NSTEP * (size_t)r.n_vocab * sizeof(float));
-        uint64_t rng = 0x2545f4914f6cdd1dull;
-        for (int i = 0; i < NP; i++) {
-            rng = rng * 6364136223846793005ull + 1442695040888963407ull;
-            r.toks_p[i] = (int32_t)((rng >> 33) % (uint64_t)r.n_vocab);
-        }
-        for (int i = 0; i < ND; i++) r.toks_d[i] = r.toks_p[NP - 1 - i];
+        gpu_compare_prompts(0x2545f4914f6cdd1dull, r.n_vocab, r.toks_p, NP, r.toks_d, ND);
         CHECKF(run_seq(m, r.toks_p, NP, true, r.lp, r.n_vocab, &err) == HM_OK, "%s CPU P: %s", label, err.msg);
         CHECKF(run_seq(m, r.toks_d, ND, true, r.ld, r.n_vocab, &err) == HM_OK, "%s CPU D: %s", label, err.msg);
-        hm_usage u;
-        if (hm_model_usage(m, &u, &err) == HM_OK) {
-            r.unit_bytes = u.unit_bytes;
-            r.n_units = (uint64_t)u.n_layer * (uint64_t)u.n_expert;
-            hm_usage_free(&u);
-        }
+        gpu_compare_units(m, &r.unit_bytes, &r.n_units, &err);
         CHECKF(hm_model_profile_save(m, prof, HM_PROFILE_FMT_HOTMOE, &err) == HM_OK, "profile: %s", err.msg);
         hm_model_close(m);
         if (!test_failures_)
@@ -294,12 +243,7 @@ static void run_model(const char *type, bool quant) {
 }
 
 int main(void) {
-    if (hm_cuda_device_count() == 0) {
-        printf("skipped: no GPU\n");
-        return 77;
-    }
-    char name[256];
-    if (hm_cuda_device_name(0, name, sizeof name) == 0) fprintf(stderr, "device 0: %s\n", name);
+    if (!gpu_compare_have_device()) return 77;
     run_model("f32", false);
     run_model("q4_k_m", true);
     return test_done();

@@ -236,9 +236,16 @@ hm_status hm_cuda_moe(hm_cuda_ctx *c, const hm_cuda_moe_unit *units, int n_units
  * Launch A, grid (n_ff / 4 rows, pair p = t * k + j): expert ids[p]'s slot (NULL gate = cold:
  *   the block returns) gives h[p][r] = silu(gate_r . x_t) * (up_r . x_t).
  * Launch B, grid (n_embd / 4 rows, token t): out[t][r] += sum over j < k in j order of
- *   weights[p] * (down_r . h[p]) over the hot pairs. One writer per element, fixed order. */
+ *   weights[p] * (down_r . h[p]) over the hot pairs. One writer per element, fixed order.
+ * Each kernel has two bodies behind one preamble and epilogue: NEW = false, the old kernels
+ * (HM_CUDA_KERN_OLD: one warp_row_dot per row), and NEW = true (HM_CUDA_KERN_NEW, warp_rows_dot):
+ * launch A takes gate row r and up row r as the two rows of one warp_rows_dot (their loads
+ * interleaved, 8 in flight per lane instead of one sequential pass per matrix); launch B takes the
+ * down rows of MOED_R of the token's k experts at once, each against its own h[p]. Sums are formed
+ * in the old kernels' order. */
+#define MOED_R 4
 
-template <int T>
+template <int T, bool NEW>
 __global__ void __launch_bounds__(128) k_moed_gate_up(const hm_cuda_moe_slot *__restrict__ slots,
                                                       const int32_t *__restrict__ ids, int k,
                                                       const float *__restrict__ x, int64_t n_embd,
@@ -249,15 +256,27 @@ __global__ void __launch_bounds__(128) k_moed_gate_up(const hm_cuda_moe_slot *__
     const int64_t p = blockIdx.y;
     const hm_cuda_moe_slot s = slots[ids[p]];
     if (!s.gate) return;
-    const float *xs[1] = {x + (p / k) * n_embd};
-    float g[1] = {0.0f}, u[1] = {0.0f};
-    warp_row_dot<T, 1>((const uint8_t *)s.gate + r * nb1, n_embd / 8, xs, g, lane);
-    warp_row_dot<T, 1>((const uint8_t *)s.up + r * nb1, n_embd / 8, xs, u, lane);
-    const float gs = warp_sum(g[0]), us = warp_sum(u[0]);
+    float gs, us;
+    if constexpr (NEW) {
+        const float *xt = x + (p / k) * n_embd;
+        const uint8_t *rows[2] = {(const uint8_t *)s.gate + r * nb1, (const uint8_t *)s.up + r * nb1};
+        const float *xs[2][1] = {{xt}, {xt}};
+        float acc[2][1] = {{0.0f}, {0.0f}};
+        warp_rows_dot<T, 1, 2, 4, true>(rows, (int)(n_embd / 8), xs, acc, lane);
+        gs = warp_sum(acc[0][0]);
+        us = warp_sum(acc[1][0]);
+    } else {
+        const float *xs[1] = {x + (p / k) * n_embd};
+        float g[1] = {0.0f}, u[1] = {0.0f};
+        warp_row_dot<T, 1>((const uint8_t *)s.gate + r * nb1, n_embd / 8, xs, g, lane);
+        warp_row_dot<T, 1>((const uint8_t *)s.up + r * nb1, n_embd / 8, xs, u, lane);
+        gs = warp_sum(g[0]);
+        us = warp_sum(u[0]);
+    }
     if (lane == 0) h[p * n_ff + r] = silu(gs) * us;
 }
 
-template <int T>
+template <int T, bool NEW>
 __global__ void __launch_bounds__(128) k_moed_down(const hm_cuda_moe_slot *__restrict__ slots,
                                                    const int32_t *__restrict__ ids,
                                                    const float *__restrict__ weights, int k,
@@ -269,93 +288,53 @@ __global__ void __launch_bounds__(128) k_moed_down(const hm_cuda_moe_slot *__res
     if (r >= n_embd) return;
     float acc = 0.0f;
     bool any = false;
-    for (int j = 0; j < k; j++) {
-        const int64_t p = t * k + j;
-        const uint8_t *down = (const uint8_t *)slots[ids[p]].down;
-        if (!down) continue;
-        const float *xs[1] = {h + p * n_ff};
-        float d[1] = {0.0f};
-        warp_row_dot<T, 1>(down + r * nb1, n_ff / 8, xs, d, lane);
-        acc = fmaf(weights[p], d[0], acc);
-        any = true;
-    }
-    if (!any) return;
-    acc = warp_sum(acc);
-    if (lane == 0) out[t * n_embd + r] += acc;
-}
-
-/* The new kernels (HM_CUDA_KERN_NEW, warp_rows_dot): launch A takes gate row r and up row r as
- * the two rows of one warp_rows_dot (their loads interleaved, 8 in flight per lane instead of one
- * sequential pass per matrix); launch B takes the down rows of MOED_R of the token's k experts at
- * once, each against its own h[p]. Sums are formed in the old kernels' order. */
-#define MOED_R 4
-
-template <int T>
-__global__ void __launch_bounds__(128) k_moed_gate_up2(const hm_cuda_moe_slot *__restrict__ slots,
-                                                       const int32_t *__restrict__ ids, int k,
-                                                       const float *__restrict__ x, int64_t n_embd,
-                                                       int64_t n_ff, size_t nb1, float *__restrict__ h) {
-    const int lane = threadIdx.x & 31;
-    const int64_t r = (int64_t)blockIdx.x * 4 + (threadIdx.x >> 5);
-    if (r >= n_ff) return;
-    const int64_t p = blockIdx.y;
-    const hm_cuda_moe_slot s = slots[ids[p]];
-    if (!s.gate) return;
-    const float *xt = x + (p / k) * n_embd;
-    const uint8_t *rows[2] = {(const uint8_t *)s.gate + r * nb1, (const uint8_t *)s.up + r * nb1};
-    const float *xs[2][1] = {{xt}, {xt}};
-    float acc[2][1] = {{0.0f}, {0.0f}};
-    warp_rows_dot<T, 1, 2, 4, true>(rows, (int)(n_embd / 8), xs, acc, lane);
-    const float gs = warp_sum(acc[0][0]), us = warp_sum(acc[1][0]);
-    if (lane == 0) h[p * n_ff + r] = silu(gs) * us;
-}
-
-template <int T>
-__global__ void __launch_bounds__(128) k_moed_down2(const hm_cuda_moe_slot *__restrict__ slots,
-                                                    const int32_t *__restrict__ ids,
-                                                    const float *__restrict__ weights, int k,
-                                                    const float *__restrict__ h, int64_t n_embd,
-                                                    int64_t n_ff, size_t nb1, float *__restrict__ out) {
-    const int lane = threadIdx.x & 31;
-    const int64_t r = (int64_t)blockIdx.x * 4 + (threadIdx.x >> 5);
-    const int64_t t = blockIdx.y;
-    if (r >= n_embd) return;
-    float acc = 0.0f;
-    bool any = false;
-    for (int j0 = 0; j0 < k; j0 += MOED_R) {
-        const uint8_t *rows[MOED_R];
-        const float *xs[MOED_R][1];
-        bool live[MOED_R];
-        const uint8_t *frow = NULL; /* a hot entry's row and h (no run-time array index) */
-        const float *fx = NULL;
+    if constexpr (NEW) {
+        for (int j0 = 0; j0 < k; j0 += MOED_R) {
+            const uint8_t *rows[MOED_R];
+            const float *xs[MOED_R][1];
+            bool live[MOED_R];
+            const uint8_t *frow = NULL; /* a hot entry's row and h (no run-time array index) */
+            const float *fx = NULL;
 #pragma unroll
-        for (int jj = 0; jj < MOED_R; jj++) {
-            const int64_t p = t * k + j0 + jj;
-            const uint8_t *down = j0 + jj < k ? (const uint8_t *)slots[ids[p]].down : NULL;
-            live[jj] = down != NULL;
-            rows[jj] = down ? down + r * nb1 : NULL;
-            xs[jj][0] = h + p * n_ff;
-            if (down && !frow) {
-                frow = rows[jj];
-                fx = xs[jj][0];
+            for (int jj = 0; jj < MOED_R; jj++) {
+                const int64_t p = t * k + j0 + jj;
+                const uint8_t *down = j0 + jj < k ? (const uint8_t *)slots[ids[p]].down : NULL;
+                live[jj] = down != NULL;
+                rows[jj] = down ? down + r * nb1 : NULL;
+                xs[jj][0] = h + p * n_ff;
+                if (down && !frow) {
+                    frow = rows[jj];
+                    fx = xs[jj][0];
+                }
             }
+            if (!frow) continue;
+            /* cold or past-k entries read a hot entry's row (valid memory) and are not summed */
+#pragma unroll
+            for (int jj = 0; jj < MOED_R; jj++)
+                if (!live[jj]) {
+                    rows[jj] = frow;
+                    xs[jj][0] = fx;
+                }
+            float d[MOED_R][1];
+#pragma unroll
+            for (int jj = 0; jj < MOED_R; jj++) d[jj][0] = 0.0f;
+            warp_rows_dot<T, 1, MOED_R, 2, false>(rows, (int)(n_ff / 8), xs, d, lane);
+#pragma unroll
+            for (int jj = 0; jj < MOED_R; jj++)
+                if (live[jj]) acc = fmaf(weights[t * k + j0 + jj], d[jj][0], acc);
+            any = true;
         }
-        if (!frow) continue;
-        /* cold or past-k entries read a hot entry's row (valid memory) and are not summed */
-#pragma unroll
-        for (int jj = 0; jj < MOED_R; jj++)
-            if (!live[jj]) {
-                rows[jj] = frow;
-                xs[jj][0] = fx;
-            }
-        float d[MOED_R][1];
-#pragma unroll
-        for (int jj = 0; jj < MOED_R; jj++) d[jj][0] = 0.0f;
-        warp_rows_dot<T, 1, MOED_R, 2, false>(rows, (int)(n_ff / 8), xs, d, lane);
-#pragma unroll
-        for (int jj = 0; jj < MOED_R; jj++)
-            if (live[jj]) acc = fmaf(weights[t * k + j0 + jj], d[jj][0], acc);
-        any = true;
+    } else {
+        for (int j = 0; j < k; j++) {
+            const int64_t p = t * k + j;
+            const uint8_t *down = (const uint8_t *)slots[ids[p]].down;
+            if (!down) continue;
+            const float *xs[1] = {h + p * n_ff};
+            float d[1] = {0.0f};
+            warp_row_dot<T, 1>(down + r * nb1, n_ff / 8, xs, d, lane);
+            acc = fmaf(weights[p], d[0], acc);
+            any = true;
+        }
     }
     if (!any) return;
     acc = warp_sum(acc);
@@ -382,16 +361,16 @@ hm_status hm_cuda_moe_dev(hm_cuda_ctx *c, const hm_cuda_moe_slot *slots, int gat
     const bool old = c->kern == HM_CUDA_KERN_OLD;
     const dim3 ga(hm_cu_blocks(n_ff, 4), (unsigned)(n_tok * k)), gb(hm_cu_blocks(n_embd, 4), (unsigned)n_tok);
     switch (gate_type) {
-#define HM_MDG_CASE(T) case T: if (old) k_moed_gate_up<T><<<ga, 128, 0, c->compute>>>(slots, ids, k, x, n_embd, n_ff, hm_row_size(T, n_embd), h); \
-                               else k_moed_gate_up2<T><<<ga, 128, 0, c->compute>>>(slots, ids, k, x, n_embd, n_ff, hm_row_size(T, n_embd), h); break;
+#define HM_MDG_CASE(T) case T: (old ? k_moed_gate_up<T, false> : k_moed_gate_up<T, true>)<<<ga, 128, 0, c->compute>>>( \
+                                   slots, ids, k, x, n_embd, n_ff, hm_row_size(T, n_embd), h); break;
         HM_CUDA_FOR_TYPES(HM_MDG_CASE)
 #undef HM_MDG_CASE
     default: return hm_errf(err, HM_ERR_UNSUPPORTED, "cuda moe: gate type %d", gate_type);
     }
     HM_CU_LAUNCH("moe_dev gate_up");
     switch (down_type) {
-#define HM_MDD_CASE(T) case T: if (old) k_moed_down<T><<<gb, 128, 0, c->compute>>>(slots, ids, weights, k, h, n_embd, n_ff, hm_row_size(T, n_ff), out); \
-                               else k_moed_down2<T><<<gb, 128, 0, c->compute>>>(slots, ids, weights, k, h, n_embd, n_ff, hm_row_size(T, n_ff), out); break;
+#define HM_MDD_CASE(T) case T: (old ? k_moed_down<T, false> : k_moed_down<T, true>)<<<gb, 128, 0, c->compute>>>( \
+                                   slots, ids, weights, k, h, n_embd, n_ff, hm_row_size(T, n_ff), out); break;
         HM_CUDA_FOR_TYPES(HM_MDD_CASE)
 #undef HM_MDD_CASE
     default: return hm_errf(err, HM_ERR_UNSUPPORTED, "cuda moe: down type %d", down_type);
