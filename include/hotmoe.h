@@ -186,6 +186,14 @@ void hm_sampler_reset(hm_sampler *s);
  * read or change the store between evals: call them from the thread that drives the model's
  * sessions (or while none is evaluating); the server runs them on its engine thread. */
 
+#define HM_MAX_GPUS 16 /* CUDA devices a placement can name (llama.cpp's GGML_CUDA_MAX_DEVICES) */
+
+/* One device's expert slot budget (--vram-budget DEV:SIZE). */
+typedef struct hm_gpu_budget {
+    int32_t device; /* CUDA ordinal, 0..HM_MAX_GPUS-1 */
+    int64_t bytes;  /* VRAM for expert slots on it; -1 = auto (its free VRAM minus vram_reserve) */
+} hm_gpu_budget;
+
 struct hm_placement_opts {
     const char *profile;  /* usage profile to place from (--profile; hotmoe.profile.v1 or the seed-1
                              fork's v1, docs/PROFILE.md); NULL = none */
@@ -202,6 +210,16 @@ struct hm_placement_opts {
     bool cpu_moe;         /* --cpu-moe: no expert slots unless vram_budget says otherwise */
     int32_t n_cpu_moe;    /* --n-cpu-moe N: units of layers >= N in VRAM, the rest on the CPU; < 0 = off */
     int32_t main_gpu;     /* --main-gpu: the device (0) */
+    /* Several GPUs (issue 11; docs/ENGINE.md "GPU placement"): parsed and planned
+     * (model/gpu_split.h), not executed yet. A plan over more than one device is refused at open
+     * (HM_ERR_UNSUPPORTED); one that names a single device runs as the single-device form on it
+     * (as -mg N --vram-budget SIZE). A per-device budget or a -ts turns the GPU on. */
+    int32_t n_vram_budgets; /* entries of vram_budgets; 0 = the single form (vram_budget) */
+    hm_gpu_budget vram_budgets[HM_MAX_GPUS]; /* --vram-budget 0:11GiB,1:5GiB: one per device named,
+                                                devices distinct; a device not named gets none */
+    int32_t n_tensor_split; /* entries of tensor_split; 0 = none */
+    float tensor_split[HM_MAX_GPUS]; /* -ts: share of the layers of CUDA device i (llama.cpp's
+                                        proportions, >= 0); none or all 0 = by free VRAM */
     int32_t n_ctx;        /* context the sessions will ask for: sizes the auto budget's KV share
                              (0 = the model's training context, capped at 32768) */
     /* The SSD tier (models larger than RAM, docs/ENGINE.md). ram_budget 0, or >= the model's
@@ -216,10 +234,21 @@ struct hm_placement_opts {
 };
 
 /* No profile, policy NULL, update_rate -1, no GPU (n_gpu_layers 0, vram_budget 0, vram_reserve -1,
- * n_cpu_moe -1). */
+ * n_cpu_moe -1, no per-device budget, no tensor split). */
 void hm_placement_opts_default(hm_placement_opts *o);
-/* True when o puts anything on the GPU (n_gpu_layers > 0 or vram_budget != 0). */
+/* True when o puts anything on the GPU (n_gpu_layers > 0, vram_budget != 0, a per-device budget or
+ * a tensor split). */
 bool hm_placement_wants_gpu(const hm_placement_opts *o);
+/* --vram-budget's value into o. One size for one device ("12GiB", "0"; "auto" or "-1" = auto):
+ * vram_budget, with n_vram_budgets = 0. A size per device ("0:11GiB,1:11GiB,2:auto"):
+ * vram_budgets and n_vram_budgets, with vram_budget = 0. mib: sizes are whole MiB (-1 = auto), as
+ * in the seed's GGML_CUDA_MOE_CACHE_BUDGET_MB_DEVICES=0:11800,1:11800. HM_ERR_ARG with a message
+ * naming the bad token ("bad device 'x'"); o unchanged then. */
+hm_status hm_parse_vram_budget(const char *s, bool mib, hm_placement_opts *o, hm_err *err);
+/* -ts / --tensor-split's value into o (tensor_split, n_tensor_split), as llama.cpp's: proportions
+ * >= 0 separated by ',' or '/' ("3,1"), the i-th for CUDA device i, at most HM_MAX_GPUS. HM_ERR_ARG
+ * naming the bad token; o unchanged then. */
+hm_status hm_parse_tensor_split(const char *s, hm_placement_opts *o, hm_err *err);
 
 /* Usage profile file formats (docs/PROFILE.md). */
 typedef enum hm_profile_fmt {

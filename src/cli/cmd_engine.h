@@ -1,7 +1,8 @@
 /* cmd_engine.h - flag parsing shared by the commands that run a model (logits, run, perplexity,
  * bench, profile; serve takes the placement flags): -m, -t, -c, --ubatch, --kv-type, -v; the expert
  * placement and usage flags (--profile-out, --profile-format, --trace-out, --profile, --policy,
- * --update-rate, --vram-budget, with the seed forks' names as aliases); and number parsing with
+ * --update-rate, --vram-budget (one size or one per device), -ts, with the seed forks' names as
+ * aliases); and number parsing with
  * errors that name the flag. Header-only (static functions) so each command stays one file; only
  * uses hotmoe.h. A command calls cli_open_model (which applies the placement flags and starts a
  * trace) and, before closing the model, cli_engine_finish (which closes --trace-out, reporting a
@@ -28,7 +29,7 @@ typedef struct cli_engine {
     const char *profile_out;  /* --profile-out: usage profile written at the end */
     hm_profile_fmt profile_format;
     const char *trace_out;    /* --trace-out: routing trace */
-    hm_placement_opts place;  /* --profile, --policy, --update-rate, --vram-budget */
+    hm_placement_opts place;  /* --profile, --policy, --update-rate, --vram-budget, -ts */
     bool place_init;
 } cli_engine;
 
@@ -55,7 +56,10 @@ typedef struct cli_engine {
     "                         --vram-reserve); placed by --profile / --policy (default: static\n" \
     "                         with a profile, else online); the other units run on the CPU at the\n" \
     "                         same time (aliases --moe-hot-cache-max-mib MIB, env\n"         \
-    "                         GGML_CUDA_MOE_CACHE_BUDGET_MB)\n"                             \
+    "                         GGML_CUDA_MOE_CACHE_BUDGET_MB); per device: 0:11GiB,1:11GiB,2:5GiB\n" \
+    "                         (env GGML_CUDA_MOE_CACHE_BUDGET_MB_DEVICES=0:11800,1:11800 in MiB)\n" \
+    "  -ts, --tensor-split L  share of the layers per CUDA device, as llama.cpp's -ts (3,1);\n" \
+    "                         several GPUs are planned, not executed yet (issue 11)\n"      \
     "  --vram-reserve SIZE    VRAM left free by auto (default 1GiB; alias\n"                 \
     "                         --moe-hot-cache-auto-reserve-mib MIB)\n"                      \
     "  -cmoe, --cpu-moe       every expert on the CPU (unless --vram-budget gives slots)\n"   \
@@ -140,11 +144,15 @@ static inline int cli_placement_arg(cli_engine *e, int argc, char **argv, int *i
     } else if (!strcmp(a, "--vram-budget")) {
         hm_err err;
         if (!(v = cli_value(e->cmd, argc, argv, i))) return -1;
-        if (!strcmp(v, "auto") || !strcmp(v, "-1")) {
-            e->place.vram_budget = -1;
-        } else if (hm_parse_size(v, &e->place.vram_budget, &err) != HM_OK || e->place.vram_budget < 0) {
-            fprintf(stderr, "hotmoe %s: --vram-budget expects a size (12GiB, 512MiB, 0) or auto, got '%s'\n", e->cmd,
-                    v);
+        if (hm_parse_vram_budget(v, false, &e->place, &err) != HM_OK) {
+            fprintf(stderr, "hotmoe %s: --vram-budget %s: %s\n", e->cmd, v, err.msg);
+            return -1;
+        }
+    } else if (!strcmp(a, "-ts") || !strcmp(a, "--tensor-split")) {
+        hm_err err;
+        if (!(v = cli_value(e->cmd, argc, argv, i))) return -1;
+        if (hm_parse_tensor_split(v, &e->place, &err) != HM_OK) {
+            fprintf(stderr, "hotmoe %s: %s %s: %s\n", e->cmd, a, v, err.msg);
             return -1;
         }
     } else if (!strcmp(a, "--vram-reserve")) {
@@ -195,6 +203,7 @@ static inline int cli_placement_arg(cli_engine *e, int argc, char **argv, int *i
         long mib;
         if (!(v = cli_value(e->cmd, argc, argv, i)) || cli_long(e->cmd, a, v, -1, 1L << 40, &mib)) return -1;
         e->place.vram_budget = mib < 0 ? -1 : (int64_t)mib << 20;
+        e->place.n_vram_budgets = 0;
     } else {
         return 0;
     }
@@ -208,8 +217,15 @@ static inline void cli_placement_env(hm_placement_opts *po) {
         ((v = getenv("LLAMA_EXPERT_SWAP_MLOCK")) && !strcmp(v, "1")))
         po->mlock = true;
     if ((v = getenv("LLAMA_EXPERT_SWAP_PREFETCH")) && !strcmp(v, "1")) po->prefetch = true;
-    /* the seed-1 fork's budget in MiB (-1 = auto); a flag given on the command line wins */
-    if (po->vram_budget == 0 && (v = getenv("GGML_CUDA_MOE_CACHE_BUDGET_MB")) && *v) {
+    /* the seed-2 fork's budgets per device in MiB ("0:11800,1:11800", -1 = auto), then the seed-1
+     * fork's single one; a flag given on the command line wins */
+    if (po->vram_budget == 0 && po->n_vram_budgets == 0 && (v = getenv("GGML_CUDA_MOE_CACHE_BUDGET_MB_DEVICES")) &&
+        *v) {
+        hm_err err;
+        if (hm_parse_vram_budget(v, true, po, &err) != HM_OK)
+            fprintf(stderr, "hotmoe: ignoring GGML_CUDA_MOE_CACHE_BUDGET_MB_DEVICES='%s': %s\n", v, err.msg);
+    }
+    if (po->vram_budget == 0 && po->n_vram_budgets == 0 && (v = getenv("GGML_CUDA_MOE_CACHE_BUDGET_MB")) && *v) {
         char *end;
         long long mib = strtoll(v, &end, 10);
         if (!*end && mib >= -1) po->vram_budget = mib < 0 ? -1 : (int64_t)mib << 20;

@@ -61,8 +61,8 @@ hm_status hm_model_experts_open(hm_model *m, const hm_placement_opts *po, hm_err
     if (!po) hm_placement_opts_default(&dflt), po = &dflt;
 #ifndef HM_HAVE_CUDA
     if (hm_placement_wants_gpu(po))
-        return hm_errf(err, HM_ERR_UNSUPPORTED, "this hotmoe was built without CUDA, so -ngl / --vram-budget cannot "
-                       "be used (rebuild with nvcc installed, or drop them to run on the CPU)");
+        return hm_errf(err, HM_ERR_UNSUPPORTED, "this hotmoe was built without CUDA, so -ngl / --vram-budget / -ts "
+                       "cannot be used (rebuild with nvcc installed, or drop them to run on the CPU)");
 #endif
     if (po->ram_budget < 0) return hm_errf(err, HM_ERR_ARG, "the RAM budget must not be negative");
     if (po->io_depth < 0 || po->io_depth > 4096)
@@ -171,7 +171,11 @@ done:
     return HM_OK;
 }
 
-bool hm_placement_wants_gpu(const hm_placement_opts *o) { return o->n_gpu_layers > 0 || o->vram_budget != 0; }
+bool hm_placement_wants_gpu(const hm_placement_opts *o) {
+    bool ts = false;
+    for (int32_t i = 0; i < o->n_tensor_split && i < HM_MAX_GPUS; i++) ts = ts || o->tensor_split[i] != 0.0f;
+    return o->n_gpu_layers > 0 || o->vram_budget != 0 || o->n_vram_budgets > 0 || ts;
+}
 
 void hm_model_experts_close(hm_model *m) {
     hm_ram_tier_close(m->ram); /* waits for reads in flight; before the store it may borrow */

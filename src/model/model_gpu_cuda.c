@@ -16,6 +16,7 @@
 #include "backend/cuda/cuda_device.h"
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/cuda_tier.h"
+#include "gpu_split.h"
 #include "model.h"
 #include "model_gpu.h"
 #include "quant/quant.h"
@@ -152,6 +153,26 @@ hm_status hm_model_gpu_open(hm_model *m, const hm_placement_opts *o, int64_t *sl
         return hm_errf(err, HM_ERR_CUDA, "no CUDA device found (drop -ngl / --vram-budget to run on the CPU)");
     if (o->main_gpu < 0 || o->main_gpu >= n_dev)
         return hm_errf(err, HM_ERR_ARG, "--main-gpu %d: there are %d CUDA devices", (int)o->main_gpu, n_dev);
+    /* Several GPUs (issue 11): the plan decides which devices; only a plan of one runs today, as
+     * the single-device form on that device (free memory does not matter for which devices) */
+    hm_placement_opts one;
+    if (o->n_vram_budgets > 0 || o->n_tensor_split > 0) {
+        hm_gpu_plan plan;
+        hm_status pst = hm_gpu_plan_make(&plan, o, m->info.n_layer, n_dev, NULL, err);
+        if (pst != HM_OK) return pst;
+        if (plan.n_dev > 1)
+            return hm_errf(err, HM_ERR_UNSUPPORTED, "several GPUs are planned (issue 11) but not executed yet: use "
+                           "one device (-mg N)");
+        one = *o;
+        one.main_gpu = plan.dev[0];
+        if (o->n_vram_budgets > 0) {
+            one.vram_budget = plan.budget[0];
+            if (plan.budget[0] == 0) one.cpu_moe = true; /* "N:0": no slots (the single form's 0 means unset) */
+        }
+        one.n_vram_budgets = 0;
+        one.n_tensor_split = 0;
+        o = &one;
+    }
     if (o->n_gpu_layers > 0 && o->n_gpu_layers < m->info.n_layer)
         hm_log_printf(&m->log, HM_LOG_WARN, "-ngl %d < %d layers: hotmoe keeps every layer's dense part on the "
                       "GPU (use --cpu-moe / --n-cpu-moe / --vram-budget to keep experts on the CPU)",
