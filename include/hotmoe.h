@@ -540,6 +540,9 @@ typedef struct hm_plan_opts {
     bool warm_start;          /* online/lru start from the static placement */
     float update_rate;        /* online: swaps per window as a fraction of slots (< 0: default) */
     bool json;                /* one JSON object instead of the text report */
+    int64_t ram_budget;       /* bytes of the RAM slot pool (--ram-budget); < 0: use ram_budget_frac,
+                                 and neither: no RAM+SSD section */
+    double ram_budget_frac;   /* or this fraction (0, 1] of all expert bytes, when ram_budget < 0 */
 } hm_plan_opts;
 
 void hm_plan_opts_default(hm_plan_opts *o);

@@ -65,6 +65,52 @@ check "top 4 = 16+16+16+16 of 544" near "$(jq .hit_rate "$tmp/out")" "$(awk 'BEG
 check "plan --trace" test "$(code "$EXE" plan --trace "$tmp/t.bin" --budget 50% --unit-bytes 1MiB --policy lru --json)" = 0
 check "trace lru 2/8" near "$(jq .hit_rate "$tmp/out")" 0.25
 
+# --ram-budget (the RAM+SSD tiers). tiny's slot is 140 KiB (124.5 KiB aligned); 50 % of the 7.3 MiB
+# of units = 26 buffers, 13 of them staging (half the pool, below 2 x 16) -> 13 RAM slots: the
+# top counts 16, 15, 14 of every layer and one 13 -> static hit (45 x 4 + 13) / 544 = 193 / 544.
+check "ram 50%" test "$(code "$EXE" plan -m "$tmp/tiny.gguf" --profile "$tmp/p.json" --ram-budget 50% --json -t 2)" = 0
+cp "$tmp/out" "$tmp/r50.json"
+check "ram: 13 slots" test "$(jq .ram.units_fit "$tmp/r50.json")" = 13
+check "ram: static 193/544" near "$(jq .ram.hit_rate "$tmp/r50.json")" "$(awk 'BEGIN { printf "%.12f", 193 / 544 }')"
+check "ram: ssd MiB = (1 - hit) x routed" test "$(jq '.ram | (.ssd_mib_per_token - (1 - .hit_rate_vram_ram) * .routed_mib_per_token) | fabs < 1e-9' "$tmp/r50.json")" = true
+check "ram: routed = 16 units" test "$(jq '.ram.routed_mib_per_token * 1048576 / 16 - .expert_bytes / .n_units | fabs < 1e-6' "$tmp/r50.json")" = true
+check "ram: ssd read or why not" test "$(jq '(.ram.ssd.us_per_unit_qd1 > 0 and .ram.ssd.us_per_unit_qd > 0) or (.ram.ssd_note | length > 0)' "$tmp/r50.json")" = true
+if [ "$(jq '.ram.ssd != null' "$tmp/r50.json")" = true ]; then
+    check "ram: both bounds" test "$(jq '.ram.predicted | .tok_s_overlap >= .tok_s_no_overlap and .tok_s_no_overlap > 0' "$tmp/r50.json")" = true
+    check "ram: serial = cpu + ssd" test "$(jq '.ram.predicted | (.ms_per_token_no_overlap - .ms_cpu - .ms_ssd) | fabs < 1e-9' "$tmp/r50.json")" = true
+fi
+prev=-1
+for b in 25% 50% 75% 95%; do
+    check "ram $b" test "$(code "$EXE" plan -m "$tmp/tiny.gguf" --profile "$tmp/p.json" --ram-budget $b --no-calibrate --json)" = 0
+    for pol in static online lru; do
+        h=$(jq ".ram.compare_vram_ram.$pol" "$tmp/out")
+        eval "p_$pol=\${p_$pol:--1}"
+        check "ram $b $pol hit rises" awk -v a="$h" -v b="$(eval echo \$p_$pol)" 'BEGIN { exit !(a >= b) }'
+        eval "p_$pol=$h"
+    done
+    h=$(jq .ram.hit_rate "$tmp/out")
+    check "ram $b hit rises" awk -v a="$h" -v b="$prev" 'BEGIN { exit !(a > b) }'
+    prev=$h
+done
+check "ram all: plain mmap" test "$(code "$EXE" plan -m "$tmp/tiny.gguf" --profile "$tmp/p.json" --ram-budget 1GiB --no-calibrate --json)" = 0
+check "ram all: no SSD reads" test "$(jq '.ram.plain_mmap and .ram.ssd_mib_per_token == 0' "$tmp/out")" = true
+# with a VRAM budget: exclusive tiers, one static placement of 16 + 13 units: the top 7 counts of
+# every layer and one 9 -> (91 x 4 + 9) / 544 together, less VRAM's 58 / 136.
+check "vram + ram" test "$(code "$EXE" plan -m "$tmp/tiny.gguf" --profile "$tmp/p.json" --budget 25% --ram-budget 50% --no-calibrate --json)" = 0
+check "vram + ram: vram unchanged" near "$(jq .hit_rate "$tmp/out")" "$(awk 'BEGIN { printf "%.12f", 58 / 136 }')"
+check "vram + ram: together 373/544" near "$(jq .ram.hit_rate_vram_ram "$tmp/out")" "$(awk 'BEGIN { printf "%.12f", 373 / 544 }')"
+check "vram + ram: ram 141/544" near "$(jq .ram.hit_rate "$tmp/out")" "$(awk 'BEGIN { printf "%.12f", 141 / 544 }')"
+check "ram text" test "$(code "$EXE" plan -m "$tmp/tiny.gguf" --profile "$tmp/p.json" --ram-budget 50% --no-calibrate)" = 0
+check "ram text: slots" grep -q "13 of 64 units in RAM slots" "$tmp/out"
+check "ram text: hit" grep -q "expected RAM hit rate 35.5 %" "$tmp/out"
+check "ram text: ssd MiB" grep -q "SSD read per token: " "$tmp/out"
+check "ram text: run line" grep -q -- "--ram-budget 4MiB --policy static" "$tmp/out"
+check "ram 0 exit 2" test "$(code "$EXE" plan --profile "$tmp/p.json" --ram-budget 0 --unit-bytes 1M)" = 2
+check "ram 150% exit 2" test "$(code "$EXE" plan --profile "$tmp/p.json" --ram-budget 150% --unit-bytes 1M)" = 2
+check "ram junk exit 2" test "$(code "$EXE" plan --profile "$tmp/p.json" --ram-budget lots --unit-bytes 1M)" = 2
+check "ram below a buffer exit 2" test "$(code "$EXE" plan --profile "$tmp/p.json" --ram-budget 1KiB --unit-bytes 1M)" = 2
+check "ram below a buffer message" grep -q "staging" "$tmp/err"
+
 # bad input: 2 for usage, 1 for files
 check "no budget exit 2" test "$(code "$EXE" plan --profile "$tmp/p.json")" = 2
 check "no usage data exit 2" test "$(code "$EXE" plan --budget 1GiB)" = 2

@@ -1,6 +1,6 @@
 /* cmd_plan.c - `hotmoe plan`: how many expert units fit a budget, which, the hit rate, the
  * llama.cpp --n-cpu-moe equivalent, the CPU cost of the rest and, with a GPU, the GPU and upload
- * costs and the decode speed they predict (hm_plan). */
+ * costs and the decode speed they predict; with --ram-budget the same for the RAM+SSD tiers (hm_plan). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -8,20 +8,25 @@
 #include "cli.h"
 
 static void usage(FILE *f) {
-    fputs("usage: hotmoe plan [-m MODEL.gguf] (--profile P.json | --trace T.bin) --budget SIZE|N%\n"
-          "                   [--policy static|online|lru] [--json]\n"
+    fputs("usage: hotmoe plan [-m MODEL.gguf] (--profile P.json | --trace T.bin) [--budget SIZE|N%]\n"
+          "                   [--ram-budget SIZE|N%] [--policy static|online|lru] [--json]\n"
           "\n"
           "Answers: with SIZE bytes of VRAM for experts, how many expert units fit, which ones, how\n"
           "often a routed unit is found there (the hit rate), what llama.cpp's --n-cpu-moe would do with\n"
           "the same bytes, and what the rest costs on this CPU. With a GPU (CUDA build), it also\n"
           "measures the upload rate, a hot unit's GPU time and two short decode runs of the model\n"
           "(every unit in VRAM; --cpu-moe), and predicts decode tok/s for both placements.\n"
+          "With --ram-budget (a model larger than RAM), the same for the RAM slot pool: units that fit,\n"
+          "the RAM hit rate, SSD MiB read per token and, with -m, a calibration read of the model file\n"
+          "and the decode tok/s of the CPU-only engine with and without reads overlapping compute.\n"
           "\n"
           "  -m, --model FILE     the GGUF: unit sizes and a short CPU (and GPU) timing of its units\n"
           "  --profile FILE       usage profile (hotmoe's, or the seed-1 fork's moe_layer_perf.v1 /\n"
           "                       moe_layer_opt_perf.v1); alias --moe-hot-cache\n"
           "  --trace FILE         routing trace from --trace-out: every policy is replayed on it\n"
           "  --budget SIZE|N%     bytes for expert units (12GiB, 512MiB) or a share of all units (20%)\n"
+          "  --ram-budget SIZE|N% bytes of the RAM slot pool for expert units (16GiB) or a share of all\n"
+          "                       expert bytes; VRAM units are not in RAM (exclusive tiers)\n"
           "  --policy NAME        static (default with a profile), online (default with a trace), lru\n"
           "  --unit-bytes SIZE    without -m: the size of one unit (if the profile does not say)\n"
           "  --per-layer          static: the same number of units in every layer\n"
@@ -90,6 +95,20 @@ int hm_cmd_plan(int argc, char **argv) {
                 fprintf(stderr, "plan: --budget: %s\n", err.msg[0] ? err.msg : "must be a size or a share (20%)");
                 return 2;
             }
+        } else if (strcmp(name, "--ram-budget") == 0) {
+            size_t n = strlen(v);
+            if (n > 1 && v[n - 1] == '%') {
+                char *end;
+                double pct = strtod(v, &end);
+                if (end != v + n - 1 || !(pct > 0 && pct <= 100)) {
+                    fprintf(stderr, "plan: --ram-budget %s: a share must be in (0, 100]%%\n", v);
+                    return 2;
+                }
+                o.ram_budget_frac = pct / 100.0;
+            } else if (hm_parse_size(v, &o.ram_budget, &err) != HM_OK || o.ram_budget <= 0) {
+                fprintf(stderr, "plan: --ram-budget: %s\n", err.msg[0] ? err.msg : "must be a positive size or a share (20%)");
+                return 2;
+            }
         } else if (strcmp(name, "--unit-bytes") == 0) {
             int64_t b;
             if (hm_parse_size(v, &b, &err) != HM_OK || b <= 0) {
@@ -124,8 +143,8 @@ int hm_cmd_plan(int argc, char **argv) {
         fprintf(stderr, "plan: give usage data: --profile FILE or --trace FILE (see `hotmoe plan --help`)\n");
         return 2;
     }
-    if (o.budget < 0 && o.budget_frac < 0) {
-        fprintf(stderr, "plan: give a budget: --budget 12GiB or --budget 20%%\n");
+    if (o.budget < 0 && o.budget_frac < 0 && o.ram_budget < 0 && o.ram_budget_frac < 0) {
+        fprintf(stderr, "plan: give a budget: --budget 12GiB or --budget 20%% (VRAM), --ram-budget 16GiB (RAM)\n");
         return 2;
     }
     hm_status st = hm_plan(&o, stdout, &err);

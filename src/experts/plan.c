@@ -5,7 +5,16 @@
  * equivalent is --n-cpu-moe N: the experts of layers 0..N-1 on the CPU, all of the others in
  * VRAM; its hit rate is the share of routed slots in the GPU layers. With a GPU (CUDA build and a
  * device) the GPU side is measured too (calib.h, hm_calib_gpu) and both placements get a predicted
- * decode tok/s from the per-layer hit rates; without one the report says why not. */
+ * decode tok/s from the per-layer hit rates; without one the report says why not.
+ *
+ * With a RAM budget (--ram-budget, models larger than RAM, tier_ram.h) the RAM tier is planned the
+ * same way: its policy slots are the pool's buffers less the staging ones (as hm_ram_tier_open cuts
+ * them); the tiers are exclusive, so VRAM and RAM together hold the units of one placement of
+ * vram + ram slots and the RAM tier's hits are that placement's hits less the VRAM tier's (exact
+ * for static, which fills RAM with the best units not in VRAM; an approximation for online/lru,
+ * whose RAM policy sees only the routes VRAM missed). Staging buffers also keep recently read
+ * units, which this leaves out (a slight underestimate of the RAM hits). Everything else is read
+ * from the file; with the model, a calibration read (hm_calib_ssd_read) prices that. */
 #include <inttypes.h>
 #include <jansson.h>
 #include <math.h>
@@ -17,11 +26,19 @@
 #include "experts.h"
 #include "gguf/gguf.h"
 #include "sim.h"
+#include "tier_ssd.h"
+
+/* Units the RAM tier reads at once: its io_uring holds 16 range reads (tier_ssd.c's default),
+ * a unit is 3 of them (gate, up, down). */
+#define PLAN_SSD_QD_UNITS 5
+#define PLAN_SSD_CALIB_UNITS 64
 
 void hm_plan_opts_default(hm_plan_opts *o) {
     memset(o, 0, sizeof *o);
     o->budget = -1;
     o->budget_frac = -1;
+    o->ram_budget = -1;
+    o->ram_budget_frac = -1;
     o->update_rate = -1;
     o->seed = 1;
     o->calibrate = true;
@@ -59,6 +76,16 @@ typedef struct plan {
     bool gpu_measured;      /* gcal holds at least the upload */
     hm_calib_gpu gcal;
     char gpu_note[400];     /* why not (or which parts are missing) */
+    bool have_vram;         /* a VRAM budget was given (else slots 0 and no VRAM report) */
+    /* the RAM tier (--ram-budget) */
+    bool have_ram, ram_all;  /* ram_all: the budget holds every unit: plain mmap, no SSD tier */
+    uint64_t ram_budget, ram_slot_bytes;
+    int64_t ram_slots, ram_stage; /* policy slots; staging buffers */
+    pol_run ram_in_sample;  /* static over vram + ram slots, on the profile's counts */
+    pol_run ram_on[4];      /* each policy over vram + ram slots on the same routing */
+    bool ssd_measured;
+    hm_calib_ssd ssd;
+    char ssd_note[256];
 } plan;
 
 static void run_free(pol_run *r) {
@@ -76,10 +103,10 @@ static hm_status run_alloc(pol_run *r, const plan *pl, hm_err *err) {
     return HM_OK;
 }
 
-static hm_status open_store(const plan *pl, hm_policy_kind kind, hm_experts **s, hm_err *err) {
+static hm_status open_store(const plan *pl, int64_t slots, hm_policy_kind kind, hm_experts **s, hm_err *err) {
     hm_experts_opts eo;
     hm_experts_opts_default(&eo);
-    eo.hot_slots = pl->slots;
+    eo.hot_slots = slots;
     eo.policy.kind = kind;
     eo.policy.static_per_layer = pl->o->static_per_layer;
     eo.policy.warm_start = pl->o->warm_start;
@@ -107,14 +134,13 @@ static void harvest(const plan *pl, hm_experts *s, pol_run *r) {
     r->done = true;
 }
 
-/* Static placement scored on the profile's own counts. */
-static hm_status eval_in_sample(plan *pl, hm_err *err) {
+/* Static placement over slots, scored on the profile's own counts. */
+static hm_status eval_in_sample(plan *pl, int64_t slots, pol_run *r, hm_err *err) {
     hm_experts *s = NULL;
-    hm_status st = run_alloc(&pl->in_sample, pl, err);
-    if (!st) st = open_store(pl, HM_POLICY_STATIC, &s, err);
+    hm_status st = run_alloc(r, pl, err);
+    if (!st) st = open_store(pl, slots, HM_POLICY_STATIC, &s, err);
     if (st) return st;
-    harvest(pl, s, &pl->in_sample);
-    pol_run *r = &pl->in_sample;
+    harvest(pl, s, r);
     uint64_t h = 0, t = 0;
     size_t i = 0;
     for (int32_t l = 0; l < pl->units.n_layer; l++) {
@@ -131,12 +157,11 @@ static hm_status eval_in_sample(plan *pl, hm_err *err) {
     return HM_OK;
 }
 
-static hm_status eval_on_routing(plan *pl, hm_policy_kind kind, hm_err *err) {
-    pol_run *r = &pl->on[kind];
+static hm_status eval_on_routing(plan *pl, int64_t slots, hm_policy_kind kind, pol_run *r, hm_err *err) {
     hm_experts *s = NULL;
     hm_sim_gen *g = NULL;
     hm_status st = run_alloc(r, pl, err);
-    if (!st) st = open_store(pl, kind, &s, err);
+    if (!st) st = open_store(pl, slots, kind, &s, err);
     if (!st) {
         if (pl->o->trace_path) {
             st = hm_sim_replay(s, pl->o->trace_path, err);
@@ -279,6 +304,178 @@ static void print_gpu(const plan *pl, FILE *out) {
             g->us_upload_unit, p.cpu_units_per_upload);
 }
 
+/* The RAM tier: pool cut as hm_ram_tier_open does, then every policy over vram + ram slots. */
+static hm_status plan_ram(plan *pl, hm_err *err) {
+    const hm_plan_opts *o = pl->o;
+    const hm_units *u = &pl->units;
+    if (o->ram_budget < 0 && !(o->ram_budget_frac > 0)) return HM_OK;
+    if (o->ram_budget < 0 && o->ram_budget_frac > 1)
+        return hm_errf(err, HM_ERR_ARG, "--ram-budget: a share must be in (0, 100]%%");
+    pl->have_ram = true;
+    pl->ram_budget = o->ram_budget >= 0 ? (uint64_t)o->ram_budget
+                                        : (uint64_t)llround(o->ram_budget_frac * (double)u->expert_bytes);
+    pl->ram_slot_bytes = hm_ssd_slot_bytes(u);
+    int64_t left = (int64_t)u->n_units - pl->slots; /* units not in VRAM */
+    if (pl->ram_budget >= u->expert_bytes) { /* the engine keeps the plain mmap: no SSD tier */
+        pl->ram_all = true;
+        pl->ram_slots = left;
+        return HM_OK;
+    }
+    int32_t max_e = 0;
+    for (int32_t l = 0; l < u->n_layer; l++)
+        if (u->layers[l].n_expert > max_e) max_e = u->layers[l].n_expert;
+    int64_t n_buf = (int64_t)(pl->ram_budget / pl->ram_slot_bytes);
+    int64_t n_stage = 2 * (int64_t)max_e;
+    if (n_stage > n_buf / 2) n_stage = n_buf / 2;
+    if (n_stage < 1) n_stage = 1;
+    if (n_buf < 1 || n_stage > n_buf)
+        return hm_errf(err, HM_ERR_ARG, "--ram-budget %" PRIu64 " bytes holds %" PRId64 " buffers of %" PRIu64
+                       " bytes (a unit with alignment) but the RAM tier needs at least 1 (staging)",
+                       pl->ram_budget, n_buf, pl->ram_slot_bytes);
+    pl->ram_stage = n_stage;
+    pl->ram_slots = n_buf - n_stage < left ? n_buf - n_stage : left;
+    hm_status st;
+    int64_t both = pl->slots + pl->ram_slots;
+    if (!o->trace_path && (st = eval_in_sample(pl, both, &pl->ram_in_sample, err))) return st;
+    for (int k = HM_POLICY_STATIC; k <= HM_POLICY_LRU; k++)
+        if ((st = eval_on_routing(pl, both, (hm_policy_kind)k, &pl->ram_on[k], err))) return st;
+    return HM_OK;
+}
+
+static const pol_run *ram_main_run(const plan *pl) {
+    if (pl->kind == HM_POLICY_STATIC && !pl->o->trace_path) return &pl->ram_in_sample;
+    return &pl->ram_on[pl->kind];
+}
+
+/* The RAM+SSD numbers of the main policy, per decode token. */
+typedef struct ram_pred {
+    double hit_total;     /* routed units found in VRAM or RAM */
+    double hit_ram;       /* ... in RAM (share of all routed units) */
+    double miss;          /* read from the file: 1 - hit_total */
+    double routed_mib, ssd_mib;
+    bool have_time;       /* CPU and SSD calibrated, no VRAM tier */
+    double ms_cpu, ms_ssd, ms_serial, ms_overlap;
+} ram_pred;
+
+static double lhit(const pol_run *r, int32_t l) { return r->ltot[l] ? (double)r->lhit[l] / (double)r->ltot[l] : r->hit; }
+
+static ram_pred ram_predict(const plan *pl) {
+    ram_pred p = {0};
+    const hm_units *u = &pl->units;
+    double routed = (double)n_moe_layers(u) * pl->k, unit = (double)u->expert_bytes / (double)u->n_units;
+    double v = pl->have_vram ? main_run(pl)->hit : 0;
+    p.hit_total = pl->ram_all ? 1.0 : ram_main_run(pl)->hit;
+    p.hit_ram = p.hit_total > v ? p.hit_total - v : 0;
+    p.miss = 1.0 - p.hit_total;
+    p.routed_mib = routed * unit / (double)(1u << 20);
+    p.ssd_mib = p.miss * p.routed_mib;
+    if (!pl->calibrated || !(pl->ssd_measured || pl->ram_all) || pl->have_vram) return p;
+    p.have_time = true;
+    p.ms_cpu = routed * pl->cal.us_unit_nt / 1000.0;
+    /* a layer's m misses are read together: a lone one costs a qd-1 read, several stream at the
+     * queue depth's per-unit rate but take at least one read's latency */
+    double us = 0;
+    for (int32_t l = 0; !pl->ram_all && l < u->n_layer; l++) {
+        if (!u->layers[l].n_expert) continue;
+        double m = pl->k * (1.0 - lhit(ram_main_run(pl), l));
+        us += m < 1 ? m * pl->ssd.us_unit_qd1 : fmax(pl->ssd.us_unit_qd1, m * pl->ssd.us_unit_qd);
+    }
+    p.ms_ssd = us / 1000.0;
+    p.ms_serial = p.ms_cpu + p.ms_ssd;
+    p.ms_overlap = fmax(p.ms_cpu, p.ms_ssd);
+    return p;
+}
+
+static void print_ram(const plan *pl, FILE *out) {
+    char b1[32], b2[32], src[1200];
+    const hm_units *u = &pl->units;
+    ram_pred p = ram_predict(pl);
+    source_words(pl, src, sizeof src);
+    fprintf(out, "\nRAM tier (--ram-budget %s, policy %s):", human(pl->ram_budget, b1, sizeof b1), hm_policy_name(pl->kind));
+    if (pl->ram_all) {
+        fprintf(out, " holds every expert unit (%s) -> plain mmap, no SSD reads\n", human(u->expert_bytes, b2, sizeof b2));
+    } else {
+        fprintf(out, " %" PRId64 " of %" PRIu64 " units in RAM slots (%.1f %%) + %" PRId64 " staging buffers of %s\n",
+                pl->ram_slots, u->n_units, 100.0 * (double)pl->ram_slots / (double)u->n_units, pl->ram_stage,
+                human(pl->ram_slot_bytes, b2, sizeof b2));
+        if (pl->have_vram)
+            fprintf(out, "  exclusive tiers: VRAM %" PRId64 " + RAM %" PRId64 " units, one placement of both "
+                    "(exact for static; online/lru approximated)\n", pl->slots, pl->ram_slots);
+        if (pl->have_vram)
+            fprintf(out, "  expected RAM hit rate %.1f %% of routed units (VRAM + RAM %.1f %%); read from the file %.1f %%\n",
+                    100.0 * p.hit_ram, 100.0 * p.hit_total, 100.0 * p.miss);
+        else
+            fprintf(out, "  expected RAM hit rate %.1f %%; read from the file %.1f %%\n", 100.0 * p.hit_ram, 100.0 * p.miss);
+        if (ram_main_run(pl) == &pl->ram_in_sample)
+            fprintf(out, "  measured on the profile's own counts (in-sample; staging hits left out)\n");
+        else
+            fprintf(out, "  measured on %s (staging hits left out)\n", src);
+        fprintf(out, "  all policies, %s hit rate:", pl->have_vram ? "VRAM + RAM" : "RAM");
+        for (int k = HM_POLICY_STATIC; k <= HM_POLICY_LRU; k++)
+            if (pl->ram_on[k].done) fprintf(out, " %s %.1f %%", hm_policy_name((hm_policy_kind)k), 100.0 * pl->ram_on[k].hit);
+        if (pl->ram_in_sample.done) fprintf(out, ", static in-sample %.1f %%", 100.0 * pl->ram_in_sample.hit);
+        fputc('\n', out);
+    }
+    fprintf(out, "  SSD read per token: %.1f MiB (%.1f %% of the %.1f MiB routed)\n", p.ssd_mib, 100.0 * p.miss,
+            p.routed_mib);
+    if (pl->ssd_measured)
+        fprintf(out, "  SSD (measured on the model file, %s%s, %d units): %.0f us a unit at queue depth 1 (%.0f MB/s), "
+                "%.0f us at %d (%.0f MB/s)\n", pl->ssd.direct ? "O_DIRECT" : "buffered", pl->ssd.uring ? ", io_uring" : "",
+                pl->ssd.n_units, pl->ssd.us_unit_qd1, pl->ssd.mbs_qd1, pl->ssd.us_unit_qd, pl->ssd.queue_depth,
+                pl->ssd.mbs_qd);
+    else if (!pl->ram_all)
+        fprintf(out, "  SSD cost: %s\n", pl->ssd_note);
+    if (p.have_time) {
+        fprintf(out, "  predicted decode, CPU-only engine (expert work only: attention and the dense part on top):\n");
+        fprintf(out, "    CPU %.2f ms (%.0f units x %.1f us) + SSD %.2f ms (per layer, its misses read together)\n",
+                p.ms_cpu, (double)n_moe_layers(u) * pl->k, pl->cal.us_unit_nt, p.ms_ssd);
+        fprintf(out, "    no overlap (reads wait, as without --prefetch): %.2f tok/s (%.2f ms)\n", 1000.0 / p.ms_serial,
+                p.ms_serial);
+        fprintf(out, "    full overlap (reads hidden behind compute, --prefetch at best): %.2f tok/s (%.2f ms)\n",
+                1000.0 / p.ms_overlap, p.ms_overlap);
+    } else if (pl->have_vram) {
+        fprintf(out, "  no RAM+SSD tok/s with a VRAM budget (the prediction is for the CPU-only engine)\n");
+    }
+}
+
+static json_t *ram_json(const plan *pl) {
+    if (!pl->have_ram) return json_null();
+    ram_pred p = ram_predict(pl);
+    json_t *o = json_object(), *cmp = json_object();
+    json_object_set_new(o, "budget_bytes", json_integer((json_int_t)pl->ram_budget));
+    json_object_set_new(o, "plain_mmap", json_boolean(pl->ram_all));
+    json_object_set_new(o, "slot_bytes", json_integer((json_int_t)pl->ram_slot_bytes));
+    json_object_set_new(o, "units_fit", json_integer(pl->ram_slots));
+    json_object_set_new(o, "staging", json_integer(pl->ram_stage));
+    json_object_set_new(o, "policy", json_string(hm_policy_name(pl->kind)));
+    json_object_set_new(o, "hit_rate", json_real(p.hit_ram));
+    json_object_set_new(o, "hit_rate_vram_ram", json_real(p.hit_total));
+    json_object_set_new(o, "ssd_rate", json_real(p.miss));
+    json_object_set_new(o, "routed_mib_per_token", json_real(p.routed_mib));
+    json_object_set_new(o, "ssd_mib_per_token", json_real(p.ssd_mib));
+    for (int k = HM_POLICY_STATIC; k <= HM_POLICY_LRU; k++)
+        if (pl->ram_on[k].done) json_object_set_new(cmp, hm_policy_name((hm_policy_kind)k), json_real(pl->ram_on[k].hit));
+    if (pl->ram_in_sample.done) json_object_set_new(cmp, "static_in_sample", json_real(pl->ram_in_sample.hit));
+    json_object_set_new(o, "compare_vram_ram", cmp);
+    if (pl->ssd_measured)
+        json_object_set_new(o, "ssd", json_pack("{s:i, s:i, s:b, s:b, s:f, s:f, s:f, s:f}", "units", pl->ssd.n_units,
+                                                "queue_depth", pl->ssd.queue_depth, "direct", pl->ssd.direct, "uring",
+                                                pl->ssd.uring, "us_per_unit_qd1", pl->ssd.us_unit_qd1, "us_per_unit_qd",
+                                                pl->ssd.us_unit_qd, "mb_per_s_qd1", pl->ssd.mbs_qd1, "mb_per_s_qd",
+                                                pl->ssd.mbs_qd));
+    else
+        json_object_set_new(o, "ssd", json_null());
+    json_object_set_new(o, "ssd_note", json_string(pl->ssd_measured ? "" : pl->ssd_note));
+    if (p.have_time)
+        json_object_set_new(o, "predicted", json_pack("{s:f, s:f, s:f, s:f, s:f, s:f}", "ms_cpu", p.ms_cpu, "ms_ssd",
+                                                      p.ms_ssd, "tok_s_no_overlap", 1000.0 / p.ms_serial,
+                                                      "tok_s_overlap", 1000.0 / p.ms_overlap, "ms_per_token_no_overlap",
+                                                      p.ms_serial, "ms_per_token_overlap", p.ms_overlap));
+    else
+        json_object_set_new(o, "predicted", json_null());
+    return o;
+}
+
 static void print_text(const plan *pl, FILE *out) {
     const hm_units *u = &pl->units;
     char b1[32], b2[32], b3[32], src[1200];
@@ -291,6 +488,18 @@ static void print_text(const plan *pl, FILE *out) {
         fprintf(out, "usage: %s (%" PRIu64 " tokens: %" PRIu64 " prompt, %" PRIu64 " decode)\n",
                 pl->o->profile_path ? pl->o->profile_path : pl->o->trace_path, pl->prof.tokens, pl->prof.prompt_tokens,
                 pl->prof.decode_tokens);
+    if (!pl->have_vram) {
+        if (pl->calibrated)
+            fprintf(out, "\nCPU cost of one unit on this machine (decode, 1 token): %.1f us on 1 thread, %.1f us on %d "
+                    "threads (%.1f GB/s)\n", pl->cal.us_unit_1t, pl->cal.us_unit_nt, pl->cal.n_threads, pl->cal.gbs_nt);
+        else
+            fprintf(out, "\nCPU cost: %s\n", pl->calib_note);
+        print_ram(pl, out);
+        fprintf(out, "\nto run it: --ram-budget %" PRIu64 "MiB --policy %s%s%s%s\n", (pl->ram_budget + (1u << 20) - 1) >> 20,
+                hm_policy_name(pl->kind), pl->o->profile_path ? " --profile " : "",
+                pl->o->profile_path ? pl->o->profile_path : "", pl->kind == HM_POLICY_STATIC ? " --prefetch" : "");
+        return;
+    }
     fprintf(out, "\nbudget %s -> %" PRId64 " of %" PRIu64 " units fit (%.1f %%)\n", human(pl->budget_bytes, b1, sizeof b1),
             pl->slots, u->n_units, 100.0 * (double)pl->slots / (double)u->n_units);
     fprintf(out, "policy %s: expected hit rate %.1f %% (routed units computed from the fast tier)\n",
@@ -323,9 +532,12 @@ static void print_text(const plan *pl, FILE *out) {
         fprintf(out, "\nCPU cost: %s\n", pl->calib_note);
     }
     print_gpu(pl, out);
-    fprintf(out, "\nto run it: -ngl 99 --vram-budget %" PRIu64 "MiB --policy %s%s%s\n",
-            (pl->budget_bytes + (1u << 20) - 1) >> 20, hm_policy_name(pl->kind), pl->o->profile_path ? " --profile " : "",
-            pl->o->profile_path ? pl->o->profile_path : "");
+    if (pl->have_ram) print_ram(pl, out);
+    char ram[48] = "";
+    if (pl->have_ram) snprintf(ram, sizeof ram, " --ram-budget %" PRIu64 "MiB", (pl->ram_budget + (1u << 20) - 1) >> 20);
+    fprintf(out, "\nto run it: -ngl 99 --vram-budget %" PRIu64 "MiB%s --policy %s%s%s\n",
+            (pl->budget_bytes + (1u << 20) - 1) >> 20, ram, hm_policy_name(pl->kind),
+            pl->o->profile_path ? " --profile " : "", pl->o->profile_path ? pl->o->profile_path : "");
 }
 
 static json_t *num_or_null(bool have, double v) { return have ? json_real(v) : json_null(); }
@@ -412,6 +624,7 @@ static hm_status print_json(const plan *pl, FILE *out) {
     else
         json_object_set_new(j, "cpu", json_null());
     json_object_set_new(j, "gpu", gpu_json(pl));
+    json_object_set_new(j, "ram", ram_json(pl));
     int rc = json_dumpf(j, out, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
     fputc('\n', out);
     json_decref(j);
@@ -468,14 +681,18 @@ hm_status hm_plan(const hm_plan_opts *o, FILE *out, hm_err *err) {
     hm_status st = load_inputs(pl, err);
     if (st) goto done;
     const hm_units *u = &pl->units;
-    if (o->budget >= 0) {
+    pl->have_vram = o->budget >= 0 || o->budget_frac > 0;
+    if (!pl->have_vram && (o->ram_budget >= 0 || o->ram_budget_frac > 0)) {
+        pl->slots = 0; /* RAM+SSD only: no VRAM tier */
+    } else if (o->budget >= 0) {
         pl->slots = (int64_t)hm_units_fit(u, o->budget);
         pl->budget_bytes = (uint64_t)o->budget;
     } else if (o->budget_frac > 0 && o->budget_frac <= 1) {
         pl->slots = (int64_t)llround(o->budget_frac * (double)u->n_units);
         pl->budget_bytes = (uint64_t)pl->slots * u->unit_bytes_max;
     } else {
-        st = hm_errf(err, HM_ERR_ARG, "plan needs a budget: --budget SIZE (e.g. 12GiB) or a share of the units (e.g. 20%%)");
+        st = hm_errf(err, HM_ERR_ARG, "plan needs a budget: --budget SIZE (e.g. 12GiB) or a share of the units (e.g. 20%%), "
+                     "and/or --ram-budget SIZE|N%%");
         goto done;
     }
     int kind = o->policy ? hm_policy_from_name(o->policy) : (o->profile_path ? HM_POLICY_STATIC : HM_POLICY_ONLINE);
@@ -488,10 +705,11 @@ hm_status hm_plan(const hm_plan_opts *o, FILE *out, hm_err *err) {
         int64_t n = o->sim_tokens > 0 ? o->sim_tokens : (int64_t)pl->prof.decode_tokens;
         if (o->sim_tokens <= 0) n = n < 2000 ? 2000 : n > 20000 ? 20000 : n;
         pl->sim_tokens = n;
-        if ((st = eval_in_sample(pl, err))) goto done;
+        if ((st = eval_in_sample(pl, pl->slots, &pl->in_sample, err))) goto done;
     }
     for (int k = HM_POLICY_STATIC; k <= HM_POLICY_LRU; k++)
-        if ((st = eval_on_routing(pl, (hm_policy_kind)k, err))) goto done;
+        if ((st = eval_on_routing(pl, pl->slots, (hm_policy_kind)k, &pl->on[k], err))) goto done;
+    if ((st = plan_ram(pl, err))) goto done;
     eval_layer_split(pl);
     if (o->model_path && o->calibrate) {
         int32_t nt = o->n_threads > 0 ? o->n_threads : (int32_t)sysconf(_SC_NPROCESSORS_ONLN);
@@ -500,13 +718,22 @@ hm_status hm_plan(const hm_plan_opts *o, FILE *out, hm_err *err) {
         if (hm_calib_cpu(u, nt, &pl->cal, &cerr) == HM_OK) pl->calibrated = true;
         else snprintf(pl->calib_note, sizeof pl->calib_note, "not measured (%.200s)", cerr.msg);
         /* never fatal: without a GPU (or when it fails) the report says why and goes on */
-        if (hm_calib_gpu_measure(o->model_path, u, nt, pl->calibrated ? pl->cal.us_unit_nt : 0, &pl->gcal, &gerr) == HM_OK)
+        if (!pl->have_vram)
+            snprintf(pl->gpu_note, sizeof pl->gpu_note, "not measured (no VRAM budget)");
+        else if (hm_calib_gpu_measure(o->model_path, u, nt, pl->calibrated ? pl->cal.us_unit_nt : 0, &pl->gcal, &gerr) == HM_OK)
             pl->gpu_measured = true;
         else snprintf(pl->gpu_note, sizeof pl->gpu_note, "not measured (%.300s)", gerr.msg);
+        hm_err serr = {{0}};
+        if (pl->have_ram && !pl->ram_all) {
+            if (hm_calib_ssd_read(o->model_path, u, PLAN_SSD_CALIB_UNITS, PLAN_SSD_QD_UNITS, false, &pl->ssd, &serr) == HM_OK)
+                pl->ssd_measured = true;
+            else snprintf(pl->ssd_note, sizeof pl->ssd_note, "not measured (%.200s)", serr.msg);
+        }
     } else {
         snprintf(pl->calib_note, sizeof pl->calib_note, "not measured (%s)",
                  o->model_path ? "--no-calibrate" : "needs the model file, -m MODEL.gguf");
         snprintf(pl->gpu_note, sizeof pl->gpu_note, "%s", pl->calib_note);
+        snprintf(pl->ssd_note, sizeof pl->ssd_note, "%s", pl->calib_note);
     }
     if (o->json) {
         if ((st = print_json(pl, out))) hm_errf(err, st, "plan: could not write the JSON report");
@@ -514,8 +741,8 @@ hm_status hm_plan(const hm_plan_opts *o, FILE *out, hm_err *err) {
         print_text(pl, out);
     }
 done:
-    run_free(&pl->in_sample);
-    for (int k = 0; k < 4; k++) run_free(&pl->on[k]);
+    run_free(&pl->in_sample), run_free(&pl->ram_in_sample);
+    for (int k = 0; k < 4; k++) run_free(&pl->on[k]), run_free(&pl->ram_on[k]);
     hm_units_free(&pl->units);
     hm_gguf_close(pl->gguf);
     hm_profile_free(&pl->prof);
