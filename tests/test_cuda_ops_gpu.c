@@ -29,6 +29,25 @@ static float rnd_n(void) {
 static void fill(float *x, int64_t n, float scale) {
     for (int64_t i = 0; i < n; i++) x[i] = rnd_n() * scale;
 }
+/* The double reference of one expert unit on one token, added into dst: dst += w * down(silu(gate x) *
+ * up x), from the dequantised matrices. hbuf: [n_ff] work space. */
+static void ref_unit_add(const float *gate, const float *up, const float *down, const float *xv, int64_t n_embd,
+                         int64_t n_ff, double w, double *hbuf, double *dst) {
+    for (int64_t r = 0; r < n_ff; r++) {
+        double a = 0, b = 0;
+        for (int64_t c = 0; c < n_embd; c++) {
+            a += (double)gate[r * n_embd + c] * xv[c];
+            b += (double)up[r * n_embd + c] * xv[c];
+        }
+        hbuf[r] = a / (1.0 + exp(-a)) * b;
+    }
+    for (int64_t r = 0; r < n_embd; r++) {
+        double d = 0;
+        for (int64_t c = 0; c < n_ff; c++) d += (double)down[r * n_ff + c] * hbuf[c];
+        dst[r] += w * d;
+    }
+}
+
 static double nmse(const float *y, const double *ref, int64_t n) {
     double e = 0, s = 0;
     for (int64_t i = 0; i < n; i++) {
@@ -525,19 +544,8 @@ static void test_moe_case(int gate_type, int down_type, int64_t n_batch, int n_u
         for (int32_t i = 0; i < cnt[e]; i++) {
             const int32_t t = tok[e * n_batch + i];
             const float *xv = x + t * n_embd;
-            for (int64_t r = 0; r < n_ff; r++) {
-                double a = 0, b = 0;
-                for (int64_t c = 0; c < n_embd; c++) {
-                    a += (double)g[e].deq[r * n_embd + c] * xv[c];
-                    b += (double)u[e].deq[r * n_embd + c] * xv[c];
-                }
-                hbuf[r] = a / (1.0 + exp(-a)) * b;
-            }
-            for (int64_t r = 0; r < n_embd; r++) {
-                double d = 0;
-                for (int64_t c = 0; c < n_ff; c++) d += (double)dn[e].deq[r * n_ff + c] * hbuf[c];
-                ref[t * n_embd + r] += (double)wts[e * n_batch + i] * d;
-            }
+            ref_unit_add(g[e].deq, u[e].deq, dn[e].deq, xv, n_embd, n_ff, wts[e * n_batch + i], hbuf,
+                         ref + t * n_embd);
         }
     const double err_n = nmse(out, ref, n_batch * n_embd);
     CHECKF(err_n < 1e-10, "moe %s/%s batch %lld: nmse %.3g", hm_type_name(gate_type), hm_type_name(down_type),
@@ -767,19 +775,7 @@ static void test_moe_dev_case(int gate_type, int down_type, int64_t n_tok, int n
             if (!slots[e].gate) continue;
             n_pairs++;
             const float *xv = x + t * n_embd;
-            for (int64_t r = 0; r < n_ff; r++) {
-                double a = 0, b = 0;
-                for (int64_t c = 0; c < n_embd; c++) {
-                    a += (double)g[e].deq[r * n_embd + c] * xv[c];
-                    b += (double)u[e].deq[r * n_embd + c] * xv[c];
-                }
-                hbuf[r] = a / (1.0 + exp(-a)) * b;
-            }
-            for (int64_t r = 0; r < n_embd; r++) {
-                double d = 0;
-                for (int64_t c = 0; c < n_ff; c++) d += (double)dn[e].deq[r * n_ff + c] * hbuf[c];
-                ref[t * n_embd + r] += (double)wts[t * k + j] * d;
-            }
+            ref_unit_add(g[e].deq, u[e].deq, dn[e].deq, xv, n_embd, n_ff, wts[t * k + j], hbuf, ref + t * n_embd);
         }
     const double err_n = nmse(out, ref, n_tok * n_embd), err_o = nmse(out_old, ref, n_tok * n_embd);
     CHECKF(err_n < 1e-10, "moe_dev %s/%s n_tok %lld (new kernel): nmse %.3g", hm_type_name(gate_type),

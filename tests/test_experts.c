@@ -194,21 +194,27 @@ static bool slow_ready(void *ctx, int32_t slot) {
     return t->pending[slot]-- <= 0;
 }
 
+/* An lru store over 1 layer x 4 experts with `slots` slots of `tier` (which must outlive it). */
+static hm_experts *open_slow_lru(hm_units *u, const hm_tier *tier, int64_t slots) {
+    hm_err err = {{0}};
+    CHECK(hm_units_init_geom(u, 1, 4, 1, 1000, &err) == HM_OK);
+    hm_experts_opts o;
+    hm_experts_opts_default(&o);
+    o.hot_slots = slots;
+    o.policy.kind = HM_POLICY_LRU;
+    o.hot_tier = tier;
+    hm_experts *s = NULL;
+    CHECK(hm_experts_open(&s, u, &o, &err) == HM_OK);
+    return s;
+}
+
 static void test_async_tier(void) {
     /* lru, 2 slots, trace 0 0 0: s0 miss, fill starts (not landed); s1 still a miss (the fill
      * lands in s1's step_end); s2 HIT. */
     slow_tier t = {{0}, 0};
     hm_tier tier = {.name = "slow", .ctx = &t, .fill = slow_fill, .ready = slow_ready};
-    hm_err err = {{0}};
     hm_units u;
-    CHECK(hm_units_init_geom(&u, 1, 4, 1, 1000, &err) == HM_OK);
-    hm_experts_opts o;
-    hm_experts_opts_default(&o);
-    o.hot_slots = 2;
-    o.policy.kind = HM_POLICY_LRU;
-    o.hot_tier = &tier;
-    hm_experts *s = NULL;
-    CHECK(hm_experts_open(&s, &u, &o, &err) == HM_OK);
+    hm_experts *s = open_slow_lru(&u, &tier, 2);
     const int32_t trace[] = {0, 0, 0};
     feed(s, trace, 1, 1);
     hm_unit_loc loc;
@@ -351,14 +357,7 @@ static void test_shrink_async(void) {
     hm_tier tier = {.name = "slow", .ctx = &t, .fill = slow_fill, .ready = slow_ready};
     hm_err err = {{0}};
     hm_units u;
-    CHECK(hm_units_init_geom(&u, 1, 4, 1, 1000, &err) == HM_OK);
-    hm_experts_opts o;
-    hm_experts_opts_default(&o);
-    o.hot_slots = 4;
-    o.policy.kind = HM_POLICY_LRU;
-    o.hot_tier = &tier;
-    hm_experts *s = NULL;
-    CHECK(hm_experts_open(&s, &u, &o, &err) == HM_OK);
+    hm_experts *s = open_slow_lru(&u, &tier, 4);
     /* s0 routes 0: filling in slot 0; s1 routes 1: 0 lands, 1 filling in slot 1. Shrink to 1: the
      * fill in flight into slot 1 is forgotten (1 goes home; it must not land later). */
     const int32_t tr[] = {0, 1};
@@ -376,7 +375,8 @@ static void test_shrink_async(void) {
      * policy none evicts 0 (slot 0 free again); shrink to 1 moves 1 into slot 0 through a new fill:
      * computed from RAM until it lands (the slow tier: at the next look), then HOT in slot 0. */
     memset(&t, 0, sizeof t);
-    CHECK(hm_experts_open(&s, &u, &o, &err) == HM_OK);
+    hm_units_free(&u);
+    s = open_slow_lru(&u, &tier, 4);
     feed(s, tr, 2, 1);
     CHECK(hm_experts_step_end(s, 0, false, NULL) == HM_OK);
     CHECK(hm_experts_unit(s, 0, 1)->home == HM_TIER_HOT && hm_experts_unit(s, 0, 1)->hot_slot == 1);
