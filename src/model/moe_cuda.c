@@ -22,9 +22,14 @@
 
 /* Whether the grouped kernel can compute this layer's units (else every unit is cold). */
 static bool gpu_computes(const hm_gpu *g, const hm_moe_weights *mw) {
-    return g->hot.part && mw->act == HM_MOE_ACT_SILU && mw->gate.type == mw->up.type &&
-           hm_cuda_type_ok(mw->gate.type) && hm_cuda_type_ok(mw->down.type) && mw->n_embd % 256 == 0 &&
-           mw->n_ff % 256 == 0;
+    return g->hot.part && (mw->act == HM_MOE_ACT_SILU || mw->act == HM_MOE_ACT_GELU) &&
+           mw->gate.type == mw->up.type && hm_cuda_type_ok(mw->gate.type) && hm_cuda_type_ok(mw->down.type) &&
+           mw->n_embd % 256 == 0 && mw->n_ff % 256 == 0;
+}
+
+/* The kernels' activation flag of mw's units. */
+static int cuda_act(const hm_moe_weights *mw) {
+    return mw->act == HM_MOE_ACT_GELU ? HM_CUDA_ACT_GELU : HM_CUDA_ACT_SILU;
 }
 
 bool hm_moe_gpu_all_hot(const hm_model *m, const hm_moe_weights *mw) {
@@ -109,8 +114,9 @@ hm_status hm_moe_forward_gpu(const hm_model *m, hm_pool *pool, const hm_moe_weig
     const int32_t n_cold = split_units(m, mw, r, b, true, &n_hot);
     hm_status st;
     if (n_hot > 0 &&
-        (st = hm_cuda_moe(g->ctx, b->units, n_hot, mw->gate.type, mw->down.type, b->x_dev, r->n_tok, mw->n_embd,
-                          mw->n_ff, b->out_dev, b->scratch_dev, b->scratch_dev_size, err)) != HM_OK)
+        (st = hm_cuda_moe_act(g->ctx, b->units, n_hot, mw->gate.type, mw->down.type, cuda_act(mw), b->x_dev,
+                              r->n_tok, mw->n_embd, mw->n_ff, b->out_dev, b->scratch_dev, b->scratch_dev_size,
+                              err)) != HM_OK)
         return st;
     /* the CPU part, while the hot launch runs */
     return cold_part(m, pool, mw, r, n_cold, b, scratch, err);
@@ -146,9 +152,10 @@ bool hm_moe_gpu_slot_table(const hm_model *m, const hm_moe_weights *mw, int32_t 
 hm_status hm_moe_forward_gpu_dev(const hm_model *m, const hm_moe_weights *mw, const hm_cuda_moe_slot *slots_dev,
                                  const int32_t *ids_dev, const float *w_dev, int64_t n_tok, int k,
                                  const hm_moe_gpu_buf *b, hm_err *err) {
-    HM_ASSERT(m->gpu && !m->ram && mw->act == HM_MOE_ACT_SILU);
-    return hm_cuda_moe_dev(m->gpu->ctx, slots_dev, mw->gate.type, mw->down.type, ids_dev, w_dev, k, b->x_dev, n_tok,
-                           mw->n_embd, mw->n_ff, b->out_dev, b->scratch_dev, b->scratch_dev_size, err);
+    HM_ASSERT(m->gpu && !m->ram);
+    return hm_cuda_moe_dev_act(m->gpu->ctx, slots_dev, mw->gate.type, mw->down.type, cuda_act(mw), ids_dev, w_dev, k,
+                               b->x_dev, n_tok, mw->n_embd, mw->n_ff, b->out_dev, b->scratch_dev,
+                               b->scratch_dev_size, err);
 }
 
 hm_status hm_moe_forward_gpu_cold(const hm_model *m, hm_pool *pool, const hm_moe_weights *mw, hm_moe_route *r,

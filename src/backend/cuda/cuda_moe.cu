@@ -6,7 +6,8 @@
  *   tok_start[t], tok_pairs[]: CSR of the pairs of each token, in unit order
  * Launch A, grid (n_ff / 4 rows, unit): a warp takes row r of one unit's gate and up and all the
  *   unit's tokens (8 at a time, the weights read once per 8 tokens) and writes
- *   h[i][r] = silu(gate_r . x) * (up_r . x) for each pair i.   h: [n_pairs, n_ff] f32
+ *   h[i][r] = act(gate_r . x) * (up_r . x) for each pair i.   h: [n_pairs, n_ff] f32
+ *   (act: silu, or gelu_tanh for Gemma: hm_cuda_act, a run-time flag read in the epilogue only)
  * Launch B, grid (n_embd / 4 rows, token): a warp takes row r of the output of token t and sums
  *   w_i * (down_u row r . h_i) over t's pairs in unit order, then out[t][r] += the sum.
  * Each output element has exactly one writer: no atomics, bit-identical results run to run.
@@ -50,12 +51,20 @@ size_t hm_cuda_moe_scratch_size(int64_t n_batch, int64_t n_pairs, int64_t n_unit
 }
 
 __device__ __forceinline__ float silu(float v) { return v / (1.0f + expf(-v)); }
+/* gelu_tanh as cpu_gemma.c computes it: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) */
+__device__ __forceinline__ float gelu_tanh(float v) {
+    return 0.5f * v * (1.0f + tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v)));
+}
+/* The gate's activation times up (act: hm_cuda_act). */
+__device__ __forceinline__ float act_mul(int act, float g, float u) {
+    return (act == HM_CUDA_ACT_GELU ? gelu_tanh(g) : silu(g)) * u;
+}
 
 /* gate and up rows r for NT tokens (pairs i0 .. i0+n-1 of the unit). */
 template <int T, int NT>
 __device__ __forceinline__ void gate_up_chunk(const moe_unit_dev &u, int64_t r, size_t nb1, int64_t n_embd,
                                               int64_t n_ff, const int32_t *pair_tok, int32_t i0, int n,
-                                              const float *x, float *h, int lane) {
+                                              const float *x, float *h, int lane, int act) {
     const float *xs[NT];
     float g[NT], up[NT];
 #pragma unroll
@@ -68,24 +77,24 @@ __device__ __forceinline__ void gate_up_chunk(const moe_unit_dev &u, int64_t r, 
 #pragma unroll
     for (int t = 0; t < NT; t++) {
         const float gs = warp_sum(g[t]), us = warp_sum(up[t]);
-        if (lane == t && t < n) h[(int64_t)(i0 + t) * n_ff + r] = silu(gs) * us;
+        if (lane == t && t < n) h[(int64_t)(i0 + t) * n_ff + r] = act_mul(act, gs, us);
     }
 }
 
 template <int T>
 __global__ void __launch_bounds__(128) k_moe_gate_up(const moe_unit_dev *__restrict__ units, const int32_t *__restrict__ pair_tok,
                                                      const float *__restrict__ x, int64_t n_embd, int64_t n_ff, size_t nb1,
-                                                     float *__restrict__ h) {
+                                                     float *__restrict__ h, int act) {
     const int lane = threadIdx.x & 31;
     const int64_t r = (int64_t)blockIdx.x * 4 + (threadIdx.x >> 5);
     if (r >= n_ff) return;
     const moe_unit_dev u = units[blockIdx.y];
     for (int32_t i = u.pair0; i < u.pair0 + u.n_pair; i += 8) {
         const int n = min(8, u.pair0 + u.n_pair - i);
-        if (n == 1) gate_up_chunk<T, 1>(u, r, nb1, n_embd, n_ff, pair_tok, i, n, x, h, lane);
-        else if (n == 2) gate_up_chunk<T, 2>(u, r, nb1, n_embd, n_ff, pair_tok, i, n, x, h, lane);
-        else if (n <= 4) gate_up_chunk<T, 4>(u, r, nb1, n_embd, n_ff, pair_tok, i, n, x, h, lane);
-        else gate_up_chunk<T, 8>(u, r, nb1, n_embd, n_ff, pair_tok, i, n, x, h, lane);
+        if (n == 1) gate_up_chunk<T, 1>(u, r, nb1, n_embd, n_ff, pair_tok, i, n, x, h, lane, act);
+        else if (n == 2) gate_up_chunk<T, 2>(u, r, nb1, n_embd, n_ff, pair_tok, i, n, x, h, lane, act);
+        else if (n <= 4) gate_up_chunk<T, 4>(u, r, nb1, n_embd, n_ff, pair_tok, i, n, x, h, lane, act);
+        else gate_up_chunk<T, 8>(u, r, nb1, n_embd, n_ff, pair_tok, i, n, x, h, lane, act);
     }
 }
 
@@ -114,11 +123,11 @@ __global__ void __launch_bounds__(128) k_moe_down(const moe_unit_dev *__restrict
 
 template <int TG, int TD>
 static void launch_moe(cudaStream_t st, char *scr, const moe_layout &L, int n_active, const float *x,
-                       int64_t n_batch, int64_t n_embd, int64_t n_ff, float *out) {
+                       int64_t n_batch, int64_t n_embd, int64_t n_ff, float *out, int act) {
     const moe_unit_dev *units = (const moe_unit_dev *)(scr + L.units);
     float *h = (float *)(scr + L.h);
     k_moe_gate_up<TG><<<dim3(hm_cu_blocks(n_ff, 4), (unsigned)n_active), 128, 0, st>>>(
-        units, (const int32_t *)(scr + L.pair_tok), x, n_embd, n_ff, hm_row_size(TG, n_embd), h);
+        units, (const int32_t *)(scr + L.pair_tok), x, n_embd, n_ff, hm_row_size(TG, n_embd), h, act);
     k_moe_down<TD><<<dim3(hm_cu_blocks(n_embd, 4), (unsigned)n_batch), 128, 0, st>>>(
         units, (const float *)(scr + L.pair_w), (const int32_t *)(scr + L.pair_unit),
         (const int32_t *)(scr + L.tok_start), (const int32_t *)(scr + L.tok_pairs), h, n_embd, n_ff,
@@ -129,9 +138,9 @@ static void launch_moe(cudaStream_t st, char *scr, const moe_layout &L, int n_ac
  * type of launch B, so the 10 x 10 table is two switches. */
 template <int TG>
 static bool launch_moe_down(int down_type, cudaStream_t st, char *scr, const moe_layout &L, int n_active,
-                            const float *x, int64_t n_batch, int64_t n_embd, int64_t n_ff, float *out) {
+                            const float *x, int64_t n_batch, int64_t n_embd, int64_t n_ff, float *out, int act) {
     switch (down_type) {
-#define HM_MD_CASE(T) case T: launch_moe<TG, T>(st, scr, L, n_active, x, n_batch, n_embd, n_ff, out); return true;
+#define HM_MD_CASE(T) case T: launch_moe<TG, T>(st, scr, L, n_active, x, n_batch, n_embd, n_ff, out, act); return true;
         HM_CUDA_FOR_TYPES(HM_MD_CASE)
 #undef HM_MD_CASE
     default: return false;
@@ -158,7 +167,15 @@ static hm_status moe_staging(hm_cuda_ctx *c, size_t bytes, int *slot, hm_err *er
 hm_status hm_cuda_moe(hm_cuda_ctx *c, const hm_cuda_moe_unit *units, int n_units, int gate_type,
                       int down_type, const float *x, int64_t n_batch, int64_t n_embd, int64_t n_ff,
                       float *out, void *scratch, size_t scratch_size, hm_err *err) {
+    return hm_cuda_moe_act(c, units, n_units, gate_type, down_type, HM_CUDA_ACT_SILU, x, n_batch, n_embd, n_ff, out,
+                           scratch, scratch_size, err);
+}
+
+hm_status hm_cuda_moe_act(hm_cuda_ctx *c, const hm_cuda_moe_unit *units, int n_units, int gate_type,
+                          int down_type, int act, const float *x, int64_t n_batch, int64_t n_embd, int64_t n_ff,
+                          float *out, void *scratch, size_t scratch_size, hm_err *err) {
     HM_CU_ARG(x && out && scratch && n_units >= 0 && n_batch >= 0 && n_batch <= 65535);
+    HM_CU_ARG(act == HM_CUDA_ACT_SILU || act == HM_CUDA_ACT_GELU);
     if (!hm_cuda_type_ok(gate_type) || !hm_cuda_type_ok(down_type))
         return hm_errf(err, HM_ERR_UNSUPPORTED, "cuda moe: types %s / %s", hm_type_name(gate_type),
                        hm_type_name(down_type));
@@ -222,7 +239,7 @@ hm_status hm_cuda_moe(hm_cuda_ctx *c, const hm_cuda_moe_unit *units, int n_units
 
     bool ok = false;
     switch (gate_type) {
-#define HM_MG_CASE(T) case T: ok = launch_moe_down<T>(down_type, c->compute, scr, L, n_active, x, n_batch, n_embd, n_ff, out); break;
+#define HM_MG_CASE(T) case T: ok = launch_moe_down<T>(down_type, c->compute, scr, L, n_active, x, n_batch, n_embd, n_ff, out, act); break;
         HM_CUDA_FOR_TYPES(HM_MG_CASE)
 #undef HM_MG_CASE
     default: break;
@@ -234,7 +251,7 @@ hm_status hm_cuda_moe(hm_cuda_ctx *c, const hm_cuda_moe_unit *units, int n_units
 
 /* ---- the device-routed variant (decode): ids and weights read on the device ----
  * Launch A, grid (n_ff / 4 rows, pair p = t * k + j): expert ids[p]'s slot (NULL gate = cold:
- *   the block returns) gives h[p][r] = silu(gate_r . x_t) * (up_r . x_t).
+ *   the block returns) gives h[p][r] = act(gate_r . x_t) * (up_r . x_t) (silu or gelu_tanh).
  * Launch B, grid (n_embd / 4 rows, token t): out[t][r] += sum over j < k in j order of
  *   weights[p] * (down_r . h[p]) over the hot pairs. One writer per element, fixed order.
  * Each kernel has two bodies behind one preamble and epilogue: NEW = false, the old kernels
@@ -249,7 +266,7 @@ template <int T, bool NEW>
 __global__ void __launch_bounds__(128) k_moed_gate_up(const hm_cuda_moe_slot *__restrict__ slots,
                                                       const int32_t *__restrict__ ids, int k,
                                                       const float *__restrict__ x, int64_t n_embd,
-                                                      int64_t n_ff, size_t nb1, float *__restrict__ h) {
+                                                      int64_t n_ff, size_t nb1, float *__restrict__ h, int act) {
     const int lane = threadIdx.x & 31;
     const int64_t r = (int64_t)blockIdx.x * 4 + (threadIdx.x >> 5);
     if (r >= n_ff) return;
@@ -273,7 +290,7 @@ __global__ void __launch_bounds__(128) k_moed_gate_up(const hm_cuda_moe_slot *__
         gs = warp_sum(g[0]);
         us = warp_sum(u[0]);
     }
-    if (lane == 0) h[p * n_ff + r] = silu(gs) * us;
+    if (lane == 0) h[p * n_ff + r] = act_mul(act, gs, us);
 }
 
 template <int T, bool NEW>
@@ -349,7 +366,16 @@ hm_status hm_cuda_moe_dev(hm_cuda_ctx *c, const hm_cuda_moe_slot *slots, int gat
                           const int32_t *ids, const float *weights, int k, const float *x, int64_t n_tok,
                           int64_t n_embd, int64_t n_ff, float *out, void *scratch, size_t scratch_size,
                           hm_err *err) {
+    return hm_cuda_moe_dev_act(c, slots, gate_type, down_type, HM_CUDA_ACT_SILU, ids, weights, k, x, n_tok, n_embd,
+                               n_ff, out, scratch, scratch_size, err);
+}
+
+hm_status hm_cuda_moe_dev_act(hm_cuda_ctx *c, const hm_cuda_moe_slot *slots, int gate_type, int down_type, int act,
+                              const int32_t *ids, const float *weights, int k, const float *x, int64_t n_tok,
+                              int64_t n_embd, int64_t n_ff, float *out, void *scratch, size_t scratch_size,
+                              hm_err *err) {
     HM_CU_ARG(slots && ids && weights && x && out && scratch && k >= 1 && n_tok >= 0);
+    HM_CU_ARG(act == HM_CUDA_ACT_SILU || act == HM_CUDA_ACT_GELU);
     HM_CU_ARG(n_tok * k <= 65535);
     if (!hm_cuda_type_ok(gate_type) || !hm_cuda_type_ok(down_type))
         return hm_errf(err, HM_ERR_UNSUPPORTED, "cuda moe: types %s / %s", hm_type_name(gate_type),
@@ -362,7 +388,7 @@ hm_status hm_cuda_moe_dev(hm_cuda_ctx *c, const hm_cuda_moe_slot *slots, int gat
     const dim3 ga(hm_cu_blocks(n_ff, 4), (unsigned)(n_tok * k)), gb(hm_cu_blocks(n_embd, 4), (unsigned)n_tok);
     switch (gate_type) {
 #define HM_MDG_CASE(T) case T: (old ? k_moed_gate_up<T, false> : k_moed_gate_up<T, true>)<<<ga, 128, 0, c->compute>>>( \
-                                   slots, ids, k, x, n_embd, n_ff, hm_row_size(T, n_embd), h); break;
+                                   slots, ids, k, x, n_embd, n_ff, hm_row_size(T, n_embd), h, act); break;
         HM_CUDA_FOR_TYPES(HM_MDG_CASE)
 #undef HM_MDG_CASE
     default: return hm_errf(err, HM_ERR_UNSUPPORTED, "cuda moe: gate type %d", gate_type);

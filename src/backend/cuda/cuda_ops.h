@@ -143,6 +143,11 @@ typedef struct hm_cuda_moe_unit {
     int32_t n_tok;
 } hm_cuda_moe_unit;
 
+/* The gate's activation of the grouped MoE kernels: silu(gate) * up (Qwen; hm_cuda_moe and
+ * hm_cuda_moe_dev) or gelu_tanh(gate) * up (Gemma; gelu_tanh(x) = 0.5 x (1 + tanh(sqrt(2/pi)
+ * (x + 0.044715 x^3))), as cpu_gemma.c). The values match moe.h's hm_moe_act. */
+enum hm_cuda_act { HM_CUDA_ACT_SILU = 0, HM_CUDA_ACT_GELU = 1 };
+
 /* Scratch bytes for hm_cuda_moe over up to n_batch tokens, n_pairs (token, unit) pairs and
  * n_units units. */
 size_t hm_cuda_moe_scratch_size(int64_t n_batch, int64_t n_pairs, int64_t n_units, int64_t n_ff);
@@ -156,6 +161,10 @@ size_t hm_cuda_moe_scratch_size(int64_t n_batch, int64_t n_pairs, int64_t n_unit
 hm_status hm_cuda_moe(hm_cuda_ctx *c, const hm_cuda_moe_unit *units, int n_units, int gate_type,
                       int down_type, const float *x, int64_t n_batch, int64_t n_embd, int64_t n_ff,
                       float *out, void *scratch, size_t scratch_size, hm_err *err);
+/* hm_cuda_moe with the activation act (hm_cuda_act) in place of silu. */
+hm_status hm_cuda_moe_act(hm_cuda_ctx *c, const hm_cuda_moe_unit *units, int n_units, int gate_type,
+                          int down_type, int act, const float *x, int64_t n_batch, int64_t n_embd,
+                          int64_t n_ff, float *out, void *scratch, size_t scratch_size, hm_err *err);
 
 /* The device-routed variant for decode (no host staging, no host wait before it): the routing
  * is read on the device, straight from the router's output.
@@ -176,6 +185,11 @@ hm_status hm_cuda_moe_dev(hm_cuda_ctx *c, const hm_cuda_moe_slot *slots, int gat
                           const int32_t *ids, const float *weights, int k, const float *x, int64_t n_tok,
                           int64_t n_embd, int64_t n_ff, float *out, void *scratch, size_t scratch_size,
                           hm_err *err);
+/* hm_cuda_moe_dev with the activation act (hm_cuda_act) in place of silu. */
+hm_status hm_cuda_moe_dev_act(hm_cuda_ctx *c, const hm_cuda_moe_slot *slots, int gate_type, int down_type,
+                              int act, const int32_t *ids, const float *weights, int k, const float *x,
+                              int64_t n_tok, int64_t n_embd, int64_t n_ff, float *out, void *scratch,
+                              size_t scratch_size, hm_err *err);
 
 /* Router: per token p = softmax(logits[t]), the k largest (ties: lower id first; ids in descending
  * p), weights = their p, divided by their sum when renorm. n_expert <= 1024, k <= 32.
