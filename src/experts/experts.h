@@ -26,7 +26,8 @@
  * policy may be switched between steps (hm_experts_set_policy), which re-plans residency once.
  *
  * Invariants: a unit holds at most one hot slot and a slot at most one unit; a pinned unit is
- * never evicted; hits[l] + misses[l] = ids recorded for layer l; sum of counts = the same. */
+ * never evicted; a barred unit is never admitted; hits[l] + misses[l] = ids recorded for layer l;
+ * sum of counts = the same. */
 #ifndef HM_EXPERTS_EXPERTS_H
 #define HM_EXPERTS_EXPERTS_H
 
@@ -106,6 +107,7 @@ typedef struct hm_unit {
     uint64_t bytes;
     uint8_t home;        /* hm_tier_id it is computed from now */
     uint8_t filling;     /* a fill into hot_slot is in flight (home stays RAM until it lands) */
+    uint8_t barred;      /* kept out of the fast tier by its owner (hm_experts_bar): never admitted */
     int32_t hot_slot;    /* -1: none */
     int32_t ram_slot;    /* -1: the file mapping (RAM slots come with the SSD tier) */
     int32_t pin;         /* > 0: must not be evicted */
@@ -156,6 +158,12 @@ const hm_unit *hm_experts_unit(const hm_experts *s, int32_t layer, int32_t exper
 const hm_units *hm_experts_units(const hm_experts *s); /* the table it was opened on (borrowed) */
 void hm_experts_pin(hm_experts *s, int32_t layer, int32_t expert);
 void hm_experts_unpin(hm_experts *s, int32_t layer, int32_t expert);
+
+/* Between steps: bar unit (layer, expert) from the fast tier, or lift the bar. No policy admits a
+ * barred unit (static placement, lru, online, a switch's re-plan); a barred unit that holds a slot
+ * keeps it until its owner evicts it (the bar only stops admissions). For exclusive tiers: the
+ * RAM tier's inner store bars the units that hold a VRAM slot (tier_ram.h). O(1). */
+void hm_experts_bar(hm_experts *s, int32_t layer, int32_t expert, bool barred);
 
 typedef struct hm_experts_stats {
     int32_t n_layer;

@@ -13,7 +13,8 @@
  *          misses since it last left; free slots are filled at any step end; at a window end
  *          up to update_rate * n_slots (at least 1) swaps replace the lowest-valued residents with
  *          the highest-valued candidates, each only when the newcomer's value exceeds the
- *          victim's by the hysteresis fraction. */
+ *          victim's by the hysteresis fraction.
+ * No policy admits a barred unit (hm_experts_bar): it is not a candidate and costs no victim. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -65,7 +66,7 @@ hm_status hm_policy_place_static(hm_experts *s, const uint64_t *counts, hm_err *
     }
     int64_t n = 0, pinned = 0;
     for (int64_t ui = 0; ui < s->n_units; ui++) {
-        if (counts[ui]) r[n++] = (ranked){counts[ui], (int32_t)ui};
+        if (counts[ui] && !s->u[ui].barred) r[n++] = (ranked){counts[ui], (int32_t)ui};
         if (s->u[ui].hot_slot >= 0 && s->u[ui].pin) chosen[ui] = 1, pinned++; /* pinned residents stay */
     }
     qsort(r, (size_t)n, sizeof *r, cmp_ranked);
@@ -115,7 +116,7 @@ static hm_status step_lru(hm_experts *s, hm_err *err) {
         if (s->u[s->touched[i]].hot_slot >= 0) hm_experts_touch(s, s->touched[i]);
     for (int64_t i = 0; i < s->n_touched; i++) {
         int32_t ui = s->touched[i];
-        if (s->u[ui].hot_slot >= 0 || s->u[ui].pin) continue;
+        if (s->u[ui].hot_slot >= 0 || s->u[ui].pin || s->u[ui].barred) continue;
         if (s->n_free == 0) {
             int32_t v = s->tail;
             while (v >= 0 && (s->u[v].pin || s->u[v].filling)) v = s->prev[v];
@@ -151,7 +152,7 @@ static hm_status step_online(hm_experts *s, bool window_end, hm_err *err) {
         int64_t nc = 0;
         for (int64_t i = 0; i < s->n_touched; i++) {
             const hm_unit *u = &s->u[s->touched[i]];
-            if (u->hot_slot < 0 && u->misses >= need) s->cand[nc++] = (hm_cand){value(s, u), s->touched[i]};
+            if (u->hot_slot < 0 && !u->barred && u->misses >= need) s->cand[nc++] = (hm_cand){value(s, u), s->touched[i]};
         }
         qsort(s->cand, (size_t)nc, sizeof *s->cand, cmp_cand_desc);
         for (int64_t i = 0; i < nc && s->n_free > 0; i++)
@@ -165,7 +166,7 @@ static hm_status step_online(hm_experts *s, bool window_end, hm_err *err) {
     for (int64_t ui = 0; ui < s->n_units; ui++) {
         const hm_unit *u = &s->u[ui];
         if (u->hot_slot < 0) {
-            if (u->misses >= need && u->last_step >= 0) s->cand[nc++] = (hm_cand){value(s, u), (int32_t)ui};
+            if (u->misses >= need && u->last_step >= 0 && !u->barred) s->cand[nc++] = (hm_cand){value(s, u), (int32_t)ui};
         } else if (!u->pin && !u->filling) {
             s->vict[nv++] = (hm_cand){value(s, u), (int32_t)ui};
         }

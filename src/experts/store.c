@@ -178,7 +178,7 @@ static void land(hm_experts *s, int32_t ui) {
 
 hm_status hm_experts_admit(hm_experts *s, int32_t ui, hm_err *err) {
     hm_unit *u = &s->u[ui];
-    HM_ASSERT(s->n_free > 0 && u->hot_slot < 0);
+    HM_ASSERT(s->n_free > 0 && u->hot_slot < 0 && !u->barred);
     int32_t slot = s->free_slots[s->n_free - 1];
     if (s->tier.fill) {
         hm_unit_ref r = unit_ref(s, ui);
@@ -314,6 +314,10 @@ const hm_unit *hm_experts_unit(const hm_experts *s, int32_t layer, int32_t exper
 const hm_units *hm_experts_units(const hm_experts *s) { return s->units; }
 
 void hm_experts_pin(hm_experts *s, int32_t layer, int32_t expert) { s->u[s->base[layer] + expert].pin++; }
+
+void hm_experts_bar(hm_experts *s, int32_t layer, int32_t expert, bool barred) {
+    s->u[s->base[layer] + expert].barred = barred;
+}
 
 void hm_experts_unpin(hm_experts *s, int32_t layer, int32_t expert) {
     hm_unit *u = &s->u[s->base[layer] + expert];

@@ -294,9 +294,7 @@ hm_status hm_ram_tier_open(hm_ram_tier **out, const char *path, const hm_units *
         memcpy(filtered.counts, prof->counts, (size_t)prof->n_layer * (size_t)prof->n_expert * sizeof *prof->counts);
         for (int32_t l = 0; l < prof->n_layer && l < t->n_layer; l++)
             for (int32_t e = 0; e < prof->n_expert && e < t->base[l + 1] - t->base[l]; e++) {
-                bool in = hm_experts_unit(t->vram, l, e)->hot_slot >= 0;
-                t->was_vram[t->base[l] + e] = in;
-                if (in) filtered.counts[(size_t)l * (size_t)prof->n_expert + (size_t)e] = 0;
+                if (hm_experts_unit(t->vram, l, e)->hot_slot >= 0) filtered.counts[(size_t)l * (size_t)prof->n_expert + (size_t)e] = 0;
             }
         prof = &filtered;
     }
@@ -309,6 +307,13 @@ hm_status hm_ram_tier_open(hm_ram_tier **out, const char *path, const hm_units *
     so.hot_tier = &t->tier;
     if ((st = hm_experts_open(&t->store, units, &so, err)) != HM_OK) goto fail;
     hm_profile_free(&filtered);
+    if (t->vram) /* the units in VRAM now: barred from RAM slots, and known as such at the first step end */
+        for (int32_t l = 0; l < t->n_layer; l++)
+            for (int32_t e = 0, ne = t->base[l + 1] - t->base[l]; e < ne; e++) {
+                bool in = hm_experts_unit(t->vram, l, e)->hot_slot >= 0;
+                t->was_vram[t->base[l] + e] = in;
+                hm_experts_bar(t->store, l, e, in);
+            }
     hm_ssd_stats ss;
     hm_ssd_get_stats(t->io, &ss);
     t->st.uring = ss.uring, t->st.direct = ss.direct, t->st.queue_depth = ss.queue_depth;
@@ -481,6 +486,8 @@ static void sync_vram(hm_ram_tier *t) {
             int32_t ui = t->base[l] + e;
             const hm_unit *v = hm_experts_unit(t->vram, l, e);
             bool in = v->hot_slot >= 0;
+            /* a unit with a VRAM slot (landed or filling) is never admitted to a RAM slot */
+            if (s->u[ui].barred != in) hm_experts_bar(s, l, e, in);
             if (v->home == HM_TIER_HOT) {
                 hm_unit *u = &s->u[ui];
                 if (u->hot_slot >= 0 && u->pin == 0) {
@@ -521,6 +528,11 @@ hm_status hm_ram_tier_step_end(hm_ram_tier *t, int32_t n_tok, bool prompt, hm_er
     t->st.steps++;
     t->st.tokens += (uint64_t)n_tok;
     return hm_experts_step_end(t->store, n_tok, prompt, err);
+}
+
+void hm_ram_tier_drain(hm_ram_tier *t) {
+    for (int32_t b = 0; b < t->n_buf; b++)
+        if (hm_ssd_busy(t->io, b)) settle(t, b, NULL);
 }
 
 /* ---- queries ---- */

@@ -14,10 +14,15 @@
  *     roles (no copy, no second read).
  * Units in neither are SSD-only: read when routed.
  *
- * Exclusive tiers: with a VRAM store (opts.vram), a unit whose VRAM copy has landed loses its RAM
- * buffer at the next step end (unless pinned); a unit that left VRAM goes to a free RAM slot if
- * there is one, else it is SSD-only until the policy admits it again. The RAM policy sees only the
- * routes the VRAM tier missed, and the static RAM placement skips units placed in VRAM.
+ * Exclusive tiers: with a VRAM store (opts.vram), a unit that holds a VRAM slot (landed or still
+ * filling) is barred from the RAM slots (hm_experts_bar on the inner store: no RAM policy admits
+ * it); once its VRAM copy has landed it loses its RAM buffer, slot or staging, at the next step end
+ * (unless pinned); a unit that left VRAM goes to a free RAM slot if the RAM policy keeps slots and
+ * one is free (a read from the file, counted in the stats), else it is SSD-only until the policy
+ * admits it again (policy NONE has no slots: always SSD-only). The RAM policy sees only the routes
+ * the VRAM tier missed, and the static RAM placement skips units placed in VRAM. A unit whose VRAM
+ * fill is in flight is still computed from RAM: it keeps a RAM buffer it had until the fill lands.
+ * The VRAM tier's fills copy from the file mapping, not from this pool (not counted here).
  *
  * The forward pass, per MoE layer (one thread, the one that drives the step):
  *   hm_ram_tier_acquire(t, layer, units, n_tok, n, parts, &n_ready, err)   the CPU units of the layer
@@ -96,6 +101,10 @@ void hm_ram_tier_prefetch(hm_ram_tier *t, int32_t layer, const int32_t *experts,
  * units that left VRAM take a free RAM slot), then the RAM policy on this step's routes. Errors
  * are a policy fill's (the store stays usable). */
 hm_status hm_ram_tier_step_end(hm_ram_tier *t, int32_t n_tok, bool prompt, hm_err *err);
+
+/* Wait for every read in flight (demand, prefetch, policy fills) to land: then read_bytes counts
+ * every read issued so far. Between steps or layers; a read that failed leaves its buffer BAD. */
+void hm_ram_tier_drain(hm_ram_tier *t);
 
 typedef struct hm_ram_tier_stats {
     int32_t n_buf, n_slots, n_stage; /* buffers = policy slots + staging */
