@@ -22,7 +22,9 @@
  * Session state: a KV cache for the attention layers only and, per DeltaNet layer, the conv
  * window (last K-1 inputs) and the delta state S [n_v][d_k][d_v] (f32). A recurrent state cannot
  * be rewound: state_trim keeps everything (n_keep >= positions seen) or resets to empty
- * (n_keep == 0); anything between is HM_ERR_UNSUPPORTED and the caller must re-prefill. */
+ * (n_keep == 0); anything between is HM_ERR_UNSUPPORTED and the caller must re-prefill.
+ * With a GPU placement (m->gpu) the state lives on the device instead (qwen35moe_cuda.c): the
+ * arch's gpu_load uploads the dense weights, state_open the device state, forward runs there. */
 #include "qwen35moe.h"
 
 #include <math.h>
@@ -248,6 +250,9 @@ fail:
 static void q35_state_close(void *p) {
     q35_state *s = p;
     if (!s) return;
+#ifdef HM_HAVE_CUDA
+    q35_gpu_state_close(s);
+#endif
     hm_free_aligned(s->kv);
     hm_free_aligned(s->kv_scratch);
     hm_free_aligned(s->rs);
@@ -268,11 +273,18 @@ static hm_status q35_state_open(const hm_model *m, const hm_state_opts *o, void 
     s->n_ctx = o->n_ctx;
     s->n_ubatch = o->n_ubatch;
     s->n_threads = o->n_threads;
+    s->kv_type = o->kv_type;
+#ifdef HM_HAVE_CUDA
+    if (m->gpu) { /* the device state instead of the host caches and activations */
+        if ((st = q35_gpu_state_open(m, o, s, err)) != HM_OK) goto fail;
+        *out = s;
+        return HM_OK;
+    }
+#endif
     const size_t U = (size_t)o->n_ubatch, E = (size_t)q->n_embd, hd = (size_t)q->head_dim;
     const size_t nq = (size_t)q->n_head * hd, nkv = (size_t)q->n_head_kv * hd, K = (size_t)q->n_expert_used;
     const size_t nv = (size_t)q->n_v, vdim = nv * (size_t)q->d_v, cd = (size_t)q->conv_dim;
 
-    s->kv_type = o->kv_type;
     s->kv_elem_size = o->kv_type == HM_KV_F32 ? 4 : 2;
     s->kv_layer_elems = (size_t)q->n_head_kv * (size_t)o->n_ctx * hd;
     size_t kv_bytes = 0;
@@ -328,6 +340,12 @@ static hm_status q35_state_trim(void *state, int32_t n_keep, hm_err *err) {
     q35_state *s = state;
     if (n_keep >= s->n_pos) return HM_OK; /* nothing to forget */
     if (n_keep == 0) {                    /* back to empty: KV rows are overwritten, the recurrent state is zeroed */
+#ifdef HM_HAVE_CUDA
+        if (s->dev) {
+            hm_status st = q35_gpu_state_reset(s, err);
+            if (st != HM_OK) return st;
+        }
+#endif
         if (s->rs) memset(s->rs, 0, s->rs_total * sizeof(float));
         s->n_pos = 0;
         return HM_OK;
@@ -345,4 +363,8 @@ const hm_arch hm_arch_qwen35moe = {
     .state_close = q35_state_close,
     .state_trim = q35_state_trim,
     .forward = hm_q35_forward,
+#ifdef HM_HAVE_CUDA
+    .gpu_load = q35_gpu_load,
+    .gpu_unload = q35_gpu_unload,
+#endif
 };

@@ -71,9 +71,26 @@ typedef struct q35_state {
     int32_t *pos_out;     /* [U] */
     hm_moe_route route;
     hm_scratch scratch;
+    struct q35_gstate *dev; /* the device state (GPU placement), owned; NULL on the CPU. With it the
+                             host KV cache, recurrent state and activations above are not
+                             allocated: only route and scratch (the cold expert units) are */
 } q35_state;
 
 /* qwen35moe_fwd.c */
 hm_status hm_q35_forward(const hm_model *m, void *state, hm_pool *pool, const hm_fwd_batch *b, hm_err *err);
+
+#ifdef HM_HAVE_CUDA
+/* qwen35moe_cuda.c (CUDA builds). gpu_load / gpu_unload: hm_arch's. q35_gpu_state_open fills s->dev
+ * (and the host route and scratch the cold units need) for o; q35_gpu_state_close frees s->dev
+ * (NULL is a no-op); q35_gpu_state_reset zeroes the device recurrent state (state_trim to 0).
+ * q35_gpu_forward: the forward on the device (s opened with the GPU; the caller checked that the
+ * batch continues the recurrent state and advances s->n_pos after it). */
+hm_status q35_gpu_load(hm_model *m, hm_err *err);
+void q35_gpu_unload(hm_model *m);
+hm_status q35_gpu_state_open(const hm_model *m, const hm_state_opts *o, q35_state *s, hm_err *err);
+void q35_gpu_state_close(q35_state *s);
+hm_status q35_gpu_state_reset(q35_state *s, hm_err *err);
+hm_status q35_gpu_forward(const hm_model *m, q35_state *s, hm_pool *pool, const hm_fwd_batch *b, hm_err *err);
+#endif
 
 #endif

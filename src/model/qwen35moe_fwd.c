@@ -60,6 +60,13 @@ hm_status hm_q35_forward(const hm_model *m, void *state, hm_pool *pool, const hm
     if (b->pos[0] != s->n_pos)
         return hm_errf(err, HM_ERR_ARG, "qwen35moe: batch starts at position %d but the recurrent state holds %d",
                        b->pos[0], s->n_pos);
+#ifdef HM_HAVE_CUDA
+    if (m->gpu) { /* the device forward (qwen35moe_cuda.c) */
+        hm_status st = q35_gpu_forward(m, s, pool, b, err);
+        if (st == HM_OK) s->n_pos = b->pos[n - 1] + 1;
+        return st;
+    }
+#endif
     const float scale = 1.0f / sqrtf((float)hd);
 
     hm_cpu_get_rows(pool, &q->tok_embd, b->tokens, n, s->x);

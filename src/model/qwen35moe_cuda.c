@@ -1,0 +1,643 @@
+/* qwen35moe_cuda.c - the Qwen3.5-MoE forward pass on the GPU (CUDA builds only), as
+ * qwen3moe_cuda.c does it for qwen3moe: the dense part, the KV cache of the attention layers, the
+ * DeltaNet layers' recurrent state (conv window + delta state S) and the activations on the device;
+ * the HOT expert units in VRAM slots computed there, the cold ones by the CPU threads at the same
+ * time (moe.h: hm_moe_forward_gpu for prefill, hm_moe_forward_gpu_dev + _cold for decode).
+ *
+ * The layer is qwen35moe_fwd.c's, op for op (the math is in qwen35moe.c's header):
+ *   DeltaNet: qkv / z / beta / alpha matmuls, causal conv + SiLU (state carried), L2 norm of q
+ *     (scaled 1/sqrt(d_k)) and k, the gates, the delta rule token by token (cuda_linattn.h), the
+ *     gated RMSNorm (per-head rmsnorm * ssm_norm, then silu(z) *), the out matmul;
+ *   attention: [q | gate] matmul and split, K, V, per-head norms + partial NEOX rotary + K/V write
+ *     (one fused launch), causal GQA attention, * sigmoid(gate), Wo;
+ *   then x += mixer; h = rmsnorm(x) * post_norm (one fused launch); the router and the shared
+ *     expert (SwiGLU, scaled by sigmoid(h . w_sh), added into x), then the routed units.
+ * The MoE step is qwen3moe_cuda.c's: prefill (n > 8) downloads the routing (and the input when a
+ * unit of the layer may be cold), syncs once, records it and splits hot / cold; decode (n <= 8)
+ * routes the hot units on the device through a per-layer slot table, with a host round trip only
+ * for a layer that may have cold units, and records every layer's routing after the step.
+ * In the last layer only the wanted rows go on past the token mixer (as the CPU does).
+ *
+ * Numerics (cuda_ops.h): batches of <= 8 rows take the exact-f32 matvec path (decode: the CPU's
+ * results up to summation order; the delta rule is the CPU's token-by-token order); larger ones
+ * the bf16 tensor-core matmul. The KV cache is f16 as the CPU's default. A matrix the CUDA
+ * kernels do not take because of its width (ne0 not a multiple of 32: tiny test models) runs
+ * through the exact f32 fallback when it is F32; attention of a head_dim other than 64 / 128 / 256
+ * through the plain fallback (cuda_linattn.h).
+ *
+ * Memory: sized in state_open for n_ctx and n_ubatch; forward allocates nothing. A device that is
+ * full makes the model's expert slot pool give up room (hm_model_gpu_make_room), as for qwen3moe. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cuda/cuda_linattn.h"
+#include "backend/cuda/cuda_ops.h"
+#include "core/alloc.h"
+#include "model.h"
+#include "model_gpu.h"
+#include "moe.h"
+#include "quant/quant.h"
+#include "qwen35moe.h"
+
+#define MIB (1024.0 * 1024.0)
+#define Q35_LOGIT_ROWS 64 /* most rows of logits per output matmul */
+
+/* ---- the device weights (m->gpu->arch) ---- */
+
+/* A device matrix; any: F32 of a width the CUDA matmul does not take (the f32 fallback runs it). */
+typedef struct q35_gmat {
+    hm_cuda_mat m;
+    bool any;
+} q35_gmat;
+
+typedef struct q35_gpu_layer {
+    float *attn_norm, *post_norm;
+    q35_gmat wq, wk, wv, wo;          /* attention */
+    float *q_norm, *k_norm;
+    q35_gmat wqkv, wz, wbeta, walpha, wout; /* DeltaNet */
+    float *conv_w, *dt_bias, *ssm_a, *ssm_norm;
+    q35_gmat router, sh_gate, sh_up, sh_down, sh_inp;
+} q35_gpu_layer;
+
+typedef struct q35_gpu {
+    hm_cuda_mat tok_embd;
+    q35_gmat output;
+    float *output_norm;
+    bool attn_any;           /* head_dim is not one hm_cuda_attention takes: the fallback */
+    q35_gpu_layer *layers;   /* [n_layer], owned */
+} q35_gpu;
+
+void q35_gpu_unload(hm_model *m) {
+    if (!m->gpu || !m->gpu->arch) return;
+    q35_gpu *d = m->gpu->arch;
+    free(d->layers);
+    free(d);
+    m->gpu->arch = NULL;
+}
+
+static hm_status name_err(hm_status st, const char *name, hm_err *err) {
+    if (st != HM_OK && err) {
+        char tmp[sizeof err->msg];
+        snprintf(tmp, sizeof tmp, "%s", err->msg);
+        hm_errf(err, st, "tensor '%s': %s", name, tmp);
+    }
+    return st;
+}
+
+/* Upload matrix w (tensor `name`). A type the CUDA kernels do not take, or a row layout they do
+ * not take unless the matrix is F32 (then the fallback), is HM_ERR_UNSUPPORTED naming the tensor. */
+static hm_status up_mat(hm_gpu *g, const hm_mat *w, const char *name, q35_gmat *out, hm_err *err) {
+    memset(out, 0, sizeof *out);
+    if (!hm_cuda_type_ok(w->type))
+        return hm_errf(err, HM_ERR_UNSUPPORTED, "tensor '%s': type %s is not computed by the CUDA backend (run "
+                       "the model on the CPU: drop -ngl / --vram-budget)", name, hm_type_name(w->type));
+    const size_t al = hm_cuda_type_align(w->type);
+    if (w->ne0 % 32 || (al && w->nb1 % al)) {
+        if (w->type != HM_TYPE_F32 || w->nb1 % 4)
+            return hm_errf(err, HM_ERR_UNSUPPORTED, "tensor '%s': rows of %lld %s elements (%zu bytes) do not fit "
+                           "the CUDA kernels (a multiple of 32 elements and of %zu bytes)", name, (long long)w->ne0,
+                           hm_type_name(w->type), w->nb1, al);
+        out->any = true;
+    }
+    return name_err(hm_gpu_upload_mat(g, w, &out->m, err), name, err);
+}
+
+static hm_status up_vec(hm_gpu *g, const float *v, int64_t n, const char *name, float **out, hm_err *err) {
+    return name_err(hm_gpu_upload_vec(g, v, n, out, err), name, err);
+}
+
+hm_status q35_gpu_load(hm_model *m, hm_err *err) {
+    const q35_model *q = m->impl;
+    hm_gpu *g = m->gpu;
+    HM_ASSERT(q && g && !g->arch);
+    if (q->n_attn > 0 && q->head_dim > 256)
+        return hm_errf(err, HM_ERR_UNSUPPORTED, "head_dim %d: the CUDA attention takes at most 256 (run the model "
+                       "on the CPU: drop -ngl / --vram-budget)", q->head_dim);
+    if (q->n_recr > 0 && (q->d_k > 1024 || q->d_v > 1024 || q->n_v > 65535))
+        return hm_errf(err, HM_ERR_UNSUPPORTED, "DeltaNet heads %d x (%d, %d): the CUDA delta rule takes d_k, d_v "
+                       "<= 1024 (run the model on the CPU)", q->n_v, q->d_k, q->d_v);
+    if (q->n_expert > 1024 || q->n_expert_used > 32)
+        return hm_errf(err, HM_ERR_UNSUPPORTED, "%d experts, %d used: the CUDA router takes at most 1024 and 32",
+                       q->n_expert, q->n_expert_used);
+    /* the grouped MoE kernels take rows in multiples of 256 elements and gate == up types */
+    const hm_moe_weights *mw0 = &q->layers[0].moe;
+    if (q->n_embd % 256 || q->n_ff_exp % 256)
+        g->no_gpu_experts = q->n_embd % 256 ? "n_embd is not a multiple of 256" : "n_ff is not a multiple of 256";
+    else if (mw0->gate.type != mw0->up.type || !hm_cuda_type_ok(mw0->gate.type) || !hm_cuda_type_ok(mw0->down.type))
+        g->no_gpu_experts = "an expert tensor type the CUDA kernels do not compute";
+
+    q35_gpu *d = calloc(1, sizeof *d);
+    if (!d) return hm_errf(err, HM_ERR_NOMEM, "out of memory");
+    g->arch = d;
+    hm_status st;
+    const int64_t E = q->n_embd, hd = q->head_dim, nv = q->n_v;
+    d->attn_any = hd != 64 && hd != 128 && hd != 256;
+    if (!(d->layers = calloc((size_t)q->n_layer, sizeof *d->layers))) {
+        st = hm_errf(err, HM_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    {
+        q35_gmat te;
+        if ((st = up_mat(g, &q->tok_embd, "token_embd.weight", &te, err)) != HM_OK) goto fail;
+        if (te.any) {
+            st = hm_errf(err, HM_ERR_UNSUPPORTED, "tensor 'token_embd.weight': rows of %lld elements do not fit the "
+                         "CUDA row lookup (a multiple of 32)", (long long)E);
+            goto fail;
+        }
+        d->tok_embd = te.m;
+        if (q->output.data == q->tok_embd.data)
+            d->output = te; /* tied embeddings: one device copy */
+        else if ((st = up_mat(g, &q->output, "output.weight", &d->output, err)) != HM_OK)
+            goto fail;
+    }
+    if ((st = up_vec(g, q->output_norm, E, "output_norm.weight", &d->output_norm, err)) != HM_OK) goto fail;
+    for (int32_t il = 0; il < q->n_layer; il++) {
+        const q35_layer *L = &q->layers[il];
+        q35_gpu_layer *D = &d->layers[il];
+        char n[96];
+#define NAME(s) (snprintf(n, sizeof n, "blk.%d." s, il), n)
+#define UPM(field, s) do { if ((st = up_mat(g, &L->field, NAME(s), &D->field, err)) != HM_OK) goto fail; } while (0)
+#define UPV(field, len, s) \
+    do { if ((st = up_vec(g, L->field, len, NAME(s), &D->field, err)) != HM_OK) goto fail; } while (0)
+        UPV(attn_norm, E, "attn_norm.weight");
+        UPV(post_norm, E, "post_attention_norm.weight");
+        if (L->recurrent) {
+            UPM(wqkv, "attn_qkv.weight");
+            UPM(wz, "attn_gate.weight");
+            UPM(wbeta, "ssm_beta.weight");
+            UPM(walpha, "ssm_alpha.weight");
+            UPM(wout, "ssm_out.weight");
+            UPV(conv_w, (int64_t)q->d_conv * q->conv_dim, "ssm_conv1d.weight");
+            UPV(dt_bias, nv, "ssm_dt.bias");
+            UPV(ssm_a, nv, "ssm_a");
+            UPV(ssm_norm, q->d_v, "ssm_norm.weight");
+        } else {
+            UPM(wq, "attn_q.weight");
+            UPM(wk, "attn_k.weight");
+            UPM(wv, "attn_v.weight");
+            UPM(wo, "attn_output.weight");
+            UPV(q_norm, hd, "attn_q_norm.weight");
+            UPV(k_norm, hd, "attn_k_norm.weight");
+        }
+        UPM(router, "ffn_gate_inp.weight");
+        UPM(sh_gate, "ffn_gate_shexp.weight");
+        UPM(sh_up, "ffn_up_shexp.weight");
+        UPM(sh_down, "ffn_down_shexp.weight");
+        UPM(sh_inp, "ffn_gate_inp_shexp.weight");
+#undef UPV
+#undef UPM
+#undef NAME
+    }
+    return HM_OK;
+fail:
+    q35_gpu_unload(m); /* the buffers themselves are m->gpu's (freed at its close) */
+    return st;
+}
+
+/* ---- session state on the device ---- */
+
+typedef struct q35_gstate {
+    hm_cuda_ctx *c;           /* borrowed: the model's */
+    size_t kv_layer_elems;    /* n_head_kv * n_ctx * head_dim */
+    uint16_t *kv;             /* device [n_attn][2][n_head_kv][n_ctx][hd] f16, owned */
+    float *rs;                /* device [n_recr][rs_layer]: conv window then S, owned */
+    size_t rs_layer, rs_total;/* floats per DeltaNet layer, in all */
+    void *dev;                /* device block holding the activations below, owned */
+    float *x, *h;             /* [U, n_embd] residual stream; normed input of a block, then its output */
+    float *mix;               /* [U, max(2 nq, conv_dim)]: [q | gate] per head, or the DeltaNet qkv */
+    float *q, *gate, *k, *v;  /* [U, nq] x2, [U, nkv] x2 */
+    float *att;               /* [U, max(nq, n_v d_v)] */
+    float *conv, *z;          /* [U, conv_dim], [U, n_v d_v] */
+    float *ba, *aa;           /* [U, n_v]: beta logits then beta; alpha then g */
+    float *rlog;              /* [U, n_expert] */
+    int32_t *sel;             /* [2 U k]: a layer's ids [nr, k], then its weights */
+    float *shg, *shu, *sho, *shs; /* [U, n_ff_sh] x2, [U, n_embd], [U] the shared expert */
+    float *cold;              /* [U, n_embd] the CPU part's sum, uploaded */
+    float *logits;            /* [min(U, Q35_LOGIT_ROWS), n_vocab] */
+    int32_t *ints;            /* [3 U]: tokens, positions, positions of the wanted rows */
+    void *scratch;            /* attention and MoE scratch (one after the other), owned */
+    size_t scratch_size;
+    void *pin;                /* pinned host block holding the arrays below, owned */
+    int32_t *ints_h, *sel_h;  /* [3 U], [2 U k] */
+    float *h_h, *cold_h;      /* [U, n_embd] the MoE input for the CPU part; the CPU part's sum */
+    hm_cuda_moe_unit *units;  /* [n_expert] hot-unit work space, owned */
+    uint8_t *all_hot;         /* [n_layer] per forward: the layer has no cold unit, owned */
+    int32_t logit_rows;
+    /* decode (n <= HM_CUDA_MATVEC_MAX_TOK): the MoE routed on the device (as qwen3moe_cuda.c) */
+    int32_t dec_cap;
+    size_t sel_stride;        /* 2 * dec_cap * k */
+    int32_t *sel_all;         /* device [n_layer][sel_stride] */
+    int32_t *sel_all_h;       /* pinned, what comes down */
+    hm_cuda_moe_slot *slots;  /* device [n_layer][n_expert] */
+    hm_cuda_moe_slot *slots_h;/* pinned, what goes up when a slot map changed */
+    int32_t *seen;            /* [n_layer][n_expert], owned */
+    uint8_t *any_hot;         /* [n_layer], owned */
+    int32_t *rec_n;           /* [n_layer], owned */
+    hm_cuda_event *routed;    /* a mixed layer's routing has come down, owned */
+} q35_gstate;
+
+void q35_gpu_state_close(q35_state *s) {
+    q35_gstate *g = s->dev;
+    if (!g) return;
+    if (g->c) {
+        hm_err e;
+        hm_cuda_sync(g->c, &e); /* nothing queued may still use what is freed below */
+        hm_cuda_free(g->c, g->kv);
+        hm_cuda_free(g->c, g->rs);
+        hm_cuda_free(g->c, g->dev);
+        hm_cuda_free(g->c, g->scratch);
+        hm_cuda_host_free(g->c, g->pin);
+    }
+    hm_cuda_event_destroy(g->routed);
+    free(g->units);
+    free(g->all_hot);
+    free(g->seen);
+    free(g->any_hot);
+    free(g->rec_n);
+    free(g);
+    s->dev = NULL;
+}
+
+hm_status q35_gpu_state_reset(q35_state *s, hm_err *err) {
+    q35_gstate *g = s->dev;
+    if (!g->rs) return HM_OK;
+    hm_status st = hm_cuda_memset(g->c, g->rs, 0, g->rs_total * sizeof(float), err);
+    return st == HM_OK ? hm_cuda_sync(g->c, err) : st;
+}
+
+/* n bytes of device memory for `what`; when the device is full the model's expert slot pool
+ * gives up room for `rest` bytes (this and the state's later allocations) and it tries again
+ * (qwen3moe_cuda.c's rule). */
+static hm_status dev_alloc(const hm_model *m, size_t n, size_t rest, void **out, const char *what, hm_err *err) {
+    hm_cuda_ctx *c = m->gpu->ctx;
+    *out = NULL;
+    if (!n) n = 256;
+    if (rest < n) rest = n;
+    for (;;) {
+        hm_err e;
+        hm_status st = hm_cuda_alloc(c, n, out, &e);
+        if (st == HM_OK) return HM_OK;
+        if (st != HM_ERR_NOMEM)
+            return hm_errf(err, st, "gpu: cannot allocate the %s (%.1f MiB) on the device: %s", what, (double)n / MIB,
+                           e.msg);
+        hm_err re;
+        if ((st = hm_model_gpu_make_room(m, rest, &re)) != HM_OK)
+            return hm_errf(err, st == HM_ERR_NOMEM ? HM_ERR_NOMEM : st, "gpu: cannot allocate the %s (%.1f MiB) on "
+                           "the device, nor give up expert slots for it: %s (%s)", what, (double)n / MIB, re.msg,
+                           e.msg);
+    }
+}
+
+/* Offsets of n arrays of elems[i] 4-byte elements in one block, each 256-byte aligned. */
+static size_t layout(const size_t *elems, size_t *off, size_t n) {
+    size_t at = 0;
+    for (size_t i = 0; i < n; i++) {
+        off[i] = at;
+        at += (elems[i] * 4 + 255) & ~(size_t)255;
+    }
+    return at;
+}
+
+static size_t max_sz(size_t a, size_t b) { return a > b ? a : b; }
+
+hm_status q35_gpu_state_open(const hm_model *m, const hm_state_opts *o, q35_state *s, hm_err *err) {
+    const q35_model *q = m->impl;
+    const q35_gpu *d = m->gpu->arch;
+    HM_ASSERT(m->gpu && d && !s->dev);
+    if (o->kv_type == HM_KV_F32)
+        return hm_errf(err, HM_ERR_UNSUPPORTED, "an f32 KV cache with the GPU: the device KV cache is f16 (drop the "
+                       "f32 KV type, or run on the CPU)");
+    if (m->ram) return hm_errf(err, HM_ERR_UNSUPPORTED, "--ram-budget with the GPU is not supported yet");
+    if (o->n_ubatch > 65535)
+        return hm_errf(err, HM_ERR_ARG, "n_ubatch %d: the GPU path takes at most 65535 rows a pass", o->n_ubatch);
+    q35_gstate *g = calloc(1, sizeof *g);
+    if (!g) return hm_errf(err, HM_ERR_NOMEM, "out of memory");
+    s->dev = g;
+    hm_cuda_ctx *c = m->gpu->ctx;
+    g->c = c;
+    hm_status st;
+    const size_t U = (size_t)o->n_ubatch, E = (size_t)q->n_embd, hd = (size_t)q->head_dim;
+    const size_t nq = (size_t)q->n_head * hd, nkv = (size_t)q->n_head_kv * hd, K = (size_t)q->n_expert_used;
+    const size_t nv = (size_t)q->n_v, vdim = nv * (size_t)q->d_v, cd = (size_t)q->conv_dim;
+    const size_t V = (size_t)q->n_vocab, NL = (size_t)q->n_layer, NE = (size_t)q->n_expert, FS = (size_t)q->n_ff_sh;
+    g->logit_rows = o->n_ubatch < Q35_LOGIT_ROWS ? o->n_ubatch : Q35_LOGIT_ROWS;
+    g->dec_cap = o->n_ubatch < HM_CUDA_MATVEC_MAX_TOK ? o->n_ubatch : HM_CUDA_MATVEC_MAX_TOK;
+    g->sel_stride = 2 * (size_t)g->dec_cap * K;
+    const size_t slot_words = NL * NE * sizeof(hm_cuda_moe_slot) / 4;
+
+    /* sizes first: a full device makes the expert pool give up room for all of them */
+    s->kv_elem_size = 2;
+    g->kv_layer_elems = s->kv_layer_elems = nkv * (size_t)o->n_ctx;
+    size_t kv_bytes = 0;
+    if (!hm_mul_ok(g->kv_layer_elems, 2u * (size_t)q->n_attn * 2u, &kv_bytes)) {
+        st = hm_errf(err, HM_ERR_NOMEM, "gpu: the KV cache for %d positions is too large", o->n_ctx);
+        goto fail;
+    }
+    g->rs_layer = (size_t)(q->d_conv - 1) * cd + nv * (size_t)q->d_k * (size_t)q->d_v;
+    g->rs_total = g->rs_layer * (size_t)q->n_recr;
+    const size_t rs_bytes = g->rs_total * sizeof(float);
+    const size_t act_el[] = {U * E,  U * E,      U * max_sz(2 * nq, cd), U * nq, U * nq, U * nkv, U * nkv,
+                             U * max_sz(nq, vdim), U * cd, U * vdim, U * nv, U * nv, U * NE, 2 * U * K,
+                             U * FS, U * FS,     U * E,  U,      U * E,  (size_t)g->logit_rows * V, 3 * U,
+                             NL * g->sel_stride, slot_words};
+    enum { N_ACT = sizeof act_el / sizeof act_el[0] };
+    size_t act_off[N_ACT];
+    const size_t act_bytes = layout(act_el, act_off, N_ACT);
+    g->scratch_size = max_sz(hm_cuda_moe_scratch_size((int64_t)U, (int64_t)(U * K), q->n_expert, q->n_ff_exp),
+                             hm_cuda_moe_dev_scratch_size(g->dec_cap, q->n_expert_used, q->n_ff_exp));
+    if (q->n_attn > 0 && !d->attn_any)
+        g->scratch_size = max_sz(g->scratch_size, hm_cuda_attention_scratch_size(c, (int64_t)U, o->n_ctx, q->n_head,
+                                                                                 q->n_head_kv, q->head_dim));
+    const size_t rest = kv_bytes + rs_bytes + act_bytes + g->scratch_size;
+
+    char what[96];
+    snprintf(what, sizeof what, "KV cache (%d positions)", o->n_ctx);
+    if (kv_bytes && (st = dev_alloc(m, kv_bytes, rest, (void **)&g->kv, what, err)) != HM_OK) goto fail;
+    if (rs_bytes &&
+        (st = dev_alloc(m, rs_bytes, rest - kv_bytes, (void **)&g->rs, "recurrent state", err)) != HM_OK)
+        goto fail;
+    if ((st = dev_alloc(m, act_bytes, act_bytes + g->scratch_size, &g->dev, "activations", err)) != HM_OK) goto fail;
+    {
+        char *b = g->dev;
+        float **f[] = {&g->x,   &g->h,  &g->mix, &g->q,   &g->gate, &g->k,   &g->v,    &g->att,
+                       &g->conv, &g->z, &g->ba,  &g->aa,  &g->rlog, NULL,    &g->shg,  &g->shu,
+                       &g->sho, &g->shs, &g->cold, &g->logits};
+        for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
+            if (f[i]) *f[i] = (float *)(b + act_off[i]);
+        g->sel = (int32_t *)(b + act_off[13]);
+        g->ints = (int32_t *)(b + act_off[20]);
+        g->sel_all = (int32_t *)(b + act_off[21]);
+        g->slots = (hm_cuda_moe_slot *)(b + act_off[22]);
+    }
+    if ((st = dev_alloc(m, g->scratch_size, g->scratch_size, &g->scratch, "attention/MoE scratch", err)) != HM_OK)
+        goto fail;
+    if (g->rs && (st = q35_gpu_state_reset(s, err)) != HM_OK) goto fail;
+
+    {
+        const size_t el[] = {3 * U, 2 * U * K, U * E, U * E, NL * g->sel_stride, slot_words};
+        size_t off[sizeof el / sizeof el[0]];
+        const size_t bytes = layout(el, off, sizeof el / sizeof el[0]);
+        hm_err e;
+        if (hm_cuda_host_alloc(c, bytes, &g->pin, &e) != HM_OK) {
+            st = hm_errf(err, HM_ERR_NOMEM, "gpu: cannot allocate %.1f MiB of pinned host memory: %s",
+                         (double)bytes / MIB, e.msg);
+            goto fail;
+        }
+        char *b = g->pin;
+        g->ints_h = (int32_t *)(b + off[0]);
+        g->sel_h = (int32_t *)(b + off[1]);
+        g->h_h = (float *)(b + off[2]);
+        g->cold_h = (float *)(b + off[3]);
+        g->sel_all_h = (int32_t *)(b + off[4]);
+        g->slots_h = (hm_cuda_moe_slot *)(b + off[5]);
+    }
+    g->units = calloc(NE, sizeof *g->units);
+    g->all_hot = calloc(NL, 1);
+    g->any_hot = calloc(NL, 1);
+    g->rec_n = calloc(NL, sizeof *g->rec_n);
+    g->seen = malloc(NL * NE * sizeof *g->seen);
+    if (!g->units || !g->all_hot || !g->any_hot || !g->rec_n || !g->seen) {
+        st = hm_errf(err, HM_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    for (size_t i = 0; i < NL * NE; i++) g->seen[i] = -2; /* no entry of slots_h built yet */
+    {
+        hm_err e;
+        if (hm_cuda_event_create(c, &g->routed, &e) != HM_OK) {
+            st = hm_errf(err, HM_ERR_CUDA, "gpu: %s", e.msg);
+            goto fail;
+        }
+    }
+    /* the CPU part: the route and the scratch of its MoE op */
+    if ((st = hm_moe_route_init(&s->route, q->n_expert, q->n_expert_used, o->n_ubatch, err)) != HM_OK) goto fail;
+    s->scratch.size = hm_moe_compute_scratch_size(&s->route, q->n_embd, q->n_ff_exp, o->n_threads);
+    if (s->scratch.size && !(s->scratch.data = hm_malloc_aligned(s->scratch.size))) {
+        st = hm_errf(err, HM_ERR_NOMEM, "cannot allocate %.1f MiB of scratch", (double)s->scratch.size / MIB);
+        goto fail;
+    }
+    return HM_OK;
+fail:
+    q35_gpu_state_close(s); /* the caller frees the rest of s */
+    return st;
+}
+
+/* ---- forward ---- */
+
+#define CK(call)                               \
+    do {                                       \
+        if ((st = (call)) != HM_OK) goto fail; \
+    } while (0)
+
+static hm_status mm(hm_cuda_ctx *c, const q35_gmat *w, const float *x, int64_t n, float *y, hm_err *err) {
+    if (w->any) return hm_cuda_matmul_f32_any(c, w->m.data, w->m.ne0, w->m.ne1, w->m.nb1, x, n, y, err);
+    return hm_cuda_matmul(c, &w->m, x, n, y, err);
+}
+
+/* Keep rows rows[0..n_out) of the device array a ([n, w]), compacted to the front (rows ascend). */
+static hm_status compact(hm_cuda_ctx *c, float *a, int64_t w, const int32_t *rows, int32_t n_out, hm_err *err) {
+    for (int32_t i = 0; i < n_out; i++) {
+        if (rows[i] == i) continue;
+        hm_status st = hm_cuda_copy(c, a + (size_t)i * (size_t)w, a + (size_t)rows[i] * (size_t)w,
+                                    (size_t)w * sizeof(float), err);
+        if (st != HM_OK) return st;
+    }
+    return HM_OK;
+}
+
+/* DeltaNet token mixer of layer L over n rows: g->h in, g->h out; the layer's state advanced. */
+static hm_status deltanet(const q35_model *q, const q35_gpu_layer *D, const q35_layer *L, q35_gstate *g, int64_t n,
+                          hm_err *err) {
+    hm_cuda_ctx *c = g->c;
+    const int64_t cd = q->conv_dim, nv = q->n_v, vdim = nv * q->d_v, qk = (int64_t)q->n_k * q->d_k;
+    float *rs = g->rs + (size_t)L->slot * g->rs_layer;
+    float *conv_state = rs, *delta_state = rs + (size_t)(q->d_conv - 1) * (size_t)cd;
+    hm_status st;
+    CK(mm(c, &D->wqkv, g->h, n, g->mix, err));
+    CK(mm(c, &D->wz, g->h, n, g->z, err));
+    CK(mm(c, &D->wbeta, g->h, n, g->ba, err));
+    CK(mm(c, &D->walpha, g->h, n, g->aa, err));
+    CK(hm_cuda_ssm_conv(c, g->mix, cd, n, cd, D->conv_w, q->d_conv, conv_state, g->conv, err));
+    CK(hm_cuda_l2norm_heads(c, g->conv, cd, n, q->n_k, q->d_k, q->eps, 1.0f / sqrtf((float)q->d_k), err));
+    CK(hm_cuda_l2norm_heads(c, g->conv + qk, cd, n, q->n_k, q->d_k, q->eps, 1.0f, err));
+    CK(hm_cuda_delta_gates(c, g->aa, g->ba, D->ssm_a, D->dt_bias, n, q->n_v, g->aa, g->ba, err));
+    CK(hm_cuda_gated_delta(c, g->conv, g->conv + qk, cd, g->conv + 2 * qk, cd, g->aa, g->ba, n, q->n_k, q->n_v,
+                           q->d_k, q->d_v, delta_state, g->att, err));
+    /* gated RMSNorm per value head: rmsnorm(o) * ssm_norm * silu(z) */
+    CK(hm_cuda_rmsnorm_heads(c, g->att, D->ssm_norm, n, q->n_v, q->d_v, q->eps, err));
+    CK(hm_cuda_swiglu(c, g->z, g->att, g->att, n * vdim, err));
+    CK(mm(c, &D->wout, g->att, n, g->h, err));
+fail:
+    return st;
+}
+
+static void record_routing(const hm_model *m, const q35_gstate *g, int32_t n_rec) {
+    if (!m->experts) return;
+    for (int32_t il = 0; il < n_rec; il++)
+        hm_experts_record(m->experts, il, g->sel_all_h + (size_t)il * g->sel_stride, g->rec_n[il]);
+}
+
+hm_status q35_gpu_forward(const hm_model *m, q35_state *s, hm_pool *pool, const hm_fwd_batch *b, hm_err *err) {
+    const q35_model *q = m->impl;
+    const q35_gpu *d = m->gpu->arch;
+    q35_gstate *g = s->dev;
+    hm_cuda_ctx *c = g->c;
+    const int64_t E = q->n_embd, n = b->n, n_out = b->n_out, U = s->n_ubatch;
+    const int hd = q->head_dim, nh = q->n_head, nkv = q->n_head_kv, K = q->n_expert_used;
+    const size_t nq = (size_t)nh * (size_t)hd;
+    const float scale = 1.0f / sqrtf((float)hd);
+    HM_ASSERT(g && n > 0 && n <= U && n_out <= n && b->pos[n - 1] < s->n_ctx);
+    hm_status st = HM_OK;
+
+    int32_t *tok_d = g->ints, *pos_d = g->ints + U, *pos_out_d = g->ints + 2 * U;
+    memcpy(g->ints_h, b->tokens, (size_t)n * sizeof(int32_t));
+    memcpy(g->ints_h + U, b->pos, (size_t)n * sizeof(int32_t));
+    for (int64_t i = 0; i < n_out; i++) g->ints_h[2 * U + i] = b->pos[b->out_rows[i]];
+    CK(hm_cuda_upload_compute(c, g->ints, g->ints_h, (size_t)(3 * U) * sizeof(int32_t), err));
+    const bool dec = n <= HM_CUDA_MATVEC_MAX_TOK && n <= g->dec_cap;
+    if (dec) {
+        const size_t NE = (size_t)q->n_expert;
+        int32_t lo = q->n_layer, hi = -1;
+        for (int32_t il = 0; il < q->n_layer; il++) {
+            bool all = false, any = false;
+            if (hm_moe_gpu_slot_table(m, &q->layers[il].moe, g->seen + (size_t)il * NE, g->slots_h + (size_t)il * NE,
+                                      &all, &any)) {
+                lo = il < lo ? il : lo;
+                hi = il;
+            }
+            g->all_hot[il] = all;
+            g->any_hot[il] = any;
+        }
+        if (hi >= lo)
+            CK(hm_cuda_upload_compute(c, g->slots + (size_t)lo * NE, g->slots_h + (size_t)lo * NE,
+                                      (size_t)(hi - lo + 1) * NE * sizeof(hm_cuda_moe_slot), err));
+    } else {
+        for (int32_t il = 0; il < q->n_layer; il++) g->all_hot[il] = hm_moe_gpu_all_hot(m, &q->layers[il].moe);
+    }
+    int32_t n_rec = 0;
+
+    CK(hm_cuda_get_rows(c, &d->tok_embd, tok_d, n, g->x, err));
+    int64_t nr = n;
+    const int32_t *pos = pos_d;
+    int64_t kv_len = b->pos[n - 1] + 1;
+    bool done_early = false;
+    for (int32_t il = 0; il < q->n_layer; il++) {
+        const q35_layer *L = &q->layers[il];
+        const q35_gpu_layer *D = &d->layers[il];
+        const bool last = il == q->n_layer - 1 && n_out < n;
+        CK(hm_cuda_rmsnorm(c, g->x, D->attn_norm, g->h, n, E, q->eps, err));
+        if (L->recurrent) {
+            CK(deltanet(q, D, L, g, n, err));
+            if (last) {
+                if (n_out == 0) {
+                    done_early = true;
+                    break;
+                }
+                CK(compact(c, g->x, E, b->out_rows, (int32_t)n_out, err));
+                CK(compact(c, g->h, E, b->out_rows, (int32_t)n_out, err));
+                nr = n_out;
+            }
+        } else {
+            uint16_t *kc = g->kv + (size_t)L->slot * 2 * g->kv_layer_elems, *vc = kc + g->kv_layer_elems;
+            CK(mm(c, &D->wq, g->h, n, g->mix, err));
+            CK(mm(c, &D->wk, g->h, n, g->k, err));
+            CK(mm(c, &D->wv, g->h, n, g->v, err));
+            CK(hm_cuda_split_q_gate(c, g->mix, n, nh, hd, g->q, g->gate, err));
+            /* per-head norms, partial NEOX rotary of q and k, the K/V write: one launch */
+            CK(hm_cuda_qk_norm_rope_kv(c, g->q, g->k, g->v, D->q_norm, D->k_norm, n, nh, nkv, hd, q->n_rot, pos_d,
+                                       q->theta, q->eps, kc, vc, s->n_ctx, err));
+            if (last) {
+                if (n_out == 0) {
+                    done_early = true;
+                    break;
+                }
+                CK(compact(c, g->q, (int64_t)nq, b->out_rows, (int32_t)n_out, err));
+                CK(compact(c, g->gate, (int64_t)nq, b->out_rows, (int32_t)n_out, err));
+                CK(compact(c, g->x, E, b->out_rows, (int32_t)n_out, err));
+                nr = n_out;
+                pos = pos_out_d;
+                kv_len = b->pos[b->out_rows[n_out - 1]] + 1;
+            }
+            if (d->attn_any)
+                CK(hm_cuda_attention_any(c, g->q, nr, pos, kc, vc, s->n_ctx, nh, nkv, hd, scale, g->att, err));
+            else
+                CK(hm_cuda_attention(c, g->q, nr, pos, kv_len, kc, vc, s->n_ctx, nh, nkv, hd, scale, g->att,
+                                     g->scratch, g->scratch_size, err));
+            CK(hm_cuda_sigmoid_mul(c, g->att, g->gate, nr * (int64_t)nq, err));
+            CK(mm(c, &D->wo, g->att, nr, g->h, err));
+        }
+
+        /* MoE block: x += mixer, h = rmsnorm(x) * post_norm; the shared expert into x; then the units */
+        CK(hm_cuda_add_rmsnorm(c, g->x, g->h, D->post_norm, g->h, nr, E, q->eps, err));
+        CK(mm(c, &D->router, g->h, nr, g->rlog, err));
+        CK(mm(c, &D->sh_gate, g->h, nr, g->shg, err));
+        CK(mm(c, &D->sh_up, g->h, nr, g->shu, err));
+        CK(mm(c, &D->sh_inp, g->h, nr, g->shs, err));
+        CK(hm_cuda_swiglu(c, g->shg, g->shu, g->shg, nr * q->n_ff_sh, err));
+        CK(mm(c, &D->sh_down, g->shg, nr, g->sho, err));
+        CK(hm_cuda_add_sigmoid_scaled(c, g->x, g->sho, g->shs, nr, E, err));
+
+        const size_t nk = (size_t)nr * (size_t)K;
+        const hm_moe_gpu_buf mb = {.x_dev = g->h,
+                                   .x_host = g->all_hot[il] ? NULL : g->h_h,
+                                   .out_dev = g->x,
+                                   .cold_host = g->cold_h,
+                                   .cold_dev = g->cold,
+                                   .scratch_dev = g->scratch,
+                                   .scratch_dev_size = g->scratch_size,
+                                   .units = g->units};
+        if (dec) {
+            int32_t *ids_d = g->sel_all + (size_t)il * g->sel_stride, *ids_h = g->sel_all_h + (size_t)il * g->sel_stride;
+            CK(hm_cuda_router(c, g->rlog, nr, q->n_expert, K, true, ids_d, (float *)(ids_d + nk), err));
+            g->rec_n[il] = (int32_t)nk;
+            n_rec = il + 1;
+            if (!g->all_hot[il]) {
+                CK(hm_cuda_download_async(c, ids_h, ids_d, 2 * nk * sizeof(int32_t), err));
+                CK(hm_cuda_download_async(c, g->h_h, g->h, (size_t)(nr * E) * sizeof(float), err));
+                CK(hm_cuda_event_record(c, g->routed, false, err));
+            }
+            if (g->any_hot[il])
+                CK(hm_moe_forward_gpu_dev(m, &L->moe, g->slots + (size_t)il * (size_t)q->n_expert, ids_d,
+                                          (const float *)(ids_d + nk), nr, K, &mb, err));
+            if (!g->all_hot[il]) {
+                CK(hm_cuda_event_wait(g->routed, err)); /* the layer's one wait */
+                hm_moe_route_build(&s->route, ids_h, (const float *)(ids_h + nk), (int32_t)nr);
+                CK(hm_moe_forward_gpu_cold(m, pool, &L->moe, &s->route, &mb, &s->scratch, err));
+            }
+            continue;
+        }
+        CK(hm_cuda_router(c, g->rlog, nr, q->n_expert, K, true, g->sel, (float *)(g->sel + nk), err));
+        CK(hm_cuda_download_async(c, g->sel_h, g->sel, 2 * nk * sizeof(int32_t), err));
+        if (!g->all_hot[il]) CK(hm_cuda_download_async(c, g->h_h, g->h, (size_t)(nr * E) * sizeof(float), err));
+        CK(hm_cuda_sync(c, err)); /* the layer's one wait: the host needs the routing */
+        const int32_t *ids = g->sel_h;
+        const float *wts = (const float *)(g->sel_h + nk);
+        if (m->experts) hm_experts_record(m->experts, il, ids, (int32_t)nk);
+        hm_moe_route_build(&s->route, ids, wts, (int32_t)nr);
+        CK(hm_moe_forward_gpu(m, pool, &L->moe, &s->route, &mb, &s->scratch, err));
+    }
+    if (n_rec > 0)
+        CK(hm_cuda_download_async(c, g->sel_all_h, g->sel_all, (size_t)n_rec * g->sel_stride * sizeof(int32_t), err));
+    if (done_early || n_out == 0) {
+        CK(hm_cuda_sync(c, err)); /* nothing may still read a slot, the state is complete */
+        record_routing(m, g, n_rec);
+        return HM_OK;
+    }
+    HM_ASSERT(nr == n_out && b->logits);
+    CK(hm_cuda_rmsnorm(c, g->x, d->output_norm, g->h, n_out, E, q->eps, err));
+    const size_t V = (size_t)q->n_vocab;
+    for (int64_t r0 = 0; r0 < n_out; r0 += g->logit_rows) {
+        const int64_t nc = n_out - r0 < g->logit_rows ? n_out - r0 : g->logit_rows;
+        CK(mm(c, &d->output, g->h + (size_t)r0 * (size_t)E, nc, g->logits, err));
+        CK(hm_cuda_download(c, b->logits + (size_t)r0 * V, g->logits, (size_t)nc * V * sizeof(float), err));
+    }
+    record_routing(m, g, n_rec);
+    return HM_OK;
+fail: {
+    hm_err e;
+    hm_cuda_sync(c, &e);
+    for (size_t i = 0; i < (size_t)q->n_layer * (size_t)q->n_expert; i++) g->seen[i] = -2;
+    return st;
+}
+}
