@@ -26,7 +26,9 @@
  * min(n_ctx, W + n_ubatch) rows (position p in row p % cap; see cpu_gemma.h for why W + U - 1
  * suffices), so the sliding layers' memory does not grow with the context. Activations for one
  * micro-batch are allocated in state_open; forward allocates nothing. Not supported (load says
- * so): per-layer input embeddings (E2B/E4B) and shared-KV layers. */
+ * so): per-layer input embeddings (E2B/E4B) and shared-KV layers.
+ * With a GPU placement (m->gpu) the same layer runs on the device (gemma4_cuda.c): the hooks below
+ * dispatch there, as qwen3moe.c does. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -34,56 +36,10 @@
 
 #include "backend/cpu/cpu_gemma.h"
 #include "core/alloc.h"
+#include "gemma4_impl.h"
 #include "model.h"
 #include "moe.h"
 #include "quant/quant.h"
-
-typedef struct g4_layer {
-    bool swa, moe;
-    int32_t hd, n_kv, n_rot, n_ff;
-    float theta;
-    const float *rope_ff;                         /* [hd/2] global layers, NULL sliding */
-    const float *attn_norm, *q_norm, *k_norm, *post_attn_norm; /* [E], [hd], [hd], [E] */
-    const float *ffn_norm, *post_ffw_norm;        /* [E] */
-    const float *post_ffw_norm_1, *pre_ffw_norm_2, *post_ffw_norm_2, *router_scale; /* [E], MoE only */
-    const float *expert_scale;                    /* [n_expert] or NULL */
-    float out_scale;                              /* layer_output_scale, 1 when absent */
-    hm_mat wq, wk, wv, wo;                        /* wv.data NULL: V = K */
-    hm_mat gate, up, down;                        /* dense MLP */
-    hm_mat router;                                /* [n_expert x E] */
-    hm_moe_weights experts;
-} g4_layer;
-
-typedef struct g4_model {
-    int32_t n_layer, n_embd, n_head, n_vocab, n_ctx_train, window;
-    int32_t n_expert, n_expert_used, n_ff_exp;
-    int32_t hd_max, n_kv_max, n_ff_max;
-    float eps, softcap, embd_scale;
-    hm_mat tok_embd, output;
-    const float *output_norm;
-    g4_layer *layers; /* [n_layer], owned */
-} g4_model;
-
-/* One layer's K then V inside the state's block: [n_kv][cap][hd] each, elements from off. */
-typedef struct g4_kv {
-    size_t off, elems;
-    int64_t cap;
-} g4_kv;
-
-typedef struct g4_state {
-    int32_t n_ctx, n_ubatch, window;
-    int64_t n_hi;         /* 1 + the highest position written since the last reset */
-    int64_t ring;         /* the sliding layers' ring rows (n_ctx when they hold everything) */
-    g4_kv *kvl;           /* [n_layer], owned */
-    size_t es;            /* KV element size: 2 (f16) or 4 (f32) */
-    void *kv;             /* every layer's K and V (offsets in g4_layer), owned */
-    float *att_scratch;   /* owned */
-    void *act;            /* the activations below, one block, owned */
-    float *x, *h, *q, *k, *v, *att, *g, *u, *m, *e, *rlog, *rw, *hout;
-    int32_t *rid, *pos_out;
-    hm_moe_route route;
-    hm_scratch scratch;
-} g4_state;
 
 /* ---- load ---- */
 
@@ -385,6 +341,9 @@ fail:
 static void g4_state_close(void *p) {
     g4_state *s = p;
     if (!s) return;
+#ifdef HM_HAVE_CUDA
+    g4_gpu_state_close(s);
+#endif
     free(s->kvl);
     hm_free_aligned(s->kv);
     hm_free_aligned(s->att_scratch);
@@ -427,6 +386,13 @@ static hm_status g4_state_open(const hm_model *m, const hm_state_opts *o, void *
         kv_elems += 2 * c->elems;
         if (c->cap > cap_max) cap_max = c->cap;
     }
+#ifdef HM_HAVE_CUDA
+    if (m->gpu) { /* the device state instead of the host KV cache and activations */
+        if ((st = g4_gpu_state_open(m, o, s, err)) != HM_OK) goto fail;
+        *out = s;
+        return HM_OK;
+    }
+#endif
     size_t kv_bytes = 0;
     if (!hm_mul_ok(kv_elems, s->es, &kv_bytes) || !(s->kv = hm_malloc_aligned(kv_bytes))) {
         st = hm_errf(err, HM_ERR_NOMEM, "cannot allocate the KV cache (%d positions, %.1f MiB)", o->n_ctx,
@@ -492,6 +458,9 @@ static hm_status g4_forward(const hm_model *m, void *state, hm_pool *pool, const
     const float inv_sqrt_e = 1.0f / sqrtf((float)E);
 
     if (b->pos[n - 1] + 1 > s->n_hi) s->n_hi = b->pos[n - 1] + 1;
+#ifdef HM_HAVE_CUDA
+    if (m->gpu) return g4_gpu_forward(m, s, pool, b, err);
+#endif
     hm_cpu_get_rows(pool, &g->tok_embd, b->tokens, n, s->x);
     hm_cpu_scale(pool, s->x, g->embd_scale, s->x, n * E);
     int64_t nr = n;
@@ -593,4 +562,8 @@ const hm_arch hm_arch_gemma4 = {
     .state_close = g4_state_close,
     .state_trim = g4_state_trim,
     .forward = g4_forward,
+#ifdef HM_HAVE_CUDA
+    .gpu_load = g4_gpu_load,
+    .gpu_unload = g4_gpu_unload,
+#endif
 };

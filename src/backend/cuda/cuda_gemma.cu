@@ -118,9 +118,9 @@ hm_status hm_cuda_kv_write_ring(hm_cuda_ctx *c, uint16_t *k_cache, uint16_t *v_c
 #define G4A_MAX_SPLIT 64
 #define G4A_MIN_RANGE 64 /* positions a block takes at least when a query's range is split */
 
-/* Block (range x, row y = token * n_head + head), D = head_dim / 32 elements per lane. Writes the
+/* Block (row x = token * n_head + head, range y), D = head_dim / 32 elements per lane. Writes the
  * normalised output when n_split is 1, else the range's partial {max, sum, o[head_dim]} (o not
- * normalised) to part[y * n_split + x]. */
+ * normalised) to part[x * n_split + y]. */
 template <int D>
 __global__ void __launch_bounds__(128) k_g4_attn(const float *__restrict__ q, const int32_t *__restrict__ pos,
                                                  const uint16_t *__restrict__ kc, const uint16_t *__restrict__ vc,
@@ -130,14 +130,14 @@ __global__ void __launch_bounds__(128) k_g4_attn(const float *__restrict__ q, co
     __shared__ float sm_m[G4A_WARPS], sm_l[G4A_WARPS];
     __shared__ float sm_o[G4A_WARPS][HD];
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
-    const int64_t row = blockIdx.y;
+    const int64_t row = blockIdx.x;
     const int64_t t = row / n_head;
     const int h = (int)(row % n_head), g = h / (n_head / n_kv_head);
     const int64_t p1 = pos[t];
     int64_t p0 = window > 0 ? p1 - window + 1 : 0;
     if (p0 < 0) p0 = 0;
     const int64_t span = p1 - p0 + 1, len = (span + n_split - 1) / n_split;
-    const int64_t c0 = p0 + (int64_t)blockIdx.x * len;
+    const int64_t c0 = p0 + (int64_t)blockIdx.y * len;
     const int64_t c1 = c0 + len < p1 + 1 ? c0 + len : p1 + 1;
     float qv[D], o[D];
     const float *qr = q + row * HD;
@@ -182,10 +182,10 @@ __global__ void __launch_bounds__(128) k_g4_attn(const float *__restrict__ q, co
 #pragma unroll
         for (int j = 0; j < G4A_WARPS; j++) acc += sm_o[j][e] * f[j];
         if (n_split == 1) out[row * HD + e] = acc / sum;
-        else part[(row * n_split + blockIdx.x) * (HD + 2) + 2 + e] = acc;
+        else part[(row * n_split + blockIdx.y) * (HD + 2) + 2 + e] = acc;
     }
     if (n_split > 1 && threadIdx.x == 0) {
-        float *pp = part + (row * n_split + blockIdx.x) * (HD + 2);
+        float *pp = part + (row * n_split + blockIdx.y) * (HD + 2);
         pp[0] = mx;
         pp[1] = sum;
     }
@@ -231,14 +231,14 @@ hm_status hm_cuda_gemma_attention(hm_cuda_ctx *c, const float *q, int64_t n_tok,
     HM_CU_ARG(q && pos && k_cache && v_cache && out && q != out && n_tok >= 0 && kv_len > 0 && cap > 0);
     HM_CU_ARG(n_kv_head > 0 && n_head > 0 && n_head % n_kv_head == 0 && window >= 0);
     if (!n_tok) return HM_OK;
-    HM_CU_ARG(n_tok * n_head < 65536LL * 32768LL);
+    HM_CU_ARG(n_tok * n_head < (1LL << 31));
     const int64_t rows = n_tok * n_head;
     const int64_t span = window > 0 && window < kv_len ? window : kv_len;
     const int split = g4a_split(c, rows, span);
     float *part = (float *)scratch;
     if (split > 1)
         HM_CU_ARG(scratch && scratch_size >= (size_t)rows * (size_t)split * (size_t)(head_dim + 2) * sizeof(float));
-    const dim3 grid((unsigned)split, (unsigned)rows);
+    const dim3 grid((unsigned)rows, (unsigned)split);
     switch (head_dim) {
 #define G4A_CASE(HDIM)                                                                                           \
     case HDIM:                                                                                                   \

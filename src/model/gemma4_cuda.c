@@ -1,0 +1,609 @@
+/* gemma4_cuda.c - the Gemma 4 forward pass on the GPU (CUDA builds only): the dense part, the KV
+ * cache and the activations on the device, the HOT expert units in VRAM slots computed there by
+ * the grouped kernels (GELU gate), the cold ones by the CPU threads at the same time (moe.h).
+ *
+ * The layer is gemma4.c's, op for op (see there for the math): scaled embedding; per layer
+ * rmsnorm, Q/K/V (V = K's projection on K = V layers), per-head q/k norms, the weightless V norm,
+ * proportional/plain NEOX RoPE (cuda_gemma.h), the K/V write into the layer's cache (sliding
+ * layers: the same ring of min(n_ctx, W + n_ubatch) rows as the CPU, so state_trim's rule holds
+ * unchanged), windowed attention with scale 1, Wo, post-attention norm and residual; the dense
+ * GELU MLP; on MoE layers the post_ffw_norm_1, the router on rmsnorm(x) * scale / sqrt(E),
+ * softmax/top-k/renorm and the per-expert scale on the device, the experts on
+ * rmsnorm(x) * pre_ffw_norm_2, post_ffw_norm_2; post_ffw_norm, residual, layer_output_scale.
+ * After the last layer the output norm, the matmul of the wanted rows and the soft-cap.
+ * The MoE runs as qwen3moe_cuda.c's (see there): prefill (n > 8) with one host wait per layer
+ * (routing and, when a unit may be cold, the input come down; hm_moe_forward_gpu), decode
+ * (n <= 8) routed on the device through a per-layer slot table (hm_moe_forward_gpu_dev), the cold
+ * units overlapping the hot launch (hm_moe_forward_gpu_cold), the routing recorded after the step.
+ *
+ * Numerics: as qwen3moe_cuda.c (exact-f32 matvec for <= 8 rows, bf16 tensor-core matmul above,
+ * f16 KV as the CPU's); the Gemma ops are f32 with the CPU's expressions.
+ *
+ * Memory: everything is sized in state_open (device KV per layer as the CPU's g4_kv table,
+ * activations, scratch, pinned buffers); forward allocates nothing. A device that is full makes
+ * the model's expert slot pool give up room (hm_model_gpu_make_room) before HM_ERR_NOMEM. The
+ * device weights are the model's (m->gpu->arch, uploaded once by g4_gpu_load). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cuda/cuda_gemma.h"
+#include "backend/cuda/cuda_ops.h"
+#include "core/alloc.h"
+#include "gemma4_impl.h"
+#include "model.h"
+#include "model_gpu.h"
+#include "moe.h"
+#include "quant/quant.h"
+
+#define MIB (1024.0 * 1024.0)
+#define G4_LOGIT_ROWS 64 /* most rows of logits per output matmul (bounds the device logits) */
+
+/* ---- the device weights (m->gpu->arch) ---- */
+
+typedef struct g4_gpu_layer {
+    float *attn_norm, *q_norm, *k_norm, *post_attn_norm, *ffn_norm, *post_ffw_norm;
+    /* MoE layers only; expert_scale may be NULL */
+    float *post_ffw_norm_1, *pre_ffw_norm_2, *post_ffw_norm_2, *router_scale, *expert_scale;
+    hm_cuda_mat wq, wk, wv, wo, gate, up, down, router; /* wv.data NULL: V = K */
+} g4_gpu_layer;
+
+typedef struct g4_gpu {
+    hm_cuda_mat tok_embd, output;
+    float *output_norm;
+    float *rope_ff;       /* [n_rot_global / 2] or NULL */
+    g4_gpu_layer *layers; /* [n_layer], owned */
+} g4_gpu;
+
+void g4_gpu_unload(hm_model *m) {
+    if (!m->gpu || !m->gpu->arch) return;
+    g4_gpu *d = m->gpu->arch;
+    free(d->layers);
+    free(d);
+    m->gpu->arch = NULL;
+}
+
+/* Upload matrix w (tensor `name`); a type or layout the CUDA kernels do not take is
+ * HM_ERR_UNSUPPORTED naming the tensor. */
+static hm_status up_mat(hm_gpu *g, const hm_mat *w, const char *name, hm_cuda_mat *out, hm_err *err) {
+    if (!hm_cuda_type_ok(w->type))
+        return hm_errf(err, HM_ERR_UNSUPPORTED, "tensor '%s': type %s is not computed by the CUDA backend (run "
+                       "the model on the CPU: drop -ngl / --vram-budget)", name, hm_type_name(w->type));
+    const size_t al = hm_cuda_type_align(w->type);
+    if (w->ne0 % 32 || (al && w->nb1 % al))
+        return hm_errf(err, HM_ERR_UNSUPPORTED, "tensor '%s': rows of %lld %s elements (%zu bytes) do not fit the "
+                       "CUDA kernels (a multiple of 32 elements and of %zu bytes)", name, (long long)w->ne0,
+                       hm_type_name(w->type), w->nb1, al);
+    hm_status st = hm_gpu_upload_mat(g, w, out, err);
+    if (st != HM_OK && err) {
+        char tmp[sizeof err->msg];
+        snprintf(tmp, sizeof tmp, "%s", err->msg);
+        hm_errf(err, st, "tensor '%s': %s", name, tmp);
+    }
+    return st;
+}
+
+/* Upload f32 vector v of n (a NULL v uploads nothing: *out NULL). */
+static hm_status up_vec(hm_gpu *g, const float *v, int64_t n, const char *name, float **out, hm_err *err) {
+    *out = NULL;
+    if (!v) return HM_OK;
+    hm_status st = hm_gpu_upload_vec(g, v, n, out, err);
+    if (st != HM_OK && err) {
+        char tmp[sizeof err->msg];
+        snprintf(tmp, sizeof tmp, "%s", err->msg);
+        hm_errf(err, st, "tensor '%s': %s", name, tmp);
+    }
+    return st;
+}
+
+static bool hd_ok(int hd) { return hd == 32 || hd == 64 || hd == 128 || hd == 256 || hd == 512; }
+
+hm_status g4_gpu_load(hm_model *m, hm_err *err) {
+    const g4_model *q = m->impl;
+    hm_gpu *g = m->gpu;
+    HM_ASSERT(q && g && !g->arch);
+    const g4_layer *moe_l = NULL;
+    for (int32_t il = 0; il < q->n_layer; il++) {
+        const g4_layer *L = &q->layers[il];
+        if (!hd_ok(L->hd))
+            return hm_errf(err, HM_ERR_UNSUPPORTED, "layer %d: head_dim %d: the CUDA gemma attention takes 32, 64, "
+                           "128, 256 or 512 (run the model on the CPU: drop -ngl / --vram-budget)", il, L->hd);
+        if (L->moe && !moe_l) moe_l = L;
+    }
+    if (q->n_expert > 1024 || q->n_expert_used > 32)
+        return hm_errf(err, HM_ERR_UNSUPPORTED, "%d experts, %d used: the CUDA router takes at most 1024 and 32",
+                       q->n_expert, q->n_expert_used);
+    /* the grouped MoE kernels take rows in multiples of 256 elements and gate == up types */
+    if (moe_l) {
+        const hm_moe_weights *mw = &moe_l->experts;
+        if (q->n_embd % 256 || q->n_ff_exp % 256)
+            g->no_gpu_experts = q->n_embd % 256 ? "n_embd is not a multiple of 256" : "n_ff is not a multiple of 256";
+        else if (mw->gate.type != mw->up.type || !hm_cuda_type_ok(mw->gate.type) || !hm_cuda_type_ok(mw->down.type))
+            g->no_gpu_experts = "an expert tensor type the CUDA kernels do not compute";
+    }
+    g4_gpu *d = calloc(1, sizeof *d);
+    if (!d) return hm_errf(err, HM_ERR_NOMEM, "out of memory");
+    g->arch = d;
+    hm_status st;
+    const int64_t E = q->n_embd;
+    if (!(d->layers = calloc((size_t)q->n_layer, sizeof *d->layers))) {
+        st = hm_errf(err, HM_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    if ((st = up_mat(g, &q->tok_embd, "token_embd.weight", &d->tok_embd, err)) != HM_OK) goto fail;
+    if (q->output.data == q->tok_embd.data)
+        d->output = d->tok_embd; /* tied embeddings: one device copy */
+    else if ((st = up_mat(g, &q->output, "output.weight", &d->output, err)) != HM_OK)
+        goto fail;
+    if ((st = up_vec(g, q->output_norm, E, "output_norm.weight", &d->output_norm, err)) != HM_OK) goto fail;
+    for (int32_t il = 0; il < q->n_layer; il++) {
+        const g4_layer *L = &q->layers[il];
+        if (L->rope_ff && !d->rope_ff &&
+            (st = up_vec(g, L->rope_ff, L->n_rot / 2, "rope_freqs.weight", &d->rope_ff, err)) != HM_OK)
+            goto fail;
+    }
+    for (int32_t il = 0; il < q->n_layer; il++) {
+        const g4_layer *L = &q->layers[il];
+        g4_gpu_layer *D = &d->layers[il];
+        char n[96];
+#define NAME(s) (snprintf(n, sizeof n, "blk.%d." s, il), n)
+#define VEC(field, len, s) \
+    if ((st = up_vec(g, L->field, len, NAME(s), &D->field, err)) != HM_OK) goto fail
+#define MAT(field, s) \
+    if ((st = up_mat(g, &L->field, NAME(s), &D->field, err)) != HM_OK) goto fail
+        VEC(attn_norm, E, "attn_norm.weight");
+        VEC(q_norm, L->hd, "attn_q_norm.weight");
+        VEC(k_norm, L->hd, "attn_k_norm.weight");
+        VEC(post_attn_norm, E, "post_attention_norm.weight");
+        VEC(ffn_norm, E, "ffn_norm.weight");
+        VEC(post_ffw_norm, E, "post_ffw_norm.weight");
+        MAT(wq, "attn_q.weight");
+        MAT(wk, "attn_k.weight");
+        if (L->wv.data) MAT(wv, "attn_v.weight");
+        MAT(wo, "attn_output.weight");
+        MAT(gate, "ffn_gate.weight");
+        MAT(up, "ffn_up.weight");
+        MAT(down, "ffn_down.weight");
+        if (L->moe) {
+            VEC(post_ffw_norm_1, E, "post_ffw_norm_1.weight");
+            VEC(pre_ffw_norm_2, E, "pre_ffw_norm_2.weight");
+            VEC(post_ffw_norm_2, E, "post_ffw_norm_2.weight");
+            VEC(router_scale, E, "ffn_gate_inp.scale");
+            VEC(expert_scale, q->n_expert, "ffn_down_exps.scale");
+            MAT(router, "ffn_gate_inp.weight");
+        }
+#undef NAME
+#undef VEC
+#undef MAT
+    }
+    return HM_OK;
+fail:
+    g4_gpu_unload(m); /* the buffers themselves are m->gpu's (freed at its close) */
+    return st;
+}
+
+/* ---- session state on the device ---- */
+
+typedef struct g4_gstate {
+    hm_cuda_ctx *c;           /* borrowed: the model's */
+    uint16_t *kv;             /* device f16, every layer's K then V at s->kvl[il].off, owned */
+    void *dev;                /* device block holding the activations below, owned */
+    float *x;                 /* [U, E] residual stream */
+    float *h;                 /* [U, E] normed input of a block */
+    float *q, *k, *v, *att;   /* [U, n_head*hd_max], 2x [U, n_kv_max*hd_max], [U, n_head*hd_max] */
+    float *gt, *up;           /* [U, n_ff_max] the dense MLP's gate and up */
+    float *mo;                /* [U, E] a block's output (attention, then the MLP + experts) */
+    float *e;                 /* [U, E] the experts' sum */
+    float *rlog;              /* [U, n_expert] router logits */
+    int32_t *sel;             /* [2 * U * k]: a layer's ids [nr, k], then its weights [nr, k] */
+    float *cold;              /* [U, E] the CPU part's sum, uploaded */
+    float *logits;            /* [logit_rows, n_vocab] */
+    int32_t *ints;            /* [3 * U]: tokens, positions, positions of the wanted rows */
+    int32_t *sel_all;         /* [n_layer][sel_stride] decode: every layer's routing of the step */
+    hm_cuda_moe_slot *slots;  /* [n_layer][n_expert] decode: the hot slices per expert (or NULL) */
+    void *scratch;            /* attention and MoE scratch (used one after the other), owned */
+    size_t scratch_size;
+    void *pin;                /* pinned host block holding the arrays below, owned */
+    int32_t *ints_h, *sel_h, *sel_all_h;
+    float *h_h, *cold_h;
+    hm_cuda_moe_slot *slots_h;
+    hm_cuda_moe_unit *units;  /* [n_expert] hot-unit work space, owned */
+    uint8_t *all_hot, *any_hot; /* [n_layer] per forward, owned */
+    int32_t *seen;            /* [n_layer][n_expert] the slot each entry of slots_h was built for, owned */
+    int32_t *rec_n;           /* [n_layer] decode: ids each layer routed (for the record) */
+    hm_cuda_event *routed;    /* a mixed layer's routing has come down, owned */
+    int32_t logit_rows, dec_cap;
+    size_t sel_stride;        /* 2 * dec_cap * k */
+} g4_gstate;
+
+void g4_gpu_state_close(g4_state *s) {
+    g4_gstate *g = s->gpu;
+    if (!g) return;
+    if (g->c) {
+        hm_err e;
+        hm_cuda_sync(g->c, &e); /* nothing queued may still use what is freed below */
+        hm_cuda_free(g->c, g->kv);
+        hm_cuda_free(g->c, g->dev);
+        hm_cuda_free(g->c, g->scratch);
+        hm_cuda_host_free(g->c, g->pin);
+    }
+    hm_cuda_event_destroy(g->routed);
+    free(g->units);
+    free(g->all_hot);
+    free(g->any_hot);
+    free(g->seen);
+    free(g->rec_n);
+    free(g);
+    s->gpu = NULL;
+}
+
+/* n bytes of device memory for `what`; when the device is full, the expert slot pool gives up
+ * room for `rest` bytes (this and the state's later allocations) and it tries again. */
+static hm_status dev_alloc(const hm_model *m, size_t n, size_t rest, void **out, const char *what, hm_err *err) {
+    hm_cuda_ctx *c = m->gpu->ctx;
+    *out = NULL;
+    if (!n) n = 256;
+    if (rest < n) rest = n;
+    for (;;) {
+        hm_err e;
+        hm_status st = hm_cuda_alloc(c, n, out, &e);
+        if (st == HM_OK) return HM_OK;
+        if (st != HM_ERR_NOMEM)
+            return hm_errf(err, st, "gpu: cannot allocate the %s (%.1f MiB) on the device: %s", what, (double)n / MIB,
+                           e.msg);
+        hm_err re;
+        if ((st = hm_model_gpu_make_room(m, rest, &re)) != HM_OK)
+            return hm_errf(err, st == HM_ERR_NOMEM ? HM_ERR_NOMEM : st, "gpu: cannot allocate the %s (%.1f MiB) on "
+                           "the device, nor give up expert slots for it: %s (%s)", what, (double)n / MIB, re.msg,
+                           e.msg);
+    }
+}
+
+/* Offsets of n arrays of elems[i] 4-byte elements in one block, each 256-byte aligned. */
+static size_t layout(const size_t *elems, size_t *off, size_t n) {
+    size_t at = 0;
+    for (size_t i = 0; i < n; i++) {
+        off[i] = at;
+        at += (elems[i] * 4 + 255) & ~(size_t)255;
+    }
+    return at;
+}
+
+static size_t max_sz(size_t a, size_t b) { return a > b ? a : b; }
+
+hm_status g4_gpu_state_open(const hm_model *m, const hm_state_opts *o, g4_state *s, hm_err *err) {
+    const g4_model *q = m->impl;
+    HM_ASSERT(m->gpu && m->gpu->arch && !s->gpu && s->kvl);
+    if (o->kv_type == HM_KV_F32)
+        return hm_errf(err, HM_ERR_UNSUPPORTED, "an f32 KV cache with the GPU: the device KV cache is f16 (drop the "
+                       "f32 KV type, or run on the CPU)");
+    if (m->ram) return hm_errf(err, HM_ERR_UNSUPPORTED, "--ram-budget with the GPU is not supported yet");
+    if (o->n_ubatch > 65535)
+        return hm_errf(err, HM_ERR_ARG, "n_ubatch %d: the GPU path takes at most 65535 rows a pass", o->n_ubatch);
+    g4_gstate *g = calloc(1, sizeof *g);
+    if (!g) return hm_errf(err, HM_ERR_NOMEM, "out of memory");
+    s->gpu = g;
+    hm_cuda_ctx *c = m->gpu->ctx;
+    g->c = c;
+    hm_status st;
+    const size_t U = (size_t)o->n_ubatch, E = (size_t)q->n_embd;
+    const size_t nq = (size_t)q->n_head * (size_t)q->hd_max, nkv = (size_t)q->n_kv_max * (size_t)q->hd_max;
+    const size_t nff = (size_t)q->n_ff_max, K = (size_t)(q->n_expert_used > 0 ? q->n_expert_used : 1);
+    const size_t NE = (size_t)(q->n_expert > 0 ? q->n_expert : 1), NL = (size_t)q->n_layer;
+    const size_t V = (size_t)q->n_vocab;
+    g->logit_rows = o->n_ubatch < G4_LOGIT_ROWS ? o->n_ubatch : G4_LOGIT_ROWS;
+    g->dec_cap = o->n_ubatch < HM_CUDA_MATVEC_MAX_TOK ? o->n_ubatch : HM_CUDA_MATVEC_MAX_TOK;
+    g->sel_stride = 2 * (size_t)g->dec_cap * K;
+    const size_t slot_words = NL * NE * sizeof(hm_cuda_moe_slot) / 4;
+
+    s->es = 2;
+    size_t kv_elems = 0, kv_bytes = 0;
+    for (int32_t il = 0; il < q->n_layer; il++) kv_elems += 2 * s->kvl[il].elems;
+    if (!hm_mul_ok(kv_elems, 2, &kv_bytes)) {
+        st = hm_errf(err, HM_ERR_NOMEM, "gpu: the KV cache for %d positions is too large", o->n_ctx);
+        goto fail;
+    }
+    const size_t act_el[] = {U * E, U * E, U * nq, U * nkv, U * nkv, U * nq, U * nff, U * nff, U * E, U * E,
+                             U * NE, 2 * U * K, U * E, (size_t)g->logit_rows * V, 3 * U, NL * g->sel_stride,
+                             slot_words};
+    size_t act_off[sizeof act_el / sizeof act_el[0]];
+    const size_t act_bytes = layout(act_el, act_off, sizeof act_el / sizeof act_el[0]);
+    g->scratch_size = hm_cuda_gemma_attention_scratch_size(c, q->hd_max);
+    if (q->n_expert > 0) {
+        g->scratch_size = max_sz(g->scratch_size, hm_cuda_moe_scratch_size((int64_t)U, (int64_t)(U * K), q->n_expert,
+                                                                           q->n_ff_exp));
+        g->scratch_size = max_sz(g->scratch_size, hm_cuda_moe_dev_scratch_size(g->dec_cap, q->n_expert_used,
+                                                                               q->n_ff_exp));
+    }
+
+    char what[96];
+    snprintf(what, sizeof what, "KV cache (%d positions)", o->n_ctx);
+    if ((st = dev_alloc(m, kv_bytes, kv_bytes + act_bytes + g->scratch_size, (void **)&g->kv, what, err)) != HM_OK)
+        goto fail;
+    if ((st = dev_alloc(m, act_bytes, act_bytes + g->scratch_size, &g->dev, "activations", err)) != HM_OK) goto fail;
+    {
+        char *b = g->dev;
+        const size_t *off = act_off;
+        g->x = (float *)(b + off[0]);
+        g->h = (float *)(b + off[1]);
+        g->q = (float *)(b + off[2]);
+        g->k = (float *)(b + off[3]);
+        g->v = (float *)(b + off[4]);
+        g->att = (float *)(b + off[5]);
+        g->gt = (float *)(b + off[6]);
+        g->up = (float *)(b + off[7]);
+        g->mo = (float *)(b + off[8]);
+        g->e = (float *)(b + off[9]);
+        g->rlog = (float *)(b + off[10]);
+        g->sel = (int32_t *)(b + off[11]);
+        g->cold = (float *)(b + off[12]);
+        g->logits = (float *)(b + off[13]);
+        g->ints = (int32_t *)(b + off[14]);
+        g->sel_all = (int32_t *)(b + off[15]);
+        g->slots = (hm_cuda_moe_slot *)(b + off[16]);
+    }
+    if ((st = dev_alloc(m, g->scratch_size, g->scratch_size, &g->scratch, "attention/MoE scratch", err)) != HM_OK)
+        goto fail;
+    {
+        const size_t el[] = {3 * U, 2 * U * K, U * E, U * E, NL * g->sel_stride, slot_words};
+        size_t off[sizeof el / sizeof el[0]];
+        const size_t bytes = layout(el, off, sizeof el / sizeof el[0]);
+        hm_err e;
+        if (hm_cuda_host_alloc(c, bytes, &g->pin, &e) != HM_OK) {
+            st = hm_errf(err, HM_ERR_NOMEM, "gpu: cannot allocate %.1f MiB of pinned host memory: %s",
+                         (double)bytes / MIB, e.msg);
+            goto fail;
+        }
+        char *b = g->pin;
+        g->ints_h = (int32_t *)(b + off[0]);
+        g->sel_h = (int32_t *)(b + off[1]);
+        g->h_h = (float *)(b + off[2]);
+        g->cold_h = (float *)(b + off[3]);
+        g->sel_all_h = (int32_t *)(b + off[4]);
+        g->slots_h = (hm_cuda_moe_slot *)(b + off[5]);
+    }
+    g->units = calloc(NE, sizeof *g->units);
+    g->all_hot = calloc(NL, 1);
+    g->any_hot = calloc(NL, 1);
+    g->rec_n = calloc(NL, sizeof *g->rec_n);
+    g->seen = malloc(NL * NE * sizeof *g->seen);
+    if (!g->units || !g->all_hot || !g->any_hot || !g->rec_n || !g->seen) {
+        st = hm_errf(err, HM_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    for (size_t i = 0; i < NL * NE; i++) g->seen[i] = -2; /* no entry of slots_h built yet */
+    {
+        hm_err e;
+        if (hm_cuda_event_create(c, &g->routed, &e) != HM_OK) {
+            st = hm_errf(err, HM_ERR_CUDA, "gpu: %s", e.msg);
+            goto fail;
+        }
+    }
+    /* the CPU part: the route and the scratch of its MoE op */
+    if (q->n_expert > 0) {
+        if ((st = hm_moe_route_init(&s->route, q->n_expert, q->n_expert_used, o->n_ubatch, err)) != HM_OK) goto fail;
+        s->scratch.size = hm_moe_compute_scratch_size(&s->route, q->n_embd, q->n_ff_exp, o->n_threads);
+        if (s->scratch.size && !(s->scratch.data = hm_malloc_aligned(s->scratch.size))) {
+            st = hm_errf(err, HM_ERR_NOMEM, "cannot allocate %.1f MiB of scratch", (double)s->scratch.size / MIB);
+            goto fail;
+        }
+    }
+    return HM_OK;
+fail:
+    g4_gpu_state_close(s); /* the caller frees the rest of s */
+    return st;
+}
+
+/* ---- forward ---- */
+
+#define CK(call)                               \
+    do {                                       \
+        if ((st = (call)) != HM_OK) goto fail; \
+    } while (0)
+
+/* Decode: the usage counts of layers 0..n_rec-1 from their routing (downloaded, synced). */
+static void record_routing(const hm_model *m, const g4_model *q, const g4_gstate *g, int32_t n_rec) {
+    if (!m->experts) return;
+    for (int32_t il = 0; il < n_rec; il++)
+        if (q->layers[il].moe)
+            hm_experts_record(m->experts, il, g->sel_all_h + (size_t)il * g->sel_stride, g->rec_n[il]);
+}
+
+/* The MoE block of layer il on rows nr: g->e = the experts of rmsnorm(x) * pre_ffw_norm_2 (hot on
+ * the device, cold on the CPU), routed on rmsnorm(x) * router_scale / sqrt(E). */
+static hm_status moe_block(const hm_model *m, g4_state *s, hm_pool *pool, int32_t il, int64_t nr, bool dec,
+                           int32_t *n_rec, hm_err *err) {
+    const g4_model *q = m->impl;
+    const g4_gpu_layer *D = &((const g4_gpu *)m->gpu->arch)->layers[il];
+    const g4_layer *L = &q->layers[il];
+    g4_gstate *g = s->gpu;
+    hm_cuda_ctx *c = g->c;
+    const int64_t E = q->n_embd;
+    const int K = q->n_expert_used;
+    const size_t nk = (size_t)nr * (size_t)K;
+    hm_status st;
+    if ((st = hm_cuda_rmsnorm(c, g->x, D->router_scale, g->h, nr, E, q->eps, err)) != HM_OK) return st;
+    if ((st = hm_cuda_scale(c, g->h, 1.0f / sqrtf((float)E), g->h, nr * E, err)) != HM_OK) return st;
+    if ((st = hm_cuda_matmul(c, &D->router, g->h, nr, g->rlog, err)) != HM_OK) return st;
+    int32_t *ids_d = dec ? g->sel_all + (size_t)il * g->sel_stride : g->sel;
+    float *w_d = (float *)(ids_d + nk);
+    if ((st = hm_cuda_router(c, g->rlog, nr, q->n_expert, K, true, ids_d, w_d, err)) != HM_OK) return st;
+    if (D->expert_scale && (st = hm_cuda_scale_by_id(c, w_d, ids_d, D->expert_scale, (int64_t)nk, err)) != HM_OK)
+        return st;
+    /* the experts' input (the router's input is consumed: h is free again) */
+    if ((st = hm_cuda_rmsnorm(c, g->x, D->pre_ffw_norm_2, g->h, nr, E, q->eps, err)) != HM_OK) return st;
+    if ((st = hm_cuda_memset(c, g->e, 0, (size_t)(nr * E) * sizeof(float), err)) != HM_OK) return st;
+    const hm_moe_gpu_buf mb = {.x_dev = g->h,
+                               .x_host = g->all_hot[il] ? NULL : g->h_h,
+                               .out_dev = g->e,
+                               .cold_host = g->cold_h,
+                               .cold_dev = g->cold,
+                               .scratch_dev = g->scratch,
+                               .scratch_dev_size = g->scratch_size,
+                               .units = g->units};
+    if (dec) {
+        int32_t *ids_h = g->sel_all_h + (size_t)il * g->sel_stride;
+        g->rec_n[il] = (int32_t)nk;
+        *n_rec = il + 1;
+        if (!g->all_hot[il]) {
+            if ((st = hm_cuda_download_async(c, ids_h, ids_d, 2 * nk * sizeof(int32_t), err)) != HM_OK) return st;
+            if ((st = hm_cuda_download_async(c, g->h_h, g->h, (size_t)(nr * E) * sizeof(float), err)) != HM_OK)
+                return st;
+            if ((st = hm_cuda_event_record(c, g->routed, false, err)) != HM_OK) return st;
+        }
+        if (g->any_hot[il] &&
+            (st = hm_moe_forward_gpu_dev(m, &L->experts, g->slots + (size_t)il * (size_t)q->n_expert, ids_d, w_d, nr,
+                                         K, &mb, err)) != HM_OK)
+            return st;
+        if (!g->all_hot[il]) {
+            if ((st = hm_cuda_event_wait(g->routed, err)) != HM_OK) return st; /* the layer's one wait */
+            hm_moe_route_build(&s->route, ids_h, (const float *)(ids_h + nk), (int32_t)nr);
+            return hm_moe_forward_gpu_cold(m, pool, &L->experts, &s->route, &mb, &s->scratch, err);
+        }
+        return HM_OK;
+    }
+    if ((st = hm_cuda_download_async(c, g->sel_h, g->sel, 2 * nk * sizeof(int32_t), err)) != HM_OK) return st;
+    if (!g->all_hot[il] &&
+        (st = hm_cuda_download_async(c, g->h_h, g->h, (size_t)(nr * E) * sizeof(float), err)) != HM_OK)
+        return st;
+    if ((st = hm_cuda_sync(c, err)) != HM_OK) return st; /* the layer's one wait: the host needs the routing */
+    if (m->experts) hm_experts_record(m->experts, il, g->sel_h, (int32_t)nk);
+    hm_moe_route_build(&s->route, g->sel_h, (const float *)(g->sel_h + nk), (int32_t)nr);
+    return hm_moe_forward_gpu(m, pool, &L->experts, &s->route, &mb, &s->scratch, err);
+}
+
+hm_status g4_gpu_forward(const hm_model *m, g4_state *s, hm_pool *pool, const hm_fwd_batch *b, hm_err *err) {
+    const g4_model *q = m->impl;
+    const g4_gpu *d = m->gpu->arch;
+    g4_gstate *g = s->gpu;
+    hm_cuda_ctx *c = g->c;
+    const int64_t E = q->n_embd, n = b->n, n_out = b->n_out, U = s->n_ubatch;
+    const int nh = q->n_head;
+    HM_ASSERT(g && n > 0 && n <= U && n_out <= n && b->pos[n - 1] < s->n_ctx);
+    hm_status st = HM_OK;
+
+    int32_t *tok_d = g->ints, *pos_d = g->ints + U, *pos_out_d = g->ints + 2 * U;
+    memcpy(g->ints_h, b->tokens, (size_t)n * sizeof(int32_t));
+    memcpy(g->ints_h + U, b->pos, (size_t)n * sizeof(int32_t));
+    for (int64_t i = 0; i < n_out; i++) g->ints_h[2 * U + i] = b->pos[b->out_rows[i]];
+    CK(hm_cuda_upload_compute(c, g->ints, g->ints_h, (size_t)(3 * U) * sizeof(int32_t), err));
+    /* which MoE layers have no cold unit this step; for decode also the device's slot table,
+     * uploaded when a slot map changed (the previous step ended with a sync) */
+    const bool dec = n <= HM_CUDA_MATVEC_MAX_TOK && n <= g->dec_cap;
+    const size_t NE = (size_t)q->n_expert;
+    int32_t lo = q->n_layer, hi = -1;
+    for (int32_t il = 0; il < q->n_layer; il++) {
+        const g4_layer *L = &q->layers[il];
+        g->all_hot[il] = g->any_hot[il] = 0;
+        if (!L->moe) continue;
+        if (dec) {
+            bool all = false, any = false;
+            if (hm_moe_gpu_slot_table(m, &L->experts, g->seen + (size_t)il * NE, g->slots_h + (size_t)il * NE, &all,
+                                      &any)) {
+                lo = il < lo ? il : lo;
+                hi = il;
+            }
+            g->all_hot[il] = all;
+            g->any_hot[il] = any;
+        } else {
+            g->all_hot[il] = hm_moe_gpu_all_hot(m, &L->experts);
+        }
+    }
+    if (hi >= lo)
+        CK(hm_cuda_upload_compute(c, g->slots + (size_t)lo * NE, g->slots_h + (size_t)lo * NE,
+                                  (size_t)(hi - lo + 1) * NE * sizeof(hm_cuda_moe_slot), err));
+    int32_t n_rec = 0;
+
+    CK(hm_cuda_get_rows(c, &d->tok_embd, tok_d, n, g->x, err));
+    CK(hm_cuda_scale(c, g->x, q->embd_scale, g->x, n * E, err));
+    int64_t nr = n;
+    const int32_t *pos = pos_d;
+    int64_t kv_len = b->pos[n - 1] + 1;
+    bool done_early = false;
+    for (int32_t il = 0; il < q->n_layer; il++) {
+        const g4_layer *L = &q->layers[il];
+        const g4_gpu_layer *D = &d->layers[il];
+        const int hd = L->hd, nkv = L->n_kv;
+        const size_t nq = (size_t)nh * (size_t)hd;
+        const g4_kv *kl = &s->kvl[il];
+        uint16_t *kc = g->kv + kl->off, *vc = kc + kl->elems;
+
+        /* attention block */
+        CK(hm_cuda_rmsnorm(c, g->x, D->attn_norm, g->h, n, E, q->eps, err));
+        CK(hm_cuda_matmul(c, &D->wq, g->h, n, g->q, err));
+        CK(hm_cuda_matmul(c, &D->wk, g->h, n, g->k, err));
+        if (D->wv.data) CK(hm_cuda_matmul(c, &D->wv, g->h, n, g->v, err));
+        else CK(hm_cuda_copy(c, g->v, g->k, (size_t)(n * nkv * hd) * sizeof(float), err)); /* K = V, before norms */
+        CK(hm_cuda_rmsnorm_heads(c, g->q, D->q_norm, n, nh, hd, q->eps, err));
+        CK(hm_cuda_rmsnorm_heads(c, g->k, D->k_norm, n, nkv, hd, q->eps, err));
+        CK(hm_cuda_rmsnorm(c, g->v, NULL, g->v, n * nkv, hd, q->eps, err));
+        CK(hm_cuda_rope_neox_ff(c, g->q, n, nh, hd, L->n_rot, pos_d, L->theta, L->swa ? NULL : d->rope_ff, err));
+        CK(hm_cuda_rope_neox_ff(c, g->k, n, nkv, hd, L->n_rot, pos_d, L->theta, L->swa ? NULL : d->rope_ff, err));
+        CK(hm_cuda_kv_write_ring(c, kc, vc, kl->cap, nkv, hd, g->k, g->v, n, pos_d, err));
+
+        if (il == q->n_layer - 1 && n_out < n) {
+            /* last layer: only the wanted rows go on (out_rows ascend: copying forward is safe) */
+            if (n_out == 0) {
+                done_early = true;
+                break;
+            }
+            for (int64_t i = 0; i < n_out; i++) {
+                const int64_t r = b->out_rows[i];
+                if (r == i) continue;
+                CK(hm_cuda_copy(c, g->q + (size_t)i * nq, g->q + (size_t)r * nq, nq * sizeof(float), err));
+                CK(hm_cuda_copy(c, g->x + (size_t)i * (size_t)E, g->x + (size_t)r * (size_t)E,
+                                (size_t)E * sizeof(float), err));
+            }
+            nr = n_out;
+            pos = pos_out_d;
+            kv_len = b->pos[b->out_rows[n_out - 1]] + 1;
+        }
+        CK(hm_cuda_gemma_attention(c, g->q, nr, pos, kv_len, kc, vc, kl->cap, L->swa ? q->window : 0, nh, nkv, hd,
+                                   1.0f, g->att, g->scratch, g->scratch_size, err));
+        CK(hm_cuda_matmul(c, &D->wo, g->att, nr, g->mo, err));
+        CK(hm_cuda_rmsnorm(c, g->mo, D->post_attn_norm, g->mo, nr, E, q->eps, err));
+        CK(hm_cuda_add(c, g->x, g->mo, g->x, nr * E, err)); /* x = attn_out */
+
+        /* dense MLP */
+        CK(hm_cuda_rmsnorm(c, g->x, D->ffn_norm, g->h, nr, E, q->eps, err));
+        CK(hm_cuda_matmul(c, &D->gate, g->h, nr, g->gt, err));
+        CK(hm_cuda_matmul(c, &D->up, g->h, nr, g->up, err));
+        CK(hm_cuda_gelu_mul(c, g->gt, g->up, g->gt, nr * L->n_ff, err));
+        CK(hm_cuda_matmul(c, &D->down, g->gt, nr, g->mo, err));
+
+        if (L->moe) {
+            CK(hm_cuda_rmsnorm(c, g->mo, D->post_ffw_norm_1, g->mo, nr, E, q->eps, err));
+            CK(moe_block(m, s, pool, il, nr, dec, &n_rec, err));
+            CK(hm_cuda_rmsnorm(c, g->e, D->post_ffw_norm_2, g->e, nr, E, q->eps, err));
+            CK(hm_cuda_add(c, g->mo, g->e, g->mo, nr * E, err));
+        }
+        CK(hm_cuda_rmsnorm(c, g->mo, D->post_ffw_norm, g->mo, nr, E, q->eps, err));
+        CK(hm_cuda_add(c, g->x, g->mo, g->x, nr * E, err));
+        if (L->out_scale != 1.0f) CK(hm_cuda_scale(c, g->x, L->out_scale, g->x, nr * E, err));
+    }
+    if (n_rec > 0)
+        CK(hm_cuda_download_async(c, g->sel_all_h, g->sel_all, (size_t)n_rec * g->sel_stride * sizeof(int32_t), err));
+    if (done_early || n_out == 0) {
+        CK(hm_cuda_sync(c, err)); /* nothing may still read a slot */
+        record_routing(m, q, g, n_rec);
+        return HM_OK;
+    }
+    HM_ASSERT(nr == n_out && b->logits);
+    CK(hm_cuda_rmsnorm(c, g->x, d->output_norm, g->h, n_out, E, q->eps, err));
+    const size_t V = (size_t)q->n_vocab;
+    for (int64_t r0 = 0; r0 < n_out; r0 += g->logit_rows) {
+        const int64_t nc = n_out - r0 < g->logit_rows ? n_out - r0 : g->logit_rows;
+        CK(hm_cuda_matmul(c, &d->output, g->h + (size_t)r0 * (size_t)E, nc, g->logits, err));
+        if (q->softcap > 0) CK(hm_cuda_softcap(c, g->logits, nc * (int64_t)V, q->softcap, err));
+        CK(hm_cuda_download(c, b->logits + (size_t)r0 * V, g->logits, (size_t)nc * V * sizeof(float), err));
+    }
+    record_routing(m, q, g, n_rec);
+    return HM_OK;
+fail: {
+    hm_err e; /* best effort: nothing queued may outlive the step (the store refills slots next) */
+    hm_cuda_sync(c, &e);
+    for (size_t i = 0; i < (size_t)q->n_layer * NE; i++) g->seen[i] = -2;
+    return st;
+}
+}
