@@ -480,6 +480,7 @@ hm_status g4_gpu_forward(const hm_model *m, g4_state *s, hm_pool *pool, const hm
     hm_cuda_ctx *c = g->c;
     const int64_t E = q->n_embd, n = b->n, n_out = b->n_out, U = s->n_ubatch;
     const int nh = q->n_head;
+    const size_t NE = (size_t)q->n_expert;
     HM_ASSERT(g && n > 0 && n <= U && n_out <= n && b->pos[n - 1] < s->n_ctx);
     hm_status st = HM_OK;
 
@@ -491,7 +492,6 @@ hm_status g4_gpu_forward(const hm_model *m, g4_state *s, hm_pool *pool, const hm
     /* which MoE layers have no cold unit this step; for decode also the device's slot table,
      * uploaded when a slot map changed (the previous step ended with a sync) */
     const bool dec = n <= HM_CUDA_MATVEC_MAX_TOK && n <= g->dec_cap;
-    const size_t NE = (size_t)q->n_expert;
     int32_t lo = q->n_layer, hi = -1;
     for (int32_t il = 0; il < q->n_layer; il++) {
         const g4_layer *L = &q->layers[il];
