@@ -6,6 +6,10 @@
  * weights the GPU decodes. Bounds (NMSE = sum (y - ref)^2 / sum ref^2):
  *   f32 paths (matvec, MoE, norms, rope, softmax, router, attention): float rounding only;
  *   prefill matmul: weights and activations rounded to bf16 for the tensor cores.
+ * The decode row ops (rmsnorm, add_rmsnorm, the per-head norms, RoPE, qk_norm_rope_kv, router,
+ * attention) run with both kernel sets of the test hook (old and new), at the shapes that take each
+ * path of the new kernels (float4 and scalar loads, rows in registers and the loop kernel, one or
+ * two quads a lane, padding), and the fused ops are checked bit-identical with the ops they fuse.
  * Exits 77 ("skipped: no GPU") where there is no CUDA device: what CI sees. */
 #include <stdint.h>
 #include <string.h>
@@ -224,7 +228,11 @@ static void test_get_rows(void) {
 
 /* ---- row and elementwise ops ---- */
 
-static void test_row_ops(void) {
+static const char *kern_name(int kern) { return kern == HM_CUDA_KERN_OLD ? "old" : "new"; }
+
+static void test_row_ops_at(int kern) {
+    hm_cuda_set_kern(ctx, kern);
+    printf("-- row ops, %s kernels\n", kern_name(kern));
     const int64_t n_rows = 5, n = 2048;
     const size_t bytes = sizeof(float) * (size_t)(n_rows * n);
     float *x = xmalloc(bytes), *b = xmalloc(bytes), *w = xmalloc(sizeof(float) * (size_t)n), *y = xmalloc(bytes);
@@ -333,58 +341,257 @@ static void test_row_ops(void) {
     free(w);
     free(y);
     free(ref);
+    hm_cuda_set_kern(ctx, HM_CUDA_KERN_DEFAULT);
+}
+
+/* Whole-row RMSNorm at the shapes that take each path of the default kernel (one quad a thread,
+ * two, the loop kernel, a row shorter than a warp, n % 4 != 0 and rows that are not 16-byte
+ * aligned: scalar loads), with and without weight, against the double reference; add_rmsnorm
+ * (out aliasing h) bit-identical with hm_cuda_add then hm_cuda_rmsnorm, as the header promises. */
+static void test_rows_shapes(void) {
+    const int64_t ns[] = {2048, 6144, 10000, 2050, 1001, 24, 1};
+    const int64_t n_rows = 3;
+    for (int kern = HM_CUDA_KERN_OLD; kern <= HM_CUDA_KERN_NEW; kern++)
+        for (size_t si = 0; si < sizeof ns / sizeof ns[0]; si++)
+            for (int off = 0; off < 2; off++) {
+                const int64_t n = ns[si], ne = n_rows * n;
+                const size_t bytes = sizeof(float) * (size_t)(ne + 1);
+                hm_cuda_set_kern(ctx, kern);
+                float *x = xmalloc(bytes), *h = xmalloc(bytes), *w = xmalloc(sizeof(float) * (size_t)(n + 1));
+                float *y = xmalloc(bytes), *x1 = xmalloc(bytes), *x2 = xmalloc(bytes), *y2 = xmalloc(bytes);
+                double *ref = xmalloc(sizeof(double) * (size_t)ne);
+                fill(x, ne + 1, 2.0f);
+                fill(h, ne + 1, 1.0f);
+                fill(w, n + 1, 1.0f);
+                float *dx = dev_from(x, bytes), *dh = dev_from(h, bytes), *dw = dev_from(w, sizeof(float) * (size_t)(n + 1));
+                float *dy = dev_zero(bytes), *dx2 = dev_from(x, bytes), *dh2 = dev_from(h, bytes);
+                /* off = 1: every pointer one float past a 256-byte boundary */
+                float *ax = dx + off, *ah = dh + off, *aw = dw + off, *ay = dy + off, *ax2 = dx2 + off, *ah2 = dh2 + off;
+                const float *hx = x + off, *hh = h + off, *hw = w + off;
+                const float eps = 1e-6f;
+                double worst = 0;
+                for (int with_w = 0; with_w < 2; with_w++) {
+                    CK(hm_cuda_rmsnorm(ctx, ax, with_w ? aw : NULL, ay, n_rows, n, eps, &err));
+                    dev_to(y, ay, sizeof(float) * (size_t)ne);
+                    for (int64_t r = 0; r < n_rows; r++) {
+                        double ss = 0;
+                        for (int64_t i = 0; i < n; i++) ss += (double)hx[r * n + i] * hx[r * n + i];
+                        const double sc = 1.0 / sqrt(ss / (double)n + eps);
+                        for (int64_t i = 0; i < n; i++) ref[r * n + i] = hx[r * n + i] * sc * (with_w ? hw[i] : 1.0);
+                    }
+                    const double e = nmse(y, ref, ne);
+                    CHECKF(e < 1e-12, "rmsnorm n %lld off %d w %d (%s): nmse %.3g", (long long)n, off, with_w,
+                           kern_name(kern), e);
+                    if (e > worst) worst = e;
+                }
+                /* fused: x += h, h = rmsnorm(x) * w; unfused on copies: x2 = x2 + h2, y = rmsnorm(x2) * w */
+                CK(hm_cuda_add_rmsnorm(ctx, ax, ah, aw, ah, n_rows, n, eps, &err));
+                CK(hm_cuda_add(ctx, ax2, ah2, ax2, ne, &err));
+                CK(hm_cuda_rmsnorm(ctx, ax2, aw, ay, n_rows, n, eps, &err));
+                dev_to(x1, ax, sizeof(float) * (size_t)ne);
+                dev_to(x2, ax2, sizeof(float) * (size_t)ne);
+                dev_to(y, ah, sizeof(float) * (size_t)ne);
+                dev_to(y2, ay, sizeof(float) * (size_t)ne);
+                CHECKF(!memcmp(x1, x2, sizeof(float) * (size_t)ne), "add_rmsnorm n %lld off %d (%s): residual differs "
+                       "from hm_cuda_add", (long long)n, off, kern_name(kern));
+                CHECKF(!memcmp(y, y2, sizeof(float) * (size_t)ne), "add_rmsnorm n %lld off %d (%s): out differs from "
+                       "add + rmsnorm", (long long)n, off, kern_name(kern));
+                for (int64_t r = 0; r < n_rows; r++) {
+                    double ss = 0;
+                    for (int64_t i = 0; i < n; i++) {
+                        const float v = hx[r * n + i] + hh[r * n + i];
+                        ss += (double)v * v;
+                    }
+                    const double sc = 1.0 / sqrt(ss / (double)n + eps);
+                    for (int64_t i = 0; i < n; i++) ref[r * n + i] = (double)(hx[r * n + i] + hh[r * n + i]) * sc * hw[i];
+                }
+                const double e = nmse(y, ref, ne);
+                CHECKF(e < 1e-12, "add_rmsnorm n %lld off %d (%s): nmse %.3g", (long long)n, off, kern_name(kern), e);
+                printf("rmsnorm n %5lld%s (%s): nmse %.2e; add_rmsnorm bit-identical with add + rmsnorm, nmse %.2e\n",
+                       (long long)n, off ? " unaligned" : "          ", kern_name(kern), worst, e);
+                void *fr[] = {dx, dh, dw, dy, dx2, dh2};
+                for (size_t i = 0; i < sizeof fr / sizeof fr[0]; i++) hm_cuda_free(ctx, fr[i]);
+                free(x); free(h); free(w); free(y); free(x1); free(x2); free(y2); free(ref);
+            }
+    hm_cuda_set_kern(ctx, HM_CUDA_KERN_DEFAULT);
+}
+
+/* The per-head ops at one shape: hm_cuda_rmsnorm_heads and hm_cuda_rope_neox against the double
+ * reference, and hm_cuda_qk_norm_rope_kv bit-identical with rmsnorm_heads, rope_neox and kv_write
+ * (its contract). off = 1: q, k, v and the norm weights one float off 16-byte alignment. */
+static void test_heads_case(int nh, int nkv, int hd, int n_rot, int off, int kern) {
+    hm_cuda_set_kern(ctx, kern);
+    const int64_t n_tok = 3, n_ctx = 32000;
+    const int32_t pos[3] = {0, 777, 31999};
+    const int64_t nq = n_tok * nh * hd, nk = n_tok * nkv * hd;
+    const size_t qb = sizeof(float) * (size_t)(nq + 1), kb = sizeof(float) * (size_t)(nk + 1);
+    const size_t cb = sizeof(uint16_t) * (size_t)(nkv * n_ctx * hd);
+    float *q = xmalloc(qb), *k = xmalloc(kb), *v = xmalloc(kb), *wq = xmalloc(sizeof(float) * (size_t)(hd + 1)),
+          *wk = xmalloc(sizeof(float) * (size_t)(hd + 1)), *y = xmalloc(qb), *a = xmalloc(qb), *b = xmalloc(qb);
+    double *ref = xmalloc(sizeof(double) * (size_t)nq);
+    fill(q, nq + 1, 2.0f);
+    fill(k, nk + 1, 2.0f);
+    fill(v, nk + 1, 1.0f);
+    fill(wq, hd + 1, 1.0f);
+    fill(wk, hd + 1, 1.0f);
+    const float eps = 1e-6f, theta = 1e7f;
+    const float *hq = q + off, *hwq = wq + off;
+    int32_t *dpos = dev_from(pos, sizeof pos);
+    float *dwq = dev_from(wq, sizeof(float) * (size_t)(hd + 1)), *dwk = dev_from(wk, sizeof(float) * (size_t)(hd + 1));
+    float *dv = dev_from(v, kb), *dy = dev_from(q, qb);
+    float *dq0 = dev_from(q, qb), *dk0 = dev_from(k, kb), *dq1 = dev_from(q, qb), *dk1 = dev_from(k, kb);
+    uint16_t *kc0 = dev_zero(cb), *vc0 = dev_zero(cb), *kc1 = dev_zero(cb), *vc1 = dev_zero(cb);
+    float *awq = dwq + off, *awk = dwk + off, *av = dv + off, *ay = dy + off;
+    float *aq0 = dq0 + off, *ak0 = dk0 + off, *aq1 = dq1 + off, *ak1 = dk1 + off;
+
+    /* rmsnorm_heads of q */
+    CK(hm_cuda_rmsnorm_heads(ctx, ay, awq, n_tok, nh, hd, eps, &err));
+    dev_to(y, ay, sizeof(float) * (size_t)nq);
+    for (int64_t sg = 0; sg < n_tok * nh; sg++) {
+        double ss = 0;
+        for (int i = 0; i < hd; i++) ss += (double)hq[sg * hd + i] * hq[sg * hd + i];
+        const double sc = 1.0 / sqrt(ss / hd + eps);
+        for (int i = 0; i < hd; i++) ref[sg * hd + i] = hq[sg * hd + i] * sc * hwq[i];
+    }
+    const double e_norm = nmse(y, ref, nq);
+    CHECKF(e_norm < 1e-12, "rmsnorm_heads hd %d off %d (%s): nmse %.3g", hd, off, kern_name(kern), e_norm);
+    /* rope of q (the raw rows) */
+    CK(hm_cuda_upload(ctx, dy, q, qb, &err));
+    CK(hm_cuda_rope_neox(ctx, ay, n_tok, nh, hd, n_rot, dpos, theta, &err));
+    dev_to(y, ay, sizeof(float) * (size_t)nq);
+    for (int64_t t = 0; t < n_tok; t++)
+        for (int h = 0; h < nh; h++) {
+            const float *vv = hq + (t * nh + h) * hd;
+            double *o = ref + (t * nh + h) * hd;
+            for (int i = 0; i < hd; i++) o[i] = vv[i];
+            for (int i = 0; i < n_rot / 2; i++) {
+                const double an = pos[t] * pow(theta, -2.0 * i / n_rot);
+                o[i] = vv[i] * cos(an) - vv[i + n_rot / 2] * sin(an);
+                o[i + n_rot / 2] = vv[i] * sin(an) + vv[i + n_rot / 2] * cos(an);
+            }
+        }
+    const double e_rope = nmse(y, ref, nq);
+    CHECKF(e_rope < 1e-12, "rope hd %d n_rot %d off %d (%s): nmse %.3g", hd, n_rot, off, kern_name(kern), e_rope);
+    /* fused vs unfused */
+    CK(hm_cuda_rmsnorm_heads(ctx, aq0, awq, n_tok, nh, hd, eps, &err));
+    CK(hm_cuda_rmsnorm_heads(ctx, ak0, awk, n_tok, nkv, hd, eps, &err));
+    CK(hm_cuda_rope_neox(ctx, aq0, n_tok, nh, hd, n_rot, dpos, theta, &err));
+    CK(hm_cuda_rope_neox(ctx, ak0, n_tok, nkv, hd, n_rot, dpos, theta, &err));
+    CK(hm_cuda_kv_write(ctx, kc0, vc0, n_ctx, nkv, hd, ak0, av, n_tok, dpos, &err));
+    CK(hm_cuda_qk_norm_rope_kv(ctx, aq1, ak1, av, awq, awk, n_tok, nh, nkv, hd, n_rot, dpos, theta, eps, kc1, vc1,
+                               n_ctx, &err));
+    int bad = 0;
+    dev_to(a, aq0, sizeof(float) * (size_t)nq);
+    dev_to(b, aq1, sizeof(float) * (size_t)nq);
+    bad += memcmp(a, b, sizeof(float) * (size_t)nq) != 0;
+    dev_to(a, ak0, sizeof(float) * (size_t)nk);
+    dev_to(b, ak1, sizeof(float) * (size_t)nk);
+    bad += 2 * (memcmp(a, b, sizeof(float) * (size_t)nk) != 0);
+    uint16_t *ca = xmalloc(cb), *cb2 = xmalloc(cb);
+    dev_to(ca, kc0, cb);
+    dev_to(cb2, kc1, cb);
+    bad += 4 * (memcmp(ca, cb2, cb) != 0);
+    dev_to(ca, vc0, cb);
+    dev_to(cb2, vc1, cb);
+    bad += 8 * (memcmp(ca, cb2, cb) != 0);
+    CHECKF(bad == 0, "qk_norm_rope_kv %d/%d heads hd %d n_rot %d off %d (%s): differs from the unfused ops "
+           "(mask %d: 1 q, 2 k, 4 K cache, 8 V cache)", nh, nkv, hd, n_rot, off, kern_name(kern), bad);
+    printf("heads %2d/%d hd %3d n_rot %3d%s (%s): rmsnorm_heads nmse %.2e, rope nmse %.2e, qk_norm_rope_kv "
+           "bit-identical with the unfused ops\n", nh, nkv, hd, n_rot, off ? " unaligned" : "", kern_name(kern),
+           e_norm, e_rope);
+    void *fr[] = {dpos, dwq, dwk, dv, dy, dq0, dk0, dq1, dk1, kc0, vc0, kc1, vc1};
+    for (size_t i = 0; i < sizeof fr / sizeof fr[0]; i++) hm_cuda_free(ctx, fr[i]);
+    free(q); free(k); free(v); free(wq); free(wk); free(y); free(a); free(b); free(ref); free(ca); free(cb2);
+    hm_cuda_set_kern(ctx, HM_CUDA_KERN_DEFAULT);
+}
+
+static void test_heads(void) {
+    for (int kern = HM_CUDA_KERN_OLD; kern <= HM_CUDA_KERN_NEW; kern++) {
+        test_heads_case(32, 4, 128, 128, 0, kern); /* qwen3 / qwen36-geom */
+        test_heads_case(32, 4, 128, 64, 1, kern);  /* partial rotation, unaligned: scalar loads */
+        test_heads_case(16, 2, 256, 256, 0, kern); /* two quads a lane */
+        test_heads_case(8, 4, 64, 64, 0, kern);    /* half a warp of quads */
+        test_heads_case(4, 2, 100, 64, 0, kern);   /* head_dim % 4 != 0 */
+        test_heads_case(3, 1, 256, 128, 1, kern);  /* one block, idle warps */
+    }
 }
 
 /* ---- router ---- */
 
-static void test_router(void) {
-    const int64_t n_tok = 6;
-    const int n_expert = 128, k = 8;
-    float *lg = xmalloc(sizeof(float) * (size_t)(n_tok * n_expert));
-    fill(lg, n_tok * n_expert, 2.0f);
-    lg[5 * n_expert + 10] = lg[5 * n_expert + 3] = 9.0f; /* an exact tie: lower id first */
-    float *dl = dev_from(lg, sizeof(float) * (size_t)(n_tok * n_expert));
+/* Softmax + top-k against the double reference: ids exact (ties: lower id first), weights by NMSE.
+ * Ties: two experts share the top logit; off = 1: logits off 16-byte alignment (scalar loads). */
+static void test_router_case(int64_t n_tok, int n_expert, int k, int off, int kern) {
+    hm_cuda_set_kern(ctx, kern);
+    const int64_t nl = n_tok * n_expert;
+    float *lg = xmalloc(sizeof(float) * (size_t)(nl + 1));
+    fill(lg, nl + 1, 2.0f);
+    float *hl = lg + off;
+    const int t_tie = (int)(n_tok - 1), lo = n_expert > 3 ? 3 : 0, hi = n_expert - 1;
+    hl[t_tie * n_expert + hi] = hl[t_tie * n_expert + lo] = 9.0f; /* an exact tie: lower id first */
+    float *dl = dev_from(lg, sizeof(float) * (size_t)(nl + 1));
     int32_t *did = dev_zero(sizeof(int32_t) * (size_t)(n_tok * k));
     float *dwt = dev_zero(sizeof(float) * (size_t)(n_tok * k));
-    int32_t ids[6 * 8];
-    float wt[6 * 8];
-    double ref[6 * 8];
+    int32_t *ids = xmalloc(sizeof(int32_t) * (size_t)(n_tok * k));
+    float *wt = xmalloc(sizeof(float) * (size_t)(n_tok * k));
+    double *ref = xmalloc(sizeof(double) * (size_t)(n_tok * k)), *p = xmalloc(sizeof(double) * (size_t)n_expert);
+    bool *taken = xmalloc(sizeof(bool) * (size_t)n_expert);
+    int *rid = xmalloc(sizeof(int) * (size_t)k);
     for (int renorm = 0; renorm < 2; renorm++) {
-        CK(hm_cuda_router(ctx, dl, n_tok, n_expert, k, renorm, did, dwt, &err));
-        dev_to(ids, did, sizeof ids);
-        dev_to(wt, dwt, sizeof wt);
+        CK(hm_cuda_memset(ctx, did, 0xff, sizeof(int32_t) * (size_t)(n_tok * k), &err));
+        CK(hm_cuda_router(ctx, dl + off, n_tok, n_expert, k, renorm, did, dwt, &err));
+        dev_to(ids, did, sizeof(int32_t) * (size_t)(n_tok * k));
+        dev_to(wt, dwt, sizeof(float) * (size_t)(n_tok * k));
         int bad_ids = 0;
         for (int64_t t = 0; t < n_tok; t++) {
-            double p[128], mx = -INFINITY, s = 0;
-            bool taken[128] = {false};
-            for (int e = 0; e < n_expert; e++) mx = fmax(mx, lg[t * n_expert + e]);
-            for (int e = 0; e < n_expert; e++) s += p[e] = exp(lg[t * n_expert + e] - mx);
+            double mx = -INFINITY, sum = 0;
+            for (int e = 0; e < n_expert; e++) {
+                mx = fmax(mx, hl[t * n_expert + e]);
+                taken[e] = false;
+            }
+            for (int e = 0; e < n_expert; e++) sum += p[e] = exp(hl[t * n_expert + e] - mx);
             double sel = 0;
-            int rid[8];
             for (int j = 0; j < k; j++) {
                 int best = -1;
                 for (int e = 0; e < n_expert; e++)
                     if (!taken[e] && (best < 0 || p[e] > p[best])) best = e;
                 taken[best] = true;
                 rid[j] = best;
-                ref[t * k + j] = p[best] / s;
-                sel += p[best] / s;
+                ref[t * k + j] = p[best] / sum;
+                sel += p[best] / sum;
             }
             for (int j = 0; j < k; j++) {
                 if (renorm) ref[t * k + j] /= sel;
                 if (ids[t * k + j] != rid[j]) bad_ids++;
             }
         }
-        double e = nmse(wt, ref, n_tok * k);
-        CHECKF(bad_ids == 0, "router renorm %d: %d ids differ", renorm, bad_ids);
-        CHECKF(e < 1e-12, "router renorm %d weights nmse %.3g", renorm, e);
-        CHECKF(ids[5 * k] == 3 && ids[5 * k + 1] == 10, "router tie order %d %d", ids[5 * k], ids[5 * k + 1]);
-        printf("router (softmax, top-%d of %d, renorm %d) ids exact, weights nmse %.2e\n", k, n_expert, renorm, e);
+        const double e = nmse(wt, ref, n_tok * k);
+        CHECKF(bad_ids == 0, "router %d experts k %d off %d renorm %d (%s): %d ids differ", n_expert, k, off, renorm,
+               kern_name(kern), bad_ids);
+        CHECKF(e < 1e-12, "router %d experts k %d off %d renorm %d (%s): weights nmse %.3g", n_expert, k, off, renorm,
+               kern_name(kern), e);
+        if (k >= 2 && lo != hi)
+            CHECKF(ids[t_tie * k] == lo && ids[t_tie * k + 1] == hi, "router tie order %d %d (want %d %d, %s)",
+                   ids[t_tie * k], ids[t_tie * k + 1], lo, hi, kern_name(kern));
+        printf("router (softmax, top-%d of %d, %lld tokens, renorm %d%s, %s) ids exact, weights nmse %.2e\n", k,
+               n_expert, (long long)n_tok, renorm, off ? ", unaligned" : "", kern_name(kern), e);
     }
     hm_cuda_free(ctx, dl);
     hm_cuda_free(ctx, did);
     hm_cuda_free(ctx, dwt);
-    free(lg);
+    free(lg); free(ids); free(wt); free(ref); free(p); free(taken); free(rid);
+    hm_cuda_set_kern(ctx, HM_CUDA_KERN_DEFAULT);
+}
+
+static void test_router(void) {
+    for (int kern = HM_CUDA_KERN_OLD; kern <= HM_CUDA_KERN_NEW; kern++) {
+        test_router_case(6, 128, 8, 0, kern);   /* qwen3-30b-a3b */
+        test_router_case(1, 256, 8, 0, kern);   /* qwen36-geom decode */
+        test_router_case(9, 256, 8, 1, kern);   /* two blocks of warps, unaligned */
+        test_router_case(3, 1024, 32, 0, kern); /* the limits */
+        test_router_case(5, 100, 4, 0, kern);   /* n_expert % 4 != 0, padding */
+        test_router_case(2, 33, 1, 0, kern);
+        test_router_case(2, 8, 8, 0, kern);     /* k = n_expert */
+    }
 }
 
 /* ---- KV write and attention ---- */
@@ -394,7 +601,8 @@ typedef struct {
     int64_t n_ctx, n_tok, pos0; /* queries at positions pos0 .. pos0 + n_tok - 1 */
 } attn_case;
 
-static void test_attention_case(const attn_case *ac) {
+static void test_attention_case(const attn_case *ac, int kern) {
+    hm_cuda_set_kern(ctx, kern);
     const int nh = ac->n_head, nkv = ac->n_kv_head, hd = ac->hd;
     const int64_t n_ctx = ac->n_ctx, n_tok = ac->n_tok, kv_len = ac->pos0 + n_tok;
     const size_t cache_n = (size_t)nkv * (size_t)n_ctx * (size_t)hd;
@@ -461,10 +669,19 @@ static void test_attention_case(const attn_case *ac) {
             for (int i = 0; i < hd; i++) o[i] /= s;
         }
     const double e = nmse(out, ref, (int64_t)qn);
-    CHECKF(e < 1e-10, "attention %d/%d heads hd %d n_tok %lld pos0 %lld: nmse %.3g", nh, nkv, hd,
-           (long long)n_tok, (long long)ac->pos0, e);
-    printf("kv_write exact; attention q %d / kv %d heads, hd %d, %lld queries at %lld.. (scratch %zu KiB) nmse %.2e\n",
-           nh, nkv, hd, (long long)n_tok, (long long)ac->pos0, ss / 1024, e);
+    CHECKF(e < 1e-10, "attention %d/%d heads hd %d n_tok %lld pos0 %lld (%s): nmse %.3g", nh, nkv, hd,
+           (long long)n_tok, (long long)ac->pos0, kern_name(kern), e);
+    /* twice more into a NaN-filled output: bit-identical (deterministic, every element written) */
+    float *out2 = xmalloc(qn * sizeof(float));
+    CK(hm_cuda_memset(ctx, dout, 0xff, qn * sizeof(float), &err));
+    CK(hm_cuda_attention(ctx, dq, n_tok, dpos, kv_len, dkc, dvc, n_ctx, nh, nkv, hd, scale, dout, scr, ss, &err));
+    dev_to(out2, dout, qn * sizeof(float));
+    CHECKF(!memcmp(out, out2, qn * sizeof(float)), "attention %d/%d hd %d n_tok %lld pos0 %lld (%s): runs differ",
+           nh, nkv, hd, (long long)n_tok, (long long)ac->pos0, kern_name(kern));
+    free(out2);
+    printf("kv_write exact; attention q %d / kv %d heads, hd %d, %lld queries at %lld.. (%s, scratch %zu KiB) nmse "
+           "%.2e, deterministic\n", nh, nkv, hd, (long long)n_tok, (long long)ac->pos0, kern_name(kern), ss / 1024, e);
+    hm_cuda_set_kern(ctx, HM_CUDA_KERN_DEFAULT);
     hm_cuda_free(ctx, dkc);
     hm_cuda_free(ctx, dvc);
     hm_cuda_free(ctx, dk);
@@ -484,8 +701,12 @@ static void test_attention(void) {
         {32, 4, 128, 64, 1, 0},       /* the very first token */
         {8, 4, 64, 2048, 3, 1500},    /* hd 64, G 2 */
         {32, 2, 256, 1024, 2, 700},   /* hd 256, G 16: head chunks of 4 */
+        {32, 4, 128, 1024, 1, 511},   /* decode at short context (qwen36-geom): many short ranges */
+        {32, 4, 128, 1024, 1, 20},    /* one range: no merge kernel (new) */
+        {16, 2, 256, 1024, 1, 100},   /* hd 256 decode, a range shorter than the warps' stride */
     };
-    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) test_attention_case(&cases[i]);
+    for (int kern = HM_CUDA_KERN_OLD; kern <= HM_CUDA_KERN_NEW; kern++)
+        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) test_attention_case(&cases[i], kern);
 }
 
 /* ---- grouped MoE ---- */
@@ -985,7 +1206,10 @@ int main(void) {
     test_errors();
     test_matmul();
     test_get_rows();
-    test_row_ops();
+    test_row_ops_at(HM_CUDA_KERN_OLD);
+    test_row_ops_at(HM_CUDA_KERN_NEW);
+    test_rows_shapes();
+    test_heads();
     test_router();
     test_attention();
     test_moe();

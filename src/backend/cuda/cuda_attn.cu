@@ -8,14 +8,22 @@
  * memory and the block writes (m, l, o) of its range.
  * Kernel 2 (merge): per (token, q head) the ranges are merged in range order and normalised.
  * The number of ranges grows when few (token, head) blocks would leave multiprocessors idle
- * (decode at long context); prefill uses one range. Fixed orders everywhere: deterministic. */
+ * (decode at long context); prefill uses one range. Fixed orders everywhere: deterministic.
+ *
+ * Decode is latency-bound: a warp walks its positions one after another. The default kernels
+ * (everything but the OLD test hook) split into ranges of ATTN_MIN_RANGE_NEW positions so a decode
+ * token at short context still spreads over many blocks, have each warp load the K/V rows of its
+ * next position before it folds in the current one (the same arithmetic in the same order), and
+ * with a single range write the normalised output directly, without the merge kernel (the merge
+ * of one range is O / L exactly: expf(0) = 1). */
 #include "cuda_impl.h"
 #include "cuda_quant.cuh"
 
 using namespace hmcu;
 
 #define ATTN_WARPS 4
-#define ATTN_MIN_RANGE 256 /* positions per range at least, before splitting further */
+#define ATTN_MIN_RANGE 256 /* positions per range at least, before splitting further (OLD) */
+#define ATTN_MIN_RANGE_NEW 32
 #define ATTN_MAX_SPLIT 128
 
 static int heads_per_block(int head_dim) { return head_dim == 256 ? 4 : 8; }
@@ -26,7 +34,8 @@ static int attn_splits(const hm_cuda_ctx *c, int64_t n_tok, int64_t kv_len, int 
     const int64_t g = n_head / n_kv_head;
     const int64_t blocks = n_tok * n_kv_head * ((g + gc - 1) / gc);
     int64_t want = (2 * (int64_t)c->n_sm + blocks - 1) / blocks;
-    const int64_t by_len = (kv_len + ATTN_MIN_RANGE - 1) / ATTN_MIN_RANGE;
+    const int64_t min_range = c->kern == HM_CUDA_KERN_OLD ? ATTN_MIN_RANGE : ATTN_MIN_RANGE_NEW;
+    const int64_t by_len = (kv_len + min_range - 1) / min_range;
     if (want > by_len) want = by_len;
     if (want > ATTN_MAX_SPLIT) want = ATTN_MAX_SPLIT;
     return want < 1 ? 1 : (int)want;
@@ -60,11 +69,33 @@ __device__ __forceinline__ void ld_half_d(const uint16_t *p, float (&v)[D]) {
     }
 }
 
+/* Fold one position's K row kv and V row vv into the online softmax of the GC heads. */
 template <int D, int GC>
+__device__ __forceinline__ void attn_fold(const float (&qr)[GC][D], const float (&kv)[D], const float (&vv)[D],
+                                          float (&o)[GC][D], float (&m)[GC], float (&l)[GC]) {
+#pragma unroll
+    for (int g = 0; g < GC; g++) {
+        float sc = 0.0f;
+#pragma unroll
+        for (int i = 0; i < D; i++) sc = fmaf(qr[g][i], kv[i], sc);
+        sc = warp_sum(sc);
+        const float mn = fmaxf(m[g], sc);
+        const float corr = expf(m[g] - mn), e = expf(sc - mn);
+        l[g] = l[g] * corr + e;
+#pragma unroll
+        for (int i = 0; i < D; i++) o[g][i] = fmaf(o[g][i], corr, e * vv[i]);
+        m[g] = mn;
+    }
+}
+
+/* NEW: the next position's loads in flight while the current one is folded; with n_split == 1
+ * the block writes out = O / L itself (out: [n_tok, n_head * HD]) instead of a partial. */
+template <int D, int GC, bool NEW>
 __global__ void __launch_bounds__(32 * ATTN_WARPS) k_attn_part(const float *__restrict__ q, const int32_t *__restrict__ pos,
                                                                const uint16_t *__restrict__ kc, const uint16_t *__restrict__ vc,
                                                                int64_t n_ctx, int n_head, int n_kv_head, int n_hchunk,
-                                                               float scale, int n_split, float *__restrict__ part) {
+                                                               float scale, int n_split, float *__restrict__ part,
+                                                               float *__restrict__ out) {
     constexpr int HD = 32 * D;
     __shared__ float sm_m[ATTN_WARPS][GC], sm_l[ATTN_WARPS][GC];
     __shared__ float sm_o[ATTN_WARPS][GC][HD];
@@ -92,22 +123,35 @@ __global__ void __launch_bounds__(32 * ATTN_WARPS) k_attn_part(const float *__re
     }
     const uint16_t *kb = kc + (int64_t)kvh * n_ctx * HD + lane * D;
     const uint16_t *vb = vc + (int64_t)kvh * n_ctx * HD + lane * D;
-    for (int64_t p = p0 + warp; p < p1; p += ATTN_WARPS) {
+    if (NEW) {
+        int64_t p = p0 + warp;
         float kv[D], vv[D];
-        ld_half_d<D>(kb + p * HD, kv);
-        ld_half_d<D>(vb + p * HD, vv);
+        if (p < p1) {
+            ld_half_d<D>(kb + p * HD, kv);
+            ld_half_d<D>(vb + p * HD, vv);
+        }
+        for (; p < p1; p += ATTN_WARPS) {
+            const int64_t pn = p + ATTN_WARPS;
+            float kn[D], vn[D];
+            if (pn < p1) {
+                ld_half_d<D>(kb + pn * HD, kn);
+                ld_half_d<D>(vb + pn * HD, vn);
+            }
+            attn_fold<D, GC>(qr, kv, vv, o, m, l);
+            if (pn < p1) {
 #pragma unroll
-        for (int g = 0; g < GC; g++) {
-            float sc = 0.0f;
-#pragma unroll
-            for (int i = 0; i < D; i++) sc = fmaf(qr[g][i], kv[i], sc);
-            sc = warp_sum(sc);
-            const float mn = fmaxf(m[g], sc);
-            const float corr = expf(m[g] - mn), e = expf(sc - mn);
-            l[g] = l[g] * corr + e;
-#pragma unroll
-            for (int i = 0; i < D; i++) o[g][i] = fmaf(o[g][i], corr, e * vv[i]);
-            m[g] = mn;
+                for (int i = 0; i < D; i++) {
+                    kv[i] = kn[i];
+                    vv[i] = vn[i];
+                }
+            }
+        }
+    } else {
+        for (int64_t p = p0 + warp; p < p1; p += ATTN_WARPS) {
+            float kv[D], vv[D];
+            ld_half_d<D>(kb + p * HD, kv);
+            ld_half_d<D>(vb + p * HD, vv);
+            attn_fold<D, GC>(qr, kv, vv, o, m, l);
         }
     }
 #pragma unroll
@@ -134,6 +178,10 @@ __global__ void __launch_bounds__(32 * ATTN_WARPS) k_attn_part(const float *__re
                 O += f * sm_o[w][g][d];
             }
         }
+        if (NEW && n_split == 1) {
+            out[(t * n_head + h0 + g) * HD + d] = O / L;
+            continue;
+        }
         float *pp = part + ((t * n_head + h0 + g) * n_split + s) * (HD + 2);
         if (d == 0) {
             pp[0] = M;
@@ -149,9 +197,11 @@ __global__ void k_attn_merge(const float *__restrict__ part, int n_split, int he
     const int d = threadIdx.x;
     const float *pp = part + th * n_split * (head_dim + 2);
     float M = -INFINITY;
+#pragma unroll 8
     for (int s = 0; s < n_split; s++)
         if (pp[s * (head_dim + 2) + 1] > 0.0f) M = fmaxf(M, pp[s * (head_dim + 2)]);
     float L = 0.0f, O = 0.0f;
+#pragma unroll 8
     for (int s = 0; s < n_split; s++) {
         const float *ps = pp + s * (head_dim + 2);
         if (ps[1] == 0.0f) continue; /* empty range */
@@ -169,8 +219,14 @@ static void launch_attn(hm_cuda_ctx *c, const float *q, int64_t n_tok, const int
     constexpr int GC = D == 8 ? 4 : 8;
     const int G = n_head / n_kv_head, n_hchunk = (G + GC - 1) / GC;
     const dim3 grid((unsigned)n_split, (unsigned)(n_kv_head * n_hchunk), (unsigned)n_tok);
-    k_attn_part<D, GC><<<grid, 32 * ATTN_WARPS, 0, c->compute>>>(q, pos, kc, vc, n_ctx, n_head, n_kv_head,
-                                                                 n_hchunk, scale, n_split, part);
+    if (c->kern == HM_CUDA_KERN_OLD) {
+        k_attn_part<D, GC, false><<<grid, 32 * ATTN_WARPS, 0, c->compute>>>(q, pos, kc, vc, n_ctx, n_head, n_kv_head,
+                                                                            n_hchunk, scale, n_split, part, out);
+    } else {
+        k_attn_part<D, GC, true><<<grid, 32 * ATTN_WARPS, 0, c->compute>>>(q, pos, kc, vc, n_ctx, n_head, n_kv_head,
+                                                                           n_hchunk, scale, n_split, part, out);
+        if (n_split == 1) return;
+    }
     k_attn_merge<<<(unsigned)(n_tok * n_head), 32 * D, 0, c->compute>>>(part, n_split, 32 * D, out);
 }
 

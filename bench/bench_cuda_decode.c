@@ -1,0 +1,341 @@
+/* bench_cuda_decode.c - GPU time of each CUDA op of one decode layer (one token) at the qwen36-geom
+ * shape (hotmoe synth --preset qwen36-geom: n_embd 2048, 32 q / 4 kv heads of 128, rope theta 1e7,
+ * 256 experts top-8 of n_ff 512; q4_K attention, f32 router, q4_K/q6_K experts), the pre-rewrite
+ * kernels (OLD) beside the default ones (NEW), through the hm_cuda_set_kern test hook.
+ *
+ *   bench_cuda_decode [-n CALLS] [-r BATCHES] [-pos POS]
+ *
+ * Hot: every call on the same buffers (L2-resident after the first). Cold: call i on copy
+ * i % C of the op's whole working set (inputs, weights, cache, outputs), C copies filling >= 192
+ * MB, so each call's data comes from HBM (the H200's L2 is 50 MB); the MoE draws its 8 experts from
+ * 64 random routings over all 256 (hot: one routing).
+ *
+ * Timing: the ops run on the context's (opaque) compute stream. Each batch first enqueues memsets of
+ * a 256 MB buffer that keep the GPU busy while the host enqueues event 1, CALLS calls and event 2;
+ * the host then polls event 1 and event 2 and divides the time between them by CALLS: the GPU time of
+ * back-to-back calls, free of the host's launch cost (a batch whose event 1 had already fired is
+ * retried with a longer prefix). Median of BATCHES. A benchmark prints numbers; it asserts nothing.
+ * Without CUDA or without a device it prints "skipped: no GPU" and exits 77. */
+#include <stdio.h>
+#include <stdlib.h>
+
+#ifndef HM_HAVE_CUDA
+int main(void) {
+    printf("skipped: no GPU (built without the CUDA backend)\n");
+    return 77;
+}
+#else
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <string.h>
+#include <time.h>
+
+#include "backend/cuda/cuda_device.h"
+#include "backend/cuda/cuda_ops.h"
+#include "quant/quant.h"
+
+#define N_EMBD 2048
+#define N_HEAD 32
+#define N_KV 4
+#define HD 128
+#define N_EXPERT 256
+#define K_USED 8
+#define N_FF 512
+#define N_CTX 4096
+#define COLD_BYTES ((size_t)192 << 20)
+#define N_ROUTE 64
+
+static hm_cuda_ctx *ctx;
+static hm_err err;
+
+#define CK(call)                                                                              \
+    do {                                                                                      \
+        if ((call) != HM_OK) {                                                                \
+            fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, err.msg);          \
+            exit(1);                                                                          \
+        }                                                                                     \
+    } while (0)
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+static size_t al256(size_t n) { return (n + 255) & ~(size_t)255; }
+
+/* One op: `set` bytes of working set per copy, `copies` copies in `arena`; run() enqueues one call
+ * on copy `c`. Offsets inside a copy are fixed per op (the o[] table). */
+typedef struct op op;
+struct op {
+    const char *name;
+    size_t set;
+    size_t o[8];
+    int copies;
+    char *arena;
+    void (*run)(const op *p, int c, bool hot);
+};
+
+static int32_t *g_pos;        /* device [1]: the decode position */
+static void *g_scratch;       /* attention / MoE scratch (shared, written before it is read) */
+static size_t g_scratch_size;
+static hm_cuda_moe_slot *g_slots; /* device [N_EXPERT], into the MoE arena */
+static int32_t *g_ids;        /* device [N_ROUTE * K_USED] */
+static float *g_wts;          /* device [N_ROUTE * K_USED] */
+static int g_call;            /* the MoE's routing index */
+
+static char *at(const op *p, int c, int i) { return p->arena + (size_t)c * p->set + p->o[i]; }
+
+static void run_rmsnorm(const op *p, int c, bool hot) {
+    (void)hot;
+    CK(hm_cuda_rmsnorm(ctx, (float *)at(p, c, 0), (float *)at(p, c, 1), (float *)at(p, c, 2), 1, N_EMBD, 1e-6f, &err));
+}
+static void run_add_rmsnorm(const op *p, int c, bool hot) {
+    (void)hot;
+    CK(hm_cuda_add_rmsnorm(ctx, (float *)at(p, c, 0), (float *)at(p, c, 1), (float *)at(p, c, 2), (float *)at(p, c, 1),
+                           1, N_EMBD, 1e-6f, &err));
+}
+static void run_qk(const op *p, int c, bool hot) {
+    (void)hot;
+    CK(hm_cuda_qk_norm_rope_kv(ctx, (float *)at(p, c, 0), (float *)at(p, c, 1), (float *)at(p, c, 2),
+                               (float *)at(p, c, 3), (float *)at(p, c, 4), 1, N_HEAD, N_KV, HD, HD, g_pos, 1e7f, 1e-6f,
+                               (uint16_t *)at(p, c, 5), (uint16_t *)at(p, c, 6), N_CTX, &err));
+}
+static int64_t g_kv_len;
+static void run_attn(const op *p, int c, bool hot) {
+    (void)hot;
+    CK(hm_cuda_attention(ctx, (float *)at(p, c, 0), 1, g_pos, g_kv_len, (uint16_t *)at(p, c, 1), (uint16_t *)at(p, c, 2),
+                         N_CTX, N_HEAD, N_KV, HD, 0.08838834764f, (float *)at(p, c, 3), g_scratch, g_scratch_size, &err));
+}
+static void run_router(const op *p, int c, bool hot) {
+    (void)hot;
+    CK(hm_cuda_router(ctx, (float *)at(p, c, 0), 1, N_EXPERT, K_USED, true, (int32_t *)at(p, c, 1),
+                      (float *)at(p, c, 2), &err));
+}
+static void run_qkv(const op *p, int c, bool hot) {
+    (void)hot;
+    const int64_t rows[3] = {N_HEAD * HD, N_KV * HD, N_KV * HD};
+    const hm_cuda_mat w = {at(p, c, 0), HM_TYPE_Q4_K, N_EMBD, rows[0] + rows[1] + rows[2], hm_row_size(HM_TYPE_Q4_K, N_EMBD)};
+    float *const ys[3] = {(float *)at(p, c, 2), (float *)at(p, c, 3), (float *)at(p, c, 4)};
+    CK(hm_cuda_matvec_multi(ctx, &w, (float *)at(p, c, 1), 1, 3, ys, rows, &err));
+}
+static void run_wo(const op *p, int c, bool hot) {
+    (void)hot;
+    const hm_cuda_mat w = {at(p, c, 0), HM_TYPE_Q4_K, N_HEAD * HD, N_EMBD, hm_row_size(HM_TYPE_Q4_K, N_HEAD * HD)};
+    CK(hm_cuda_matmul(ctx, &w, (float *)at(p, c, 1), 1, (float *)at(p, c, 2), &err));
+}
+static void run_router_mv(const op *p, int c, bool hot) {
+    (void)hot;
+    const hm_cuda_mat w = {at(p, c, 0), HM_TYPE_F32, N_EMBD, N_EXPERT, hm_row_size(HM_TYPE_F32, N_EMBD)};
+    CK(hm_cuda_matmul(ctx, &w, (float *)at(p, c, 1), 1, (float *)at(p, c, 2), &err));
+}
+static void run_moe(const op *p, int c, bool hot) {
+    (void)c;
+    const int r = hot ? 0 : g_call++ % N_ROUTE;
+    CK(hm_cuda_moe_dev(ctx, g_slots, HM_TYPE_Q4_K, HM_TYPE_Q6_K, g_ids + r * K_USED, g_wts + r * K_USED, K_USED,
+                       (float *)at(p, 0, 0), 1, N_EMBD, N_FF, (float *)at(p, 0, 1), g_scratch, g_scratch_size, &err));
+}
+
+/* The layout of one copy: n buffers of the given bytes, each 256-byte aligned. */
+static void layout(op *p, int n, const size_t *bytes) {
+    size_t at_ = 0;
+    for (int i = 0; i < n; i++) {
+        p->o[i] = at_;
+        at_ += al256(bytes[i]);
+    }
+    p->set = at_;
+}
+
+static void *g_busy;
+#define BUSY_BYTES ((size_t)256 << 20)
+static int g_prefix = 8;
+static hm_cuda_event *g_e1, *g_e2;
+
+/* GPU seconds per call of n back-to-back calls (see the top of the file). */
+static double time_batch(const op *p, int n, bool hot, int *cidx) {
+    for (;;) {
+        for (int i = 0; i < g_prefix; i++) CK(hm_cuda_memset(ctx, g_busy, i & 0xff, BUSY_BYTES, &err));
+        CK(hm_cuda_event_record(ctx, g_e1, false, &err));
+        for (int i = 0; i < n; i++) {
+            p->run(p, hot ? 0 : *cidx, hot);
+            if (!hot) *cidx = (*cidx + 1) % p->copies;
+        }
+        CK(hm_cuda_event_record(ctx, g_e2, false, &err));
+        if (hm_cuda_event_done(g_e1)) { /* the calls may have started before the clock: longer prefix */
+            CK(hm_cuda_event_wait(g_e2, &err));
+            if (g_prefix >= 64) {
+                fprintf(stderr, "bench_cuda_decode: cannot keep the GPU busy while enqueueing %d calls (try a "
+                        "smaller -n)\n", n);
+                exit(1);
+            }
+            g_prefix *= 2;
+            continue;
+        }
+        while (!hm_cuda_event_done(g_e1)) {
+        }
+        const double t1 = now_s();
+        while (!hm_cuda_event_done(g_e2)) {
+        }
+        const double t2 = now_s();
+        CK(hm_cuda_event_wait(g_e2, &err)); /* reports a fault of the calls */
+        return (t2 - t1) / n;
+    }
+}
+
+static int cmp_d(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* Median over `reps` batches of n calls, in us. */
+static double time_op(const op *p, int kern, bool hot, int n, int reps) {
+    hm_cuda_set_kern(ctx, kern);
+    int cidx = 0;
+    double t[64];
+    if (reps > 64) reps = 64;
+    (void)time_batch(p, n < 20 ? n : 20, hot, &cidx); /* warm-up */
+    for (int r = 0; r < reps; r++) t[r] = time_batch(p, n, hot, &cidx);
+    hm_cuda_set_kern(ctx, HM_CUDA_KERN_DEFAULT);
+    qsort(t, (size_t)reps, sizeof t[0], cmp_d);
+    return t[reps / 2] * 1e6;
+}
+
+int main(int argc, char **argv) {
+    int n = 200, reps = 7, pos = 511;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "-n") && i + 1 < argc) n = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "-r") && i + 1 < argc) reps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "-pos") && i + 1 < argc) pos = atoi(argv[++i]);
+        else {
+            fprintf(stderr, "usage: bench_cuda_decode [-n CALLS] [-r BATCHES] [-pos POS (< %d)]\n", N_CTX);
+            return 2;
+        }
+    }
+    if (n < 1 || reps < 1 || pos < 0 || pos >= N_CTX) {
+        fprintf(stderr, "bench_cuda_decode: bad -n / -r / -pos\n");
+        return 2;
+    }
+    if (hm_cuda_device_count() == 0) {
+        printf("skipped: no GPU\n");
+        return 77;
+    }
+    char dev[256];
+    if (hm_cuda_device_name(0, dev, sizeof dev) == 0) printf("device 0: %s\n", dev);
+    CK(hm_cuda_open(&ctx, 0, &err));
+    CK(hm_cuda_event_create(ctx, &g_e1, &err));
+    CK(hm_cuda_event_create(ctx, &g_e2, &err));
+    CK(hm_cuda_alloc(ctx, BUSY_BYTES, &g_busy, &err));
+    g_kv_len = pos + 1;
+    CK(hm_cuda_alloc(ctx, sizeof(int32_t), (void **)&g_pos, &err));
+    const int32_t pos32 = pos;
+    CK(hm_cuda_upload(ctx, g_pos, &pos32, sizeof pos32, &err));
+
+    /* scratch: the larger of attention (either kernel set) and the MoE */
+    size_t ss = hm_cuda_moe_dev_scratch_size(1, K_USED, N_FF);
+    for (int kern = HM_CUDA_KERN_OLD; kern <= HM_CUDA_KERN_NEW; kern++) {
+        hm_cuda_set_kern(ctx, kern);
+        const size_t a = hm_cuda_attention_scratch_size(ctx, 1, g_kv_len, N_HEAD, N_KV, HD);
+        if (a > ss) ss = a;
+    }
+    hm_cuda_set_kern(ctx, HM_CUDA_KERN_DEFAULT);
+    g_scratch_size = ss;
+    CK(hm_cuda_alloc(ctx, ss, &g_scratch, &err));
+
+    const size_t fe = sizeof(float) * N_EMBD, fq = sizeof(float) * N_HEAD * HD, fk = sizeof(float) * N_KV * HD;
+    const size_t cache = sizeof(uint16_t) * (size_t)N_KV * N_CTX * HD;
+    const size_t qkv_w = hm_row_size(HM_TYPE_Q4_K, N_EMBD) * (N_HEAD + 2 * N_KV) * HD;
+    const size_t wo_w = hm_row_size(HM_TYPE_Q4_K, N_HEAD * HD) * N_EMBD;
+    const size_t rt_w = hm_row_size(HM_TYPE_F32, N_EMBD) * N_EXPERT;
+    op ops[9];
+    int n_ops = 0;
+#define OP(NAME, RUN, ...)                                                                     \
+    do {                                                                                       \
+        const size_t b_[] = {__VA_ARGS__};                                                     \
+        op *p_ = &ops[n_ops++];                                                                \
+        memset(p_, 0, sizeof *p_);                                                             \
+        p_->name = NAME;                                                                       \
+        p_->run = RUN;                                                                         \
+        layout(p_, (int)(sizeof b_ / sizeof b_[0]), b_);                                       \
+    } while (0)
+    OP("rmsnorm (attn norm)", run_rmsnorm, fe, fe, fe);
+    OP("matvec q|k|v q4_K", run_qkv, qkv_w, fe, fq, fk, fk);
+    OP("qk_norm_rope_kv", run_qk, fq, fk, fk, sizeof(float) * HD, sizeof(float) * HD, cache, cache);
+    OP("attention", run_attn, fq, cache, cache, fq);
+    OP("matvec wo q4_K", run_wo, wo_w, fq, fe);
+    OP("add_rmsnorm (ffn norm)", run_add_rmsnorm, fe, fe, fe);
+    OP("matvec router f32", run_router_mv, rt_w, fe, sizeof(float) * N_EXPERT);
+    OP("router softmax top-8", run_router, sizeof(float) * N_EXPERT, sizeof(int32_t) * K_USED, sizeof(float) * K_USED);
+    OP("moe_dev q4_K/q6_K", run_moe, fe, fe);
+#undef OP
+
+    /* the MoE's experts: one arena of all 256 (~0.5 GB), routings random over them */
+    const size_t gs = hm_row_size(HM_TYPE_Q4_K, N_EMBD) * N_FF, ds = hm_row_size(HM_TYPE_Q6_K, N_FF) * N_EMBD;
+    const size_t es = al256(2 * gs + ds);
+    char *experts;
+    CK(hm_cuda_alloc(ctx, es * N_EXPERT, (void **)&experts, &err));
+    CK(hm_cuda_memset(ctx, experts, 0x11, es * N_EXPERT, &err));
+    hm_cuda_moe_slot slots[N_EXPERT];
+    for (int e = 0; e < N_EXPERT; e++)
+        slots[e] = (hm_cuda_moe_slot){experts + (size_t)e * es, experts + (size_t)e * es + gs,
+                                      experts + (size_t)e * es + 2 * gs};
+    CK(hm_cuda_alloc(ctx, sizeof slots, (void **)&g_slots, &err));
+    CK(hm_cuda_upload(ctx, g_slots, slots, sizeof slots, &err));
+    int32_t ids[N_ROUTE * K_USED];
+    float wts[N_ROUTE * K_USED];
+    uint64_t rs = 0x9e3779b97f4a7c15ull;
+    for (int r = 0; r < N_ROUTE; r++)
+        for (int j = 0; j < K_USED; j++) {
+            int e;
+            bool dup;
+            do { /* distinct experts within a routing */
+                rs ^= rs << 13;
+                rs ^= rs >> 7;
+                rs ^= rs << 17;
+                e = (int)(rs % N_EXPERT);
+                dup = false;
+                for (int i = 0; i < j; i++) dup |= ids[r * K_USED + i] == e;
+            } while (dup);
+            ids[r * K_USED + j] = e;
+            wts[r * K_USED + j] = 0.125f;
+        }
+    CK(hm_cuda_alloc(ctx, sizeof ids, (void **)&g_ids, &err));
+    CK(hm_cuda_alloc(ctx, sizeof wts, (void **)&g_wts, &err));
+    CK(hm_cuda_upload(ctx, g_ids, ids, sizeof ids, &err));
+    CK(hm_cuda_upload(ctx, g_wts, wts, sizeof wts, &err));
+
+    printf("decode ops at qwen36-geom, 1 token at position %d; GPU us per call, median of %d batches of %d "
+           "back-to-back calls\n", pos, reps, n);
+    printf("%-24s %9s %9s %9s %9s\n", "op", "hot OLD", "hot NEW", "cold OLD", "cold NEW");
+    double sum[4] = {0, 0, 0, 0};
+    for (int i = 0; i < n_ops; i++) {
+        op *p = &ops[i];
+        const bool moe = p->run == run_moe;
+        p->copies = moe ? 1 : (int)((COLD_BYTES + p->set - 1) / p->set);
+        if (p->copies < 2 && !moe) p->copies = 2;
+        CK(hm_cuda_alloc(ctx, p->set * (size_t)p->copies, (void **)&p->arena, &err));
+        /* 0x3c: f32 ~0.0115, f16 ~1.06, sane q4_K scales; the KV rows and the routing are valid */
+        CK(hm_cuda_memset(ctx, p->arena, 0x3c, p->set * (size_t)p->copies, &err));
+        double t[4];
+        for (int k = 0; k < 4; k++)
+            t[k] = time_op(p, k & 1 ? HM_CUDA_KERN_NEW : HM_CUDA_KERN_OLD, k < 2, n, reps);
+        printf("%-24s %9.2f %9.2f %9.2f %9.2f\n", p->name, t[0], t[1], t[2], t[3]);
+        for (int k = 0; k < 4; k++) sum[k] += t[k];
+        hm_cuda_free(ctx, p->arena);
+    }
+    printf("%-24s %9.2f %9.2f %9.2f %9.2f\n", "layer (sum)", sum[0], sum[1], sum[2], sum[3]);
+    printf("%-24s %9.1f %9.1f %9.1f %9.1f  (us per token, 40 layers, no head)\n", "x 40 layers", 40 * sum[0],
+           40 * sum[1], 40 * sum[2], 40 * sum[3]);
+    hm_cuda_free(ctx, experts);
+    hm_cuda_free(ctx, g_slots);
+    hm_cuda_free(ctx, g_ids);
+    hm_cuda_free(ctx, g_wts);
+    hm_cuda_free(ctx, g_scratch);
+    hm_cuda_free(ctx, g_pos);
+    hm_cuda_free(ctx, g_busy);
+    hm_cuda_event_destroy(g_e1);
+    hm_cuda_event_destroy(g_e2);
+    hm_cuda_close(ctx);
+    return 0;
+}
+#endif
