@@ -7,11 +7,15 @@
  * enforces "one eval at a time per model" (hm_model.busy), so a caller that breaks the rule gets
  * an error, not torn counters.
  *
- * Tiers. Today every unit is computed from RAM (the file mapping): no GPU expert tier exists, so a
- * VRAM budget is refused, and the store runs with zero fast slots (the policy is only a name).
- * The GPU tier plugs in here as hm_experts_opts.hot_tier (+ hot_budget), the SSD tier
- * (experts/tier_ssd.c, being built) where marked below; the forward pass does not change, it asks
- * the store where a unit is in hm_moe_compute (model/moe.h).
+ * Tiers. Without a GPU placement the store runs with zero fast slots (the policy is only a name)
+ * and every unit is computed by the CPU. With one (CUDA builds, hm_model_gpu_open) the store's fast
+ * tier is the VRAM slot pool. With a --ram-budget below the experts' bytes the RAM tier
+ * (experts/tier_ram.h, m->ram) holds units in a RAM slot pool and reads the others from the file
+ * (SSD) when routed; with a VRAM pool too, the three tiers are exclusive: a unit in a VRAM slot is
+ * barred from the RAM slots and loses its RAM copy once its VRAM copy has landed, a unit that leaves
+ * VRAM takes a free RAM slot when the RAM policy keeps slots, else it is SSD-only. The VRAM store
+ * places units by the placement flags; the RAM tier's policy is the one asked for (--policy, or
+ * static with --profile; none = staging only), not the one a VRAM budget picks for VRAM.
  *
  * Invariants: m->experts != NULL exactly when the model has expert units; m->policy is the kind
  * the store was opened with or last switched to. */
@@ -75,6 +79,8 @@ hm_status hm_model_experts_open(hm_model *m, const hm_placement_opts *po, hm_err
     } else if (po->profile) {
         kind = HM_POLICY_STATIC;
     }
+    int ram_kind = kind; /* the RAM tier's policy: what was asked, before a GPU placement's choice */
+    bool ram_profile = po->profile != NULL; /* the user's profile still in prof for the RAM tier */
 
     hm_status st = hm_units_init(&m->units, m->gguf, err);
     if (st != HM_OK) return st;
@@ -98,7 +104,11 @@ hm_status hm_model_experts_open(hm_model *m, const hm_placement_opts *po, hm_err
     if (hm_placement_wants_gpu(po)) {
         int64_t slots = 0;
         int32_t layer_from = -1;
-        if ((st = hm_model_gpu_open(m, po, &slots, &layer_from, err)) != HM_OK) goto done;
+        /* the RAM tier works with the GPU here (exclusive tiers): the GPU's open must not refuse
+         * a RAM budget (it did while they could not run together) */
+        hm_placement_opts gpo = *po;
+        gpo.ram_budget = 0;
+        if ((st = hm_model_gpu_open(m, &gpo, &slots, &layer_from, err)) != HM_OK) goto done;
         eo.hot_slots = slots;
         eo.hot_tier = slots > 0 ? &m->gpu->hot : NULL;
         if (layer_from >= 0 && slots > 0) {
@@ -109,6 +119,7 @@ hm_status hm_model_experts_open(hm_model *m, const hm_placement_opts *po, hm_err
                               "(give --vram-budget to place units by use)",
                               po->n_cpu_moe >= 0 ? "--n-cpu-moe" : "-ngl without --cpu-moe");
             hm_profile_free(&prof);
+            ram_profile = false;
             if ((st = hm_profile_init(&prof, m->units.n_layer, m->units.n_expert, err)) != HM_OK) goto done;
             for (int32_t l = layer_from; l < m->units.n_layer; l++)
                 for (int32_t e = 0; e < m->units.layers[l].n_expert && e < prof.n_expert; e++)
@@ -142,7 +153,10 @@ hm_status hm_model_experts_open(hm_model *m, const hm_placement_opts *po, hm_err
             ro.budget = po->ram_budget;
             ro.mlock = po->mlock;
             ro.policy = eo.policy;
-            ro.profile = eo.profile;
+            ro.policy.kind = (hm_policy_kind)ram_kind;
+            ro.profile = ram_profile ? &prof : NULL;
+            if (ram_kind == HM_POLICY_STATIC && !ro.profile) /* its profile was the layer placement's */
+                ro.policy.kind = HM_POLICY_NONE;
             ro.vram = es.n_slots > 0 ? m->experts : NULL; /* the VRAM store, when it has slots */
             if (po->io_depth > 0) ro.io.queue_depth = po->io_depth;
             ro.io.force_pread = po->io_pread;

@@ -119,6 +119,41 @@ static void run_jobs(hm_pool *pool, const hm_moe_weights *mw, const hm_moe_job *
         hm_cpu_moe(pool, jobs, n_jobs, x, n_tok, mw->n_embd, mw->n_ff, out, scratch);
 }
 
+void hm_moe_job_from_parts(const hm_moe_weights *mw, const hm_unit_parts *p, hm_moe_job *j) {
+    if (p->p[HM_UNIT_GATE_UP]) { /* the fused form: up lies this far into the unit's gate_up slab */
+        const ptrdiff_t up_off = (const char *)mw->up.data - (const char *)mw->gate.data;
+        j->gate.data = p->p[HM_UNIT_GATE_UP];
+        j->up.data = (const char *)p->p[HM_UNIT_GATE_UP] + up_off;
+    } else {
+        j->gate.data = p->p[HM_UNIT_GATE];
+        j->up.data = p->p[HM_UNIT_UP];
+    }
+    j->down.data = p->p[HM_UNIT_DOWN];
+}
+
+hm_status hm_moe_run_cold(const hm_model *m, hm_pool *pool, const hm_moe_weights *mw, hm_moe_route *r, int32_t n,
+                          const float *x, float *out, hm_scratch *scratch, hm_err *err) {
+    hm_ram_tier *t = m->ram;
+    if (!t) {
+        run_jobs(pool, mw, r->jobs, n, x, r->n_tok, out, scratch);
+        return HM_OK;
+    }
+    for (int32_t done = 0; done < n;) {
+        int32_t n_ready = 0;
+        hm_status st = hm_ram_tier_acquire(t, mw->layer, r->tier_unit + done, r->tier_ntok + done, n - done,
+                                           r->parts + done, &n_ready, err);
+        if (st != HM_OK) return st;
+        if (n_ready <= 0)
+            return hm_errf(err, HM_ERR_NOMEM, "layer %d: the RAM tier has no free staging buffer for %d units "
+                           "(raise --ram-budget)", (int)mw->layer, (int)(n - done));
+        for (int32_t i = done; i < done + n_ready; i++) hm_moe_job_from_parts(mw, &r->parts[i], &r->jobs[i]);
+        run_jobs(pool, mw, r->jobs + done, n_ready, x, r->n_tok, out, scratch);
+        hm_ram_tier_release(t, mw->layer, r->tier_unit + done, n_ready);
+        done += n_ready;
+    }
+    return HM_OK;
+}
+
 /* The next layer's router on x: the union of each token's top-k (by logit: the softmax keeps
  * the order), started as prefetch reads. */
 static void prefetch_next(hm_ram_tier *t, hm_pool *pool, const hm_moe_weights *mw, hm_moe_route *r,
@@ -165,8 +200,6 @@ hm_status hm_moe_forward(const hm_model *m, hm_pool *pool, const hm_moe_weights 
         r->tier_ntok[n] = r->start[i + 1] - r->start[i];
         n++;
     }
-    /* the fused gate_up form: up lies this far into the unit's gate_up slab */
-    const ptrdiff_t up_off = (const char *)mw->up.data - (const char *)mw->gate.data;
     bool pf = m->prefetch && next_router && next_router->data;
     int32_t done = 0, i0 = 0;
     while (i0 < r->n_units) {
@@ -191,16 +224,8 @@ hm_status hm_moe_forward(const hm_model *m, hm_pool *pool, const hm_moe_weights 
             hm_moe_job *j = &r->jobs[nj++];
             hm_moe_unit(mw, e, &j->gate, &j->up, &j->down);
             if (!hot) {
-                const hm_unit_parts *p = &r->parts[done + used];
                 HM_ASSERT(r->tier_unit[done + used] == e);
-                if (p->p[HM_UNIT_GATE_UP]) {
-                    j->gate.data = p->p[HM_UNIT_GATE_UP];
-                    j->up.data = (const char *)p->p[HM_UNIT_GATE_UP] + up_off;
-                } else {
-                    j->gate.data = p->p[HM_UNIT_GATE];
-                    j->up.data = p->p[HM_UNIT_UP];
-                }
-                j->down.data = p->p[HM_UNIT_DOWN];
+                hm_moe_job_from_parts(mw, &r->parts[done + used], j);
                 used++;
             }
             j->tok = r->tok + r->start[i];

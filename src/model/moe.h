@@ -97,6 +97,22 @@ struct hm_model;
 hm_status hm_moe_forward(const struct hm_model *m, hm_pool *pool, const hm_moe_weights *mw, hm_moe_route *r,
                          const float *x, float *out, hm_scratch *scratch, const hm_mat *next_router, hm_err *err);
 
+/* Point job j's matrices at unit parts p (a RAM tier copy, tier_ram.h) instead of the file
+ * mapping: the same bytes, so the same results. */
+struct hm_unit_parts;
+void hm_moe_job_from_parts(const hm_moe_weights *mw, const struct hm_unit_parts *p, hm_moe_job *j);
+
+/* out[t] += the first n jobs of r->jobs on x ([r->n_tok, n_embd]), jobs built from the file mapping
+ * for the units r->tier_unit[0..n) (tokens r->tier_ntok[0..n)), in that order. Without a RAM tier
+ * (m->ram NULL) one CPU MoE call over them. With one, the units are acquired from it (a RAM slot,
+ * staging, or a read from the file on SSD: counted in its stats) in rounds as its staging allows,
+ * each round's jobs pointed at their RAM copies (hm_moe_job_from_parts), run, and released: the
+ * same f32 sums in the same job order as the single call (the CPU op adds into out pair by pair in
+ * job order), so bit-identical. What the GPU placement's cold units go through (moe_cuda.c). An
+ * I/O error is the tier's HM_ERR_IO (nothing stays pinned; out is then partial). */
+hm_status hm_moe_run_cold(const struct hm_model *m, hm_pool *pool, const hm_moe_weights *mw, hm_moe_route *r,
+                          int32_t n, const float *x, float *out, hm_scratch *scratch, hm_err *err);
+
 #ifdef HM_HAVE_CUDA
 /* ---- the hybrid step (moe_cuda.c, CUDA builds): hot units on the GPU, cold ones on the CPU ----
  *

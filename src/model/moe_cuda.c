@@ -56,7 +56,8 @@ static void slot_parts(const hm_gpu *g, int32_t slot, ptrdiff_t up_off, const vo
 }
 
 /* The route's units, split: hot ones into b->units (when want_hot) and the count *n_hot; cold
- * ones as CPU jobs into r->jobs, returned. */
+ * ones as CPU jobs into r->jobs (from the file mapping), their experts and token counts into
+ * r->tier_unit / r->tier_ntok in the same order (for the RAM tier: hm_moe_run_cold), returned. */
 static int32_t split_units(const hm_model *m, const hm_moe_weights *mw, hm_moe_route *r, const hm_moe_gpu_buf *b,
                            bool want_hot, int *n_hot_out) {
     const hm_gpu *g = m->gpu;
@@ -78,6 +79,8 @@ static int32_t split_units(const hm_model *m, const hm_moe_weights *mw, hm_moe_r
             u->w_host = w;
             u->n_tok = nt;
         } else {
+            r->tier_unit[n_cold] = e;
+            r->tier_ntok[n_cold] = nt;
             hm_moe_job *j = &r->jobs[n_cold++];
             hm_moe_unit(mw, e, &j->gate, &j->up, &j->down);
             j->tok = tok;
@@ -89,7 +92,8 @@ static int32_t split_units(const hm_model *m, const hm_moe_weights *mw, hm_moe_r
     return n_cold;
 }
 
-/* The CPU part: n_cold jobs of r on b->x_host, their sum up and added into b->out_dev. */
+/* The CPU part: n_cold jobs of r on b->x_host (through the RAM tier when there is one:
+ * hm_moe_run_cold), their sum up and added into b->out_dev. */
 static hm_status cold_part(const hm_model *m, hm_pool *pool, const hm_moe_weights *mw, hm_moe_route *r,
                            int32_t n_cold, const hm_moe_gpu_buf *b, hm_scratch *scratch, hm_err *err) {
     hm_cuda_ctx *c = m->gpu->ctx;
@@ -97,11 +101,8 @@ static hm_status cold_part(const hm_model *m, hm_pool *pool, const hm_moe_weight
     HM_ASSERT(b->x_host);
     const size_t n = (size_t)r->n_tok * (size_t)mw->n_embd;
     memset(b->cold_host, 0, n * sizeof(float));
-    if (mw->act == HM_MOE_ACT_GELU)
-        hm_gemma_moe(pool, r->jobs, n_cold, b->x_host, r->n_tok, mw->n_embd, mw->n_ff, b->cold_host, scratch);
-    else
-        hm_cpu_moe(pool, r->jobs, n_cold, b->x_host, r->n_tok, mw->n_embd, mw->n_ff, b->cold_host, scratch);
-    hm_status st;
+    hm_status st = hm_moe_run_cold(m, pool, mw, r, n_cold, b->x_host, b->cold_host, scratch, err);
+    if (st != HM_OK) return st;
     if ((st = hm_cuda_upload_compute(c, b->cold_dev, b->cold_host, n * sizeof(float), err)) != HM_OK) return st;
     return hm_cuda_add(c, b->out_dev, b->cold_dev, b->out_dev, (int64_t)n, err);
 }
@@ -109,7 +110,7 @@ static hm_status cold_part(const hm_model *m, hm_pool *pool, const hm_moe_weight
 hm_status hm_moe_forward_gpu(const hm_model *m, hm_pool *pool, const hm_moe_weights *mw, hm_moe_route *r,
                              const hm_moe_gpu_buf *b, hm_scratch *scratch, hm_err *err) {
     const hm_gpu *g = m->gpu;
-    HM_ASSERT(g && !m->ram);
+    HM_ASSERT(g);
     int n_hot = 0;
     const int32_t n_cold = split_units(m, mw, r, b, true, &n_hot);
     hm_status st;
@@ -152,7 +153,7 @@ bool hm_moe_gpu_slot_table(const hm_model *m, const hm_moe_weights *mw, int32_t 
 hm_status hm_moe_forward_gpu_dev(const hm_model *m, const hm_moe_weights *mw, const hm_cuda_moe_slot *slots_dev,
                                  const int32_t *ids_dev, const float *w_dev, int64_t n_tok, int k,
                                  const hm_moe_gpu_buf *b, hm_err *err) {
-    HM_ASSERT(m->gpu && !m->ram);
+    HM_ASSERT(m->gpu);
     return hm_cuda_moe_dev_act(m->gpu->ctx, slots_dev, mw->gate.type, mw->down.type, cuda_act(mw), ids_dev, w_dev, k,
                                b->x_dev, n_tok, mw->n_embd, mw->n_ff, b->out_dev, b->scratch_dev,
                                b->scratch_dev_size, err);
@@ -160,7 +161,7 @@ hm_status hm_moe_forward_gpu_dev(const hm_model *m, const hm_moe_weights *mw, co
 
 hm_status hm_moe_forward_gpu_cold(const hm_model *m, hm_pool *pool, const hm_moe_weights *mw, hm_moe_route *r,
                                   const hm_moe_gpu_buf *b, hm_scratch *scratch, hm_err *err) {
-    HM_ASSERT(m->gpu && !m->ram);
+    HM_ASSERT(m->gpu);
     int n_hot = 0;
     const int32_t n_cold = split_units(m, mw, r, b, false, &n_hot);
     return cold_part(m, pool, mw, r, n_cold, b, scratch, err);
