@@ -99,28 +99,30 @@ hm_status hm_cuda_delta_gates(hm_cuda_ctx *c, const float *alpha, const float *b
 }
 
 /* ---- gated delta rule ----
- * Block (head h, 32 value columns); thread j owns column j of S (DK > 0: in registers, else read
- * from and written to the state in memory each token). Per token the block loads q_t and k_t of
- * the head's key head into shared memory; the sums over the key dimension run in i order, as the
- * CPU's token-by-token form. */
+ * Block (head h, 32 value columns). Column j of S is held by SPLIT threads (adjacent lanes), each
+ * owning DK / SPLIT consecutive key rows in registers (DK > 0), or by one thread that reads and
+ * writes it in memory each token (DK == 0: any d_k). Per token the block loads q_t and k_t of the
+ * head's key head into shared memory; each thread sums its rows in i order and the SPLIT partial
+ * sums are added by a lane shuffle (a + b == b + a: both halves see the same delta). */
 #define LA_DELTA_COLS 32
 
-template <int DK>
-__global__ void __launch_bounds__(LA_DELTA_COLS) k_gated_delta(const float *q, const float *k, int64_t qks,
-                                                               const float *v, int64_t vs, const float *g,
-                                                               const float *beta, int64_t n, int n_k, int n_v,
-                                                               int dk_rt, int dv, float *state, float *out) {
-    extern __shared__ float sh[]; /* [2][dk]: q_t, k_t */
+template <int DK, int SPLIT>
+__global__ void __launch_bounds__(LA_DELTA_COLS * SPLIT) k_gated_delta(const float *q, const float *k, int64_t qks,
+                                                                       const float *v, int64_t vs, const float *g,
+                                                                       const float *beta, int64_t n, int n_k, int n_v,
+                                                                       int dk_rt, int dv, float *state, float *out) {
+    static_assert(SPLIT == 1 || (SPLIT == 2 && DK > 0 && DK % 2 == 0), "split rows need a fixed d_k");
+    constexpr int R = DK > 0 ? DK / SPLIT : 1; /* rows per thread */
+    extern __shared__ float sh[];              /* [2][dk]: q_t, k_t */
     const int dk = DK > 0 ? DK : dk_rt;
-    const int h = blockIdx.x, j = blockIdx.y * LA_DELTA_COLS + threadIdx.x;
+    const int part = (int)threadIdx.x % SPLIT, i0 = part * R;
+    const int h = blockIdx.x, j = blockIdx.y * LA_DELTA_COLS + (int)threadIdx.x / SPLIT;
     const bool live = j < dv;
-    float *S = state + (int64_t)h * dk * dv + j; /* column j: S[i * dv] */
+    float *S = state + (int64_t)h * dk * dv + (live ? j : 0); /* column j: S[i * dv] */
     const int64_t kh = h % n_k;
-    float s[DK > 0 ? DK : 1];
-    if (DK > 0 && live) {
+    float s[R];
 #pragma unroll
-        for (int i = 0; i < (DK > 0 ? DK : 1); i++) s[i] = S[(int64_t)i * dv];
-    }
+    for (int r = 0; r < R; r++) s[r] = DK > 0 && live ? S[(int64_t)(i0 + r) * dv] : 0.0f;
     float *qs = sh, *ks = sh + dk;
     for (int64_t t = 0; t < n; t++) {
         __syncthreads(); /* the previous token's q/k are no longer read */
@@ -129,36 +131,38 @@ __global__ void __launch_bounds__(LA_DELTA_COLS) k_gated_delta(const float *q, c
             ks[i] = k[t * qks + kh * dk + i];
         }
         __syncthreads();
-        if (!live) continue;
         const float decay = expf(g[t * n_v + h]), bt = beta[t * n_v + h];
         float kv = 0.0f;
         if (DK > 0) {
 #pragma unroll
-            for (int i = 0; i < (DK > 0 ? DK : 1); i++) kv += s[i] * ks[i];
-        } else {
+            for (int r = 0; r < R; r++) kv += s[r] * ks[i0 + r];
+        } else if (live) {
             for (int i = 0; i < dk; i++) kv += S[(int64_t)i * dv] * ks[i];
         }
-        const float d = bt * (v[t * vs + (int64_t)h * dv + j] - decay * kv);
+        if (SPLIT == 2) kv += __shfl_xor_sync(0xffffffffu, kv, 1);
+        const float vj = live ? v[t * vs + (int64_t)h * dv + j] : 0.0f;
+        const float d = bt * (vj - decay * kv);
         float o = 0.0f;
         if (DK > 0) {
 #pragma unroll
-            for (int i = 0; i < (DK > 0 ? DK : 1); i++) {
-                const float sv = decay * s[i] + ks[i] * d;
-                s[i] = sv;
-                o += sv * qs[i];
+            for (int r = 0; r < R; r++) {
+                const float sv = decay * s[r] + ks[i0 + r] * d;
+                s[r] = sv;
+                o += sv * qs[i0 + r];
             }
-        } else {
+        } else if (live) {
             for (int i = 0; i < dk; i++) {
                 const float sv = decay * S[(int64_t)i * dv] + ks[i] * d;
                 S[(int64_t)i * dv] = sv;
                 o += sv * qs[i];
             }
         }
-        out[(t * n_v + h) * dv + j] = o;
+        if (SPLIT == 2) o += __shfl_xor_sync(0xffffffffu, o, 1);
+        if (live && part == 0) out[(t * n_v + h) * dv + j] = o;
     }
     if (DK > 0 && live) {
 #pragma unroll
-        for (int i = 0; i < (DK > 0 ? DK : 1); i++) S[(int64_t)i * dv] = s[i];
+        for (int r = 0; r < R; r++) S[(int64_t)(i0 + r) * dv] = s[r];
     }
 }
 
@@ -172,15 +176,15 @@ hm_status hm_cuda_gated_delta(hm_cuda_ctx *c, const float *q, const float *k, in
     if (!n_tok) return HM_OK;
     const dim3 grid((unsigned)n_v_head, hm_cu_blocks(d_v, LA_DELTA_COLS));
     const size_t shb = 2 * (size_t)d_k * sizeof(float);
-#define LA_DELTA(DKV)                                                                                          \
-    k_gated_delta<DKV><<<grid, LA_DELTA_COLS, shb, c->compute>>>(q, k, qk_stride, v, v_stride, g, beta, n_tok, \
-                                                                 n_k_head, n_v_head, d_k, d_v, state, out)
+#define LA_DELTA(DKV, SPL)                                                                                    \
+    k_gated_delta<DKV, SPL><<<grid, LA_DELTA_COLS * SPL, shb, c->compute>>>(                                  \
+        q, k, qk_stride, v, v_stride, g, beta, n_tok, n_k_head, n_v_head, d_k, d_v, state, out)
     switch (d_k) {
-    case 16: LA_DELTA(16); break;
-    case 32: LA_DELTA(32); break;
-    case 64: LA_DELTA(64); break;
-    case 128: LA_DELTA(128); break;
-    default: LA_DELTA(0); break;
+    case 16: LA_DELTA(16, 1); break;
+    case 32: LA_DELTA(32, 1); break;
+    case 64: LA_DELTA(64, 2); break;
+    case 128: LA_DELTA(128, 2); break;
+    default: LA_DELTA(0, 1); break;
     }
 #undef LA_DELTA
     HM_CU_LAUNCH("gated_delta");

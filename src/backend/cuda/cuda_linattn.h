@@ -50,8 +50,9 @@ hm_status hm_cuda_delta_gates(hm_cuda_ctx *c, const float *alpha, const float *b
  *   S = exp(g[t,h]) S;  delta = beta[t,h] (v_t - S^T k_t);  S += k_t delta^T;  o_t = S^T q_t.
  * q, k: rows of n_k_head * d_k (stride qk_stride); v: rows of n_v_head * d_v (stride v_stride);
  * g, beta: [n_tok, n_v_head]; state: [n_v_head, d_k, d_v] in and out; out: [n_tok, n_v_head * d_v].
- * One thread per (head, value column) keeps its column of S in registers (d_k 16, 32, 64, 128;
- * other d_k <= 1024 read it from memory); d_v <= 1024. */
+ * Blocks of (head, 32 value columns); a column of S lives in registers (d_k 16 and 32: one thread;
+ * 64 and 128: two threads, half the key rows each), for other d_k <= 1024 one thread reads and
+ * writes it in memory; d_v <= 1024. Token by token: right for decode, a first form for prefill. */
 hm_status hm_cuda_gated_delta(hm_cuda_ctx *c, const float *q, const float *k, int64_t qk_stride, const float *v,
                               int64_t v_stride, const float *g, const float *beta, int64_t n_tok, int n_k_head,
                               int n_v_head, int d_k, int d_v, float *state, float *out, hm_err *err);
