@@ -21,7 +21,8 @@
  *        so the last layer's row compaction runs on both kinds between (a) and (b); n_embd 256,
  *        head_dim 256 with 64 rotary dims, DeltaNet d_k = d_v = 128, 16 experts k 4 of n_ff 256,
  *        shared expert 256, vocab 512), F32 and Q8_0, under -ngl 99 (every unit in VRAM),
- *        --vram-budget ~30 % of the units (lru: units move between steps) and --cpu-moe.
+ *        --vram-budget ~30 % of the units (lru: units move between steps), --cpu-moe, and the 30 %
+ *        lru budget with --ram-budget of 8 units (the cold units through the RAM / SSD tier).
  *    Sequences: P (prefill of 64 = the bf16 tensor-core path, then 16 decode steps = the exact
  *    matvec path and the device-routed MoE, the recurrent state carried step by step), D (a
  *    6-token prompt then 16 steps: exact f32 throughout, on the same session after trim(0), which
@@ -617,8 +618,8 @@ static hm_status run_pd(hm_model *m, ref *r, bool greedy, float *lp, float *ld, 
     return st;
 }
 
-typedef enum place { P_ALL, P_BUDGET, P_CPU_MOE } place;
-static const char *place_name[] = {"-ngl 99", "--vram-budget 30% lru", "--cpu-moe"};
+typedef enum place { P_ALL, P_BUDGET, P_CPU_MOE, P_RAM } place;
+static const char *place_name[] = {"-ngl 99", "--vram-budget 30% lru", "--cpu-moe", "30% lru + --ram-budget"};
 
 static void run_placement(const char *path, const char *label, ref *r, place p, double bound_p, double bound_d,
                           bool experts_on_gpu) {
@@ -626,11 +627,13 @@ static void run_placement(const char *path, const char *label, ref *r, place p, 
     hm_placement_opts_default(&po);
     po.n_gpu_layers = 99;
     po.n_ctx = NCTX;
-    if (p == P_BUDGET) {
+    if (p == P_BUDGET || p == P_RAM) {
         po.vram_budget = (int64_t)((r->n_units * 3 + 9) / 10) * (int64_t)(r->unit_bytes + 3 * 256);
         po.policy = "lru";
     }
     if (p == P_CPU_MOE) po.cpu_moe = true;
+    /* the SSD tier: 8 RAM buffers (a buffer is a unit, each part widened to 4 KiB boundaries) */
+    if (p == P_RAM) po.ram_budget = 8 * (int64_t)(r->unit_bytes + 6 * 4096);
     hm_model_opts mo;
     memset(&mo, 0, sizeof mo);
     mo.placement = &po;
@@ -683,7 +686,8 @@ static void run_placement(const char *path, const char *label, ref *r, place p, 
             CHECKF(mi == 0, "%s -ngl 99 layer %d: %llu misses", label, l, (unsigned long long)mi);
     }
     if (st == HM_OK) {
-        if (p == P_BUDGET && experts_on_gpu)
+        if (p == P_RAM) CHECKF(u.ram_budget > 0, "%s: no RAM tier opened", label);
+        if ((p == P_BUDGET || p == P_RAM) && experts_on_gpu)
             CHECKF(u.swaps_in > 0 && hits > 0 && misses > 0, "%s lru: %llu swaps in, %llu hits, %llu misses", label,
                    (unsigned long long)u.swaps_in, (unsigned long long)hits, (unsigned long long)misses);
         CHECKF(experts_on_gpu && p != P_CPU_MOE ? u.vram_slots > 0 : u.vram_slots == 0, "%s %s: %lld VRAM slots",
@@ -752,7 +756,7 @@ int main(void) {
         fixture_close(&fx);
     }
     /* (b) the tiny synth, F32 and Q8_0 */
-    const place pl[] = {P_ALL, P_BUDGET, P_CPU_MOE};
+    const place pl[] = {P_ALL, P_BUDGET, P_CPU_MOE, P_RAM};
     const int types[2] = {HM_TYPE_F32, HM_TYPE_Q8_0};
     for (int i = 0; i < 2; i++) {
         char path[] = "/tmp/hm_q35gpu_XXXXXX";
@@ -766,7 +770,7 @@ int main(void) {
         char label[32];
         snprintf(label, sizeof label, "tiny %s", i ? "q8_0" : "f32");
         if (st == HM_OK)
-            run_model(path, label, NULL, pl, 3, i ? NMSE_Q8 : NMSE_BF16, i ? NMSE_Q8 : NMSE_F32_EXACT, true);
+            run_model(path, label, NULL, pl, 4, i ? NMSE_Q8 : NMSE_BF16, i ? NMSE_Q8 : NMSE_F32_EXACT, true);
         unlink(path);
     }
     return test_done();

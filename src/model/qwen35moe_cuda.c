@@ -25,7 +25,8 @@
  * through the exact f32 fallback when it is F32; attention of a head_dim other than 64 / 128 / 256
  * through the plain fallback (cuda_linattn.h).
  *
- * Memory: sized in state_open for n_ctx and n_ubatch; forward allocates nothing. A device that is
+ * With --ram-budget (m->ram) the cold units go through the RAM tier inside moe_cuda.c, as for
+ * qwen3moe. Memory: sized in state_open for n_ctx and n_ubatch; forward allocates nothing. A device that is
  * full makes the model's expert slot pool give up room (hm_model_gpu_make_room), as for qwen3moe. */
 #include <math.h>
 #include <stdio.h>
@@ -309,7 +310,6 @@ hm_status q35_gpu_state_open(const hm_model *m, const hm_state_opts *o, q35_stat
     if (o->kv_type == HM_KV_F32)
         return hm_errf(err, HM_ERR_UNSUPPORTED, "an f32 KV cache with the GPU: the device KV cache is f16 (drop the "
                        "f32 KV type, or run on the CPU)");
-    if (m->ram) return hm_errf(err, HM_ERR_UNSUPPORTED, "--ram-budget with the GPU is not supported yet");
     if (o->n_ubatch > 65535)
         return hm_errf(err, HM_ERR_ARG, "n_ubatch %d: the GPU path takes at most 65535 rows a pass", o->n_ubatch);
     q35_gstate *g = calloc(1, sizeof *g);
