@@ -13,8 +13,12 @@
  * warp and block tree. The thread count and quad order depend on the row length only, never on
  * alignment, so fused and unfused ops (add_rmsnorm = add + rmsnorm; qk_norm_rope_kv = the head
  * norms + RoPE + kv_write) give bit-identical results. RoPE computes each (token, pair) angle once
- * per block (pow and sincos in double, as the CPU) into a shared table. The pre-rewrite kernels stay
+ * per block (frequency from the host's pow, angle and sincos in double, as the CPU) into a shared
+ * table. The pre-rewrite kernels stay
  * for the OLD test hook (hm_cuda_set_kern), which benchmarks compare against. */
+#include <math.h>
+#include <string.h>
+
 #include "cuda_impl.h"
 #include "cuda_quant.cuh"
 
@@ -204,10 +208,22 @@ static void launch_rows(cudaStream_t st, float *x, const float *h, const float *
 
 #define HEAD_WARPS 8
 
-/* RoPE NEOX's cos and sin of pair i at position p: the angle in double, as the CPU does it. The
- * one definition every RoPE kernel uses (the fused op must match the unfused ones bit for bit). */
-__device__ __forceinline__ void rope_cs(int32_t p, int i, int n_rot, double theta_base, float *cs, float *sn) {
-    const double a = (double)p * pow(theta_base, -2.0 * i / n_rot);
+/* RoPE NEOX's frequencies theta^(-2i/n_rot), i < n_rot/2 <= 128, computed on the host in double
+ * with the CPU's expression and passed by value (a __grid_constant__ parameter: no pow on the
+ * device, and nothing that changes per step, so a captured graph may replay it). */
+struct rope_freqs {
+    double f[128];
+};
+
+static void rope_freqs_host(rope_freqs *r, double theta_base, int n_rot) {
+    memset(r, 0, sizeof *r);
+    for (int i = 0; i < n_rot / 2 && i < 128; i++) r->f[i] = pow(theta_base, -2.0 * i / n_rot);
+}
+
+/* cos and sin of the angle p * freq, in double as the CPU, rounded to float. The one definition
+ * every new RoPE kernel uses (the fused op must match the unfused ones bit for bit). */
+__device__ __forceinline__ void rope_cs(int32_t p, double freq, float *cs, float *sn) {
+    const double a = (double)p * freq;
     double sd, cd;
     sincos(a, &sd, &cd);
     *cs = (float)cd;
@@ -232,8 +248,8 @@ template <int HV, bool VEC, bool NORM, bool ROPE, bool KV>
 __global__ void __launch_bounds__(32 * HEAD_WARPS) k_heads(float *a, float *b, const float *v, const float *w_a,
                                                            const float *w_b, int n_a, int n_b, int head_dim,
                                                            int n_rot, int n_chunk, const int32_t *pos,
-                                                           double theta_base, float eps, uint16_t *kc,
-                                                           uint16_t *vc, int64_t n_ctx) {
+                                                           const __grid_constant__ rope_freqs fr, float eps,
+                                                           uint16_t *kc, uint16_t *vc, int64_t n_ctx) {
     __shared__ float s_cs[128], s_sn[128];
     __shared__ __align__(16) float s_m[HEAD_WARPS][128 * HV];
     const int lane = threadIdx.x & 31, wi = threadIdx.x >> 5;
@@ -256,7 +272,7 @@ __global__ void __launch_bounds__(32 * HEAD_WARPS) k_heads(float *a, float *b, c
     int32_t pt = 0;
     if (ROPE || KV) pt = pos[t];
     if (ROPE) {
-        for (int i = threadIdx.x; i < n_rot / 2; i += 32 * HEAD_WARPS) rope_cs(pt, i, n_rot, theta_base, &s_cs[i], &s_sn[i]);
+        for (int i = threadIdx.x; i < n_rot / 2; i += 32 * HEAD_WARPS) rope_cs(pt, fr.f[i], &s_cs[i], &s_sn[i]);
     }
     if (NORM && active) {
         float ss = 0.0f;
@@ -315,9 +331,12 @@ static bool launch_heads(cudaStream_t st, float *a, float *b, const float *v, co
     const bool vec = head_dim % 4 == 0 && al16(a) && (!n_b || al16(b)) && (!KV || (al16(v) && (uintptr_t)kc % 8 == 0 &&
                      (uintptr_t)vc % 8 == 0)) && (!NORM || ((!w_a || al16(w_a)) && (!w_b || al16(w_b))));
     const unsigned nb = (unsigned)(n_tok * n_chunk);
+    rope_freqs fr;
+    if (ROPE) rope_freqs_host(&fr, theta_base, n_rot);
+    else memset(&fr, 0, sizeof fr);
 #define HM_HEADS(HV, VE)                                                                                       \
     k_heads<HV, VE, NORM, ROPE, KV><<<nb, 32 * HEAD_WARPS, 0, st>>>(a, b, v, w_a, w_b, n_a, n_b, head_dim, n_rot, \
-                                                                   n_chunk, pos, theta_base, eps, kc, vc, n_ctx)
+                                                                   n_chunk, pos, fr, eps, kc, vc, n_ctx)
     if (head_dim <= 128) {
         if (vec) HM_HEADS(1, true);
         else HM_HEADS(1, false);
@@ -531,10 +550,28 @@ __global__ void __launch_bounds__(32) k_router(const float *logits, int n_expert
  * ids, strict >: a lane's first max is its lowest id) and two warp-wide integer reductions: the
  * largest key, then the lowest id holding it. Keys are a probability's bits + 1 (order-preserving
  * for p >= 0); 0 marks a taken expert or padding past n_expert. */
+__device__ __forceinline__ uint32_t warp_max_u32(uint32_t u) {
+#if __CUDA_ARCH__ >= 800
+    return __reduce_max_sync(0xffffffffu, u);
+#else
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) u = max(u, __shfl_xor_sync(0xffffffffu, u, o));
+    return u;
+#endif
+}
+__device__ __forceinline__ uint32_t warp_min_u32(uint32_t u) {
+#if __CUDA_ARCH__ >= 800
+    return __reduce_min_sync(0xffffffffu, u);
+#else
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) u = min(u, __shfl_xor_sync(0xffffffffu, u, o));
+    return u;
+#endif
+}
 __device__ __forceinline__ float warp_max_f(float v) {
     uint32_t u = __float_as_uint(v);
     u = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-    u = __reduce_max_sync(0xffffffffu, u);
+    u = warp_max_u32(u);
     return __uint_as_float((u & 0x80000000u) ? (u & 0x7fffffffu) : ~u);
 }
 
@@ -585,8 +622,8 @@ __global__ void __launch_bounds__(128) k_router_q(const float *logits, int64_t n
                     best = key[j][c];
                     bi = (uint32_t)(4 * (lane + 32 * j) + c);
                 }
-        const uint32_t mk = __reduce_max_sync(0xffffffffu, best);
-        const uint32_t sel = __reduce_min_sync(0xffffffffu, best == mk ? bi : 0xffffffffu);
+        const uint32_t mk = warp_max_u32(best);
+        const uint32_t sel = warp_min_u32(best == mk ? bi : 0xffffffffu);
         const float pv = __uint_as_float(mk - 1u);
         if (lane == r) {
             wk = pv;
