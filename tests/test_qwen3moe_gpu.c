@@ -34,7 +34,10 @@
  * recorded after the step: the usage checks above hold for it as for the prefill path. Stacked
  * q|k(|v) weights are used by both models (F32: all three; Q4_K_M: q|k, v apart when Q6_K).
  * Also: two GPU sessions through hm_batch_eval equal each alone; an f32 KV cache with the GPU is
- * HM_ERR_UNSUPPORTED. Exits 77 ("skipped: no GPU") without a CUDA device. */
+ * HM_ERR_UNSUPPORTED. Decode steps of one row run as one CUDA graph (the cold units' handshakes
+ * inside it); D again with HOTMOE_CUDA_GRAPH=0 (the per-launch path) must give bit-identical
+ * logits under every placement that does not move units between runs (all but lru).
+ * Exits 77 ("skipped: no GPU") without a CUDA device. */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -165,6 +168,25 @@ static void run_placement(const char *path, const char *label, const ref *r, pla
                 (unsigned long long)u.swaps_in);
     }
     hm_usage_free(&u);
+    if (p != P_LRU && wd >= 0) {
+        /* decode steps run as one CUDA graph with the cold units' handshakes inside it; the
+         * per-launch path (HOTMOE_CUDA_GRAPH=0) runs the same kernels in the same order: the
+         * logits of every step must be bit-identical (lru moves units between the runs) */
+        float *g2 = malloc((size_t)NSTEP * (size_t)V * sizeof(float));
+        memcpy(td, r->toks_d, sizeof td);
+        snprintf(what, sizeof what, "%s %s D (prompt %d)", label, place_name[p], ND);
+        setenv("HOTMOE_CUDA_GRAPH", "0", 1);
+        hm_status st2 = run_seq(m, td, ND, false, g2, V, &err);
+        unsetenv("HOTMOE_CUDA_GRAPH");
+        CHECKF(st2 == HM_OK, "%s without graphs: %s", what, err.msg);
+        if (st2 == HM_OK && g2) {
+            int64_t ndiff = 0;
+            for (size_t i = 0; i < (size_t)NSTEP * (size_t)V; i++) ndiff += g[i] != g2[i];
+            CHECKF(ndiff == 0, "%s: graph vs per-launch decode: %lld of %lld logits differ", what, (long long)ndiff,
+                   (long long)NSTEP * V);
+        }
+        free(g2);
+    }
 
     if (p == P_ALL) {
         /* the device state refuses an f32 KV cache */

@@ -47,6 +47,7 @@ struct hm_pool {
     _Atomic int stop;
     _Alignas(64) _Atomic int pending;
     _Alignas(64) _Atomic int sleepers;
+    _Atomic int hold;       /* > 0: workers keep polling instead of sleeping (hm_pool_hold) */
     _Alignas(64) _Atomic int bar_count;
     _Atomic uint32_t bar_gen;
 };
@@ -69,7 +70,7 @@ static void *worker_main(void *arg) {
         uint32_t g;
         int spins = 0;
         while ((g = atomic_load_explicit(&p->gen, memory_order_acquire)) == seen) {
-            if (++spins < SPIN_ITERS) {
+            if (++spins < SPIN_ITERS || atomic_load_explicit(&p->hold, memory_order_relaxed) > 0) {
                 CPU_RELAX();
                 continue;
             }
@@ -132,6 +133,12 @@ void hm_pool_close(hm_pool *pool) {
 }
 
 int hm_pool_size(const hm_pool *pool) { return pool ? pool->n : 1; }
+
+void hm_pool_hold(hm_pool *pool, bool on) {
+    if (!pool || pool->n == 1) return;
+    atomic_fetch_add(&pool->hold, on ? 1 : -1);
+    /* sleepers wake on the next run's publish as before; no wake needed here */
+}
 
 void hm_pool_run(hm_pool *pool, hm_pool_fn fn, void *ctx) {
     if (!pool || pool->n == 1) {

@@ -11,6 +11,8 @@
 #ifndef HM_CORE_THREADPOOL_H
 #define HM_CORE_THREADPOOL_H
 
+#include <stdbool.h>
+
 #include "hotmoe.h"
 
 typedef struct hm_pool hm_pool;
@@ -30,6 +32,13 @@ int hm_pool_size(const hm_pool *pool);
 
 /* Run fn(ctx, ith, nth) on every thread and wait for all. A NULL pool runs fn(ctx, 0, 1) inline. */
 void hm_pool_run(hm_pool *pool, hm_pool_fn fn, void *ctx);
+
+/* Keep the workers polling (no futex sleep between runs) while held: for a caller that will
+ * dispatch short runs at irregular gaps of tens to hundreds of microseconds (the GPU decode
+ * step's cold units), where a wake-up would cost more than the run. Calls nest; every
+ * hm_pool_hold(pool, true) needs its hm_pool_hold(pool, false). Burns the workers' cores while
+ * held. NULL or a one-thread pool: no-op. */
+void hm_pool_hold(hm_pool *pool, bool on);
 
 /* Inside a run only: every thread of the run must call it; returns when all have arrived. Orders
  * memory like a run boundary (writes before the barrier are visible after it on every thread). */

@@ -174,6 +174,12 @@ hm_status hm_moe_forward_gpu_dev(const struct hm_model *m, const hm_moe_weights 
 hm_status hm_moe_forward_gpu_cold(const struct hm_model *m, hm_pool *pool, const hm_moe_weights *mw,
                                   hm_moe_route *r, const hm_moe_gpu_buf *b, hm_scratch *scratch,
                                   hm_err *err);
+/* The decode graph's CPU part (cuda_ops.h, hm_cuda_publish / hm_cuda_join): cold_host ([n_tok,
+ * n_embd] host) = the sum of the route's COLD units of x_host, computed on the CPU threads; zeros
+ * when none. Enqueues nothing on the device: the graph's join adds cold_host. */
+hm_status hm_moe_gpu_cold_host(const struct hm_model *m, hm_pool *pool, const hm_moe_weights *mw,
+                               hm_moe_route *r, const float *x_host, float *cold_host, hm_scratch *scratch,
+                               hm_err *err);
 #endif
 
 #endif

@@ -166,3 +166,15 @@ hm_status hm_moe_forward_gpu_cold(const hm_model *m, hm_pool *pool, const hm_moe
     const int32_t n_cold = split_units(m, mw, r, b, false, &n_hot);
     return cold_part(m, pool, mw, r, n_cold, b, scratch, err);
 }
+
+hm_status hm_moe_gpu_cold_host(const hm_model *m, hm_pool *pool, const hm_moe_weights *mw, hm_moe_route *r,
+                               const float *x_host, float *cold_host, hm_scratch *scratch, hm_err *err) {
+    HM_ASSERT(m->gpu);
+    int n_hot = 0;
+    const hm_moe_gpu_buf b = {0};
+    const int32_t n_cold = split_units(m, mw, r, &b, false, &n_hot);
+    memset(cold_host, 0, (size_t)r->n_tok * (size_t)mw->n_embd * sizeof(float));
+    if (n_cold == 0) return HM_OK;
+    /* through the RAM tier when there is one, as cold_part */
+    return hm_moe_run_cold(m, pool, mw, r, n_cold, x_host, cold_host, scratch, err);
+}

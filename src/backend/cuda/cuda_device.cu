@@ -121,7 +121,7 @@ hm_status hm_cuda_sync(hm_cuda_ctx *c, hm_err *err) {
 hm_status hm_cuda_host_alloc(hm_cuda_ctx *c, size_t bytes, void **out, hm_err *err) {
     *out = NULL;
     HM_CU(cudaSetDevice(c->device));
-    cudaError_t e = cudaHostAlloc(out, bytes ? bytes : 1, cudaHostAllocPortable);
+    cudaError_t e = cudaHostAlloc(out, bytes ? bytes : 1, cudaHostAllocPortable | cudaHostAllocMapped);
     if (e != cudaSuccess) {
         *out = NULL;
         (void)cudaGetLastError();

@@ -67,8 +67,9 @@ hm_status hm_cuda_sync(hm_cuda_ctx *c, hm_err *err);
 
 /* ---- host memory, device info and events (for the engine's GPU path) ------------------------- */
 
-/* Page-locked host memory (cudaHostAlloc, portable): what async copies need to overlap. *out owned
- * by the caller: hm_cuda_host_free it. */
+/* Page-locked host memory (cudaHostAlloc, portable, mapped: device code may read and write it
+ * through the same pointer): what async copies need to overlap. *out owned by the caller:
+ * hm_cuda_host_free it. */
 hm_status hm_cuda_host_alloc(hm_cuda_ctx *c, size_t bytes, void **out, hm_err *err);
 void hm_cuda_host_free(hm_cuda_ctx *c, void *p); /* NULL is a no-op */
 /* Free and total device memory now (cudaMemGetInfo). */
@@ -257,6 +258,50 @@ hm_status hm_cuda_qk_norm_rope_kv(hm_cuda_ctx *c, float *q, float *k, const floa
 /* Embedding lookup: out[i] = dequant(table row ids[i]); ids: device int32 in [0, table->ne1). */
 hm_status hm_cuda_get_rows(hm_cuda_ctx *c, const hm_cuda_mat *table, const int32_t *ids,
                            int64_t n_ids, float *out, hm_err *err);
+
+/* ---- a decode step as one CUDA graph, with host handshakes inside it (cuda_graph.cu) ----------
+ *
+ * The engine captures the ops of a whole decode step once (hm_cuda_capture_begin .. _end: every op
+ * enqueued on the compute stream in between is recorded, not run) and replays the graph each step
+ * (hm_cuda_graph_launch): one host call instead of hundreds of launches, no gaps between kernels.
+ * Everything that changes per step must then live in device memory (tokens, positions, the step
+ * number `seq`, the expert slot table), not in kernel arguments.
+ *
+ * The CPU's share of a MoE layer happens INSIDE the graph through two handshakes over pinned host
+ * memory (hm_cuda_host_alloc memory is mapped: device code reaches it through the same pointer):
+ *   - hm_cuda_publish: after the router, the device counts the pairs whose expert has no VRAM slot
+ *     (slots[id].gate == NULL, hm_cuda_moe_dev's COLD), writes that count, the ids and weights and
+ *     (only when the count is > 0) the MoE input rows to host memory, then sets *flag_host = *seq.
+ *     The host waits for the flag (hm_cuda_host_wait), computes the cold units, writes their sum
+ *     and sets its own flag.
+ *   - hm_cuda_join: when the layer's count was 0 nothing happens (the GPU goes straight on);
+ *     else the device waits until *flag_host == *seq, then out += the host's sum.
+ * The host MUST eventually set every joined flag of a launched step (also when it failed: set
+ * them all, then sync), or the stream waits forever. */
+typedef struct hm_cuda_graph hm_cuda_graph;
+/* Start recording the compute stream (this thread's calls only). */
+hm_status hm_cuda_capture_begin(hm_cuda_ctx *c, hm_err *err);
+/* Stop recording and instantiate: *out owned by the caller (hm_cuda_graph_destroy). On failure
+ * (or when ok is false: the caller's enqueueing failed) the recording is discarded, *out NULL. */
+hm_status hm_cuda_capture_end(hm_cuda_ctx *c, bool ok, hm_cuda_graph **out, hm_err *err);
+hm_status hm_cuda_graph_launch(hm_cuda_ctx *c, hm_cuda_graph *g, hm_err *err);
+void hm_cuda_graph_destroy(hm_cuda_graph *g); /* NULL is a no-op */
+
+/* See above. n_pairs <= 256 (ids, w: device [n_pairs]); x: device [n_x] floats; pub_host: pinned
+ * [1 + 2 * n_pairs] int32 (count, ids, weights' bits); x_host: pinned [n_x]; ncold_dev: device
+ * int32 the join reads; seq_dev: device uint32, the step number. */
+hm_status hm_cuda_publish(hm_cuda_ctx *c, const hm_cuda_moe_slot *slots, const int32_t *ids, const float *w,
+                          int n_pairs, const float *x, int64_t n_x, int32_t *ncold_dev, int32_t *pub_host,
+                          float *x_host, uint32_t *flag_host, const uint32_t *seq_dev, hm_err *err);
+/* out[i] += add_host[i], i < n, once *flag_host == *seq_dev; nothing when *ncold_dev == 0. */
+hm_status hm_cuda_join(hm_cuda_ctx *c, const int32_t *ncold_dev, const uint32_t *flag_host,
+                       const uint32_t *seq_dev, const float *add_host, float *out, int64_t n, hm_err *err);
+/* Host side of the handshake: spin until *flag == want (acquire). While spinning, checks the
+ * compute stream now and then: a fault is HM_ERR_CUDA, an idle stream with the flag still unset
+ * is HM_ERR_INTERNAL (the device will never set it). */
+hm_status hm_cuda_host_wait(hm_cuda_ctx *c, const uint32_t *flag, uint32_t want, hm_err *err);
+/* Host side: *flag = v (release), for the device's hm_cuda_join. */
+void hm_cuda_host_signal(uint32_t *flag, uint32_t v);
 
 /* Test hook, not for the engine: which decode kernels (hm_cuda_matmul's matvec path,
  * hm_cuda_matvec_multi, hm_cuda_moe_dev) the context runs. DEFAULT is what the engine gets. */
