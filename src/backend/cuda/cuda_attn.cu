@@ -34,8 +34,13 @@ static int attn_splits(const hm_cuda_ctx *c, int64_t n_tok, int64_t kv_len, int 
     const int64_t g = n_head / n_kv_head;
     const int64_t blocks = n_tok * n_kv_head * ((g + gc - 1) / gc);
     int64_t want = (2 * (int64_t)c->n_sm + blocks - 1) / blocks;
-    const int64_t min_range = c->kern == HM_CUDA_KERN_OLD ? ATTN_MIN_RANGE : ATTN_MIN_RANGE_NEW;
-    const int64_t by_len = (kv_len + min_range - 1) / min_range;
+    const bool old = c->kern == HM_CUDA_KERN_OLD;
+    const int64_t min_range = old ? ATTN_MIN_RANGE : ATTN_MIN_RANGE_NEW;
+    int64_t by_len = (kv_len + min_range - 1) / min_range;
+    /* new: by length in powers of two, so the split (and the scratch size, which keys a captured
+     * decode graph) changes only at kv_len 33, 65, 129, ... and stays monotonic in kv_len */
+    if (!old)
+        while (by_len & (by_len - 1)) by_len &= by_len - 1;
     if (want > by_len) want = by_len;
     if (want > ATTN_MAX_SPLIT) want = ATTN_MAX_SPLIT;
     return want < 1 ? 1 : (int)want;
