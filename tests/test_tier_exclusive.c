@@ -13,7 +13,8 @@
  *   - its VRAM copy landed -> no RAM buffer at all (hm_ram_tier_where 0);
  *   - it holds a VRAM slot still filling -> no RAM slot it did not already hold (never admitted);
  *   - it left VRAM since the last check -> with RAM policy none, no RAM slot (SSD-only); counted
- *     in vram_demoted_ram + vram_demoted_ssd, and at least vram_demoted_ram of them in a RAM slot.
+ *     in vram_demoted_ram + vram_demoted_ssd, and exactly vram_demoted_ram of them in a RAM slot
+ *     (placed after the RAM policy's step, so the policy never evicts one just read).
  * And for the whole run: no file read is ever issued for a unit whose VRAM copy has landed (the
  * tier's read hook checks at the moment of the read); the RAM tier's read_bytes equals the sum of
  * the 4096-aligned spans of the parts the hook saw (counted here from the unit table, not from the
@@ -244,7 +245,7 @@ static void run(const run_cfg *c, hm_profile *counts_out) {
         const uint64_t dr = sa.vram_demoted_ram - sb.vram_demoted_ram, ds = sa.vram_demoted_ssd - sb.vram_demoted_ssd;
         CHECKF(dr + ds == left, "%s step %d: %llu units left VRAM, demoted %llu to RAM + %llu to SSD", what, stp,
                (unsigned long long)left, (unsigned long long)dr, (unsigned long long)ds);
-        CHECKF(left_in_ram >= dr, "%s step %d: %llu demoted to RAM, %llu in a RAM slot", what, stp,
+        CHECKF(left_in_ram == dr, "%s step %d: %llu demoted to RAM, %llu in a RAM slot", what, stp,
                (unsigned long long)dr, (unsigned long long)left_in_ram);
         left_total += left;
     }

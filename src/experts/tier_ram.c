@@ -44,6 +44,8 @@ struct hm_ram_tier {
     int64_t *pred_step;  /* [n_units] step it was predicted in, -1 */
     int64_t *layer_pred; /* [n_layer] step its layer had a prediction in, -1 */
     uint8_t *was_vram;   /* [n_units] held a VRAM slot at the last step end */
+    int32_t *left;       /* [n_units] units that left VRAM, placed after the RAM policy's step */
+    int64_t n_left;
     int32_t *acq_cnt;    /* [n_units] tokens routed to it through acquire in this step */
     int32_t *acq_list;   /* [n_units] units with acq_cnt > 0 */
     int64_t n_acq;
@@ -255,13 +257,14 @@ hm_status hm_ram_tier_open(hm_ram_tier **out, const char *path, const hm_units *
     t->pred_step = malloc(nu * sizeof *t->pred_step);
     t->layer_pred = malloc((size_t)t->n_layer * sizeof *t->layer_pred);
     t->was_vram = calloc(nu, 1);
+    t->left = malloc(nu * sizeof *t->left);
     t->acq_cnt = calloc(nu, sizeof *t->acq_cnt);
     t->acq_list = malloc(nu * sizeof *t->acq_list);
     t->rec = malloc(REC * sizeof *t->rec);
     t->call_buf = malloc((size_t)max_e * sizeof *t->call_buf);
     t->call_kind = malloc((size_t)max_e);
     if (!t->base || !t->buf_unit || !t->buf_state || !t->buf_pref || !t->buf_pin || !t->slot_buf || !t->stage_buf ||
-        !t->stage_tick || !t->unit_stage || !t->pred_step || !t->layer_pred || !t->was_vram || !t->acq_cnt ||
+        !t->stage_tick || !t->unit_stage || !t->pred_step || !t->layer_pred || !t->was_vram || !t->left || !t->acq_cnt ||
         !t->acq_list || !t->rec || !t->call_buf || !t->call_kind) {
         st = hm_errf(err, HM_ERR_NOMEM, "RAM tier: out of memory for %" PRId64 " units", t->n_units);
         goto fail;
@@ -332,7 +335,7 @@ void hm_ram_tier_close(hm_ram_tier *t) {
     if (t->pool) munmap(t->pool, t->pool_bytes);
     free(t->base), free(t->buf_unit), free(t->buf_state), free(t->buf_pref), free(t->buf_pin);
     free(t->slot_buf), free(t->stage_buf), free(t->stage_tick), free(t->unit_stage), free(t->pred_step);
-    free(t->layer_pred), free(t->was_vram), free(t->acq_cnt), free(t->acq_list), free(t->rec), free(t->call_buf);
+    free(t->layer_pred), free(t->was_vram), free(t->left), free(t->acq_cnt), free(t->acq_list), free(t->rec), free(t->call_buf);
     free(t->call_kind);
     free(t);
 }
@@ -502,14 +505,26 @@ static void sync_vram(hm_ram_tier *t) {
                     t->stage_tick[i] = 0;
                     t->st.vram_released++;
                 }
-            } else if (t->was_vram[ui] && !in) { /* left VRAM: a free RAM slot if there is one */
-                if (s->u[ui].hot_slot < 0 && s->n_free > 0 && hm_experts_admit(s, ui, NULL) == HM_OK)
-                    t->st.vram_demoted_ram++;
-                else
-                    t->st.vram_demoted_ssd++;
+            } else if (t->was_vram[ui] && !in) { /* left VRAM: placed after the RAM policy's step */
+                t->left[t->n_left++] = ui;
             }
             t->was_vram[ui] = in;
         }
+}
+
+/* After the RAM policy's step: each unit that left VRAM keeps the RAM slot the policy gave it, or
+ * takes one the policy left free (a read from the file), else it is SSD-only. After the policy, so
+ * that it never evicts a unit just read for this (no read wasted). */
+static void place_left(hm_ram_tier *t) {
+    hm_experts *s = t->store;
+    for (int64_t i = 0; i < t->n_left; i++) {
+        int32_t ui = t->left[i];
+        if (s->u[ui].hot_slot >= 0 || (s->n_free > 0 && !s->u[ui].barred && hm_experts_admit(s, ui, NULL) == HM_OK))
+            t->st.vram_demoted_ram++;
+        else
+            t->st.vram_demoted_ssd++;
+    }
+    t->n_left = 0;
 }
 
 hm_status hm_ram_tier_step_end(hm_ram_tier *t, int32_t n_tok, bool prompt, hm_err *err) {
@@ -527,7 +542,9 @@ hm_status hm_ram_tier_step_end(hm_ram_tier *t, int32_t n_tok, bool prompt, hm_er
     t->step++;
     t->st.steps++;
     t->st.tokens += (uint64_t)n_tok;
-    return hm_experts_step_end(t->store, n_tok, prompt, err);
+    hm_status st = hm_experts_step_end(t->store, n_tok, prompt, err);
+    if (t->vram) place_left(t);
+    return st;
 }
 
 void hm_ram_tier_drain(hm_ram_tier *t) {

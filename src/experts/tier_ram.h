@@ -17,9 +17,9 @@
  * Exclusive tiers: with a VRAM store (opts.vram), a unit that holds a VRAM slot (landed or still
  * filling) is barred from the RAM slots (hm_experts_bar on the inner store: no RAM policy admits
  * it); once its VRAM copy has landed it loses its RAM buffer, slot or staging, at the next step end
- * (unless pinned); a unit that left VRAM goes to a free RAM slot if the RAM policy keeps slots and
- * one is free (a read from the file, counted in the stats), else it is SSD-only until the policy
- * admits it again (policy NONE has no slots: always SSD-only). The RAM policy sees only the routes
+ * (unless pinned); a unit that left VRAM, after the RAM policy's step, keeps a RAM slot the policy
+ * gave it or takes one the policy left free (a read from the file, counted in the stats), else it
+ * is SSD-only until the policy admits it (policy NONE has no slots: always SSD-only). The RAM policy sees only the routes
  * the VRAM tier missed, and the static RAM placement skips units placed in VRAM. A unit whose VRAM
  * fill is in flight is still computed from RAM: it keeps a RAM buffer it had until the fill lands.
  * The VRAM tier's fills copy from the file mapping, not from this pool (not counted here).
@@ -97,9 +97,9 @@ hm_status hm_ram_tier_hold(hm_ram_tier *t, int32_t layer, int32_t expert, hm_uni
  * of that layer in this step. */
 void hm_ram_tier_prefetch(hm_ram_tier *t, int32_t layer, const int32_t *experts, int32_t n);
 
-/* Between steps, after the VRAM store's step end: exclusivity (units landed in VRAM leave RAM,
- * units that left VRAM take a free RAM slot), then the RAM policy on this step's routes. Errors
- * are a policy fill's (the store stays usable). */
+/* Between steps, after the VRAM store's step end: exclusivity (units landed in VRAM leave RAM),
+ * the RAM policy on this step's routes, then units that left VRAM take a RAM slot the policy left
+ * free. Errors are a policy fill's (the store stays usable). */
 hm_status hm_ram_tier_step_end(hm_ram_tier *t, int32_t n_tok, bool prompt, hm_err *err);
 
 /* Wait for every read in flight (demand, prefetch, policy fills) to land: then read_bytes counts
