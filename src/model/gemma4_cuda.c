@@ -215,6 +215,7 @@ typedef struct g4_gstate {
     hm_cuda_event *routed;    /* a mixed layer's routing has come down, owned */
     int32_t logit_rows, dec_cap;
     size_t sel_stride;        /* 2 * dec_cap * k */
+    hm_moe_graph *graph;      /* decode as one CUDA graph (moe.h), owned; NULL with HOTMOE_CUDA_GRAPH=0 */
 } g4_gstate;
 
 void g4_gpu_state_close(g4_state *s) {
@@ -229,6 +230,7 @@ void g4_gpu_state_close(g4_state *s) {
         hm_cuda_host_free(g->c, g->pin);
     }
     hm_cuda_event_destroy(g->routed);
+    hm_moe_graph_close(g->graph);
     free(g->units);
     free(g->all_hot);
     free(g->any_hot);
@@ -380,6 +382,20 @@ hm_status g4_gpu_state_open(const hm_model *m, const hm_state_opts *o, g4_state 
             goto fail;
         }
     }
+    if (q->n_expert > 0) {
+        const char *ev = getenv("HOTMOE_CUDA_GRAPH");
+        if (!(ev && strcmp(ev, "0") == 0)) {
+            const hm_moe_weights **mw = malloc(NL * sizeof *mw);
+            if (!mw) {
+                st = hm_errf(err, HM_ERR_NOMEM, "out of memory");
+                goto fail;
+            }
+            for (size_t il = 0; il < NL; il++) mw[il] = q->layers[il].moe ? &q->layers[il].experts : NULL;
+            st = hm_moe_graph_open(c, mw, q->n_layer, g->dec_cap, q->n_expert_used, q->n_embd, &g->graph, err);
+            free(mw);
+            if (st != HM_OK) goto fail;
+        }
+    }
     /* the CPU part: the route and the scratch of its MoE op */
     if (q->n_expert > 0) {
         if ((st = hm_moe_route_init(&s->route, q->n_expert, q->n_expert_used, o->n_ubatch, err)) != HM_OK) goto fail;
@@ -410,13 +426,13 @@ static void record_routing(const hm_model *m, const g4_model *q, const g4_gstate
             hm_experts_record(m->experts, il, g->sel_all_h + (size_t)il * g->sel_stride, g->rec_n[il]);
 }
 
-/* The MoE block of layer il on rows nr: g->e = the experts of rmsnorm(x) * pre_ffw_norm_2 (hot on
- * the device, cold on the CPU), routed on rmsnorm(x) * router_scale / sqrt(E). */
-static hm_status moe_block(const hm_model *m, g4_state *s, hm_pool *pool, int32_t il, int64_t nr, bool dec,
-                           int32_t *n_rec, hm_err *err) {
+/* The routing of layer il's MoE block on rows nr, into ids_d / w_d ([nr, k] device): routed on
+ * rmsnorm(x) * router_scale / sqrt(E), weights scaled per expert; then g->h = the experts' input
+ * rmsnorm(x) * pre_ffw_norm_2 and g->e = 0 (what the experts accumulate into). */
+static hm_status moe_route(const hm_model *m, g4_state *s, int32_t il, int64_t nr, int32_t *ids_d, float *w_d,
+                           hm_err *err) {
     const g4_model *q = m->impl;
     const g4_gpu_layer *D = &((const g4_gpu *)m->gpu->arch)->layers[il];
-    const g4_layer *L = &q->layers[il];
     g4_gstate *g = s->gpu;
     hm_cuda_ctx *c = g->c;
     const int64_t E = q->n_embd;
@@ -426,14 +442,29 @@ static hm_status moe_block(const hm_model *m, g4_state *s, hm_pool *pool, int32_
     if ((st = hm_cuda_rmsnorm(c, g->x, D->router_scale, g->h, nr, E, q->eps, err)) != HM_OK) return st;
     if ((st = hm_cuda_scale(c, g->h, 1.0f / sqrtf((float)E), g->h, nr * E, err)) != HM_OK) return st;
     if ((st = hm_cuda_matmul(c, &D->router, g->h, nr, g->rlog, err)) != HM_OK) return st;
-    int32_t *ids_d = dec ? g->sel_all + (size_t)il * g->sel_stride : g->sel;
-    float *w_d = (float *)(ids_d + nk);
     if ((st = hm_cuda_router(c, g->rlog, nr, q->n_expert, K, true, ids_d, w_d, err)) != HM_OK) return st;
     if (D->expert_scale && (st = hm_cuda_scale_by_id(c, w_d, ids_d, D->expert_scale, (int64_t)nk, err)) != HM_OK)
         return st;
     /* the experts' input (the router's input is consumed: h is free again) */
     if ((st = hm_cuda_rmsnorm(c, g->x, D->pre_ffw_norm_2, g->h, nr, E, q->eps, err)) != HM_OK) return st;
-    if ((st = hm_cuda_memset(c, g->e, 0, (size_t)(nr * E) * sizeof(float), err)) != HM_OK) return st;
+    return hm_cuda_memset(c, g->e, 0, (size_t)(nr * E) * sizeof(float), err);
+}
+
+/* The MoE block of layer il on rows nr: g->e = the experts of the input moe_route leaves in g->h
+ * (hot on the device, cold on the CPU). */
+static hm_status moe_block(const hm_model *m, g4_state *s, hm_pool *pool, int32_t il, int64_t nr, bool dec,
+                           int32_t *n_rec, hm_err *err) {
+    const g4_model *q = m->impl;
+    const g4_layer *L = &q->layers[il];
+    g4_gstate *g = s->gpu;
+    hm_cuda_ctx *c = g->c;
+    const int64_t E = q->n_embd;
+    const int K = q->n_expert_used;
+    const size_t nk = (size_t)nr * (size_t)K;
+    hm_status st;
+    int32_t *ids_d = dec ? g->sel_all + (size_t)il * g->sel_stride : g->sel;
+    float *w_d = (float *)(ids_d + nk);
+    if ((st = moe_route(m, s, il, nr, ids_d, w_d, err)) != HM_OK) return st;
     const hm_moe_gpu_buf mb = {.x_dev = g->h,
                                .x_host = g->all_hot[il] ? NULL : g->h_h,
                                .out_dev = g->e,
@@ -471,6 +502,94 @@ static hm_status moe_block(const hm_model *m, g4_state *s, hm_pool *pool, int32_
     if (m->experts) hm_experts_record(m->experts, il, g->sel_h, (int32_t)nk);
     hm_moe_route_build(&s->route, g->sel_h, (const float *)(g->sel_h + nk), (int32_t)nr);
     return hm_moe_forward_gpu(m, pool, &L->experts, &s->route, &mb, &s->scratch, err);
+}
+
+/* ---- decode as one graph (moe.h, hm_moe_graph): the same ops as g4_gpu_forward's decode path,
+ * captured once and replayed (every row wants logits: no compaction); bit-identical to it. The
+ * graph's key is the attention's KV split of the sliding and of the global layers. */
+
+typedef struct g4_step {
+    const hm_model *m;
+    g4_state *s;
+    int64_t n, kv_len;
+} g4_step;
+
+static hm_status enqueue_step(void *ctx, hm_err *err) {
+    const g4_step *p = ctx;
+    const hm_model *m = p->m;
+    g4_state *s = p->s;
+    const int64_t n = p->n;
+    const g4_model *q = m->impl;
+    const g4_gpu *d = m->gpu->arch;
+    g4_gstate *g = s->gpu;
+    hm_cuda_ctx *c = g->c;
+    const int64_t E = q->n_embd, U = s->n_ubatch;
+    const int nh = q->n_head, K = q->n_expert_used;
+    const size_t nk = (size_t)n * (size_t)K;
+    const int32_t *tok_d = g->ints, *pos_d = g->ints + U;
+    hm_status st;
+    CK(hm_cuda_get_rows(c, &d->tok_embd, tok_d, n, g->x, err));
+    CK(hm_cuda_scale(c, g->x, q->embd_scale, g->x, n * E, err));
+    for (int32_t il = 0; il < q->n_layer; il++) {
+        const g4_layer *L = &q->layers[il];
+        const g4_gpu_layer *D = &d->layers[il];
+        const int hd = L->hd, nkv = L->n_kv;
+        const g4_kv *kl = &s->kvl[il];
+        uint16_t *kc = g->kv + kl->off, *vc = kc + kl->elems;
+        CK(hm_cuda_rmsnorm(c, g->x, D->attn_norm, g->h, n, E, q->eps, err));
+        CK(hm_cuda_matmul(c, &D->wq, g->h, n, g->q, err));
+        CK(hm_cuda_matmul(c, &D->wk, g->h, n, g->k, err));
+        if (D->wv.data) CK(hm_cuda_matmul(c, &D->wv, g->h, n, g->v, err));
+        else CK(hm_cuda_copy(c, g->v, g->k, (size_t)(n * nkv * hd) * sizeof(float), err));
+        CK(hm_cuda_rmsnorm_heads(c, g->q, D->q_norm, n, nh, hd, q->eps, err));
+        CK(hm_cuda_rmsnorm_heads(c, g->k, D->k_norm, n, nkv, hd, q->eps, err));
+        CK(hm_cuda_rmsnorm(c, g->v, NULL, g->v, n * nkv, hd, q->eps, err));
+        CK(hm_cuda_rope_neox_ff(c, g->q, n, nh, hd, L->n_rot, pos_d, L->theta, L->swa ? NULL : d->rope_ff, err));
+        CK(hm_cuda_rope_neox_ff(c, g->k, n, nkv, hd, L->n_rot, pos_d, L->theta, L->swa ? NULL : d->rope_ff, err));
+        CK(hm_cuda_kv_write_ring(c, kc, vc, kl->cap, nkv, hd, g->k, g->v, n, pos_d, err));
+        CK(hm_cuda_gemma_attention(c, g->q, n, pos_d, p->kv_len, kc, vc, kl->cap, L->swa ? q->window : 0, nh, nkv, hd,
+                                   1.0f, g->att, g->scratch, g->scratch_size, err));
+        CK(hm_cuda_matmul(c, &D->wo, g->att, n, g->mo, err));
+        CK(hm_cuda_rmsnorm(c, g->mo, D->post_attn_norm, g->mo, n, E, q->eps, err));
+        CK(hm_cuda_add(c, g->x, g->mo, g->x, n * E, err));
+        CK(hm_cuda_rmsnorm(c, g->x, D->ffn_norm, g->h, n, E, q->eps, err));
+        CK(hm_cuda_matmul(c, &D->gate, g->h, n, g->gt, err));
+        CK(hm_cuda_matmul(c, &D->up, g->h, n, g->up, err));
+        CK(hm_cuda_gelu_mul(c, g->gt, g->up, g->gt, n * L->n_ff, err));
+        CK(hm_cuda_matmul(c, &D->down, g->gt, n, g->mo, err));
+        if (L->moe) {
+            CK(hm_cuda_rmsnorm(c, g->mo, D->post_ffw_norm_1, g->mo, n, E, q->eps, err));
+            int32_t *ids_d = g->sel_all + (size_t)il * g->sel_stride;
+            float *w_d = (float *)(ids_d + nk);
+            CK(moe_route(m, s, il, n, ids_d, w_d, err));
+            CK(hm_moe_graph_layer(g->graph, m, il, g->slots + (size_t)il * (size_t)q->n_expert, g->any_hot[il], ids_d,
+                                  w_d, n, g->h, g->e, g->scratch, g->scratch_size, err));
+            CK(hm_cuda_rmsnorm(c, g->e, D->post_ffw_norm_2, g->e, n, E, q->eps, err));
+            CK(hm_cuda_add(c, g->mo, g->e, g->mo, n * E, err));
+        }
+        CK(hm_cuda_rmsnorm(c, g->mo, D->post_ffw_norm, g->mo, n, E, q->eps, err));
+        CK(hm_cuda_add(c, g->x, g->mo, g->x, n * E, err));
+        if (L->out_scale != 1.0f) CK(hm_cuda_scale(c, g->x, L->out_scale, g->x, n * E, err));
+    }
+    CK(hm_cuda_rmsnorm(c, g->x, d->output_norm, g->h, n, E, q->eps, err));
+    CK(hm_cuda_matmul(c, &d->output, g->h, n, g->logits, err));
+    if (q->softcap > 0) CK(hm_cuda_softcap(c, g->logits, n * (int64_t)q->n_vocab, q->softcap, err));
+    return HM_OK;
+fail:
+    return st;
+}
+
+static hm_status graph_step(const hm_model *m, g4_state *s, hm_pool *pool, const hm_fwd_batch *b, hm_err *err) {
+    const g4_model *q = m->impl;
+    g4_gstate *g = s->gpu;
+    const int64_t n = b->n;
+    g4_step p = {.m = m, .s = s, .n = n, .kv_len = b->pos[n - 1] + 1};
+    const size_t key = (size_t)hm_cuda_gemma_attention_splits(g->c, n, q->n_head, p.kv_len, q->window) * 4096 +
+                       (size_t)hm_cuda_gemma_attention_splits(g->c, n, q->n_head, p.kv_len, 0);
+    hm_status st = hm_moe_graph_step(g->graph, m, pool, &s->route, &s->scratch, n, key, g->any_hot, enqueue_step, &p,
+                                     err);
+    if (st != HM_OK) return st;
+    return hm_cuda_download(g->c, b->logits, g->logits, (size_t)n * (size_t)q->n_vocab * sizeof(float), err);
 }
 
 hm_status g4_gpu_forward(const hm_model *m, g4_state *s, hm_pool *pool, const hm_fwd_batch *b, hm_err *err) {
@@ -514,6 +633,10 @@ hm_status g4_gpu_forward(const hm_model *m, g4_state *s, hm_pool *pool, const hm
         CK(hm_cuda_upload_compute(c, g->slots + (size_t)lo * NE, g->slots_h + (size_t)lo * NE,
                                   (size_t)(hi - lo + 1) * NE * sizeof(hm_cuda_moe_slot), err));
     int32_t n_rec = 0;
+    if (dec && g->graph && n_out == n && b->logits && n <= g->logit_rows) {
+        CK(graph_step(m, s, pool, b, err)); /* every flag released, the device idle, when it fails */
+        return HM_OK;
+    }
 
     CK(hm_cuda_get_rows(c, &d->tok_embd, tok_d, n, g->x, err));
     CK(hm_cuda_scale(c, g->x, q->embd_scale, g->x, n * E, err));

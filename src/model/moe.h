@@ -180,6 +180,40 @@ hm_status hm_moe_forward_gpu_cold(const struct hm_model *m, hm_pool *pool, const
 hm_status hm_moe_gpu_cold_host(const struct hm_model *m, hm_pool *pool, const hm_moe_weights *mw,
                                hm_moe_route *r, const float *x_host, float *cold_host, hm_scratch *scratch,
                                hm_err *err);
+
+/* ---- a decode step as one CUDA graph (moe_graph_cuda.c) ----
+ *
+ * The arch captures its whole decode step once (an enqueue callback: every op on the compute
+ * stream, per-step values only in device memory) and replays it; hm_moe_graph_step captures again
+ * when the rows, the arch's key (e.g. the attention split) or the layers with any VRAM unit change.
+ * In the callback each MoE layer calls hm_moe_graph_layer after its router: publish (the device
+ * counts the pairs without a VRAM slot; only then routing and input go to mapped host memory),
+ * the hot units, join (waits for the host's cold sum and adds it into out). During the replay the
+ * host walks the layers in order: waits for each publish, computes that layer's cold units on the
+ * CPU threads (hm_moe_gpu_cold_host) while the GPU computes the hot ones, and signals. A layer whose
+ * routed units are all in VRAM costs no host round trip. After the step every layer's routing is
+ * recorded in the store. On return the device may still run the step's tail (the output matmul):
+ * the caller's logits download is the step's sync. On error every flag is released and the device
+ * synced before returning. Results equal the per-launch path's (same kernels, same order). */
+typedef struct hm_moe_graph hm_moe_graph;
+struct hm_cuda_ctx;
+/* mw[il]: layer il's experts (borrowed, copied as pointers), NULL for a layer without experts
+ * (it must not call hm_moe_graph_layer); at most dec_cap rows a step. */
+hm_status hm_moe_graph_open(struct hm_cuda_ctx *c, const hm_moe_weights *const *mw, int32_t n_layer,
+                            int32_t dec_cap, int32_t k, int64_t n_embd, hm_moe_graph **out, hm_err *err);
+void hm_moe_graph_close(hm_moe_graph *mg); /* NULL is a no-op; call after a device sync */
+/* Inside the enqueue callback, after layer il's router (ids_dev, w_dev: [n_tok, k] device):
+ * x_dev the MoE input, out_dev the residual accumulated into; any_hot as hm_moe_gpu_slot_table
+ * said (the hot launch is left out of the graph when false). */
+hm_status hm_moe_graph_layer(hm_moe_graph *mg, const struct hm_model *m, int32_t il,
+                             const struct hm_cuda_moe_slot *slots_dev, bool any_hot, const int32_t *ids_dev,
+                             const float *w_dev, int64_t n_tok, const float *x_dev, float *out_dev,
+                             void *scratch, size_t scratch_size, hm_err *err);
+typedef hm_status (*hm_moe_graph_enqueue_fn)(void *ctx, hm_err *err);
+/* One decode step of n_tok rows (see above). any_hot: [n_layer]. */
+hm_status hm_moe_graph_step(hm_moe_graph *mg, const struct hm_model *m, hm_pool *pool, hm_moe_route *route,
+                            hm_scratch *scratch, int64_t n_tok, size_t key, const uint8_t *any_hot,
+                            hm_moe_graph_enqueue_fn enqueue, void *ctx, hm_err *err);
 #endif
 
 #endif

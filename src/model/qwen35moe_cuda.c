@@ -237,6 +237,7 @@ typedef struct q35_gstate {
     uint8_t *any_hot;         /* [n_layer], owned */
     int32_t *rec_n;           /* [n_layer], owned */
     hm_cuda_event *routed;    /* a mixed layer's routing has come down, owned */
+    hm_moe_graph *graph;      /* decode as one CUDA graph (moe.h), owned; NULL with HOTMOE_CUDA_GRAPH=0 */
 } q35_gstate;
 
 void q35_gpu_state_close(q35_state *s) {
@@ -252,6 +253,7 @@ void q35_gpu_state_close(q35_state *s) {
         hm_cuda_host_free(g->c, g->pin);
     }
     hm_cuda_event_destroy(g->routed);
+    hm_moe_graph_close(g->graph);
     free(g->units);
     free(g->all_hot);
     free(g->seen);
@@ -410,6 +412,20 @@ hm_status q35_gpu_state_open(const hm_model *m, const hm_state_opts *o, q35_stat
             goto fail;
         }
     }
+    {
+        const char *ev = getenv("HOTMOE_CUDA_GRAPH");
+        if (!(ev && strcmp(ev, "0") == 0)) {
+            const hm_moe_weights **mw = malloc(NL * sizeof *mw);
+            if (!mw) {
+                st = hm_errf(err, HM_ERR_NOMEM, "out of memory");
+                goto fail;
+            }
+            for (size_t il = 0; il < NL; il++) mw[il] = &q->layers[il].moe;
+            st = hm_moe_graph_open(c, mw, q->n_layer, g->dec_cap, q->n_expert_used, q->n_embd, &g->graph, err);
+            free(mw);
+            if (st != HM_OK) goto fail;
+        }
+    }
     /* the CPU part: the route and the scratch of its MoE op */
     if ((st = hm_moe_route_init(&s->route, q->n_expert, q->n_expert_used, o->n_ubatch, err)) != HM_OK) goto fail;
     s->scratch.size = hm_moe_compute_scratch_size(&s->route, q->n_embd, q->n_ff_exp, o->n_threads);
@@ -478,6 +494,87 @@ static void record_routing(const hm_model *m, const q35_gstate *g, int32_t n_rec
         hm_experts_record(m->experts, il, g->sel_all_h + (size_t)il * g->sel_stride, g->rec_n[il]);
 }
 
+/* ---- decode as one graph (moe.h, hm_moe_graph): the same ops as the decode branch of
+ * q35_gpu_forward below, captured once and replayed (every row wants logits: no compaction);
+ * bit-identical to the per-launch path. */
+
+typedef struct q35_step {
+    const hm_model *m;
+    q35_state *s;
+    int64_t n, kv_len;
+} q35_step;
+
+static hm_status enqueue_step(void *ctx, hm_err *err) {
+    const q35_step *p = ctx;
+    const hm_model *m = p->m;
+    q35_state *s = p->s;
+    const int64_t n = p->n;
+    const q35_model *q = m->impl;
+    const q35_gpu *d = m->gpu->arch;
+    q35_gstate *g = s->dev;
+    hm_cuda_ctx *c = g->c;
+    const int64_t E = q->n_embd, U = s->n_ubatch;
+    const int hd = q->head_dim, nh = q->n_head, nkv = q->n_head_kv, K = q->n_expert_used;
+    const size_t nq = (size_t)nh * (size_t)hd, nk = (size_t)n * (size_t)K;
+    const float scale = 1.0f / sqrtf((float)hd);
+    const int32_t *tok_d = g->ints, *pos_d = g->ints + U;
+    hm_status st;
+    CK(hm_cuda_get_rows(c, &d->tok_embd, tok_d, n, g->x, err));
+    for (int32_t il = 0; il < q->n_layer; il++) {
+        const q35_layer *L = &q->layers[il];
+        const q35_gpu_layer *D = &d->layers[il];
+        CK(hm_cuda_rmsnorm(c, g->x, D->attn_norm, g->h, n, E, q->eps, err));
+        if (L->recurrent) {
+            CK(deltanet(q, D, L, g, n, err));
+        } else {
+            uint16_t *kc = g->kv + (size_t)L->slot * 2 * g->kv_layer_elems, *vc = kc + g->kv_layer_elems;
+            CK(mm(c, &D->wq, g->h, n, g->mix, err));
+            CK(mm(c, &D->wk, g->h, n, g->k, err));
+            CK(mm(c, &D->wv, g->h, n, g->v, err));
+            CK(hm_cuda_split_q_gate(c, g->mix, n, nh, hd, g->q, g->gate, err));
+            CK(hm_cuda_qk_norm_rope_kv(c, g->q, g->k, g->v, D->q_norm, D->k_norm, n, nh, nkv, hd, q->n_rot, pos_d,
+                                       q->theta, q->eps, kc, vc, s->n_ctx, err));
+            if (d->attn_any)
+                CK(hm_cuda_attention_any(c, g->q, n, pos_d, kc, vc, s->n_ctx, nh, nkv, hd, scale, g->att, err));
+            else
+                CK(hm_cuda_attention(c, g->q, n, pos_d, p->kv_len, kc, vc, s->n_ctx, nh, nkv, hd, scale, g->att,
+                                     g->scratch, g->scratch_size, err));
+            CK(hm_cuda_sigmoid_mul(c, g->att, g->gate, n * (int64_t)nq, err));
+            CK(mm(c, &D->wo, g->att, n, g->h, err));
+        }
+        CK(hm_cuda_add_rmsnorm(c, g->x, g->h, D->post_norm, g->h, n, E, q->eps, err));
+        CK(mm(c, &D->router, g->h, n, g->rlog, err));
+        CK(mm(c, &D->sh_gate, g->h, n, g->shg, err));
+        CK(mm(c, &D->sh_up, g->h, n, g->shu, err));
+        CK(mm(c, &D->sh_inp, g->h, n, g->shs, err));
+        CK(hm_cuda_swiglu(c, g->shg, g->shu, g->shg, n * q->n_ff_sh, err));
+        CK(mm(c, &D->sh_down, g->shg, n, g->sho, err));
+        CK(hm_cuda_add_sigmoid_scaled(c, g->x, g->sho, g->shs, n, E, err));
+        int32_t *ids_d = g->sel_all + (size_t)il * g->sel_stride;
+        float *w_d = (float *)(ids_d + nk);
+        CK(hm_cuda_router(c, g->rlog, n, q->n_expert, K, true, ids_d, w_d, err));
+        CK(hm_moe_graph_layer(g->graph, m, il, g->slots + (size_t)il * (size_t)q->n_expert, g->any_hot[il], ids_d, w_d,
+                              n, g->h, g->x, g->scratch, g->scratch_size, err));
+    }
+    CK(hm_cuda_rmsnorm(c, g->x, d->output_norm, g->h, n, E, q->eps, err));
+    CK(mm(c, &d->output, g->h, n, g->logits, err));
+    return HM_OK;
+fail:
+    return st;
+}
+
+static hm_status graph_step(const hm_model *m, q35_state *s, hm_pool *pool, const hm_fwd_batch *b, hm_err *err) {
+    const q35_model *q = m->impl;
+    q35_gstate *g = s->dev;
+    const int64_t n = b->n;
+    q35_step p = {.m = m, .s = s, .n = n, .kv_len = b->pos[n - 1] + 1};
+    const size_t key = hm_cuda_attention_scratch_size(g->c, n, p.kv_len, q->n_head, q->n_head_kv, q->head_dim);
+    hm_status st = hm_moe_graph_step(g->graph, m, pool, &s->route, &s->scratch, n, key, g->any_hot, enqueue_step, &p,
+                                     err);
+    if (st != HM_OK) return st;
+    return hm_cuda_download(g->c, b->logits, g->logits, (size_t)n * (size_t)q->n_vocab * sizeof(float), err);
+}
+
 hm_status q35_gpu_forward(const hm_model *m, q35_state *s, hm_pool *pool, const hm_fwd_batch *b, hm_err *err) {
     const q35_model *q = m->impl;
     const q35_gpu *d = m->gpu->arch;
@@ -516,6 +613,10 @@ hm_status q35_gpu_forward(const hm_model *m, q35_state *s, hm_pool *pool, const 
         for (int32_t il = 0; il < q->n_layer; il++) g->all_hot[il] = hm_moe_gpu_all_hot(m, &q->layers[il].moe);
     }
     int32_t n_rec = 0;
+    if (dec && g->graph && n_out == n && b->logits && n <= g->logit_rows) {
+        CK(graph_step(m, s, pool, b, err)); /* every flag released, the device idle, when it fails */
+        return HM_OK;
+    }
 
     CK(hm_cuda_get_rows(c, &d->tok_embd, tok_d, n, g->x, err));
     int64_t nr = n;

@@ -16,6 +16,10 @@
  *     computes the hot units while the host computes the cold ones). Every layer's routing stays
  *     on the device and comes down in one copy at the end of the step, where it is recorded in
  *     the store (it only counts; the session's step_end comes after forward).
+ *     A decode step whose rows all want logits runs instead as ONE CUDA graph (moe.h,
+ *     hm_moe_graph): the same ops captured once and replayed, the cold units' host round trip
+ *     happening inside it through flags in mapped memory, and none at all for a layer whose
+ *     routed units are all hot (HOTMOE_CUDA_GRAPH=0 keeps the per-launch path).
  * The next layer's ops are queued behind that without a wait. After the last layer, the output
  * norm and matmul of the wanted rows and the logits' download (a sync); without wanted logits, a
  * plain sync: the store refills slots between steps and no queued kernel may still read them then.
@@ -230,20 +234,9 @@ typedef struct q3_gstate {
     uint8_t *any_hot;         /* [n_layer] per decode forward: some unit of the layer is hot, owned */
     int32_t *rec_n;           /* [n_layer] per decode forward: ids each layer routed (for the record) */
     hm_cuda_event *routed;    /* a mixed layer's routing has come down, owned */
-    /* the decode step as one graph (cuda_ops.h): captured once per key, replayed each step */
-    bool use_graph;           /* false with HOTMOE_CUDA_GRAPH=0 (the per-launch path above) */
-    hm_cuda_graph *graph;     /* owned; NULL until the first graph step */
-    int64_t graph_n;          /* its key: rows, the attention split (its scratch size), any_hot */
-    size_t graph_attn;
-    uint8_t *graph_any;       /* [n_layer] any_hot when captured, owned */
-    uint32_t seq;             /* the step number the handshakes wait for */
-    uint32_t *seq_d;          /* device: the step number (uploaded with the ints) */
-    int32_t *ncold_d;         /* device [n_layer]: the cold pairs each layer published */
-    size_t pub_stride;        /* int32 per layer in pub_h: count, ids, weights (padded) */
-    int32_t *pub_h;           /* pinned [n_layer][pub_stride]: each layer's routing, published */
-    float *xh_all;            /* pinned [n_layer][dec_cap * n_embd]: a mixed layer's MoE input */
-    float *coldh_all;         /* pinned [n_layer][dec_cap * n_embd]: its cold units' sum */
-    uint32_t *flags;          /* pinned [n_layer][2][16]: published / cold sum ready (own lines) */
+    /* decode as one CUDA graph (moe.h, hm_moe_graph); NULL with HOTMOE_CUDA_GRAPH=0 (the
+     * per-launch path above) */
+    hm_moe_graph *graph;      /* owned */
 } q3_gstate;
 
 void q3_gpu_state_close(q3_state *s) {
@@ -258,8 +251,7 @@ void q3_gpu_state_close(q3_state *s) {
         hm_cuda_host_free(g->c, g->pin);
     }
     hm_cuda_event_destroy(g->routed);
-    hm_cuda_graph_destroy(g->graph);
-    free(g->graph_any);
+    hm_moe_graph_close(g->graph);
     free(g->units);
     free(g->all_hot);
     free(g->seen);
@@ -344,7 +336,7 @@ hm_status q3_gpu_state_open(const hm_model *m, const hm_state_opts *o, q3_state 
         goto fail;
     }
     const size_t act_el[] = {U * E, U * E, U * nq, U * nkv, U * nkv, U * nq, U * (size_t)q->n_expert, 2 * U * K,
-                             U * E, (size_t)g->logit_rows * V, 3 * U + 1, NL * g->sel_stride, slot_words, NL};
+                             U * E, (size_t)g->logit_rows * V, 3 * U, NL * g->sel_stride, slot_words};
     size_t act_off[sizeof act_el / sizeof act_el[0]];
     const size_t act_bytes = layout(act_el, act_off, sizeof act_el / sizeof act_el[0]);
     /* attention and the grouped MoE run one after the other on one stream: one scratch */
@@ -376,18 +368,13 @@ hm_status q3_gpu_state_open(const hm_model *m, const hm_state_opts *o, q3_state 
         g->ints = (int32_t *)(b + off[10]);
         g->sel_all = (int32_t *)(b + off[11]);
         g->slots = (hm_cuda_moe_slot *)(b + off[12]);
-        g->seq_d = (uint32_t *)(g->ints + 3 * U);
-        g->ncold_d = (int32_t *)(b + off[13]);
     }
     if ((st = dev_alloc(m, g->scratch_size, g->scratch_size, &g->scratch, "attention/MoE scratch", err)) != HM_OK)
         goto fail;
 
     /* pinned host buffers: everything that crosses the bus */
     {
-        g->pub_stride = (1 + 2 * (size_t)g->dec_cap * K + 15) & ~(size_t)15;
-        const size_t dE = (size_t)g->dec_cap * E;
-        const size_t el[] = {3 * U + 1, 2 * U * K, U * E, U * E, NL * g->sel_stride, slot_words,
-                             NL * g->pub_stride, NL * dE, NL * dE, NL * 2 * 16};
+        const size_t el[] = {3 * U, 2 * U * K, U * E, U * E, NL * g->sel_stride, slot_words};
         size_t off[sizeof el / sizeof el[0]];
         const size_t bytes = layout(el, off, sizeof el / sizeof el[0]);
         hm_err e;
@@ -403,23 +390,13 @@ hm_status q3_gpu_state_open(const hm_model *m, const hm_state_opts *o, q3_state 
         g->cold_h = (float *)(b + off[3]);
         g->sel_all_h = (int32_t *)(b + off[4]);
         g->slots_h = (hm_cuda_moe_slot *)(b + off[5]);
-        g->pub_h = (int32_t *)(b + off[6]);
-        g->xh_all = (float *)(b + off[7]);
-        g->coldh_all = (float *)(b + off[8]);
-        g->flags = (uint32_t *)(b + off[9]);
-        memset(g->flags, 0, NL * 2 * 16 * sizeof(uint32_t));
     }
     g->units = calloc((size_t)q->n_expert, sizeof *g->units);
     g->all_hot = calloc((size_t)q->n_layer, 1);
     g->any_hot = calloc((size_t)q->n_layer, 1);
     g->rec_n = calloc((size_t)q->n_layer, sizeof *g->rec_n);
     g->seen = malloc(NL * NE * sizeof *g->seen);
-    g->graph_any = calloc((size_t)q->n_layer, 1);
-    {
-        const char *ev = getenv("HOTMOE_CUDA_GRAPH");
-        g->use_graph = !(ev && strcmp(ev, "0") == 0);
-    }
-    if (!g->units || !g->all_hot || !g->any_hot || !g->rec_n || !g->seen || !g->graph_any) {
+    if (!g->units || !g->all_hot || !g->any_hot || !g->rec_n || !g->seen) {
         st = hm_errf(err, HM_ERR_NOMEM, "out of memory");
         goto fail;
     }
@@ -433,6 +410,20 @@ hm_status q3_gpu_state_open(const hm_model *m, const hm_state_opts *o, q3_state 
         }
     }
 
+    {
+        const char *ev = getenv("HOTMOE_CUDA_GRAPH");
+        if (!(ev && strcmp(ev, "0") == 0)) {
+            const hm_moe_weights **mw = malloc(NL * sizeof *mw);
+            if (!mw) {
+                st = hm_errf(err, HM_ERR_NOMEM, "out of memory");
+                goto fail;
+            }
+            for (size_t il = 0; il < NL; il++) mw[il] = &q->layers[il].moe;
+            st = hm_moe_graph_open(c, mw, q->n_layer, g->dec_cap, q->n_expert_used, q->n_embd, &g->graph, err);
+            free(mw);
+            if (st != HM_OK) goto fail;
+        }
+    }
     /* the CPU part: the route and the scratch of its MoE op */
     if ((st = hm_moe_route_init(&s->route, q->n_expert, q->n_expert_used, o->n_ubatch, err)) != HM_OK) goto fail;
     s->scratch.size = hm_moe_compute_scratch_size(&s->route, q->n_embd, q->n_ff_exp, o->n_threads);
@@ -461,22 +452,24 @@ static void record_routing(const hm_model *m, const q3_gstate *g, int32_t n_rec)
         hm_experts_record(m->experts, il, g->sel_all_h + (size_t)il * g->sel_stride, g->rec_n[il]);
 }
 
-/* ---- decode as one graph ----
+/* ---- decode as one graph (moe.h, hm_moe_graph) ----
  *
- * The step's device work is captured once (enqueue_step) and replayed; the graph is captured again
- * when its key changes: the rows n, the attention's split (its scratch size grows with kv_len in
- * steps of 256 positions) or which layers have any hot unit (the slot pool shrank or grew). Each
- * MoE layer in it: router -> hm_cuda_publish (cold pairs counted on the device from the slot
- * table) -> the hot units -> hm_cuda_join. The host meanwhile walks the layers in order: waits
- * for each publish, and for a layer with cold pairs computes them on the CPU threads (while the
- * GPU computes its hot ones) and signals; layers without cold pairs cost the host nothing and the
- * GPU never stops for them. Results are bit-identical to the per-launch path: the same kernels in
- * the same order, and the cold sum added after the hot units as there. */
+ * The step's device work (enqueue_step) is captured once and replayed; hm_moe_graph_step captures
+ * it again when its key changes: the rows, the attention's split (its scratch size grows with
+ * kv_len in steps of 256 positions) or the layers with any hot unit. Results are bit-identical to
+ * the per-launch path: the same kernels in the same order, the cold sum added after the hot units. */
 
-#define FLAG_PUB(g, il) (&(g)->flags[(size_t)(il) * 32])
-#define FLAG_COLD(g, il) (&(g)->flags[(size_t)(il) * 32 + 16])
+typedef struct q3_step {
+    const hm_model *m;
+    q3_state *s;
+    int64_t n, kv_len;
+} q3_step;
 
-static hm_status enqueue_step(const hm_model *m, q3_state *s, int64_t n, int64_t kv_len, hm_err *err) {
+static hm_status enqueue_step(void *ctx, hm_err *err) {
+    const q3_step *p = ctx;
+    const hm_model *m = p->m;
+    q3_state *s = p->s;
+    const int64_t n = p->n;
     const q3_model *q = m->impl;
     const q3_gpu *d = m->gpu->arch;
     q3_gstate *g = s->g;
@@ -485,11 +478,10 @@ static hm_status enqueue_step(const hm_model *m, q3_state *s, int64_t n, int64_t
     const int hd = q->head_dim, nh = q->n_head, nkv = q->n_head_kv, K = q->n_expert_used;
     const float scale = 1.0f / sqrtf((float)hd);
     const int32_t *tok_d = g->ints, *pos_d = g->ints + U;
-    const size_t dE = (size_t)g->dec_cap * (size_t)E, nk = (size_t)n * (size_t)K;
+    const size_t nk = (size_t)n * (size_t)K;
     hm_status st;
     CK(hm_cuda_get_rows(c, &d->tok_embd, tok_d, n, g->x, err));
     for (int32_t il = 0; il < q->n_layer; il++) {
-        const q3_layer *L = &q->layers[il];
         const q3_gpu_layer *D = &d->layers[il];
         uint16_t *kc = g->kv + (size_t)il * 2 * g->kv_layer_elems, *vc = kc + g->kv_layer_elems;
         CK(hm_cuda_rmsnorm(c, g->x, D->attn_norm, g->h, n, E, q->eps, err));
@@ -505,25 +497,16 @@ static hm_status enqueue_step(const hm_model *m, q3_state *s, int64_t n, int64_t
         }
         CK(hm_cuda_qk_norm_rope_kv(c, g->q, g->k, g->v, D->q_norm, D->k_norm, n, nh, nkv, hd, q->n_rot, pos_d,
                                    q->theta, q->eps, kc, vc, s->n_ctx, err));
-        CK(hm_cuda_attention(c, g->q, n, pos_d, kv_len, kc, vc, s->n_ctx, nh, nkv, hd, scale, g->att, g->scratch,
+        CK(hm_cuda_attention(c, g->q, n, pos_d, p->kv_len, kc, vc, s->n_ctx, nh, nkv, hd, scale, g->att, g->scratch,
                              g->scratch_size, err));
         CK(hm_cuda_matmul(c, &D->wo, g->att, n, g->h, err));
         CK(hm_cuda_add_rmsnorm(c, g->x, g->h, D->ffn_norm, g->h, n, E, q->eps, err));
         CK(hm_cuda_matmul(c, &D->router, g->h, n, g->rlog, err));
         int32_t *ids_d = g->sel_all + (size_t)il * g->sel_stride;
-        const float *w_d = (const float *)(ids_d + nk);
-        CK(hm_cuda_router(c, g->rlog, n, q->n_expert, K, true, ids_d, (float *)w_d, err));
-        const hm_cuda_moe_slot *slots = g->slots + (size_t)il * (size_t)q->n_expert;
-        CK(hm_cuda_publish(c, slots, ids_d, w_d, (int)nk, g->h, n * E, g->ncold_d + il,
-                           g->pub_h + (size_t)il * g->pub_stride, g->xh_all + (size_t)il * dE, FLAG_PUB(g, il),
-                           g->seq_d, err));
-        if (g->any_hot[il]) {
-            const hm_moe_gpu_buf mb = {.x_dev = g->h, .out_dev = g->x, .scratch_dev = g->scratch,
-                                       .scratch_dev_size = g->scratch_size};
-            CK(hm_moe_forward_gpu_dev(m, &L->moe, slots, ids_d, w_d, n, K, &mb, err));
-        }
-        CK(hm_cuda_join(c, g->ncold_d + il, FLAG_COLD(g, il), g->seq_d, g->coldh_all + (size_t)il * dE, g->x, n * E,
-                        err));
+        float *w_d = (float *)(ids_d + nk);
+        CK(hm_cuda_router(c, g->rlog, n, q->n_expert, K, true, ids_d, w_d, err));
+        CK(hm_moe_graph_layer(g->graph, m, il, g->slots + (size_t)il * (size_t)q->n_expert, g->any_hot[il], ids_d, w_d,
+                              n, g->h, g->x, g->scratch, g->scratch_size, err));
     }
     CK(hm_cuda_rmsnorm(c, g->x, d->output_norm, g->h, n, E, q->eps, err));
     CK(hm_cuda_matmul(c, &d->output, g->h, n, g->logits, err));
@@ -535,55 +518,13 @@ fail:
 static hm_status graph_step(const hm_model *m, q3_state *s, hm_pool *pool, const hm_fwd_batch *b, hm_err *err) {
     const q3_model *q = m->impl;
     q3_gstate *g = s->g;
-    hm_cuda_ctx *c = g->c;
-    const int64_t n = b->n, kv_len = b->pos[n - 1] + 1, K = q->n_expert_used;
-    const size_t NL = (size_t)q->n_layer, dE = (size_t)g->dec_cap * (size_t)q->n_embd;
-    const size_t attn = hm_cuda_attention_scratch_size(c, n, kv_len, q->n_head, q->n_head_kv, q->head_dim);
-    hm_status st = HM_OK;
-    if (!g->graph || g->graph_n != n || g->graph_attn != attn || memcmp(g->graph_any, g->any_hot, NL)) {
-        hm_cuda_graph_destroy(g->graph);
-        g->graph = NULL;
-        if ((st = hm_cuda_capture_begin(c, err)) != HM_OK) return st;
-        hm_err e;
-        const hm_status est = enqueue_step(m, s, n, kv_len, &e);
-        if ((st = hm_cuda_capture_end(c, est == HM_OK, &g->graph, err)) != HM_OK) return st;
-        if (est != HM_OK) {
-            if (err) *err = e;
-            return est;
-        }
-        g->graph_n = n;
-        g->graph_attn = attn;
-        memcpy(g->graph_any, g->any_hot, NL);
-    }
-    if ((st = hm_cuda_graph_launch(c, g->graph, err)) != HM_OK) return st;
-    /* the host's part: each layer's cold units, in layer order, while the graph runs */
-    const uint32_t seq = g->seq;
-    const size_t nk = (size_t)n * (size_t)K;
-    size_t il = 0;
-    hm_pool_hold(pool, true); /* the cold units come at irregular gaps: no worker sleeps in between */
-    for (; il < NL; il++) {
-        if ((st = hm_cuda_host_wait(c, FLAG_PUB(g, il), seq, err)) != HM_OK) break;
-        const int32_t *pub = g->pub_h + il * g->pub_stride;
-        if (pub[0] == 0) continue;
-        hm_moe_route_build(&s->route, pub + 1, (const float *)(pub + 1 + nk), (int32_t)n);
-        st = hm_moe_gpu_cold_host(m, pool, &q->layers[il].moe, &s->route, g->xh_all + il * dE,
-                                  g->coldh_all + il * dE, &s->scratch, err);
-        hm_cuda_host_signal(FLAG_COLD(g, il), seq); /* also on failure: the device must go on */
-        if (st != HM_OK) break;
-    }
-    hm_pool_hold(pool, false);
-    if (st != HM_OK) {
-        for (size_t j = il; j < NL; j++) hm_cuda_host_signal(FLAG_COLD(g, j), seq);
-        hm_err e;
-        (void)hm_cuda_sync(c, &e);
-        return st;
-    }
-    const size_t V = (size_t)q->n_vocab;
-    if ((st = hm_cuda_download(c, b->logits, g->logits, (size_t)n * V * sizeof(float), err)) != HM_OK) return st;
-    if (m->experts)
-        for (il = 0; il < NL; il++) hm_experts_record(m->experts, (int32_t)il, g->pub_h + il * g->pub_stride + 1,
-                                                     (int32_t)nk);
-    return HM_OK;
+    const int64_t n = b->n;
+    q3_step p = {.m = m, .s = s, .n = n, .kv_len = b->pos[n - 1] + 1};
+    const size_t key = hm_cuda_attention_scratch_size(g->c, n, p.kv_len, q->n_head, q->n_head_kv, q->head_dim);
+    hm_status st = hm_moe_graph_step(g->graph, m, pool, &s->route, &s->scratch, n, key, g->any_hot, enqueue_step, &p,
+                                     err);
+    if (st != HM_OK) return st;
+    return hm_cuda_download(g->c, b->logits, g->logits, (size_t)n * (size_t)q->n_vocab * sizeof(float), err);
 }
 
 hm_status q3_gpu_forward(const hm_model *m, q3_state *s, hm_pool *pool, const hm_fwd_batch *b, hm_err *err) {
@@ -603,8 +544,7 @@ hm_status q3_gpu_forward(const hm_model *m, q3_state *s, hm_pool *pool, const hm
     memcpy(g->ints_h, b->tokens, (size_t)n * sizeof(int32_t));
     memcpy(g->ints_h + U, b->pos, (size_t)n * sizeof(int32_t));
     for (int64_t i = 0; i < n_out; i++) g->ints_h[2 * U + i] = b->pos[b->out_rows[i]];
-    g->ints_h[3 * U] = (int32_t)++g->seq; /* the graph's handshakes wait for this step number */
-    CK(hm_cuda_upload_compute(c, g->ints, g->ints_h, (size_t)(3 * U + 1) * sizeof(int32_t), err));
+    CK(hm_cuda_upload_compute(c, g->ints, g->ints_h, (size_t)(3 * U) * sizeof(int32_t), err));
     /* which layers have no cold unit this step (the slot map changes only between steps); for
      * decode also the device's slot table, uploaded when a slot map changed (the previous step
      * ended with a sync, so nothing queued still reads it) */
@@ -629,7 +569,7 @@ hm_status q3_gpu_forward(const hm_model *m, q3_state *s, hm_pool *pool, const hm
         for (int32_t il = 0; il < q->n_layer; il++) g->all_hot[il] = hm_moe_gpu_all_hot(m, &q->layers[il].moe);
     }
     int32_t n_rec = 0; /* decode: layers whose routing is recorded after the step */
-    if (dec && g->use_graph && n_out == n && b->logits) {
+    if (dec && g->graph && n_out == n && b->logits) {
         CK(graph_step(m, s, pool, b, err)); /* every flag released, the device idle, when it fails */
         return HM_OK;
     }

@@ -220,6 +220,11 @@ static int g4a_split(const hm_cuda_ctx *c, int64_t rows, int64_t span) {
     return s < 1 ? 1 : (int)s;
 }
 
+int hm_cuda_gemma_attention_splits(const hm_cuda_ctx *c, int64_t n_tok, int n_head, int64_t kv_len,
+                                   int32_t window) {
+    return g4a_split(c, n_tok * n_head, window > 0 && window < kv_len ? window : kv_len);
+}
+
 size_t hm_cuda_gemma_attention_scratch_size(const hm_cuda_ctx *c, int head_dim) {
     return (size_t)4 * (size_t)(c->n_sm > 0 ? c->n_sm : 1) * (size_t)(head_dim + 2) * sizeof(float);
 }

@@ -58,6 +58,11 @@ hm_status hm_cuda_gemma_attention(hm_cuda_ctx *c, const float *q, int64_t n_tok,
                                   float scale, float *out, void *scratch, size_t scratch_size,
                                   hm_err *err);
 
+/* The KV-range split hm_cuda_gemma_attention takes for these arguments (kernel arguments of a
+ * captured graph: a graph stays valid while this value does). */
+int hm_cuda_gemma_attention_splits(const hm_cuda_ctx *c, int64_t n_tok, int n_head, int64_t kv_len,
+                                   int32_t window);
+
 /* w[i] *= table[ids[i]], i < n (Gemma's per-expert scale on the routing weights). */
 hm_status hm_cuda_scale_by_id(hm_cuda_ctx *c, float *w, const int32_t *ids, const float *table, int64_t n,
                               hm_err *err);
