@@ -535,6 +535,25 @@ static void run_synth(const char *type, bool quant) {
                     (unsigned long long)hits, (unsigned long long)misses, (unsigned long long)u.swaps_in);
         }
         hm_usage_free(&u);
+        if ((p == P_ALL || p == P_CPU_MOE) && worst[1] >= 0) {
+            /* decode steps run as one CUDA graph (moe.h, hm_moe_graph); the per-launch path
+             * (HOTMOE_CUDA_GRAPH=0) runs the same kernels in the same order: the n_ubatch 8 run's
+             * logits (still in gpu) must be bit-identical */
+            float *g2 = malloc((size_t)SSTEP * (size_t)V * sizeof(float));
+            int32_t t[SP + SDEC];
+            memcpy(t, toks, sizeof t);
+            setenv("HOTMOE_CUDA_GRAPH", "0", 1);
+            st = g2 ? run_seq(m, &defs[1], t, false, g2, V, &e) : HM_ERR_NOMEM;
+            unsetenv("HOTMOE_CUDA_GRAPH");
+            CHECKF(st == HM_OK, "%s %s without graphs: %s", type, place_name[p], e.msg);
+            if (st == HM_OK) {
+                int64_t nd = 0;
+                for (size_t i = 0; i < (size_t)SSTEP * (size_t)V; i++) nd += gpu[i] != g2[i];
+                CHECKF(nd == 0, "gemma4-tiny %s %s: graph vs per-launch decode: %lld logits differ", type,
+                       place_name[p], (long long)nd);
+            }
+            free(g2);
+        }
         hm_model_close(m);
     }
     free(gpu);

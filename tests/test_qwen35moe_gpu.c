@@ -697,6 +697,24 @@ static void run_placement(const char *path, const char *label, ref *r, place p, 
                 (unsigned long long)misses, (unsigned long long)u.swaps_in);
     }
     hm_usage_free(&u);
+    if ((p == P_ALL || p == P_CPU_MOE) && wd >= 0) {
+        /* decode steps run as one CUDA graph (moe.h, hm_moe_graph); the per-launch path
+         * (HOTMOE_CUDA_GRAPH=0) runs the same kernels in the same order: D's logits must be
+         * bit-identical (placements that do not move units between runs) */
+        float *gp2 = malloc(sz), *gd2 = malloc(sz);
+        setenv("HOTMOE_CUDA_GRAPH", "0", 1);
+        hm_status st2 = gp2 && gd2 ? run_pd(m, r, false, gp2, gd2, &err) : HM_ERR_NOMEM;
+        unsetenv("HOTMOE_CUDA_GRAPH");
+        CHECKF(st2 == HM_OK, "%s %s without graphs: %s", label, place_name[p], err.msg);
+        if (st2 == HM_OK) {
+            int64_t nd = 0;
+            for (size_t i = 0; i < (size_t)NSTEP * (size_t)r->n_vocab; i++) nd += gd[i] != gd2[i];
+            CHECKF(nd == 0, "%s %s D: graph vs per-launch decode: %lld logits differ", label, place_name[p],
+                   (long long)nd);
+        }
+        free(gp2);
+        free(gd2);
+    }
     free(gp);
     free(gd);
     hm_model_close(m);
