@@ -11,8 +11,11 @@
  * Measured on the H200 (test_cuda_ops_gpu, n_tok 1, weights from HBM): f32 3.4 TB/s, f16/bf16
  * 2.5 TB/s on 4096 x 4096, but every quantised type takes ~13 us there (q4_K 0.71 TB/s, q6_K
  * 0.63 TB/s) and every type ~6.6 us on 2048 x 768: the quantised rows are latency-bound (a lane
- * has only 8 bytes of a row in flight per iteration), not bandwidth-bound. Next: more bytes in
- * flight per lane (whole 32-element sub-blocks per lane, or several rows per warp). */
+ * has only 8 bytes of a row in flight per iteration), not bandwidth-bound.
+ *
+ * Hence the int8 kernel k_mvq, the default for Q4_K / Q5_K / Q6_K / IQ4_XS: x quantised to Q8_K
+ * in shared memory like the CPU does, a lane per 32-weight unit (16+ bytes per load), dp4a. The
+ * f32 kernels stay for the other types and behind the test hook (HM_CUDA_KERN_F32 / NEW / OLD). */
 #include "cuda_impl.h"
 #include "cuda_quant.cuh"
 
@@ -101,8 +104,83 @@ static void launch2(cudaStream_t st, const hm_cuda_mat *w, const float *x, int n
                                                                        w->ne0, w->ne1, x, n_tok, y);
 }
 
+/* The int8 kernel (HM_CUDA_KERN_DEFAULT for the Q8_K-partner types, cuda_quant.cuh): 256 threads,
+ * a warp per R rows. Each block first issues its warps' first weight loads, then quantises the
+ * n_tok activation rows to Q8_K into shared memory (n_tok * ne0 int8 + a scale per 256: the same
+ * bytes as the CPU's quantize_row_q8_K; every block redoes this from L2, no scratch, no extra
+ * launch), then each lane takes whole 32-weight units with dp4a. Rows' results do not depend on R,
+ * U or the other rows of the launch (the unit -> lane map and the sum order are fixed), so
+ * hm_cuda_matvec_multi stays bit-identical to separate hm_cuda_matmul calls. */
+template <int T, int NT, int R, int U>
+__global__ void __launch_bounds__(256) k_mvq(const uint8_t *__restrict__ w, size_t nb1, int64_t ne0, int64_t ne1,
+                                             const float *__restrict__ x, int n_tok, const mv_out o) {
+    extern __shared__ __align__(16) uint8_t smem[];
+    int8_t *xq = (int8_t *)smem;
+    float *xd = (float *)(smem + (size_t)n_tok * (size_t)ne0);
+    const int lane = threadIdx.x & 31;
+    const int64_t r0 = ((int64_t)blockIdx.x * 8 + (threadIdx.x >> 5)) * R;
+    const int n_units = (int)(ne0 / 32);
+    const bool live = r0 < ne1;
+    const uint8_t *rows[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) rows[r] = w + (r0 + r < ne1 ? r0 + r : ne1 - 1) * nb1; /* a tail row repeats the last */
+    qraw rw[U][R] = {};
+    if (live) q8k_load<T, R, U>(rows, lane, n_units, rw);
+    q8k_quant_rows_block(x, ne0, n_tok, (int)ne0, xq, xd, 0);
+    __syncthreads();
+    if (!live) return;
+    int tok[NT];
+    float acc[R][NT];
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        tok[t] = t < n_tok ? t : n_tok - 1;
+#pragma unroll
+        for (int r = 0; r < R; r++) acc[r][t] = 0.0f;
+    }
+    q8k_rows_dot<T, NT, R, U>(rows, n_units, xq, xd, (int)ne0, tok, acc, lane, rw);
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        const int64_t row = r0 + r;
+        if (row >= ne1) break;
+        int sg = 0;
+        if (o.n_seg > 1 && row >= o.r0[1]) sg = 1;
+        if (o.n_seg > 2 && row >= o.r0[2]) sg = 2;
+        float *y = o.y[sg];
+        const int64_t ry = row - o.r0[sg], ny = o.n[sg];
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            const float s = warp_sum(acc[r][t]);
+            if (lane == t && t < n_tok) y[(int64_t)t * ny + ry] = s;
+        }
+    }
+}
+
+template <int T, int NT, int R>
+static void launch_q8(cudaStream_t st, const hm_cuda_mat *w, const float *x, int n_tok, const mv_out &y) {
+    constexpr int U = q8k_unroll(T, R);
+    k_mvq<T, NT, R, U><<<hm_cu_blocks(w->ne1, 8 * R), 256, hm_cuda_q8k_smem(n_tok, w->ne0), st>>>(
+        (const uint8_t *)w->data, w->nb1, w->ne0, w->ne1, x, n_tok, y);
+}
+
+template <int T>
+static void launch_matvec_q8(const hm_cuda_ctx *c, const hm_cuda_mat *w, const float *x, int n_tok, const mv_out &y) {
+    cudaStream_t st = c->compute;
+    if (n_tok == 1) {
+        if (w->ne1 >= (int64_t)c->n_sm * 32) launch_q8<T, 1, 2>(st, w, x, n_tok, y);
+        else launch_q8<T, 1, 1>(st, w, x, n_tok, y);
+    } else if (n_tok == 2) launch_q8<T, 2, 1>(st, w, x, n_tok, y);
+    else if (n_tok <= 4) launch_q8<T, 4, 1>(st, w, x, n_tok, y);
+    else launch_q8<T, 8, 1>(st, w, x, n_tok, y);
+}
+
 template <int T>
 static void launch_matvec(const hm_cuda_ctx *c, const hm_cuda_mat *w, const float *x, int n_tok, const mv_out &y) {
+    if constexpr (q8k_type(T)) {
+        if (c->kern == HM_CUDA_KERN_DEFAULT && hm_cuda_q8k_smem(n_tok, w->ne0) <= HM_CUDA_Q8K_SMEM_MAX) {
+            launch_matvec_q8<T>(c, w, x, n_tok, y);
+            return;
+        }
+    }
     cudaStream_t st = c->compute;
     if (c->kern == HM_CUDA_KERN_OLD) {
         const unsigned nb = hm_cu_blocks(w->ne1, 4);
@@ -190,4 +268,64 @@ hm_status hm_cuda_matvec_multi(hm_cuda_ctx *c, const hm_cuda_mat *w, const float
     HM_CU_ARG(at == w->ne1);
     o.n_seg = n_out;
     return matvec_out(c, w, x, (int)n_tok, o, err);
+}
+
+/* ---- host emulation of the int8 path (a test hook: tests/test_cuda_q8_gpu.c checks the device
+ * code's quantiser and unit decoding against the CPU's on machines without a GPU) ---- */
+
+extern "C" void hm_cuda_q8k_host_quant(const float *x, int64_t n, int8_t *q, float *d);
+extern "C" bool hm_cuda_q8k_host_dot(int type, const void *row, int64_t ne0, const int8_t *xq, const float *xd,
+                                     float *out);
+
+/* As q8k_quant_block_warp: each of 32 "lanes" finds its best over its 8 elements, then the lanes'
+ * bests are combined (the rule is a total order, so any combining order gives the warp's). */
+void hm_cuda_q8k_host_quant(const float *x, int64_t n, int8_t *q, float *d) {
+    for (int64_t b = 0; b < n / 256; b++) {
+        const float *xb = x + 256 * b;
+        q8max best = {0.0f, 0.0f, 256};
+        for (int lane = 0; lane < 32; lane++) {
+            q8max m = {0.0f, 0.0f, 256};
+            for (int i = 0; i < 8; i++) {
+                const float v = xb[8 * lane + i];
+                if (fabsf(v) > m.a) m = q8max{fabsf(v), v, 8 * lane + i};
+            }
+            best = q8max_better(best, m);
+        }
+        const float is = q8k_iscale(best);
+        for (int i = 0; i < 256; i++) q[256 * b + i] = (int8_t)q8k_code(is, xb[i]);
+        d[b] = q8k_d(is);
+    }
+}
+
+template <int T>
+static float host_row_dot(const uint8_t *row, int64_t ne0, const int8_t *xq, const float *xd) {
+    const int n_units = (int)(ne0 / 32);
+    float lanes[32];
+    for (int lane = 0; lane < 32; lane++) {
+        float acc = 0.0f;
+        for (int un = lane; un < n_units; un += 32) {
+            const int b = un >> 3, p = un & 7;
+            const uint8_t *blk = row + (int64_t)b * q8k<T>::size;
+            const qunit u = q8k<T>::dec(q8k<T>::load(blk, p), blk, p);
+            uint4 xa, xc;
+            memcpy(&xa, xq + 256 * b + q8k<T>::off1(p), 16);
+            memcpy(&xc, xq + 256 * b + q8k<T>::off2(p), 16);
+            acc = q8k_unit_dot<T>(u, xa, xc, q8_sum16(xa), q8_sum16(xc), xd[b], acc);
+        }
+        lanes[lane] = acc;
+    }
+    for (int o = 16; o > 0; o >>= 1) /* warp_sum's butterfly, lane 0's view */
+        for (int lane = 0; lane < o; lane++) lanes[lane] += lanes[lane + o];
+    return lanes[0];
+}
+
+bool hm_cuda_q8k_host_dot(int type, const void *row, int64_t ne0, const int8_t *xq, const float *xd, float *out) {
+    const uint8_t *r = (const uint8_t *)row;
+    switch (type) {
+    case HM_TYPE_Q4_K: *out = host_row_dot<HM_TYPE_Q4_K>(r, ne0, xq, xd); return true;
+    case HM_TYPE_Q5_K: *out = host_row_dot<HM_TYPE_Q5_K>(r, ne0, xq, xd); return true;
+    case HM_TYPE_Q6_K: *out = host_row_dot<HM_TYPE_Q6_K>(r, ne0, xq, xd); return true;
+    case HM_TYPE_IQ4_XS: *out = host_row_dot<HM_TYPE_IQ4_XS>(r, ne0, xq, xd); return true;
+    default: return false;
+    }
 }

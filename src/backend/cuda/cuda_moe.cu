@@ -358,6 +358,147 @@ __global__ void __launch_bounds__(128) k_moed_down(const hm_cuda_moe_slot *__res
     if (lane == 0) out[t * n_embd + r] += acc;
 }
 
+/* The int8 kernels of the device-routed MoE (HM_CUDA_KERN_DEFAULT for the Q8_K-partner types):
+ * Launch A', grid (n_ff / (8 * MQ_RF) rows, pair p), 256 threads: the block quantises x_t to Q8_K
+ *   in shared memory (as the CPU's quantize_row_q8_K), each warp takes gate and up rows of MQ_RF
+ *   ff rows as the 2 * MQ_RF rows of one q8k_rows_dot.
+ * Launch B', grid (n_embd / (8 * MQ_RD) rows, token t): the block quantises the k rows h[t * k + j]
+ *   of the token's hot pairs to Q8_K (each (pair, block of 256) as the CPU quantises the pair's
+ *   h before its down dot), then each warp takes MQ_RD output rows over the k experts: lane l takes
+ *   units l, l + 32, ... of the (expert, unit) sequence, and sums weights[p] * (unit dot) per unit.
+ * Both issue their first weight loads before quantising. */
+#define MQ_RF 2
+#define MQ_RD 2
+
+template <int T>
+__global__ void __launch_bounds__(256) k_moeq_gate_up(const hm_cuda_moe_slot *__restrict__ slots,
+                                                      const int32_t *__restrict__ ids, int k,
+                                                      const float *__restrict__ x, int64_t n_embd,
+                                                      int64_t n_ff, size_t nb1, float *__restrict__ h, int act) {
+    constexpr int R = 2 * MQ_RF, U = q8k_unroll(T, R);
+    extern __shared__ __align__(16) uint8_t smem[];
+    const int64_t p = blockIdx.y;
+    const hm_cuda_moe_slot s = slots[ids[p]];
+    if (!s.gate) return; /* cold: the whole block leaves before any barrier */
+    int8_t *xq = (int8_t *)smem;
+    float *xd = (float *)(smem + n_embd);
+    const int lane = threadIdx.x & 31;
+    const int64_t r0 = ((int64_t)blockIdx.x * 8 + (threadIdx.x >> 5)) * MQ_RF;
+    const int n_units = (int)(n_embd / 32);
+    const bool live = r0 < n_ff;
+    const uint8_t *rows[R];
+#pragma unroll
+    for (int i = 0; i < MQ_RF; i++) {
+        const int64_t rr = r0 + i < n_ff ? r0 + i : n_ff - 1;
+        rows[2 * i] = (const uint8_t *)s.gate + rr * nb1;
+        rows[2 * i + 1] = (const uint8_t *)s.up + rr * nb1;
+    }
+    qraw rw[U][R] = {};
+    if (live) q8k_load<T, R, U>(rows, lane, n_units, rw);
+    q8k_quant_rows_block(x + (p / k) * n_embd, n_embd, 1, (int)n_embd, xq, xd, 0);
+    __syncthreads();
+    if (!live) return;
+    const int tok[1] = {0};
+    float acc[R][1];
+#pragma unroll
+    for (int r = 0; r < R; r++) acc[r][0] = 0.0f;
+    q8k_rows_dot<T, 1, R, U>(rows, n_units, xq, xd, (int)n_embd, tok, acc, lane, rw);
+#pragma unroll
+    for (int i = 0; i < MQ_RF; i++) {
+        const float gs = warp_sum(acc[2 * i][0]), us = warp_sum(acc[2 * i + 1][0]);
+        if (lane == 0 && r0 + i < n_ff) h[p * n_ff + r0 + i] = act_mul(act, gs, us);
+    }
+}
+
+/* Shared memory of launch B': the k down pointers and weights, then h quantised. */
+static size_t moeq_down_smem(int k, int64_t n_ff) {
+    return (size_t)k * 16 + hm_cuda_q8k_smem(k, n_ff);
+}
+
+template <int T>
+__global__ void __launch_bounds__(256) k_moeq_down(const hm_cuda_moe_slot *__restrict__ slots,
+                                                   const int32_t *__restrict__ ids,
+                                                   const float *__restrict__ weights, int k,
+                                                   const float *__restrict__ h, int64_t n_embd,
+                                                   int64_t n_ff, size_t nb1, float *__restrict__ out) {
+    constexpr int R = MQ_RD, U = q8k_unroll(T, R);
+    extern __shared__ __align__(16) uint8_t smem[];
+    const uint8_t **dn = (const uint8_t **)smem; /* [k] */
+    float *wj = (float *)(smem + (size_t)k * 8);  /* [k] */
+    int8_t *hq = (int8_t *)(smem + (size_t)k * 16);
+    float *hd = (float *)(smem + (size_t)k * 16 + (size_t)k * (size_t)n_ff);
+    const int64_t t = blockIdx.y;
+    if ((int)threadIdx.x < k) {
+        const int64_t p = t * k + threadIdx.x;
+        dn[threadIdx.x] = (const uint8_t *)slots[ids[p]].down;
+        wj[threadIdx.x] = weights[p];
+    }
+    __syncthreads();
+    uint32_t cold = 0;
+    for (int j = 0; j < k; j++)
+        if (!dn[j]) cold |= 1u << j;
+    if (cold == (k == 32 ? 0xffffffffu : (1u << k) - 1)) return; /* no hot pair: uniform exit */
+    const int lane = threadIdx.x & 31;
+    const int64_t r0 = ((int64_t)blockIdx.x * 8 + (threadIdx.x >> 5)) * R;
+    const int upr = (int)(n_ff / 32), n_units = k * upr, nbf = (int)(n_ff / 256);
+    const bool live = r0 < n_embd;
+    int64_t roff[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) roff[r] = (r0 + r < n_embd ? r0 + r : n_embd - 1) * (int64_t)nb1;
+    qraw rw[U][R] = {};
+    /* the loads of units u0 .. u0 + 32 (U - 1) of this lane; cold experts' units load nothing */
+    auto load = [&](int u0) {
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int un = u0 + 32 * u;
+            if (un >= n_units) break;
+            const int j = un / upr, pu = un - j * upr;
+            const uint8_t *base = dn[j];
+            if (!base) continue;
+#pragma unroll
+            for (int r = 0; r < R; r++)
+                rw[u][r] = q8k<T>::load(base + roff[r] + (int64_t)(pu >> 3) * q8k<T>::size, pu & 7);
+        }
+    };
+    if (live) load(lane);
+    q8k_quant_rows_block(h + t * k * n_ff, n_ff, k, (int)n_ff, hq, hd, cold);
+    __syncthreads();
+    if (!live) return;
+    float acc[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) acc[r] = 0.0f;
+    for (int u0 = lane; u0 < n_units; u0 += 32 * U) {
+        if (u0 != lane) load(u0);
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int un = u0 + 32 * u;
+            if (un >= n_units) break;
+            const int j = un / upr, pu = un - j * upr, b = pu >> 3, pp = pu & 7;
+            const uint8_t *base = dn[j];
+            if (!base) continue;
+            const int8_t *xb = hq + (int64_t)j * n_ff + 256 * b;
+            const uint4 xa = *(const uint4 *)(xb + q8k<T>::off1(pp)), xc = *(const uint4 *)(xb + q8k<T>::off2(pp));
+            const float dx = hd[j * nbf + b], wgt = wj[j];
+            int bs1 = 0, bs2 = 0;
+            if (q8k<T>::kind != 2) {
+                bs1 = q8_sum16(xa);
+                bs2 = q8_sum16(xc);
+            }
+#pragma unroll
+            for (int r = 0; r < R; r++) {
+                const uint8_t *blk = base + roff[r] + (int64_t)b * q8k<T>::size;
+                const qunit qu = q8k<T>::dec(rw[u][r], blk, pp);
+                acc[r] = fmaf(wgt, q8k_unit_dot<T>(qu, xa, xc, bs1, bs2, dx, 0.0f), acc[r]);
+            }
+        }
+    }
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        const float v = warp_sum(acc[r]);
+        if (lane == 0 && r0 + r < n_embd) out[t * n_embd + r0 + r] += v;
+    }
+}
+
 size_t hm_cuda_moe_dev_scratch_size(int64_t n_tok, int k, int64_t n_ff) {
     return (size_t)n_tok * (size_t)k * (size_t)n_ff * sizeof(float);
 }
@@ -384,9 +525,19 @@ hm_status hm_cuda_moe_dev_act(hm_cuda_ctx *c, const hm_cuda_moe_slot *slots, int
     HM_CU_ARG(scratch_size >= hm_cuda_moe_dev_scratch_size(n_tok, k, n_ff));
     if (!n_tok) return HM_OK;
     float *h = (float *)scratch;
-    const bool old = c->kern == HM_CUDA_KERN_OLD;
+    const bool old = c->kern == HM_CUDA_KERN_OLD, q8 = c->kern == HM_CUDA_KERN_DEFAULT;
     const dim3 ga(hm_cu_blocks(n_ff, 4), (unsigned)(n_tok * k)), gb(hm_cu_blocks(n_embd, 4), (unsigned)n_tok);
-    switch (gate_type) {
+    const size_t sa = hm_cuda_q8k_smem(1, n_embd), sb = moeq_down_smem(k, n_ff);
+    if (q8 && q8k_type(gate_type) && sa <= HM_CUDA_Q8K_SMEM_MAX) {
+        const dim3 g(hm_cu_blocks(n_ff, 8 * MQ_RF), (unsigned)(n_tok * k));
+        switch (gate_type) {
+#define HM_MQG_CASE(T) case T: k_moeq_gate_up<T><<<g, 256, sa, c->compute>>>(slots, ids, k, x, n_embd, n_ff, \
+                                   hm_row_size(T, n_embd), h, act); break;
+        HM_MQG_CASE(HM_TYPE_Q4_K) HM_MQG_CASE(HM_TYPE_Q5_K) HM_MQG_CASE(HM_TYPE_Q6_K) HM_MQG_CASE(HM_TYPE_IQ4_XS)
+#undef HM_MQG_CASE
+        default: break;
+        }
+    } else switch (gate_type) {
 #define HM_MDG_CASE(T) case T: (old ? k_moed_gate_up<T, false> : k_moed_gate_up<T, true>)<<<ga, 128, 0, c->compute>>>( \
                                    slots, ids, k, x, n_embd, n_ff, hm_row_size(T, n_embd), h, act); break;
         HM_CUDA_FOR_TYPES(HM_MDG_CASE)
@@ -394,7 +545,16 @@ hm_status hm_cuda_moe_dev_act(hm_cuda_ctx *c, const hm_cuda_moe_slot *slots, int
     default: return hm_errf(err, HM_ERR_UNSUPPORTED, "cuda moe: gate type %d", gate_type);
     }
     HM_CU_LAUNCH("moe_dev gate_up");
-    switch (down_type) {
+    if (q8 && q8k_type(down_type) && k <= 32 && sb <= HM_CUDA_Q8K_SMEM_MAX) {
+        const dim3 g(hm_cu_blocks(n_embd, 8 * MQ_RD), (unsigned)n_tok);
+        switch (down_type) {
+#define HM_MQD_CASE(T) case T: k_moeq_down<T><<<g, 256, sb, c->compute>>>(slots, ids, weights, k, h, n_embd, n_ff, \
+                                   hm_row_size(T, n_ff), out); break;
+        HM_MQD_CASE(HM_TYPE_Q4_K) HM_MQD_CASE(HM_TYPE_Q5_K) HM_MQD_CASE(HM_TYPE_Q6_K) HM_MQD_CASE(HM_TYPE_IQ4_XS)
+#undef HM_MQD_CASE
+        default: break;
+        }
+    } else switch (down_type) {
 #define HM_MDD_CASE(T) case T: (old ? k_moed_down<T, false> : k_moed_down<T, true>)<<<gb, 128, 0, c->compute>>>( \
                                    slots, ids, weights, k, h, n_embd, n_ff, hm_row_size(T, n_ff), out); break;
         HM_CUDA_FOR_TYPES(HM_MDD_CASE)

@@ -12,8 +12,15 @@
  * take a scratch buffer sized at start with their *_scratch_size function.
  *
  * Numerics (the backend-ops test bounds each against a double reference):
- *   - decode matvec (n_tok <= HM_CUDA_MATVEC_MAX_TOK) and the grouped MoE: weights dequantised
- *     exactly to f32 in registers, f32 activations, f32 accumulation: error is float rounding only.
+ *   - decode matvec (n_tok <= HM_CUDA_MATVEC_MAX_TOK: hm_cuda_matmul's decode path and
+ *     hm_cuda_matvec_multi) and hm_cuda_moe_dev(_act), weights Q4_K / Q5_K / Q6_K / IQ4_XS: the
+ *     activations (and the MoE's h before the down projection) are quantised to Q8_K exactly as the
+ *     CPU's quantize_row_q8_K, and each block's integer dot is the CPU vec_dot's, bit for bit; only
+ *     the f32 scaling and summation order of the block sums differs from the CPU. Against exact
+ *     f32 this is the CPU's Q8_K rounding (NMSE ~1e-5 .. 1e-4), not float rounding.
+ *   - the other types, hm_cuda_moe, calls whose quantised activations exceed 48 KiB of shared
+ *     memory, and the test hook's F32 / NEW / OLD kernels: weights dequantised exactly to f32 in
+ *     registers, f32 activations, f32 accumulation: error is float rounding only.
  *   - prefill matmul (n_tok > HM_CUDA_MATVEC_MAX_TOK): weights and activations rounded to bf16
  *     (8-bit mantissa, f32 range) for the tensor cores, f32 accumulation.
  *   - attention: f16 KV (as the CPU), f32 scores and online softmax with expf.
@@ -305,7 +312,10 @@ void hm_cuda_host_signal(uint32_t *flag, uint32_t v);
 
 /* Test hook, not for the engine: which decode kernels (hm_cuda_matmul's matvec path,
  * hm_cuda_matvec_multi, hm_cuda_moe_dev) the context runs. DEFAULT is what the engine gets. */
-enum hm_cuda_kern { HM_CUDA_KERN_DEFAULT = 0, HM_CUDA_KERN_OLD = 1, HM_CUDA_KERN_NEW = 2 };
+/* DEFAULT: the int8 (Q8_K activation) kernels where they apply, else NEW. OLD: the first f32
+ * kernels. NEW: the faster f32 kernels (more loads in flight). F32: the fastest exact-f32 kernels
+ * (today NEW), the reference the int8 kernels are measured against. */
+enum hm_cuda_kern { HM_CUDA_KERN_DEFAULT = 0, HM_CUDA_KERN_OLD = 1, HM_CUDA_KERN_NEW = 2, HM_CUDA_KERN_F32 = 3 };
 void hm_cuda_set_kern(hm_cuda_ctx *c, int kern);
 
 /* The kernels' block decoders run on the host (no GPU needed): out[0 .. ne0) = `row` of `type`

@@ -13,6 +13,7 @@
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -381,6 +382,349 @@ __device__ __forceinline__ void warp_rows_dot(const uint8_t *const (&rows)[R], i
         }
     }
 }
+
+
+/* ---- int8 decode path (HM_CUDA_KERN_DEFAULT for Q4_K, Q5_K, Q6_K, IQ4_XS) ----------------------
+ * Activations are quantised to Q8_K exactly as the CPU's quantize_row_q8_K (quant_k.c): per
+ * 256-element block max = the value of largest |x| (first on ties), iscale = -127 / max,
+ * q = min(127, round_half_even(iscale * x)), d = 1 / iscale; an all-zero block is all zero. The
+ * weights are read as "units": unit p (0..7) of a block is 32 weights as two 16-element chunks
+ * (x offsets off1, off2 in the block) of int8 values with integer scales, so a lane's dot is
+ * eight dp4a per token, the exact integer sums of the CPU's vec_dot, then one or two float
+ * multiply-adds with the block scales. Only the float accumulation order differs from the CPU. */
+
+HMCU_HD int dp4a(uint32_t a, uint32_t b, int c) {
+#ifdef __CUDA_ARCH__
+    return __dp4a((int)a, (int)b, c);
+#else
+    for (int i = 0; i < 4; i++) c += (int)(int8_t)(a >> (8 * i)) * (int)(int8_t)(b >> (8 * i));
+    return c;
+#endif
+}
+
+/* Which weight types take the int8 path (their CPU dot partner is Q8_K). */
+HMCU_HD constexpr bool q8k_type(int t) {
+    return t == HM_TYPE_Q4_K || t == HM_TYPE_Q5_K || t == HM_TYPE_Q6_K || t == HM_TYPE_IQ4_XS;
+}
+
+/* Registers of raw bytes per unit, and how many units of R rows a lane loads before it decodes
+ * the first (about 64 registers of loads in flight). */
+HMCU_HD constexpr int q8k_words(int t) {
+    return t == HM_TYPE_Q4_K ? 8 : t == HM_TYPE_Q5_K ? 12 : t == HM_TYPE_Q6_K ? 11 : 6;
+}
+HMCU_HD constexpr int q8k_unroll(int t, int r) {
+    return 64 / (q8k_words(t) * r) < 1 ? 1 : 64 / (q8k_words(t) * r) > 4 ? 4 : 64 / (q8k_words(t) * r);
+}
+/* Shared memory of n_rows activation rows of ne0 quantised to Q8_K (int8 + a float per 256), and
+ * the most a kernel takes without opting in (48 KiB; larger calls take the f32 kernels). */
+static inline size_t hm_cuda_q8k_smem(int64_t n_rows, int64_t ne0) {
+    return (size_t)n_rows * (size_t)ne0 + (size_t)n_rows * (size_t)(ne0 / 256) * 4;
+}
+#define HM_CUDA_Q8K_SMEM_MAX 49152
+
+/* The best (largest |x|, then lowest index) of two candidates: quantize_row_q8_K's choice. */
+struct q8max {
+    float a, v; /* |x| and x */
+    int i;      /* index in the block; 256 = none */
+};
+HMCU_HD q8max q8max_better(q8max p, q8max q) { return q.a > p.a || (q.a == p.a && q.i < p.i) ? q : p; }
+
+/* The inverse scale of a block whose best is m (0 for an all-zero block) and the code of x. */
+HMCU_HD float q8k_iscale(const q8max &m) {
+#ifdef __CUDA_ARCH__
+    return m.a > 0.0f ? __fdiv_rn(-127.0f, m.v) : 0.0f;
+#else
+    return m.a > 0.0f ? -127.0f / m.v : 0.0f;
+#endif
+}
+HMCU_HD float q8k_d(float iscale) {
+#ifdef __CUDA_ARCH__
+    return iscale != 0.0f ? __fdiv_rn(1.0f, iscale) : 0.0f;
+#else
+    return iscale != 0.0f ? 1.0f / iscale : 0.0f;
+#endif
+}
+HMCU_HD int q8k_code(float iscale, float x) {
+#ifdef __CUDA_ARCH__
+    const int q = __float2int_rn(__fmul_rn(iscale, x));
+#else
+    volatile float p = iscale * x; /* one rounding, like the CPU's unfused product */
+    const int q = (int)rintf(p);
+#endif
+    return q < 127 ? q : 127;
+}
+
+/* One unit of weights as int8 chunks: values v1 (x[off1 .. off1+15]) and v2 (x[off2 ..]), integer
+ * scales s1, s2 and mins m1, m2 (Q4_K/Q5_K), block scales d, dm (as floats). */
+struct qunit {
+    uint32_t v1[4], v2[4];
+    int s1, s2, m1, m2;
+    float d, dm;
+};
+/* The raw bytes of one unit (load: issued first, for loads in flight; dec: the arithmetic). */
+struct qraw {
+    uint32_t w[12];
+};
+
+template <int T> struct q8k;
+
+/* q4_K unit p: chunk c = p/2, half h = p%2: qs[32c + 16h .. +15], low nibbles are elements
+ * 64c + 16h + i (sub-block 2c), high nibbles 64c + 32 + 16h + i (sub-block 2c + 1).
+ * w[0..3] = header {d, dmin, scales[12]}, w[4..7] = the 16 quant bytes. */
+template <> struct q8k<HM_TYPE_Q4_K> {
+    static constexpr int size = 144, kind = 0; /* kind 0: affine (scale and min) */
+    HMCU_HD static int off1(int p) { return 64 * (p >> 1) + 16 * (p & 1); }
+    HMCU_HD static int off2(int p) { return off1(p) + 32; }
+    HMCU_HD static qraw load(const uint8_t *b, int p) {
+        qraw r;
+        const uint4 h = ldg((const uint4 *)b), q = ldg((const uint4 *)(b + 16 + 16 * p));
+        r.w[0] = h.x; r.w[1] = h.y; r.w[2] = h.z; r.w[3] = h.w;
+        r.w[4] = q.x; r.w[5] = q.y; r.w[6] = q.z; r.w[7] = q.w;
+        return r;
+    }
+    HMCU_HD static qunit dec(const qraw &r, const uint8_t *, int p) {
+        qunit u;
+HMCU_UNROLL
+        for (int i = 0; i < 4; i++) {
+            u.v1[i] = r.w[4 + i] & 0x0f0f0f0fu;
+            u.v2[i] = (r.w[4 + i] >> 4) & 0x0f0f0f0fu;
+        }
+        k4_scale_min(r.w[1], r.w[2], r.w[3], p & ~1, &u.s1, &u.m1);
+        k4_scale_min(r.w[1], r.w[2], r.w[3], p | 1, &u.s2, &u.m2);
+        u.d = half_f((uint16_t)r.w[0]);
+        u.dm = half_f((uint16_t)(r.w[0] >> 16));
+        return u;
+    }
+};
+
+/* q5_K: as q4_K (qs at 48), plus bit 2c (first chunk) / 2c + 1 (second) of qh[16h + i]. */
+template <> struct q8k<HM_TYPE_Q5_K> {
+    static constexpr int size = 176, kind = 0;
+    HMCU_HD static int off1(int p) { return 64 * (p >> 1) + 16 * (p & 1); }
+    HMCU_HD static int off2(int p) { return off1(p) + 32; }
+    HMCU_HD static qraw load(const uint8_t *b, int p) {
+        qraw r;
+        const uint4 h = ldg((const uint4 *)b), q = ldg((const uint4 *)(b + 48 + 16 * p)),
+                    qh = ldg((const uint4 *)(b + 16 + 16 * (p & 1)));
+        r.w[0] = h.x; r.w[1] = h.y; r.w[2] = h.z; r.w[3] = h.w;
+        r.w[4] = q.x; r.w[5] = q.y; r.w[6] = q.z; r.w[7] = q.w;
+        r.w[8] = qh.x; r.w[9] = qh.y; r.w[10] = qh.z; r.w[11] = qh.w;
+        return r;
+    }
+    HMCU_HD static qunit dec(const qraw &r, const uint8_t *, int p) {
+        qunit u;
+        const int c = p >> 1;
+HMCU_UNROLL
+        for (int i = 0; i < 4; i++) {
+            u.v1[i] = (r.w[4 + i] & 0x0f0f0f0fu) | ((r.w[8 + i] >> (2 * c)) & 0x01010101u) << 4;
+            u.v2[i] = ((r.w[4 + i] >> 4) & 0x0f0f0f0fu) | ((r.w[8 + i] >> (2 * c + 1)) & 0x01010101u) << 4;
+        }
+        k4_scale_min(r.w[1], r.w[2], r.w[3], p & ~1, &u.s1, &u.m1);
+        k4_scale_min(r.w[1], r.w[2], r.w[3], p | 1, &u.s2, &u.m2);
+        u.d = half_f((uint16_t)r.w[0]);
+        u.dm = half_f((uint16_t)(r.w[0] >> 16));
+        return u;
+    }
+};
+
+/* 16 bytes at a 2-aligned address p as five aligned words (the first one at p & ~3; every word
+ * read holds a byte of the block, so it is inside the allocation) and their realignment. */
+HMCU_HD void ld16_a2_raw(const uint8_t *p, uint32_t *w) {
+    const uint32_t *a = (const uint32_t *)((uintptr_t)p & ~(uintptr_t)3);
+HMCU_UNROLL
+    for (int i = 0; i < 5; i++) w[i] = ldg(a + i);
+}
+HMCU_HD void ld16_a2_fix(const uint32_t *w, bool odd, uint32_t *out) {
+HMCU_UNROLL
+    for (int i = 0; i < 4; i++) out[i] = byte_perm(w[i], w[i + 1], odd ? 0x5432u : 0x3210u);
+}
+
+/* q6_K unit p: half h = p/4, k = (p/2)%2, s = p%2: ql[64h + 32k + 16s + i] low nibbles are
+ * elements 128h + 32k + 16s + i (top bits 2k, 2k+1 of qh[32h + 16s + i], scale 8h + 2k + s),
+ * high nibbles elements +64 (bits 2k+4, 2k+5, scale +4). Values 0..63; the -32 offset is taken
+ * out of the integer sum (32 * sum x). The block is only 2-aligned: w[0..4] ql, w[5..9] qh as
+ * aligned words, w[10] = d | scale1 << 16 | scale2 << 24. */
+template <> struct q8k<HM_TYPE_Q6_K> {
+    static constexpr int size = 210, kind = 1; /* kind 1: symmetric, offset 32 */
+    HMCU_HD static int off1(int p) { return 128 * (p >> 2) + 32 * ((p >> 1) & 1) + 16 * (p & 1); }
+    HMCU_HD static int off2(int p) { return off1(p) + 64; }
+    HMCU_HD static qraw load(const uint8_t *b, int p) {
+        qraw r;
+        const int h = p >> 2, k = (p >> 1) & 1, s = p & 1;
+        ld16_a2_raw(b + 64 * h + 32 * k + 16 * s, r.w);
+        ld16_a2_raw(b + 128 + 32 * h + 16 * s, r.w + 5);
+        r.w[10] = (uint32_t)ld16(b + 208) | (uint32_t)b[192 + 8 * h + 2 * k + s] << 16 |
+                  (uint32_t)b[196 + 8 * h + 2 * k + s] << 24;
+        r.w[11] = 0;
+        return r;
+    }
+    HMCU_HD static qunit dec(const qraw &r, const uint8_t *b, int p) {
+        qunit u;
+        const int k = (p >> 1) & 1;
+        const bool odd = ((uintptr_t)b & 2) != 0; /* every offset read is a multiple of 16 */
+        uint32_t ql[4], qh[4];
+        ld16_a2_fix(r.w, odd, ql);
+        ld16_a2_fix(r.w + 5, odd, qh);
+HMCU_UNROLL
+        for (int i = 0; i < 4; i++) {
+            u.v1[i] = (ql[i] & 0x0f0f0f0fu) | ((qh[i] >> (2 * k)) & 0x03030303u) << 4;
+            u.v2[i] = ((ql[i] >> 4) & 0x0f0f0f0fu) | ((qh[i] >> (2 * k + 4)) & 0x03030303u) << 4;
+        }
+        u.s1 = (int)(int8_t)(r.w[10] >> 16);
+        u.s2 = (int)(int8_t)(r.w[10] >> 24);
+        u.m1 = u.m2 = 0;
+        u.d = half_f((uint16_t)r.w[10]);
+        u.dm = 0.0f;
+        return u;
+    }
+};
+
+/* The IQ4_NL levels of the four nibbles in the low halves of q's bytes, as four int8. */
+HMCU_HD uint32_t lut4_iq4nl(uint32_t q) {
+    const uint32_t sel = (q & 7u) | (q >> 4 & 0x70u) | (q >> 8 & 0x700u) | (q >> 12 & 0x7000u);
+    const uint32_t lo = byte_perm(0xbfad9881u, 0xf6eaddcfu, sel), hi = byte_perm(0x26190d01u, 0x71594535u, sel);
+    const uint32_t m = ((q >> 3) & 0x01010101u) * 0xffu;
+    return (hi & m) | (lo & ~m);
+}
+
+/* iq4_xs unit p = sub-block p: qs[16p .. 16p+15], low nibbles elements 32p + i, high 32p + 16 + i,
+ * one scale ls - 32. w[0..1] = {d, scales_h, scales_l[4]}, w[2..5] the quants (8-aligned). */
+template <> struct q8k<HM_TYPE_IQ4_XS> {
+    static constexpr int size = 136, kind = 2; /* kind 2: symmetric */
+    HMCU_HD static int off1(int p) { return 32 * p; }
+    HMCU_HD static int off2(int p) { return 32 * p + 16; }
+    HMCU_HD static qraw load(const uint8_t *b, int p) {
+        qraw r;
+        const uint2 h = ldg((const uint2 *)b), q0 = ldg((const uint2 *)(b + 8 + 16 * p)),
+                    q1 = ldg((const uint2 *)(b + 16 + 16 * p));
+        r.w[0] = h.x; r.w[1] = h.y;
+        r.w[2] = q0.x; r.w[3] = q0.y; r.w[4] = q1.x; r.w[5] = q1.y;
+        return r;
+    }
+    HMCU_HD static qunit dec(const qraw &r, const uint8_t *, int p) {
+        qunit u;
+HMCU_UNROLL
+        for (int i = 0; i < 4; i++) {
+            u.v1[i] = lut4_iq4nl(r.w[2 + i] & 0x0f0f0f0fu);
+            u.v2[i] = lut4_iq4nl((r.w[2 + i] >> 4) & 0x0f0f0f0fu);
+        }
+        u.s1 = u.s2 = (int)(((r.w[1] >> (4 * p)) & 15u) | (((r.w[0] >> 16) >> (2 * p) & 3u) << 4)) - 32;
+        u.m1 = u.m2 = 0;
+        u.d = half_f((uint16_t)r.w[0]);
+        u.dm = 0.0f;
+        return u;
+    }
+};
+
+/* acc + the unit's dot with one token's chunks xa = x[off1 ..], xb = x[off2 ..] (16 int8 each)
+ * of a Q8_K block of scale xd. bs1, bs2: the chunks' sums (kinds 0 and 1 need them). */
+template <int T>
+HMCU_HD float q8k_unit_dot(const qunit &u, const uint4 &xa, const uint4 &xb, int bs1, int bs2, float xd, float acc) {
+    int d1 = dp4a(u.v1[0], xa.x, 0);
+    d1 = dp4a(u.v1[1], xa.y, d1); d1 = dp4a(u.v1[2], xa.z, d1); d1 = dp4a(u.v1[3], xa.w, d1);
+    int d2 = dp4a(u.v2[0], xb.x, 0);
+    d2 = dp4a(u.v2[1], xb.y, d2); d2 = dp4a(u.v2[2], xb.z, d2); d2 = dp4a(u.v2[3], xb.w, d2);
+    if (q8k<T>::kind == 0) {
+        const int sumi = u.s1 * d1 + u.s2 * d2, summ = u.m1 * bs1 + u.m2 * bs2;
+        acc = fmaf(u.d * xd, (float)sumi, acc);
+        return fmaf(-(u.dm * xd), (float)summ, acc);
+    }
+    if (q8k<T>::kind == 1) {
+        const int sumi = u.s1 * (d1 - 32 * bs1) + u.s2 * (d2 - 32 * bs2);
+        return fmaf(u.d * xd, (float)sumi, acc);
+    }
+    return fmaf(u.d * xd, (float)(u.s1 * (d1 + d2)), acc);
+}
+HMCU_HD int q8_sum16(const uint4 &x) {
+    return dp4a(0x01010101u, x.w, dp4a(0x01010101u, x.z, dp4a(0x01010101u, x.y, dp4a(0x01010101u, x.x, 0))));
+}
+
+#ifdef __CUDACC__
+/* Quantise one 256-element block x (16-byte aligned, global) into q (16-byte aligned, shared) and
+ * *d with one warp: lane l takes elements 8l .. 8l+7; the best is reduced over the warp with the
+ * CPU's tie rule, so every lane derives the same scale. */
+__device__ __forceinline__ void q8k_quant_block_warp(const float *__restrict__ x, int8_t *q, float *d, int lane) {
+    const float4 a = __ldg((const float4 *)x + 2 * lane), b = __ldg((const float4 *)x + 2 * lane + 1);
+    const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+    q8max m = {0.0f, 0.0f, 256};
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+        if (fabsf(v[i]) > m.a) m = q8max{fabsf(v[i]), v[i], 8 * lane + i};
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        q8max n;
+        n.a = __shfl_xor_sync(0xffffffffu, m.a, o);
+        n.v = __shfl_xor_sync(0xffffffffu, m.v, o);
+        n.i = __shfl_xor_sync(0xffffffffu, m.i, o);
+        m = q8max_better(m, n);
+    }
+    const float is = q8k_iscale(m);
+    uint32_t w[2] = {0, 0};
+#pragma unroll
+    for (int i = 0; i < 8; i++) w[i >> 2] |= (uint32_t)(uint8_t)q8k_code(is, v[i]) << (8 * (i & 3));
+    *(uint2 *)(q + 8 * lane) = make_uint2(w[0], w[1]);
+    if (lane == 0) *d = q8k_d(is);
+}
+
+/* Quantise n_rows rows of ne0 floats (row stride xstride floats) into q ([n_rows][ne0] int8) and
+ * d ([n_rows][ne0 / 256]) with all warps of the block; rows r < 32 with bit r of skip set are left
+ * out (their h was never written: cold experts). */
+__device__ __forceinline__ void q8k_quant_rows_block(const float *__restrict__ x, int64_t xstride, int n_rows,
+                                                     int ne0, int8_t *q, float *d, uint32_t skip) {
+    const int nb = ne0 / 256, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+    for (int task = threadIdx.x >> 5; task < n_rows * nb; task += nw) {
+        const int r = task / nb, b = task - r * nb;
+        if (r < 32 && (skip >> r & 1u)) continue;
+        q8k_quant_block_warp(x + r * xstride + 256 * b, q + (int64_t)r * ne0 + 256 * b, d + task, lane);
+    }
+}
+
+/* Issue the loads of U units (u0, u0 + 32, ...) of R rows: rw[u][r]. */
+template <int T, int R, int U>
+__device__ __forceinline__ void q8k_load(const uint8_t *const (&rows)[R], int u0, int n_units, qraw (&rw)[U][R]) {
+#pragma unroll
+    for (int u = 0; u < U; u++)
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            const int un = u0 + 32 * u;
+            if (un < n_units) rw[u][r] = q8k<T>::load(rows[r] + (int64_t)(un >> 3) * q8k<T>::size, un & 7);
+        }
+}
+
+/* acc[r][t] += row r . x_t for R rows of n_units units and NT tokens, x_t quantised in shared
+ * memory: xq + tok[t] * ne0 (int8), xd + tok[t] * (ne0 / 256). Lane l takes units l, l + 32, ...
+ * U at a time; rw holds the first U units' loads (issued by the caller with q8k_load). */
+template <int T, int NT, int R, int U>
+__device__ __forceinline__ void q8k_rows_dot(const uint8_t *const (&rows)[R], int n_units, const int8_t *xq,
+                                             const float *xd, int ne0, const int (&tok)[NT], float (&acc)[R][NT],
+                                             int lane, qraw (&rw)[U][R]) {
+    for (int u0 = lane; u0 < n_units; u0 += 32 * U) {
+        if (u0 != lane) q8k_load<T, R, U>(rows, u0, n_units, rw);
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int un = u0 + 32 * u;
+            if (un >= n_units) break;
+            const int b = un >> 3, p = un & 7;
+            qunit qu[R];
+#pragma unroll
+            for (int r = 0; r < R; r++) qu[r] = q8k<T>::dec(rw[u][r], rows[r] + (int64_t)b * q8k<T>::size, p);
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                const int8_t *xb = xq + (int64_t)tok[t] * ne0 + 256 * b;
+                const uint4 xa = *(const uint4 *)(xb + q8k<T>::off1(p)), xc = *(const uint4 *)(xb + q8k<T>::off2(p));
+                const float dx = xd[tok[t] * (ne0 >> 8) + b];
+                int bs1 = 0, bs2 = 0;
+                if (q8k<T>::kind != 2) {
+                    bs1 = q8_sum16(xa);
+                    bs2 = q8_sum16(xc);
+                }
+#pragma unroll
+                for (int r = 0; r < R; r++) acc[r][t] = q8k_unit_dot<T>(qu[r], xa, xc, bs1, bs2, dx, acc[r][t]);
+            }
+        }
+    }
+}
+#endif
 
 } /* namespace hmcu */
 
