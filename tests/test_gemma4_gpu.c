@@ -17,9 +17,10 @@
  *   (a) the tiny HF fixture (tests/fixtures/hf_ref/gemma4: head dims 32 sliding / 64 global,
  *       window 16, K = V on the global layer, n_embd 64: the experts cannot use VRAM slots, so
  *       all run on the CPU beside the device's dense part); the fixture's 80 tokens as 64 of
- *       prompt and 16 decode steps, twice: n_ubatch 64+ (one prefill batch: the bf16 matmul
- *       path) and n_ubatch 8 (micro-batches of 8: the exact-f32 matvec path, the sliding layers'
- *       ring of 24 rows wraps). The n_ubatch 8 run is also held to transformers' logits with the
+ *       prompt and 16 decode steps, twice: n_ubatch 64+ (one prefill batch: the prefill path,
+ *       its matmuls on the exact-f32 reference path HOTMOE_CUDA_EXACT=1 because the fixture's
+ *       random routing flips under bf16 rounding: NMSE up to 0.15 measured) and n_ubatch 8
+ *       (micro-batches of 8: the decode matvec path, the sliding layers' ring of 24 rows wraps). The n_ubatch 8 run is also held to transformers' logits with the
  *       CPU's own f16-KV bound (test_gemma4_hf: max |d| < 5e-2).
  *   (b) synth gemma4-tiny (3 layers: 2 sliding with head dim 64 + 1 global with 128, window 16,
  *       n_embd 256, 16 experts k 4, n_ff_exp 256: units fit VRAM slots), F32 and Q4_K_M: a
@@ -32,9 +33,8 @@
  * rounding flip differ; Gemma's attention has scale 1 over unit-RMS q/k heads, so scores are
  * ~sqrt(hd) and a flip moves them 10x more than with 1/sqrt(d): NMSE_EXACT = 1e-6 (still ~1e4
  * above the f32 estimate). Prefill (bf16 weights and activations, 2^-9 relative): the synth's
- * embedding dominates its residual (synth_gemma4.c: 32x a block), NMSE_BF16 = 1e-4 as qwen3moe's;
- * the HF fixture's random blocks do not dilute it and a 2^-9 change of unit-RMS q moves a score of
- * ~sqrt(32) by ~1e-2, the softmax weights by ~1 %, per layer: NMSE_BF16_HF = 1e-3. Q4_K_M: the CPU
+ * embedding dominates its residual (synth_gemma4.c: 32x a block), NMSE_BF16 = 1e-4 as qwen3moe's
+ * (the HF fixture's random blocks do not dilute it: routing flips, hence its exact path). Q4_K_M: the CPU
  * quantises activations to Q8 (0.6 % rms) while the GPU keeps f32: NMSE_Q8 = 3e-4 for both runs.
  * Exits 77 ("skipped: no GPU") without a CUDA device. */
 #include <math.h>
@@ -56,7 +56,6 @@
 
 #define NMSE_EXACT 1e-6
 #define NMSE_BF16 1e-4
-#define NMSE_BF16_HF 1e-3
 #define NMSE_Q8 3e-4
 #define KERN_REL 1e-5
 #define ATTN_ABS 1e-4 /* f32 scores of hd terms (|q|, |k| <= 1) err ~sqrt(hd) 2^-24 |s| ~1e-5, times |v| <= 1 */
@@ -410,7 +409,13 @@ static void run_fixture(void) {
     hm_placement_opts_default(&po);
     po.n_gpu_layers = 99;
     po.n_ctx = 80;
+    /* the fixture's random weights route on near-ties that bf16 prefill rounding flips (NMSE up to
+     * 0.15 seen): its prefill matmuls take the exact-f32 reference path (HOTMOE_CUDA_EXACT=1, read
+     * when the device opens) and both runs are held to the exact bound; bf16 prefill is checked on
+     * the synth model (b) */
+    setenv("HOTMOE_CUDA_EXACT", "1", 1);
     m = open_gpu(fx.gguf, &po, &e);
+    unsetenv("HOTMOE_CUDA_EXACT");
     CHECKF(m != NULL, "fixture on the GPU: %s", e.msg);
     for (int i = 0; m && i < 2; i++) {
         int32_t t[80];
@@ -420,7 +425,7 @@ static void run_fixture(void) {
         hm_status st = run_seq(m, &defs[i], t, false, gpu, V, &e);
         CHECKF(st == HM_OK, "%s: %s", what, e.msg);
         if (st != HM_OK) continue;
-        const double w = gpu_compare_logits(what, gpu, cpu[i], NS, V, i == 0 ? NMSE_BF16_HF : NMSE_EXACT);
+        const double w = gpu_compare_logits(what, gpu, cpu[i], NS, V, NMSE_EXACT);
         double dt = -1;
         if (i == 1 && got == (size_t)fx.n * (size_t)V) { /* transformers' rows 63..79 */
             dt = fixture_maxdiff(gpu, want + (size_t)63 * V, (size_t)NS * V);

@@ -766,8 +766,13 @@ int main(void) {
         fixture fx;
         static int32_t tok[256];
         if (fixture_open(&fx, "tests/fixtures/hf_ref/qwen35moe/", tok, 256) && fx.n >= NP) {
+            /* its random weights route on near-ties that bf16 prefill rounding flips (NMSE 1e-3 .. 0.13
+             * seen): the prefill matmuls take the exact-f32 reference path (HOTMOE_CUDA_EXACT=1), so
+             * every op of the prefill path is held to the exact bound; bf16 prefill is checked on (b) */
             const place pl[] = {P_ALL};
-            run_model(fx.gguf, "hf fixture", tok, pl, 1, NMSE_BF16, NMSE_F32_EXACT, false);
+            setenv("HOTMOE_CUDA_EXACT", "1", 1);
+            run_model(fx.gguf, "hf fixture", tok, pl, 1, NMSE_F32_EXACT, NMSE_F32_EXACT, false);
+            unsetenv("HOTMOE_CUDA_EXACT");
         } else {
             fprintf(stderr, "fixture tests/fixtures/hf_ref/qwen35moe not present: part (a) skipped\n");
         }

@@ -5,6 +5,7 @@
  * error). Everything else reports CUDA failures as HM_ERR_CUDA through HM_CU. */
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "cuda_device.h"
 #include "cuda_impl.h"
@@ -26,6 +27,10 @@ extern "C" int hm_cuda_device_name(int dev, char *buf, size_t len) {
 static hm_status ctx_init(hm_cuda_ctx *c, int device, hm_err *err) {
     HM_CU(cudaSetDevice(device));
     HM_CU(cudaDeviceGetAttribute(&c->n_sm, cudaDevAttrMultiProcessorCount, device));
+    {
+        const char *ev = getenv("HOTMOE_CUDA_EXACT");
+        c->exact_mm = ev && strcmp(ev, "1") == 0;
+    }
     HM_CU(cudaStreamCreateWithFlags(&c->compute, cudaStreamNonBlocking));
     HM_CU(cudaStreamCreateWithFlags(&c->upload, cudaStreamNonBlocking));
     HM_CU(cudaEventCreateWithFlags(&c->upload_done, cudaEventDisableTiming));

@@ -30,6 +30,8 @@ struct hm_cuda_ctx {
     cudaEvent_t moe_free[HM_CUDA_MOE_RING];
     int moe_next;
     int kern;                  /* hm_cuda_kern: which decode kernels (tests pick; 0 = default) */
+    bool exact_mm;             /* HOTMOE_CUDA_EXACT=1: matmuls of > 8 rows run as exact-f32 matvecs
+                                  in chunks of 8 (a reference path for tests; slow) */
 };
 
 /* Evaluate a CUDA runtime call; on failure fill `err` (a hm_err * in scope) and return. */

@@ -111,6 +111,13 @@ hm_status hm_cuda_matmul(hm_cuda_ctx *c, const hm_cuda_mat *w, const float *x, i
     HM_CU_ARG(x && y && n_tok >= 1 && n_tok <= 65535 * (int64_t)MM_BN);
     HM_CU_ARG((uintptr_t)x % 16 == 0);
     if (n_tok <= HM_CUDA_MATVEC_MAX_TOK) return hm_cuda_matvec_run(c, w, x, (int)n_tok, y, err);
+    if (c->exact_mm) { /* the reference path (HOTMOE_CUDA_EXACT=1): exact-f32 matvecs, 8 rows at a time */
+        for (int64_t t0 = 0; t0 < n_tok; t0 += HM_CUDA_MATVEC_MAX_TOK) {
+            const int nt = (int)(n_tok - t0 < HM_CUDA_MATVEC_MAX_TOK ? n_tok - t0 : HM_CUDA_MATVEC_MAX_TOK);
+            if ((st = hm_cuda_matvec_run(c, w, x + t0 * w->ne0, nt, y + t0 * w->ne1, err)) != HM_OK) return st;
+        }
+        return HM_OK;
+    }
     switch (w->type) {
 #define HM_MM_CASE(T) case T: launch_matmul<T>(c->compute, w, x, n_tok, y); break;
         HM_CUDA_FOR_TYPES(HM_MM_CASE)

@@ -23,6 +23,9 @@
  *     registers, f32 activations, f32 accumulation: error is float rounding only.
  *   - prefill matmul (n_tok > HM_CUDA_MATVEC_MAX_TOK): weights and activations rounded to bf16
  *     (8-bit mantissa, f32 range) for the tensor cores, f32 accumulation.
+ *     With HOTMOE_CUDA_EXACT=1 in the environment when the context opens, such matmuls run as
+ *     the decode matvec in chunks of 8 rows instead: a slow reference path for tests (a model
+ *     whose routing flips under bf16 rounding can then still be checked tightly).
  *   - attention: f16 KV (as the CPU), f32 scores and online softmax with expf.
  * Determinism: every output element is computed by one thread in a fixed order: results are
  * bit-identical run to run (no atomics anywhere).
