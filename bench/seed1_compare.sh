@@ -5,7 +5,7 @@
 #
 #   bench/seed1_compare.sh --hotmoe BIN --llama-bench PATH --seed1-bench PATH --model GGUF \
 #       --profile FILE [--budget-gib 12] [--threads 16] [--reps 3] [-p 512] [-n 128] [-d 512]
-#       [--hit-gen 32] [--log-dir DIR] [--json-out FILE] [--hotmoe-ncmoe] [--cpu]
+#       [--hit-gen 32] [--seed1-args "ARGS"] [--log-dir DIR] [--json-out FILE] [--hotmoe-ncmoe] [--cpu]
 #
 # Conventions of bench/gpu_offload.sh: pp = one batch of -p tokens and tg = -n decodes, both after
 # -d tokens of context (llama-bench -d semantics), same threads and repetitions for every engine;
@@ -17,15 +17,17 @@
 # llama.cpp's is (n_layer - N) / n_layer (every layer routes k units per token); the fork's is
 # summary.hot_slot_ratio of its --moe-layer-perf-out JSON, from two extra runs with -r 1 (pp -p
 # tokens; tg --hit-gen tokens), because that collection syncs at every MoE layer and would slow
-# the timed runs. A path given as "-" skips that engine. --hotmoe-ncmoe adds hotmoe with
-# llama.cpp's layer placement. --cpu checks the plumbing on a machine without a GPU: hotmoe runs
+# the timed runs. --seed1-args: more flags for the fork's hot-cache runs (default: its README's
+# one-GPU setting "--moe-hot-cache-pp-reduce-merge on"; llama-bench's own default is off).
+# A path given as "-" skips that engine. --hotmoe-ncmoe adds hotmoe with llama.cpp's layer
+# placement. --cpu checks the plumbing on a machine without a GPU: hotmoe runs
 # without -ngl/--vram-budget, the fork without a hot-cache budget (one probe run with it shows
 # that the fork parsed the profile before asking for a GPU), llama.cpp with the same flags.
 # A benchmark: it prints numbers, it asserts nothing. Needs python3.
 set -uo pipefail
 
 hm=""; lb=""; sb=""; model=""; profile=""; budget=12; th=16; reps=3; pp=512; tg=128; depth=512
-hitgen=32; logdir=""; jsonout=""; hmncmoe=0; cpu=0
+hitgen=32; s1args="--moe-hot-cache-pp-reduce-merge on"; logdir=""; jsonout=""; hmncmoe=0; cpu=0
 usage() { sed -n '2,9p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 while [ $# -gt 0 ]; do
     case "$1" in
@@ -41,6 +43,7 @@ while [ $# -gt 0 ]; do
         -n) tg=${2:?}; shift ;;
         -d) depth=${2:?}; shift ;;
         --hit-gen) hitgen=${2:?}; shift ;;
+        --seed1-args) s1args=$2; shift ;;
         --log-dir) logdir=${2:?}; shift ;;
         --json-out) jsonout=${2:?}; shift ;;
         --hotmoe-ncmoe) hmncmoe=1 ;;
@@ -152,16 +155,19 @@ lhit=$(python3 -c "print(f'{100 * ($n_layer - $ncmoe) / $n_layer:.1f}')")
 # 2. the seed-1 fork: every expert on the CPU plus its hot cache
 spp=- stg=- sbuild=- shpp=- shtg=- splan=""
 if [ "$sb" != - ]; then
-    hc=(--moe-hot-cache "$profile" --moe-hot-cache-max-mib "$mib")
+    read -r -a s1extra <<< "$s1args"
+    hc=(--moe-hot-cache "$profile" --moe-hot-cache-max-mib "$mib" "${s1extra[@]}")
     if [ $cpu = 1 ]; then
-        timeout "$tmo" "$sb" -m "$model" -t "$th" -r 1 -p 0 -n 1 "${gpu[@]}" -cmoe "${hc[@]}" \
+        timeout "$tmo" "$sb" -m "$model" -t "$th" -r 1 -p 0 -n 1 "${gpu[@]}" -cmoe "${hc[@]}" -v \
             > /dev/null 2> "$logdir/seed1-probe.err"
-        splan=$(grep -E "hot-cache weighting|requires a GPU|error" "$logdir/seed1-probe.err" | head -3)
+        splan=$(grep -E "hot-cache weighting|requires a GPU|error loading" "$logdir/seed1-probe.err" | head -3)
         hc=()
     fi
     read -r spp stg sbuild < <(lb_run "$sb" seed1 "${gpu[@]}" -cmoe "${hc[@]}")
-    [ $cpu = 1 ] || splan=$(grep -E "selected [0-9]+ hot-cache experts|expert lane 0 plan" "$logdir/seed1.err" | head -2)
-    [ "$pp" -gt 0 ] && shpp=$(sb_hit seed1-hit-pp -p "$pp" -n 0 "${gpu[@]}" -cmoe "${hc[@]}")
+    # -v: llama-bench drops the library's log otherwise; the hot-cache plan lines are in it
+    [ "$pp" -gt 0 ] && shpp=$(sb_hit seed1-hit-pp -p "$pp" -n 0 "${gpu[@]}" -cmoe "${hc[@]}" -v)
+    [ $cpu = 1 ] || splan=$(grep -E "hot-cache weighting|selected [0-9]+ hot-cache experts|expert lane 0 plan|error" \
+        "$logdir/seed1-hit-pp.err" | head -4)
     [ "$tg" -gt 0 ] && shtg=$(sb_hit seed1-hit-tg -p 0 -n "$hitgen" "${gpu[@]}" -cmoe "${hc[@]}")
 fi
 
@@ -176,7 +182,7 @@ fi
 echo "| engine / placement | pp$pp t/s | tg$tg t/s | hit rate pp | hit rate tg | pp vs llama.cpp | tg vs llama.cpp | tg vs seed-1 |"
 echo "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
 echo "| llama.cpp -ngl 99 --n-cpu-moe $ncmoe ($lbuild) | $lpp | $ltg | $lhit % (layers) | $lhit % (layers) | | | |"
-echo "| seed-1 fork -ngl 99 --cpu-moe, hot cache $mib MiB ($sbuild) | $spp | $stg | $shpp % | $shtg % | $(ratio "$spp" "$lpp") | $(ratio "$stg" "$ltg") | |"
+echo "| seed-1 fork -ngl 99 --cpu-moe, hot cache $mib MiB${s1args:+ $s1args} ($sbuild) | $spp | $stg | $shpp % | $shtg % | $(ratio "$spp" "$lpp") | $(ratio "$stg" "$ltg") | |"
 dn=""; [ "$hnote" = d0 ] && dn=" (at -d 0: depth failed)"
 [ $cpu = 1 ] && dn="$dn (--cpu: not passed)"
 echo "| hotmoe static, --vram-budget ${budget}GiB$dn | $hpp | $htg | - | $hhit % | $(ratio "$hpp" "$lpp") | $(ratio "$htg" "$ltg") | $(ratio "$htg" "$stg") |"
