@@ -280,7 +280,6 @@ hm_status g4_gpu_state_open(const hm_model *m, const hm_state_opts *o, g4_state 
     if (o->kv_type == HM_KV_F32)
         return hm_errf(err, HM_ERR_UNSUPPORTED, "an f32 KV cache with the GPU: the device KV cache is f16 (drop the "
                        "f32 KV type, or run on the CPU)");
-    if (m->ram) return hm_errf(err, HM_ERR_UNSUPPORTED, "--ram-budget with the GPU is not supported yet");
     if (o->n_ubatch > 65535)
         return hm_errf(err, HM_ERR_ARG, "n_ubatch %d: the GPU path takes at most 65535 rows a pass", o->n_ubatch);
     g4_gstate *g = calloc(1, sizeof *g);

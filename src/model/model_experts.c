@@ -104,11 +104,7 @@ hm_status hm_model_experts_open(hm_model *m, const hm_placement_opts *po, hm_err
     if (hm_placement_wants_gpu(po)) {
         int64_t slots = 0;
         int32_t layer_from = -1;
-        /* the RAM tier works with the GPU here (exclusive tiers): the GPU's open must not refuse
-         * a RAM budget (it did while they could not run together) */
-        hm_placement_opts gpo = *po;
-        gpo.ram_budget = 0;
-        if ((st = hm_model_gpu_open(m, &gpo, &slots, &layer_from, err)) != HM_OK) goto done;
+        if ((st = hm_model_gpu_open(m, po, &slots, &layer_from, err)) != HM_OK) goto done;
         eo.hot_slots = slots;
         eo.hot_tier = slots > 0 ? &m->gpu->hot : NULL;
         if (layer_from >= 0 && slots > 0) {

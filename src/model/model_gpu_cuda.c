@@ -145,9 +145,6 @@ hm_status hm_model_gpu_open(hm_model *m, const hm_placement_opts *o, int64_t *sl
     if (!m->arch->gpu_load)
         return hm_errf(err, HM_ERR_UNSUPPORTED, "the GPU path is not implemented for %s models yet (drop -ngl / "
                        "--vram-budget to run on the CPU)", m->arch_name);
-    if (o->ram_budget > 0 && (uint64_t)o->ram_budget < m->units.expert_bytes)
-        return hm_errf(err, HM_ERR_UNSUPPORTED, "--ram-budget (the SSD tier) together with the GPU is not "
-                       "supported yet: use one or the other");
     const int n_dev = hm_cuda_device_count();
     if (n_dev <= 0)
         return hm_errf(err, HM_ERR_CUDA, "no CUDA device found (drop -ngl / --vram-budget to run on the CPU)");
