@@ -61,6 +61,10 @@ check "bench pp_tok_s" grep -qE '"pp_tok_s": [0-9.]+' "$tmp/out"
 check "bench tg_tok_s" grep -qE '"tg_tok_s": [0-9.]+' "$tmp/out"
 check "bench table" test "$(code "$EXE" bench -m "$m" -p 16 -n 4 -r 1)" = 0
 check "bench table rows" grep -q "| pp16 |" "$tmp/out"
+# -d with a recurrent state (qwen35moe's DeltaNet cannot be trimmed back): rebuilt before each run
+q35="$SRC/tests/fixtures/hf_ref/qwen35moe/model.gguf"
+check "bench -d on qwen35moe" test "$(code "$EXE" bench -m "$q35" -p 8 -n 4 -d 16 -r 2 -t 2)" = 0
+check "bench -d qwen35moe rows" grep -q "| tg4 @ d16 |" "$tmp/out"
 
 # expert usage: profiles and traces from every command, read by plan; refusals
 nl=$("$EXE" inspect "$m" 2>/dev/null | sed -n 's/.*block_count *\([0-9]*\).*/\1/p')

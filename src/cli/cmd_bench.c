@@ -1,7 +1,8 @@
 /* cmd_bench.c - `hotmoe bench`: prompt processing and generation speed, measured as
  * llama-bench does: pp = one batch of p random tokens; tg = n single-token decodes; both after a
  * context of d tokens (-d, llama-bench's --n-depth: filled once, untimed, and trimmed back to
- * before each run); one untimed warm-up of each, then r timed repetitions; tok/s reported as mean
+ * before each run; a recurrent state (qwen35moe) cannot be trimmed, so there it is rebuilt
+ * untimed before each run, its routing left out of the hit rate); one untimed warm-up of each, then r timed repetitions; tok/s reported as mean
  * +/- sample standard deviation over the repetitions. With the GPU, the expert hit rate of the tg
  * runs (routed units found in VRAM) is printed too. Needs no tokenizer. */
 #include <math.h>
@@ -14,7 +15,9 @@ static void usage(FILE *f) {
     fprintf(f, "usage: hotmoe bench -m MODEL [-p N] [-n N] [-d N] [-t T] [-r REPS] [--json]\n\n"
                "  -p, --n-prompt N       prompt tokens, one batch (default 512; 0 = skip)\n"
                "  -n, --n-gen N          generated tokens, one at a time (default 128; 0 = skip)\n"
-               "  -d, --n-depth N        context already in the cache before each test (default 0)\n"
+               "  -d, --n-depth N        context already in the cache before each test (default 0;\n"
+               "                         rebuilt untimed before each run where a recurrent state\n"
+               "                         cannot be trimmed back)\n"
                "  -r, --repetitions N    timed runs of each test (default 5)\n"
                "  --seed N               seed of the random token ids (default 1)\n"
                "  --json                 print one JSON object (pp_tok_s, tg_tok_s, ...)\n" CLI_ENGINE_HELP);
@@ -34,13 +37,35 @@ static void mean_std(const double *x, int n, double *mean, double *std) {
     *std = n > 1 ? sqrt(ss / (n - 1)) : 0;
 }
 
-/* One timed test after `depth` tokens of context (the session already holds them); returns tok/s
- * or -1 on failure (printed). */
-static double run_test(hm_session *s, int32_t depth, const int32_t *ids, int32_t n, bool prompt) {
+/* Routed units of the timed parts only (a rebuilt context is not counted). */
+typedef struct tg_count {
+    bool on;
+    uint64_t hits, misses;
+} tg_count;
+
+static bool usage_hm(const hm_model *m, uint64_t *h, uint64_t *mi) {
+    hm_usage u;
+    if (hm_model_usage(m, &u, NULL) != HM_OK) return false;
+    *h = u.hits;
+    *mi = u.misses;
+    hm_usage_free(&u);
+    return true;
+}
+
+/* One timed test after `depth` tokens of context ctx[0..depth) (the session holds at least them:
+ * trimmed back to depth, or, for a recurrent state that cannot be rewound, rebuilt untimed from
+ * ctx); returns tok/s or -1 on failure (printed). cnt (may be NULL) adds the timed part's hits. */
+static double run_test(const hm_model *m, hm_session *s, const int32_t *ctx, int32_t depth, const int32_t *ids,
+                       int32_t n, bool prompt, tg_count *cnt) {
     hm_err err;
     const float *lg;
     if (depth == 0) hm_session_reset(s);
-    else if (hm_session_trim(s, depth, &err) != HM_OK) goto fail;
+    else if (hm_session_trim(s, depth, &err) != HM_OK) {
+        hm_session_reset(s);
+        if (hm_session_eval(s, ctx, depth, false, &lg, &err) != HM_OK) goto fail;
+    }
+    uint64_t h0 = 0, m0 = 0;
+    if (cnt && cnt->on) cnt->on = usage_hm(m, &h0, &m0);
     double t0 = now_s();
     if (prompt) {
         if (hm_session_eval(s, ids, n, false, &lg, &err) != HM_OK) goto fail;
@@ -48,7 +73,13 @@ static double run_test(hm_session *s, int32_t depth, const int32_t *ids, int32_t
         for (int32_t i = 0; i < n; i++)
             if (hm_session_eval(s, &ids[i], 1, false, &lg, &err) != HM_OK) goto fail;
     }
-    return n / (now_s() - t0);
+    const double dt = now_s() - t0;
+    uint64_t h1 = 0, m1 = 0;
+    if (cnt && cnt->on && (cnt->on = usage_hm(m, &h1, &m1))) {
+        cnt->hits += h1 - h0;
+        cnt->misses += m1 - m0;
+    }
+    return n / dt;
 fail:
     fprintf(stderr, "hotmoe bench: %s\n", err.msg);
     return -1;
@@ -128,36 +159,31 @@ int hm_cmd_bench(int argc, char **argv) {
         if (!json) fprintf(stderr, "hotmoe bench: filled %d tokens of context in %.1f s\n", d, now_s() - t0);
     }
     if (n_prompt) {
-        if (run_test(s, d, gen, (int32_t)n_prompt, true) < 0) goto done; /* warm-up */
+        if (run_test(m, s, ids, d, gen, (int32_t)n_prompt, true, NULL) < 0) goto done; /* warm-up */
         for (long r = 0; r < reps; r++)
-            if ((pp[r] = run_test(s, d, gen, (int32_t)n_prompt, true)) < 0) goto done;
+            if ((pp[r] = run_test(m, s, ids, d, gen, (int32_t)n_prompt, true, NULL)) < 0) goto done;
         mean_std(pp, (int)reps, &pm, &psd);
     }
     cli_tier_snap t0, t1;
     memset(&t1, 0, sizeof t1);
-    hm_usage u0, u1;
-    bool have_u = false;
+    tg_count cnt = {.on = true};
     if (n_gen) {
-        if (run_test(s, d, gen, n_gen < 16 ? (int32_t)n_gen : 16, false) < 0) goto done; /* warm-up */
+        if (run_test(m, s, ids, d, gen, n_gen < 16 ? (int32_t)n_gen : 16, false, NULL) < 0) goto done; /* warm-up */
         cli_tier_get(m, &t0);
-        have_u = hm_model_usage(m, &u0, NULL) == HM_OK;
         for (long r = 0; r < reps; r++)
-            if ((tg[r] = run_test(s, d, gen, (int32_t)n_gen, false)) < 0) goto done;
+            if ((tg[r] = run_test(m, s, ids, d, gen, (int32_t)n_gen, false, &cnt)) < 0) goto done;
         mean_std(tg, (int)reps, &tm, &tsd);
         cli_tier_get(m, &t1);
-        if (have_u && hm_model_usage(m, &u1, NULL) != HM_OK) {
-            hm_usage_free(&u0);
-            have_u = false;
-        }
     }
     double hit = -1; /* tg's share of routed units computed from VRAM */
     int64_t vslots = 0;
-    if (have_u) {
-        uint64_t h = u1.hits - u0.hits, mi = u1.misses - u0.misses;
-        if (u1.vram_slots > 0 || h > 0) hit = h + mi ? (double)h / (double)(h + mi) : 0.0;
-        vslots = u1.vram_slots;
-        hm_usage_free(&u0);
-        hm_usage_free(&u1);
+    if (n_gen && cnt.on) {
+        hm_usage u;
+        if (hm_model_usage(m, &u, NULL) == HM_OK) {
+            vslots = u.vram_slots;
+            hm_usage_free(&u);
+        }
+        if (vslots > 0 || cnt.hits > 0) hit = cnt.hits + cnt.misses ? (double)cnt.hits / (double)(cnt.hits + cnt.misses) : 0.0;
     }
     const char *backend = hm_placement_wants_gpu(&e.place) ? "CUDA" : "CPU";
     struct rusage ru;
