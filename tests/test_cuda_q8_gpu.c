@@ -8,7 +8,7 @@
  * GPU part: hm_cuda_matmul's decode path (n_tok 1..8) bit-identical to the host emulation and
  * within float order of the CPU vec_dot, hm_cuda_matvec_multi bit-identical to separate calls,
  * hm_cuda_moe_dev_act (SiLU and GELU, hot and cold experts, several k) against a CPU reference,
- * and both within the Q8_K rounding of the exact-f32 kernels (HM_CUDA_KERN_F32).
+ * and both as far from the exact-f32 kernels (HM_CUDA_KERN_F32) as the CPU's own Q8_K rounding is.
  * Exits 77 ("skipped: no GPU") without a device once the host part passed, 1 if it failed. */
 #include <math.h>
 #include <stdint.h>
@@ -200,9 +200,10 @@ static void gpu_matvec(void) {
                            (long long)ne0, (long long)ne1, nt, md, mx);
                     if (md / mx > worst_rel) worst_rel = md / mx;
                 }
-                const double e = nmse(y, yf, nt * ne1);
-                CHECKF(e < 1e-4, "matvec %s %lldx%lld n_tok %d: nmse vs f32 kernel %.3g", hm_type_name(type),
-                       (long long)ne0, (long long)ne1, nt, e);
+                /* the distance to exact f32 is the CPU's own Q8_K rounding (same codes) */
+                const double e = nmse(y, yf, nt * ne1), ec = nmse(ref, yf, nt * ne1);
+                CHECKF(e <= 1.1 * ec + 1e-12 && ec < 1e-3, "matvec %s %lldx%lld n_tok %d: nmse vs f32 kernel %.3g "
+                       "(the CPU's %.3g)", hm_type_name(type), (long long)ne0, (long long)ne1, nt, e, ec);
                 if (e > worst_f32) worst_f32 = e;
             }
             /* hm_cuda_matvec_multi: three segments, bit-identical to one matmul of each */
@@ -315,11 +316,12 @@ static void gpu_moe_case(int gt, int dt, int act, int64_t n_tok, int n_expert, i
         if (fabs(ref[i]) > mx) mx = fabs(ref[i]);
         if (fabs(out[0][i] - ref[i]) > md) md = fabs(out[0][i] - ref[i]);
     }
-    const double e = nmse(out[0], out[2], n_tok * n_embd);
+    const double e = nmse(out[0], out[2], n_tok * n_embd), ec = nmse(ref, out[2], n_tok * n_embd);
     /* h rounds through expf/tanhf on both sides: a rare flip of one h code moves y by ~1e-4 rel. */
     CHECKF(md <= 1e-4 * mx, "moe_dev %s/%s act %d n_tok %lld k %d: |gpu - cpu| %.3g of %.3g", hm_type_name(gt),
            hm_type_name(dt), act, (long long)n_tok, k, md, mx);
-    CHECKF(e < 1e-4, "moe_dev %s/%s: nmse vs f32 kernel %.3g", hm_type_name(gt), hm_type_name(dt), e);
+    CHECKF(e <= 1.1 * ec + 1e-12 && ec < 1e-3, "moe_dev %s/%s: nmse vs f32 kernel %.3g (the CPU's %.3g)",
+           hm_type_name(gt), hm_type_name(dt), e, ec);
     printf("moe_dev %-6s/%-6s %s n_tok %lld top-%d (%d experts, 1/3 cold): max |gpu - cpu| / max|y| %.2e, nmse vs f32 %.2e\n",
            hm_type_name(gt), hm_type_name(dt), act ? "gelu" : "silu", (long long)n_tok, k, n_expert, md / mx, e);
     for (int i = 0; i < 3; i++) free(out[i]);
