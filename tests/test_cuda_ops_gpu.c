@@ -75,7 +75,7 @@ static void *dev_zero(size_t n) {
 }
 static void dev_to(void *host, const void *d, size_t n) { CK(hm_cuda_download(ctx, host, d, n, &err)); }
 
-static const int types[] = {HM_TYPE_F32,  HM_TYPE_F16,  HM_TYPE_BF16, HM_TYPE_Q8_0, HM_TYPE_Q4_0,
+static const int types[] = {HM_TYPE_F32,  HM_TYPE_F16,  HM_TYPE_BF16, HM_TYPE_Q8_0, HM_TYPE_Q4_0, HM_TYPE_Q5_0,
                             HM_TYPE_MXFP4, HM_TYPE_Q4_K, HM_TYPE_Q5_K, HM_TYPE_Q6_K, HM_TYPE_IQ4_XS};
 #define N_TYPES ((int)(sizeof types / sizeof types[0]))
 
@@ -142,8 +142,8 @@ static void test_decoders_host(void) {
 
 /* ---- matmul: decode matvec and prefill tiles, every type ---- */
 
-static void test_matmul(void) {
-    const int64_t ne0 = 512, ne1 = 200;
+/* One type at one shape (ne0 x ne1) against the double reference. */
+static void test_matmul_case(int type, int64_t ne0, int64_t ne1) {
     const int64_t toks[] = {1, 2, 3, 5, 8, 9, 33, 100};
     const int64_t max_tok = 100;
     float *x = xmalloc(sizeof(float) * (size_t)(max_tok * ne0));
@@ -152,8 +152,7 @@ static void test_matmul(void) {
     float *dy = dev_zero(sizeof(float) * (size_t)(max_tok * ne1));
     float *y = xmalloc(sizeof(float) * (size_t)(max_tok * ne1));
     double *ref = xmalloc(sizeof(double) * (size_t)(max_tok * ne1));
-    for (int ti = 0; ti < N_TYPES; ti++) {
-        const int type = types[ti];
+    {
         tmat m = make_weights(type, ne0, ne1);
         void *dw = dev_from(m.q, m.rs * (size_t)ne1);
         hm_cuda_mat w = {dw, type, ne0, ne1, m.rs};
@@ -175,8 +174,9 @@ static void test_matmul(void) {
             const double e = nmse(y, ref, nt * ne1);
             const bool mv = nt <= HM_CUDA_MATVEC_MAX_TOK;
             const double bound = mv ? 1e-10 : 1e-4;
-            CHECKF(e < bound, "matmul %s n_tok %lld (%s kernel): nmse %.3g (bound %.0e)", hm_type_name(type),
-                   (long long)nt, kern == HM_CUDA_KERN_OLD ? "old" : "new", e, bound);
+            CHECKF(e < bound, "matmul %s %lld x %lld n_tok %lld (%s kernel): nmse %.3g (bound %.0e)",
+                   hm_type_name(type), (long long)ne1, (long long)ne0, (long long)nt,
+                   kern == HM_CUDA_KERN_OLD ? "old" : "new", e, bound);
             if (kern == HM_CUDA_KERN_OLD) {
                 if (e > worst_old) worst_old = e;
                 continue;
@@ -185,8 +185,8 @@ static void test_matmul(void) {
             if (!mv && e > worst_mm) worst_mm = e;
         }
         hm_cuda_set_kern(ctx, HM_CUDA_KERN_DEFAULT);
-        printf("matmul %-7s decode matvec nmse old %.2e new %.2e   prefill tiles (bf16 wmma) nmse %.2e\n",
-               hm_type_name(type), worst_old, worst_mv, worst_mm);
+        printf("matmul %-7s %4lld x %4lld: decode matvec nmse old %.2e new %.2e   prefill tiles (bf16 wmma) "
+               "nmse %.2e\n", hm_type_name(type), (long long)ne1, (long long)ne0, worst_old, worst_mv, worst_mm);
         hm_cuda_free(ctx, dw);
         free_weights(&m);
     }
@@ -197,26 +197,37 @@ static void test_matmul(void) {
     free(ref);
 }
 
+static void test_matmul(void) {
+    for (int ti = 0; ti < N_TYPES; ti++) test_matmul_case(types[ti], 512, 200);
+    /* the 32-blocks types at widths no 256-block fits: gemma4's dense ffn_down (2112) and
+     * ffn_down_exps (704), which llama.cpp's Q4_K_M writes as Q5_0 / Q8_0, and 800 (25 blocks: every
+     * other row starts 2 bytes past a 4-byte boundary) */
+    const int t32[] = {HM_TYPE_Q5_0, HM_TYPE_Q8_0, HM_TYPE_Q4_0};
+    const int64_t w32[] = {2112, 704, 800};
+    for (size_t i = 0; i < sizeof t32 / sizeof t32[0]; i++)
+        for (size_t j = 0; j < sizeof w32 / sizeof w32[0]; j++) test_matmul_case(t32[i], w32[j], 70);
+}
+
 /* ---- get_rows ---- */
 
-static void test_get_rows(void) {
-    const int64_t ne0 = 768, ne1 = 50, n_ids = 7;
+static void test_get_rows_at(int64_t ne0, const int *tys, int n_tys) {
+    const int64_t ne1 = 50, n_ids = 7;
     const int32_t ids[7] = {3, 0, 49, 3, 17, 25, 48};
     int32_t *dids = dev_from(ids, sizeof ids);
     float *dout = dev_zero(sizeof(float) * (size_t)(n_ids * ne0));
     float *out = xmalloc(sizeof(float) * (size_t)(n_ids * ne0));
     double *ref = xmalloc(sizeof(double) * (size_t)(n_ids * ne0));
-    for (int ti = 0; ti < N_TYPES; ti++) {
-        tmat m = make_weights(types[ti], ne0, ne1);
+    for (int ti = 0; ti < n_tys; ti++) {
+        tmat m = make_weights(tys[ti], ne0, ne1);
         void *dw = dev_from(m.q, m.rs * (size_t)ne1);
-        hm_cuda_mat w = {dw, types[ti], ne0, ne1, m.rs};
+        hm_cuda_mat w = {dw, tys[ti], ne0, ne1, m.rs};
         CK(hm_cuda_get_rows(ctx, &w, dids, n_ids, dout, &err));
         dev_to(out, dout, sizeof(float) * (size_t)(n_ids * ne0));
         for (int64_t i = 0; i < n_ids; i++)
             for (int64_t k = 0; k < ne0; k++) ref[i * ne0 + k] = m.deq[ids[i] * ne0 + k];
         const double e = nmse(out, ref, n_ids * ne0);
-        CHECKF(e < 1e-12, "get_rows %s: nmse %.3g", hm_type_name(types[ti]), e);
-        printf("get_rows %-7s nmse %.2e\n", hm_type_name(types[ti]), e);
+        CHECKF(e < 1e-12, "get_rows %s width %lld: nmse %.3g", hm_type_name(tys[ti]), (long long)ne0, e);
+        printf("get_rows %-7s width %4lld nmse %.2e\n", hm_type_name(tys[ti]), (long long)ne0, e);
         hm_cuda_free(ctx, dw);
         free_weights(&m);
     }
@@ -224,6 +235,12 @@ static void test_get_rows(void) {
     hm_cuda_free(ctx, dout);
     free(out);
     free(ref);
+}
+
+static void test_get_rows(void) {
+    test_get_rows_at(768, types, N_TYPES);
+    const int t32[] = {HM_TYPE_Q5_0, HM_TYPE_Q8_0, HM_TYPE_Q4_0}; /* 25 blocks a row: rows 2-aligned only */
+    test_get_rows_at(800, t32, 3);
 }
 
 /* ---- row and elementwise ops ---- */
@@ -793,6 +810,8 @@ static void test_moe(void) {
     test_moe_case(HM_TYPE_IQ4_XS, HM_TYPE_Q5_K, 3, 5, 2);
     test_moe_case(HM_TYPE_F16, HM_TYPE_Q8_0, 23, 4, 2);   /* units with > 8 tokens */
     test_moe_case(HM_TYPE_MXFP4, HM_TYPE_BF16, 4, 6, 2);
+    test_moe_case(HM_TYPE_Q4_K, HM_TYPE_Q5_0, 3, 7, 2);   /* gemma4 Q4_K_M's expert mix */
+    test_moe_case(HM_TYPE_Q5_0, HM_TYPE_Q5_0, 19, 4, 2);
 }
 
 /* ---- fused decode ops: the same results as the ops they fuse ---- */
@@ -1029,6 +1048,8 @@ static void test_moe_dev(void) {
     test_moe_dev_case(HM_TYPE_Q4_K, HM_TYPE_Q6_K, 5, 12, 3);
     test_moe_dev_case(HM_TYPE_IQ4_XS, HM_TYPE_Q5_K, 8, 9, 2);
     test_moe_dev_case(HM_TYPE_F16, HM_TYPE_Q8_0, 2, 6, 6); /* every expert of the layer routed */
+    test_moe_dev_case(HM_TYPE_Q4_K, HM_TYPE_Q5_0, 1, 12, 4); /* gemma4 Q4_K_M: int8 gate/up, f32 Q5_0 down */
+    test_moe_dev_case(HM_TYPE_Q5_0, HM_TYPE_Q8_0, 5, 9, 3);
 }
 
 /* ---- errors are statuses ---- */

@@ -135,7 +135,7 @@ static void launch_moe(cudaStream_t st, char *scr, const moe_layout &L, int n_ac
 }
 
 /* Dispatch the (gate type, down type) pair: the gate type is a template of launch A, the down
- * type of launch B, so the 10 x 10 table is two switches. */
+ * type of launch B, so the 11 x 11 table is two switches. */
 template <int TG>
 static bool launch_moe_down(int down_type, cudaStream_t st, char *scr, const moe_layout &L, int n_active,
                             const float *x, int64_t n_batch, int64_t n_embd, int64_t n_ff, float *out, int act) {

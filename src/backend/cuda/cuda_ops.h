@@ -120,7 +120,8 @@ typedef struct hm_cuda_mat {
     size_t nb1;  /* row stride in bytes */
 } hm_cuda_mat;
 
-/* True for the types this backend computes with: F32 F16 BF16 Q8_0 Q4_0 MXFP4 Q4_K Q5_K Q6_K IQ4_XS. */
+/* True for the types this backend computes with: F32 F16 BF16 Q8_0 Q4_0 Q5_0 MXFP4 Q4_K Q5_K Q6_K
+ * IQ4_XS. */
 bool hm_cuda_type_ok(int type);
 /* Alignment in bytes the kernels' vector loads need of a weight's data pointer and row stride. */
 size_t hm_cuda_type_align(int type);

@@ -6,8 +6,8 @@
  * so the activation loads of a warp are one contiguous 1 KiB run (perfectly coalesced), and the
  * weight bytes of consecutive lanes are consecutive too. Each type reads its bytes with the widest
  * load its block alignment allows (16 B for F32/F16/BF16 and the header of Q4_K/Q5_K, 8 B for the
- * quants of Q4_K/Q5_K/IQ4_XS, 2 B for Q8_0/Q4_0/Q6_K whose blocks are only 2-aligned, bytes for
- * MXFP4). Layouts: src/quant/quant_impl.h and quant_k_impl.h (ggml-common.h compatible). */
+ * quants of Q4_K/Q5_K/IQ4_XS, 2 B for Q8_0/Q4_0/Q5_0/Q6_K whose blocks are only 2-aligned, bytes
+ * for MXFP4). Layouts: src/quant/quant_impl.h and quant_k_impl.h (ggml-common.h compatible). */
 #ifndef HM_BACKEND_CUDA_QUANT_CUH
 #define HM_BACKEND_CUDA_QUANT_CUH
 
@@ -123,6 +123,7 @@ template <> struct qtype<HM_TYPE_F16>    { static constexpr int blk = 1,   size 
 template <> struct qtype<HM_TYPE_BF16>   { static constexpr int blk = 1,   size = 2,   align = 16; };
 template <> struct qtype<HM_TYPE_Q8_0>   { static constexpr int blk = 32,  size = 34,  align = 2; };
 template <> struct qtype<HM_TYPE_Q4_0>   { static constexpr int blk = 32,  size = 18,  align = 2; };
+template <> struct qtype<HM_TYPE_Q5_0>   { static constexpr int blk = 32,  size = 22,  align = 2; };
 template <> struct qtype<HM_TYPE_MXFP4>  { static constexpr int blk = 32,  size = 17,  align = 1; };
 template <> struct qtype<HM_TYPE_Q4_K>   { static constexpr int blk = 256, size = 144, align = 16; };
 template <> struct qtype<HM_TYPE_Q5_K>   { static constexpr int blk = 256, size = 176, align = 16; };
@@ -204,6 +205,24 @@ template <> HMCU_HD void dec<HM_TYPE_Q4_0>(const raw &r, int g, float w[8]) {
     nib8(make_uint2(r.a.y, r.a.z), (g & 2) != 0, q);
 HMCU_UNROLL
     for (int i = 0; i < 8; i++) w[i] = d * (float)(q[i] - 8);
+}
+
+/* q5_0: as q4_0 (qs at 6), plus the fifth bits: element e of the block is bit e of the
+ * little-endian word qh (bytes 2..5), so group k's 8 bits are byte k of it. The block is 22 bytes,
+ * only 2-aligned: qh is read as two halves. a = {d, qs lo, qs hi, qh}. */
+template <> HMCU_HD raw load<HM_TYPE_Q5_0>(const uint8_t *__restrict__ row, int g) {
+    const uint8_t *b = row + (int64_t)(g >> 2) * 22;
+    const uint2 u = ld8_a2(b + 6 + 8 * (g & 1));
+    return raw{make_uint4(ld16(b), u.x, u.y, (uint32_t)ld16(b + 2) | (uint32_t)ld16(b + 4) << 16),
+               make_uint4(0, 0, 0, 0)};
+}
+template <> HMCU_HD void dec<HM_TYPE_Q5_0>(const raw &r, int g, float w[8]) {
+    const float d = half_f((uint16_t)r.a.x);
+    const uint32_t h = r.a.w >> (8 * (g & 3));
+    int q[8];
+    nib8(make_uint2(r.a.y, r.a.z), (g & 2) != 0, q);
+HMCU_UNROLL
+    for (int i = 0; i < 8; i++) w[i] = d * (float)((q[i] | (int)((h >> i) & 1u) << 4) - 16);
 }
 
 template <> HMCU_HD raw load<HM_TYPE_MXFP4>(const uint8_t *__restrict__ row, int g) {
@@ -731,6 +750,6 @@ __device__ __forceinline__ void q8k_rows_dot(const uint8_t *const (&rows)[R], in
 /* Expand M(T) for every weight type the backend supports (dispatch tables of the .cu files). */
 #define HM_CUDA_FOR_TYPES(M) \
     M(HM_TYPE_F32) M(HM_TYPE_F16) M(HM_TYPE_BF16) M(HM_TYPE_Q8_0) M(HM_TYPE_Q4_0) \
-    M(HM_TYPE_MXFP4) M(HM_TYPE_Q4_K) M(HM_TYPE_Q5_K) M(HM_TYPE_Q6_K) M(HM_TYPE_IQ4_XS)
+    M(HM_TYPE_Q5_0) M(HM_TYPE_MXFP4) M(HM_TYPE_Q4_K) M(HM_TYPE_Q5_K) M(HM_TYPE_Q6_K) M(HM_TYPE_IQ4_XS)
 
 #endif
