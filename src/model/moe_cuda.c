@@ -19,12 +19,14 @@
 #include "model.h"
 #include "model_gpu.h"
 #include "moe.h"
+#include "quant/quant.h"
 
 /* Whether the grouped kernel can compute this layer's units (else every unit is cold). */
 static bool gpu_computes(const hm_gpu *g, const hm_moe_weights *mw) {
     return g->hot.part && (mw->act == HM_MOE_ACT_SILU || mw->act == HM_MOE_ACT_GELU) &&
            mw->gate.type == mw->up.type && hm_cuda_type_ok(mw->gate.type) && hm_cuda_type_ok(mw->down.type) &&
-           mw->n_embd % 256 == 0 && mw->n_ff % 256 == 0;
+           mw->n_embd % 32 == 0 && mw->n_ff % 32 == 0 && mw->n_embd % hm_type_get(mw->gate.type)->blck_size == 0 &&
+           mw->n_ff % hm_type_get(mw->down.type)->blck_size == 0;
 }
 
 /* The kernels' activation flag of mw's units. */

@@ -171,6 +171,14 @@ hm_status hm_cuda_moe(hm_cuda_ctx *c, const hm_cuda_moe_unit *units, int n_units
                            scratch, scratch_size, err);
 }
 
+/* The widths the grouped kernels take: multiples of 32 (a lane's 8-element groups, float4 rows of
+ * x and h) and of each matrix's block (K-quants: 256, which the int8 paths' Q8_K blocks of x and h
+ * then inherit). Gemma-4 26B-A4B's experts have n_ff 704: Q5_0 / Q8_0 down parts, f32 path. */
+static bool moe_widths_ok(int gate_type, int down_type, int64_t n_embd, int64_t n_ff) {
+    return n_embd > 0 && n_ff > 0 && n_embd % 32 == 0 && n_ff % 32 == 0 &&
+           n_embd % hm_type_get(gate_type)->blck_size == 0 && n_ff % hm_type_get(down_type)->blck_size == 0;
+}
+
 hm_status hm_cuda_moe_act(hm_cuda_ctx *c, const hm_cuda_moe_unit *units, int n_units, int gate_type,
                           int down_type, int act, const float *x, int64_t n_batch, int64_t n_embd, int64_t n_ff,
                           float *out, void *scratch, size_t scratch_size, hm_err *err) {
@@ -179,7 +187,7 @@ hm_status hm_cuda_moe_act(hm_cuda_ctx *c, const hm_cuda_moe_unit *units, int n_u
     if (!hm_cuda_type_ok(gate_type) || !hm_cuda_type_ok(down_type))
         return hm_errf(err, HM_ERR_UNSUPPORTED, "cuda moe: types %s / %s", hm_type_name(gate_type),
                        hm_type_name(down_type));
-    HM_CU_ARG(n_embd > 0 && n_ff > 0 && n_embd % 256 == 0 && n_ff % 256 == 0);
+    HM_CU_ARG(moe_widths_ok(gate_type, down_type, n_embd, n_ff));
     const size_t ga = hm_cuda_type_align(gate_type), da = hm_cuda_type_align(down_type);
     HM_CU_ARG(hm_row_size(gate_type, n_embd) % ga == 0 && hm_row_size(down_type, n_ff) % da == 0);
     int64_t n_pairs = 0;
@@ -521,7 +529,7 @@ hm_status hm_cuda_moe_dev_act(hm_cuda_ctx *c, const hm_cuda_moe_slot *slots, int
     if (!hm_cuda_type_ok(gate_type) || !hm_cuda_type_ok(down_type))
         return hm_errf(err, HM_ERR_UNSUPPORTED, "cuda moe: types %s / %s", hm_type_name(gate_type),
                        hm_type_name(down_type));
-    HM_CU_ARG(n_embd > 0 && n_ff > 0 && n_embd % 256 == 0 && n_ff % 256 == 0);
+    HM_CU_ARG(moe_widths_ok(gate_type, down_type, n_embd, n_ff));
     HM_CU_ARG(scratch_size >= hm_cuda_moe_dev_scratch_size(n_tok, k, n_ff));
     if (!n_tok) return HM_OK;
     float *h = (float *)scratch;

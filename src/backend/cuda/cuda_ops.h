@@ -169,7 +169,8 @@ size_t hm_cuda_moe_scratch_size(int64_t n_batch, int64_t n_pairs, int64_t n_unit
  * All units share gate_type (gate and up) and down_type (true within a layer). Two launches for all
  * units: gate+up+SwiGLU over (unit, row) items, then down + the weighted sum over (token, row)
  * items, each token's pairs summed in unit order: atomics-free and deterministic. The routing
- * tables go up through pinned staging on the compute stream (a few KB per layer). */
+ * tables go up through pinned staging on the compute stream (a few KB per layer). n_embd and n_ff
+ * multiples of 32 and of the gate / down type's block (both MoE entry points). */
 hm_status hm_cuda_moe(hm_cuda_ctx *c, const hm_cuda_moe_unit *units, int n_units, int gate_type,
                       int down_type, const float *x, int64_t n_batch, int64_t n_embd, int64_t n_ff,
                       float *out, void *scratch, size_t scratch_size, hm_err *err);
