@@ -37,7 +37,6 @@
 #include "moe.h"
 #include "quant/quant.h"
 
-#define MIB (1024.0 * 1024.0)
 #define G4_LOGIT_ROWS 64 /* most rows of logits per output matmul (bounds the device logits) */
 
 /* ---- the device weights (m->gpu->arch) ---- */
@@ -62,39 +61,6 @@ void g4_gpu_unload(hm_model *m) {
     free(d->layers);
     free(d);
     m->gpu->arch = NULL;
-}
-
-/* Upload matrix w (tensor `name`); a type or layout the CUDA kernels do not take is
- * HM_ERR_UNSUPPORTED naming the tensor. */
-static hm_status up_mat(hm_gpu *g, const hm_mat *w, const char *name, hm_cuda_mat *out, hm_err *err) {
-    if (!hm_cuda_type_ok(w->type))
-        return hm_errf(err, HM_ERR_UNSUPPORTED, "tensor '%s': type %s is not computed by the CUDA backend (run "
-                       "the model on the CPU: drop -ngl / --vram-budget)", name, hm_type_name(w->type));
-    const size_t al = hm_cuda_type_align(w->type);
-    if (w->ne0 % 32 || (al && w->nb1 % al))
-        return hm_errf(err, HM_ERR_UNSUPPORTED, "tensor '%s': rows of %lld %s elements (%zu bytes) do not fit the "
-                       "CUDA kernels (a multiple of 32 elements and of %zu bytes)", name, (long long)w->ne0,
-                       hm_type_name(w->type), w->nb1, al);
-    hm_status st = hm_gpu_upload_mat(g, w, out, err);
-    if (st != HM_OK && err) {
-        char tmp[sizeof err->msg];
-        snprintf(tmp, sizeof tmp, "%s", err->msg);
-        hm_errf(err, st, "tensor '%s': %s", name, tmp);
-    }
-    return st;
-}
-
-/* Upload f32 vector v of n (a NULL v uploads nothing: *out NULL). */
-static hm_status up_vec(hm_gpu *g, const float *v, int64_t n, const char *name, float **out, hm_err *err) {
-    *out = NULL;
-    if (!v) return HM_OK;
-    hm_status st = hm_gpu_upload_vec(g, v, n, out, err);
-    if (st != HM_OK && err) {
-        char tmp[sizeof err->msg];
-        snprintf(tmp, sizeof tmp, "%s", err->msg);
-        hm_errf(err, st, "tensor '%s': %s", name, tmp);
-    }
-    return st;
 }
 
 static bool hd_ok(int hd) { return hd == 32 || hd == 64 || hd == 128 || hd == 256 || hd == 512; }
@@ -131,16 +97,16 @@ hm_status g4_gpu_load(hm_model *m, hm_err *err) {
         st = hm_errf(err, HM_ERR_NOMEM, "out of memory");
         goto fail;
     }
-    if ((st = up_mat(g, &q->tok_embd, "token_embd.weight", &d->tok_embd, err)) != HM_OK) goto fail;
+    if ((st = hm_gpu_up_mat(g, &q->tok_embd, "token_embd.weight", NULL, &d->tok_embd, err)) != HM_OK) goto fail;
     if (q->output.data == q->tok_embd.data)
         d->output = d->tok_embd; /* tied embeddings: one device copy */
-    else if ((st = up_mat(g, &q->output, "output.weight", &d->output, err)) != HM_OK)
+    else if ((st = hm_gpu_up_mat(g, &q->output, "output.weight", NULL, &d->output, err)) != HM_OK)
         goto fail;
-    if ((st = up_vec(g, q->output_norm, E, "output_norm.weight", &d->output_norm, err)) != HM_OK) goto fail;
+    if ((st = hm_gpu_up_vec(g, q->output_norm, E, "output_norm.weight", &d->output_norm, err)) != HM_OK) goto fail;
     for (int32_t il = 0; il < q->n_layer; il++) {
         const g4_layer *L = &q->layers[il];
         if (L->rope_ff && !d->rope_ff &&
-            (st = up_vec(g, L->rope_ff, L->n_rot / 2, "rope_freqs.weight", &d->rope_ff, err)) != HM_OK)
+            (st = hm_gpu_up_vec(g, L->rope_ff, L->n_rot / 2, "rope_freqs.weight", &d->rope_ff, err)) != HM_OK)
             goto fail;
     }
     for (int32_t il = 0; il < q->n_layer; il++) {
@@ -149,9 +115,9 @@ hm_status g4_gpu_load(hm_model *m, hm_err *err) {
         char n[96];
 #define NAME(s) (snprintf(n, sizeof n, "blk.%d." s, il), n)
 #define VEC(field, len, s) \
-    if ((st = up_vec(g, L->field, len, NAME(s), &D->field, err)) != HM_OK) goto fail
+    if ((st = hm_gpu_up_vec(g, L->field, len, NAME(s), &D->field, err)) != HM_OK) goto fail
 #define MAT(field, s) \
-    if ((st = up_mat(g, &L->field, NAME(s), &D->field, err)) != HM_OK) goto fail
+    if ((st = hm_gpu_up_mat(g, &L->field, NAME(s), NULL, &D->field, err)) != HM_OK) goto fail
         VEC(attn_norm, E, "attn_norm.weight");
         VEC(q_norm, L->hd, "attn_q_norm.weight");
         VEC(k_norm, L->hd, "attn_k_norm.weight");
@@ -216,6 +182,7 @@ typedef struct g4_gstate {
     int32_t logit_rows, dec_cap;
     size_t sel_stride;        /* 2 * dec_cap * k */
     hm_moe_graph *graph;      /* decode as one CUDA graph (moe.h), owned; NULL with HOTMOE_CUDA_GRAPH=0 */
+    const hm_moe_weights **mw;/* [n_layer] each MoE layer's experts (borrowed; NULL: dense), the array owned */
 } g4_gstate;
 
 void g4_gpu_state_close(g4_state *s) {
@@ -236,58 +203,21 @@ void g4_gpu_state_close(g4_state *s) {
     free(g->any_hot);
     free(g->seen);
     free(g->rec_n);
+    free(g->mw);
     free(g);
     s->gpu = NULL;
 }
 
-/* n bytes of device memory for `what`; when the device is full, the expert slot pool gives up
- * room for `rest` bytes (this and the state's later allocations) and it tries again. */
-static hm_status dev_alloc(const hm_model *m, size_t n, size_t rest, void **out, const char *what, hm_err *err) {
-    hm_cuda_ctx *c = m->gpu->ctx;
-    *out = NULL;
-    if (!n) n = 256;
-    if (rest < n) rest = n;
-    for (;;) {
-        hm_err e;
-        hm_status st = hm_cuda_alloc(c, n, out, &e);
-        if (st == HM_OK) return HM_OK;
-        if (st != HM_ERR_NOMEM)
-            return hm_errf(err, st, "gpu: cannot allocate the %s (%.1f MiB) on the device: %s", what, (double)n / MIB,
-                           e.msg);
-        hm_err re;
-        if ((st = hm_model_gpu_make_room(m, rest, &re)) != HM_OK)
-            return hm_errf(err, st == HM_ERR_NOMEM ? HM_ERR_NOMEM : st, "gpu: cannot allocate the %s (%.1f MiB) on "
-                           "the device, nor give up expert slots for it: %s (%s)", what, (double)n / MIB, re.msg,
-                           e.msg);
-    }
-}
-
-/* Offsets of n arrays of elems[i] 4-byte elements in one block, each 256-byte aligned. */
-static size_t layout(const size_t *elems, size_t *off, size_t n) {
-    size_t at = 0;
-    for (size_t i = 0; i < n; i++) {
-        off[i] = at;
-        at += (elems[i] * 4 + 255) & ~(size_t)255;
-    }
-    return at;
-}
-
-static size_t max_sz(size_t a, size_t b) { return a > b ? a : b; }
-
 hm_status g4_gpu_state_open(const hm_model *m, const hm_state_opts *o, g4_state *s, hm_err *err) {
     const g4_model *q = m->impl;
     HM_ASSERT(m->gpu && m->gpu->arch && !s->gpu && s->kvl);
-    if (o->kv_type == HM_KV_F32)
-        return hm_errf(err, HM_ERR_UNSUPPORTED, "an f32 KV cache with the GPU: the device KV cache is f16 (drop the "
-                       "f32 KV type, or run on the CPU)");
-    if (o->n_ubatch > 65535)
-        return hm_errf(err, HM_ERR_ARG, "n_ubatch %d: the GPU path takes at most 65535 rows a pass", o->n_ubatch);
+    hm_status st = hm_gpu_state_opts_check(o, err);
+    if (st != HM_OK) return st;
     g4_gstate *g = calloc(1, sizeof *g);
     if (!g) return hm_errf(err, HM_ERR_NOMEM, "out of memory");
     s->gpu = g;
     hm_cuda_ctx *c = m->gpu->ctx;
     g->c = c;
-    hm_status st;
     const size_t U = (size_t)o->n_ubatch, E = (size_t)q->n_embd;
     const size_t nq = (size_t)q->n_head * (size_t)q->hd_max, nkv = (size_t)q->n_kv_max * (size_t)q->hd_max;
     const size_t nff = (size_t)q->n_ff_max, K = (size_t)(q->n_expert_used > 0 ? q->n_expert_used : 1);
@@ -309,20 +239,22 @@ hm_status g4_gpu_state_open(const hm_model *m, const hm_state_opts *o, g4_state 
                              U * NE, 2 * U * K, U * E, (size_t)g->logit_rows * V, 3 * U, NL * g->sel_stride,
                              slot_words};
     size_t act_off[sizeof act_el / sizeof act_el[0]];
-    const size_t act_bytes = layout(act_el, act_off, sizeof act_el / sizeof act_el[0]);
+    const size_t act_bytes = hm_gpu_layout(act_el, act_off, sizeof act_el / sizeof act_el[0]);
     g->scratch_size = hm_cuda_gemma_attention_scratch_size(c, q->hd_max);
     if (q->n_expert > 0) {
-        g->scratch_size = max_sz(g->scratch_size, hm_cuda_moe_scratch_size((int64_t)U, (int64_t)(U * K), q->n_expert,
-                                                                           q->n_ff_exp));
-        g->scratch_size = max_sz(g->scratch_size, hm_cuda_moe_dev_scratch_size(g->dec_cap, q->n_expert_used,
-                                                                               q->n_ff_exp));
+        g->scratch_size = hm_gpu_max_sz(g->scratch_size, hm_cuda_moe_scratch_size((int64_t)U, (int64_t)(U * K),
+                                                                                  q->n_expert, q->n_ff_exp));
+        g->scratch_size = hm_gpu_max_sz(g->scratch_size, hm_cuda_moe_dev_scratch_size(g->dec_cap, q->n_expert_used,
+                                                                                      q->n_ff_exp));
     }
 
     char what[96];
     snprintf(what, sizeof what, "KV cache (%d positions)", o->n_ctx);
-    if ((st = dev_alloc(m, kv_bytes, kv_bytes + act_bytes + g->scratch_size, (void **)&g->kv, what, err)) != HM_OK)
+    if ((st = hm_gpu_dev_alloc(m, kv_bytes, kv_bytes + act_bytes + g->scratch_size, (void **)&g->kv, what, err)) !=
+        HM_OK)
         goto fail;
-    if ((st = dev_alloc(m, act_bytes, act_bytes + g->scratch_size, &g->dev, "activations", err)) != HM_OK) goto fail;
+    if ((st = hm_gpu_dev_alloc(m, act_bytes, act_bytes + g->scratch_size, &g->dev, "activations", err)) != HM_OK)
+        goto fail;
     {
         char *b = g->dev;
         const size_t *off = act_off;
@@ -344,18 +276,13 @@ hm_status g4_gpu_state_open(const hm_model *m, const hm_state_opts *o, g4_state 
         g->sel_all = (int32_t *)(b + off[15]);
         g->slots = (hm_cuda_moe_slot *)(b + off[16]);
     }
-    if ((st = dev_alloc(m, g->scratch_size, g->scratch_size, &g->scratch, "attention/MoE scratch", err)) != HM_OK)
+    if ((st = hm_gpu_dev_alloc(m, g->scratch_size, g->scratch_size, &g->scratch, "attention/MoE scratch", err)) !=
+        HM_OK)
         goto fail;
     {
         const size_t el[] = {3 * U, 2 * U * K, U * E, U * E, NL * g->sel_stride, slot_words};
         size_t off[sizeof el / sizeof el[0]];
-        const size_t bytes = layout(el, off, sizeof el / sizeof el[0]);
-        hm_err e;
-        if (hm_cuda_host_alloc(c, bytes, &g->pin, &e) != HM_OK) {
-            st = hm_errf(err, HM_ERR_NOMEM, "gpu: cannot allocate %.1f MiB of pinned host memory: %s",
-                         (double)bytes / MIB, e.msg);
-            goto fail;
-        }
+        if ((st = hm_gpu_pinned_block(c, el, off, sizeof el / sizeof el[0], &g->pin, err)) != HM_OK) goto fail;
         char *b = g->pin;
         g->ints_h = (int32_t *)(b + off[0]);
         g->sel_h = (int32_t *)(b + off[1]);
@@ -369,10 +296,12 @@ hm_status g4_gpu_state_open(const hm_model *m, const hm_state_opts *o, g4_state 
     g->any_hot = calloc(NL, 1);
     g->rec_n = calloc(NL, sizeof *g->rec_n);
     g->seen = malloc(NL * NE * sizeof *g->seen);
-    if (!g->units || !g->all_hot || !g->any_hot || !g->rec_n || !g->seen) {
+    g->mw = malloc(NL * sizeof *g->mw);
+    if (!g->units || !g->all_hot || !g->any_hot || !g->rec_n || !g->seen || !g->mw) {
         st = hm_errf(err, HM_ERR_NOMEM, "out of memory");
         goto fail;
     }
+    for (size_t il = 0; il < NL; il++) g->mw[il] = q->layers[il].moe ? &q->layers[il].experts : NULL;
     for (size_t i = 0; i < NL * NE; i++) g->seen[i] = -2; /* no entry of slots_h built yet */
     {
         hm_err e;
@@ -381,29 +310,13 @@ hm_status g4_gpu_state_open(const hm_model *m, const hm_state_opts *o, g4_state 
             goto fail;
         }
     }
-    if (q->n_expert > 0) {
-        const char *ev = getenv("HOTMOE_CUDA_GRAPH");
-        if (!(ev && strcmp(ev, "0") == 0)) {
-            const hm_moe_weights **mw = malloc(NL * sizeof *mw);
-            if (!mw) {
-                st = hm_errf(err, HM_ERR_NOMEM, "out of memory");
-                goto fail;
-            }
-            for (size_t il = 0; il < NL; il++) mw[il] = q->layers[il].moe ? &q->layers[il].experts : NULL;
-            st = hm_moe_graph_open(c, mw, q->n_layer, g->dec_cap, q->n_expert_used, q->n_embd, &g->graph, err);
-            free(mw);
-            if (st != HM_OK) goto fail;
-        }
-    }
+    if (q->n_expert > 0 && (st = hm_moe_graph_open_env(c, g->mw, q->n_layer, g->dec_cap, q->n_expert_used, q->n_embd,
+                                                       &g->graph, err)) != HM_OK)
+        goto fail;
     /* the CPU part: the route and the scratch of its MoE op */
-    if (q->n_expert > 0) {
-        if ((st = hm_moe_route_init(&s->route, q->n_expert, q->n_expert_used, o->n_ubatch, err)) != HM_OK) goto fail;
-        s->scratch.size = hm_moe_compute_scratch_size(&s->route, q->n_embd, q->n_ff_exp, o->n_threads);
-        if (s->scratch.size && !(s->scratch.data = hm_malloc_aligned(s->scratch.size))) {
-            st = hm_errf(err, HM_ERR_NOMEM, "cannot allocate %.1f MiB of scratch", (double)s->scratch.size / MIB);
-            goto fail;
-        }
-    }
+    if (q->n_expert > 0 && (st = hm_gpu_cold_part_open(&s->route, &s->scratch, q->n_expert, q->n_expert_used, q->n_embd,
+                                                       q->n_ff_exp, o, err)) != HM_OK)
+        goto fail;
     return HM_OK;
 fail:
     g4_gpu_state_close(s); /* the caller frees the rest of s */
@@ -417,12 +330,9 @@ fail:
         if ((st = (call)) != HM_OK) goto fail; \
     } while (0)
 
-/* Decode: the usage counts of layers 0..n_rec-1 from their routing (downloaded, synced). */
-static void record_routing(const hm_model *m, const g4_model *q, const g4_gstate *g, int32_t n_rec) {
-    if (!m->experts) return;
-    for (int32_t il = 0; il < n_rec; il++)
-        if (q->layers[il].moe)
-            hm_experts_record(m->experts, il, g->sel_all_h + (size_t)il * g->sel_stride, g->rec_n[il]);
+/* Decode: the usage counts of the MoE layers 0..n_rec-1 from their routing (downloaded, synced). */
+static void record_routing(const hm_model *m, const g4_gstate *g, int32_t n_rec) {
+    hm_gpu_record_routing(m, g->mw, g->sel_all_h, g->sel_stride, g->rec_n, n_rec);
 }
 
 /* The routing of layer il's MoE block on rows nr, into ids_d / w_d ([nr, k] device): routed on
@@ -603,34 +513,12 @@ hm_status g4_gpu_forward(const hm_model *m, g4_state *s, hm_pool *pool, const hm
     hm_status st = HM_OK;
 
     int32_t *tok_d = g->ints, *pos_d = g->ints + U, *pos_out_d = g->ints + 2 * U;
-    memcpy(g->ints_h, b->tokens, (size_t)n * sizeof(int32_t));
-    memcpy(g->ints_h + U, b->pos, (size_t)n * sizeof(int32_t));
-    for (int64_t i = 0; i < n_out; i++) g->ints_h[2 * U + i] = b->pos[b->out_rows[i]];
-    CK(hm_cuda_upload_compute(c, g->ints, g->ints_h, (size_t)(3 * U) * sizeof(int32_t), err));
+    CK(hm_gpu_upload_batch_ints(c, g->ints, g->ints_h, U, b, err));
     /* which MoE layers have no cold unit this step; for decode also the device's slot table,
      * uploaded when a slot map changed (the previous step ended with a sync) */
     const bool dec = n <= HM_CUDA_MATVEC_MAX_TOK && n <= g->dec_cap;
-    int32_t lo = q->n_layer, hi = -1;
-    for (int32_t il = 0; il < q->n_layer; il++) {
-        const g4_layer *L = &q->layers[il];
-        g->all_hot[il] = g->any_hot[il] = 0;
-        if (!L->moe) continue;
-        if (dec) {
-            bool all = false, any = false;
-            if (hm_moe_gpu_slot_table(m, &L->experts, g->seen + (size_t)il * NE, g->slots_h + (size_t)il * NE, &all,
-                                      &any)) {
-                lo = il < lo ? il : lo;
-                hi = il;
-            }
-            g->all_hot[il] = all;
-            g->any_hot[il] = any;
-        } else {
-            g->all_hot[il] = hm_moe_gpu_all_hot(m, &L->experts);
-        }
-    }
-    if (hi >= lo)
-        CK(hm_cuda_upload_compute(c, g->slots + (size_t)lo * NE, g->slots_h + (size_t)lo * NE,
-                                  (size_t)(hi - lo + 1) * NE * sizeof(hm_cuda_moe_slot), err));
+    CK(hm_gpu_moe_slots_refresh(m, c, g->mw, q->n_layer, q->n_expert, dec, g->seen, g->slots_h, g->slots, g->all_hot,
+                                g->any_hot, err));
     int32_t n_rec = 0;
     if (dec && g->graph && n_out == n && b->logits && n <= g->logit_rows) {
         CK(graph_step(m, s, pool, b, err)); /* every flag released, the device idle, when it fails */
@@ -708,7 +596,7 @@ hm_status g4_gpu_forward(const hm_model *m, g4_state *s, hm_pool *pool, const hm
         CK(hm_cuda_download_async(c, g->sel_all_h, g->sel_all, (size_t)n_rec * g->sel_stride * sizeof(int32_t), err));
     if (done_early || n_out == 0) {
         CK(hm_cuda_sync(c, err)); /* nothing may still read a slot */
-        record_routing(m, q, g, n_rec);
+        record_routing(m, g, n_rec);
         return HM_OK;
     }
     HM_ASSERT(nr == n_out && b->logits);
@@ -720,12 +608,9 @@ hm_status g4_gpu_forward(const hm_model *m, g4_state *s, hm_pool *pool, const hm
         if (q->softcap > 0) CK(hm_cuda_softcap(c, g->logits, nc * (int64_t)V, q->softcap, err));
         CK(hm_cuda_download(c, b->logits + (size_t)r0 * V, g->logits, (size_t)nc * V * sizeof(float), err));
     }
-    record_routing(m, q, g, n_rec);
+    record_routing(m, g, n_rec);
     return HM_OK;
-fail: {
-    hm_err e; /* best effort: nothing queued may outlive the step (the store refills slots next) */
-    hm_cuda_sync(c, &e);
-    for (size_t i = 0; i < (size_t)q->n_layer * NE; i++) g->seen[i] = -2;
+fail:
+    hm_gpu_step_abort(c, g->seen, (size_t)q->n_layer * NE);
     return st;
-}
 }

@@ -21,6 +21,8 @@
 #ifndef HM_MODEL_GPU_H
 #define HM_MODEL_GPU_H
 
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "backend/cpu/cpu_ops.h"
@@ -32,6 +34,11 @@ struct hm_model;
 struct hm_cuda_ctx;
 struct hm_vram_tier;
 struct hm_cuda_mat;
+struct hm_cuda_moe_slot;
+struct hm_moe_weights;
+struct hm_moe_route;
+struct hm_state_opts;
+struct hm_fwd_batch;
 
 typedef struct hm_gpu {
     struct hm_cuda_ctx *ctx;    /* owned */
@@ -73,5 +80,78 @@ hm_status hm_model_gpu_make_room(const struct hm_model *m, uint64_t bytes, hm_er
  * the bytes when the device is full. */
 hm_status hm_gpu_upload_mat(hm_gpu *g, const hm_mat *w, struct hm_cuda_mat *out, hm_err *err);
 hm_status hm_gpu_upload_vec(hm_gpu *g, const float *v, int64_t n, float **out, hm_err *err);
+
+/* ---- helpers the arches' GPU forwards (qwen3moe_cuda.c, qwen35moe_cuda.c, gemma4_cuda.c) share ---- */
+
+/* When st is an error: prefix err's message with "tensor '<name>': ". Returns st. */
+hm_status hm_gpu_name_err(hm_status st, const char *name, hm_err *err);
+
+/* For gpu_load: upload weight matrix w (GGUF tensor `name`) as hm_gpu_upload_mat does (the device
+ * copy is g's). A type the CUDA kernels do not compute, or rows that are not a multiple of 32
+ * elements and of the type's alignment, is HM_ERR_UNSUPPORTED naming the tensor; with f32_any
+ * non-NULL such rows are taken when w is F32 (then *f32_any = true: only the exact f32 fallback
+ * matmul may read it), *f32_any = false otherwise. Upload errors are prefixed with the name. */
+hm_status hm_gpu_up_mat(hm_gpu *g, const hm_mat *w, const char *name, bool *f32_any,
+                        struct hm_cuda_mat *out, hm_err *err);
+/* For gpu_load: hm_gpu_upload_vec (a NULL v uploads nothing: *out NULL), errors naming `name`. */
+hm_status hm_gpu_up_vec(hm_gpu *g, const float *v, int64_t n, const char *name, float **out, hm_err *err);
+
+/* For state_open: n bytes of device memory (256 when n is 0) for `what`, *out owned by the caller
+ * (hm_cuda_free). When the device is full, the model's expert slot pool gives up room for `rest`
+ * bytes (this allocation and the state's later ones, so that one warning covers the state) and it
+ * tries again, until the pool is empty: then HM_ERR_NOMEM naming `what`, the MiB and the free
+ * VRAM. Other sessions of the model keep working with the smaller pool. *out NULL on error. */
+hm_status hm_gpu_dev_alloc(const struct hm_model *m, size_t n, size_t rest, void **out, const char *what,
+                           hm_err *err);
+
+/* Offsets off[i] of n arrays of elems[i] 4-byte elements in one block, each 256-byte aligned;
+ * returns the block's bytes. */
+size_t hm_gpu_layout(const size_t *elems, size_t *off, size_t n);
+
+static inline size_t hm_gpu_max_sz(size_t a, size_t b) { return a > b ? a : b; }
+
+/* For state_open: one pinned host block (hm_cuda_host_alloc; *out owned, hm_cuda_host_free) for n
+ * arrays laid out by hm_gpu_layout (off[] filled). HM_ERR_NOMEM naming the MiB on failure. */
+hm_status hm_gpu_pinned_block(struct hm_cuda_ctx *c, const size_t *elems, size_t *off, size_t n, void **out,
+                              hm_err *err);
+
+/* For forward, before a step: per MoE layer il (mw[il] its experts, NULL for a layer without:
+ * then all_hot and any_hot 0) all_hot[il] = no unit of it is cold now; for decode (dec) also
+ * any_hot[il] and the host slot table slots_h ([n_layer][n_expert], rebuilt where seen says a slot
+ * map changed: hm_moe_gpu_slot_table), whose changed layers' range goes up into the device table
+ * slots (queued on the compute stream; the previous step ended with a sync, so nothing queued
+ * still reads it). Errors are the upload's. */
+hm_status hm_gpu_moe_slots_refresh(const struct hm_model *m, struct hm_cuda_ctx *c,
+                                   const struct hm_moe_weights *const *mw, int32_t n_layer, int32_t n_expert,
+                                   bool dec, int32_t *seen, struct hm_cuda_moe_slot *slots_h,
+                                   struct hm_cuda_moe_slot *slots, uint8_t *all_hot, uint8_t *any_hot,
+                                   hm_err *err);
+
+/* Decode: record the usage counts of layers 0..n_rec-1 that have experts (mw[il] non-NULL) from
+ * their routing, sel_all_h + il * sel_stride with rec_n[il] ids (downloaded and synced). They only
+ * count, so after the step is as good as per layer: the session's step_end comes later. */
+void hm_gpu_record_routing(const struct hm_model *m, const struct hm_moe_weights *const *mw,
+                           const int32_t *sel_all_h, size_t sel_stride, const int32_t *rec_n, int32_t n_rec);
+
+/* For state_open: what every GPU session state refuses before it allocates: an f32 KV cache
+ * (HM_ERR_UNSUPPORTED, the device KV cache is f16) and more than 65535 rows a pass (HM_ERR_ARG). */
+hm_status hm_gpu_state_opts_check(const struct hm_state_opts *o, hm_err *err);
+
+/* For state_open: the cold units' CPU part of a session, route (hm_moe_route_init for n_ubatch
+ * rows) and the scratch of its MoE op (owned by the caller: hm_free_aligned; unset when none is
+ * needed). HM_ERR_NOMEM naming the MiB. */
+hm_status hm_gpu_cold_part_open(struct hm_moe_route *route, hm_scratch *scratch, int32_t n_expert, int32_t k,
+                                int64_t n_embd, int64_t n_ff_exp, const struct hm_state_opts *o, hm_err *err);
+
+/* For forward: the batch's tokens, positions and the wanted rows' positions go up in one copy,
+ * through the pinned ints_h ([3 * n_ubatch]) into the device ints (the same layout); queued on the
+ * compute stream. */
+hm_status hm_gpu_upload_batch_ints(struct hm_cuda_ctx *c, int32_t *ints, int32_t *ints_h, int64_t n_ubatch,
+                                   const struct hm_fwd_batch *b, hm_err *err);
+
+/* A forward's failure path: wait for the queued work (best effort: nothing queued may outlive the
+ * step, the store refills slots next) and mark all n entries of seen unbuilt (-2), since the device
+ * slot table may not have gone up: it is rebuilt whole next step. */
+void hm_gpu_step_abort(struct hm_cuda_ctx *c, int32_t *seen, size_t n);
 
 #endif

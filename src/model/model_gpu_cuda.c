@@ -16,9 +16,11 @@
 #include "backend/cuda/cuda_device.h"
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/cuda_tier.h"
+#include "core/alloc.h"
 #include "gpu_split.h"
 #include "model.h"
 #include "model_gpu.h"
+#include "moe.h"
 #include "quant/quant.h"
 
 #define MIB (1024.0 * 1024.0)
@@ -258,4 +260,150 @@ hm_status hm_model_gpu_open(hm_model *m, const hm_placement_opts *o, int64_t *sl
 fail:
     hm_model_gpu_close(m);
     return st;
+}
+
+
+/* ---- helpers the arches' GPU forwards share (model_gpu.h) ---- */
+
+hm_status hm_gpu_name_err(hm_status st, const char *name, hm_err *err) {
+    if (st != HM_OK && err) {
+        char tmp[sizeof err->msg];
+        snprintf(tmp, sizeof tmp, "%s", err->msg);
+        hm_errf(err, st, "tensor '%s': %s", name, tmp);
+    }
+    return st;
+}
+
+hm_status hm_gpu_up_mat(hm_gpu *g, const hm_mat *w, const char *name, bool *f32_any, hm_cuda_mat *out,
+                        hm_err *err) {
+    memset(out, 0, sizeof *out);
+    if (f32_any) *f32_any = false;
+    if (!hm_cuda_type_ok(w->type))
+        return hm_errf(err, HM_ERR_UNSUPPORTED, "tensor '%s': type %s is not computed by the CUDA backend (run "
+                       "the model on the CPU: drop -ngl / --vram-budget)", name, hm_type_name(w->type));
+    const size_t al = hm_cuda_type_align(w->type);
+    if (w->ne0 % 32 || (al && w->nb1 % al)) {
+        if (!f32_any || w->type != HM_TYPE_F32 || w->nb1 % 4)
+            return hm_errf(err, HM_ERR_UNSUPPORTED, "tensor '%s': rows of %lld %s elements (%zu bytes) do not fit "
+                           "the CUDA kernels (a multiple of 32 elements and of %zu bytes)", name, (long long)w->ne0,
+                           hm_type_name(w->type), w->nb1, al);
+        *f32_any = true;
+    }
+    return hm_gpu_name_err(hm_gpu_upload_mat(g, w, out, err), name, err);
+}
+
+hm_status hm_gpu_up_vec(hm_gpu *g, const float *v, int64_t n, const char *name, float **out, hm_err *err) {
+    return hm_gpu_name_err(hm_gpu_upload_vec(g, v, n, out, err), name, err);
+}
+
+hm_status hm_gpu_dev_alloc(const hm_model *m, size_t n, size_t rest, void **out, const char *what, hm_err *err) {
+    hm_cuda_ctx *c = m->gpu->ctx;
+    *out = NULL;
+    if (!n) n = 256;
+    if (rest < n) rest = n;
+    for (;;) {
+        hm_err e;
+        hm_status st = hm_cuda_alloc(c, n, out, &e);
+        if (st == HM_OK) return HM_OK;
+        if (st != HM_ERR_NOMEM)
+            return hm_errf(err, st, "gpu: cannot allocate the %s (%.1f MiB) on the device: %s", what, (double)n / MIB,
+                           e.msg);
+        hm_err re;
+        if ((st = hm_model_gpu_make_room(m, rest, &re)) == HM_ERR_NOMEM) {
+            size_t fr = 0, tot = 0;
+            hm_err e2;
+            (void)hm_cuda_mem_info(c, &fr, &tot, &e2);
+            return hm_errf(err, HM_ERR_NOMEM, "gpu: cannot allocate the %s (%.1f MiB) on the device (%.1f MiB free "
+                           "of %.1f, %s): %s", what, (double)n / MIB, (double)fr / MIB, (double)tot / MIB, re.msg,
+                           e.msg);
+        }
+        if (st != HM_OK)
+            return hm_errf(err, st, "gpu: cannot allocate the %s (%.1f MiB) on the device, nor give up expert slots "
+                           "for it: %s", what, (double)n / MIB, re.msg);
+    }
+}
+
+size_t hm_gpu_layout(const size_t *elems, size_t *off, size_t n) {
+    size_t at = 0;
+    for (size_t i = 0; i < n; i++) {
+        off[i] = at;
+        at += (elems[i] * 4 + 255) & ~(size_t)255;
+    }
+    return at;
+}
+
+hm_status hm_gpu_pinned_block(hm_cuda_ctx *c, const size_t *elems, size_t *off, size_t n, void **out, hm_err *err) {
+    const size_t bytes = hm_gpu_layout(elems, off, n);
+    hm_err e;
+    if (hm_cuda_host_alloc(c, bytes, out, &e) != HM_OK)
+        return hm_errf(err, HM_ERR_NOMEM, "gpu: cannot allocate %.1f MiB of pinned host memory: %s",
+                       (double)bytes / MIB, e.msg);
+    return HM_OK;
+}
+
+hm_status hm_gpu_moe_slots_refresh(const hm_model *m, hm_cuda_ctx *c, const hm_moe_weights *const *mw,
+                                   int32_t n_layer, int32_t n_expert, bool dec, int32_t *seen,
+                                   hm_cuda_moe_slot *slots_h, hm_cuda_moe_slot *slots, uint8_t *all_hot,
+                                   uint8_t *any_hot, hm_err *err) {
+    const size_t NE = (size_t)n_expert;
+    int32_t lo = n_layer, hi = -1; /* the changed layers' range goes up */
+    for (int32_t il = 0; il < n_layer; il++) {
+        all_hot[il] = any_hot[il] = 0;
+        if (!mw[il]) continue;
+        if (dec) {
+            bool all = false, any = false;
+            if (hm_moe_gpu_slot_table(m, mw[il], seen + (size_t)il * NE, slots_h + (size_t)il * NE, &all, &any)) {
+                lo = il < lo ? il : lo;
+                hi = il;
+            }
+            all_hot[il] = all;
+            any_hot[il] = any;
+        } else {
+            all_hot[il] = hm_moe_gpu_all_hot(m, mw[il]);
+        }
+    }
+    if (hi < lo) return HM_OK;
+    return hm_cuda_upload_compute(c, slots + (size_t)lo * NE, slots_h + (size_t)lo * NE,
+                                  (size_t)(hi - lo + 1) * NE * sizeof(hm_cuda_moe_slot), err);
+}
+
+void hm_gpu_record_routing(const hm_model *m, const hm_moe_weights *const *mw, const int32_t *sel_all_h,
+                           size_t sel_stride, const int32_t *rec_n, int32_t n_rec) {
+    if (!m->experts) return;
+    for (int32_t il = 0; il < n_rec; il++)
+        if (mw[il]) hm_experts_record(m->experts, il, sel_all_h + (size_t)il * sel_stride, rec_n[il]);
+}
+
+void hm_gpu_step_abort(hm_cuda_ctx *c, int32_t *seen, size_t n) {
+    hm_err e;
+    hm_cuda_sync(c, &e);
+    for (size_t i = 0; i < n; i++) seen[i] = -2;
+}
+
+hm_status hm_gpu_state_opts_check(const hm_state_opts *o, hm_err *err) {
+    if (o->kv_type == HM_KV_F32)
+        return hm_errf(err, HM_ERR_UNSUPPORTED, "an f32 KV cache with the GPU: the device KV cache is f16 (drop the "
+                       "f32 KV type, or run on the CPU)");
+    if (o->n_ubatch > 65535)
+        return hm_errf(err, HM_ERR_ARG, "n_ubatch %d: the GPU path takes at most 65535 rows a pass", o->n_ubatch);
+    return HM_OK;
+}
+
+hm_status hm_gpu_cold_part_open(hm_moe_route *route, hm_scratch *scratch, int32_t n_expert, int32_t k, int64_t n_embd,
+                                int64_t n_ff_exp, const hm_state_opts *o, hm_err *err) {
+    hm_status st = hm_moe_route_init(route, n_expert, k, o->n_ubatch, err);
+    if (st != HM_OK) return st;
+    scratch->size = hm_moe_compute_scratch_size(route, n_embd, n_ff_exp, o->n_threads);
+    if (scratch->size && !(scratch->data = hm_malloc_aligned(scratch->size)))
+        return hm_errf(err, HM_ERR_NOMEM, "cannot allocate %.1f MiB of scratch", (double)scratch->size / MIB);
+    return HM_OK;
+}
+
+hm_status hm_gpu_upload_batch_ints(hm_cuda_ctx *c, int32_t *ints, int32_t *ints_h, int64_t n_ubatch,
+                                   const hm_fwd_batch *b, hm_err *err) {
+    const int64_t U = n_ubatch;
+    memcpy(ints_h, b->tokens, (size_t)b->n * sizeof(int32_t));
+    memcpy(ints_h + U, b->pos, (size_t)b->n * sizeof(int32_t));
+    for (int64_t i = 0; i < b->n_out; i++) ints_h[2 * U + i] = b->pos[b->out_rows[i]];
+    return hm_cuda_upload_compute(c, ints, ints_h, (size_t)(3 * U) * sizeof(int32_t), err);
 }

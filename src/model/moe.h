@@ -202,6 +202,10 @@ struct hm_cuda_ctx;
 hm_status hm_moe_graph_open(struct hm_cuda_ctx *c, const hm_moe_weights *const *mw, int32_t n_layer,
                             int32_t dec_cap, int32_t k, int64_t n_embd, hm_moe_graph **out, hm_err *err);
 void hm_moe_graph_close(hm_moe_graph *mg); /* NULL is a no-op; call after a device sync */
+/* hm_moe_graph_open unless HOTMOE_CUDA_GRAPH=0 in the environment (the per-launch path only): then
+ * HM_OK with *out NULL. */
+hm_status hm_moe_graph_open_env(struct hm_cuda_ctx *c, const hm_moe_weights *const *mw, int32_t n_layer,
+                                int32_t dec_cap, int32_t k, int64_t n_embd, hm_moe_graph **out, hm_err *err);
 /* Inside the enqueue callback, after layer il's router (ids_dev, w_dev: [n_tok, k] device):
  * x_dev the MoE input, out_dev the residual accumulated into; any_hot as hm_moe_gpu_slot_table
  * said (the hot launch is left out of the graph when false). */

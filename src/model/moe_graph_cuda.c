@@ -105,6 +105,14 @@ hm_status hm_moe_graph_open(hm_cuda_ctx *c, const hm_moe_weights *const *mw, int
     return HM_OK;
 }
 
+hm_status hm_moe_graph_open_env(hm_cuda_ctx *c, const hm_moe_weights *const *mw, int32_t n_layer, int32_t dec_cap,
+                                int32_t k, int64_t n_embd, hm_moe_graph **out, hm_err *err) {
+    *out = NULL;
+    const char *ev = getenv("HOTMOE_CUDA_GRAPH");
+    if (ev && strcmp(ev, "0") == 0) return HM_OK;
+    return hm_moe_graph_open(c, mw, n_layer, dec_cap, k, n_embd, out, err);
+}
+
 
 hm_status hm_moe_graph_layer(hm_moe_graph *mg, const hm_model *m, int32_t il, const hm_cuda_moe_slot *slots_dev,
                              bool any_hot, const int32_t *ids_dev, const float *w_dev, int64_t n_tok,

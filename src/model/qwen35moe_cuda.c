@@ -42,7 +42,6 @@
 #include "quant/quant.h"
 #include "qwen35moe.h"
 
-#define MIB (1024.0 * 1024.0)
 #define Q35_LOGIT_ROWS 64 /* most rows of logits per output matmul */
 
 /* ---- the device weights (m->gpu->arch) ---- */
@@ -78,35 +77,9 @@ void q35_gpu_unload(hm_model *m) {
     m->gpu->arch = NULL;
 }
 
-static hm_status name_err(hm_status st, const char *name, hm_err *err) {
-    if (st != HM_OK && err) {
-        char tmp[sizeof err->msg];
-        snprintf(tmp, sizeof tmp, "%s", err->msg);
-        hm_errf(err, st, "tensor '%s': %s", name, tmp);
-    }
-    return st;
-}
-
-/* Upload matrix w (tensor `name`). A type the CUDA kernels do not take, or a row layout they do
- * not take unless the matrix is F32 (then the fallback), is HM_ERR_UNSUPPORTED naming the tensor. */
+/* Upload matrix w (tensor `name`); F32 rows the CUDA kernels do not take go to the fallback (any). */
 static hm_status up_mat(hm_gpu *g, const hm_mat *w, const char *name, q35_gmat *out, hm_err *err) {
-    memset(out, 0, sizeof *out);
-    if (!hm_cuda_type_ok(w->type))
-        return hm_errf(err, HM_ERR_UNSUPPORTED, "tensor '%s': type %s is not computed by the CUDA backend (run "
-                       "the model on the CPU: drop -ngl / --vram-budget)", name, hm_type_name(w->type));
-    const size_t al = hm_cuda_type_align(w->type);
-    if (w->ne0 % 32 || (al && w->nb1 % al)) {
-        if (w->type != HM_TYPE_F32 || w->nb1 % 4)
-            return hm_errf(err, HM_ERR_UNSUPPORTED, "tensor '%s': rows of %lld %s elements (%zu bytes) do not fit "
-                           "the CUDA kernels (a multiple of 32 elements and of %zu bytes)", name, (long long)w->ne0,
-                           hm_type_name(w->type), w->nb1, al);
-        out->any = true;
-    }
-    return name_err(hm_gpu_upload_mat(g, w, &out->m, err), name, err);
-}
-
-static hm_status up_vec(hm_gpu *g, const float *v, int64_t n, const char *name, float **out, hm_err *err) {
-    return name_err(hm_gpu_upload_vec(g, v, n, out, err), name, err);
+    return hm_gpu_up_mat(g, w, name, &out->any, &out->m, err);
 }
 
 hm_status q35_gpu_load(hm_model *m, hm_err *err) {
@@ -153,7 +126,7 @@ hm_status q35_gpu_load(hm_model *m, hm_err *err) {
         else if ((st = up_mat(g, &q->output, "output.weight", &d->output, err)) != HM_OK)
             goto fail;
     }
-    if ((st = up_vec(g, q->output_norm, E, "output_norm.weight", &d->output_norm, err)) != HM_OK) goto fail;
+    if ((st = hm_gpu_up_vec(g, q->output_norm, E, "output_norm.weight", &d->output_norm, err)) != HM_OK) goto fail;
     for (int32_t il = 0; il < q->n_layer; il++) {
         const q35_layer *L = &q->layers[il];
         q35_gpu_layer *D = &d->layers[il];
@@ -161,7 +134,7 @@ hm_status q35_gpu_load(hm_model *m, hm_err *err) {
 #define NAME(s) (snprintf(n, sizeof n, "blk.%d." s, il), n)
 #define UPM(field, s) do { if ((st = up_mat(g, &L->field, NAME(s), &D->field, err)) != HM_OK) goto fail; } while (0)
 #define UPV(field, len, s) \
-    do { if ((st = up_vec(g, L->field, len, NAME(s), &D->field, err)) != HM_OK) goto fail; } while (0)
+    do { if ((st = hm_gpu_up_vec(g, L->field, len, NAME(s), &D->field, err)) != HM_OK) goto fail; } while (0)
         UPV(attn_norm, E, "attn_norm.weight");
         UPV(post_norm, E, "post_attention_norm.weight");
         if (L->recurrent) {
@@ -238,6 +211,7 @@ typedef struct q35_gstate {
     int32_t *rec_n;           /* [n_layer], owned */
     hm_cuda_event *routed;    /* a mixed layer's routing has come down, owned */
     hm_moe_graph *graph;      /* decode as one CUDA graph (moe.h), owned; NULL with HOTMOE_CUDA_GRAPH=0 */
+    const hm_moe_weights **mw;/* [n_layer] each layer's experts (borrowed), the array owned */
 } q35_gstate;
 
 void q35_gpu_state_close(q35_state *s) {
@@ -259,6 +233,7 @@ void q35_gpu_state_close(q35_state *s) {
     free(g->seen);
     free(g->any_hot);
     free(g->rec_n);
+    free(g->mw);
     free(g);
     s->dev = NULL;
 }
@@ -270,56 +245,17 @@ hm_status q35_gpu_state_reset(q35_state *s, hm_err *err) {
     return st == HM_OK ? hm_cuda_sync(g->c, err) : st;
 }
 
-/* n bytes of device memory for `what`; when the device is full the model's expert slot pool
- * gives up room for `rest` bytes (this and the state's later allocations) and it tries again
- * (qwen3moe_cuda.c's rule). */
-static hm_status dev_alloc(const hm_model *m, size_t n, size_t rest, void **out, const char *what, hm_err *err) {
-    hm_cuda_ctx *c = m->gpu->ctx;
-    *out = NULL;
-    if (!n) n = 256;
-    if (rest < n) rest = n;
-    for (;;) {
-        hm_err e;
-        hm_status st = hm_cuda_alloc(c, n, out, &e);
-        if (st == HM_OK) return HM_OK;
-        if (st != HM_ERR_NOMEM)
-            return hm_errf(err, st, "gpu: cannot allocate the %s (%.1f MiB) on the device: %s", what, (double)n / MIB,
-                           e.msg);
-        hm_err re;
-        if ((st = hm_model_gpu_make_room(m, rest, &re)) != HM_OK)
-            return hm_errf(err, st == HM_ERR_NOMEM ? HM_ERR_NOMEM : st, "gpu: cannot allocate the %s (%.1f MiB) on "
-                           "the device, nor give up expert slots for it: %s (%s)", what, (double)n / MIB, re.msg,
-                           e.msg);
-    }
-}
-
-/* Offsets of n arrays of elems[i] 4-byte elements in one block, each 256-byte aligned. */
-static size_t layout(const size_t *elems, size_t *off, size_t n) {
-    size_t at = 0;
-    for (size_t i = 0; i < n; i++) {
-        off[i] = at;
-        at += (elems[i] * 4 + 255) & ~(size_t)255;
-    }
-    return at;
-}
-
-static size_t max_sz(size_t a, size_t b) { return a > b ? a : b; }
-
 hm_status q35_gpu_state_open(const hm_model *m, const hm_state_opts *o, q35_state *s, hm_err *err) {
     const q35_model *q = m->impl;
     const q35_gpu *d = m->gpu->arch;
     HM_ASSERT(m->gpu && d && !s->dev);
-    if (o->kv_type == HM_KV_F32)
-        return hm_errf(err, HM_ERR_UNSUPPORTED, "an f32 KV cache with the GPU: the device KV cache is f16 (drop the "
-                       "f32 KV type, or run on the CPU)");
-    if (o->n_ubatch > 65535)
-        return hm_errf(err, HM_ERR_ARG, "n_ubatch %d: the GPU path takes at most 65535 rows a pass", o->n_ubatch);
+    hm_status st = hm_gpu_state_opts_check(o, err);
+    if (st != HM_OK) return st;
     q35_gstate *g = calloc(1, sizeof *g);
     if (!g) return hm_errf(err, HM_ERR_NOMEM, "out of memory");
     s->dev = g;
     hm_cuda_ctx *c = m->gpu->ctx;
     g->c = c;
-    hm_status st;
     const size_t U = (size_t)o->n_ubatch, E = (size_t)q->n_embd, hd = (size_t)q->head_dim;
     const size_t nq = (size_t)q->n_head * hd, nkv = (size_t)q->n_head_kv * hd, K = (size_t)q->n_expert_used;
     const size_t nv = (size_t)q->n_v, vdim = nv * (size_t)q->d_v, cd = (size_t)q->conv_dim;
@@ -340,27 +276,29 @@ hm_status q35_gpu_state_open(const hm_model *m, const hm_state_opts *o, q35_stat
     g->rs_layer = (size_t)(q->d_conv - 1) * cd + nv * (size_t)q->d_k * (size_t)q->d_v;
     g->rs_total = g->rs_layer * (size_t)q->n_recr;
     const size_t rs_bytes = g->rs_total * sizeof(float);
-    const size_t act_el[] = {U * E,  U * E,      U * max_sz(2 * nq, cd), U * nq, U * nq, U * nkv, U * nkv,
-                             U * max_sz(nq, vdim), U * cd, U * vdim, U * nv, U * nv, U * NE, 2 * U * K,
+    const size_t act_el[] = {U * E,  U * E,      U * hm_gpu_max_sz(2 * nq, cd), U * nq, U * nq, U * nkv, U * nkv,
+                             U * hm_gpu_max_sz(nq, vdim), U * cd, U * vdim, U * nv, U * nv, U * NE, 2 * U * K,
                              U * FS, U * FS,     U * E,  U,      U * E,  (size_t)g->logit_rows * V, 3 * U,
                              NL * g->sel_stride, slot_words};
     enum { N_ACT = sizeof act_el / sizeof act_el[0] };
     size_t act_off[N_ACT];
-    const size_t act_bytes = layout(act_el, act_off, N_ACT);
-    g->scratch_size = max_sz(hm_cuda_moe_scratch_size((int64_t)U, (int64_t)(U * K), q->n_expert, q->n_ff_exp),
-                             hm_cuda_moe_dev_scratch_size(g->dec_cap, q->n_expert_used, q->n_ff_exp));
+    const size_t act_bytes = hm_gpu_layout(act_el, act_off, N_ACT);
+    g->scratch_size = hm_gpu_max_sz(hm_cuda_moe_scratch_size((int64_t)U, (int64_t)(U * K), q->n_expert, q->n_ff_exp),
+                                    hm_cuda_moe_dev_scratch_size(g->dec_cap, q->n_expert_used, q->n_ff_exp));
     if (q->n_attn > 0 && !d->attn_any)
-        g->scratch_size = max_sz(g->scratch_size, hm_cuda_attention_scratch_size(c, (int64_t)U, o->n_ctx, q->n_head,
-                                                                                 q->n_head_kv, q->head_dim));
+        g->scratch_size = hm_gpu_max_sz(g->scratch_size, hm_cuda_attention_scratch_size(c, (int64_t)U, o->n_ctx,
+                                                                                        q->n_head, q->n_head_kv,
+                                                                                        q->head_dim));
     const size_t rest = kv_bytes + rs_bytes + act_bytes + g->scratch_size;
 
     char what[96];
     snprintf(what, sizeof what, "KV cache (%d positions)", o->n_ctx);
-    if (kv_bytes && (st = dev_alloc(m, kv_bytes, rest, (void **)&g->kv, what, err)) != HM_OK) goto fail;
+    if (kv_bytes && (st = hm_gpu_dev_alloc(m, kv_bytes, rest, (void **)&g->kv, what, err)) != HM_OK) goto fail;
     if (rs_bytes &&
-        (st = dev_alloc(m, rs_bytes, rest - kv_bytes, (void **)&g->rs, "recurrent state", err)) != HM_OK)
+        (st = hm_gpu_dev_alloc(m, rs_bytes, rest - kv_bytes, (void **)&g->rs, "recurrent state", err)) != HM_OK)
         goto fail;
-    if ((st = dev_alloc(m, act_bytes, act_bytes + g->scratch_size, &g->dev, "activations", err)) != HM_OK) goto fail;
+    if ((st = hm_gpu_dev_alloc(m, act_bytes, act_bytes + g->scratch_size, &g->dev, "activations", err)) != HM_OK)
+        goto fail;
     {
         char *b = g->dev;
         float **f[] = {&g->x,   &g->h,  &g->mix, &g->q,   &g->gate, &g->k,   &g->v,    &g->att,
@@ -373,20 +311,15 @@ hm_status q35_gpu_state_open(const hm_model *m, const hm_state_opts *o, q35_stat
         g->sel_all = (int32_t *)(b + act_off[21]);
         g->slots = (hm_cuda_moe_slot *)(b + act_off[22]);
     }
-    if ((st = dev_alloc(m, g->scratch_size, g->scratch_size, &g->scratch, "attention/MoE scratch", err)) != HM_OK)
+    if ((st = hm_gpu_dev_alloc(m, g->scratch_size, g->scratch_size, &g->scratch, "attention/MoE scratch", err)) !=
+        HM_OK)
         goto fail;
     if (g->rs && (st = q35_gpu_state_reset(s, err)) != HM_OK) goto fail;
 
     {
         const size_t el[] = {3 * U, 2 * U * K, U * E, U * E, NL * g->sel_stride, slot_words};
         size_t off[sizeof el / sizeof el[0]];
-        const size_t bytes = layout(el, off, sizeof el / sizeof el[0]);
-        hm_err e;
-        if (hm_cuda_host_alloc(c, bytes, &g->pin, &e) != HM_OK) {
-            st = hm_errf(err, HM_ERR_NOMEM, "gpu: cannot allocate %.1f MiB of pinned host memory: %s",
-                         (double)bytes / MIB, e.msg);
-            goto fail;
-        }
+        if ((st = hm_gpu_pinned_block(c, el, off, sizeof el / sizeof el[0], &g->pin, err)) != HM_OK) goto fail;
         char *b = g->pin;
         g->ints_h = (int32_t *)(b + off[0]);
         g->sel_h = (int32_t *)(b + off[1]);
@@ -400,10 +333,12 @@ hm_status q35_gpu_state_open(const hm_model *m, const hm_state_opts *o, q35_stat
     g->any_hot = calloc(NL, 1);
     g->rec_n = calloc(NL, sizeof *g->rec_n);
     g->seen = malloc(NL * NE * sizeof *g->seen);
-    if (!g->units || !g->all_hot || !g->any_hot || !g->rec_n || !g->seen) {
+    g->mw = malloc(NL * sizeof *g->mw);
+    if (!g->units || !g->all_hot || !g->any_hot || !g->rec_n || !g->seen || !g->mw) {
         st = hm_errf(err, HM_ERR_NOMEM, "out of memory");
         goto fail;
     }
+    for (size_t il = 0; il < NL; il++) g->mw[il] = &q->layers[il].moe;
     for (size_t i = 0; i < NL * NE; i++) g->seen[i] = -2; /* no entry of slots_h built yet */
     {
         hm_err e;
@@ -412,27 +347,13 @@ hm_status q35_gpu_state_open(const hm_model *m, const hm_state_opts *o, q35_stat
             goto fail;
         }
     }
-    {
-        const char *ev = getenv("HOTMOE_CUDA_GRAPH");
-        if (!(ev && strcmp(ev, "0") == 0)) {
-            const hm_moe_weights **mw = malloc(NL * sizeof *mw);
-            if (!mw) {
-                st = hm_errf(err, HM_ERR_NOMEM, "out of memory");
-                goto fail;
-            }
-            for (size_t il = 0; il < NL; il++) mw[il] = &q->layers[il].moe;
-            st = hm_moe_graph_open(c, mw, q->n_layer, g->dec_cap, q->n_expert_used, q->n_embd, &g->graph, err);
-            free(mw);
-            if (st != HM_OK) goto fail;
-        }
-    }
-    /* the CPU part: the route and the scratch of its MoE op */
-    if ((st = hm_moe_route_init(&s->route, q->n_expert, q->n_expert_used, o->n_ubatch, err)) != HM_OK) goto fail;
-    s->scratch.size = hm_moe_compute_scratch_size(&s->route, q->n_embd, q->n_ff_exp, o->n_threads);
-    if (s->scratch.size && !(s->scratch.data = hm_malloc_aligned(s->scratch.size))) {
-        st = hm_errf(err, HM_ERR_NOMEM, "cannot allocate %.1f MiB of scratch", (double)s->scratch.size / MIB);
+    if ((st = hm_moe_graph_open_env(c, g->mw, q->n_layer, g->dec_cap, q->n_expert_used, q->n_embd, &g->graph, err)) !=
+        HM_OK)
         goto fail;
-    }
+    /* the CPU part: the route and the scratch of its MoE op */
+    if ((st = hm_gpu_cold_part_open(&s->route, &s->scratch, q->n_expert, q->n_expert_used, q->n_embd, q->n_ff_exp, o,
+                                    err)) != HM_OK)
+        goto fail;
     return HM_OK;
 fail:
     q35_gpu_state_close(s); /* the caller frees the rest of s */
@@ -489,9 +410,7 @@ fail:
 }
 
 static void record_routing(const hm_model *m, const q35_gstate *g, int32_t n_rec) {
-    if (!m->experts) return;
-    for (int32_t il = 0; il < n_rec; il++)
-        hm_experts_record(m->experts, il, g->sel_all_h + (size_t)il * g->sel_stride, g->rec_n[il]);
+    hm_gpu_record_routing(m, g->mw, g->sel_all_h, g->sel_stride, g->rec_n, n_rec);
 }
 
 /* ---- decode as one graph (moe.h, hm_moe_graph): the same ops as the decode branch of
@@ -588,30 +507,10 @@ hm_status q35_gpu_forward(const hm_model *m, q35_state *s, hm_pool *pool, const 
     hm_status st = HM_OK;
 
     int32_t *tok_d = g->ints, *pos_d = g->ints + U, *pos_out_d = g->ints + 2 * U;
-    memcpy(g->ints_h, b->tokens, (size_t)n * sizeof(int32_t));
-    memcpy(g->ints_h + U, b->pos, (size_t)n * sizeof(int32_t));
-    for (int64_t i = 0; i < n_out; i++) g->ints_h[2 * U + i] = b->pos[b->out_rows[i]];
-    CK(hm_cuda_upload_compute(c, g->ints, g->ints_h, (size_t)(3 * U) * sizeof(int32_t), err));
+    CK(hm_gpu_upload_batch_ints(c, g->ints, g->ints_h, U, b, err));
     const bool dec = n <= HM_CUDA_MATVEC_MAX_TOK && n <= g->dec_cap;
-    if (dec) {
-        const size_t NE = (size_t)q->n_expert;
-        int32_t lo = q->n_layer, hi = -1;
-        for (int32_t il = 0; il < q->n_layer; il++) {
-            bool all = false, any = false;
-            if (hm_moe_gpu_slot_table(m, &q->layers[il].moe, g->seen + (size_t)il * NE, g->slots_h + (size_t)il * NE,
-                                      &all, &any)) {
-                lo = il < lo ? il : lo;
-                hi = il;
-            }
-            g->all_hot[il] = all;
-            g->any_hot[il] = any;
-        }
-        if (hi >= lo)
-            CK(hm_cuda_upload_compute(c, g->slots + (size_t)lo * NE, g->slots_h + (size_t)lo * NE,
-                                      (size_t)(hi - lo + 1) * NE * sizeof(hm_cuda_moe_slot), err));
-    } else {
-        for (int32_t il = 0; il < q->n_layer; il++) g->all_hot[il] = hm_moe_gpu_all_hot(m, &q->layers[il].moe);
-    }
+    CK(hm_gpu_moe_slots_refresh(m, c, g->mw, q->n_layer, q->n_expert, dec, g->seen, g->slots_h, g->slots, g->all_hot,
+                                g->any_hot, err));
     int32_t n_rec = 0;
     if (dec && g->graph && n_out == n && b->logits && n <= g->logit_rows) {
         CK(graph_step(m, s, pool, b, err)); /* every flag released, the device idle, when it fails */
@@ -735,10 +634,7 @@ hm_status q35_gpu_forward(const hm_model *m, q35_state *s, hm_pool *pool, const 
     }
     record_routing(m, g, n_rec);
     return HM_OK;
-fail: {
-    hm_err e;
-    hm_cuda_sync(c, &e);
-    for (size_t i = 0; i < (size_t)q->n_layer * (size_t)q->n_expert; i++) g->seen[i] = -2;
+fail:
+    hm_gpu_step_abort(c, g->seen, (size_t)q->n_layer * (size_t)q->n_expert);
     return st;
-}
 }

@@ -47,7 +47,6 @@
 #include "quant/quant.h"
 #include "qwen3moe_impl.h"
 
-#define MIB (1024.0 * 1024.0)
 /* Most rows of logits computed per output matmul (bounds the device logits buffer). */
 #define Q3_LOGIT_ROWS 64
 
@@ -76,26 +75,6 @@ void q3_gpu_unload(hm_model *m) {
     m->gpu->arch = NULL;
 }
 
-/* Upload matrix w (tensor `name`): a type or layout the CUDA kernels do not take is
- * HM_ERR_UNSUPPORTED naming the tensor. */
-static hm_status up_mat(hm_gpu *g, const hm_mat *w, const char *name, hm_cuda_mat *out, hm_err *err) {
-    if (!hm_cuda_type_ok(w->type))
-        return hm_errf(err, HM_ERR_UNSUPPORTED, "tensor '%s': type %s is not computed by the CUDA backend (run "
-                       "the model on the CPU: drop -ngl / --vram-budget)", name, hm_type_name(w->type));
-    const size_t al = hm_cuda_type_align(w->type);
-    if (w->ne0 % 32 || (al && w->nb1 % al))
-        return hm_errf(err, HM_ERR_UNSUPPORTED, "tensor '%s': rows of %lld %s elements (%zu bytes) do not fit the "
-                       "CUDA kernels (a multiple of 32 elements and of %zu bytes)", name, (long long)w->ne0,
-                       hm_type_name(w->type), w->nb1, al);
-    hm_status st = hm_gpu_upload_mat(g, w, out, err);
-    if (st != HM_OK && err) {
-        char tmp[sizeof err->msg];
-        snprintf(tmp, sizeof tmp, "%s", err->msg);
-        hm_errf(err, st, "tensor '%s': %s", name, tmp);
-    }
-    return st;
-}
-
 /* Upload wq|wk (|wv when it matches too) as one stacked device matrix, D's views into it. Returns
  * HM_OK with D->n_qkv 0 (nothing uploaded) when the types or rows differ. */
 static hm_status up_qkv(hm_gpu *g, const q3_layer *L, q3_gpu_layer *D, int32_t il, hm_err *err) {
@@ -119,7 +98,7 @@ static hm_status up_qkv(hm_gpu *g, const q3_layer *L, q3_gpu_layer *D, int32_t i
     const hm_mat cat = {.data = buf, .type = L->wq.type, .ne0 = L->wq.ne0, .ne1 = rows, .nb1 = nb1};
     char name[96];
     snprintf(name, sizeof name, "blk.%d.attn_q|k%s (stacked)", il, n == 3 ? "|v" : "");
-    hm_status st = up_mat(g, &cat, name, &D->wqkv, err);
+    hm_status st = hm_gpu_up_mat(g, &cat, name, NULL, &D->wqkv, err);
     free(buf);
     if (st != HM_OK) return st;
     hm_cuda_mat *views[3] = {&D->wq, &D->wk, &D->wv};
@@ -132,16 +111,6 @@ static hm_status up_qkv(hm_gpu *g, const q3_layer *L, q3_gpu_layer *D, int32_t i
     }
     D->n_qkv = n;
     return HM_OK;
-}
-
-static hm_status up_vec(hm_gpu *g, const float *v, int64_t n, const char *name, float **out, hm_err *err) {
-    hm_status st = hm_gpu_upload_vec(g, v, n, out, err);
-    if (st != HM_OK && err) {
-        char tmp[sizeof err->msg];
-        snprintf(tmp, sizeof tmp, "%s", err->msg);
-        hm_errf(err, st, "tensor '%s': %s", name, tmp);
-    }
-    return st;
 }
 
 hm_status q3_gpu_load(hm_model *m, hm_err *err) {
@@ -169,27 +138,27 @@ hm_status q3_gpu_load(hm_model *m, hm_err *err) {
         st = hm_errf(err, HM_ERR_NOMEM, "out of memory");
         goto fail;
     }
-    if ((st = up_mat(g, &q->tok_embd, "token_embd.weight", &d->tok_embd, err)) != HM_OK) goto fail;
+    if ((st = hm_gpu_up_mat(g, &q->tok_embd, "token_embd.weight", NULL, &d->tok_embd, err)) != HM_OK) goto fail;
     if (q->output.data == q->tok_embd.data)
         d->output = d->tok_embd; /* tied embeddings: one device copy */
-    else if ((st = up_mat(g, &q->output, "output.weight", &d->output, err)) != HM_OK)
+    else if ((st = hm_gpu_up_mat(g, &q->output, "output.weight", NULL, &d->output, err)) != HM_OK)
         goto fail;
-    if ((st = up_vec(g, q->output_norm, E, "output_norm.weight", &d->output_norm, err)) != HM_OK) goto fail;
+    if ((st = hm_gpu_up_vec(g, q->output_norm, E, "output_norm.weight", &d->output_norm, err)) != HM_OK) goto fail;
     for (int32_t il = 0; il < q->n_layer; il++) {
         const q3_layer *L = &q->layers[il];
         q3_gpu_layer *D = &d->layers[il];
         char n[96];
 #define NAME(s) (snprintf(n, sizeof n, "blk.%d." s ".weight", il), n)
-        if ((st = up_vec(g, L->attn_norm, E, NAME("attn_norm"), &D->attn_norm, err)) != HM_OK) goto fail;
-        if ((st = up_vec(g, L->q_norm, hd, NAME("attn_q_norm"), &D->q_norm, err)) != HM_OK) goto fail;
-        if ((st = up_vec(g, L->k_norm, hd, NAME("attn_k_norm"), &D->k_norm, err)) != HM_OK) goto fail;
-        if ((st = up_vec(g, L->ffn_norm, E, NAME("ffn_norm"), &D->ffn_norm, err)) != HM_OK) goto fail;
+        if ((st = hm_gpu_up_vec(g, L->attn_norm, E, NAME("attn_norm"), &D->attn_norm, err)) != HM_OK) goto fail;
+        if ((st = hm_gpu_up_vec(g, L->q_norm, hd, NAME("attn_q_norm"), &D->q_norm, err)) != HM_OK) goto fail;
+        if ((st = hm_gpu_up_vec(g, L->k_norm, hd, NAME("attn_k_norm"), &D->k_norm, err)) != HM_OK) goto fail;
+        if ((st = hm_gpu_up_vec(g, L->ffn_norm, E, NAME("ffn_norm"), &D->ffn_norm, err)) != HM_OK) goto fail;
         if ((st = up_qkv(g, L, D, il, err)) != HM_OK) goto fail;
-        if (D->n_qkv < 1 && (st = up_mat(g, &L->wq, NAME("attn_q"), &D->wq, err)) != HM_OK) goto fail;
-        if (D->n_qkv < 2 && (st = up_mat(g, &L->wk, NAME("attn_k"), &D->wk, err)) != HM_OK) goto fail;
-        if (D->n_qkv < 3 && (st = up_mat(g, &L->wv, NAME("attn_v"), &D->wv, err)) != HM_OK) goto fail;
-        if ((st = up_mat(g, &L->wo, NAME("attn_output"), &D->wo, err)) != HM_OK) goto fail;
-        if ((st = up_mat(g, &L->router, NAME("ffn_gate_inp"), &D->router, err)) != HM_OK) goto fail;
+        if (D->n_qkv < 1 && (st = hm_gpu_up_mat(g, &L->wq, NAME("attn_q"), NULL, &D->wq, err)) != HM_OK) goto fail;
+        if (D->n_qkv < 2 && (st = hm_gpu_up_mat(g, &L->wk, NAME("attn_k"), NULL, &D->wk, err)) != HM_OK) goto fail;
+        if (D->n_qkv < 3 && (st = hm_gpu_up_mat(g, &L->wv, NAME("attn_v"), NULL, &D->wv, err)) != HM_OK) goto fail;
+        if ((st = hm_gpu_up_mat(g, &L->wo, NAME("attn_output"), NULL, &D->wo, err)) != HM_OK) goto fail;
+        if ((st = hm_gpu_up_mat(g, &L->router, NAME("ffn_gate_inp"), NULL, &D->router, err)) != HM_OK) goto fail;
 #undef NAME
     }
     return HM_OK;
@@ -234,6 +203,7 @@ typedef struct q3_gstate {
     uint8_t *any_hot;         /* [n_layer] per decode forward: some unit of the layer is hot, owned */
     int32_t *rec_n;           /* [n_layer] per decode forward: ids each layer routed (for the record) */
     hm_cuda_event *routed;    /* a mixed layer's routing has come down, owned */
+    const hm_moe_weights **mw;/* [n_layer] each layer's experts (borrowed), the array owned */
     /* decode as one CUDA graph (moe.h, hm_moe_graph); NULL with HOTMOE_CUDA_GRAPH=0 (the
      * per-launch path above) */
     hm_moe_graph *graph;      /* owned */
@@ -257,67 +227,21 @@ void q3_gpu_state_close(q3_state *s) {
     free(g->seen);
     free(g->any_hot);
     free(g->rec_n);
+    free(g->mw);
     free(g);
     s->g = NULL;
 }
 
-/* n bytes of device memory for `what`. When the device is full, the model's expert slot pool
- * gives up room for `rest` bytes (this allocation and the state's later ones, so that one warning
- * covers the state) and it tries again, until the pool is empty: then HM_ERR_NOMEM naming it and
- * the MiB. Other sessions of the model keep working with the smaller pool. */
-static hm_status dev_alloc(const hm_model *m, size_t n, size_t rest, void **out, const char *what, hm_err *err) {
-    hm_cuda_ctx *c = m->gpu->ctx;
-    *out = NULL;
-    if (!n) n = 256;
-    if (rest < n) rest = n;
-    for (;;) {
-        hm_err e;
-        hm_status st = hm_cuda_alloc(c, n, out, &e);
-        if (st == HM_OK) return HM_OK;
-        if (st != HM_ERR_NOMEM)
-            return hm_errf(err, st, "gpu: cannot allocate the %s (%.1f MiB) on the device: %s", what, (double)n / MIB,
-                           e.msg);
-        hm_err re;
-        if ((st = hm_model_gpu_make_room(m, rest, &re)) == HM_ERR_NOMEM) {
-            size_t fr = 0, tot = 0;
-            hm_err e2;
-            (void)hm_cuda_mem_info(c, &fr, &tot, &e2);
-            return hm_errf(err, HM_ERR_NOMEM, "gpu: cannot allocate the %s (%.1f MiB) on the device (%.1f MiB free "
-                           "of %.1f, %s): %s", what, (double)n / MIB, (double)fr / MIB, (double)tot / MIB, re.msg,
-                           e.msg);
-        }
-        if (st != HM_OK)
-            return hm_errf(err, st, "gpu: cannot allocate the %s (%.1f MiB) on the device, nor give up expert slots "
-                           "for it: %s", what, (double)n / MIB, re.msg);
-    }
-}
-
-/* Offsets of n arrays of elems[i] 4-byte elements in one block, each 256-byte aligned. */
-static size_t layout(const size_t *elems, size_t *off, size_t n) {
-    size_t at = 0;
-    for (size_t i = 0; i < n; i++) {
-        off[i] = at;
-        at += (elems[i] * 4 + 255) & ~(size_t)255;
-    }
-    return at;
-}
-
-static size_t max_sz(size_t a, size_t b) { return a > b ? a : b; }
-
 hm_status q3_gpu_state_open(const hm_model *m, const hm_state_opts *o, q3_state *s, hm_err *err) {
     const q3_model *q = m->impl;
     HM_ASSERT(m->gpu && m->gpu->arch && !s->g);
-    if (o->kv_type == HM_KV_F32)
-        return hm_errf(err, HM_ERR_UNSUPPORTED, "an f32 KV cache with the GPU: the device KV cache is f16 (drop the "
-                       "f32 KV type, or run on the CPU)");
-    if (o->n_ubatch > 65535)
-        return hm_errf(err, HM_ERR_ARG, "n_ubatch %d: the GPU path takes at most 65535 rows a pass", o->n_ubatch);
+    hm_status st = hm_gpu_state_opts_check(o, err);
+    if (st != HM_OK) return st;
     q3_gstate *g = calloc(1, sizeof *g);
     if (!g) return hm_errf(err, HM_ERR_NOMEM, "out of memory");
     s->g = g;
     hm_cuda_ctx *c = m->gpu->ctx;
     g->c = c;
-    hm_status st;
     const size_t U = (size_t)o->n_ubatch, E = (size_t)q->n_embd, hd = (size_t)q->head_dim;
     const size_t nq = (size_t)q->n_head * hd, nkv = (size_t)q->n_head_kv * hd, K = (size_t)q->n_expert_used;
     const size_t V = (size_t)q->n_vocab;
@@ -338,20 +262,23 @@ hm_status q3_gpu_state_open(const hm_model *m, const hm_state_opts *o, q3_state 
     const size_t act_el[] = {U * E, U * E, U * nq, U * nkv, U * nkv, U * nq, U * (size_t)q->n_expert, 2 * U * K,
                              U * E, (size_t)g->logit_rows * V, 3 * U, NL * g->sel_stride, slot_words};
     size_t act_off[sizeof act_el / sizeof act_el[0]];
-    const size_t act_bytes = layout(act_el, act_off, sizeof act_el / sizeof act_el[0]);
+    const size_t act_bytes = hm_gpu_layout(act_el, act_off, sizeof act_el / sizeof act_el[0]);
     /* attention and the grouped MoE run one after the other on one stream: one scratch */
-    g->scratch_size = max_sz(hm_cuda_attention_scratch_size(c, (int64_t)U, o->n_ctx, q->n_head, q->n_head_kv,
-                                                            q->head_dim),
-                             hm_cuda_moe_scratch_size((int64_t)U, (int64_t)(U * K), q->n_expert, q->n_ff_exp));
-    g->scratch_size = max_sz(g->scratch_size, hm_cuda_moe_dev_scratch_size(g->dec_cap, q->n_expert_used, q->n_ff_exp));
+    g->scratch_size = hm_gpu_max_sz(hm_cuda_attention_scratch_size(c, (int64_t)U, o->n_ctx, q->n_head, q->n_head_kv,
+                                                                   q->head_dim),
+                                    hm_cuda_moe_scratch_size((int64_t)U, (int64_t)(U * K), q->n_expert, q->n_ff_exp));
+    g->scratch_size =
+        hm_gpu_max_sz(g->scratch_size, hm_cuda_moe_dev_scratch_size(g->dec_cap, q->n_expert_used, q->n_ff_exp));
 
     /* the KV cache */
     char what[96];
     snprintf(what, sizeof what, "KV cache (%d positions)", o->n_ctx);
-    if ((st = dev_alloc(m, kv_bytes, kv_bytes + act_bytes + g->scratch_size, (void **)&g->kv, what, err)) != HM_OK)
+    if ((st = hm_gpu_dev_alloc(m, kv_bytes, kv_bytes + act_bytes + g->scratch_size, (void **)&g->kv, what, err)) !=
+        HM_OK)
         goto fail;
     /* activations: one device block */
-    if ((st = dev_alloc(m, act_bytes, act_bytes + g->scratch_size, &g->dev, "activations", err)) != HM_OK) goto fail;
+    if ((st = hm_gpu_dev_alloc(m, act_bytes, act_bytes + g->scratch_size, &g->dev, "activations", err)) != HM_OK)
+        goto fail;
     {
         char *b = g->dev;
         const size_t *off = act_off;
@@ -369,20 +296,15 @@ hm_status q3_gpu_state_open(const hm_model *m, const hm_state_opts *o, q3_state 
         g->sel_all = (int32_t *)(b + off[11]);
         g->slots = (hm_cuda_moe_slot *)(b + off[12]);
     }
-    if ((st = dev_alloc(m, g->scratch_size, g->scratch_size, &g->scratch, "attention/MoE scratch", err)) != HM_OK)
+    if ((st = hm_gpu_dev_alloc(m, g->scratch_size, g->scratch_size, &g->scratch, "attention/MoE scratch", err)) !=
+        HM_OK)
         goto fail;
 
     /* pinned host buffers: everything that crosses the bus */
     {
         const size_t el[] = {3 * U, 2 * U * K, U * E, U * E, NL * g->sel_stride, slot_words};
         size_t off[sizeof el / sizeof el[0]];
-        const size_t bytes = layout(el, off, sizeof el / sizeof el[0]);
-        hm_err e;
-        if (hm_cuda_host_alloc(c, bytes, &g->pin, &e) != HM_OK) {
-            st = hm_errf(err, HM_ERR_NOMEM, "gpu: cannot allocate %.1f MiB of pinned host memory: %s",
-                         (double)bytes / MIB, e.msg);
-            goto fail;
-        }
+        if ((st = hm_gpu_pinned_block(c, el, off, sizeof el / sizeof el[0], &g->pin, err)) != HM_OK) goto fail;
         char *b = g->pin;
         g->ints_h = (int32_t *)(b + off[0]);
         g->sel_h = (int32_t *)(b + off[1]);
@@ -396,10 +318,12 @@ hm_status q3_gpu_state_open(const hm_model *m, const hm_state_opts *o, q3_state 
     g->any_hot = calloc((size_t)q->n_layer, 1);
     g->rec_n = calloc((size_t)q->n_layer, sizeof *g->rec_n);
     g->seen = malloc(NL * NE * sizeof *g->seen);
-    if (!g->units || !g->all_hot || !g->any_hot || !g->rec_n || !g->seen) {
+    g->mw = malloc(NL * sizeof *g->mw);
+    if (!g->units || !g->all_hot || !g->any_hot || !g->rec_n || !g->seen || !g->mw) {
         st = hm_errf(err, HM_ERR_NOMEM, "out of memory");
         goto fail;
     }
+    for (size_t il = 0; il < NL; il++) g->mw[il] = &q->layers[il].moe;
 
     for (size_t i = 0; i < NL * NE; i++) g->seen[i] = -2; /* no entry of slots_h built yet */
     {
@@ -410,27 +334,13 @@ hm_status q3_gpu_state_open(const hm_model *m, const hm_state_opts *o, q3_state 
         }
     }
 
-    {
-        const char *ev = getenv("HOTMOE_CUDA_GRAPH");
-        if (!(ev && strcmp(ev, "0") == 0)) {
-            const hm_moe_weights **mw = malloc(NL * sizeof *mw);
-            if (!mw) {
-                st = hm_errf(err, HM_ERR_NOMEM, "out of memory");
-                goto fail;
-            }
-            for (size_t il = 0; il < NL; il++) mw[il] = &q->layers[il].moe;
-            st = hm_moe_graph_open(c, mw, q->n_layer, g->dec_cap, q->n_expert_used, q->n_embd, &g->graph, err);
-            free(mw);
-            if (st != HM_OK) goto fail;
-        }
-    }
-    /* the CPU part: the route and the scratch of its MoE op */
-    if ((st = hm_moe_route_init(&s->route, q->n_expert, q->n_expert_used, o->n_ubatch, err)) != HM_OK) goto fail;
-    s->scratch.size = hm_moe_compute_scratch_size(&s->route, q->n_embd, q->n_ff_exp, o->n_threads);
-    if (s->scratch.size && !(s->scratch.data = hm_malloc_aligned(s->scratch.size))) {
-        st = hm_errf(err, HM_ERR_NOMEM, "cannot allocate %.1f MiB of scratch", (double)s->scratch.size / MIB);
+    if ((st = hm_moe_graph_open_env(c, g->mw, q->n_layer, g->dec_cap, q->n_expert_used, q->n_embd, &g->graph, err)) !=
+        HM_OK)
         goto fail;
-    }
+    /* the CPU part: the route and the scratch of its MoE op */
+    if ((st = hm_gpu_cold_part_open(&s->route, &s->scratch, q->n_expert, q->n_expert_used, q->n_embd, q->n_ff_exp, o,
+                                    err)) != HM_OK)
+        goto fail;
     return HM_OK;
 fail:
     q3_gpu_state_close(s); /* the caller frees the rest of s */
@@ -444,12 +354,9 @@ fail:
         if ((st = (call)) != HM_OK) goto fail;     \
     } while (0)
 
-/* Decode: the usage counts of layers 0..n_rec-1 from their routing (downloaded, synced). They
- * only count, so after the step is as good as per layer: the session's step_end comes later. */
+/* Decode: the usage counts of layers 0..n_rec-1 from their routing (downloaded, synced). */
 static void record_routing(const hm_model *m, const q3_gstate *g, int32_t n_rec) {
-    if (!m->experts) return;
-    for (int32_t il = 0; il < n_rec; il++)
-        hm_experts_record(m->experts, il, g->sel_all_h + (size_t)il * g->sel_stride, g->rec_n[il]);
+    hm_gpu_record_routing(m, g->mw, g->sel_all_h, g->sel_stride, g->rec_n, n_rec);
 }
 
 /* ---- decode as one graph (moe.h, hm_moe_graph) ----
@@ -541,33 +448,13 @@ hm_status q3_gpu_forward(const hm_model *m, q3_state *s, hm_pool *pool, const hm
 
     /* tokens, positions and the wanted rows' positions go up in one copy */
     int32_t *tok_d = g->ints, *pos_d = g->ints + U, *pos_out_d = g->ints + 2 * U;
-    memcpy(g->ints_h, b->tokens, (size_t)n * sizeof(int32_t));
-    memcpy(g->ints_h + U, b->pos, (size_t)n * sizeof(int32_t));
-    for (int64_t i = 0; i < n_out; i++) g->ints_h[2 * U + i] = b->pos[b->out_rows[i]];
-    CK(hm_cuda_upload_compute(c, g->ints, g->ints_h, (size_t)(3 * U) * sizeof(int32_t), err));
+    CK(hm_gpu_upload_batch_ints(c, g->ints, g->ints_h, U, b, err));
     /* which layers have no cold unit this step (the slot map changes only between steps); for
      * decode also the device's slot table, uploaded when a slot map changed (the previous step
      * ended with a sync, so nothing queued still reads it) */
     const bool dec = n <= HM_CUDA_MATVEC_MAX_TOK && n <= g->dec_cap;
-    if (dec) {
-        const size_t NE = (size_t)q->n_expert;
-        int32_t lo = q->n_layer, hi = -1; /* the changed layers' range goes up */
-        for (int32_t il = 0; il < q->n_layer; il++) {
-            bool all = false, any = false;
-            if (hm_moe_gpu_slot_table(m, &q->layers[il].moe, g->seen + (size_t)il * NE, g->slots_h + (size_t)il * NE,
-                                      &all, &any)) {
-                lo = il < lo ? il : lo;
-                hi = il;
-            }
-            g->all_hot[il] = all;
-            g->any_hot[il] = any;
-        }
-        if (hi >= lo)
-            CK(hm_cuda_upload_compute(c, g->slots + (size_t)lo * NE, g->slots_h + (size_t)lo * NE,
-                                      (size_t)(hi - lo + 1) * NE * sizeof(hm_cuda_moe_slot), err));
-    } else {
-        for (int32_t il = 0; il < q->n_layer; il++) g->all_hot[il] = hm_moe_gpu_all_hot(m, &q->layers[il].moe);
-    }
+    CK(hm_gpu_moe_slots_refresh(m, c, g->mw, q->n_layer, q->n_expert, dec, g->seen, g->slots_h, g->slots, g->all_hot,
+                                g->any_hot, err));
     int32_t n_rec = 0; /* decode: layers whose routing is recorded after the step */
     if (dec && g->graph && n_out == n && b->logits) {
         CK(graph_step(m, s, pool, b, err)); /* every flag released, the device idle, when it fails */
@@ -687,11 +574,7 @@ hm_status q3_gpu_forward(const hm_model *m, q3_state *s, hm_pool *pool, const hm
     }
     record_routing(m, g, n_rec);
     return HM_OK;
-fail: {
-    hm_err e; /* best effort: nothing queued may outlive the step (the store refills slots next) */
-    hm_cuda_sync(c, &e);
-    /* the device slot table may not have gone up: rebuild all of it next time */
-    for (size_t i = 0; i < (size_t)q->n_layer * (size_t)q->n_expert; i++) g->seen[i] = -2;
+fail:
+    hm_gpu_step_abort(c, g->seen, (size_t)q->n_layer * (size_t)q->n_expert);
     return st;
-}
 }
