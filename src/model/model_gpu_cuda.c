@@ -8,7 +8,11 @@
  * still if an allocation fails (a warning again). Nothing here aborts for lack of VRAM except the
  * dense part, which must fit whole (an error naming the bytes). Later, a session whose device
  * state does not fit takes room back from the pool (hm_model_gpu_make_room: whole chunks of
- * slots, their units back to the CPU, a warning). */
+ * slots, their units back to the CPU, a warning).
+ *
+ * At the end, the helpers the arches' GPU forwards share (qwen3moe_cuda.c, qwen35moe_cuda.c,
+ * gemma4_cuda.c): named weight uploads, the session state's allocations (device, pinned) with the
+ * same make_room rule, and the per-step slot table refresh and routing record. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
