@@ -80,14 +80,7 @@ hm_status g4_gpu_load(hm_model *m, hm_err *err) {
     if (q->n_expert > 1024 || q->n_expert_used > 32)
         return hm_errf(err, HM_ERR_UNSUPPORTED, "%d experts, %d used: the CUDA router takes at most 1024 and 32",
                        q->n_expert, q->n_expert_used);
-    /* the grouped MoE kernels take rows in multiples of 256 elements and gate == up types */
-    if (moe_l) {
-        const hm_moe_weights *mw = &moe_l->experts;
-        if (q->n_embd % 256 || q->n_ff_exp % 256)
-            g->no_gpu_experts = q->n_embd % 256 ? "n_embd is not a multiple of 256" : "n_ff is not a multiple of 256";
-        else if (mw->gate.type != mw->up.type || !hm_cuda_type_ok(mw->gate.type) || !hm_cuda_type_ok(mw->down.type))
-            g->no_gpu_experts = "an expert tensor type the CUDA kernels do not compute";
-    }
+    if (moe_l) g->no_gpu_experts = hm_moe_gpu_unfit(&moe_l->experts); /* the grouped MoE kernels' shapes, types */
     g4_gpu *d = calloc(1, sizeof *d);
     if (!d) return hm_errf(err, HM_ERR_NOMEM, "out of memory");
     g->arch = d;

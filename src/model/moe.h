@@ -145,6 +145,11 @@ typedef struct hm_moe_gpu_buf {
  * download the input. O(n_expert); valid until the store's next step_end. */
 bool hm_moe_gpu_all_hot(const struct hm_model *m, const hm_moe_weights *mw);
 
+/* Why the grouped GPU kernels cannot compute mw's units (a constant string for a warning), or
+ * NULL when they can: gate and up of one type, every part's type on the CUDA backend, n_embd a
+ * multiple of 256, n_ff a multiple of 32 and of the down part's block (Gemma-4 26B-A4B: 704). */
+const char *hm_moe_gpu_unfit(const hm_moe_weights *mw);
+
 /* out_dev += the route's units of x (see above). Requires m->gpu, no SSD tier (m->ram NULL).
  * r's tok/w and b->x_host must stay unchanged until the call returns (the kernel's routing tables
  * are staged inside it); cold_host until the compute stream has passed this layer (the next

@@ -21,13 +21,20 @@
 #include "moe.h"
 #include "quant/quant.h"
 
-/* Whether the grouped kernel can compute this layer's units (else every unit is cold). */
-static bool gpu_computes(const hm_gpu *g, const hm_moe_weights *mw) {
-    return g->hot.part && (mw->act == HM_MOE_ACT_SILU || mw->act == HM_MOE_ACT_GELU) &&
-           mw->gate.type == mw->up.type && hm_cuda_type_ok(mw->gate.type) && hm_cuda_type_ok(mw->down.type) &&
-           mw->n_embd % 32 == 0 && mw->n_ff % 32 == 0 && mw->n_embd % hm_type_get(mw->gate.type)->blck_size == 0 &&
-           mw->n_ff % hm_type_get(mw->down.type)->blck_size == 0;
+const char *hm_moe_gpu_unfit(const hm_moe_weights *mw) {
+    if (mw->act != HM_MOE_ACT_SILU && mw->act != HM_MOE_ACT_GELU) return "an activation the CUDA kernels do not compute";
+    if (mw->gate.type != mw->up.type || !hm_cuda_type_ok(mw->gate.type) || !hm_cuda_type_ok(mw->down.type))
+        return "an expert tensor type the CUDA kernels do not compute";
+    /* the kernels take widths in multiples of 32 and of each part's block; n_embd stays at 256
+     * (the K-quant block every target model's gate/up has) until a small width is tested */
+    if (mw->n_embd % 256) return "n_embd is not a multiple of 256";
+    if (mw->n_ff % 32 || mw->n_ff % hm_type_get(mw->down.type)->blck_size)
+        return "n_ff is not a multiple of 32 and of the down part's block";
+    return NULL;
 }
+
+/* Whether the grouped kernel can compute this layer's units (else every unit is cold). */
+static bool gpu_computes(const hm_gpu *g, const hm_moe_weights *mw) { return g->hot.part && !hm_moe_gpu_unfit(mw); }
 
 /* The kernels' activation flag of mw's units. */
 static int cuda_act(const hm_moe_weights *mw) {

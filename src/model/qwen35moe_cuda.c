@@ -95,12 +95,7 @@ hm_status q35_gpu_load(hm_model *m, hm_err *err) {
     if (q->n_expert > 1024 || q->n_expert_used > 32)
         return hm_errf(err, HM_ERR_UNSUPPORTED, "%d experts, %d used: the CUDA router takes at most 1024 and 32",
                        q->n_expert, q->n_expert_used);
-    /* the grouped MoE kernels take rows in multiples of 256 elements and gate == up types */
-    const hm_moe_weights *mw0 = &q->layers[0].moe;
-    if (q->n_embd % 256 || q->n_ff_exp % 256)
-        g->no_gpu_experts = q->n_embd % 256 ? "n_embd is not a multiple of 256" : "n_ff is not a multiple of 256";
-    else if (mw0->gate.type != mw0->up.type || !hm_cuda_type_ok(mw0->gate.type) || !hm_cuda_type_ok(mw0->down.type))
-        g->no_gpu_experts = "an expert tensor type the CUDA kernels do not compute";
+    g->no_gpu_experts = hm_moe_gpu_unfit(&q->layers[0].moe); /* the grouped MoE kernels' shapes and types */
 
     q35_gpu *d = calloc(1, sizeof *d);
     if (!d) return hm_errf(err, HM_ERR_NOMEM, "out of memory");

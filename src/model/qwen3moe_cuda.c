@@ -120,12 +120,7 @@ hm_status q3_gpu_load(hm_model *m, hm_err *err) {
     if (q->head_dim != 64 && q->head_dim != 128 && q->head_dim != 256)
         return hm_errf(err, HM_ERR_UNSUPPORTED, "head_dim %d: the CUDA attention takes 64, 128 or 256 (run the "
                        "model on the CPU: drop -ngl / --vram-budget)", q->head_dim);
-    /* the grouped MoE kernels take rows in multiples of 256 elements and gate == up types */
-    if (q->n_embd % 256 || q->n_ff_exp % 256)
-        g->no_gpu_experts = q->n_embd % 256 ? "n_embd is not a multiple of 256" : "n_ff is not a multiple of 256";
-    else if (q->layers[0].moe.gate.type != q->layers[0].moe.up.type || !hm_cuda_type_ok(q->layers[0].moe.gate.type) ||
-             !hm_cuda_type_ok(q->layers[0].moe.down.type))
-        g->no_gpu_experts = "an expert tensor type the CUDA kernels do not compute";
+    g->no_gpu_experts = hm_moe_gpu_unfit(&q->layers[0].moe); /* the grouped MoE kernels' shapes and types */
     if (q->n_expert > 1024 || q->n_expert_used > 32)
         return hm_errf(err, HM_ERR_UNSUPPORTED, "%d experts, %d used: the CUDA router takes at most 1024 and 32",
                        q->n_expert, q->n_expert_used);
