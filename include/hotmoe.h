@@ -199,7 +199,7 @@ struct hm_placement_opts {
                              fork's v1, docs/PROFILE.md); NULL = none */
     const char *policy;   /* "static", "online", "lru" or "none"; NULL = "static" with a profile,
                              else "none" */
-    float update_rate;    /* online: at most rate x slots swaps per window; < 0 = default (0.05) */
+    float update_rate;    /* online: at most rate x slots swaps per window; < 0 = default (0.005) */
     /* The GPU (CUDA builds; docs/ENGINE.md "GPU placement"). The dense part, the KV cache and the
      * hot expert units go to the device when n_gpu_layers > 0 or vram_budget != 0. */
     int32_t n_gpu_layers; /* -ngl: > 0 = the dense part on the GPU (every layer: a value below the

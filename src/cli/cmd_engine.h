@@ -48,7 +48,7 @@ typedef struct cli_engine {
     "  --profile FILE         usage profile for static placement (alias --moe-hot-cache)\n"      \
     "  --policy P             static|online|lru|none (default: static with --profile, else none)\n" \
     "  --update-rate R        online: swaps per window as a fraction of slots (alias\n"          \
-    "                         --moe-hot-cache-update-rate; default 0.05)\n"                     \
+    "                         --moe-hot-cache-update-rate; default 0.005)\n"                    \
     "GPU (CUDA builds; docs/ENGINE.md \"GPU placement\"):\n"                                  \
     "  -ngl, --n-gpu-layers N dense part (attention, norms, routers, embeddings) and KV cache on\n" \
     "                         the GPU; alone, every expert goes there too (llama.cpp's -ngl 99)\n" \

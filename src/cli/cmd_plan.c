@@ -31,7 +31,7 @@ static void usage(FILE *f) {
           "  --unit-bytes SIZE    without -m: the size of one unit (if the profile does not say)\n"
           "  --per-layer          static: the same number of units in every layer\n"
           "  --warm-start         online/lru: start from the static placement\n"
-          "  --update-rate R      online: swaps per window as a fraction of the slots (default 0.05)\n"
+          "  --update-rate R      online: swaps per window as a fraction of the slots (default 0.005)\n"
           "  --sim-tokens N       without a trace: length of the synthetic trace (default: the\n"
           "                       profile's decode tokens, 2000..20000)\n"
           "  --seed N             of the synthetic trace (default 1)\n"

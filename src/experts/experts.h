@@ -85,7 +85,7 @@ typedef struct hm_policy_opts {
     float decay;            /* online: score *= decay at each window end (0.7) */
     int32_t admit_misses;   /* online: misses before a unit may enter (2) */
     float hysteresis;       /* online: a newcomer must beat its victim by this fraction (0.25) */
-    float update_rate;      /* online: at most update_rate * slots swaps per window (0.05) */
+    float update_rate;      /* online: at most update_rate * slots swaps per window (0.005) */
     float recency;          /* online: value bonus for a unit routed in the current window (1.0) */
 } hm_policy_opts;
 
