@@ -1,6 +1,7 @@
 /* model.c - opening a model: map the GGUF, pick the architecture, let it bind its tensors, open
- * its expert store (model_experts.c). Also the load helpers every arch uses (hparam keys, tensor binding with shape/type checks)
- * and the public model getters. */
+ * its expert store (model_experts.c). Also the helpers every arch uses (hparam keys, tensor
+ * binding with shape/type checks, the CPU state's buffers, the CPU forward's KV cache dispatch,
+ * last-layer compaction and logits) and the public model getters. */
 #include "model.h"
 
 #include <stdio.h>
@@ -8,6 +9,8 @@
 #include <string.h>
 
 #include "core/alloc.h"
+#include "kv_f32.h"
+#include "moe.h"
 #include "quant/quant.h"
 
 extern const hm_arch hm_arch_gemma4; /* gemma4.c */
@@ -195,6 +198,56 @@ hm_mat hm_model_mat(const hm_gguf_tensor *t) {
     return hm_mat_make(t->data, t->type, t->ne[0], t->ne[1], nb1);
 }
 
+hm_status hm_model_bind_vec(const hm_model *m, const char *name, int64_t n, bool required, const float **out,
+                            hm_err *err) {
+    const hm_gguf_tensor *t;
+    hm_status st = hm_model_bind(m, name, HM_BIND_F32, 1, &n, required, &t, err);
+    *out = t ? (const float *)t->data : NULL;
+    return st;
+}
+
+hm_status hm_model_bind_mat(const hm_model *m, const char *name, int64_t ne0, int64_t ne1, bool required,
+                            hm_mat *out, hm_err *err) {
+    const int64_t ne[2] = {ne0, ne1};
+    const hm_gguf_tensor *t;
+    hm_status st = hm_model_bind(m, name, HM_BIND_MATMUL, 2, ne, required, &t, err);
+    if (st == HM_OK && t) *out = hm_model_mat(t);
+    return st;
+}
+
+hm_status hm_model_bind_exps(const hm_model *m, const char *name, int64_t ne0, int64_t ne1, int64_t n_expert,
+                             bool required, hm_mat *out, size_t *nb2, hm_err *err) {
+    const int64_t ne[3] = {ne0, ne1, n_expert};
+    const hm_gguf_tensor *t;
+    hm_status st = hm_model_bind(m, name, HM_BIND_MATMUL, 3, ne, required, &t, err);
+    if (st != HM_OK || !t) return st;
+    *out = hm_model_mat(t);
+    out->ne1 = ne1;
+    *nb2 = out->nb1 * (size_t)ne1;
+    return HM_OK;
+}
+
+hm_status hm_model_bind_vocab(const hm_model *m, int64_t n_embd, hm_mat *tok_embd, hm_mat *output,
+                              int32_t *n_vocab, hm_err *err) {
+    const hm_gguf_tensor *t = hm_gguf_find_tensor(m->gguf, "token_embd.weight");
+    const int64_t nv = t && t->n_dims >= 2 ? t->ne[1] : 0;
+    if (t && (nv <= 0 || nv > INT32_MAX))
+        return hm_errf(err, HM_ERR_FORMAT, "tensor 'token_embd.weight': bad vocabulary size %lld", (long long)nv);
+    const int64_t ne[2] = {n_embd, nv};
+    hm_status st = hm_model_bind(m, "token_embd.weight", HM_BIND_ROWS, 2, ne, true, &t, err);
+    if (st != HM_OK) return st;
+    *tok_embd = hm_model_mat(t);
+    *n_vocab = (int32_t)nv;
+    if ((st = hm_model_bind(m, "output.weight", HM_BIND_MATMUL, 2, ne, false, &t, err)) != HM_OK) return st;
+    if (t) {
+        *output = hm_model_mat(t);
+    } else { /* tied embeddings: the table must then be computable as a matmul too */
+        if ((st = hm_model_bind(m, "token_embd.weight", HM_BIND_MATMUL, 2, ne, true, &t, err)) != HM_OK) return st;
+        *output = *tok_embd;
+    }
+    return HM_OK;
+}
+
 hm_status hm_model_carve(void **block, const size_t *n_elems, float **const *dst, size_t n, hm_err *err) {
     size_t total = 0;
     for (size_t i = 0; i < n; i++) total += hm_align_up(n_elems[i] * 4, HM_ALIGN);
@@ -206,4 +259,63 @@ hm_status hm_model_carve(void **block, const size_t *n_elems, float **const *dst
         off += hm_align_up(n_elems[i] * 4, HM_ALIGN);
     }
     return HM_OK;
+}
+
+hm_status hm_model_kv_alloc(void **kv, size_t n, size_t unit, int32_t n_ctx, hm_err *err) {
+    size_t bytes = 0;
+    if (!hm_mul_ok(n, unit, &bytes) || !(*kv = hm_malloc_aligned(bytes)))
+        return hm_errf(err, HM_ERR_NOMEM, "cannot allocate the KV cache (%d positions, %.1f MiB)", n_ctx,
+                       (double)bytes / (1 << 20));
+    return HM_OK;
+}
+
+hm_status hm_model_att_scratch_alloc(float **out, size_t n, hm_err *err) {
+    if (!(*out = hm_malloc_aligned(n * sizeof(float))))
+        return hm_errf(err, HM_ERR_NOMEM, "cannot allocate attention scratch");
+    return HM_OK;
+}
+
+hm_status hm_model_scratch_alloc(hm_scratch *s, size_t size, hm_err *err) {
+    s->size = size;
+    if (size && !(s->data = hm_malloc_aligned(size)))
+        return hm_errf(err, HM_ERR_NOMEM, "cannot allocate %.1f MiB of scratch", (double)size / (1 << 20));
+    return HM_OK;
+}
+
+void hm_model_state_free(void *kv, void *att_scratch, void *act, hm_scratch *scratch, hm_moe_route *route) {
+    hm_free_aligned(kv);
+    hm_free_aligned(att_scratch);
+    hm_free_aligned(act);
+    hm_free_aligned(scratch->data);
+    hm_moe_route_free(route);
+}
+
+void hm_model_kv_write(hm_pool *pool, hm_kv_type kv_type, char *kc, char *vc, int64_t n_ctx, int n_kv, int hd,
+                       const float *k, const float *v, int64_t n, const int32_t *pos) {
+    if (kv_type == HM_KV_F32)
+        hm_kv_f32_write(pool, (float *)(void *)kc, (float *)(void *)vc, n_ctx, n_kv, hd, k, v, n, pos);
+    else
+        hm_cpu_kv_write(pool, (uint16_t *)(void *)kc, (uint16_t *)(void *)vc, n_ctx, n_kv, hd, k, v, n, pos);
+}
+
+void hm_model_attention(hm_pool *pool, hm_kv_type kv_type, const float *q, int64_t n, const int32_t *pos,
+                        const char *kc, const char *vc, int64_t n_ctx, int n_head, int n_kv, int hd, float scale,
+                        float *out, float *att_scratch, hm_scratch *scratch) {
+    if (kv_type == HM_KV_F32)
+        hm_kv_f32_attention(pool, q, n, pos, (const float *)(const void *)kc, (const float *)(const void *)vc, n_ctx,
+                            n_head, n_kv, hd, scale, out, att_scratch);
+    else
+        hm_cpu_attention(pool, q, n, pos, (const uint16_t *)(const void *)kc, (const uint16_t *)(const void *)vc,
+                         n_ctx, n_head, n_kv, hd, scale, out, scratch);
+}
+
+void hm_model_compact_rows(float *a, int64_t w, const int32_t *rows, int32_t n_out) {
+    for (int32_t i = 0; i < n_out; i++)
+        if (rows[i] != i) memcpy(a + (size_t)i * (size_t)w, a + (size_t)rows[i] * (size_t)w, (size_t)w * sizeof(float));
+}
+
+void hm_model_logits(hm_pool *pool, const float *x, const float *norm, float eps, const hm_mat *wout, int64_t n_out,
+                     int64_t n_embd, float *hout, float *logits, hm_scratch *scratch) {
+    hm_cpu_rmsnorm(pool, x, norm, hout, n_out, n_embd, eps);
+    hm_cpu_matmul(pool, wout, hout, n_out, logits, scratch);
 }

@@ -162,11 +162,71 @@ hm_status hm_model_bind(const hm_model *m, const char *name, hm_bind_kind kind, 
 /* The matrix view of a bound 2-D (or one slab of a 3-D) tensor: rows are ne[1]. */
 hm_mat hm_model_mat(const hm_gguf_tensor *t);
 
+/* hm_model_bind shorthands every arch uses. Absent and not required: HM_OK with *out untouched
+ * (bind_vec: *out = NULL). bind_vec: an F32 vector of n. bind_mat: a matmul matrix [ne0, ne1].
+ * bind_exps: a 3-D expert tensor [ne0, ne1, n_expert]: expert 0's matrix and the slab stride
+ * *nb2 (expert e starts e * nb2 bytes further). */
+hm_status hm_model_bind_vec(const hm_model *m, const char *name, int64_t n, bool required, const float **out,
+                            hm_err *err);
+hm_status hm_model_bind_mat(const hm_model *m, const char *name, int64_t ne0, int64_t ne1, bool required,
+                            hm_mat *out, hm_err *err);
+hm_status hm_model_bind_exps(const hm_model *m, const char *name, int64_t ne0, int64_t ne1, int64_t n_expert,
+                             bool required, hm_mat *out, size_t *nb2, hm_err *err);
+
+/* The vocabulary tensors: token_embd.weight [n_embd, n_vocab] (any row type; n_vocab from its
+ * shape, 1..INT32_MAX) and output.weight of the same shape; without output.weight the embeddings
+ * are tied (*output = *tok_embd, which must then be a matmul type too). */
+hm_status hm_model_bind_vocab(const hm_model *m, int64_t n_embd, hm_mat *tok_embd, hm_mat *output,
+                              int32_t *n_vocab, hm_err *err);
+
 /* ---- helper for archs' state_open ---- */
 
 /* Carve one aligned allocation (*block, owned by the caller, free with hm_free_aligned) into n
  * arrays of n_elems[i] 4-byte elements, each HM_ALIGN-aligned: *dst[i] points at array i (float or
  * int32 arrays alike). HM_ERR_NOMEM naming the size on failure. */
 hm_status hm_model_carve(void **block, const size_t *n_elems, float **const *dst, size_t n, hm_err *err);
+
+static inline size_t hm_model_max_sz(size_t a, size_t b) { return a > b ? a : b; }
+
+/* *kv = an aligned block of n * unit bytes (the KV cache for n_ctx positions, owned by the caller,
+ * hm_free_aligned); HM_ERR_NOMEM naming n_ctx and the size on overflow or failure. */
+hm_status hm_model_kv_alloc(void **kv, size_t n, size_t unit, int32_t n_ctx, hm_err *err);
+/* *out = an aligned block of n floats of attention scratch; HM_ERR_NOMEM on failure. */
+hm_status hm_model_att_scratch_alloc(float **out, size_t n, hm_err *err);
+/* s->data = size bytes (nothing when 0), s->size = size; HM_ERR_NOMEM naming the size. */
+hm_status hm_model_scratch_alloc(hm_scratch *s, size_t size, hm_err *err);
+/* Free a CPU state's host buffers (each may be NULL / empty): its KV cache, attention scratch,
+ * activation block, compute scratch and MoE route. The state struct itself stays the caller's. */
+struct hm_moe_route;
+void hm_model_state_free(void *kv, void *att_scratch, void *act, hm_scratch *scratch, struct hm_moe_route *route);
+
+/* ---- helpers for archs' CPU forward ---- */
+
+/* Layer `slot`'s K cache in a KV block of [slots][2][layer_elems] elements of es bytes; its V
+ * cache follows at layer_elems elements (*vc). */
+static inline char *hm_model_kv_layer(void *kv, size_t layer_elems, size_t es, int32_t slot, char **vc) {
+    char *kc = (char *)kv + (size_t)slot * 2 * layer_elems * es;
+    *vc = kc + layer_elems * es;
+    return kc;
+}
+
+/* k, v: [n, n_kv * hd] into the cache rows pos[t] of a cache of kv_type (f16: the CPU backend's,
+ * f32: kv_f32.h). */
+void hm_model_kv_write(hm_pool *pool, hm_kv_type kv_type, char *kc, char *vc, int64_t n_ctx, int n_kv, int hd,
+                       const float *k, const float *v, int64_t n, const int32_t *pos);
+/* Causal GQA attention of q [n, n_head * hd] over a cache of kv_type into out; f32 uses
+ * att_scratch (hm_kv_f32_scratch_floats), f16 scratch. */
+void hm_model_attention(hm_pool *pool, hm_kv_type kv_type, const float *q, int64_t n, const int32_t *pos,
+                        const char *kc, const char *vc, int64_t n_ctx, int n_head, int n_kv, int hd, float scale,
+                        float *out, float *att_scratch, hm_scratch *scratch);
+
+/* The last layer's compaction: keep rows rows[0..n_out) of a [n, w] array, moved to the front in
+ * order. rows ascend, so moving forward never overwrites a row still to be read. */
+void hm_model_compact_rows(float *a, int64_t w, const int32_t *rows, int32_t n_out);
+
+/* logits [n_out, n_vocab] = (rmsnorm(x) * norm) Wout for the first n_out rows of x [.., n_embd];
+ * hout [n_out, n_embd] is work space. */
+void hm_model_logits(hm_pool *pool, const float *x, const float *norm, float eps, const hm_mat *wout, int64_t n_out,
+                     int64_t n_embd, float *hout, float *logits, hm_scratch *scratch);
 
 #endif

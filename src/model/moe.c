@@ -4,6 +4,7 @@
 #include "moe.h"
 
 #include <stddef.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "backend/cpu/cpu_gemma.h"
@@ -85,6 +86,48 @@ void hm_moe_route_build(hm_moe_route *r, const int32_t *ids, const float *weight
     }
     r->n_units = nu;
     r->n_tok = n_tok;
+}
+
+hm_status hm_moe_bind(const hm_model *m, int32_t layer, int32_t n_expert, int64_t n_embd, int64_t n_ff,
+                      hm_moe_act act, bool fused_ok, hm_moe_weights *mw, hm_err *err) {
+    char n[96];
+    hm_status st;
+#define NAME(s) (snprintf(n, sizeof n, "blk.%d." s ".weight", layer), n)
+    mw->layer = layer;
+    mw->n_expert = n_expert;
+    mw->n_embd = n_embd;
+    mw->n_ff = n_ff;
+    mw->act = act;
+    if (fused_ok && hm_gguf_find_tensor(m->gguf, NAME("ffn_gate_up_exps"))) {
+        hm_mat gu;
+        size_t nb2;
+        if ((st = hm_model_bind_exps(m, n, n_embd, 2 * n_ff, n_expert, true, &gu, &nb2, err)) != HM_OK) return st;
+        /* slab e: rows 0..n_ff-1 the gate, n_ff..2n_ff-1 the up projection */
+        mw->gate = mw->up = gu;
+        mw->gate.ne1 = mw->up.ne1 = n_ff;
+        mw->up.data = (const char *)gu.data + (size_t)n_ff * gu.nb1;
+        mw->gate_nb2 = mw->up_nb2 = nb2;
+    } else {
+        if ((st = hm_model_bind_exps(m, NAME("ffn_gate_exps"), n_embd, n_ff, n_expert, true, &mw->gate,
+                                     &mw->gate_nb2, err)) != HM_OK)
+            return st;
+        if ((st = hm_model_bind_exps(m, NAME("ffn_up_exps"), n_embd, n_ff, n_expert, true, &mw->up, &mw->up_nb2,
+                                     err)) != HM_OK)
+            return st;
+    }
+    st = hm_model_bind_exps(m, NAME("ffn_down_exps"), n_ff, n_embd, n_expert, true, &mw->down, &mw->down_nb2, err);
+#undef NAME
+    return st;
+}
+
+void hm_moe_route_rows(const hm_model *m, int32_t layer, hm_moe_route *r, const float *rlog, int64_t nr,
+                       int32_t n_expert, int32_t k, const float *expert_scale, int32_t *rid, float *rw) {
+    hm_cpu_router(rlog, nr, n_expert, k, true, rid, rw);
+    if (expert_scale)
+        for (int64_t i = 0; i < nr * k; i++) rw[i] *= expert_scale[rid[i]];
+    /* usage counts: the units this layer computes (only the wanted rows in the last layer) */
+    if (m->experts) hm_experts_record(m->experts, layer, rid, (int32_t)nr * k);
+    hm_moe_route_build(r, rid, rw, (int32_t)nr);
 }
 
 size_t hm_moe_compute_scratch_size(const hm_moe_route *r, int64_t n_embd, int64_t n_ff, int n_threads) {

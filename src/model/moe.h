@@ -36,6 +36,15 @@ typedef struct hm_moe_weights {
     hm_moe_act act;
 } hm_moe_weights;
 
+/* Bind layer `layer`'s experts into mw (load): blk.<layer>.ffn_{gate,up,down}_exps.weight,
+ * [n_embd, n_ff, n_expert] x2 and [n_ff, n_embd, n_expert], and set mw's sizes and act. With
+ * fused_ok a fused ffn_gate_up_exps [n_embd, 2 n_ff, n_expert] is accepted in place of gate and
+ * up (slab e: rows 0..n_ff-1 the gate, n_ff..2 n_ff-1 the up projection). Errors name the tensor
+ * (hm_model_bind's). */
+struct hm_model;
+hm_status hm_moe_bind(const struct hm_model *m, int32_t layer, int32_t n_expert, int64_t n_embd, int64_t n_ff,
+                      hm_moe_act act, bool fused_ok, hm_moe_weights *mw, hm_err *err);
+
 /* The three matrices of unit e. */
 static inline void hm_moe_unit(const hm_moe_weights *w, int32_t e, hm_mat *gate, hm_mat *up, hm_mat *down) {
     *gate = w->gate;
@@ -72,6 +81,14 @@ void hm_moe_route_free(hm_moe_route *r);
 
 /* Group a router's output (ids, weights: [n_tok, k]) by unit. n_tok <= cap_tok, ids < n_expert. */
 void hm_moe_route_build(hm_moe_route *r, const int32_t *ids, const float *weights, int32_t n_tok);
+
+/* A MoE layer's routing step on the CPU, as every arch does it: rid/rw [nr, k] = the top-k of
+ * softmax(rlog [nr, n_expert]) renormalised (hm_cpu_router), each weight times expert_scale[e]
+ * when given (Gemma 4's per-expert scale; NULL = none), the routed units recorded in m's expert
+ * store (usage counts, when it has one), and r built from them for hm_moe_forward. */
+struct hm_model;
+void hm_moe_route_rows(const struct hm_model *m, int32_t layer, hm_moe_route *r, const float *rlog, int64_t nr,
+                       int32_t n_expert, int32_t k, const float *expert_scale, int32_t *rid, float *rw);
 
 /* Scratch bytes hm_moe_compute needs for this route's capacity. */
 size_t hm_moe_compute_scratch_size(const hm_moe_route *r, int64_t n_embd, int64_t n_ff, int n_threads);

@@ -34,33 +34,7 @@
 
 #define HP_INT(suffix, req, dflt, dst) \
     do { if ((st = hm_model_hp_int(m, suffix, req, dflt, dst, err)) != HM_OK) goto fail; } while (0)
-
-static hm_status bind_vec(const hm_model *m, const char *name, int64_t n, const float **out, hm_err *err) {
-    const hm_gguf_tensor *t;
-    hm_status st = hm_model_bind(m, name, HM_BIND_F32, 1, &n, true, &t, err);
-    *out = t ? (const float *)t->data : NULL;
-    return st;
-}
-
-static hm_status bind_mat(const hm_model *m, const char *name, int64_t ne0, int64_t ne1, hm_mat *out, hm_err *err) {
-    const int64_t ne[2] = {ne0, ne1};
-    const hm_gguf_tensor *t;
-    hm_status st = hm_model_bind(m, name, HM_BIND_MATMUL, 2, ne, true, &t, err);
-    if (st == HM_OK) *out = hm_model_mat(t);
-    return st;
-}
-
-/* One 3-D expert tensor {ne0, ne1, n_expert}: expert 0's matrix and the slab stride. */
-static hm_status bind_exps(const hm_model *m, const char *name, int64_t ne0, int64_t ne1, int64_t n_expert,
-                           hm_mat *out, size_t *nb2, hm_err *err) {
-    const int64_t ne[3] = {ne0, ne1, n_expert};
-    const hm_gguf_tensor *t;
-    hm_status st = hm_model_bind(m, name, HM_BIND_MATMUL, 3, ne, true, &t, err);
-    if (st != HM_OK) return st;
-    *out = hm_model_mat(t);
-    *nb2 = out->nb1 * (size_t)ne1;
-    return HM_OK;
-}
+#define TRY(x) do { if ((st = (x)) != HM_OK) goto fail; } while (0)
 
 static void q3_unload(hm_model *m) {
     q3_model *q = m->impl;
@@ -126,26 +100,8 @@ static hm_status q3_load(hm_model *m, hm_err *err) {
     }
 
     const int64_t E = q->n_embd, hd = q->head_dim, nq = (int64_t)q->n_head * hd, nkv = (int64_t)q->n_head_kv * hd;
-    const hm_gguf_tensor *t = hm_gguf_find_tensor(m->gguf, "token_embd.weight");
-    int64_t n_vocab = t && t->n_dims >= 2 ? t->ne[1] : 0;
-    if (t && (n_vocab <= 0 || n_vocab > INT32_MAX)) {
-        st = hm_errf(err, HM_ERR_FORMAT, "tensor 'token_embd.weight': bad vocabulary size %lld", (long long)n_vocab);
-        goto fail;
-    }
-    {
-        const int64_t ne[2] = {E, n_vocab};
-        if ((st = hm_model_bind(m, "token_embd.weight", HM_BIND_ROWS, 2, ne, true, &t, err)) != HM_OK) goto fail;
-        q->tok_embd = hm_model_mat(t);
-        q->n_vocab = (int32_t)n_vocab;
-        if ((st = hm_model_bind(m, "output.weight", HM_BIND_MATMUL, 2, ne, false, &t, err)) != HM_OK) goto fail;
-        if (t) {
-            q->output = hm_model_mat(t);
-        } else { /* tied embeddings: the table must then be computable as a matmul too */
-            if ((st = hm_model_bind(m, "token_embd.weight", HM_BIND_MATMUL, 2, ne, true, &t, err)) != HM_OK) goto fail;
-            q->output = q->tok_embd;
-        }
-    }
-    if ((st = bind_vec(m, "output_norm.weight", E, &q->output_norm, err)) != HM_OK) goto fail;
+    TRY(hm_model_bind_vocab(m, E, &q->tok_embd, &q->output, &q->n_vocab, err));
+    TRY(hm_model_bind_vec(m, "output_norm.weight", E, true, &q->output_norm, err));
 
     q->layers = calloc((size_t)q->n_layer, sizeof *q->layers);
     if (!q->layers) {
@@ -156,26 +112,16 @@ static hm_status q3_load(hm_model *m, hm_err *err) {
         q3_layer *L = &q->layers[il];
         char n[96];
 #define NAME(s) (snprintf(n, sizeof n, "blk.%d." s ".weight", il), n)
-        if ((st = bind_vec(m, NAME("attn_norm"), E, &L->attn_norm, err)) != HM_OK) goto fail;
-        if ((st = bind_mat(m, NAME("attn_q"), E, nq, &L->wq, err)) != HM_OK) goto fail;
-        if ((st = bind_mat(m, NAME("attn_k"), E, nkv, &L->wk, err)) != HM_OK) goto fail;
-        if ((st = bind_mat(m, NAME("attn_v"), E, nkv, &L->wv, err)) != HM_OK) goto fail;
-        if ((st = bind_mat(m, NAME("attn_output"), nq, E, &L->wo, err)) != HM_OK) goto fail;
-        if ((st = bind_vec(m, NAME("attn_q_norm"), hd, &L->q_norm, err)) != HM_OK) goto fail;
-        if ((st = bind_vec(m, NAME("attn_k_norm"), hd, &L->k_norm, err)) != HM_OK) goto fail;
-        if ((st = bind_vec(m, NAME("ffn_norm"), E, &L->ffn_norm, err)) != HM_OK) goto fail;
-        if ((st = bind_mat(m, NAME("ffn_gate_inp"), E, q->n_expert, &L->router, err)) != HM_OK) goto fail;
-        hm_moe_weights *mw = &L->moe;
-        mw->layer = il;
-        mw->n_expert = q->n_expert;
-        mw->n_embd = E;
-        mw->n_ff = q->n_ff_exp;
-        if ((st = bind_exps(m, NAME("ffn_gate_exps"), E, q->n_ff_exp, q->n_expert, &mw->gate, &mw->gate_nb2, err)))
-            goto fail;
-        if ((st = bind_exps(m, NAME("ffn_up_exps"), E, q->n_ff_exp, q->n_expert, &mw->up, &mw->up_nb2, err)))
-            goto fail;
-        if ((st = bind_exps(m, NAME("ffn_down_exps"), q->n_ff_exp, E, q->n_expert, &mw->down, &mw->down_nb2, err)))
-            goto fail;
+        TRY(hm_model_bind_vec(m, NAME("attn_norm"), E, true, &L->attn_norm, err));
+        TRY(hm_model_bind_mat(m, NAME("attn_q"), E, nq, true, &L->wq, err));
+        TRY(hm_model_bind_mat(m, NAME("attn_k"), E, nkv, true, &L->wk, err));
+        TRY(hm_model_bind_mat(m, NAME("attn_v"), E, nkv, true, &L->wv, err));
+        TRY(hm_model_bind_mat(m, NAME("attn_output"), nq, E, true, &L->wo, err));
+        TRY(hm_model_bind_vec(m, NAME("attn_q_norm"), hd, true, &L->q_norm, err));
+        TRY(hm_model_bind_vec(m, NAME("attn_k_norm"), hd, true, &L->k_norm, err));
+        TRY(hm_model_bind_vec(m, NAME("ffn_norm"), E, true, &L->ffn_norm, err));
+        TRY(hm_model_bind_mat(m, NAME("ffn_gate_inp"), E, q->n_expert, true, &L->router, err));
+        TRY(hm_moe_bind(m, il, q->n_expert, E, q->n_ff_exp, HM_MOE_ACT_SILU, false, &L->moe, err));
 #undef NAME
     }
 
@@ -209,15 +155,10 @@ static void q3_state_close(void *p) {
 #ifdef HM_HAVE_CUDA
     q3_gpu_state_close(s);
 #endif
-    hm_free_aligned(s->kv);
-    hm_free_aligned(s->kv_scratch);
-    hm_free_aligned(s->act);
-    hm_free_aligned(s->scratch.data);
-    hm_moe_route_free(&s->route);
+    hm_model_state_free(s->kv, s->kv_scratch, s->act, &s->scratch, &s->route);
     free(s);
 }
 
-static size_t max_sz(size_t a, size_t b) { return a > b ? a : b; }
 
 static hm_status q3_state_open(const hm_model *m, const hm_state_opts *o, void **out, hm_err *err) {
     const q3_model *q = m->impl;
@@ -241,13 +182,9 @@ static hm_status q3_state_open(const hm_model *m, const hm_state_opts *o, void *
 
     s->kv_elem_size = o->kv_type == HM_KV_F32 ? 4 : 2;
     s->kv_layer_elems = (size_t)q->n_head_kv * (size_t)o->n_ctx * hd;
-    size_t kv_bytes = 0;
-    if (!hm_mul_ok(s->kv_layer_elems, 2u * (size_t)q->n_layer * s->kv_elem_size, &kv_bytes) ||
-        !(s->kv = hm_malloc_aligned(kv_bytes))) {
-        st = hm_errf(err, HM_ERR_NOMEM, "cannot allocate the KV cache (%d positions, %.1f MiB)", o->n_ctx,
-                     (double)kv_bytes / (1 << 20));
+    if ((st = hm_model_kv_alloc(&s->kv, s->kv_layer_elems, 2u * (size_t)q->n_layer * s->kv_elem_size, o->n_ctx,
+                                err)) != HM_OK)
         goto fail;
-    }
 
     /* activations: one block, each array 64-byte aligned */
     const size_t sizes[] = {U * E, U * E, U * nq, U * nkv, U * nkv, U * nq, U * (size_t)q->n_expert, U * K, U * K,
@@ -259,20 +196,15 @@ static hm_status q3_state_open(const hm_model *m, const hm_state_opts *o, void *
     if ((st = hm_model_carve(&s->act, sizes, dst, sizeof sizes / sizeof sizes[0], err)) != HM_OK) goto fail;
 
     if (o->kv_type == HM_KV_F32 &&
-        !(s->kv_scratch = hm_malloc_aligned(hm_kv_f32_scratch_floats(o->n_ctx, o->n_threads) * sizeof(float)))) {
-        st = hm_errf(err, HM_ERR_NOMEM, "cannot allocate attention scratch");
+        (st = hm_model_att_scratch_alloc(&s->kv_scratch, hm_kv_f32_scratch_floats(o->n_ctx, o->n_threads), err)))
         goto fail;
-    }
     if ((st = hm_moe_route_init(&s->route, q->n_expert, q->n_expert_used, o->n_ubatch, err)) != HM_OK) goto fail;
 
-    size_t sc = hm_cpu_matmul_scratch_size((int64_t)max_sz(E, nq), (int64_t)U, o->n_threads);
-    sc = max_sz(sc, hm_cpu_attention_scratch_size((int64_t)U, o->n_ctx, q->n_head, q->head_dim, o->n_threads));
-    sc = max_sz(sc, hm_moe_compute_scratch_size(&s->route, q->n_embd, q->n_ff_exp, o->n_threads));
-    s->scratch.size = sc;
-    if (sc && !(s->scratch.data = hm_malloc_aligned(sc))) {
-        st = hm_errf(err, HM_ERR_NOMEM, "cannot allocate %.1f MiB of scratch", (double)sc / (1 << 20));
-        goto fail;
-    }
+    size_t sc = hm_cpu_matmul_scratch_size((int64_t)hm_model_max_sz(E, nq), (int64_t)U, o->n_threads);
+    sc = hm_model_max_sz(sc,
+                         hm_cpu_attention_scratch_size((int64_t)U, o->n_ctx, q->n_head, q->head_dim, o->n_threads));
+    sc = hm_model_max_sz(sc, hm_moe_compute_scratch_size(&s->route, q->n_embd, q->n_ff_exp, o->n_threads));
+    if ((st = hm_model_scratch_alloc(&s->scratch, sc, err)) != HM_OK) goto fail;
     *out = s;
     return HM_OK;
 fail:
@@ -288,9 +220,9 @@ static hm_status q3_state_trim(void *state, int32_t n_keep, hm_err *err) {
 
 /* ---- forward ---- */
 
-/* Layer il's K cache of a state (its V cache follows at kv_layer_elems elements). */
-static char *q3_kv_layer(const q3_state *s, int32_t il) {
-    return (char *)s->kv + (size_t)il * 2 * s->kv_layer_elems * s->kv_elem_size;
+/* Layer il's K cache of a state; *vc its V cache. */
+static char *q3_kv_layer(const q3_state *s, int32_t il, char **vc) {
+    return hm_model_kv_layer(s->kv, s->kv_layer_elems, s->kv_elem_size, il, vc);
 }
 
 /* Batched forward over several sequences (model.h, forward_multi). The batch is the sequences'
@@ -360,28 +292,19 @@ static hm_status q3_forward_multi(const hm_model *m, void *work, hm_pool *pool, 
         hm_cpu_rope_neox(pool, s->k, n, nkv, hd, q->n_rot, pos_in, q->theta);
         for (int i = 0; i < n_seq; i++) { /* each sequence's K/V rows into its own cache */
             const q3_state *si = seqs[i].state;
-            char *kc = q3_kv_layer(si, il), *vc = kc + si->kv_layer_elems * si->kv_elem_size;
+            char *vc, *kc = q3_kv_layer(si, il, &vc);
             const size_t ro = (size_t)off[i] * (size_t)(nkv * hd);
-            if (si->kv_type == HM_KV_F32)
-                hm_kv_f32_write(pool, (float *)kc, (float *)vc, si->n_ctx, nkv, hd, s->k + ro, s->v + ro, cnt[i],
-                                seqs[i].b.pos);
-            else
-                hm_cpu_kv_write(pool, (uint16_t *)kc, (uint16_t *)vc, si->n_ctx, nkv, hd, s->k + ro, s->v + ro,
-                                cnt[i], seqs[i].b.pos);
+            hm_model_kv_write(pool, si->kv_type, kc, vc, si->n_ctx, nkv, hd, s->k + ro, s->v + ro, cnt[i],
+                              seqs[i].b.pos);
         }
 
         if (il == q->n_layer - 1 && n_out < n) {
             /* last layer: only the rows whose logits are wanted matter from here on (as
              * llama.cpp's inp_out_ids); row_out ascends, so compacting forward is safe */
             if (n_out == 0) break;
-            for (int64_t i = 0; i < n_out; i++) {
-                const int32_t r = s->row_out[i];
-                s->pos_out[i] = pos_in[r];
-                if (r == i) continue;
-                memcpy(s->q + (size_t)i * (size_t)(nh * hd), s->q + (size_t)r * (size_t)(nh * hd),
-                       (size_t)(nh * hd) * sizeof(float));
-                memcpy(s->x + (size_t)i * (size_t)E, s->x + (size_t)r * (size_t)E, (size_t)E * sizeof(float));
-            }
+            for (int64_t i = 0; i < n_out; i++) s->pos_out[i] = pos_in[s->row_out[i]];
+            hm_model_compact_rows(s->q, (int64_t)nh * hd, s->row_out, (int32_t)n_out);
+            hm_model_compact_rows(s->x, E, s->row_out, (int32_t)n_out);
             nr = n_out;
             pos = s->pos_out;
             for (int i = 0, o = 0; i < n_seq; o += cnt[i], i++) {
@@ -392,14 +315,10 @@ static hm_status q3_forward_multi(const hm_model *m, void *work, hm_pool *pool, 
         for (int i = 0; i < n_seq; i++) { /* each sequence's queries over its own cache */
             q3_state *si = seqs[i].state;
             if (!cnt[i]) continue;
-            const char *kc = q3_kv_layer(si, il), *vc = kc + si->kv_layer_elems * si->kv_elem_size;
+            char *vc, *kc = q3_kv_layer(si, il, &vc);
             const size_t ro = (size_t)off[i] * (size_t)(nh * hd);
-            if (si->kv_type == HM_KV_F32)
-                hm_kv_f32_attention(pool, s->q + ro, cnt[i], pos + off[i], (const float *)kc, (const float *)vc,
-                                    si->n_ctx, nh, nkv, hd, scale, s->att + ro, si->kv_scratch);
-            else
-                hm_cpu_attention(pool, s->q + ro, cnt[i], pos + off[i], (const uint16_t *)kc, (const uint16_t *)vc,
-                                 si->n_ctx, nh, nkv, hd, scale, s->att + ro, &si->scratch);
+            hm_model_attention(pool, si->kv_type, s->q + ro, cnt[i], pos + off[i], kc, vc, si->n_ctx, nh, nkv, hd,
+                               scale, s->att + ro, si->kv_scratch, &si->scratch);
         }
         hm_cpu_matmul(pool, &L->wo, s->att, nr, s->h, &s->scratch);
         hm_cpu_add(pool, s->x, s->h, s->x, nr * E);
@@ -407,10 +326,7 @@ static hm_status q3_forward_multi(const hm_model *m, void *work, hm_pool *pool, 
         /* MoE block: route, then compute the routed units straight into the residual */
         hm_cpu_rmsnorm(pool, s->x, L->ffn_norm, s->h, nr, E, q->eps);
         hm_cpu_matmul(pool, &L->router, s->h, nr, s->rlog, &s->scratch);
-        hm_cpu_router(s->rlog, nr, q->n_expert, q->n_expert_used, true, s->rid, s->rw);
-        /* usage counts: the units this layer computes (only the wanted rows in the last layer) */
-        if (m->experts) hm_experts_record(m->experts, il, s->rid, (int32_t)nr * q->n_expert_used);
-        hm_moe_route_build(&s->route, s->rid, s->rw, (int32_t)nr);
+        hm_moe_route_rows(m, il, &s->route, s->rlog, nr, q->n_expert, q->n_expert_used, NULL, s->rid, s->rw);
         hm_status mst = hm_moe_forward(m, pool, &L->moe, &s->route, s->h, s->x, &s->scratch,
                                        il + 1 < q->n_layer ? &q->layers[il + 1].router : NULL, err);
         if (mst != HM_OK) return mst;
@@ -418,8 +334,7 @@ static hm_status q3_forward_multi(const hm_model *m, void *work, hm_pool *pool, 
     if (n_out > 0) {
         /* x rows 0..n_out-1 are the wanted rows now (compacted above, or all rows in order) */
         HM_ASSERT(nr == n_out && logits);
-        hm_cpu_rmsnorm(pool, s->x, q->output_norm, s->hout, n_out, E, q->eps);
-        hm_cpu_matmul(pool, &q->output, s->hout, n_out, logits, &s->scratch);
+        hm_model_logits(pool, s->x, q->output_norm, q->eps, &q->output, n_out, E, s->hout, logits, &s->scratch);
     }
     (void)err;
     return HM_OK;
