@@ -41,42 +41,16 @@
     do { if ((st = hm_model_hp_int(m, suffix, req, dflt, dst, err)) != HM_OK) goto fail; } while (0)
 #define TRY(x) do { if ((st = (x)) != HM_OK) goto fail; } while (0)
 
-static hm_status bind_vec(const hm_model *m, const char *name, int64_t n, const float **out, hm_err *err) {
-    const hm_gguf_tensor *t;
-    hm_status st = hm_model_bind(m, name, HM_BIND_F32, 1, &n, true, &t, err);
-    *out = t ? (const float *)t->data : NULL;
-    return st;
-}
-
-static hm_status bind_mat(const hm_model *m, const char *name, int64_t ne0, int64_t ne1, hm_mat *out, hm_err *err) {
-    const int64_t ne[2] = {ne0, ne1};
-    const hm_gguf_tensor *t;
-    hm_status st = hm_model_bind(m, name, HM_BIND_MATMUL, 2, ne, true, &t, err);
-    if (st == HM_OK) *out = hm_model_mat(t);
-    return st;
-}
-
-static hm_status bind_exps(const hm_model *m, const char *name, int64_t ne0, int64_t ne1, int64_t n_expert,
-                           hm_mat *out, size_t *nb2, hm_err *err) {
-    const int64_t ne[3] = {ne0, ne1, n_expert};
-    const hm_gguf_tensor *t;
-    hm_status st = hm_model_bind(m, name, HM_BIND_MATMUL, 3, ne, true, &t, err);
-    if (st != HM_OK) return st;
-    *out = hm_model_mat(t);
-    *nb2 = out->nb1 * (size_t)ne1;
-    return HM_OK;
-}
-
 /* ffn_gate_inp_shexp: llama.cpp's converter writes it [n_embd, 1]; a 1-D [n_embd] F32 is accepted too. */
 static hm_status bind_shexp_gate(const hm_model *m, const char *name, int64_t E, hm_mat *out, hm_err *err) {
     const hm_gguf_tensor *t = hm_gguf_find_tensor(m->gguf, name);
     if (t && t->n_dims == 1) {
         const float *w;
-        hm_status st = bind_vec(m, name, E, &w, err);
+        hm_status st = hm_model_bind_vec(m, name, E, true, &w, err);
         if (st == HM_OK) *out = hm_mat_make(w, HM_TYPE_F32, E, 1, (size_t)E * sizeof(float));
         return st;
     }
-    return bind_mat(m, name, E, 1, out, err);
+    return hm_model_bind_mat(m, name, E, 1, true, out, err);
 }
 
 static void q35_unload(hm_model *m) {
@@ -153,26 +127,8 @@ static hm_status q35_load(hm_model *m, hm_err *err) {
 
     const int64_t E = q->n_embd, hd = q->head_dim, nq = (int64_t)q->n_head * hd, nkv = (int64_t)q->n_head_kv * hd;
     const int64_t vdim = (int64_t)q->n_v * q->d_v;
-    const hm_gguf_tensor *t = hm_gguf_find_tensor(m->gguf, "token_embd.weight");
-    int64_t n_vocab = t && t->n_dims >= 2 ? t->ne[1] : 0;
-    if (t && (n_vocab <= 0 || n_vocab > INT32_MAX)) {
-        st = hm_errf(err, HM_ERR_FORMAT, "tensor 'token_embd.weight': bad vocabulary size %lld", (long long)n_vocab);
-        goto fail;
-    }
-    {
-        const int64_t ne[2] = {E, n_vocab};
-        TRY(hm_model_bind(m, "token_embd.weight", HM_BIND_ROWS, 2, ne, true, &t, err));
-        q->tok_embd = hm_model_mat(t);
-        q->n_vocab = (int32_t)n_vocab;
-        TRY(hm_model_bind(m, "output.weight", HM_BIND_MATMUL, 2, ne, false, &t, err));
-        if (t) {
-            q->output = hm_model_mat(t);
-        } else {
-            TRY(hm_model_bind(m, "token_embd.weight", HM_BIND_MATMUL, 2, ne, true, &t, err));
-            q->output = q->tok_embd;
-        }
-    }
-    TRY(bind_vec(m, "output_norm.weight", E, &q->output_norm, err));
+    TRY(hm_model_bind_vocab(m, E, &q->tok_embd, &q->output, &q->n_vocab, err));
+    TRY(hm_model_bind_vec(m, "output_norm.weight", E, true, &q->output_norm, err));
 
     if (!(q->layers = calloc((size_t)q->n_layer, sizeof *q->layers))) {
         st = hm_errf(err, HM_ERR_NOMEM, "out of memory");
@@ -184,41 +140,35 @@ static hm_status q35_load(hm_model *m, hm_err *err) {
 #define NAME(s) (snprintf(n, sizeof n, "blk.%d." s, il), n)
         L->recurrent = (il + 1) % interval != 0;
         L->slot = L->recurrent ? q->n_recr++ : q->n_attn++;
-        TRY(bind_vec(m, NAME("attn_norm.weight"), E, &L->attn_norm, err));
-        TRY(bind_vec(m, NAME("post_attention_norm.weight"), E, &L->post_norm, err));
+        TRY(hm_model_bind_vec(m, NAME("attn_norm.weight"), E, true, &L->attn_norm, err));
+        TRY(hm_model_bind_vec(m, NAME("post_attention_norm.weight"), E, true, &L->post_norm, err));
         if (L->recurrent) {
-            TRY(bind_mat(m, NAME("attn_qkv.weight"), E, q->conv_dim, &L->wqkv, err));
-            TRY(bind_mat(m, NAME("attn_gate.weight"), E, vdim, &L->wz, err));
-            TRY(bind_mat(m, NAME("ssm_beta.weight"), E, q->n_v, &L->wbeta, err));
-            TRY(bind_mat(m, NAME("ssm_alpha.weight"), E, q->n_v, &L->walpha, err));
-            TRY(bind_mat(m, NAME("ssm_out.weight"), vdim, E, &L->wout, err));
+            TRY(hm_model_bind_mat(m, NAME("attn_qkv.weight"), E, q->conv_dim, true, &L->wqkv, err));
+            TRY(hm_model_bind_mat(m, NAME("attn_gate.weight"), E, vdim, true, &L->wz, err));
+            TRY(hm_model_bind_mat(m, NAME("ssm_beta.weight"), E, q->n_v, true, &L->wbeta, err));
+            TRY(hm_model_bind_mat(m, NAME("ssm_alpha.weight"), E, q->n_v, true, &L->walpha, err));
+            TRY(hm_model_bind_mat(m, NAME("ssm_out.weight"), vdim, E, true, &L->wout, err));
             const int64_t cne[2] = {q->d_conv, q->conv_dim};
+            const hm_gguf_tensor *t;
             TRY(hm_model_bind(m, NAME("ssm_conv1d.weight"), HM_BIND_F32, 2, cne, true, &t, err));
             L->conv_w = (const float *)t->data;
-            TRY(bind_vec(m, NAME("ssm_dt.bias"), q->n_v, &L->dt_bias, err));
-            TRY(bind_vec(m, NAME("ssm_a"), q->n_v, &L->ssm_a, err));
-            TRY(bind_vec(m, NAME("ssm_norm.weight"), q->d_v, &L->ssm_norm, err));
+            TRY(hm_model_bind_vec(m, NAME("ssm_dt.bias"), q->n_v, true, &L->dt_bias, err));
+            TRY(hm_model_bind_vec(m, NAME("ssm_a"), q->n_v, true, &L->ssm_a, err));
+            TRY(hm_model_bind_vec(m, NAME("ssm_norm.weight"), q->d_v, true, &L->ssm_norm, err));
         } else {
-            TRY(bind_mat(m, NAME("attn_q.weight"), E, 2 * nq, &L->wq, err));
-            TRY(bind_mat(m, NAME("attn_k.weight"), E, nkv, &L->wk, err));
-            TRY(bind_mat(m, NAME("attn_v.weight"), E, nkv, &L->wv, err));
-            TRY(bind_mat(m, NAME("attn_output.weight"), nq, E, &L->wo, err));
-            TRY(bind_vec(m, NAME("attn_q_norm.weight"), hd, &L->q_norm, err));
-            TRY(bind_vec(m, NAME("attn_k_norm.weight"), hd, &L->k_norm, err));
+            TRY(hm_model_bind_mat(m, NAME("attn_q.weight"), E, 2 * nq, true, &L->wq, err));
+            TRY(hm_model_bind_mat(m, NAME("attn_k.weight"), E, nkv, true, &L->wk, err));
+            TRY(hm_model_bind_mat(m, NAME("attn_v.weight"), E, nkv, true, &L->wv, err));
+            TRY(hm_model_bind_mat(m, NAME("attn_output.weight"), nq, E, true, &L->wo, err));
+            TRY(hm_model_bind_vec(m, NAME("attn_q_norm.weight"), hd, true, &L->q_norm, err));
+            TRY(hm_model_bind_vec(m, NAME("attn_k_norm.weight"), hd, true, &L->k_norm, err));
         }
-        TRY(bind_mat(m, NAME("ffn_gate_inp.weight"), E, q->n_expert, &L->router, err));
-        hm_moe_weights *mw = &L->moe;
-        mw->layer = il;
-        mw->n_expert = q->n_expert;
-        mw->n_embd = E;
-        mw->n_ff = q->n_ff_exp;
-        TRY(bind_exps(m, NAME("ffn_gate_exps.weight"), E, q->n_ff_exp, q->n_expert, &mw->gate, &mw->gate_nb2, err));
-        TRY(bind_exps(m, NAME("ffn_up_exps.weight"), E, q->n_ff_exp, q->n_expert, &mw->up, &mw->up_nb2, err));
-        TRY(bind_exps(m, NAME("ffn_down_exps.weight"), q->n_ff_exp, E, q->n_expert, &mw->down, &mw->down_nb2, err));
+        TRY(hm_model_bind_mat(m, NAME("ffn_gate_inp.weight"), E, q->n_expert, true, &L->router, err));
+        TRY(hm_moe_bind(m, il, q->n_expert, E, q->n_ff_exp, HM_MOE_ACT_SILU, false, &L->moe, err));
         TRY(bind_shexp_gate(m, NAME("ffn_gate_inp_shexp.weight"), E, &L->sh_inp, err));
-        TRY(bind_mat(m, NAME("ffn_gate_shexp.weight"), E, q->n_ff_sh, &L->sh_gate, err));
-        TRY(bind_mat(m, NAME("ffn_up_shexp.weight"), E, q->n_ff_sh, &L->sh_up, err));
-        TRY(bind_mat(m, NAME("ffn_down_shexp.weight"), q->n_ff_sh, E, &L->sh_down, err));
+        TRY(hm_model_bind_mat(m, NAME("ffn_gate_shexp.weight"), E, q->n_ff_sh, true, &L->sh_gate, err));
+        TRY(hm_model_bind_mat(m, NAME("ffn_up_shexp.weight"), E, q->n_ff_sh, true, &L->sh_up, err));
+        TRY(hm_model_bind_mat(m, NAME("ffn_down_shexp.weight"), q->n_ff_sh, E, true, &L->sh_down, err));
 #undef NAME
     }
 
@@ -253,16 +203,10 @@ static void q35_state_close(void *p) {
 #ifdef HM_HAVE_CUDA
     q35_gpu_state_close(s);
 #endif
-    hm_free_aligned(s->kv);
-    hm_free_aligned(s->kv_scratch);
     hm_free_aligned(s->rs);
-    hm_free_aligned(s->act);
-    hm_free_aligned(s->scratch.data);
-    hm_moe_route_free(&s->route);
+    hm_model_state_free(s->kv, s->kv_scratch, s->act, &s->scratch, &s->route);
     free(s);
 }
-
-static size_t max_sz(size_t a, size_t b) { return a > b ? a : b; }
 
 static hm_status q35_state_open(const hm_model *m, const hm_state_opts *o, void **out, hm_err *err) {
     const q35_model *q = m->impl;
@@ -287,13 +231,8 @@ static hm_status q35_state_open(const hm_model *m, const hm_state_opts *o, void 
 
     s->kv_elem_size = o->kv_type == HM_KV_F32 ? 4 : 2;
     s->kv_layer_elems = (size_t)q->n_head_kv * (size_t)o->n_ctx * hd;
-    size_t kv_bytes = 0;
-    if (q->n_attn > 0 && (!hm_mul_ok(s->kv_layer_elems, 2u * (size_t)q->n_attn * s->kv_elem_size, &kv_bytes) ||
-                          !(s->kv = hm_malloc_aligned(kv_bytes)))) {
-        st = hm_errf(err, HM_ERR_NOMEM, "cannot allocate the KV cache (%d positions, %.1f MiB)", o->n_ctx,
-                     (double)kv_bytes / (1 << 20));
-        goto fail;
-    }
+    if (q->n_attn > 0)
+        TRY(hm_model_kv_alloc(&s->kv, s->kv_layer_elems, 2u * (size_t)q->n_attn * s->kv_elem_size, o->n_ctx, err));
     s->rs_layer = (size_t)(q->d_conv - 1) * cd + nv * (size_t)q->d_k * (size_t)q->d_v;
     const size_t rs_bytes = s->rs_layer * (size_t)q->n_recr * sizeof(float);
     if (rs_bytes && !(s->rs = hm_malloc_aligned(rs_bytes))) {
@@ -303,8 +242,9 @@ static hm_status q35_state_open(const hm_model *m, const hm_state_opts *o, void 
     if (s->rs) memset(s->rs, 0, rs_bytes);
     s->rs_total = s->rs_layer * (size_t)q->n_recr;
 
-    const size_t sizes[] = {U * E, U * E, U * max_sz(2 * nq, cd), U * nq, U * nq, U * nkv, U * nkv,
-                            U * max_sz(nq, vdim), U * cd, U * vdim, U * nv, U * nv, U * nv, U * nv,
+    const size_t mix = hm_model_max_sz(2 * nq, cd), att = hm_model_max_sz(nq, vdim);
+    const size_t sizes[] = {U * E, U * E, U * mix, U * nq, U * nq, U * nkv, U * nkv,
+                            U * att, U * cd, U * vdim, U * nv, U * nv, U * nv, U * nv,
                             U * (size_t)q->n_expert, U * K, U * K, U * (size_t)q->n_ff_sh, U * (size_t)q->n_ff_sh,
                             U * E, U, U * E, U};
     float **dst[] = {&s->x, &s->h, &s->mix, &s->q, &s->gate, &s->k, &s->v, &s->att, &s->conv, &s->z, &s->ba,
@@ -312,23 +252,17 @@ static hm_status q35_state_open(const hm_model *m, const hm_state_opts *o, void 
                      &s->shs, &s->hout, (float **)&s->pos_out};
     _Static_assert(sizeof sizes / sizeof sizes[0] == sizeof dst / sizeof dst[0], "activation table");
     if ((st = hm_model_carve(&s->act, sizes, dst, sizeof sizes / sizeof sizes[0], err)) != HM_OK) goto fail;
-    if (o->kv_type == HM_KV_F32 && q->n_attn > 0 &&
-        !(s->kv_scratch = hm_malloc_aligned(hm_kv_f32_scratch_floats(o->n_ctx, o->n_threads) * sizeof(float)))) {
-        st = hm_errf(err, HM_ERR_NOMEM, "cannot allocate attention scratch");
-        goto fail;
-    }
+    if (o->kv_type == HM_KV_F32 && q->n_attn > 0)
+        TRY(hm_model_att_scratch_alloc(&s->kv_scratch, hm_kv_f32_scratch_floats(o->n_ctx, o->n_threads), err));
     if ((st = hm_moe_route_init(&s->route, q->n_expert, q->n_expert_used, o->n_ubatch, err)) != HM_OK) goto fail;
 
-    size_t in_max = max_sz(max_sz(E, nq), max_sz(vdim, (size_t)q->n_ff_sh));
+    size_t in_max = hm_model_max_sz(hm_model_max_sz(E, nq), hm_model_max_sz(vdim, (size_t)q->n_ff_sh));
     size_t sc = hm_cpu_matmul_scratch_size((int64_t)in_max, (int64_t)U, o->n_threads);
-    sc = max_sz(sc, hm_cpu_attention_scratch_size((int64_t)U, o->n_ctx, q->n_head, q->head_dim, o->n_threads));
-    sc = max_sz(sc, hm_moe_compute_scratch_size(&s->route, q->n_embd, q->n_ff_exp, o->n_threads));
-    if (q->n_recr > 0) sc = max_sz(sc, hm_cpu_gated_delta_scratch_size(q->d_k, q->d_v, o->n_threads));
-    s->scratch.size = sc;
-    if (sc && !(s->scratch.data = hm_malloc_aligned(sc))) {
-        st = hm_errf(err, HM_ERR_NOMEM, "cannot allocate %.1f MiB of scratch", (double)sc / (1 << 20));
-        goto fail;
-    }
+    sc = hm_model_max_sz(sc,
+                         hm_cpu_attention_scratch_size((int64_t)U, o->n_ctx, q->n_head, q->head_dim, o->n_threads));
+    sc = hm_model_max_sz(sc, hm_moe_compute_scratch_size(&s->route, q->n_embd, q->n_ff_exp, o->n_threads));
+    if (q->n_recr > 0) sc = hm_model_max_sz(sc, hm_cpu_gated_delta_scratch_size(q->d_k, q->d_v, o->n_threads));
+    TRY(hm_model_scratch_alloc(&s->scratch, sc, err));
     *out = s;
     return HM_OK;
 fail:

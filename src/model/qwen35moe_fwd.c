@@ -11,17 +11,10 @@
 #include <string.h>
 
 #include "backend/cpu/cpu_deltanet.h"
-#include "kv_f32.h"
 #include "qwen35moe.h"
 
 static float sigmoidf(float x) { return 1.0f / (1.0f + expf(-x)); }
 static float softplusf(float x) { return x > 20.0f ? x : log1pf(expf(x)); } /* torch's threshold */
-
-/* Keep rows out_rows[0..n_out) of a [n, w] array, compacted to the front (out_rows ascend). */
-static void compact(float *a, int64_t w, const int32_t *rows, int32_t n_out) {
-    for (int32_t i = 0; i < n_out; i++)
-        if (rows[i] != i) memcpy(a + (size_t)i * (size_t)w, a + (size_t)rows[i] * (size_t)w, (size_t)w * sizeof(float));
-}
 
 /* DeltaNet token mixer: h [n, E] in -> h [n, E] out; updates the layer's conv and delta state. */
 static void deltanet(const q35_model *q, const q35_layer *L, q35_state *s, hm_pool *pool, int64_t n) {
@@ -80,13 +73,12 @@ hm_status hm_q35_forward(const hm_model *m, void *state, hm_pool *pool, const hm
             deltanet(q, L, s, pool, n);
             if (last) {
                 if (b->n_out == 0) break;
-                compact(s->x, E, b->out_rows, b->n_out);
-                compact(s->h, E, b->out_rows, b->n_out);
+                hm_model_compact_rows(s->x, E, b->out_rows, b->n_out);
+                hm_model_compact_rows(s->h, E, b->out_rows, b->n_out);
                 nr = b->n_out;
             }
         } else {
-            char *kc = (char *)s->kv + (size_t)L->slot * 2 * s->kv_layer_elems * s->kv_elem_size;
-            char *vc = kc + s->kv_layer_elems * s->kv_elem_size;
+            char *vc, *kc = hm_model_kv_layer(s->kv, s->kv_layer_elems, s->kv_elem_size, L->slot, &vc);
             const hm_mat *ws[3] = {&L->wq, &L->wk, &L->wv};
             float *const ys[3] = {s->mix, s->k, s->v};
             hm_cpu_matmul_n(pool, ws, 3, s->h, n, ys, &s->scratch);
@@ -100,25 +92,18 @@ hm_status hm_q35_forward(const hm_model *m, void *state, hm_pool *pool, const hm
             hm_cpu_rmsnorm_heads(pool, s->k, L->k_norm, n, nkv, hd, q->eps);
             hm_cpu_rope_neox(pool, s->q, n, nh, hd, q->n_rot, b->pos, q->theta);
             hm_cpu_rope_neox(pool, s->k, n, nkv, hd, q->n_rot, b->pos, q->theta);
-            if (s->kv_type == HM_KV_F32)
-                hm_kv_f32_write(pool, (float *)kc, (float *)vc, s->n_ctx, nkv, hd, s->k, s->v, n, b->pos);
-            else
-                hm_cpu_kv_write(pool, (uint16_t *)kc, (uint16_t *)vc, s->n_ctx, nkv, hd, s->k, s->v, n, b->pos);
+            hm_model_kv_write(pool, s->kv_type, kc, vc, s->n_ctx, nkv, hd, s->k, s->v, n, b->pos);
             if (last) {
                 if (b->n_out == 0) break;
                 for (int32_t i = 0; i < b->n_out; i++) s->pos_out[i] = b->pos[b->out_rows[i]];
-                compact(s->q, nq, b->out_rows, b->n_out);
-                compact(s->gate, nq, b->out_rows, b->n_out);
-                compact(s->x, E, b->out_rows, b->n_out);
+                hm_model_compact_rows(s->q, nq, b->out_rows, b->n_out);
+                hm_model_compact_rows(s->gate, nq, b->out_rows, b->n_out);
+                hm_model_compact_rows(s->x, E, b->out_rows, b->n_out);
                 nr = b->n_out;
                 pos = s->pos_out;
             }
-            if (s->kv_type == HM_KV_F32)
-                hm_kv_f32_attention(pool, s->q, nr, pos, (const float *)kc, (const float *)vc, s->n_ctx, nh, nkv, hd,
-                                    scale, s->att, s->kv_scratch);
-            else
-                hm_cpu_attention(pool, s->q, nr, pos, (const uint16_t *)kc, (const uint16_t *)vc, s->n_ctx, nh, nkv,
-                                 hd, scale, s->att, &s->scratch);
+            hm_model_attention(pool, s->kv_type, s->q, nr, pos, kc, vc, s->n_ctx, nh, nkv, hd, scale, s->att,
+                               s->kv_scratch, &s->scratch);
             for (int64_t i = 0; i < nr * nq; i++) s->att[i] *= sigmoidf(s->gate[i]);
             hm_cpu_matmul(pool, &L->wo, s->att, nr, s->h, &s->scratch);
         }
@@ -137,9 +122,7 @@ hm_status hm_q35_forward(const hm_model *m, void *state, hm_pool *pool, const hm
             const float *so = s->sho + (size_t)(t * E);
             for (int64_t i = 0; i < E; i++) xr[i] += gsh * so[i];
         }
-        hm_cpu_router(s->rlog, nr, q->n_expert, q->n_expert_used, true, s->rid, s->rw);
-        if (m->experts) hm_experts_record(m->experts, il, s->rid, (int32_t)nr * q->n_expert_used);
-        hm_moe_route_build(&s->route, s->rid, s->rw, (int32_t)nr);
+        hm_moe_route_rows(m, il, &s->route, s->rlog, nr, q->n_expert, q->n_expert_used, NULL, s->rid, s->rw);
         hm_status mst = hm_moe_forward(m, pool, &L->moe, &s->route, s->h, s->x, &s->scratch,
                                        il + 1 < q->n_layer ? &q->layers[il + 1].router : NULL, err);
         if (mst != HM_OK) return mst;
@@ -147,8 +130,7 @@ hm_status hm_q35_forward(const hm_model *m, void *state, hm_pool *pool, const hm
     s->n_pos = b->pos[n - 1] + 1;
     if (b->n_out > 0) {
         HM_ASSERT(nr == b->n_out);
-        hm_cpu_rmsnorm(pool, s->x, q->output_norm, s->hout, b->n_out, E, q->eps);
-        hm_cpu_matmul(pool, &q->output, s->hout, b->n_out, b->logits, &s->scratch);
+        hm_model_logits(pool, s->x, q->output_norm, q->eps, &q->output, b->n_out, E, s->hout, b->logits, &s->scratch);
     }
     return HM_OK;
 }
