@@ -68,34 +68,6 @@ static hm_status hp_layer_int(const hm_model *m, const char *suffix, bool requir
     return HM_OK;
 }
 
-static hm_status bind_vec(const hm_model *m, const char *name, int64_t n, bool req, const float **out, hm_err *err) {
-    const hm_gguf_tensor *t;
-    hm_status st = hm_model_bind(m, name, HM_BIND_F32, 1, &n, req, &t, err);
-    *out = t ? (const float *)t->data : NULL;
-    return st;
-}
-
-static hm_status bind_mat(const hm_model *m, const char *name, int64_t ne0, int64_t ne1, bool req, hm_mat *out,
-                          hm_err *err) {
-    const int64_t ne[2] = {ne0, ne1};
-    const hm_gguf_tensor *t;
-    hm_status st = hm_model_bind(m, name, HM_BIND_MATMUL, 2, ne, req, &t, err);
-    if (st == HM_OK && t) *out = hm_model_mat(t);
-    return st;
-}
-
-static hm_status bind_exps(const hm_model *m, const char *name, int64_t ne0, int64_t ne1, int64_t n_expert, bool req,
-                           hm_mat *out, size_t *nb2, hm_err *err) {
-    const int64_t ne[3] = {ne0, ne1, n_expert};
-    const hm_gguf_tensor *t;
-    hm_status st = hm_model_bind(m, name, HM_BIND_MATMUL, 3, ne, req, &t, err);
-    if (st != HM_OK || !t) return st;
-    *out = hm_model_mat(t);
-    out->ne1 = ne1;
-    *nb2 = out->nb1 * (size_t)ne1;
-    return HM_OK;
-}
-
 static void g4_unload(hm_model *m) {
     g4_model *g = m->impl;
     if (!g) return;
@@ -113,21 +85,21 @@ static hm_status bind_layer(const hm_model *m, g4_model *g, int32_t il, hm_err *
     char n[96];
 #define NAME(s) (snprintf(n, sizeof n, "blk.%d." s, il), n)
 #define TRY(x) do { if ((st = (x)) != HM_OK) return st; } while (0)
-    TRY(bind_vec(m, NAME("attn_norm.weight"), E, true, &L->attn_norm, err));
-    TRY(bind_mat(m, NAME("attn_q.weight"), E, nq, true, &L->wq, err));
-    TRY(bind_mat(m, NAME("attn_k.weight"), E, nkv, true, &L->wk, err));
-    TRY(bind_mat(m, NAME("attn_v.weight"), E, nkv, false, &L->wv, err));
-    TRY(bind_mat(m, NAME("attn_output.weight"), nq, E, true, &L->wo, err));
-    TRY(bind_vec(m, NAME("attn_q_norm.weight"), hd, true, &L->q_norm, err));
-    TRY(bind_vec(m, NAME("attn_k_norm.weight"), hd, true, &L->k_norm, err));
-    TRY(bind_vec(m, NAME("post_attention_norm.weight"), E, true, &L->post_attn_norm, err));
-    TRY(bind_vec(m, NAME("ffn_norm.weight"), E, true, &L->ffn_norm, err));
-    TRY(bind_mat(m, NAME("ffn_gate.weight"), E, L->n_ff, true, &L->gate, err));
-    TRY(bind_mat(m, NAME("ffn_up.weight"), E, L->n_ff, true, &L->up, err));
-    TRY(bind_mat(m, NAME("ffn_down.weight"), L->n_ff, E, true, &L->down, err));
-    TRY(bind_vec(m, NAME("post_ffw_norm.weight"), E, true, &L->post_ffw_norm, err));
+    TRY(hm_model_bind_vec(m, NAME("attn_norm.weight"), E, true, &L->attn_norm, err));
+    TRY(hm_model_bind_mat(m, NAME("attn_q.weight"), E, nq, true, &L->wq, err));
+    TRY(hm_model_bind_mat(m, NAME("attn_k.weight"), E, nkv, true, &L->wk, err));
+    TRY(hm_model_bind_mat(m, NAME("attn_v.weight"), E, nkv, false, &L->wv, err));
+    TRY(hm_model_bind_mat(m, NAME("attn_output.weight"), nq, E, true, &L->wo, err));
+    TRY(hm_model_bind_vec(m, NAME("attn_q_norm.weight"), hd, true, &L->q_norm, err));
+    TRY(hm_model_bind_vec(m, NAME("attn_k_norm.weight"), hd, true, &L->k_norm, err));
+    TRY(hm_model_bind_vec(m, NAME("post_attention_norm.weight"), E, true, &L->post_attn_norm, err));
+    TRY(hm_model_bind_vec(m, NAME("ffn_norm.weight"), E, true, &L->ffn_norm, err));
+    TRY(hm_model_bind_mat(m, NAME("ffn_gate.weight"), E, L->n_ff, true, &L->gate, err));
+    TRY(hm_model_bind_mat(m, NAME("ffn_up.weight"), E, L->n_ff, true, &L->up, err));
+    TRY(hm_model_bind_mat(m, NAME("ffn_down.weight"), L->n_ff, E, true, &L->down, err));
+    TRY(hm_model_bind_vec(m, NAME("post_ffw_norm.weight"), E, true, &L->post_ffw_norm, err));
     const float *os = NULL;
-    TRY(bind_vec(m, NAME("layer_output_scale.weight"), 1, false, &os, err));
+    TRY(hm_model_bind_vec(m, NAME("layer_output_scale.weight"), 1, false, &os, err));
     L->out_scale = os ? os[0] : 1.0f;
 
     const hm_gguf_tensor *t = hm_gguf_find_tensor(m->gguf, NAME("ffn_gate_inp.weight"));
@@ -135,33 +107,13 @@ static hm_status bind_layer(const hm_model *m, g4_model *g, int32_t il, hm_err *
     if (!L->moe) return HM_OK;
     if (g->n_expert <= 0)
         return hm_errf(err, HM_ERR_FORMAT, "tensor '%s' present but %s.expert_count is missing", n, m->arch_name);
-    TRY(bind_mat(m, NAME("ffn_gate_inp.weight"), E, g->n_expert, true, &L->router, err));
-    TRY(bind_vec(m, NAME("ffn_gate_inp.scale"), E, true, &L->router_scale, err));
-    TRY(bind_vec(m, NAME("pre_ffw_norm_2.weight"), E, true, &L->pre_ffw_norm_2, err));
-    TRY(bind_vec(m, NAME("post_ffw_norm_1.weight"), E, true, &L->post_ffw_norm_1, err));
-    TRY(bind_vec(m, NAME("post_ffw_norm_2.weight"), E, true, &L->post_ffw_norm_2, err));
-    TRY(bind_vec(m, NAME("ffn_down_exps.scale"), g->n_expert, false, &L->expert_scale, err));
-    hm_moe_weights *mw = &L->experts;
-    mw->layer = il;
-    mw->n_expert = g->n_expert;
-    mw->n_embd = E;
-    mw->n_ff = g->n_ff_exp;
-    mw->act = HM_MOE_ACT_GELU;
-    const int64_t F = g->n_ff_exp;
-    if (hm_gguf_find_tensor(m->gguf, NAME("ffn_gate_up_exps.weight"))) {
-        hm_mat gu;
-        size_t nb2;
-        TRY(bind_exps(m, n, E, 2 * F, g->n_expert, true, &gu, &nb2, err));
-        /* slab e: rows 0..F-1 the gate, F..2F-1 the up projection */
-        mw->gate = mw->up = gu;
-        mw->gate.ne1 = mw->up.ne1 = F;
-        mw->up.data = (const char *)gu.data + (size_t)F * gu.nb1;
-        mw->gate_nb2 = mw->up_nb2 = nb2;
-    } else {
-        TRY(bind_exps(m, NAME("ffn_gate_exps.weight"), E, F, g->n_expert, true, &mw->gate, &mw->gate_nb2, err));
-        TRY(bind_exps(m, NAME("ffn_up_exps.weight"), E, F, g->n_expert, true, &mw->up, &mw->up_nb2, err));
-    }
-    TRY(bind_exps(m, NAME("ffn_down_exps.weight"), F, E, g->n_expert, true, &mw->down, &mw->down_nb2, err));
+    TRY(hm_model_bind_mat(m, NAME("ffn_gate_inp.weight"), E, g->n_expert, true, &L->router, err));
+    TRY(hm_model_bind_vec(m, NAME("ffn_gate_inp.scale"), E, true, &L->router_scale, err));
+    TRY(hm_model_bind_vec(m, NAME("pre_ffw_norm_2.weight"), E, true, &L->pre_ffw_norm_2, err));
+    TRY(hm_model_bind_vec(m, NAME("post_ffw_norm_1.weight"), E, true, &L->post_ffw_norm_1, err));
+    TRY(hm_model_bind_vec(m, NAME("post_ffw_norm_2.weight"), E, true, &L->post_ffw_norm_2, err));
+    TRY(hm_model_bind_vec(m, NAME("ffn_down_exps.scale"), g->n_expert, false, &L->expert_scale, err));
+    TRY(hm_moe_bind(m, il, g->n_expert, E, g->n_ff_exp, HM_MOE_ACT_GELU, true, &L->experts, err));
 #undef NAME
 #undef TRY
     return HM_OK;
@@ -263,30 +215,12 @@ static hm_status g4_load(hm_model *m, hm_err *err) {
     if ((st = hp_layer_int(m, "feed_forward_length", true, 0, g->n_layer, tmp + g->n_layer, err)) != HM_OK) goto fail;
 
     const int64_t E = g->n_embd;
-    const hm_gguf_tensor *t = hm_gguf_find_tensor(m->gguf, "token_embd.weight");
-    int64_t n_vocab = t && t->n_dims >= 2 ? t->ne[1] : 0;
-    if (t && (n_vocab <= 0 || n_vocab > INT32_MAX)) {
-        st = hm_errf(err, HM_ERR_FORMAT, "tensor 'token_embd.weight': bad vocabulary size %lld", (long long)n_vocab);
-        goto fail;
-    }
-    {
-        const int64_t ne[2] = {E, n_vocab};
-        if ((st = hm_model_bind(m, "token_embd.weight", HM_BIND_ROWS, 2, ne, true, &t, err)) != HM_OK) goto fail;
-        g->tok_embd = hm_model_mat(t);
-        g->n_vocab = (int32_t)n_vocab;
-        if ((st = hm_model_bind(m, "output.weight", HM_BIND_MATMUL, 2, ne, false, &t, err)) != HM_OK) goto fail;
-        if (t) {
-            g->output = hm_model_mat(t);
-        } else {
-            if ((st = hm_model_bind(m, "token_embd.weight", HM_BIND_MATMUL, 2, ne, true, &t, err)) != HM_OK) goto fail;
-            g->output = g->tok_embd;
-        }
-    }
-    if ((st = bind_vec(m, "output_norm.weight", E, true, &g->output_norm, err)) != HM_OK) goto fail;
+    if ((st = hm_model_bind_vocab(m, E, &g->tok_embd, &g->output, &g->n_vocab, err)) != HM_OK) goto fail;
+    if ((st = hm_model_bind_vec(m, "output_norm.weight", E, true, &g->output_norm, err)) != HM_OK) goto fail;
     const float *rope_ff = NULL;
     for (int32_t il = 0; il < g->n_layer && !rope_ff; il++)
         if (!g->layers[il].swa &&
-            (st = bind_vec(m, "rope_freqs.weight", n_rot_full / 2, true, &rope_ff, err)) != HM_OK)
+            (st = hm_model_bind_vec(m, "rope_freqs.weight", n_rot_full / 2, true, &rope_ff, err)) != HM_OK)
             goto fail;
     g->embd_scale = sqrtf((float)E);
 
@@ -345,15 +279,9 @@ static void g4_state_close(void *p) {
     g4_gpu_state_close(s);
 #endif
     free(s->kvl);
-    hm_free_aligned(s->kv);
-    hm_free_aligned(s->att_scratch);
-    hm_free_aligned(s->act);
-    hm_free_aligned(s->scratch.data);
-    hm_moe_route_free(&s->route);
+    hm_model_state_free(s->kv, s->att_scratch, s->act, &s->scratch, &s->route);
     free(s);
 }
-
-static size_t max_sz(size_t a, size_t b) { return a > b ? a : b; }
 
 static hm_status g4_state_open(const hm_model *m, const hm_state_opts *o, void **out, hm_err *err) {
     const g4_model *g = m->impl;
@@ -393,16 +321,10 @@ static hm_status g4_state_open(const hm_model *m, const hm_state_opts *o, void *
         return HM_OK;
     }
 #endif
-    size_t kv_bytes = 0;
-    if (!hm_mul_ok(kv_elems, s->es, &kv_bytes) || !(s->kv = hm_malloc_aligned(kv_bytes))) {
-        st = hm_errf(err, HM_ERR_NOMEM, "cannot allocate the KV cache (%d positions, %.1f MiB)", o->n_ctx,
-                     (double)kv_bytes / (1 << 20));
+    if ((st = hm_model_kv_alloc(&s->kv, kv_elems, s->es, o->n_ctx, err)) != HM_OK ||
+        (st = hm_model_att_scratch_alloc(&s->att_scratch, hm_gemma_attention_scratch_floats(cap_max, o->n_threads),
+                                         err)) != HM_OK)
         goto fail;
-    }
-    if (!(s->att_scratch = hm_malloc_aligned(hm_gemma_attention_scratch_floats(cap_max, o->n_threads) * 4))) {
-        st = hm_errf(err, HM_ERR_NOMEM, "cannot allocate attention scratch");
-        goto fail;
-    }
 
     const size_t nff = (size_t)g->n_ff_max, nexp = (size_t)(g->n_expert > 0 ? g->n_expert : 1);
     const size_t sizes[] = {U * E, U * E, U * nq, U * nkv, U * nkv, U * nq, U * nff, U * nff,
@@ -411,16 +333,13 @@ static hm_status g4_state_open(const hm_model *m, const hm_state_opts *o, void *
                      &s->rlog, &s->rw, &s->hout, (float **)&s->rid, (float **)&s->pos_out};
     _Static_assert(sizeof sizes / sizeof sizes[0] == sizeof dst / sizeof dst[0], "activation table");
     if ((st = hm_model_carve(&s->act, sizes, dst, sizeof sizes / sizeof sizes[0], err)) != HM_OK) goto fail;
-    size_t sc = hm_cpu_matmul_scratch_size((int64_t)max_sz(max_sz(E, nq), nff), (int64_t)U, o->n_threads);
+    const size_t in_max = hm_model_max_sz(hm_model_max_sz(E, nq), nff);
+    size_t sc = hm_cpu_matmul_scratch_size((int64_t)in_max, (int64_t)U, o->n_threads);
     if (g->n_expert > 0) {
         if ((st = hm_moe_route_init(&s->route, g->n_expert, g->n_expert_used, o->n_ubatch, err)) != HM_OK) goto fail;
-        sc = max_sz(sc, hm_moe_compute_scratch_size(&s->route, g->n_embd, g->n_ff_exp, o->n_threads));
+        sc = hm_model_max_sz(sc, hm_moe_compute_scratch_size(&s->route, g->n_embd, g->n_ff_exp, o->n_threads));
     }
-    s->scratch.size = sc;
-    if (sc && !(s->scratch.data = hm_malloc_aligned(sc))) {
-        st = hm_errf(err, HM_ERR_NOMEM, "cannot allocate %.1f MiB of scratch", (double)sc / (1 << 20));
-        goto fail;
-    }
+    if ((st = hm_model_scratch_alloc(&s->scratch, sc, err)) != HM_OK) goto fail;
     *out = s;
     return HM_OK;
 fail:
@@ -494,14 +413,9 @@ static hm_status g4_forward(const hm_model *m, void *state, hm_pool *pool, const
         if (il == g->n_layer - 1 && b->n_out < n) {
             /* last layer: only the wanted rows go on (out_rows ascend, so compacting forward is safe) */
             if (b->n_out == 0) break;
-            for (int32_t i = 0; i < b->n_out; i++) {
-                const int32_t r = b->out_rows[i];
-                s->pos_out[i] = b->pos[r];
-                if (r == i) continue;
-                memcpy(s->q + (size_t)i * (size_t)(nh * hd), s->q + (size_t)r * (size_t)(nh * hd),
-                       (size_t)(nh * hd) * sizeof(float));
-                memcpy(s->x + (size_t)i * (size_t)E, s->x + (size_t)r * (size_t)E, (size_t)E * sizeof(float));
-            }
+            for (int32_t i = 0; i < b->n_out; i++) s->pos_out[i] = b->pos[b->out_rows[i]];
+            hm_model_compact_rows(s->q, (int64_t)nh * hd, b->out_rows, b->n_out);
+            hm_model_compact_rows(s->x, E, b->out_rows, b->n_out);
             nr = b->n_out;
             pos = s->pos_out;
         }
@@ -527,11 +441,8 @@ static hm_status g4_forward(const hm_model *m, void *state, hm_pool *pool, const
             hm_cpu_rmsnorm(pool, s->x, L->router_scale, s->h, nr, E, g->eps);
             hm_cpu_scale(pool, s->h, inv_sqrt_e, s->h, nr * E);
             hm_cpu_matmul(pool, &L->router, s->h, nr, s->rlog, &s->scratch);
-            hm_cpu_router(s->rlog, nr, g->n_expert, g->n_expert_used, true, s->rid, s->rw);
-            if (L->expert_scale)
-                for (int64_t i = 0; i < nr * g->n_expert_used; i++) s->rw[i] *= L->expert_scale[s->rid[i]];
-            if (m->experts) hm_experts_record(m->experts, il, s->rid, (int32_t)nr * g->n_expert_used);
-            hm_moe_route_build(&s->route, s->rid, s->rw, (int32_t)nr);
+            hm_moe_route_rows(m, il, &s->route, s->rlog, nr, g->n_expert, g->n_expert_used, L->expert_scale, s->rid,
+                              s->rw);
             hm_cpu_rmsnorm(pool, s->x, L->pre_ffw_norm_2, s->h, nr, E, g->eps);
             memset(s->e, 0, (size_t)(nr * E) * sizeof(float));
             hm_status mst = hm_moe_forward(m, pool, &L->experts, &s->route, s->h, s->e, &s->scratch,
@@ -546,8 +457,7 @@ static hm_status g4_forward(const hm_model *m, void *state, hm_pool *pool, const
     }
     if (b->n_out > 0) {
         HM_ASSERT(nr == b->n_out);
-        hm_cpu_rmsnorm(pool, s->x, g->output_norm, s->hout, b->n_out, E, g->eps);
-        hm_cpu_matmul(pool, &g->output, s->hout, b->n_out, b->logits, &s->scratch);
+        hm_model_logits(pool, s->x, g->output_norm, g->eps, &g->output, b->n_out, E, s->hout, b->logits, &s->scratch);
         if (g->softcap > 0) hm_gemma_softcap(pool, b->logits, (int64_t)b->n_out * g->n_vocab, g->softcap);
     }
     (void)err;
