@@ -113,7 +113,6 @@ hm_status hm_moe_graph_open_env(hm_cuda_ctx *c, const hm_moe_weights *const *mw,
     return hm_moe_graph_open(c, mw, n_layer, dec_cap, k, n_embd, out, err);
 }
 
-
 hm_status hm_moe_graph_layer(hm_moe_graph *mg, const hm_model *m, int32_t il, const hm_cuda_moe_slot *slots_dev,
                              bool any_hot, const int32_t *ids_dev, const float *w_dev, int64_t n_tok,
                              const float *x_dev, float *out_dev, void *scratch, size_t scratch_size, hm_err *err) {
