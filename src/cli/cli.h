@@ -26,4 +26,7 @@ int hm_cmd_profile(int argc, char **argv);
 /* True for -h / --help. */
 int hm_cli_is_help(const char *arg);
 
+/* Install fn (async-signal-safe) for SIGINT and SIGTERM: how a long-running command stops cleanly. */
+void hm_cli_on_stop_signals(void (*fn)(int));
+
 #endif

@@ -90,14 +90,11 @@ int hm_cmd_bench(int argc, char **argv) {
     long n_prompt = 512, n_gen = 128, reps = 5, seed = 1, depth = 0;
     bool json = false;
     for (int i = 1; i < argc; i++) {
-        int r = cli_engine_arg(&e, argc, argv, &i);
-        if (r < 0) return 2;
-        if (r > 0) continue;
+        int r = cli_common_arg(&e, argc, argv, &i, usage);
+        if (r == CLI_ARG_NEXT) continue;
+        if (r != CLI_ARG_OWN) return r;
         const char *a = argv[i], *v;
-        if (hm_cli_is_help(a)) {
-            usage(stdout);
-            return 0;
-        } else if (!strcmp(a, "-p") || !strcmp(a, "--n-prompt")) {
+        if (!strcmp(a, "-p") || !strcmp(a, "--n-prompt")) {
             if (!(v = cli_value(e.cmd, argc, argv, &i)) || cli_long(e.cmd, a, v, 0, 1 << 20, &n_prompt)) return 2;
         } else if (!strcmp(a, "-n") || !strcmp(a, "--n-gen")) {
             if (!(v = cli_value(e.cmd, argc, argv, &i)) || cli_long(e.cmd, a, v, 0, 1 << 20, &n_gen)) return 2;
@@ -110,15 +107,10 @@ int hm_cmd_bench(int argc, char **argv) {
         } else if (!strcmp(a, "--json")) {
             json = true;
         } else {
-            fprintf(stderr, "hotmoe bench: unknown option '%s'\n", a);
-            usage(stderr);
-            return 2;
+            return cli_unknown_arg(&e, a, usage);
         }
     }
-    if (!e.model) {
-        fprintf(stderr, "hotmoe bench: no model given (-m FILE); see `hotmoe bench --help`\n");
-        return 2;
-    }
+    if (cli_need_model(&e)) return 2;
     if (n_prompt == 0 && n_gen == 0) {
         fprintf(stderr, "hotmoe bench: nothing to do (-p 0 -n 0)\n");
         return 2;

@@ -266,6 +266,36 @@ static inline int cli_engine_arg(cli_engine *e, int argc, char **argv, int *i) {
     return 1;
 }
 
+/* The steps of the argv loop every engine command shares. cli_common_arg: the engine flags, then
+ * -h/--help (the usage to stdout). Returns CLI_ARG_NEXT (consumed: go on with the next argument),
+ * CLI_ARG_OWN (argv[*i] is for the command to parse) or the status to exit with: 0 after the
+ * help, 2 after a bad engine flag (already reported). */
+enum { CLI_ARG_OWN = -1, CLI_ARG_NEXT = -2 };
+static inline int cli_common_arg(cli_engine *e, int argc, char **argv, int *i, void (*usage)(FILE *)) {
+    int r = cli_engine_arg(e, argc, argv, i);
+    if (r < 0) return 2;
+    if (r > 0) return CLI_ARG_NEXT;
+    if (hm_cli_is_help(argv[*i])) {
+        usage(stdout);
+        return 0;
+    }
+    return CLI_ARG_OWN;
+}
+
+/* A flag the command does not know: says so with the usage on stderr; returns 2. */
+static inline int cli_unknown_arg(const cli_engine *e, const char *a, void (*usage)(FILE *)) {
+    fprintf(stderr, "hotmoe %s: unknown option '%s'\n", e->cmd, a);
+    usage(stderr);
+    return 2;
+}
+
+/* After the argv loop: 0 when -m was given, else says so and returns 2. */
+static inline int cli_need_model(const cli_engine *e) {
+    if (e->model) return 0;
+    fprintf(stderr, "hotmoe %s: no model given (-m FILE); see `hotmoe %s --help`\n", e->cmd, e->cmd);
+    return 2;
+}
+
 /* Open the model named by -m (error printed, NULL on failure). */
 static inline hm_model *cli_open_model(const cli_engine *e) {
     if (!e->model) {

@@ -54,29 +54,21 @@ int hm_cmd_logits(int argc, char **argv) {
     cli_engine e = {.cmd = "logits"};
     const char *tok_list = NULL, *tok_file = NULL, *out_path = NULL;
     for (int i = 1; i < argc; i++) {
-        int r = cli_engine_arg(&e, argc, argv, &i);
-        if (r < 0) return 2;
-        if (r > 0) continue;
+        int r = cli_common_arg(&e, argc, argv, &i, usage);
+        if (r == CLI_ARG_NEXT) continue;
+        if (r != CLI_ARG_OWN) return r;
         const char *a = argv[i];
-        if (hm_cli_is_help(a)) {
-            usage(stdout);
-            return 0;
-        } else if (!strcmp(a, "--tokens")) {
+        if (!strcmp(a, "--tokens")) {
             if (!(tok_list = cli_value(e.cmd, argc, argv, &i))) return 2;
         } else if (!strcmp(a, "--tokens-file")) {
             if (!(tok_file = cli_value(e.cmd, argc, argv, &i))) return 2;
         } else if (!strcmp(a, "-o") || !strcmp(a, "--output")) {
             if (!(out_path = cli_value(e.cmd, argc, argv, &i))) return 2;
         } else {
-            fprintf(stderr, "hotmoe logits: unknown option '%s'\n", a);
-            usage(stderr);
-            return 2;
+            return cli_unknown_arg(&e, a, usage);
         }
     }
-    if (!e.model) {
-        fprintf(stderr, "hotmoe logits: no model given (-m FILE); see `hotmoe logits --help`\n");
-        return 2;
-    }
+    if (cli_need_model(&e)) return 2;
     if (!tok_list == !tok_file || !out_path) {
         fprintf(stderr, "hotmoe logits: need one of --tokens / --tokens-file, and -o OUT\n");
         return 2;

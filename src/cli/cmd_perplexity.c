@@ -35,27 +35,19 @@ int hm_cmd_perplexity(int argc, char **argv) {
     const char *file = NULL;
     long max_chunks = -1;
     for (int i = 1; i < argc; i++) {
-        int r = cli_engine_arg(&e, argc, argv, &i);
-        if (r < 0) return 2;
-        if (r > 0) continue;
+        int r = cli_common_arg(&e, argc, argv, &i, usage);
+        if (r == CLI_ARG_NEXT) continue;
+        if (r != CLI_ARG_OWN) return r;
         const char *a = argv[i], *v;
-        if (hm_cli_is_help(a)) {
-            usage(stdout);
-            return 0;
-        } else if (!strcmp(a, "-f") || !strcmp(a, "--file")) {
+        if (!strcmp(a, "-f") || !strcmp(a, "--file")) {
             if (!(file = cli_value(e.cmd, argc, argv, &i))) return 2;
         } else if (!strcmp(a, "--chunks")) {
             if (!(v = cli_value(e.cmd, argc, argv, &i)) || cli_long(e.cmd, a, v, 1, 1 << 30, &max_chunks)) return 2;
         } else {
-            fprintf(stderr, "hotmoe perplexity: unknown option '%s'\n", a);
-            usage(stderr);
-            return 2;
+            return cli_unknown_arg(&e, a, usage);
         }
     }
-    if (!e.model) {
-        fprintf(stderr, "hotmoe perplexity: no model given (-m FILE); see `hotmoe perplexity --help`\n");
-        return 2;
-    }
+    if (cli_need_model(&e)) return 2;
     if (!file) {
         fprintf(stderr, "hotmoe perplexity: no text given (-f FILE)\n");
         return 2;

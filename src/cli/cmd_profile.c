@@ -52,26 +52,18 @@ int hm_cmd_profile(int argc, char **argv) {
             e.profile_format = (hm_profile_fmt)f;
             continue;
         }
-        int r = cli_engine_arg(&e, argc, argv, &i);
-        if (r < 0) return 2;
-        if (r > 0) continue;
-        if (hm_cli_is_help(a)) {
-            usage(stdout);
-            return 0;
-        } else if (!strcmp(a, "-f") || !strcmp(a, "--file")) {
+        int r = cli_common_arg(&e, argc, argv, &i, usage);
+        if (r == CLI_ARG_NEXT) continue;
+        if (r != CLI_ARG_OWN) return r;
+        if (!strcmp(a, "-f") || !strcmp(a, "--file")) {
             if (!(file = cli_value(e.cmd, argc, argv, &i))) return 2;
         } else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) {
             if (!(v = cli_value(e.cmd, argc, argv, &i)) || cli_long(e.cmd, a, v, 0, 1 << 20, &n_gen)) return 2;
         } else {
-            fprintf(stderr, "hotmoe profile: unknown option '%s'\n", a);
-            usage(stderr);
-            return 2;
+            return cli_unknown_arg(&e, a, usage);
         }
     }
-    if (!e.model) {
-        fprintf(stderr, "hotmoe profile: no model given (-m FILE); see `hotmoe profile --help`\n");
-        return 2;
-    }
+    if (cli_need_model(&e)) return 2;
     if (!file || !e.profile_out) {
         fprintf(stderr, "hotmoe profile: need the prompts (-f FILE) and where to write the profile (-o FILE)\n");
         return 2;

@@ -151,17 +151,14 @@ int hm_cmd_run(int argc, char **argv) {
     hm_sampler_opts_default(&so);
     so.seed = (uint64_t)time(NULL);
     for (int i = 1; i < argc; i++) {
-        int rr = cli_engine_arg(&e, argc, argv, &i);
-        if (rr < 0) return 2;
-        if (rr > 0) continue;
+        int rr = cli_common_arg(&e, argc, argv, &i, usage);
+        if (rr == CLI_ARG_NEXT) continue;
+        if (rr != CLI_ARG_OWN) return rr;
         const char *a = argv[i], *v;
         long n;
         double d;
 #define VAL() (v = cli_value(e.cmd, argc, argv, &i))
-        if (hm_cli_is_help(a)) {
-            usage(stdout);
-            return 0;
-        } else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) {
+        if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) {
             if (!(prompt = cli_value(e.cmd, argc, argv, &i))) return 2;
         } else if (!strcmp(a, "-f") || !strcmp(a, "--file")) {
             if (!(file = cli_value(e.cmd, argc, argv, &i))) return 2;
@@ -195,16 +192,11 @@ int hm_cmd_run(int argc, char **argv) {
             if (!VAL() || cli_long(e.cmd, a, v, 0, 0x7fffffffL, &n)) return 2;
             so.seed = (uint64_t)n;
         } else {
-            fprintf(stderr, "hotmoe run: unknown option '%s'\n", a);
-            usage(stderr);
-            return 2;
+            return cli_unknown_arg(&e, a, usage);
         }
 #undef VAL
     }
-    if (!e.model) {
-        fprintf(stderr, "hotmoe run: no model given (-m FILE); see `hotmoe run --help`\n");
-        return 2;
-    }
+    if (cli_need_model(&e)) return 2;
     if (prompt && file) {
         fprintf(stderr, "hotmoe run: give -p or -f, not both\n");
         return 2;

@@ -126,11 +126,7 @@ int hm_cmd_serve(int argc, char **argv) {
         return 1;
     }
     g_server = s;
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_signal;
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
+    hm_cli_on_stop_signals(on_signal);
     signal(SIGPIPE, SIG_IGN);
     fprintf(stderr, "serve: listening on http://%s:%d (%d slot%s)\n", o.host, hm_server_port(s), o.n_parallel,
             o.n_parallel == 1 ? "" : "s");

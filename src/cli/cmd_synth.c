@@ -172,11 +172,7 @@ int hm_cmd_synth(int argc, char **argv) {
         o.progress_ud = &ps;
     }
     if ((size_t)snprintf(tmp_path, sizeof tmp_path, "%s.tmp", o.out_path) >= sizeof tmp_path) tmp_path[0] = 0;
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = on_signal;
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGTERM, &sa, NULL);
+    hm_cli_on_stop_signals(on_signal);
     hm_err err = {{0}};
     hm_status st = hm_synth(&o, &err);
     if (st != HM_OK) {

@@ -1,4 +1,5 @@
 /* main.c - the `hotmoe` binary: dispatches to subcommands. */
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -25,6 +26,14 @@ static const hm_cli_cmd commands[] = {
 
 int hm_cli_is_help(const char *arg) {
     return strcmp(arg, "-h") == 0 || strcmp(arg, "--help") == 0;
+}
+
+void hm_cli_on_stop_signals(void (*fn)(int)) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = fn;
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
 }
 
 static int cmd_version(int argc, char **argv) {
