@@ -2,8 +2,8 @@
  * bench, profile; serve takes the placement flags): -m, -t, -c, --ubatch, --kv-type, -v; the expert
  * placement and usage flags (--profile-out, --profile-format, --trace-out, --profile, --policy,
  * --update-rate, --vram-budget (one size or one per device), -ts, with the seed forks' names as
- * aliases); and number parsing with
- * errors that name the flag. Header-only (static functions) so each command stays one file; only
+ * aliases); the argv loop's common steps (cli_common_arg, cli_unknown_arg, cli_need_model); and
+ * number parsing with errors that name the flag. Header-only (static functions) so each command stays one file; only
  * uses hotmoe.h. A command calls cli_open_model (which applies the placement flags and starts a
  * trace) and, before closing the model, cli_engine_finish (which closes --trace-out, reporting a
  * failed write, and writes --profile-out). */

@@ -186,6 +186,7 @@ hm_status hm_model_bind_vocab(const hm_model *m, int64_t n_embd, hm_mat *tok_emb
  * int32 arrays alike). HM_ERR_NOMEM naming the size on failure. */
 hm_status hm_model_carve(void **block, const size_t *n_elems, float **const *dst, size_t n, hm_err *err);
 
+/* The larger of two sizes (state_open sizes its scratch by the largest need). */
 static inline size_t hm_model_max_sz(size_t a, size_t b) { return a > b ? a : b; }
 
 /* *kv = an aligned block of n * unit bytes (the KV cache for n_ctx positions, owned by the caller,
