@@ -154,19 +154,10 @@ static hm_status g4_load(hm_model *m, hm_err *err) {
             goto fail;
         }
     }
-    int32_t hd_full, hd_swa, vl, n_rot_full, n_rot_swa;
-    HP_INT("attention.key_length", true, 0, &hd_full);
-    HP_INT("attention.value_length", false, hd_full, &vl);
-    if (vl != hd_full) {
-        st = hm_errf(err, HM_ERR_UNSUPPORTED, "attention.key_length %d != value_length %d", hd_full, vl);
+    int32_t hd_full, hd_swa, n_rot_full, n_rot_swa;
+    if ((st = hm_model_hp_head_dim(m, "", true, 0, &hd_full, err)) != HM_OK ||
+        (st = hm_model_hp_head_dim(m, "_swa", false, hd_full, &hd_swa, err)) != HM_OK)
         goto fail;
-    }
-    HP_INT("attention.key_length_swa", false, hd_full, &hd_swa);
-    HP_INT("attention.value_length_swa", false, hd_swa, &vl);
-    if (vl != hd_swa) {
-        st = hm_errf(err, HM_ERR_UNSUPPORTED, "attention.key_length_swa %d != value_length_swa %d", hd_swa, vl);
-        goto fail;
-    }
     HP_INT("rope.dimension_count", false, hd_full, &n_rot_full);
     HP_INT("rope.dimension_count_swa", false, hd_swa, &n_rot_swa);
     if (hd_full <= 0 || hd_swa <= 0 || n_rot_full <= 0 || n_rot_full % 2 || n_rot_full > hd_full || n_rot_swa <= 0 ||

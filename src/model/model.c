@@ -127,6 +127,21 @@ hm_status hm_model_hp_int(const hm_model *m, const char *suffix, bool required, 
     return HM_OK;
 }
 
+hm_status hm_model_hp_head_dim(const hm_model *m, const char *sfx, bool required, int64_t dflt, int32_t *out,
+                               hm_err *err) {
+    char key[64];
+    snprintf(key, sizeof key, "attention.key_length%s", sfx);
+    hm_status st = hm_model_hp_int(m, key, required, dflt, out, err);
+    if (st != HM_OK) return st;
+    int32_t v_len;
+    snprintf(key, sizeof key, "attention.value_length%s", sfx);
+    if ((st = hm_model_hp_int(m, key, false, *out, &v_len, err)) != HM_OK) return st;
+    if (v_len != *out)
+        return hm_errf(err, HM_ERR_UNSUPPORTED, "attention.key_length%s %d != value_length%s %d", sfx, *out, sfx,
+                       v_len);
+    return HM_OK;
+}
+
 hm_status hm_model_hp_float(const hm_model *m, const char *suffix, bool required, double dflt,
                             float *out, hm_err *err) {
     char key[160];

@@ -144,6 +144,11 @@ hm_status hm_model_hp_int(const hm_model *m, const char *suffix, bool required, 
                           int32_t *out, hm_err *err);
 hm_status hm_model_hp_float(const hm_model *m, const char *suffix, bool required, double dflt,
                             float *out, hm_err *err);
+/* The head dim: "attention.key_length<sfx>" (absent: required -> HM_ERR_FORMAT, else dflt) and
+ * "attention.value_length<sfx>" (default the key length), which must equal it (else
+ * HM_ERR_UNSUPPORTED naming both). sfx: "" or e.g. "_swa". */
+hm_status hm_model_hp_head_dim(const hm_model *m, const char *sfx, bool required, int64_t dflt, int32_t *out,
+                               hm_err *err);
 
 /* What a bound tensor must be. */
 typedef enum hm_bind_kind {

@@ -60,13 +60,7 @@ static hm_status q3_load(hm_model *m, hm_err *err) {
                      q->n_embd, q->n_layer, q->n_head, q->n_head_kv);
         goto fail;
     }
-    HP_INT("attention.key_length", false, q->n_embd / q->n_head, &q->head_dim);
-    int32_t v_len;
-    HP_INT("attention.value_length", false, q->head_dim, &v_len);
-    if (v_len != q->head_dim) {
-        st = hm_errf(err, HM_ERR_UNSUPPORTED, "attention.key_length %d != value_length %d", q->head_dim, v_len);
-        goto fail;
-    }
+    TRY(hm_model_hp_head_dim(m, "", false, q->n_embd / q->n_head, &q->head_dim, err));
     HP_INT("rope.dimension_count", false, q->head_dim, &q->n_rot);
     if (q->head_dim <= 0 || q->head_dim % 2 || q->n_rot <= 0 || q->n_rot % 2 || q->n_rot > q->head_dim) {
         st = hm_errf(err, HM_ERR_FORMAT, "bad hparams: key_length %d, rope.dimension_count %d", q->head_dim, q->n_rot);
