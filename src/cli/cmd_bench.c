@@ -23,12 +23,6 @@ static void usage(FILE *f) {
                "  --json                 print one JSON object (pp_tok_s, tg_tok_s, ...)\n" CLI_ENGINE_HELP);
 }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static void mean_std(const double *x, int n, double *mean, double *std) {
     double s = 0, ss = 0;
     for (int i = 0; i < n; i++) s += x[i];
@@ -66,14 +60,14 @@ static double run_test(const hm_model *m, hm_session *s, const int32_t *ctx, int
     }
     uint64_t h0 = 0, m0 = 0;
     if (cnt && cnt->on) cnt->on = usage_hm(m, &h0, &m0);
-    double t0 = now_s();
+    double t0 = cli_now_s();
     if (prompt) {
         if (hm_session_eval(s, ids, n, false, &lg, &err) != HM_OK) goto fail;
     } else {
         for (int32_t i = 0; i < n; i++)
             if (hm_session_eval(s, &ids[i], 1, false, &lg, &err) != HM_OK) goto fail;
     }
-    const double dt = now_s() - t0;
+    const double dt = cli_now_s() - t0;
     uint64_t h1 = 0, m1 = 0;
     if (cnt && cnt->on && (cnt->on = usage_hm(m, &h1, &m1))) {
         cnt->hits += h1 - h0;
@@ -143,12 +137,12 @@ int hm_cmd_bench(int argc, char **argv) {
         hm_err err;
         const float *lg;
         hm_session_reset(s);
-        double t0 = now_s();
+        double t0 = cli_now_s();
         if (hm_session_eval(s, ids, d, false, &lg, &err) != HM_OK) {
             fprintf(stderr, "hotmoe bench: %s\n", err.msg);
             goto done;
         }
-        if (!json) fprintf(stderr, "hotmoe bench: filled %d tokens of context in %.1f s\n", d, now_s() - t0);
+        if (!json) fprintf(stderr, "hotmoe bench: filled %d tokens of context in %.1f s\n", d, cli_now_s() - t0);
     }
     if (n_prompt) {
         if (run_test(m, s, ids, d, gen, (int32_t)n_prompt, true, NULL) < 0) goto done; /* warm-up */

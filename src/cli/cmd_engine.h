@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "cli.h"
 
@@ -264,6 +265,13 @@ static inline int cli_engine_arg(cli_engine *e, int argc, char **argv, int *i) {
         return 0;
     }
     return 1;
+}
+
+/* Seconds on the monotonic clock (for timings). */
+static inline double cli_now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
 /* The steps of the argv loop every engine command shares. cli_common_arg: the engine flags, then

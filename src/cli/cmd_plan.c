@@ -42,6 +42,27 @@ static void usage(FILE *f) {
           f);
 }
 
+/* A budget flag's value: a share "P%" (0 < P <= 100) into *frac, else a size into *bytes (>= 0, or
+ * > 0 when positive). Errors are printed naming the flag; returns 0 ok, 2 bad. */
+static int parse_budget(const char *flag, const char *v, bool positive, int64_t *bytes, double *frac, hm_err *err) {
+    size_t n = strlen(v);
+    if (n > 1 && v[n - 1] == '%') {
+        char *end;
+        double pct = strtod(v, &end);
+        if (end != v + n - 1 || !(pct > 0 && pct <= 100)) {
+            fprintf(stderr, "plan: %s %s: a share must be in (0, 100]%%\n", flag, v);
+            return 2;
+        }
+        *frac = pct / 100.0;
+    } else if (hm_parse_size(v, bytes, err) != HM_OK || *bytes < (positive ? 1 : 0)) {
+        fprintf(stderr, "plan: %s: %s\n", flag,
+                err->msg[0] ? err->msg
+                            : positive ? "must be a positive size or a share (20%)" : "must be a size or a share (20%)");
+        return 2;
+    }
+    return 0;
+}
+
 int hm_cmd_plan(int argc, char **argv) {
     hm_plan_opts o;
     hm_plan_opts_default(&o);
@@ -82,33 +103,9 @@ int hm_cmd_plan(int argc, char **argv) {
         } else if (strcmp(name, "--policy") == 0) {
             o.policy = v;
         } else if (strcmp(name, "--budget") == 0) {
-            size_t n = strlen(v);
-            if (n > 1 && v[n - 1] == '%') {
-                char *end;
-                double pct = strtod(v, &end);
-                if (end != v + n - 1 || !(pct > 0 && pct <= 100)) {
-                    fprintf(stderr, "plan: --budget %s: a share must be in (0, 100]%%\n", v);
-                    return 2;
-                }
-                o.budget_frac = pct / 100.0;
-            } else if (hm_parse_size(v, &o.budget, &err) != HM_OK || o.budget < 0) {
-                fprintf(stderr, "plan: --budget: %s\n", err.msg[0] ? err.msg : "must be a size or a share (20%)");
-                return 2;
-            }
+            if (parse_budget(name, v, false, &o.budget, &o.budget_frac, &err)) return 2;
         } else if (strcmp(name, "--ram-budget") == 0) {
-            size_t n = strlen(v);
-            if (n > 1 && v[n - 1] == '%') {
-                char *end;
-                double pct = strtod(v, &end);
-                if (end != v + n - 1 || !(pct > 0 && pct <= 100)) {
-                    fprintf(stderr, "plan: --ram-budget %s: a share must be in (0, 100]%%\n", v);
-                    return 2;
-                }
-                o.ram_budget_frac = pct / 100.0;
-            } else if (hm_parse_size(v, &o.ram_budget, &err) != HM_OK || o.ram_budget <= 0) {
-                fprintf(stderr, "plan: --ram-budget: %s\n", err.msg[0] ? err.msg : "must be a positive size or a share (20%)");
-                return 2;
-            }
+            if (parse_budget(name, v, true, &o.ram_budget, &o.ram_budget_frac, &err)) return 2;
         } else if (strcmp(name, "--unit-bytes") == 0) {
             int64_t b;
             if (hm_parse_size(v, &b, &err) != HM_OK || b <= 0) {

@@ -20,12 +20,6 @@ static void usage(FILE *f) {
                "  -c, --ctx-size N       context positions (default: min(trained context, 4096))\n" CLI_ENGINE_HELP);
 }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 static int32_t argmax(const float *x, int32_t n) {
     int32_t b = 0;
     for (int32_t i = 1; i < n; i++)
@@ -109,7 +103,7 @@ int hm_cmd_profile(int argc, char **argv) {
     hm_tokenize_opts to;
     hm_tokenize_opts_default(tk, &to);
     long tot_prompt = 0, tot_gen = 0;
-    double t0 = now_s();
+    double t0 = cli_now_s();
     int ip = 0;
     for (char *p = text; *p;) {
         char *nl = strchr(p, '\n');
@@ -148,12 +142,12 @@ int hm_cmd_profile(int argc, char **argv) {
         }
         tot_prompt += (long)n;
         tot_gen += g;
-        double dt = now_s() - t0;
+        double dt = cli_now_s() - t0;
         fprintf(stderr, "hotmoe profile: [%d/%d] %zu prompt + %ld decoded tokens (%.1f tok/s so far)\n", ip, n_prompts,
                 n, g, dt > 0 ? (double)(tot_prompt + tot_gen) / dt : 0.0);
     }
     fprintf(stderr, "hotmoe profile: %d prompts, %ld prompt + %ld decoded tokens in %.1f s\n", n_prompts, tot_prompt,
-            tot_gen, now_s() - t0);
+            tot_gen, cli_now_s() - t0);
     rc = cli_engine_finish(&e, m);
 done:
     hm_session_close(s);

@@ -28,12 +28,6 @@ static void usage(FILE *f) {
                "  --seed N               sampling seed (default: from the clock)\n" CLI_ENGINE_HELP);
 }
 
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
-
 typedef struct run_ctx {
     hm_tokenizer *tk;
     hm_model *m;
@@ -68,9 +62,9 @@ static int turn(run_ctx *r, const char *text, bool first) {
         return 1;
     }
     const float *lg = NULL;
-    double t0 = now_s();
+    double t0 = cli_now_s();
     hm_status st = hm_session_eval(r->s, ids, (int32_t)n, false, &lg, &err);
-    r->t_prompt += now_s() - t0;
+    r->t_prompt += cli_now_s() - t0;
     r->n_prompt += (long)n;
     for (size_t i = 0; i < n; i++) hm_sampler_accept(r->smp, ids[i]);
     free(ids);
@@ -78,7 +72,7 @@ static int turn(run_ctx *r, const char *text, bool first) {
         fprintf(stderr, "hotmoe run: %s\n", err.msg);
         return 1;
     }
-    t0 = now_s();
+    t0 = cli_now_s();
     size_t len;
     r->turn_closed = false;
     for (long i = 0; r->n_predict < 0 || i < r->n_predict; i++) {
@@ -106,7 +100,7 @@ static int turn(run_ctx *r, const char *text, bool first) {
             break;
         }
     }
-    r->t_gen += now_s() - t0;
+    r->t_gen += cli_now_s() - t0;
     const char *rest = hm_detok_flush(r->dt, &len);
     fwrite(rest, 1, len, stdout);
     printf("\n");
