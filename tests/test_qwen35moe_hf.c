@@ -119,6 +119,56 @@ static void check_missing_tensor(const char *gguf) {
     free(buf);
 }
 
+/* Each of these hparams set to 0 in a copy of the fixture: a clear HM_ERR_FORMAT naming "bad
+ * hparams", never a division by zero. The key's bytes are found as a GGUF string (u64 length before
+ * it), then its u32/i32/u64/i64 value after the type id is zeroed. */
+static void check_zero_hparams(const char *gguf) {
+    FILE *f = fopen(gguf, "rb");
+    if (!f) return;
+    fseek(f, 0, SEEK_END);
+    long sz = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *buf = malloc((size_t)sz), *orig = malloc((size_t)sz);
+    CHECK(fread(buf, 1, (size_t)sz, f) == (size_t)sz);
+    fclose(f);
+    memcpy(orig, buf, (size_t)sz);
+    const char *keys[] = {"qwen35moe.attention.head_count_kv", "qwen35moe.attention.head_count",
+                          "qwen35moe.ssm.group_count", "qwen35moe.ssm.time_step_rank", "qwen35moe.ssm.inner_size",
+                          "qwen35moe.expert_used_count", "qwen35moe.embedding_length"};
+    for (size_t k = 0; k < sizeof keys / sizeof keys[0]; k++) {
+        const size_t len = strlen(keys[k]);
+        long at = -1;
+        for (long i = 8; i + (long)len + 12 <= sz && at < 0; i++)
+            if (memcmp(buf + i, keys[k], len) == 0 && u64_at(buf + i - 8) == len) at = i + (long)len;
+        CHECKF(at >= 0, "%s not in the fixture", keys[k]);
+        if (at < 0) continue;
+        uint32_t type;
+        memcpy(&type, buf + at, 4);
+        const size_t w = type == 4 || type == 5 ? 4 : type == 10 || type == 11 ? 8 : 0; /* u32 i32 | u64 i64 */
+        CHECKF(w > 0, "%s: type %u is not an integer", keys[k], type);
+        if (!w) continue;
+        memset(buf + at + 4, 0, w);
+        char tmp[] = "/tmp/hm_q35_XXXXXX";
+        int fd = mkstemp(tmp);
+        CHECK(fd >= 0);
+        if (fd >= 0) {
+            CHECK(write(fd, buf, (size_t)sz) == (ssize_t)sz);
+            close(fd);
+            hm_model *m = NULL;
+            hm_err err;
+            hm_status st = hm_model_open(&m, tmp, NULL, &err);
+            CHECKF(st == HM_ERR_FORMAT && strstr(err.msg, "bad hparams") != NULL, "%s = 0: status %d, '%s'",
+                   keys[k], st, st != HM_OK ? err.msg : "");
+            if (st != HM_OK) fprintf(stderr, "%s = 0: %s\n", keys[k], err.msg);
+            hm_model_close(m);
+            unlink(tmp);
+        }
+        memcpy(buf, orig, (size_t)sz);
+    }
+    free(buf);
+    free(orig);
+}
+
 int main(void) {
     fixture fx;
     static int32_t tok[MAX_TOK];
@@ -148,6 +198,7 @@ int main(void) {
     hm_model_close(m);
 
     check_missing_tensor(fx.gguf);
+    check_zero_hparams(fx.gguf);
     free(want);
     fixture_close(&fx);
     return test_done();

@@ -72,6 +72,11 @@ static hm_status q35_load(hm_model *m, hm_err *err) {
     HP_INT("block_count", true, 0, &q->n_layer);
     HP_INT("attention.head_count", true, 0, &q->n_head);
     HP_INT("attention.head_count_kv", false, q->n_head, &q->n_head_kv);
+    if (q->n_embd <= 0 || q->n_layer <= 0 || q->n_head <= 0 || q->n_head_kv <= 0) {
+        st = hm_errf(err, HM_ERR_FORMAT, "bad hparams: embedding_length %d, block_count %d, head_count %d and "
+                     "head_count_kv %d must all be > 0", q->n_embd, q->n_layer, q->n_head, q->n_head_kv);
+        goto fail;
+    }
     if (q->n_head % q->n_head_kv) {
         st = hm_errf(err, HM_ERR_FORMAT, "bad hparams: head_count %d is not a multiple of head_count_kv %d",
                      q->n_head, q->n_head_kv);
@@ -85,6 +90,11 @@ static hm_status q35_load(hm_model *m, hm_err *err) {
     }
     HP_INT("expert_count", true, 0, &q->n_expert);
     HP_INT("expert_used_count", true, 0, &q->n_expert_used);
+    if (q->n_expert <= 0 || q->n_expert_used <= 0) {
+        st = hm_errf(err, HM_ERR_FORMAT, "bad hparams: expert_count %d and expert_used_count %d must be > 0",
+                     q->n_expert, q->n_expert_used);
+        goto fail;
+    }
     if (q->n_expert_used > q->n_expert) {
         st = hm_errf(err, HM_ERR_FORMAT, "bad hparams: expert_used_count %d > expert_count %d", q->n_expert_used,
                      q->n_expert);
@@ -103,6 +113,12 @@ static hm_status q35_load(hm_model *m, hm_err *err) {
     HP_INT("ssm.time_step_rank", true, 0, &q->n_v);
     HP_INT("ssm.inner_size", true, 0, &d_inner);
     HP_INT("full_attention_interval", false, 4, &interval);
+    if (q->d_conv <= 0 || q->d_k <= 0 || q->n_k <= 0 || q->n_v <= 0 || d_inner <= 0 || interval <= 0) {
+        st = hm_errf(err, HM_ERR_FORMAT, "bad hparams: ssm.conv_kernel %d, ssm.state_size %d, ssm.group_count %d, "
+                     "ssm.time_step_rank %d, ssm.inner_size %d and full_attention_interval %d must all be > 0",
+                     q->d_conv, q->d_k, q->n_k, q->n_v, d_inner, interval);
+        goto fail;
+    }
     if (q->n_v % q->n_k || d_inner % q->n_v) {
         st = hm_errf(err, HM_ERR_FORMAT,
                      "bad hparams: ssm.time_step_rank %d must be a multiple of ssm.group_count %d and divide "
