@@ -134,8 +134,9 @@ hm_status hm_moe_graph_layer(hm_moe_graph *mg, const hm_model *m, int32_t il, co
                         nx, err);
 }
 
-static hm_status serve(hm_moe_graph *mg, const hm_model *m, hm_pool *pool, hm_moe_route *route,
-                             hm_scratch *scratch, int64_t n_tok, hm_err *err) {
+/* The host's part of a launched step: each layer's cold units, in layer order (see moe.h). */
+static hm_status serve(hm_moe_graph *mg, const hm_model *m, hm_pool *pool, hm_moe_route *route, hm_scratch *scratch,
+                       int64_t n_tok, hm_err *err) {
     const size_t NL = (size_t)mg->n_layer, dE = (size_t)mg->dec_cap * (size_t)mg->n_embd;
     const size_t nk = (size_t)n_tok * (size_t)mg->k;
     const uint32_t seq = mg->seq;
