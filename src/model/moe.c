@@ -174,6 +174,19 @@ void hm_moe_job_from_parts(const hm_moe_weights *mw, const hm_unit_parts *p, hm_
     j->down.data = p->p[HM_UNIT_DOWN];
 }
 
+/* One round of the RAM tier: acquire units r->tier_unit[done .. n) (as many as its staging allows,
+ * *n_ready >= 1, their parts in r->parts[done ..]); a round that gets none is HM_ERR_NOMEM. */
+static hm_status acquire_round(hm_ram_tier *t, const hm_moe_weights *mw, hm_moe_route *r, int32_t done, int32_t n,
+                               int32_t *n_ready, hm_err *err) {
+    hm_status st = hm_ram_tier_acquire(t, mw->layer, r->tier_unit + done, r->tier_ntok + done, n - done,
+                                       r->parts + done, n_ready, err);
+    if (st != HM_OK) return st;
+    if (*n_ready <= 0)
+        return hm_errf(err, HM_ERR_NOMEM, "layer %d: the RAM tier has no free staging buffer for %d units "
+                       "(raise --ram-budget)", (int)mw->layer, (int)(n - done));
+    return HM_OK;
+}
+
 hm_status hm_moe_run_cold(const hm_model *m, hm_pool *pool, const hm_moe_weights *mw, hm_moe_route *r, int32_t n,
                           const float *x, float *out, hm_scratch *scratch, hm_err *err) {
     hm_ram_tier *t = m->ram;
@@ -183,12 +196,8 @@ hm_status hm_moe_run_cold(const hm_model *m, hm_pool *pool, const hm_moe_weights
     }
     for (int32_t done = 0; done < n;) {
         int32_t n_ready = 0;
-        hm_status st = hm_ram_tier_acquire(t, mw->layer, r->tier_unit + done, r->tier_ntok + done, n - done,
-                                           r->parts + done, &n_ready, err);
+        hm_status st = acquire_round(t, mw, r, done, n, &n_ready, err);
         if (st != HM_OK) return st;
-        if (n_ready <= 0)
-            return hm_errf(err, HM_ERR_NOMEM, "layer %d: the RAM tier has no free staging buffer for %d units "
-                           "(raise --ram-budget)", (int)mw->layer, (int)(n - done));
         for (int32_t i = done; i < done + n_ready; i++) hm_moe_job_from_parts(mw, &r->parts[i], &r->jobs[i]);
         run_jobs(pool, mw, r->jobs + done, n_ready, x, r->n_tok, out, scratch);
         hm_ram_tier_release(t, mw->layer, r->tier_unit + done, n_ready);
@@ -248,12 +257,8 @@ hm_status hm_moe_forward(const hm_model *m, hm_pool *pool, const hm_moe_weights 
     while (i0 < r->n_units) {
         int32_t n_ready = 0;
         if (done < n) {
-            hm_status st = hm_ram_tier_acquire(t, mw->layer, r->tier_unit + done, r->tier_ntok + done, n - done,
-                                               r->parts + done, &n_ready, err);
+            hm_status st = acquire_round(t, mw, r, done, n, &n_ready, err);
             if (st != HM_OK) return st;
-            if (n_ready <= 0)
-                return hm_errf(err, HM_ERR_NOMEM, "layer %d: the RAM tier has no free staging buffer for %d "
-                               "units (raise --ram-budget)", (int)mw->layer, (int)(n - done));
         }
         if (pf) { /* after the first acquire (its reads are out), before the compute */
             prefetch_next(t, pool, mw, r, next_router, x, scratch);
