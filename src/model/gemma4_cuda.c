@@ -410,6 +410,55 @@ static hm_status moe_block(const hm_model *m, g4_state *s, hm_pool *pool, int32_
  * captured once and replayed (every row wants logits: no compaction); bit-identical to it. The
  * graph's key is the attention's KV split of the sliding and of the global layers. */
 
+/* Layer il's attention input for n rows, both paths: g->h = rmsnorm(x), Q, K and V (K = V on a
+ * layer without wv, copied before the norms), the per-head q/k norms and the weightless v norm,
+ * RoPE (proportional on global layers), the K/V ring write. */
+static hm_status attn_in(const hm_model *m, g4_state *s, int32_t il, int64_t n, const int32_t *pos_d, hm_err *err) {
+    const g4_model *q = m->impl;
+    const g4_gpu *d = m->gpu->arch;
+    const g4_layer *L = &q->layers[il];
+    const g4_gpu_layer *D = &d->layers[il];
+    g4_gstate *g = s->gpu;
+    hm_cuda_ctx *c = g->c;
+    const int hd = L->hd, nkv = L->n_kv, nh = q->n_head;
+    const g4_kv *kl = &s->kvl[il];
+    uint16_t *kc = g->kv + kl->off, *vc = kc + kl->elems;
+    const float *ff = L->swa ? NULL : d->rope_ff;
+    hm_status st;
+    if ((st = hm_cuda_rmsnorm(c, g->x, D->attn_norm, g->h, n, q->n_embd, q->eps, err)) != HM_OK) return st;
+    if ((st = hm_cuda_matmul(c, &D->wq, g->h, n, g->q, err)) != HM_OK) return st;
+    if ((st = hm_cuda_matmul(c, &D->wk, g->h, n, g->k, err)) != HM_OK) return st;
+    st = D->wv.data ? hm_cuda_matmul(c, &D->wv, g->h, n, g->v, err)
+                    : hm_cuda_copy(c, g->v, g->k, (size_t)(n * nkv * hd) * sizeof(float), err);
+    if (st != HM_OK) return st;
+    if ((st = hm_cuda_rmsnorm_heads(c, g->q, D->q_norm, n, nh, hd, q->eps, err)) != HM_OK) return st;
+    if ((st = hm_cuda_rmsnorm_heads(c, g->k, D->k_norm, n, nkv, hd, q->eps, err)) != HM_OK) return st;
+    if ((st = hm_cuda_rmsnorm(c, g->v, NULL, g->v, n * nkv, hd, q->eps, err)) != HM_OK) return st;
+    if ((st = hm_cuda_rope_neox_ff(c, g->q, n, nh, hd, L->n_rot, pos_d, L->theta, ff, err)) != HM_OK) return st;
+    if ((st = hm_cuda_rope_neox_ff(c, g->k, n, nkv, hd, L->n_rot, pos_d, L->theta, ff, err)) != HM_OK) return st;
+    return hm_cuda_kv_write_ring(c, kc, vc, kl->cap, nkv, hd, g->k, g->v, n, pos_d, err);
+}
+
+/* After the attention of layer il on n rows, both paths: Wo, the post-attention norm and the
+ * residual (x = attn_out), then the dense GELU MLP of rmsnorm(x) * ffn_norm into g->mo. */
+static hm_status attn_out_mlp(const hm_model *m, g4_state *s, int32_t il, int64_t n, hm_err *err) {
+    const g4_model *q = m->impl;
+    const g4_layer *L = &q->layers[il];
+    const g4_gpu_layer *D = &((const g4_gpu *)m->gpu->arch)->layers[il];
+    g4_gstate *g = s->gpu;
+    hm_cuda_ctx *c = g->c;
+    const int64_t E = q->n_embd;
+    hm_status st;
+    if ((st = hm_cuda_matmul(c, &D->wo, g->att, n, g->mo, err)) != HM_OK) return st;
+    if ((st = hm_cuda_rmsnorm(c, g->mo, D->post_attn_norm, g->mo, n, E, q->eps, err)) != HM_OK) return st;
+    if ((st = hm_cuda_add(c, g->x, g->mo, g->x, n * E, err)) != HM_OK) return st;
+    if ((st = hm_cuda_rmsnorm(c, g->x, D->ffn_norm, g->h, n, E, q->eps, err)) != HM_OK) return st;
+    if ((st = hm_cuda_matmul(c, &D->gate, g->h, n, g->gt, err)) != HM_OK) return st;
+    if ((st = hm_cuda_matmul(c, &D->up, g->h, n, g->up, err)) != HM_OK) return st;
+    if ((st = hm_cuda_gelu_mul(c, g->gt, g->up, g->gt, n * L->n_ff, err)) != HM_OK) return st;
+    return hm_cuda_matmul(c, &D->down, g->gt, n, g->mo, err);
+}
+
 typedef struct g4_step {
     const hm_model *m;
     g4_state *s;
@@ -438,27 +487,10 @@ static hm_status enqueue_step(void *ctx, hm_err *err) {
         const int hd = L->hd, nkv = L->n_kv;
         const g4_kv *kl = &s->kvl[il];
         uint16_t *kc = g->kv + kl->off, *vc = kc + kl->elems;
-        CK(hm_cuda_rmsnorm(c, g->x, D->attn_norm, g->h, n, E, q->eps, err));
-        CK(hm_cuda_matmul(c, &D->wq, g->h, n, g->q, err));
-        CK(hm_cuda_matmul(c, &D->wk, g->h, n, g->k, err));
-        if (D->wv.data) CK(hm_cuda_matmul(c, &D->wv, g->h, n, g->v, err));
-        else CK(hm_cuda_copy(c, g->v, g->k, (size_t)(n * nkv * hd) * sizeof(float), err));
-        CK(hm_cuda_rmsnorm_heads(c, g->q, D->q_norm, n, nh, hd, q->eps, err));
-        CK(hm_cuda_rmsnorm_heads(c, g->k, D->k_norm, n, nkv, hd, q->eps, err));
-        CK(hm_cuda_rmsnorm(c, g->v, NULL, g->v, n * nkv, hd, q->eps, err));
-        CK(hm_cuda_rope_neox_ff(c, g->q, n, nh, hd, L->n_rot, pos_d, L->theta, L->swa ? NULL : d->rope_ff, err));
-        CK(hm_cuda_rope_neox_ff(c, g->k, n, nkv, hd, L->n_rot, pos_d, L->theta, L->swa ? NULL : d->rope_ff, err));
-        CK(hm_cuda_kv_write_ring(c, kc, vc, kl->cap, nkv, hd, g->k, g->v, n, pos_d, err));
+        CK(attn_in(m, s, il, n, pos_d, err));
         CK(hm_cuda_gemma_attention(c, g->q, n, pos_d, p->kv_len, kc, vc, kl->cap, L->swa ? q->window : 0, nh, nkv, hd,
                                    1.0f, g->att, g->scratch, g->scratch_size, err));
-        CK(hm_cuda_matmul(c, &D->wo, g->att, n, g->mo, err));
-        CK(hm_cuda_rmsnorm(c, g->mo, D->post_attn_norm, g->mo, n, E, q->eps, err));
-        CK(hm_cuda_add(c, g->x, g->mo, g->x, n * E, err));
-        CK(hm_cuda_rmsnorm(c, g->x, D->ffn_norm, g->h, n, E, q->eps, err));
-        CK(hm_cuda_matmul(c, &D->gate, g->h, n, g->gt, err));
-        CK(hm_cuda_matmul(c, &D->up, g->h, n, g->up, err));
-        CK(hm_cuda_gelu_mul(c, g->gt, g->up, g->gt, n * L->n_ff, err));
-        CK(hm_cuda_matmul(c, &D->down, g->gt, n, g->mo, err));
+        CK(attn_out_mlp(m, s, il, n, err));
         if (L->moe) {
             CK(hm_cuda_rmsnorm(c, g->mo, D->post_ffw_norm_1, g->mo, n, E, q->eps, err));
             int32_t *ids_d = g->sel_all + (size_t)il * g->sel_stride;
@@ -533,17 +565,7 @@ hm_status g4_gpu_forward(const hm_model *m, g4_state *s, hm_pool *pool, const hm
         uint16_t *kc = g->kv + kl->off, *vc = kc + kl->elems;
 
         /* attention block */
-        CK(hm_cuda_rmsnorm(c, g->x, D->attn_norm, g->h, n, E, q->eps, err));
-        CK(hm_cuda_matmul(c, &D->wq, g->h, n, g->q, err));
-        CK(hm_cuda_matmul(c, &D->wk, g->h, n, g->k, err));
-        if (D->wv.data) CK(hm_cuda_matmul(c, &D->wv, g->h, n, g->v, err));
-        else CK(hm_cuda_copy(c, g->v, g->k, (size_t)(n * nkv * hd) * sizeof(float), err)); /* K = V, before norms */
-        CK(hm_cuda_rmsnorm_heads(c, g->q, D->q_norm, n, nh, hd, q->eps, err));
-        CK(hm_cuda_rmsnorm_heads(c, g->k, D->k_norm, n, nkv, hd, q->eps, err));
-        CK(hm_cuda_rmsnorm(c, g->v, NULL, g->v, n * nkv, hd, q->eps, err));
-        CK(hm_cuda_rope_neox_ff(c, g->q, n, nh, hd, L->n_rot, pos_d, L->theta, L->swa ? NULL : d->rope_ff, err));
-        CK(hm_cuda_rope_neox_ff(c, g->k, n, nkv, hd, L->n_rot, pos_d, L->theta, L->swa ? NULL : d->rope_ff, err));
-        CK(hm_cuda_kv_write_ring(c, kc, vc, kl->cap, nkv, hd, g->k, g->v, n, pos_d, err));
+        CK(attn_in(m, s, il, n, pos_d, err));
 
         if (il == q->n_layer - 1 && n_out < n) {
             /* last layer: only the wanted rows go on (out_rows ascend: copying forward is safe) */
@@ -564,16 +586,7 @@ hm_status g4_gpu_forward(const hm_model *m, g4_state *s, hm_pool *pool, const hm
         }
         CK(hm_cuda_gemma_attention(c, g->q, nr, pos, kv_len, kc, vc, kl->cap, L->swa ? q->window : 0, nh, nkv, hd,
                                    1.0f, g->att, g->scratch, g->scratch_size, err));
-        CK(hm_cuda_matmul(c, &D->wo, g->att, nr, g->mo, err));
-        CK(hm_cuda_rmsnorm(c, g->mo, D->post_attn_norm, g->mo, nr, E, q->eps, err));
-        CK(hm_cuda_add(c, g->x, g->mo, g->x, nr * E, err)); /* x = attn_out */
-
-        /* dense MLP */
-        CK(hm_cuda_rmsnorm(c, g->x, D->ffn_norm, g->h, nr, E, q->eps, err));
-        CK(hm_cuda_matmul(c, &D->gate, g->h, nr, g->gt, err));
-        CK(hm_cuda_matmul(c, &D->up, g->h, nr, g->up, err));
-        CK(hm_cuda_gelu_mul(c, g->gt, g->up, g->gt, nr * L->n_ff, err));
-        CK(hm_cuda_matmul(c, &D->down, g->gt, nr, g->mo, err));
+        CK(attn_out_mlp(m, s, il, nr, err)); /* x = attn_out; mo = the dense MLP's output */
 
         if (L->moe) {
             CK(hm_cuda_rmsnorm(c, g->mo, D->post_ffw_norm_1, g->mo, nr, E, q->eps, err));

@@ -412,6 +412,22 @@ static void record_routing(const hm_model *m, const q35_gstate *g, int32_t n_rec
  * q35_gpu_forward below, captured once and replayed (every row wants logits: no compaction);
  * bit-identical to the per-launch path. */
 
+/* The MoE block's input side for n rows, both paths: x += the mixer's output (g->h), g->h =
+ * rmsnorm(x) * post_norm, the router's logits into g->rlog, and the shared expert (gated by the
+ * sigmoid of its own logit) added into x. */
+static hm_status moe_in(const q35_model *q, const q35_gpu_layer *D, q35_gstate *g, int64_t n, hm_err *err) {
+    hm_cuda_ctx *c = g->c;
+    hm_status st;
+    if ((st = hm_cuda_add_rmsnorm(c, g->x, g->h, D->post_norm, g->h, n, q->n_embd, q->eps, err)) != HM_OK) return st;
+    if ((st = mm(c, &D->router, g->h, n, g->rlog, err)) != HM_OK) return st;
+    if ((st = mm(c, &D->sh_gate, g->h, n, g->shg, err)) != HM_OK) return st;
+    if ((st = mm(c, &D->sh_up, g->h, n, g->shu, err)) != HM_OK) return st;
+    if ((st = mm(c, &D->sh_inp, g->h, n, g->shs, err)) != HM_OK) return st;
+    if ((st = hm_cuda_swiglu(c, g->shg, g->shu, g->shg, n * q->n_ff_sh, err)) != HM_OK) return st;
+    if ((st = mm(c, &D->sh_down, g->shg, n, g->sho, err)) != HM_OK) return st;
+    return hm_cuda_add_sigmoid_scaled(c, g->x, g->sho, g->shs, n, q->n_embd, err);
+}
+
 typedef struct q35_step {
     const hm_model *m;
     q35_state *s;
@@ -456,14 +472,7 @@ static hm_status enqueue_step(void *ctx, hm_err *err) {
             CK(hm_cuda_sigmoid_mul(c, g->att, g->gate, n * (int64_t)nq, err));
             CK(mm(c, &D->wo, g->att, n, g->h, err));
         }
-        CK(hm_cuda_add_rmsnorm(c, g->x, g->h, D->post_norm, g->h, n, E, q->eps, err));
-        CK(mm(c, &D->router, g->h, n, g->rlog, err));
-        CK(mm(c, &D->sh_gate, g->h, n, g->shg, err));
-        CK(mm(c, &D->sh_up, g->h, n, g->shu, err));
-        CK(mm(c, &D->sh_inp, g->h, n, g->shs, err));
-        CK(hm_cuda_swiglu(c, g->shg, g->shu, g->shg, n * q->n_ff_sh, err));
-        CK(mm(c, &D->sh_down, g->shg, n, g->sho, err));
-        CK(hm_cuda_add_sigmoid_scaled(c, g->x, g->sho, g->shs, n, E, err));
+        CK(moe_in(q, D, g, n, err));
         int32_t *ids_d = g->sel_all + (size_t)il * g->sel_stride;
         float *w_d = (float *)(ids_d + nk);
         CK(hm_cuda_router(c, g->rlog, n, q->n_expert, K, true, ids_d, w_d, err));
@@ -563,15 +572,9 @@ hm_status q35_gpu_forward(const hm_model *m, q35_state *s, hm_pool *pool, const 
             CK(mm(c, &D->wo, g->att, nr, g->h, err));
         }
 
-        /* MoE block: x += mixer, h = rmsnorm(x) * post_norm; the shared expert into x; then the units */
-        CK(hm_cuda_add_rmsnorm(c, g->x, g->h, D->post_norm, g->h, nr, E, q->eps, err));
-        CK(mm(c, &D->router, g->h, nr, g->rlog, err));
-        CK(mm(c, &D->sh_gate, g->h, nr, g->shg, err));
-        CK(mm(c, &D->sh_up, g->h, nr, g->shu, err));
-        CK(mm(c, &D->sh_inp, g->h, nr, g->shs, err));
-        CK(hm_cuda_swiglu(c, g->shg, g->shu, g->shg, nr * q->n_ff_sh, err));
-        CK(mm(c, &D->sh_down, g->shg, nr, g->sho, err));
-        CK(hm_cuda_add_sigmoid_scaled(c, g->x, g->sho, g->shs, nr, E, err));
+        /* MoE block: x += mixer, h = rmsnorm(x) * post_norm, router logits, the shared expert into x;
+         * then the units */
+        CK(moe_in(q, D, g, nr, err));
 
         const size_t nk = (size_t)nr * (size_t)K;
         const hm_moe_gpu_buf mb = {.x_dev = g->h,

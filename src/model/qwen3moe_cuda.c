@@ -361,6 +361,29 @@ static void record_routing(const hm_model *m, const q3_gstate *g, int32_t n_rec)
  * kv_len in steps of 256 positions) or the layers with any hot unit. Results are bit-identical to
  * the per-launch path: the same kernels in the same order, the cold sum added after the hot units. */
 
+/* The attention block's input side for n rows, both paths: g->h = rmsnorm(x), Q/K/V (stacked
+ * q|k(|v) in one launch when `dec` and the layer has them: the same kernel per row, the same
+ * results), then the per-head norms, RoPE of q and k and the K/V write in one launch. */
+static hm_status attn_in(const q3_model *q, const q3_gpu_layer *D, q3_state *s, int64_t n, bool dec,
+                         const int32_t *pos_d, uint16_t *kc, uint16_t *vc, hm_err *err) {
+    q3_gstate *g = s->g;
+    hm_cuda_ctx *c = g->c;
+    hm_status st;
+    if ((st = hm_cuda_rmsnorm(c, g->x, D->attn_norm, g->h, n, q->n_embd, q->eps, err)) != HM_OK) return st;
+    if (dec && D->n_qkv >= 2) {
+        float *const ys[3] = {g->q, g->k, g->v};
+        const int64_t rows[3] = {D->wq.ne1, D->wk.ne1, D->wv.ne1};
+        if ((st = hm_cuda_matvec_multi(c, &D->wqkv, g->h, n, D->n_qkv, ys, rows, err)) != HM_OK) return st;
+        if (D->n_qkv < 3 && (st = hm_cuda_matmul(c, &D->wv, g->h, n, g->v, err)) != HM_OK) return st;
+    } else {
+        if ((st = hm_cuda_matmul(c, &D->wq, g->h, n, g->q, err)) != HM_OK) return st;
+        if ((st = hm_cuda_matmul(c, &D->wk, g->h, n, g->k, err)) != HM_OK) return st;
+        if ((st = hm_cuda_matmul(c, &D->wv, g->h, n, g->v, err)) != HM_OK) return st;
+    }
+    return hm_cuda_qk_norm_rope_kv(c, g->q, g->k, g->v, D->q_norm, D->k_norm, n, q->n_head, q->n_head_kv,
+                                   q->head_dim, q->n_rot, pos_d, q->theta, q->eps, kc, vc, s->n_ctx, err);
+}
+
 typedef struct q3_step {
     const hm_model *m;
     q3_state *s;
@@ -386,19 +409,7 @@ static hm_status enqueue_step(void *ctx, hm_err *err) {
     for (int32_t il = 0; il < q->n_layer; il++) {
         const q3_gpu_layer *D = &d->layers[il];
         uint16_t *kc = g->kv + (size_t)il * 2 * g->kv_layer_elems, *vc = kc + g->kv_layer_elems;
-        CK(hm_cuda_rmsnorm(c, g->x, D->attn_norm, g->h, n, E, q->eps, err));
-        if (D->n_qkv >= 2) {
-            float *const ys[3] = {g->q, g->k, g->v};
-            const int64_t rows[3] = {D->wq.ne1, D->wk.ne1, D->wv.ne1};
-            CK(hm_cuda_matvec_multi(c, &D->wqkv, g->h, n, D->n_qkv, ys, rows, err));
-            if (D->n_qkv < 3) CK(hm_cuda_matmul(c, &D->wv, g->h, n, g->v, err));
-        } else {
-            CK(hm_cuda_matmul(c, &D->wq, g->h, n, g->q, err));
-            CK(hm_cuda_matmul(c, &D->wk, g->h, n, g->k, err));
-            CK(hm_cuda_matmul(c, &D->wv, g->h, n, g->v, err));
-        }
-        CK(hm_cuda_qk_norm_rope_kv(c, g->q, g->k, g->v, D->q_norm, D->k_norm, n, nh, nkv, hd, q->n_rot, pos_d,
-                                   q->theta, q->eps, kc, vc, s->n_ctx, err));
+        CK(attn_in(q, D, s, n, true, pos_d, kc, vc, err));
         CK(hm_cuda_attention(c, g->q, n, pos_d, p->kv_len, kc, vc, s->n_ctx, nh, nkv, hd, scale, g->att, g->scratch,
                              g->scratch_size, err));
         CK(hm_cuda_matmul(c, &D->wo, g->att, n, g->h, err));
@@ -467,21 +478,7 @@ hm_status q3_gpu_forward(const hm_model *m, q3_state *s, hm_pool *pool, const hm
         uint16_t *kc = g->kv + (size_t)il * 2 * g->kv_layer_elems, *vc = kc + g->kv_layer_elems;
 
         /* attention block: Q/K/V of every row (the cache needs all K/V rows) */
-        CK(hm_cuda_rmsnorm(c, g->x, D->attn_norm, g->h, n, E, q->eps, err));
-        if (dec && D->n_qkv >= 2) {
-            /* stacked q|k(|v): one launch (same kernel per row: the same results) */
-            float *const ys[3] = {g->q, g->k, g->v};
-            const int64_t rows[3] = {D->wq.ne1, D->wk.ne1, D->wv.ne1};
-            CK(hm_cuda_matvec_multi(c, &D->wqkv, g->h, n, D->n_qkv, ys, rows, err));
-            if (D->n_qkv < 3) CK(hm_cuda_matmul(c, &D->wv, g->h, n, g->v, err));
-        } else {
-            CK(hm_cuda_matmul(c, &D->wq, g->h, n, g->q, err));
-            CK(hm_cuda_matmul(c, &D->wk, g->h, n, g->k, err));
-            CK(hm_cuda_matmul(c, &D->wv, g->h, n, g->v, err));
-        }
-        /* per-head norms, RoPE of q and k, the K/V write: one launch */
-        CK(hm_cuda_qk_norm_rope_kv(c, g->q, g->k, g->v, D->q_norm, D->k_norm, n, nh, nkv, hd, q->n_rot, pos_d,
-                                   q->theta, q->eps, kc, vc, s->n_ctx, err));
+        CK(attn_in(q, D, s, n, dec, pos_d, kc, vc, err));
 
         if (il == q->n_layer - 1 && n_out < n) {
             /* last layer: only the wanted rows go on (as the CPU's compaction; out_rows ascend,
