@@ -97,6 +97,16 @@ typedef struct hm_experts_opts {
     hm_policy_opts policy;
     const hm_profile *profile;  /* borrowed during open only; static needs it */
     const hm_tier *hot_tier;    /* borrowed, must outlive the store; NULL = bookkeeping only */
+    /* Slot groups (several GPUs, one slot budget each). The slot index space is split into
+     * contiguous groups: group g owns slots [off_g, off_g + group_slots[g]), off_g the sum of the
+     * earlier groups. Each layer's units have a home group (the device running that layer's
+     * attention); they go there first, and with allow_peer into another group when it is full
+     * (a "peer" unit). With groups the pool is not clamped to the unit count. */
+    int32_t n_groups;            /* 0 or 1: one pool (today's behaviour, byte-identical). >1: slot groups */
+    const int64_t *group_slots;  /* [n_groups] (borrowed during open) slots of each group; their sum is the
+                                    pool (hot_slots must equal it, else HM_ERR_ARG) */
+    const int32_t *layer_group;  /* [n_layer] (borrowed during open) the home group of each layer's units */
+    bool allow_peer;             /* a unit may take a slot outside its home group when that one is full */
 } hm_experts_opts;
 
 void hm_experts_opts_default(hm_experts_opts *o); /* 0 slots, policy none */
@@ -167,7 +177,8 @@ void hm_experts_bar(hm_experts *s, int32_t layer, int32_t expert, bool barred);
 
 typedef struct hm_experts_stats {
     int32_t n_layer;
-    int64_t n_slots, n_used;     /* fast pool size and slots holding a unit */
+    int64_t n_slots, n_used;     /* fast pool size (live slots: a shrunk group's dead ones excluded)
+                                    and slots holding a unit */
     int64_t steps;
     uint64_t tokens, prompt_tokens, decode_tokens;
     uint64_t hits, misses;       /* all layers */
@@ -177,6 +188,24 @@ typedef struct hm_experts_stats {
     uint64_t swaps_in, swaps_out, fill_bytes;
 } hm_experts_stats;
 void hm_experts_get_stats(const hm_experts *s, hm_experts_stats *out);
+/* Slot groups (hm_experts_opts.n_groups). Policies with groups: a unit is admitted into a free
+ * slot of its home group, else (allow_peer) of the group with the most free slots (ties: the lower
+ * group), else not at all. lru without peer evicts the least recently used evictable resident of
+ * the unit's home group; online pairs each candidate with the lowest-valued resident whose slot it
+ * may take; static places its ranked units as hm_gpu_plan_place_units (src/model/gpu_split.h)
+ * does: home groups first, the rest of the hot set (peer) to the group with the most room. */
+int32_t hm_experts_n_groups(const hm_experts *s);                 /* 1 without groups */
+int32_t hm_experts_slot_group(const hm_experts *s, int64_t slot); /* group of a slot (0 without groups) */
+/* Per group: live slots, slots holding a unit, of those the units whose home is another group.
+ * Any pointer may be NULL; g out of range gives zeros. */
+void hm_experts_group_stats(const hm_experts *s, int32_t g, int64_t *slots, int64_t *used, int64_t *peer);
+/* Give up the slots of group g past its first keep_slots (as hm_experts_shrink does for the single
+ * pool: units in them are evicted or, if pinned, moved into a free slot of the same group below keep;
+ * HM_ERR_ARG when that is impossible; the slots become dead: never free, never used again).
+ * hm_experts_shrink(s, keep) without groups stays as it is; with groups it is HM_ERR_ARG (use the
+ * per-group one). Without groups, g = 0 is hm_experts_shrink. */
+hm_status hm_experts_shrink_group(hm_experts *s, int32_t g, int64_t keep_slots, hm_err *err);
+
 /* Forget hits/misses (counts and scores stay): to measure after a warm-up. */
 void hm_experts_reset_stats(hm_experts *s);
 

@@ -14,7 +14,14 @@
  *          up to update_rate * n_slots (at least 1) swaps replace the lowest-valued residents with
  *          the highest-valued candidates, each only when the newcomer's value exceeds the
  *          victim's by the hysteresis fraction.
- * No policy admits a barred unit (hm_experts_bar): it is not a candidate and costs no victim. */
+ * No policy admits a barred unit (hm_experts_bar): it is not a candidate and costs no victim.
+ *
+ * Slot groups (several GPUs): a unit goes to its home group's slots, or with allow_peer to another
+ * group's when that one is full (hm_experts_admit_group). static places the ranked units as
+ * hm_gpu_plan_place_units does (home groups first, then the rest of the hot set to the group with
+ * the most room); lru without peer evicts the least recently used resident of the unit's home
+ * group; online pairs each candidate with the lowest-valued resident whose slot it may take. One
+ * group takes the single-pool paths unchanged. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -60,6 +67,61 @@ static int cmp_ranked(const void *a, const void *b) {
     return (x->ui > y->ui) - (x->ui < y->ui);
 }
 
+/* Static with slot groups: the chosen units that are not pinned residents, in rank order, go to
+ * groups by hm_gpu_plan_place_units's rule over each group's room (live slots less its pinned
+ * residents). Without peer all of them walk to their home group while it has room; with peer the
+ * hot set (the first min(count, room) of them) does, and its rest goes to the group with the
+ * most room left (ties: the lower group). Residents in their target group stay; the others leave
+ * (unless pinned), then the missing ones are filled in rank order. chosen[] marks the ranking's
+ * choice (every ranked unit, or the per-layer quotas' picks) and the pinned residents. */
+static hm_status place_groups(hm_experts *s, const ranked *r, int64_t n, uint8_t *chosen, hm_err *err) {
+    const int32_t ng = s->n_groups;
+    int64_t *left = calloc((size_t)ng, sizeof *left);
+    int32_t *target = malloc((size_t)s->n_units * sizeof *target);
+    int32_t *list = malloc((size_t)(n ? n : 1) * sizeof *list);
+    if (!left || !target || !list) {
+        free(left), free(target), free(list);
+        return hm_errf(err, HM_ERR_NOMEM, "static policy: out of memory");
+    }
+    int64_t total = 0, m = 0;
+    for (int32_t g = 0; g < ng; g++) left[g] = s->glive[g];
+    for (int64_t ui = 0; ui < s->n_units; ui++) {
+        target[ui] = -1;
+        const hm_unit *u = &s->u[ui];
+        if (u->hot_slot >= 0 && u->pin) { /* pinned residents stay where they are */
+            const int32_t g = hm_experts_group_of(s, u->hot_slot);
+            target[ui] = g;
+            left[g]--;
+        }
+    }
+    for (int32_t g = 0; g < ng; g++) total += left[g] > 0 ? left[g] : 0;
+    for (int64_t i = 0; i < n; i++) /* the ranked units the ranking chose, pinned residents aside */
+        if (chosen[r[i].ui] && target[r[i].ui] < 0) list[m++] = r[i].ui;
+    const int64_t first = s->allow_peer ? (m < total ? m : total) : m;
+    for (int64_t k = 0; k < first; k++) {
+        const int32_t h = hm_experts_home_group(s, list[k]);
+        if (left[h] > 0) target[list[k]] = h, left[h]--;
+    }
+    for (int64_t k = 0; s->allow_peer && k < first; k++) {
+        if (target[list[k]] >= 0) continue;
+        int32_t best = 0;
+        for (int32_t g = 1; g < ng; g++)
+            if (left[g] > left[best]) best = g;
+        HM_ASSERT(left[best] > 0);
+        target[list[k]] = best, left[best]--;
+    }
+    for (int64_t ui = 0; ui < s->n_units; ui++) { /* make room first */
+        const hm_unit *u = &s->u[ui];
+        if (u->hot_slot >= 0 && !u->pin && hm_experts_group_of(s, u->hot_slot) != target[ui])
+            hm_experts_evict(s, (int32_t)ui);
+    }
+    hm_status st = HM_OK;
+    for (int64_t k = 0; k < m && st == HM_OK; k++) /* rank order: the best first */
+        if (target[list[k]] >= 0 && s->u[list[k]].hot_slot < 0) st = hm_experts_admit_to(s, list[k], target[list[k]], err);
+    free(left), free(target), free(list);
+    return st;
+}
+
 hm_status hm_policy_place_static(hm_experts *s, const uint64_t *counts, hm_err *err) {
     ranked *r = malloc((size_t)s->n_units * sizeof *r);
     uint8_t *chosen = calloc((size_t)s->n_units, 1);
@@ -73,14 +135,16 @@ hm_status hm_policy_place_static(hm_experts *s, const uint64_t *counts, hm_err *
         if (s->u[ui].hot_slot >= 0 && s->u[ui].pin) chosen[ui] = 1, pinned++; /* pinned residents stay */
     }
     qsort(r, (size_t)n, sizeof *r, cmp_ranked);
-    int64_t room = s->n_slots - pinned;
+    int64_t room = s->n_live - pinned;
     if (!s->pol.static_per_layer) {
-        for (int64_t i = 0; i < n && room > 0; i++)
+        /* groups: every ranked unit is a candidate (without peer a group takes the hottest of its
+         * own layers however far down the global ranking they are); place_groups cuts the hot set */
+        for (int64_t i = 0; i < n && (room > 0 || s->n_groups > 1); i++)
             if (!chosen[r[i].ui]) chosen[r[i].ui] = 1, room--;
     } else {
         int32_t n_moe = 0;
         for (int32_t l = 0; l < s->n_layer; l++) n_moe += s->base[l + 1] > s->base[l];
-        int64_t share = n_moe ? s->n_slots / n_moe : 0, extra = n_moe ? s->n_slots % n_moe : 0;
+        int64_t share = n_moe ? s->n_live / n_moe : 0, extra = n_moe ? s->n_live % n_moe : 0;
         /* n_layer >= 1 for any open store; the cast through uint32_t tells the compiler so */
         int32_t *quota = calloc((size_t)(uint32_t)s->n_layer, sizeof *quota);
         if (!quota) {
@@ -97,6 +161,11 @@ hm_status hm_policy_place_static(hm_experts *s, const uint64_t *counts, hm_err *
         }
         free(quota);
     }
+    if (s->n_groups > 1) {
+        hm_status st = place_groups(s, r, n, chosen, err);
+        free(r), free(chosen);
+        return st;
+    }
     for (int64_t ui = 0; ui < s->n_units; ui++) /* make room first: residents not chosen go home */
         if (s->u[ui].hot_slot >= 0 && !chosen[ui]) hm_experts_evict(s, (int32_t)ui);
     hm_status st = HM_OK;
@@ -107,7 +176,7 @@ hm_status hm_policy_place_static(hm_experts *s, const uint64_t *counts, hm_err *
 }
 
 hm_status hm_policy_place(hm_experts *s, bool have_profile, hm_err *err) {
-    if (!s->n_slots || !have_profile || !s->seed_counts) return HM_OK;
+    if (!s->n_live || !have_profile || !s->seed_counts) return HM_OK;
     if (s->pol.kind == HM_POLICY_STATIC || s->pol.warm_start) return hm_policy_place_static(s, s->seed_counts, err);
     return HM_OK;
 }
@@ -120,7 +189,16 @@ static hm_status step_lru(hm_experts *s, hm_err *err) {
     for (int64_t i = 0; i < s->n_touched; i++) {
         int32_t ui = s->touched[i];
         if (s->u[ui].hot_slot >= 0 || s->u[ui].pin || s->u[ui].barred) continue;
-        if (s->n_free == 0) {
+        if (s->n_groups > 1 && !s->allow_peer) { /* groups without peer: the home group's LRU goes */
+            if (!room_for(s, ui)) {
+                const int32_t h = hm_experts_home_group(s, ui);
+                int32_t v = s->tail;
+                while (v >= 0 && (s->u[v].pin || s->u[v].filling || hm_experts_group_of(s, s->u[v].hot_slot) != h))
+                    v = s->prev[v];
+                if (v < 0 || s->u[v].last_step == s->step) continue; /* the group's residents were all used */
+                hm_experts_evict(s, v);
+            }
+        } else if (!room_for(s, ui)) {
             int32_t v = s->tail;
             while (v >= 0 && (s->u[v].pin || s->u[v].filling)) v = s->prev[v];
             if (v < 0 || s->u[v].last_step == s->step) break; /* every resident was used this step */
@@ -147,6 +225,43 @@ static int cmp_cand_desc(const void *a, const void *b) {
 
 static int cmp_cand_asc(const void *a, const void *b) { return -cmp_cand_desc(a, b); }
 
+/* Window swaps with slot groups: each candidate (cand[0..nc) best first) takes the lowest-valued
+ * evictable resident not yet taken (vict[0..nv) ascending) whose slot it may use: one of its home
+ * group without peer (a free slot of that group first, at no victim's cost), any with peer; the
+ * hysteresis rule as for the single pool, a candidate that fails it is passed over. At most
+ * max_swaps units enter. One cursor per group (without peer) walks vict in order. */
+static hm_status swap_groups(hm_experts *s, int64_t nc, int64_t nv, int64_t max_swaps, float gain, hm_err *err) {
+    const int32_t ng = s->n_groups;
+    int64_t cur_buf[16], *cur = ng <= 16 ? cur_buf : calloc((size_t)ng, sizeof *cur);
+    if (!cur) return hm_errf(err, HM_ERR_NOMEM, "online policy: out of memory");
+    for (int32_t g = 0; g < ng; g++) cur[g] = 0;
+    int64_t any = 0, done = 0;
+    hm_status st = HM_OK;
+    for (int64_t i = 0; i < nc && done < max_swaps && st == HM_OK; i++) {
+        const int32_t ui = s->cand[i].ui;
+        if (room_for(s, ui)) { /* a free slot it may use (no peer: its home group's) */
+            st = hm_experts_admit(s, ui, err);
+            done++;
+            continue;
+        }
+        int64_t *c = &any;
+        if (!s->allow_peer) {
+            const int32_t h = hm_experts_home_group(s, ui);
+            c = &cur[h];
+            while (*c < nv && (s->u[s->vict[*c].ui].hot_slot < 0 || /* evicted already (by its group's cursor) */
+                               hm_experts_group_of(s, s->u[s->vict[*c].ui].hot_slot) != h))
+                (*c)++;
+        }
+        if (*c >= nv || !(s->cand[i].value > s->vict[*c].value * gain)) continue;
+        const int32_t v = s->vict[(*c)++].ui;
+        hm_experts_evict(s, v);
+        st = hm_experts_admit(s, ui, err);
+        done++;
+    }
+    if (cur != cur_buf) free(cur);
+    return st;
+}
+
 static hm_status step_online(hm_experts *s, bool window_end, hm_err *err) {
     hm_status st;
     const uint32_t need = (uint32_t)s->pol.admit_misses;
@@ -159,10 +274,11 @@ static hm_status step_online(hm_experts *s, bool window_end, hm_err *err) {
         }
         qsort(s->cand, (size_t)nc, sizeof *s->cand, cmp_cand_desc);
         for (int64_t i = 0; i < nc && s->n_free > 0; i++)
-            if ((st = hm_experts_admit(s, s->cand[i].ui, err))) return st;
+            if (room_for(s, s->cand[i].ui) && (st = hm_experts_admit(s, s->cand[i].ui, err))) return st;
     }
-    if (!window_end || s->n_free > 0) return HM_OK;
-    int64_t max_swaps = (int64_t)((double)s->pol.update_rate * (double)s->n_slots);
+    /* groups without peer: a group may be full while another has free slots nobody may use */
+    if (!window_end || (s->n_free > 0 && (s->n_groups == 1 || s->allow_peer))) return HM_OK;
+    int64_t max_swaps = (int64_t)((double)s->pol.update_rate * (double)s->n_live);
     if (max_swaps < 1) max_swaps = s->pol.update_rate > 0 ? 1 : 0;
     if (!max_swaps) return HM_OK;
     int64_t nc = 0, nv = 0;
@@ -177,6 +293,7 @@ static hm_status step_online(hm_experts *s, bool window_end, hm_err *err) {
     qsort(s->cand, (size_t)nc, sizeof *s->cand, cmp_cand_desc);
     qsort(s->vict, (size_t)nv, sizeof *s->vict, cmp_cand_asc);
     const float gain = 1.0f + s->pol.hysteresis;
+    if (s->n_groups > 1) return swap_groups(s, nc, nv, max_swaps, gain, err);
     for (int64_t i = 0; i < nc && i < nv && i < max_swaps; i++) {
         if (!(s->cand[i].value > s->vict[i].value * gain)) break;
         hm_experts_evict(s, s->vict[i].ui);

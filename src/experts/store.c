@@ -3,7 +3,13 @@
  * Invariants kept here: slot_unit[s] == ui <=> u[ui].hot_slot == s; slot_map[ui] == hot_slot
  * exactly when the fill landed (home == HOT); free_slots holds every slot with slot_unit -1;
  * the recency list holds exactly the units with a hot slot; every slot index is < n_slots (a
- * shrink empties the slots past the new count and drops them from free_slots first). */
+ * shrink empties the slots past the new count and drops them from free_slots first).
+ *
+ * Slot groups (experts_impl.h): every unit is in at most one slot; group g's free stack holds
+ * exactly its live free slots (so free_slots holds exactly the live free slots, n_free their
+ * number), and its dead slots (past glive[g], given up by hm_experts_shrink_group) hold no unit,
+ * so no group holds more units than its live slots; without allow_peer every resident is in a
+ * slot of its home group. One group is the single pool: its stack is today's free stack. */
 #include "experts_impl.h"
 
 #include <inttypes.h>
@@ -90,6 +96,28 @@ hm_status hm_experts_open(hm_experts **out, const hm_units *units, const hm_expe
         return hm_errf(err, HM_ERR_ARG, "the profile has %d layers x %d experts but the model %d x %d", p->n_layer,
                        p->n_expert, units->n_layer, units->n_expert);
     if (check_policy(&o->policy, err) != HM_OK) return HM_ERR_ARG;
+    const int32_t n_groups = o->n_groups > 1 ? o->n_groups : 1;
+    if (o->n_groups < 0) return hm_errf(err, HM_ERR_ARG, "expert store: %d slot groups", (int)o->n_groups);
+    if (n_groups > 1) { /* the pool is exactly the groups' slots (not clamped: the split is the caller's) */
+        if (!o->group_slots || !o->layer_group)
+            return hm_errf(err, HM_ERR_ARG, "expert store: %d slot groups without their %s", (int)n_groups,
+                           o->group_slots ? "layers' home groups" : "slot counts");
+        int64_t sum = 0;
+        for (int32_t g = 0; g < n_groups; g++) {
+            if (o->group_slots[g] < 0 || o->group_slots[g] > INT32_MAX / 2)
+                return hm_errf(err, HM_ERR_ARG, "expert store: slot group %d has %lld slots", (int)g,
+                               (long long)o->group_slots[g]);
+            sum += o->group_slots[g];
+        }
+        if (sum != o->hot_slots || sum > INT32_MAX / 2)
+            return hm_errf(err, HM_ERR_ARG, "expert store: the %d slot groups hold %lld slots but the pool %lld",
+                           (int)n_groups, (long long)sum, (long long)o->hot_slots);
+        for (int32_t l = 0; l < units->n_layer; l++)
+            if (o->layer_group[l] < 0 || o->layer_group[l] >= n_groups)
+                return hm_errf(err, HM_ERR_ARG, "expert store: layer %d's home group %d is not one of the %d slot "
+                               "groups", (int)l, (int)o->layer_group[l], (int)n_groups);
+        n_slots = o->policy.kind == HM_POLICY_NONE ? 0 : sum;
+    }
 
     hm_experts *s = calloc(1, sizeof *s);
     if (!s) return hm_errf(err, HM_ERR_NOMEM, "expert store: out of memory");
@@ -98,6 +126,9 @@ hm_status hm_experts_open(hm_experts **out, const hm_units *units, const hm_expe
     s->n_layer = units->n_layer;
     s->n_units = (int64_t)units->n_units;
     s->n_slots = n_slots;
+    s->n_live = n_slots;
+    s->n_groups = n_groups;
+    s->allow_peer = n_groups > 1 && o->allow_peer;
     s->pol = o->policy;
     if (o->hot_tier) s->tier = *o->hot_tier;
     else s->tier.name = "sim";
@@ -116,8 +147,13 @@ hm_status hm_experts_open(hm_experts **out, const hm_units *units, const hm_expe
     s->layer_hits = calloc(nl, sizeof *s->layer_hits);
     s->layer_misses = calloc(nl, sizeof *s->layer_misses);
     s->layer_resident = calloc(nl, sizeof *s->layer_resident);
+    s->goff = calloc((size_t)n_groups + 1, sizeof *s->goff);
+    s->glive = calloc((size_t)n_groups, sizeof *s->glive);
+    s->gfree = calloc((size_t)n_groups, sizeof *s->gfree);
+    if (n_groups > 1) s->layer_group = malloc(nl * sizeof *s->layer_group);
     if (!s->base || !s->u || !s->slot_map || !s->slot_unit || !s->free_slots || !s->touched || !s->filling ||
-        !s->prev || !s->next || !s->cand || !s->vict || !s->layer_hits || !s->layer_misses || !s->layer_resident) {
+        !s->prev || !s->next || !s->cand || !s->vict || !s->layer_hits || !s->layer_misses || !s->layer_resident ||
+        !s->goff || !s->glive || !s->gfree || (n_groups > 1 && !s->layer_group)) {
         st = hm_errf(err, HM_ERR_NOMEM, "expert store: out of memory for %" PRId64 " units", s->n_units);
         goto fail;
     }
@@ -137,10 +173,16 @@ hm_status hm_experts_open(hm_experts **out, const hm_units *units, const hm_expe
     }
     s->base[s->n_layer] = ui;
     s->head = s->tail = -1;
-    for (int64_t i = 0; i < n_slots; i++) {
-        s->slot_unit[i] = -1;
-        s->free_slots[i] = (int32_t)(n_slots - 1 - i); /* pop order 0, 1, 2, ... */
+    for (int32_t g = 0; g < n_groups; g++) { /* each group's stack pops its slots in order */
+        const int64_t n = n_groups > 1 ? (n_slots ? o->group_slots[g] : 0) : n_slots, off = s->goff[g];
+        for (int64_t i = 0; i < n; i++) {
+            s->slot_unit[off + i] = -1;
+            s->free_slots[off + i] = (int32_t)(off + n - 1 - i); /* pop order off, off + 1, ... */
+        }
+        s->glive[g] = s->gfree[g] = n;
+        s->goff[g + 1] = off + n;
     }
+    if (n_groups > 1) memcpy(s->layer_group, o->layer_group, nl * sizeof *s->layer_group);
     s->n_free = n_slots;
     if (p) { /* kept for a later switch to static (hm_experts_set_policy) */
         if (!(s->seed_counts = malloc(nu * sizeof *s->seed_counts))) {
@@ -163,6 +205,7 @@ void hm_experts_close(hm_experts *s) {
     free(s->base), free(s->u), free(s->slot_map), free(s->slot_unit), free(s->free_slots);
     free(s->touched), free(s->filling), free(s->prev), free(s->next), free(s->cand), free(s->vict);
     free(s->layer_hits), free(s->layer_misses), free(s->layer_resident), free(s->seed_counts);
+    free(s->goff), free(s->glive), free(s->gfree), free(s->layer_group);
     free(s);
 }
 
@@ -176,15 +219,28 @@ static void land(hm_experts *s, int32_t ui) {
     s->layer_resident[u->layer]++;
 }
 
+int32_t hm_experts_group_of(const hm_experts *s, int64_t sl) {
+    int32_t g = 0;
+    while (g + 1 < s->n_groups && sl >= s->goff[g + 1]) g++;
+    return g;
+}
+
 hm_status hm_experts_admit(hm_experts *s, int32_t ui, hm_err *err) {
+    const int32_t g = hm_experts_admit_group(s, ui);
+    HM_ASSERT(g >= 0);
+    return hm_experts_admit_to(s, ui, g, err);
+}
+
+hm_status hm_experts_admit_to(hm_experts *s, int32_t ui, int32_t g, hm_err *err) {
     hm_unit *u = &s->u[ui];
-    HM_ASSERT(s->n_free > 0 && u->hot_slot < 0 && !u->barred);
-    int32_t slot = s->free_slots[s->n_free - 1];
+    HM_ASSERT(g >= 0 && g < s->n_groups && s->gfree[g] > 0 && u->hot_slot < 0 && !u->barred);
+    int32_t slot = s->free_slots[s->goff[g] + s->gfree[g] - 1];
     if (s->tier.fill) {
         hm_unit_ref r = unit_ref(s, ui);
         hm_status st = s->tier.fill(s->tier.ctx, &r, slot, err);
         if (st != HM_OK) return st;
     }
+    s->gfree[g]--;
     s->n_free--;
     s->slot_unit[slot] = ui;
     u->hot_slot = slot;
@@ -215,7 +271,9 @@ void hm_experts_evict(hm_experts *s, int32_t ui) {
         s->layer_resident[u->layer]--;
     }
     s->slot_unit[u->hot_slot] = -1;
-    s->free_slots[s->n_free++] = u->hot_slot;
+    const int32_t g = hm_experts_group_of(s, u->hot_slot);
+    s->free_slots[s->goff[g] + s->gfree[g]++] = u->hot_slot;
+    s->n_free++;
     u->hot_slot = -1;
     u->home = HM_TIER_RAM;
     u->misses = 0;
@@ -279,7 +337,7 @@ hm_status hm_experts_step_end(hm_experts *s, int32_t n_tok, bool prompt, hm_err 
             u->score = u->score * s->pol.decay + (float)u->win;
             u->win = 0;
         }
-    hm_status st = s->n_slots ? hm_policy_step(s, window_end, err) : HM_OK;
+    hm_status st = s->n_live ? hm_policy_step(s, window_end, err) : HM_OK;
     s->n_touched = 0;
     s->step++;
     return st;
@@ -328,8 +386,8 @@ void hm_experts_unpin(hm_experts *s, int32_t layer, int32_t expert) {
 void hm_experts_get_stats(const hm_experts *s, hm_experts_stats *o) {
     memset(o, 0, sizeof *o);
     o->n_layer = s->n_layer;
-    o->n_slots = s->n_slots;
-    o->n_used = s->n_slots - s->n_free;
+    o->n_slots = s->n_live;
+    o->n_used = s->n_live - s->n_free;
     o->steps = s->step;
     o->tokens = s->tokens, o->prompt_tokens = s->prompt_tokens, o->decode_tokens = s->decode_tokens;
     for (int32_t l = 0; l < s->n_layer; l++) o->hits += s->layer_hits[l], o->misses += s->layer_misses[l];
@@ -379,9 +437,10 @@ hm_status hm_experts_trace_close(hm_experts *s, hm_err *err) {
 
 /* ---- shrinking the pool ---- */
 
-/* Move resident, pinned ui into free slot fs (through the tier's fill). Its old slot goes on the
- * free stack; until the new fill lands the unit is computed from RAM. */
-static hm_status move_unit(hm_experts *s, int32_t ui, int64_t fi, hm_err *err) {
+/* Move resident, pinned ui into the free slot free_slots[fi] of its group g's stack (through the
+ * tier's fill). Its old slot (in g too) goes on top of that stack; until the new fill lands the
+ * unit is computed from RAM. */
+static hm_status move_unit(hm_experts *s, int32_t ui, int32_t g, int64_t fi, hm_err *err) {
     hm_unit *u = &s->u[ui];
     const int32_t fs = s->free_slots[fi], hs = u->hot_slot;
     if (s->tier.fill) {
@@ -389,8 +448,9 @@ static hm_status move_unit(hm_experts *s, int32_t ui, int64_t fi, hm_err *err) {
         hm_status st = s->tier.fill(s->tier.ctx, &r, fs, err);
         if (st != HM_OK) return st;
     }
-    memmove(s->free_slots + fi, s->free_slots + fi + 1, (size_t)(s->n_free - fi - 1) * sizeof *s->free_slots);
-    s->free_slots[s->n_free - 1] = hs; /* the stack keeps its size: one slot out, one in */
+    const int64_t top = s->goff[g] + s->gfree[g]; /* one past the group's stack top */
+    memmove(s->free_slots + fi, s->free_slots + fi + 1, (size_t)(top - fi - 1) * sizeof *s->free_slots);
+    s->free_slots[top - 1] = hs; /* the stack keeps its size: one slot out, one in */
     s->slot_unit[hs] = -1;
     s->slot_unit[fs] = ui;
     u->hot_slot = fs;
@@ -417,36 +477,91 @@ static hm_status move_unit(hm_experts *s, int32_t ui, int64_t fi, hm_err *err) {
     return HM_OK;
 }
 
+/* Give up group g's live slots past its first keep (< glive[g]; the callers checked the rest).
+ * One group: the pool itself shrinks (n_slots = keep), as it always did. */
+static hm_status shrink_range(hm_experts *s, int32_t g, int64_t keep, hm_err *err) {
+    const int64_t cut = s->goff[g] + keep, end = s->goff[g] + s->glive[g], fb = s->goff[g];
+    int64_t pinned = 0, free_low = 0;
+    for (int64_t sl = cut; sl < end; sl++)
+        if (s->slot_unit[sl] >= 0 && s->u[s->slot_unit[sl]].pin) pinned++;
+    for (int64_t i = fb; i < fb + s->gfree[g]; i++) free_low += s->free_slots[i] < cut;
+    if (pinned > free_low) {
+        if (s->n_groups > 1)
+            return hm_errf(err, HM_ERR_ARG, "expert store: cannot shrink slot group %d to %lld slots: %lld pinned "
+                           "units in the slots past it, %lld free slots of the group below it", (int)g,
+                           (long long)keep, (long long)pinned, (long long)free_low);
+        return hm_errf(err, HM_ERR_ARG, "expert store: cannot shrink the pool to %lld slots: %lld pinned units "
+                       "in the slots past it, %lld free slots below it", (long long)keep, (long long)pinned,
+                       (long long)free_low);
+    }
+    hm_status st;
+    for (int64_t sl = cut; sl < end; sl++) { /* pinned ones first: a failure changes nothing else */
+        const int32_t ui = s->slot_unit[sl];
+        if (ui < 0 || !s->u[ui].pin) continue;
+        int64_t fi = fb + s->gfree[g] - 1; /* the free slot below the cut nearest the top of the stack */
+        while (s->free_slots[fi] >= cut) fi--;
+        if ((st = move_unit(s, ui, g, fi, err)) != HM_OK) return st;
+    }
+    for (int64_t sl = cut; sl < end; sl++)
+        if (s->slot_unit[sl] >= 0) hm_experts_evict(s, s->slot_unit[sl]);
+    int64_t n = 0; /* the group's stack without the slots that go, in its order */
+    for (int64_t i = fb; i < fb + s->gfree[g]; i++)
+        if (s->free_slots[i] < cut) s->free_slots[fb + n++] = s->free_slots[i];
+    s->n_free -= s->gfree[g] - n;
+    s->gfree[g] = n;
+    s->n_live -= s->glive[g] - keep;
+    s->glive[g] = keep;
+    if (s->n_groups == 1) s->n_slots = s->goff[1] = keep;
+    return HM_OK;
+}
+
 hm_status hm_experts_shrink(hm_experts *s, int64_t keep, hm_err *err) {
     if (keep < 0) return hm_errf(err, HM_ERR_ARG, "expert store: shrink to %lld slots", (long long)keep);
     if (s->n_touched > 0)
         return hm_errf(err, HM_ERR_ARG, "the expert pool can shrink only between steps (%lld units were routed "
                        "since the last step end)", (long long)s->n_touched);
+    if (s->n_groups > 1)
+        return hm_errf(err, HM_ERR_ARG, "expert store: the pool has %d slot groups: shrink each one "
+                       "(hm_experts_shrink_group)", (int)s->n_groups);
     if (keep >= s->n_slots) return HM_OK;
-    int64_t pinned = 0, free_low = 0;
-    for (int64_t sl = keep; sl < s->n_slots; sl++)
-        if (s->slot_unit[sl] >= 0 && s->u[s->slot_unit[sl]].pin) pinned++;
-    for (int64_t i = 0; i < s->n_free; i++) free_low += s->free_slots[i] < keep;
-    if (pinned > free_low)
-        return hm_errf(err, HM_ERR_ARG, "expert store: cannot shrink the pool to %lld slots: %lld pinned units "
-                       "in the slots past it, %lld free slots below it", (long long)keep, (long long)pinned,
-                       (long long)free_low);
-    hm_status st;
-    for (int64_t sl = keep; sl < s->n_slots; sl++) { /* pinned ones first: a failure changes nothing else */
-        const int32_t ui = s->slot_unit[sl];
-        if (ui < 0 || !s->u[ui].pin) continue;
-        int64_t fi = s->n_free - 1; /* the free slot below keep nearest the top of the stack */
-        while (s->free_slots[fi] >= keep) fi--;
-        if ((st = move_unit(s, ui, fi, err)) != HM_OK) return st;
+    return shrink_range(s, 0, keep, err);
+}
+
+hm_status hm_experts_shrink_group(hm_experts *s, int32_t g, int64_t keep, hm_err *err) {
+    if (g < 0 || g >= s->n_groups)
+        return hm_errf(err, HM_ERR_ARG, "expert store: no slot group %d (%d groups)", (int)g, (int)s->n_groups);
+    if (s->n_groups == 1) return hm_experts_shrink(s, keep, err);
+    if (keep < 0)
+        return hm_errf(err, HM_ERR_ARG, "expert store: shrink slot group %d to %lld slots", (int)g, (long long)keep);
+    if (s->n_touched > 0)
+        return hm_errf(err, HM_ERR_ARG, "a slot group can shrink only between steps (%lld units were routed "
+                       "since the last step end)", (long long)s->n_touched);
+    if (keep >= s->glive[g]) return HM_OK;
+    return shrink_range(s, g, keep, err);
+}
+
+/* ---- slot groups ---- */
+
+int32_t hm_experts_n_groups(const hm_experts *s) { return s->n_groups; }
+
+int32_t hm_experts_slot_group(const hm_experts *s, int64_t slot) {
+    return slot >= 0 && slot < s->n_slots ? hm_experts_group_of(s, slot) : 0;
+}
+
+void hm_experts_group_stats(const hm_experts *s, int32_t g, int64_t *slots, int64_t *used, int64_t *peer) {
+    int64_t n = 0, nu = 0, np = 0;
+    if (g >= 0 && g < s->n_groups) {
+        n = s->glive[g];
+        for (int64_t sl = s->goff[g]; sl < s->goff[g] + s->glive[g]; sl++) {
+            const int32_t ui = s->slot_unit[sl];
+            if (ui < 0) continue;
+            nu++;
+            np += hm_experts_home_group(s, ui) != g;
+        }
     }
-    for (int64_t sl = keep; sl < s->n_slots; sl++)
-        if (s->slot_unit[sl] >= 0) hm_experts_evict(s, s->slot_unit[sl]);
-    int64_t n = 0; /* the free stack without the slots that go, in its order */
-    for (int64_t i = 0; i < s->n_free; i++)
-        if (s->free_slots[i] < keep) s->free_slots[n++] = s->free_slots[i];
-    s->n_free = n;
-    s->n_slots = keep;
-    return HM_OK;
+    if (slots) *slots = n;
+    if (used) *used = nu;
+    if (peer) *peer = np;
 }
 
 /* ---- policy switch ---- */
@@ -461,7 +576,7 @@ hm_status hm_experts_set_policy(hm_experts *s, hm_policy_kind kind, const hm_pol
         return hm_errf(err, HM_ERR_ARG, "the placement policy can change only between steps (%lld units were "
                        "routed since the last step end)", (long long)s->n_touched);
     uint64_t *live = NULL;
-    if (kind == HM_POLICY_STATIC && s->n_slots && !s->seed_counts) { /* re-seed from what was counted */
+    if (kind == HM_POLICY_STATIC && s->n_live && !s->seed_counts) { /* re-seed from what was counted */
         if (!(live = malloc((size_t)s->n_units * sizeof *live)))
             return hm_errf(err, HM_ERR_NOMEM, "policy switch: out of memory");
         for (int64_t i = 0; i < s->n_units; i++) live[i] = s->u[i].count;
@@ -471,7 +586,7 @@ hm_status hm_experts_set_policy(hm_experts *s, hm_policy_kind kind, const hm_pol
     if (kind == HM_POLICY_NONE) { /* the pool empties (pinned units stay) */
         for (int64_t ui = 0; ui < s->n_units; ui++)
             if (s->u[ui].hot_slot >= 0 && !s->u[ui].pin) hm_experts_evict(s, (int32_t)ui);
-    } else if (kind == HM_POLICY_STATIC && s->n_slots) {
+    } else if (kind == HM_POLICY_STATIC && s->n_live) {
         st = hm_policy_place_static(s, live ? live : s->seed_counts, err);
     } /* online, lru: the residents stay; scores, misses and recency go on */
     free(live);
