@@ -1,9 +1,14 @@
 /* bench_cuda_decode.c - GPU time of each CUDA op of one decode layer (one token) at the qwen36-geom
  * shape (hotmoe synth --preset qwen36-geom: n_embd 2048, 32 q / 4 kv heads of 128, rope theta 1e7,
  * 256 experts top-8 of n_ff 512; q4_K attention, f32 router, q4_K/q6_K experts), the pre-rewrite
- * kernels (OLD) beside the default ones (NEW), through the hm_cuda_set_kern test hook.
+ * f32 kernels (OLD, NEW) beside the int8 ones the engine runs (DEFAULT: "q8 v1", the first int8
+ * kernels, and "q8", the current ones), through the hm_cuda_set_kern and hm_cuda_q8_set_variant
+ * test hooks. Ops without an int8 kernel run NEW under both q8 columns.
  *
- *   bench_cuda_decode [-n CALLS] [-r BATCHES] [-pos POS]
+ *   bench_cuda_decode [-n CALLS] [-r BATCHES] [-pos POS] [-ff N_FF]
+ *
+ * -ff sets the experts' n_ff (512 by default; Qwen3-30B-A3B has 768). After the layer, the same
+ * columns for big matrices alone (4096 x 4096 q4_K and q6_K, cold), with the GB/s of weight bytes.
  *
  * Hot: every call on the same buffers (L2-resident after the first). Cold: call i on copy
  * i % C of the op's whole working set (inputs, weights, cache, outputs), C copies filling >= 192
@@ -41,13 +46,16 @@ int main(void) {
 #define HD 128
 #define N_EXPERT 256
 #define K_USED 8
-#define N_FF 512
+static int64_t N_FF = 512; /* -ff */
 #define N_CTX 4096
 #define COLD_BYTES ((size_t)192 << 20)
 #define N_ROUTE 64
 
 static hm_cuda_ctx *ctx;
 static hm_err err;
+
+/* Test hook defined in cuda_matvec.cu: 1 = the first int8 decode kernels, 0 = the current ones. */
+void hm_cuda_q8_set_variant(int v);
 
 #define CK(call)                                                                              \
     do {                                                                                      \
@@ -70,6 +78,8 @@ static size_t al256(size_t n) { return (n + 255) & ~(size_t)255; }
 typedef struct op op;
 struct op {
     const char *name;
+    int wtype;        /* the big-matrix ops: weight type, ne0 x ne1 */
+    int64_t ne0, ne1;
     size_t set;
     size_t o[8];
     int copies;
@@ -130,6 +140,11 @@ static void run_router_mv(const op *p, int c, bool hot) {
     const hm_cuda_mat w = {at(p, c, 0), HM_TYPE_F32, N_EMBD, N_EXPERT, hm_row_size(HM_TYPE_F32, N_EMBD)};
     CK(hm_cuda_matmul(ctx, &w, (float *)at(p, c, 1), 1, (float *)at(p, c, 2), &err));
 }
+static void run_big(const op *p, int c, bool hot) {
+    (void)hot;
+    const hm_cuda_mat w = {at(p, c, 0), p->wtype, p->ne0, p->ne1, hm_row_size(p->wtype, p->ne0)};
+    CK(hm_cuda_matmul(ctx, &w, (float *)at(p, c, 1), 1, (float *)at(p, c, 2), &err));
+}
 static void run_moe(const op *p, int c, bool hot) {
     (void)c;
     const int r = hot ? 0 : g_call++ % N_ROUTE;
@@ -188,15 +203,17 @@ static int cmp_d(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
-/* Median over `reps` batches of n calls, in us. */
+/* Median over `reps` batches of n calls, in us; kern < 0: DEFAULT with int8 variant -1 - kern. */
 static double time_op(const op *p, int kern, bool hot, int n, int reps) {
-    hm_cuda_set_kern(ctx, kern);
+    hm_cuda_q8_set_variant(kern < 0 ? -1 - kern : 0);
+    hm_cuda_set_kern(ctx, kern < 0 ? HM_CUDA_KERN_DEFAULT : kern);
     int cidx = 0;
     double t[64];
     if (reps > 64) reps = 64;
     (void)time_batch(p, n < 20 ? n : 20, hot, &cidx); /* warm-up */
     for (int r = 0; r < reps; r++) t[r] = time_batch(p, n, hot, &cidx);
     hm_cuda_set_kern(ctx, HM_CUDA_KERN_DEFAULT);
+    hm_cuda_q8_set_variant(0);
     qsort(t, (size_t)reps, sizeof t[0], cmp_d);
     return t[reps / 2] * 1e6;
 }
@@ -207,13 +224,15 @@ int main(int argc, char **argv) {
         if (!strcmp(argv[i], "-n") && i + 1 < argc) n = atoi(argv[++i]);
         else if (!strcmp(argv[i], "-r") && i + 1 < argc) reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "-pos") && i + 1 < argc) pos = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "-ff") && i + 1 < argc) N_FF = atoi(argv[++i]);
         else {
-            fprintf(stderr, "usage: bench_cuda_decode [-n CALLS] [-r BATCHES] [-pos POS (< %d)]\n", N_CTX);
+            fprintf(stderr, "usage: bench_cuda_decode [-n CALLS] [-r BATCHES] [-pos POS (< %d)] [-ff N_FF (256k)]\n",
+                    N_CTX);
             return 2;
         }
     }
-    if (n < 1 || reps < 1 || pos < 0 || pos >= N_CTX) {
-        fprintf(stderr, "bench_cuda_decode: bad -n / -r / -pos\n");
+    if (n < 1 || reps < 1 || pos < 0 || pos >= N_CTX || N_FF < 256 || N_FF % 256) {
+        fprintf(stderr, "bench_cuda_decode: bad -n / -r / -pos / -ff\n");
         return 2;
     }
     if (hm_cuda_device_count() == 0) {
@@ -247,7 +266,7 @@ int main(int argc, char **argv) {
     const size_t qkv_w = hm_row_size(HM_TYPE_Q4_K, N_EMBD) * (N_HEAD + 2 * N_KV) * HD;
     const size_t wo_w = hm_row_size(HM_TYPE_Q4_K, N_HEAD * HD) * N_EMBD;
     const size_t rt_w = hm_row_size(HM_TYPE_F32, N_EMBD) * N_EXPERT;
-    op ops[9];
+    op ops[11];
     int n_ops = 0;
 #define OP(NAME, RUN, ...)                                                                     \
     do {                                                                                       \
@@ -267,6 +286,13 @@ int main(int argc, char **argv) {
     OP("matvec router f32", run_router_mv, rt_w, fe, sizeof(float) * N_EXPERT);
     OP("router softmax top-8", run_router, sizeof(float) * N_EXPERT, sizeof(int32_t) * K_USED, sizeof(float) * K_USED);
     OP("moe_dev q4_K/q6_K", run_moe, fe, fe);
+    const int n_layer_ops = n_ops;
+    const int64_t big = 4096;
+    OP("matvec 4096^2 q4_K", run_big, hm_row_size(HM_TYPE_Q4_K, big) * big, sizeof(float) * big, sizeof(float) * big);
+    ops[n_ops - 1].wtype = HM_TYPE_Q4_K;
+    OP("matvec 4096^2 q6_K", run_big, hm_row_size(HM_TYPE_Q6_K, big) * big, sizeof(float) * big, sizeof(float) * big);
+    ops[n_ops - 1].wtype = HM_TYPE_Q6_K;
+    for (int i = n_layer_ops; i < n_ops; i++) ops[i].ne0 = ops[i].ne1 = big;
 #undef OP
 
     /* the MoE's experts: one arena of all 256 (~0.5 GB), routings random over them */
@@ -304,28 +330,44 @@ int main(int argc, char **argv) {
     CK(hm_cuda_upload(ctx, g_ids, ids, sizeof ids, &err));
     CK(hm_cuda_upload(ctx, g_wts, wts, sizeof wts, &err));
 
-    printf("decode ops at qwen36-geom, 1 token at position %d; GPU us per call, median of %d batches of %d "
-           "back-to-back calls\n", pos, reps, n);
-    printf("%-24s %9s %9s %9s %9s\n", "op", "hot OLD", "hot NEW", "cold OLD", "cold NEW");
-    double sum[4] = {0, 0, 0, 0};
+    printf("decode ops at qwen36-geom (experts' n_ff %lld), 1 token at position %d; GPU us per call, median of %d "
+           "batches of %d back-to-back calls\n", (long long)N_FF, pos, reps, n);
+    /* columns: hot OLD, NEW, q8 v1, q8, then the same cold */
+    const int kerns[4] = {HM_CUDA_KERN_OLD, HM_CUDA_KERN_NEW, -2, -1};
+    printf("%-24s %8s %8s %8s %8s %9s %8s %8s %8s\n", "op", "hot OLD", "NEW", "q8 v1", "q8", "cold OLD", "NEW",
+           "q8 v1", "q8");
+    double sum[8] = {0, 0, 0, 0, 0, 0, 0, 0};
     for (int i = 0; i < n_ops; i++) {
         op *p = &ops[i];
+        if (i == n_layer_ops) {
+            printf("%-24s %8.2f %8.2f %8.2f %8.2f %9.2f %8.2f %8.2f %8.2f\n", "layer (sum)", sum[0], sum[1], sum[2],
+                   sum[3], sum[4], sum[5], sum[6], sum[7]);
+            printf("%-24s %8.1f %8.1f %8.1f %8.1f %9.1f %8.1f %8.1f %8.1f  (us per token, 40 layers, no head)\n",
+                   "x 40 layers", 40 * sum[0], 40 * sum[1], 40 * sum[2], 40 * sum[3], 40 * sum[4], 40 * sum[5],
+                   40 * sum[6], 40 * sum[7]);
+        }
         const bool moe = p->run == run_moe;
         p->copies = moe ? 1 : (int)((COLD_BYTES + p->set - 1) / p->set);
         if (p->copies < 2 && !moe) p->copies = 2;
         CK(hm_cuda_alloc(ctx, p->set * (size_t)p->copies, (void **)&p->arena, &err));
         /* 0x3c: f32 ~0.0115, f16 ~1.06, sane q4_K scales; the KV rows and the routing are valid */
         CK(hm_cuda_memset(ctx, p->arena, 0x3c, p->set * (size_t)p->copies, &err));
-        double t[4];
-        for (int k = 0; k < 4; k++)
-            t[k] = time_op(p, k & 1 ? HM_CUDA_KERN_NEW : HM_CUDA_KERN_OLD, k < 2, n, reps);
-        printf("%-24s %9.2f %9.2f %9.2f %9.2f\n", p->name, t[0], t[1], t[2], t[3]);
-        for (int k = 0; k < 4; k++) sum[k] += t[k];
+        double t[8];
+        for (int k = 0; k < 8; k++) t[k] = time_op(p, kerns[k & 3], k < 4, n, reps);
+        printf("%-24s %8.2f %8.2f %8.2f %8.2f %9.2f %8.2f %8.2f %8.2f\n", p->name, t[0], t[1], t[2], t[3], t[4], t[5],
+               t[6], t[7]);
+        /* bytes of weights per call: the big matrices, and the MoE's 8 experts */
+        const double wb = p->run == run_big ? (double)hm_row_size(p->wtype, p->ne0) * (double)p->ne1
+                          : moe                ? (double)K_USED * (double)(2 * gs + ds)
+                                               : 0.0;
+        if (wb > 0)
+            printf("%-24s %8.0f %8.0f %8.0f %8.0f %9.0f %8.0f %8.0f %8.0f  (GB/s of weights, %.1f MB)\n", "", wb / t[0] * 1e-3,
+                   wb / t[1] * 1e-3, wb / t[2] * 1e-3, wb / t[3] * 1e-3, wb / t[4] * 1e-3, wb / t[5] * 1e-3,
+                   wb / t[6] * 1e-3, wb / t[7] * 1e-3, wb * 1e-6);
+        if (i < n_layer_ops)
+            for (int k = 0; k < 8; k++) sum[k] += t[k];
         hm_cuda_free(ctx, p->arena);
     }
-    printf("%-24s %9.2f %9.2f %9.2f %9.2f\n", "layer (sum)", sum[0], sum[1], sum[2], sum[3]);
-    printf("%-24s %9.1f %9.1f %9.1f %9.1f  (us per token, 40 layers, no head)\n", "x 40 layers", 40 * sum[0],
-           40 * sum[1], 40 * sum[2], 40 * sum[3]);
     hm_cuda_free(ctx, experts);
     hm_cuda_free(ctx, g_slots);
     hm_cuda_free(ctx, g_ids);

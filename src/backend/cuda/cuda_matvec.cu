@@ -16,6 +16,9 @@
  * Hence the int8 kernel k_mvq, the default for Q4_K / Q5_K / Q6_K / IQ4_XS: x quantised to Q8_K
  * in shared memory like the CPU does, a lane per 32-weight unit (16+ bytes per load), dp4a. The
  * f32 kernels stay for the other types and behind the test hook (HM_CUDA_KERN_F32 / NEW / OLD). */
+#include <stdlib.h>
+#include <string.h>
+
 #include "cuda_impl.h"
 #include "cuda_quant.cuh"
 
@@ -162,9 +165,103 @@ static void launch_q8(cudaStream_t st, const hm_cuda_mat *w, const float *x, int
         (const uint8_t *)w->data, w->nb1, w->ne0, w->ne1, x, n_tok, y);
 }
 
+/* The stored result of one row (the warp's sums of acc[t], lane t writes token t). */
+template <int NT>
+__device__ __forceinline__ void mv_store(const mv_out &o, int64_t row, const float (&acc)[1][NT], int n_tok, int lane) {
+    /* the segment by selects, not a run-time index into o (which would put o in local memory) */
+    const bool s1 = o.n_seg > 1 && row >= o.r0[1], s2 = o.n_seg > 2 && row >= o.r0[2];
+    float *y = s2 ? o.y[2] : s1 ? o.y[1] : o.y[0];
+    const int64_t ry = row - (s2 ? o.r0[2] : s1 ? o.r0[1] : o.r0[0]), ny = s2 ? o.n[2] : s1 ? o.n[1] : o.n[0];
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        const float s = warp_sum(acc[0][t]);
+        if (lane == t && t < n_tok) y[(int64_t)t * ny + ry] = s;
+    }
+}
+
+/* The persistent int8 kernel (the default; k_mvq stays as the v1 variant): at most MVP_BPS blocks
+ * of 256 threads per multiprocessor, each quantises x once (q8k_quant_rows_blockb) and its warps
+ * walk rows w, w + W, w + 2W, ... (W = all warps of the grid), a row at a time. While a row's units
+ * are decoded and summed, the loads of the warp's next row are already in flight (two register
+ * buffers, a and b, used alternately), so each warp keeps two rows' bytes in flight and the
+ * quantisation prologue is paid by <= 2 * n_sm blocks instead of one block per 8 rows. A row's
+ * sum is formed exactly as in k_mvq (lane l: units l, l + 32, ... in order, then warp_sum), so
+ * results are bit-identical to k_mvq and to the host emulation, whatever the grid. */
+#define MVP_BPS 2
+template <int T, int NT, int U>
+__global__ void __launch_bounds__(256, MVP_BPS) k_mvqp(const uint8_t *__restrict__ w, size_t nb1, int64_t ne0,
+                                                      int64_t ne1, const float *__restrict__ x, int n_tok,
+                                                      const mv_out o) {
+    extern __shared__ __align__(16) uint8_t smem[];
+    int8_t *xq = (int8_t *)smem;
+    float *xd = (float *)(smem + (size_t)n_tok * (size_t)ne0);
+    const int lane = threadIdx.x & 31;
+    const int64_t W = (int64_t)gridDim.x * 8;
+    int64_t r = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5);
+    const int n_units = (int)(ne0 / 32);
+    const uint8_t *ra[1] = {w + (r < ne1 ? r : 0) * nb1}, *rb[1] = {w};
+    qraw a[U][1] = {}, b[U][1] = {};
+    if (r < ne1) q8k_load<T, 1, U>(ra, lane, n_units, a);
+    q8k_quant_rows_blockb<4>(x, ne0, n_tok, (int)ne0, xq, xd, 0);
+    __syncthreads();
+    int tok[NT];
+#pragma unroll
+    for (int t = 0; t < NT; t++) tok[t] = t < n_tok ? t : n_tok - 1;
+    while (r < ne1) {
+        const int64_t rn = r + W;
+        if (rn < ne1) {
+            rb[0] = w + rn * nb1;
+            q8k_load<T, 1, U>(rb, lane, n_units, b);
+        }
+        {
+            float acc[1][NT];
+#pragma unroll
+            for (int t = 0; t < NT; t++) acc[0][t] = 0.0f;
+            q8k_rows_dot<T, NT, 1, U>(ra, n_units, xq, xd, (int)ne0, tok, acc, lane, a);
+            mv_store<NT>(o, r, acc, n_tok, lane);
+        }
+        if (rn >= ne1) break;
+        r = rn + W;
+        if (r < ne1) {
+            ra[0] = w + r * nb1;
+            q8k_load<T, 1, U>(ra, lane, n_units, a);
+        }
+        {
+            float acc[1][NT];
+#pragma unroll
+            for (int t = 0; t < NT; t++) acc[0][t] = 0.0f;
+            q8k_rows_dot<T, NT, 1, U>(rb, n_units, xq, xd, (int)ne0, tok, acc, lane, b);
+            mv_store<NT>(o, rn, acc, n_tok, lane);
+        }
+    }
+}
+
+/* Units per lane per load round of k_mvqp: a whole row of up to 4096 (Q4_K / IQ4_XS) or 2048
+ * (Q5_K / Q6_K, 12 raw words a unit) elements in one round, two buffers within the register cap
+ * (no spills: checked with -Xptxas -v). */
+HMCU_HD constexpr int mvp_unroll(int t, int nt) {
+    return q8k_words(t) <= 8 ? (nt <= 4 ? 4 : 2) : (nt <= 4 ? 2 : 1);
+}
+
+template <int T, int NT>
+static void launch_q8p(const hm_cuda_ctx *c, const hm_cuda_mat *w, const float *x, int n_tok, const mv_out &y) {
+    constexpr int U = mvp_unroll(T, NT);
+    unsigned nb = hm_cu_blocks(w->ne1, 8);
+    if (nb > (unsigned)(MVP_BPS * c->n_sm)) nb = (unsigned)(MVP_BPS * c->n_sm);
+    k_mvqp<T, NT, U><<<nb, 256, hm_cuda_q8k_smem(n_tok, w->ne0), c->compute>>>(
+        (const uint8_t *)w->data, w->nb1, w->ne0, w->ne1, x, n_tok, y);
+}
+
 template <int T>
 static void launch_matvec_q8(const hm_cuda_ctx *c, const hm_cuda_mat *w, const float *x, int n_tok, const mv_out &y) {
     cudaStream_t st = c->compute;
+    if (!hm_cu_q8_v1()) {
+        if (n_tok == 1) launch_q8p<T, 1>(c, w, x, n_tok, y);
+        else if (n_tok == 2) launch_q8p<T, 2>(c, w, x, n_tok, y);
+        else if (n_tok <= 4) launch_q8p<T, 4>(c, w, x, n_tok, y);
+        else launch_q8p<T, 8>(c, w, x, n_tok, y);
+        return;
+    }
     if (n_tok == 1) {
         if (w->ne1 >= (int64_t)c->n_sm * 32) launch_q8<T, 1, 2>(st, w, x, n_tok, y);
         else launch_q8<T, 1, 1>(st, w, x, n_tok, y);
@@ -202,6 +299,19 @@ static void launch_matvec(const hm_cuda_ctx *c, const hm_cuda_mat *w, const floa
 }
 
 void hm_cuda_set_kern(hm_cuda_ctx *c, int kern) { c->kern = kern; }
+
+/* The int8 kernel variant (cuda_quant.cuh): -1 = not read yet, then HOTMOE_CUDA_Q8=v1 or the
+ * setter below (a test / benchmark hook: old and new kernels side by side in one process). */
+static int q8_variant = -1;
+bool hmcu::hm_cu_q8_v1(void) {
+    if (q8_variant < 0) {
+        const char *ev = getenv("HOTMOE_CUDA_Q8");
+        q8_variant = ev && strcmp(ev, "v1") == 0 ? 1 : 0;
+    }
+    return q8_variant == 1;
+}
+extern "C" void hm_cuda_q8_set_variant(int v);
+void hm_cuda_q8_set_variant(int v) { q8_variant = v == 1 ? 1 : 0; }
 
 bool hm_cuda_type_ok(int type) { return hm_cuda_type_align(type) != 0; }
 

@@ -507,6 +507,153 @@ __global__ void __launch_bounds__(256) k_moeq_down(const hm_cuda_moe_slot *__res
     }
 }
 
+/* The current int8 kernels of the device-routed MoE (k_moeq_* above stay as the v1 variant,
+ * hm_cu_q8_v1); every h and out element is formed exactly as there (same per-lane unit order and
+ * operations), so the results are bit-identical to v1.
+ * Launch A'', persistent: at most MOEP_BPS blocks of 256 threads per multiprocessor. A block loads
+ *   the pairs' gate / up pointers into shared memory, quantises all n_tok rows of x to Q8_K once,
+ *   and its warps walk the tasks (pair p, ff row r) w, w + W, ... (W = all warps of the grid,
+ *   p-major); a task is gate row r and up row r as the two rows of one q8k_rows_dot against token
+ *   p / k. The loads of a warp's next hot task are issued before the current one is summed (two
+ *   register buffers), so each warp keeps two tasks' bytes in flight; cold tasks are skipped.
+ * Launch B'', grid (n_embd / 8 rows, token t): as B' with one output row per warp (twice the
+ *   blocks, in one wave on an H200) and up to 8 (6 for the 12-word types) units of the (expert,
+ *   unit) sequence in flight per lane instead of 2, the h quantisation four blocks per round. */
+#define MOEP_BPS 2
+
+static size_t moep_gate_smem(int64_t n_pairs, int64_t n_tok, int64_t n_embd) {
+    return (size_t)n_pairs * 16 + hm_cuda_q8k_smem(n_tok, n_embd);
+}
+
+template <int T>
+__global__ void __launch_bounds__(256, MOEP_BPS) k_moeqp_gate_up(const hm_cuda_moe_slot *__restrict__ slots,
+                                                                const int32_t *__restrict__ ids, int k, int n_tok,
+                                                                const float *__restrict__ x, int64_t n_embd,
+                                                                int64_t n_ff, size_t nb1, float *__restrict__ h,
+                                                                int act) {
+    constexpr int U = q8k_words(T) <= 8 ? 2 : 1;
+    extern __shared__ __align__(16) uint8_t smem[];
+    const int n_pairs = n_tok * k;
+    const uint8_t **gp = (const uint8_t **)smem; /* [n_pairs][2]: gate, up (NULL: cold) */
+    int8_t *xq = (int8_t *)(smem + (size_t)n_pairs * 16);
+    float *xd = (float *)(smem + (size_t)n_pairs * 16 + (size_t)n_tok * (size_t)n_embd);
+    for (int i = threadIdx.x; i < n_pairs; i += blockDim.x) {
+        const hm_cuda_moe_slot s = slots[ids[i]];
+        gp[2 * i] = (const uint8_t *)s.gate;
+        gp[2 * i + 1] = s.gate ? (const uint8_t *)s.up : NULL;
+    }
+    __syncthreads();
+    const int lane = threadIdx.x & 31;
+    const int64_t n_task = (int64_t)n_pairs * n_ff, W = (int64_t)gridDim.x * 8;
+    const int n_units = (int)(n_embd / 32);
+    /* the next hot task at or after i (stride W), n_task if none; its rows in rows[] */
+    auto next_hot = [&](int64_t i, const uint8_t *(&rows)[2]) -> int64_t {
+        for (; i < n_task; i += W) {
+            const int p = (int)(i / n_ff);
+            const uint8_t *g = gp[2 * p];
+            if (!g) continue;
+            const int64_t r = i - (int64_t)p * n_ff;
+            rows[0] = g + r * nb1;
+            rows[1] = gp[2 * p + 1] + r * nb1;
+            return i;
+        }
+        return n_task;
+    };
+    auto finish = [&](int64_t i, const uint8_t *const (&rows)[2], qraw (&rw)[U][2]) {
+        const int p = (int)(i / n_ff);
+        const int tok[1] = {p / k};
+        float acc[2][1] = {{0.0f}, {0.0f}};
+        q8k_rows_dot<T, 1, 2, U>(rows, n_units, xq, xd, (int)n_embd, tok, acc, lane, rw);
+        const float gs = warp_sum(acc[0][0]), us = warp_sum(acc[1][0]);
+        if (lane == 0) h[i] = act_mul(act, gs, us); /* i = p * n_ff + r */
+    };
+    const uint8_t *ra[2] = {NULL, NULL}, *rb[2] = {NULL, NULL};
+    qraw a[U][2] = {}, b[U][2] = {};
+    int64_t i = next_hot((int64_t)blockIdx.x * 8 + (threadIdx.x >> 5), ra);
+    if (i < n_task) q8k_load<T, 2, U>(ra, lane, n_units, a);
+    q8k_quant_rows_blockb<4>(x, n_embd, n_tok, (int)n_embd, xq, xd, 0);
+    __syncthreads();
+    while (i < n_task) {
+        const int64_t in = next_hot(i + W, rb);
+        if (in < n_task) q8k_load<T, 2, U>(rb, lane, n_units, b);
+        finish(i, ra, a);
+        if (in >= n_task) break;
+        i = next_hot(in + W, ra);
+        if (i < n_task) q8k_load<T, 2, U>(ra, lane, n_units, a);
+        finish(in, rb, b);
+    }
+}
+
+template <int T>
+__global__ void __launch_bounds__(256, MOEP_BPS) k_moeq_down1(const hm_cuda_moe_slot *__restrict__ slots,
+                                                             const int32_t *__restrict__ ids,
+                                                             const float *__restrict__ weights, int k,
+                                                             const float *__restrict__ h, int64_t n_embd,
+                                                             int64_t n_ff, size_t nb1, float *__restrict__ out) {
+    constexpr int U = q8k_words(T) <= 8 ? 8 : 6, QB = q8k_words(T) <= 8 ? 4 : 2;
+    extern __shared__ __align__(16) uint8_t smem[];
+    const uint8_t **dn = (const uint8_t **)smem; /* [k] */
+    float *wj = (float *)(smem + (size_t)k * 8);  /* [k] */
+    int8_t *hq = (int8_t *)(smem + (size_t)k * 16);
+    float *hd = (float *)(smem + (size_t)k * 16 + (size_t)k * (size_t)n_ff);
+    const int64_t t = blockIdx.y;
+    if ((int)threadIdx.x < k) {
+        const int64_t p = t * k + threadIdx.x;
+        dn[threadIdx.x] = (const uint8_t *)slots[ids[p]].down;
+        wj[threadIdx.x] = weights[p];
+    }
+    __syncthreads();
+    uint32_t cold = 0;
+    for (int j = 0; j < k; j++)
+        if (!dn[j]) cold |= 1u << j;
+    if (cold == (k == 32 ? 0xffffffffu : (1u << k) - 1)) return; /* no hot pair: uniform exit */
+    const int lane = threadIdx.x & 31;
+    const int64_t r0 = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5);
+    const int upr = (int)(n_ff / 32), n_units = k * upr, nbf = (int)(n_ff / 256);
+    const bool live = r0 < n_embd;
+    const int64_t roff = (live ? r0 : n_embd - 1) * (int64_t)nb1;
+    qraw rw[U] = {};
+    auto load = [&](int u0) {
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int un = u0 + 32 * u;
+            if (un >= n_units) break;
+            const int j = un / upr, pu = un - j * upr;
+            const uint8_t *base = dn[j];
+            if (!base) continue;
+            rw[u] = q8k<T>::load(base + roff + (int64_t)(pu >> 3) * q8k<T>::size, pu & 7);
+        }
+    };
+    if (live) load(lane);
+    q8k_quant_rows_blockb<QB>(h + t * k * n_ff, n_ff, k, (int)n_ff, hq, hd, cold);
+    __syncthreads();
+    if (!live) return;
+    float acc = 0.0f;
+    for (int u0 = lane; u0 < n_units; u0 += 32 * U) {
+        if (u0 != lane) load(u0);
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int un = u0 + 32 * u;
+            if (un >= n_units) break;
+            const int j = un / upr, pu = un - j * upr, b = pu >> 3, pp = pu & 7;
+            const uint8_t *base = dn[j];
+            if (!base) continue;
+            const int8_t *xb = hq + (int64_t)j * n_ff + 256 * b;
+            const uint4 xa = *(const uint4 *)(xb + q8k<T>::off1(pp)), xc = *(const uint4 *)(xb + q8k<T>::off2(pp));
+            const float dx = hd[j * nbf + b], wgt = wj[j];
+            int bs1 = 0, bs2 = 0;
+            if (q8k<T>::kind != 2) {
+                bs1 = q8_sum16(xa);
+                bs2 = q8_sum16(xc);
+            }
+            const qunit qu = q8k<T>::dec(rw[u], base + roff + (int64_t)b * q8k<T>::size, pp);
+            acc = fmaf(wgt, q8k_unit_dot<T>(qu, xa, xc, bs1, bs2, dx, 0.0f), acc);
+        }
+    }
+    const float v = warp_sum(acc);
+    if (lane == 0) out[t * n_embd + r0] += v;
+}
+
 size_t hm_cuda_moe_dev_scratch_size(int64_t n_tok, int k, int64_t n_ff) {
     return (size_t)n_tok * (size_t)k * (size_t)n_ff * sizeof(float);
 }
@@ -536,7 +683,19 @@ hm_status hm_cuda_moe_dev_act(hm_cuda_ctx *c, const hm_cuda_moe_slot *slots, int
     const bool old = c->kern == HM_CUDA_KERN_OLD, q8 = c->kern == HM_CUDA_KERN_DEFAULT;
     const dim3 ga(hm_cu_blocks(n_ff, 4), (unsigned)(n_tok * k)), gb(hm_cu_blocks(n_embd, 4), (unsigned)n_tok);
     const size_t sa = hm_cuda_q8k_smem(1, n_embd), sb = moeq_down_smem(k, n_ff);
-    if (q8 && q8k_type(gate_type) && sa <= HM_CUDA_Q8K_SMEM_MAX) {
+    const bool v1 = hm_cu_q8_v1();
+    const size_t sp = moep_gate_smem(n_tok * k, n_tok, n_embd);
+    if (q8 && !v1 && q8k_type(gate_type) && sp <= HM_CUDA_Q8K_SMEM_MAX) {
+        const int64_t want = hm_cu_blocks(n_tok * k * n_ff, 8);
+        const unsigned g = (unsigned)(want < (int64_t)MOEP_BPS * c->n_sm ? want : (int64_t)MOEP_BPS * c->n_sm);
+        switch (gate_type) {
+#define HM_MQP_CASE(T) case T: k_moeqp_gate_up<T><<<g, 256, sp, c->compute>>>(slots, ids, k, (int)n_tok, x, n_embd, \
+                                   n_ff, hm_row_size(T, n_embd), h, act); break;
+        HM_MQP_CASE(HM_TYPE_Q4_K) HM_MQP_CASE(HM_TYPE_Q5_K) HM_MQP_CASE(HM_TYPE_Q6_K) HM_MQP_CASE(HM_TYPE_IQ4_XS)
+#undef HM_MQP_CASE
+        default: break;
+        }
+    } else if (q8 && q8k_type(gate_type) && sa <= HM_CUDA_Q8K_SMEM_MAX) {
         const dim3 g(hm_cu_blocks(n_ff, 8 * MQ_RF), (unsigned)(n_tok * k));
         switch (gate_type) {
 #define HM_MQG_CASE(T) case T: k_moeq_gate_up<T><<<g, 256, sa, c->compute>>>(slots, ids, k, x, n_embd, n_ff, \
@@ -553,7 +712,16 @@ hm_status hm_cuda_moe_dev_act(hm_cuda_ctx *c, const hm_cuda_moe_slot *slots, int
     default: return hm_errf(err, HM_ERR_UNSUPPORTED, "cuda moe: gate type %d", gate_type);
     }
     HM_CU_LAUNCH("moe_dev gate_up");
-    if (q8 && q8k_type(down_type) && k <= 32 && sb <= HM_CUDA_Q8K_SMEM_MAX) {
+    if (q8 && !v1 && q8k_type(down_type) && k <= 32 && sb <= HM_CUDA_Q8K_SMEM_MAX) {
+        const dim3 g(hm_cu_blocks(n_embd, 8), (unsigned)n_tok);
+        switch (down_type) {
+#define HM_MQD1_CASE(T) case T: k_moeq_down1<T><<<g, 256, sb, c->compute>>>(slots, ids, weights, k, h, n_embd, n_ff, \
+                                    hm_row_size(T, n_ff), out); break;
+        HM_MQD1_CASE(HM_TYPE_Q4_K) HM_MQD1_CASE(HM_TYPE_Q5_K) HM_MQD1_CASE(HM_TYPE_Q6_K) HM_MQD1_CASE(HM_TYPE_IQ4_XS)
+#undef HM_MQD1_CASE
+        default: break;
+        }
+    } else if (q8 && q8k_type(down_type) && k <= 32 && sb <= HM_CUDA_Q8K_SMEM_MAX) {
         const dim3 g(hm_cu_blocks(n_embd, 8 * MQ_RD), (unsigned)n_tok);
         switch (down_type) {
 #define HM_MQD_CASE(T) case T: k_moeq_down<T><<<g, 256, sb, c->compute>>>(slots, ids, weights, k, h, n_embd, n_ff, \

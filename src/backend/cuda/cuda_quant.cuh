@@ -698,6 +698,61 @@ __device__ __forceinline__ void q8k_quant_rows_block(const float *__restrict__ x
     }
 }
 
+/* The same quantisation with each warp's blocks taken B at a time, all their loads issued before
+ * the first reduction (one L2 round trip per B blocks instead of one per block). The
+ * codes and scales are q8k_quant_block_warp's, bit for bit (same per-lane values, same rule). */
+__device__ __forceinline__ void q8k_quant_vals_warp(const float4 &a, const float4 &b, int8_t *q, float *d, int lane) {
+    const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+    q8max m = {0.0f, 0.0f, 256};
+#pragma unroll
+    for (int i = 0; i < 8; i++)
+        if (fabsf(v[i]) > m.a) m = q8max{fabsf(v[i]), v[i], 8 * lane + i};
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        q8max n;
+        n.a = __shfl_xor_sync(0xffffffffu, m.a, o);
+        n.v = __shfl_xor_sync(0xffffffffu, m.v, o);
+        n.i = __shfl_xor_sync(0xffffffffu, m.i, o);
+        m = q8max_better(m, n);
+    }
+    const float is = q8k_iscale(m);
+    uint32_t w[2] = {0, 0};
+#pragma unroll
+    for (int i = 0; i < 8; i++) w[i >> 2] |= (uint32_t)(uint8_t)q8k_code(is, v[i]) << (8 * (i & 3));
+    *(uint2 *)(q + 8 * lane) = make_uint2(w[0], w[1]);
+    if (lane == 0) *d = q8k_d(is);
+}
+template <int B>
+__device__ __forceinline__ void q8k_quant_rows_blockb(const float *__restrict__ x, int64_t xstride, int n_rows,
+                                                      int ne0, int8_t *q, float *d, uint32_t skip) {
+    const int nb = ne0 / 256, lane = threadIdx.x & 31, nw = blockDim.x >> 5, n_tasks = n_rows * nb;
+    for (int t0 = threadIdx.x >> 5; t0 < n_tasks; t0 += B * nw) {
+        float4 a[B], b[B];
+        bool go[B];
+#pragma unroll
+        for (int i = 0; i < B; i++) {
+            const int task = t0 + i * nw, r = task / nb, bl = task - r * nb;
+            go[i] = task < n_tasks && !(r < 32 && (skip >> r & 1u));
+            if (go[i]) {
+                const float4 *xp = (const float4 *)(x + r * xstride + 256 * bl) + 2 * lane;
+                a[i] = __ldg(xp);
+                b[i] = __ldg(xp + 1);
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < B; i++) {
+            const int task = t0 + i * nw, r = task / nb, bl = task - r * nb;
+            if (go[i]) q8k_quant_vals_warp(a[i], b[i], q + (int64_t)r * ne0 + 256 * bl, d + task, lane);
+        }
+    }
+}
+
+/* Which int8 decode kernels run (a test / A-B hook, cuda_matvec.cu): false = the current ones
+ * (persistent, loads of the next rows in flight while the current ones are summed), true = the
+ * first int8 kernels (HOTMOE_CUDA_Q8=v1 in the environment, or hm_cuda_q8_set_variant(1)). Both
+ * give bit-identical results. */
+bool hm_cu_q8_v1(void);
+
 /* Issue the loads of U units (u0, u0 + 32, ...) of R rows: rw[u][r]. */
 template <int T, int R, int U>
 __device__ __forceinline__ void q8k_load(const uint8_t *const (&rows)[R], int u0, int n_units, qraw (&rw)[U][R]) {
