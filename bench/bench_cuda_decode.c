@@ -361,8 +361,8 @@ int main(int argc, char **argv) {
                           : moe                ? (double)K_USED * (double)(2 * gs + ds)
                                                : 0.0;
         if (wb > 0)
-            printf("%-24s %8.0f %8.0f %8.0f %8.0f %9.0f %8.0f %8.0f %8.0f  (GB/s of weights, %.1f MB)\n", "", wb / t[0] * 1e-3,
-                   wb / t[1] * 1e-3, wb / t[2] * 1e-3, wb / t[3] * 1e-3, wb / t[4] * 1e-3, wb / t[5] * 1e-3,
+            printf("%-24s %8.0f %8.0f %8.0f %8.0f %9.0f %8.0f %8.0f %8.0f  (GB/s of weights, %.1f MB)\n", "",
+                   wb / t[0] * 1e-3, wb / t[1] * 1e-3, wb / t[2] * 1e-3, wb / t[3] * 1e-3, wb / t[4] * 1e-3, wb / t[5] * 1e-3,
                    wb / t[6] * 1e-3, wb / t[7] * 1e-3, wb * 1e-6);
         if (i < n_layer_ops)
             for (int k = 0; k < 8; k++) sum[k] += t[k];

@@ -13,8 +13,11 @@
  * 0.63 TB/s) and every type ~6.6 us on 2048 x 768: the quantised rows are latency-bound (a lane
  * has only 8 bytes of a row in flight per iteration), not bandwidth-bound.
  *
- * Hence the int8 kernel k_mvq, the default for Q4_K / Q5_K / Q6_K / IQ4_XS: x quantised to Q8_K
- * in shared memory like the CPU does, a lane per 32-weight unit (16+ bytes per load), dp4a. The
+ * Hence the int8 kernels, the default for Q4_K / Q5_K / Q6_K / IQ4_XS: x quantised to Q8_K in
+ * shared memory like the CPU does, a lane per 32-weight unit (16+ bytes per load), dp4a. k_mvqp
+ * (persistent, <= 2 blocks per SM, the next row's loads in flight while a row is summed) is the
+ * default; k_mvq, the first int8 kernel (one block per 8 or 16 rows, each quantising x), stays
+ * behind HOTMOE_CUDA_Q8=v1 / hm_cuda_q8_set_variant(1); both give bit-identical results. The
  * f32 kernels stay for the other types and behind the test hook (HM_CUDA_KERN_F32 / NEW / OLD). */
 #include <stdlib.h>
 #include <string.h>
@@ -107,7 +110,7 @@ static void launch2(cudaStream_t st, const hm_cuda_mat *w, const float *x, int n
                                                                        w->ne0, w->ne1, x, n_tok, y);
 }
 
-/* The int8 kernel (HM_CUDA_KERN_DEFAULT for the Q8_K-partner types, cuda_quant.cuh): 256 threads,
+/* The first int8 kernel (v1; HM_CUDA_KERN_DEFAULT for the Q8_K-partner types, cuda_quant.cuh): 256 threads,
  * a warp per R rows. Each block first issues its warps' first weight loads, then quantises the
  * n_tok activation rows to Q8_K into shared memory (n_tok * ne0 int8 + a scale per 256: the same
  * bytes as the CPU's quantize_row_q8_K; every block redoes this from L2, no scratch, no extra

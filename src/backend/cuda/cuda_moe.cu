@@ -366,7 +366,7 @@ __global__ void __launch_bounds__(128) k_moed_down(const hm_cuda_moe_slot *__res
     if (lane == 0) out[t * n_embd + r] += acc;
 }
 
-/* The int8 kernels of the device-routed MoE (HM_CUDA_KERN_DEFAULT for the Q8_K-partner types):
+/* The first int8 kernels of the device-routed MoE (v1, HOTMOE_CUDA_Q8=v1; the current ones follow):
  * Launch A', grid (n_ff / (8 * MQ_RF) rows, pair p), 256 threads: the block quantises x_t to Q8_K
  *   in shared memory (as the CPU's quantize_row_q8_K), each warp takes gate and up rows of MQ_RF
  *   ff rows as the 2 * MQ_RF rows of one q8k_rows_dot.
