@@ -544,23 +544,24 @@ __global__ void __launch_bounds__(256, MOEP_BPS) k_moeqp_gate_up(const hm_cuda_m
     }
     __syncthreads();
     const int lane = threadIdx.x & 31;
-    const int64_t n_task = (int64_t)n_pairs * n_ff, W = (int64_t)gridDim.x * 8;
+    /* task indices fit in 31 bits (the launch checks n_pairs * n_ff < 2^31): 32-bit divisions */
+    const int n_task = n_pairs * (int)n_ff, W = (int)gridDim.x * 8, nf = (int)n_ff;
     const int n_units = (int)(n_embd / 32);
     /* the next hot task at or after i (stride W), n_task if none; its rows in rows[] */
-    auto next_hot = [&](int64_t i, const uint8_t *(&rows)[2]) -> int64_t {
+    auto next_hot = [&](int i, const uint8_t *(&rows)[2]) -> int {
         for (; i < n_task; i += W) {
-            const int p = (int)(i / n_ff);
+            const int p = i / nf;
             const uint8_t *g = gp[2 * p];
             if (!g) continue;
-            const int64_t r = i - (int64_t)p * n_ff;
+            const int64_t r = i - p * nf;
             rows[0] = g + r * nb1;
             rows[1] = gp[2 * p + 1] + r * nb1;
             return i;
         }
         return n_task;
     };
-    auto finish = [&](int64_t i, const uint8_t *const (&rows)[2], qraw (&rw)[U][2]) {
-        const int p = (int)(i / n_ff);
+    auto finish = [&](int i, const uint8_t *const (&rows)[2], qraw (&rw)[U][2]) {
+        const int p = i / nf;
         const int tok[1] = {p / k};
         float acc[2][1] = {{0.0f}, {0.0f}};
         q8k_rows_dot<T, 1, 2, U>(rows, n_units, xq, xd, (int)n_embd, tok, acc, lane, rw);
@@ -569,12 +570,12 @@ __global__ void __launch_bounds__(256, MOEP_BPS) k_moeqp_gate_up(const hm_cuda_m
     };
     const uint8_t *ra[2] = {NULL, NULL}, *rb[2] = {NULL, NULL};
     qraw a[U][2] = {}, b[U][2] = {};
-    int64_t i = next_hot((int64_t)blockIdx.x * 8 + (threadIdx.x >> 5), ra);
+    int i = next_hot((int)blockIdx.x * 8 + (threadIdx.x >> 5), ra);
     if (i < n_task) q8k_load<T, 2, U>(ra, lane, n_units, a);
     q8k_quant_rows_blockb<4>(x, n_embd, n_tok, (int)n_embd, xq, xd, 0);
     __syncthreads();
     while (i < n_task) {
-        const int64_t in = next_hot(i + W, rb);
+        const int in = next_hot(i + W, rb);
         if (in < n_task) q8k_load<T, 2, U>(rb, lane, n_units, b);
         finish(i, ra, a);
         if (in >= n_task) break;
@@ -685,7 +686,7 @@ hm_status hm_cuda_moe_dev_act(hm_cuda_ctx *c, const hm_cuda_moe_slot *slots, int
     const size_t sa = hm_cuda_q8k_smem(1, n_embd), sb = moeq_down_smem(k, n_ff);
     const bool v1 = hm_cu_q8_v1();
     const size_t sp = moep_gate_smem(n_tok * k, n_tok, n_embd);
-    if (q8 && !v1 && q8k_type(gate_type) && sp <= HM_CUDA_Q8K_SMEM_MAX) {
+    if (q8 && !v1 && q8k_type(gate_type) && sp <= HM_CUDA_Q8K_SMEM_MAX && n_tok * k * n_ff < ((int64_t)1 << 30)) {
         const int64_t want = hm_cu_blocks(n_tok * k * n_ff, 8);
         const unsigned g = (unsigned)(want < (int64_t)MOEP_BPS * c->n_sm ? want : (int64_t)MOEP_BPS * c->n_sm);
         switch (gate_type) {
