@@ -186,7 +186,8 @@ __device__ __forceinline__ void mv_store(const mv_out &o, int64_t row, const flo
  * of 256 threads per multiprocessor, each quantises x once (q8k_quant_rows_blockb) and its warps
  * walk rows w, w + W, w + 2W, ... (W = all warps of the grid), a row at a time. While a row's units
  * are decoded and summed, the loads of the warp's next row are already in flight (two register
- * buffers, a and b, used alternately), so each warp keeps two rows' bytes in flight and the
+ * buffers, a and b, used alternately; the first two rows are issued before x is quantised), so
+ * each warp keeps two rows' bytes in flight and the
  * quantisation prologue is paid by <= 2 * n_sm blocks instead of one block per 8 rows. A row's
  * sum is formed exactly as in k_mvq (lane l: units l, l + 32, ... in order, then warp_sum), so
  * results are bit-identical to k_mvq and to the host emulation, whatever the grid. */
@@ -202,20 +203,19 @@ __global__ void __launch_bounds__(256, MVP_BPS) k_mvqp(const uint8_t *__restrict
     const int64_t W = (int64_t)gridDim.x * 8;
     int64_t r = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5);
     const int n_units = (int)(ne0 / 32);
-    const uint8_t *ra[1] = {w + (r < ne1 ? r : 0) * nb1}, *rb[1] = {w};
+    int64_t rn = r + W;
+    const uint8_t *ra[1] = {w + (r < ne1 ? r : 0) * nb1}, *rb[1] = {w + (rn < ne1 ? rn : 0) * nb1};
     qraw a[U][1] = {}, b[U][1] = {};
-    if (r < ne1) q8k_load<T, 1, U>(ra, lane, n_units, a);
-    q8k_quant_rows_blockb<4>(x, ne0, n_tok, (int)ne0, xq, xd, 0);
+    if (r < ne1) q8k_load<T, 1, U>(ra, lane, n_units, a); /* the first two rows in flight during */
+    if (rn < ne1) q8k_load<T, 1, U>(rb, lane, n_units, b); /* the quantisation of x */
+    q8k_quant_rows_blockb<2>(x, ne0, n_tok, (int)ne0, xq, xd, 0);
     __syncthreads();
     int tok[NT];
 #pragma unroll
     for (int t = 0; t < NT; t++) tok[t] = t < n_tok ? t : n_tok - 1;
+    /* invariant at the top: a holds row r, b row rn = r + W (when < ne1); each buffer is refilled
+     * with its next row (+ 2W) as soon as it has been summed */
     while (r < ne1) {
-        const int64_t rn = r + W;
-        if (rn < ne1) {
-            rb[0] = w + rn * nb1;
-            q8k_load<T, 1, U>(rb, lane, n_units, b);
-        }
         {
             float acc[1][NT];
 #pragma unroll
@@ -236,14 +236,19 @@ __global__ void __launch_bounds__(256, MVP_BPS) k_mvqp(const uint8_t *__restrict
             q8k_rows_dot<T, NT, 1, U>(rb, n_units, xq, xd, (int)ne0, tok, acc, lane, b);
             mv_store<NT>(o, rn, acc, n_tok, lane);
         }
+        rn = r + W;
+        if (rn < ne1) {
+            rb[0] = w + rn * nb1;
+            q8k_load<T, 1, U>(rb, lane, n_units, b);
+        }
     }
 }
 
-/* Units per lane per load round of k_mvqp: a whole row of up to 4096 (Q4_K / IQ4_XS) or 2048
- * (Q5_K / Q6_K, 12 raw words a unit) elements in one round, two buffers within the register cap
- * (no spills: checked with -Xptxas -v). */
+/* Units per lane per load round of k_mvqp: for 1..2 tokens a whole row of up to 4096 (Q4_K /
+ * IQ4_XS) or 2048 (Q5_K / Q6_K, 12 raw words a unit) elements in one round; two buffers within
+ * the register cap of 2 blocks per SM (no spills: checked with -Xptxas -v). */
 HMCU_HD constexpr int mvp_unroll(int t, int nt) {
-    return q8k_words(t) <= 8 ? (nt <= 4 ? 4 : 2) : (nt <= 4 ? 2 : 1);
+    return q8k_words(t) <= 8 ? (nt <= 2 ? 4 : 2) : (nt <= 4 ? 2 : 1);
 }
 
 template <int T, int NT>

@@ -515,7 +515,8 @@ __global__ void __launch_bounds__(256) k_moeq_down(const hm_cuda_moe_slot *__res
  *   and its warps walk the tasks (pair p, ff row r) w, w + W, ... (W = all warps of the grid,
  *   p-major); a task is gate row r and up row r as the two rows of one q8k_rows_dot against token
  *   p / k. The loads of a warp's next hot task are issued before the current one is summed (two
- *   register buffers), so each warp keeps two tasks' bytes in flight; cold tasks are skipped.
+ *   register buffers; the first two before x is quantised), so each warp keeps two tasks' bytes
+ *   in flight; cold tasks are skipped.
  * Launch B'', grid (n_embd / 8 rows, token t): as B' with one output row per warp (twice the
  *   blocks, in one wave on an H200) and up to 8 (6 for the 12-word types) units of the (expert,
  *   unit) sequence in flight per lane instead of 2, the h quantisation four blocks per round. */
@@ -571,17 +572,20 @@ __global__ void __launch_bounds__(256, MOEP_BPS) k_moeqp_gate_up(const hm_cuda_m
     const uint8_t *ra[2] = {NULL, NULL}, *rb[2] = {NULL, NULL};
     qraw a[U][2] = {}, b[U][2] = {};
     int i = next_hot((int)blockIdx.x * 8 + (threadIdx.x >> 5), ra);
-    if (i < n_task) q8k_load<T, 2, U>(ra, lane, n_units, a);
-    q8k_quant_rows_blockb<4>(x, n_embd, n_tok, (int)n_embd, xq, xd, 0);
+    int in = next_hot(i + W, rb);
+    if (i < n_task) q8k_load<T, 2, U>(ra, lane, n_units, a); /* the first two tasks in flight */
+    if (in < n_task) q8k_load<T, 2, U>(rb, lane, n_units, b); /* during the quantisation of x */
+    q8k_quant_rows_blockb<2>(x, n_embd, n_tok, (int)n_embd, xq, xd, 0);
     __syncthreads();
+    /* invariant at the top: a holds task i, b task in (the next hot one, when < n_task) */
     while (i < n_task) {
-        const int in = next_hot(i + W, rb);
-        if (in < n_task) q8k_load<T, 2, U>(rb, lane, n_units, b);
         finish(i, ra, a);
         if (in >= n_task) break;
         i = next_hot(in + W, ra);
         if (i < n_task) q8k_load<T, 2, U>(ra, lane, n_units, a);
         finish(in, rb, b);
+        in = next_hot(i + W, rb);
+        if (in < n_task) q8k_load<T, 2, U>(rb, lane, n_units, b);
     }
 }
 
