@@ -659,48 +659,9 @@ HMCU_HD int q8_sum16(const uint4 &x) {
 }
 
 #ifdef __CUDACC__
-/* Quantise one 256-element block x (16-byte aligned, global) into q (16-byte aligned, shared) and
- * *d with one warp: lane l takes elements 8l .. 8l+7; the best is reduced over the warp with the
- * CPU's tie rule, so every lane derives the same scale. */
-__device__ __forceinline__ void q8k_quant_block_warp(const float *__restrict__ x, int8_t *q, float *d, int lane) {
-    const float4 a = __ldg((const float4 *)x + 2 * lane), b = __ldg((const float4 *)x + 2 * lane + 1);
-    const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
-    q8max m = {0.0f, 0.0f, 256};
-#pragma unroll
-    for (int i = 0; i < 8; i++)
-        if (fabsf(v[i]) > m.a) m = q8max{fabsf(v[i]), v[i], 8 * lane + i};
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-        q8max n;
-        n.a = __shfl_xor_sync(0xffffffffu, m.a, o);
-        n.v = __shfl_xor_sync(0xffffffffu, m.v, o);
-        n.i = __shfl_xor_sync(0xffffffffu, m.i, o);
-        m = q8max_better(m, n);
-    }
-    const float is = q8k_iscale(m);
-    uint32_t w[2] = {0, 0};
-#pragma unroll
-    for (int i = 0; i < 8; i++) w[i >> 2] |= (uint32_t)(uint8_t)q8k_code(is, v[i]) << (8 * (i & 3));
-    *(uint2 *)(q + 8 * lane) = make_uint2(w[0], w[1]);
-    if (lane == 0) *d = q8k_d(is);
-}
-
-/* Quantise n_rows rows of ne0 floats (row stride xstride floats) into q ([n_rows][ne0] int8) and
- * d ([n_rows][ne0 / 256]) with all warps of the block; rows r < 32 with bit r of skip set are left
- * out (their h was never written: cold experts). */
-__device__ __forceinline__ void q8k_quant_rows_block(const float *__restrict__ x, int64_t xstride, int n_rows,
-                                                     int ne0, int8_t *q, float *d, uint32_t skip) {
-    const int nb = ne0 / 256, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
-    for (int task = threadIdx.x >> 5; task < n_rows * nb; task += nw) {
-        const int r = task / nb, b = task - r * nb;
-        if (r < 32 && (skip >> r & 1u)) continue;
-        q8k_quant_block_warp(x + r * xstride + 256 * b, q + (int64_t)r * ne0 + 256 * b, d + task, lane);
-    }
-}
-
-/* The same quantisation with each warp's blocks taken B at a time, all their loads issued before
- * the first reduction (one L2 round trip per B blocks instead of one per block). The
- * codes and scales are q8k_quant_block_warp's, bit for bit (same per-lane values, same rule). */
+/* Quantise one block of 256 floats, lane l holding elements 8l .. 8l+7 in a, b, into q (16-byte
+ * aligned, shared) and *d with one warp: the best is reduced over the warp with the CPU's tie
+ * rule, so every lane derives the same scale. */
 __device__ __forceinline__ void q8k_quant_vals_warp(const float4 &a, const float4 &b, int8_t *q, float *d, int lane) {
     const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
     q8max m = {0.0f, 0.0f, 256};
@@ -722,6 +683,28 @@ __device__ __forceinline__ void q8k_quant_vals_warp(const float4 &a, const float
     *(uint2 *)(q + 8 * lane) = make_uint2(w[0], w[1]);
     if (lane == 0) *d = q8k_d(is);
 }
+/* Quantise one 256-element block x (16-byte aligned, global) into q and *d with one warp. */
+__device__ __forceinline__ void q8k_quant_block_warp(const float *__restrict__ x, int8_t *q, float *d, int lane) {
+    const float4 a = __ldg((const float4 *)x + 2 * lane), b = __ldg((const float4 *)x + 2 * lane + 1);
+    q8k_quant_vals_warp(a, b, q, d, lane);
+}
+
+/* Quantise n_rows rows of ne0 floats (row stride xstride floats) into q ([n_rows][ne0] int8) and
+ * d ([n_rows][ne0 / 256]) with all warps of the block; rows r < 32 with bit r of skip set are left
+ * out (their h was never written: cold experts). */
+__device__ __forceinline__ void q8k_quant_rows_block(const float *__restrict__ x, int64_t xstride, int n_rows,
+                                                     int ne0, int8_t *q, float *d, uint32_t skip) {
+    const int nb = ne0 / 256, lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+    for (int task = threadIdx.x >> 5; task < n_rows * nb; task += nw) {
+        const int r = task / nb, b = task - r * nb;
+        if (r < 32 && (skip >> r & 1u)) continue;
+        q8k_quant_block_warp(x + r * xstride + 256 * b, q + (int64_t)r * ne0 + 256 * b, d + task, lane);
+    }
+}
+
+/* As q8k_quant_rows_block (no skip beyond row 31 either), each warp's blocks taken B at a time
+ * with all their loads issued before the first reduction: one L2 round trip per B blocks instead
+ * of one per block. Same codes and scales, bit for bit. */
 template <int B>
 __device__ __forceinline__ void q8k_quant_rows_blockb(const float *__restrict__ x, int64_t xstride, int n_rows,
                                                       int ne0, int8_t *q, float *d, uint32_t skip) {
