@@ -39,41 +39,7 @@ print(j["n_layer"], j["expert_bytes"], j["dense_bytes"], j["unit_bytes"])' "$inf
 echo "model $model: $n_layer layers, experts $(python3 -c "print(f'{$expert_bytes/2**30:.2f}')") GiB, dense $(python3 -c "print(f'{$dense_bytes/2**30:.2f}')") GiB; threads $th, $reps repetitions"
 echo
 
-# hotmoe bench -> "pp tg hit"
-hm() {
-    local j
-    j=$("$exe" bench -m "$model" -t "$th" -r "$reps" --json "$@" 2>/tmp/hm_gpu_offload.err | tail -1)
-    python3 -c '
-import json, sys
-try:
-    r = json.loads(sys.argv[1])
-except Exception:
-    print("- - -"); sys.exit()
-h = r.get("tg_vram_hit_rate")
-print("%.1f" % r["pp_tok_s"] if "pp_tok_s" in r else "-", "%.2f" % r["tg_tok_s"] if "tg_tok_s" in r else "-",
-      "%.1f" % (100 * h) if h is not None else "-")' "$j"
-    [ -n "$j" ] || tail -3 /tmp/hm_gpu_offload.err >&2
-}
-
-# llama-bench -> "pp tg"
-lb() {
-    [ -n "$llama" ] || { echo "- -"; return; }
-    local out
-    out=$("$llama/llama-bench" -m "$model" -t "$th" -r "$reps" -o json "$@" 2>/tmp/lb_gpu_offload.err)
-    python3 -c '
-import json, sys
-try:
-    rows = json.loads(sys.argv[1])
-except Exception:
-    print("- -"); sys.exit()
-pp = [r["avg_ts"] for r in rows if r.get("n_prompt", 0) > 0 and r.get("n_gen", 0) == 0]
-tg = [r["avg_ts"] for r in rows if r.get("n_gen", 0) > 0 and r.get("n_prompt", 0) == 0]
-print("%.1f" % pp[0] if pp else "-", "%.2f" % tg[0] if tg else "-")' "$out"
-}
-
-ratio() { python3 -c 'import sys
-a, b = sys.argv[1], sys.argv[2]
-print("%.2fx" % (float(a) / float(b)) if a not in "-" and b not in "-" and float(b) > 0 else "-")' "$1" "$2"; }
+. "$root/bench/bench_lib.sh" # hm, lb, ratio
 
 per_layer=$((expert_bytes / n_layer))
 echo "| VRAM for experts | engine / placement | pp512 t/s | tg128 t/s | VRAM hit rate (tg) | pp vs llama.cpp | tg vs llama.cpp |"

@@ -314,6 +314,12 @@ typedef struct hm_usage {
     uint64_t *counts;                /* [n_layer * n_expert] routed selections (row = layer), owned */
     uint8_t *home;                   /* [n_layer * n_expert] hm_unit_home, owned */
     uint64_t *layer_hits, *layer_misses; /* [n_layer], owned */
+    /* The GPU placement's devices (n_gpus 0 without one): CUDA ordinal, expert slots and slots
+     * holding a unit per device, and the device index (0..n_gpus-1) running each layer. */
+    int32_t n_gpus;
+    int32_t gpu_ordinal[HM_MAX_GPUS];
+    int64_t gpu_slots[HM_MAX_GPUS], gpu_slots_used[HM_MAX_GPUS];
+    int32_t *layer_gpu;              /* [n_layer] owned; NULL when n_gpus is 0 */
 } hm_usage;
 
 /* Fill u (arrays malloc'd, owned by u: hm_usage_free). HM_ERR_UNSUPPORTED without experts. */

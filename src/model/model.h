@@ -130,6 +130,10 @@ struct hm_arch {
      * state_open also allocates the session's device state and forward runs on the device. */
     hm_status (*gpu_load)(hm_model *m, hm_err *err);
     void (*gpu_unload)(hm_model *m);
+    /* The GPU path runs a layer split over several devices (model_gpu.h): gpu_load uploads each
+     * layer's weights to hm_gpu_layer_dev's device and the forward hands the residual across. An
+     * arch without it takes one device only (several are HM_ERR_UNSUPPORTED naming the arch). */
+    bool gpu_multi;
 };
 
 extern const hm_arch hm_arch_qwen3moe;

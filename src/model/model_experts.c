@@ -101,12 +101,20 @@ hm_status hm_model_experts_open(hm_model *m, const hm_placement_opts *po, hm_err
     eo.hot_tier = NULL;
     bool store_failed = false; /* the one failure a --profile can cause (geometry, policy): named after it */
 #ifdef HM_HAVE_CUDA
+    int64_t group_slots[HM_MAX_GPUS];
     if (hm_placement_wants_gpu(po)) {
         int64_t slots = 0;
         int32_t layer_from = -1;
         if ((st = hm_model_gpu_open(m, po, &slots, &layer_from, err)) != HM_OK) goto done;
         eo.hot_slots = slots;
         eo.hot_tier = slots > 0 ? &m->gpu->hot : NULL;
+        if (m->gpu->n_dev > 1) { /* one slot group per device; a unit stays on its layer's device */
+            for (int32_t d = 0; d < m->gpu->n_dev; d++) group_slots[d] = m->gpu->dev[d].n_slots;
+            eo.n_groups = m->gpu->n_dev;
+            eo.group_slots = group_slots;
+            eo.layer_group = m->gpu->layer_dev;
+            eo.allow_peer = false;
+        }
         if (layer_from >= 0 && slots > 0) {
             /* layer placement (-ngl alone, --n-cpu-moe): a static placement from a profile that
              * counts exactly the units of layers >= layer_from */
@@ -132,8 +140,8 @@ hm_status hm_model_experts_open(hm_model *m, const hm_placement_opts *po, hm_err
     st = hm_experts_open(&m->experts, &m->units, &eo, err);
     store_failed = st != HM_OK;
 #ifdef HM_HAVE_CUDA
-    if (st == HM_OK && m->gpu && m->gpu->vram) { /* the initial placement's copies, before step 0 */
-        if ((st = hm_vram_tier_wait(m->gpu->vram, err)) == HM_OK) hm_experts_land(m->experts);
+    if (st == HM_OK && m->gpu && m->gpu->n_slots > 0) { /* the initial placement's copies, before step 0 */
+        if ((st = hm_model_gpu_wait_fills(m, err)) == HM_OK) hm_experts_land(m->experts);
     }
 #endif
     /* The SSD tier: only when the RAM budget is below the expert bytes (else the plain mmap). */
@@ -245,7 +253,8 @@ void hm_usage_free(hm_usage *u) {
     free(u->home);
     free(u->layer_hits);
     free(u->layer_misses);
-    u->counts = NULL, u->home = NULL, u->layer_hits = u->layer_misses = NULL;
+    free(u->layer_gpu);
+    u->counts = NULL, u->home = NULL, u->layer_hits = u->layer_misses = NULL, u->layer_gpu = NULL;
 }
 
 hm_status hm_model_usage(const hm_model *m, hm_usage *u, hm_err *err) {
@@ -286,6 +295,26 @@ hm_status hm_model_usage(const hm_model *m, hm_usage *u, hm_err *err) {
         u->ssd_wait_us = rs.wait_us;
         u->io_uring = rs.uring, u->io_direct = rs.direct, u->ram_mlocked = rs.mlocked;
     }
+#ifdef HM_HAVE_CUDA
+    if (m->gpu) {
+        const hm_gpu *g = m->gpu;
+        if (!(u->layer_gpu = malloc(nl * sizeof *u->layer_gpu))) {
+            hm_usage_free(u);
+            return hm_errf(err, HM_ERR_NOMEM, "usage snapshot: out of memory");
+        }
+        u->n_gpus = g->n_dev;
+        for (int32_t d = 0; d < g->n_dev; d++) {
+            u->gpu_ordinal[d] = g->dev[d].ordinal;
+            if (hm_experts_n_groups(m->experts) > 1) {
+                hm_experts_group_stats(m->experts, d, &u->gpu_slots[d], &u->gpu_slots_used[d], NULL);
+            } else {
+                u->gpu_slots[d] = es.n_slots;
+                u->gpu_slots_used[d] = es.n_used;
+            }
+        }
+        for (size_t l = 0; l < nl; l++) u->layer_gpu[l] = hm_gpu_layer_dev(g, (int32_t)l);
+    }
+#endif
     memcpy(u->layer_hits, es.layer_hits, nl * sizeof *u->layer_hits);
     memcpy(u->layer_misses, es.layer_misses, nl * sizeof *u->layer_misses);
     for (int32_t l = 0; l < un->n_layer; l++) {

@@ -1,4 +1,4 @@
-/* model_gpu.h - a model's GPU placement: the CUDA device context, the VRAM expert slot pool (the
+/* model_gpu.h - a model's GPU placement: the CUDA device contexts, the VRAM expert slot pools (the
  * expert store's hot tier) and the arch's device copies of its dense weights.
  *
  * What goes where (as llama.cpp's `-ngl 99`, plus expert placement):
@@ -14,6 +14,16 @@
  * A pool that does not fit comes up smaller with a warning (never an abort); a session opened later
  * whose device state does not fit takes room from the pool (hm_model_gpu_make_room), again with a
  * warning.
+ *
+ * Several GPUs (issue 11; gpu_split.h is the plan): with a per-device --vram-budget or -ts, the
+ * layers are split over the devices as llama.cpp's -ts does (contiguous ranges; by free VRAM
+ * without -ts) and each device holds the dense weights, KV cache and activations of its own
+ * layers plus a slot pool of its own budget (-ngl alone / --n-cpu-moe: the units of its own
+ * layers). The store sees one slot numbering, device after device (slot groups, experts.h): a
+ * unit lives in the slots of the device that runs its layer (peer units are off: the store's
+ * allow_peer is false, so a device's slots only take its own layers' units); the forward runs the
+ * layers device after device and copies the residual across at each range boundary. A one-device
+ * plan is today's single-device path exactly.
  *
  * Lifetime: opened in hm_model_experts_open before the store (which borrows gpu->hot), closed in
  * hm_model_experts_close after it. Only built with CUDA (model_gpu_cuda.c); without it, asking
@@ -40,21 +50,56 @@ struct hm_moe_route;
 struct hm_state_opts;
 struct hm_fwd_batch;
 
-typedef struct hm_gpu {
+/* One device of the placement. */
+typedef struct hm_gpu_dev {
     struct hm_cuda_ctx *ctx;    /* owned */
-    struct hm_vram_tier *vram;  /* owned; NULL when there are no expert slots */
-    hm_tier hot;                /* the store's view of vram (name "vram") */
+    struct hm_vram_tier *vram;  /* owned; NULL when this device has no expert slots */
+    hm_tier hot;                /* vram's own view (its slot numbers start at 0) */
+    int32_t ordinal;            /* the CUDA device number */
+    int64_t slot0;              /* its slots are the store's [slot0, slot0 + n_slots) */
+    int64_t n_slots;            /* expert slots in vram (fewer after hm_model_gpu_make_room) */
+    uint64_t dense_bytes;       /* device bytes of the dense weights uploaded to it */
+} hm_gpu_dev;
+
+typedef struct hm_gpu_alloc {
+    void *p;
+    int32_t dev;
+} hm_gpu_alloc;
+
+typedef struct hm_gpu {
+    struct hm_cuda_ctx *ctx;    /* dev[0].ctx: THE device of a one-device placement (the archs
+                                   without gpu_multi use only this one) */
+    int32_t n_dev;              /* devices of the placement (1 unless a layer split is asked for) */
+    hm_gpu_dev dev[HM_MAX_GPUS];
+    int32_t *layer_dev;         /* [n_layer + 1] owned: the device (index into dev) running each layer's
+                                   dense part, attention and KV cache; [n_layer]: the output's */
+    int32_t up_dev;             /* for gpu_load: the device hm_gpu_upload_* put buffers on (0) */
+    bool peer_on;               /* every pair of devices reads the other's memory directly */
+    hm_tier hot;                /* the store's view of every device's slots (store slot numbers) */
     void *arch;                 /* the arch's device weights: gpu_load sets, gpu_unload frees */
-    void **allocs;              /* device buffers of hm_gpu_upload_*, freed at close */
+    hm_gpu_alloc *allocs;       /* device buffers of hm_gpu_upload_*, freed at close */
     int32_t n_allocs, cap_allocs;
-    uint64_t dense_bytes;       /* device bytes of the dense weights uploaded */
-    int64_t n_slots;            /* expert slots in vram */
+    uint64_t dense_bytes;       /* device bytes of the dense weights uploaded, all devices */
+    int64_t n_slots;            /* expert slots, all devices */
     uint64_t slot_bytes;
     int32_t n_cpu_moe;          /* layer placement: units of layers >= this are all HOT; -1 = off */
     const char *no_gpu_experts; /* set by gpu_load when the GPU kernels cannot compute this model's
                                    expert units (why: hm_moe_gpu_unfit, e.g. "n_embd is not a multiple
                                    of 256"): then no slots are taken and every unit runs on the CPU */
 } hm_gpu;
+
+/* Device index of layer il's dense part (il = n_layer: the output's). */
+static inline int32_t hm_gpu_layer_dev(const hm_gpu *g, int32_t il) { return g->layer_dev[il]; }
+/* Device index holding store slot `slot` (>= 0), -1 for none (a slot given up). */
+int32_t hm_gpu_slot_dev(const hm_gpu *g, int64_t slot);
+/* Whether store slot `slot` is on the device that runs layer il (a unit there is computed by the
+ * layer's own device; in another device's slot it is not, for now: see hm_model_gpu_open). */
+static inline bool hm_gpu_slot_local(const hm_gpu *g, int32_t il, int64_t slot) {
+    const hm_gpu_dev *d = &g->dev[g->layer_dev[il]];
+    return slot >= d->slot0 && slot < d->slot0 + d->n_slots;
+}
+/* Block until every device's slot fills so far have landed (HM_ERR_CUDA on a copy failure). */
+hm_status hm_model_gpu_wait_fills(const struct hm_model *m, hm_err *err);
 
 /* Decide the placement, open the device, let the arch upload its dense weights and size the slot
  * pool (m->gpu set on success; untouched when o asks for no GPU). Call before the store opens;
@@ -63,8 +108,8 @@ hm_status hm_model_gpu_open(struct hm_model *m, const hm_placement_opts *o, int6
                             int32_t *layer_from, hm_err *err);
 void hm_model_gpu_close(struct hm_model *m); /* NULL gpu is a no-op */
 
-/* For an arch's state_open when a device allocation of its session state failed: give VRAM back
- * from the expert slot pool so that `bytes` (the state still to allocate) fit, plus a margin.
+/* For an arch's state_open when a device allocation of its session state failed on device index
+ * dev: give VRAM back from that device's expert slot pool so that `bytes` (the state still to allocate) fit, plus a margin.
  * Shrinks by whole chunks of slots (hm_vram_tier_chunk_slots), the store first (hm_experts_shrink:
  * the units in the slots that go run on the CPU from then on), then the tier, which frees the
  * chunks; warns once per call naming the slots and GiB given up. The pool and the store are the
@@ -73,13 +118,15 @@ void hm_model_gpu_close(struct hm_model *m); /* NULL gpu is a no-op */
  * HM_ERR_NOMEM when the pool has no slot left to give, or when even the whole pool would not make
  * room (then nothing is given up: the sessions that fit keep it); the store's HM_ERR_ARG when
  * pinned units cannot move out of the way; HM_OK when slots were given up (the caller retries). */
-hm_status hm_model_gpu_make_room(const struct hm_model *m, uint64_t bytes, hm_err *err);
+hm_status hm_model_gpu_make_room(const struct hm_model *m, int32_t dev, uint64_t bytes, hm_err *err);
 
 /* For an arch's gpu_load: copy a host matrix / f32 vector to the device (a buffer owned by g, freed
  * at close; counted in dense_bytes). *out's data is the device copy; nb1 kept. HM_ERR_NOMEM naming
  * the bytes when the device is full. */
 hm_status hm_gpu_upload_mat(hm_gpu *g, const hm_mat *w, struct hm_cuda_mat *out, hm_err *err);
 hm_status hm_gpu_upload_vec(hm_gpu *g, const float *v, int64_t n, float **out, hm_err *err);
+/* (These and hm_gpu_up_* below go to device index g->up_dev: an arch with gpu_multi sets it to
+ * hm_gpu_layer_dev(g, il) before layer il's uploads.) */
 
 /* ---- helpers the arches' GPU forwards (qwen3moe_cuda.c, qwen35moe_cuda.c, gemma4_cuda.c) share ---- */
 
@@ -96,13 +143,18 @@ hm_status hm_gpu_up_mat(hm_gpu *g, const hm_mat *w, const char *name, bool *f32_
 /* For gpu_load: hm_gpu_upload_vec (a NULL v uploads nothing: *out NULL), errors naming `name`. */
 hm_status hm_gpu_up_vec(hm_gpu *g, const float *v, int64_t n, const char *name, float **out, hm_err *err);
 
-/* For state_open: n bytes of device memory (256 when n is 0) for `what`, *out owned by the caller
- * (hm_cuda_free). When the device is full, the model's expert slot pool gives up room for `rest`
+/* For state_open: n bytes of device memory (256 when n is 0) for `what` on device index dev
+ * (hm_gpu_dev_alloc: device 0), *out owned by the caller (hm_cuda_free). When the device is full,
+ * that device's expert slot pool gives up room for `rest`
  * bytes (this allocation and the state's later ones, so that one warning covers the state) and it
  * tries again, until the pool is empty: then HM_ERR_NOMEM naming `what`, the MiB and the free
  * VRAM. Other sessions of the model keep working with the smaller pool. *out NULL on error. */
-hm_status hm_gpu_dev_alloc(const struct hm_model *m, size_t n, size_t rest, void **out, const char *what,
-                           hm_err *err);
+hm_status hm_gpu_dev_alloc_on(const struct hm_model *m, int32_t dev, size_t n, size_t rest, void **out,
+                              const char *what, hm_err *err);
+static inline hm_status hm_gpu_dev_alloc(const struct hm_model *m, size_t n, size_t rest, void **out,
+                                         const char *what, hm_err *err) {
+    return hm_gpu_dev_alloc_on(m, 0, n, rest, out, what, err);
+}
 
 /* Offsets off[i] of n arrays of elems[i] 4-byte elements in one block, each 256-byte aligned;
  * returns the block's bytes. */

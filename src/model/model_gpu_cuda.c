@@ -1,5 +1,6 @@
-/* model_gpu_cuda.c - opening a model's GPU placement (model_gpu.h): the device, the arch's dense
- * upload, and the size of the VRAM expert slot pool from the placement flags. CUDA builds only.
+/* model_gpu_cuda.c - opening a model's GPU placement (model_gpu.h): the devices (one, or the
+ * layer split of gpu_split.h over several), the arch's dense upload, and the size of each
+ * device's VRAM expert slot pool from the placement flags. CUDA builds only.
  *
  * Sizing (in this order): the dense weights go up first (their bytes are known only after the
  * arch's gpu_load); then the slots the flags ask for; then what fits: free VRAM minus the KV
@@ -8,7 +9,9 @@
  * still if an allocation fails (a warning again). Nothing here aborts for lack of VRAM except the
  * dense part, which must fit whole (an error naming the bytes). Later, a session whose device
  * state does not fit takes room back from the pool (hm_model_gpu_make_room: whole chunks of
- * slots, their units back to the CPU, a warning).
+ * slots, their units back to the CPU, a warning). With several devices all of this is per device
+ * (its layers' KV cache, its budget), and the store sees the pools as one numbering through a
+ * dispatching tier view (multi_fill / _ready / _part).
  *
  * At the end, the helpers the arches' GPU forwards share (qwen3moe_cuda.c, qwen35moe_cuda.c,
  * gemma4_cuda.c): named weight uploads, the session state's allocations (device, pinned) with the
@@ -35,31 +38,33 @@
 static hm_status track(hm_gpu *g, void *p, hm_err *err) {
     if (g->n_allocs == g->cap_allocs) {
         int32_t cap = g->cap_allocs ? 2 * g->cap_allocs : 64;
-        void **a = realloc(g->allocs, (size_t)cap * sizeof *a);
+        hm_gpu_alloc *a = realloc(g->allocs, (size_t)cap * sizeof *a);
         if (!a) {
-            hm_cuda_free(g->ctx, p);
+            hm_cuda_free(g->dev[g->up_dev].ctx, p);
             return hm_errf(err, HM_ERR_NOMEM, "gpu: out of host memory");
         }
         g->allocs = a;
         g->cap_allocs = cap;
     }
-    g->allocs[g->n_allocs++] = p;
+    g->allocs[g->n_allocs++] = (hm_gpu_alloc){p, g->up_dev};
     return HM_OK;
 }
 
 static hm_status upload(hm_gpu *g, const void *src, size_t bytes, void **out, const char *what, hm_err *err) {
+    hm_gpu_dev *dv = &g->dev[g->up_dev];
     void *d = NULL;
-    hm_status st = hm_cuda_alloc(g->ctx, bytes, &d, err);
+    hm_status st = hm_cuda_alloc(dv->ctx, bytes, &d, err);
     if (st != HM_OK) {
         size_t fr = 0, tot = 0;
         hm_err e2;
-        hm_cuda_mem_info(g->ctx, &fr, &tot, &e2);
-        return hm_errf(err, st, "gpu: no room for the dense weights (%s, %.1f MiB; %.1f MiB uploaded so far, %.1f "
-                       "MiB free of %.1f)", what, (double)bytes / MIB, (double)g->dense_bytes / MIB,
-                       (double)fr / MIB, (double)tot / MIB);
+        hm_cuda_mem_info(dv->ctx, &fr, &tot, &e2);
+        return hm_errf(err, st, "gpu %d: no room for the dense weights (%s, %.1f MiB; %.1f MiB uploaded so far, "
+                       "%.1f MiB free of %.1f)", (int)dv->ordinal, what, (double)bytes / MIB,
+                       (double)dv->dense_bytes / MIB, (double)fr / MIB, (double)tot / MIB);
     }
     if ((st = track(g, d, err)) != HM_OK) return st;
-    if ((st = hm_cuda_upload(g->ctx, d, src, bytes, err)) != HM_OK) return st;
+    if ((st = hm_cuda_upload(dv->ctx, d, src, bytes, err)) != HM_OK) return st;
+    dv->dense_bytes += bytes;
     g->dense_bytes += bytes;
     *out = d;
     return HM_OK;
@@ -93,55 +98,136 @@ hm_status hm_gpu_upload_vec(hm_gpu *g, const float *v, int64_t n, float **out, h
 void hm_model_gpu_close(hm_model *m) {
     hm_gpu *g = m->gpu;
     if (!g) return;
-    hm_vram_tier_close(g->vram); /* waits for fills in flight */
+    for (int32_t d = 0; d < g->n_dev; d++) hm_vram_tier_close(g->dev[d].vram); /* waits for fills in flight */
     if (m->arch && m->arch->gpu_unload) m->arch->gpu_unload(m);
-    for (int32_t i = 0; i < g->n_allocs; i++) hm_cuda_free(g->ctx, g->allocs[i]);
+    for (int32_t i = 0; i < g->n_allocs; i++) hm_cuda_free(g->dev[g->allocs[i].dev].ctx, g->allocs[i].p);
     free(g->allocs);
-    hm_cuda_close(g->ctx);
+    for (int32_t d = 0; d < g->n_dev; d++) hm_cuda_close(g->dev[d].ctx);
+    free(g->layer_dev);
     free(g);
     m->gpu = NULL;
+}
+
+int32_t hm_gpu_slot_dev(const hm_gpu *g, int64_t slot) {
+    for (int32_t d = 0; d < g->n_dev; d++)
+        if (slot >= g->dev[d].slot0 && slot < g->dev[d].slot0 + g->dev[d].n_slots) return d;
+    return -1;
+}
+
+hm_status hm_model_gpu_wait_fills(const hm_model *m, hm_err *err) {
+    const hm_gpu *g = m->gpu;
+    for (int32_t d = 0; g && d < g->n_dev; d++) {
+        hm_status st = g->dev[d].vram ? hm_vram_tier_wait(g->dev[d].vram, err) : HM_OK;
+        if (st != HM_OK) return st;
+    }
+    return HM_OK;
+}
+
+/* ---- the store's view of several devices' slots: slot s of the store is slot s - slot0 of the
+ * device whose range holds it (model_gpu.h) ---- */
+
+static hm_status multi_fill(void *ctx, const hm_unit_ref *u, int32_t slot, hm_err *err) {
+    const hm_gpu *g = ctx;
+    const int32_t d = hm_gpu_slot_dev(g, slot);
+    if (d < 0) return hm_errf(err, HM_ERR_ARG, "vram: slot %d is on no device", (int)slot);
+    const hm_tier *t = &g->dev[d].hot;
+    return t->fill(t->ctx, u, (int32_t)(slot - g->dev[d].slot0), err);
+}
+
+static bool multi_ready(void *ctx, int32_t slot) {
+    const hm_gpu *g = ctx;
+    const int32_t d = hm_gpu_slot_dev(g, slot);
+    return d >= 0 && g->dev[d].hot.ready(g->dev[d].hot.ctx, (int32_t)(slot - g->dev[d].slot0));
+}
+
+static const void *multi_part(void *ctx, int32_t slot, hm_unit_part p) {
+    const hm_gpu *g = ctx;
+    const int32_t d = hm_gpu_slot_dev(g, slot);
+    return d < 0 ? NULL : g->dev[d].hot.part(g->dev[d].hot.ctx, (int32_t)(slot - g->dev[d].slot0), p);
 }
 
 /* Room left free beyond a session state's own bytes when the pool gives some up: the allocator's
  * rounding and whatever the runtime takes on the side. */
 #define HM_GPU_ROOM_MARGIN ((uint64_t)64 << 20)
 
-hm_status hm_model_gpu_make_room(const hm_model *m, uint64_t bytes, hm_err *err) {
+hm_status hm_model_gpu_make_room(const hm_model *m, int32_t dev, uint64_t bytes, hm_err *err) {
     hm_gpu *g = m->gpu;
-    if (!g || !g->vram || g->n_slots <= 0)
+    hm_gpu_dev *dv = g ? &g->dev[dev] : NULL;
+    if (!dv || !dv->vram || dv->n_slots <= 0)
         return hm_errf(err, HM_ERR_NOMEM, "no expert slots left in VRAM to give up");
     size_t fr = 0, tot = 0;
-    hm_status st = hm_cuda_mem_info(g->ctx, &fr, &tot, err);
+    hm_status st = hm_cuda_mem_info(dv->ctx, &fr, &tot, err);
     if (st != HM_OK) return st;
-    const uint64_t want = bytes + HM_GPU_ROOM_MARGIN, pool = hm_vram_tier_bytes(g->vram);
-    const uint64_t stride = pool / (uint64_t)g->n_slots;
+    const uint64_t want = bytes + HM_GPU_ROOM_MARGIN, pool = hm_vram_tier_bytes(dv->vram);
+    const uint64_t stride = pool / (uint64_t)dv->n_slots;
     if ((uint64_t)fr + pool < want) /* hopeless: keep the pool for the sessions that fit */
         return hm_errf(err, HM_ERR_NOMEM, "even the whole expert slot pool (%lld slots, %.1f MiB) and the %.1f "
-                       "MiB free would not make room", (long long)g->n_slots, (double)pool / MIB, (double)fr / MIB);
+                       "MiB free would not make room", (long long)dv->n_slots, (double)pool / MIB, (double)fr / MIB);
     /* free may already look big enough when the allocation failed for lack of one piece that
      * large: give up at least one chunk then */
     const uint64_t deficit = want > fr ? want - fr : 1;
-    const int64_t pc = hm_vram_tier_chunk_slots(g->vram), before = g->n_slots;
+    const int64_t pc = hm_vram_tier_chunk_slots(dv->vram), before = dv->n_slots;
     int64_t give = (int64_t)((deficit + stride - 1) / stride);
     int64_t keep = before - give;
     keep = keep > 0 ? keep / pc * pc : 0; /* whole chunks: the tier frees nothing less */
-    if (m->experts && (st = hm_experts_shrink(m->experts, keep, err)) != HM_OK) return st;
-    const int64_t n = hm_vram_tier_shrink(g->vram, keep, err);
+    if (m->experts) {
+        st = g->n_dev > 1 ? hm_experts_shrink_group(m->experts, dev, keep, err) : hm_experts_shrink(m->experts, keep, err);
+        if (st != HM_OK) return st;
+    }
+    const int64_t n = hm_vram_tier_shrink(dv->vram, keep, err);
     if (n < 0) return (hm_status)n;
     hm_err werr;
     /* pinned units moved below keep: their copies have landed now (the shrink drained the copier) */
-    if (hm_vram_tier_wait(g->vram, &werr) == HM_OK && m->experts) hm_experts_land(m->experts);
-    g->n_slots = n;
-    hm_log_printf(&m->log, HM_LOG_WARN, "VRAM: gave up %lld expert slots (%.2f GiB) for session state of %.1f MiB; "
-                  "the evicted units run on the CPU (%lld slots left; %.1f MiB were free)", (long long)(before - n),
-                  (double)(before - n) * (double)stride / GIB, (double)bytes / MIB, (long long)n, (double)fr / MIB);
+    if (hm_vram_tier_wait(dv->vram, &werr) == HM_OK && m->experts) hm_experts_land(m->experts);
+    dv->n_slots = n;
+    g->n_slots -= before - n;
+    hm_log_printf(&m->log, HM_LOG_WARN, "VRAM of gpu %d: gave up %lld expert slots (%.2f GiB) for session state of "
+                  "%.1f MiB; the evicted units run on the CPU (%lld slots left; %.1f MiB were free)", (int)dv->ordinal,
+                  (long long)(before - n), (double)(before - n) * (double)stride / GIB, (double)bytes / MIB,
+                  (long long)n, (double)fr / MIB);
     return HM_OK;
 }
 
-/* Bytes of the f16 KV cache of one session at n_ctx positions. */
-static int64_t kv_bytes(const hm_model *m, int32_t n_ctx) {
+/* Bytes of the f16 KV cache of one session at n_ctx positions, for n_layers layers. */
+static int64_t kv_bytes(const hm_model *m, int32_t n_ctx, int32_t n_layers) {
     const hm_model_info *i = &m->info;
-    return (int64_t)n_ctx * i->n_layer * 2 * (int64_t)i->n_head_kv * i->head_dim * 2;
+    return (int64_t)n_ctx * n_layers * 2 * (int64_t)i->n_head_kv * i->head_dim * 2;
+}
+
+/* The plan of a one-device placement: main_gpu, every layer, the single budget. */
+static void plan_one(hm_gpu_plan *p, const hm_placement_opts *o, int32_t n_layer) {
+    memset(p, 0, sizeof *p);
+    p->n_dev = 1;
+    p->dev[0] = o->main_gpu;
+    p->budget[0] = o->vram_budget;
+    p->by_layer = o->vram_budget == 0;
+    p->n_layer = n_layer;
+    p->layer_end[0] = n_layer;
+    p->output_dev = 0;
+}
+
+/* Open the plan's device contexts (g->n_dev of them); with several, peer access between each pair
+ * where the hardware allows. */
+static hm_status open_devices(hm_model *m, hm_gpu *g, const hm_gpu_plan *p, hm_err *err) {
+    for (int32_t d = 0; d < p->n_dev; d++) {
+        hm_status st = hm_cuda_open(&g->dev[d].ctx, p->dev[d], err);
+        if (st != HM_OK) return st;
+        g->dev[d].ordinal = p->dev[d];
+        g->n_dev = d + 1;
+    }
+    g->ctx = g->dev[0].ctx;
+    g->peer_on = p->n_dev > 1;
+    for (int32_t a = 0; a < p->n_dev; a++)
+        for (int32_t b = a + 1; b < p->n_dev; b++) {
+            bool on = false;
+            hm_status st = hm_cuda_enable_peer(g->dev[a].ctx, g->dev[b].ctx, &on, err);
+            if (st != HM_OK) return st;
+            g->peer_on = g->peer_on && on;
+        }
+    if (p->n_dev > 1 && !g->peer_on)
+        hm_log_printf(&m->log, HM_LOG_WARN, "the GPUs cannot all read each other's memory: the residual goes across "
+                      "through host memory at each layer-range boundary");
+    return HM_OK;
 }
 
 hm_status hm_model_gpu_open(hm_model *m, const hm_placement_opts *o, int64_t *slots_out, int32_t *layer_from,
@@ -151,114 +237,150 @@ hm_status hm_model_gpu_open(hm_model *m, const hm_placement_opts *o, int64_t *sl
     if (!m->arch->gpu_load)
         return hm_errf(err, HM_ERR_UNSUPPORTED, "the GPU path is not implemented for %s models yet (drop -ngl / "
                        "--vram-budget to run on the CPU)", m->arch_name);
-    const int n_dev = hm_cuda_device_count();
-    if (n_dev <= 0)
+    const int n_cuda = hm_cuda_device_count();
+    if (n_cuda <= 0)
         return hm_errf(err, HM_ERR_CUDA, "no CUDA device found (drop -ngl / --vram-budget to run on the CPU)");
-    if (o->main_gpu < 0 || o->main_gpu >= n_dev)
-        return hm_errf(err, HM_ERR_ARG, "--main-gpu %d: there are %d CUDA devices", (int)o->main_gpu, n_dev);
-    /* Several GPUs (issue 11): the plan decides which devices; only a plan of one runs today, as
-     * the single-device form on that device (free memory does not matter for which devices) */
-    hm_placement_opts one;
+    if (o->main_gpu < 0 || o->main_gpu >= n_cuda)
+        return hm_errf(err, HM_ERR_ARG, "--main-gpu %d: there are %d CUDA devices", (int)o->main_gpu, n_cuda);
+    const int32_t NL = m->info.n_layer;
+    /* which devices (free memory does not matter for that), then, with several, the layer split
+     * by their free memory (when -ts does not give it) once they are open */
+    hm_gpu_plan plan;
+    hm_status st;
     if (o->n_vram_budgets > 0 || o->n_tensor_split > 0) {
-        hm_gpu_plan plan;
-        hm_status pst = hm_gpu_plan_make(&plan, o, m->info.n_layer, n_dev, NULL, err);
-        if (pst != HM_OK) return pst;
-        if (plan.n_dev > 1)
-            return hm_errf(err, HM_ERR_UNSUPPORTED, "several GPUs are planned (issue 11) but not executed yet: use "
-                           "one device (-mg N)");
-        one = *o;
-        one.main_gpu = plan.dev[0];
-        if (o->n_vram_budgets > 0) {
-            one.vram_budget = plan.budget[0];
-            if (plan.budget[0] == 0) one.cpu_moe = true; /* "N:0": no slots (the single form's 0 means unset) */
-        }
-        one.n_vram_budgets = 0;
-        one.n_tensor_split = 0;
-        o = &one;
+        if ((st = hm_gpu_plan_make(&plan, o, NL, n_cuda, NULL, err)) != HM_OK) return st;
+    } else {
+        plan_one(&plan, o, NL);
     }
-    if (o->n_gpu_layers > 0 && o->n_gpu_layers < m->info.n_layer)
+    if (plan.n_dev > 1 && !m->arch->gpu_multi)
+        return hm_errf(err, HM_ERR_UNSUPPORTED, "several GPUs are not implemented for %s models yet (qwen3moe only): "
+                       "use one device (-mg N, or a --vram-budget / -ts naming one)", m->arch_name);
+    if (o->n_gpu_layers > 0 && o->n_gpu_layers < NL)
         hm_log_printf(&m->log, HM_LOG_WARN, "-ngl %d < %d layers: hotmoe keeps every layer's dense part on the "
                       "GPU (use --cpu-moe / --n-cpu-moe / --vram-budget to keep experts on the CPU)",
-                      (int)o->n_gpu_layers, (int)m->info.n_layer);
+                      (int)o->n_gpu_layers, (int)NL);
 
     hm_gpu *g = calloc(1, sizeof *g);
     if (!g) return hm_errf(err, HM_ERR_NOMEM, "out of memory");
     g->n_cpu_moe = -1;
     m->gpu = g;
-    hm_status st = hm_cuda_open(&g->ctx, o->main_gpu, err);
-    if (st != HM_OK) goto fail;
+    if (!(g->layer_dev = calloc((size_t)NL + 1, sizeof *g->layer_dev))) {
+        st = hm_errf(err, HM_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    if ((st = open_devices(m, g, &plan, err)) != HM_OK) goto fail;
+    size_t fr[HM_MAX_GPUS] = {0}, tot[HM_MAX_GPUS] = {0};
+    for (int32_t d = 0; d < g->n_dev; d++)
+        if ((st = hm_cuda_mem_info(g->dev[d].ctx, &fr[d], &tot[d], err)) != HM_OK) goto fail;
+    if (plan.n_dev > 1 && plan.by_free) {
+        int64_t fb[HM_MAX_GPUS] = {0};
+        for (int32_t d = 0; d < g->n_dev; d++) fb[plan.dev[d]] = (int64_t)fr[d];
+        if ((st = hm_gpu_plan_make(&plan, o, NL, n_cuda, fb, err)) != HM_OK) goto fail;
+    }
+    for (int32_t il = 0; il <= NL; il++) g->layer_dev[il] = hm_gpu_plan_layer_dev(&plan, il);
     if ((st = m->arch->gpu_load(m, err)) != HM_OK) goto fail;
+    g->up_dev = 0;
 
-    /* the slots the flags ask for */
+    /* the slots the flags ask for, per device */
     const hm_units *u = &m->units;
     g->slot_bytes = hm_vram_tier_slot_bytes(u);
-    int64_t want = 0;
+    int64_t want[HM_MAX_GPUS] = {0};
     const char *why;
     if (o->vram_budget != 0 && o->n_cpu_moe >= 0)
         hm_log_printf(&m->log, HM_LOG_WARN, "--n-cpu-moe %d is ignored: --vram-budget places expert units by use",
                       (int)o->n_cpu_moe);
-    if (o->vram_budget > 0) {
-        want = g->slot_bytes ? o->vram_budget / (int64_t)g->slot_bytes : 0;
-        why = "--vram-budget";
-    } else if (o->vram_budget < 0) {
-        want = INT64_MAX; /* capped by what fits below */
-        why = "--vram-budget auto";
+    if (!plan.by_layer) {
+        why = o->n_vram_budgets > 0 ? "--vram-budget per device" : o->vram_budget < 0 ? "--vram-budget auto"
+                                                                                        : "--vram-budget";
+        for (int32_t d = 0; d < g->n_dev; d++)
+            want[d] = plan.budget[d] < 0 ? INT64_MAX /* capped by what fits below */
+                      : g->slot_bytes    ? plan.budget[d] / (int64_t)g->slot_bytes
+                                         : 0;
     } else if (o->cpu_moe) {
         why = "--cpu-moe";
     } else {
         int32_t from = o->n_cpu_moe >= 0 ? o->n_cpu_moe : 0;
         if (from > u->n_layer) from = u->n_layer;
-        for (int32_t l = from; l < u->n_layer; l++) want += u->layers[l].n_expert;
+        for (int32_t l = from; l < u->n_layer; l++) want[g->layer_dev[l]] += u->layers[l].n_expert;
         *layer_from = from;
         g->n_cpu_moe = from;
         why = o->n_cpu_moe >= 0 ? "--n-cpu-moe" : "-ngl (every expert on the GPU)";
     }
-    if ((uint64_t)want > u->n_units) want = (int64_t)u->n_units;
-    if (want > 0 && g->no_gpu_experts) {
+    bool want_any = false;
+    for (int32_t d = 0; d < g->n_dev; d++) want_any = want_any || want[d] > 0;
+    if (g->no_gpu_experts && want_any) {
         hm_log_printf(&m->log, HM_LOG_WARN, "the CUDA expert kernels cannot compute this model's expert units (%s): "
                       "every expert runs on the CPU, no VRAM slots are taken", g->no_gpu_experts);
-        want = 0;
+        memset(want, 0, sizeof want);
         *layer_from = -1;
         g->n_cpu_moe = -1;
     }
 
-    /* what fits */
-    size_t fr = 0, tot = 0;
-    if ((st = hm_cuda_mem_info(g->ctx, &fr, &tot, err)) != HM_OK) goto fail;
+    /* what fits on each device: free VRAM after the dense part, minus the KV cache of its layers
+     * for the context the sessions will ask for, the activations and (auto) the reserve */
     int32_t n_ctx = o->n_ctx > 0 ? o->n_ctx : (m->info.n_ctx_train > 0 ? m->info.n_ctx_train : 4096);
     if (o->n_ctx <= 0 && n_ctx > 32768) n_ctx = 32768;
     const int64_t reserve = o->vram_reserve >= 0 ? o->vram_reserve : ((int64_t)1 << 30);
-    const int64_t keep = kv_bytes(m, n_ctx) + HM_GPU_ACT_MARGIN + (o->vram_budget < 0 ? reserve : 0);
-    int64_t fit = g->slot_bytes && (int64_t)fr > keep ? ((int64_t)fr - keep) / (int64_t)g->slot_bytes : 0;
-    if (want > fit) {
-        if (o->vram_budget >= 0)
-            hm_log_printf(&m->log, HM_LOG_WARN, "%s asks for %lld expert slots (%.2f GiB) but only %lld fit in the "
-                          "%.2f GiB of free VRAM after the KV cache for %d positions and activations: using %lld",
-                          why, (long long)want, (double)want * (double)g->slot_bytes / GIB, (long long)fit,
-                          (double)fr / GIB, (int)n_ctx, (long long)fit);
-        want = fit;
+    for (int32_t d = 0; d < g->n_dev; d++) {
+        hm_gpu_dev *dv = &g->dev[d];
+        int32_t nl_d = 0;
+        for (int32_t il = 0; il < NL; il++) nl_d += g->layer_dev[il] == d;
+        if (g->n_dev > 1 && nl_d == 0 && want[d] > 0) {
+            hm_log_printf(&m->log, HM_LOG_WARN, "gpu %d runs no layers (its -ts share is 0): its expert budget is "
+                          "not used (units are computed by their own layer's device)", (int)dv->ordinal);
+            want[d] = 0;
+        }
+        if ((st = hm_cuda_mem_info(dv->ctx, &fr[d], &tot[d], err)) != HM_OK) goto fail;
+        const int64_t keep = kv_bytes(m, n_ctx, nl_d) + HM_GPU_ACT_MARGIN + (plan.budget[d] < 0 ? reserve : 0);
+        int64_t fit = g->slot_bytes && (int64_t)fr[d] > keep ? ((int64_t)fr[d] - keep) / (int64_t)g->slot_bytes : 0;
+        if ((uint64_t)want[d] > u->n_units) want[d] = (int64_t)u->n_units;
+        if (want[d] > fit) {
+            if (plan.budget[d] >= 0)
+                hm_log_printf(&m->log, HM_LOG_WARN, "gpu %d: %s asks for %lld expert slots (%.2f GiB) but only %lld "
+                              "fit in the %.2f GiB of free VRAM after the KV cache for %d positions and activations: "
+                              "using %lld", (int)dv->ordinal, why, (long long)want[d],
+                              (double)want[d] * (double)g->slot_bytes / GIB, (long long)fit, (double)fr[d] / GIB,
+                              (int)n_ctx, (long long)fit);
+            want[d] = fit;
+        }
+        dv->slot0 = g->n_slots;
+        if (want[d] > 0) {
+            hm_vram_tier_opts vo;
+            memset(&vo, 0, sizeof vo);
+            vo.n_slots = want[d];
+            vo.slot_bytes = g->slot_bytes;
+            if ((st = hm_vram_tier_open(&dv->vram, dv->ctx, &vo, err)) != HM_OK) goto fail;
+            dv->n_slots = hm_vram_tier_n_slots(dv->vram);
+            if (dv->n_slots < want[d])
+                hm_log_printf(&m->log, HM_LOG_WARN, "gpu %d: VRAM ran out while taking the expert slots: %lld of %lld",
+                              (int)dv->ordinal, (long long)dv->n_slots, (long long)want[d]);
+            hm_vram_tier_as_hot(dv->vram, &dv->hot);
+        }
+        g->n_slots += dv->n_slots;
     }
-    if (want > 0) {
-        hm_vram_tier_opts vo;
-        memset(&vo, 0, sizeof vo);
-        vo.n_slots = want;
-        vo.slot_bytes = g->slot_bytes;
-        if ((st = hm_vram_tier_open(&g->vram, g->ctx, &vo, err)) != HM_OK) goto fail;
-        g->n_slots = hm_vram_tier_n_slots(g->vram);
-        if (g->n_slots < want)
-            hm_log_printf(&m->log, HM_LOG_WARN, "VRAM ran out while taking the expert slots: %lld of %lld",
-                          (long long)g->n_slots, (long long)want);
-        hm_vram_tier_as_hot(g->vram, &g->hot);
+    if (g->n_dev == 1) {
+        g->hot = g->dev[0].hot; /* one device: its own view, no dispatch */
+    } else if (g->n_slots > 0) {
+        g->hot = (hm_tier){.name = "vram", .ctx = g, .fill = multi_fill, .ready = multi_ready, .part = multi_part};
     }
     *slots_out = g->n_slots;
-    {
-        char name[128] = "";
-        hm_cuda_device_name(o->main_gpu, name, sizeof name);
-        hm_log_printf(&m->log, HM_LOG_INFO, "gpu %d: %s; dense part %.1f MiB; %lld expert slots of %.2f MiB "
+    for (int32_t d = 0; d < g->n_dev; d++) {
+        const hm_gpu_dev *dv = &g->dev[d];
+        char name[128] = "", layers[64] = "";
+        hm_cuda_device_name(dv->ordinal, name, sizeof name);
+        if (g->n_dev > 1) {
+            int32_t lo = NL, hi = -1;
+            for (int32_t il = 0; il < NL; il++)
+                if (g->layer_dev[il] == d) lo = il < lo ? il : lo, hi = il;
+            if (hi >= 0) snprintf(layers, sizeof layers, "layers %d-%d%s; ", (int)lo, (int)hi,
+                                  g->layer_dev[NL] == d ? " + output" : "");
+            else snprintf(layers, sizeof layers, "no layers; ");
+        }
+        hm_log_printf(&m->log, HM_LOG_INFO, "gpu %d: %s; %sdense part %.1f MiB; %lld expert slots of %.2f MiB "
                       "(%.2f GiB, %s) for %llu units; %.2f GiB free of %.2f before the slots",
-                      (int)o->main_gpu, name, (double)g->dense_bytes / MIB, (long long)g->n_slots,
-                      (double)g->slot_bytes / MIB, (double)g->n_slots * (double)g->slot_bytes / GIB, why,
-                      (unsigned long long)u->n_units, (double)fr / GIB, (double)tot / GIB);
+                      (int)dv->ordinal, name, layers, (double)dv->dense_bytes / MIB, (long long)dv->n_slots,
+                      (double)g->slot_bytes / MIB, (double)dv->n_slots * (double)g->slot_bytes / GIB, why,
+                      (unsigned long long)u->n_units, (double)fr[d] / GIB, (double)tot[d] / GIB);
     }
     return HM_OK;
 fail:
@@ -300,8 +422,9 @@ hm_status hm_gpu_up_vec(hm_gpu *g, const float *v, int64_t n, const char *name, 
     return hm_gpu_name_err(hm_gpu_upload_vec(g, v, n, out, err), name, err);
 }
 
-hm_status hm_gpu_dev_alloc(const hm_model *m, size_t n, size_t rest, void **out, const char *what, hm_err *err) {
-    hm_cuda_ctx *c = m->gpu->ctx;
+hm_status hm_gpu_dev_alloc_on(const hm_model *m, int32_t dev, size_t n, size_t rest, void **out, const char *what,
+                              hm_err *err) {
+    hm_cuda_ctx *c = m->gpu->dev[dev].ctx;
     *out = NULL;
     if (!n) n = 256;
     if (rest < n) rest = n;
@@ -313,7 +436,7 @@ hm_status hm_gpu_dev_alloc(const hm_model *m, size_t n, size_t rest, void **out,
             return hm_errf(err, st, "gpu: cannot allocate the %s (%.1f MiB) on the device: %s", what, (double)n / MIB,
                            e.msg);
         hm_err re;
-        if ((st = hm_model_gpu_make_room(m, rest, &re)) == HM_ERR_NOMEM) {
+        if ((st = hm_model_gpu_make_room(m, dev, rest, &re)) == HM_ERR_NOMEM) {
             size_t fr = 0, tot = 0;
             hm_err e2;
             (void)hm_cuda_mem_info(c, &fr, &tot, &e2);

@@ -10,7 +10,10 @@
  * Decode (n_tok <= 8) splits the step in two (hm_moe_forward_gpu_dev / _cold): the hot units run
  * from the router's ids on the device through a per-layer slot table (hm_moe_gpu_slot_table,
  * refreshed when the store's slot map changes), so a layer with no cold unit needs no host round
- * trip at all; the cold units then run here as above from the downloaded routing. */
+ * trip at all; the cold units then run here as above from the downloaded routing.
+ *
+ * Several devices (model_gpu.h): everything for a layer runs on the device of that layer, and a
+ * unit counts as hot only in a slot of that device (hm_gpu_slot_local). */
 #include <stddef.h>
 #include <string.h>
 
@@ -41,12 +44,23 @@ static int cuda_act(const hm_moe_weights *mw) {
     return mw->act == HM_MOE_ACT_GELU ? HM_CUDA_ACT_GELU : HM_CUDA_ACT_SILU;
 }
 
+/* The slot of a unit of mw's layer as that layer's device computes it: its store slot when it is on
+ * that device (model_gpu.h, hm_gpu_slot_local), else -1 (computed as a cold unit). */
+static int32_t local_slot(const hm_gpu *g, const hm_moe_weights *mw, int32_t slot) {
+    return slot >= 0 && hm_gpu_slot_local(g, mw->layer, slot) ? slot : -1;
+}
+
+/* The context of the device that runs mw's layer. */
+static hm_cuda_ctx *layer_ctx(const hm_gpu *g, const hm_moe_weights *mw) {
+    return g->dev[hm_gpu_layer_dev(g, mw->layer)].ctx;
+}
+
 bool hm_moe_gpu_all_hot(const hm_model *m, const hm_moe_weights *mw) {
     if (!m->gpu || !m->experts || !gpu_computes(m->gpu, mw)) return false;
     const int32_t *smap = hm_experts_slot_map(m->experts, mw->layer);
     if (!smap) return false;
     for (int32_t e = 0; e < mw->n_expert; e++)
-        if (smap[e] < 0) return false;
+        if (local_slot(m->gpu, mw, smap[e]) < 0) return false;
     return true;
 }
 
@@ -76,7 +90,7 @@ static int32_t split_units(const hm_model *m, const hm_moe_weights *mw, hm_moe_r
     int n_hot = 0;
     int32_t n_cold = 0;
     for (int32_t i = 0; i < r->n_units; i++) {
-        const int32_t e = r->unit[i], slot = smap ? smap[e] : -1;
+        const int32_t e = r->unit[i], slot = smap ? local_slot(g, mw, smap[e]) : -1;
         const int32_t *tok = r->tok + r->start[i];
         const float *w = r->w + r->start[i];
         const int32_t nt = r->start[i + 1] - r->start[i];
@@ -105,7 +119,7 @@ static int32_t split_units(const hm_model *m, const hm_moe_weights *mw, hm_moe_r
  * hm_moe_run_cold), their sum up and added into b->out_dev. */
 static hm_status cold_part(const hm_model *m, hm_pool *pool, const hm_moe_weights *mw, hm_moe_route *r,
                            int32_t n_cold, const hm_moe_gpu_buf *b, hm_scratch *scratch, hm_err *err) {
-    hm_cuda_ctx *c = m->gpu->ctx;
+    hm_cuda_ctx *c = layer_ctx(m->gpu, mw);
     if (n_cold == 0) return HM_OK;
     HM_ASSERT(b->x_host);
     const size_t n = (size_t)r->n_tok * (size_t)mw->n_embd;
@@ -124,7 +138,7 @@ hm_status hm_moe_forward_gpu(const hm_model *m, hm_pool *pool, const hm_moe_weig
     const int32_t n_cold = split_units(m, mw, r, b, true, &n_hot);
     hm_status st;
     if (n_hot > 0 &&
-        (st = hm_cuda_moe_act(g->ctx, b->units, n_hot, mw->gate.type, mw->down.type, cuda_act(mw), b->x_dev,
+        (st = hm_cuda_moe_act(layer_ctx(g, mw), b->units, n_hot, mw->gate.type, mw->down.type, cuda_act(mw), b->x_dev,
                               r->n_tok, mw->n_embd, mw->n_ff, b->out_dev, b->scratch_dev, b->scratch_dev_size,
                               err)) != HM_OK)
         return st;
@@ -140,7 +154,7 @@ bool hm_moe_gpu_slot_table(const hm_model *m, const hm_moe_weights *mw, int32_t 
     const ptrdiff_t up_off = (const char *)mw->up.data - (const char *)mw->gate.data;
     bool changed = false, all = true, any = false;
     for (int32_t e = 0; e < mw->n_expert; e++) {
-        const int32_t slot = smap && smap[e] >= 0 ? smap[e] : -1;
+        const int32_t slot = smap ? local_slot(g, mw, smap[e]) : -1;
         if (slot >= 0) any = true;
         else all = false;
         if (slot == seen[e]) continue;
@@ -163,7 +177,7 @@ hm_status hm_moe_forward_gpu_dev(const hm_model *m, const hm_moe_weights *mw, co
                                  const int32_t *ids_dev, const float *w_dev, int64_t n_tok, int k,
                                  const hm_moe_gpu_buf *b, hm_err *err) {
     HM_ASSERT(m->gpu);
-    return hm_cuda_moe_dev_act(m->gpu->ctx, slots_dev, mw->gate.type, mw->down.type, cuda_act(mw), ids_dev, w_dev, k,
+    return hm_cuda_moe_dev_act(layer_ctx(m->gpu, mw), slots_dev, mw->gate.type, mw->down.type, cuda_act(mw), ids_dev, w_dev, k,
                                b->x_dev, n_tok, mw->n_embd, mw->n_ff, b->out_dev, b->scratch_dev,
                                b->scratch_dev_size, err);
 }

@@ -355,5 +355,6 @@ const hm_arch hm_arch_qwen3moe = {
 #ifdef HM_HAVE_CUDA
     .gpu_load = q3_gpu_load,
     .gpu_unload = q3_gpu_unload,
+    .gpu_multi = true,
 #endif
 };

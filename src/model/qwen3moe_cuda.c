@@ -133,8 +133,12 @@ hm_status q3_gpu_load(hm_model *m, hm_err *err) {
         st = hm_errf(err, HM_ERR_NOMEM, "out of memory");
         goto fail;
     }
+    /* several devices (model_gpu.h): the embeddings go with layer 0, the output with its own
+     * device, each layer's weights with the layer */
+    g->up_dev = hm_gpu_layer_dev(g, 0);
     if ((st = hm_gpu_up_mat(g, &q->tok_embd, "token_embd.weight", NULL, &d->tok_embd, err)) != HM_OK) goto fail;
-    if (q->output.data == q->tok_embd.data)
+    g->up_dev = hm_gpu_layer_dev(g, q->n_layer);
+    if (q->output.data == q->tok_embd.data && g->up_dev == hm_gpu_layer_dev(g, 0))
         d->output = d->tok_embd; /* tied embeddings: one device copy */
     else if ((st = hm_gpu_up_mat(g, &q->output, "output.weight", NULL, &d->output, err)) != HM_OK)
         goto fail;
@@ -142,6 +146,7 @@ hm_status q3_gpu_load(hm_model *m, hm_err *err) {
     for (int32_t il = 0; il < q->n_layer; il++) {
         const q3_layer *L = &q->layers[il];
         q3_gpu_layer *D = &d->layers[il];
+        g->up_dev = hm_gpu_layer_dev(g, il);
         char n[96];
 #define NAME(s) (snprintf(n, sizeof n, "blk.%d." s ".weight", il), n)
         if ((st = hm_gpu_up_vec(g, L->attn_norm, E, NAME("attn_norm"), &D->attn_norm, err)) != HM_OK) goto fail;
@@ -162,20 +167,29 @@ fail:
     return st;
 }
 
-/* ---- session state on the device ---- */
+/* ---- session state on the device ----
+ *
+ * One q3_gstate per device of the placement that runs layers or the output, chained in layer
+ * order (s->g the first): each holds the KV cache of its own layers [l0, l1) only, and its own
+ * activations, tables and handshakes. With one device the chain has one link, over every layer. */
 
 typedef struct q3_gstate {
-    hm_cuda_ctx *c;           /* borrowed: the model's */
+    hm_cuda_ctx *c;           /* borrowed: the model's context of this device */
+    int32_t dev;              /* index into m->gpu->dev */
+    int32_t l0, l1;           /* the layers it runs */
+    bool out;                 /* it computes the output norm and logits */
+    struct q3_gstate *next;   /* the next device's state (higher layers), owned; NULL: the last */
+    hm_cuda_event *handoff;   /* recorded when the residual goes to `next`, owned */
     size_t kv_layer_elems;    /* n_head_kv * n_ctx * head_dim */
-    uint16_t *kv;             /* device [n_layer][2][n_head_kv][n_ctx][head_dim] f16, owned */
-    void *dev;                /* device block holding the activations below, owned */
+    uint16_t *kv;             /* device [l1 - l0][2][n_head_kv][n_ctx][head_dim] f16, owned */
+    void *dev_block;          /* device block holding the activations below, owned */
     float *x;                 /* [U, n_embd] residual stream */
     float *h;                 /* [U, n_embd] normed input of a block, then its output */
     float *q, *k, *v, *att;   /* [U, n_head*hd], 2x [U, n_head_kv*hd], [U, n_head*hd] */
     float *rlog;              /* [U, n_expert] router logits */
     int32_t *sel;             /* [2 * U * k]: a layer's ids [nr, k], then its weights [nr, k] */
     float *cold;              /* [U, n_embd] the CPU part's sum, uploaded */
-    float *logits;            /* [min(U, Q3_LOGIT_ROWS), n_vocab] */
+    float *logits;            /* [min(U, Q3_LOGIT_ROWS), n_vocab] (the output's device) */
     int32_t *ints;            /* [3 * U]: tokens, positions, positions of the wanted rows */
     void *scratch;            /* attention and MoE scratch (used one after the other), owned */
     size_t scratch_size;
@@ -197,25 +211,27 @@ typedef struct q3_gstate {
     int32_t *seen;            /* [n_layer][n_expert] the slot each entry of slots_h was built for, owned */
     uint8_t *any_hot;         /* [n_layer] per decode forward: some unit of the layer is hot, owned */
     int32_t *rec_n;           /* [n_layer] per decode forward: ids each layer routed (for the record) */
+    int32_t n_rec;            /* per decode forward: layers [0, n_rec) are recorded from sel_all_h */
     hm_cuda_event *routed;    /* a mixed layer's routing has come down, owned */
-    const hm_moe_weights **mw;/* [n_layer] each layer's experts (borrowed), the array owned */
+    const hm_moe_weights **mw;/* [n_layer] the experts of this device's layers (borrowed; NULL for the
+                                 others: skipped by the tables, the graph and the record), owned */
     /* decode as one CUDA graph (moe.h, hm_moe_graph); NULL with HOTMOE_CUDA_GRAPH=0 (the
      * per-launch path above) */
     hm_moe_graph *graph;      /* owned */
 } q3_gstate;
 
-void q3_gpu_state_close(q3_state *s) {
-    q3_gstate *g = s->g;
-    if (!g) return;
+static void gstate_free(q3_gstate *g) {
     if (g->c) {
         hm_err e;
+        (void)hm_cuda_make_current(g->c, &e);
         hm_cuda_sync(g->c, &e); /* nothing queued may still use what is freed below */
         hm_cuda_free(g->c, g->kv);
-        hm_cuda_free(g->c, g->dev);
+        hm_cuda_free(g->c, g->dev_block);
         hm_cuda_free(g->c, g->scratch);
         hm_cuda_host_free(g->c, g->pin);
     }
     hm_cuda_event_destroy(g->routed);
+    hm_cuda_event_destroy(g->handoff);
     hm_moe_graph_close(g->graph);
     free(g->units);
     free(g->all_hot);
@@ -224,19 +240,31 @@ void q3_gpu_state_close(q3_state *s) {
     free(g->rec_n);
     free(g->mw);
     free(g);
+}
+
+void q3_gpu_state_close(q3_state *s) {
+    for (q3_gstate *g = s->g, *nx; g; g = nx) {
+        nx = g->next;
+        gstate_free(g);
+    }
     s->g = NULL;
 }
 
-hm_status q3_gpu_state_open(const hm_model *m, const hm_state_opts *o, q3_state *s, hm_err *err) {
+/* The device state of device index dev for layers [l0, l1) (and the output when out). */
+static hm_status gstate_open(const hm_model *m, const hm_state_opts *o, int32_t dev, int32_t l0, int32_t l1, bool out,
+                             q3_gstate **res, hm_err *err) {
     const q3_model *q = m->impl;
-    HM_ASSERT(m->gpu && m->gpu->arch && !s->g);
-    hm_status st = hm_gpu_state_opts_check(o, err);
-    if (st != HM_OK) return st;
     q3_gstate *g = calloc(1, sizeof *g);
     if (!g) return hm_errf(err, HM_ERR_NOMEM, "out of memory");
-    s->g = g;
-    hm_cuda_ctx *c = m->gpu->ctx;
+    *res = g;
+    hm_cuda_ctx *c = m->gpu->dev[dev].ctx;
     g->c = c;
+    g->dev = dev;
+    g->l0 = l0;
+    g->l1 = l1;
+    g->out = out;
+    hm_status st = hm_cuda_make_current(c, err);
+    if (st != HM_OK) return st;
     const size_t U = (size_t)o->n_ubatch, E = (size_t)q->n_embd, hd = (size_t)q->head_dim;
     const size_t nq = (size_t)q->n_head * hd, nkv = (size_t)q->n_head_kv * hd, K = (size_t)q->n_expert_used;
     const size_t V = (size_t)q->n_vocab;
@@ -247,15 +275,12 @@ hm_status q3_gpu_state_open(const hm_model *m, const hm_state_opts *o, q3_state 
     const size_t slot_words = NL * NE * sizeof(hm_cuda_moe_slot) / 4;
 
     /* sizes first: a device that is full makes the expert pool give up room for all of them */
-    s->kv_elem_size = 2;
-    g->kv_layer_elems = s->kv_layer_elems = nkv * (size_t)o->n_ctx;
+    g->kv_layer_elems = nkv * (size_t)o->n_ctx;
     size_t kv_bytes = 0;
-    if (!hm_mul_ok(g->kv_layer_elems, 2u * (size_t)q->n_layer * 2u, &kv_bytes)) {
-        st = hm_errf(err, HM_ERR_NOMEM, "gpu: the KV cache for %d positions is too large", o->n_ctx);
-        goto fail;
-    }
+    if (!hm_mul_ok(g->kv_layer_elems, 2u * (size_t)(l1 - l0) * 2u, &kv_bytes))
+        return hm_errf(err, HM_ERR_NOMEM, "gpu: the KV cache for %d positions is too large", o->n_ctx);
     const size_t act_el[] = {U * E, U * E, U * nq, U * nkv, U * nkv, U * nq, U * (size_t)q->n_expert, 2 * U * K,
-                             U * E, (size_t)g->logit_rows * V, 3 * U, NL * g->sel_stride, slot_words};
+                             U * E, out ? (size_t)g->logit_rows * V : 0, 3 * U, NL * g->sel_stride, slot_words};
     size_t act_off[sizeof act_el / sizeof act_el[0]];
     const size_t act_bytes = hm_gpu_layout(act_el, act_off, sizeof act_el / sizeof act_el[0]);
     /* attention and the grouped MoE run one after the other on one stream: one scratch */
@@ -268,14 +293,15 @@ hm_status q3_gpu_state_open(const hm_model *m, const hm_state_opts *o, q3_state 
     /* the KV cache */
     char what[96];
     snprintf(what, sizeof what, "KV cache (%d positions)", o->n_ctx);
-    if ((st = hm_gpu_dev_alloc(m, kv_bytes, kv_bytes + act_bytes + g->scratch_size, (void **)&g->kv, what, err)) !=
-        HM_OK)
-        goto fail;
+    if (kv_bytes && (st = hm_gpu_dev_alloc_on(m, dev, kv_bytes, kv_bytes + act_bytes + g->scratch_size,
+                                              (void **)&g->kv, what, err)) != HM_OK)
+        return st;
     /* activations: one device block */
-    if ((st = hm_gpu_dev_alloc(m, act_bytes, act_bytes + g->scratch_size, &g->dev, "activations", err)) != HM_OK)
-        goto fail;
+    if ((st = hm_gpu_dev_alloc_on(m, dev, act_bytes, act_bytes + g->scratch_size, &g->dev_block, "activations",
+                                  err)) != HM_OK)
+        return st;
     {
-        char *b = g->dev;
+        char *b = g->dev_block;
         const size_t *off = act_off;
         g->x = (float *)(b + off[0]);
         g->h = (float *)(b + off[1]);
@@ -286,20 +312,20 @@ hm_status q3_gpu_state_open(const hm_model *m, const hm_state_opts *o, q3_state 
         g->rlog = (float *)(b + off[6]);
         g->sel = (int32_t *)(b + off[7]);
         g->cold = (float *)(b + off[8]);
-        g->logits = (float *)(b + off[9]);
+        g->logits = out ? (float *)(b + off[9]) : NULL;
         g->ints = (int32_t *)(b + off[10]);
         g->sel_all = (int32_t *)(b + off[11]);
         g->slots = (hm_cuda_moe_slot *)(b + off[12]);
     }
-    if ((st = hm_gpu_dev_alloc(m, g->scratch_size, g->scratch_size, &g->scratch, "attention/MoE scratch", err)) !=
-        HM_OK)
-        goto fail;
+    if ((st = hm_gpu_dev_alloc_on(m, dev, g->scratch_size, g->scratch_size, &g->scratch, "attention/MoE scratch",
+                                  err)) != HM_OK)
+        return st;
 
     /* pinned host buffers: everything that crosses the bus */
     {
         const size_t el[] = {3 * U, 2 * U * K, U * E, U * E, NL * g->sel_stride, slot_words};
         size_t off[sizeof el / sizeof el[0]];
-        if ((st = hm_gpu_pinned_block(c, el, off, sizeof el / sizeof el[0], &g->pin, err)) != HM_OK) goto fail;
+        if ((st = hm_gpu_pinned_block(c, el, off, sizeof el / sizeof el[0], &g->pin, err)) != HM_OK) return st;
         char *b = g->pin;
         g->ints_h = (int32_t *)(b + off[0]);
         g->sel_h = (int32_t *)(b + off[1]);
@@ -313,25 +339,43 @@ hm_status q3_gpu_state_open(const hm_model *m, const hm_state_opts *o, q3_state 
     g->any_hot = calloc((size_t)q->n_layer, 1);
     g->rec_n = calloc((size_t)q->n_layer, sizeof *g->rec_n);
     g->seen = malloc(NL * NE * sizeof *g->seen);
-    g->mw = malloc(NL * sizeof *g->mw);
-    if (!g->units || !g->all_hot || !g->any_hot || !g->rec_n || !g->seen || !g->mw) {
-        st = hm_errf(err, HM_ERR_NOMEM, "out of memory");
-        goto fail;
-    }
-    for (size_t il = 0; il < NL; il++) g->mw[il] = &q->layers[il].moe;
+    g->mw = calloc(NL, sizeof *g->mw);
+    if (!g->units || !g->all_hot || !g->any_hot || !g->rec_n || !g->seen || !g->mw)
+        return hm_errf(err, HM_ERR_NOMEM, "out of memory");
+    for (int32_t il = l0; il < l1; il++) g->mw[il] = &q->layers[il].moe;
 
     for (size_t i = 0; i < NL * NE; i++) g->seen[i] = -2; /* no entry of slots_h built yet */
     {
         hm_err e;
-        if (hm_cuda_event_create(c, &g->routed, &e) != HM_OK) {
-            st = hm_errf(err, HM_ERR_CUDA, "gpu: %s", e.msg);
-            goto fail;
-        }
+        if (hm_cuda_event_create(c, &g->routed, &e) != HM_OK || hm_cuda_event_create(c, &g->handoff, &e) != HM_OK)
+            return hm_errf(err, HM_ERR_CUDA, "gpu: %s", e.msg);
     }
+    return hm_moe_graph_open_env(c, g->mw, q->n_layer, g->dec_cap, q->n_expert_used, q->n_embd, &g->graph, err);
+}
 
-    if ((st = hm_moe_graph_open_env(c, g->mw, q->n_layer, g->dec_cap, q->n_expert_used, q->n_embd, &g->graph, err)) !=
-        HM_OK)
-        goto fail;
+hm_status q3_gpu_state_open(const hm_model *m, const hm_state_opts *o, q3_state *s, hm_err *err) {
+    const q3_model *q = m->impl;
+    const hm_gpu *gpu = m->gpu;
+    HM_ASSERT(gpu && gpu->arch && !s->g);
+    hm_status st = hm_gpu_state_opts_check(o, err);
+    if (st != HM_OK) return st;
+    s->kv_elem_size = 2;
+    s->kv_layer_elems = (size_t)q->n_head_kv * (size_t)q->head_dim * (size_t)o->n_ctx;
+    /* one state per device that runs layers or the output, in layer order */
+    q3_gstate **tail = &s->g;
+    for (int32_t d = 0; d < gpu->n_dev; d++) {
+        int32_t l0 = q->n_layer, l1 = 0;
+        for (int32_t il = 0; il < q->n_layer; il++)
+            if (hm_gpu_layer_dev(gpu, il) == d) l0 = il < l0 ? il : l0, l1 = il + 1;
+        const bool out = hm_gpu_layer_dev(gpu, q->n_layer) == d;
+        if (l1 <= l0) {
+            if (!out) continue;
+            l0 = l1 = q->n_layer; /* the output alone */
+        }
+        st = gstate_open(m, o, d, l0, l1, out, tail, err);
+        if (st != HM_OK) goto fail;
+        tail = &(*tail)->next;
+    }
     /* the CPU part: the route and the scratch of its MoE op */
     if ((st = hm_gpu_cold_part_open(&s->route, &s->scratch, q->n_expert, q->n_expert_used, q->n_embd, q->n_ff_exp, o,
                                     err)) != HM_OK)
@@ -349,9 +393,35 @@ fail:
         if ((st = (call)) != HM_OK) goto fail;     \
     } while (0)
 
-/* Decode: the usage counts of layers 0..n_rec-1 from their routing (downloaded, synced). */
-static void record_routing(const hm_model *m, const q3_gstate *g, int32_t n_rec) {
-    hm_gpu_record_routing(m, g->mw, g->sel_all_h, g->sel_stride, g->rec_n, n_rec);
+/* Layer il's K and V cache of its device's state. */
+static void kv_of(const q3_gstate *g, int32_t il, uint16_t **kc, uint16_t **vc) {
+    *kc = g->kv + (size_t)(il - g->l0) * 2 * g->kv_layer_elems;
+    *vc = *kc + g->kv_layer_elems;
+}
+
+/* Hand the first `rows` rows of the residual from g to g->next (queued on next's stream after
+ * everything queued on g's); makes next's device current. */
+static hm_status hand_over(const q3_model *q, q3_gstate *g, int64_t rows, hm_err *err) {
+    q3_gstate *nx = g->next;
+    hm_status st = hm_cuda_make_current(nx->c, err);
+    if (st != HM_OK) return st;
+    return hm_cuda_copy_peer(nx->c, nx->x, g->c, g->x, (size_t)rows * (size_t)q->n_embd * sizeof(float), g->handoff,
+                             err);
+}
+
+/* After a failed step: every device idle, every slot table rebuilt next step. */
+static void step_abort(const q3_model *q, q3_state *s) {
+    for (q3_gstate *g = s->g; g; g = g->next) {
+        hm_err e;
+        (void)hm_cuda_make_current(g->c, &e);
+        hm_gpu_step_abort(g->c, g->seen, (size_t)q->n_layer * (size_t)q->n_expert);
+    }
+}
+
+/* Decode: the usage counts of the layers each device recorded this step (downloaded, synced). */
+static void record_routing(const hm_model *m, const q3_state *s) {
+    for (const q3_gstate *g = s->g; g; g = g->next)
+        hm_gpu_record_routing(m, g->mw, g->sel_all_h, g->sel_stride, g->rec_n, g->n_rec);
 }
 
 /* ---- decode as one graph (moe.h, hm_moe_graph) ----
@@ -359,14 +429,15 @@ static void record_routing(const hm_model *m, const q3_gstate *g, int32_t n_rec)
  * The step's device work (enqueue_step) is captured once and replayed; hm_moe_graph_step captures
  * it again when its key changes: the rows, the attention's split (its scratch size grows with
  * kv_len in steps of 256 positions) or the layers with any hot unit. Results are bit-identical to
- * the per-launch path: the same kernels in the same order, the cold sum added after the hot units. */
+ * the per-launch path: the same kernels in the same order, the cold sum added after the hot units.
+ * With several devices each has its own graph over its own layers, launched in layer order after
+ * the residual's hand-over (outside the graphs, ordered by an event). */
 
 /* The attention block's input side for n rows, both paths: g->h = rmsnorm(x), Q/K/V (stacked
  * q|k(|v) in one launch when `dec` and the layer has them: the same kernel per row, the same
  * results), then the per-head norms, RoPE of q and k and the K/V write in one launch. */
-static hm_status attn_in(const q3_model *q, const q3_gpu_layer *D, q3_state *s, int64_t n, bool dec,
+static hm_status attn_in(const q3_model *q, const q3_gpu_layer *D, q3_state *s, q3_gstate *g, int64_t n, bool dec,
                          const int32_t *pos_d, uint16_t *kc, uint16_t *vc, hm_err *err) {
-    q3_gstate *g = s->g;
     hm_cuda_ctx *c = g->c;
     hm_status st;
     if ((st = hm_cuda_rmsnorm(c, g->x, D->attn_norm, g->h, n, q->n_embd, q->eps, err)) != HM_OK) return st;
@@ -387,6 +458,7 @@ static hm_status attn_in(const q3_model *q, const q3_gpu_layer *D, q3_state *s, 
 typedef struct q3_step {
     const hm_model *m;
     q3_state *s;
+    q3_gstate *g; /* the device whose graph is captured */
     int64_t n, kv_len;
 } q3_step;
 
@@ -394,10 +466,10 @@ static hm_status enqueue_step(void *ctx, hm_err *err) {
     const q3_step *p = ctx;
     const hm_model *m = p->m;
     q3_state *s = p->s;
+    q3_gstate *g = p->g;
     const int64_t n = p->n;
     const q3_model *q = m->impl;
     const q3_gpu *d = m->gpu->arch;
-    q3_gstate *g = s->g;
     hm_cuda_ctx *c = g->c;
     const int64_t E = q->n_embd, U = s->n_ubatch;
     const int hd = q->head_dim, nh = q->n_head, nkv = q->n_head_kv, K = q->n_expert_used;
@@ -405,11 +477,12 @@ static hm_status enqueue_step(void *ctx, hm_err *err) {
     const int32_t *tok_d = g->ints, *pos_d = g->ints + U;
     const size_t nk = (size_t)n * (size_t)K;
     hm_status st;
-    CK(hm_cuda_get_rows(c, &d->tok_embd, tok_d, n, g->x, err));
-    for (int32_t il = 0; il < q->n_layer; il++) {
+    if (g == s->g) CK(hm_cuda_get_rows(c, &d->tok_embd, tok_d, n, g->x, err));
+    for (int32_t il = g->l0; il < g->l1; il++) {
         const q3_gpu_layer *D = &d->layers[il];
-        uint16_t *kc = g->kv + (size_t)il * 2 * g->kv_layer_elems, *vc = kc + g->kv_layer_elems;
-        CK(attn_in(q, D, s, n, true, pos_d, kc, vc, err));
+        uint16_t *kc, *vc;
+        kv_of(g, il, &kc, &vc);
+        CK(attn_in(q, D, s, g, n, true, pos_d, kc, vc, err));
         CK(hm_cuda_attention(c, g->q, n, pos_d, p->kv_len, kc, vc, s->n_ctx, nh, nkv, hd, scale, g->att, g->scratch,
                              g->scratch_size, err));
         CK(hm_cuda_matmul(c, &D->wo, g->att, n, g->h, err));
@@ -421,8 +494,10 @@ static hm_status enqueue_step(void *ctx, hm_err *err) {
         CK(hm_moe_graph_layer(g->graph, m, il, g->slots + (size_t)il * (size_t)q->n_expert, g->any_hot[il], ids_d, w_d,
                               n, g->h, g->x, g->scratch, g->scratch_size, err));
     }
-    CK(hm_cuda_rmsnorm(c, g->x, d->output_norm, g->h, n, E, q->eps, err));
-    CK(hm_cuda_matmul(c, &d->output, g->h, n, g->logits, err));
+    if (g->out) {
+        CK(hm_cuda_rmsnorm(c, g->x, d->output_norm, g->h, n, E, q->eps, err));
+        CK(hm_cuda_matmul(c, &d->output, g->h, n, g->logits, err));
+    }
     return HM_OK;
 fail:
     return st;
@@ -430,13 +505,19 @@ fail:
 
 static hm_status graph_step(const hm_model *m, q3_state *s, hm_pool *pool, const hm_fwd_batch *b, hm_err *err) {
     const q3_model *q = m->impl;
-    q3_gstate *g = s->g;
     const int64_t n = b->n;
     q3_step p = {.m = m, .s = s, .n = n, .kv_len = b->pos[n - 1] + 1};
-    const size_t key = hm_cuda_attention_scratch_size(g->c, n, p.kv_len, q->n_head, q->n_head_kv, q->head_dim);
-    hm_status st = hm_moe_graph_step(g->graph, m, pool, &s->route, &s->scratch, n, key, g->any_hot, enqueue_step, &p,
-                                     err);
-    if (st != HM_OK) return st;
+    hm_status st = HM_OK;
+    q3_gstate *g = s->g;
+    for (;; g = g->next) {
+        p.g = g;
+        const size_t key = hm_cuda_attention_scratch_size(g->c, n, p.kv_len, q->n_head, q->n_head_kv, q->head_dim);
+        if ((st = hm_moe_graph_step(g->graph, m, pool, &s->route, &s->scratch, n, key, g->any_hot, enqueue_step, &p,
+                                    err)) != HM_OK)
+            return st;
+        if (!g->next) break;
+        if ((st = hand_over(q, g, n, err)) != HM_OK) return st;
+    }
     return hm_cuda_download(g->c, b->logits, g->logits, (size_t)n * (size_t)q->n_vocab * sizeof(float), err);
 }
 
@@ -444,7 +525,6 @@ hm_status q3_gpu_forward(const hm_model *m, q3_state *s, hm_pool *pool, const hm
     const q3_model *q = m->impl;
     const q3_gpu *d = m->gpu->arch;
     q3_gstate *g = s->g;
-    hm_cuda_ctx *c = g->c;
     const int64_t E = q->n_embd, n = b->n, n_out = b->n_out, U = s->n_ubatch;
     const int hd = q->head_dim, nh = q->n_head, nkv = q->n_head_kv, K = q->n_expert_used;
     const size_t nq = (size_t)nh * (size_t)hd;
@@ -452,121 +532,140 @@ hm_status q3_gpu_forward(const hm_model *m, q3_state *s, hm_pool *pool, const hm
     HM_ASSERT(g && n > 0 && n <= U && n_out <= n && b->pos[n - 1] < s->n_ctx);
     hm_status st = HM_OK;
 
-    /* tokens, positions and the wanted rows' positions go up in one copy */
-    int32_t *tok_d = g->ints, *pos_d = g->ints + U, *pos_out_d = g->ints + 2 * U;
-    CK(hm_gpu_upload_batch_ints(c, g->ints, g->ints_h, U, b, err));
-    /* which layers have no cold unit this step (the slot map changes only between steps); for
-     * decode also the device's slot table, uploaded when a slot map changed (the previous step
-     * ended with a sync, so nothing queued still reads it) */
+    /* per device: tokens, positions and the wanted rows' positions go up in one copy; which layers
+     * have no cold unit this step (the slot map changes only between steps); for decode also the
+     * device's slot table, uploaded when a slot map changed (the previous step ended with a sync,
+     * so nothing queued still reads it) */
     const bool dec = n <= HM_CUDA_MATVEC_MAX_TOK && n <= g->dec_cap;
-    CK(hm_gpu_moe_slots_refresh(m, c, g->mw, q->n_layer, q->n_expert, dec, g->seen, g->slots_h, g->slots, g->all_hot,
-                                g->any_hot, err));
-    int32_t n_rec = 0; /* decode: layers whose routing is recorded after the step */
+    for (q3_gstate *gd = g; gd; gd = gd->next) {
+        CK(hm_cuda_make_current(gd->c, err));
+        CK(hm_gpu_upload_batch_ints(gd->c, gd->ints, gd->ints_h, U, b, err));
+        CK(hm_gpu_moe_slots_refresh(m, gd->c, gd->mw, q->n_layer, q->n_expert, dec, gd->seen, gd->slots_h, gd->slots,
+                                    gd->all_hot, gd->any_hot, err));
+        gd->n_rec = 0; /* decode: layers whose routing is recorded after the step */
+    }
     if (dec && g->graph && n_out == n && b->logits) {
+        CK(hm_cuda_make_current(g->c, err));
         CK(graph_step(m, s, pool, b, err)); /* every flag released, the device idle, when it fails */
         return HM_OK;
     }
 
-    CK(hm_cuda_get_rows(c, &d->tok_embd, tok_d, n, g->x, err));
+    CK(hm_cuda_make_current(g->c, err));
+    CK(hm_cuda_get_rows(g->c, &d->tok_embd, g->ints, n, g->x, err));
     int64_t nr = n;                /* rows carried through the layer (all but in the last layer) */
-    const int32_t *pos = pos_d;    /* their positions (device) */
+    bool last_rows = false;        /* the wanted rows' positions instead of all (the last layer on) */
     int64_t kv_len = b->pos[n - 1] + 1;
     bool done_early = false;
-    for (int32_t il = 0; il < q->n_layer; il++) {
-        const q3_layer *L = &q->layers[il];
-        const q3_gpu_layer *D = &d->layers[il];
-        uint16_t *kc = g->kv + (size_t)il * 2 * g->kv_layer_elems, *vc = kc + g->kv_layer_elems;
+    for (;; g = g->next) {
+        hm_cuda_ctx *c = g->c;
+        const int32_t *pos_d = g->ints + U, *pos = last_rows ? g->ints + 2 * U : pos_d;
+        for (int32_t il = g->l0; il < g->l1 && !done_early; il++) {
+            const q3_layer *L = &q->layers[il];
+            const q3_gpu_layer *D = &d->layers[il];
+            uint16_t *kc, *vc;
+            kv_of(g, il, &kc, &vc);
 
-        /* attention block: Q/K/V of every row (the cache needs all K/V rows) */
-        CK(attn_in(q, D, s, n, dec, pos_d, kc, vc, err));
+            /* attention block: Q/K/V of every row (the cache needs all K/V rows) */
+            CK(attn_in(q, D, s, g, n, dec, pos_d, kc, vc, err));
 
-        if (il == q->n_layer - 1 && n_out < n) {
-            /* last layer: only the wanted rows go on (as the CPU's compaction; out_rows ascend,
-             * so copying forward never overwrites a row still to be read) */
-            if (n_out == 0) {
-                done_early = true;
-                break;
+            if (il == q->n_layer - 1 && n_out < n) {
+                /* last layer: only the wanted rows go on (as the CPU's compaction; out_rows ascend,
+                 * so copying forward never overwrites a row still to be read) */
+                if (n_out == 0) {
+                    done_early = true;
+                    break;
+                }
+                for (int64_t i = 0; i < n_out; i++) {
+                    const int64_t r = b->out_rows[i];
+                    if (r == i) continue;
+                    CK(hm_cuda_copy(c, g->q + (size_t)i * nq, g->q + (size_t)r * nq, nq * sizeof(float), err));
+                    CK(hm_cuda_copy(c, g->x + (size_t)i * (size_t)E, g->x + (size_t)r * (size_t)E,
+                                    (size_t)E * sizeof(float), err));
+                }
+                nr = n_out;
+                last_rows = true;
+                pos = g->ints + 2 * U;
+                kv_len = b->pos[b->out_rows[n_out - 1]] + 1;
             }
-            for (int64_t i = 0; i < n_out; i++) {
-                const int64_t r = b->out_rows[i];
-                if (r == i) continue;
-                CK(hm_cuda_copy(c, g->q + (size_t)i * nq, g->q + (size_t)r * nq, nq * sizeof(float), err));
-                CK(hm_cuda_copy(c, g->x + (size_t)i * (size_t)E, g->x + (size_t)r * (size_t)E,
-                                (size_t)E * sizeof(float), err));
+            CK(hm_cuda_attention(c, g->q, nr, pos, kv_len, kc, vc, s->n_ctx, nh, nkv, hd, scale, g->att, g->scratch,
+                                 g->scratch_size, err));
+            CK(hm_cuda_matmul(c, &D->wo, g->att, nr, g->h, err));
+
+            /* MoE block: the residual add and the FFN norm in one launch, route on the device */
+            CK(hm_cuda_add_rmsnorm(c, g->x, g->h, D->ffn_norm, g->h, nr, E, q->eps, err));
+            CK(hm_cuda_matmul(c, &D->router, g->h, nr, g->rlog, err));
+            const size_t nk = (size_t)nr * (size_t)K;
+            const hm_moe_gpu_buf mb = {.x_dev = g->h,
+                                       .x_host = g->all_hot[il] ? NULL : g->h_h,
+                                       .out_dev = g->x,
+                                       .cold_host = g->cold_h,
+                                       .cold_dev = g->cold,
+                                       .scratch_dev = g->scratch,
+                                       .scratch_dev_size = g->scratch_size,
+                                       .units = g->units};
+            if (dec) {
+                /* the hot units straight from the device routing; a host round trip only when the
+                 * layer may have cold units, and then the hot launch runs while the host computes */
+                int32_t *ids_d = g->sel_all + (size_t)il * g->sel_stride;
+                int32_t *ids_h = g->sel_all_h + (size_t)il * g->sel_stride;
+                CK(hm_cuda_router(c, g->rlog, nr, q->n_expert, K, true, ids_d, (float *)(ids_d + nk), err));
+                g->rec_n[il] = (int32_t)nk;
+                g->n_rec = il + 1;
+                if (!g->all_hot[il]) {
+                    CK(hm_cuda_download_async(c, ids_h, ids_d, 2 * nk * sizeof(int32_t), err));
+                    CK(hm_cuda_download_async(c, g->h_h, g->h, (size_t)(nr * E) * sizeof(float), err));
+                    CK(hm_cuda_event_record(c, g->routed, false, err));
+                }
+                if (g->any_hot[il])
+                    CK(hm_moe_forward_gpu_dev(m, &L->moe, g->slots + (size_t)il * (size_t)q->n_expert, ids_d,
+                                              (const float *)(ids_d + nk), nr, K, &mb, err));
+                if (!g->all_hot[il]) {
+                    CK(hm_cuda_event_wait(g->routed, err)); /* the layer's one wait */
+                    hm_moe_route_build(&s->route, ids_h, (const float *)(ids_h + nk), (int32_t)nr);
+                    CK(hm_moe_forward_gpu_cold(m, pool, &L->moe, &s->route, &mb, &s->scratch, err));
+                }
+                continue;
             }
-            nr = n_out;
-            pos = pos_out_d;
-            kv_len = b->pos[b->out_rows[n_out - 1]] + 1;
+            CK(hm_cuda_router(c, g->rlog, nr, q->n_expert, K, true, g->sel, (float *)(g->sel + nk), err));
+            CK(hm_cuda_download_async(c, g->sel_h, g->sel, 2 * nk * sizeof(int32_t), err));
+            if (!g->all_hot[il]) CK(hm_cuda_download_async(c, g->h_h, g->h, (size_t)(nr * E) * sizeof(float), err));
+            CK(hm_cuda_sync(c, err)); /* the layer's one wait: the host needs the routing */
+            const int32_t *ids = g->sel_h;
+            const float *wts = (const float *)(g->sel_h + nk);
+            /* usage counts: the units this layer computes (only the wanted rows in the last layer) */
+            if (m->experts) hm_experts_record(m->experts, il, ids, (int32_t)nk);
+            hm_moe_route_build(&s->route, ids, wts, (int32_t)nr);
+            CK(hm_moe_forward_gpu(m, pool, &L->moe, &s->route, &mb, &s->scratch, err));
         }
-        CK(hm_cuda_attention(c, g->q, nr, pos, kv_len, kc, vc, s->n_ctx, nh, nkv, hd, scale, g->att, g->scratch,
-                             g->scratch_size, err));
-        CK(hm_cuda_matmul(c, &D->wo, g->att, nr, g->h, err));
-
-        /* MoE block: the residual add and the FFN norm in one launch, route on the device */
-        CK(hm_cuda_add_rmsnorm(c, g->x, g->h, D->ffn_norm, g->h, nr, E, q->eps, err));
-        CK(hm_cuda_matmul(c, &D->router, g->h, nr, g->rlog, err));
-        const size_t nk = (size_t)nr * (size_t)K;
-        const hm_moe_gpu_buf mb = {.x_dev = g->h,
-                                   .x_host = g->all_hot[il] ? NULL : g->h_h,
-                                   .out_dev = g->x,
-                                   .cold_host = g->cold_h,
-                                   .cold_dev = g->cold,
-                                   .scratch_dev = g->scratch,
-                                   .scratch_dev_size = g->scratch_size,
-                                   .units = g->units};
-        if (dec) {
-            /* the hot units straight from the device routing; a host round trip only when the
-             * layer may have cold units, and then the hot launch runs while the host computes */
-            int32_t *ids_d = g->sel_all + (size_t)il * g->sel_stride, *ids_h = g->sel_all_h + (size_t)il * g->sel_stride;
-            CK(hm_cuda_router(c, g->rlog, nr, q->n_expert, K, true, ids_d, (float *)(ids_d + nk), err));
-            g->rec_n[il] = (int32_t)nk;
-            n_rec = il + 1;
-            if (!g->all_hot[il]) {
-                CK(hm_cuda_download_async(c, ids_h, ids_d, 2 * nk * sizeof(int32_t), err));
-                CK(hm_cuda_download_async(c, g->h_h, g->h, (size_t)(nr * E) * sizeof(float), err));
-                CK(hm_cuda_event_record(c, g->routed, false, err));
-            }
-            if (g->any_hot[il])
-                CK(hm_moe_forward_gpu_dev(m, &L->moe, g->slots + (size_t)il * (size_t)q->n_expert, ids_d,
-                                          (const float *)(ids_d + nk), nr, K, &mb, err));
-            if (!g->all_hot[il]) {
-                CK(hm_cuda_event_wait(g->routed, err)); /* the layer's one wait */
-                hm_moe_route_build(&s->route, ids_h, (const float *)(ids_h + nk), (int32_t)nr);
-                CK(hm_moe_forward_gpu_cold(m, pool, &L->moe, &s->route, &mb, &s->scratch, err));
-            }
-            continue;
-        }
-        CK(hm_cuda_router(c, g->rlog, nr, q->n_expert, K, true, g->sel, (float *)(g->sel + nk), err));
-        CK(hm_cuda_download_async(c, g->sel_h, g->sel, 2 * nk * sizeof(int32_t), err));
-        if (!g->all_hot[il]) CK(hm_cuda_download_async(c, g->h_h, g->h, (size_t)(nr * E) * sizeof(float), err));
-        CK(hm_cuda_sync(c, err)); /* the layer's one wait: the host needs the routing */
-        const int32_t *ids = g->sel_h;
-        const float *wts = (const float *)(g->sel_h + nk);
-        /* usage counts: the units this layer computes (only the wanted rows in the last layer) */
-        if (m->experts) hm_experts_record(m->experts, il, ids, (int32_t)nk);
-        hm_moe_route_build(&s->route, ids, wts, (int32_t)nr);
-        CK(hm_moe_forward_gpu(m, pool, &L->moe, &s->route, &mb, &s->scratch, err));
+        /* decode: this device's routing comes down in one copy (before the hand-over, whose event
+         * then covers it), recorded once the step's work is done */
+        if (g->n_rec > 0)
+            CK(hm_cuda_download_async(c, g->sel_all_h, g->sel_all, (size_t)g->n_rec * g->sel_stride * sizeof(int32_t),
+                                      err));
+        if (!g->next || done_early) break;
+        CK(hand_over(q, g, nr, err));
     }
-    /* decode: every layer's routing comes down in one copy, recorded once the step's work is done */
-    if (n_rec > 0) CK(hm_cuda_download_async(c, g->sel_all_h, g->sel_all, (size_t)n_rec * g->sel_stride * sizeof(int32_t), err));
     if (done_early || n_out == 0) {
-        CK(hm_cuda_sync(c, err)); /* nothing may still read a slot */
-        record_routing(m, g, n_rec);
+        for (q3_gstate *gd = s->g; gd; gd = gd->next) CK(hm_cuda_sync(gd->c, err)); /* nothing may still read a slot */
+        record_routing(m, s);
         return HM_OK;
     }
-    /* x rows 0..n_out-1 are the wanted rows now (compacted above, or all rows in order) */
-    HM_ASSERT(nr == n_out && b->logits);
+    /* x rows 0..n_out-1 are the wanted rows now (compacted above, or all rows in order), on the
+     * output's device (the last) */
+    HM_ASSERT(nr == n_out && b->logits && g->out);
+    hm_cuda_ctx *c = g->c;
     CK(hm_cuda_rmsnorm(c, g->x, d->output_norm, g->h, n_out, E, q->eps, err));
     const size_t V = (size_t)q->n_vocab;
     for (int64_t r0 = 0; r0 < n_out; r0 += g->logit_rows) {
         const int64_t nc = n_out - r0 < g->logit_rows ? n_out - r0 : g->logit_rows;
         CK(hm_cuda_matmul(c, &d->output, g->h + (size_t)r0 * (size_t)E, nc, g->logits, err));
-        /* waits for the queued work (the last chunk's wait ends the step's device work) */
+        /* waits for the queued work (the last chunk's wait ends the step's device work: every
+         * earlier device's work came before its hand-over, which this stream waited for) */
         CK(hm_cuda_download(c, b->logits + (size_t)r0 * V, g->logits, (size_t)nc * V * sizeof(float), err));
     }
-    record_routing(m, g, n_rec);
+    record_routing(m, s);
     return HM_OK;
 fail:
-    hm_gpu_step_abort(c, g->seen, (size_t)q->n_layer * (size_t)q->n_expert);
+    step_abort(q, s);
     return st;
 }

@@ -83,8 +83,9 @@ hm_status hm_cuda_alloc(hm_cuda_ctx *c, size_t bytes, void **out, hm_err *err) {
 }
 
 void hm_cuda_free(hm_cuda_ctx *c, void *p) {
-    (void)c;
-    if (p) cudaFree(p);
+    if (!p) return;
+    if (c) (void)cudaSetDevice(c->device); /* the owner's device (several devices in one process) */
+    cudaFree(p);
 }
 
 hm_status hm_cuda_memset(hm_cuda_ctx *c, void *dst, int byte, size_t n, hm_err *err) {
@@ -161,6 +162,48 @@ struct hm_cuda_event {
     cudaEvent_t ev;
     bool recorded;
 };
+
+hm_status hm_cuda_make_current(hm_cuda_ctx *c, hm_err *err) {
+    HM_CU(cudaSetDevice(c->device));
+    return HM_OK;
+}
+
+/* Peer access from a's device to b's memory; an "already enabled" answer is success. */
+static hm_status peer_one(hm_cuda_ctx *a, hm_cuda_ctx *b, bool *on, hm_err *err) {
+    int can = 0;
+    *on = false;
+    HM_CU(cudaDeviceCanAccessPeer(&can, a->device, b->device));
+    if (!can) return HM_OK;
+    HM_CU(cudaSetDevice(a->device));
+    cudaError_t e = cudaDeviceEnablePeerAccess(b->device, 0);
+    if (e == cudaErrorPeerAccessAlreadyEnabled) {
+        (void)cudaGetLastError(); /* take it out of the runtime's last-error slot */
+        e = cudaSuccess;
+    }
+    HM_CU(e);
+    *on = true;
+    return HM_OK;
+}
+
+hm_status hm_cuda_enable_peer(hm_cuda_ctx *a, hm_cuda_ctx *b, bool *on, hm_err *err) {
+    bool ab = false, ba = false;
+    *on = false;
+    if (a->device == b->device) return HM_OK;
+    hm_status st = peer_one(a, b, &ab, err);
+    if (st == HM_OK) st = peer_one(b, a, &ba, err);
+    *on = ab && ba;
+    return st;
+}
+
+hm_status hm_cuda_copy_peer(hm_cuda_ctx *dst_c, void *dst, hm_cuda_ctx *src_c, const void *src, size_t n,
+                            hm_cuda_event *done_src, hm_err *err) {
+    if (!n) return HM_OK;
+    HM_CU(cudaEventRecord(done_src->ev, src_c->compute));
+    done_src->recorded = true;
+    HM_CU(cudaStreamWaitEvent(dst_c->compute, done_src->ev, 0));
+    HM_CU(cudaMemcpyPeerAsync(dst, dst_c->device, src, src_c->device, n, dst_c->compute));
+    return HM_OK;
+}
 
 hm_status hm_cuda_event_create(hm_cuda_ctx *c, hm_cuda_event **out, hm_err *err) {
     *out = NULL;

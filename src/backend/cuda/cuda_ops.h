@@ -49,11 +49,25 @@ extern "C" {
 
 /* One device: a compute stream, an upload stream and their fence. Owned by the engine. */
 typedef struct hm_cuda_ctx hm_cuda_ctx;
+typedef struct hm_cuda_event hm_cuda_event; /* below: events */
 
 /* Open device `device` (0-based). HM_ERR_CUDA when there is no such device or no driver. */
 hm_status hm_cuda_open(hm_cuda_ctx **out, int device, hm_err *err);
 /* Waits for queued work, then frees the streams and staging buffers. NULL is a no-op. */
 void hm_cuda_close(hm_cuda_ctx *c);
+/* Several devices in one process (model_gpu.h): ops launch kernels on the CURRENT device, so a
+ * caller that drives more than one context makes c's device current before enqueueing on it
+ * (allocations, copies and events set it themselves). */
+hm_status hm_cuda_make_current(hm_cuda_ctx *c, hm_err *err);
+/* Let each of the two devices read the other's memory directly (NVLink / PCIe peer access) when
+ * the hardware allows; *on = whether both directions are enabled. Without it the peer copies below
+ * still work, staged by the driver. */
+hm_status hm_cuda_enable_peer(hm_cuda_ctx *a, hm_cuda_ctx *b, bool *on, hm_err *err);
+/* n bytes from src (on src_c's device) to dst (on dst_c's device), on dst_c's compute stream after
+ * everything queued on src_c's compute stream so far (done_src, an event of src_c, is recorded
+ * there and waited on): the residual stream's hand-over between the devices of a layer split. */
+hm_status hm_cuda_copy_peer(hm_cuda_ctx *dst_c, void *dst, hm_cuda_ctx *src_c, const void *src, size_t n,
+                            hm_cuda_event *done_src, hm_err *err);
 
 /* Device memory (cudaMalloc, 256-byte aligned). *out is owned by the caller: hm_cuda_free it. */
 hm_status hm_cuda_alloc(hm_cuda_ctx *c, size_t bytes, void **out, hm_err *err);
@@ -95,7 +109,6 @@ hm_status hm_cuda_upload_compute(hm_cuda_ctx *c, void *dst, const void *src_host
 hm_status hm_cuda_copy(hm_cuda_ctx *c, void *dst, const void *src, size_t n, hm_err *err);
 
 /* A point in one of the context's streams. */
-typedef struct hm_cuda_event hm_cuda_event;
 hm_status hm_cuda_event_create(hm_cuda_ctx *c, hm_cuda_event **out, hm_err *err);
 void hm_cuda_event_destroy(hm_cuda_event *e); /* NULL is a no-op */
 /* Record at the current end of the compute (on_upload false) or upload stream. */

@@ -1,0 +1,316 @@
+/* test_multi_gpu_gpu.c - a qwen3moe model split over two GPUs (issue 11: -ts, --vram-budget per
+ * device; model_gpu.h) against the CPU engine and against one GPU, through the public API.
+ *
+ * Models: the tiny qwen3moe synth (4 layers, 16 experts, k 4), F32 and Q4_K_M. The CPU engine
+ * runs the two sequences of test_qwen3moe_gpu.c (P: a 40-token prompt, the prefill path, then 8
+ * decode steps; D: a 6-token prompt, the decode path throughout, then 8 steps) and keeps its
+ * logits per step. Placements on devices 0 and 1:
+ *   (a) -ts 1,1 -ngl 99: layers 0-2 on device 0, 3 and the output on device 1 (llama.cpp's split:
+ *       a layer il goes to the first device whose cumulative share exceeds il / 5), every unit on
+ *       its layer's device. The same kernels run in the same order as on one GPU with -ngl 99,
+ *       only on two devices with the residual copied across: P and D logits must be
+ *       BIT-IDENTICAL to one GPU's (and within test_qwen3moe_gpu's bounds of the CPU's).
+ *   (b) -ts 1,1 --n-cpu-moe 3: layer 3's units in device 1's slots, the rest on the CPU; layers
+ *       0-2 no hits, layer 3 no misses (llama.cpp's layer placement per device).
+ *   (c) --vram-budget 0:B,1:B (B = 15 % of the units each) static from the CPU run's profile:
+ *       each device's slots hold only units of its own layers (hits and misses on both sides).
+ *   (d) the same budgets with lru (units move between steps, fills land mid-run).
+ *   (e) -ts 7,3 -ngl 99: every layer on device 0, the output alone on device 1 (llama.cpp's split
+ *       of 4 layers + output at 0.7): bit-identical to one GPU again.
+ * Each: NMSE and argmax against the CPU by gpu_compare.h's rule with test_qwen3moe_gpu's bounds
+ * (F32: P 1e-4 (bf16 prefill), D 1e-7; Q4_K_M: 3e-4); the store's per-layer hits + misses = rows x k;
+ * hm_model_usage's per-device slots (each device's units in its own slots: used <= slots, and
+ * hits only in layers whose device has slots); D again with HOTMOE_CUDA_GRAPH=0 bit-identical to
+ * the graph's decode (all but lru). Also: a gemma4 model with -ts 1,1 is HM_ERR_UNSUPPORTED (only
+ * qwen3moe splits over devices so far), and a budget naming device 7 is HM_ERR_ARG.
+ * Exits 77 ("skipped: fewer than 2 GPUs") with fewer than two CUDA devices. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "gpu_compare.h"
+#include "hotmoe.h"
+#include "test.h"
+
+#define NP 40
+#define ND 6
+#define NDEC 8
+#define NSTEP (1 + NDEC)
+#define NMSE_F32_EXACT 1e-7
+#define NMSE_BF16 1e-4
+#define NMSE_Q8 3e-4
+
+typedef struct ref {
+    int32_t n_vocab, n_layer, k;
+    int32_t toks_p[NP + NDEC], toks_d[ND + NDEC];
+    float *lp, *ld;   /* the CPU's logits per step of P and D */
+    float *gp, *gd;   /* one GPU's (-ngl 99) */
+    uint64_t unit_bytes, n_units;
+} ref;
+
+static hm_session *open_session(hm_model *m, hm_err *err) {
+    hm_session_opts so;
+    hm_session_opts_default(&so);
+    so.n_ctx = 64;
+    so.n_threads = 4;
+    hm_session *s = NULL;
+    return hm_session_open(&s, m, &so, err) == HM_OK ? s : NULL;
+}
+
+static hm_status run_seq(hm_model *m, int32_t *toks, int32_t np, bool greedy, float *out, int32_t V, hm_err *err) {
+    hm_session *s = open_session(m, err);
+    if (!s) return HM_ERR_ARG;
+    hm_status st = gpu_compare_run(s, toks, np, NDEC, greedy, out, V, err);
+    hm_session_close(s);
+    return st;
+}
+
+typedef enum place { P_ONE, P_TS_ALL, P_TS_NCMOE, P_BUDGET_STATIC, P_BUDGET_LRU, P_OUT_ALONE } place;
+static const char *place_name[] = {"one GPU -ngl 99", "-ts 1,1 -ngl 99", "-ts 1,1 --n-cpu-moe 3",
+                                   "--vram-budget 0:15%,1:15% static", "--vram-budget 0:15%,1:15% lru",
+                                   "-ts 7,3 -ngl 99 (output alone)"};
+
+static int64_t count_diff(const float *a, const float *b, size_t n) {
+    int64_t d = 0;
+    for (size_t i = 0; i < n; i++) d += a[i] != b[i];
+    return d;
+}
+
+static void run_placement(const char *path, const char *label, ref *r, place p, const char *profile, bool quant) {
+    hm_placement_opts po;
+    hm_placement_opts_default(&po);
+    po.n_gpu_layers = 99;
+    po.n_ctx = 64;
+    const int64_t budget = (int64_t)((r->n_units * 15 + 99) / 100) * (int64_t)(r->unit_bytes + 3 * 256);
+    switch (p) {
+    case P_ONE: break;
+    case P_TS_ALL:
+        po.tensor_split[0] = po.tensor_split[1] = 1.0f;
+        po.n_tensor_split = 2;
+        break;
+    case P_TS_NCMOE:
+        po.tensor_split[0] = po.tensor_split[1] = 1.0f;
+        po.n_tensor_split = 2;
+        po.n_cpu_moe = 3;
+        break;
+    case P_BUDGET_STATIC:
+    case P_BUDGET_LRU:
+        po.vram_budgets[0] = (hm_gpu_budget){.device = 0, .bytes = budget};
+        po.vram_budgets[1] = (hm_gpu_budget){.device = 1, .bytes = budget};
+        po.n_vram_budgets = 2;
+        po.policy = p == P_BUDGET_STATIC ? "static" : "lru";
+        if (p == P_BUDGET_STATIC) po.profile = profile;
+        break;
+    case P_OUT_ALONE:
+        po.tensor_split[0] = 7.0f;
+        po.tensor_split[1] = 3.0f;
+        po.n_tensor_split = 2;
+        break;
+    }
+    hm_model_opts mo;
+    memset(&mo, 0, sizeof mo);
+    mo.placement = &po;
+    hm_err err = {{0}};
+    hm_model *m = NULL;
+    hm_status st = hm_model_open(&m, path, &mo, &err);
+    CHECKF(st == HM_OK, "%s %s: open: %s", label, place_name[p], err.msg);
+    if (st != HM_OK) return;
+    const int32_t V = r->n_vocab;
+    const size_t NV = (size_t)NSTEP * (size_t)V;
+    float *g = malloc(NV * sizeof(float)), *g2 = malloc(NV * sizeof(float));
+    int32_t tp[NP + NDEC], td[ND + NDEC];
+    memcpy(tp, r->toks_p, sizeof tp);
+    memcpy(td, r->toks_d, sizeof td);
+    char what[160];
+
+    snprintf(what, sizeof what, "%s %s P", label, place_name[p]);
+    st = run_seq(m, tp, NP, false, g, V, &err);
+    CHECKF(st == HM_OK, "%s: %s", what, err.msg);
+    double wp = -1, wd = -1;
+    if (st == HM_OK) {
+        wp = gpu_compare_logits(what, g, r->lp, NSTEP, V, quant ? NMSE_Q8 : NMSE_BF16);
+        if (p == P_ONE) memcpy(r->gp, g, NV * sizeof(float));
+        if (p == P_TS_ALL || p == P_OUT_ALONE)
+            CHECKF(count_diff(g, r->gp, NV) == 0, "%s: %lld logits differ from one GPU's", what,
+                   (long long)count_diff(g, r->gp, NV));
+    }
+    snprintf(what, sizeof what, "%s %s D", label, place_name[p]);
+    st = run_seq(m, td, ND, false, g, V, &err);
+    CHECKF(st == HM_OK, "%s: %s", what, err.msg);
+    if (st == HM_OK) {
+        wd = gpu_compare_logits(what, g, r->ld, NSTEP, V, quant ? NMSE_Q8 : NMSE_F32_EXACT);
+        if (p == P_ONE) memcpy(r->gd, g, NV * sizeof(float));
+        if (p == P_TS_ALL || p == P_OUT_ALONE)
+            CHECKF(count_diff(g, r->gd, NV) == 0, "%s: %lld logits differ from one GPU's", what,
+                   (long long)count_diff(g, r->gd, NV));
+    }
+
+    hm_usage u;
+    memset(&u, 0, sizeof u);
+    st = hm_model_usage(m, &u, &err);
+    CHECKF(st == HM_OK, "%s usage: %s", label, err.msg);
+    if (st == HM_OK) {
+        const int want_gpus = p == P_ONE ? 1 : 2;
+        CHECKF(u.n_gpus == want_gpus && u.layer_gpu, "%s %s: %d GPUs in the usage, want %d", label, place_name[p],
+               (int)u.n_gpus, want_gpus);
+        uint64_t hits = 0, misses = 0;
+        for (int32_t l = 0; u.layer_gpu && l < r->n_layer; l++) {
+            const uint64_t rows = l + 1 < r->n_layer ? (uint64_t)(NP + ND + 2 * NDEC) : (uint64_t)(2 * NSTEP);
+            const uint64_t h = u.layer_hits[l], mi = u.layer_misses[l];
+            hits += h, misses += mi;
+            CHECKF(h + mi == rows * (uint64_t)r->k, "%s %s layer %d: %llu hits + %llu misses, want %llu x %d", label,
+                   place_name[p], l, (unsigned long long)h, (unsigned long long)mi, (unsigned long long)rows, r->k);
+            /* 1,1 (and equal free VRAM, the split without -ts): layers 0-2 on device 0, 3 on 1 */
+            const int32_t want_dev = p == P_ONE || p == P_OUT_ALONE ? 0 : (l < 3 ? 0 : 1);
+            CHECKF(u.layer_gpu[l] == want_dev, "%s %s: layer %d on device %d, want %d", label, place_name[p], l,
+                   (int)u.layer_gpu[l], (int)want_dev);
+            if (p == P_TS_ALL || p == P_OUT_ALONE || p == P_ONE)
+                CHECKF(mi == 0, "%s %s layer %d: %llu misses", label, place_name[p], l, (unsigned long long)mi);
+            if (p == P_TS_NCMOE)
+                CHECKF(l >= 3 ? mi == 0 : h == 0, "%s %s layer %d: %llu hits, %llu misses", label, place_name[p], l,
+                       (unsigned long long)h, (unsigned long long)mi);
+            /* a device without slots computes no hit of its layers */
+            if (u.layer_gpu[l] >= 0 && u.layer_gpu[l] < u.n_gpus && u.gpu_slots[u.layer_gpu[l]] == 0)
+                CHECKF(h == 0, "%s %s layer %d: %llu hits on a device without slots", label, place_name[p], l,
+                       (unsigned long long)h);
+        }
+        int64_t used = 0;
+        for (int32_t d = 0; d < u.n_gpus && d < HM_MAX_GPUS; d++) {
+            CHECKF(u.gpu_slots_used[d] <= u.gpu_slots[d], "%s %s gpu %d: %lld of %lld slots used", label,
+                   place_name[p], (int)d, (long long)u.gpu_slots_used[d], (long long)u.gpu_slots[d]);
+            used += u.gpu_slots_used[d];
+        }
+        CHECKF(used == u.vram_slots_used, "%s %s: per-device used slots %lld, store %lld", label, place_name[p],
+               (long long)used, (long long)u.vram_slots_used);
+        if (p == P_TS_NCMOE)
+            CHECKF(u.n_gpus == 2 && u.gpu_slots[0] == 0 && u.gpu_slots[1] > 0,
+                   "%s %s: slots %lld / %lld, want 0 / > 0", label, place_name[p], (long long)u.gpu_slots[0],
+                   (long long)u.gpu_slots[1]);
+        if (p == P_BUDGET_STATIC || p == P_BUDGET_LRU) {
+            CHECKF(u.n_gpus == 2 && u.gpu_slots[0] > 0 && u.gpu_slots[1] > 0 && hits > 0 && misses > 0,
+                   "%s %s: slots %lld / %lld, %llu hits, %llu misses", label, place_name[p],
+                   (long long)u.gpu_slots[0], (long long)u.gpu_slots[1], (unsigned long long)hits,
+                   (unsigned long long)misses);
+            /* each device's hits: in its own layers only, from its own slots */
+            uint64_t hd[2] = {0, 0};
+            for (int32_t l = 0; l < r->n_layer; l++) hd[u.layer_gpu[l] & 1] += u.layer_hits[l];
+            CHECKF(hd[0] > 0 && hd[1] > 0, "%s %s: hits per device %llu / %llu", label, place_name[p],
+                   (unsigned long long)hd[0], (unsigned long long)hd[1]);
+        }
+        fprintf(stderr, "%s %-36s NMSE P %.3g, D %.3g; slots %lld+%lld (used %lld+%lld), %llu hits, %llu misses\n",
+                label, place_name[p], wp, wd, (long long)u.gpu_slots[0], (long long)u.gpu_slots[1],
+                (long long)u.gpu_slots_used[0], (long long)u.gpu_slots_used[1], (unsigned long long)hits,
+                (unsigned long long)misses);
+    }
+    hm_usage_free(&u);
+
+    if (p != P_BUDGET_LRU && wd >= 0 && g2) {
+        /* the graph's decode (one graph per device) vs the per-launch path: bit-identical */
+        memcpy(td, r->toks_d, sizeof td);
+        setenv("HOTMOE_CUDA_GRAPH", "0", 1);
+        hm_status st2 = run_seq(m, td, ND, false, g2, V, &err);
+        unsetenv("HOTMOE_CUDA_GRAPH");
+        snprintf(what, sizeof what, "%s %s D without graphs", label, place_name[p]);
+        CHECKF(st2 == HM_OK, "%s: %s", what, err.msg);
+        if (st2 == HM_OK)
+            CHECKF(count_diff(g, g2, NV) == 0, "%s: %lld of %lld logits differ from the graph's", what,
+                   (long long)count_diff(g, g2, NV), (long long)NV);
+    }
+    free(g);
+    free(g2);
+    hm_model_close(m);
+}
+
+static void run_model(const char *type, bool quant) {
+    char path[] = "/tmp/hm_mgpu_XXXXXX", prof[64];
+    int fd = mkstemp(path);
+    CHECK(fd >= 0);
+    if (fd < 0) return;
+    close(fd);
+    snprintf(prof, sizeof prof, "%s.profile.json", path);
+    hm_synth_opts so = {.arch = "qwen3moe", .preset = "tiny", .type = type, .seed = 11, .out_path = path,
+                        .n_threads = 4};
+    hm_err err = {{0}};
+    hm_status st = hm_synth(&so, &err);
+    CHECKF(st == HM_OK, "synth %s: %s", type, err.msg);
+    char label[32];
+    snprintf(label, sizeof label, "tiny %s", type);
+    ref r;
+    memset(&r, 0, sizeof r);
+    hm_model *m = NULL;
+    if (st == HM_OK) st = hm_model_open(&m, path, NULL, &err);
+    CHECKF(st == HM_OK, "%s: open on the CPU: %s", label, err.msg);
+    if (st == HM_OK) {
+        const hm_model_info *inf = hm_model_get_info(m);
+        r.n_vocab = inf->n_vocab;
+        r.n_layer = inf->n_layer;
+        r.k = inf->n_expert_used;
+        const size_t NV = (size_t)NSTEP * (size_t)r.n_vocab * sizeof(float);
+        r.lp = malloc(NV), r.ld = malloc(NV), r.gp = malloc(NV), r.gd = malloc(NV);
+        gpu_compare_prompts(0x2545f4914f6cdd1dull, r.n_vocab, r.toks_p, NP, r.toks_d, ND);
+        CHECKF(run_seq(m, r.toks_p, NP, true, r.lp, r.n_vocab, &err) == HM_OK, "%s CPU P: %s", label, err.msg);
+        CHECKF(run_seq(m, r.toks_d, ND, true, r.ld, r.n_vocab, &err) == HM_OK, "%s CPU D: %s", label, err.msg);
+        gpu_compare_units(m, &r.unit_bytes, &r.n_units, &err);
+        CHECKF(hm_model_profile_save(m, prof, HM_PROFILE_FMT_HOTMOE, &err) == HM_OK, "profile: %s", err.msg);
+        hm_model_close(m);
+        CHECK(r.n_layer == 4);
+        if (!test_failures_ && r.n_layer == 4)
+            for (int p = P_ONE; p <= P_OUT_ALONE; p++) run_placement(path, label, &r, (place)p, prof, quant);
+    }
+    free(r.lp), free(r.ld), free(r.gp), free(r.gd);
+    unlink(path);
+    unlink(prof);
+}
+
+/* What is refused: an arch without the split, and a device that is not there. */
+static void refusals(void) {
+    char path[] = "/tmp/hm_mgpu_g4_XXXXXX";
+    int fd = mkstemp(path);
+    CHECK(fd >= 0);
+    if (fd < 0) return;
+    close(fd);
+    hm_synth_opts so = {.arch = "gemma4", .preset = "gemma4-tiny", .type = "f32", .seed = 5, .out_path = path,
+                        .n_threads = 4};
+    hm_err err = {{0}};
+    hm_status st = hm_synth(&so, &err);
+    CHECKF(st == HM_OK, "synth gemma4: %s", err.msg);
+    if (st == HM_OK) {
+        hm_placement_opts po;
+        hm_placement_opts_default(&po);
+        po.n_gpu_layers = 99;
+        po.tensor_split[0] = po.tensor_split[1] = 1.0f;
+        po.n_tensor_split = 2;
+        hm_model_opts mo;
+        memset(&mo, 0, sizeof mo);
+        mo.placement = &po;
+        hm_model *m = NULL;
+        st = hm_model_open(&m, path, &mo, &err);
+        CHECKF(st == HM_ERR_UNSUPPORTED && strstr(err.msg, "several GPUs"), "gemma4 -ts 1,1: status %d: %s", (int)st,
+               err.msg);
+        hm_model_close(m);
+        hm_placement_opts_default(&po);
+        po.vram_budgets[0] = (hm_gpu_budget){.device = 7, .bytes = 1 << 20};
+        po.n_vram_budgets = 1;
+        m = NULL;
+        st = hm_model_open(&m, path, &mo, &err);
+        CHECKF(st == HM_ERR_ARG && strstr(err.msg, "device 7"), "--vram-budget 7:1MiB: status %d: %s", (int)st,
+               err.msg);
+        hm_model_close(m);
+    }
+    unlink(path);
+}
+
+int main(void) {
+    if (hm_cuda_device_count() < 2) {
+        printf("skipped: fewer than 2 GPUs\n");
+        return 77;
+    }
+    if (!gpu_compare_have_device()) return 77;
+    refusals();
+    run_model("f32", false);
+    run_model("q4_k_m", true);
+    return test_done();
+}
