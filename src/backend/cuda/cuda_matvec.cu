@@ -190,7 +190,8 @@ __device__ __forceinline__ void mv_store(const mv_out &o, int64_t row, const flo
  * each warp keeps two rows' bytes in flight and the
  * quantisation prologue is paid by <= 2 * n_sm blocks instead of one block per 8 rows. A row's
  * sum is formed exactly as in k_mvq (lane l: units l, l + 32, ... in order, then warp_sum), so
- * results are bit-identical to k_mvq and to the host emulation, whatever the grid. */
+ * results are bit-identical to k_mvq and to the host emulation, whatever the grid. Units are read
+ * through q8kx (q6_K with 8-byte loads, the same decoded units). */
 #define MVP_BPS 2
 template <int T, int NT, int U>
 __global__ void __launch_bounds__(256, MVP_BPS) k_mvqp(const uint8_t *__restrict__ w, size_t nb1, int64_t ne0,
@@ -206,8 +207,8 @@ __global__ void __launch_bounds__(256, MVP_BPS) k_mvqp(const uint8_t *__restrict
     int64_t rn = r + W;
     const uint8_t *ra[1] = {w + (r < ne1 ? r : 0) * nb1}, *rb[1] = {w + (rn < ne1 ? rn : 0) * nb1};
     qraw a[U][1] = {}, b[U][1] = {};
-    if (r < ne1) q8k_load<T, 1, U>(ra, lane, n_units, a); /* the first two rows in flight during */
-    if (rn < ne1) q8k_load<T, 1, U>(rb, lane, n_units, b); /* the quantisation of x */
+    if (r < ne1) q8k_load<T, 1, U, q8kx<T>>(ra, lane, n_units, a); /* the first two rows in flight during */
+    if (rn < ne1) q8k_load<T, 1, U, q8kx<T>>(rb, lane, n_units, b); /* the quantisation of x */
     q8k_quant_rows_blockb<2>(x, ne0, n_tok, (int)ne0, xq, xd, 0);
     __syncthreads();
     int tok[NT];
@@ -220,26 +221,26 @@ __global__ void __launch_bounds__(256, MVP_BPS) k_mvqp(const uint8_t *__restrict
             float acc[1][NT];
 #pragma unroll
             for (int t = 0; t < NT; t++) acc[0][t] = 0.0f;
-            q8k_rows_dot<T, NT, 1, U>(ra, n_units, xq, xd, (int)ne0, tok, acc, lane, a);
+            q8k_rows_dot<T, NT, 1, U, q8kx<T>>(ra, n_units, xq, xd, (int)ne0, tok, acc, lane, a);
             mv_store<NT>(o, r, acc, n_tok, lane);
         }
         if (rn >= ne1) break;
         r = rn + W;
         if (r < ne1) {
             ra[0] = w + r * nb1;
-            q8k_load<T, 1, U>(ra, lane, n_units, a);
+            q8k_load<T, 1, U, q8kx<T>>(ra, lane, n_units, a);
         }
         {
             float acc[1][NT];
 #pragma unroll
             for (int t = 0; t < NT; t++) acc[0][t] = 0.0f;
-            q8k_rows_dot<T, NT, 1, U>(rb, n_units, xq, xd, (int)ne0, tok, acc, lane, b);
+            q8k_rows_dot<T, NT, 1, U, q8kx<T>>(rb, n_units, xq, xd, (int)ne0, tok, acc, lane, b);
             mv_store<NT>(o, rn, acc, n_tok, lane);
         }
         rn = r + W;
         if (rn < ne1) {
             rb[0] = w + rn * nb1;
-            q8k_load<T, 1, U>(rb, lane, n_units, b);
+            q8k_load<T, 1, U, q8kx<T>>(rb, lane, n_units, b);
         }
     }
 }

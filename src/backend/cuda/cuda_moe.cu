@@ -519,7 +519,9 @@ __global__ void __launch_bounds__(256) k_moeq_down(const hm_cuda_moe_slot *__res
  *   in flight; cold tasks are skipped.
  * Launch B'', grid (n_embd / 8 rows, token t): as B' with one output row per warp (twice the
  *   blocks, in one wave on an H200) and up to 8 (6 for the 12-word types) units of the (expert,
- *   unit) sequence in flight per lane instead of 2, the h quantisation four blocks per round. */
+ *   unit) sequence in flight per lane instead of 2, the h quantisation four (two for the 12-word
+ *   types) blocks per round.
+ * Both read q6_K units with 8-byte loads (q8kx, cuda_quant.cuh): 9 loads a unit instead of 13. */
 #define MOEP_BPS 2
 
 static size_t moep_gate_smem(int64_t n_pairs, int64_t n_tok, int64_t n_embd) {
@@ -565,7 +567,7 @@ __global__ void __launch_bounds__(256, MOEP_BPS) k_moeqp_gate_up(const hm_cuda_m
         const int p = i / nf;
         const int tok[1] = {p / k};
         float acc[2][1] = {{0.0f}, {0.0f}};
-        q8k_rows_dot<T, 1, 2, U>(rows, n_units, xq, xd, (int)n_embd, tok, acc, lane, rw);
+        q8k_rows_dot<T, 1, 2, U, q8kx<T>>(rows, n_units, xq, xd, (int)n_embd, tok, acc, lane, rw);
         const float gs = warp_sum(acc[0][0]), us = warp_sum(acc[1][0]);
         if (lane == 0) h[i] = act_mul(act, gs, us); /* i = p * n_ff + r */
     };
@@ -573,8 +575,8 @@ __global__ void __launch_bounds__(256, MOEP_BPS) k_moeqp_gate_up(const hm_cuda_m
     qraw a[U][2] = {}, b[U][2] = {};
     int i = next_hot((int)blockIdx.x * 8 + (threadIdx.x >> 5), ra);
     int in = next_hot(i + W, rb);
-    if (i < n_task) q8k_load<T, 2, U>(ra, lane, n_units, a); /* the first two tasks in flight */
-    if (in < n_task) q8k_load<T, 2, U>(rb, lane, n_units, b); /* during the quantisation of x */
+    if (i < n_task) q8k_load<T, 2, U, q8kx<T>>(ra, lane, n_units, a); /* the first two tasks in flight */
+    if (in < n_task) q8k_load<T, 2, U, q8kx<T>>(rb, lane, n_units, b); /* during the quantisation of x */
     q8k_quant_rows_blockb<2>(x, n_embd, n_tok, (int)n_embd, xq, xd, 0);
     __syncthreads();
     /* invariant at the top: a holds task i, b task in (the next hot one, when < n_task) */
@@ -582,10 +584,10 @@ __global__ void __launch_bounds__(256, MOEP_BPS) k_moeqp_gate_up(const hm_cuda_m
         finish(i, ra, a);
         if (in >= n_task) break;
         i = next_hot(in + W, ra);
-        if (i < n_task) q8k_load<T, 2, U>(ra, lane, n_units, a);
+        if (i < n_task) q8k_load<T, 2, U, q8kx<T>>(ra, lane, n_units, a);
         finish(in, rb, b);
         in = next_hot(i + W, rb);
-        if (in < n_task) q8k_load<T, 2, U>(rb, lane, n_units, b);
+        if (in < n_task) q8k_load<T, 2, U, q8kx<T>>(rb, lane, n_units, b);
     }
 }
 
@@ -626,7 +628,7 @@ __global__ void __launch_bounds__(256, MOEP_BPS) k_moeq_down1(const hm_cuda_moe_
             const int j = un / upr, pu = un - j * upr;
             const uint8_t *base = dn[j];
             if (!base) continue;
-            rw[u] = q8k<T>::load(base + roff + (int64_t)(pu >> 3) * q8k<T>::size, pu & 7);
+            rw[u] = q8kx<T>::load(base + roff + (int64_t)(pu >> 3) * q8kx<T>::size, pu & 7);
         }
     };
     if (live) load(lane);
@@ -651,7 +653,7 @@ __global__ void __launch_bounds__(256, MOEP_BPS) k_moeq_down1(const hm_cuda_moe_
                 bs1 = q8_sum16(xa);
                 bs2 = q8_sum16(xc);
             }
-            const qunit qu = q8k<T>::dec(rw[u], base + roff + (int64_t)b * q8k<T>::size, pp);
+            const qunit qu = q8kx<T>::dec(rw[u], base + roff + (int64_t)b * q8kx<T>::size, pp);
             acc = fmaf(wgt, q8k_unit_dot<T>(qu, xa, xc, bs1, bs2, dx, 0.0f), acc);
         }
     }

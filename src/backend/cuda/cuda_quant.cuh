@@ -482,7 +482,7 @@ struct qunit {
 };
 /* The raw bytes of one unit (load: issued first, for loads in flight; dec: the arithmetic). */
 struct qraw {
-    uint32_t w[12];
+    uint32_t w[13];
 };
 
 template <int T> struct q8k;
@@ -593,6 +593,64 @@ HMCU_UNROLL
         u.s2 = (int)(int8_t)(r.w[10] >> 24);
         u.m1 = u.m2 = 0;
         u.d = half_f((uint16_t)r.w[10]);
+        u.dm = 0.0f;
+        return u;
+    }
+};
+
+/* 16 bytes at a 2-aligned address p as six words read as three 8-byte loads from p & ~7 (for the
+ * q6_K offsets every 8-byte granule read holds a byte of the block, so it is inside the
+ * allocation) and their realignment by m8 = p & 7 (0, 2, 4 or 6). */
+HMCU_HD void ld16_a2_raw8(const uint8_t *p, uint32_t *w) {
+    const uint2 *a = (const uint2 *)((uintptr_t)p & ~(uintptr_t)7);
+HMCU_UNROLL
+    for (int i = 0; i < 3; i++) {
+        const uint2 v = ldg(a + i);
+        w[2 * i] = v.x;
+        w[2 * i + 1] = v.y;
+    }
+}
+HMCU_HD void ld16_a2_fix8(const uint32_t *w, int m8, uint32_t *out) {
+    uint32_t v[5];
+HMCU_UNROLL
+    for (int j = 0; j < 5; j++) v[j] = m8 & 4 ? w[j + 1] : w[j];
+HMCU_UNROLL
+    for (int i = 0; i < 4; i++) out[i] = byte_perm(v[i], v[i + 1], m8 & 2 ? 0x5432u : 0x3210u);
+}
+
+/* The unit loaders of the current int8 kernels: q8k<T>, except q6_K, read with 8-byte loads (9
+ * loads a unit instead of 13: ql and qh as three 8-byte words each, w[0..5] and w[6..11], w[12] =
+ * d | scale1 << 16 | scale2 << 24). The same qunit as q8k<HM_TYPE_Q6_K>, bit for bit. */
+template <int T> struct q8kx : q8k<T> {};
+template <> struct q8kx<HM_TYPE_Q6_K> {
+    static constexpr int size = 210, kind = 1;
+    HMCU_HD static int off1(int p) { return q8k<HM_TYPE_Q6_K>::off1(p); }
+    HMCU_HD static int off2(int p) { return q8k<HM_TYPE_Q6_K>::off2(p); }
+    HMCU_HD static qraw load(const uint8_t *b, int p) {
+        qraw r;
+        const int h = p >> 2, k = (p >> 1) & 1, s = p & 1;
+        ld16_a2_raw8(b + 64 * h + 32 * k + 16 * s, r.w);
+        ld16_a2_raw8(b + 128 + 32 * h + 16 * s, r.w + 6);
+        r.w[12] = (uint32_t)ld16(b + 208) | (uint32_t)b[192 + 8 * h + 2 * k + s] << 16 |
+                  (uint32_t)b[196 + 8 * h + 2 * k + s] << 24;
+        return r;
+    }
+    HMCU_HD static qunit dec(const qraw &r, const uint8_t *b, int p) {
+        qunit u;
+        const int k = (p >> 1) & 1;
+        const int m8 = (int)((uintptr_t)b & 7); /* every offset read is a multiple of 16 */
+        uint32_t ql[4], qh[4];
+        ld16_a2_fix8(r.w, m8, ql);
+        ld16_a2_fix8(r.w + 6, m8, qh);
+HMCU_UNROLL
+        for (int i = 0; i < 4; i++) {
+            u.v1[i] = (ql[i] & 0x0f0f0f0fu) | ((qh[i] >> (2 * k)) & 0x03030303u) << 4;
+            u.v2[i] = ((ql[i] >> 4) & 0x0f0f0f0fu) | ((qh[i] >> (2 * k + 4)) & 0x03030303u) << 4;
+        }
+        u.s1 = (int)(int8_t)(r.w[12] >> 16);
+        u.s2 = (int)(int8_t)(r.w[12] >> 24);
+        u.m1 = u.m2 = 0;
+        u.d = half_f((uint16_t)r.w[12]);
         u.dm = 0.0f;
         return u;
     }
@@ -736,27 +794,27 @@ __device__ __forceinline__ void q8k_quant_rows_blockb(const float *__restrict__ 
  * give bit-identical results. */
 bool hm_cu_q8_v1(void);
 
-/* Issue the loads of U units (u0, u0 + 32, ...) of R rows: rw[u][r]. */
-template <int T, int R, int U>
+/* Issue the loads of U units (u0, u0 + 32, ...) of R rows: rw[u][r] (Q: the unit loader). */
+template <int T, int R, int U, class Q = q8k<T>>
 __device__ __forceinline__ void q8k_load(const uint8_t *const (&rows)[R], int u0, int n_units, qraw (&rw)[U][R]) {
 #pragma unroll
     for (int u = 0; u < U; u++)
 #pragma unroll
         for (int r = 0; r < R; r++) {
             const int un = u0 + 32 * u;
-            if (un < n_units) rw[u][r] = q8k<T>::load(rows[r] + (int64_t)(un >> 3) * q8k<T>::size, un & 7);
+            if (un < n_units) rw[u][r] = Q::load(rows[r] + (int64_t)(un >> 3) * Q::size, un & 7);
         }
 }
 
 /* acc[r][t] += row r . x_t for R rows of n_units units and NT tokens, x_t quantised in shared
  * memory: xq + tok[t] * ne0 (int8), xd + tok[t] * (ne0 / 256). Lane l takes units l, l + 32, ...
  * U at a time; rw holds the first U units' loads (issued by the caller with q8k_load). */
-template <int T, int NT, int R, int U>
+template <int T, int NT, int R, int U, class Q = q8k<T>>
 __device__ __forceinline__ void q8k_rows_dot(const uint8_t *const (&rows)[R], int n_units, const int8_t *xq,
                                              const float *xd, int ne0, const int (&tok)[NT], float (&acc)[R][NT],
                                              int lane, qraw (&rw)[U][R]) {
     for (int u0 = lane; u0 < n_units; u0 += 32 * U) {
-        if (u0 != lane) q8k_load<T, R, U>(rows, u0, n_units, rw);
+        if (u0 != lane) q8k_load<T, R, U, Q>(rows, u0, n_units, rw);
 #pragma unroll
         for (int u = 0; u < U; u++) {
             const int un = u0 + 32 * u;
@@ -764,7 +822,7 @@ __device__ __forceinline__ void q8k_rows_dot(const uint8_t *const (&rows)[R], in
             const int b = un >> 3, p = un & 7;
             qunit qu[R];
 #pragma unroll
-            for (int r = 0; r < R; r++) qu[r] = q8k<T>::dec(rw[u][r], rows[r] + (int64_t)b * q8k<T>::size, p);
+            for (int r = 0; r < R; r++) qu[r] = Q::dec(rw[u][r], rows[r] + (int64_t)b * Q::size, p);
 #pragma unroll
             for (int t = 0; t < NT; t++) {
                 const int8_t *xb = xq + (int64_t)tok[t] * ne0 + 256 * b;
