@@ -9,6 +9,9 @@
  *
  * -ff sets the experts' n_ff (512 by default; Qwen3-30B-A3B has 768). After the layer, the same
  * columns for big matrices alone (4096 x 4096 q4_K and q6_K, cold), with the GB/s of weight bytes.
+ * Last, a check that the two int8 variants agree bit for bit on random weights (matvecs of 1..8
+ * tokens at sizes where each warp of the current kernel takes several rows, the MoE): it prints
+ * "identical" or the number of differing outputs (it still exits 0: a benchmark asserts nothing).
  *
  * Hot: every call on the same buffers (L2-resident after the first). Cold: call i on copy
  * i % C of the op's whole working set (inputs, weights, cache, outputs), C copies filling >= 192
@@ -198,6 +201,141 @@ static double time_batch(const op *p, int n, bool hot, int *cidx) {
     }
 }
 
+/* ---- v1 vs current int8 kernels, bit for bit ---- */
+
+static uint64_t g_rs = 0x2545f4914f6cdd1dull;
+static uint64_t rnd64(void) {
+    g_rs ^= g_rs << 13;
+    g_rs ^= g_rs >> 7;
+    g_rs ^= g_rs << 17;
+    return g_rs;
+}
+/* n bytes of random blocks of `type` (every quant code is valid) with the f16 scales set to
+ * ~0.01 * (1 + small), so the sums stay finite. */
+static void rand_blocks(int type, uint8_t *w, size_t n) {
+    for (size_t i = 0; i < n; i += 8) {
+        const uint64_t v = rnd64();
+        memcpy(w + i, &v, n - i < 8 ? n - i : 8);
+    }
+    const size_t bs = hm_row_size(type, 256);
+    const size_t doff = type == HM_TYPE_Q6_K ? 208 : 0, n2 = type == HM_TYPE_Q4_K || type == HM_TYPE_Q5_K ? 2 : 1;
+    for (size_t b = 0; b + bs <= n; b += bs)
+        for (size_t k = 0; k < n2; k++) {
+            w[b + doff + 2 * k] = (uint8_t)(0x10 + (rnd64() & 0x1f));
+            w[b + doff + 2 * k + 1] = 0x21;
+        }
+}
+static float *rand_x(int64_t n) {
+    float *x = malloc(sizeof(float) * (size_t)n);
+    if (!x) exit(1);
+    for (int64_t i = 0; i < n; i++) x[i] = (float)((double)(rnd64() >> 11) / 9007199254740992.0 - 0.5);
+    return x;
+}
+/* The outputs of the two variants: download of n floats at d after run() under each (d filled
+ * with a different pattern before each, so an output one variant leaves unwritten shows). */
+static int diff_variants(void (*run)(void *), void *arg, float *d, float *a, float *b, size_t n) {
+    for (int v = 1; v >= 0; v--) {
+        CK(hm_cuda_memset(ctx, d, v ? 0x7f : 0xff, sizeof(float) * n, &err));
+        hm_cuda_q8_set_variant(v);
+        run(arg);
+        CK(hm_cuda_download(ctx, v ? a : b, d, sizeof(float) * n, &err));
+    }
+    hm_cuda_q8_set_variant(0);
+    int bad = 0;
+    for (size_t i = 0; i < n; i++) bad += memcmp(&a[i], &b[i], 4) != 0;
+    return bad;
+}
+typedef struct {
+    hm_cuda_mat m;
+    const float *x;
+    float *y;
+    int n_tok;
+} mv_arg;
+static void run_mv_arg(void *p) {
+    const mv_arg *a = p;
+    CK(hm_cuda_matmul(ctx, &a->m, a->x, a->n_tok, a->y, &err));
+}
+typedef struct {
+    const hm_cuda_moe_slot *slots;
+    const int32_t *ids;
+    const float *wts, *x;
+    float *out;
+    int64_t n_tok;
+} moe_arg;
+static void run_moe_arg(void *p) {
+    const moe_arg *a = p;
+    CK(hm_cuda_memset(ctx, a->out, 0, sizeof(float) * (size_t)(a->n_tok * N_EMBD), &err));
+    CK(hm_cuda_moe_dev(ctx, a->slots, HM_TYPE_Q4_K, HM_TYPE_Q6_K, a->ids, a->wts, K_USED, a->x, a->n_tok, N_EMBD,
+                       N_FF, a->out, g_scratch, g_scratch_size, &err));
+}
+
+static void check_variants(char *experts, size_t es, size_t gs, size_t ds) {
+    CK(hm_cuda_sync(ctx, &err)); /* the uploads below overwrite experts the timed calls read */
+    hm_cuda_set_kern(ctx, HM_CUDA_KERN_DEFAULT);
+    printf("\nint8 kernels, v1 vs current on random weights (bit for bit):\n");
+    const struct { int type; int64_t ne0, ne1; } mv[] = {
+        {HM_TYPE_Q4_K, 2048, 5003}, {HM_TYPE_Q6_K, 2048, 5003}, {HM_TYPE_Q5_K, 1024, 4500}, {HM_TYPE_IQ4_XS, 4096, 2500},
+        {HM_TYPE_Q6_K, 4096, 300}};
+    for (size_t s = 0; s < sizeof mv / sizeof mv[0]; s++) {
+        const size_t rs = hm_row_size(mv[s].type, mv[s].ne0), wb = rs * (size_t)mv[s].ne1;
+        const size_t ny = (size_t)(8 * mv[s].ne1);
+        uint8_t *w = malloc(wb);
+        float *x = rand_x(8 * mv[s].ne0), *a = malloc(sizeof(float) * ny), *b = malloc(sizeof(float) * ny);
+        if (!w || !a || !b) exit(1);
+        rand_blocks(mv[s].type, w, wb);
+        void *dw, *dx, *dy;
+        CK(hm_cuda_alloc(ctx, wb, &dw, &err));
+        CK(hm_cuda_alloc(ctx, sizeof(float) * (size_t)(8 * mv[s].ne0), &dx, &err));
+        CK(hm_cuda_alloc(ctx, sizeof(float) * ny, &dy, &err));
+        CK(hm_cuda_upload(ctx, dw, w, wb, &err));
+        CK(hm_cuda_upload(ctx, dx, x, sizeof(float) * (size_t)(8 * mv[s].ne0), &err));
+        int bad = 0;
+        for (int nt = 1; nt <= 8; nt++) {
+            mv_arg arg = {{dw, mv[s].type, mv[s].ne0, mv[s].ne1, rs}, dx, dy, nt};
+            bad += diff_variants(run_mv_arg, &arg, dy, a, b, (size_t)(nt * mv[s].ne1));
+        }
+        printf("  matvec %-6s %5lld x %-5lld n_tok 1..8: %s (%d differ)\n", hm_type_name(mv[s].type),
+               (long long)mv[s].ne0, (long long)mv[s].ne1, bad ? "DIFFERENT" : "identical", bad);
+        hm_cuda_free(ctx, dw), hm_cuda_free(ctx, dx), hm_cuda_free(ctx, dy);
+        free(w), free(x), free(a), free(b);
+    }
+    /* the MoE: the first 2 * K_USED experts of the arena randomised, 1 and 3 tokens over them */
+    const size_t eb = 2 * gs + ds;
+    uint8_t *e = malloc(eb);
+    if (!e) exit(1);
+    for (int j = 0; j < 2 * K_USED; j++) {
+        rand_blocks(HM_TYPE_Q4_K, e, 2 * gs);
+        rand_blocks(HM_TYPE_Q6_K, e + 2 * gs, ds);
+        CK(hm_cuda_upload(ctx, experts + (size_t)j * es, e, eb, &err));
+    }
+    const int64_t nt_max = 3;
+    int32_t ids[3 * K_USED];
+    float wts[3 * K_USED];
+    for (int i = 0; i < nt_max * K_USED; i++) {
+        ids[i] = (int32_t)((i * 5 + i / K_USED) % (2 * K_USED));
+        wts[i] = (float)(0.05 + (double)(rnd64() >> 11) / 9007199254740992.0 * 0.2);
+    }
+    float *x = rand_x(nt_max * N_EMBD), *a = malloc(sizeof(float) * nt_max * N_EMBD),
+          *b = malloc(sizeof(float) * nt_max * N_EMBD);
+    if (!a || !b) exit(1);
+    void *dids, *dwts, *dx, *dout;
+    CK(hm_cuda_alloc(ctx, sizeof ids, &dids, &err));
+    CK(hm_cuda_alloc(ctx, sizeof wts, &dwts, &err));
+    CK(hm_cuda_alloc(ctx, sizeof(float) * nt_max * N_EMBD, &dx, &err));
+    CK(hm_cuda_alloc(ctx, sizeof(float) * nt_max * N_EMBD, &dout, &err));
+    CK(hm_cuda_upload(ctx, dids, ids, sizeof ids, &err));
+    CK(hm_cuda_upload(ctx, dwts, wts, sizeof wts, &err));
+    CK(hm_cuda_upload(ctx, dx, x, sizeof(float) * nt_max * N_EMBD, &err));
+    for (int64_t nt = 1; nt <= nt_max; nt += 2) {
+        moe_arg arg = {g_slots, dids, dwts, dx, dout, nt};
+        const int bad = diff_variants(run_moe_arg, &arg, dout, a, b, (size_t)(nt * N_EMBD));
+        printf("  moe_dev q4_K/q6_K %d / %lld, top-%d, n_tok %lld: %s (%d differ)\n", N_EMBD, (long long)N_FF, K_USED,
+               (long long)nt, bad ? "DIFFERENT" : "identical", bad);
+    }
+    hm_cuda_free(ctx, dids), hm_cuda_free(ctx, dwts), hm_cuda_free(ctx, dx), hm_cuda_free(ctx, dout);
+    free(e), free(x), free(a), free(b);
+}
+
 static int cmp_d(const void *a, const void *b) {
     const double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
@@ -251,7 +389,7 @@ int main(int argc, char **argv) {
     CK(hm_cuda_upload(ctx, g_pos, &pos32, sizeof pos32, &err));
 
     /* scratch: the larger of attention (either kernel set) and the MoE */
-    size_t ss = hm_cuda_moe_dev_scratch_size(1, K_USED, N_FF);
+    size_t ss = hm_cuda_moe_dev_scratch_size(3, K_USED, N_FF); /* 3: check_variants */
     for (int kern = HM_CUDA_KERN_OLD; kern <= HM_CUDA_KERN_NEW; kern++) {
         hm_cuda_set_kern(ctx, kern);
         const size_t a = hm_cuda_attention_scratch_size(ctx, 1, g_kv_len, N_HEAD, N_KV, HD);
@@ -368,6 +506,7 @@ int main(int argc, char **argv) {
             for (int k = 0; k < 8; k++) sum[k] += t[k];
         hm_cuda_free(ctx, p->arena);
     }
+    check_variants(experts, es, gs, ds);
     hm_cuda_free(ctx, experts);
     hm_cuda_free(ctx, g_slots);
     hm_cuda_free(ctx, g_ids);
