@@ -9,7 +9,8 @@
 #   one GPU (CUDA_VISIBLE_DEVICES=0): llama-bench -ngl 99 --n-cpu-moe N; hotmoe --vram-budget T
 #     static (--profile PROFILE);
 #   two GPUs, the same total: llama-bench -ngl 99 -ts 1,1 --n-cpu-moe N; hotmoe -ts 1,1
-#     --vram-budget 0:T/2,1:T/2 static, and hotmoe -ts 1,1 --n-cpu-moe N (llama.cpp's placement);
+#     --vram-budget 0:T/2,1:T/2 static, the same with --no-peer-experts (each device's slots only
+#     for its own layers' units), and hotmoe -ts 1,1 --n-cpu-moe N (llama.cpp's placement);
 #   two GPUs, twice the total: the same with 2T (N from 2T; hotmoe 0:T,1:T).
 # pp512 and tg128 after a 512-token context, same threads and repetitions (REPS, default 3) for
 # both engines. Prints one markdown table with the ratios hotmoe / llama.cpp and 2 GPUs / 1 GPU.
@@ -56,6 +57,10 @@ for mult in 1 2; do
     echo "| $t GiB | 2 | llama.cpp -ngl 99 -ts 1,1 --n-cpu-moe $N | $lpp | $ltg | - | | | $(ratio "$ltg" "$l1tg") |"
     read -r pp tg hit < <(hm -ngl 99 -ts 1,1 --vram-budget "0:${half}GiB,1:${half}GiB" --profile "$profile" "${run[@]}")
     echo "| $t GiB | 2 | hotmoe static -ts 1,1 --vram-budget 0:${half}GiB,1:${half}GiB | $pp | $tg | $hit % | $(ratio "$pp" "$lpp") | $(ratio "$tg" "$ltg") | $(ratio "$tg" "$h1tg") |"
+    if [ $mult = 1 ]; then
+        read -r pp tg hit < <(hm -ngl 99 -ts 1,1 --vram-budget "0:${half}GiB,1:${half}GiB" --no-peer-experts --profile "$profile" "${run[@]}")
+        echo "| $t GiB | 2 | hotmoe static -ts 1,1 --vram-budget 0:${half}GiB,1:${half}GiB --no-peer-experts | $pp | $tg | $hit % | $(ratio "$pp" "$lpp") | $(ratio "$tg" "$ltg") | $(ratio "$tg" "$h1tg") |"
+    fi
     read -r pp tg hit < <(hm -ngl 99 -ts 1,1 --n-cpu-moe $N "${run[@]}")
     echo "| $t GiB | 2 | hotmoe -ts 1,1 --n-cpu-moe $N (llama.cpp's placement) | $pp | $tg | $hit % | $(ratio "$pp" "$lpp") | $(ratio "$tg" "$ltg") | $(ratio "$tg" "$h1tg") |"
 done

@@ -210,16 +210,20 @@ struct hm_placement_opts {
     bool cpu_moe;         /* --cpu-moe: no expert slots unless vram_budget says otherwise */
     int32_t n_cpu_moe;    /* --n-cpu-moe N: units of layers >= N in VRAM, the rest on the CPU; < 0 = off */
     int32_t main_gpu;     /* --main-gpu: the device (0) */
-    /* Several GPUs (issue 11; docs/ENGINE.md "GPU placement"): parsed and planned
-     * (model/gpu_split.h), not executed yet. A plan over more than one device is refused at open
-     * (HM_ERR_UNSUPPORTED); one that names a single device runs as the single-device form on it
-     * (as -mg N --vram-budget SIZE). A per-device budget or a -ts turns the GPU on. */
+    /* Several GPUs (issue 11; docs/ENGINE.md "GPU placement"; model/gpu_split.h plans them): the
+     * layers split over the devices as llama.cpp's -ts, each device with its own slot budget. A
+     * plan that names a single device runs as the single-device form on it (as -mg N
+     * --vram-budget SIZE). Only qwen3moe runs a plan of several (others: HM_ERR_UNSUPPORTED). A
+     * per-device budget or a -ts turns the GPU on. */
     int32_t n_vram_budgets; /* entries of vram_budgets; 0 = the single form (vram_budget) */
     hm_gpu_budget vram_budgets[HM_MAX_GPUS]; /* --vram-budget 0:11GiB,1:5GiB: one per device named,
                                                 devices distinct; a device not named gets none */
     int32_t n_tensor_split; /* entries of tensor_split; 0 = none */
     float tensor_split[HM_MAX_GPUS]; /* -ts: share of the layers of CUDA device i (llama.cpp's
                                         proportions, >= 0); none or all 0 = by free VRAM */
+    bool no_peer;         /* several GPUs: a unit stays on its layer's device or the CPU (default:
+                             when its layer's device is full, a hot unit may take a free slot on
+                             another device and run there, its rows sent over and back) */
     int32_t n_ctx;        /* context the sessions will ask for: sizes the auto budget's KV share
                              (0 = the model's training context, capped at 32768) */
     /* The SSD tier (models larger than RAM, docs/ENGINE.md). ram_budget 0, or >= the model's
@@ -314,11 +318,13 @@ typedef struct hm_usage {
     uint64_t *counts;                /* [n_layer * n_expert] routed selections (row = layer), owned */
     uint8_t *home;                   /* [n_layer * n_expert] hm_unit_home, owned */
     uint64_t *layer_hits, *layer_misses; /* [n_layer], owned */
-    /* The GPU placement's devices (n_gpus 0 without one): CUDA ordinal, expert slots and slots
-     * holding a unit per device, and the device index (0..n_gpus-1) running each layer. */
+    /* The GPU placement's devices (n_gpus 0 without one): CUDA ordinal, expert slots, slots
+     * holding a unit and peer units per device, and the device index (0..n_gpus-1) running each
+     * layer. */
     int32_t n_gpus;
     int32_t gpu_ordinal[HM_MAX_GPUS];
     int64_t gpu_slots[HM_MAX_GPUS], gpu_slots_used[HM_MAX_GPUS];
+    int64_t gpu_peer[HM_MAX_GPUS];   /* of the used slots: units of another device's layers */
     int32_t *layer_gpu;              /* [n_layer] owned; NULL when n_gpus is 0 */
 } hm_usage;
 

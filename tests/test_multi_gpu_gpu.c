@@ -13,10 +13,15 @@
  *   (b) -ts 1,1 --n-cpu-moe 3: layer 3's units in device 1's slots, the rest on the CPU; layers
  *       0-2 no hits, layer 3 no misses (llama.cpp's layer placement per device).
  *   (c) --vram-budget 0:B,1:B (B = 15 % of the units each) static from the CPU run's profile:
- *       each device's slots hold only units of its own layers (hits and misses on both sides).
+ *       hits and misses, every slot of both devices used (device 1's one layer is the last, whose
+ *       units the profile counts least: its slots fill with device 0's layers' units as peers).
  *   (d) the same budgets with lru (units move between steps, fills land mid-run).
  *   (e) -ts 7,3 -ngl 99: every layer on device 0, the output alone on device 1 (llama.cpp's split
  *       of 4 layers + output at 0.7): bit-identical to one GPU again.
+ *   (f) --vram-budget 0:5%,1:40% static: device 1 has more slots than its one layer's 16 units, so
+ *       device 0's layers' hottest units that device 0 has no room for go there as PEER units
+ *       (computed on device 1 from the rows sent over, the sum sent back): usage shows peer units
+ *       on device 1 only; (g) the same with --no-peer-experts: none, device 1 holds <= 16.
  * Each: NMSE and argmax against the CPU by gpu_compare.h's rule with test_qwen3moe_gpu's bounds
  * (F32: P 1e-4 (bf16 prefill), D 1e-7; Q4_K_M: 3e-4); the store's per-layer hits + misses = rows x k;
  * hm_model_usage's per-device slots (each device's units in its own slots: used <= slots, and
@@ -68,10 +73,11 @@ static hm_status run_seq(hm_model *m, int32_t *toks, int32_t np, bool greedy, fl
     return st;
 }
 
-typedef enum place { P_ONE, P_TS_ALL, P_TS_NCMOE, P_BUDGET_STATIC, P_BUDGET_LRU, P_OUT_ALONE } place;
+typedef enum place { P_ONE, P_TS_ALL, P_TS_NCMOE, P_BUDGET_STATIC, P_BUDGET_LRU, P_OUT_ALONE, P_PEER, P_NO_PEER } place;
 static const char *place_name[] = {"one GPU -ngl 99", "-ts 1,1 -ngl 99", "-ts 1,1 --n-cpu-moe 3",
                                    "--vram-budget 0:15%,1:15% static", "--vram-budget 0:15%,1:15% lru",
-                                   "-ts 7,3 -ngl 99 (output alone)"};
+                                   "-ts 7,3 -ngl 99 (output alone)", "--vram-budget 0:5%,1:40% static",
+                                   "--vram-budget 0:5%,1:40% static --no-peer-experts"};
 
 static int64_t count_diff(const float *a, const float *b, size_t n) {
     int64_t d = 0;
@@ -84,7 +90,8 @@ static void run_placement(const char *path, const char *label, ref *r, place p, 
     hm_placement_opts_default(&po);
     po.n_gpu_layers = 99;
     po.n_ctx = 64;
-    const int64_t budget = (int64_t)((r->n_units * 15 + 99) / 100) * (int64_t)(r->unit_bytes + 3 * 256);
+    const int64_t slot = (int64_t)(r->unit_bytes + 3 * 256);
+    const int64_t budget = (int64_t)((r->n_units * 15 + 99) / 100) * slot;
     switch (p) {
     case P_ONE: break;
     case P_TS_ALL:
@@ -103,6 +110,18 @@ static void run_placement(const char *path, const char *label, ref *r, place p, 
         po.n_vram_budgets = 2;
         po.policy = p == P_BUDGET_STATIC ? "static" : "lru";
         if (p == P_BUDGET_STATIC) po.profile = profile;
+        break;
+    case P_PEER:
+    case P_NO_PEER:
+        /* device 1 runs one layer (16 units) but gets 40 % of all units' slots: with peer units
+         * the rest of its slots take device 0's layers' hottest units that device 0 (5 %) has no
+         * room for */
+        po.vram_budgets[0] = (hm_gpu_budget){.device = 0, .bytes = (int64_t)((r->n_units * 5 + 99) / 100) * slot};
+        po.vram_budgets[1] = (hm_gpu_budget){.device = 1, .bytes = (int64_t)((r->n_units * 40 + 99) / 100) * slot};
+        po.n_vram_budgets = 2;
+        po.policy = "static";
+        po.profile = profile;
+        po.no_peer = p == P_NO_PEER;
         break;
     case P_OUT_ALONE:
         po.tensor_split[0] = 7.0f;
@@ -189,21 +208,33 @@ static void run_placement(const char *path, const char *label, ref *r, place p, 
             CHECKF(u.n_gpus == 2 && u.gpu_slots[0] == 0 && u.gpu_slots[1] > 0,
                    "%s %s: slots %lld / %lld, want 0 / > 0", label, place_name[p], (long long)u.gpu_slots[0],
                    (long long)u.gpu_slots[1]);
+        if (p == P_PEER)
+            CHECKF(u.n_gpus == 2 && u.gpu_peer[1] > 0 && u.gpu_peer[0] == 0 && u.gpu_slots_used[1] > 16,
+                   "%s %s: device 1 holds %lld units, %lld of them peer (device 0: %lld peer)", label, place_name[p],
+                   (long long)u.gpu_slots_used[1], (long long)u.gpu_peer[1], (long long)u.gpu_peer[0]);
+        if (p == P_NO_PEER)
+            CHECKF(u.n_gpus == 2 && u.gpu_peer[0] == 0 && u.gpu_peer[1] == 0 && u.gpu_slots_used[1] <= 16,
+                   "%s %s: device 1 holds %lld units, %lld peer", label, place_name[p],
+                   (long long)u.gpu_slots_used[1], (long long)u.gpu_peer[1]);
         if (p == P_BUDGET_STATIC || p == P_BUDGET_LRU) {
             CHECKF(u.n_gpus == 2 && u.gpu_slots[0] > 0 && u.gpu_slots[1] > 0 && hits > 0 && misses > 0,
                    "%s %s: slots %lld / %lld, %llu hits, %llu misses", label, place_name[p],
                    (long long)u.gpu_slots[0], (long long)u.gpu_slots[1], (unsigned long long)hits,
                    (unsigned long long)misses);
-            /* each device's hits: in its own layers only, from its own slots */
-            uint64_t hd[2] = {0, 0};
-            for (int32_t l = 0; l < r->n_layer; l++) hd[u.layer_gpu[l] & 1] += u.layer_hits[l];
-            CHECKF(hd[0] > 0 && hd[1] > 0, "%s %s: hits per device %llu / %llu", label, place_name[p],
-                   (unsigned long long)hd[0], (unsigned long long)hd[1]);
+            /* with peer units (the default) a device's free slots take other devices' hot units:
+             * every slot is used (the profile ranks more than 20 units) */
+            if (p == P_BUDGET_STATIC)
+                CHECKF(u.gpu_slots_used[0] == u.gpu_slots[0] && u.gpu_slots_used[1] == u.gpu_slots[1],
+                       "%s %s: used %lld of %lld and %lld of %lld slots", label, place_name[p],
+                       (long long)u.gpu_slots_used[0], (long long)u.gpu_slots[0], (long long)u.gpu_slots_used[1],
+                       (long long)u.gpu_slots[1]);
         }
-        fprintf(stderr, "%s %-36s NMSE P %.3g, D %.3g; slots %lld+%lld (used %lld+%lld), %llu hits, %llu misses\n",
+        fprintf(stderr,
+                "%s %-36s NMSE P %.3g, D %.3g; slots %lld+%lld (used %lld+%lld, peer %lld+%lld), %llu hits, "
+                "%llu misses\n",
                 label, place_name[p], wp, wd, (long long)u.gpu_slots[0], (long long)u.gpu_slots[1],
-                (long long)u.gpu_slots_used[0], (long long)u.gpu_slots_used[1], (unsigned long long)hits,
-                (unsigned long long)misses);
+                (long long)u.gpu_slots_used[0], (long long)u.gpu_slots_used[1], (long long)u.gpu_peer[0],
+                (long long)u.gpu_peer[1], (unsigned long long)hits, (unsigned long long)misses);
     }
     hm_usage_free(&u);
 
@@ -258,7 +289,7 @@ static void run_model(const char *type, bool quant) {
         hm_model_close(m);
         CHECK(r.n_layer == 4);
         if (!test_failures_ && r.n_layer == 4)
-            for (int p = P_ONE; p <= P_OUT_ALONE; p++) run_placement(path, label, &r, (place)p, prof, quant);
+            for (int p = P_ONE; p <= P_NO_PEER; p++) run_placement(path, label, &r, (place)p, prof, quant);
     }
     free(r.lp), free(r.ld), free(r.gp), free(r.gd);
     unlink(path);

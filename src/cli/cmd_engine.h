@@ -60,11 +60,14 @@ typedef struct cli_engine {
     "                         GGML_CUDA_MOE_CACHE_BUDGET_MB); per device: 0:11GiB,1:11GiB,2:5GiB\n" \
     "                         (env GGML_CUDA_MOE_CACHE_BUDGET_MB_DEVICES=0:11800,1:11800 in MiB)\n" \
     "  -ts, --tensor-split L  share of the layers per CUDA device, as llama.cpp's -ts (3,1);\n" \
-    "                         several GPUs are planned, not executed yet (issue 11)\n"      \
+    "                         each device runs its layers' attention, KV and hot experts\n"  \
+    "                         (qwen3moe; default split: by free VRAM)\n"                      \
     "  --vram-reserve SIZE    VRAM left free by auto (default 1GiB; alias\n"                 \
     "                         --moe-hot-cache-auto-reserve-mib MIB)\n"                      \
     "  -cmoe, --cpu-moe       every expert on the CPU (unless --vram-budget gives slots)\n"   \
     "  -ncmoe, --n-cpu-moe N  experts of the first N layers on the CPU, the rest in VRAM\n"  \
+    "  --no-peer-experts      several GPUs: a device's slots hold only its own layers' units\n"   \
+    "                         (default: a full device's hot units may take another's free slots)\n" \
     "  -mg, --main-gpu N      the CUDA device (default 0)\n"                                 \
     "models larger than RAM (the SSD tier):\n"                                                  \
     "  --ram-budget SIZE      RAM for expert units (e.g. 16GiB); below the experts' size, units\n" \
@@ -179,6 +182,8 @@ static inline int cli_placement_arg(cli_engine *e, int argc, char **argv, int *i
         long n;
         if (!(v = cli_value(e->cmd, argc, argv, i)) || cli_long(e->cmd, a, v, 0, 1 << 20, &n)) return -1;
         e->place.n_cpu_moe = (int32_t)n;
+    } else if (!strcmp(a, "--no-peer-experts")) {
+        e->place.no_peer = true;
     } else if (!strcmp(a, "-mg") || !strcmp(a, "--main-gpu")) {
         long n;
         if (!(v = cli_value(e->cmd, argc, argv, i)) || cli_long(e->cmd, a, v, 0, 63, &n)) return -1;

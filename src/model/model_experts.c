@@ -113,7 +113,7 @@ hm_status hm_model_experts_open(hm_model *m, const hm_placement_opts *po, hm_err
             eo.n_groups = m->gpu->n_dev;
             eo.group_slots = group_slots;
             eo.layer_group = m->gpu->layer_dev;
-            eo.allow_peer = false;
+            eo.allow_peer = !po->no_peer;
         }
         if (layer_from >= 0 && slots > 0) {
             /* layer placement (-ngl alone, --n-cpu-moe): a static placement from a profile that
@@ -306,7 +306,7 @@ hm_status hm_model_usage(const hm_model *m, hm_usage *u, hm_err *err) {
         for (int32_t d = 0; d < g->n_dev; d++) {
             u->gpu_ordinal[d] = g->dev[d].ordinal;
             if (hm_experts_n_groups(m->experts) > 1) {
-                hm_experts_group_stats(m->experts, d, &u->gpu_slots[d], &u->gpu_slots_used[d], NULL);
+                hm_experts_group_stats(m->experts, d, &u->gpu_slots[d], &u->gpu_slots_used[d], &u->gpu_peer[d]);
             } else {
                 u->gpu_slots[d] = es.n_slots;
                 u->gpu_slots_used[d] = es.n_used;

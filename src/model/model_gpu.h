@@ -20,10 +20,12 @@
  * without -ts) and each device holds the dense weights, KV cache and activations of its own
  * layers plus a slot pool of its own budget (-ngl alone / --n-cpu-moe: the units of its own
  * layers). The store sees one slot numbering, device after device (slot groups, experts.h): a
- * unit lives in the slots of the device that runs its layer (peer units are off: the store's
- * allow_peer is false, so a device's slots only take its own layers' units); the forward runs the
- * layers device after device and copies the residual across at each range boundary. A one-device
- * plan is today's single-device path exactly.
+ * unit goes to the slots of the device that runs its layer while they last, then (unless
+ * --no-peer-experts) to a free slot of another device: a PEER unit, computed there from the
+ * layer's input rows sent over through pinned host memory, its sum sent back and added with the
+ * CPU's cold sum (moe_cuda.c; only when enough tokens route to it: HM_PEER_MIN_TOK). The forward runs the layers device after device and copies the
+ * residual across at each range boundary. A one-device plan is today's single-device path
+ * exactly.
  *
  * Lifetime: opened in hm_model_experts_open before the store (which borrows gpu->hot), closed in
  * hm_model_experts_close after it. Only built with CUDA (model_gpu_cuda.c); without it, asking
@@ -59,6 +61,14 @@ typedef struct hm_gpu_dev {
     int64_t slot0;              /* its slots are the store's [slot0, slot0 + n_slots) */
     int64_t n_slots;            /* expert slots in vram (fewer after hm_model_gpu_make_room) */
     uint64_t dense_bytes;       /* device bytes of the dense weights uploaded to it */
+    /* Peer units (units of other devices' layers in its slots; moe_cuda.c): their layer's input
+     * rows come up into peer_x, the grouped launch sums into peer_out, which comes down into
+     * peer_out_h. Sized by hm_gpu_peer_reserve; owned. */
+    float *peer_x, *peer_out;   /* device [peer_rows, n_embd] */
+    void *peer_scratch;         /* the grouped launch's scratch */
+    size_t peer_scratch_size;
+    float *peer_out_h;          /* pinned [peer_rows, n_embd] */
+    int64_t peer_rows;          /* rows they hold (0: none) */
 } hm_gpu_dev;
 
 typedef struct hm_gpu_alloc {
@@ -74,6 +84,10 @@ typedef struct hm_gpu {
     int32_t *layer_dev;         /* [n_layer + 1] owned: the device (index into dev) running each layer's
                                    dense part, attention and KV cache; [n_layer]: the output's */
     int32_t up_dev;             /* for gpu_load: the device hm_gpu_upload_* put buffers on (0) */
+    bool peer_units;            /* the store may place a unit on another device than its layer's */
+    struct hm_cuda_moe_unit *peer_work; /* [2 * n_expert] owned: a layer's peer units as found and
+                                           then grouped by device (moe_cuda.c) */
+    int32_t *peer_work_dev;     /* [n_expert] owned: the device of each found one */
     bool peer_on;               /* every pair of devices reads the other's memory directly */
     hm_tier hot;                /* the store's view of every device's slots (store slot numbers) */
     void *arch;                 /* the arch's device weights: gpu_load sets, gpu_unload frees */
@@ -93,11 +107,16 @@ static inline int32_t hm_gpu_layer_dev(const hm_gpu *g, int32_t il) { return g->
 /* Device index holding store slot `slot` (>= 0), -1 for none (a slot given up). */
 int32_t hm_gpu_slot_dev(const hm_gpu *g, int64_t slot);
 /* Whether store slot `slot` is on the device that runs layer il (a unit there is computed by the
- * layer's own device; in another device's slot it is not, for now: see hm_model_gpu_open). */
+ * layer's own device with its other hot units; in another device's slot it is a peer unit). */
 static inline bool hm_gpu_slot_local(const hm_gpu *g, int32_t il, int64_t slot) {
     const hm_gpu_dev *d = &g->dev[g->layer_dev[il]];
     return slot >= d->slot0 && slot < d->slot0 + d->n_slots;
 }
+/* For state_open (several devices with peer units): make each device's peer buffers hold a layer
+ * of `rows` rows (n_pairs routed pairs, n_ff the expert width); they only grow. HM_ERR_NOMEM naming
+ * the device when its memory (after giving up slots: hm_gpu_dev_alloc_on) or pinned memory is
+ * short. A no-op without peer units. */
+hm_status hm_gpu_peer_reserve(const struct hm_model *m, int64_t rows, int64_t n_pairs, int64_t n_ff, hm_err *err);
 /* Block until every device's slot fills so far have landed (HM_ERR_CUDA on a copy failure). */
 hm_status hm_model_gpu_wait_fills(const struct hm_model *m, hm_err *err);
 

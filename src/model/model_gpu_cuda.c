@@ -102,7 +102,16 @@ void hm_model_gpu_close(hm_model *m) {
     if (m->arch && m->arch->gpu_unload) m->arch->gpu_unload(m);
     for (int32_t i = 0; i < g->n_allocs; i++) hm_cuda_free(g->dev[g->allocs[i].dev].ctx, g->allocs[i].p);
     free(g->allocs);
-    for (int32_t d = 0; d < g->n_dev; d++) hm_cuda_close(g->dev[d].ctx);
+    for (int32_t d = 0; d < g->n_dev; d++) {
+        hm_gpu_dev *dv = &g->dev[d];
+        hm_cuda_free(dv->ctx, dv->peer_x);
+        hm_cuda_free(dv->ctx, dv->peer_out);
+        hm_cuda_free(dv->ctx, dv->peer_scratch);
+        hm_cuda_host_free(dv->ctx, dv->peer_out_h);
+        hm_cuda_close(dv->ctx);
+    }
+    free(g->peer_work);
+    free(g->peer_work_dev);
     free(g->layer_dev);
     free(g);
     m->gpu = NULL;
@@ -112,6 +121,37 @@ int32_t hm_gpu_slot_dev(const hm_gpu *g, int64_t slot) {
     for (int32_t d = 0; d < g->n_dev; d++)
         if (slot >= g->dev[d].slot0 && slot < g->dev[d].slot0 + g->dev[d].n_slots) return d;
     return -1;
+}
+
+hm_status hm_gpu_peer_reserve(const hm_model *m, int64_t rows, int64_t n_pairs, int64_t n_ff, hm_err *err) {
+    hm_gpu *g = m->gpu;
+    if (!g || !g->peer_units) return HM_OK;
+    const int64_t E = m->info.n_embd;
+    for (int32_t d = 0; d < g->n_dev; d++) {
+        hm_gpu_dev *dv = &g->dev[d];
+        if (dv->n_slots <= 0 || dv->peer_rows >= rows) continue;
+        const size_t rb = (size_t)rows * (size_t)E * sizeof(float);
+        const size_t ss = hm_cuda_moe_scratch_size(rows, n_pairs, m->units.n_expert, n_ff);
+        hm_cuda_free(dv->ctx, dv->peer_x);
+        hm_cuda_free(dv->ctx, dv->peer_out);
+        hm_cuda_free(dv->ctx, dv->peer_scratch);
+        hm_cuda_host_free(dv->ctx, dv->peer_out_h);
+        dv->peer_x = dv->peer_out = dv->peer_out_h = NULL;
+        dv->peer_scratch = NULL;
+        dv->peer_rows = 0;
+        hm_status st;
+        if ((st = hm_gpu_dev_alloc_on(m, d, rb, 2 * rb + ss, (void **)&dv->peer_x, "peer units' input", err)) != HM_OK ||
+            (st = hm_gpu_dev_alloc_on(m, d, rb, rb + ss, (void **)&dv->peer_out, "peer units' sum", err)) != HM_OK ||
+            (st = hm_gpu_dev_alloc_on(m, d, ss, ss, &dv->peer_scratch, "peer units' scratch", err)) != HM_OK)
+            return st;
+        hm_err e;
+        if (hm_cuda_host_alloc(dv->ctx, rb, (void **)&dv->peer_out_h, &e) != HM_OK)
+            return hm_errf(err, HM_ERR_NOMEM, "gpu %d: cannot pin %.1f MiB for the peer units' sum: %s",
+                           (int)dv->ordinal, (double)rb / MIB, e.msg);
+        dv->peer_scratch_size = ss;
+        dv->peer_rows = rows;
+    }
+    return HM_OK;
 }
 
 hm_status hm_model_gpu_wait_fills(const hm_model *m, hm_err *err) {
@@ -181,8 +221,10 @@ hm_status hm_model_gpu_make_room(const hm_model *m, int32_t dev, uint64_t bytes,
     if (hm_vram_tier_wait(dv->vram, &werr) == HM_OK && m->experts) hm_experts_land(m->experts);
     dv->n_slots = n;
     g->n_slots -= before - n;
-    hm_log_printf(&m->log, HM_LOG_WARN, "VRAM of gpu %d: gave up %lld expert slots (%.2f GiB) for session state of "
-                  "%.1f MiB; the evicted units run on the CPU (%lld slots left; %.1f MiB were free)", (int)dv->ordinal,
+    char which[32] = "";
+    if (g->n_dev > 1) snprintf(which, sizeof which, " of gpu %d", (int)dv->ordinal);
+    hm_log_printf(&m->log, HM_LOG_WARN, "VRAM%s: gave up %lld expert slots (%.2f GiB) for session state of %.1f MiB; "
+                  "the evicted units run on the CPU (%lld slots left; %.1f MiB were free)", which,
                   (long long)(before - n), (double)(before - n) * (double)stride / GIB, (double)bytes / MIB,
                   (long long)n, (double)fr / MIB);
     return HM_OK;
@@ -269,6 +311,12 @@ hm_status hm_model_gpu_open(hm_model *m, const hm_placement_opts *o, int64_t *sl
         goto fail;
     }
     if ((st = open_devices(m, g, &plan, err)) != HM_OK) goto fail;
+    g->peer_units = g->n_dev > 1 && !o->no_peer;
+    if (g->peer_units && (!(g->peer_work = calloc(2 * (size_t)m->units.n_expert, sizeof *g->peer_work)) ||
+                          !(g->peer_work_dev = calloc((size_t)m->units.n_expert, sizeof *g->peer_work_dev)))) {
+        st = hm_errf(err, HM_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
     size_t fr[HM_MAX_GPUS] = {0}, tot[HM_MAX_GPUS] = {0};
     for (int32_t d = 0; d < g->n_dev; d++)
         if ((st = hm_cuda_mem_info(g->dev[d].ctx, &fr[d], &tot[d], err)) != HM_OK) goto fail;

@@ -13,7 +13,11 @@
  * trip at all; the cold units then run here as above from the downloaded routing.
  *
  * Several devices (model_gpu.h): everything for a layer runs on the device of that layer, and a
- * unit counts as hot only in a slot of that device (hm_gpu_slot_local). */
+ * unit counts as hot only in a slot of that device (hm_gpu_slot_local). A unit in another
+ * device's slot (a peer unit) is computed there at the same time as the CPU's cold units: the
+ * layer's input rows (already in pinned host memory for the CPU) go up to it, its grouped launch
+ * sums them, the sum comes down and joins the CPU's cold sum, which the layer's device adds as
+ * before (also inside the decode graph: hm_moe_gpu_cold_host). */
 #include <stddef.h>
 #include <string.h>
 
@@ -78,26 +82,41 @@ static void slot_parts(const hm_gpu *g, int32_t slot, ptrdiff_t up_off, const vo
     *down = g->hot.part(g->hot.ctx, slot, HM_UNIT_DOWN);
 }
 
-/* The route's units, split: hot ones into b->units (when want_hot) and the count *n_hot; cold
- * ones as CPU jobs into r->jobs (from the file mapping), their experts and token counts into
- * r->tier_unit / r->tier_ntok in the same order (for the RAM tier: hm_moe_run_cold), returned. */
+/* The cost rule for a peer unit: the peer path costs a fixed round trip (the layer's rows up to
+ * its device, a launch, the sum down, a sync: tens of microseconds, paid once per layer and device)
+ * while the CPU's cost of a unit grows with the tokens routed to it. Measured on two H200s
+ * (bench/multi_gpu.sh, qwen36-geom Q4_K_M, 6 + 6 GiB): at one token a unit (decode) the peer path
+ * LOST (tg128 242 t/s vs 254 with every such unit on the CPU), at a 512-token prefill it won (pp512
+ * 1816 vs 1688). So a peer unit runs on its device when at least this many tokens route to it,
+ * else on the CPU like a cold one. */
+#define HM_PEER_MIN_TOK 2
+
+/* The route's units, split three ways: hot ones (in a slot of the layer's device) into b->units
+ * (when want_hot) and the count *n_hot; peer ones (in another device's slot) into
+ * g->peer_work[0..*n_peer) with their device in g->peer_work_dev; cold ones as CPU jobs into
+ * r->jobs (from the file mapping), their experts and token counts into r->tier_unit / r->tier_ntok
+ * in the same order (for the RAM tier: hm_moe_run_cold), returned. A peer unit with fewer than
+ * HM_PEER_MIN_TOK tokens is a cold one. */
 static int32_t split_units(const hm_model *m, const hm_moe_weights *mw, hm_moe_route *r, const hm_moe_gpu_buf *b,
-                           bool want_hot, int *n_hot_out) {
+                           bool want_hot, int *n_hot_out, int *n_peer_out) {
     const hm_gpu *g = m->gpu;
     const int32_t *smap = m->experts && gpu_computes(g, mw) ? hm_experts_slot_map(m->experts, mw->layer) : NULL;
     /* a fused gate_up part: up lies this far into it (as in the file) */
     const ptrdiff_t up_off = (const char *)mw->up.data - (const char *)mw->gate.data;
-    int n_hot = 0;
+    int n_hot = 0, n_peer = 0;
     int32_t n_cold = 0;
     for (int32_t i = 0; i < r->n_units; i++) {
-        const int32_t e = r->unit[i], slot = smap ? local_slot(g, mw, smap[e]) : -1;
+        const int32_t e = r->unit[i], any = smap ? smap[e] : -1, slot = local_slot(g, mw, any);
         const int32_t *tok = r->tok + r->start[i];
         const float *w = r->w + r->start[i];
         const int32_t nt = r->start[i + 1] - r->start[i];
-        if (slot >= 0) {
-            if (!want_hot) continue;
-            hm_cuda_moe_unit *u = &b->units[n_hot++];
-            slot_parts(g, slot, up_off, &u->gate, &u->up, &u->down);
+        const int32_t peer_dev =
+            slot < 0 && any >= 0 && g->peer_units && nt >= HM_PEER_MIN_TOK ? hm_gpu_slot_dev(g, any) : -1;
+        if (slot >= 0 || peer_dev >= 0) {
+            if (slot >= 0 && !want_hot) continue;
+            hm_cuda_moe_unit *u = slot >= 0 ? &b->units[n_hot++] : &g->peer_work[n_peer];
+            if (slot < 0) g->peer_work_dev[n_peer++] = peer_dev;
+            slot_parts(g, any, up_off, &u->gate, &u->up, &u->down);
             u->tok_host = tok;
             u->w_host = w;
             u->n_tok = nt;
@@ -112,19 +131,82 @@ static int32_t split_units(const hm_model *m, const hm_moe_weights *mw, hm_moe_r
         }
     }
     *n_hot_out = n_hot;
+    *n_peer_out = n_peer;
     return n_cold;
 }
 
-/* The CPU part: n_cold jobs of r on b->x_host (through the RAM tier when there is one:
- * hm_moe_run_cold), their sum up and added into b->out_dev. */
+/* Queue device d's share of the n_peer peer units found (grouped into g->peer_work + n_expert):
+ * x_host's n_tok rows up, the grouped launch, the sum down into its pinned peer_out_h. Leaves d's
+ * device current. *queued: something was queued (the caller collects it). */
+static hm_status peer_queue(const hm_model *m, const hm_moe_weights *mw, int32_t d, int n_peer, const float *x_host,
+                            int64_t n_tok, bool *queued, hm_err *err) {
+    hm_gpu *g = m->gpu;
+    hm_gpu_dev *dv = &g->dev[d];
+    hm_cuda_moe_unit *grp = g->peer_work + mw->n_expert;
+    int n = 0;
+    for (int i = 0; i < n_peer; i++)
+        if (g->peer_work_dev[i] == d) grp[n++] = g->peer_work[i];
+    *queued = false;
+    if (n == 0) return HM_OK;
+    if (n_tok > dv->peer_rows)
+        return hm_errf(err, HM_ERR_ARG, "gpu %d: %lld rows for peer units, room for %lld (hm_gpu_peer_reserve)",
+                       (int)dv->ordinal, (long long)n_tok, (long long)dv->peer_rows);
+    const size_t bytes = (size_t)n_tok * (size_t)mw->n_embd * sizeof(float);
+    hm_status st;
+    if ((st = hm_cuda_make_current(dv->ctx, err)) != HM_OK) return st;
+    *queued = true;
+    if ((st = hm_cuda_upload_compute(dv->ctx, dv->peer_x, x_host, bytes, err)) != HM_OK) return st;
+    if ((st = hm_cuda_memset(dv->ctx, dv->peer_out, 0, bytes, err)) != HM_OK) return st;
+    if ((st = hm_cuda_moe_act(dv->ctx, grp, n, mw->gate.type, mw->down.type, cuda_act(mw), dv->peer_x, n_tok,
+                              mw->n_embd, mw->n_ff, dv->peer_out, dv->peer_scratch, dv->peer_scratch_size, err)) !=
+        HM_OK)
+        return st;
+    return hm_cuda_download_async(dv->ctx, dv->peer_out_h, dv->peer_out, bytes, err);
+}
+
+/* Everything but the hot launch: cold_host = the n_cold CPU jobs of r on x_host (through the RAM
+ * tier when there is one: hm_moe_run_cold) + the n_peer peer units, computed on their devices
+ * while the CPU works. Ends with the layer's device current. */
+static hm_status cold_and_peer(const hm_model *m, hm_pool *pool, const hm_moe_weights *mw, hm_moe_route *r,
+                               int32_t n_cold, int n_peer, const float *x_host, float *cold_host, hm_scratch *scratch,
+                               hm_err *err) {
+    hm_gpu *g = m->gpu;
+    const size_t n = (size_t)r->n_tok * (size_t)mw->n_embd;
+    bool queued[HM_MAX_GPUS] = {false};
+    hm_status st = HM_OK;
+    for (int32_t d = 0; n_peer > 0 && st == HM_OK && d < g->n_dev; d++)
+        st = peer_queue(m, mw, d, n_peer, x_host, r->n_tok, &queued[d], err);
+    memset(cold_host, 0, n * sizeof(float));
+    if (st == HM_OK && n_cold > 0) st = hm_moe_run_cold(m, pool, mw, r, n_cold, x_host, cold_host, scratch, err);
+    for (int32_t d = 0; d < g->n_dev; d++) { /* every queued share is waited for, also after a failure */
+        if (!queued[d]) continue;
+        hm_err e;
+        const hm_status ws = hm_cuda_sync(g->dev[d].ctx, &e);
+        if (ws != HM_OK && st == HM_OK) {
+            st = ws;
+            if (err) *err = e;
+        }
+        if (st != HM_OK) continue;
+        const float *p = g->dev[d].peer_out_h;
+        for (size_t i = 0; i < n; i++) cold_host[i] += p[i];
+    }
+    hm_err e;
+    const hm_status cs = hm_cuda_make_current(layer_ctx(g, mw), &e);
+    if (cs != HM_OK && st == HM_OK) {
+        st = cs;
+        if (err) *err = e;
+    }
+    return st;
+}
+
+/* The CPU part and the peer units: their sum (cold_and_peer) up and added into b->out_dev. */
 static hm_status cold_part(const hm_model *m, hm_pool *pool, const hm_moe_weights *mw, hm_moe_route *r,
-                           int32_t n_cold, const hm_moe_gpu_buf *b, hm_scratch *scratch, hm_err *err) {
+                           int32_t n_cold, int n_peer, const hm_moe_gpu_buf *b, hm_scratch *scratch, hm_err *err) {
     hm_cuda_ctx *c = layer_ctx(m->gpu, mw);
-    if (n_cold == 0) return HM_OK;
+    if (n_cold == 0 && n_peer == 0) return HM_OK;
     HM_ASSERT(b->x_host);
     const size_t n = (size_t)r->n_tok * (size_t)mw->n_embd;
-    memset(b->cold_host, 0, n * sizeof(float));
-    hm_status st = hm_moe_run_cold(m, pool, mw, r, n_cold, b->x_host, b->cold_host, scratch, err);
+    hm_status st = cold_and_peer(m, pool, mw, r, n_cold, n_peer, b->x_host, b->cold_host, scratch, err);
     if (st != HM_OK) return st;
     if ((st = hm_cuda_upload_compute(c, b->cold_dev, b->cold_host, n * sizeof(float), err)) != HM_OK) return st;
     return hm_cuda_add(c, b->out_dev, b->cold_dev, b->out_dev, (int64_t)n, err);
@@ -134,16 +216,16 @@ hm_status hm_moe_forward_gpu(const hm_model *m, hm_pool *pool, const hm_moe_weig
                              const hm_moe_gpu_buf *b, hm_scratch *scratch, hm_err *err) {
     const hm_gpu *g = m->gpu;
     HM_ASSERT(g);
-    int n_hot = 0;
-    const int32_t n_cold = split_units(m, mw, r, b, true, &n_hot);
+    int n_hot = 0, n_peer = 0;
+    const int32_t n_cold = split_units(m, mw, r, b, true, &n_hot, &n_peer);
     hm_status st;
     if (n_hot > 0 &&
         (st = hm_cuda_moe_act(layer_ctx(g, mw), b->units, n_hot, mw->gate.type, mw->down.type, cuda_act(mw), b->x_dev,
                               r->n_tok, mw->n_embd, mw->n_ff, b->out_dev, b->scratch_dev, b->scratch_dev_size,
                               err)) != HM_OK)
         return st;
-    /* the CPU part, while the hot launch runs */
-    return cold_part(m, pool, mw, r, n_cold, b, scratch, err);
+    /* the CPU part and the peer units, while the hot launch runs */
+    return cold_part(m, pool, mw, r, n_cold, n_peer, b, scratch, err);
 }
 
 bool hm_moe_gpu_slot_table(const hm_model *m, const hm_moe_weights *mw, int32_t *seen, hm_cuda_moe_slot *slots,
@@ -185,19 +267,21 @@ hm_status hm_moe_forward_gpu_dev(const hm_model *m, const hm_moe_weights *mw, co
 hm_status hm_moe_forward_gpu_cold(const hm_model *m, hm_pool *pool, const hm_moe_weights *mw, hm_moe_route *r,
                                   const hm_moe_gpu_buf *b, hm_scratch *scratch, hm_err *err) {
     HM_ASSERT(m->gpu);
-    int n_hot = 0;
-    const int32_t n_cold = split_units(m, mw, r, b, false, &n_hot);
-    return cold_part(m, pool, mw, r, n_cold, b, scratch, err);
+    int n_hot = 0, n_peer = 0;
+    const int32_t n_cold = split_units(m, mw, r, b, false, &n_hot, &n_peer);
+    return cold_part(m, pool, mw, r, n_cold, n_peer, b, scratch, err);
 }
 
 hm_status hm_moe_gpu_cold_host(const hm_model *m, hm_pool *pool, const hm_moe_weights *mw, hm_moe_route *r,
                                const float *x_host, float *cold_host, hm_scratch *scratch, hm_err *err) {
     HM_ASSERT(m->gpu);
-    int n_hot = 0;
+    int n_hot = 0, n_peer = 0;
     const hm_moe_gpu_buf b = {0};
-    const int32_t n_cold = split_units(m, mw, r, &b, false, &n_hot);
-    memset(cold_host, 0, (size_t)r->n_tok * (size_t)mw->n_embd * sizeof(float));
-    if (n_cold == 0) return HM_OK;
-    /* through the RAM tier when there is one, as cold_part */
-    return hm_moe_run_cold(m, pool, mw, r, n_cold, x_host, cold_host, scratch, err);
+    const int32_t n_cold = split_units(m, mw, r, &b, false, &n_hot, &n_peer);
+    if (n_cold == 0 && n_peer == 0) {
+        memset(cold_host, 0, (size_t)r->n_tok * (size_t)mw->n_embd * sizeof(float));
+        return HM_OK;
+    }
+    /* through the RAM tier when there is one, and the peer units on their devices, as cold_part */
+    return cold_and_peer(m, pool, mw, r, n_cold, n_peer, x_host, cold_host, scratch, err);
 }

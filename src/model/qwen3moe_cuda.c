@@ -376,9 +376,11 @@ hm_status q3_gpu_state_open(const hm_model *m, const hm_state_opts *o, q3_state 
         if (st != HM_OK) goto fail;
         tail = &(*tail)->next;
     }
-    /* the CPU part: the route and the scratch of its MoE op */
+    /* the CPU part: the route and the scratch of its MoE op; the peer units' buffers (model_gpu.h) */
     if ((st = hm_gpu_cold_part_open(&s->route, &s->scratch, q->n_expert, q->n_expert_used, q->n_embd, q->n_ff_exp, o,
-                                    err)) != HM_OK)
+                                    err)) != HM_OK ||
+        (st = hm_gpu_peer_reserve(m, o->n_ubatch, (int64_t)o->n_ubatch * q->n_expert_used, q->n_ff_exp, err)) !=
+            HM_OK)
         goto fail;
     return HM_OK;
 fail:
