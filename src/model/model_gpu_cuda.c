@@ -295,8 +295,8 @@ hm_status hm_model_gpu_open(hm_model *m, const hm_placement_opts *o, int64_t *sl
         plan_one(&plan, o, NL);
     }
     if (plan.n_dev > 1 && !m->arch->gpu_multi)
-        return hm_errf(err, HM_ERR_UNSUPPORTED, "several GPUs are not implemented for %s models yet (qwen3moe only): "
-                       "use one device (-mg N, or a --vram-budget / -ts naming one)", m->arch_name);
+        return hm_errf(err, HM_ERR_UNSUPPORTED, "several GPUs are not implemented for %s models yet: use one device "
+                       "(-mg N, or a --vram-budget / -ts naming one)", m->arch_name);
     if (o->n_gpu_layers > 0 && o->n_gpu_layers < NL)
         hm_log_printf(&m->log, HM_LOG_WARN, "-ngl %d < %d layers: hotmoe keeps every layer's dense part on the "
                       "GPU (use --cpu-moe / --n-cpu-moe / --vram-budget to keep experts on the CPU)",

@@ -332,7 +332,9 @@ void hm_cuda_host_signal(uint32_t *flag, uint32_t v);
  * hm_cuda_matvec_multi, hm_cuda_moe_dev) the context runs. DEFAULT is what the engine gets. */
 /* DEFAULT: the int8 (Q8_K activation) kernels where they apply, else NEW. OLD: the first f32
  * kernels. NEW: the faster f32 kernels (more loads in flight). F32: the fastest exact-f32 kernels
- * (today NEW), the reference the int8 kernels are measured against. */
+ * (today NEW), the reference the int8 kernels are measured against. The int8 kernels themselves
+ * come in two bit-identical versions: the persistent ones (default) and the first ones, picked by
+ * HOTMOE_CUDA_Q8=v1 in the environment or hm_cuda_q8_set_variant (cuda_matvec.cu; for A/B runs). */
 enum hm_cuda_kern { HM_CUDA_KERN_DEFAULT = 0, HM_CUDA_KERN_OLD = 1, HM_CUDA_KERN_NEW = 2, HM_CUDA_KERN_F32 = 3 };
 void hm_cuda_set_kern(hm_cuda_ctx *c, int kern);
 
