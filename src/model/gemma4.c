@@ -466,5 +466,6 @@ const hm_arch hm_arch_gemma4 = {
 #ifdef HM_HAVE_CUDA
     .gpu_load = g4_gpu_load,
     .gpu_unload = g4_gpu_unload,
+    .gpu_multi = true,
 #endif
 };

@@ -22,7 +22,13 @@
  * Memory: everything is sized in state_open (device KV per layer as the CPU's g4_kv table,
  * activations, scratch, pinned buffers); forward allocates nothing. A device that is full makes
  * the model's expert slot pool give up room (hm_model_gpu_make_room) before HM_ERR_NOMEM. The
- * device weights are the model's (m->gpu->arch, uploaded once by g4_gpu_load). */
+ * device weights are the model's (m->gpu->arch, uploaded once by g4_gpu_load).
+ *
+ * Several devices (model_gpu.h, as qwen3moe_cuda.c): each layer's weights, KV cache (ring or full)
+ * and work run on hm_gpu_layer_dev's device, the embedding with layer 0, the output norm, matmul
+ * and soft-cap on the output's device; one device state per device in layer order, the residual
+ * rows copied to the next device at the end of a range. One device: the same kernels in the same
+ * order as ever. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -51,7 +57,8 @@ typedef struct g4_gpu_layer {
 typedef struct g4_gpu {
     hm_cuda_mat tok_embd, output;
     float *output_norm;
-    float *rope_ff;       /* [n_rot_global / 2] or NULL */
+    float *rope_ff[HM_MAX_GPUS]; /* per device index: [n_rot_global / 2] on each device running a
+                                    global layer with frequency factors, else NULL */
     g4_gpu_layer *layers; /* [n_layer], owned */
 } g4_gpu;
 
@@ -90,21 +97,28 @@ hm_status g4_gpu_load(hm_model *m, hm_err *err) {
         st = hm_errf(err, HM_ERR_NOMEM, "out of memory");
         goto fail;
     }
+    /* several devices (model_gpu.h): the embeddings go with layer 0, the output (and its norm) with
+     * its own device, each layer's weights (and the frequency factors) with the layer */
+    g->up_dev = hm_gpu_layer_dev(g, 0);
     if ((st = hm_gpu_up_mat(g, &q->tok_embd, "token_embd.weight", NULL, &d->tok_embd, err)) != HM_OK) goto fail;
-    if (q->output.data == q->tok_embd.data)
+    g->up_dev = hm_gpu_layer_dev(g, q->n_layer);
+    if (q->output.data == q->tok_embd.data && g->up_dev == hm_gpu_layer_dev(g, 0))
         d->output = d->tok_embd; /* tied embeddings: one device copy */
     else if ((st = hm_gpu_up_mat(g, &q->output, "output.weight", NULL, &d->output, err)) != HM_OK)
         goto fail;
     if ((st = hm_gpu_up_vec(g, q->output_norm, E, "output_norm.weight", &d->output_norm, err)) != HM_OK) goto fail;
     for (int32_t il = 0; il < q->n_layer; il++) {
         const g4_layer *L = &q->layers[il];
-        if (L->rope_ff && !d->rope_ff &&
-            (st = hm_gpu_up_vec(g, L->rope_ff, L->n_rot / 2, "rope_freqs.weight", &d->rope_ff, err)) != HM_OK)
+        g->up_dev = hm_gpu_layer_dev(g, il);
+        if (L->rope_ff && !d->rope_ff[g->up_dev] &&
+            (st = hm_gpu_up_vec(g, L->rope_ff, L->n_rot / 2, "rope_freqs.weight", &d->rope_ff[g->up_dev], err)) !=
+                HM_OK)
             goto fail;
     }
     for (int32_t il = 0; il < q->n_layer; il++) {
         const g4_layer *L = &q->layers[il];
         g4_gpu_layer *D = &d->layers[il];
+        g->up_dev = hm_gpu_layer_dev(g, il);
         char n[96];
 #define NAME(s) (snprintf(n, sizeof n, "blk.%d." s, il), n)
 #define VEC(field, len, s) \
@@ -142,12 +156,24 @@ fail:
     return st;
 }
 
-/* ---- session state on the device ---- */
+/* ---- session state on the device ----
+ *
+ * One g4_gstate per device of the placement that runs layers or the output, chained in layer
+ * order (s->gpu the first): each holds the KV cache of its own layers [l0, l1) only (the layers'
+ * blocks as in s->kvl, sliding rings and full global caches alike, from kv_off0 = s->kvl[l0].off
+ * on), and its own activations, tables and handshakes. With one device the chain has one link,
+ * over every layer. */
 
 typedef struct g4_gstate {
-    hm_cuda_ctx *c;           /* borrowed: the model's */
-    uint16_t *kv;             /* device f16, every layer's K then V at s->kvl[il].off, owned */
-    void *dev;                /* device block holding the activations below, owned */
+    hm_cuda_ctx *c;           /* borrowed: the model's context of this device */
+    int32_t dev;              /* index into m->gpu->dev */
+    int32_t l0, l1;           /* the layers it runs */
+    bool out;                 /* it computes the output norm, logits and soft-cap */
+    struct g4_gstate *next;   /* the next device's state (higher layers), owned; NULL: the last */
+    hm_cuda_event *handoff;   /* recorded when the residual goes to `next`, owned */
+    size_t kv_off0;           /* s->kvl[l0].off: layer il's K is at kv + s->kvl[il].off - kv_off0 */
+    uint16_t *kv;             /* device f16, the K then V of layers [l0, l1), owned */
+    void *dev_block;          /* device block holding the activations below, owned */
     float *x;                 /* [U, E] residual stream */
     float *h;                 /* [U, E] normed input of a block */
     float *q, *k, *v, *att;   /* [U, n_head*hd_max], 2x [U, n_kv_max*hd_max], [U, n_head*hd_max] */
@@ -157,7 +183,7 @@ typedef struct g4_gstate {
     float *rlog;              /* [U, n_expert] router logits */
     int32_t *sel;             /* [2 * U * k]: a layer's ids [nr, k], then its weights [nr, k] */
     float *cold;              /* [U, E] the CPU part's sum, uploaded */
-    float *logits;            /* [logit_rows, n_vocab] */
+    float *logits;            /* [logit_rows, n_vocab] (the output's device; NULL on the others) */
     int32_t *ints;            /* [3 * U]: tokens, positions, positions of the wanted rows */
     int32_t *sel_all;         /* [n_layer][sel_stride] decode: every layer's routing of the step */
     hm_cuda_moe_slot *slots;  /* [n_layer][n_expert] decode: the hot slices per expert (or NULL) */
@@ -171,25 +197,28 @@ typedef struct g4_gstate {
     uint8_t *all_hot, *any_hot; /* [n_layer] per forward, owned */
     int32_t *seen;            /* [n_layer][n_expert] the slot each entry of slots_h was built for, owned */
     int32_t *rec_n;           /* [n_layer] decode: ids each layer routed (for the record) */
+    int32_t n_rec;            /* per decode forward: MoE layers [0, n_rec) are recorded from sel_all_h */
     hm_cuda_event *routed;    /* a mixed layer's routing has come down, owned */
     int32_t logit_rows, dec_cap;
     size_t sel_stride;        /* 2 * dec_cap * k */
     hm_moe_graph *graph;      /* decode as one CUDA graph (moe.h), owned; NULL with HOTMOE_CUDA_GRAPH=0 */
-    const hm_moe_weights **mw;/* [n_layer] each MoE layer's experts (borrowed; NULL: dense), the array owned */
+    const hm_moe_weights **mw;/* [n_layer] the experts of this device's MoE layers (borrowed; NULL: dense
+                                 or another device's, skipped by the tables, the graph and the record),
+                                 the array owned */
 } g4_gstate;
 
-void g4_gpu_state_close(g4_state *s) {
-    g4_gstate *g = s->gpu;
-    if (!g) return;
+static void gstate_free(g4_gstate *g) {
     if (g->c) {
         hm_err e;
+        (void)hm_cuda_make_current(g->c, &e);
         hm_cuda_sync(g->c, &e); /* nothing queued may still use what is freed below */
         hm_cuda_free(g->c, g->kv);
-        hm_cuda_free(g->c, g->dev);
+        hm_cuda_free(g->c, g->dev_block);
         hm_cuda_free(g->c, g->scratch);
         hm_cuda_host_free(g->c, g->pin);
     }
     hm_cuda_event_destroy(g->routed);
+    hm_cuda_event_destroy(g->handoff);
     hm_moe_graph_close(g->graph);
     free(g->units);
     free(g->all_hot);
@@ -198,19 +227,31 @@ void g4_gpu_state_close(g4_state *s) {
     free(g->rec_n);
     free(g->mw);
     free(g);
+}
+
+void g4_gpu_state_close(g4_state *s) {
+    for (g4_gstate *g = s->gpu, *nx; g; g = nx) {
+        nx = g->next;
+        gstate_free(g);
+    }
     s->gpu = NULL;
 }
 
-hm_status g4_gpu_state_open(const hm_model *m, const hm_state_opts *o, g4_state *s, hm_err *err) {
+/* The device state of device index dev for layers [l0, l1) (and the output when out). */
+static hm_status gstate_open(const hm_model *m, const hm_state_opts *o, const g4_state *s, int32_t dev, int32_t l0,
+                             int32_t l1, bool out, g4_gstate **res, hm_err *err) {
     const g4_model *q = m->impl;
-    HM_ASSERT(m->gpu && m->gpu->arch && !s->gpu && s->kvl);
-    hm_status st = hm_gpu_state_opts_check(o, err);
-    if (st != HM_OK) return st;
     g4_gstate *g = calloc(1, sizeof *g);
     if (!g) return hm_errf(err, HM_ERR_NOMEM, "out of memory");
-    s->gpu = g;
-    hm_cuda_ctx *c = m->gpu->ctx;
+    *res = g;
+    hm_cuda_ctx *c = m->gpu->dev[dev].ctx;
     g->c = c;
+    g->dev = dev;
+    g->l0 = l0;
+    g->l1 = l1;
+    g->out = out;
+    hm_status st = hm_cuda_make_current(c, err);
+    if (st != HM_OK) return st;
     const size_t U = (size_t)o->n_ubatch, E = (size_t)q->n_embd;
     const size_t nq = (size_t)q->n_head * (size_t)q->hd_max, nkv = (size_t)q->n_kv_max * (size_t)q->hd_max;
     const size_t nff = (size_t)q->n_ff_max, K = (size_t)(q->n_expert_used > 0 ? q->n_expert_used : 1);
@@ -221,16 +262,15 @@ hm_status g4_gpu_state_open(const hm_model *m, const hm_state_opts *o, g4_state 
     g->sel_stride = 2 * (size_t)g->dec_cap * K;
     const size_t slot_words = NL * NE * sizeof(hm_cuda_moe_slot) / 4;
 
-    s->es = 2;
+    /* sizes first: a device that is full makes the expert pool give up room for all of them */
     size_t kv_elems = 0, kv_bytes = 0;
-    for (int32_t il = 0; il < q->n_layer; il++) kv_elems += 2 * s->kvl[il].elems;
-    if (!hm_mul_ok(kv_elems, 2, &kv_bytes)) {
-        st = hm_errf(err, HM_ERR_NOMEM, "gpu: the KV cache for %d positions is too large", o->n_ctx);
-        goto fail;
-    }
+    g->kv_off0 = l0 < l1 ? s->kvl[l0].off : 0;
+    for (int32_t il = l0; il < l1; il++) kv_elems += 2 * s->kvl[il].elems;
+    if (!hm_mul_ok(kv_elems, 2, &kv_bytes))
+        return hm_errf(err, HM_ERR_NOMEM, "gpu: the KV cache for %d positions is too large", o->n_ctx);
     const size_t act_el[] = {U * E, U * E, U * nq, U * nkv, U * nkv, U * nq, U * nff, U * nff, U * E, U * E,
-                             U * NE, 2 * U * K, U * E, (size_t)g->logit_rows * V, 3 * U, NL * g->sel_stride,
-                             slot_words};
+                             U * NE, 2 * U * K, U * E, out ? (size_t)g->logit_rows * V : 0, 3 * U,
+                             NL * g->sel_stride, slot_words};
     size_t act_off[sizeof act_el / sizeof act_el[0]];
     const size_t act_bytes = hm_gpu_layout(act_el, act_off, sizeof act_el / sizeof act_el[0]);
     g->scratch_size = hm_cuda_gemma_attention_scratch_size(c, q->hd_max);
@@ -243,13 +283,14 @@ hm_status g4_gpu_state_open(const hm_model *m, const hm_state_opts *o, g4_state 
 
     char what[96];
     snprintf(what, sizeof what, "KV cache (%d positions)", o->n_ctx);
-    if ((st = hm_gpu_dev_alloc(m, kv_bytes, kv_bytes + act_bytes + g->scratch_size, (void **)&g->kv, what, err)) !=
-        HM_OK)
-        goto fail;
-    if ((st = hm_gpu_dev_alloc(m, act_bytes, act_bytes + g->scratch_size, &g->dev, "activations", err)) != HM_OK)
-        goto fail;
+    if (kv_bytes && (st = hm_gpu_dev_alloc_on(m, dev, kv_bytes, kv_bytes + act_bytes + g->scratch_size,
+                                              (void **)&g->kv, what, err)) != HM_OK)
+        return st;
+    if ((st = hm_gpu_dev_alloc_on(m, dev, act_bytes, act_bytes + g->scratch_size, &g->dev_block, "activations",
+                                  err)) != HM_OK)
+        return st;
     {
-        char *b = g->dev;
+        char *b = g->dev_block;
         const size_t *off = act_off;
         g->x = (float *)(b + off[0]);
         g->h = (float *)(b + off[1]);
@@ -264,18 +305,18 @@ hm_status g4_gpu_state_open(const hm_model *m, const hm_state_opts *o, g4_state 
         g->rlog = (float *)(b + off[10]);
         g->sel = (int32_t *)(b + off[11]);
         g->cold = (float *)(b + off[12]);
-        g->logits = (float *)(b + off[13]);
+        g->logits = out ? (float *)(b + off[13]) : NULL;
         g->ints = (int32_t *)(b + off[14]);
         g->sel_all = (int32_t *)(b + off[15]);
         g->slots = (hm_cuda_moe_slot *)(b + off[16]);
     }
-    if ((st = hm_gpu_dev_alloc(m, g->scratch_size, g->scratch_size, &g->scratch, "attention/MoE scratch", err)) !=
-        HM_OK)
-        goto fail;
+    if ((st = hm_gpu_dev_alloc_on(m, dev, g->scratch_size, g->scratch_size, &g->scratch, "attention/MoE scratch",
+                                  err)) != HM_OK)
+        return st;
     {
         const size_t el[] = {3 * U, 2 * U * K, U * E, U * E, NL * g->sel_stride, slot_words};
         size_t off[sizeof el / sizeof el[0]];
-        if ((st = hm_gpu_pinned_block(c, el, off, sizeof el / sizeof el[0], &g->pin, err)) != HM_OK) goto fail;
+        if ((st = hm_gpu_pinned_block(c, el, off, sizeof el / sizeof el[0], &g->pin, err)) != HM_OK) return st;
         char *b = g->pin;
         g->ints_h = (int32_t *)(b + off[0]);
         g->sel_h = (int32_t *)(b + off[1]);
@@ -289,26 +330,49 @@ hm_status g4_gpu_state_open(const hm_model *m, const hm_state_opts *o, g4_state 
     g->any_hot = calloc(NL, 1);
     g->rec_n = calloc(NL, sizeof *g->rec_n);
     g->seen = malloc(NL * NE * sizeof *g->seen);
-    g->mw = malloc(NL * sizeof *g->mw);
-    if (!g->units || !g->all_hot || !g->any_hot || !g->rec_n || !g->seen || !g->mw) {
-        st = hm_errf(err, HM_ERR_NOMEM, "out of memory");
-        goto fail;
-    }
-    for (size_t il = 0; il < NL; il++) g->mw[il] = q->layers[il].moe ? &q->layers[il].experts : NULL;
+    g->mw = calloc(NL, sizeof *g->mw);
+    if (!g->units || !g->all_hot || !g->any_hot || !g->rec_n || !g->seen || !g->mw)
+        return hm_errf(err, HM_ERR_NOMEM, "out of memory");
+    for (int32_t il = l0; il < l1; il++) g->mw[il] = q->layers[il].moe ? &q->layers[il].experts : NULL;
     for (size_t i = 0; i < NL * NE; i++) g->seen[i] = -2; /* no entry of slots_h built yet */
     {
         hm_err e;
-        if (hm_cuda_event_create(c, &g->routed, &e) != HM_OK) {
-            st = hm_errf(err, HM_ERR_CUDA, "gpu: %s", e.msg);
-            goto fail;
-        }
+        if (hm_cuda_event_create(c, &g->routed, &e) != HM_OK || hm_cuda_event_create(c, &g->handoff, &e) != HM_OK)
+            return hm_errf(err, HM_ERR_CUDA, "gpu: %s", e.msg);
     }
-    if (q->n_expert > 0 && (st = hm_moe_graph_open_env(c, g->mw, q->n_layer, g->dec_cap, q->n_expert_used, q->n_embd,
-                                                       &g->graph, err)) != HM_OK)
-        goto fail;
-    /* the CPU part: the route and the scratch of its MoE op */
-    if (q->n_expert > 0 && (st = hm_gpu_cold_part_open(&s->route, &s->scratch, q->n_expert, q->n_expert_used, q->n_embd,
-                                                       q->n_ff_exp, o, err)) != HM_OK)
+    if (q->n_expert > 0)
+        return hm_moe_graph_open_env(c, g->mw, q->n_layer, g->dec_cap, q->n_expert_used, q->n_embd, &g->graph, err);
+    return HM_OK;
+}
+
+hm_status g4_gpu_state_open(const hm_model *m, const hm_state_opts *o, g4_state *s, hm_err *err) {
+    const g4_model *q = m->impl;
+    const hm_gpu *gpu = m->gpu;
+    HM_ASSERT(gpu && gpu->arch && !s->gpu && s->kvl);
+    hm_status st = hm_gpu_state_opts_check(o, err);
+    if (st != HM_OK) return st;
+    s->es = 2;
+    /* one state per device that runs layers or the output, in layer order */
+    g4_gstate **tail = &s->gpu;
+    for (int32_t d = 0; d < gpu->n_dev; d++) {
+        int32_t l0 = q->n_layer, l1 = 0;
+        for (int32_t il = 0; il < q->n_layer; il++)
+            if (hm_gpu_layer_dev(gpu, il) == d) l0 = il < l0 ? il : l0, l1 = il + 1;
+        const bool out = hm_gpu_layer_dev(gpu, q->n_layer) == d;
+        if (l1 <= l0) {
+            if (!out) continue;
+            l0 = l1 = q->n_layer; /* the output alone */
+        }
+        st = gstate_open(m, o, s, d, l0, l1, out, tail, err);
+        if (st != HM_OK) goto fail;
+        tail = &(*tail)->next;
+    }
+    /* the CPU part: the route and the scratch of its MoE op; the peer units' buffers (model_gpu.h) */
+    if (q->n_expert > 0 &&
+        ((st = hm_gpu_cold_part_open(&s->route, &s->scratch, q->n_expert, q->n_expert_used, q->n_embd, q->n_ff_exp, o,
+                                     err)) != HM_OK ||
+         (st = hm_gpu_peer_reserve(m, o->n_ubatch, (int64_t)o->n_ubatch * q->n_expert_used, q->n_ff_exp, err)) !=
+             HM_OK))
         goto fail;
     return HM_OK;
 fail:
@@ -323,19 +387,43 @@ fail:
         if ((st = (call)) != HM_OK) goto fail; \
     } while (0)
 
-/* Decode: the usage counts of the MoE layers 0..n_rec-1 from their routing (downloaded, synced). */
-static void record_routing(const hm_model *m, const g4_gstate *g, int32_t n_rec) {
-    hm_gpu_record_routing(m, g->mw, g->sel_all_h, g->sel_stride, g->rec_n, n_rec);
+/* Layer il's K cache in its device's state g (its V follows, s->kvl[il].elems further). */
+static uint16_t *kv_of(const g4_state *s, const g4_gstate *g, int32_t il) {
+    return g->kv + (s->kvl[il].off - g->kv_off0);
+}
+
+/* Hand the first `rows` rows of the residual from g to g->next (queued on next's stream after
+ * everything queued on g's); makes next's device current. */
+static hm_status hand_over(const g4_model *q, g4_gstate *g, int64_t rows, hm_err *err) {
+    g4_gstate *nx = g->next;
+    hm_status st = hm_cuda_make_current(nx->c, err);
+    if (st != HM_OK) return st;
+    return hm_cuda_copy_peer(nx->c, nx->x, g->c, g->x, (size_t)rows * (size_t)q->n_embd * sizeof(float), g->handoff,
+                             err);
+}
+
+/* After a failed step: every device idle, every slot table rebuilt next step. */
+static void step_abort(const g4_model *q, g4_state *s) {
+    for (g4_gstate *g = s->gpu; g; g = g->next) {
+        hm_err e;
+        (void)hm_cuda_make_current(g->c, &e);
+        hm_gpu_step_abort(g->c, g->seen, (size_t)q->n_layer * (size_t)q->n_expert);
+    }
+}
+
+/* Decode: the usage counts of the MoE layers each device recorded this step (downloaded, synced). */
+static void record_routing(const hm_model *m, const g4_state *s) {
+    for (const g4_gstate *g = s->gpu; g; g = g->next)
+        hm_gpu_record_routing(m, g->mw, g->sel_all_h, g->sel_stride, g->rec_n, g->n_rec);
 }
 
 /* The routing of layer il's MoE block on rows nr, into ids_d / w_d ([nr, k] device): routed on
  * rmsnorm(x) * router_scale / sqrt(E), weights scaled per expert; then g->h = the experts' input
  * rmsnorm(x) * pre_ffw_norm_2 and g->e = 0 (what the experts accumulate into). */
-static hm_status moe_route(const hm_model *m, g4_state *s, int32_t il, int64_t nr, int32_t *ids_d, float *w_d,
+static hm_status moe_route(const hm_model *m, g4_gstate *g, int32_t il, int64_t nr, int32_t *ids_d, float *w_d,
                            hm_err *err) {
     const g4_model *q = m->impl;
     const g4_gpu_layer *D = &((const g4_gpu *)m->gpu->arch)->layers[il];
-    g4_gstate *g = s->gpu;
     hm_cuda_ctx *c = g->c;
     const int64_t E = q->n_embd;
     const int K = q->n_expert_used;
@@ -352,13 +440,12 @@ static hm_status moe_route(const hm_model *m, g4_state *s, int32_t il, int64_t n
     return hm_cuda_memset(c, g->e, 0, (size_t)(nr * E) * sizeof(float), err);
 }
 
-/* The MoE block of layer il on rows nr: g->e = the experts of the input moe_route leaves in g->h
- * (hot on the device, cold on the CPU). */
-static hm_status moe_block(const hm_model *m, g4_state *s, hm_pool *pool, int32_t il, int64_t nr, bool dec,
-                           int32_t *n_rec, hm_err *err) {
+/* The MoE block of layer il on rows nr on its device's state g: g->e = the experts of the input
+ * moe_route leaves in g->h (hot on the device, cold on the CPU). */
+static hm_status moe_block(const hm_model *m, g4_state *s, g4_gstate *g, hm_pool *pool, int32_t il, int64_t nr,
+                           bool dec, hm_err *err) {
     const g4_model *q = m->impl;
     const g4_layer *L = &q->layers[il];
-    g4_gstate *g = s->gpu;
     hm_cuda_ctx *c = g->c;
     const int64_t E = q->n_embd;
     const int K = q->n_expert_used;
@@ -366,7 +453,7 @@ static hm_status moe_block(const hm_model *m, g4_state *s, hm_pool *pool, int32_
     hm_status st;
     int32_t *ids_d = dec ? g->sel_all + (size_t)il * g->sel_stride : g->sel;
     float *w_d = (float *)(ids_d + nk);
-    if ((st = moe_route(m, s, il, nr, ids_d, w_d, err)) != HM_OK) return st;
+    if ((st = moe_route(m, g, il, nr, ids_d, w_d, err)) != HM_OK) return st;
     const hm_moe_gpu_buf mb = {.x_dev = g->h,
                                .x_host = g->all_hot[il] ? NULL : g->h_h,
                                .out_dev = g->e,
@@ -378,7 +465,7 @@ static hm_status moe_block(const hm_model *m, g4_state *s, hm_pool *pool, int32_
     if (dec) {
         int32_t *ids_h = g->sel_all_h + (size_t)il * g->sel_stride;
         g->rec_n[il] = (int32_t)nk;
-        *n_rec = il + 1;
+        g->n_rec = il + 1;
         if (!g->all_hot[il]) {
             if ((st = hm_cuda_download_async(c, ids_h, ids_d, 2 * nk * sizeof(int32_t), err)) != HM_OK) return st;
             if ((st = hm_cuda_download_async(c, g->h_h, g->h, (size_t)(nr * E) * sizeof(float), err)) != HM_OK)
@@ -408,22 +495,25 @@ static hm_status moe_block(const hm_model *m, g4_state *s, hm_pool *pool, int32_
 
 /* ---- decode as one graph (moe.h, hm_moe_graph): the same ops as g4_gpu_forward's decode path,
  * captured once and replayed (every row wants logits: no compaction); bit-identical to it. The
- * graph's key is the attention's KV split of the sliding and of the global layers. */
+ * graph's key is the attention's KV split of the sliding and of the global layers. With several
+ * devices each has its own graph over its own layers (the embedding in the first's, the output in
+ * the output device's), launched in layer order after the residual's hand-over (outside the
+ * graphs, ordered by an event). */
 
 /* Layer il's attention input for n rows, both paths: g->h = rmsnorm(x), Q, K and V (K = V on a
  * layer without wv, copied before the norms), the per-head q/k norms and the weightless v norm,
  * RoPE (proportional on global layers), the K/V ring write. */
-static hm_status attn_in(const hm_model *m, g4_state *s, int32_t il, int64_t n, const int32_t *pos_d, hm_err *err) {
+static hm_status attn_in(const hm_model *m, const g4_state *s, g4_gstate *g, int32_t il, int64_t n,
+                         const int32_t *pos_d, hm_err *err) {
     const g4_model *q = m->impl;
     const g4_gpu *d = m->gpu->arch;
     const g4_layer *L = &q->layers[il];
     const g4_gpu_layer *D = &d->layers[il];
-    g4_gstate *g = s->gpu;
     hm_cuda_ctx *c = g->c;
     const int hd = L->hd, nkv = L->n_kv, nh = q->n_head;
     const g4_kv *kl = &s->kvl[il];
-    uint16_t *kc = g->kv + kl->off, *vc = kc + kl->elems;
-    const float *ff = L->swa ? NULL : d->rope_ff;
+    uint16_t *kc = kv_of(s, g, il), *vc = kc + kl->elems;
+    const float *ff = L->swa ? NULL : d->rope_ff[g->dev];
     hm_status st;
     if ((st = hm_cuda_rmsnorm(c, g->x, D->attn_norm, g->h, n, q->n_embd, q->eps, err)) != HM_OK) return st;
     if ((st = hm_cuda_matmul(c, &D->wq, g->h, n, g->q, err)) != HM_OK) return st;
@@ -441,11 +531,10 @@ static hm_status attn_in(const hm_model *m, g4_state *s, int32_t il, int64_t n, 
 
 /* After the attention of layer il on n rows, both paths: Wo, the post-attention norm and the
  * residual (x = attn_out), then the dense GELU MLP of rmsnorm(x) * ffn_norm into g->mo. */
-static hm_status attn_out_mlp(const hm_model *m, g4_state *s, int32_t il, int64_t n, hm_err *err) {
+static hm_status attn_out_mlp(const hm_model *m, g4_gstate *g, int32_t il, int64_t n, hm_err *err) {
     const g4_model *q = m->impl;
     const g4_layer *L = &q->layers[il];
     const g4_gpu_layer *D = &((const g4_gpu *)m->gpu->arch)->layers[il];
-    g4_gstate *g = s->gpu;
     hm_cuda_ctx *c = g->c;
     const int64_t E = q->n_embd;
     hm_status st;
@@ -462,6 +551,7 @@ static hm_status attn_out_mlp(const hm_model *m, g4_state *s, int32_t il, int64_
 typedef struct g4_step {
     const hm_model *m;
     g4_state *s;
+    g4_gstate *g; /* the device whose graph is captured */
     int64_t n, kv_len;
 } g4_step;
 
@@ -469,33 +559,35 @@ static hm_status enqueue_step(void *ctx, hm_err *err) {
     const g4_step *p = ctx;
     const hm_model *m = p->m;
     g4_state *s = p->s;
+    g4_gstate *g = p->g;
     const int64_t n = p->n;
     const g4_model *q = m->impl;
     const g4_gpu *d = m->gpu->arch;
-    g4_gstate *g = s->gpu;
     hm_cuda_ctx *c = g->c;
     const int64_t E = q->n_embd, U = s->n_ubatch;
     const int nh = q->n_head, K = q->n_expert_used;
     const size_t nk = (size_t)n * (size_t)K;
     const int32_t *tok_d = g->ints, *pos_d = g->ints + U;
     hm_status st;
-    CK(hm_cuda_get_rows(c, &d->tok_embd, tok_d, n, g->x, err));
-    CK(hm_cuda_scale(c, g->x, q->embd_scale, g->x, n * E, err));
-    for (int32_t il = 0; il < q->n_layer; il++) {
+    if (g == s->gpu) {
+        CK(hm_cuda_get_rows(c, &d->tok_embd, tok_d, n, g->x, err));
+        CK(hm_cuda_scale(c, g->x, q->embd_scale, g->x, n * E, err));
+    }
+    for (int32_t il = g->l0; il < g->l1; il++) {
         const g4_layer *L = &q->layers[il];
         const g4_gpu_layer *D = &d->layers[il];
         const int hd = L->hd, nkv = L->n_kv;
         const g4_kv *kl = &s->kvl[il];
-        uint16_t *kc = g->kv + kl->off, *vc = kc + kl->elems;
-        CK(attn_in(m, s, il, n, pos_d, err));
+        uint16_t *kc = kv_of(s, g, il), *vc = kc + kl->elems;
+        CK(attn_in(m, s, g, il, n, pos_d, err));
         CK(hm_cuda_gemma_attention(c, g->q, n, pos_d, p->kv_len, kc, vc, kl->cap, L->swa ? q->window : 0, nh, nkv, hd,
                                    1.0f, g->att, g->scratch, g->scratch_size, err));
-        CK(attn_out_mlp(m, s, il, n, err));
+        CK(attn_out_mlp(m, g, il, n, err));
         if (L->moe) {
             CK(hm_cuda_rmsnorm(c, g->mo, D->post_ffw_norm_1, g->mo, n, E, q->eps, err));
             int32_t *ids_d = g->sel_all + (size_t)il * g->sel_stride;
             float *w_d = (float *)(ids_d + nk);
-            CK(moe_route(m, s, il, n, ids_d, w_d, err));
+            CK(moe_route(m, g, il, n, ids_d, w_d, err));
             CK(hm_moe_graph_layer(g->graph, m, il, g->slots + (size_t)il * (size_t)q->n_expert, g->any_hot[il], ids_d,
                                   w_d, n, g->h, g->e, g->scratch, g->scratch_size, err));
             CK(hm_cuda_rmsnorm(c, g->e, D->post_ffw_norm_2, g->e, n, E, q->eps, err));
@@ -505,9 +597,11 @@ static hm_status enqueue_step(void *ctx, hm_err *err) {
         CK(hm_cuda_add(c, g->x, g->mo, g->x, n * E, err));
         if (L->out_scale != 1.0f) CK(hm_cuda_scale(c, g->x, L->out_scale, g->x, n * E, err));
     }
-    CK(hm_cuda_rmsnorm(c, g->x, d->output_norm, g->h, n, E, q->eps, err));
-    CK(hm_cuda_matmul(c, &d->output, g->h, n, g->logits, err));
-    if (q->softcap > 0) CK(hm_cuda_softcap(c, g->logits, n * (int64_t)q->n_vocab, q->softcap, err));
+    if (g->out) {
+        CK(hm_cuda_rmsnorm(c, g->x, d->output_norm, g->h, n, E, q->eps, err));
+        CK(hm_cuda_matmul(c, &d->output, g->h, n, g->logits, err));
+        if (q->softcap > 0) CK(hm_cuda_softcap(c, g->logits, n * (int64_t)q->n_vocab, q->softcap, err));
+    }
     return HM_OK;
 fail:
     return st;
@@ -515,14 +609,20 @@ fail:
 
 static hm_status graph_step(const hm_model *m, g4_state *s, hm_pool *pool, const hm_fwd_batch *b, hm_err *err) {
     const g4_model *q = m->impl;
-    g4_gstate *g = s->gpu;
     const int64_t n = b->n;
     g4_step p = {.m = m, .s = s, .n = n, .kv_len = b->pos[n - 1] + 1};
-    const size_t key = (size_t)hm_cuda_gemma_attention_splits(g->c, n, q->n_head, p.kv_len, q->window) * 4096 +
-                       (size_t)hm_cuda_gemma_attention_splits(g->c, n, q->n_head, p.kv_len, 0);
-    hm_status st = hm_moe_graph_step(g->graph, m, pool, &s->route, &s->scratch, n, key, g->any_hot, enqueue_step, &p,
-                                     err);
-    if (st != HM_OK) return st;
+    hm_status st = HM_OK;
+    g4_gstate *g = s->gpu;
+    for (;; g = g->next) {
+        p.g = g;
+        const size_t key = (size_t)hm_cuda_gemma_attention_splits(g->c, n, q->n_head, p.kv_len, q->window) * 4096 +
+                           (size_t)hm_cuda_gemma_attention_splits(g->c, n, q->n_head, p.kv_len, 0);
+        if ((st = hm_moe_graph_step(g->graph, m, pool, &s->route, &s->scratch, n, key, g->any_hot, enqueue_step, &p,
+                                    err)) != HM_OK)
+            return st;
+        if (!g->next) break;
+        if ((st = hand_over(q, g, n, err)) != HM_OK) return st;
+    }
     return hm_cuda_download(g->c, b->logits, g->logits, (size_t)n * (size_t)q->n_vocab * sizeof(float), err);
 }
 
@@ -530,93 +630,112 @@ hm_status g4_gpu_forward(const hm_model *m, g4_state *s, hm_pool *pool, const hm
     const g4_model *q = m->impl;
     const g4_gpu *d = m->gpu->arch;
     g4_gstate *g = s->gpu;
-    hm_cuda_ctx *c = g->c;
     const int64_t E = q->n_embd, n = b->n, n_out = b->n_out, U = s->n_ubatch;
     const int nh = q->n_head;
-    const size_t NE = (size_t)q->n_expert;
     HM_ASSERT(g && n > 0 && n <= U && n_out <= n && b->pos[n - 1] < s->n_ctx);
     hm_status st = HM_OK;
 
-    int32_t *tok_d = g->ints, *pos_d = g->ints + U, *pos_out_d = g->ints + 2 * U;
-    CK(hm_gpu_upload_batch_ints(c, g->ints, g->ints_h, U, b, err));
-    /* which MoE layers have no cold unit this step; for decode also the device's slot table,
-     * uploaded when a slot map changed (the previous step ended with a sync) */
+    /* per device: tokens, positions and the wanted rows' positions go up in one copy; which MoE
+     * layers have no cold unit this step; for decode also the device's slot table, uploaded when
+     * a slot map changed (the previous step ended with a sync) */
     const bool dec = n <= HM_CUDA_MATVEC_MAX_TOK && n <= g->dec_cap;
-    CK(hm_gpu_moe_slots_refresh(m, c, g->mw, q->n_layer, q->n_expert, dec, g->seen, g->slots_h, g->slots, g->all_hot,
-                                g->any_hot, err));
-    int32_t n_rec = 0;
+    for (g4_gstate *gd = g; gd; gd = gd->next) {
+        CK(hm_cuda_make_current(gd->c, err));
+        CK(hm_gpu_upload_batch_ints(gd->c, gd->ints, gd->ints_h, U, b, err));
+        CK(hm_gpu_moe_slots_refresh(m, gd->c, gd->mw, q->n_layer, q->n_expert, dec, gd->seen, gd->slots_h, gd->slots,
+                                    gd->all_hot, gd->any_hot, err));
+        gd->n_rec = 0; /* decode: layers whose routing is recorded after the step */
+    }
     if (dec && g->graph && n_out == n && b->logits && n <= g->logit_rows) {
+        CK(hm_cuda_make_current(g->c, err));
         CK(graph_step(m, s, pool, b, err)); /* every flag released, the device idle, when it fails */
         return HM_OK;
     }
 
-    CK(hm_cuda_get_rows(c, &d->tok_embd, tok_d, n, g->x, err));
-    CK(hm_cuda_scale(c, g->x, q->embd_scale, g->x, n * E, err));
+    CK(hm_cuda_make_current(g->c, err));
+    CK(hm_cuda_get_rows(g->c, &d->tok_embd, g->ints, n, g->x, err));
+    CK(hm_cuda_scale(g->c, g->x, q->embd_scale, g->x, n * E, err));
     int64_t nr = n;
-    const int32_t *pos = pos_d;
+    bool last_rows = false; /* the wanted rows' positions instead of all (the last layer on) */
     int64_t kv_len = b->pos[n - 1] + 1;
     bool done_early = false;
-    for (int32_t il = 0; il < q->n_layer; il++) {
-        const g4_layer *L = &q->layers[il];
-        const g4_gpu_layer *D = &d->layers[il];
-        const int hd = L->hd, nkv = L->n_kv;
-        const size_t nq = (size_t)nh * (size_t)hd;
-        const g4_kv *kl = &s->kvl[il];
-        uint16_t *kc = g->kv + kl->off, *vc = kc + kl->elems;
+    for (;; g = g->next) {
+        hm_cuda_ctx *c = g->c;
+        const int32_t *pos_d = g->ints + U, *pos = last_rows ? g->ints + 2 * U : pos_d;
+        for (int32_t il = g->l0; il < g->l1 && !done_early; il++) {
+            const g4_layer *L = &q->layers[il];
+            const g4_gpu_layer *D = &d->layers[il];
+            const int hd = L->hd, nkv = L->n_kv;
+            const size_t nq = (size_t)nh * (size_t)hd;
+            const g4_kv *kl = &s->kvl[il];
+            uint16_t *kc = kv_of(s, g, il), *vc = kc + kl->elems;
 
-        /* attention block */
-        CK(attn_in(m, s, il, n, pos_d, err));
+            /* attention block */
+            CK(attn_in(m, s, g, il, n, pos_d, err));
 
-        if (il == q->n_layer - 1 && n_out < n) {
-            /* last layer: only the wanted rows go on (out_rows ascend: copying forward is safe) */
-            if (n_out == 0) {
-                done_early = true;
-                break;
+            if (il == q->n_layer - 1 && n_out < n) {
+                /* last layer: only the wanted rows go on (out_rows ascend: copying forward is safe) */
+                if (n_out == 0) {
+                    done_early = true;
+                    break;
+                }
+                for (int64_t i = 0; i < n_out; i++) {
+                    const int64_t r = b->out_rows[i];
+                    if (r == i) continue;
+                    CK(hm_cuda_copy(c, g->q + (size_t)i * nq, g->q + (size_t)r * nq, nq * sizeof(float), err));
+                    CK(hm_cuda_copy(c, g->x + (size_t)i * (size_t)E, g->x + (size_t)r * (size_t)E,
+                                    (size_t)E * sizeof(float), err));
+                }
+                nr = n_out;
+                last_rows = true;
+                pos = g->ints + 2 * U;
+                kv_len = b->pos[b->out_rows[n_out - 1]] + 1;
             }
-            for (int64_t i = 0; i < n_out; i++) {
-                const int64_t r = b->out_rows[i];
-                if (r == i) continue;
-                CK(hm_cuda_copy(c, g->q + (size_t)i * nq, g->q + (size_t)r * nq, nq * sizeof(float), err));
-                CK(hm_cuda_copy(c, g->x + (size_t)i * (size_t)E, g->x + (size_t)r * (size_t)E,
-                                (size_t)E * sizeof(float), err));
-            }
-            nr = n_out;
-            pos = pos_out_d;
-            kv_len = b->pos[b->out_rows[n_out - 1]] + 1;
-        }
-        CK(hm_cuda_gemma_attention(c, g->q, nr, pos, kv_len, kc, vc, kl->cap, L->swa ? q->window : 0, nh, nkv, hd,
-                                   1.0f, g->att, g->scratch, g->scratch_size, err));
-        CK(attn_out_mlp(m, s, il, nr, err)); /* x = attn_out; mo = the dense MLP's output */
+            CK(hm_cuda_gemma_attention(c, g->q, nr, pos, kv_len, kc, vc, kl->cap, L->swa ? q->window : 0, nh, nkv,
+                                       hd, 1.0f, g->att, g->scratch, g->scratch_size, err));
+            CK(attn_out_mlp(m, g, il, nr, err)); /* x = attn_out; mo = the dense MLP's output */
 
-        if (L->moe) {
-            CK(hm_cuda_rmsnorm(c, g->mo, D->post_ffw_norm_1, g->mo, nr, E, q->eps, err));
-            CK(moe_block(m, s, pool, il, nr, dec, &n_rec, err));
-            CK(hm_cuda_rmsnorm(c, g->e, D->post_ffw_norm_2, g->e, nr, E, q->eps, err));
-            CK(hm_cuda_add(c, g->mo, g->e, g->mo, nr * E, err));
+            if (L->moe) {
+                CK(hm_cuda_rmsnorm(c, g->mo, D->post_ffw_norm_1, g->mo, nr, E, q->eps, err));
+                CK(moe_block(m, s, g, pool, il, nr, dec, err));
+                CK(hm_cuda_rmsnorm(c, g->e, D->post_ffw_norm_2, g->e, nr, E, q->eps, err));
+                CK(hm_cuda_add(c, g->mo, g->e, g->mo, nr * E, err));
+            }
+            CK(hm_cuda_rmsnorm(c, g->mo, D->post_ffw_norm, g->mo, nr, E, q->eps, err));
+            CK(hm_cuda_add(c, g->x, g->mo, g->x, nr * E, err));
+            if (L->out_scale != 1.0f) CK(hm_cuda_scale(c, g->x, L->out_scale, g->x, nr * E, err));
         }
-        CK(hm_cuda_rmsnorm(c, g->mo, D->post_ffw_norm, g->mo, nr, E, q->eps, err));
-        CK(hm_cuda_add(c, g->x, g->mo, g->x, nr * E, err));
-        if (L->out_scale != 1.0f) CK(hm_cuda_scale(c, g->x, L->out_scale, g->x, nr * E, err));
+        /* decode: this device's routing comes down in one copy (before the hand-over, whose event
+         * then covers it), recorded once the step's work is done */
+        if (g->n_rec > 0)
+            CK(hm_cuda_download_async(c, g->sel_all_h, g->sel_all, (size_t)g->n_rec * g->sel_stride * sizeof(int32_t),
+                                      err));
+        if (!g->next || done_early) break;
+        CK(hand_over(q, g, nr, err));
     }
-    if (n_rec > 0)
-        CK(hm_cuda_download_async(c, g->sel_all_h, g->sel_all, (size_t)n_rec * g->sel_stride * sizeof(int32_t), err));
     if (done_early || n_out == 0) {
-        CK(hm_cuda_sync(c, err)); /* nothing may still read a slot */
-        record_routing(m, g, n_rec);
+        /* nothing may still read a slot */
+        for (g4_gstate *gd = s->gpu; gd; gd = gd->next) CK(hm_cuda_sync(gd->c, err));
+        record_routing(m, s);
         return HM_OK;
     }
-    HM_ASSERT(nr == n_out && b->logits);
+    /* x rows 0..n_out-1 are the wanted rows now (compacted above, or all rows in order), on the
+     * output's device (the last) */
+    HM_ASSERT(nr == n_out && b->logits && g->out);
+    hm_cuda_ctx *c = g->c;
     CK(hm_cuda_rmsnorm(c, g->x, d->output_norm, g->h, n_out, E, q->eps, err));
     const size_t V = (size_t)q->n_vocab;
     for (int64_t r0 = 0; r0 < n_out; r0 += g->logit_rows) {
         const int64_t nc = n_out - r0 < g->logit_rows ? n_out - r0 : g->logit_rows;
         CK(hm_cuda_matmul(c, &d->output, g->h + (size_t)r0 * (size_t)E, nc, g->logits, err));
         if (q->softcap > 0) CK(hm_cuda_softcap(c, g->logits, nc * (int64_t)V, q->softcap, err));
+        /* waits for the queued work (the last chunk's wait ends the step's device work: every
+         * earlier device's work came before its hand-over, which this stream waited for) */
         CK(hm_cuda_download(c, b->logits + (size_t)r0 * V, g->logits, (size_t)nc * V * sizeof(float), err));
     }
-    record_routing(m, g, n_rec);
+    record_routing(m, s);
     return HM_OK;
 fail:
-    hm_gpu_step_abort(c, g->seen, (size_t)q->n_layer * NE);
+    step_abort(q, s);
     return st;
 }

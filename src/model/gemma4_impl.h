@@ -57,7 +57,7 @@ typedef struct g4_state {
     int32_t *rid, *pos_out;
     hm_moe_route route;
     hm_scratch scratch;
-    struct g4_gstate *gpu; /* the device state (GPU placement), owned; NULL on the CPU */
+    struct g4_gstate *gpu; /* the device states (GPU placement: one per device, chained), owned; NULL on the CPU */
 } g4_state;
 
 #ifdef HM_HAVE_CUDA
