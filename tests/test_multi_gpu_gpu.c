@@ -1,5 +1,6 @@
-/* test_multi_gpu_gpu.c - a qwen3moe model split over two GPUs (issue 11: -ts, --vram-budget per
- * device; model_gpu.h) against the CPU engine and against one GPU, through the public API.
+/* test_multi_gpu_gpu.c - a qwen3moe model (and gemma4: gemma4_split below) split over two GPUs
+ * (issue 11: -ts, --vram-budget per device; model_gpu.h) against the CPU engine and against one
+ * GPU, through the public API.
  *
  * Models: the tiny qwen3moe synth (4 layers, 16 experts, k 4), F32 and Q4_K_M. The CPU engine
  * runs the two sequences of test_qwen3moe_gpu.c (P: a 40-token prompt, the prefill path, then 8
@@ -26,8 +27,7 @@
  * (F32: P 1e-4 (bf16 prefill), D 1e-7; Q4_K_M: 3e-4); the store's per-layer hits + misses = rows x k;
  * hm_model_usage's per-device slots (each device's units in its own slots: used <= slots, and
  * hits only in layers whose device has slots); D again with HOTMOE_CUDA_GRAPH=0 bit-identical to
- * the graph's decode (all but lru). Also: a gemma4 model with -ts 1,1 is HM_ERR_UNSUPPORTED (only
- * qwen3moe splits over devices so far), and a budget naming device 7 is HM_ERR_ARG.
+ * the graph's decode (all but lru). Also a budget naming device 7 is HM_ERR_ARG.
  * Exits 77 ("skipped: fewer than 2 GPUs") with fewer than two CUDA devices. */
 #include <math.h>
 #include <stdint.h>
@@ -296,7 +296,185 @@ static void run_model(const char *type, bool quant) {
     unlink(prof);
 }
 
-/* What is refused: an arch without the split, and a device that is not there. */
+/* ---- gemma4 over two devices ----
+ *
+ * Synth gemma4-tiny (3 layers: 0 and 1 sliding, window 16, 2 global; test_gemma4_gpu's (b)), F32
+ * and Q4_K_M: a 40-token prompt (> the window) and 16 decode steps, with n_ubatch 64 (the prefill
+ * path, the ring as long as the context) and n_ubatch 8 (micro-batches on the decode path, the
+ * sliding layers' ring of 24 rows wraps); the CPU engine's logits as the reference. Placements:
+ *   -ts 1,1 -ngl 99: layers 0-1 (both sliding rings) on device 0, layer 2 (the global cache) and
+ *     the output (soft-cap) on device 1; BIT-IDENTICAL to one GPU -ngl 99 in both runs, and the
+ *     n_ubatch 8 run's decode graphs (one per device) bit-identical to HOTMOE_CUDA_GRAPH=0;
+ *   -ts 7,3 -ngl 99: every layer on device 0, the output alone on device 1: bit-identical again;
+ *   --vram-budget 0:30%,1:30% lru (of the units each): hot and cold units in one layer, units
+ *     moving, peer units possible: within test_gemma4_gpu's bounds of the CPU's logits
+ *     (F32: prefill 1e-4 (bf16), n_ubatch 8 1e-6 (exact path; Gemma's scale-1 attention);
+ *     Q4_K_M 3e-4), per-layer hits + misses = rows x k, both devices with slots, hits and misses.
+ * Every placement is also held to those bounds against the CPU. */
+#define G4P 40
+#define G4DEC 16
+#define G4STEP (1 + G4DEC)
+#define G4_NMSE_EXACT 1e-6
+
+typedef enum g4place { G4_ONE, G4_TS, G4_OUT_ALONE, G4_LRU } g4place;
+static const char *g4_place_name[] = {"one GPU -ngl 99", "-ts 1,1 -ngl 99", "-ts 7,3 -ngl 99 (output alone)",
+                                      "--vram-budget 0:30%,1:30% lru"};
+
+static hm_status g4_run(hm_model *m, int32_t n_ubatch, int32_t *toks, bool greedy, float *out, int32_t V,
+                        hm_err *err) {
+    hm_session_opts so;
+    hm_session_opts_default(&so);
+    so.n_ctx = 64;
+    so.n_ubatch = n_ubatch;
+    so.n_threads = 4;
+    so.kv_type = HM_KV_F16;
+    hm_session *s = NULL;
+    if (hm_session_open(&s, m, &so, err) != HM_OK) return HM_ERR_ARG;
+    hm_status st = gpu_compare_run(s, toks, G4P, G4DEC, greedy, out, V, err);
+    hm_session_close(s);
+    return st;
+}
+
+static void gemma4_model(const char *type, bool quant) {
+    char path[] = "/tmp/hm_mgpu_g4s_XXXXXX";
+    int fd = mkstemp(path);
+    CHECK(fd >= 0);
+    if (fd < 0) return;
+    close(fd);
+    hm_synth_opts so = {.arch = "gemma4", .preset = "gemma4-tiny", .type = type, .seed = 21, .out_path = path,
+                        .n_threads = 4};
+    hm_err err = {{0}};
+    hm_status st = hm_synth(&so, &err);
+    CHECKF(st == HM_OK, "synth gemma4-tiny %s: %s", type, err.msg);
+    hm_model *m = NULL;
+    if (st == HM_OK) st = hm_model_open(&m, path, NULL, &err);
+    CHECKF(st == HM_OK, "gemma4-tiny %s on the CPU: %s", type, err.msg);
+    if (st != HM_OK) {
+        unlink(path);
+        return;
+    }
+    const hm_model_info *inf = hm_model_get_info(m);
+    const int32_t V = inf->n_vocab, n_layer = inf->n_layer, K = inf->n_expert_used;
+    uint64_t unit_bytes = 0, n_units = 0;
+    gpu_compare_units(m, &unit_bytes, &n_units, &err);
+    const int32_t ub[2] = {64, 8};
+    const size_t NV = (size_t)G4STEP * (size_t)V;
+    int32_t toks[G4P + G4DEC], dummy[1];
+    gpu_compare_prompts(0x9e3779b97f4a7c15ull, V, toks, G4P, dummy, 0);
+    float *cpu[2], *one[2], *g = malloc(NV * sizeof(float)), *g2 = malloc(NV * sizeof(float));
+    for (int i = 0; i < 2; i++) {
+        cpu[i] = malloc(NV * sizeof(float));
+        one[i] = malloc(NV * sizeof(float));
+        /* the first run picks the decode tokens, the second feeds the same */
+        CHECKF(g4_run(m, ub[i], toks, i == 0, cpu[i], V, &err) == HM_OK, "gemma4-tiny %s CPU n_ubatch %d: %s", type,
+               ub[i], err.msg);
+    }
+    hm_model_close(m);
+    CHECK(n_layer == 3);
+
+    for (int p = G4_ONE; p <= G4_LRU && !test_failures_ && n_layer == 3; p++) {
+        hm_placement_opts po;
+        hm_placement_opts_default(&po);
+        po.n_gpu_layers = 99;
+        po.n_ctx = 64;
+        if (p == G4_TS || p == G4_OUT_ALONE) {
+            po.tensor_split[0] = p == G4_TS ? 1.0f : 7.0f;
+            po.tensor_split[1] = p == G4_TS ? 1.0f : 3.0f;
+            po.n_tensor_split = 2;
+        }
+        if (p == G4_LRU) {
+            const int64_t b = (int64_t)((n_units * 3 + 9) / 10) * (int64_t)(unit_bytes + 3 * 256);
+            po.vram_budgets[0] = (hm_gpu_budget){.device = 0, .bytes = b};
+            po.vram_budgets[1] = (hm_gpu_budget){.device = 1, .bytes = b};
+            po.n_vram_budgets = 2;
+            po.policy = "lru";
+        }
+        hm_model_opts mo;
+        memset(&mo, 0, sizeof mo);
+        mo.placement = &po;
+        m = NULL;
+        st = hm_model_open(&m, path, &mo, &err);
+        CHECKF(st == HM_OK, "gemma4-tiny %s %s: open: %s", type, g4_place_name[p], err.msg);
+        if (st != HM_OK) continue;
+        double worst[2] = {-1, -1};
+        for (int i = 0; i < 2; i++) {
+            int32_t t[G4P + G4DEC];
+            memcpy(t, toks, sizeof t);
+            char what[160];
+            snprintf(what, sizeof what, "gemma4-tiny %s %s n_ubatch %d", type, g4_place_name[p], ub[i]);
+            st = g4_run(m, ub[i], t, false, g, V, &err);
+            CHECKF(st == HM_OK, "%s: %s", what, err.msg);
+            if (st != HM_OK) continue;
+            worst[i] = gpu_compare_logits(what, g, cpu[i], G4STEP, V,
+                                          quant ? NMSE_Q8 : (i == 0 ? NMSE_BF16 : G4_NMSE_EXACT));
+            if (p == G4_ONE) memcpy(one[i], g, NV * sizeof(float));
+            if (p == G4_TS || p == G4_OUT_ALONE)
+                CHECKF(count_diff(g, one[i], NV) == 0, "%s: %lld logits differ from one GPU's", what,
+                       (long long)count_diff(g, one[i], NV));
+        }
+        hm_usage u;
+        memset(&u, 0, sizeof u);
+        st = hm_model_usage(m, &u, &err);
+        CHECKF(st == HM_OK, "gemma4-tiny usage: %s", err.msg);
+        if (st == HM_OK) {
+            CHECKF(u.n_gpus == (p == G4_ONE ? 1 : 2) && u.layer_gpu, "gemma4-tiny %s %s: %d GPUs in the usage", type,
+                   g4_place_name[p], (int)u.n_gpus);
+            uint64_t hits = 0, misses = 0;
+            for (int32_t l = 0; u.layer_gpu && l < n_layer; l++) {
+                /* both runs: every row in every layer but the last, which computes the wanted rows */
+                const uint64_t rows = l + 1 < n_layer ? 2u * (G4P + G4DEC) : 2u * G4STEP;
+                const uint64_t h = u.layer_hits[l], mi = u.layer_misses[l];
+                hits += h, misses += mi;
+                CHECKF(h + mi == rows * (uint64_t)K, "gemma4-tiny %s %s layer %d: %llu hits + %llu misses, want "
+                       "%llu x %d", type, g4_place_name[p], l, (unsigned long long)h, (unsigned long long)mi,
+                       (unsigned long long)rows, K);
+                if (p != G4_LRU) {
+                    /* -ts 1,1: llama.cpp's split of 3 layers + output at 0.5: layers 0-1 on 0, 2 on 1 */
+                    const int32_t want_dev = p == G4_TS && l == 2 ? 1 : 0;
+                    CHECKF(u.layer_gpu[l] == want_dev, "gemma4-tiny %s %s: layer %d on device %d, want %d", type,
+                           g4_place_name[p], l, (int)u.layer_gpu[l], (int)want_dev);
+                    CHECKF(mi == 0, "gemma4-tiny %s %s layer %d: %llu misses", type, g4_place_name[p], l,
+                           (unsigned long long)mi);
+                }
+            }
+            if (p == G4_LRU)
+                CHECKF(u.n_gpus == 2 && u.gpu_slots[0] > 0 && u.gpu_slots[1] > 0 && hits > 0 && misses > 0,
+                       "gemma4-tiny %s %s: slots %lld / %lld, %llu hits, %llu misses", type, g4_place_name[p],
+                       (long long)u.gpu_slots[0], (long long)u.gpu_slots[1], (unsigned long long)hits,
+                       (unsigned long long)misses);
+            fprintf(stderr, "gemma4-tiny %s %-32s NMSE n_ubatch 64 %.3g, 8 %.3g; slots %lld+%lld (peer %lld+%lld), "
+                    "%llu hits, %llu misses\n", type, g4_place_name[p], worst[0], worst[1], (long long)u.gpu_slots[0],
+                    (long long)u.gpu_slots[1], (long long)u.gpu_peer[0], (long long)u.gpu_peer[1],
+                    (unsigned long long)hits, (unsigned long long)misses);
+        }
+        hm_usage_free(&u);
+        if (p == G4_TS && worst[1] >= 0) {
+            /* the n_ubatch 8 run (still in g): its decode steps ran as one graph per device; the
+             * per-launch path runs the same kernels in the same order */
+            int32_t t[G4P + G4DEC];
+            memcpy(t, toks, sizeof t);
+            setenv("HOTMOE_CUDA_GRAPH", "0", 1);
+            st = g4_run(m, ub[1], t, false, g2, V, &err);
+            unsetenv("HOTMOE_CUDA_GRAPH");
+            CHECKF(st == HM_OK, "gemma4-tiny %s %s without graphs: %s", type, g4_place_name[p], err.msg);
+            if (st == HM_OK)
+                CHECKF(count_diff(g, g2, NV) == 0, "gemma4-tiny %s %s: graph vs per-launch decode: %lld logits "
+                       "differ", type, g4_place_name[p], (long long)count_diff(g, g2, NV));
+        }
+        hm_model_close(m);
+    }
+    for (int i = 0; i < 2; i++) free(cpu[i]), free(one[i]);
+    free(g);
+    free(g2);
+    unlink(path);
+}
+
+static void gemma4_split(void) {
+    gemma4_model("f32", false);
+    gemma4_model("q4_k_m", true);
+}
+
+/* What is refused: a device that is not there. */
 static void refusals(void) {
     char path[] = "/tmp/hm_mgpu_g4_XXXXXX";
     int fd = mkstemp(path);
@@ -311,21 +489,12 @@ static void refusals(void) {
     if (st == HM_OK) {
         hm_placement_opts po;
         hm_placement_opts_default(&po);
-        po.n_gpu_layers = 99;
-        po.tensor_split[0] = po.tensor_split[1] = 1.0f;
-        po.n_tensor_split = 2;
         hm_model_opts mo;
         memset(&mo, 0, sizeof mo);
         mo.placement = &po;
         hm_model *m = NULL;
-        st = hm_model_open(&m, path, &mo, &err);
-        CHECKF(st == HM_ERR_UNSUPPORTED && strstr(err.msg, "several GPUs"), "gemma4 -ts 1,1: status %d: %s", (int)st,
-               err.msg);
-        hm_model_close(m);
-        hm_placement_opts_default(&po);
         po.vram_budgets[0] = (hm_gpu_budget){.device = 7, .bytes = 1 << 20};
         po.n_vram_budgets = 1;
-        m = NULL;
         st = hm_model_open(&m, path, &mo, &err);
         CHECKF(st == HM_ERR_ARG && strstr(err.msg, "device 7"), "--vram-budget 7:1MiB: status %d: %s", (int)st,
                err.msg);
@@ -343,5 +512,6 @@ int main(void) {
     refusals();
     run_model("f32", false);
     run_model("q4_k_m", true);
+    gemma4_split();
     return test_done();
 }
