@@ -310,5 +310,6 @@ const hm_arch hm_arch_qwen35moe = {
 #ifdef HM_HAVE_CUDA
     .gpu_load = q35_gpu_load,
     .gpu_unload = q35_gpu_unload,
+    .gpu_multi = true,
 #endif
 };

@@ -27,7 +27,14 @@
  *
  * With --ram-budget (m->ram) the cold units go through the RAM tier inside moe_cuda.c, as for
  * qwen3moe. Memory: sized in state_open for n_ctx and n_ubatch; forward allocates nothing. A device that is
- * full makes the model's expert slot pool give up room (hm_model_gpu_make_room), as for qwen3moe. */
+ * full makes the model's expert slot pool give up room (hm_model_gpu_make_room), as for qwen3moe.
+ *
+ * Several GPUs (model_gpu.h, as qwen3moe_cuda.c): each device holds the weights of its layer range
+ * (the embeddings with layer 0, the output with its own device) and a session state of its own
+ * (the KV cache of its attention layers, the recurrent state of its DeltaNet layers, activations,
+ * slot tables, decode graph); the forward runs the ranges device after device and copies the
+ * residual across at each boundary. One device: the single-device path, the same kernels in the
+ * same order. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -107,6 +114,9 @@ hm_status q35_gpu_load(hm_model *m, hm_err *err) {
         st = hm_errf(err, HM_ERR_NOMEM, "out of memory");
         goto fail;
     }
+    /* several devices (model_gpu.h): the embeddings go with layer 0, the output with its own
+     * device, each layer's weights with the layer */
+    g->up_dev = hm_gpu_layer_dev(g, 0);
     {
         q35_gmat te;
         if ((st = up_mat(g, &q->tok_embd, "token_embd.weight", &te, err)) != HM_OK) goto fail;
@@ -116,7 +126,8 @@ hm_status q35_gpu_load(hm_model *m, hm_err *err) {
             goto fail;
         }
         d->tok_embd = te.m;
-        if (q->output.data == q->tok_embd.data)
+        g->up_dev = hm_gpu_layer_dev(g, q->n_layer);
+        if (q->output.data == q->tok_embd.data && g->up_dev == hm_gpu_layer_dev(g, 0))
             d->output = te; /* tied embeddings: one device copy */
         else if ((st = up_mat(g, &q->output, "output.weight", &d->output, err)) != HM_OK)
             goto fail;
@@ -125,6 +136,7 @@ hm_status q35_gpu_load(hm_model *m, hm_err *err) {
     for (int32_t il = 0; il < q->n_layer; il++) {
         const q35_layer *L = &q->layers[il];
         q35_gpu_layer *D = &d->layers[il];
+        g->up_dev = hm_gpu_layer_dev(g, il);
         char n[96];
 #define NAME(s) (snprintf(n, sizeof n, "blk.%d." s, il), n)
 #define UPM(field, s) do { if ((st = up_mat(g, &L->field, NAME(s), &D->field, err)) != HM_OK) goto fail; } while (0)
@@ -165,15 +177,27 @@ fail:
     return st;
 }
 
-/* ---- session state on the device ---- */
+/* ---- session state on the device ----
+ *
+ * One q35_gstate per device of the placement that runs layers or the output, chained in layer
+ * order (s->dev the first): each holds the KV cache of its own attention layers and the recurrent
+ * state of its own DeltaNet layers in [l0, l1) only (a layer's index there: its L->slot minus the
+ * device's first slot of that kind), and its own activations, tables and handshakes. With one
+ * device the chain has one link, over every layer. */
 
 typedef struct q35_gstate {
-    hm_cuda_ctx *c;           /* borrowed: the model's */
+    hm_cuda_ctx *c;           /* borrowed: the model's context of this device */
+    int32_t dev;              /* index into m->gpu->dev */
+    int32_t l0, l1;           /* the layers it runs */
+    bool out;                 /* it computes the output norm and logits */
+    struct q35_gstate *next;  /* the next device's state (higher layers), owned; NULL: the last */
+    hm_cuda_event *handoff;   /* recorded when the residual goes to `next`, owned */
+    int32_t attn0, recr0;     /* the L->slot of its first attention / DeltaNet layer */
     size_t kv_layer_elems;    /* n_head_kv * n_ctx * head_dim */
-    uint16_t *kv;             /* device [n_attn][2][n_head_kv][n_ctx][hd] f16, owned */
-    float *rs;                /* device [n_recr][rs_layer]: conv window then S, owned */
+    uint16_t *kv;             /* device [its attention layers][2][n_head_kv][n_ctx][hd] f16, owned */
+    float *rs;                /* device [its DeltaNet layers][rs_layer]: conv window then S, owned */
     size_t rs_layer, rs_total;/* floats per DeltaNet layer, in all */
-    void *dev;                /* device block holding the activations below, owned */
+    void *dev_block;          /* device block holding the activations below, owned */
     float *x, *h;             /* [U, n_embd] residual stream; normed input of a block, then its output */
     float *mix;               /* [U, max(2 nq, conv_dim)]: [q | gate] per head, or the DeltaNet qkv */
     float *q, *gate, *k, *v;  /* [U, nq] x2, [U, nkv] x2 */
@@ -184,7 +208,7 @@ typedef struct q35_gstate {
     int32_t *sel;             /* [2 U k]: a layer's ids [nr, k], then its weights */
     float *shg, *shu, *sho, *shs; /* [U, n_ff_sh] x2, [U, n_embd], [U] the shared expert */
     float *cold;              /* [U, n_embd] the CPU part's sum, uploaded */
-    float *logits;            /* [min(U, Q35_LOGIT_ROWS), n_vocab] */
+    float *logits;            /* [min(U, Q35_LOGIT_ROWS), n_vocab] (the output's device; NULL elsewhere) */
     int32_t *ints;            /* [3 U]: tokens, positions, positions of the wanted rows */
     void *scratch;            /* attention and MoE scratch (one after the other), owned */
     size_t scratch_size;
@@ -204,24 +228,26 @@ typedef struct q35_gstate {
     int32_t *seen;            /* [n_layer][n_expert], owned */
     uint8_t *any_hot;         /* [n_layer], owned */
     int32_t *rec_n;           /* [n_layer], owned */
+    int32_t n_rec;            /* per decode forward: layers [0, n_rec) are recorded from sel_all_h */
     hm_cuda_event *routed;    /* a mixed layer's routing has come down, owned */
     hm_moe_graph *graph;      /* decode as one CUDA graph (moe.h), owned; NULL with HOTMOE_CUDA_GRAPH=0 */
-    const hm_moe_weights **mw;/* [n_layer] each layer's experts (borrowed), the array owned */
+    const hm_moe_weights **mw;/* [n_layer] the experts of this device's layers (borrowed; NULL for the
+                                 others: skipped by the tables, the graph and the record), owned */
 } q35_gstate;
 
-void q35_gpu_state_close(q35_state *s) {
-    q35_gstate *g = s->dev;
-    if (!g) return;
+static void gstate_free(q35_gstate *g) {
     if (g->c) {
         hm_err e;
+        (void)hm_cuda_make_current(g->c, &e);
         hm_cuda_sync(g->c, &e); /* nothing queued may still use what is freed below */
         hm_cuda_free(g->c, g->kv);
         hm_cuda_free(g->c, g->rs);
-        hm_cuda_free(g->c, g->dev);
+        hm_cuda_free(g->c, g->dev_block);
         hm_cuda_free(g->c, g->scratch);
         hm_cuda_host_free(g->c, g->pin);
     }
     hm_cuda_event_destroy(g->routed);
+    hm_cuda_event_destroy(g->handoff);
     hm_moe_graph_close(g->graph);
     free(g->units);
     free(g->all_hot);
@@ -230,27 +256,61 @@ void q35_gpu_state_close(q35_state *s) {
     free(g->rec_n);
     free(g->mw);
     free(g);
+}
+
+void q35_gpu_state_close(q35_state *s) {
+    for (q35_gstate *g = s->dev, *nx; g; g = nx) {
+        nx = g->next;
+        gstate_free(g);
+    }
     s->dev = NULL;
 }
 
-hm_status q35_gpu_state_reset(q35_state *s, hm_err *err) {
-    q35_gstate *g = s->dev;
+/* Zero one device's recurrent state and wait for it. */
+static hm_status gstate_reset(q35_gstate *g, hm_err *err) {
     if (!g->rs) return HM_OK;
-    hm_status st = hm_cuda_memset(g->c, g->rs, 0, g->rs_total * sizeof(float), err);
+    hm_status st = hm_cuda_make_current(g->c, err);
+    if (st == HM_OK) st = hm_cuda_memset(g->c, g->rs, 0, g->rs_total * sizeof(float), err);
     return st == HM_OK ? hm_cuda_sync(g->c, err) : st;
 }
 
-hm_status q35_gpu_state_open(const hm_model *m, const hm_state_opts *o, q35_state *s, hm_err *err) {
+hm_status q35_gpu_state_reset(q35_state *s, hm_err *err) {
+    for (q35_gstate *g = s->dev; g; g = g->next) {
+        hm_status st = gstate_reset(g, err);
+        if (st != HM_OK) return st;
+    }
+    return HM_OK;
+}
+
+/* The device state of device index dev for layers [l0, l1) (and the output when out). */
+static hm_status gstate_open(const hm_model *m, const hm_state_opts *o, int32_t dev, int32_t l0, int32_t l1, bool out,
+                             q35_gstate **res, hm_err *err) {
     const q35_model *q = m->impl;
     const q35_gpu *d = m->gpu->arch;
-    HM_ASSERT(m->gpu && d && !s->dev);
-    hm_status st = hm_gpu_state_opts_check(o, err);
-    if (st != HM_OK) return st;
     q35_gstate *g = calloc(1, sizeof *g);
     if (!g) return hm_errf(err, HM_ERR_NOMEM, "out of memory");
-    s->dev = g;
-    hm_cuda_ctx *c = m->gpu->ctx;
+    *res = g;
+    hm_cuda_ctx *c = m->gpu->dev[dev].ctx;
     g->c = c;
+    g->dev = dev;
+    g->l0 = l0;
+    g->l1 = l1;
+    g->out = out;
+    hm_status st = hm_cuda_make_current(c, err);
+    if (st != HM_OK) return st;
+    /* its layers of each kind: the slots [attn0, attn0 + n_attn) and [recr0, recr0 + n_recr) */
+    int32_t n_attn = 0, n_recr = 0;
+    g->attn0 = g->recr0 = -1;
+    for (int32_t il = 0; il < q->n_layer; il++) {
+        const q35_layer *L = &q->layers[il];
+        if (il < l0) continue;
+        if (il >= l1) break;
+        if (L->recurrent) {
+            if (n_recr++ == 0) g->recr0 = L->slot;
+        } else if (n_attn++ == 0) {
+            g->attn0 = L->slot;
+        }
+    }
     const size_t U = (size_t)o->n_ubatch, E = (size_t)q->n_embd, hd = (size_t)q->head_dim;
     const size_t nq = (size_t)q->n_head * hd, nkv = (size_t)q->n_head_kv * hd, K = (size_t)q->n_expert_used;
     const size_t nv = (size_t)q->n_v, vdim = nv * (size_t)q->d_v, cd = (size_t)q->conv_dim;
@@ -261,26 +321,23 @@ hm_status q35_gpu_state_open(const hm_model *m, const hm_state_opts *o, q35_stat
     const size_t slot_words = NL * NE * sizeof(hm_cuda_moe_slot) / 4;
 
     /* sizes first: a full device makes the expert pool give up room for all of them */
-    s->kv_elem_size = 2;
-    g->kv_layer_elems = s->kv_layer_elems = nkv * (size_t)o->n_ctx;
+    g->kv_layer_elems = nkv * (size_t)o->n_ctx;
     size_t kv_bytes = 0;
-    if (!hm_mul_ok(g->kv_layer_elems, 2u * (size_t)q->n_attn * 2u, &kv_bytes)) {
-        st = hm_errf(err, HM_ERR_NOMEM, "gpu: the KV cache for %d positions is too large", o->n_ctx);
-        goto fail;
-    }
+    if (!hm_mul_ok(g->kv_layer_elems, 2u * (size_t)n_attn * 2u, &kv_bytes))
+        return hm_errf(err, HM_ERR_NOMEM, "gpu: the KV cache for %d positions is too large", o->n_ctx);
     g->rs_layer = (size_t)(q->d_conv - 1) * cd + nv * (size_t)q->d_k * (size_t)q->d_v;
-    g->rs_total = g->rs_layer * (size_t)q->n_recr;
+    g->rs_total = g->rs_layer * (size_t)n_recr;
     const size_t rs_bytes = g->rs_total * sizeof(float);
     const size_t act_el[] = {U * E,  U * E,      U * hm_gpu_max_sz(2 * nq, cd), U * nq, U * nq, U * nkv, U * nkv,
                              U * hm_gpu_max_sz(nq, vdim), U * cd, U * vdim, U * nv, U * nv, U * NE, 2 * U * K,
-                             U * FS, U * FS,     U * E,  U,      U * E,  (size_t)g->logit_rows * V, 3 * U,
+                             U * FS, U * FS,     U * E,  U,      U * E,  out ? (size_t)g->logit_rows * V : 0, 3 * U,
                              NL * g->sel_stride, slot_words};
     enum { N_ACT = sizeof act_el / sizeof act_el[0] };
     size_t act_off[N_ACT];
     const size_t act_bytes = hm_gpu_layout(act_el, act_off, N_ACT);
     g->scratch_size = hm_gpu_max_sz(hm_cuda_moe_scratch_size((int64_t)U, (int64_t)(U * K), q->n_expert, q->n_ff_exp),
                                     hm_cuda_moe_dev_scratch_size(g->dec_cap, q->n_expert_used, q->n_ff_exp));
-    if (q->n_attn > 0 && !d->attn_any)
+    if (n_attn > 0 && !d->attn_any)
         g->scratch_size = hm_gpu_max_sz(g->scratch_size, hm_cuda_attention_scratch_size(c, (int64_t)U, o->n_ctx,
                                                                                         q->n_head, q->n_head_kv,
                                                                                         q->head_dim));
@@ -288,33 +345,36 @@ hm_status q35_gpu_state_open(const hm_model *m, const hm_state_opts *o, q35_stat
 
     char what[96];
     snprintf(what, sizeof what, "KV cache (%d positions)", o->n_ctx);
-    if (kv_bytes && (st = hm_gpu_dev_alloc(m, kv_bytes, rest, (void **)&g->kv, what, err)) != HM_OK) goto fail;
-    if (rs_bytes &&
-        (st = hm_gpu_dev_alloc(m, rs_bytes, rest - kv_bytes, (void **)&g->rs, "recurrent state", err)) != HM_OK)
-        goto fail;
-    if ((st = hm_gpu_dev_alloc(m, act_bytes, act_bytes + g->scratch_size, &g->dev, "activations", err)) != HM_OK)
-        goto fail;
+    if (kv_bytes && (st = hm_gpu_dev_alloc_on(m, dev, kv_bytes, rest, (void **)&g->kv, what, err)) != HM_OK)
+        return st;
+    if (rs_bytes && (st = hm_gpu_dev_alloc_on(m, dev, rs_bytes, rest - kv_bytes, (void **)&g->rs, "recurrent state",
+                                              err)) != HM_OK)
+        return st;
+    if ((st = hm_gpu_dev_alloc_on(m, dev, act_bytes, act_bytes + g->scratch_size, &g->dev_block, "activations",
+                                  err)) != HM_OK)
+        return st;
     {
-        char *b = g->dev;
+        char *b = g->dev_block;
         float **f[] = {&g->x,   &g->h,  &g->mix, &g->q,   &g->gate, &g->k,   &g->v,    &g->att,
                        &g->conv, &g->z, &g->ba,  &g->aa,  &g->rlog, NULL,    &g->shg,  &g->shu,
                        &g->sho, &g->shs, &g->cold, &g->logits};
         for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
             if (f[i]) *f[i] = (float *)(b + act_off[i]);
+        if (!out) g->logits = NULL;
         g->sel = (int32_t *)(b + act_off[13]);
         g->ints = (int32_t *)(b + act_off[20]);
         g->sel_all = (int32_t *)(b + act_off[21]);
         g->slots = (hm_cuda_moe_slot *)(b + act_off[22]);
     }
-    if ((st = hm_gpu_dev_alloc(m, g->scratch_size, g->scratch_size, &g->scratch, "attention/MoE scratch", err)) !=
-        HM_OK)
-        goto fail;
-    if (g->rs && (st = q35_gpu_state_reset(s, err)) != HM_OK) goto fail;
+    if ((st = hm_gpu_dev_alloc_on(m, dev, g->scratch_size, g->scratch_size, &g->scratch, "attention/MoE scratch",
+                                  err)) != HM_OK)
+        return st;
+    if ((st = gstate_reset(g, err)) != HM_OK) return st;
 
     {
         const size_t el[] = {3 * U, 2 * U * K, U * E, U * E, NL * g->sel_stride, slot_words};
         size_t off[sizeof el / sizeof el[0]];
-        if ((st = hm_gpu_pinned_block(c, el, off, sizeof el / sizeof el[0], &g->pin, err)) != HM_OK) goto fail;
+        if ((st = hm_gpu_pinned_block(c, el, off, sizeof el / sizeof el[0], &g->pin, err)) != HM_OK) return st;
         char *b = g->pin;
         g->ints_h = (int32_t *)(b + off[0]);
         g->sel_h = (int32_t *)(b + off[1]);
@@ -328,26 +388,47 @@ hm_status q35_gpu_state_open(const hm_model *m, const hm_state_opts *o, q35_stat
     g->any_hot = calloc(NL, 1);
     g->rec_n = calloc(NL, sizeof *g->rec_n);
     g->seen = malloc(NL * NE * sizeof *g->seen);
-    g->mw = malloc(NL * sizeof *g->mw);
-    if (!g->units || !g->all_hot || !g->any_hot || !g->rec_n || !g->seen || !g->mw) {
-        st = hm_errf(err, HM_ERR_NOMEM, "out of memory");
-        goto fail;
-    }
-    for (size_t il = 0; il < NL; il++) g->mw[il] = &q->layers[il].moe;
+    g->mw = calloc(NL, sizeof *g->mw);
+    if (!g->units || !g->all_hot || !g->any_hot || !g->rec_n || !g->seen || !g->mw)
+        return hm_errf(err, HM_ERR_NOMEM, "out of memory");
+    for (int32_t il = l0; il < l1; il++) g->mw[il] = &q->layers[il].moe;
     for (size_t i = 0; i < NL * NE; i++) g->seen[i] = -2; /* no entry of slots_h built yet */
     {
         hm_err e;
-        if (hm_cuda_event_create(c, &g->routed, &e) != HM_OK) {
-            st = hm_errf(err, HM_ERR_CUDA, "gpu: %s", e.msg);
-            goto fail;
-        }
+        if (hm_cuda_event_create(c, &g->routed, &e) != HM_OK || hm_cuda_event_create(c, &g->handoff, &e) != HM_OK)
+            return hm_errf(err, HM_ERR_CUDA, "gpu: %s", e.msg);
     }
-    if ((st = hm_moe_graph_open_env(c, g->mw, q->n_layer, g->dec_cap, q->n_expert_used, q->n_embd, &g->graph, err)) !=
-        HM_OK)
-        goto fail;
-    /* the CPU part: the route and the scratch of its MoE op */
+    return hm_moe_graph_open_env(c, g->mw, q->n_layer, g->dec_cap, q->n_expert_used, q->n_embd, &g->graph, err);
+}
+
+hm_status q35_gpu_state_open(const hm_model *m, const hm_state_opts *o, q35_state *s, hm_err *err) {
+    const q35_model *q = m->impl;
+    const hm_gpu *gpu = m->gpu;
+    HM_ASSERT(gpu && gpu->arch && !s->dev);
+    hm_status st = hm_gpu_state_opts_check(o, err);
+    if (st != HM_OK) return st;
+    s->kv_elem_size = 2;
+    s->kv_layer_elems = (size_t)q->n_head_kv * (size_t)q->head_dim * (size_t)o->n_ctx;
+    /* one state per device that runs layers or the output, in layer order */
+    q35_gstate **tail = &s->dev;
+    for (int32_t d = 0; d < gpu->n_dev; d++) {
+        int32_t l0 = q->n_layer, l1 = 0;
+        for (int32_t il = 0; il < q->n_layer; il++)
+            if (hm_gpu_layer_dev(gpu, il) == d) l0 = il < l0 ? il : l0, l1 = il + 1;
+        const bool out = hm_gpu_layer_dev(gpu, q->n_layer) == d;
+        if (l1 <= l0) {
+            if (!out) continue;
+            l0 = l1 = q->n_layer; /* the output alone */
+        }
+        st = gstate_open(m, o, d, l0, l1, out, tail, err);
+        if (st != HM_OK) goto fail;
+        tail = &(*tail)->next;
+    }
+    /* the CPU part: the route and the scratch of its MoE op; the peer units' buffers (model_gpu.h) */
     if ((st = hm_gpu_cold_part_open(&s->route, &s->scratch, q->n_expert, q->n_expert_used, q->n_embd, q->n_ff_exp, o,
-                                    err)) != HM_OK)
+                                    err)) != HM_OK ||
+        (st = hm_gpu_peer_reserve(m, o->n_ubatch, (int64_t)o->n_ubatch * q->n_expert_used, q->n_ff_exp, err)) !=
+            HM_OK)
         goto fail;
     return HM_OK;
 fail:
@@ -378,12 +459,18 @@ static hm_status compact(hm_cuda_ctx *c, float *a, int64_t w, const int32_t *row
     return HM_OK;
 }
 
+/* Attention layer L's K and V cache in its device's state. */
+static void kv_of(const q35_gstate *g, const q35_layer *L, uint16_t **kc, uint16_t **vc) {
+    *kc = g->kv + (size_t)(L->slot - g->attn0) * 2 * g->kv_layer_elems;
+    *vc = *kc + g->kv_layer_elems;
+}
+
 /* DeltaNet token mixer of layer L over n rows: g->h in, g->h out; the layer's state advanced. */
 static hm_status deltanet(const q35_model *q, const q35_gpu_layer *D, const q35_layer *L, q35_gstate *g, int64_t n,
                           hm_err *err) {
     hm_cuda_ctx *c = g->c;
     const int64_t cd = q->conv_dim, nv = q->n_v, vdim = nv * q->d_v, qk = (int64_t)q->n_k * q->d_k;
-    float *rs = g->rs + (size_t)L->slot * g->rs_layer;
+    float *rs = g->rs + (size_t)(L->slot - g->recr0) * g->rs_layer;
     float *conv_state = rs, *delta_state = rs + (size_t)(q->d_conv - 1) * (size_t)cd;
     hm_status st;
     CK(mm(c, &D->wqkv, g->h, n, g->mix, err));
@@ -404,13 +491,36 @@ fail:
     return st;
 }
 
-static void record_routing(const hm_model *m, const q35_gstate *g, int32_t n_rec) {
-    hm_gpu_record_routing(m, g->mw, g->sel_all_h, g->sel_stride, g->rec_n, n_rec);
+/* Hand the first `rows` rows of the residual from g to g->next (queued on next's stream after
+ * everything queued on g's); makes next's device current. */
+static hm_status hand_over(const q35_model *q, q35_gstate *g, int64_t rows, hm_err *err) {
+    q35_gstate *nx = g->next;
+    hm_status st = hm_cuda_make_current(nx->c, err);
+    if (st != HM_OK) return st;
+    return hm_cuda_copy_peer(nx->c, nx->x, g->c, g->x, (size_t)rows * (size_t)q->n_embd * sizeof(float), g->handoff,
+                             err);
+}
+
+/* After a failed step: every device idle, every slot table rebuilt next step. */
+static void step_abort(const q35_model *q, q35_state *s) {
+    for (q35_gstate *g = s->dev; g; g = g->next) {
+        hm_err e;
+        (void)hm_cuda_make_current(g->c, &e);
+        hm_gpu_step_abort(g->c, g->seen, (size_t)q->n_layer * (size_t)q->n_expert);
+    }
+}
+
+/* Decode: the usage counts of the layers each device recorded this step (downloaded, synced). */
+static void record_routing(const hm_model *m, const q35_state *s) {
+    for (const q35_gstate *g = s->dev; g; g = g->next)
+        hm_gpu_record_routing(m, g->mw, g->sel_all_h, g->sel_stride, g->rec_n, g->n_rec);
 }
 
 /* ---- decode as one graph (moe.h, hm_moe_graph): the same ops as the decode branch of
  * q35_gpu_forward below, captured once and replayed (every row wants logits: no compaction);
- * bit-identical to the per-launch path. */
+ * bit-identical to the per-launch path. With several devices each has its own graph over its own
+ * layers, launched in layer order after the residual's hand-over (outside the graphs, ordered by
+ * an event). */
 
 /* The MoE block's input side for n rows, both paths: x += the mixer's output (g->h), g->h =
  * rmsnorm(x) * post_norm, the router's logits into g->rlog, and the shared expert (gated by the
@@ -431,6 +541,7 @@ static hm_status moe_in(const q35_model *q, const q35_gpu_layer *D, q35_gstate *
 typedef struct q35_step {
     const hm_model *m;
     q35_state *s;
+    q35_gstate *g; /* the device whose graph is captured */
     int64_t n, kv_len;
 } q35_step;
 
@@ -438,10 +549,10 @@ static hm_status enqueue_step(void *ctx, hm_err *err) {
     const q35_step *p = ctx;
     const hm_model *m = p->m;
     q35_state *s = p->s;
+    q35_gstate *g = p->g;
     const int64_t n = p->n;
     const q35_model *q = m->impl;
     const q35_gpu *d = m->gpu->arch;
-    q35_gstate *g = s->dev;
     hm_cuda_ctx *c = g->c;
     const int64_t E = q->n_embd, U = s->n_ubatch;
     const int hd = q->head_dim, nh = q->n_head, nkv = q->n_head_kv, K = q->n_expert_used;
@@ -449,15 +560,16 @@ static hm_status enqueue_step(void *ctx, hm_err *err) {
     const float scale = 1.0f / sqrtf((float)hd);
     const int32_t *tok_d = g->ints, *pos_d = g->ints + U;
     hm_status st;
-    CK(hm_cuda_get_rows(c, &d->tok_embd, tok_d, n, g->x, err));
-    for (int32_t il = 0; il < q->n_layer; il++) {
+    if (g == s->dev) CK(hm_cuda_get_rows(c, &d->tok_embd, tok_d, n, g->x, err));
+    for (int32_t il = g->l0; il < g->l1; il++) {
         const q35_layer *L = &q->layers[il];
         const q35_gpu_layer *D = &d->layers[il];
         CK(hm_cuda_rmsnorm(c, g->x, D->attn_norm, g->h, n, E, q->eps, err));
         if (L->recurrent) {
             CK(deltanet(q, D, L, g, n, err));
         } else {
-            uint16_t *kc = g->kv + (size_t)L->slot * 2 * g->kv_layer_elems, *vc = kc + g->kv_layer_elems;
+            uint16_t *kc, *vc;
+            kv_of(g, L, &kc, &vc);
             CK(mm(c, &D->wq, g->h, n, g->mix, err));
             CK(mm(c, &D->wk, g->h, n, g->k, err));
             CK(mm(c, &D->wv, g->h, n, g->v, err));
@@ -479,22 +591,32 @@ static hm_status enqueue_step(void *ctx, hm_err *err) {
         CK(hm_moe_graph_layer(g->graph, m, il, g->slots + (size_t)il * (size_t)q->n_expert, g->any_hot[il], ids_d, w_d,
                               n, g->h, g->x, g->scratch, g->scratch_size, err));
     }
-    CK(hm_cuda_rmsnorm(c, g->x, d->output_norm, g->h, n, E, q->eps, err));
-    CK(mm(c, &d->output, g->h, n, g->logits, err));
+    if (g->out) {
+        CK(hm_cuda_rmsnorm(c, g->x, d->output_norm, g->h, n, E, q->eps, err));
+        CK(mm(c, &d->output, g->h, n, g->logits, err));
+    }
     return HM_OK;
 fail:
     return st;
 }
 
+/* The graph decode over the chain (the first device current): each device's graph, then the
+ * residual's hand-over to the next; the logits come down from the last. */
 static hm_status graph_step(const hm_model *m, q35_state *s, hm_pool *pool, const hm_fwd_batch *b, hm_err *err) {
     const q35_model *q = m->impl;
-    q35_gstate *g = s->dev;
     const int64_t n = b->n;
     q35_step p = {.m = m, .s = s, .n = n, .kv_len = b->pos[n - 1] + 1};
-    const size_t key = hm_cuda_attention_scratch_size(g->c, n, p.kv_len, q->n_head, q->n_head_kv, q->head_dim);
-    hm_status st = hm_moe_graph_step(g->graph, m, pool, &s->route, &s->scratch, n, key, g->any_hot, enqueue_step, &p,
-                                     err);
-    if (st != HM_OK) return st;
+    hm_status st = HM_OK;
+    q35_gstate *g = s->dev;
+    for (;; g = g->next) {
+        p.g = g;
+        const size_t key = hm_cuda_attention_scratch_size(g->c, n, p.kv_len, q->n_head, q->n_head_kv, q->head_dim);
+        if ((st = hm_moe_graph_step(g->graph, m, pool, &s->route, &s->scratch, n, key, g->any_hot, enqueue_step, &p,
+                                    err)) != HM_OK)
+            return st;
+        if (!g->next) break;
+        if ((st = hand_over(q, g, n, err)) != HM_OK) return st;
+    }
     return hm_cuda_download(g->c, b->logits, g->logits, (size_t)n * (size_t)q->n_vocab * sizeof(float), err);
 }
 
@@ -502,7 +624,6 @@ hm_status q35_gpu_forward(const hm_model *m, q35_state *s, hm_pool *pool, const 
     const q35_model *q = m->impl;
     const q35_gpu *d = m->gpu->arch;
     q35_gstate *g = s->dev;
-    hm_cuda_ctx *c = g->c;
     const int64_t E = q->n_embd, n = b->n, n_out = b->n_out, U = s->n_ubatch;
     const int hd = q->head_dim, nh = q->n_head, nkv = q->n_head_kv, K = q->n_expert_used;
     const size_t nq = (size_t)nh * (size_t)hd;
@@ -510,129 +631,155 @@ hm_status q35_gpu_forward(const hm_model *m, q35_state *s, hm_pool *pool, const 
     HM_ASSERT(g && n > 0 && n <= U && n_out <= n && b->pos[n - 1] < s->n_ctx);
     hm_status st = HM_OK;
 
-    int32_t *tok_d = g->ints, *pos_d = g->ints + U, *pos_out_d = g->ints + 2 * U;
-    CK(hm_gpu_upload_batch_ints(c, g->ints, g->ints_h, U, b, err));
+    /* per device: the batch's ints go up, which layers have no cold unit, the decode slot table */
     const bool dec = n <= HM_CUDA_MATVEC_MAX_TOK && n <= g->dec_cap;
-    CK(hm_gpu_moe_slots_refresh(m, c, g->mw, q->n_layer, q->n_expert, dec, g->seen, g->slots_h, g->slots, g->all_hot,
-                                g->any_hot, err));
-    int32_t n_rec = 0;
+    for (q35_gstate *gd = g; gd; gd = gd->next) {
+        CK(hm_cuda_make_current(gd->c, err));
+        CK(hm_gpu_upload_batch_ints(gd->c, gd->ints, gd->ints_h, U, b, err));
+        CK(hm_gpu_moe_slots_refresh(m, gd->c, gd->mw, q->n_layer, q->n_expert, dec, gd->seen, gd->slots_h, gd->slots,
+                                    gd->all_hot, gd->any_hot, err));
+        gd->n_rec = 0; /* decode: layers whose routing is recorded after the step */
+    }
     if (dec && g->graph && n_out == n && b->logits && n <= g->logit_rows) {
+        CK(hm_cuda_make_current(g->c, err));
         CK(graph_step(m, s, pool, b, err)); /* every flag released, the device idle, when it fails */
         return HM_OK;
     }
 
-    CK(hm_cuda_get_rows(c, &d->tok_embd, tok_d, n, g->x, err));
+    CK(hm_cuda_make_current(g->c, err));
+    CK(hm_cuda_get_rows(g->c, &d->tok_embd, g->ints, n, g->x, err));
     int64_t nr = n;
-    const int32_t *pos = pos_d;
     int64_t kv_len = b->pos[n - 1] + 1;
     bool done_early = false;
-    for (int32_t il = 0; il < q->n_layer; il++) {
-        const q35_layer *L = &q->layers[il];
-        const q35_gpu_layer *D = &d->layers[il];
-        const bool last = il == q->n_layer - 1 && n_out < n;
-        CK(hm_cuda_rmsnorm(c, g->x, D->attn_norm, g->h, n, E, q->eps, err));
-        if (L->recurrent) {
-            CK(deltanet(q, D, L, g, n, err));
-            if (last) {
-                if (n_out == 0) {
-                    done_early = true;
-                    break;
+    for (;; g = g->next) {
+        hm_cuda_ctx *c = g->c;
+        const int32_t *pos_d = g->ints + U, *pos_out_d = g->ints + 2 * U;
+        for (int32_t il = g->l0; il < g->l1 && !done_early; il++) {
+            const q35_layer *L = &q->layers[il];
+            const q35_gpu_layer *D = &d->layers[il];
+            const bool last = il == q->n_layer - 1 && n_out < n;
+            CK(hm_cuda_rmsnorm(c, g->x, D->attn_norm, g->h, n, E, q->eps, err));
+            if (L->recurrent) {
+                CK(deltanet(q, D, L, g, n, err));
+                if (last) {
+                    if (n_out == 0) {
+                        done_early = true;
+                        break;
+                    }
+                    CK(compact(c, g->x, E, b->out_rows, (int32_t)n_out, err));
+                    CK(compact(c, g->h, E, b->out_rows, (int32_t)n_out, err));
+                    nr = n_out;
                 }
-                CK(compact(c, g->x, E, b->out_rows, (int32_t)n_out, err));
-                CK(compact(c, g->h, E, b->out_rows, (int32_t)n_out, err));
-                nr = n_out;
-            }
-        } else {
-            uint16_t *kc = g->kv + (size_t)L->slot * 2 * g->kv_layer_elems, *vc = kc + g->kv_layer_elems;
-            CK(mm(c, &D->wq, g->h, n, g->mix, err));
-            CK(mm(c, &D->wk, g->h, n, g->k, err));
-            CK(mm(c, &D->wv, g->h, n, g->v, err));
-            CK(hm_cuda_split_q_gate(c, g->mix, n, nh, hd, g->q, g->gate, err));
-            /* per-head norms, partial NEOX rotary of q and k, the K/V write: one launch */
-            CK(hm_cuda_qk_norm_rope_kv(c, g->q, g->k, g->v, D->q_norm, D->k_norm, n, nh, nkv, hd, q->n_rot, pos_d,
-                                       q->theta, q->eps, kc, vc, s->n_ctx, err));
-            if (last) {
-                if (n_out == 0) {
-                    done_early = true;
-                    break;
+            } else {
+                uint16_t *kc, *vc;
+                kv_of(g, L, &kc, &vc);
+                const int32_t *pos = pos_d;
+                CK(mm(c, &D->wq, g->h, n, g->mix, err));
+                CK(mm(c, &D->wk, g->h, n, g->k, err));
+                CK(mm(c, &D->wv, g->h, n, g->v, err));
+                CK(hm_cuda_split_q_gate(c, g->mix, n, nh, hd, g->q, g->gate, err));
+                /* per-head norms, partial NEOX rotary of q and k, the K/V write: one launch */
+                CK(hm_cuda_qk_norm_rope_kv(c, g->q, g->k, g->v, D->q_norm, D->k_norm, n, nh, nkv, hd, q->n_rot, pos_d,
+                                           q->theta, q->eps, kc, vc, s->n_ctx, err));
+                if (last) {
+                    if (n_out == 0) {
+                        done_early = true;
+                        break;
+                    }
+                    CK(compact(c, g->q, (int64_t)nq, b->out_rows, (int32_t)n_out, err));
+                    CK(compact(c, g->gate, (int64_t)nq, b->out_rows, (int32_t)n_out, err));
+                    CK(compact(c, g->x, E, b->out_rows, (int32_t)n_out, err));
+                    nr = n_out;
+                    pos = pos_out_d;
+                    kv_len = b->pos[b->out_rows[n_out - 1]] + 1;
                 }
-                CK(compact(c, g->q, (int64_t)nq, b->out_rows, (int32_t)n_out, err));
-                CK(compact(c, g->gate, (int64_t)nq, b->out_rows, (int32_t)n_out, err));
-                CK(compact(c, g->x, E, b->out_rows, (int32_t)n_out, err));
-                nr = n_out;
-                pos = pos_out_d;
-                kv_len = b->pos[b->out_rows[n_out - 1]] + 1;
+                if (d->attn_any)
+                    CK(hm_cuda_attention_any(c, g->q, nr, pos, kc, vc, s->n_ctx, nh, nkv, hd, scale, g->att, err));
+                else
+                    CK(hm_cuda_attention(c, g->q, nr, pos, kv_len, kc, vc, s->n_ctx, nh, nkv, hd, scale, g->att,
+                                         g->scratch, g->scratch_size, err));
+                CK(hm_cuda_sigmoid_mul(c, g->att, g->gate, nr * (int64_t)nq, err));
+                CK(mm(c, &D->wo, g->att, nr, g->h, err));
             }
-            if (d->attn_any)
-                CK(hm_cuda_attention_any(c, g->q, nr, pos, kc, vc, s->n_ctx, nh, nkv, hd, scale, g->att, err));
-            else
-                CK(hm_cuda_attention(c, g->q, nr, pos, kv_len, kc, vc, s->n_ctx, nh, nkv, hd, scale, g->att,
-                                     g->scratch, g->scratch_size, err));
-            CK(hm_cuda_sigmoid_mul(c, g->att, g->gate, nr * (int64_t)nq, err));
-            CK(mm(c, &D->wo, g->att, nr, g->h, err));
-        }
 
-        /* MoE block: x += mixer, h = rmsnorm(x) * post_norm, router logits, the shared expert into x;
-         * then the units */
-        CK(moe_in(q, D, g, nr, err));
+            /* MoE block: x += mixer, h = rmsnorm(x) * post_norm, router logits, the shared expert
+             * into x; then the units */
+            CK(moe_in(q, D, g, nr, err));
 
-        const size_t nk = (size_t)nr * (size_t)K;
-        const hm_moe_gpu_buf mb = {.x_dev = g->h,
-                                   .x_host = g->all_hot[il] ? NULL : g->h_h,
-                                   .out_dev = g->x,
-                                   .cold_host = g->cold_h,
-                                   .cold_dev = g->cold,
-                                   .scratch_dev = g->scratch,
-                                   .scratch_dev_size = g->scratch_size,
-                                   .units = g->units};
-        if (dec) {
-            int32_t *ids_d = g->sel_all + (size_t)il * g->sel_stride, *ids_h = g->sel_all_h + (size_t)il * g->sel_stride;
-            CK(hm_cuda_router(c, g->rlog, nr, q->n_expert, K, true, ids_d, (float *)(ids_d + nk), err));
-            g->rec_n[il] = (int32_t)nk;
-            n_rec = il + 1;
-            if (!g->all_hot[il]) {
-                CK(hm_cuda_download_async(c, ids_h, ids_d, 2 * nk * sizeof(int32_t), err));
+            const size_t nk = (size_t)nr * (size_t)K;
+            const hm_moe_gpu_buf mb = {.x_dev = g->h,
+                                       .x_host = g->all_hot[il] ? NULL : g->h_h,
+                                       .out_dev = g->x,
+                                       .cold_host = g->cold_h,
+                                       .cold_dev = g->cold,
+                                       .scratch_dev = g->scratch,
+                                       .scratch_dev_size = g->scratch_size,
+                                       .units = g->units};
+            if (dec) {
+                int32_t *ids_d = g->sel_all + (size_t)il * g->sel_stride;
+                int32_t *ids_h = g->sel_all_h + (size_t)il * g->sel_stride;
+                CK(hm_cuda_router(c, g->rlog, nr, q->n_expert, K, true, ids_d, (float *)(ids_d + nk), err));
+                g->rec_n[il] = (int32_t)nk;
+                g->n_rec = il + 1;
+                if (!g->all_hot[il]) {
+                    CK(hm_cuda_download_async(c, ids_h, ids_d, 2 * nk * sizeof(int32_t), err));
+                    CK(hm_cuda_download_async(c, g->h_h, g->h, (size_t)(nr * E) * sizeof(float), err));
+                    CK(hm_cuda_event_record(c, g->routed, false, err));
+                }
+                if (g->any_hot[il])
+                    CK(hm_moe_forward_gpu_dev(m, &L->moe, g->slots + (size_t)il * (size_t)q->n_expert, ids_d,
+                                              (const float *)(ids_d + nk), nr, K, &mb, err));
+                if (!g->all_hot[il]) {
+                    CK(hm_cuda_event_wait(g->routed, err)); /* the layer's one wait */
+                    hm_moe_route_build(&s->route, ids_h, (const float *)(ids_h + nk), (int32_t)nr);
+                    CK(hm_moe_forward_gpu_cold(m, pool, &L->moe, &s->route, &mb, &s->scratch, err));
+                }
+                continue;
+            }
+            CK(hm_cuda_router(c, g->rlog, nr, q->n_expert, K, true, g->sel, (float *)(g->sel + nk), err));
+            CK(hm_cuda_download_async(c, g->sel_h, g->sel, 2 * nk * sizeof(int32_t), err));
+            if (!g->all_hot[il])
                 CK(hm_cuda_download_async(c, g->h_h, g->h, (size_t)(nr * E) * sizeof(float), err));
-                CK(hm_cuda_event_record(c, g->routed, false, err));
-            }
-            if (g->any_hot[il])
-                CK(hm_moe_forward_gpu_dev(m, &L->moe, g->slots + (size_t)il * (size_t)q->n_expert, ids_d,
-                                          (const float *)(ids_d + nk), nr, K, &mb, err));
-            if (!g->all_hot[il]) {
-                CK(hm_cuda_event_wait(g->routed, err)); /* the layer's one wait */
-                hm_moe_route_build(&s->route, ids_h, (const float *)(ids_h + nk), (int32_t)nr);
-                CK(hm_moe_forward_gpu_cold(m, pool, &L->moe, &s->route, &mb, &s->scratch, err));
-            }
-            continue;
+            CK(hm_cuda_sync(c, err)); /* the layer's one wait: the host needs the routing */
+            const int32_t *ids = g->sel_h;
+            const float *wts = (const float *)(g->sel_h + nk);
+            if (m->experts) hm_experts_record(m->experts, il, ids, (int32_t)nk);
+            hm_moe_route_build(&s->route, ids, wts, (int32_t)nr);
+            CK(hm_moe_forward_gpu(m, pool, &L->moe, &s->route, &mb, &s->scratch, err));
         }
-        CK(hm_cuda_router(c, g->rlog, nr, q->n_expert, K, true, g->sel, (float *)(g->sel + nk), err));
-        CK(hm_cuda_download_async(c, g->sel_h, g->sel, 2 * nk * sizeof(int32_t), err));
-        if (!g->all_hot[il]) CK(hm_cuda_download_async(c, g->h_h, g->h, (size_t)(nr * E) * sizeof(float), err));
-        CK(hm_cuda_sync(c, err)); /* the layer's one wait: the host needs the routing */
-        const int32_t *ids = g->sel_h;
-        const float *wts = (const float *)(g->sel_h + nk);
-        if (m->experts) hm_experts_record(m->experts, il, ids, (int32_t)nk);
-        hm_moe_route_build(&s->route, ids, wts, (int32_t)nr);
-        CK(hm_moe_forward_gpu(m, pool, &L->moe, &s->route, &mb, &s->scratch, err));
+        /* decode: this device's routing comes down in one copy (before the hand-over, whose event
+         * then covers it), recorded once the step's work is done */
+        if (g->n_rec > 0)
+            CK(hm_cuda_download_async(c, g->sel_all_h, g->sel_all, (size_t)g->n_rec * g->sel_stride * sizeof(int32_t),
+                                      err));
+        if (!g->next || done_early) break;
+        CK(hand_over(q, g, nr, err));
     }
-    if (n_rec > 0)
-        CK(hm_cuda_download_async(c, g->sel_all_h, g->sel_all, (size_t)n_rec * g->sel_stride * sizeof(int32_t), err));
     if (done_early || n_out == 0) {
-        CK(hm_cuda_sync(c, err)); /* nothing may still read a slot, the state is complete */
-        record_routing(m, g, n_rec);
+        /* nothing may still read a slot, the state is complete */
+        for (q35_gstate *gd = s->dev; gd; gd = gd->next) {
+            CK(hm_cuda_make_current(gd->c, err));
+            CK(hm_cuda_sync(gd->c, err));
+        }
+        record_routing(m, s);
         return HM_OK;
     }
-    HM_ASSERT(nr == n_out && b->logits);
+    /* x rows 0..n_out-1 are the wanted rows now (compacted above, or all rows in order), on the
+     * output's device (the last) */
+    HM_ASSERT(nr == n_out && b->logits && g->out);
+    hm_cuda_ctx *c = g->c;
     CK(hm_cuda_rmsnorm(c, g->x, d->output_norm, g->h, n_out, E, q->eps, err));
     const size_t V = (size_t)q->n_vocab;
     for (int64_t r0 = 0; r0 < n_out; r0 += g->logit_rows) {
         const int64_t nc = n_out - r0 < g->logit_rows ? n_out - r0 : g->logit_rows;
         CK(mm(c, &d->output, g->h + (size_t)r0 * (size_t)E, nc, g->logits, err));
+        /* waits for the queued work (the last chunk's wait ends the step's device work: every
+         * earlier device's work came before its hand-over, which this stream waited for) */
         CK(hm_cuda_download(c, b->logits + (size_t)r0 * V, g->logits, (size_t)nc * V * sizeof(float), err));
     }
-    record_routing(m, g, n_rec);
+    record_routing(m, s);
     return HM_OK;
 fail:
-    hm_gpu_step_abort(c, g->seen, (size_t)q->n_layer * (size_t)q->n_expert);
+    step_abort(q, s);
     return st;
 }
