@@ -36,8 +36,10 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "gguf/gguf.h"
 #include "gpu_compare.h"
 #include "hotmoe.h"
+#include "quant/quant.h"
 #include "test.h"
 
 #define NP 40
@@ -503,6 +505,354 @@ static void refusals(void) {
     unlink(path);
 }
 
+/* ---- qwen35moe split over two GPUs ----
+ *
+ * A tiny qwen35moe written here (as test_qwen35moe_gpu.c's (b), but 8 layers: DeltaNet x3,
+ * attention, DeltaNet x3, attention; n_embd 256, head_dim 256 with 64 rotary dims, DeltaNet
+ * d_k = d_v = 128, 16 experts k 4 of n_ff 256, shared expert 256, vocab 512), F32 and Q8_0.
+ * -ts 1,1 splits it at il / 9: layers 0-4 (3 DeltaNet, attention, DeltaNet) on device 0, 5-7
+ * (2 DeltaNet, attention) and the output on device 1: each device holds the KV cache and the
+ * recurrent state of its own layers of both kinds. Sequences (the CPU engine's logits the
+ * reference): P (a 40-token prompt, the prefill path, then 8 steps), then trim(0) on the same
+ * session (every device's recurrent state zeroed) and D (a 6-token prompt, decode throughout,
+ * then 8 steps), and C (P in micro-batches of 24: the first wants no logits, so the forward stops
+ * after the last layer's mixer on device 1). Placements:
+ *   one GPU -ngl 99; -ts 1,1 -ngl 99: P, D and C BIT-IDENTICAL to one GPU's, D under
+ *   HOTMOE_CUDA_GRAPH=0 bit-identical to the graph's, no misses; --vram-budget 0:30%,1:30% lru
+ *   (units move between steps, peer units): hits and misses on both devices' slots.
+ * Each within test_qwen35moe_gpu's bounds of the CPU (F32: P, C 1e-4 (bf16 prefill), D 1e-7;
+ * Q8_0: 3e-4); per layer hits + misses = rows x k; each layer's device printed (layer_gpu), the
+ * ranges contiguous and, under -ts 1,1, both kinds of layer on both devices. */
+
+enum { Q35_NL = 8, Q35_E = 256, Q35_HD = 256, Q35_NH = 2, Q35_NKV = 1, Q35_NROT = 64, Q35_NEXP = 16, Q35_K = 4,
+       Q35_FF = 256, Q35_FFSH = 256, Q35_NK = 1, Q35_NV = 2, Q35_DK = 128, Q35_DV = 128, Q35_DCONV = 4,
+       Q35_VOCAB = 512, Q35_CTX = 64 };
+
+static bool q35_recurrent(int il) { return (il + 1) % 4 != 0; }
+
+static uint64_t q35_rng(uint64_t *s) {
+    *s = *s * 6364136223846793005ull + 1442695040888963407ull;
+    return *s >> 11;
+}
+
+typedef struct q35_t {
+    char name[64];
+    uint32_t nd;
+    int64_t ne[3];
+    int type;
+    float mean, std;
+} q35_t;
+
+static int q35_add(q35_t *t, int n, const char *name, uint32_t nd, int64_t a, int64_t b, int64_t c, float mean,
+                   float std, int type) {
+    snprintf(t[n].name, sizeof t[n].name, "%s", name);
+    t[n].nd = nd;
+    t[n].ne[0] = a, t[n].ne[1] = b, t[n].ne[2] = c;
+    t[n].type = nd < 2 ? HM_TYPE_F32 : type;
+    t[n].mean = mean, t[n].std = std;
+    return n + 1;
+}
+
+/* The tiny model with the GGUF writer; wtype F32 or Q8_0 for the matrices (values by name). */
+static hm_status q35_write(const char *path, int wtype, hm_err *err) {
+    const int64_t E = Q35_E, Q = (int64_t)Q35_NH * Q35_HD, KV = (int64_t)Q35_NKV * Q35_HD;
+    const int64_t vdim = (int64_t)Q35_NV * Q35_DV, cd = 2 * (int64_t)Q35_NK * Q35_DK + vdim;
+    q35_t *t = calloc(32 * Q35_NL + 8, sizeof *t);
+    if (!t) return hm_errf(err, HM_ERR_NOMEM, "out of memory");
+    int n = 0;
+    const float W = 0.02f, N = 0.05f;
+    n = q35_add(t, n, "token_embd.weight", 2, E, Q35_VOCAB, 1, 0, (float)(32.0 * W * W * sqrt((double)Q * E)), wtype);
+    char nm[64];
+    for (int l = 0; l < Q35_NL; l++) {
+#define T(s) (snprintf(nm, sizeof nm, "blk.%d." s, l), nm)
+        n = q35_add(t, n, T("attn_norm.weight"), 1, E, 1, 1, 1, N, wtype);
+        if (q35_recurrent(l)) {
+            n = q35_add(t, n, T("attn_qkv.weight"), 2, E, cd, 1, 0, W, wtype);
+            n = q35_add(t, n, T("attn_gate.weight"), 2, E, vdim, 1, 0, W, wtype);
+            n = q35_add(t, n, T("ssm_conv1d.weight"), 2, Q35_DCONV, cd, 1, 0, 0.2f, HM_TYPE_F32);
+            n = q35_add(t, n, T("ssm_dt.bias"), 1, Q35_NV, 1, 1, 1, 0.1f, wtype);
+            n = q35_add(t, n, T("ssm_a"), 1, Q35_NV, 1, 1, -4, 0.5f, wtype);
+            n = q35_add(t, n, T("ssm_beta.weight"), 2, E, Q35_NV, 1, 0, W, wtype);
+            n = q35_add(t, n, T("ssm_alpha.weight"), 2, E, Q35_NV, 1, 0, W, wtype);
+            n = q35_add(t, n, T("ssm_norm.weight"), 1, Q35_DV, 1, 1, 1, N, wtype);
+            n = q35_add(t, n, T("ssm_out.weight"), 2, vdim, E, 1, 0, W, wtype);
+        } else {
+            n = q35_add(t, n, T("attn_q.weight"), 2, E, 2 * Q, 1, 0, W, wtype);
+            n = q35_add(t, n, T("attn_k.weight"), 2, E, KV, 1, 0, W, wtype);
+            n = q35_add(t, n, T("attn_v.weight"), 2, E, KV, 1, 0, W, wtype);
+            n = q35_add(t, n, T("attn_output.weight"), 2, Q, E, 1, 0, W, wtype);
+            n = q35_add(t, n, T("attn_q_norm.weight"), 1, Q35_HD, 1, 1, 1, N, wtype);
+            n = q35_add(t, n, T("attn_k_norm.weight"), 1, Q35_HD, 1, 1, 1, N, wtype);
+        }
+        n = q35_add(t, n, T("post_attention_norm.weight"), 1, E, 1, 1, 1, N, wtype);
+        n = q35_add(t, n, T("ffn_gate_inp.weight"), 2, E, Q35_NEXP, 1, 0, W, HM_TYPE_F32);
+        n = q35_add(t, n, T("ffn_gate_exps.weight"), 3, E, Q35_FF, Q35_NEXP, 0, W, wtype);
+        n = q35_add(t, n, T("ffn_up_exps.weight"), 3, E, Q35_FF, Q35_NEXP, 0, W, wtype);
+        n = q35_add(t, n, T("ffn_down_exps.weight"), 3, Q35_FF, E, Q35_NEXP, 0, W, wtype);
+        n = q35_add(t, n, T("ffn_gate_inp_shexp.weight"), 2, E, 1, 1, 0, W, HM_TYPE_F32);
+        n = q35_add(t, n, T("ffn_gate_shexp.weight"), 2, E, Q35_FFSH, 1, 0, W, wtype);
+        n = q35_add(t, n, T("ffn_up_shexp.weight"), 2, E, Q35_FFSH, 1, 0, W, wtype);
+        n = q35_add(t, n, T("ffn_down_shexp.weight"), 2, Q35_FFSH, E, 1, 0, W, wtype);
+#undef T
+    }
+    n = q35_add(t, n, "output_norm.weight", 1, E, 1, 1, 1, N, wtype);
+    n = q35_add(t, n, "output.weight", 2, E, Q35_VOCAB, 1, 0, (float)(8.0 / sqrt((double)E)), wtype);
+
+    hm_gguf_writer *w = NULL;
+    hm_status st = hm_gguf_writer_open(&w, path, 0, err);
+    if (st != HM_OK) {
+        free(t);
+        return st;
+    }
+#define SET(call) do { if (!st) st = (call); } while (0)
+#define A "qwen35moe."
+    SET(hm_gguf_writer_set_str(w, "general.architecture", "qwen35moe"));
+    SET(hm_gguf_writer_set_str(w, "general.name", "tiny qwen35moe (test_multi_gpu_gpu)"));
+    SET(hm_gguf_writer_set_u32(w, A "block_count", Q35_NL));
+    SET(hm_gguf_writer_set_u32(w, A "context_length", 4096));
+    SET(hm_gguf_writer_set_u32(w, A "embedding_length", Q35_E));
+    SET(hm_gguf_writer_set_u32(w, A "attention.head_count", Q35_NH));
+    SET(hm_gguf_writer_set_u32(w, A "attention.head_count_kv", Q35_NKV));
+    SET(hm_gguf_writer_set_u32(w, A "attention.key_length", Q35_HD));
+    SET(hm_gguf_writer_set_u32(w, A "attention.value_length", Q35_HD));
+    SET(hm_gguf_writer_set_f32(w, A "rope.freq_base", 1e7f));
+    SET(hm_gguf_writer_set_u32(w, A "rope.dimension_count", Q35_NROT));
+    SET(hm_gguf_writer_set_f32(w, A "attention.layer_norm_rms_epsilon", 1e-6f));
+    SET(hm_gguf_writer_set_u32(w, A "expert_count", Q35_NEXP));
+    SET(hm_gguf_writer_set_u32(w, A "expert_used_count", Q35_K));
+    SET(hm_gguf_writer_set_u32(w, A "expert_feed_forward_length", Q35_FF));
+    SET(hm_gguf_writer_set_u32(w, A "expert_shared_feed_forward_length", Q35_FFSH));
+    SET(hm_gguf_writer_set_u32(w, A "ssm.conv_kernel", Q35_DCONV));
+    SET(hm_gguf_writer_set_u32(w, A "ssm.state_size", Q35_DK));
+    SET(hm_gguf_writer_set_u32(w, A "ssm.group_count", Q35_NK));
+    SET(hm_gguf_writer_set_u32(w, A "ssm.time_step_rank", Q35_NV));
+    SET(hm_gguf_writer_set_u32(w, A "ssm.inner_size", (uint32_t)vdim));
+    SET(hm_gguf_writer_set_u32(w, A "full_attention_interval", 4));
+#undef A
+    for (int i = 0; i < n; i++) SET(hm_gguf_writer_add_tensor(w, t[i].name, t[i].type, t[i].nd, t[i].ne));
+    SET(hm_gguf_writer_begin_data(w));
+    for (int i = 0; i < n && !st; i++) {
+        const q35_t *x = &t[i];
+        const int64_t ne0 = x->ne[0], rows = x->ne[1] * x->ne[2];
+        uint64_t seed = 1469598103934665603ull;
+        for (const char *c = x->name; *c; c++) seed = (seed ^ (unsigned char)*c) * 1099511628211ull;
+        float *row = malloc((size_t)ne0 * sizeof(float));
+        const size_t rb = hm_row_size(x->type, ne0);
+        void *qb = malloc(rb);
+        if (!row || !qb) st = hm_errf(err, HM_ERR_NOMEM, "out of memory");
+        for (int64_t r = 0; r < rows && !st; r++) {
+            for (int64_t j = 0; j < ne0; j++) { /* ~gaussian: the sum of 4 uniforms, std 1 */
+                float u = 0;
+                for (int k = 0; k < 4; k++) u += (float)((double)q35_rng(&seed) / 9007199254740992.0 * 2.0 - 1.0);
+                row[j] = x->mean + x->std * u * 0.8660254f;
+            }
+            if (x->type == HM_TYPE_F32) {
+                st = hm_gguf_writer_write(w, row, rb);
+            } else {
+                hm_type_get(x->type)->from_float_ref(row, qb, ne0);
+                st = hm_gguf_writer_write(w, qb, rb);
+            }
+        }
+        free(row);
+        free(qb);
+    }
+#undef SET
+    free(t);
+    if (st != HM_OK) {
+        hm_gguf_writer_abort(w);
+        return st;
+    }
+    return hm_gguf_writer_finish(w);
+}
+
+typedef struct q35_ref {
+    int32_t toks_p[NP + NDEC], toks_d[ND + NDEC];
+    float *lp, *ld;          /* the CPU's logits per step of P and D */
+    float *gp, *gd, *gc;     /* one GPU's P, D and C */
+    uint64_t unit_bytes, n_units;
+} q35_ref;
+
+/* P, trim(0), D on one session; then C (P in micro-batches of 24) on another. greedy: the
+ * reference picks the decode tokens (then C is not run). */
+static hm_status q35_run(hm_model *m, q35_ref *r, bool greedy, float *lp, float *ld, float *lc, hm_err *err) {
+    hm_session_opts so;
+    hm_session_opts_default(&so);
+    so.n_ctx = Q35_CTX;
+    so.n_threads = 4;
+    hm_session *s = NULL;
+    hm_status st = hm_session_open(&s, m, &so, err);
+    if (st != HM_OK) return st;
+    st = gpu_compare_run(s, r->toks_p, NP, NDEC, greedy, lp, Q35_VOCAB, err);
+    if (st == HM_OK) st = hm_session_trim(s, 0, err);
+    if (st == HM_OK) st = gpu_compare_run(s, r->toks_d, ND, NDEC, greedy, ld, Q35_VOCAB, err);
+    hm_session_close(s);
+    if (st != HM_OK || !lc) return st;
+    so.n_ubatch = 24;
+    s = NULL;
+    if ((st = hm_session_open(&s, m, &so, err)) != HM_OK) return st;
+    int32_t tp[NP + NDEC];
+    memcpy(tp, r->toks_p, sizeof tp);
+    st = gpu_compare_run(s, tp, NP, NDEC, false, lc, Q35_VOCAB, err);
+    hm_session_close(s);
+    return st;
+}
+
+typedef enum q35_place { Q35_ONE, Q35_TS, Q35_BUDGET } q35_place;
+static const char *q35_place_name[] = {"one GPU -ngl 99", "-ts 1,1 -ngl 99", "--vram-budget 0:30%,1:30% lru"};
+
+static void q35_placement(const char *path, const char *label, q35_ref *r, q35_place p, bool quant) {
+    hm_placement_opts po;
+    hm_placement_opts_default(&po);
+    po.n_gpu_layers = 99;
+    po.n_ctx = Q35_CTX;
+    if (p == Q35_TS) {
+        po.tensor_split[0] = po.tensor_split[1] = 1.0f;
+        po.n_tensor_split = 2;
+    } else if (p == Q35_BUDGET) {
+        const int64_t b = (int64_t)((r->n_units * 3 + 9) / 10) * (int64_t)(r->unit_bytes + 3 * 256);
+        po.vram_budgets[0] = (hm_gpu_budget){.device = 0, .bytes = b};
+        po.vram_budgets[1] = (hm_gpu_budget){.device = 1, .bytes = b};
+        po.n_vram_budgets = 2;
+        po.policy = "lru";
+    }
+    hm_model_opts mo;
+    memset(&mo, 0, sizeof mo);
+    mo.placement = &po;
+    hm_err err = {{0}};
+    hm_model *m = NULL;
+    const char *pn = q35_place_name[p];
+    hm_status st = hm_model_open(&m, path, &mo, &err);
+    CHECKF(st == HM_OK, "%s %s: open: %s", label, pn, err.msg);
+    if (st != HM_OK) return;
+    const size_t NV = (size_t)NSTEP * Q35_VOCAB;
+    float *gp = malloc(NV * sizeof(float)), *gd = malloc(NV * sizeof(float)), *gc = malloc(NV * sizeof(float));
+    char what[160];
+    double wp = -1, wd = -1, wc = -1;
+    st = gp && gd && gc ? q35_run(m, r, false, gp, gd, gc, &err) : HM_ERR_NOMEM;
+    CHECKF(st == HM_OK, "%s %s: %s", label, pn, err.msg);
+    if (st == HM_OK) {
+        snprintf(what, sizeof what, "%s %s P", label, pn);
+        wp = gpu_compare_logits(what, gp, r->lp, NSTEP, Q35_VOCAB, quant ? NMSE_Q8 : NMSE_BF16);
+        snprintf(what, sizeof what, "%s %s D (after trim 0)", label, pn);
+        wd = gpu_compare_logits(what, gd, r->ld, NSTEP, Q35_VOCAB, quant ? NMSE_Q8 : NMSE_F32_EXACT);
+        snprintf(what, sizeof what, "%s %s C (micro-batches of 24)", label, pn);
+        wc = gpu_compare_logits(what, gc, r->lp, NSTEP, Q35_VOCAB, quant ? NMSE_Q8 : NMSE_BF16);
+        if (p == Q35_ONE) {
+            memcpy(r->gp, gp, NV * sizeof(float));
+            memcpy(r->gd, gd, NV * sizeof(float));
+            memcpy(r->gc, gc, NV * sizeof(float));
+        }
+        if (p == Q35_TS) {
+            CHECKF(count_diff(gp, r->gp, NV) == 0, "%s %s P: %lld logits differ from one GPU's", label, pn,
+                   (long long)count_diff(gp, r->gp, NV));
+            CHECKF(count_diff(gd, r->gd, NV) == 0, "%s %s D: %lld logits differ from one GPU's", label, pn,
+                   (long long)count_diff(gd, r->gd, NV));
+            CHECKF(count_diff(gc, r->gc, NV) == 0, "%s %s C: %lld logits differ from one GPU's", label, pn,
+                   (long long)count_diff(gc, r->gc, NV));
+        }
+    }
+
+    hm_usage u;
+    memset(&u, 0, sizeof u);
+    st = hm_model_usage(m, &u, &err);
+    CHECKF(st == HM_OK, "%s usage: %s", label, err.msg);
+    if (st == HM_OK) {
+        const int want_gpus = p == Q35_ONE ? 1 : 2;
+        CHECKF(u.n_gpus == want_gpus && u.layer_gpu, "%s %s: %d GPUs in the usage, want %d", label, pn,
+               (int)u.n_gpus, want_gpus);
+        char layers[128] = "";
+        int off = 0;
+        int kinds[2][2] = {{0, 0}, {0, 0}}; /* [device][recurrent] layers */
+        uint64_t hits = 0, misses = 0;
+        for (int32_t l = 0; u.layer_gpu && l < Q35_NL; l++) {
+            const int dv = (int)u.layer_gpu[l];
+            off += snprintf(layers + off, sizeof layers - (size_t)off, "%s%d:%c%d", l ? " " : "", (int)l,
+                            q35_recurrent(l) ? 'D' : 'A', dv);
+            CHECKF(dv >= 0 && dv < want_gpus && (l == 0 || dv >= u.layer_gpu[l - 1]),
+                   "%s %s: layer %d on device %d (ranges must be contiguous, ascending)", label, pn, (int)l, dv);
+            if (dv >= 0 && dv < 2) kinds[dv][q35_recurrent(l)]++;
+            /* rows per layer: P, D and C each (prompt + steps); the last layer only the wanted rows */
+            const uint64_t rows = l + 1 < Q35_NL ? (uint64_t)(2 * (NP + NDEC) + ND + NDEC) : (uint64_t)(3 * NSTEP);
+            const uint64_t h = u.layer_hits[l], mi = u.layer_misses[l];
+            hits += h, misses += mi;
+            CHECKF(h + mi == rows * Q35_K, "%s %s layer %d: %llu hits + %llu misses, want %llu x %d", label, pn,
+                   (int)l, (unsigned long long)h, (unsigned long long)mi, (unsigned long long)rows, Q35_K);
+            if (p != Q35_BUDGET)
+                CHECKF(mi == 0, "%s %s layer %d: %llu misses", label, pn, (int)l, (unsigned long long)mi);
+        }
+        if (p == Q35_TS)
+            CHECKF(kinds[0][0] > 0 && kinds[0][1] > 0 && kinds[1][0] > 0 && kinds[1][1] > 0,
+                   "%s %s: device 0 runs %d attention + %d DeltaNet layers, device 1 %d + %d: want both kinds on "
+                   "both", label, pn, kinds[0][0], kinds[0][1], kinds[1][0], kinds[1][1]);
+        if (p == Q35_BUDGET)
+            CHECKF(u.n_gpus == 2 && u.gpu_slots[0] > 0 && u.gpu_slots[1] > 0 && hits > 0 && misses > 0,
+                   "%s %s: slots %lld / %lld, %llu hits, %llu misses", label, pn, (long long)u.gpu_slots[0],
+                   (long long)u.gpu_slots[1], (unsigned long long)hits, (unsigned long long)misses);
+        fprintf(stderr,
+                "%s %-30s layers [%s] (layer:kind device); NMSE P %.3g, D %.3g, C %.3g; slots %lld+%lld (used "
+                "%lld+%lld, peer %lld+%lld), %llu hits, %llu misses\n",
+                label, pn, layers, wp, wd, wc,
+                (long long)u.gpu_slots[0], (long long)u.gpu_slots[1], (long long)u.gpu_slots_used[0],
+                (long long)u.gpu_slots_used[1], (long long)u.gpu_peer[0], (long long)u.gpu_peer[1],
+                (unsigned long long)hits, (unsigned long long)misses);
+    }
+    hm_usage_free(&u);
+
+    if (p == Q35_TS && wd >= 0) {
+        /* the graph's decode (one graph per device) vs the per-launch path: bit-identical */
+        float *gp2 = malloc(NV * sizeof(float)), *gd2 = malloc(NV * sizeof(float));
+        setenv("HOTMOE_CUDA_GRAPH", "0", 1);
+        hm_status st2 = gp2 && gd2 ? q35_run(m, r, false, gp2, gd2, NULL, &err) : HM_ERR_NOMEM;
+        unsetenv("HOTMOE_CUDA_GRAPH");
+        CHECKF(st2 == HM_OK, "%s %s without graphs: %s", label, pn, err.msg);
+        if (st2 == HM_OK)
+            CHECKF(count_diff(gd, gd2, NV) == 0, "%s %s D: graph vs per-launch decode: %lld logits differ", label, pn,
+                   (long long)count_diff(gd, gd2, NV));
+        free(gp2);
+        free(gd2);
+    }
+    free(gp);
+    free(gd);
+    free(gc);
+    hm_model_close(m);
+}
+
+static void qwen35moe_split(void) {
+    const int types[2] = {HM_TYPE_F32, HM_TYPE_Q8_0};
+    for (int i = 0; i < 2; i++) {
+        char path[] = "/tmp/hm_mgpu_q35_XXXXXX";
+        int fd = mkstemp(path);
+        CHECK(fd >= 0);
+        if (fd < 0) continue;
+        close(fd);
+        hm_err err = {{0}};
+        char label[32];
+        snprintf(label, sizeof label, "qwen35moe %s", i ? "q8_0" : "f32");
+        hm_status st = q35_write(path, types[i], &err);
+        CHECKF(st == HM_OK, "%s: write the tiny model: %s", label, err.msg);
+        q35_ref r;
+        memset(&r, 0, sizeof r);
+        const size_t NV = (size_t)NSTEP * Q35_VOCAB * sizeof(float);
+        r.lp = malloc(NV), r.ld = malloc(NV), r.gp = malloc(NV), r.gd = malloc(NV), r.gc = malloc(NV);
+        hm_model *m = NULL;
+        if (st == HM_OK) st = hm_model_open(&m, path, NULL, &err);
+        CHECKF(st == HM_OK, "%s: open on the CPU: %s", label, err.msg);
+        if (st == HM_OK && r.lp && r.ld && r.gp && r.gd && r.gc) {
+            gpu_compare_prompts(0x9e3779b97f4a7c15ull, Q35_VOCAB, r.toks_p, NP, r.toks_d, ND);
+            st = q35_run(m, &r, true, r.lp, r.ld, NULL, &err);
+            CHECKF(st == HM_OK, "%s CPU: %s", label, err.msg);
+            gpu_compare_units(m, &r.unit_bytes, &r.n_units, &err);
+            hm_model_close(m);
+            if (st == HM_OK)
+                for (int p = Q35_ONE; p <= Q35_BUDGET; p++) q35_placement(path, label, &r, (q35_place)p, i == 1);
+        } else {
+            hm_model_close(m);
+        }
+        free(r.lp), free(r.ld), free(r.gp), free(r.gd), free(r.gc);
+        unlink(path);
+    }
+}
+
 int main(void) {
     if (hm_cuda_device_count() < 2) {
         printf("skipped: fewer than 2 GPUs\n");
@@ -512,6 +862,7 @@ int main(void) {
     refusals();
     run_model("f32", false);
     run_model("q4_k_m", true);
+    qwen35moe_split();
     gemma4_split();
     return test_done();
 }
