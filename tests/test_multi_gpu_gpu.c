@@ -1,6 +1,6 @@
-/* test_multi_gpu_gpu.c - a qwen3moe model (and gemma4: gemma4_split below) split over two GPUs
- * (issue 11: -ts, --vram-budget per device; model_gpu.h) against the CPU engine and against one
- * GPU, through the public API.
+/* test_multi_gpu_gpu.c - a qwen3moe model (and gemma4, qwen35moe: gemma4_split, qwen35moe_split
+ * below) split over two GPUs (issue 11: -ts, --vram-budget per device; model_gpu.h) against the
+ * CPU engine and against one GPU, through the public API.
  *
  * Models: the tiny qwen3moe synth (4 layers, 16 experts, k 4), F32 and Q4_K_M. The CPU engine
  * runs the two sequences of test_qwen3moe_gpu.c (P: a 40-token prompt, the prefill path, then 8
