@@ -213,8 +213,8 @@ struct hm_placement_opts {
     /* Several GPUs (issue 11; docs/ENGINE.md "GPU placement"; model/gpu_split.h plans them): the
      * layers split over the devices as llama.cpp's -ts, each device with its own slot budget. A
      * plan that names a single device runs as the single-device form on it (as -mg N
-     * --vram-budget SIZE). Only qwen3moe runs a plan of several (others: HM_ERR_UNSUPPORTED). A
-     * per-device budget or a -ts turns the GPU on. */
+     * --vram-budget SIZE). qwen3moe, qwen35moe and gemma4 models run a plan of several (an arch
+     * without it: HM_ERR_UNSUPPORTED). A per-device budget or a -ts turns the GPU on. */
     int32_t n_vram_budgets; /* entries of vram_budgets; 0 = the single form (vram_budget) */
     hm_gpu_budget vram_budgets[HM_MAX_GPUS]; /* --vram-budget 0:11GiB,1:5GiB: one per device named,
                                                 devices distinct; a device not named gets none */
@@ -325,6 +325,8 @@ typedef struct hm_usage {
     int32_t gpu_ordinal[HM_MAX_GPUS];
     int64_t gpu_slots[HM_MAX_GPUS], gpu_slots_used[HM_MAX_GPUS];
     int64_t gpu_peer[HM_MAX_GPUS];   /* of the used slots: units of another device's layers */
+    uint64_t stream_units, stream_bytes; /* prefill streaming: cold units copied up for one layer's
+                                            batch and computed on the GPU (docs/ENGINE.md) */
     int32_t *layer_gpu;              /* [n_layer] owned; NULL when n_gpus is 0 */
 } hm_usage;
 

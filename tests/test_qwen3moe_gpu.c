@@ -33,6 +33,9 @@
  * of (b)), one that the hot launch overlaps elsewhere ((a), (b)'s first layers, (c)), the routing
  * recorded after the step: the usage checks above hold for it as for the prefill path. Stacked
  * q|k(|v) weights are used by both models (F32: all three; Q4_K_M: q|k, v apart when Q6_K).
+ * (e) 30 % static again with HOTMOE_PREFILL_STREAM=all: P's prefill layers copy every cold unit
+ * the streaming pool holds up to the GPU and compute it there (docs/ENGINE.md): the same bounds,
+ * and hm_model_usage counts streamed units.
  * Also: two GPU sessions through hm_batch_eval equal each alone; an f32 KV cache with the GPU is
  * HM_ERR_UNSUPPORTED. Decode steps of one row run as one CUDA graph (the cold units' handshakes
  * inside it); D again with HOTMOE_CUDA_GRAPH=0 (the per-launch path) must give bit-identical
@@ -85,9 +88,9 @@ static hm_status run_seq(hm_model *m, int32_t *toks, int32_t np, bool greedy, fl
     return st;
 }
 
-typedef enum place { P_CPU_MOE, P_N_CPU_MOE, P_STATIC, P_LRU, P_ALL } place;
+typedef enum place { P_CPU_MOE, P_N_CPU_MOE, P_STATIC, P_LRU, P_ALL, P_STREAM } place;
 static const char *place_name[] = {"--cpu-moe", "--n-cpu-moe 2", "--vram-budget 30% static", "--vram-budget 30% lru",
-                                   "-ngl 99 (all experts on the GPU)"};
+                                   "-ngl 99 (all experts on the GPU)", "30% static, every cold unit streamed"};
 
 static void run_placement(const char *path, const char *label, const ref *r, place p, const char *profile,
                           bool quant) {
@@ -101,6 +104,7 @@ static void run_placement(const char *path, const char *label, const ref *r, pla
     case P_CPU_MOE: po.cpu_moe = true; break;
     case P_N_CPU_MOE: po.n_cpu_moe = N_CPU_MOE; break;
     case P_STATIC:
+    case P_STREAM:
         po.vram_budget = budget;
         po.profile = profile;
         po.policy = "static";
@@ -117,7 +121,14 @@ static void run_placement(const char *path, const char *label, const ref *r, pla
     mo.placement = &po;
     hm_err err = {{0}};
     hm_model *m = NULL;
+    /* the streaming mode is read at open: "all" streams every cold unit of a prefill layer that the
+     * pool holds (else the cost model decides, which may stream some or none of these tiny units).
+     * Off for --n-cpu-moe: its batch-eval check below wants each unit computed in the same place
+     * whatever the batch (streaming picks by the batch's token counts) */
+    if (p == P_STREAM) setenv("HOTMOE_PREFILL_STREAM", "all", 1);
+    if (p == P_N_CPU_MOE) setenv("HOTMOE_PREFILL_STREAM", "0", 1);
     hm_status st = hm_model_open(&m, path, &mo, &err);
+    unsetenv("HOTMOE_PREFILL_STREAM");
     CHECKF(st == HM_OK, "%s %s: open: %s", label, place_name[p], err.msg);
     if (st != HM_OK) return;
     const int32_t V = r->n_vocab;
@@ -157,15 +168,21 @@ static void run_placement(const char *path, const char *label, const ref *r, pla
                    N_CPU_MOE, l, (unsigned long long)h, (unsigned long long)mi);
     }
     if (st == HM_OK) {
-        if (p == P_STATIC) CHECKF(hits > 0 && misses > 0, "%s static: %llu hits, %llu misses", label,
-                                  (unsigned long long)hits, (unsigned long long)misses);
+        if (p == P_STATIC || p == P_STREAM)
+            CHECKF(hits > 0 && misses > 0, "%s static: %llu hits, %llu misses", label, (unsigned long long)hits,
+                   (unsigned long long)misses);
+        /* P's prefill (40 rows) streamed its cold units: computed on the GPU, counted as misses */
+        if (p == P_STREAM)
+            CHECKF(u.stream_units > 0 && u.stream_bytes >= u.stream_units * r->unit_bytes / 2,
+                   "%s streaming: %llu units, %llu bytes", label, (unsigned long long)u.stream_units,
+                   (unsigned long long)u.stream_bytes);
         if (p == P_LRU) CHECKF(u.swaps_in > 0 && hits > 0, "%s lru: %llu swaps in, %llu hits", label,
                                (unsigned long long)u.swaps_in, (unsigned long long)hits);
         CHECKF(p == P_CPU_MOE ? u.vram_slots == 0 : u.vram_slots > 0, "%s %s: %lld VRAM slots", label,
                place_name[p], (long long)u.vram_slots);
-        fprintf(stderr, "%s %-34s NMSE P %.3g, D %.3g; %lld slots, %llu hits, %llu misses, %llu swaps in\n", label,
-                place_name[p], wp, wd, (long long)u.vram_slots, (unsigned long long)hits, (unsigned long long)misses,
-                (unsigned long long)u.swaps_in);
+        fprintf(stderr, "%s %-34s NMSE P %.3g, D %.3g; %lld slots, %llu hits, %llu misses, %llu swaps in, %llu "
+                "streamed\n", label, place_name[p], wp, wd, (long long)u.vram_slots, (unsigned long long)hits,
+                (unsigned long long)misses, (unsigned long long)u.swaps_in, (unsigned long long)u.stream_units);
     }
     hm_usage_free(&u);
     if (p != P_LRU && wd >= 0) {
@@ -256,7 +273,7 @@ static void run_model(const char *type, bool quant) {
         CHECKF(hm_model_profile_save(m, prof, HM_PROFILE_FMT_HOTMOE, &err) == HM_OK, "profile: %s", err.msg);
         hm_model_close(m);
         if (!test_failures_)
-            for (int p = P_CPU_MOE; p <= P_ALL; p++) run_placement(path, label, &r, (place)p, prof, quant);
+            for (int p = P_CPU_MOE; p <= P_STREAM; p++) run_placement(path, label, &r, (place)p, prof, quant);
     }
     free(r.lp);
     free(r.ld);

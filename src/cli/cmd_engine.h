@@ -61,7 +61,7 @@ typedef struct cli_engine {
     "                         (env GGML_CUDA_MOE_CACHE_BUDGET_MB_DEVICES=0:11800,1:11800 in MiB)\n" \
     "  -ts, --tensor-split L  share of the layers per CUDA device, as llama.cpp's -ts (3,1);\n" \
     "                         each device runs its layers' attention, KV and hot experts\n"  \
-    "                         (qwen3moe; default split: by free VRAM)\n"                      \
+    "                         (default split: by free VRAM)\n"                                \
     "  --vram-reserve SIZE    VRAM left free by auto (default 1GiB; alias\n"                 \
     "                         --moe-hot-cache-auto-reserve-mib MIB)\n"                      \
     "  -cmoe, --cpu-moe       every expert on the CPU (unless --vram-budget gives slots)\n"   \

@@ -54,6 +54,9 @@ typedef struct hm_unit_ref {
     uint64_t part_bytes[HM_UNIT_NPART];
 } hm_unit_ref;
 
+/* Unit (layer, expert) of a unit table as a tier's fill takes it: its parts in the file mapping. */
+hm_unit_ref hm_unit_ref_of(const hm_units *units, int32_t layer, int32_t expert);
+
 /* A fast tier: a pool of n_slots slots of slot_bytes each, owned by whoever made it (the CUDA
  * backend); the store borrows it. Function pointers may be NULL: fill NULL = nothing to copy
  * (simulation), ready NULL = fills land at once, part NULL = no data to point at. */

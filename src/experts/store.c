@@ -60,15 +60,18 @@ void hm_experts_touch(hm_experts *s, int32_t ui) {
 
 /* ---- open / close ---- */
 
-static hm_unit_ref unit_ref(const hm_experts *s, int32_t ui) {
-    const hm_unit *u = &s->u[ui];
-    const hm_units_layer *l = &s->units->layers[u->layer];
-    hm_unit_ref r = {.layer = u->layer, .expert = u->expert, .bytes = u->bytes};
+hm_unit_ref hm_unit_ref_of(const hm_units *units, int32_t layer, int32_t expert) {
+    const hm_units_layer *l = &units->layers[layer];
+    hm_unit_ref r = {.layer = layer, .expert = expert, .bytes = l->unit_bytes};
     for (int p = 0; p < HM_UNIT_NPART; p++) {
         r.part_bytes[p] = l->slab_bytes[p];
-        r.src[p] = l->part[p] ? (const char *)l->part[p]->data + (size_t)u->expert * l->slab_bytes[p] : NULL;
+        r.src[p] = l->part[p] ? (const char *)l->part[p]->data + (size_t)expert * l->slab_bytes[p] : NULL;
     }
     return r;
+}
+
+static hm_unit_ref unit_ref(const hm_experts *s, int32_t ui) {
+    return hm_unit_ref_of(s->units, s->u[ui].layer, s->u[ui].expert);
 }
 
 static hm_status check_policy(const hm_policy_opts *p, hm_err *err) {

@@ -69,6 +69,11 @@ typedef struct hm_gpu_dev {
     size_t peer_scratch_size;
     float *peer_out_h;          /* pinned [peer_rows, n_embd] */
     int64_t peer_rows;          /* rows they hold (0: none) */
+    /* Prefill streaming (moe_cuda.c): a few slots outside the store, not counted in the budget,
+     * into which a prefill layer's heaviest cold units are copied while the CPU computes the
+     * rest; they then run on this device in a second grouped launch. NULL: no streaming. */
+    struct hm_vram_tier *stream;/* owned */
+    hm_tier stream_t;           /* its view */
 } hm_gpu_dev;
 
 typedef struct hm_gpu_alloc {
@@ -88,6 +93,9 @@ typedef struct hm_gpu {
     struct hm_cuda_moe_unit *peer_work; /* [2 * n_expert] owned: a layer's peer units as found and
                                            then grouped by device (moe_cuda.c) */
     int32_t *peer_work_dev;     /* [n_expert] owned: the device of each found one */
+    int32_t stream_mode;        /* prefill streaming: 0 off, 1 by the cost model, 2 every cold unit
+                                   the slots hold (HOTMOE_PREFILL_STREAM=0 / unset / all) */
+    uint64_t stream_units, stream_bytes; /* streamed so far */
     bool peer_on;               /* every pair of devices reads the other's memory directly */
     hm_tier hot;                /* the store's view of every device's slots (store slot numbers) */
     void *arch;                 /* the arch's device weights: gpu_load sets, gpu_unload frees */

@@ -98,7 +98,10 @@ hm_status hm_gpu_upload_vec(hm_gpu *g, const float *v, int64_t n, float **out, h
 void hm_model_gpu_close(hm_model *m) {
     hm_gpu *g = m->gpu;
     if (!g) return;
-    for (int32_t d = 0; d < g->n_dev; d++) hm_vram_tier_close(g->dev[d].vram); /* waits for fills in flight */
+    for (int32_t d = 0; d < g->n_dev; d++) { /* each waits for its fills in flight */
+        hm_vram_tier_close(g->dev[d].vram);
+        hm_vram_tier_close(g->dev[d].stream);
+    }
     if (m->arch && m->arch->gpu_unload) m->arch->gpu_unload(m);
     for (int32_t i = 0; i < g->n_allocs; i++) hm_cuda_free(g->dev[g->allocs[i].dev].ctx, g->allocs[i].p);
     free(g->allocs);
@@ -272,6 +275,45 @@ static hm_status open_devices(hm_model *m, hm_gpu *g, const hm_gpu_plan *p, hm_e
     return HM_OK;
 }
 
+/* Slots of each device's prefill streaming pool (model_gpu.h): a bound on the units one layer
+ * streams, and VRAM beyond the budget (64 units of Qwen3-30B-A3B: 170 MiB). */
+#define HM_STREAM_SLOTS 64
+
+/* Prefill streaming (moe_cuda.c): a pool of HM_STREAM_SLOTS slots on each device that runs layers,
+ * when some unit is cold, the GPU computes the units, and the CPU reads them from the file mapping
+ * (not the SSD tier's RAM pool: --ram-budget below the experts' size turns it off). Smaller when
+ * VRAM is short (a warning), none at all is not an error. */
+static hm_status open_stream(hm_model *m, hm_gpu *g, const hm_placement_opts *o, hm_err *err) {
+    const char *ev = getenv("HOTMOE_PREFILL_STREAM");
+    g->stream_mode = ev && !strcmp(ev, "0") ? 0 : ev && !strcmp(ev, "all") ? 2 : 1;
+    const bool ssd_tier = o->ram_budget > 0 && (uint64_t)o->ram_budget < m->units.expert_bytes;
+    if (!g->stream_mode || ssd_tier || g->no_gpu_experts || !g->slot_bytes || (uint64_t)g->n_slots >= m->units.n_units)
+        return HM_OK;
+    for (int32_t d = 0; d < g->n_dev; d++) {
+        hm_gpu_dev *dv = &g->dev[d];
+        bool runs = false;
+        for (int32_t il = 0; il < m->info.n_layer; il++) runs = runs || g->layer_dev[il] == d;
+        if (!runs) continue;
+        hm_vram_tier_opts vo;
+        memset(&vo, 0, sizeof vo);
+        vo.n_slots = HM_STREAM_SLOTS;
+        vo.slot_bytes = g->slot_bytes;
+        hm_status st = hm_vram_tier_open(&dv->stream, dv->ctx, &vo, err);
+        if (st != HM_OK) return st;
+        const int64_t n = hm_vram_tier_n_slots(dv->stream);
+        if (n == 0) {
+            hm_vram_tier_close(dv->stream);
+            dv->stream = NULL;
+        } else {
+            hm_vram_tier_as_hot(dv->stream, &dv->stream_t);
+        }
+        if (n < HM_STREAM_SLOTS)
+            hm_log_printf(&m->log, HM_LOG_WARN, "gpu %d: room for %lld of %d prefill streaming slots",
+                          (int)dv->ordinal, (long long)n, HM_STREAM_SLOTS);
+    }
+    return HM_OK;
+}
+
 hm_status hm_model_gpu_open(hm_model *m, const hm_placement_opts *o, int64_t *slots_out, int32_t *layer_from,
                             hm_err *err) {
     *slots_out = 0;
@@ -406,6 +448,7 @@ hm_status hm_model_gpu_open(hm_model *m, const hm_placement_opts *o, int64_t *sl
         }
         g->n_slots += dv->n_slots;
     }
+    if ((st = open_stream(m, g, o, err)) != HM_OK) goto fail;
     if (g->n_dev == 1) {
         g->hot = g->dev[0].hot; /* one device: its own view, no dispatch */
     } else if (g->n_slots > 0) {

@@ -2,6 +2,9 @@
  * HOT units (landed in a VRAM slot) in one grouped GPU launch, the others on the CPU threads at
  * the same time, their sum added on the device. CUDA builds only.
  *
+ * Prefill streaming (below stream_pick): the heaviest cold units of a prefill layer are copied up
+ * into a small pool of the device while the CPU computes the rest, then run in a second launch.
+ *
  * Order of work (the overlap is the point): the hot launch is queued first (hm_cuda_moe stages
  * its routing tables on the host and returns), then the CPU threads compute the cold units while
  * the GPU runs, then the cold sum goes up on the compute stream (after the hot launch) and is
@@ -23,6 +26,7 @@
 
 #include "backend/cpu/cpu_gemma.h"
 #include "backend/cuda/cuda_ops.h"
+#include "backend/cuda/cuda_tier.h"
 #include "model.h"
 #include "model_gpu.h"
 #include "moe.h"
@@ -68,18 +72,24 @@ bool hm_moe_gpu_all_hot(const hm_model *m, const hm_moe_weights *mw) {
     return true;
 }
 
-/* The hot part of unit (slot) as the kernels take it. */
-static void slot_parts(const hm_gpu *g, int32_t slot, ptrdiff_t up_off, const void **gate, const void **up,
+/* The parts of the unit in slot `slot` of tier t as the kernels take them. */
+static void tier_parts(const hm_tier *t, int32_t slot, ptrdiff_t up_off, const void **gate, const void **up,
                        const void **down) {
-    const void *gu = g->hot.part(g->hot.ctx, slot, HM_UNIT_GATE_UP);
+    const void *gu = t->part(t->ctx, slot, HM_UNIT_GATE_UP);
     if (gu) {
         *gate = gu;
         *up = (const char *)gu + up_off;
     } else {
-        *gate = g->hot.part(g->hot.ctx, slot, HM_UNIT_GATE);
-        *up = g->hot.part(g->hot.ctx, slot, HM_UNIT_UP);
+        *gate = t->part(t->ctx, slot, HM_UNIT_GATE);
+        *up = t->part(t->ctx, slot, HM_UNIT_UP);
     }
-    *down = g->hot.part(g->hot.ctx, slot, HM_UNIT_DOWN);
+    *down = t->part(t->ctx, slot, HM_UNIT_DOWN);
+}
+
+/* The hot part of unit (store slot) as the kernels take it. */
+static void slot_parts(const hm_gpu *g, int32_t slot, ptrdiff_t up_off, const void **gate, const void **up,
+                       const void **down) {
+    tier_parts(&g->hot, slot, up_off, gate, up, down);
 }
 
 /* The cost rule for a peer unit: the peer path costs a fixed round trip (the layer's rows up to
@@ -212,20 +222,107 @@ static hm_status cold_part(const hm_model *m, hm_pool *pool, const hm_moe_weight
     return hm_cuda_add(c, b->out_dev, b->cold_dev, b->out_dev, (int64_t)n, err);
 }
 
+/* ---- prefill streaming (model_gpu.h: hm_gpu_dev.stream) ----
+ *
+ * A prefill layer's cold units could each run on the CPU or be copied up and run on the GPU. The
+ * copies go through the streaming pool's copier thread (staging memcpy from the file mapping, then
+ * the upload) while the CPU threads compute the units that stay, so the layer takes about
+ * max(copy time of the streamed units, CPU time of the rest). The cost model picks the units in
+ * order of routed tokens, most first, while the copies so far still end before the CPU's share
+ * does. Its two rates, measured on the H200 box (16 threads; qwen36-geom Q4_K_M units of 1.95 MiB):
+ *   - copy: the VRAM tier moved 102.7 MB in 16 ms (test_cuda_tier_gpu): 164 us per MiB;
+ *   - CPU: pp512 with every expert on the CPU, 265.9 t/s over 40 layers of 4096 routed pairs
+ *     (docs/PERFORMANCE.md): 11.8 us a (token, unit) pair, 6.05 us per token per MiB.
+ * Both scale with the unit's bytes, so the choice depends only on the token counts. The pool is
+ * refilled per layer: the prefill path synced before the layer's MoE (its routing download), so
+ * no launch still reads the slots; the sync here makes sure of it. */
+#define HM_STREAM_COPY_US_PER_MIB 164.0
+#define HM_STREAM_CPU_US_PER_TOK_MIB 6.05
+
+/* Take the units to stream out of the *n_cold cold jobs of r (the rest keep their order; *n_cold
+ * becomes their count), queue their copies into dv's pool and put them, as the kernels take them,
+ * into units[0..*n_str). */
+static hm_status stream_pick(const hm_model *m, hm_gpu_dev *dv, int32_t mode, const hm_moe_weights *mw,
+                             hm_moe_route *r, int32_t *n_cold_io, hm_cuda_moe_unit *units, int *n_str, hm_err *err) {
+    const int32_t n_cold = *n_cold_io;
+    *n_str = 0;
+    const int64_t n_slots = hm_vram_tier_n_slots(dv->stream);
+    const double mib = (double)m->units.layers[mw->layer].unit_bytes / (1024.0 * 1024.0);
+    int32_t order[1024];
+    int32_t n = n_cold < 1024 ? n_cold : 1024;
+    double cpu = 0; /* the CPU's share, us */
+    for (int32_t i = 0; i < n; i++) {
+        order[i] = i;
+        cpu += r->tier_ntok[i] * mib * HM_STREAM_CPU_US_PER_TOK_MIB;
+    }
+    for (int32_t i = 1; i < n; i++) { /* by tokens, most first (insertion sort: a layer's units) */
+        const int32_t v = order[i];
+        int32_t j = i;
+        while (j > 0 && r->tier_ntok[order[j - 1]] < r->tier_ntok[v]) order[j] = order[j - 1], j--;
+        order[j] = v;
+    }
+    uint8_t take[1024] = {0};
+    double copy = 0;
+    int k = 0;
+    for (int32_t i = 0; i < n && k < n_slots; i++) {
+        const double c_cpu = r->tier_ntok[order[i]] * mib * HM_STREAM_CPU_US_PER_TOK_MIB;
+        const double c_copy = mib * HM_STREAM_COPY_US_PER_MIB;
+        if (mode == 1 && copy + c_copy > cpu - c_cpu) break;
+        copy += c_copy;
+        cpu -= c_cpu;
+        take[order[i]] = 1;
+        k++;
+    }
+    if (k == 0) return HM_OK;
+    hm_status st = hm_cuda_sync(dv->ctx, err); /* no launch may still read the pool */
+    if (st != HM_OK) return st;
+    const ptrdiff_t up_off = (const char *)mw->up.data - (const char *)mw->gate.data;
+    int32_t left = 0;
+    for (int32_t i = 0; i < n_cold; i++) {
+        if (i < n && take[i]) {
+            const hm_unit_ref ref = hm_unit_ref_of(&m->units, mw->layer, r->tier_unit[i]);
+            if ((st = dv->stream_t.fill(dv->stream_t.ctx, &ref, *n_str, err)) != HM_OK) return st;
+            hm_cuda_moe_unit *u = &units[(*n_str)++];
+            tier_parts(&dv->stream_t, *n_str - 1, up_off, &u->gate, &u->up, &u->down);
+            u->tok_host = r->jobs[i].tok;
+            u->w_host = r->jobs[i].w;
+            u->n_tok = r->jobs[i].n_tok;
+            m->gpu->stream_units++;
+            m->gpu->stream_bytes += ref.bytes;
+            continue;
+        }
+        r->jobs[left] = r->jobs[i];
+        r->tier_unit[left] = r->tier_unit[i];
+        r->tier_ntok[left] = r->tier_ntok[i];
+        left++;
+    }
+    *n_cold_io = left;
+    return HM_OK;
+}
+
 hm_status hm_moe_forward_gpu(const hm_model *m, hm_pool *pool, const hm_moe_weights *mw, hm_moe_route *r,
                              const hm_moe_gpu_buf *b, hm_scratch *scratch, hm_err *err) {
-    const hm_gpu *g = m->gpu;
+    hm_gpu *g = m->gpu;
     HM_ASSERT(g);
-    int n_hot = 0, n_peer = 0;
-    const int32_t n_cold = split_units(m, mw, r, b, true, &n_hot, &n_peer);
+    int n_hot = 0, n_peer = 0, n_str = 0;
+    int32_t n_cold = split_units(m, mw, r, b, true, &n_hot, &n_peer);
+    hm_gpu_dev *dv = &g->dev[hm_gpu_layer_dev(g, mw->layer)];
+    hm_cuda_ctx *c = dv->ctx;
     hm_status st;
-    if (n_hot > 0 &&
-        (st = hm_cuda_moe_act(layer_ctx(g, mw), b->units, n_hot, mw->gate.type, mw->down.type, cuda_act(mw), b->x_dev,
-                              r->n_tok, mw->n_embd, mw->n_ff, b->out_dev, b->scratch_dev, b->scratch_dev_size,
-                              err)) != HM_OK)
+    /* the heaviest cold units start on their way up first (the copier works from now on) */
+    if (n_cold > 0 && dv->stream && gpu_computes(g, mw) &&
+        (st = stream_pick(m, dv, g->stream_mode, mw, r, &n_cold, b->units + n_hot, &n_str, err)) != HM_OK)
         return st;
-    /* the CPU part and the peer units, while the hot launch runs */
-    return cold_part(m, pool, mw, r, n_cold, n_peer, b, scratch, err);
+    if (n_hot > 0 &&
+        (st = hm_cuda_moe_act(c, b->units, n_hot, mw->gate.type, mw->down.type, cuda_act(mw), b->x_dev, r->n_tok,
+                              mw->n_embd, mw->n_ff, b->out_dev, b->scratch_dev, b->scratch_dev_size, err)) != HM_OK)
+        return st;
+    /* the CPU part and the peer units, while the hot launch runs and the streamed units go up */
+    if ((st = cold_part(m, pool, mw, r, n_cold, n_peer, b, scratch, err)) != HM_OK || n_str == 0) return st;
+    /* the streamed units, once landed, in a second launch (after the first on the same stream) */
+    if ((st = hm_vram_tier_wait(dv->stream, err)) != HM_OK) return st;
+    return hm_cuda_moe_act(c, b->units + n_hot, n_str, mw->gate.type, mw->down.type, cuda_act(mw), b->x_dev, r->n_tok,
+                           mw->n_embd, mw->n_ff, b->out_dev, b->scratch_dev, b->scratch_dev_size, err);
 }
 
 bool hm_moe_gpu_slot_table(const hm_model *m, const hm_moe_weights *mw, int32_t *seen, hm_cuda_moe_slot *slots,

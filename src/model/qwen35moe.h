@@ -71,7 +71,8 @@ typedef struct q35_state {
     int32_t *pos_out;     /* [U] */
     hm_moe_route route;
     hm_scratch scratch;
-    struct q35_gstate *dev; /* the device state (GPU placement), owned; NULL on the CPU. With it the
+    struct q35_gstate *dev; /* the device state (GPU placement), owned; NULL on the CPU; the first of a
+                             chain, one per device of a layer split (qwen35moe_cuda.c). With it the
                              host KV cache, recurrent state and activations above are not
                              allocated: only route and scratch (the cold expert units) are */
 } q35_state;
