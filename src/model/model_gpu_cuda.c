@@ -280,14 +280,17 @@ static hm_status open_devices(hm_model *m, hm_gpu *g, const hm_gpu_plan *p, hm_e
 #define HM_STREAM_SLOTS 64
 
 /* Prefill streaming (moe_cuda.c): a pool of HM_STREAM_SLOTS slots on each device that runs layers,
- * when some unit is cold, the GPU computes the units, and the CPU reads them from the file mapping
+ * when some unit is cold and some is in a slot (not --cpu-moe: the experts stay on the CPU there, as
+ * the user asked), the GPU computes the units, and the CPU reads them from the file mapping
  * (not the SSD tier's RAM pool: --ram-budget below the experts' size turns it off). Smaller when
  * VRAM is short (a warning), none at all is not an error. */
 static hm_status open_stream(hm_model *m, hm_gpu *g, const hm_placement_opts *o, hm_err *err) {
     const char *ev = getenv("HOTMOE_PREFILL_STREAM");
     g->stream_mode = ev && !strcmp(ev, "0") ? 0 : ev && !strcmp(ev, "all") ? 2 : 1;
     const bool ssd_tier = o->ram_budget > 0 && (uint64_t)o->ram_budget < m->units.expert_bytes;
-    if (!g->stream_mode || ssd_tier || g->no_gpu_experts || !g->slot_bytes || (uint64_t)g->n_slots >= m->units.n_units)
+    /* no slots at all (--cpu-moe): the GPU computes no expert (moe_cuda.c's gpu_computes) */
+    if (!g->stream_mode || ssd_tier || g->no_gpu_experts || !g->slot_bytes || g->n_slots == 0 ||
+        (uint64_t)g->n_slots >= m->units.n_units)
         return HM_OK;
     for (int32_t d = 0; d < g->n_dev; d++) {
         hm_gpu_dev *dv = &g->dev[d];
