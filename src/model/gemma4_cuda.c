@@ -446,8 +446,6 @@ static hm_status moe_block(const hm_model *m, g4_state *s, g4_gstate *g, hm_pool
                            bool dec, hm_err *err) {
     const g4_model *q = m->impl;
     const g4_layer *L = &q->layers[il];
-    hm_cuda_ctx *c = g->c;
-    const int64_t E = q->n_embd;
     const int K = q->n_expert_used;
     const size_t nk = (size_t)nr * (size_t)K;
     hm_status st;
@@ -462,35 +460,10 @@ static hm_status moe_block(const hm_model *m, g4_state *s, g4_gstate *g, hm_pool
                                .scratch_dev = g->scratch,
                                .scratch_dev_size = g->scratch_size,
                                .units = g->units};
-    if (dec) {
-        int32_t *ids_h = g->sel_all_h + (size_t)il * g->sel_stride;
-        g->rec_n[il] = (int32_t)nk;
-        g->n_rec = il + 1;
-        if (!g->all_hot[il]) {
-            if ((st = hm_cuda_download_async(c, ids_h, ids_d, 2 * nk * sizeof(int32_t), err)) != HM_OK) return st;
-            if ((st = hm_cuda_download_async(c, g->h_h, g->h, (size_t)(nr * E) * sizeof(float), err)) != HM_OK)
-                return st;
-            if ((st = hm_cuda_event_record(c, g->routed, false, err)) != HM_OK) return st;
-        }
-        if (g->any_hot[il] &&
-            (st = hm_moe_forward_gpu_dev(m, &L->experts, g->slots + (size_t)il * (size_t)q->n_expert, ids_d, w_d, nr,
-                                         K, &mb, err)) != HM_OK)
-            return st;
-        if (!g->all_hot[il]) {
-            if ((st = hm_cuda_event_wait(g->routed, err)) != HM_OK) return st; /* the layer's one wait */
-            hm_moe_route_build(&s->route, ids_h, (const float *)(ids_h + nk), (int32_t)nr);
-            return hm_moe_forward_gpu_cold(m, pool, &L->experts, &s->route, &mb, &s->scratch, err);
-        }
-        return HM_OK;
-    }
-    if ((st = hm_cuda_download_async(c, g->sel_h, g->sel, 2 * nk * sizeof(int32_t), err)) != HM_OK) return st;
-    if (!g->all_hot[il] &&
-        (st = hm_cuda_download_async(c, g->h_h, g->h, (size_t)(nr * E) * sizeof(float), err)) != HM_OK)
-        return st;
-    if ((st = hm_cuda_sync(c, err)) != HM_OK) return st; /* the layer's one wait: the host needs the routing */
-    if (m->experts) hm_experts_record(m->experts, il, g->sel_h, (int32_t)nk);
-    hm_moe_route_build(&s->route, g->sel_h, (const float *)(g->sel_h + nk), (int32_t)nr);
-    return hm_moe_forward_gpu(m, pool, &L->experts, &s->route, &mb, &s->scratch, err);
+    int32_t *ids_h = dec ? g->sel_all_h + (size_t)il * g->sel_stride : g->sel_h;
+    if (dec) g->rec_n[il] = (int32_t)nk, g->n_rec = il + 1;
+    return hm_moe_gpu_layer_step(m, pool, &L->experts, &s->route, &s->scratch, &mb, dec, g->all_hot[il], g->any_hot[il],
+                                 g->slots + (size_t)il * (size_t)q->n_expert, ids_d, ids_h, nr, K, g->routed, err);
 }
 
 /* ---- decode as one graph (moe.h, hm_moe_graph): the same ops as g4_gpu_forward's decode path,

@@ -131,6 +131,7 @@ hm_status hm_moe_run_cold(const struct hm_model *m, hm_pool *pool, const hm_moe_
                           int32_t n, const float *x, float *out, hm_scratch *scratch, hm_err *err);
 
 #ifdef HM_HAVE_CUDA
+struct hm_cuda_event;
 /* ---- the hybrid step (moe_cuda.c, CUDA builds): hot units on the GPU, cold ones on the CPU ----
  *
  * With a GPU placement (m->gpu) the layer's routed units split by the store's slot map: a unit
@@ -196,6 +197,20 @@ hm_status hm_moe_forward_gpu_dev(const struct hm_model *m, const hm_moe_weights 
 hm_status hm_moe_forward_gpu_cold(const struct hm_model *m, hm_pool *pool, const hm_moe_weights *mw,
                                   hm_moe_route *r, const hm_moe_gpu_buf *b, hm_scratch *scratch,
                                   hm_err *err);
+/* One MoE layer of a per-launch GPU step (the three archs' forwards), after its router wrote the
+ * routing at ids_d (device: nr * k ids, then their nr * k weights) on the layer's device:
+ *   - decode (dec): the hot units from ids_d through slots_dev (when any_hot); unless all_hot, the
+ *     routing comes down into ids_h and the input (b->x_dev) into b->x_host, the host waits for
+ *     that alone (event `routed`) and computes the cold units (hm_moe_forward_gpu_cold) while the
+ *     hot launch runs;
+ *   - prefill: the routing (and unless all_hot the input) comes down, the host waits for the
+ *     device, records the routing in the store and runs hm_moe_forward_gpu.
+ * ids_h: pinned, 2 * nr * k words. The decode routing is recorded by the caller after the step. */
+hm_status hm_moe_gpu_layer_step(const struct hm_model *m, hm_pool *pool, const hm_moe_weights *mw,
+                                hm_moe_route *route, hm_scratch *scratch, const hm_moe_gpu_buf *b, bool dec,
+                                bool all_hot, bool any_hot, const struct hm_cuda_moe_slot *slots_dev,
+                                const int32_t *ids_d, int32_t *ids_h, int64_t nr, int k,
+                                struct hm_cuda_event *routed, hm_err *err);
 /* The decode graph's CPU part (cuda_ops.h, hm_cuda_publish / hm_cuda_join): cold_host ([n_tok,
  * n_embd] host) = the sum of the route's COLD units of x_host, computed on the CPU threads; zeros
  * when none. Enqueues nothing on the device: the graph's join adds cold_host. */

@@ -369,6 +369,35 @@ hm_status hm_moe_forward_gpu_cold(const hm_model *m, hm_pool *pool, const hm_moe
     return cold_part(m, pool, mw, r, n_cold, n_peer, b, scratch, err);
 }
 
+hm_status hm_moe_gpu_layer_step(const hm_model *m, hm_pool *pool, const hm_moe_weights *mw, hm_moe_route *route,
+                                hm_scratch *scratch, const hm_moe_gpu_buf *b, bool dec, bool all_hot, bool any_hot,
+                                const hm_cuda_moe_slot *slots_dev, const int32_t *ids_d, int32_t *ids_h, int64_t nr,
+                                int k, hm_cuda_event *routed, hm_err *err) {
+    hm_cuda_ctx *c = layer_ctx(m->gpu, mw);
+    const size_t nk = (size_t)nr * (size_t)k, xb = (size_t)nr * (size_t)mw->n_embd * sizeof(float);
+    const float *w_d = (const float *)(ids_d + nk), *w_h = (const float *)(ids_h + nk);
+    hm_status st;
+    if (dec) {
+        if (!all_hot) {
+            if ((st = hm_cuda_download_async(c, ids_h, ids_d, 2 * nk * sizeof(int32_t), err)) != HM_OK) return st;
+            if ((st = hm_cuda_download_async(c, (void *)b->x_host, b->x_dev, xb, err)) != HM_OK) return st;
+            if ((st = hm_cuda_event_record(c, routed, false, err)) != HM_OK) return st;
+        }
+        if (any_hot && (st = hm_moe_forward_gpu_dev(m, mw, slots_dev, ids_d, w_d, nr, k, b, err)) != HM_OK) return st;
+        if (all_hot) return HM_OK;
+        if ((st = hm_cuda_event_wait(routed, err)) != HM_OK) return st; /* the layer's one wait */
+        hm_moe_route_build(route, ids_h, w_h, (int32_t)nr);
+        return hm_moe_forward_gpu_cold(m, pool, mw, route, b, scratch, err);
+    }
+    if ((st = hm_cuda_download_async(c, ids_h, ids_d, 2 * nk * sizeof(int32_t), err)) != HM_OK) return st;
+    if (!all_hot && (st = hm_cuda_download_async(c, (void *)b->x_host, b->x_dev, xb, err)) != HM_OK) return st;
+    if ((st = hm_cuda_sync(c, err)) != HM_OK) return st; /* the layer's one wait: the host needs the routing */
+    /* usage counts: the units this layer computes (only the wanted rows in the last layer) */
+    if (m->experts) hm_experts_record(m->experts, mw->layer, ids_h, (int32_t)nk);
+    hm_moe_route_build(route, ids_h, w_h, (int32_t)nr);
+    return hm_moe_forward_gpu(m, pool, mw, route, b, scratch, err);
+}
+
 hm_status hm_moe_gpu_cold_host(const hm_model *m, hm_pool *pool, const hm_moe_weights *mw, hm_moe_route *r,
                                const float *x_host, float *cold_host, hm_scratch *scratch, hm_err *err) {
     HM_ASSERT(m->gpu);

@@ -605,39 +605,16 @@ hm_status q3_gpu_forward(const hm_model *m, q3_state *s, hm_pool *pool, const hm
                                        .scratch_dev = g->scratch,
                                        .scratch_dev_size = g->scratch_size,
                                        .units = g->units};
-            if (dec) {
-                /* the hot units straight from the device routing; a host round trip only when the
-                 * layer may have cold units, and then the hot launch runs while the host computes */
-                int32_t *ids_d = g->sel_all + (size_t)il * g->sel_stride;
-                int32_t *ids_h = g->sel_all_h + (size_t)il * g->sel_stride;
-                CK(hm_cuda_router(c, g->rlog, nr, q->n_expert, K, true, ids_d, (float *)(ids_d + nk), err));
-                g->rec_n[il] = (int32_t)nk;
-                g->n_rec = il + 1;
-                if (!g->all_hot[il]) {
-                    CK(hm_cuda_download_async(c, ids_h, ids_d, 2 * nk * sizeof(int32_t), err));
-                    CK(hm_cuda_download_async(c, g->h_h, g->h, (size_t)(nr * E) * sizeof(float), err));
-                    CK(hm_cuda_event_record(c, g->routed, false, err));
-                }
-                if (g->any_hot[il])
-                    CK(hm_moe_forward_gpu_dev(m, &L->moe, g->slots + (size_t)il * (size_t)q->n_expert, ids_d,
-                                              (const float *)(ids_d + nk), nr, K, &mb, err));
-                if (!g->all_hot[il]) {
-                    CK(hm_cuda_event_wait(g->routed, err)); /* the layer's one wait */
-                    hm_moe_route_build(&s->route, ids_h, (const float *)(ids_h + nk), (int32_t)nr);
-                    CK(hm_moe_forward_gpu_cold(m, pool, &L->moe, &s->route, &mb, &s->scratch, err));
-                }
-                continue;
-            }
-            CK(hm_cuda_router(c, g->rlog, nr, q->n_expert, K, true, g->sel, (float *)(g->sel + nk), err));
-            CK(hm_cuda_download_async(c, g->sel_h, g->sel, 2 * nk * sizeof(int32_t), err));
-            if (!g->all_hot[il]) CK(hm_cuda_download_async(c, g->h_h, g->h, (size_t)(nr * E) * sizeof(float), err));
-            CK(hm_cuda_sync(c, err)); /* the layer's one wait: the host needs the routing */
-            const int32_t *ids = g->sel_h;
-            const float *wts = (const float *)(g->sel_h + nk);
-            /* usage counts: the units this layer computes (only the wanted rows in the last layer) */
-            if (m->experts) hm_experts_record(m->experts, il, ids, (int32_t)nk);
-            hm_moe_route_build(&s->route, ids, wts, (int32_t)nr);
-            CK(hm_moe_forward_gpu(m, pool, &L->moe, &s->route, &mb, &s->scratch, err));
+            /* decode: the hot units straight from the device routing (every layer's kept for the
+             * record after the step); a host round trip only when the layer may have cold units,
+             * and then the hot launch runs while the host computes. Prefill: the layer's one wait */
+            int32_t *ids_d = dec ? g->sel_all + (size_t)il * g->sel_stride : g->sel;
+            int32_t *ids_h = dec ? g->sel_all_h + (size_t)il * g->sel_stride : g->sel_h;
+            CK(hm_cuda_router(c, g->rlog, nr, q->n_expert, K, true, ids_d, (float *)(ids_d + nk), err));
+            if (dec) g->rec_n[il] = (int32_t)nk, g->n_rec = il + 1;
+            CK(hm_moe_gpu_layer_step(m, pool, &L->moe, &s->route, &s->scratch, &mb, dec, g->all_hot[il],
+                                     g->any_hot[il], g->slots + (size_t)il * (size_t)q->n_expert, ids_d, ids_h, nr,
+                                     K, g->routed, err));
         }
         /* decode: this device's routing comes down in one copy (before the hand-over, whose event
          * then covers it), recorded once the step's work is done */
