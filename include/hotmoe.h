@@ -557,6 +557,13 @@ typedef struct hm_plan_opts {
     int64_t ram_budget;       /* bytes of the RAM slot pool (--ram-budget); < 0: use ram_budget_frac,
                                  and neither: no RAM+SSD section */
     double ram_budget_frac;   /* or this fraction (0, 1] of all expert bytes, when ram_budget < 0 */
+    /* Several GPUs (`--budget 0:6GiB,1:6GiB`, `-ts 1,1`): the layer split and per-device slot
+     * groups as the engine makes them (equal free VRAM assumed without -ts), simulated with and
+     * without peer units; budget is then the devices' sum. n_gpu_budgets 0: one pool. */
+    int32_t n_gpu_budgets;
+    hm_gpu_budget gpu_budgets[HM_MAX_GPUS];
+    int32_t n_tensor_split;
+    float tensor_split[HM_MAX_GPUS];
 } hm_plan_opts;
 
 void hm_plan_opts_default(hm_plan_opts *o);

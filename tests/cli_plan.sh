@@ -123,4 +123,31 @@ check "missing profile named" grep -q "nope.json" "$tmp/err"
 sed 's/"n_expert": 16/"n_expert": 8/' "$tmp/p.json" >"$tmp/bad.json"
 check "mismatch exit" test "$(code "$EXE" plan -m "$tmp/tiny.gguf" --profile "$tmp/bad.json" --budget 10%)" != 0
 check "bad share exit 2" test "$(code "$EXE" plan --profile "$tmp/p.json" --budget 150% --unit-bytes 1M)" = 2
+
+# several GPUs: --budget 0:8MiB,1:8MiB -ts 1,1 with 1 MiB units -> 8 units a device. llama.cpp's
+# split of 4 layers + the output at shares 1,1: layer il to the first device whose cumulative share
+# (0.5, 1) is above il / 5 -> layers 0-2 on device 0, layer 3 (and the output) on device 1. Static
+# ranks by count, ties to the lower layer: home first, device 0 takes L0-L2's experts 0 and 1 and
+# L0's and L1's expert 2 (8), device 1 L3's experts 0-3; with peer units the rest of the global top
+# 16 (L2 e2, L0-L2 e3: 4 units) goes to device 1's 4 free slots: the same 16 units as one pool of
+# 16 slots, so the same hits on the same routing. Without peer units device 1 takes L3's experts
+# 0-7 instead: fewer routed pairs (221 vs 232 of 544 by the profile's counts).
+check "plan several GPUs" test "$(code "$EXE" plan --profile "$tmp/p.json" --unit-bytes 1MiB --budget 0:8MiB,1:8MiB \
+    -ts 1,1 --json)" = 0
+check "gpus: two devices" test "$(jq '.gpus.devices | length' "$j")" = 2
+check "gpus: layer split" test "$(jq -c '[.gpus.devices[] | [.layer_begin, .layer_end]]' "$j")" = "[[0,3],[3,4]]"
+check "gpus: 8 units each" test "$(jq -c '[.gpus.devices[].units_fit]' "$j")" = "[8,8]"
+check "gpus: 4 peer units on device 1" test "$(jq -c '[.gpus.devices[].peer_units]' "$j")" = "[0,4]"
+check "gpus: peer = one pool" near "$(jq .gpus.hit_rate "$j")" "$(jq .gpus.hit_rate_one_pool "$j")"
+check "gpus: one pool = 16 slots" test "$(jq .units_fit "$j")" = 16
+check "gpus: no peer is lower" test "$(jq '.gpus.hit_rate_no_peer < .gpus.hit_rate' "$j")" = true
+check "plan several GPUs text" test "$(code "$EXE" plan --profile "$tmp/p.json" --unit-bytes 1MiB --budget 0:8MiB,1:8MiB \
+    -ts 1,1)" = 0
+check "text names gpu 1" grep -q "gpu 1: layers 3-3" "$tmp/out"
+check "text run line" grep -q -- "--vram-budget 0:8MiB,1:8MiB -ts 1,1" "$tmp/out"
+check "-ts needs per-device budgets" test "$(code "$EXE" plan --profile "$tmp/p.json" --unit-bytes 1MiB --budget 8MiB \
+    -ts 1,1)" = 2
+check "per-device auto refused" test "$(code "$EXE" plan --profile "$tmp/p.json" --unit-bytes 1MiB \
+    --budget 0:auto,1:8MiB)" != 0
+check "per-device auto message" grep -q "auto needs the device" "$tmp/err"
 exit $fail

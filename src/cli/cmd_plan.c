@@ -24,7 +24,11 @@ static void usage(FILE *f) {
           "  --profile FILE       usage profile (hotmoe's, or the seed-1 fork's moe_layer_perf.v1 /\n"
           "                       moe_layer_opt_perf.v1); alias --moe-hot-cache\n"
           "  --trace FILE         routing trace from --trace-out: every policy is replayed on it\n"
-          "  --budget SIZE|N%     bytes for expert units (12GiB, 512MiB) or a share of all units (20%)\n"
+          "  --budget SIZE|N%     bytes for expert units (12GiB, 512MiB) or a share of all units (20%);\n"
+          "                       per device for several GPUs (0:6GiB,1:6GiB): each device's hit rate,\n"
+          "                       with and without peer units, under the engine's layer split\n"
+          "  -ts, --tensor-split L with a budget per device: the layer split (llama.cpp's -ts, 3,1;\n"
+          "                       default: equal shares, as equal GPUs' free VRAM gives)\n"
           "  --ram-budget SIZE|N% bytes of the RAM slot pool for expert units (16GiB) or a share of all\n"
           "                       expert bytes; VRAM units are not in RAM (exclusive tiers)\n"
           "  --policy NAME        static (default with a profile), online (default with a trace), lru\n"
@@ -102,8 +106,26 @@ int hm_cmd_plan(int argc, char **argv) {
             o.trace_path = v;
         } else if (strcmp(name, "--policy") == 0) {
             o.policy = v;
+        } else if (strcmp(name, "--budget") == 0 && strchr(v, ':')) { /* per device: several GPUs */
+            hm_placement_opts po;
+            hm_placement_opts_default(&po);
+            if (hm_parse_vram_budget(v, false, &po, &err) != HM_OK) {
+                fprintf(stderr, "plan: --budget %s: %s\n", v, err.msg);
+                return 2;
+            }
+            o.n_gpu_budgets = po.n_vram_budgets;
+            memcpy(o.gpu_budgets, po.vram_budgets, sizeof o.gpu_budgets);
         } else if (strcmp(name, "--budget") == 0) {
             if (parse_budget(name, v, false, &o.budget, &o.budget_frac, &err)) return 2;
+        } else if (strcmp(name, "-ts") == 0 || strcmp(name, "--tensor-split") == 0) {
+            hm_placement_opts po;
+            hm_placement_opts_default(&po);
+            if (hm_parse_tensor_split(v, &po, &err) != HM_OK) {
+                fprintf(stderr, "plan: %s %s: %s\n", name, v, err.msg);
+                return 2;
+            }
+            o.n_tensor_split = po.n_tensor_split;
+            memcpy(o.tensor_split, po.tensor_split, sizeof o.tensor_split);
         } else if (strcmp(name, "--ram-budget") == 0) {
             if (parse_budget(name, v, true, &o.ram_budget, &o.ram_budget_frac, &err)) return 2;
         } else if (strcmp(name, "--unit-bytes") == 0) {
@@ -140,7 +162,15 @@ int hm_cmd_plan(int argc, char **argv) {
         fprintf(stderr, "plan: give usage data: --profile FILE or --trace FILE (see `hotmoe plan --help`)\n");
         return 2;
     }
-    if (o.budget < 0 && o.budget_frac < 0 && o.ram_budget < 0 && o.ram_budget_frac < 0) {
+    if (o.n_tensor_split > 0 && o.n_gpu_budgets == 0) {
+        fprintf(stderr, "plan: -ts splits the layers over devices: give a budget per device (--budget 0:6GiB,1:6GiB)\n");
+        return 2;
+    }
+    if (o.n_gpu_budgets > 0 && (o.budget >= 0 || o.budget_frac > 0)) {
+        fprintf(stderr, "plan: give --budget once: one size (one GPU) or one per device (0:6GiB,1:6GiB)\n");
+        return 2;
+    }
+    if (o.budget < 0 && o.budget_frac < 0 && o.ram_budget < 0 && o.ram_budget_frac < 0 && o.n_gpu_budgets == 0) {
         fprintf(stderr, "plan: give a budget: --budget 12GiB or --budget 20%% (VRAM), --ram-budget 16GiB (RAM)\n");
         return 2;
     }

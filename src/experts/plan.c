@@ -25,6 +25,7 @@
 #include "calib.h"
 #include "experts.h"
 #include "gguf/gguf.h"
+#include "model/gpu_split.h"
 #include "sim.h"
 #include "tier_ssd.h"
 
@@ -86,6 +87,13 @@ typedef struct plan {
     bool ssd_measured;
     hm_calib_ssd ssd;
     char ssd_note[256];
+    /* several GPUs (o->n_gpu_budgets > 0): the engine's layer split and slot groups */
+    bool have_gpus;
+    hm_gpu_plan gp;
+    int64_t gslots[HM_MAX_GPUS];     /* units that fit each device's budget */
+    int32_t *layer_dev;              /* [n_layer] the device running each layer */
+    pol_run gpu_on[2];               /* the policy on the routing: [0] without peer units, [1] with */
+    int64_t gused[2][HM_MAX_GPUS], gpeer[2][HM_MAX_GPUS];
 } plan;
 
 static void run_free(pol_run *r) {
@@ -103,16 +111,29 @@ static hm_status run_alloc(pol_run *r, const plan *pl, hm_err *err) {
     return HM_OK;
 }
 
-static hm_status open_store(const plan *pl, int64_t slots, hm_policy_kind kind, hm_experts **s, hm_err *err) {
+/* The store of a plan: one pool of slots, or (groups) one slot group per device of pl->gp, a unit
+ * going to its layer's device first and (peer) to another device's free slots after. */
+static hm_status open_store_as(const plan *pl, int64_t slots, hm_policy_kind kind, bool groups, bool peer,
+                               hm_experts **s, hm_err *err) {
     hm_experts_opts eo;
     hm_experts_opts_default(&eo);
     eo.hot_slots = slots;
+    if (groups) {
+        eo.n_groups = pl->gp.n_dev;
+        eo.group_slots = pl->gslots;
+        eo.layer_group = pl->layer_dev;
+        eo.allow_peer = peer;
+    }
     eo.policy.kind = kind;
     eo.policy.static_per_layer = pl->o->static_per_layer;
     eo.policy.warm_start = pl->o->warm_start;
     if (pl->o->update_rate >= 0) eo.policy.update_rate = pl->o->update_rate;
     eo.profile = pl->have_prof ? &pl->prof : NULL;
     return hm_experts_open(s, &pl->units, &eo, err);
+}
+
+static hm_status open_store(const plan *pl, int64_t slots, hm_policy_kind kind, hm_experts **s, hm_err *err) {
+    return open_store_as(pl, slots, kind, false, false, s, err);
 }
 
 static void harvest(const plan *pl, hm_experts *s, pol_run *r) {
@@ -157,11 +178,14 @@ static hm_status eval_in_sample(plan *pl, int64_t slots, pol_run *r, hm_err *err
     return HM_OK;
 }
 
-static hm_status eval_on_routing(plan *pl, int64_t slots, hm_policy_kind kind, pol_run *r, hm_err *err) {
+/* The policy on the trace or the synthetic trace; with groups (several GPUs, peer units or not),
+ * each device's used and peer slots into used[] / peer[] (may be NULL otherwise). */
+static hm_status eval_routing_as(plan *pl, int64_t slots, hm_policy_kind kind, bool groups, bool peer, pol_run *r,
+                                 int64_t *used, int64_t *peer_units, hm_err *err) {
     hm_experts *s = NULL;
     hm_sim_gen *g = NULL;
     hm_status st = run_alloc(r, pl, err);
-    if (!st) st = open_store(pl, slots, kind, &s, err);
+    if (!st) st = open_store_as(pl, slots, kind, groups, peer, &s, err);
     if (!st) {
         if (pl->o->trace_path) {
             st = hm_sim_replay(s, pl->o->trace_path, err);
@@ -171,9 +195,97 @@ static hm_status eval_on_routing(plan *pl, int64_t slots, hm_policy_kind kind, p
         }
     }
     if (!st) harvest(pl, s, r);
+    for (int32_t d = 0; !st && groups && d < pl->gp.n_dev; d++)
+        hm_experts_group_stats(s, d, NULL, &used[d], &peer_units[d]);
     hm_sim_gen_close(g);
     hm_experts_close(s);
     return st;
+}
+
+static hm_status eval_on_routing(plan *pl, int64_t slots, hm_policy_kind kind, pol_run *r, hm_err *err) {
+    return eval_routing_as(pl, slots, kind, false, false, r, NULL, NULL, err);
+}
+
+static const char *human(uint64_t b, char *buf, size_t cap);
+
+/* Several GPUs: the engine's plan (model/gpu_split.h) of the per-device budgets and -ts for this
+ * model, without free-memory figures (equal shares without -ts, as equal GPUs would have); each
+ * device's units that fit; pl->slots and budget_bytes become the sum (the one-pool comparison). */
+static hm_status plan_gpus(plan *pl, hm_err *err) {
+    const hm_plan_opts *o = pl->o;
+    hm_placement_opts po;
+    hm_placement_opts_default(&po);
+    int32_t n_cuda = 1;
+    for (int32_t i = 0; i < o->n_gpu_budgets && i < HM_MAX_GPUS; i++) {
+        po.vram_budgets[i] = o->gpu_budgets[i];
+        if (o->gpu_budgets[i].bytes < 0)
+            return hm_errf(err, HM_ERR_ARG, "--budget: device %d: auto needs the device itself (give a size)",
+                           (int)o->gpu_budgets[i].device);
+        if (o->gpu_budgets[i].device + 1 > n_cuda) n_cuda = o->gpu_budgets[i].device + 1;
+    }
+    po.n_vram_budgets = o->n_gpu_budgets;
+    for (int32_t i = 0; i < o->n_tensor_split && i < HM_MAX_GPUS; i++) po.tensor_split[i] = o->tensor_split[i];
+    po.n_tensor_split = o->n_tensor_split;
+    if (o->n_tensor_split > n_cuda) n_cuda = o->n_tensor_split;
+    hm_status st = hm_gpu_plan_make(&pl->gp, &po, pl->units.n_layer, n_cuda, NULL, err);
+    if (st) return st;
+    if (!(pl->layer_dev = calloc((size_t)pl->units.n_layer, sizeof *pl->layer_dev)))
+        return hm_errf(err, HM_ERR_NOMEM, "plan: out of memory");
+    for (int32_t l = 0; l < pl->units.n_layer; l++) pl->layer_dev[l] = hm_gpu_plan_layer_dev(&pl->gp, l);
+    pl->slots = 0;
+    pl->budget_bytes = 0;
+    for (int32_t d = 0; d < pl->gp.n_dev; d++) {
+        pl->gslots[d] = (int64_t)hm_units_fit(&pl->units, pl->gp.budget[d]);
+        pl->slots += pl->gslots[d];
+        pl->budget_bytes += (uint64_t)pl->gp.budget[d];
+    }
+    pl->have_gpus = true;
+    return HM_OK;
+}
+
+/* Per device: its layers' hit rate in run r (routed units of those layers found in VRAM, on any
+ * device). */
+static double dev_hit(const plan *pl, const pol_run *r, int32_t d) {
+    uint64_t h = 0, t = 0;
+    for (int32_t l = 0; l < pl->units.n_layer; l++)
+        if (pl->layer_dev[l] == d) h += r->lhit[l], t += r->ltot[l];
+    return t ? (double)h / (double)t : 0;
+}
+
+static void print_gpus(const plan *pl, FILE *out) {
+    char b1[32];
+    fprintf(out, "\nseveral GPUs (the engine's layer split%s; policy %s on the same routing):\n",
+            pl->o->n_tensor_split > 0 ? " by -ts" : ", equal shares: the engine splits by free VRAM",
+            hm_policy_name(pl->kind));
+    for (int32_t d = 0; d < pl->gp.n_dev; d++) {
+        const int32_t lb = pl->gp.layer_begin[d], le = pl->gp.layer_end[d];
+        char layers[48];
+        if (le > lb) snprintf(layers, sizeof layers, "layers %d-%d", (int)lb, (int)le - 1);
+        else snprintf(layers, sizeof layers, "no layers");
+        fprintf(out, "  gpu %d: %s, %s -> %" PRId64 " units; its layers' hit rate %.1f %% with peer units "
+                "(%" PRId64 " of its slots hold other devices' units), %.1f %% without\n", (int)pl->gp.dev[d], layers,
+                human((uint64_t)pl->gp.budget[d], b1, sizeof b1), pl->gslots[d], 100.0 * dev_hit(pl, &pl->gpu_on[1], d),
+                pl->gpeer[1][d], 100.0 * dev_hit(pl, &pl->gpu_on[0], d));
+    }
+    fprintf(out, "  all: %.1f %% with peer units, %.1f %% without (--no-peer-experts), %.1f %% in one pool of the same "
+            "size\n", 100.0 * pl->gpu_on[1].hit, 100.0 * pl->gpu_on[0].hit, 100.0 * pl->on[pl->kind].hit);
+}
+
+static json_t *gpus_json(const plan *pl) {
+    if (!pl->have_gpus) return json_null();
+    json_t *o = json_object(), *devs = json_array();
+    for (int32_t d = 0; d < pl->gp.n_dev; d++)
+        json_array_append_new(devs, json_pack("{s:i, s:i, s:i, s:I, s:I, s:I, s:f, s:f}", "device", pl->gp.dev[d],
+                                              "layer_begin", pl->gp.layer_begin[d], "layer_end", pl->gp.layer_end[d],
+                                              "budget_bytes", (json_int_t)pl->gp.budget[d], "units_fit",
+                                              (json_int_t)pl->gslots[d], "peer_units", (json_int_t)pl->gpeer[1][d],
+                                              "hit_rate", dev_hit(pl, &pl->gpu_on[1], d), "hit_rate_no_peer",
+                                              dev_hit(pl, &pl->gpu_on[0], d)));
+    json_object_set_new(o, "devices", devs);
+    json_object_set_new(o, "hit_rate", json_real(pl->gpu_on[1].hit));
+    json_object_set_new(o, "hit_rate_no_peer", json_real(pl->gpu_on[0].hit));
+    json_object_set_new(o, "hit_rate_one_pool", json_real(pl->on[pl->kind].hit));
+    return o;
 }
 
 /* llama.cpp --n-cpu-moe N: the smallest N whose GPU layers' expert bytes fit the budget. */
@@ -532,11 +644,22 @@ static void print_text(const plan *pl, FILE *out) {
         fprintf(out, "\nCPU cost: %s\n", pl->calib_note);
     }
     print_gpu(pl, out);
+    if (pl->have_gpus) print_gpus(pl, out);
     if (pl->have_ram) print_ram(pl, out);
     char ram[48] = "";
     if (pl->have_ram) snprintf(ram, sizeof ram, " --ram-budget %" PRIu64 "MiB", (pl->ram_budget + (1u << 20) - 1) >> 20);
-    fprintf(out, "\nto run it: -ngl 99 --vram-budget %" PRIu64 "MiB%s --policy %s%s%s\n",
-            (pl->budget_bytes + (1u << 20) - 1) >> 20, ram, hm_policy_name(pl->kind),
+    char vram[320];
+    int at = 0;
+    if (pl->have_gpus) { /* the per-device form, and -ts as given */
+        for (int32_t d = 0; d < pl->gp.n_dev && at < (int)sizeof vram - 40; d++)
+            at += snprintf(vram + at, sizeof vram - (size_t)at, "%s%d:%" PRIu64 "MiB", d ? "," : "", (int)pl->gp.dev[d],
+                           ((uint64_t)pl->gp.budget[d] + (1u << 20) - 1) >> 20);
+        for (int32_t i = 0; i < pl->o->n_tensor_split && at < (int)sizeof vram - 20; i++)
+            at += snprintf(vram + at, sizeof vram - (size_t)at, "%s%g", i ? "," : " -ts ", (double)pl->o->tensor_split[i]);
+    } else {
+        snprintf(vram, sizeof vram, "%" PRIu64 "MiB", (pl->budget_bytes + (1u << 20) - 1) >> 20);
+    }
+    fprintf(out, "\nto run it: -ngl 99 --vram-budget %s%s --policy %s%s%s\n", vram, ram, hm_policy_name(pl->kind),
             pl->o->profile_path ? " --profile " : "", pl->o->profile_path ? pl->o->profile_path : "");
 }
 
@@ -625,6 +748,7 @@ static hm_status print_json(const plan *pl, FILE *out) {
         json_object_set_new(j, "cpu", json_null());
     json_object_set_new(j, "gpu", gpu_json(pl));
     json_object_set_new(j, "ram", ram_json(pl));
+    json_object_set_new(j, "gpus", gpus_json(pl));
     int rc = json_dumpf(j, out, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
     fputc('\n', out);
     json_decref(j);
@@ -681,8 +805,10 @@ hm_status hm_plan(const hm_plan_opts *o, FILE *out, hm_err *err) {
     hm_status st = load_inputs(pl, err);
     if (st) goto done;
     const hm_units *u = &pl->units;
-    pl->have_vram = o->budget >= 0 || o->budget_frac > 0;
-    if (!pl->have_vram && (o->ram_budget >= 0 || o->ram_budget_frac > 0)) {
+    pl->have_vram = o->budget >= 0 || o->budget_frac > 0 || o->n_gpu_budgets > 0;
+    if (o->n_gpu_budgets > 0) {
+        if ((st = plan_gpus(pl, err))) goto done;
+    } else if (!pl->have_vram && (o->ram_budget >= 0 || o->ram_budget_frac > 0)) {
         pl->slots = 0; /* RAM+SSD only: no VRAM tier */
     } else if (o->budget >= 0) {
         pl->slots = (int64_t)hm_units_fit(u, o->budget);
@@ -709,6 +835,10 @@ hm_status hm_plan(const hm_plan_opts *o, FILE *out, hm_err *err) {
     }
     for (int k = HM_POLICY_STATIC; k <= HM_POLICY_LRU; k++)
         if ((st = eval_on_routing(pl, pl->slots, (hm_policy_kind)k, &pl->on[k], err))) goto done;
+    for (int peer = 0; pl->have_gpus && peer < 2; peer++)
+        if ((st = eval_routing_as(pl, pl->slots, pl->kind, true, peer, &pl->gpu_on[peer], pl->gused[peer],
+                                  pl->gpeer[peer], err)))
+            goto done;
     if ((st = plan_ram(pl, err))) goto done;
     eval_layer_split(pl);
     if (o->model_path && o->calibrate) {
@@ -741,7 +871,8 @@ hm_status hm_plan(const hm_plan_opts *o, FILE *out, hm_err *err) {
         print_text(pl, out);
     }
 done:
-    run_free(&pl->in_sample), run_free(&pl->ram_in_sample);
+    run_free(&pl->in_sample), run_free(&pl->ram_in_sample), run_free(&pl->gpu_on[0]), run_free(&pl->gpu_on[1]);
+    free(pl->layer_dev);
     for (int k = 0; k < 4; k++) run_free(&pl->on[k]), run_free(&pl->ram_on[k]);
     hm_units_free(&pl->units);
     hm_gguf_close(pl->gguf);
