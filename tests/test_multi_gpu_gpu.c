@@ -41,6 +41,7 @@
 #include "hotmoe.h"
 #include "quant/quant.h"
 #include "test.h"
+#include "tiny_qwen35moe.h"
 
 #define NP 40
 #define ND 6
@@ -524,146 +525,7 @@ static void refusals(void) {
  * Q8_0: 3e-4); per layer hits + misses = rows x k; each layer's device printed (layer_gpu), the
  * ranges contiguous and, under -ts 1,1, both kinds of layer on both devices. */
 
-enum { Q35_NL = 8, Q35_E = 256, Q35_HD = 256, Q35_NH = 2, Q35_NKV = 1, Q35_NROT = 64, Q35_NEXP = 16, Q35_K = 4,
-       Q35_FF = 256, Q35_FFSH = 256, Q35_NK = 1, Q35_NV = 2, Q35_DK = 128, Q35_DV = 128, Q35_DCONV = 4,
-       Q35_VOCAB = 512, Q35_CTX = 64 };
-
-static bool q35_recurrent(int il) { return (il + 1) % 4 != 0; }
-
-static uint64_t q35_rng(uint64_t *s) {
-    *s = *s * 6364136223846793005ull + 1442695040888963407ull;
-    return *s >> 11;
-}
-
-typedef struct q35_t {
-    char name[64];
-    uint32_t nd;
-    int64_t ne[3];
-    int type;
-    float mean, std;
-} q35_t;
-
-static int q35_add(q35_t *t, int n, const char *name, uint32_t nd, int64_t a, int64_t b, int64_t c, float mean,
-                   float std, int type) {
-    snprintf(t[n].name, sizeof t[n].name, "%s", name);
-    t[n].nd = nd;
-    t[n].ne[0] = a, t[n].ne[1] = b, t[n].ne[2] = c;
-    t[n].type = nd < 2 ? HM_TYPE_F32 : type;
-    t[n].mean = mean, t[n].std = std;
-    return n + 1;
-}
-
-/* The tiny model with the GGUF writer; wtype F32 or Q8_0 for the matrices (values by name). */
-static hm_status q35_write(const char *path, int wtype, hm_err *err) {
-    const int64_t E = Q35_E, Q = (int64_t)Q35_NH * Q35_HD, KV = (int64_t)Q35_NKV * Q35_HD;
-    const int64_t vdim = (int64_t)Q35_NV * Q35_DV, cd = 2 * (int64_t)Q35_NK * Q35_DK + vdim;
-    q35_t *t = calloc(32 * Q35_NL + 8, sizeof *t);
-    if (!t) return hm_errf(err, HM_ERR_NOMEM, "out of memory");
-    int n = 0;
-    const float W = 0.02f, N = 0.05f;
-    n = q35_add(t, n, "token_embd.weight", 2, E, Q35_VOCAB, 1, 0, (float)(32.0 * W * W * sqrt((double)Q * E)), wtype);
-    char nm[64];
-    for (int l = 0; l < Q35_NL; l++) {
-#define T(s) (snprintf(nm, sizeof nm, "blk.%d." s, l), nm)
-        n = q35_add(t, n, T("attn_norm.weight"), 1, E, 1, 1, 1, N, wtype);
-        if (q35_recurrent(l)) {
-            n = q35_add(t, n, T("attn_qkv.weight"), 2, E, cd, 1, 0, W, wtype);
-            n = q35_add(t, n, T("attn_gate.weight"), 2, E, vdim, 1, 0, W, wtype);
-            n = q35_add(t, n, T("ssm_conv1d.weight"), 2, Q35_DCONV, cd, 1, 0, 0.2f, HM_TYPE_F32);
-            n = q35_add(t, n, T("ssm_dt.bias"), 1, Q35_NV, 1, 1, 1, 0.1f, wtype);
-            n = q35_add(t, n, T("ssm_a"), 1, Q35_NV, 1, 1, -4, 0.5f, wtype);
-            n = q35_add(t, n, T("ssm_beta.weight"), 2, E, Q35_NV, 1, 0, W, wtype);
-            n = q35_add(t, n, T("ssm_alpha.weight"), 2, E, Q35_NV, 1, 0, W, wtype);
-            n = q35_add(t, n, T("ssm_norm.weight"), 1, Q35_DV, 1, 1, 1, N, wtype);
-            n = q35_add(t, n, T("ssm_out.weight"), 2, vdim, E, 1, 0, W, wtype);
-        } else {
-            n = q35_add(t, n, T("attn_q.weight"), 2, E, 2 * Q, 1, 0, W, wtype);
-            n = q35_add(t, n, T("attn_k.weight"), 2, E, KV, 1, 0, W, wtype);
-            n = q35_add(t, n, T("attn_v.weight"), 2, E, KV, 1, 0, W, wtype);
-            n = q35_add(t, n, T("attn_output.weight"), 2, Q, E, 1, 0, W, wtype);
-            n = q35_add(t, n, T("attn_q_norm.weight"), 1, Q35_HD, 1, 1, 1, N, wtype);
-            n = q35_add(t, n, T("attn_k_norm.weight"), 1, Q35_HD, 1, 1, 1, N, wtype);
-        }
-        n = q35_add(t, n, T("post_attention_norm.weight"), 1, E, 1, 1, 1, N, wtype);
-        n = q35_add(t, n, T("ffn_gate_inp.weight"), 2, E, Q35_NEXP, 1, 0, W, HM_TYPE_F32);
-        n = q35_add(t, n, T("ffn_gate_exps.weight"), 3, E, Q35_FF, Q35_NEXP, 0, W, wtype);
-        n = q35_add(t, n, T("ffn_up_exps.weight"), 3, E, Q35_FF, Q35_NEXP, 0, W, wtype);
-        n = q35_add(t, n, T("ffn_down_exps.weight"), 3, Q35_FF, E, Q35_NEXP, 0, W, wtype);
-        n = q35_add(t, n, T("ffn_gate_inp_shexp.weight"), 2, E, 1, 1, 0, W, HM_TYPE_F32);
-        n = q35_add(t, n, T("ffn_gate_shexp.weight"), 2, E, Q35_FFSH, 1, 0, W, wtype);
-        n = q35_add(t, n, T("ffn_up_shexp.weight"), 2, E, Q35_FFSH, 1, 0, W, wtype);
-        n = q35_add(t, n, T("ffn_down_shexp.weight"), 2, Q35_FFSH, E, 1, 0, W, wtype);
-#undef T
-    }
-    n = q35_add(t, n, "output_norm.weight", 1, E, 1, 1, 1, N, wtype);
-    n = q35_add(t, n, "output.weight", 2, E, Q35_VOCAB, 1, 0, (float)(8.0 / sqrt((double)E)), wtype);
-
-    hm_gguf_writer *w = NULL;
-    hm_status st = hm_gguf_writer_open(&w, path, 0, err);
-    if (st != HM_OK) {
-        free(t);
-        return st;
-    }
-#define SET(call) do { if (!st) st = (call); } while (0)
-#define A "qwen35moe."
-    SET(hm_gguf_writer_set_str(w, "general.architecture", "qwen35moe"));
-    SET(hm_gguf_writer_set_str(w, "general.name", "tiny qwen35moe (test_multi_gpu_gpu)"));
-    SET(hm_gguf_writer_set_u32(w, A "block_count", Q35_NL));
-    SET(hm_gguf_writer_set_u32(w, A "context_length", 4096));
-    SET(hm_gguf_writer_set_u32(w, A "embedding_length", Q35_E));
-    SET(hm_gguf_writer_set_u32(w, A "attention.head_count", Q35_NH));
-    SET(hm_gguf_writer_set_u32(w, A "attention.head_count_kv", Q35_NKV));
-    SET(hm_gguf_writer_set_u32(w, A "attention.key_length", Q35_HD));
-    SET(hm_gguf_writer_set_u32(w, A "attention.value_length", Q35_HD));
-    SET(hm_gguf_writer_set_f32(w, A "rope.freq_base", 1e7f));
-    SET(hm_gguf_writer_set_u32(w, A "rope.dimension_count", Q35_NROT));
-    SET(hm_gguf_writer_set_f32(w, A "attention.layer_norm_rms_epsilon", 1e-6f));
-    SET(hm_gguf_writer_set_u32(w, A "expert_count", Q35_NEXP));
-    SET(hm_gguf_writer_set_u32(w, A "expert_used_count", Q35_K));
-    SET(hm_gguf_writer_set_u32(w, A "expert_feed_forward_length", Q35_FF));
-    SET(hm_gguf_writer_set_u32(w, A "expert_shared_feed_forward_length", Q35_FFSH));
-    SET(hm_gguf_writer_set_u32(w, A "ssm.conv_kernel", Q35_DCONV));
-    SET(hm_gguf_writer_set_u32(w, A "ssm.state_size", Q35_DK));
-    SET(hm_gguf_writer_set_u32(w, A "ssm.group_count", Q35_NK));
-    SET(hm_gguf_writer_set_u32(w, A "ssm.time_step_rank", Q35_NV));
-    SET(hm_gguf_writer_set_u32(w, A "ssm.inner_size", (uint32_t)vdim));
-    SET(hm_gguf_writer_set_u32(w, A "full_attention_interval", 4));
-#undef A
-    for (int i = 0; i < n; i++) SET(hm_gguf_writer_add_tensor(w, t[i].name, t[i].type, t[i].nd, t[i].ne));
-    SET(hm_gguf_writer_begin_data(w));
-    for (int i = 0; i < n && !st; i++) {
-        const q35_t *x = &t[i];
-        const int64_t ne0 = x->ne[0], rows = x->ne[1] * x->ne[2];
-        uint64_t seed = 1469598103934665603ull;
-        for (const char *c = x->name; *c; c++) seed = (seed ^ (unsigned char)*c) * 1099511628211ull;
-        float *row = malloc((size_t)ne0 * sizeof(float));
-        const size_t rb = hm_row_size(x->type, ne0);
-        void *qb = malloc(rb);
-        if (!row || !qb) st = hm_errf(err, HM_ERR_NOMEM, "out of memory");
-        for (int64_t r = 0; r < rows && !st; r++) {
-            for (int64_t j = 0; j < ne0; j++) { /* ~gaussian: the sum of 4 uniforms, std 1 */
-                float u = 0;
-                for (int k = 0; k < 4; k++) u += (float)((double)q35_rng(&seed) / 9007199254740992.0 * 2.0 - 1.0);
-                row[j] = x->mean + x->std * u * 0.8660254f;
-            }
-            if (x->type == HM_TYPE_F32) {
-                st = hm_gguf_writer_write(w, row, rb);
-            } else {
-                hm_type_get(x->type)->from_float_ref(row, qb, ne0);
-                st = hm_gguf_writer_write(w, qb, rb);
-            }
-        }
-        free(row);
-        free(qb);
-    }
-#undef SET
-    free(t);
-    if (st != HM_OK) {
-        hm_gguf_writer_abort(w);
-        return st;
-    }
-    return hm_gguf_writer_finish(w);
-}
+enum { Q35_NL = 8, Q35_CTX = 64 };
 
 typedef struct q35_ref {
     int32_t toks_p[NP + NDEC], toks_d[ND + NDEC];
@@ -682,9 +544,9 @@ static hm_status q35_run(hm_model *m, q35_ref *r, bool greedy, float *lp, float 
     hm_session *s = NULL;
     hm_status st = hm_session_open(&s, m, &so, err);
     if (st != HM_OK) return st;
-    st = gpu_compare_run(s, r->toks_p, NP, NDEC, greedy, lp, Q35_VOCAB, err);
+    st = gpu_compare_run(s, r->toks_p, NP, NDEC, greedy, lp, TQ35_VOCAB, err);
     if (st == HM_OK) st = hm_session_trim(s, 0, err);
-    if (st == HM_OK) st = gpu_compare_run(s, r->toks_d, ND, NDEC, greedy, ld, Q35_VOCAB, err);
+    if (st == HM_OK) st = gpu_compare_run(s, r->toks_d, ND, NDEC, greedy, ld, TQ35_VOCAB, err);
     hm_session_close(s);
     if (st != HM_OK || !lc) return st;
     so.n_ubatch = 24;
@@ -692,7 +554,7 @@ static hm_status q35_run(hm_model *m, q35_ref *r, bool greedy, float *lp, float 
     if ((st = hm_session_open(&s, m, &so, err)) != HM_OK) return st;
     int32_t tp[NP + NDEC];
     memcpy(tp, r->toks_p, sizeof tp);
-    st = gpu_compare_run(s, tp, NP, NDEC, false, lc, Q35_VOCAB, err);
+    st = gpu_compare_run(s, tp, NP, NDEC, false, lc, TQ35_VOCAB, err);
     hm_session_close(s);
     return st;
 }
@@ -724,7 +586,7 @@ static void q35_placement(const char *path, const char *label, q35_ref *r, q35_p
     hm_status st = hm_model_open(&m, path, &mo, &err);
     CHECKF(st == HM_OK, "%s %s: open: %s", label, pn, err.msg);
     if (st != HM_OK) return;
-    const size_t NV = (size_t)NSTEP * Q35_VOCAB;
+    const size_t NV = (size_t)NSTEP * TQ35_VOCAB;
     float *gp = malloc(NV * sizeof(float)), *gd = malloc(NV * sizeof(float)), *gc = malloc(NV * sizeof(float));
     char what[160];
     double wp = -1, wd = -1, wc = -1;
@@ -732,11 +594,11 @@ static void q35_placement(const char *path, const char *label, q35_ref *r, q35_p
     CHECKF(st == HM_OK, "%s %s: %s", label, pn, err.msg);
     if (st == HM_OK) {
         snprintf(what, sizeof what, "%s %s P", label, pn);
-        wp = gpu_compare_logits(what, gp, r->lp, NSTEP, Q35_VOCAB, quant ? NMSE_Q8 : NMSE_BF16);
+        wp = gpu_compare_logits(what, gp, r->lp, NSTEP, TQ35_VOCAB, quant ? NMSE_Q8 : NMSE_BF16);
         snprintf(what, sizeof what, "%s %s D (after trim 0)", label, pn);
-        wd = gpu_compare_logits(what, gd, r->ld, NSTEP, Q35_VOCAB, quant ? NMSE_Q8 : NMSE_F32_EXACT);
+        wd = gpu_compare_logits(what, gd, r->ld, NSTEP, TQ35_VOCAB, quant ? NMSE_Q8 : NMSE_F32_EXACT);
         snprintf(what, sizeof what, "%s %s C (micro-batches of 24)", label, pn);
-        wc = gpu_compare_logits(what, gc, r->lp, NSTEP, Q35_VOCAB, quant ? NMSE_Q8 : NMSE_BF16);
+        wc = gpu_compare_logits(what, gc, r->lp, NSTEP, TQ35_VOCAB, quant ? NMSE_Q8 : NMSE_BF16);
         if (p == Q35_ONE) {
             memcpy(r->gp, gp, NV * sizeof(float));
             memcpy(r->gd, gd, NV * sizeof(float));
@@ -767,16 +629,16 @@ static void q35_placement(const char *path, const char *label, q35_ref *r, q35_p
         for (int32_t l = 0; u.layer_gpu && l < Q35_NL; l++) {
             const int dv = (int)u.layer_gpu[l];
             off += snprintf(layers + off, sizeof layers - (size_t)off, "%s%d:%c%d", l ? " " : "", (int)l,
-                            q35_recurrent(l) ? 'D' : 'A', dv);
+                            tq35_recurrent(l) ? 'D' : 'A', dv);
             CHECKF(dv >= 0 && dv < want_gpus && (l == 0 || dv >= u.layer_gpu[l - 1]),
                    "%s %s: layer %d on device %d (ranges must be contiguous, ascending)", label, pn, (int)l, dv);
-            if (dv >= 0 && dv < 2) kinds[dv][q35_recurrent(l)]++;
+            if (dv >= 0 && dv < 2) kinds[dv][tq35_recurrent(l)]++;
             /* rows per layer: P, D and C each (prompt + steps); the last layer only the wanted rows */
             const uint64_t rows = l + 1 < Q35_NL ? (uint64_t)(2 * (NP + NDEC) + ND + NDEC) : (uint64_t)(3 * NSTEP);
             const uint64_t h = u.layer_hits[l], mi = u.layer_misses[l];
             hits += h, misses += mi;
-            CHECKF(h + mi == rows * Q35_K, "%s %s layer %d: %llu hits + %llu misses, want %llu x %d", label, pn,
-                   (int)l, (unsigned long long)h, (unsigned long long)mi, (unsigned long long)rows, Q35_K);
+            CHECKF(h + mi == rows * TQ35_K, "%s %s layer %d: %llu hits + %llu misses, want %llu x %d", label, pn,
+                   (int)l, (unsigned long long)h, (unsigned long long)mi, (unsigned long long)rows, TQ35_K);
             if (p != Q35_BUDGET)
                 CHECKF(mi == 0, "%s %s layer %d: %llu misses", label, pn, (int)l, (unsigned long long)mi);
         }
@@ -828,17 +690,17 @@ static void qwen35moe_split(void) {
         hm_err err = {{0}};
         char label[32];
         snprintf(label, sizeof label, "qwen35moe %s", i ? "q8_0" : "f32");
-        hm_status st = q35_write(path, types[i], &err);
+        hm_status st = tq35_write(path, Q35_NL, types[i], "tiny qwen35moe (test_multi_gpu_gpu)", &err);
         CHECKF(st == HM_OK, "%s: write the tiny model: %s", label, err.msg);
         q35_ref r;
         memset(&r, 0, sizeof r);
-        const size_t NV = (size_t)NSTEP * Q35_VOCAB * sizeof(float);
+        const size_t NV = (size_t)NSTEP * TQ35_VOCAB * sizeof(float);
         r.lp = malloc(NV), r.ld = malloc(NV), r.gp = malloc(NV), r.gd = malloc(NV), r.gc = malloc(NV);
         hm_model *m = NULL;
         if (st == HM_OK) st = hm_model_open(&m, path, NULL, &err);
         CHECKF(st == HM_OK, "%s: open on the CPU: %s", label, err.msg);
         if (st == HM_OK && r.lp && r.ld && r.gp && r.gd && r.gc) {
-            gpu_compare_prompts(0x9e3779b97f4a7c15ull, Q35_VOCAB, r.toks_p, NP, r.toks_d, ND);
+            gpu_compare_prompts(0x9e3779b97f4a7c15ull, TQ35_VOCAB, r.toks_p, NP, r.toks_d, ND);
             st = q35_run(m, &r, true, r.lp, r.ld, NULL, &err);
             CHECKF(st == HM_OK, "%s CPU: %s", label, err.msg);
             gpu_compare_units(m, &r.unit_bytes, &r.n_units, &err);

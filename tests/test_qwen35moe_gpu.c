@@ -50,6 +50,7 @@
 #include "hotmoe.h"
 #include "quant/quant.h"
 #include "test.h"
+#include "tiny_qwen35moe.h"
 
 #define KERNEL_BOUND 1e-5
 #define NP 64
@@ -456,139 +457,8 @@ done:
 
 /* ---- 3. models ---- */
 
-/* The tiny qwen35moe of (b), written with the GGUF writer; wtype F32 or Q8_0 for the matrices. */
-typedef struct tiny {
-    int E, n_layer, n_head, n_kv, hd, n_rot, n_exp, k, n_ff, n_ff_sh, n_k, n_v, d_k, d_v, d_conv, vocab;
-} tiny;
-static const tiny TINY = {256, 5, 2, 1, 256, 64, 16, 4, 256, 256, 1, 2, 128, 128, 4, 512};
-
-typedef struct ttensor {
-    char name[64];
-    uint32_t nd;
-    int64_t ne[3];
-    int type;
-    float mean, std;
-} ttensor;
-
-static int add_t(ttensor *t, int n, const char *name, uint32_t nd, int64_t a, int64_t b, int64_t c3, float mean,
-                 float std, int type) {
-    snprintf(t[n].name, sizeof t[n].name, "%s", name);
-    t[n].nd = nd;
-    t[n].ne[0] = a, t[n].ne[1] = b, t[n].ne[2] = c3;
-    t[n].type = nd < 2 ? HM_TYPE_F32 : type;
-    t[n].mean = mean;
-    t[n].std = std;
-    return n + 1;
-}
-
-static hm_status write_tiny(const char *path, int wtype, hm_err *err) {
-    const tiny *p = &TINY;
-    const int64_t E = p->E, Q = (int64_t)p->n_head * p->hd, KV = (int64_t)p->n_kv * p->hd;
-    const int64_t vdim = (int64_t)p->n_v * p->d_v, cd = 2 * (int64_t)p->n_k * p->d_k + vdim;
-    ttensor *t = calloc(32 * (size_t)p->n_layer + 8, sizeof *t);
-    int n = 0;
-    const float W = 0.02f, N = 0.05f;
-    n = add_t(t, n, "token_embd.weight", 2, E, p->vocab, 1, 0, (float)(32.0 * W * W * sqrt((double)Q * E)), wtype);
-    char nm[64];
-    for (int l = 0; l < p->n_layer; l++) {
-#define T(s) (snprintf(nm, sizeof nm, "blk.%d." s, l), nm)
-        n = add_t(t, n, T("attn_norm.weight"), 1, E, 1, 1, 1, N, wtype);
-        if ((l + 1) % 4) {
-            n = add_t(t, n, T("attn_qkv.weight"), 2, E, cd, 1, 0, W, wtype);
-            n = add_t(t, n, T("attn_gate.weight"), 2, E, vdim, 1, 0, W, wtype);
-            n = add_t(t, n, T("ssm_conv1d.weight"), 2, p->d_conv, cd, 1, 0, 0.2f, HM_TYPE_F32);
-            n = add_t(t, n, T("ssm_dt.bias"), 1, p->n_v, 1, 1, 1, 0.1f, wtype);
-            n = add_t(t, n, T("ssm_a"), 1, p->n_v, 1, 1, -4, 0.5f, wtype);
-            n = add_t(t, n, T("ssm_beta.weight"), 2, E, p->n_v, 1, 0, W, wtype);
-            n = add_t(t, n, T("ssm_alpha.weight"), 2, E, p->n_v, 1, 0, W, wtype);
-            n = add_t(t, n, T("ssm_norm.weight"), 1, p->d_v, 1, 1, 1, N, wtype);
-            n = add_t(t, n, T("ssm_out.weight"), 2, vdim, E, 1, 0, W, wtype);
-        } else {
-            n = add_t(t, n, T("attn_q.weight"), 2, E, 2 * Q, 1, 0, W, wtype);
-            n = add_t(t, n, T("attn_k.weight"), 2, E, KV, 1, 0, W, wtype);
-            n = add_t(t, n, T("attn_v.weight"), 2, E, KV, 1, 0, W, wtype);
-            n = add_t(t, n, T("attn_output.weight"), 2, Q, E, 1, 0, W, wtype);
-            n = add_t(t, n, T("attn_q_norm.weight"), 1, p->hd, 1, 1, 1, N, wtype);
-            n = add_t(t, n, T("attn_k_norm.weight"), 1, p->hd, 1, 1, 1, N, wtype);
-        }
-        n = add_t(t, n, T("post_attention_norm.weight"), 1, E, 1, 1, 1, N, wtype);
-        n = add_t(t, n, T("ffn_gate_inp.weight"), 2, E, p->n_exp, 1, 0, W, HM_TYPE_F32);
-        n = add_t(t, n, T("ffn_gate_exps.weight"), 3, E, p->n_ff, p->n_exp, 0, W, wtype);
-        n = add_t(t, n, T("ffn_up_exps.weight"), 3, E, p->n_ff, p->n_exp, 0, W, wtype);
-        n = add_t(t, n, T("ffn_down_exps.weight"), 3, p->n_ff, E, p->n_exp, 0, W, wtype);
-        n = add_t(t, n, T("ffn_gate_inp_shexp.weight"), 2, E, 1, 1, 0, W, HM_TYPE_F32);
-        n = add_t(t, n, T("ffn_gate_shexp.weight"), 2, E, p->n_ff_sh, 1, 0, W, wtype);
-        n = add_t(t, n, T("ffn_up_shexp.weight"), 2, E, p->n_ff_sh, 1, 0, W, wtype);
-        n = add_t(t, n, T("ffn_down_shexp.weight"), 2, p->n_ff_sh, E, 1, 0, W, wtype);
-#undef T
-    }
-    n = add_t(t, n, "output_norm.weight", 1, E, 1, 1, 1, N, wtype);
-    n = add_t(t, n, "output.weight", 2, E, p->vocab, 1, 0, (float)(8.0 / sqrt((double)E)), wtype);
-
-    hm_gguf_writer *w = NULL;
-    hm_status st = hm_gguf_writer_open(&w, path, 0, err);
-    if (st != HM_OK) {
-        free(t);
-        return st;
-    }
-#define SET(call) do { if (!st) st = (call); } while (0)
-#define A "qwen35moe."
-    SET(hm_gguf_writer_set_str(w, "general.architecture", "qwen35moe"));
-    SET(hm_gguf_writer_set_str(w, "general.name", "tiny qwen35moe (test_qwen35moe_gpu)"));
-    SET(hm_gguf_writer_set_u32(w, A "block_count", (uint32_t)p->n_layer));
-    SET(hm_gguf_writer_set_u32(w, A "context_length", 4096));
-    SET(hm_gguf_writer_set_u32(w, A "embedding_length", (uint32_t)E));
-    SET(hm_gguf_writer_set_u32(w, A "attention.head_count", (uint32_t)p->n_head));
-    SET(hm_gguf_writer_set_u32(w, A "attention.head_count_kv", (uint32_t)p->n_kv));
-    SET(hm_gguf_writer_set_u32(w, A "attention.key_length", (uint32_t)p->hd));
-    SET(hm_gguf_writer_set_u32(w, A "attention.value_length", (uint32_t)p->hd));
-    SET(hm_gguf_writer_set_f32(w, A "rope.freq_base", 1e7f));
-    SET(hm_gguf_writer_set_u32(w, A "rope.dimension_count", (uint32_t)p->n_rot));
-    SET(hm_gguf_writer_set_f32(w, A "attention.layer_norm_rms_epsilon", 1e-6f));
-    SET(hm_gguf_writer_set_u32(w, A "expert_count", (uint32_t)p->n_exp));
-    SET(hm_gguf_writer_set_u32(w, A "expert_used_count", (uint32_t)p->k));
-    SET(hm_gguf_writer_set_u32(w, A "expert_feed_forward_length", (uint32_t)p->n_ff));
-    SET(hm_gguf_writer_set_u32(w, A "expert_shared_feed_forward_length", (uint32_t)p->n_ff_sh));
-    SET(hm_gguf_writer_set_u32(w, A "ssm.conv_kernel", (uint32_t)p->d_conv));
-    SET(hm_gguf_writer_set_u32(w, A "ssm.state_size", (uint32_t)p->d_k));
-    SET(hm_gguf_writer_set_u32(w, A "ssm.group_count", (uint32_t)p->n_k));
-    SET(hm_gguf_writer_set_u32(w, A "ssm.time_step_rank", (uint32_t)p->n_v));
-    SET(hm_gguf_writer_set_u32(w, A "ssm.inner_size", (uint32_t)vdim));
-    SET(hm_gguf_writer_set_u32(w, A "full_attention_interval", 4));
-#undef A
-    for (int i = 0; i < n; i++) SET(hm_gguf_writer_add_tensor(w, t[i].name, t[i].type, t[i].nd, t[i].ne));
-    SET(hm_gguf_writer_begin_data(w));
-    for (int i = 0; i < n && !st; i++) {
-        const ttensor *x = &t[i];
-        const int64_t ne0 = x->ne[0], rows = x->ne[1] * x->ne[2];
-        uint64_t seed = 1469598103934665603ull;
-        for (const char *c = x->name; *c; c++) seed = (seed ^ (unsigned char)*c) * 1099511628211ull;
-        float *row = malloc((size_t)ne0 * sizeof(float));
-        const size_t rb = hm_row_size(x->type, ne0);
-        void *q = malloc(rb);
-        for (int64_t r = 0; r < rows && !st; r++) {
-            for (int64_t j = 0; j < ne0; j++) { /* ~gaussian: the sum of 4 uniforms, std 1 */
-                const float u = rnd(&seed) + rnd(&seed) + rnd(&seed) + rnd(&seed);
-                row[j] = x->mean + x->std * u * 0.8660254f;
-            }
-            if (x->type == HM_TYPE_F32)
-                st = hm_gguf_writer_write(w, row, rb);
-            else {
-                hm_type_get(x->type)->from_float_ref(row, q, ne0);
-                st = hm_gguf_writer_write(w, q, rb);
-            }
-        }
-        free(row);
-        free(q);
-    }
-#undef SET
-    free(t);
-    if (st != HM_OK) {
-        hm_gguf_writer_abort(w);
-        return st;
-    }
-    return hm_gguf_writer_finish(w);
-}
+/* The tiny qwen35moe of (b): tiny_qwen35moe.h with 5 layers. */
+#define TINY_LAYERS 5
 
 typedef struct ref {
     int32_t n_vocab, n_layer, k;
@@ -788,7 +658,7 @@ int main(void) {
         if (fd < 0) continue;
         close(fd);
         hm_err err = {{0}};
-        hm_status st = write_tiny(path, types[i], &err);
+        hm_status st = tq35_write(path, TINY_LAYERS, types[i], "tiny qwen35moe (test_qwen35moe_gpu)", &err);
         CHECKF(st == HM_OK, "write the tiny model: %s", err.msg);
         char label[32];
         snprintf(label, sizeof label, "tiny %s", i ? "q8_0" : "f32");
