@@ -147,6 +147,12 @@ check "text names gpu 1" grep -q "gpu 1: layers 3-3" "$tmp/out"
 check "text run line" grep -q -- "--vram-budget 0:8MiB,1:8MiB -ts 1,1" "$tmp/out"
 check "-ts needs per-device budgets" test "$(code "$EXE" plan --profile "$tmp/p.json" --unit-bytes 1MiB --budget 8MiB \
     -ts 1,1)" = 2
+# a device that -ts gives no layers takes no slots (as the engine, which warns): one pool of 8
+check "-ts 1,0: device 1 idle" test "$(code "$EXE" plan --profile "$tmp/p.json" --unit-bytes 1MiB \
+    --budget 0:8MiB,1:8MiB -ts 1,0 --json)" = 0
+check "-ts 1,0: units 8 and 0" test "$(jq -c '[.gpus.devices[].units_fit]' "$j")" = "[8,0]"
+check "-ts 1,0: all layers on device 0" test "$(jq -c '[.gpus.devices[] | [.layer_begin, .layer_end]]' "$j")" = \
+    "[[0,4],[4,4]]"
 check "per-device auto refused" test "$(code "$EXE" plan --profile "$tmp/p.json" --unit-bytes 1MiB \
     --budget 0:auto,1:8MiB)" != 0
 check "per-device auto message" grep -q "auto needs the device" "$tmp/err"

@@ -235,7 +235,9 @@ static hm_status plan_gpus(plan *pl, hm_err *err) {
     pl->slots = 0;
     pl->budget_bytes = 0;
     for (int32_t d = 0; d < pl->gp.n_dev; d++) {
-        pl->gslots[d] = (int64_t)hm_units_fit(&pl->units, pl->gp.budget[d]);
+        /* as the engine: a device that runs no layers (its -ts share 0) takes no slots */
+        pl->gslots[d] = pl->gp.layer_end[d] > pl->gp.layer_begin[d] ? (int64_t)hm_units_fit(&pl->units, pl->gp.budget[d])
+                                                                     : 0;
         pl->slots += pl->gslots[d];
         pl->budget_bytes += (uint64_t)pl->gp.budget[d];
     }
@@ -261,7 +263,7 @@ static void print_gpus(const plan *pl, FILE *out) {
         const int32_t lb = pl->gp.layer_begin[d], le = pl->gp.layer_end[d];
         char layers[48];
         if (le > lb) snprintf(layers, sizeof layers, "layers %d-%d", (int)lb, (int)le - 1);
-        else snprintf(layers, sizeof layers, "no layers");
+        else snprintf(layers, sizeof layers, "no layers (its budget unused)");
         fprintf(out, "  gpu %d: %s, %s -> %" PRId64 " units; its layers' hit rate %.1f %% with peer units "
                 "(%" PRId64 " of its slots hold other devices' units), %.1f %% without\n", (int)pl->gp.dev[d], layers,
                 human((uint64_t)pl->gp.budget[d], b1, sizeof b1), pl->gslots[d], 100.0 * dev_hit(pl, &pl->gpu_on[1], d),
