@@ -327,6 +327,8 @@ typedef struct hm_usage {
     int64_t gpu_peer[HM_MAX_GPUS];   /* of the used slots: units of another device's layers */
     uint64_t stream_units, stream_bytes; /* prefill streaming: cold units copied up for one layer's
                                             batch and computed on the GPU (docs/ENGINE.md) */
+    uint64_t stream_ahead, stream_ahead_used; /* of them: copied a layer ahead from a predicted
+                                                 routing; of those, routed there (used) */
     int32_t *layer_gpu;              /* [n_layer] owned; NULL when n_gpus is 0 */
 } hm_usage;
 

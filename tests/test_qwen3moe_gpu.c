@@ -34,8 +34,9 @@
  * recorded after the step: the usage checks above hold for it as for the prefill path. Stacked
  * q|k(|v) weights are used by both models (F32: all three; Q4_K_M: q|k, v apart when Q6_K).
  * (e) 30 % static again with HOTMOE_PREFILL_STREAM=all: P's prefill layers copy every cold unit
- * the streaming pool holds up to the GPU and compute it there (docs/ENGINE.md): the same bounds,
- * and hm_model_usage counts streamed units.
+ * the streaming pool holds up to the GPU and compute it there (docs/ENGINE.md), the next layer's
+ * predicted ones a layer ahead: the same bounds, and hm_model_usage counts streamed units, units
+ * streamed ahead and those of them the real routing used.
  * Also: two GPU sessions through hm_batch_eval equal each alone; an f32 KV cache with the GPU is
  * HM_ERR_UNSUPPORTED. Decode steps of one row run as one CUDA graph (the cold units' handshakes
  * inside it); D again with HOTMOE_CUDA_GRAPH=0 (the per-launch path) must give bit-identical
@@ -171,18 +172,24 @@ static void run_placement(const char *path, const char *label, const ref *r, pla
         if (p == P_STATIC || p == P_STREAM)
             CHECKF(hits > 0 && misses > 0, "%s static: %llu hits, %llu misses", label, (unsigned long long)hits,
                    (unsigned long long)misses);
-        /* P's prefill (40 rows) streamed its cold units: computed on the GPU, counted as misses */
+        /* P's prefill (40 rows) streamed its cold units: computed on the GPU, counted as misses;
+         * layers 1..3 got units copied ahead from the routing predicted one layer early, some of
+         * which their real routing used */
         if (p == P_STREAM)
-            CHECKF(u.stream_units > 0 && u.stream_bytes >= u.stream_units * r->unit_bytes / 2,
-                   "%s streaming: %llu units, %llu bytes", label, (unsigned long long)u.stream_units,
-                   (unsigned long long)u.stream_bytes);
+            CHECKF(u.stream_units > 0 && u.stream_bytes >= u.stream_units * r->unit_bytes / 2 && u.stream_ahead > 0 &&
+                       u.stream_ahead_used > 0 && u.stream_ahead_used <= u.stream_ahead,
+                   "%s streaming: %llu units, %llu bytes, %llu ahead, %llu of them used", label,
+                   (unsigned long long)u.stream_units, (unsigned long long)u.stream_bytes,
+                   (unsigned long long)u.stream_ahead, (unsigned long long)u.stream_ahead_used);
         if (p == P_LRU) CHECKF(u.swaps_in > 0 && hits > 0, "%s lru: %llu swaps in, %llu hits", label,
                                (unsigned long long)u.swaps_in, (unsigned long long)hits);
         CHECKF(p == P_CPU_MOE ? u.vram_slots == 0 : u.vram_slots > 0, "%s %s: %lld VRAM slots", label,
                place_name[p], (long long)u.vram_slots);
         fprintf(stderr, "%s %-34s NMSE P %.3g, D %.3g; %lld slots, %llu hits, %llu misses, %llu swaps in, %llu "
-                "streamed\n", label, place_name[p], wp, wd, (long long)u.vram_slots, (unsigned long long)hits,
-                (unsigned long long)misses, (unsigned long long)u.swaps_in, (unsigned long long)u.stream_units);
+                "streamed (%llu ahead, %llu used)\n", label, place_name[p], wp, wd, (long long)u.vram_slots,
+                (unsigned long long)hits, (unsigned long long)misses, (unsigned long long)u.swaps_in,
+                (unsigned long long)u.stream_units, (unsigned long long)u.stream_ahead,
+                (unsigned long long)u.stream_ahead_used);
     }
     hm_usage_free(&u);
     if (p != P_LRU && wd >= 0) {

@@ -305,6 +305,8 @@ hm_status hm_model_usage(const hm_model *m, hm_usage *u, hm_err *err) {
         u->n_gpus = g->n_dev;
         u->stream_units = g->stream_units;
         u->stream_bytes = g->stream_bytes;
+        u->stream_ahead = g->stream_ahead;
+        u->stream_ahead_used = g->stream_ahead_used;
         for (int32_t d = 0; d < g->n_dev; d++) {
             u->gpu_ordinal[d] = g->dev[d].ordinal;
             if (hm_experts_n_groups(m->experts) > 1) {

@@ -71,9 +71,15 @@ typedef struct hm_gpu_dev {
     int64_t peer_rows;          /* rows they hold (0: none) */
     /* Prefill streaming (moe_cuda.c): a few slots outside the store, not counted in the budget,
      * into which a prefill layer's heaviest cold units are copied while the CPU computes the
-     * rest; they then run on this device in a second grouped launch. NULL: no streaming. */
+     * rest; they then run on this device in a second grouped launch. Two halves: layer il uses
+     * half il & 1, so the next layer's predicted units can go up into the other half while this
+     * layer computes. NULL: no streaming. */
     struct hm_vram_tier *stream;/* owned */
     hm_tier stream_t;           /* its view */
+    int32_t stream_half;        /* slots in each half */
+    int32_t stream_layer[2];    /* the layer whose units each half holds (-1: none) */
+    int32_t stream_n[2];        /* slots of each half in use (from its start) */
+    int32_t *stream_expert;     /* [2 * stream_half] owned: the expert in each used slot */
 } hm_gpu_dev;
 
 typedef struct hm_gpu_alloc {
@@ -94,8 +100,10 @@ typedef struct hm_gpu {
                                            then grouped by device (moe_cuda.c) */
     int32_t *peer_work_dev;     /* [n_expert] owned: the device of each found one */
     int32_t stream_mode;        /* prefill streaming: 0 off, 1 by the cost model, 2 every cold unit
-                                   the slots hold (HOTMOE_PREFILL_STREAM=0 / unset / all) */
-    uint64_t stream_units, stream_bytes; /* streamed so far */
+                                   the slots hold, 3 the cost model without streaming ahead
+                                   (HOTMOE_PREFILL_STREAM=0 / unset / all / layer) */
+    uint64_t stream_units, stream_bytes; /* streamed so far (ahead or not) */
+    uint64_t stream_ahead, stream_ahead_used; /* copied ahead from a prediction; of them, routed */
     bool peer_on;               /* every pair of devices reads the other's memory directly */
     hm_tier hot;                /* the store's view of every device's slots (store slot numbers) */
     void *arch;                 /* the arch's device weights: gpu_load sets, gpu_unload frees */

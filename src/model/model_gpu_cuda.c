@@ -101,6 +101,7 @@ void hm_model_gpu_close(hm_model *m) {
     for (int32_t d = 0; d < g->n_dev; d++) { /* each waits for its fills in flight */
         hm_vram_tier_close(g->dev[d].vram);
         hm_vram_tier_close(g->dev[d].stream);
+        free(g->dev[d].stream_expert);
     }
     if (m->arch && m->arch->gpu_unload) m->arch->gpu_unload(m);
     for (int32_t i = 0; i < g->n_allocs; i++) hm_cuda_free(g->dev[g->allocs[i].dev].ctx, g->allocs[i].p);
@@ -275,9 +276,9 @@ static hm_status open_devices(hm_model *m, hm_gpu *g, const hm_gpu_plan *p, hm_e
     return HM_OK;
 }
 
-/* Slots of each device's prefill streaming pool (model_gpu.h): a bound on the units one layer
- * streams, and VRAM beyond the budget (64 units of Qwen3-30B-A3B: 170 MiB). */
-#define HM_STREAM_SLOTS 64
+/* Slots of each device's prefill streaming pool (model_gpu.h), two halves: a bound on the units one
+ * layer streams (48), and VRAM beyond the budget (96 units of Qwen3-30B-A3B: 254 MiB). */
+#define HM_STREAM_SLOTS 96
 
 /* Prefill streaming (moe_cuda.c): a pool of HM_STREAM_SLOTS slots on each device that runs layers,
  * when some unit is cold and some is in a slot (not --cpu-moe: the experts stay on the CPU there, as
@@ -286,7 +287,7 @@ static hm_status open_devices(hm_model *m, hm_gpu *g, const hm_gpu_plan *p, hm_e
  * VRAM is short (a warning), none at all is not an error. */
 static hm_status open_stream(hm_model *m, hm_gpu *g, const hm_placement_opts *o, hm_err *err) {
     const char *ev = getenv("HOTMOE_PREFILL_STREAM");
-    g->stream_mode = ev && !strcmp(ev, "0") ? 0 : ev && !strcmp(ev, "all") ? 2 : 1;
+    g->stream_mode = !ev ? 1 : !strcmp(ev, "0") ? 0 : !strcmp(ev, "all") ? 2 : !strcmp(ev, "layer") ? 3 : 1;
     const bool ssd_tier = o->ram_budget > 0 && (uint64_t)o->ram_budget < m->units.expert_bytes;
     /* no slots at all (--cpu-moe): the GPU computes no expert (moe_cuda.c's gpu_computes) */
     if (!g->stream_mode || ssd_tier || g->no_gpu_experts || !g->slot_bytes || g->n_slots == 0 ||
@@ -304,11 +305,15 @@ static hm_status open_stream(hm_model *m, hm_gpu *g, const hm_placement_opts *o,
         hm_status st = hm_vram_tier_open(&dv->stream, dv->ctx, &vo, err);
         if (st != HM_OK) return st;
         const int64_t n = hm_vram_tier_n_slots(dv->stream);
-        if (n == 0) {
+        dv->stream_half = (int32_t)(n / 2);
+        if (dv->stream_half == 0) {
             hm_vram_tier_close(dv->stream);
             dv->stream = NULL;
         } else {
             hm_vram_tier_as_hot(dv->stream, &dv->stream_t);
+            dv->stream_layer[0] = dv->stream_layer[1] = -1;
+            if (!(dv->stream_expert = calloc((size_t)n, sizeof *dv->stream_expert)))
+                return hm_errf(err, HM_ERR_NOMEM, "out of memory");
         }
         if (n < HM_STREAM_SLOTS)
             hm_log_printf(&m->log, HM_LOG_WARN, "gpu %d: room for %lld of %d prefill streaming slots",

@@ -156,6 +156,11 @@ typedef struct hm_moe_gpu_buf {
     void *scratch_dev;    /* hm_cuda_moe's scratch (hm_cuda_moe_scratch_size for cap_tok) */
     size_t scratch_dev_size;
     struct hm_cuda_moe_unit *units; /* [n_expert] host work space */
+    /* prefill: the next layer's experts and its routing predicted on this layer's input (n_tok * k
+     * ids, host, valid once the caller's routing wait is over), for streaming its heavy cold units
+     * ahead (hm_moe_gpu_streams); NULL: none */
+    const struct hm_moe_weights *next_mw;
+    const int32_t *next_ids;
 } hm_moe_gpu_buf;
 
 /* True when every unit of layer mw->layer is HOT now and computable on the GPU (the store's slot
@@ -197,6 +202,8 @@ hm_status hm_moe_forward_gpu_dev(const struct hm_model *m, const hm_moe_weights 
 hm_status hm_moe_forward_gpu_cold(const struct hm_model *m, hm_pool *pool, const hm_moe_weights *mw,
                                   hm_moe_route *r, const hm_moe_gpu_buf *b, hm_scratch *scratch,
                                   hm_err *err);
+/* Whether a prefill of layer il streams cold units (moe_cuda.c): worth predicting its routing. */
+bool hm_moe_gpu_streams(const struct hm_model *m, int32_t il);
 /* One MoE layer of a per-launch GPU step (the three archs' forwards), after its router wrote the
  * routing at ids_d (device: nr * k ids, then their nr * k weights) on the layer's device:
  *   - decode (dec): the hot units from ids_d through slots_dev (when any_hot); unless all_hot, the

@@ -23,6 +23,7 @@
  * before (also inside the decode graph: hm_moe_gpu_cold_host). */
 #include <stddef.h>
 #include <string.h>
+#include <time.h>
 
 #include "backend/cpu/cpu_gemma.h"
 #include "backend/cuda/cuda_ops.h"
@@ -233,62 +234,101 @@ static hm_status cold_part(const hm_model *m, hm_pool *pool, const hm_moe_weight
  *   - copy: the VRAM tier moved 102.7 MB in 16 ms (test_cuda_tier_gpu): 164 us per MiB;
  *   - CPU: pp512 with every expert on the CPU, 265.9 t/s over 40 layers of 4096 routed pairs
  *     (docs/PERFORMANCE.md): 11.8 us a (token, unit) pair, 6.05 us per token per MiB.
- * Both scale with the unit's bytes, so the choice depends only on the token counts. The pool is
- * refilled per layer: the prefill path synced before the layer's MoE (its routing download), so
- * no launch still reads the slots; the sync here makes sure of it. */
+ * Both scale with the unit's bytes, so the choice depends only on the token counts.
+ *
+ * Double-buffered: layer il uses half il & 1 of the pool. When the arch predicts layer il+1's
+ * routing on layer il's input (its router applied one layer early, b->next_ids), the next layer's
+ * heavy cold units are queued behind this layer's copies into the other half (stream_ahead), so
+ * the copier keeps working through this layer's CPU work and the next layer's attention; at layer
+ * il+1 those that were routed cost no copy (stream_pick). A half is refilled only two layers
+ * later, after the prefill path's routing waits of the layers between: no launch still reads it. */
 #define HM_STREAM_COPY_US_PER_MIB 164.0
 #define HM_STREAM_CPU_US_PER_TOK_MIB 6.05
+#define HM_STREAM_MAX_UNITS 1024 /* the CUDA router's expert bound */
 
-/* Take the units to stream out of the *n_cold cold jobs of r (the rest keep their order; *n_cold
- * becomes their count), queue their copies into dv's pool and put them, as the kernels take them,
- * into units[0..*n_str). */
-static hm_status stream_pick(const hm_model *m, hm_gpu_dev *dv, int32_t mode, const hm_moe_weights *mw,
-                             hm_moe_route *r, int32_t *n_cold_io, hm_cuda_moe_unit *units, int *n_str, hm_err *err) {
-    const int32_t n_cold = *n_cold_io;
-    *n_str = 0;
-    const int64_t n_slots = hm_vram_tier_n_slots(dv->stream);
-    const double mib = (double)m->units.layers[mw->layer].unit_bytes / (1024.0 * 1024.0);
-    int32_t order[1024];
-    int32_t n = n_cold < 1024 ? n_cold : 1024;
-    double cpu = 0; /* the CPU's share, us */
-    for (int32_t i = 0; i < n; i++) {
-        order[i] = i;
-        cpu += r->tier_ntok[i] * mib * HM_STREAM_CPU_US_PER_TOK_MIB;
-    }
-    for (int32_t i = 1; i < n; i++) { /* by tokens, most first (insertion sort: a layer's units) */
-        const int32_t v = order[i];
+/* Sort idx[0..n) by tok[idx[i]], most first (insertion sort: one layer's units). */
+static void by_tokens(int32_t *idx, int32_t n, const int32_t *tok) {
+    for (int32_t i = 1; i < n; i++) {
+        const int32_t v = idx[i];
         int32_t j = i;
-        while (j > 0 && r->tier_ntok[order[j - 1]] < r->tier_ntok[v]) order[j] = order[j - 1], j--;
-        order[j] = v;
+        while (j > 0 && tok[idx[j - 1]] < tok[v]) idx[j] = idx[j - 1], j--;
+        idx[j] = v;
     }
-    uint8_t take[1024] = {0};
-    double copy = 0;
-    int k = 0;
-    for (int32_t i = 0; i < n && k < n_slots; i++) {
-        const double c_cpu = r->tier_ntok[order[i]] * mib * HM_STREAM_CPU_US_PER_TOK_MIB;
-        const double c_copy = mib * HM_STREAM_COPY_US_PER_MIB;
-        if (mode == 1 && copy + c_copy > cpu - c_cpu) break;
+}
+
+/* How many of the n units idx[] (sorted by tok, most first) to copy up, at most cap: while the
+ * copies end before the CPU's share of the rest (mode 1, 3), or as many as fit (mode 2). */
+static int32_t stream_count(const int32_t *idx, int32_t n, const int32_t *tok, double mib, int32_t cap,
+                            int32_t mode) {
+    double cpu = 0, copy = 0;
+    for (int32_t i = 0; i < n; i++) cpu += tok[idx[i]] * mib * HM_STREAM_CPU_US_PER_TOK_MIB;
+    int32_t k = 0;
+    for (; k < n && k < cap; k++) {
+        const double c_cpu = tok[idx[k]] * mib * HM_STREAM_CPU_US_PER_TOK_MIB, c_copy = mib * HM_STREAM_COPY_US_PER_MIB;
+        if (mode != 2 && copy + c_copy > cpu - c_cpu) break;
         copy += c_copy;
         cpu -= c_cpu;
-        take[order[i]] = 1;
-        k++;
     }
-    if (k == 0) return HM_OK;
-    hm_status st = hm_cuda_sync(dv->ctx, err); /* no launch may still read the pool */
+    return k;
+}
+
+/* Queue expert e of mw's layer into slot `slot` of dv's pool. */
+static hm_status stream_fill(const hm_model *m, hm_gpu_dev *dv, const hm_moe_weights *mw, int32_t e, int32_t slot,
+                             hm_err *err) {
+    const hm_unit_ref ref = hm_unit_ref_of(&m->units, mw->layer, e);
+    hm_status st = dv->stream_t.fill(dv->stream_t.ctx, &ref, slot, err);
     if (st != HM_OK) return st;
+    dv->stream_expert[slot] = e;
+    m->gpu->stream_units++;
+    m->gpu->stream_bytes += ref.bytes;
+    return HM_OK;
+}
+
+bool hm_moe_gpu_streams(const hm_model *m, int32_t il) {
+    const hm_gpu *g = m->gpu;
+    return g && (g->stream_mode == 1 || g->stream_mode == 2) && g->dev[hm_gpu_layer_dev(g, il)].stream;
+}
+
+/* The units to stream of layer mw->layer: out of the *n_cold cold jobs of r (the rest keep their
+ * order; *n_cold becomes their count), those copied ahead into the layer's half (free) and, by the
+ * cost model, more into the half's free slots (queued now); put, as the kernels take them, into
+ * units[0..*n_str), their slots into slots[0..*n_str). */
+static hm_status stream_pick(const hm_model *m, hm_gpu_dev *dv, const hm_moe_weights *mw, hm_moe_route *r,
+                             int32_t *n_cold_io, hm_cuda_moe_unit *units, int32_t *slots, int *n_str, hm_err *err) {
+    const int32_t n_cold = *n_cold_io < HM_STREAM_MAX_UNITS ? *n_cold_io : HM_STREAM_MAX_UNITS;
+    const int32_t half = mw->layer & 1, base = half * dv->stream_half;
+    *n_str = 0;
+    if (dv->stream_layer[half] != mw->layer) { /* nothing came ahead for this layer */
+        dv->stream_layer[half] = mw->layer;
+        dv->stream_n[half] = 0;
+    }
+    const int32_t n_pre = dv->stream_n[half];
+    int32_t slot_of[HM_STREAM_MAX_UNITS], idx[HM_STREAM_MAX_UNITS], n_new_cand = 0;
+    for (int32_t i = 0; i < n_cold; i++) {
+        slot_of[i] = -1;
+        for (int32_t s = base; s < base + n_pre; s++)
+            if (dv->stream_expert[s] == r->tier_unit[i]) slot_of[i] = s;
+        if (slot_of[i] < 0) idx[n_new_cand++] = i;
+    }
+    by_tokens(idx, n_new_cand, r->tier_ntok);
+    const double mib = (double)m->units.layers[mw->layer].unit_bytes / (1024.0 * 1024.0);
+    const int32_t n_new = stream_count(idx, n_new_cand, r->tier_ntok, mib, dv->stream_half - n_pre, m->gpu->stream_mode);
+    hm_status st;
+    for (int32_t j = 0; j < n_new; j++) { /* queued first: the copier starts on them now */
+        const int32_t i = idx[j], s = base + dv->stream_n[half]++;
+        if ((st = stream_fill(m, dv, mw, r->tier_unit[i], s, err)) != HM_OK) return st;
+        slot_of[i] = s;
+    }
     const ptrdiff_t up_off = (const char *)mw->up.data - (const char *)mw->gate.data;
     int32_t left = 0;
-    for (int32_t i = 0; i < n_cold; i++) {
-        if (i < n && take[i]) {
-            const hm_unit_ref ref = hm_unit_ref_of(&m->units, mw->layer, r->tier_unit[i]);
-            if ((st = dv->stream_t.fill(dv->stream_t.ctx, &ref, *n_str, err)) != HM_OK) return st;
-            hm_cuda_moe_unit *u = &units[(*n_str)++];
-            tier_parts(&dv->stream_t, *n_str - 1, up_off, &u->gate, &u->up, &u->down);
+    for (int32_t i = 0; i < *n_cold_io; i++) {
+        if (i < n_cold && slot_of[i] >= 0) {
+            hm_cuda_moe_unit *u = &units[*n_str];
+            slots[(*n_str)++] = slot_of[i];
+            tier_parts(&dv->stream_t, slot_of[i], up_off, &u->gate, &u->up, &u->down);
             u->tok_host = r->jobs[i].tok;
             u->w_host = r->jobs[i].w;
             u->n_tok = r->jobs[i].n_tok;
-            m->gpu->stream_units++;
-            m->gpu->stream_bytes += ref.bytes;
             continue;
         }
         r->jobs[left] = r->jobs[i];
@@ -296,7 +336,47 @@ static hm_status stream_pick(const hm_model *m, hm_gpu_dev *dv, int32_t mode, co
         r->tier_ntok[left] = r->tier_ntok[i];
         left++;
     }
+    m->gpu->stream_ahead_used += (uint64_t)(*n_str - n_new);
     *n_cold_io = left;
+    return HM_OK;
+}
+
+/* Queue the copies of layer next's predicted heavy cold units (ids: its routing predicted on this
+ * layer's n_tok rows, k each) into its half of dv's pool, behind this layer's own copies. */
+static hm_status stream_ahead(const hm_model *m, hm_gpu_dev *dv, const hm_moe_weights *next, const int32_t *ids,
+                              int64_t n_tok, int k, hm_err *err) {
+    const hm_gpu *g = m->gpu;
+    const int32_t ne = next->n_expert < HM_STREAM_MAX_UNITS ? next->n_expert : HM_STREAM_MAX_UNITS;
+    int32_t count[HM_STREAM_MAX_UNITS] = {0}, idx[HM_STREAM_MAX_UNITS], n = 0;
+    for (int64_t i = 0; i < n_tok * k; i++)
+        if (ids[i] >= 0 && ids[i] < ne) count[ids[i]]++;
+    /* units with any store slot are the store's (hot here, or peer units) */
+    const int32_t *smap = m->experts ? hm_experts_slot_map(m->experts, next->layer) : NULL;
+    for (int32_t e = 0; e < ne; e++)
+        if (count[e] > 0 && (!smap || smap[e] < 0)) idx[n++] = e;
+    by_tokens(idx, n, count);
+    const double mib = (double)m->units.layers[next->layer].unit_bytes / (1024.0 * 1024.0);
+    const int32_t take = stream_count(idx, n, count, mib, dv->stream_half, g->stream_mode);
+    const int32_t half = next->layer & 1;
+    dv->stream_layer[half] = next->layer;
+    dv->stream_n[half] = 0;
+    for (int32_t j = 0; j < take; j++) {
+        hm_status st = stream_fill(m, dv, next, idx[j], half * dv->stream_half + dv->stream_n[half]++, err);
+        if (st != HM_OK) return st;
+    }
+    m->gpu->stream_ahead += (uint64_t)take;
+    return HM_OK;
+}
+
+/* Block until the n slots' copies have landed. A copy error never lands: after a while the tier's
+ * own wait, which reports it (and otherwise waits for every copy queued), decides. */
+static hm_status stream_wait(hm_gpu_dev *dv, const int32_t *slots, int n, hm_err *err) {
+    const struct timespec pause = {0, 20000};
+    for (int i = 0, spins = 0; i < n; i++)
+        while (!dv->stream_t.ready(dv->stream_t.ctx, slots[i])) {
+            if (++spins > 10000) return hm_vram_tier_wait(dv->stream, err); /* ~0.2 s */
+            nanosleep(&pause, NULL);
+        }
     return HM_OK;
 }
 
@@ -309,9 +389,16 @@ hm_status hm_moe_forward_gpu(const hm_model *m, hm_pool *pool, const hm_moe_weig
     hm_gpu_dev *dv = &g->dev[hm_gpu_layer_dev(g, mw->layer)];
     hm_cuda_ctx *c = dv->ctx;
     hm_status st;
-    /* the heaviest cold units start on their way up first (the copier works from now on) */
-    if (n_cold > 0 && dv->stream && gpu_computes(g, mw) &&
-        (st = stream_pick(m, dv, g->stream_mode, mw, r, &n_cold, b->units + n_hot, &n_str, err)) != HM_OK)
+    const bool streams = dv->stream && g->stream_mode && gpu_computes(g, mw);
+    int32_t str_slots[HM_STREAM_MAX_UNITS];
+    /* this layer's heaviest cold units first, then the next layer's predicted ones (the copier
+     * takes them in that order) */
+    if (streams && n_cold > 0 &&
+        (st = stream_pick(m, dv, mw, r, &n_cold, b->units + n_hot, str_slots, &n_str, err)) != HM_OK)
+        return st;
+    if (streams && b->next_mw && b->next_ids && (g->stream_mode == 1 || g->stream_mode == 2) &&
+        hm_gpu_layer_dev(g, b->next_mw->layer) == hm_gpu_layer_dev(g, mw->layer) &&
+        (st = stream_ahead(m, dv, b->next_mw, b->next_ids, r->n_tok, r->k, err)) != HM_OK)
         return st;
     if (n_hot > 0 &&
         (st = hm_cuda_moe_act(c, b->units, n_hot, mw->gate.type, mw->down.type, cuda_act(mw), b->x_dev, r->n_tok,
@@ -320,7 +407,7 @@ hm_status hm_moe_forward_gpu(const hm_model *m, hm_pool *pool, const hm_moe_weig
     /* the CPU part and the peer units, while the hot launch runs and the streamed units go up */
     if ((st = cold_part(m, pool, mw, r, n_cold, n_peer, b, scratch, err)) != HM_OK || n_str == 0) return st;
     /* the streamed units, once landed, in a second launch (after the first on the same stream) */
-    if ((st = hm_vram_tier_wait(dv->stream, err)) != HM_OK) return st;
+    if ((st = stream_wait(dv, str_slots, n_str, err)) != HM_OK) return st;
     return hm_cuda_moe_act(c, b->units + n_hot, n_str, mw->gate.type, mw->down.type, cuda_act(mw), b->x_dev, r->n_tok,
                            mw->n_embd, mw->n_ff, b->out_dev, b->scratch_dev, b->scratch_dev_size, err);
 }

@@ -188,6 +188,8 @@ typedef struct q3_gstate {
     float *q, *k, *v, *att;   /* [U, n_head*hd], 2x [U, n_head_kv*hd], [U, n_head*hd] */
     float *rlog;              /* [U, n_expert] router logits */
     int32_t *sel;             /* [2 * U * k]: a layer's ids [nr, k], then its weights [nr, k] */
+    int32_t *pred;            /* [2 * U * k]: prefill, the next layer's routing predicted on this
+                                 layer's MoE input (for streaming ahead: moe.h, next_ids) */
     float *cold;              /* [U, n_embd] the CPU part's sum, uploaded */
     float *logits;            /* [min(U, Q3_LOGIT_ROWS), n_vocab] (the output's device) */
     int32_t *ints;            /* [3 * U]: tokens, positions, positions of the wanted rows */
@@ -196,6 +198,7 @@ typedef struct q3_gstate {
     void *pin;                /* pinned host block holding the arrays below, owned */
     int32_t *ints_h;          /* [3 * U] what goes up into ints */
     int32_t *sel_h;           /* [2 * U * k] what comes down from sel */
+    int32_t *pred_h;          /* [U * k] the predicted ids, down */
     float *h_h;               /* [U, n_embd] the normed MoE input, for the CPU part */
     float *cold_h;            /* [U, n_embd] the CPU part's sum */
     hm_cuda_moe_unit *units;  /* [n_expert] hot-unit work space, owned */
@@ -280,7 +283,8 @@ static hm_status gstate_open(const hm_model *m, const hm_state_opts *o, int32_t 
     if (!hm_mul_ok(g->kv_layer_elems, 2u * (size_t)(l1 - l0) * 2u, &kv_bytes))
         return hm_errf(err, HM_ERR_NOMEM, "gpu: the KV cache for %d positions is too large", o->n_ctx);
     const size_t act_el[] = {U * E, U * E, U * nq, U * nkv, U * nkv, U * nq, U * (size_t)q->n_expert, 2 * U * K,
-                             U * E, out ? (size_t)g->logit_rows * V : 0, 3 * U, NL * g->sel_stride, slot_words};
+                             U * E, out ? (size_t)g->logit_rows * V : 0, 3 * U, NL * g->sel_stride, slot_words,
+                             2 * U * K};
     size_t act_off[sizeof act_el / sizeof act_el[0]];
     const size_t act_bytes = hm_gpu_layout(act_el, act_off, sizeof act_el / sizeof act_el[0]);
     /* attention and the grouped MoE run one after the other on one stream: one scratch */
@@ -316,6 +320,7 @@ static hm_status gstate_open(const hm_model *m, const hm_state_opts *o, int32_t 
         g->ints = (int32_t *)(b + off[10]);
         g->sel_all = (int32_t *)(b + off[11]);
         g->slots = (hm_cuda_moe_slot *)(b + off[12]);
+        g->pred = (int32_t *)(b + off[13]);
     }
     if ((st = hm_gpu_dev_alloc_on(m, dev, g->scratch_size, g->scratch_size, &g->scratch, "attention/MoE scratch",
                                   err)) != HM_OK)
@@ -323,7 +328,7 @@ static hm_status gstate_open(const hm_model *m, const hm_state_opts *o, int32_t 
 
     /* pinned host buffers: everything that crosses the bus */
     {
-        const size_t el[] = {3 * U, 2 * U * K, U * E, U * E, NL * g->sel_stride, slot_words};
+        const size_t el[] = {3 * U, 2 * U * K, U * E, U * E, NL * g->sel_stride, slot_words, U * K};
         size_t off[sizeof el / sizeof el[0]];
         if ((st = hm_gpu_pinned_block(c, el, off, sizeof el / sizeof el[0], &g->pin, err)) != HM_OK) return st;
         char *b = g->pin;
@@ -333,6 +338,7 @@ static hm_status gstate_open(const hm_model *m, const hm_state_opts *o, int32_t 
         g->cold_h = (float *)(b + off[3]);
         g->sel_all_h = (int32_t *)(b + off[4]);
         g->slots_h = (hm_cuda_moe_slot *)(b + off[5]);
+        g->pred_h = (int32_t *)(b + off[6]);
     }
     g->units = calloc((size_t)q->n_expert, sizeof *g->units);
     g->all_hot = calloc((size_t)q->n_layer, 1);
@@ -597,14 +603,14 @@ hm_status q3_gpu_forward(const hm_model *m, q3_state *s, hm_pool *pool, const hm
             CK(hm_cuda_add_rmsnorm(c, g->x, g->h, D->ffn_norm, g->h, nr, E, q->eps, err));
             CK(hm_cuda_matmul(c, &D->router, g->h, nr, g->rlog, err));
             const size_t nk = (size_t)nr * (size_t)K;
-            const hm_moe_gpu_buf mb = {.x_dev = g->h,
-                                       .x_host = g->all_hot[il] ? NULL : g->h_h,
-                                       .out_dev = g->x,
-                                       .cold_host = g->cold_h,
-                                       .cold_dev = g->cold,
-                                       .scratch_dev = g->scratch,
-                                       .scratch_dev_size = g->scratch_size,
-                                       .units = g->units};
+            hm_moe_gpu_buf mb = {.x_dev = g->h,
+                                 .x_host = g->all_hot[il] ? NULL : g->h_h,
+                                 .out_dev = g->x,
+                                 .cold_host = g->cold_h,
+                                 .cold_dev = g->cold,
+                                 .scratch_dev = g->scratch,
+                                 .scratch_dev_size = g->scratch_size,
+                                 .units = g->units};
             /* decode: the hot units straight from the device routing (every layer's kept for the
              * record after the step); a host round trip only when the layer may have cold units,
              * and then the hot launch runs while the host computes. Prefill: the layer's one wait */
@@ -612,6 +618,15 @@ hm_status q3_gpu_forward(const hm_model *m, q3_state *s, hm_pool *pool, const hm
             int32_t *ids_h = dec ? g->sel_all_h + (size_t)il * g->sel_stride : g->sel_h;
             CK(hm_cuda_router(c, g->rlog, nr, q->n_expert, K, true, ids_d, (float *)(ids_d + nk), err));
             if (dec) g->rec_n[il] = (int32_t)nk, g->n_rec = il + 1;
+            if (!dec && il + 1 < g->l1 && hm_moe_gpu_streams(m, il + 1)) {
+                /* prefill streaming ahead: the next layer's router on this layer's input (the
+                 * residual moves little in one layer), its ids down with this layer's routing */
+                CK(hm_cuda_matmul(c, &d->layers[il + 1].router, g->h, nr, g->rlog, err));
+                CK(hm_cuda_router(c, g->rlog, nr, q->n_expert, K, true, g->pred, (float *)(g->pred + nk), err));
+                CK(hm_cuda_download_async(c, g->pred_h, g->pred, nk * sizeof(int32_t), err));
+                mb.next_mw = &q->layers[il + 1].moe;
+                mb.next_ids = g->pred_h;
+            }
             CK(hm_moe_gpu_layer_step(m, pool, &L->moe, &s->route, &s->scratch, &mb, dec, g->all_hot[il],
                                      g->any_hot[il], g->slots + (size_t)il * (size_t)q->n_expert, ids_d, ids_h, nr,
                                      K, g->routed, err));
