@@ -32,6 +32,9 @@ struct hm_cuda_ctx {
     int kern;                  /* hm_cuda_kern: which decode kernels (tests pick; 0 = default) */
     bool exact_mm;             /* HOTMOE_CUDA_EXACT=1: matmuls of > 8 rows run as exact-f32 matvecs
                                   in chunks of 8 (a reference path for tests; slow) */
+    void *mmq_ws;              /* the int8 prefill matmul's workspace (cuda_mmq.cu), NULL = that
+                                  path is off (HOTMOE_CUDA_MMQ=1 or hm_cuda_set_mmq turn it on) */
+    size_t mmq_ws_size;
 };
 
 /* Evaluate a CUDA runtime call; on failure fill `err` (a hm_err * in scope) and return. */
@@ -57,6 +60,11 @@ struct hm_cuda_ctx {
 /* Decode path of hm_cuda_matmul (1 <= n_tok <= HM_CUDA_MATVEC_MAX_TOK), arguments checked. */
 hm_status hm_cuda_matvec_run(hm_cuda_ctx *c, const hm_cuda_mat *w, const float *x, int n_tok,
                              float *y, hm_err *err);
+/* The int8 tensor-core prefill matmul (cuda_mmq.cu): whether it takes w (the switch is on and the
+ * type has it), and the run (n_tok > HM_CUDA_MATVEC_MAX_TOK, arguments checked). */
+bool hm_cuda_mmq_takes(const hm_cuda_ctx *c, const hm_cuda_mat *w);
+hm_status hm_cuda_mmq_run(hm_cuda_ctx *c, const hm_cuda_mat *w, const float *x, int64_t n_tok, float *y,
+                          hm_err *err);
 /* Checks a weight matrix against the kernels' needs (type, alignment, ne0). */
 hm_status hm_cuda_mat_check(const hm_cuda_mat *w, hm_err *err);
 
