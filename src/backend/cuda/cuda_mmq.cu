@@ -83,8 +83,8 @@ template <int T> struct mmq_traits {
  * 32 int8 values at dst[off1 ..], dst[off2 ..] (q6_K's 0..63 shifted to q - 32, so no offset term),
  * the integer scales of its sub-blocks at sc[j] (j = element / S), the mins at mn[j] (Q4_K/Q5_K),
  * and the row block's d, dmin (unit 0). Host and device: the host emulation checks this staging. */
-template <int T>
-HMCU_HD void mmq_stage(const qunit &u, int p, int8_t *dst, int *sc, int *mn, float *dw, float *dm) {
+template <int T, typename M>
+HMCU_HD void mmq_stage(const qunit &u, int p, int8_t *dst, int *sc, M *mn, float *dw, float *dm) {
     using tr = mmq_traits<T>;
     using Q = q8kx<T>;
     uint32_t v1[4], v2[4];
@@ -106,8 +106,8 @@ HMCU_UNROLL
         if ((p & 1) == 0) {
             sc[Q::off1(p) / 32] = u.s1;
             sc[Q::off2(p) / 32] = u.s2;
-            mn[Q::off1(p) / 32] = u.m1;
-            mn[Q::off2(p) / 32] = u.m2;
+            mn[Q::off1(p) / 32] = (M)u.m1;
+            mn[Q::off2(p) / 32] = (M)u.m2;
         }
     } else { /* iq4_xs: unit p = sub-block p */
         sc[p] = u.s1;
@@ -127,10 +127,11 @@ __global__ void __launch_bounds__(128, mmq_traits<T>::min_blocks) k_mmq(const ui
     __shared__ __align__(16) int8_t ws[MQ_BM * MQ_LD];  /* [row][k] */
     __shared__ __align__(16) int8_t xs[MQ_BN * MQ_LD];  /* [token][k] */
     __shared__ int sc_s[MQ_BM * MQ_SCP];                /* [row][sub-block] integer scale */
-    __shared__ int mn_s[tr::mins ? MQ_BM * 9 : 1];      /* [row][sub-block] integer min (pitch 9) */
+    __shared__ __align__(16) int8_t mn_s[tr::mins ? MQ_BM * 16 : 4]; /* [row][sub-block] min, 0..63 (8 + 8 pad) */
     __shared__ float dw_s[MQ_BM], dm_s[MQ_BM];          /* row block scales d, dmin */
     __shared__ float xd_s[MQ_BN];                       /* token block scales */
-    __shared__ int xsum_s[tr::mins ? MQ_BN * 9 : 1];    /* [token][sub-block of 32] code sums */
+    __shared__ __align__(16) int8_t xsl_s[tr::mins ? MQ_BN * 8 : 4]; /* [token][sub-block] 32-sum & 127 */
+    __shared__ __align__(16) int8_t xsh_s[tr::mins ? MQ_BN * 8 : 4]; /* [token][sub-block] 32-sum >> 7 */
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wm = warp >> 1, wn = warp & 1, g = lane >> 2, t4 = lane & 3;
@@ -155,7 +156,7 @@ __global__ void __launch_bounds__(128, mmq_traits<T>::min_blocks) k_mmq(const ui
             if (row < ne1) {
                 const uint8_t *blk = w + row * nb1 + kb * Q::size;
                 const qunit u = Q::dec(Q::load(blk, p), blk, p);
-                mmq_stage<T>(u, p, dst, sc_s + r * MQ_SCP, tr::mins ? mn_s + r * 9 : nullptr, dw_s + r, dm_s + r);
+                mmq_stage<T>(u, p, dst, sc_s + r * MQ_SCP, tr::mins ? mn_s + r * 16 : nullptr, dw_s + r, dm_s + r);
             } else {
                 *(uint4 *)(dst + Q::off1(p)) = make_uint4(0, 0, 0, 0);
                 *(uint4 *)(dst + Q::off2(p)) = make_uint4(0, 0, 0, 0);
@@ -166,7 +167,7 @@ __global__ void __launch_bounds__(128, mmq_traits<T>::min_blocks) k_mmq(const ui
                     for (int j = 0; j < 16; j++) sc_s[r * MQ_SCP + j] = 0;
                     if constexpr (tr::mins)
 #pragma unroll
-                        for (int j = 0; j < 8; j++) mn_s[r * 9 + j] = 0;
+                        for (int j = 0; j < 8; j++) mn_s[r * 16 + j] = 0;
                 }
             }
         }
@@ -185,7 +186,9 @@ __global__ void __launch_bounds__(128, mmq_traits<T>::min_blocks) k_mmq(const ui
             for (int it = 0; it < 4; it++) {
                 const int task = tid + 128 * it, tk = task >> 3, j = task & 7;
                 const int64_t tok = t0 + tk;
-                xsum_s[tk * 9 + j] = tok < n_tok ? __ldg(xs32 + (tok * nb + kb) * 8 + j) : 0;
+                const int v = tok < n_tok ? __ldg(xs32 + (tok * nb + kb) * 8 + j) : 0;
+                xsl_s[tk * 8 + j] = (int8_t)(v & 127); /* |v| <= 32 * 127: v >> 7 in -32 .. 31 */
+                xsh_s[tk * 8 + j] = (int8_t)(v >> 7);
             }
         __syncthreads();
 
@@ -243,8 +246,7 @@ __global__ void __launch_bounds__(128, mmq_traits<T>::min_blocks) k_mmq(const ui
                     }
             }
         }
-        /* scale: acc += (d_w d_x) isum, then acc -= (dmin_w d_x) sum_j m_j bsum_j, per (row, token);
-         * the min sums are built in isum's registers once it is spent (register pressure) */
+        /* scale: acc += (d_w d_x) isum, then acc -= (dmin_w d_x) sum_j m_j bsum_j, per (row, token) */
         float dw[2][2], dm[2][2], dx[4][2];
 #pragma unroll
         for (int i = 0; i < 2; i++)
@@ -264,34 +266,34 @@ __global__ void __launch_bounds__(128, mmq_traits<T>::min_blocks) k_mmq(const ui
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     acc[i][n][e] = fmaf(dw[i][e >> 1] * dx[n][e & 1], (float)isum[i][n][e], acc[i][n][e]);
-                    isum[i][n][e] = 0;
                 }
         if constexpr (tr::mins) {
-#pragma unroll 2
-            for (int j = 0; j < 8; j++) {
-                int mr[2][2], xm[4][2];
+            /* sum_j m_j bsum_j as two m16n8k16 mma (k = the 8 sub-blocks, lanes t4 >= 2 give the
+             * zero padding): bsum = 128 hi + lo with lo in 0..127, hi in -32..31, so the min sum
+             * is 128 C_hi + C_lo exactly. A = the rows' mins, B = the tokens' split 32-sums. */
+            uint32_t am[2][2], bl[4], bh[4];
 #pragma unroll
-                for (int i = 0; i < 2; i++)
+            for (int i = 0; i < 2; i++)
 #pragma unroll
-                    for (int h = 0; h < 2; h++) mr[i][h] = mn_s[(32 * wm + 16 * i + 8 * h + g) * 9 + j];
+                for (int h = 0; h < 2; h++)
+                    am[i][h] = t4 < 2 ? *(const uint32_t *)(mn_s + (32 * wm + 16 * i + 8 * h + g) * 16 + 4 * t4) : 0u;
 #pragma unroll
-                for (int n = 0; n < 4; n++)
-#pragma unroll
-                    for (int e2 = 0; e2 < 2; e2++) xm[n][e2] = xsum_s[(32 * wn + 8 * n + 2 * t4 + e2) * 9 + j];
-#pragma unroll
-                for (int i = 0; i < 2; i++)
-#pragma unroll
-                    for (int n = 0; n < 4; n++)
-#pragma unroll
-                        for (int e = 0; e < 4; e++) isum[i][n][e] += mr[i][e >> 1] * xm[n][e & 1];
+            for (int n = 0; n < 4; n++) {
+                const int o = (32 * wn + 8 * n + g) * 8 + 4 * t4;
+                bl[n] = t4 < 2 ? *(const uint32_t *)(xsl_s + o) : 0u;
+                bh[n] = t4 < 2 ? *(const uint32_t *)(xsh_s + o) : 0u;
             }
 #pragma unroll
             for (int i = 0; i < 2; i++)
 #pragma unroll
-                for (int n = 0; n < 4; n++)
+                for (int n = 0; n < 4; n++) {
+                    int cl[4], ch[4];
+                    mma_k16(am[i], bl[n], cl);
+                    mma_k16(am[i], bh[n], ch);
 #pragma unroll
                     for (int e = 0; e < 4; e++)
-                        acc[i][n][e] = fmaf(-(dm[i][e >> 1] * dx[n][e & 1]), (float)isum[i][n][e], acc[i][n][e]);
+                        acc[i][n][e] = fmaf(-(dm[i][e >> 1] * dx[n][e & 1]), (float)(128 * ch[e] + cl[e]), acc[i][n][e]);
+                }
         }
         __syncthreads();
     }
