@@ -8,9 +8,15 @@
  * the mins of Q4_K/Q5_K). The weights' quantised values go to shared memory as int8 (q8k<T>'s unit
  * decoders: Q4_K/Q5_K 0..31, Q6_K q - 32, IQ4_XS its levels) with their integer sub-block scales.
  * A sub-block (32 elements; 16 for Q6_K) times a token is one int32 from mma.sync m16n8k32 (m16n8k16
- * for Q6_K) s8 x s8; the block's integer sum sum_j sc_j * dot_j (and sum_j m_j * bsum_j) is
- * exact, so each (row, 256-block, token) integer equals the CPU vec_dot's; the block sums are then
- * scaled and added in f32: only the float order differs from the CPU (as the int8 decode path).
+ * for Q6_K) s8 x s8, times its integer scale (IMAD); the mins' sum_j m_j * bsum_j is two more
+ * m16n8k16 per block (bsum = 128 hi + lo). Both integers are exact, so each (row, 256-block,
+ * token) integer equals the CPU vec_dot's; the block sums are then scaled and added in f32: only
+ * the float order differs from the CPU (as the int8 decode path). hm_cuda_mmq_host_dot runs the
+ * same staging and arithmetic on the host: the kernel must match it bit for bit.
+ *
+ * Cost model (not measured yet): per mma k32 a lane spends 4 IMAD applying the sub-block scale
+ * (half-rate on sm_90), which outweighs the mma itself; the next steps are ldmatrix fragments,
+ * cp.async double buffering of the next K block, and larger tiles (fewer L2 re-reads of x).
  *
  * Tile: a 128-thread block computes 64 rows x 64 tokens, one 256-element Q block per K step; each
  * warp owns a 32 x 32 corner (2 m16 x 4 n8 mma tiles). Shared rows are padded to 272 bytes so the
