@@ -15,6 +15,8 @@
  *   - NMSE against the bf16 path (switch off) <= 1e-3 (both are ~1e-5 from exact f32: bf16
  *     rounding vs Q8_K rounding; a layout bug gives ~1);
  *   - the switch does not touch other types (Q8_0) nor the decode path (n_tok <= 8): same bits.
+ * hm_cuda_moe_act with the switch on (its down projection in int8 tiles): deterministic, NMSE vs
+ * the CPU engine's numerics and vs the switch-off path <= 1e-3.
  * Then prints the 4096 x 4096, n_tok 512 timings of both paths (Q4_K, Q6_K).
  * Exits 77 ("skipped: no GPU") without a device once the host part passed, 1 if it failed. */
 #include <math.h>
@@ -247,6 +249,89 @@ static void gpu_untouched(void) {
     printf("mmq switch: Q8_0 prefill and the n_tok <= 8 decode path unchanged\n");
 }
 
+/* hm_cuda_moe_act (the prefill grouped MoE) with the switch on: the down projection takes the
+ * int8 tiles (cuda_mmq.cu), gate / up stay f32. Reference: the CPU engine's numerics (x and h
+ * quantised to Q8_K, vec_dot). Deterministic; NMSE vs the CPU and vs the switch-off path <= 1e-3
+ * (both are Q8_K rounding apart, ~1e-5; a wrong unit, pair or tile gives ~1). */
+static float silu_h(float v) { return v / (1.0f + expf(-v)); }
+
+static void gpu_moe_case(int gt, int dt, int64_t n_batch, int n_units, int k, int64_t n_embd, int64_t n_ff) {
+    size_t rg, rd;
+    uint8_t **gw = xmalloc(sizeof(uint8_t *) * (size_t)(3 * n_units));
+    void **dwt = xmalloc(sizeof(void *) * (size_t)(3 * n_units));
+    for (int u = 0; u < n_units; u++) {
+        gw[3 * u] = make_w(gt, n_embd, n_ff, &rg);
+        gw[3 * u + 1] = make_w(gt, n_embd, n_ff, &rg);
+        gw[3 * u + 2] = make_w(dt, n_ff, n_embd, &rd);
+        dwt[3 * u] = dev_from(gw[3 * u], rg * (size_t)n_ff);
+        dwt[3 * u + 1] = dev_from(gw[3 * u + 1], rg * (size_t)n_ff);
+        dwt[3 * u + 2] = dev_from(gw[3 * u + 2], rd * (size_t)n_embd);
+    }
+    /* token t -> units s, s+1, .. s+k-1 (mod n_units), s = (7t + 3) % n_units; every token also
+     * takes unit 0 when k > 1 (one unit over 64 pairs: several pair tiles) */
+    int32_t *toks = xmalloc(sizeof(int32_t) * (size_t)(n_units * n_batch));
+    float *ws = xmalloc(sizeof(float) * (size_t)(n_units * n_batch));
+    int32_t *cnt = calloc((size_t)n_units, sizeof(int32_t));
+    for (int64_t t = 0; t < n_batch; t++) {
+        const int s = (int)((7 * t + 3) % n_units);
+        for (int j = 0; j < k; j++) {
+            const int u = j == k - 1 && k > 1 ? 0 : (s + j) % n_units;
+            bool dup = false;
+            for (int j2 = 0; j2 < j; j2++) dup |= (s + j2) % n_units == u;
+            if (dup) continue;
+            toks[u * n_batch + cnt[u]] = (int32_t)t;
+            ws[u * n_batch + cnt[u]] = 0.5f / (float)k + 0.01f * (float)j;
+            cnt[u]++;
+        }
+    }
+    hm_cuda_moe_unit *mu = xmalloc(sizeof(hm_cuda_moe_unit) * (size_t)n_units);
+    int64_t n_pairs = 0;
+    for (int u = 0; u < n_units; u++) {
+        mu[u] = (hm_cuda_moe_unit){dwt[3 * u], dwt[3 * u + 1], dwt[3 * u + 2], toks + u * n_batch, ws + u * n_batch, cnt[u]};
+        n_pairs += cnt[u];
+    }
+    float *x = xmalloc(sizeof(float) * (size_t)(n_batch * n_embd));
+    fill(x, n_batch * n_embd, 1.0f);
+    /* the CPU reference */
+    float *ref = calloc((size_t)(n_batch * n_embd), sizeof(float)), *h = xmalloc(sizeof(float) * (size_t)n_ff);
+    qacts a = quant_acts(x, n_batch, n_embd);
+    for (int u = 0; u < n_units; u++)
+        for (int32_t q = 0; q < cnt[u]; q++) {
+            const int64_t t = toks[u * n_batch + q];
+            for (int64_t r = 0; r < n_ff; r++)
+                h[r] = silu_h(cpu_dot(gt, gw[3 * u] + (size_t)r * rg, &a, t)) * cpu_dot(gt, gw[3 * u + 1] + (size_t)r * rg, &a, t);
+            qacts ha = quant_acts(h, 1, n_ff);
+            for (int64_t r = 0; r < n_embd; r++) ref[t * n_embd + r] += ws[u * n_batch + q] * cpu_dot(dt, gw[3 * u + 2] + (size_t)r * rd, &ha, 0);
+            free_acts(&ha);
+        }
+    float *dx = dev_from(x, sizeof(float) * (size_t)(n_batch * n_embd)), *dout;
+    const size_t ob = sizeof(float) * (size_t)(n_batch * n_embd), ss = hm_cuda_moe_scratch_size(n_batch, n_pairs, n_units, n_ff);
+    void *scr;
+    CK(hm_cuda_alloc(ctx, ss, &scr, &err));
+    CK(hm_cuda_alloc(ctx, ob, (void **)&dout, &err));
+    float *out[3];
+    for (int i = 0; i < 3; i++) { /* mmq, mmq again, the switch off */
+        out[i] = xmalloc(ob);
+        CK(hm_cuda_set_mmq(ctx, i < 2, &err));
+        CK(hm_cuda_memset(ctx, dout, 0, ob, &err));
+        CK(hm_cuda_moe_act(ctx, mu, n_units, gt, dt, HM_CUDA_ACT_SILU, dx, n_batch, n_embd, n_ff, dout, scr, ss, &err));
+        CK(hm_cuda_download(ctx, out[i], dout, ob, &err));
+    }
+    const double e_cpu = nmse(out[0], ref, n_batch * n_embd), e_off = nmse(out[0], out[2], n_batch * n_embd),
+                 e_old = nmse(out[2], ref, n_batch * n_embd);
+    CHECKF(!memcmp(out[0], out[1], ob), "mmq moe: two runs differ (not deterministic)");
+    CHECKF(e_cpu <= 1e-3 && e_off <= 1e-3, "mmq moe %s/%s n_batch %lld: NMSE vs CPU %.3g, vs the switch-off path %.3g",
+           hm_type_name(gt), hm_type_name(dt), (long long)n_batch, e_cpu, e_off);
+    printf("mmq moe %-6s/%-6s n_batch %4lld, %d units, %lld pairs: NMSE vs CPU %.2e (switch off: %.2e), vs switch off "
+           "%.2e\n", hm_type_name(gt), hm_type_name(dt), (long long)n_batch, n_units, (long long)n_pairs, e_cpu, e_old, e_off);
+    CK(hm_cuda_set_mmq(ctx, false, &err));
+    for (int i = 0; i < 3; i++) free(out[i]);
+    for (int i = 0; i < 3 * n_units; i++) hm_cuda_free(ctx, dwt[i]), free(gw[i]);
+    hm_cuda_free(ctx, dx), hm_cuda_free(ctx, dout), hm_cuda_free(ctx, scr);
+    free_acts(&a);
+    free(gw), free(dwt), free(toks), free(ws), free(cnt), free(mu), free(x), free(ref), free(h);
+}
+
 static void bench(int type) {
     const int64_t ne0 = 4096, ne1 = 4096, n_tok = 512;
     size_t rs;
@@ -294,6 +379,9 @@ int main(void) {
     gpu_case(HM_TYPE_Q6_K, 4096, 4096, 512);
     gpu_case(HM_TYPE_Q4_K, 16384, 70, 1000); /* 1000 tokens of 16384: two workspace chunks */
     gpu_untouched();
+    gpu_moe_case(HM_TYPE_Q4_K, HM_TYPE_Q6_K, 100, 12, 4, 1024, 512);  /* unit 0: 100 pairs, 2 tiles */
+    gpu_moe_case(HM_TYPE_Q4_K, HM_TYPE_Q4_K, 40, 5, 3, 2048, 768);
+    gpu_moe_case(HM_TYPE_Q5_K, HM_TYPE_IQ4_XS, 600, 16, 8, 1024, 512); /* 4800 pairs: two chunks */
     bench(HM_TYPE_Q4_K);
     bench(HM_TYPE_Q6_K);
     hm_cuda_close(ctx);

@@ -60,11 +60,31 @@ struct hm_cuda_ctx {
 /* Decode path of hm_cuda_matmul (1 <= n_tok <= HM_CUDA_MATVEC_MAX_TOK), arguments checked. */
 hm_status hm_cuda_matvec_run(hm_cuda_ctx *c, const hm_cuda_mat *w, const float *x, int n_tok,
                              float *y, hm_err *err);
+/* One active unit of the grouped MoE kernels (cuda_moe.cu's device table): its matrices and its
+ * pairs [pair0, pair0 + n_pair) (consecutive units own consecutive pairs). */
+struct moe_unit_dev {
+    const uint8_t *gate, *up, *down;
+    int32_t pair0, n_pair;
+};
+
 /* The int8 tensor-core prefill matmul (cuda_mmq.cu): whether it takes w (the switch is on and the
  * type has it), and the run (n_tok > HM_CUDA_MATVEC_MAX_TOK, arguments checked). */
 bool hm_cuda_mmq_takes(const hm_cuda_ctx *c, const hm_cuda_mat *w);
 hm_status hm_cuda_mmq_run(hm_cuda_ctx *c, const hm_cuda_mat *w, const float *x, int64_t n_tok, float *y,
                           hm_err *err);
+/* The same for hm_cuda_moe_act's down projection (launch B) of a prefill batch: whether it takes
+ * it (switch on, down type, n_batch > HM_CUDA_MATVEC_MAX_TOK, h quantised and the largest unit's
+ * outputs fit the workspace), and the run: h [n_pairs, n_ff] (written by launch A, on the compute
+ * stream) quantised to Q8_K, each unit's pairs through its down rows in 64 x 64 int8 tiles into
+ * the workspace, then out[t] += sum of w_i y_i over t's pairs in unit order (units taken in
+ * chunks that fit, so a token's sum may be added in several parts; deterministic either way).
+ * ud_host: the units' table as uploaded to ud (device); pair_w, tok_start, tok_pairs: device. */
+bool hm_cuda_mmq_moe_takes(const hm_cuda_ctx *c, int down_type, int64_t n_batch, int64_t n_pairs, int64_t n_embd,
+                           int64_t n_ff, int64_t max_pair);
+hm_status hm_cuda_mmq_moe_down(hm_cuda_ctx *c, int down_type, const moe_unit_dev *ud_host, const moe_unit_dev *ud,
+                               int n_active, const float *pair_w, const int32_t *tok_start, const int32_t *tok_pairs,
+                               const float *h, int64_t n_batch, int64_t n_pairs, int64_t n_embd, int64_t n_ff,
+                               float *out, hm_err *err);
 /* Checks a weight matrix against the kernels' needs (type, alignment, ne0). */
 hm_status hm_cuda_mat_check(const hm_cuda_mat *w, hm_err *err);
 

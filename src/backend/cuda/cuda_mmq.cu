@@ -124,10 +124,14 @@ HMCU_UNROLL
     }
 }
 
+/* One 64 x 64 output tile of y = W x: rows r0 .. r0+63 of w (ne1 rows, stride nb1), tokens
+ * t0 .. t0+63 below t_end, their codes xq + tok * ne0 (scales xd, 32-sums xs32: tok * ne0 / 256,
+ * tok * ne0 / 32); the result of token tok goes to y[(tok - y0) * ne1 + row]. */
 template <int T>
-__global__ void __launch_bounds__(128, mmq_traits<T>::min_blocks) k_mmq(const uint8_t *__restrict__ w, size_t nb1, int64_t ne0, int64_t ne1,
-                                             const int8_t *__restrict__ xq, const float *__restrict__ xd,
-                                             const int *__restrict__ xs32, int64_t n_tok, float *__restrict__ y) {
+__device__ __forceinline__ void mmq_tile(const uint8_t *__restrict__ w, size_t nb1, int64_t ne0, int64_t ne1,
+                                         int64_t r0, const int8_t *__restrict__ xq, const float *__restrict__ xd,
+                                         const int *__restrict__ xs32, int64_t t0, int64_t t_end, int64_t y0,
+                                         float *__restrict__ y) {
     using tr = mmq_traits<T>;
     using Q = q8kx<T>;
     __shared__ __align__(16) int8_t ws[MQ_BM * MQ_LD];  /* [row][k] */
@@ -141,7 +145,6 @@ __global__ void __launch_bounds__(128, mmq_traits<T>::min_blocks) k_mmq(const ui
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wm = warp >> 1, wn = warp & 1, g = lane >> 2, t4 = lane & 3;
-    const int64_t r0 = (int64_t)blockIdx.x * MQ_BM, t0 = (int64_t)blockIdx.y * MQ_BN;
     const int64_t nb = ne0 / 256;
 
     float acc[2][4][4];
@@ -183,16 +186,16 @@ __global__ void __launch_bounds__(128, mmq_traits<T>::min_blocks) k_mmq(const ui
             const int task = tid + 128 * it, tk = task >> 4, c = task & 15;
             const int64_t tok = t0 + tk;
             uint4 v = make_uint4(0, 0, 0, 0);
-            if (tok < n_tok) v = __ldg((const uint4 *)(xq + tok * ne0 + kb * 256) + c);
+            if (tok < t_end) v = __ldg((const uint4 *)(xq + tok * ne0 + kb * 256) + c);
             *(uint4 *)(xs + tk * MQ_LD + 16 * c) = v;
         }
-        if (tid < MQ_BN) xd_s[tid] = t0 + tid < n_tok ? __ldg(xd + (t0 + tid) * nb + kb) : 0.0f;
+        if (tid < MQ_BN) xd_s[tid] = t0 + tid < t_end ? __ldg(xd + (t0 + tid) * nb + kb) : 0.0f;
         if constexpr (tr::mins)
 #pragma unroll
             for (int it = 0; it < 4; it++) {
                 const int task = tid + 128 * it, tk = task >> 3, j = task & 7;
                 const int64_t tok = t0 + tk;
-                const int v = tok < n_tok ? __ldg(xs32 + (tok * nb + kb) * 8 + j) : 0;
+                const int v = tok < t_end ? __ldg(xs32 + (tok * nb + kb) * 8 + j) : 0;
                 xsl_s[tk * 8 + j] = (int8_t)(v & 127); /* |v| <= 32 * 127: v >> 7 in -32 .. 31 */
                 xsh_s[tk * 8 + j] = (int8_t)(v >> 7);
             }
@@ -311,8 +314,16 @@ __global__ void __launch_bounds__(128, mmq_traits<T>::min_blocks) k_mmq(const ui
             for (int e = 0; e < 4; e++) {
                 const int64_t row = r0 + 32 * wm + 16 * i + 8 * (e >> 1) + g;
                 const int64_t tok = t0 + 32 * wn + 8 * n + 2 * t4 + (e & 1);
-                if (row < ne1 && tok < n_tok) y[tok * ne1 + row] = acc[i][n][e];
+                if (row < ne1 && tok < t_end) y[(tok - y0) * ne1 + row] = acc[i][n][e];
             }
+}
+
+template <int T>
+__global__ void __launch_bounds__(128, mmq_traits<T>::min_blocks) k_mmq(const uint8_t *__restrict__ w, size_t nb1,
+                                                                        int64_t ne0, int64_t ne1, const int8_t *__restrict__ xq,
+                                                                        const float *__restrict__ xd, const int *__restrict__ xs32,
+                                                                        int64_t n_tok, float *__restrict__ y) {
+    mmq_tile<T>(w, nb1, ne0, ne1, (int64_t)blockIdx.x * MQ_BM, xq, xd, xs32, (int64_t)blockIdx.y * MQ_BN, n_tok, 0, y);
 }
 
 template <int T>
@@ -346,6 +357,95 @@ hm_status hm_cuda_mmq_run(hm_cuda_ctx *c, const hm_cuda_mat *w, const float *x, 
         default: return hm_errf(err, HM_ERR_UNSUPPORTED, "cuda mmq: type %s", hm_type_name(w->type));
         }
         HM_CU_LAUNCH("mmq");
+    }
+    return HM_OK;
+}
+
+/* ---- the grouped MoE down projection (hm_cuda_moe_act's launch B for prefill batches) ---- */
+
+/* Tile (x: 64 rows of n_embd, y: unit a0 + y, z: 64 of its pairs) of y_i = down_u h_i into
+ * yb[(i - p0) * n_embd + row]. */
+template <int T>
+__global__ void __launch_bounds__(128, mmq_traits<T>::min_blocks)
+k_mmq_moe_down(const moe_unit_dev *__restrict__ units, int a0, size_t nb1, int64_t n_ff, int64_t n_embd,
+               const int8_t *__restrict__ hq, const float *__restrict__ hd, const int *__restrict__ hs, int64_t p0,
+               float *__restrict__ yb) {
+    const moe_unit_dev u = units[a0 + (int)blockIdx.y];
+    const int64_t t0 = (int64_t)u.pair0 + (int64_t)blockIdx.z * MQ_BN, t_end = (int64_t)u.pair0 + u.n_pair;
+    if (t0 >= t_end) return; /* the whole block: before any barrier */
+    mmq_tile<T>(u.down, nb1, n_ff, n_embd, (int64_t)blockIdx.x * MQ_BM, hq, hd, hs, t0, t_end, p0, yb);
+}
+
+/* out[t][r] += sum over t's pairs i in [p0, p1), in tok_pairs (unit) order, of w_i y_i[r], as
+ * k_moe_down sums them; nothing when t has no pair there. */
+__global__ void __launch_bounds__(256) k_mmq_moe_sum(const float *__restrict__ pair_w, const int32_t *__restrict__ tok_start,
+                                                     const int32_t *__restrict__ tok_pairs, const float *__restrict__ yb,
+                                                     int64_t p0, int64_t p1, int64_t n_embd, float *__restrict__ out) {
+    const int64_t r = (int64_t)blockIdx.x * 256 + threadIdx.x, t = blockIdx.y;
+    if (r >= n_embd) return;
+    float acc = 0.0f;
+    bool any = false;
+    for (int32_t q = tok_start[t]; q < tok_start[t + 1]; q++) {
+        const int32_t i = tok_pairs[q];
+        if (i < p0 || i >= p1) continue;
+        acc = fmaf(pair_w[i], yb[(i - p0) * n_embd + r], acc);
+        any = true;
+    }
+    if (any) out[t * n_embd + r] += acc;
+}
+
+/* Workspace bytes of h quantised (codes, scales, 32-sums), rounded up to 256. */
+static size_t mmq_moe_hq_bytes(int64_t n_pairs, int64_t n_ff) {
+    return ((size_t)n_pairs * mmq_tok_bytes(n_ff) + 255) & ~(size_t)255;
+}
+
+bool hm_cuda_mmq_moe_takes(const hm_cuda_ctx *c, int down_type, int64_t n_batch, int64_t n_pairs, int64_t n_embd,
+                           int64_t n_ff, int64_t max_pair) {
+    return c->mmq_ws && q8k_type(down_type) && n_ff % 256 == 0 && n_batch > HM_CUDA_MATVEC_MAX_TOK &&
+           mmq_moe_hq_bytes(n_pairs, n_ff) + (size_t)max_pair * (size_t)n_embd * 4 <= c->mmq_ws_size;
+}
+
+template <int T>
+static void launch_moe_down_tiles(cudaStream_t st, const moe_unit_dev *ud, int a0, int n_u, int max_tiles, int64_t n_ff,
+                                  int64_t n_embd, const int8_t *hq, const float *hd, const int *hs, int64_t p0, float *yb) {
+    const dim3 grid(hm_cu_blocks(n_embd, MQ_BM), (unsigned)n_u, (unsigned)max_tiles);
+    k_mmq_moe_down<T><<<grid, 128, 0, st>>>(ud, a0, hm_row_size(T, n_ff), n_ff, n_embd, hq, hd, hs, p0, yb);
+}
+
+hm_status hm_cuda_mmq_moe_down(hm_cuda_ctx *c, int down_type, const moe_unit_dev *ud_host, const moe_unit_dev *ud,
+                               int n_active, const float *pair_w, const int32_t *tok_start, const int32_t *tok_pairs,
+                               const float *h, int64_t n_batch, int64_t n_pairs, int64_t n_embd, int64_t n_ff,
+                               float *out, hm_err *err) {
+    const int64_t nb = n_ff / 256;
+    int8_t *hq = (int8_t *)c->mmq_ws;
+    float *hd = (float *)(hq + n_pairs * n_ff);
+    int *hs = (int *)(hd + n_pairs * nb);
+    float *yb = (float *)((char *)c->mmq_ws + mmq_moe_hq_bytes(n_pairs, n_ff));
+    const int64_t cap = (int64_t)((c->mmq_ws_size - mmq_moe_hq_bytes(n_pairs, n_ff)) / ((size_t)n_embd * 4));
+    k_mmq_quant<<<hm_cu_blocks(n_pairs * nb, 8), 256, 0, c->compute>>>(h, n_ff, n_pairs * nb, hq, hd, hs);
+    for (int a = 0; a < n_active;) {
+        const int64_t p0 = ud_host[a].pair0;
+        int64_t np = 0;
+        int a1 = a, max_tiles = 0;
+        while (a1 < n_active && np + ud_host[a1].n_pair <= cap) { /* cap >= the largest unit: a1 > a */
+            np += ud_host[a1].n_pair;
+            const int nt = (int)hm_cu_blocks(ud_host[a1].n_pair, MQ_BN);
+            if (nt > max_tiles) max_tiles = nt;
+            a1++;
+        }
+        if (a1 == a) return hm_errf(err, HM_ERR_INTERNAL, "cuda mmq moe: unit of %d pairs over the workspace",
+                                    (int)ud_host[a].n_pair);
+        switch (down_type) {
+        case HM_TYPE_Q4_K: launch_moe_down_tiles<HM_TYPE_Q4_K>(c->compute, ud, a, a1 - a, max_tiles, n_ff, n_embd, hq, hd, hs, p0, yb); break;
+        case HM_TYPE_Q5_K: launch_moe_down_tiles<HM_TYPE_Q5_K>(c->compute, ud, a, a1 - a, max_tiles, n_ff, n_embd, hq, hd, hs, p0, yb); break;
+        case HM_TYPE_Q6_K: launch_moe_down_tiles<HM_TYPE_Q6_K>(c->compute, ud, a, a1 - a, max_tiles, n_ff, n_embd, hq, hd, hs, p0, yb); break;
+        case HM_TYPE_IQ4_XS: launch_moe_down_tiles<HM_TYPE_IQ4_XS>(c->compute, ud, a, a1 - a, max_tiles, n_ff, n_embd, hq, hd, hs, p0, yb); break;
+        default: return hm_errf(err, HM_ERR_UNSUPPORTED, "cuda mmq moe: down type %s", hm_type_name(down_type));
+        }
+        k_mmq_moe_sum<<<dim3(hm_cu_blocks(n_embd, 256), (unsigned)n_batch), 256, 0, c->compute>>>(
+            pair_w, tok_start, tok_pairs, yb, p0, p0 + np, n_embd, out);
+        HM_CU_LAUNCH("mmq moe down");
+        a = a1;
     }
     return HM_OK;
 }
