@@ -72,19 +72,35 @@ struct moe_unit_dev {
 bool hm_cuda_mmq_takes(const hm_cuda_ctx *c, const hm_cuda_mat *w);
 hm_status hm_cuda_mmq_run(hm_cuda_ctx *c, const hm_cuda_mat *w, const float *x, int64_t n_tok, float *y,
                           hm_err *err);
-/* The same for hm_cuda_moe_act's down projection (launch B) of a prefill batch: whether it takes
- * it (switch on, down type, n_batch > HM_CUDA_MATVEC_MAX_TOK, h quantised and the largest unit's
- * outputs fit the workspace), and the run: h [n_pairs, n_ff] (written by launch A, on the compute
- * stream) quantised to Q8_K, each unit's pairs through its down rows in 64 x 64 int8 tiles into
- * the workspace, then out[t] += sum of w_i y_i over t's pairs in unit order (units taken in
- * chunks that fit, so a token's sum may be added in several parts; deterministic either way).
- * ud_host: the units' table as uploaded to ud (device); pair_w, tok_start, tok_pairs: device. */
-bool hm_cuda_mmq_moe_takes(const hm_cuda_ctx *c, int down_type, int64_t n_batch, int64_t n_pairs, int64_t n_embd,
-                           int64_t n_ff, int64_t max_pair);
+/* The same for hm_cuda_moe_act of a prefill batch (n_batch > HM_CUDA_MATVEC_MAX_TOK), which parts
+ * take it: HM_CUDA_MMQ_GATE_UP (launch A: x quantised, each unit's pairs through its gate and up
+ * rows in int8 tiles, h = act(gate) * up) and / or HM_CUDA_MMQ_DOWN (launch B: h quantised, each
+ * unit's pairs through its down rows, then out[t] += sum of w_i y_i over t's pairs in unit order),
+ * each when its weight type has the path and the largest unit's outputs fit the workspace (units
+ * are taken in chunks that fit: a token's down sum may be added to out in several parts;
+ * deterministic either way). ud_host: the units' table as uploaded to ud (device); pair_tok,
+ * pair_w, tok_start, tok_pairs, h: the grouped kernel's device tables and h (cuda_moe.cu). */
+enum { HM_CUDA_MMQ_GATE_UP = 1, HM_CUDA_MMQ_DOWN = 2 };
+int hm_cuda_mmq_moe_plan(const hm_cuda_ctx *c, int gate_type, int down_type, int64_t n_batch, int64_t n_pairs,
+                         int64_t n_embd, int64_t n_ff, int64_t max_pair);
+hm_status hm_cuda_mmq_moe_gate_up(hm_cuda_ctx *c, int gate_type, int act, const moe_unit_dev *ud_host,
+                                  const moe_unit_dev *ud, int n_active, const int32_t *pair_tok, const float *x,
+                                  int64_t n_batch, int64_t n_embd, int64_t n_ff, float *h, hm_err *err);
 hm_status hm_cuda_mmq_moe_down(hm_cuda_ctx *c, int down_type, const moe_unit_dev *ud_host, const moe_unit_dev *ud,
                                int n_active, const float *pair_w, const int32_t *tok_start, const int32_t *tok_pairs,
                                const float *h, int64_t n_batch, int64_t n_pairs, int64_t n_embd, int64_t n_ff,
                                float *out, hm_err *err);
+
+/* The grouped MoE's activation: silu(gate) * up (Qwen) or gelu_tanh(gate) * up (Gemma: 0.5 x
+ * (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), as cpu_gemma.c); act: hm_cuda_act. */
+__device__ __forceinline__ float silu(float v) { return v / (1.0f + expf(-v)); }
+__device__ __forceinline__ float gelu_tanh(float v) {
+    return 0.5f * v * (1.0f + tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v)));
+}
+__device__ __forceinline__ float act_mul(int act, float g, float u) {
+    return (act == HM_CUDA_ACT_GELU ? gelu_tanh(g) : silu(g)) * u;
+}
+
 /* Checks a weight matrix against the kernels' needs (type, alignment, ne0). */
 hm_status hm_cuda_mat_check(const hm_cuda_mat *w, hm_err *err);
 

@@ -125,13 +125,14 @@ HMCU_UNROLL
 }
 
 /* One 64 x 64 output tile of y = W x: rows r0 .. r0+63 of w (ne1 rows, stride nb1), tokens
- * t0 .. t0+63 below t_end, their codes xq + tok * ne0 (scales xd, 32-sums xs32: tok * ne0 / 256,
- * tok * ne0 / 32); the result of token tok goes to y[(tok - y0) * ne1 + row]. */
+ * t0 .. t0+63 below t_end, whose activations are row s = map ? map[tok] : tok of the quantised x:
+ * codes xq + s * ne0, scales xd + s * ne0 / 256, 32-sums xs32 + s * ne0 / 32; the result of token
+ * tok goes to y[(tok - y0) * ne1 + row]. */
 template <int T>
 __device__ __forceinline__ void mmq_tile(const uint8_t *__restrict__ w, size_t nb1, int64_t ne0, int64_t ne1,
                                          int64_t r0, const int8_t *__restrict__ xq, const float *__restrict__ xd,
-                                         const int *__restrict__ xs32, int64_t t0, int64_t t_end, int64_t y0,
-                                         float *__restrict__ y) {
+                                         const int *__restrict__ xs32, const int32_t *__restrict__ map, int64_t t0,
+                                         int64_t t_end, int64_t y0, float *__restrict__ y) {
     using tr = mmq_traits<T>;
     using Q = q8kx<T>;
     __shared__ __align__(16) int8_t ws[MQ_BM * MQ_LD];  /* [row][k] */
@@ -186,16 +187,19 @@ __device__ __forceinline__ void mmq_tile(const uint8_t *__restrict__ w, size_t n
             const int task = tid + 128 * it, tk = task >> 4, c = task & 15;
             const int64_t tok = t0 + tk;
             uint4 v = make_uint4(0, 0, 0, 0);
-            if (tok < t_end) v = __ldg((const uint4 *)(xq + tok * ne0 + kb * 256) + c);
+            if (tok < t_end) v = __ldg((const uint4 *)(xq + (map ? (int64_t)__ldg(map + tok) : tok) * ne0 + kb * 256) + c);
             *(uint4 *)(xs + tk * MQ_LD + 16 * c) = v;
         }
-        if (tid < MQ_BN) xd_s[tid] = t0 + tid < t_end ? __ldg(xd + (t0 + tid) * nb + kb) : 0.0f;
+        if (tid < MQ_BN) {
+            const int64_t tok = t0 + tid;
+            xd_s[tid] = tok < t_end ? __ldg(xd + (map ? (int64_t)__ldg(map + tok) : tok) * nb + kb) : 0.0f;
+        }
         if constexpr (tr::mins)
 #pragma unroll
             for (int it = 0; it < 4; it++) {
                 const int task = tid + 128 * it, tk = task >> 3, j = task & 7;
                 const int64_t tok = t0 + tk;
-                const int v = tok < t_end ? __ldg(xs32 + (tok * nb + kb) * 8 + j) : 0;
+                const int v = tok < t_end ? __ldg(xs32 + ((map ? (int64_t)__ldg(map + tok) : tok) * nb + kb) * 8 + j) : 0;
                 xsl_s[tk * 8 + j] = (int8_t)(v & 127); /* |v| <= 32 * 127: v >> 7 in -32 .. 31 */
                 xsh_s[tk * 8 + j] = (int8_t)(v >> 7);
             }
@@ -323,7 +327,8 @@ __global__ void __launch_bounds__(128, mmq_traits<T>::min_blocks) k_mmq(const ui
                                                                         int64_t ne0, int64_t ne1, const int8_t *__restrict__ xq,
                                                                         const float *__restrict__ xd, const int *__restrict__ xs32,
                                                                         int64_t n_tok, float *__restrict__ y) {
-    mmq_tile<T>(w, nb1, ne0, ne1, (int64_t)blockIdx.x * MQ_BM, xq, xd, xs32, (int64_t)blockIdx.y * MQ_BN, n_tok, 0, y);
+    mmq_tile<T>(w, nb1, ne0, ne1, (int64_t)blockIdx.x * MQ_BM, xq, xd, xs32, nullptr, (int64_t)blockIdx.y * MQ_BN, n_tok,
+                0, y);
 }
 
 template <int T>
@@ -363,17 +368,27 @@ hm_status hm_cuda_mmq_run(hm_cuda_ctx *c, const hm_cuda_mat *w, const float *x, 
 
 /* ---- the grouped MoE down projection (hm_cuda_moe_act's launch B for prefill batches) ---- */
 
-/* Tile (x: 64 rows of n_embd, y: unit a0 + y, z: 64 of its pairs) of y_i = down_u h_i into
- * yb[(i - p0) * n_embd + row]. */
+/* Tile (x: 64 rows, y: unit a0 + y, z: 64 of its pairs) of y_i = M_u v_i, M = the unit's gate
+ * (which 0), up (1) or down (2) of ne1 rows of ne0, v_i the quantised row map ? map[i] : i (x of
+ * the pair's token for gate / up, h_i for down), into y[(i - y0) * ne1 + row]. */
 template <int T>
 __global__ void __launch_bounds__(128, mmq_traits<T>::min_blocks)
-k_mmq_moe_down(const moe_unit_dev *__restrict__ units, int a0, size_t nb1, int64_t n_ff, int64_t n_embd,
-               const int8_t *__restrict__ hq, const float *__restrict__ hd, const int *__restrict__ hs, int64_t p0,
-               float *__restrict__ yb) {
+k_mmq_moe(const moe_unit_dev *__restrict__ units, int a0, int which, size_t nb1, int64_t ne0, int64_t ne1,
+          const int8_t *__restrict__ vq, const float *__restrict__ vd, const int *__restrict__ vs,
+          const int32_t *__restrict__ map, int64_t y0, float *__restrict__ y) {
     const moe_unit_dev u = units[a0 + (int)blockIdx.y];
     const int64_t t0 = (int64_t)u.pair0 + (int64_t)blockIdx.z * MQ_BN, t_end = (int64_t)u.pair0 + u.n_pair;
     if (t0 >= t_end) return; /* the whole block: before any barrier */
-    mmq_tile<T>(u.down, nb1, n_ff, n_embd, (int64_t)blockIdx.x * MQ_BM, hq, hd, hs, t0, t_end, p0, yb);
+    const uint8_t *w = which == 0 ? u.gate : which == 1 ? u.up : u.down;
+    mmq_tile<T>(w, nb1, ne0, ne1, (int64_t)blockIdx.x * MQ_BM, vq, vd, vs, map, t0, t_end, y0, y);
+}
+
+/* h[i][r] = act(h[i][r]) * ub[i - p0][r] for pairs i in [p0, p1) (the gate's result is in h). */
+__global__ void __launch_bounds__(256) k_mmq_moe_act(float *__restrict__ h, const float *__restrict__ ub, int64_t p0,
+                                                     int64_t p1, int64_t n_ff, int act) {
+    const int64_t e = (int64_t)blockIdx.x * 256 + threadIdx.x, n = (p1 - p0) * n_ff;
+    if (e >= n) return;
+    h[p0 * n_ff + e] = act_mul(act, h[p0 * n_ff + e], ub[e]);
 }
 
 /* out[t][r] += sum over t's pairs i in [p0, p1), in tok_pairs (unit) order, of w_i y_i[r], as
@@ -394,22 +409,90 @@ __global__ void __launch_bounds__(256) k_mmq_moe_sum(const float *__restrict__ p
     if (any) out[t * n_embd + r] += acc;
 }
 
-/* Workspace bytes of h quantised (codes, scales, 32-sums), rounded up to 256. */
-static size_t mmq_moe_hq_bytes(int64_t n_pairs, int64_t n_ff) {
-    return ((size_t)n_pairs * mmq_tok_bytes(n_ff) + 255) & ~(size_t)255;
-}
+/* Workspace bytes of n rows of ne0 quantised (codes, scales, 32-sums), rounded up to 256. */
+static size_t mmq_rows_bytes(int64_t n, int64_t ne0) { return ((size_t)n * mmq_tok_bytes(ne0) + 255) & ~(size_t)255; }
 
-bool hm_cuda_mmq_moe_takes(const hm_cuda_ctx *c, int down_type, int64_t n_batch, int64_t n_pairs, int64_t n_embd,
-                           int64_t n_ff, int64_t max_pair) {
-    return c->mmq_ws && q8k_type(down_type) && n_ff % 256 == 0 && n_batch > HM_CUDA_MATVEC_MAX_TOK &&
-           mmq_moe_hq_bytes(n_pairs, n_ff) + (size_t)max_pair * (size_t)n_embd * 4 <= c->mmq_ws_size;
+int hm_cuda_mmq_moe_plan(const hm_cuda_ctx *c, int gate_type, int down_type, int64_t n_batch, int64_t n_pairs,
+                         int64_t n_embd, int64_t n_ff, int64_t max_pair) {
+    if (!c->mmq_ws || n_batch <= HM_CUDA_MATVEC_MAX_TOK || n_ff % 256) return 0;
+    int plan = 0;
+    if (q8k_type(gate_type) && n_embd % 256 == 0 &&
+        mmq_rows_bytes(n_batch, n_embd) + (size_t)max_pair * (size_t)n_ff * 4 <= c->mmq_ws_size)
+        plan |= HM_CUDA_MMQ_GATE_UP;
+    if (q8k_type(down_type) && mmq_rows_bytes(n_pairs, n_ff) + (size_t)max_pair * (size_t)n_embd * 4 <= c->mmq_ws_size)
+        plan |= HM_CUDA_MMQ_DOWN;
+    return plan;
 }
 
 template <int T>
-static void launch_moe_down_tiles(cudaStream_t st, const moe_unit_dev *ud, int a0, int n_u, int max_tiles, int64_t n_ff,
-                                  int64_t n_embd, const int8_t *hq, const float *hd, const int *hs, int64_t p0, float *yb) {
-    const dim3 grid(hm_cu_blocks(n_embd, MQ_BM), (unsigned)n_u, (unsigned)max_tiles);
-    k_mmq_moe_down<T><<<grid, 128, 0, st>>>(ud, a0, hm_row_size(T, n_ff), n_ff, n_embd, hq, hd, hs, p0, yb);
+static void launch_moe_tiles(cudaStream_t st, const moe_unit_dev *ud, int a0, int n_u, int max_tiles, int which,
+                             int64_t ne0, int64_t ne1, const int8_t *vq, const float *vd, const int *vs,
+                             const int32_t *map, int64_t y0, float *y) {
+    const dim3 grid(hm_cu_blocks(ne1, MQ_BM), (unsigned)n_u, (unsigned)max_tiles);
+    k_mmq_moe<T><<<grid, 128, 0, st>>>(ud, a0, which, hm_row_size(T, ne0), ne0, ne1, vq, vd, vs, map, y0, y);
+}
+
+/* M_u v for the units [a, a1) of every chunk whose outputs fit cap pairs: tiles(a, a1, p0, np,
+ * max_tiles) launches a chunk, then after(p0, np) (the chunk's epilogue). */
+template <class F, class G>
+static hm_status mmq_moe_chunks(const moe_unit_dev *ud_host, int n_active, int64_t cap, F tiles, G after, hm_err *err) {
+    for (int a = 0; a < n_active;) {
+        const int64_t p0 = ud_host[a].pair0;
+        int64_t np = 0;
+        int a1 = a, max_tiles = 0;
+        while (a1 < n_active && np + ud_host[a1].n_pair <= cap) {
+            np += ud_host[a1].n_pair;
+            const int nt = (int)hm_cu_blocks(ud_host[a1].n_pair, MQ_BN);
+            if (nt > max_tiles) max_tiles = nt;
+            a1++;
+        }
+        if (a1 == a) /* the plan checked cap >= the largest unit */
+            return hm_errf(err, HM_ERR_INTERNAL, "cuda mmq moe: unit of %d pairs over the workspace", (int)ud_host[a].n_pair);
+        if (!tiles(a, a1, max_tiles)) return hm_errf(err, HM_ERR_UNSUPPORTED, "cuda mmq moe: weight type");
+        after(p0, np);
+        a = a1;
+    }
+    return HM_OK;
+}
+
+/* Dispatch of the unit tiles by weight type (false: not a type of the int8 path). */
+static bool moe_tiles(int type, cudaStream_t st, const moe_unit_dev *ud, int a0, int n_u, int max_tiles, int which,
+                      int64_t ne0, int64_t ne1, const int8_t *vq, const float *vd, const int *vs, const int32_t *map,
+                      int64_t y0, float *y) {
+    switch (type) {
+    case HM_TYPE_Q4_K: launch_moe_tiles<HM_TYPE_Q4_K>(st, ud, a0, n_u, max_tiles, which, ne0, ne1, vq, vd, vs, map, y0, y); return true;
+    case HM_TYPE_Q5_K: launch_moe_tiles<HM_TYPE_Q5_K>(st, ud, a0, n_u, max_tiles, which, ne0, ne1, vq, vd, vs, map, y0, y); return true;
+    case HM_TYPE_Q6_K: launch_moe_tiles<HM_TYPE_Q6_K>(st, ud, a0, n_u, max_tiles, which, ne0, ne1, vq, vd, vs, map, y0, y); return true;
+    case HM_TYPE_IQ4_XS: launch_moe_tiles<HM_TYPE_IQ4_XS>(st, ud, a0, n_u, max_tiles, which, ne0, ne1, vq, vd, vs, map, y0, y); return true;
+    default: return false;
+    }
+}
+
+hm_status hm_cuda_mmq_moe_gate_up(hm_cuda_ctx *c, int gate_type, int act, const moe_unit_dev *ud_host,
+                                  const moe_unit_dev *ud, int n_active, const int32_t *pair_tok, const float *x,
+                                  int64_t n_batch, int64_t n_embd, int64_t n_ff, float *h, hm_err *err) {
+    const int64_t nb = n_embd / 256;
+    int8_t *xq = (int8_t *)c->mmq_ws;
+    float *xd = (float *)(xq + n_batch * n_embd);
+    int *xs = (int *)(xd + n_batch * nb);
+    float *ub = (float *)((char *)c->mmq_ws + mmq_rows_bytes(n_batch, n_embd));
+    const int64_t cap = (int64_t)((c->mmq_ws_size - mmq_rows_bytes(n_batch, n_embd)) / ((size_t)n_ff * 4));
+    cudaStream_t st = c->compute;
+    k_mmq_quant<<<hm_cu_blocks(n_batch * nb, 8), 256, 0, st>>>(x, n_embd, n_batch * nb, xq, xd, xs);
+    hm_status s = mmq_moe_chunks(
+        ud_host, n_active, cap,
+        [&](int a, int a1, int mt) {
+            const int64_t p0 = ud_host[a].pair0;
+            return moe_tiles(gate_type, st, ud, a, a1 - a, mt, 0, n_embd, n_ff, xq, xd, xs, pair_tok, 0, h) &&
+                   moe_tiles(gate_type, st, ud, a, a1 - a, mt, 1, n_embd, n_ff, xq, xd, xs, pair_tok, p0, ub);
+        },
+        [&](int64_t p0, int64_t np) {
+            k_mmq_moe_act<<<hm_cu_blocks(np * n_ff, 256), 256, 0, st>>>(h, ub, p0, p0 + np, n_ff, act);
+        },
+        err);
+    if (s) return s;
+    HM_CU_LAUNCH("mmq moe gate/up");
+    return HM_OK;
 }
 
 hm_status hm_cuda_mmq_moe_down(hm_cuda_ctx *c, int down_type, const moe_unit_dev *ud_host, const moe_unit_dev *ud,
@@ -420,33 +503,22 @@ hm_status hm_cuda_mmq_moe_down(hm_cuda_ctx *c, int down_type, const moe_unit_dev
     int8_t *hq = (int8_t *)c->mmq_ws;
     float *hd = (float *)(hq + n_pairs * n_ff);
     int *hs = (int *)(hd + n_pairs * nb);
-    float *yb = (float *)((char *)c->mmq_ws + mmq_moe_hq_bytes(n_pairs, n_ff));
-    const int64_t cap = (int64_t)((c->mmq_ws_size - mmq_moe_hq_bytes(n_pairs, n_ff)) / ((size_t)n_embd * 4));
-    k_mmq_quant<<<hm_cu_blocks(n_pairs * nb, 8), 256, 0, c->compute>>>(h, n_ff, n_pairs * nb, hq, hd, hs);
-    for (int a = 0; a < n_active;) {
-        const int64_t p0 = ud_host[a].pair0;
-        int64_t np = 0;
-        int a1 = a, max_tiles = 0;
-        while (a1 < n_active && np + ud_host[a1].n_pair <= cap) { /* cap >= the largest unit: a1 > a */
-            np += ud_host[a1].n_pair;
-            const int nt = (int)hm_cu_blocks(ud_host[a1].n_pair, MQ_BN);
-            if (nt > max_tiles) max_tiles = nt;
-            a1++;
-        }
-        if (a1 == a) return hm_errf(err, HM_ERR_INTERNAL, "cuda mmq moe: unit of %d pairs over the workspace",
-                                    (int)ud_host[a].n_pair);
-        switch (down_type) {
-        case HM_TYPE_Q4_K: launch_moe_down_tiles<HM_TYPE_Q4_K>(c->compute, ud, a, a1 - a, max_tiles, n_ff, n_embd, hq, hd, hs, p0, yb); break;
-        case HM_TYPE_Q5_K: launch_moe_down_tiles<HM_TYPE_Q5_K>(c->compute, ud, a, a1 - a, max_tiles, n_ff, n_embd, hq, hd, hs, p0, yb); break;
-        case HM_TYPE_Q6_K: launch_moe_down_tiles<HM_TYPE_Q6_K>(c->compute, ud, a, a1 - a, max_tiles, n_ff, n_embd, hq, hd, hs, p0, yb); break;
-        case HM_TYPE_IQ4_XS: launch_moe_down_tiles<HM_TYPE_IQ4_XS>(c->compute, ud, a, a1 - a, max_tiles, n_ff, n_embd, hq, hd, hs, p0, yb); break;
-        default: return hm_errf(err, HM_ERR_UNSUPPORTED, "cuda mmq moe: down type %s", hm_type_name(down_type));
-        }
-        k_mmq_moe_sum<<<dim3(hm_cu_blocks(n_embd, 256), (unsigned)n_batch), 256, 0, c->compute>>>(
-            pair_w, tok_start, tok_pairs, yb, p0, p0 + np, n_embd, out);
-        HM_CU_LAUNCH("mmq moe down");
-        a = a1;
-    }
+    float *yb = (float *)((char *)c->mmq_ws + mmq_rows_bytes(n_pairs, n_ff));
+    const int64_t cap = (int64_t)((c->mmq_ws_size - mmq_rows_bytes(n_pairs, n_ff)) / ((size_t)n_embd * 4));
+    cudaStream_t st = c->compute;
+    k_mmq_quant<<<hm_cu_blocks(n_pairs * nb, 8), 256, 0, st>>>(h, n_ff, n_pairs * nb, hq, hd, hs);
+    hm_status s = mmq_moe_chunks(
+        ud_host, n_active, cap,
+        [&](int a, int a1, int mt) {
+            return moe_tiles(down_type, st, ud, a, a1 - a, mt, 2, n_ff, n_embd, hq, hd, hs, nullptr, ud_host[a].pair0, yb);
+        },
+        [&](int64_t p0, int64_t np) {
+            k_mmq_moe_sum<<<dim3(hm_cu_blocks(n_embd, 256), (unsigned)n_batch), 256, 0, st>>>(
+                pair_w, tok_start, tok_pairs, yb, p0, p0 + np, n_embd, out);
+        },
+        err);
+    if (s) return s;
+    HM_CU_LAUNCH("mmq moe down");
     return HM_OK;
 }
 
