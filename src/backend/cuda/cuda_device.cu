@@ -36,6 +36,10 @@ static hm_status ctx_init(hm_cuda_ctx *c, int device, hm_err *err) {
     HM_CU(cudaEventCreateWithFlags(&c->upload_done, cudaEventDisableTiming));
     for (int i = 0; i < HM_CUDA_MOE_RING; i++)
         HM_CU(cudaEventCreateWithFlags(&c->moe_free[i], cudaEventDisableTiming));
+    {
+        const char *ev = getenv("HOTMOE_CUDA_MMQ"); /* the int8 prefill matmul, off by default */
+        if (ev && strcmp(ev, "1") == 0) return hm_cuda_set_mmq(c, true, err);
+    }
     return HM_OK;
 }
 
@@ -62,6 +66,7 @@ void hm_cuda_close(hm_cuda_ctx *c) {
         if (c->moe_host[i]) cudaFreeHost(c->moe_host[i]);
         if (c->moe_free[i]) cudaEventDestroy(c->moe_free[i]);
     }
+    if (c->mmq_ws) cudaFree(c->mmq_ws);
     if (c->upload_done) cudaEventDestroy(c->upload_done);
     if (c->upload) cudaStreamDestroy(c->upload);
     if (c->compute) cudaStreamDestroy(c->compute);

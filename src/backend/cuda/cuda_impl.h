@@ -32,6 +32,9 @@ struct hm_cuda_ctx {
     int kern;                  /* hm_cuda_kern: which decode kernels (tests pick; 0 = default) */
     bool exact_mm;             /* HOTMOE_CUDA_EXACT=1: matmuls of > 8 rows run as exact-f32 matvecs
                                   in chunks of 8 (a reference path for tests; slow) */
+    void *mmq_ws;              /* the int8 prefill matmul's workspace (cuda_mmq.cu), NULL = that
+                                  path is off (HOTMOE_CUDA_MMQ=1 or hm_cuda_set_mmq turn it on) */
+    size_t mmq_ws_size;
 };
 
 /* Evaluate a CUDA runtime call; on failure fill `err` (a hm_err * in scope) and return. */
@@ -57,6 +60,47 @@ struct hm_cuda_ctx {
 /* Decode path of hm_cuda_matmul (1 <= n_tok <= HM_CUDA_MATVEC_MAX_TOK), arguments checked. */
 hm_status hm_cuda_matvec_run(hm_cuda_ctx *c, const hm_cuda_mat *w, const float *x, int n_tok,
                              float *y, hm_err *err);
+/* One active unit of the grouped MoE kernels (cuda_moe.cu's device table): its matrices and its
+ * pairs [pair0, pair0 + n_pair) (consecutive units own consecutive pairs). */
+struct moe_unit_dev {
+    const uint8_t *gate, *up, *down;
+    int32_t pair0, n_pair;
+};
+
+/* The int8 tensor-core prefill matmul (cuda_mmq.cu): whether it takes w (the switch is on and the
+ * type has it), and the run (n_tok > HM_CUDA_MATVEC_MAX_TOK, arguments checked). */
+bool hm_cuda_mmq_takes(const hm_cuda_ctx *c, const hm_cuda_mat *w);
+hm_status hm_cuda_mmq_run(hm_cuda_ctx *c, const hm_cuda_mat *w, const float *x, int64_t n_tok, float *y,
+                          hm_err *err);
+/* The same for hm_cuda_moe_act of a prefill batch (n_batch > HM_CUDA_MATVEC_MAX_TOK), which parts
+ * take it: HM_CUDA_MMQ_GATE_UP (launch A: x quantised, each unit's pairs through its gate and up
+ * rows in int8 tiles, h = act(gate) * up) and / or HM_CUDA_MMQ_DOWN (launch B: h quantised, each
+ * unit's pairs through its down rows, then out[t] += sum of w_i y_i over t's pairs in unit order),
+ * each when its weight type has the path and the largest unit's outputs fit the workspace (units
+ * are taken in chunks that fit: a token's down sum may be added to out in several parts;
+ * deterministic either way). ud_host: the units' table as uploaded to ud (device); pair_tok,
+ * pair_w, tok_start, tok_pairs, h: the grouped kernel's device tables and h (cuda_moe.cu). */
+enum { HM_CUDA_MMQ_GATE_UP = 1, HM_CUDA_MMQ_DOWN = 2 };
+int hm_cuda_mmq_moe_plan(const hm_cuda_ctx *c, int gate_type, int down_type, int64_t n_batch, int64_t n_pairs,
+                         int64_t n_embd, int64_t n_ff, int64_t max_pair);
+hm_status hm_cuda_mmq_moe_gate_up(hm_cuda_ctx *c, int gate_type, int act, const moe_unit_dev *ud_host,
+                                  const moe_unit_dev *ud, int n_active, const int32_t *pair_tok, const float *x,
+                                  int64_t n_batch, int64_t n_embd, int64_t n_ff, float *h, hm_err *err);
+hm_status hm_cuda_mmq_moe_down(hm_cuda_ctx *c, int down_type, const moe_unit_dev *ud_host, const moe_unit_dev *ud,
+                               int n_active, const float *pair_w, const int32_t *tok_start, const int32_t *tok_pairs,
+                               const float *h, int64_t n_batch, int64_t n_pairs, int64_t n_embd, int64_t n_ff,
+                               float *out, hm_err *err);
+
+/* The grouped MoE's activation: silu(gate) * up (Qwen) or gelu_tanh(gate) * up (Gemma: 0.5 x
+ * (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), as cpu_gemma.c); act: hm_cuda_act. */
+__device__ __forceinline__ float silu(float v) { return v / (1.0f + expf(-v)); }
+__device__ __forceinline__ float gelu_tanh(float v) {
+    return 0.5f * v * (1.0f + tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v)));
+}
+__device__ __forceinline__ float act_mul(int act, float g, float u) {
+    return (act == HM_CUDA_ACT_GELU ? gelu_tanh(g) : silu(g)) * u;
+}
+
 /* Checks a weight matrix against the kernels' needs (type, alignment, ne0). */
 hm_status hm_cuda_mat_check(const hm_cuda_mat *w, hm_err *err);
 

@@ -7,7 +7,10 @@
  * 32x32 corner with 2x2 WMMA 16x16x16 bf16 fragments accumulating in f32. bf16 keeps f32's range
  * (activations of some models exceed f16's 65504) at 8 bits of mantissa. Edge tiles are zero
  * padded; the f32 result goes through shared memory so the global stores are coalesced and
- * guarded. Each output element is produced by one thread: deterministic. */
+ * guarded. Each output element is produced by one thread: deterministic.
+ *
+ * With the context's mmq switch on (HOTMOE_CUDA_MMQ=1), Q4_K / Q5_K / Q6_K / IQ4_XS weights take
+ * the int8 tensor-core matmul of cuda_mmq.cu instead (Q8_K activations, the CPU's integer sums). */
 #include <mma.h>
 
 #include "cuda_impl.h"
@@ -118,6 +121,7 @@ hm_status hm_cuda_matmul(hm_cuda_ctx *c, const hm_cuda_mat *w, const float *x, i
         }
         return HM_OK;
     }
+    if (hm_cuda_mmq_takes(c, w)) return hm_cuda_mmq_run(c, w, x, n_tok, y, err);
     switch (w->type) {
 #define HM_MM_CASE(T) case T: launch_matmul<T>(c->compute, w, x, n_tok, y); break;
         HM_CUDA_FOR_TYPES(HM_MM_CASE)

@@ -12,18 +12,14 @@
  *   w_i * (down_u row r . h_i) over t's pairs in unit order, then out[t][r] += the sum.
  * Each output element has exactly one writer: no atomics, bit-identical results run to run.
  * Launch B reads a unit's down rows once per token routed to it (from L2 after the first): right
- * for decode batches; large prefill batches should take the tiled matmul per unit instead. */
+ * for decode batches; with the mmq switch on (HOTMOE_CUDA_MMQ=1), prefill batches of K-quant parts
+ * take cuda_mmq.cu's int8 tiles per unit instead, for launch A and / or B (hm_cuda_mmq_moe_plan). */
 #include <string.h>
 
 #include "cuda_impl.h"
 #include "cuda_quant.cuh"
 
 using namespace hmcu;
-
-struct moe_unit_dev {
-    const uint8_t *gate, *up, *down;
-    int32_t pair0, n_pair;
-};
 
 /* Byte offsets of the tables and of h inside the scratch. */
 typedef struct {
@@ -50,15 +46,7 @@ size_t hm_cuda_moe_scratch_size(int64_t n_batch, int64_t n_pairs, int64_t n_unit
     return moe_layout_of(n_batch, n_pairs, n_units, n_ff).end;
 }
 
-__device__ __forceinline__ float silu(float v) { return v / (1.0f + expf(-v)); }
-/* gelu_tanh as cpu_gemma.c computes it: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))) */
-__device__ __forceinline__ float gelu_tanh(float v) {
-    return 0.5f * v * (1.0f + tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v)));
-}
-/* The gate's activation times up (act: hm_cuda_act). */
-__device__ __forceinline__ float act_mul(int act, float g, float u) {
-    return (act == HM_CUDA_ACT_GELU ? gelu_tanh(g) : silu(g)) * u;
-}
+/* silu, gelu_tanh, act_mul: cuda_impl.h (shared with cuda_mmq.cu's int8 tiles). */
 
 /* gate and up rows r for NT tokens (pairs i0 .. i0+n-1 of the unit). */
 template <int T, int NT>
@@ -123,11 +111,13 @@ __global__ void __launch_bounds__(128) k_moe_down(const moe_unit_dev *__restrict
 
 template <int TG, int TD>
 static void launch_moe(cudaStream_t st, char *scr, const moe_layout &L, int n_active, const float *x,
-                       int64_t n_batch, int64_t n_embd, int64_t n_ff, float *out, int act) {
+                       int64_t n_batch, int64_t n_embd, int64_t n_ff, float *out, int act, bool gate_up, bool down) {
     const moe_unit_dev *units = (const moe_unit_dev *)(scr + L.units);
     float *h = (float *)(scr + L.h);
-    k_moe_gate_up<TG><<<dim3(hm_cu_blocks(n_ff, 4), (unsigned)n_active), 128, 0, st>>>(
-        units, (const int32_t *)(scr + L.pair_tok), x, n_embd, n_ff, hm_row_size(TG, n_embd), h, act);
+    if (gate_up) /* else the int8 tile path (cuda_mmq.cu) wrote h */
+        k_moe_gate_up<TG><<<dim3(hm_cu_blocks(n_ff, 4), (unsigned)n_active), 128, 0, st>>>(
+            units, (const int32_t *)(scr + L.pair_tok), x, n_embd, n_ff, hm_row_size(TG, n_embd), h, act);
+    if (!down) return; /* the int8 tile path (cuda_mmq.cu) takes the down projection */
     k_moe_down<TD><<<dim3(hm_cu_blocks(n_embd, 4), (unsigned)n_batch), 128, 0, st>>>(
         units, (const float *)(scr + L.pair_w), (const int32_t *)(scr + L.pair_unit),
         (const int32_t *)(scr + L.tok_start), (const int32_t *)(scr + L.tok_pairs), h, n_embd, n_ff,
@@ -138,9 +128,10 @@ static void launch_moe(cudaStream_t st, char *scr, const moe_layout &L, int n_ac
  * type of launch B, so the 11 x 11 table is two switches. */
 template <int TG>
 static bool launch_moe_down(int down_type, cudaStream_t st, char *scr, const moe_layout &L, int n_active,
-                            const float *x, int64_t n_batch, int64_t n_embd, int64_t n_ff, float *out, int act) {
+                            const float *x, int64_t n_batch, int64_t n_embd, int64_t n_ff, float *out, int act,
+                            bool gate_up, bool down) {
     switch (down_type) {
-#define HM_MD_CASE(T) case T: launch_moe<TG, T>(st, scr, L, n_active, x, n_batch, n_embd, n_ff, out, act); return true;
+#define HM_MD_CASE(T) case T: launch_moe<TG, T>(st, scr, L, n_active, x, n_batch, n_embd, n_ff, out, act, gate_up, down); return true;
         HM_CUDA_FOR_TYPES(HM_MD_CASE)
 #undef HM_MD_CASE
     default: return false;
@@ -190,10 +181,11 @@ hm_status hm_cuda_moe_act(hm_cuda_ctx *c, const hm_cuda_moe_unit *units, int n_u
     HM_CU_ARG(moe_widths_ok(gate_type, down_type, n_embd, n_ff));
     const size_t ga = hm_cuda_type_align(gate_type), da = hm_cuda_type_align(down_type);
     HM_CU_ARG(hm_row_size(gate_type, n_embd) % ga == 0 && hm_row_size(down_type, n_ff) % da == 0);
-    int64_t n_pairs = 0;
+    int64_t n_pairs = 0, max_pair = 0;
     int n_active = 0;
     for (int j = 0; j < n_units; j++) {
         HM_CU_ARG(units[j].n_tok >= 0);
+        if (units[j].n_tok > max_pair) max_pair = units[j].n_tok;
         if (!units[j].n_tok) continue;
         HM_CU_ARG(units[j].gate && units[j].up && units[j].down && units[j].tok_host && units[j].w_host);
         HM_CU_ARG((uintptr_t)units[j].gate % ga == 0 && (uintptr_t)units[j].up % ga == 0 &&
@@ -245,15 +237,26 @@ hm_status hm_cuda_moe_act(hm_cuda_ctx *c, const hm_cuda_moe_unit *units, int n_u
     HM_CU(cudaMemcpyAsync(scr, hb, L.tables_end, cudaMemcpyHostToDevice, c->compute));
     HM_CU(cudaEventRecord(c->moe_free[slot], c->compute));
 
+    const int mmq = hm_cuda_mmq_moe_plan(c, gate_type, down_type, n_batch, n_pairs, n_embd, n_ff, max_pair);
+    if ((mmq & HM_CUDA_MMQ_GATE_UP) &&
+        (st = hm_cuda_mmq_moe_gate_up(c, gate_type, act, ud, (const moe_unit_dev *)(scr + L.units), n_active,
+                                      (const int32_t *)(scr + L.pair_tok), x, n_batch, n_embd, n_ff,
+                                      (float *)(scr + L.h), err)) != HM_OK)
+        return st;
     bool ok = false;
     switch (gate_type) {
-#define HM_MG_CASE(T) case T: ok = launch_moe_down<T>(down_type, c->compute, scr, L, n_active, x, n_batch, n_embd, n_ff, out, act); break;
+#define HM_MG_CASE(T) case T: ok = launch_moe_down<T>(down_type, c->compute, scr, L, n_active, x, n_batch, n_embd, n_ff, out, act, !(mmq & HM_CUDA_MMQ_GATE_UP), !(mmq & HM_CUDA_MMQ_DOWN)); break;
         HM_CUDA_FOR_TYPES(HM_MG_CASE)
 #undef HM_MG_CASE
     default: break;
     }
     if (!ok) return hm_errf(err, HM_ERR_UNSUPPORTED, "cuda moe: type pair %d/%d", gate_type, down_type);
     HM_CU_LAUNCH("moe");
+    if (mmq & HM_CUDA_MMQ_DOWN)
+        return hm_cuda_mmq_moe_down(c, down_type, ud, (const moe_unit_dev *)(scr + L.units), n_active,
+                                    (const float *)(scr + L.pair_w), (const int32_t *)(scr + L.tok_start),
+                                    (const int32_t *)(scr + L.tok_pairs), (const float *)(scr + L.h), n_batch, n_pairs,
+                                    n_embd, n_ff, out, err);
     return HM_OK;
 }
 

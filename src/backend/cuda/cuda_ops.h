@@ -22,7 +22,8 @@
  *     memory, and the test hook's F32 / NEW / OLD kernels: weights dequantised exactly to f32 in
  *     registers, f32 activations, f32 accumulation: error is float rounding only.
  *   - prefill matmul (n_tok > HM_CUDA_MATVEC_MAX_TOK): weights and activations rounded to bf16
- *     (8-bit mantissa, f32 range) for the tensor cores, f32 accumulation.
+ *     (8-bit mantissa, f32 range) for the tensor cores, f32 accumulation; with the opt-in int8
+ *     path (hm_cuda_set_mmq) K-quant weights get the decode path's Q8_K numerics instead.
  *     With HOTMOE_CUDA_EXACT=1 in the environment when the context opens, such matmuls run as
  *     the decode matvec in chunks of 8 rows instead: a slow reference path for tests (a model
  *     whose routing flips under bf16 rounding can then still be checked tightly).
@@ -337,6 +338,14 @@ void hm_cuda_host_signal(uint32_t *flag, uint32_t v);
  * HOTMOE_CUDA_Q8=v1 in the environment or hm_cuda_q8_set_variant (cuda_matvec.cu; for A/B runs). */
 enum hm_cuda_kern { HM_CUDA_KERN_DEFAULT = 0, HM_CUDA_KERN_OLD = 1, HM_CUDA_KERN_NEW = 2, HM_CUDA_KERN_F32 = 3 };
 void hm_cuda_set_kern(hm_cuda_ctx *c, int kern);
+
+/* The int8 tensor-core prefill matmul (hm_cuda_matmul, n_tok > HM_CUDA_MATVEC_MAX_TOK, weights
+ * Q4_K / Q5_K / Q6_K / IQ4_XS): activations quantised to Q8_K as the CPU does, each block's integer
+ * dot the CPU vec_dot's, only the f32 order of the block sums differs (as the decode int8 path).
+ * Off by default; on when HOTMOE_CUDA_MMQ=1 is in the environment when the context opens, or
+ * with this setter (a test / A-B hook; turning it on allocates a 16 MiB device workspace, turning
+ * it off waits for the compute stream and frees it). Other types keep the bf16 kernel. */
+hm_status hm_cuda_set_mmq(hm_cuda_ctx *c, bool on, hm_err *err);
 
 /* The kernels' block decoders run on the host (no GPU needed): out[0 .. ne0) = `row` of `type`
  * dequantised exactly as the device does it. For tests; HM_ERR_UNSUPPORTED without a kernel. */
