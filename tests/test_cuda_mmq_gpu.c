@@ -1,6 +1,6 @@
-/* test_cuda_mmq_gpu.c - the int8 tensor-core prefill matmul (cuda_mmq.cu, opt-in via
- * HOTMOE_CUDA_MMQ=1 / hm_cuda_set_mmq) against the CPU's vec_dot, plus a timing line next to the
- * bf16 WMMA path it would replace.
+/* test_cuda_mmq_gpu.c - the int8 tensor-core prefill matmul (cuda_mmq.cu, on by default; the test
+ * switches it with hm_cuda_set_mmq) against the CPU's vec_dot, plus a timing line next to the bf16
+ * WMMA path it replaces (HOTMOE_CUDA_MMQ=0).
  *
  * Host part (runs everywhere): the kernel's staging of the weights (hm_cuda_mmq_host_dot: the same
  * mmq_stage code, the same integer block sums and f32 operations in the same order) must agree

@@ -23,11 +23,19 @@
  *    fills are still queued when policy none evicts them and static re-places into the same
  *    slots): every HOT unit's parts (hm_experts_where) equal the file's bytes, also while other
  *    fills are still in flight.
- * Prints the fill bandwidth of 1.7 MB units from pageable memory and the engine's time inside fill
- * (HM_NO_BENCH=1 skips it).
+ *  - direct copies (opts.direct): a file written here, mapped read-only as the model's is and
+ *    registered with CUDA (hm_cuda_host_register): units inside the range land byte-exact (one
+ *    DMA per part), a unit with one part outside it goes through the ring as before, refills of
+ *    the same slots from both kinds hold the latest unit; registering a range that is not all
+ *    mapped fails with HM_ERR_NOMEM and leaves nothing registered.
+ * Prints the fill bandwidth of 1.7 MB units from pageable memory and from a registered file
+ * mapping, and the engine's time inside fill (HM_NO_BENCH=1 skips it).
  * Exits 77 ("skipped: no GPU") where there is no CUDA device. */
+#include <fcntl.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "backend/cuda/cuda_device.h"
@@ -628,6 +636,94 @@ static void test_store(void) {
     unlink(path);
 }
 
+/* ---- direct copies from a registered read-only file mapping ---- */
+
+/* A file of n random bytes, mapped read-only and shared, as gguf_read maps a model. */
+static const char *map_random_file(const char *path, size_t n) {
+    char *tmp = xmalloc(n);
+    fill_random(tmp, n);
+    FILE *f = fopen(path, "wb");
+    CHECKF(f && fwrite(tmp, 1, n, f) == n && fclose(f) == 0, "writing %s", path);
+    free(tmp);
+    int fd = open(path, O_RDONLY);
+    CHECKF(fd >= 0, "opening %s", path);
+    void *p = mmap(NULL, n, PROT_READ, MAP_SHARED, fd, 0);
+    close(fd);
+    CHECKF(p != MAP_FAILED, "mapping %s", path);
+    return p == MAP_FAILED ? NULL : p;
+}
+
+static void test_direct(void) {
+    const size_t n = 48u << 20; /* 15 parts of 3 MiB and their gaps */
+    char path[] = "/tmp/hm_tier_direct_XXXXXX";
+    int fd = mkstemp(path);
+    CHECKF(fd >= 0, "mkstemp");
+    if (fd < 0) return;
+    close(fd);
+    const char *map = map_random_file(path, n);
+    if (!map) return;
+    /* the registered span starts and ends off page boundaries (the experts' span in a model) */
+    const size_t lo = 1000, len = n - 5000;
+    CK(hm_cuda_host_register(ctx, map + lo, len, &err));
+    const uint64_t pb = 3u << 20;
+    hm_vram_tier *t = NULL;
+    hm_vram_tier_opts o = {.n_slots = 4, .slot_bytes = 3 * pb, .staging_bytes = 1u << 20, .n_staging = 2,
+                           .direct = map + lo, .direct_bytes = len};
+    CK(hm_vram_tier_open(&t, ctx, &o, &err));
+    hm_tier h;
+    hm_vram_tier_as_hot(t, &h);
+    /* units of the mapping: 3 parts at odd offsets; the last one ends at the span's last byte */
+    hm_unit_ref in[5];
+    for (int i = 0; i < 5; i++) {
+        memset(&in[i], 0, sizeof in[i]);
+        in[i].layer = 1, in[i].expert = i;
+        const uint64_t part = i == 4 ? pb - 3 : pb - (uint64_t)i * 4097;
+        for (int p = 0; p < 3; p++) {
+            in[i].src[p] = map + lo + 7 + (uint64_t)(i * 3 + p) * (pb + 11);
+            in[i].part_bytes[p] = part;
+            in[i].bytes += part;
+        }
+    }
+    in[4].src[2] = map + lo + len - in[4].part_bytes[2];
+    /* a unit with its down part on the heap: outside the span, staged */
+    hunit mixed;
+    const uint64_t mb[HM_UNIT_NPART] = {0, 0, pb / 2, 0};
+    hunit_make(&mixed, 2, 0, mb);
+    mixed.r.src[HM_UNIT_GATE] = map + lo + 3 * pb, mixed.r.part_bytes[HM_UNIT_GATE] = pb / 3;
+    mixed.r.bytes += pb / 3;
+    /* and one that starts a byte before the span */
+    hm_unit_ref edge = in[0];
+    edge.expert = 9, edge.src[HM_UNIT_GATE] = map + lo - 1;
+    for (int s = 0; s < 4; s++) CK(h.fill(h.ctx, &in[s], s, &err));
+    CK(hm_vram_tier_wait(t, &err));
+    for (int s = 0; s < 4; s++) check_slot(&h, s, &in[s], "direct");
+    CK(h.fill(h.ctx, &mixed.r, 1, &err));
+    CK(h.fill(h.ctx, &edge, 2, &err));
+    CK(h.fill(h.ctx, &in[4], 3, &err));
+    CK(h.fill(h.ctx, &in[1], 0, &err));
+    CK(hm_vram_tier_wait(t, &err));
+    check_slot(&h, 0, &in[1], "direct refill");
+    check_slot(&h, 1, &mixed.r, "a part outside the span (staged)");
+    check_slot(&h, 2, &edge, "a part a byte before the span (staged)");
+    check_slot(&h, 3, &in[4], "the span's last byte");
+    hm_vram_tier_stats ts;
+    hm_vram_tier_get_stats(t, &ts);
+    CHECKF(ts.fills == 8 && ts.direct == 6, "direct: %llu fills, %llu direct (want 8, 6)", (unsigned long long)ts.fills,
+           (unsigned long long)ts.direct);
+    hm_vram_tier_close(t);
+    hm_cuda_host_unregister(ctx, map + lo);
+    hunit_free(&mixed);
+    /* a range whose second half is not mapped: refused, nothing stays registered */
+    munmap((void *)(map + n / 2), n - n / 2);
+    hm_status st = hm_cuda_host_register(ctx, map, n, &err);
+    CHECKF(st == HM_ERR_NOMEM && strstr(err.msg, "cudaHostRegister"), "registering a half-unmapped range: %d (%s)",
+           (int)st, err.msg);
+    CK(hm_cuda_host_register(ctx, map, n / 2, &err)); /* the mapped half still can be: none was left */
+    hm_cuda_host_unregister(ctx, map);
+    munmap((void *)map, n / 2);
+    unlink(path);
+}
+
 /* ---- fill bandwidth (a print, not a check) ---- */
 
 static void bench_fill(void) {
@@ -657,6 +753,33 @@ static void bench_fill(void) {
            st.copy_seconds);
     hm_vram_tier_close(t);
     free(src);
+    /* the same from a registered file mapping (--mlock): one DMA per part */
+    char path[] = "/tmp/hm_tier_bench_XXXXXX";
+    int fd = mkstemp(path);
+    if (fd < 0) return;
+    close(fd);
+    const size_t n = (size_t)n_units * 3 * part;
+    const char *map = map_random_file(path, n);
+    if (!map) return;
+    double tr = now_s();
+    CK(hm_cuda_host_register(ctx, map, n, &err));
+    tr = now_s() - tr;
+    o.direct = map, o.direct_bytes = n;
+    CK(hm_vram_tier_open(&t, ctx, &o, &err));
+    hm_vram_tier_as_hot(t, &h);
+    t0 = now_s();
+    for (int i = 0; i < n_units; i++) {
+        for (int p = 0; p < 3; p++) r.src[p] = map + ((size_t)i * 3 + (size_t)p) * part;
+        CK(h.fill(h.ctx, &r, i, &err));
+    }
+    CK(hm_vram_tier_wait(t, &err));
+    dt = now_s() - t0;
+    printf("fill from a registered file mapping: %.2f GB/s, %.1f us per MiB (registering %.0f MiB took %.3f s)\n",
+           (double)n / dt / 1e9, dt * 1e6 / ((double)n / 1048576.0), (double)n / 1048576.0, tr);
+    hm_vram_tier_close(t);
+    hm_cuda_host_unregister(ctx, map);
+    munmap((void *)map, n);
+    unlink(path);
 }
 
 int main(void) {
@@ -671,6 +794,7 @@ int main(void) {
     test_async_close();
     test_store();
     test_degrade();
+    test_direct();
     if (!getenv("HM_NO_BENCH")) bench_fill();
     hm_cuda_close(ctx);
     return test_done();

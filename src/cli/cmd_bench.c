@@ -218,6 +218,16 @@ int hm_cmd_bench(int argc, char **argv) {
         if (hit >= 0)
             fprintf(stderr, "hotmoe bench: tg expert hit rate %.1f %% (%lld VRAM slots)\n", 100.0 * hit,
                     (long long)vslots);
+        hm_usage us;
+        hm_err ue;
+        if (vslots > 0 && hm_model_usage(m, &us, &ue) == HM_OK) {
+            if (us.stream_units)
+                fprintf(stderr, "hotmoe bench: prefill streaming (whole run): %llu units (%.2f GiB), %llu of them copied "
+                        "a layer ahead, %llu of those routed\n", (unsigned long long)us.stream_units,
+                        (double)us.stream_bytes / (1024.0 * 1024.0 * 1024.0), (unsigned long long)us.stream_ahead,
+                        (unsigned long long)us.stream_ahead_used);
+            hm_usage_free(&us);
+        }
         fprintf(stderr, "hotmoe bench: peak RSS %.1f MiB\n", (double)ru.ru_maxrss / 1024.0);
     }
     rc = cli_engine_finish(&e, m);

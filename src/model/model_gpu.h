@@ -99,9 +99,10 @@ typedef struct hm_gpu {
     struct hm_cuda_moe_unit *peer_work; /* [2 * n_expert] owned: a layer's peer units as found and
                                            then grouped by device (moe_cuda.c) */
     int32_t *peer_work_dev;     /* [n_expert] owned: the device of each found one */
-    int32_t stream_mode;        /* prefill streaming: 0 off, 1 by the cost model, 2 every cold unit
-                                   the slots hold, 3 the cost model without streaming ahead
-                                   (HOTMOE_PREFILL_STREAM=0 / unset / all / layer) */
+    int32_t stream_mode;        /* prefill streaming: 0 off, 1 by the cost model and a layer ahead,
+                                   2 every cold unit the slots hold (and ahead), 3 the cost model
+                                   without streaming ahead (HOTMOE_PREFILL_STREAM=0 / ahead / all /
+                                   layer or unset) */
     uint64_t stream_units, stream_bytes; /* streamed so far (ahead or not) */
     uint64_t stream_ahead, stream_ahead_used; /* copied ahead from a prediction; of them, routed */
     bool peer_on;               /* every pair of devices reads the other's memory directly */

@@ -287,7 +287,16 @@ static hm_status open_devices(hm_model *m, hm_gpu *g, const hm_gpu_plan *p, hm_e
  * VRAM is short (a warning), none at all is not an error. */
 static hm_status open_stream(hm_model *m, hm_gpu *g, const hm_placement_opts *o, hm_err *err) {
     const char *ev = getenv("HOTMOE_PREFILL_STREAM");
-    g->stream_mode = !ev ? 1 : !strcmp(ev, "0") ? 0 : !strcmp(ev, "all") ? 2 : !strcmp(ev, "layer") ? 3 : 1;
+    g->stream_mode = !ev                 ? 3
+                     : !strcmp(ev, "0")     ? 0
+                     : !strcmp(ev, "all")   ? 2
+                     : !strcmp(ev, "ahead") ? 1
+                     : !strcmp(ev, "layer") ? 3
+                                            : -1;
+    if (g->stream_mode < 0) {
+        hm_log_printf(&m->log, HM_LOG_WARN, "HOTMOE_PREFILL_STREAM=%s: not 0, layer, ahead or all; using layer", ev);
+        g->stream_mode = 3;
+    }
     const bool ssd_tier = o->ram_budget > 0 && (uint64_t)o->ram_budget < m->units.expert_bytes;
     /* no slots at all (--cpu-moe): the GPU computes no expert (moe_cuda.c's gpu_computes) */
     if (!g->stream_mode || ssd_tier || g->no_gpu_experts || !g->slot_bytes || g->n_slots == 0 ||

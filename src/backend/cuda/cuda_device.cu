@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "cuda_device.h"
 #include "cuda_impl.h"
@@ -37,8 +38,9 @@ static hm_status ctx_init(hm_cuda_ctx *c, int device, hm_err *err) {
     for (int i = 0; i < HM_CUDA_MOE_RING; i++)
         HM_CU(cudaEventCreateWithFlags(&c->moe_free[i], cudaEventDisableTiming));
     {
-        const char *ev = getenv("HOTMOE_CUDA_MMQ"); /* the int8 prefill matmul, off by default */
-        if (ev && strcmp(ev, "1") == 0) return hm_cuda_set_mmq(c, true, err);
+        /* the int8 prefill matmul: on unless HOTMOE_CUDA_MMQ=0 or the exact reference path is */
+        const char *ev = getenv("HOTMOE_CUDA_MMQ");
+        if (!c->exact_mm && !(ev && strcmp(ev, "0") == 0)) return hm_cuda_set_mmq(c, true, err);
     }
     return HM_OK;
 }
@@ -145,6 +147,30 @@ hm_status hm_cuda_host_alloc(hm_cuda_ctx *c, size_t bytes, void **out, hm_err *e
 void hm_cuda_host_free(hm_cuda_ctx *c, void *p) {
     (void)c;
     if (p) cudaFreeHost(p);
+}
+
+static uintptr_t page_floor(const void *p) {
+    const uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE);
+    return (uintptr_t)p / pg * pg;
+}
+
+hm_status hm_cuda_host_register(hm_cuda_ctx *c, const void *p, size_t n, hm_err *err) {
+    const uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE), lo = page_floor(p);
+    const uintptr_t hi = ((uintptr_t)p + n + pg - 1) / pg * pg;
+    HM_CU(cudaSetDevice(c->device));
+    cudaError_t e = cudaHostRegister((void *)lo, (size_t)(hi - lo), cudaHostRegisterReadOnly | cudaHostRegisterPortable);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return hm_errf(err, HM_ERR_NOMEM, "cuda: cudaHostRegister of %zu MiB of read-only host memory: %s",
+                       (size_t)(hi - lo) >> 20, cudaGetErrorString(e));
+    }
+    return HM_OK;
+}
+
+void hm_cuda_host_unregister(hm_cuda_ctx *c, const void *p) {
+    if (!p) return;
+    (void)cudaSetDevice(c->device);
+    if (cudaHostUnregister((void *)page_floor(p)) != cudaSuccess) (void)cudaGetLastError();
 }
 
 hm_status hm_cuda_mem_info(hm_cuda_ctx *c, size_t *free_bytes, size_t *total_bytes, hm_err *err) {

@@ -33,7 +33,7 @@ struct hm_cuda_ctx {
     bool exact_mm;             /* HOTMOE_CUDA_EXACT=1: matmuls of > 8 rows run as exact-f32 matvecs
                                   in chunks of 8 (a reference path for tests; slow) */
     void *mmq_ws;              /* the int8 prefill matmul's workspace (cuda_mmq.cu), NULL = that
-                                  path is off (HOTMOE_CUDA_MMQ=1 or hm_cuda_set_mmq turn it on) */
+                                  path is off (HOTMOE_CUDA_MMQ=0 or HOTMOE_CUDA_EXACT=1 at open, or hm_cuda_set_mmq) */
     size_t mmq_ws_size;
 };
 

@@ -9,7 +9,7 @@
  * padded; the f32 result goes through shared memory so the global stores are coalesced and
  * guarded. Each output element is produced by one thread: deterministic.
  *
- * With the context's mmq switch on (HOTMOE_CUDA_MMQ=1), Q4_K / Q5_K / Q6_K / IQ4_XS weights take
+ * With the context's mmq switch on (the default; off: HOTMOE_CUDA_MMQ=0), Q4_K / Q5_K / Q6_K / IQ4_XS weights take
  * the int8 tensor-core matmul of cuda_mmq.cu instead (Q8_K activations, the CPU's integer sums). */
 #include <mma.h>
 

@@ -12,7 +12,7 @@
  *   w_i * (down_u row r . h_i) over t's pairs in unit order, then out[t][r] += the sum.
  * Each output element has exactly one writer: no atomics, bit-identical results run to run.
  * Launch B reads a unit's down rows once per token routed to it (from L2 after the first): right
- * for decode batches; with the mmq switch on (HOTMOE_CUDA_MMQ=1), prefill batches of K-quant parts
+ * for decode batches; with the mmq switch on (the default), prefill batches of K-quant parts
  * take cuda_mmq.cu's int8 tiles per unit instead, for launch A and / or B (hm_cuda_mmq_moe_plan). */
 #include <string.h>
 

@@ -22,8 +22,8 @@
  *     memory, and the test hook's F32 / NEW / OLD kernels: weights dequantised exactly to f32 in
  *     registers, f32 activations, f32 accumulation: error is float rounding only.
  *   - prefill matmul (n_tok > HM_CUDA_MATVEC_MAX_TOK): weights and activations rounded to bf16
- *     (8-bit mantissa, f32 range) for the tensor cores, f32 accumulation; with the opt-in int8
- *     path (hm_cuda_set_mmq) K-quant weights get the decode path's Q8_K numerics instead.
+ *     (8-bit mantissa, f32 range) for the tensor cores, f32 accumulation; with the int8
+ *     path (hm_cuda_set_mmq, on by default) K-quant weights get the decode path's Q8_K numerics.
  *     With HOTMOE_CUDA_EXACT=1 in the environment when the context opens, such matmuls run as
  *     the decode matvec in chunks of 8 rows instead: a slow reference path for tests (a model
  *     whose routing flips under bf16 rounding can then still be checked tightly).
@@ -97,6 +97,14 @@ hm_status hm_cuda_sync(hm_cuda_ctx *c, hm_err *err);
  * hm_cuda_host_free it. */
 hm_status hm_cuda_host_alloc(hm_cuda_ctx *c, size_t bytes, void **out, hm_err *err);
 void hm_cuda_host_free(hm_cuda_ctx *c, void *p); /* NULL is a no-op */
+/* Page-lock existing read-only host memory [p, p + n) for every device (cudaHostRegister,
+ * read-only, portable), e.g. a file mapping's expert bytes: async copies from it then run as DMA
+ * without a staging copy, and its pages stay in RAM. p and n are widened to whole pages; the pages
+ * are faulted in (read from the file) now. Failure (RLIMIT_MEMLOCK, too little RAM, a driver
+ * that refuses file-backed memory) is HM_ERR_NOMEM with the driver's reason; nothing stays
+ * registered then. hm_cuda_host_unregister(c, p) with the same p undoes it. */
+hm_status hm_cuda_host_register(hm_cuda_ctx *c, const void *p, size_t n, hm_err *err);
+void hm_cuda_host_unregister(hm_cuda_ctx *c, const void *p);
 /* Free and total device memory now (cudaMemGetInfo). */
 hm_status hm_cuda_mem_info(hm_cuda_ctx *c, size_t *free_bytes, size_t *total_bytes, hm_err *err);
 /* Copy device -> host on the compute stream after queued work, without waiting: dst_host must be
@@ -342,8 +350,8 @@ void hm_cuda_set_kern(hm_cuda_ctx *c, int kern);
 /* The int8 tensor-core prefill matmul (hm_cuda_matmul, n_tok > HM_CUDA_MATVEC_MAX_TOK, weights
  * Q4_K / Q5_K / Q6_K / IQ4_XS): activations quantised to Q8_K as the CPU does, each block's integer
  * dot the CPU vec_dot's, only the f32 order of the block sums differs (as the decode int8 path).
- * Off by default; on when HOTMOE_CUDA_MMQ=1 is in the environment when the context opens, or
- * with this setter (a test / A-B hook; turning it on allocates a 16 MiB device workspace, turning
+ * On by default when a context opens; off with HOTMOE_CUDA_MMQ=0 or HOTMOE_CUDA_EXACT=1 in the
+ * environment then, or with this setter (a test / A-B hook; turning it on allocates a 16 MiB device workspace, turning
  * it off waits for the compute stream and frees it). Other types keep the bf16 kernel. */
 hm_status hm_cuda_set_mmq(hm_cuda_ctx *c, bool on, hm_err *err);
 

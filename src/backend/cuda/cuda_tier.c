@@ -12,6 +12,8 @@
  * piece overlaps the DMA of the previous ones. Before the copier writes into a buffer again after
  * the ring wrapped, it waits for that buffer's event. After the last piece it records the slot's
  * event and publishes have[slot] = seq. ready(slot) = have[slot] == want[slot] and that event ran.
+ * A unit inside the registered host range the options name (o->direct: page-locked already) skips
+ * the ring: one async copy per part straight from the mapping, then the slot's event.
  *
  * Ownership between the two threads: the engine thread alone writes part[], stats.fills/bytes and
  * want[] (want under mu); the copier alone touches buf[], buf_ev[], cur/used and records events,
@@ -29,6 +31,7 @@
 
 #include <inttypes.h>
 #include <pthread.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -73,6 +76,8 @@ struct hm_vram_tier {
     size_t buf_bytes;                       /* bytes of one staging buffer */
     void **buf;                             /* [n_staging] pinned, owned */
     hm_cuda_event **buf_ev;                 /* [n_staging] owned */
+    const char *direct;                     /* registered host range (opts), NULL = none */
+    uint64_t direct_bytes;
     int cur;                                /* buffer being written */
     size_t used;                            /* bytes of buf[cur] already handed to copies */
     /* the FIFO and its thread; everything below is under mu */
@@ -182,11 +187,27 @@ static hm_status next_buffer(hm_vram_tier *t, hm_err *err) {
     return HM_OK;
 }
 
-/* Stream r's image through the ring into its slot and record the slot's event. */
-static hm_status copy_unit(hm_vram_tier *t, const fill_req *r, hm_err *err) {
+/* Whether every present part of u lies in the registered host range. */
+static bool in_direct(const hm_vram_tier *t, const hm_unit_ref *u, const uint64_t off[HM_UNIT_NPART]) {
+    if (!t->direct) return false;
+    for (int p = 0; p < HM_UNIT_NPART; p++) {
+        if (off[p] == UINT64_MAX) continue;
+        const char *s = (const char *)u->src[p];
+        if (s < t->direct || u->part_bytes[p] > t->direct_bytes || (uint64_t)(s - t->direct) > t->direct_bytes - u->part_bytes[p])
+            return false;
+    }
+    return true;
+}
+
+/* Copy r's image into its slot (straight from registered memory, else through the ring) and
+ * record the slot's event. */
+static hm_status copy_unit(hm_vram_tier *t, const fill_req *r, bool *direct_out, hm_err *err) {
     char *dst = slot_base(t, r->slot);
     hm_status st = HM_OK;
-    for (uint64_t done = 0; done < r->len;) {
+    const bool direct = *direct_out = in_direct(t, &r->u, r->off);
+    for (int p = 0; direct && p < HM_UNIT_NPART && !st; p++)
+        if (r->off[p] != UINT64_MAX) st = hm_cuda_upload_async(t->c, dst + r->off[p], r->u.src[p], r->u.part_bytes[p], err);
+    for (uint64_t done = 0; !direct && done < r->len;) {
         uint64_t left = r->len - done;
         size_t room = t->buf_bytes - t->used;
         if (room < left && room < MIN_PIECE && t->used > 0 && (st = next_buffer(t, err)) != HM_OK) break;
@@ -225,13 +246,15 @@ static void *copier_main(void *arg) {
         bool skip = t->failed || r.seq != t->want[r.slot];
         pthread_mutex_unlock(&t->mu);
         hm_status st = HM_OK;
+        bool direct = false;
         int64_t t0 = hm_time_us();
-        if (!skip) st = copy_unit(t, &r, &cerr);
+        if (!skip) st = copy_unit(t, &r, &direct, &cerr);
         double dt = (double)(hm_time_us() - t0) * 1e-6;
         pthread_mutex_lock(&t->mu);
         t->head++;
         t->stats.copy_seconds += dt;
         if (skip) t->stats.skipped++;
+        if (direct && st == HM_OK) t->stats.direct++;
         else if (st == HM_OK) t->have[r.slot] = r.seq;
         else if (!t->failed) t->failed = st, t->fail_err = cerr;
         pthread_cond_broadcast(&t->done);
@@ -263,6 +286,8 @@ hm_status hm_vram_tier_open(hm_vram_tier **out, hm_cuda_ctx *c, const hm_vram_ti
     t->n_staging = n_staging;
     t->buf_bytes = buf_bytes;
     t->q_cap = (uint64_t)(o->max_queued ? o->max_queued : DEFAULT_QUEUE);
+    t->direct = o->direct_bytes ? (const char *)o->direct : NULL;
+    t->direct_bytes = o->direct_bytes;
     t->buf = calloc((size_t)n_staging, sizeof *t->buf);
     t->buf_ev = calloc((size_t)n_staging, sizeof *t->buf_ev);
     t->q = calloc((size_t)t->q_cap, sizeof *t->q);

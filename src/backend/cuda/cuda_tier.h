@@ -45,6 +45,11 @@ typedef struct hm_vram_tier_opts {
     size_t staging_bytes; /* pinned ring total; 0 = 64 MiB */
     int n_staging;        /* buffers in the ring; 0 = 4 */
     int max_queued;       /* fills waiting for the copier before fill() blocks; 0 = 1024 */
+    /* Host memory registered with CUDA (hm_cuda_host_register, for as long as the tier lives):
+     * a unit whose parts all lie in [direct, direct + direct_bytes) is copied straight from
+     * there (one DMA per part, no staging memcpy); others go through the ring. NULL = none. */
+    const void *direct;
+    uint64_t direct_bytes;
 } hm_vram_tier_opts;
 
 /* Slot size for every unit of u under the layout above: max over layers of the sum of its parts'
@@ -89,6 +94,7 @@ typedef struct hm_vram_tier_stats {
     double copy_seconds;        /* copier time: staging memcpys, ring waits, queueing the copies */
     uint64_t skipped;           /* queued fills dropped uncopied: a newer fill of their slot came */
     uint64_t queued;            /* fills not yet finished by the copier, now */
+    uint64_t direct;            /* fills copied straight from the registered range (opts.direct) */
 } hm_vram_tier_stats;
 void hm_vram_tier_get_stats(const hm_vram_tier *t, hm_vram_tier_stats *out);
 
