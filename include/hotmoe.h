@@ -315,6 +315,7 @@ typedef struct hm_usage {
     uint64_t prefetch_acq;           /* acquisitions in layers that had a prediction */
     double ssd_wait_us;              /* time the forward pass blocked on reads */
     bool io_uring, io_direct, ram_mlocked;
+    uint64_t mlocked_bytes;          /* --mlock without the SSD tier: expert bytes locked in RAM */
     uint64_t *counts;                /* [n_layer * n_expert] routed selections (row = layer), owned */
     uint8_t *home;                   /* [n_layer * n_expert] hm_unit_home, owned */
     uint64_t *layer_hits, *layer_misses; /* [n_layer], owned */

@@ -1,8 +1,14 @@
-/* alloc.c - aligned allocation. */
+/* alloc.c - aligned allocation and locking memory in RAM. */
 #include "alloc.h"
 
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <unistd.h>
 
 void *hm_malloc_aligned(size_t size) {
     if (size == 0) return NULL;
@@ -18,3 +24,19 @@ void *hm_calloc_aligned(size_t size) {
 }
 
 void hm_free_aligned(void *p) { free(p); }
+
+hm_status hm_mlock_range(const void *p, size_t n, const char *what, hm_err *err) {
+    const uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE), lo = (uintptr_t)p / pg * pg;
+    const uintptr_t hi = ((uintptr_t)p + n + pg - 1) / pg * pg;
+    if (mlock((const void *)lo, (size_t)(hi - lo)) == 0) return HM_OK;
+    const int e = errno;
+    struct rlimit rl;
+    char lim[64] = "unknown";
+    if (getrlimit(RLIMIT_MEMLOCK, &rl) == 0) {
+        if (rl.rlim_cur == RLIM_INFINITY) snprintf(lim, sizeof lim, "unlimited");
+        else snprintf(lim, sizeof lim, "%" PRIu64 " KiB", (uint64_t)rl.rlim_cur / 1024);
+    }
+    return hm_errf(err, HM_ERR_IO, "--mlock: locking %s (%zu MiB) in RAM failed: %s (RLIMIT_MEMLOCK is %s; raise it "
+                   "with `ulimit -l unlimited`, LimitMEMLOCK= for a service, or grant CAP_IPC_LOCK; or run without "
+                   "--mlock)", what, (size_t)(hi - lo) >> 20, strerror(e), lim);
+}

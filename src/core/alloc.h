@@ -1,4 +1,4 @@
-/* alloc.h - aligned allocation and size-checked arithmetic.
+/* alloc.h - aligned allocation, size-checked arithmetic and locking memory in RAM.
  *
  * Sizes that come from files or users go through the checked helpers so an overflow becomes an
  * error instead of a short allocation. */
@@ -8,6 +8,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include "status.h"
 
 #define HM_ALIGN 64 /* cache line; enough for AVX-512 loads */
 
@@ -24,5 +26,9 @@ static inline bool hm_add_ok(size_t a, size_t b, size_t *out) {
     return !__builtin_add_overflow(a, b, out);
 }
 static inline uint64_t hm_align_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
+
+/* Lock the pages of [p, p + n) in RAM (mlock; the range is widened to whole pages). Failure is
+ * HM_ERR_IO with a message that names `what`, the limit (RLIMIT_MEMLOCK) and how to raise it. */
+hm_status hm_mlock_range(const void *p, size_t n, const char *what, hm_err *err);
 
 #endif

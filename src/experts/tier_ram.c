@@ -13,8 +13,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/resource.h>
 
+#include "core/alloc.h"
 #include "core/timer.h"
 #include "experts_impl.h"
 
@@ -181,20 +181,9 @@ static const void *tier_part(void *ctx, int32_t slot, hm_unit_part p) {
 /* ---- open / close ---- */
 
 static hm_status lock_pool(hm_ram_tier *t, hm_err *err) {
-    if (mlock(t->pool, t->pool_bytes) == 0) {
-        t->mlocked = true;
-        return HM_OK;
-    }
-    int e = errno;
-    struct rlimit rl;
-    char lim[64] = "unknown";
-    if (getrlimit(RLIMIT_MEMLOCK, &rl) == 0) {
-        if (rl.rlim_cur == RLIM_INFINITY) snprintf(lim, sizeof lim, "unlimited");
-        else snprintf(lim, sizeof lim, "%" PRIu64 " KiB", (uint64_t)rl.rlim_cur / 1024);
-    }
-    return hm_errf(err, HM_ERR_IO, "--mlock: locking the %zu MiB RAM slot pool failed: %s (RLIMIT_MEMLOCK is %s; "
-                   "raise it with `ulimit -l unlimited`, LimitMEMLOCK= for a service, or grant CAP_IPC_LOCK; or run "
-                   "without --mlock)", t->pool_bytes >> 20, strerror(e), lim);
+    hm_status st = hm_mlock_range(t->pool, t->pool_bytes, "the RAM slot pool", err);
+    t->mlocked = st == HM_OK;
+    return st;
 }
 
 hm_status hm_ram_tier_open(hm_ram_tier **out, const char *path, const hm_units *units, const hm_ram_tier_opts *o,

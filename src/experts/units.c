@@ -201,3 +201,18 @@ uint64_t hm_units_fit(const hm_units *u, int64_t budget) {
     uint64_t n = (uint64_t)budget / u->unit_bytes_max;
     return n < u->n_units ? n : u->n_units;
 }
+
+void hm_units_span(const hm_units *u, const char **lo, size_t *len) {
+    const char *a = NULL, *b = NULL;
+    for (int32_t l = 0; l < u->n_layer; l++) {
+        const hm_units_layer *L = &u->layers[l];
+        for (int p = 0; p < HM_UNIT_NPART; p++) {
+            if (!L->part[p] || !L->part[p]->data || !L->n_expert) continue;
+            const char *s = L->part[p]->data, *e = s + (size_t)L->n_expert * L->slab_bytes[p];
+            if (!a || s < a) a = s;
+            if (!b || e > b) b = e;
+        }
+    }
+    *lo = a;
+    *len = a ? (size_t)(b - a) : 0;
+}

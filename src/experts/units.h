@@ -74,6 +74,11 @@ static inline uint64_t hm_units_offset(const hm_units *u, int32_t layer, int32_t
     return l->part[p] ? l->part[p]->file_offset + (uint64_t)expert * l->slab_bytes[p] : 0;
 }
 
+/* The span of the file mapping that holds every unit's parts: [*lo, *lo + *len) (the expert
+ * tensors, and whatever lies between them); *lo NULL and *len 0 when no part is mapped (a table
+ * from hm_units_init_geom, a model without experts). */
+void hm_units_span(const hm_units *u, const char **lo, size_t *len);
+
 /* Units that fit in budget bytes when every slot is sized for the largest unit (how the store
  * allocates slot pools), capped at n_units; 0 for a negative budget or no units. */
 uint64_t hm_units_fit(const hm_units *u, int64_t budget);

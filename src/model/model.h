@@ -49,6 +49,8 @@ struct hm_model {
      * model's expert bytes. Then the forward pass computes its CPU units through it (moe.c,
      * hm_moe_forward) and the session ends its steps after the store's. */
     hm_ram_tier *ram;     /* owned */
+    uint64_t mlocked_bytes; /* --mlock without the SSD tier: the experts' span of the mapping,
+                               locked in RAM (hm_units_span); 0: not locked */
     bool prefetch;        /* --prefetch: read layer l+1's predicted units during layer l */
     /* GPU placement (model_gpu.h): NULL = every op on the CPU. With it the arch keeps its dense
      * weights and each session its KV cache and activations on the device, and the store's hot

@@ -23,6 +23,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/alloc.h"
+#include "core/timer.h"
 #include "experts/profile.h"
 #include "model.h"
 #include "model_gpu.h"
@@ -170,6 +172,19 @@ hm_status hm_model_experts_open(hm_model *m, const hm_placement_opts *po, hm_err
             if (st == HM_OK) m->prefetch = po->prefetch;
         }
     }
+    /* --mlock with the plain mapping: the experts stay in RAM (as llama.cpp's --mlock keeps the
+     * model); with the SSD tier it locked that tier's pool above */
+    if (st == HM_OK && po->mlock && !m->ram) {
+        const char *lo;
+        size_t len;
+        hm_units_span(&m->units, &lo, &len);
+        const int64_t t0 = hm_time_us();
+        if (len && (st = hm_mlock_range(lo, len, "the experts of the model mapping", err)) == HM_OK) {
+            m->mlocked_bytes = len;
+            hm_log_printf(&m->log, HM_LOG_INFO, "--mlock: %.2f GiB of expert weights locked in RAM (%.1f s)",
+                          (double)len / (1024.0 * 1024.0 * 1024.0), (double)(hm_time_us() - t0) * 1e-6);
+        }
+    }
 #ifdef HM_HAVE_CUDA
 done:
 #endif
@@ -204,6 +219,7 @@ void hm_model_experts_close(hm_model *m) {
     hm_model_gpu_close(m); /* after the store, which borrows its tier */
 #endif
     hm_units_free(&m->units);
+    m->mlocked_bytes = 0; /* the lock goes with the mapping */
 }
 
 static hm_status no_experts(const hm_model *m, hm_err *err) {
@@ -295,6 +311,7 @@ hm_status hm_model_usage(const hm_model *m, hm_usage *u, hm_err *err) {
         u->ssd_wait_us = rs.wait_us;
         u->io_uring = rs.uring, u->io_direct = rs.direct, u->ram_mlocked = rs.mlocked;
     }
+    u->mlocked_bytes = m->mlocked_bytes;
 #ifdef HM_HAVE_CUDA
     if (m->gpu) {
         const hm_gpu *g = m->gpu;
