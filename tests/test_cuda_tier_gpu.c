@@ -696,12 +696,16 @@ static void test_direct(void) {
     edge.expert = 9, edge.src[HM_UNIT_GATE] = map + lo - 1;
     for (int s = 0; s < 4; s++) CK(h.fill(h.ctx, &in[s], s, &err));
     CK(hm_vram_tier_wait(t, &err));
-    for (int s = 0; s < 4; s++) check_slot(&h, s, &in[s], "direct");
+    for (int s = 0; s < 4; s++) {
+        CHECKF(h.ready(h.ctx, s), "direct: slot %d not ready after wait", s);
+        check_slot(&h, s, &in[s], "direct");
+    }
     CK(h.fill(h.ctx, &mixed.r, 1, &err));
     CK(h.fill(h.ctx, &edge, 2, &err));
     CK(h.fill(h.ctx, &in[4], 3, &err));
     CK(h.fill(h.ctx, &in[1], 0, &err));
     CK(hm_vram_tier_wait(t, &err));
+    for (int s = 0; s < 4; s++) CHECKF(h.ready(h.ctx, s), "direct refills: slot %d not ready after wait", s);
     check_slot(&h, 0, &in[1], "direct refill");
     check_slot(&h, 1, &mixed.r, "a part outside the span (staged)");
     check_slot(&h, 2, &edge, "a part a byte before the span (staged)");

@@ -253,10 +253,14 @@ static void *copier_main(void *arg) {
         pthread_mutex_lock(&t->mu);
         t->head++;
         t->stats.copy_seconds += dt;
-        if (skip) t->stats.skipped++;
-        if (direct && st == HM_OK) t->stats.direct++;
-        else if (st == HM_OK) t->have[r.slot] = r.seq;
-        else if (!t->failed) t->failed = st, t->fail_err = cerr;
+        if (skip) {
+            t->stats.skipped++;
+        } else if (st == HM_OK) {
+            t->have[r.slot] = r.seq;
+            t->stats.direct += direct;
+        } else if (!t->failed) {
+            t->failed = st, t->fail_err = cerr;
+        }
         pthread_cond_broadcast(&t->done);
     }
     pthread_mutex_unlock(&t->mu);
