@@ -192,9 +192,11 @@ n_b=$(echo "$r" | jq '[.layers[0].counts[]] | add')
 check "/experts counts grow after a completion ($n_a -> $n_b)" '[ "$n_b" -gt "$n_a" ]'
 check "/experts layer 0 counts = tokens x k" '[ "$n_b" = "$(echo "$r" | jq ".tokens * .n_expert_used")" ]'
 check "/experts tiers, hit rate, units" 'echo "$r" | jq -e "(.layers[0].tier | length) == 8 and (.layers[0].tier | unique) == [\"ram\"] and .layers[0].hit_rate == 0 and .units.ram == 32 and .units.vram == 0 and .bytes_moved.to_vram == 0" >/dev/null'
+check "/experts: no GPU placement, nothing locked" 'echo "$r" | jq -e ".gpu == null and .mlocked_bytes == 0" >/dev/null'
 check "/experts prompt/decode split" 'echo "$r" | jq -e ".prompt_tokens > 0 and .decode_tokens > 0 and .prompt_tokens + .decode_tokens == .tokens" >/dev/null'
 curl -s "${AUTH[@]}" "$URL/metrics" >"$TMP/metrics2"
 check "metrics: hit rate per layer" 'grep -q "^hotmoe_expert_hit_rate{layer=\"3\"} " "$TMP/metrics2"'
+check "metrics: mlocked bytes, no GPU series" 'grep -q "^hotmoe_expert_mlocked_bytes 0$" "$TMP/metrics2" && ! grep -q "^hotmoe_gpu_expert_slots" "$TMP/metrics2"'
 check "metrics: bytes moved" 'grep -q "^hotmoe_expert_bytes_moved_total{direction=\"to_vram\"} 0$" "$TMP/metrics2"'
 check "metrics: expert stats available" 'grep -q "^hotmoe_expert_stats_available 1$" "$TMP/metrics2"'
 check "metrics: routed selections" 'awk "/^hotmoe_expert_selections_total\\{result=\"miss\"\\}/ { exit !(\$2 > 0) }" "$TMP/metrics2"'

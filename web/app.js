@@ -252,6 +252,15 @@ function parseMetrics(text) {
   return m;
 }
 
+/* The GPU placement in one line: slots used per device, peer units, prefill streaming so far. */
+function gpuText(ex) {
+  const g = ex.gpu;
+  if (!g || !g.devices || !g.devices.length) return '';
+  const devs = g.devices.map((d) => `GPU ${d.ordinal} ${d.slots_used}/${d.slots} slots` + (d.peer ? ` (${d.peer} peer)` : '')).join(', ');
+  const st = g.prefill_stream && g.prefill_stream.units ? `, ${g.prefill_stream.units} units streamed in prefill` : '';
+  return ` · ${devs}${st}`;
+}
+
 async function poll() {
   try {
     const [ex, mt, slots] = await Promise.all([api('/experts'), api('/metrics'), api('/slots')]);
@@ -267,7 +276,8 @@ async function poll() {
     state.hitSeries.push({ t: Date.now(), hit, tps });
     if (state.hitSeries.length > 120) state.hitSeries.shift();
     $('estatus').textContent = ex.available
-      ? `${ex.n_layer} layers × ${ex.n_expert} experts, k ${ex.n_expert_used}, ${ex.tokens} tokens, policy ${ex.policy || '-'}`
+      ? `${ex.n_layer} layers × ${ex.n_expert} experts, k ${ex.n_expert_used}, ${ex.tokens} tokens, policy ${ex.policy || '-'}` +
+        gpuText(ex) + (ex.mlocked_bytes ? ` · experts locked in RAM (${(ex.mlocked_bytes / 2 ** 30).toFixed(2)} GiB)` : '')
       : `${ex.n_layer} layers × ${ex.n_expert} experts, k ${ex.n_expert_used} — ${ex.note || 'no usage counts yet'}`;
     const sel = $('policy');
     if (!sel.options.length) for (const p of ex.policies || []) sel.add(new Option(p, p));

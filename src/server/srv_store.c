@@ -7,6 +7,10 @@
  *   layers[l].counts[e] = usage.counts[l * n_expert + e]   layers[l].tier[e] = hm_unit_home_name
  *   layers[l].hit_rate  = layer_hits / (layer_hits + layer_misses), null before any selection
  *   units{vram,ram,ssd} = usage.units[]      bytes moved = bytes_to_vram, bytes_from_ssd; swaps
+ *   mlocked_bytes       = usage.mlocked_bytes (--mlock)
+ *   gpu                 = null without a GPU placement, else {devices: [{ordinal, slots, slots_used,
+ *                         peer}], layer_device: [device index of each layer], prefill_stream:
+ *                         {units, bytes, ahead, ahead_used}} from usage.gpu_*, layer_gpu, stream_*
  *   /profile/save       = hm_model_profile_save (tmp + rename)
  *   policy switch       = hm_model_set_policy
  * Every function here runs on the engine thread between rounds (srv_sched_call), because the
@@ -26,6 +30,20 @@ static json_t *policy_list(void) {
 }
 
 static double ratio(uint64_t a, uint64_t b) { return b ? (double)a / (double)b : 0.0; }
+
+/* The "gpu" member of /experts: null without a GPU placement. */
+static json_t *gpu_json(const hm_usage *u) {
+    if (u->n_gpus <= 0) return json_null();
+    json_t *devs = json_array(), *ld = json_array();
+    for (int32_t d = 0; d < u->n_gpus && d < HM_MAX_GPUS; d++)
+        json_array_append_new(devs, json_pack("{s:i, s:I, s:I, s:I}", "ordinal", u->gpu_ordinal[d], "slots",
+                                              (json_int_t)u->gpu_slots[d], "slots_used",
+                                              (json_int_t)u->gpu_slots_used[d], "peer", (json_int_t)u->gpu_peer[d]));
+    for (int32_t l = 0; u->layer_gpu && l < u->n_layer; l++) json_array_append_new(ld, json_integer(u->layer_gpu[l]));
+    return json_pack("{s:o, s:o, s:{s:I, s:I, s:I, s:I}}", "devices", devs, "layer_device", ld, "prefill_stream",
+                     "units", (json_int_t)u->stream_units, "bytes", (json_int_t)u->stream_bytes, "ahead",
+                     (json_int_t)u->stream_ahead, "ahead_used", (json_int_t)u->stream_ahead_used);
+}
 
 json_t *srv_store_experts_json(srv_sched *s) {
     const hm_model_info *mi = hm_model_get_info(s->model);
@@ -66,6 +84,10 @@ json_t *srv_store_experts_json(srv_sched *s) {
         (json_int_t)u.units[HM_HOME_SSD], "bytes_moved", "to_vram", (json_int_t)u.bytes_to_vram, "from_ssd",
         (json_int_t)u.bytes_from_ssd, "swaps", "in", (json_int_t)u.swaps_in, "out", (json_int_t)u.swaps_out, "layers",
         layers);
+    if (j) {
+        json_object_set_new(j, "mlocked_bytes", json_integer((json_int_t)u.mlocked_bytes));
+        json_object_set_new(j, "gpu", gpu_json(&u));
+    }
     if (j && u.vram_slots == 0)
         json_object_set_new(j, "note", json_string("no VRAM expert slots: every expert unit runs on the CPU from RAM (start the server with "
                                                    "-ngl 99 and --vram-budget on a CUDA build to place hot units on the GPU)"));
@@ -114,6 +136,25 @@ void srv_store_metrics(srv_sched *s, srv_buf *o) {
                    "# TYPE hotmoe_expert_vram_slots gauge\n");
     srv_buf_printf(o, "hotmoe_expert_vram_slots{state=\"total\"} %lld\nhotmoe_expert_vram_slots{state=\"used\"} %lld\n",
                    (long long)u.vram_slots, (long long)u.vram_slots_used);
+    srv_buf_str(o, "# HELP hotmoe_expert_mlocked_bytes Expert bytes of the model mapping locked in RAM (--mlock).\n"
+                   "# TYPE hotmoe_expert_mlocked_bytes gauge\n");
+    srv_buf_printf(o, "hotmoe_expert_mlocked_bytes %llu\n", (unsigned long long)u.mlocked_bytes);
+    if (u.n_gpus > 0) {
+        srv_buf_str(o, "# HELP hotmoe_gpu_expert_slots Expert slots per GPU: all, holding a unit, holding another "
+                       "device's unit (peer).\n# TYPE hotmoe_gpu_expert_slots gauge\n");
+        for (int32_t d = 0; d < u.n_gpus && d < HM_MAX_GPUS; d++)
+            srv_buf_printf(o, "hotmoe_gpu_expert_slots{device=\"%d\",state=\"total\"} %lld\n"
+                              "hotmoe_gpu_expert_slots{device=\"%d\",state=\"used\"} %lld\n"
+                              "hotmoe_gpu_expert_slots{device=\"%d\",state=\"peer\"} %lld\n",
+                           (int)u.gpu_ordinal[d], (long long)u.gpu_slots[d], (int)u.gpu_ordinal[d],
+                           (long long)u.gpu_slots_used[d], (int)u.gpu_ordinal[d], (long long)u.gpu_peer[d]);
+        srv_buf_str(o, "# HELP hotmoe_prefill_stream_units_total Cold units copied to the GPU for one prefill "
+                       "layer (prefill streaming).\n# TYPE hotmoe_prefill_stream_units_total counter\n");
+        srv_buf_printf(o, "hotmoe_prefill_stream_units_total %llu\n", (unsigned long long)u.stream_units);
+        srv_buf_str(o, "# HELP hotmoe_prefill_stream_bytes_total Bytes those copies moved.\n"
+                       "# TYPE hotmoe_prefill_stream_bytes_total counter\n");
+        srv_buf_printf(o, "hotmoe_prefill_stream_bytes_total %llu\n", (unsigned long long)u.stream_bytes);
+    }
     if (u.ram_budget > 0) { /* the SSD tier (--ram-budget below the experts' size) */
         srv_buf_str(o, "# HELP hotmoe_ssd_tier_budget_bytes RAM pool of the SSD tier (slots + staging).\n"
                        "# TYPE hotmoe_ssd_tier_budget_bytes gauge\n");
