@@ -62,6 +62,19 @@ static inline uint64_t xorshift64(uint64_t *s) {
     return *s;
 }
 
+/* Uniform in [0, 1) from *s (53 bits). */
+static inline double rnd_unit(uint64_t *s) { return (double)(xorshift64(s) >> 11) / 9007199254740992.0; }
+/* About normal (mean 0, variance 1: a sum of 4 uniforms, rescaled) from *s. */
+static inline float rnd_normal(uint64_t *s) {
+    double t = 0;
+    for (int i = 0; i < 4; i++) t += rnd_unit(s);
+    return (float)((t - 2.0) * 1.7320508);
+}
+/* x[0 .. n) = rnd_normal(s) * scale. */
+static inline void fill_normal(uint64_t *s, float *x, int64_t n, float scale) {
+    for (int64_t i = 0; i < n; i++) x[i] = rnd_normal(s) * scale;
+}
+
 static inline void *xmalloc(size_t n) {
     void *p = malloc(n ? n : 1);
     if (!p) {

@@ -7,6 +7,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 static int test_failures_;
 static int test_checks_;
@@ -49,6 +50,26 @@ static inline const char *test_src_path(const char *rel) {
     const char *root = getenv("HM_SOURCE_DIR");
     snprintf(buf, sizeof buf, "%s/%s", root ? root : ".", rel);
     return buf;
+}
+
+/* Write a tiny qwen3moe model (`hotmoe synth --preset tiny --type TYPE --seed SEED`, the binary
+ * ctest names in HM_EXE) to /tmp/hm_test_TAG.PID.gguf, its path in path[n]. Returns 0, or 77 (the
+ * skip code, with a line saying why) without HM_EXE or when synth fails. */
+static inline int test_synth_tiny(const char *tag, const char *type, int seed, char *path, size_t n) {
+    const char *exe = getenv("HM_EXE");
+    if (!exe) {
+        printf("HM_EXE not set: skipping\n");
+        return 77;
+    }
+    char cmd[1024];
+    snprintf(path, n, "/tmp/hm_test_%s.%d.gguf", tag, (int)getpid());
+    snprintf(cmd, sizeof cmd, "'%s' synth --preset tiny --type %s --seed %d -q -o '%s' >/dev/null 2>&1", exe, type,
+             seed, path);
+    if (system(cmd) != 0) {
+        printf("synth failed: skipping\n");
+        return 77;
+    }
+    return 0;
 }
 
 #endif

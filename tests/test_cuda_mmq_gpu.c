@@ -38,15 +38,7 @@ static const int types[] = {HM_TYPE_Q4_K, HM_TYPE_Q5_K, HM_TYPE_Q6_K, HM_TYPE_IQ
 #define Q8K_BLOCK 292 /* sizeof hm_block_q8_k: float d, int8 qs[256], int16 bsums[16] */
 
 static uint64_t rng = 0x2545f4914f6cdd1dull;
-static double rnd_u(void) { return (double)(xorshift64(&rng) >> 11) / 9007199254740992.0; }
-static float rnd_n(void) {
-    double s = 0;
-    for (int i = 0; i < 4; i++) s += rnd_u();
-    return (float)((s - 2.0) * 1.7320508);
-}
-static void fill(float *x, int64_t n, float scale) {
-    for (int64_t i = 0; i < n; i++) x[i] = rnd_n() * scale;
-}
+static void fill(float *x, int64_t n, float scale) { fill_normal(&rng, x, n, scale); }
 
 static uint8_t *make_w(int type, int64_t ne0, int64_t ne1, size_t *rs) {
     *rs = hm_row_size(type, ne0);

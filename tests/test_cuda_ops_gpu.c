@@ -24,15 +24,9 @@
 /* ---- helpers ---- */
 
 static uint64_t rng_state = 0x243f6a8885a308d3ull;
-static double rnd_u(void) { return (double)(xorshift64(&rng_state) >> 11) / 9007199254740992.0; }
-static float rnd_n(void) {
-    double s = 0;
-    for (int i = 0; i < 4; i++) s += rnd_u();
-    return (float)((s - 2.0) * 1.7320508);
-}
-static void fill(float *x, int64_t n, float scale) {
-    for (int64_t i = 0; i < n; i++) x[i] = rnd_n() * scale;
-}
+static double rnd_u(void) { return rnd_unit(&rng_state); }
+static float rnd_n(void) { return rnd_normal(&rng_state); }
+static void fill(float *x, int64_t n, float scale) { fill_normal(&rng_state, x, n, scale); }
 /* The double reference of one expert unit on one token, added into dst: dst += w * down(silu(gate x) *
  * up x), from the dequantised matrices. hbuf: [n_ff] work space. */
 static void ref_unit_add(const float *gate, const float *up, const float *down, const float *xv, int64_t n_embd,

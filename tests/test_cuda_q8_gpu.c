@@ -27,15 +27,8 @@ static const int types[] = {HM_TYPE_Q4_K, HM_TYPE_Q5_K, HM_TYPE_Q6_K, HM_TYPE_IQ
 #define Q8K_BLOCK 292 /* sizeof hm_block_q8_k: float d, int8 qs[256], int16 bsums[16] */
 
 static uint64_t rng = 0x9e3779b97f4a7c15ull;
-static double rnd_u(void) { return (double)(xorshift64(&rng) >> 11) / 9007199254740992.0; }
-static float rnd_n(void) {
-    double s = 0;
-    for (int i = 0; i < 4; i++) s += rnd_u();
-    return (float)((s - 2.0) * 1.7320508);
-}
-static void fill(float *x, int64_t n, float scale) {
-    for (int64_t i = 0; i < n; i++) x[i] = rnd_n() * scale;
-}
+static double rnd_u(void) { return rnd_unit(&rng); }
+static void fill(float *x, int64_t n, float scale) { fill_normal(&rng, x, n, scale); }
 
 /* The CPU's Q8_K quantisation of n floats (the run-time quantiser, as the CPU matmul uses). */
 static void *cpu_q8k(const float *x, int64_t n) {

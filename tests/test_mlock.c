@@ -68,18 +68,9 @@ static hm_status open_mlock(hm_model **m, const char *path, bool mlock, hm_err *
 }
 
 int main(void) {
-    const char *exe = getenv("HM_EXE");
-    if (!exe) {
-        printf("HM_EXE not set: skipping\n");
-        return 77;
-    }
-    char path[256], cmd[1024];
-    snprintf(path, sizeof path, "/tmp/hm_test_mlock.%d.gguf", (int)getpid());
-    snprintf(cmd, sizeof cmd, "'%s' synth --preset tiny --type q4_k_m --seed 3 -q -o '%s' >/dev/null 2>&1", exe, path);
-    if (system(cmd) != 0) {
-        printf("synth failed: skipping\n");
-        return 77;
-    }
+    char path[256];
+    const int skip = test_synth_tiny("mlock", "q4_k_m", 3, path, sizeof path);
+    if (skip) return skip;
     int32_t toks[NT];
     for (int i = 0; i < NT; i++) toks[i] = 5 + 11 * i;
     hm_err err;

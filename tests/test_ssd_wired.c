@@ -56,18 +56,9 @@ static float *eval_logits(hm_model *m, const int32_t *toks, hm_status *st, hm_er
 }
 
 int main(void) {
-    const char *exe = getenv("HM_EXE");
-    if (!exe) {
-        printf("HM_EXE not set: skipping\n");
-        return 77;
-    }
-    char path[256], cmd[1024];
-    snprintf(path, sizeof path, "/tmp/hm_test_ssd_wired.%d.gguf", (int)getpid());
-    snprintf(cmd, sizeof cmd, "'%s' synth --preset tiny --type q4_k_m --seed 5 -q -o '%s' >/dev/null 2>&1", exe, path);
-    if (system(cmd) != 0) {
-        printf("synth failed: skipping\n");
-        return 77;
-    }
+    char path[256];
+    const int skip = test_synth_tiny("ssd_wired", "q4_k_m", 5, path, sizeof path);
+    if (skip) return skip;
     int32_t toks[NT];
     for (int i = 0; i < NT; i++) toks[i] = 3 + 7 * i;
     hm_err err;
