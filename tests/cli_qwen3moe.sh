@@ -59,6 +59,14 @@ check "perplexity too short message" grep -q "you need at least 8192 tokens" "$t
 check "bench --json" test "$(code "$EXE" bench -m "$m" -p 16 -n 4 -r 2 -t 2 --json)" = 0
 check "bench pp_tok_s" grep -qE '"pp_tok_s": [0-9.]+' "$tmp/out"
 check "bench tg_tok_s" grep -qE '"tg_tok_s": [0-9.]+' "$tmp/out"
+check "bench json: nothing locked, nothing streamed" grep -qE '"mlocked_bytes": 0, "prefill_stream_units": 0' "$tmp/out"
+# --mlock: the experts locked (bench reports their bytes), or refused naming RLIMIT_MEMLOCK (exit 1)
+rcm=$(code "$EXE" bench -m "$m" -p 8 -n 2 -r 1 -t 2 --json --mlock)
+if [ "$rcm" = 0 ]; then
+    check "bench --mlock locks the experts" grep -qE '"mlocked_bytes": [1-9][0-9]*' "$tmp/out"
+else
+    check "bench --mlock refused, saying why" grep -q "RLIMIT_MEMLOCK" "$tmp/err"
+fi
 check "bench table" test "$(code "$EXE" bench -m "$m" -p 16 -n 4 -r 1)" = 0
 check "bench table rows" grep -q "| pp16 |" "$tmp/out"
 # -d with a recurrent state (qwen35moe's DeltaNet cannot be trimmed back): rebuilt before each run

@@ -162,15 +162,11 @@ int hm_cmd_bench(int argc, char **argv) {
         cli_tier_get(m, &t1);
     }
     double hit = -1; /* tg's share of routed units computed from VRAM */
-    int64_t vslots = 0;
-    if (n_gen && cnt.on) {
-        hm_usage u;
-        if (hm_model_usage(m, &u, NULL) == HM_OK) {
-            vslots = u.vram_slots;
-            hm_usage_free(&u);
-        }
-        if (vslots > 0 || cnt.hits > 0) hit = cnt.hits + cnt.misses ? (double)cnt.hits / (double)(cnt.hits + cnt.misses) : 0.0;
-    }
+    hm_usage us;         /* the whole run's usage (a model without experts has none) */
+    const bool have_us = hm_model_usage(m, &us, NULL) == HM_OK;
+    const int64_t vslots = have_us ? us.vram_slots : 0;
+    if (n_gen && cnt.on && (vslots > 0 || cnt.hits > 0))
+        hit = cnt.hits + cnt.misses ? (double)cnt.hits / (double)(cnt.hits + cnt.misses) : 0.0;
     const char *backend = hm_placement_wants_gpu(&e.place) ? "CUDA" : "CPU";
     struct rusage ru;
     getrusage(RUSAGE_SELF, &ru);
@@ -187,6 +183,12 @@ int hm_cmd_bench(int argc, char **argv) {
         if (n_prompt) printf(", \"pp_tok_s\": %.3f, \"pp_tok_s_std\": %.3f", pm, psd);
         if (n_gen) printf(", \"tg_tok_s\": %.3f, \"tg_tok_s_std\": %.3f", tm, tsd);
         printf(", \"peak_rss_bytes\": %lld", (long long)ru.ru_maxrss * 1024);
+        if (have_us)
+            printf(", \"mlocked_bytes\": %llu, \"prefill_stream_units\": %llu, \"prefill_stream_bytes\": %llu, "
+                   "\"prefill_stream_ahead\": %llu, \"prefill_stream_ahead_used\": %llu",
+                   (unsigned long long)us.mlocked_bytes, (unsigned long long)us.stream_units,
+                   (unsigned long long)us.stream_bytes, (unsigned long long)us.stream_ahead,
+                   (unsigned long long)us.stream_ahead_used);
         if (t1.on) {
             const double ntg = (double)(reps * n_gen), acq = (double)(t1.acq - t0.acq), pred = (double)(t1.pred - t0.pred);
             printf(", \"ram_budget\": %lld, \"tg_ssd_bytes_per_tok\": %.1f, \"tg_ram_hit_rate\": %.4f",
@@ -218,18 +220,17 @@ int hm_cmd_bench(int argc, char **argv) {
         if (hit >= 0)
             fprintf(stderr, "hotmoe bench: tg expert hit rate %.1f %% (%lld VRAM slots)\n", 100.0 * hit,
                     (long long)vslots);
-        hm_usage us;
-        hm_err ue;
-        if (vslots > 0 && hm_model_usage(m, &us, &ue) == HM_OK) {
-            if (us.stream_units)
-                fprintf(stderr, "hotmoe bench: prefill streaming (whole run): %llu units (%.2f GiB), %llu of them copied "
-                        "a layer ahead, %llu of those routed\n", (unsigned long long)us.stream_units,
-                        (double)us.stream_bytes / (1024.0 * 1024.0 * 1024.0), (unsigned long long)us.stream_ahead,
-                        (unsigned long long)us.stream_ahead_used);
-            hm_usage_free(&us);
-        }
+        if (have_us && us.stream_units)
+            fprintf(stderr, "hotmoe bench: prefill streaming (whole run): %llu units (%.2f GiB), %llu of them copied "
+                    "a layer ahead, %llu of those routed\n", (unsigned long long)us.stream_units,
+                    (double)us.stream_bytes / (1024.0 * 1024.0 * 1024.0), (unsigned long long)us.stream_ahead,
+                    (unsigned long long)us.stream_ahead_used);
+        if (have_us && us.mlocked_bytes)
+            fprintf(stderr, "hotmoe bench: --mlock: %.2f GiB of experts locked in RAM\n",
+                    (double)us.mlocked_bytes / (1024.0 * 1024.0 * 1024.0));
         fprintf(stderr, "hotmoe bench: peak RSS %.1f MiB\n", (double)ru.ru_maxrss / 1024.0);
     }
+    if (have_us) hm_usage_free(&us);
     rc = cli_engine_finish(&e, m);
 done:
     free(ids);
