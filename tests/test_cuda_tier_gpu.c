@@ -23,8 +23,9 @@
  *    fills are still queued when policy none evicts them and static re-places into the same
  *    slots): every HOT unit's parts (hm_experts_where) equal the file's bytes, also while other
  *    fills are still in flight.
- *  - direct copies (opts.direct): a file written here, mapped read-only as the model's is and
- *    registered with CUDA (hm_cuda_host_register): units inside the range land byte-exact (one
+ *  - direct copies (opts.direct): a file written here, mapped read-only and shared (the driver
+ *    never returns from registering a private file mapping: docs/PERFORMANCE.md) and registered
+ *    with CUDA (hm_cuda_host_register): units inside the range land byte-exact (one
  *    DMA per part), a unit with one part outside it goes through the ring as before, refills of
  *    the same slots from both kinds hold the latest unit; registering a range that is not all
  *    mapped fails with HM_ERR_NOMEM and leaves nothing registered.
@@ -638,7 +639,7 @@ static void test_store(void) {
 
 /* ---- direct copies from a registered read-only file mapping ---- */
 
-/* A file of n random bytes, mapped read-only and shared, as gguf_read maps a model. */
+/* A file of n random bytes, mapped read-only and shared (registrable, unlike a private mapping). */
 static const char *map_random_file(const char *path, size_t n) {
     char *tmp = xmalloc(n);
     fill_random(tmp, n);
