@@ -8,7 +8,8 @@
 # For each budget B (GiB of expert weights in VRAM; default "4 8 12"):
 #   hotmoe bench --vram-budget B with --policy static (--profile PROFILE), online and lru (no
 #   profile: they learn during the run; the tg figure is measured after pp and a 16-token warm-up;
-#   POLICIES="static online" picks a subset);
+#   POLICIES="static online" picks a subset; static-mlock is static with --mlock: the experts
+#   locked in RAM and copied to VRAM without a staging memcpy);
 #   llama-bench -ngl 99 --n-cpu-moe N with N = the layers whose experts do not fit in B
 #   (n_layer - floor(B / expert bytes per layer)), and hotmoe with that same layer placement.
 # Both engines run pp512 and tg128 after a 512-token context (llama-bench -d 512 semantics), with
@@ -55,10 +56,11 @@ for b in $budgets; do
     read -r pp tg hit < <(hm -ngl 99 --n-cpu-moe $ncmoe -p 512 -n 128 -d 512)
     echo "| $b GiB | hotmoe --n-cpu-moe $ncmoe (llama.cpp's placement) | $pp | $tg | $hit % | $(ratio "$pp" "$lpp") | $(ratio "$tg" "$ltg") |"
     for pol in ${POLICIES:-static online lru}; do
-        args=(--vram-budget "${b}GiB" --policy $pol -p 512 -n 128 -d 512)
-        [ $pol = static ] && args+=(--profile "$profile")
+        args=(--vram-budget "${b}GiB" --policy ${pol%-mlock} -p 512 -n 128 -d 512)
+        [ ${pol%-mlock} = static ] && args+=(--profile "$profile")
+        [ $pol != ${pol%-mlock} ] && args+=(--mlock)
         read -r pp tg hit < <(hm -ngl 99 "${args[@]}")
-        echo "| $b GiB | hotmoe $pol | $pp | $tg | $hit % | $(ratio "$pp" "$lpp") | $(ratio "$tg" "$ltg") |"
+        echo "| $b GiB | hotmoe ${pol/-mlock/ --mlock} | $pp | $tg | $hit % | $(ratio "$pp" "$lpp") | $(ratio "$tg" "$ltg") |"
         [ $pol = static ] && ROOF[$b]="$tg $hit"
     done
 done

@@ -330,6 +330,8 @@ typedef struct hm_usage {
                                             batch and computed on the GPU (docs/ENGINE.md) */
     uint64_t stream_ahead, stream_ahead_used; /* of them: copied a layer ahead from a predicted
                                                  routing; of those, routed there (used) */
+    uint64_t gpu_pinned_bytes;       /* --mlock: expert bytes of the mapping registered with CUDA */
+    uint64_t gpu_direct_fills;       /* copies to VRAM (slots and streaming) straight from them */
     int32_t *layer_gpu;              /* [n_layer] owned; NULL when n_gpus is 0 */
 } hm_usage;
 

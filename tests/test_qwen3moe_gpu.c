@@ -37,6 +37,9 @@
  * the streaming pool holds up to the GPU and compute it there (docs/ENGINE.md), the next layer's
  * predicted ones a layer ahead: the same bounds, and hm_model_usage counts streamed units, units
  * streamed ahead and those of them the real routing used.
+ * (f) lru with --mlock and HOTMOE_PREFILL_STREAM=ahead (the cost model, a layer ahead): the file's
+ * expert bytes are registered with CUDA and the swaps copied straight from them (hm_model_usage's
+ * gpu_pinned_bytes, gpu_direct_fills): the same bounds as (c).
  * Also: two GPU sessions through hm_batch_eval equal each alone; an f32 KV cache with the GPU is
  * HM_ERR_UNSUPPORTED. Decode steps of one row run as one CUDA graph (the cold units' handshakes
  * inside it); D again with HOTMOE_CUDA_GRAPH=0 (the per-launch path) must give bit-identical
@@ -89,9 +92,10 @@ static hm_status run_seq(hm_model *m, int32_t *toks, int32_t np, bool greedy, fl
     return st;
 }
 
-typedef enum place { P_CPU_MOE, P_N_CPU_MOE, P_STATIC, P_LRU, P_ALL, P_STREAM } place;
+typedef enum place { P_CPU_MOE, P_N_CPU_MOE, P_STATIC, P_LRU, P_ALL, P_STREAM, P_MLOCK } place;
 static const char *place_name[] = {"--cpu-moe", "--n-cpu-moe 2", "--vram-budget 30% static", "--vram-budget 30% lru",
-                                   "-ngl 99 (all experts on the GPU)", "30% static, every cold unit streamed"};
+                                   "-ngl 99 (all experts on the GPU)", "30% static, every cold unit streamed",
+                                   "30% lru --mlock, streamed, ahead"};
 
 static void run_placement(const char *path, const char *label, const ref *r, place p, const char *profile,
                           bool quant) {
@@ -110,6 +114,7 @@ static void run_placement(const char *path, const char *label, const ref *r, pla
         po.profile = profile;
         po.policy = "static";
         break;
+    case P_MLOCK: po.mlock = true; /* fall through */
     case P_LRU:
         po.vram_budget = budget;
         po.policy = "lru";
@@ -127,6 +132,7 @@ static void run_placement(const char *path, const char *label, const ref *r, pla
      * Off for --n-cpu-moe: its batch-eval check below wants each unit computed in the same place
      * whatever the batch (streaming picks by the batch's token counts) */
     if (p == P_STREAM) setenv("HOTMOE_PREFILL_STREAM", "all", 1);
+    if (p == P_MLOCK) setenv("HOTMOE_PREFILL_STREAM", "ahead", 1);
     if (p == P_N_CPU_MOE) setenv("HOTMOE_PREFILL_STREAM", "0", 1);
     hm_status st = hm_model_open(&m, path, &mo, &err);
     unsetenv("HOTMOE_PREFILL_STREAM");
@@ -181,7 +187,15 @@ static void run_placement(const char *path, const char *label, const ref *r, pla
                    "%s streaming: %llu units, %llu bytes, %llu ahead, %llu of them used", label,
                    (unsigned long long)u.stream_units, (unsigned long long)u.stream_bytes,
                    (unsigned long long)u.stream_ahead, (unsigned long long)u.stream_ahead_used);
-        if (p == P_LRU) CHECKF(u.swaps_in > 0 && hits > 0, "%s lru: %llu swaps in, %llu hits", label,
+        /* --mlock: the file's expert bytes registered, the lru swaps (and any streamed unit) copied
+         * straight from them */
+        if (p == P_MLOCK)
+            CHECKF(u.gpu_pinned_bytes >= r->n_units * r->unit_bytes && u.gpu_direct_fills >= u.swaps_in &&
+                       u.swaps_in > 0,
+                   "%s --mlock: %llu bytes pinned (units: %llu), %llu direct fills, %llu swaps in", label,
+                   (unsigned long long)u.gpu_pinned_bytes, (unsigned long long)(r->n_units * r->unit_bytes),
+                   (unsigned long long)u.gpu_direct_fills, (unsigned long long)u.swaps_in);
+        if (p == P_LRU || p == P_MLOCK) CHECKF(u.swaps_in > 0 && hits > 0, "%s lru: %llu swaps in, %llu hits", label,
                                (unsigned long long)u.swaps_in, (unsigned long long)hits);
         CHECKF(p == P_CPU_MOE ? u.vram_slots == 0 : u.vram_slots > 0, "%s %s: %lld VRAM slots", label,
                place_name[p], (long long)u.vram_slots);
@@ -192,7 +206,7 @@ static void run_placement(const char *path, const char *label, const ref *r, pla
                 (unsigned long long)u.stream_ahead_used);
     }
     hm_usage_free(&u);
-    if (p != P_LRU && wd >= 0) {
+    if (p != P_LRU && p != P_MLOCK && wd >= 0) {
         /* decode steps run as one CUDA graph with the cold units' handshakes inside it; the
          * per-launch path (HOTMOE_CUDA_GRAPH=0) runs the same kernels in the same order: the
          * logits of every step must be bit-identical (lru moves units between the runs) */
@@ -280,7 +294,7 @@ static void run_model(const char *type, bool quant) {
         CHECKF(hm_model_profile_save(m, prof, HM_PROFILE_FMT_HOTMOE, &err) == HM_OK, "profile: %s", err.msg);
         hm_model_close(m);
         if (!test_failures_)
-            for (int p = P_CPU_MOE; p <= P_STREAM; p++) run_placement(path, label, &r, (place)p, prof, quant);
+            for (int p = P_CPU_MOE; p <= P_MLOCK; p++) run_placement(path, label, &r, (place)p, prof, quant);
     }
     free(r.lp);
     free(r.ld);

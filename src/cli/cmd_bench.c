@@ -228,6 +228,10 @@ int hm_cmd_bench(int argc, char **argv) {
         if (have_us && us.mlocked_bytes)
             fprintf(stderr, "hotmoe bench: --mlock: %.2f GiB of experts locked in RAM\n",
                     (double)us.mlocked_bytes / (1024.0 * 1024.0 * 1024.0));
+        if (have_us && us.gpu_pinned_bytes)
+            fprintf(stderr, "hotmoe bench: --mlock: %.2f GiB of experts registered with CUDA, %llu copies to VRAM "
+                    "straight from them\n", (double)us.gpu_pinned_bytes / (1024.0 * 1024.0 * 1024.0),
+                    (unsigned long long)us.gpu_direct_fills);
         fprintf(stderr, "hotmoe bench: peak RSS %.1f MiB\n", (double)ru.ru_maxrss / 1024.0);
     }
     if (have_us) hm_usage_free(&us);

@@ -538,7 +538,9 @@ hm_status hm_gguf_open(hm_gguf **out, const char *path, hm_err *err) {
     }
     g->size = (size_t)sb.st_size;
     if (g->size) {
-        void *m = mmap(NULL, g->size, PROT_READ, MAP_PRIVATE, fd, 0);
+        /* shared, not private: the same pages for reading, and the NVIDIA driver can page-lock a
+         * shared file mapping (--mlock's cudaHostRegister) but never returns on a private one */
+        void *m = mmap(NULL, g->size, PROT_READ, MAP_SHARED, fd, 0);
         if (m == MAP_FAILED) {
             int e = errno;
             close(fd);

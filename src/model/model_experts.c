@@ -324,6 +324,12 @@ hm_status hm_model_usage(const hm_model *m, hm_usage *u, hm_err *err) {
         u->stream_bytes = g->stream_bytes;
         u->stream_ahead = g->stream_ahead;
         u->stream_ahead_used = g->stream_ahead_used;
+        u->gpu_pinned_bytes = g->pinned_bytes;
+        for (int32_t d = 0; d < g->n_dev; d++) {
+            hm_vram_tier_stats ts;
+            if (g->dev[d].vram) hm_vram_tier_get_stats(g->dev[d].vram, &ts), u->gpu_direct_fills += ts.direct;
+            if (g->dev[d].stream) hm_vram_tier_get_stats(g->dev[d].stream, &ts), u->gpu_direct_fills += ts.direct;
+        }
         for (int32_t d = 0; d < g->n_dev; d++) {
             u->gpu_ordinal[d] = g->dev[d].ordinal;
             if (hm_experts_n_groups(m->experts) > 1) {

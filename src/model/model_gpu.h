@@ -113,6 +113,9 @@ typedef struct hm_gpu {
     uint64_t dense_bytes;       /* device bytes of the dense weights uploaded, all devices */
     int64_t n_slots;            /* expert slots, all devices */
     uint64_t slot_bytes;
+    const void *pinned;         /* --mlock (no SSD tier): the mapping's expert bytes registered
+                                   with CUDA (the VRAM tiers copy straight from them); NULL: none */
+    uint64_t pinned_bytes;
     int32_t n_cpu_moe;          /* layer placement: units of layers >= this are all HOT; -1 = off */
     const char *no_gpu_experts; /* set by gpu_load when the GPU kernels cannot compute this model's
                                    expert units (why: hm_moe_gpu_unfit, e.g. "n_embd is not a multiple

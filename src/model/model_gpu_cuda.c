@@ -24,6 +24,7 @@
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/cuda_tier.h"
 #include "core/alloc.h"
+#include "core/timer.h"
 #include "gpu_split.h"
 #include "model.h"
 #include "model_gpu.h"
@@ -106,6 +107,7 @@ void hm_model_gpu_close(hm_model *m) {
     if (m->arch && m->arch->gpu_unload) m->arch->gpu_unload(m);
     for (int32_t i = 0; i < g->n_allocs; i++) hm_cuda_free(g->dev[g->allocs[i].dev].ctx, g->allocs[i].p);
     free(g->allocs);
+    if (g->pinned) hm_cuda_host_unregister(g->dev[0].ctx, g->pinned); /* no copy reads it: tiers closed */
     for (int32_t d = 0; d < g->n_dev; d++) {
         hm_gpu_dev *dv = &g->dev[d];
         hm_cuda_free(dv->ctx, dv->peer_x);
@@ -280,6 +282,29 @@ static hm_status open_devices(hm_model *m, hm_gpu *g, const hm_gpu_plan *p, hm_e
  * layer streams (48), and VRAM beyond the budget (96 units of Qwen3-30B-A3B: 254 MiB). */
 #define HM_STREAM_SLOTS 96
 
+/* --mlock with the plain mapping (no SSD tier): the expert bytes of the file mapping (one span,
+ * all layers) registered with CUDA, so the VRAM tiers' copies are one DMA per part instead of a
+ * staging memcpy and a DMA, and the pages stay in RAM. Not possible (the driver's reason): a
+ * warning, the copies stage as without --mlock. */
+static void pin_experts(hm_model *m, hm_gpu *g, const hm_placement_opts *o) {
+    const hm_units *u = &m->units;
+    if (!o->mlock || (o->ram_budget > 0 && (uint64_t)o->ram_budget < u->expert_bytes)) return;
+    const char *lo;
+    size_t len;
+    hm_units_span(u, &lo, &len);
+    if (!len) return;
+    hm_err e2;
+    const int64_t t0 = hm_time_us();
+    if (hm_cuda_host_register(g->dev[0].ctx, lo, len, &e2) != HM_OK) {
+        hm_log_printf(&m->log, HM_LOG_WARN, "--mlock: %s; expert copies to VRAM go through staging buffers", e2.msg);
+        return;
+    }
+    g->pinned = lo;
+    g->pinned_bytes = len;
+    hm_log_printf(&m->log, HM_LOG_INFO, "--mlock: %.2f GiB of expert weights registered with CUDA for direct "
+                  "copies to VRAM (%.1f s)", (double)g->pinned_bytes / GIB, (double)(hm_time_us() - t0) * 1e-6);
+}
+
 /* Prefill streaming (moe_cuda.c): a pool of HM_STREAM_SLOTS slots on each device that runs layers,
  * when some unit is cold and some is in a slot (not --cpu-moe: the experts stay on the CPU there, as
  * the user asked), the GPU computes the units, and the CPU reads them from the file mapping
@@ -311,6 +336,8 @@ static hm_status open_stream(hm_model *m, hm_gpu *g, const hm_placement_opts *o,
         memset(&vo, 0, sizeof vo);
         vo.n_slots = HM_STREAM_SLOTS;
         vo.slot_bytes = g->slot_bytes;
+        vo.direct = g->pinned;
+        vo.direct_bytes = g->pinned_bytes;
         hm_status st = hm_vram_tier_open(&dv->stream, dv->ctx, &vo, err);
         if (st != HM_OK) return st;
         const int64_t n = hm_vram_tier_n_slots(dv->stream);
@@ -428,6 +455,7 @@ hm_status hm_model_gpu_open(hm_model *m, const hm_placement_opts *o, int64_t *sl
     int32_t n_ctx = o->n_ctx > 0 ? o->n_ctx : (m->info.n_ctx_train > 0 ? m->info.n_ctx_train : 4096);
     if (o->n_ctx <= 0 && n_ctx > 32768) n_ctx = 32768;
     const int64_t reserve = o->vram_reserve >= 0 ? o->vram_reserve : ((int64_t)1 << 30);
+    if (want_any && !g->no_gpu_experts) pin_experts(m, g, o);
     for (int32_t d = 0; d < g->n_dev; d++) {
         hm_gpu_dev *dv = &g->dev[d];
         int32_t nl_d = 0;
@@ -456,6 +484,8 @@ hm_status hm_model_gpu_open(hm_model *m, const hm_placement_opts *o, int64_t *sl
             memset(&vo, 0, sizeof vo);
             vo.n_slots = want[d];
             vo.slot_bytes = g->slot_bytes;
+            vo.direct = g->pinned;
+            vo.direct_bytes = g->pinned_bytes;
             if ((st = hm_vram_tier_open(&dv->vram, dv->ctx, &vo, err)) != HM_OK) goto fail;
             dv->n_slots = hm_vram_tier_n_slots(dv->vram);
             if (dv->n_slots < want[d])

@@ -243,6 +243,9 @@ static hm_status cold_part(const hm_model *m, hm_pool *pool, const hm_moe_weight
  * il+1 those that were routed cost no copy (stream_pick). A half is refilled only two layers
  * later, after the prefill path's routing waits of the layers between: no launch still reads it. */
 #define HM_STREAM_COPY_US_PER_MIB 164.0
+/* With --mlock (model_gpu.h's pinned) a copy is one DMA from the mapping: PCIe 4.0 x16 moves about
+ * 25 GB/s (40 us per MiB); faster links only make the model conservative. */
+#define HM_STREAM_COPY_DIRECT_US_PER_MIB 40.0
 #define HM_STREAM_CPU_US_PER_TOK_MIB 6.05
 #define HM_STREAM_MAX_UNITS 1024 /* the CUDA router's expert bound */
 
@@ -258,13 +261,15 @@ static void by_tokens(int32_t *idx, int32_t n, const int32_t *tok) {
 
 /* How many of the n units idx[] (sorted by tok, most first) to copy up, at most cap: while the
  * copies end before the CPU's share of the rest (mode 1, 3), or as many as fit (mode 2). */
-static int32_t stream_count(const int32_t *idx, int32_t n, const int32_t *tok, double mib, int32_t cap,
-                            int32_t mode) {
+static int32_t stream_count(const hm_gpu *g, const int32_t *idx, int32_t n, const int32_t *tok, double mib,
+                            int32_t cap) {
+    const int32_t mode = g->stream_mode;
+    const double copy_us = g->pinned ? HM_STREAM_COPY_DIRECT_US_PER_MIB : HM_STREAM_COPY_US_PER_MIB;
     double cpu = 0, copy = 0;
     for (int32_t i = 0; i < n; i++) cpu += tok[idx[i]] * mib * HM_STREAM_CPU_US_PER_TOK_MIB;
     int32_t k = 0;
     for (; k < n && k < cap; k++) {
-        const double c_cpu = tok[idx[k]] * mib * HM_STREAM_CPU_US_PER_TOK_MIB, c_copy = mib * HM_STREAM_COPY_US_PER_MIB;
+        const double c_cpu = tok[idx[k]] * mib * HM_STREAM_CPU_US_PER_TOK_MIB, c_copy = mib * copy_us;
         if (mode != 2 && copy + c_copy > cpu - c_cpu) break;
         copy += c_copy;
         cpu -= c_cpu;
@@ -312,7 +317,7 @@ static hm_status stream_pick(const hm_model *m, hm_gpu_dev *dv, const hm_moe_wei
     }
     by_tokens(idx, n_new_cand, r->tier_ntok);
     const double mib = (double)m->units.layers[mw->layer].unit_bytes / (1024.0 * 1024.0);
-    const int32_t n_new = stream_count(idx, n_new_cand, r->tier_ntok, mib, dv->stream_half - n_pre, m->gpu->stream_mode);
+    const int32_t n_new = stream_count(m->gpu, idx, n_new_cand, r->tier_ntok, mib, dv->stream_half - n_pre);
     hm_status st;
     for (int32_t j = 0; j < n_new; j++) { /* queued first: the copier starts on them now */
         const int32_t i = idx[j], s = base + dv->stream_n[half]++;
@@ -356,7 +361,7 @@ static hm_status stream_ahead(const hm_model *m, hm_gpu_dev *dv, const hm_moe_we
         if (count[e] > 0 && (!smap || smap[e] < 0)) idx[n++] = e;
     by_tokens(idx, n, count);
     const double mib = (double)m->units.layers[next->layer].unit_bytes / (1024.0 * 1024.0);
-    const int32_t take = stream_count(idx, n, count, mib, dv->stream_half, g->stream_mode);
+    const int32_t take = stream_count(g, idx, n, count, mib, dv->stream_half);
     const int32_t half = next->layer & 1;
     dv->stream_layer[half] = next->layer;
     dv->stream_n[half] = 0;
