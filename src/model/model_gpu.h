@@ -80,6 +80,8 @@ typedef struct hm_gpu_dev {
     int32_t stream_layer[2];    /* the layer whose units each half holds (-1: none) */
     int32_t stream_n[2];        /* slots of each half in use (from its start) */
     int32_t *stream_expert;     /* [2 * stream_half] owned: the expert in each used slot */
+    int64_t stream_busy_until;  /* hm_time_us when its copier should be done with what is queued
+                                   (the cost model's rate): the backlog new copies wait behind */
 } hm_gpu_dev;
 
 typedef struct hm_gpu_alloc {

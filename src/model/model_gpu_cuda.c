@@ -281,6 +281,9 @@ static hm_status open_devices(hm_model *m, hm_gpu *g, const hm_gpu_plan *p, hm_e
 /* Slots of each device's prefill streaming pool (model_gpu.h), two halves: a bound on the units one
  * layer streams (48), and VRAM beyond the budget (96 units of Qwen3-30B-A3B: 254 MiB). */
 #define HM_STREAM_SLOTS 96
+/* With --mlock a copy costs a seventh of a staged one (moe_cuda.c): the cost model streams more
+ * units a layer, so the halves hold 128 each (650 MiB of Qwen3.6-35B-A3B's 1.95 MiB units). */
+#define HM_STREAM_SLOTS_PINNED 256
 
 /* --mlock with the plain mapping (no SSD tier): the expert bytes of the file mapping (one span,
  * all layers) registered with CUDA, so the VRAM tiers' copies are one DMA per part instead of a
@@ -334,7 +337,7 @@ static hm_status open_stream(hm_model *m, hm_gpu *g, const hm_placement_opts *o,
         if (!runs) continue;
         hm_vram_tier_opts vo;
         memset(&vo, 0, sizeof vo);
-        vo.n_slots = HM_STREAM_SLOTS;
+        vo.n_slots = g->pinned ? HM_STREAM_SLOTS_PINNED : HM_STREAM_SLOTS;
         vo.slot_bytes = g->slot_bytes;
         vo.direct = g->pinned;
         vo.direct_bytes = g->pinned_bytes;

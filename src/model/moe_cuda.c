@@ -28,6 +28,7 @@
 #include "backend/cpu/cpu_gemma.h"
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/cuda_tier.h"
+#include "core/timer.h"
 #include "model.h"
 #include "model_gpu.h"
 #include "moe.h"
@@ -234,7 +235,9 @@ static hm_status cold_part(const hm_model *m, hm_pool *pool, const hm_moe_weight
  *   - copy: the VRAM tier moved 102.7 MB in 16 ms (test_cuda_tier_gpu): 164 us per MiB;
  *   - CPU: pp512 with every expert on the CPU, 265.9 t/s over 40 layers of 4096 routed pairs
  *     (docs/PERFORMANCE.md): 11.8 us a (token, unit) pair, 6.05 us per token per MiB.
- * Both scale with the unit's bytes, so the choice depends only on the token counts.
+ * Both scale with the unit's bytes, so the choice depends only on the token counts. The copies
+ * start behind the copier's backlog (what was queued before, at the same rate: streaming ahead
+ * queues the next layer's units behind this layer's), so a full queue takes fewer units.
  *
  * Double-buffered: layer il uses half il & 1 of the pool. When the arch predicts layer il+1's
  * routing on layer il's input (its router applied one layer early, b->next_ids), the next layer's
@@ -259,13 +262,30 @@ static void by_tokens(int32_t *idx, int32_t n, const int32_t *tok) {
     }
 }
 
+static double copy_us_per_mib(const hm_gpu *g) {
+    return g->pinned ? HM_STREAM_COPY_DIRECT_US_PER_MIB : HM_STREAM_COPY_US_PER_MIB;
+}
+
+/* The copier's queue of dv, by the model's rate: us until the copies queued so far have landed. */
+static double copy_backlog(const hm_gpu_dev *dv) {
+    const double left = (double)(dv->stream_busy_until - hm_time_us());
+    return left > 0 ? left : 0;
+}
+
+/* n copies of mib each were queued on dv's copier now. */
+static void copy_queued(const hm_gpu *g, hm_gpu_dev *dv, int32_t n, double mib) {
+    const int64_t now = hm_time_us(), start = dv->stream_busy_until > now ? dv->stream_busy_until : now;
+    dv->stream_busy_until = start + (int64_t)((double)n * mib * copy_us_per_mib(g));
+}
+
 /* How many of the n units idx[] (sorted by tok, most first) to copy up, at most cap: while the
- * copies end before the CPU's share of the rest (mode 1, 3), or as many as fit (mode 2). */
+ * copies, behind the copier's backlog (us), end before the CPU's share of the rest (mode 1, 3),
+ * or as many as fit (mode 2). */
 static int32_t stream_count(const hm_gpu *g, const int32_t *idx, int32_t n, const int32_t *tok, double mib,
-                            int32_t cap) {
+                            int32_t cap, double backlog) {
     const int32_t mode = g->stream_mode;
-    const double copy_us = g->pinned ? HM_STREAM_COPY_DIRECT_US_PER_MIB : HM_STREAM_COPY_US_PER_MIB;
-    double cpu = 0, copy = 0;
+    const double copy_us = copy_us_per_mib(g);
+    double cpu = 0, copy = backlog;
     for (int32_t i = 0; i < n; i++) cpu += tok[idx[i]] * mib * HM_STREAM_CPU_US_PER_TOK_MIB;
     int32_t k = 0;
     for (; k < n && k < cap; k++) {
@@ -317,7 +337,9 @@ static hm_status stream_pick(const hm_model *m, hm_gpu_dev *dv, const hm_moe_wei
     }
     by_tokens(idx, n_new_cand, r->tier_ntok);
     const double mib = (double)m->units.layers[mw->layer].unit_bytes / (1024.0 * 1024.0);
-    const int32_t n_new = stream_count(m->gpu, idx, n_new_cand, r->tier_ntok, mib, dv->stream_half - n_pre);
+    const int32_t n_new = stream_count(m->gpu, idx, n_new_cand, r->tier_ntok, mib, dv->stream_half - n_pre,
+                                       copy_backlog(dv));
+    copy_queued(m->gpu, dv, n_new, mib);
     hm_status st;
     for (int32_t j = 0; j < n_new; j++) { /* queued first: the copier starts on them now */
         const int32_t i = idx[j], s = base + dv->stream_n[half]++;
@@ -361,7 +383,8 @@ static hm_status stream_ahead(const hm_model *m, hm_gpu_dev *dv, const hm_moe_we
         if (count[e] > 0 && (!smap || smap[e] < 0)) idx[n++] = e;
     by_tokens(idx, n, count);
     const double mib = (double)m->units.layers[next->layer].unit_bytes / (1024.0 * 1024.0);
-    const int32_t take = stream_count(g, idx, n, count, mib, dv->stream_half);
+    const int32_t take = stream_count(g, idx, n, count, mib, dv->stream_half, copy_backlog(dv));
+    copy_queued(g, dv, take, mib);
     const int32_t half = next->layer & 1;
     dv->stream_layer[half] = next->layer;
     dv->stream_n[half] = 0;
@@ -413,6 +436,7 @@ hm_status hm_moe_forward_gpu(const hm_model *m, hm_pool *pool, const hm_moe_weig
     if ((st = cold_part(m, pool, mw, r, n_cold, n_peer, b, scratch, err)) != HM_OK || n_str == 0) return st;
     /* the streamed units, once landed, in a second launch (after the first on the same stream) */
     if ((st = stream_wait(dv, str_slots, n_str, err)) != HM_OK) return st;
+    if (g->stream_mode == 3) dv->stream_busy_until = hm_time_us(); /* nothing queued behind them */
     return hm_cuda_moe_act(c, b->units + n_hot, n_str, mw->gate.type, mw->down.type, cuda_act(mw), b->x_dev, r->n_tok,
                            mw->n_embd, mw->n_ff, b->out_dev, b->scratch_dev, b->scratch_dev_size, err);
 }
