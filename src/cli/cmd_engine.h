@@ -73,14 +73,10 @@ typedef struct cli_engine {
     "  --ram-budget SIZE      RAM for expert units (e.g. 16GiB); below the experts' size, units\n" \
     "                         live in a RAM slot pool and the rest are read from the file when\n" \
     "                         routed (default: all in RAM through the mmap)\n"                 \
-    "  --mlock                lock the experts in RAM: the RAM slot pool with --ram-budget, else
-" \
-    "                         the model mapping's experts, which copies to VRAM then read
-"    \
-    "                         directly (env GGML_CUDA_MOE_CACHE_MLOCK=1 or
-"                  \
-    "                         LLAMA_EXPERT_SWAP_MLOCK=1)
-"                                     \
+    "  --mlock                lock the experts in RAM: the RAM slot pool with --ram-budget, else\n" \
+    "                         the model mapping's experts, which copies to VRAM then read\n"    \
+    "                         directly (env GGML_CUDA_MOE_CACHE_MLOCK=1 or\n"                  \
+    "                         LLAMA_EXPERT_SWAP_MLOCK=1)\n"                                     \
     "  --prefetch             read the next layer's predicted units ahead (env\n"              \
     "                         LLAMA_EXPERT_SWAP_PREFETCH=1)\n"                                  \
     "  --io-depth N           reads in flight (default 16); --io-pread: no io_uring\n"
