@@ -282,7 +282,7 @@ static hm_status open_devices(hm_model *m, hm_gpu *g, const hm_gpu_plan *p, hm_e
  * layer streams (48), and VRAM beyond the budget (96 units of Qwen3-30B-A3B: 254 MiB). */
 #define HM_STREAM_SLOTS 96
 /* With --mlock a copy costs a seventh of a staged one (moe_cuda.c): the cost model streams more
- * units a layer, so the halves hold 128 each (650 MiB of Qwen3.6-35B-A3B's 1.95 MiB units). */
+ * units a layer, so the halves hold 128 each (500 MiB of Qwen3.6-35B-A3B's 1.95 MiB units). */
 #define HM_STREAM_SLOTS_PINNED 256
 
 /* --mlock with the plain mapping (no SSD tier): the expert bytes of the file mapping (one span,
