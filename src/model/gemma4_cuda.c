@@ -170,7 +170,6 @@ typedef struct g4_gstate {
     int32_t l0, l1;           /* the layers it runs */
     bool out;                 /* it computes the output norm, logits and soft-cap */
     struct g4_gstate *next;   /* the next device's state (higher layers), owned; NULL: the last */
-    hm_cuda_event *handoff;   /* recorded when the residual goes to `next`, owned */
     size_t kv_off0;           /* s->kvl[l0].off: layer il's K is at kv + s->kvl[il].off - kv_off0 */
     uint16_t *kv;             /* device f16, the K then V of layers [l0, l1), owned */
     void *dev_block;          /* device block holding the activations below, owned */
@@ -193,18 +192,9 @@ typedef struct g4_gstate {
     int32_t *ints_h, *sel_h, *sel_all_h;
     float *h_h, *cold_h;
     hm_cuda_moe_slot *slots_h;
-    hm_cuda_moe_unit *units;  /* [n_expert] hot-unit work space, owned */
-    uint8_t *all_hot, *any_hot; /* [n_layer] per forward, owned */
-    int32_t *seen;            /* [n_layer][n_expert] the slot each entry of slots_h was built for, owned */
-    int32_t *rec_n;           /* [n_layer] decode: ids each layer routed (for the record) */
-    int32_t n_rec;            /* per decode forward: MoE layers [0, n_rec) are recorded from sel_all_h */
-    hm_cuda_event *routed;    /* a mixed layer's routing has come down, owned */
     int32_t logit_rows, dec_cap;
     size_t sel_stride;        /* 2 * dec_cap * k */
-    hm_moe_graph *graph;      /* decode as one CUDA graph (moe.h), owned; NULL with HOTMOE_CUDA_GRAPH=0 */
-    const hm_moe_weights **mw;/* [n_layer] the experts of this device's MoE layers (borrowed; NULL: dense
-                                 or another device's, skipped by the tables, the graph and the record),
-                                 the array owned */
+    hm_gpu_moe_host mh;       /* the MoE's host side: work space, tables, events, graph */
 } g4_gstate;
 
 static void gstate_free(g4_gstate *g) {
@@ -217,15 +207,7 @@ static void gstate_free(g4_gstate *g) {
         hm_cuda_free(g->c, g->scratch);
         hm_cuda_host_free(g->c, g->pin);
     }
-    hm_cuda_event_destroy(g->routed);
-    hm_cuda_event_destroy(g->handoff);
-    hm_moe_graph_close(g->graph);
-    free(g->units);
-    free(g->all_hot);
-    free(g->any_hot);
-    free(g->seen);
-    free(g->rec_n);
-    free(g->mw);
+    hm_gpu_moe_host_free(&g->mh);
     free(g);
 }
 
@@ -325,23 +307,12 @@ static hm_status gstate_open(const hm_model *m, const hm_state_opts *o, const g4
         g->sel_all_h = (int32_t *)(b + off[4]);
         g->slots_h = (hm_cuda_moe_slot *)(b + off[5]);
     }
-    g->units = calloc(NE, sizeof *g->units);
-    g->all_hot = calloc(NL, 1);
-    g->any_hot = calloc(NL, 1);
-    g->rec_n = calloc(NL, sizeof *g->rec_n);
-    g->seen = malloc(NL * NE * sizeof *g->seen);
-    g->mw = calloc(NL, sizeof *g->mw);
-    if (!g->units || !g->all_hot || !g->any_hot || !g->rec_n || !g->seen || !g->mw)
-        return hm_errf(err, HM_ERR_NOMEM, "out of memory");
-    for (int32_t il = l0; il < l1; il++) g->mw[il] = q->layers[il].moe ? &q->layers[il].experts : NULL;
-    for (size_t i = 0; i < NL * NE; i++) g->seen[i] = -2; /* no entry of slots_h built yet */
-    {
-        hm_err e;
-        if (hm_cuda_event_create(c, &g->routed, &e) != HM_OK || hm_cuda_event_create(c, &g->handoff, &e) != HM_OK)
-            return hm_errf(err, HM_ERR_CUDA, "gpu: %s", e.msg);
-    }
+    if ((st = hm_gpu_moe_host_open(&g->mh, c, q->n_layer, q->n_expert, err)) != HM_OK) return st;
+    for (int32_t il = l0; il < l1; il++)
+        g->mh.mw[il] = q->layers[il].moe ? &q->layers[il].experts : NULL;
     if (q->n_expert > 0)
-        return hm_moe_graph_open_env(c, g->mw, q->n_layer, g->dec_cap, q->n_expert_used, q->n_embd, &g->graph, err);
+        return hm_moe_graph_open_env(c, g->mh.mw, q->n_layer, g->dec_cap, q->n_expert_used, q->n_embd, &g->mh.graph,
+                                     err);
     return HM_OK;
 }
 
@@ -354,17 +325,11 @@ hm_status g4_gpu_state_open(const hm_model *m, const hm_state_opts *o, g4_state 
     s->es = 2;
     /* one state per device that runs layers or the output, in layer order */
     g4_gstate **tail = &s->gpu;
-    for (int32_t d = 0; d < gpu->n_dev; d++) {
-        int32_t l0 = q->n_layer, l1 = 0;
-        for (int32_t il = 0; il < q->n_layer; il++)
-            if (hm_gpu_layer_dev(gpu, il) == d) l0 = il < l0 ? il : l0, l1 = il + 1;
-        const bool out = hm_gpu_layer_dev(gpu, q->n_layer) == d;
-        if (l1 <= l0) {
-            if (!out) continue;
-            l0 = l1 = q->n_layer; /* the output alone */
-        }
-        st = gstate_open(m, o, s, d, l0, l1, out, tail, err);
-        if (st != HM_OK) goto fail;
+    hm_gpu_link links[HM_MAX_GPUS];
+    const int32_t n_links = hm_gpu_chain_links(gpu, q->n_layer, links);
+    for (int32_t i = 0; i < n_links; i++) {
+        const hm_gpu_link L = links[i];
+        if ((st = gstate_open(m, o, s, L.dev, L.l0, L.l1, L.out, tail, err)) != HM_OK) goto fail;
         tail = &(*tail)->next;
     }
     /* the CPU part: the route and the scratch of its MoE op; the peer units' buffers (model_gpu.h) */
@@ -398,7 +363,7 @@ static hm_status hand_over(const g4_model *q, g4_gstate *g, int64_t rows, hm_err
     g4_gstate *nx = g->next;
     hm_status st = hm_cuda_make_current(nx->c, err);
     if (st != HM_OK) return st;
-    return hm_cuda_copy_peer(nx->c, nx->x, g->c, g->x, (size_t)rows * (size_t)q->n_embd * sizeof(float), g->handoff,
+    return hm_cuda_copy_peer(nx->c, nx->x, g->c, g->x, (size_t)rows * (size_t)q->n_embd * sizeof(float), g->mh.handoff,
                              err);
 }
 
@@ -407,14 +372,14 @@ static void step_abort(const g4_model *q, g4_state *s) {
     for (g4_gstate *g = s->gpu; g; g = g->next) {
         hm_err e;
         (void)hm_cuda_make_current(g->c, &e);
-        hm_gpu_step_abort(g->c, g->seen, (size_t)q->n_layer * (size_t)q->n_expert);
+        hm_gpu_step_abort(g->c, g->mh.seen, (size_t)q->n_layer * (size_t)q->n_expert);
     }
 }
 
 /* Decode: the usage counts of the MoE layers each device recorded this step (downloaded, synced). */
 static void record_routing(const hm_model *m, const g4_state *s) {
     for (const g4_gstate *g = s->gpu; g; g = g->next)
-        hm_gpu_record_routing(m, g->mw, g->sel_all_h, g->sel_stride, g->rec_n, g->n_rec);
+        hm_gpu_record_routing(m, g->mh.mw, g->sel_all_h, g->sel_stride, g->mh.rec_n, g->mh.n_rec);
 }
 
 /* The routing of layer il's MoE block on rows nr, into ids_d / w_d ([nr, k] device): routed on
@@ -453,17 +418,18 @@ static hm_status moe_block(const hm_model *m, g4_state *s, g4_gstate *g, hm_pool
     float *w_d = (float *)(ids_d + nk);
     if ((st = moe_route(m, g, il, nr, ids_d, w_d, err)) != HM_OK) return st;
     const hm_moe_gpu_buf mb = {.x_dev = g->h,
-                               .x_host = g->all_hot[il] ? NULL : g->h_h,
+                               .x_host = g->mh.all_hot[il] ? NULL : g->h_h,
                                .out_dev = g->e,
                                .cold_host = g->cold_h,
                                .cold_dev = g->cold,
                                .scratch_dev = g->scratch,
                                .scratch_dev_size = g->scratch_size,
-                               .units = g->units};
+                               .units = g->mh.units};
     int32_t *ids_h = dec ? g->sel_all_h + (size_t)il * g->sel_stride : g->sel_h;
-    if (dec) g->rec_n[il] = (int32_t)nk, g->n_rec = il + 1;
-    return hm_moe_gpu_layer_step(m, pool, &L->experts, &s->route, &s->scratch, &mb, dec, g->all_hot[il], g->any_hot[il],
-                                 g->slots + (size_t)il * (size_t)q->n_expert, ids_d, ids_h, nr, K, g->routed, err);
+    if (dec) g->mh.rec_n[il] = (int32_t)nk, g->mh.n_rec = il + 1;
+    return hm_moe_gpu_layer_step(m, pool, &L->experts, &s->route, &s->scratch, &mb, dec, g->mh.all_hot[il],
+                                 g->mh.any_hot[il], g->slots + (size_t)il * (size_t)q->n_expert, ids_d, ids_h, nr, K,
+                                 g->mh.routed, err);
 }
 
 /* ---- decode as one graph (moe.h, hm_moe_graph): the same ops as g4_gpu_forward's decode path,
@@ -561,8 +527,8 @@ static hm_status enqueue_step(void *ctx, hm_err *err) {
             int32_t *ids_d = g->sel_all + (size_t)il * g->sel_stride;
             float *w_d = (float *)(ids_d + nk);
             CK(moe_route(m, g, il, n, ids_d, w_d, err));
-            CK(hm_moe_graph_layer(g->graph, m, il, g->slots + (size_t)il * (size_t)q->n_expert, g->any_hot[il], ids_d,
-                                  w_d, n, g->h, g->e, g->scratch, g->scratch_size, err));
+            CK(hm_moe_graph_layer(g->mh.graph, m, il, g->slots + (size_t)il * (size_t)q->n_expert, g->mh.any_hot[il],
+                                  ids_d, w_d, n, g->h, g->e, g->scratch, g->scratch_size, err));
             CK(hm_cuda_rmsnorm(c, g->e, D->post_ffw_norm_2, g->e, n, E, q->eps, err));
             CK(hm_cuda_add(c, g->mo, g->e, g->mo, n * E, err));
         }
@@ -590,8 +556,8 @@ static hm_status graph_step(const hm_model *m, g4_state *s, hm_pool *pool, const
         p.g = g;
         const size_t key = (size_t)hm_cuda_gemma_attention_splits(g->c, n, q->n_head, p.kv_len, q->window) * 4096 +
                            (size_t)hm_cuda_gemma_attention_splits(g->c, n, q->n_head, p.kv_len, 0);
-        if ((st = hm_moe_graph_step(g->graph, m, pool, &s->route, &s->scratch, n, key, g->any_hot, enqueue_step, &p,
-                                    err)) != HM_OK)
+        if ((st = hm_moe_graph_step(g->mh.graph, m, pool, &s->route, &s->scratch, n, key, g->mh.any_hot, enqueue_step,
+                                    &p, err)) != HM_OK)
             return st;
         if (!g->next) break;
         if ((st = hand_over(q, g, n, err)) != HM_OK) return st;
@@ -615,11 +581,11 @@ hm_status g4_gpu_forward(const hm_model *m, g4_state *s, hm_pool *pool, const hm
     for (g4_gstate *gd = g; gd; gd = gd->next) {
         CK(hm_cuda_make_current(gd->c, err));
         CK(hm_gpu_upload_batch_ints(gd->c, gd->ints, gd->ints_h, U, b, err));
-        CK(hm_gpu_moe_slots_refresh(m, gd->c, gd->mw, q->n_layer, q->n_expert, dec, gd->seen, gd->slots_h, gd->slots,
-                                    gd->all_hot, gd->any_hot, err));
-        gd->n_rec = 0; /* decode: layers whose routing is recorded after the step */
+        CK(hm_gpu_moe_slots_refresh(m, gd->c, gd->mh.mw, q->n_layer, q->n_expert, dec, gd->mh.seen, gd->slots_h,
+                                    gd->slots, gd->mh.all_hot, gd->mh.any_hot, err));
+        gd->mh.n_rec = 0; /* decode: layers whose routing is recorded after the step */
     }
-    if (dec && g->graph && n_out == n && b->logits && n <= g->logit_rows) {
+    if (dec && g->mh.graph && n_out == n && b->logits && n <= g->logit_rows) {
         CK(hm_cuda_make_current(g->c, err));
         CK(graph_step(m, s, pool, b, err)); /* every flag released, the device idle, when it fails */
         return HM_OK;
@@ -680,9 +646,9 @@ hm_status g4_gpu_forward(const hm_model *m, g4_state *s, hm_pool *pool, const hm
         }
         /* decode: this device's routing comes down in one copy (before the hand-over, whose event
          * then covers it), recorded once the step's work is done */
-        if (g->n_rec > 0)
-            CK(hm_cuda_download_async(c, g->sel_all_h, g->sel_all, (size_t)g->n_rec * g->sel_stride * sizeof(int32_t),
-                                      err));
+        if (g->mh.n_rec > 0)
+            CK(hm_cuda_download_async(c, g->sel_all_h, g->sel_all,
+                                      (size_t)g->mh.n_rec * g->sel_stride * sizeof(int32_t), err));
         if (!g->next || done_early) break;
         CK(hand_over(q, g, nr, err));
     }

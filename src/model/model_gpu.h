@@ -208,6 +208,42 @@ static inline size_t hm_gpu_max_sz(size_t a, size_t b) { return a > b ? a : b; }
 hm_status hm_gpu_pinned_block(struct hm_cuda_ctx *c, const size_t *elems, size_t *off, size_t n, void **out,
                               hm_err *err);
 
+/* The host side of a device state's MoE, the same in every arch's per-device session state
+ * (qwen3moe_cuda.c, qwen35moe_cuda.c, gemma4_cuda.c embed one as `mh`). */
+typedef struct hm_gpu_moe_host {
+    struct hm_cuda_moe_unit *units;   /* [n_expert] hot-unit work space, owned */
+    uint8_t *all_hot, *any_hot;       /* [n_layer] per forward (hm_gpu_moe_slots_refresh), owned */
+    int32_t *seen;                    /* [n_layer][n_expert] the slot each entry of the host slot table
+                                         was built for (-2: not built), owned */
+    int32_t *rec_n;                   /* [n_layer] decode: ids each layer routed (for the record), owned */
+    int32_t n_rec;                    /* per decode forward: layers [0, n_rec) are recorded */
+    const struct hm_moe_weights **mw; /* [n_layer] the experts of this device's MoE layers (borrowed;
+                                         NULL for the others: skipped by the tables, the graph and the
+                                         record), the array owned; the arch fills it after open */
+    struct hm_cuda_event *routed;     /* a mixed layer's routing has come down, owned */
+    struct hm_cuda_event *handoff;    /* recorded when the residual goes to the next device, owned */
+    struct hm_moe_graph *graph;       /* decode as one CUDA graph (moe.h), owned; NULL with
+                                         HOTMOE_CUDA_GRAPH=0 or before the arch opens it */
+} hm_gpu_moe_host;
+
+/* For state_open: allocate h's arrays for n_layer layers of n_expert experts (seen all -2, mw all
+ * NULL) and its two events on c. HM_ERR_NOMEM / HM_ERR_CUDA; on failure what was made stays in h
+ * for hm_gpu_moe_host_free. */
+hm_status hm_gpu_moe_host_open(hm_gpu_moe_host *h, struct hm_cuda_ctx *c, int32_t n_layer, int32_t n_expert,
+                               hm_err *err);
+/* Free what h holds (the events, the graph, the arrays); the device must be idle. Zeroes h. */
+void hm_gpu_moe_host_free(hm_gpu_moe_host *h);
+
+/* One link of a session's chain of per-device states: device index dev runs layers [l0, l1) and,
+ * when out, the output (a device with the output only has l0 = l1 = n_layer). */
+typedef struct hm_gpu_link {
+    int32_t dev, l0, l1;
+    bool out;
+} hm_gpu_link;
+/* The links of g's placement for n_layer layers, in layer order (devices that run nothing are
+ * left out); returns their count (<= g->n_dev). */
+int32_t hm_gpu_chain_links(const hm_gpu *g, int32_t n_layer, hm_gpu_link *links);
+
 /* For forward, before a step: per MoE layer il (mw[il] its experts, NULL for a layer without:
  * then all_hot and any_hot 0) all_hot[il] = no unit of it is cold now; for decode (dec) also
  * any_hot[il] and the host slot table slots_h ([n_layer][n_expert], rebuilt where seen says a slot

@@ -675,3 +675,51 @@ hm_status hm_gpu_upload_batch_ints(hm_cuda_ctx *c, int32_t *ints, int32_t *ints_
     for (int64_t i = 0; i < b->n_out; i++) ints_h[2 * U + i] = b->pos[b->out_rows[i]];
     return hm_cuda_upload_compute(c, ints, ints_h, (size_t)(3 * U) * sizeof(int32_t), err);
 }
+
+hm_status hm_gpu_moe_host_open(hm_gpu_moe_host *h, hm_cuda_ctx *c, int32_t n_layer, int32_t n_expert, hm_err *err) {
+    const size_t NL = (size_t)n_layer, NE = (size_t)n_expert;
+    h->units = calloc(NE ? NE : 1, sizeof *h->units);
+    h->all_hot = calloc(NL, 1);
+    h->any_hot = calloc(NL, 1);
+    h->rec_n = calloc(NL, sizeof *h->rec_n);
+    const size_t n_seen = NL * NE;
+    h->seen = malloc((n_seen > 0 ? n_seen : 1) * sizeof *h->seen);
+    h->mw = calloc(NL, sizeof *h->mw);
+    if (!h->units || !h->all_hot || !h->any_hot || !h->rec_n || !h->seen || !h->mw)
+        return hm_errf(err, HM_ERR_NOMEM, "out of memory");
+    for (size_t i = 0; i < n_seen; i++)
+        h->seen[i] = -2; /* no entry of the host slot table built yet */
+    hm_err e;
+    if (hm_cuda_event_create(c, &h->routed, &e) != HM_OK || hm_cuda_event_create(c, &h->handoff, &e) != HM_OK)
+        return hm_errf(err, HM_ERR_CUDA, "gpu: %s", e.msg);
+    return HM_OK;
+}
+
+void hm_gpu_moe_host_free(hm_gpu_moe_host *h) {
+    hm_cuda_event_destroy(h->routed);
+    hm_cuda_event_destroy(h->handoff);
+    hm_moe_graph_close(h->graph);
+    free(h->units);
+    free(h->all_hot);
+    free(h->any_hot);
+    free(h->seen);
+    free(h->rec_n);
+    free(h->mw);
+    memset(h, 0, sizeof *h);
+}
+
+int32_t hm_gpu_chain_links(const hm_gpu *g, int32_t n_layer, hm_gpu_link *links) {
+    int32_t n = 0;
+    for (int32_t d = 0; d < g->n_dev; d++) {
+        int32_t l0 = n_layer, l1 = 0;
+        for (int32_t il = 0; il < n_layer; il++)
+            if (hm_gpu_layer_dev(g, il) == d) l0 = il < l0 ? il : l0, l1 = il + 1;
+        const bool out = hm_gpu_layer_dev(g, n_layer) == d;
+        if (l1 <= l0) {
+            if (!out) continue;
+            l0 = l1 = n_layer; /* the output alone */
+        }
+        links[n++] = (hm_gpu_link){.dev = d, .l0 = l0, .l1 = l1, .out = out};
+    }
+    return n;
+}

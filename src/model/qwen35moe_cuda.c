@@ -191,7 +191,6 @@ typedef struct q35_gstate {
     int32_t l0, l1;           /* the layers it runs */
     bool out;                 /* it computes the output norm and logits */
     struct q35_gstate *next;  /* the next device's state (higher layers), owned; NULL: the last */
-    hm_cuda_event *handoff;   /* recorded when the residual goes to `next`, owned */
     int32_t attn0, recr0;     /* the L->slot of its first attention / DeltaNet layer */
     size_t kv_layer_elems;    /* n_head_kv * n_ctx * head_dim */
     uint16_t *kv;             /* device [its attention layers][2][n_head_kv][n_ctx][hd] f16, owned */
@@ -215,8 +214,6 @@ typedef struct q35_gstate {
     void *pin;                /* pinned host block holding the arrays below, owned */
     int32_t *ints_h, *sel_h;  /* [3 U], [2 U k] */
     float *h_h, *cold_h;      /* [U, n_embd] the MoE input for the CPU part; the CPU part's sum */
-    hm_cuda_moe_unit *units;  /* [n_expert] hot-unit work space, owned */
-    uint8_t *all_hot;         /* [n_layer] per forward: the layer has no cold unit, owned */
     int32_t logit_rows;
     /* decode (n <= HM_CUDA_MATVEC_MAX_TOK): the MoE routed on the device (as qwen3moe_cuda.c) */
     int32_t dec_cap;
@@ -225,14 +222,7 @@ typedef struct q35_gstate {
     int32_t *sel_all_h;       /* pinned, what comes down */
     hm_cuda_moe_slot *slots;  /* device [n_layer][n_expert] */
     hm_cuda_moe_slot *slots_h;/* pinned, what goes up when a slot map changed */
-    int32_t *seen;            /* [n_layer][n_expert], owned */
-    uint8_t *any_hot;         /* [n_layer], owned */
-    int32_t *rec_n;           /* [n_layer], owned */
-    int32_t n_rec;            /* per decode forward: layers [0, n_rec) are recorded from sel_all_h */
-    hm_cuda_event *routed;    /* a mixed layer's routing has come down, owned */
-    hm_moe_graph *graph;      /* decode as one CUDA graph (moe.h), owned; NULL with HOTMOE_CUDA_GRAPH=0 */
-    const hm_moe_weights **mw;/* [n_layer] the experts of this device's layers (borrowed; NULL for the
-                                 others: skipped by the tables, the graph and the record), owned */
+    hm_gpu_moe_host mh;       /* the MoE's host side: work space, tables, events, graph */
 } q35_gstate;
 
 static void gstate_free(q35_gstate *g) {
@@ -246,15 +236,7 @@ static void gstate_free(q35_gstate *g) {
         hm_cuda_free(g->c, g->scratch);
         hm_cuda_host_free(g->c, g->pin);
     }
-    hm_cuda_event_destroy(g->routed);
-    hm_cuda_event_destroy(g->handoff);
-    hm_moe_graph_close(g->graph);
-    free(g->units);
-    free(g->all_hot);
-    free(g->seen);
-    free(g->any_hot);
-    free(g->rec_n);
-    free(g->mw);
+    hm_gpu_moe_host_free(&g->mh);
     free(g);
 }
 
@@ -383,22 +365,10 @@ static hm_status gstate_open(const hm_model *m, const hm_state_opts *o, int32_t 
         g->sel_all_h = (int32_t *)(b + off[4]);
         g->slots_h = (hm_cuda_moe_slot *)(b + off[5]);
     }
-    g->units = calloc(NE, sizeof *g->units);
-    g->all_hot = calloc(NL, 1);
-    g->any_hot = calloc(NL, 1);
-    g->rec_n = calloc(NL, sizeof *g->rec_n);
-    g->seen = malloc(NL * NE * sizeof *g->seen);
-    g->mw = calloc(NL, sizeof *g->mw);
-    if (!g->units || !g->all_hot || !g->any_hot || !g->rec_n || !g->seen || !g->mw)
-        return hm_errf(err, HM_ERR_NOMEM, "out of memory");
-    for (int32_t il = l0; il < l1; il++) g->mw[il] = &q->layers[il].moe;
-    for (size_t i = 0; i < NL * NE; i++) g->seen[i] = -2; /* no entry of slots_h built yet */
-    {
-        hm_err e;
-        if (hm_cuda_event_create(c, &g->routed, &e) != HM_OK || hm_cuda_event_create(c, &g->handoff, &e) != HM_OK)
-            return hm_errf(err, HM_ERR_CUDA, "gpu: %s", e.msg);
-    }
-    return hm_moe_graph_open_env(c, g->mw, q->n_layer, g->dec_cap, q->n_expert_used, q->n_embd, &g->graph, err);
+    if ((st = hm_gpu_moe_host_open(&g->mh, c, q->n_layer, q->n_expert, err)) != HM_OK) return st;
+    for (int32_t il = l0; il < l1; il++)
+        g->mh.mw[il] = &q->layers[il].moe;
+    return hm_moe_graph_open_env(c, g->mh.mw, q->n_layer, g->dec_cap, q->n_expert_used, q->n_embd, &g->mh.graph, err);
 }
 
 hm_status q35_gpu_state_open(const hm_model *m, const hm_state_opts *o, q35_state *s, hm_err *err) {
@@ -411,17 +381,11 @@ hm_status q35_gpu_state_open(const hm_model *m, const hm_state_opts *o, q35_stat
     s->kv_layer_elems = (size_t)q->n_head_kv * (size_t)q->head_dim * (size_t)o->n_ctx;
     /* one state per device that runs layers or the output, in layer order */
     q35_gstate **tail = &s->dev;
-    for (int32_t d = 0; d < gpu->n_dev; d++) {
-        int32_t l0 = q->n_layer, l1 = 0;
-        for (int32_t il = 0; il < q->n_layer; il++)
-            if (hm_gpu_layer_dev(gpu, il) == d) l0 = il < l0 ? il : l0, l1 = il + 1;
-        const bool out = hm_gpu_layer_dev(gpu, q->n_layer) == d;
-        if (l1 <= l0) {
-            if (!out) continue;
-            l0 = l1 = q->n_layer; /* the output alone */
-        }
-        st = gstate_open(m, o, d, l0, l1, out, tail, err);
-        if (st != HM_OK) goto fail;
+    hm_gpu_link links[HM_MAX_GPUS];
+    const int32_t n_links = hm_gpu_chain_links(gpu, q->n_layer, links);
+    for (int32_t i = 0; i < n_links; i++) {
+        const hm_gpu_link L = links[i];
+        if ((st = gstate_open(m, o, L.dev, L.l0, L.l1, L.out, tail, err)) != HM_OK) goto fail;
         tail = &(*tail)->next;
     }
     /* the CPU part: the route and the scratch of its MoE op; the peer units' buffers (model_gpu.h) */
@@ -497,7 +461,7 @@ static hm_status hand_over(const q35_model *q, q35_gstate *g, int64_t rows, hm_e
     q35_gstate *nx = g->next;
     hm_status st = hm_cuda_make_current(nx->c, err);
     if (st != HM_OK) return st;
-    return hm_cuda_copy_peer(nx->c, nx->x, g->c, g->x, (size_t)rows * (size_t)q->n_embd * sizeof(float), g->handoff,
+    return hm_cuda_copy_peer(nx->c, nx->x, g->c, g->x, (size_t)rows * (size_t)q->n_embd * sizeof(float), g->mh.handoff,
                              err);
 }
 
@@ -506,14 +470,14 @@ static void step_abort(const q35_model *q, q35_state *s) {
     for (q35_gstate *g = s->dev; g; g = g->next) {
         hm_err e;
         (void)hm_cuda_make_current(g->c, &e);
-        hm_gpu_step_abort(g->c, g->seen, (size_t)q->n_layer * (size_t)q->n_expert);
+        hm_gpu_step_abort(g->c, g->mh.seen, (size_t)q->n_layer * (size_t)q->n_expert);
     }
 }
 
 /* Decode: the usage counts of the layers each device recorded this step (downloaded, synced). */
 static void record_routing(const hm_model *m, const q35_state *s) {
     for (const q35_gstate *g = s->dev; g; g = g->next)
-        hm_gpu_record_routing(m, g->mw, g->sel_all_h, g->sel_stride, g->rec_n, g->n_rec);
+        hm_gpu_record_routing(m, g->mh.mw, g->sel_all_h, g->sel_stride, g->mh.rec_n, g->mh.n_rec);
 }
 
 /* ---- decode as one graph (moe.h, hm_moe_graph): the same ops as the decode branch of
@@ -588,8 +552,8 @@ static hm_status enqueue_step(void *ctx, hm_err *err) {
         int32_t *ids_d = g->sel_all + (size_t)il * g->sel_stride;
         float *w_d = (float *)(ids_d + nk);
         CK(hm_cuda_router(c, g->rlog, n, q->n_expert, K, true, ids_d, w_d, err));
-        CK(hm_moe_graph_layer(g->graph, m, il, g->slots + (size_t)il * (size_t)q->n_expert, g->any_hot[il], ids_d, w_d,
-                              n, g->h, g->x, g->scratch, g->scratch_size, err));
+        CK(hm_moe_graph_layer(g->mh.graph, m, il, g->slots + (size_t)il * (size_t)q->n_expert, g->mh.any_hot[il], ids_d,
+                              w_d, n, g->h, g->x, g->scratch, g->scratch_size, err));
     }
     if (g->out) {
         CK(hm_cuda_rmsnorm(c, g->x, d->output_norm, g->h, n, E, q->eps, err));
@@ -611,8 +575,8 @@ static hm_status graph_step(const hm_model *m, q35_state *s, hm_pool *pool, cons
     for (;; g = g->next) {
         p.g = g;
         const size_t key = hm_cuda_attention_scratch_size(g->c, n, p.kv_len, q->n_head, q->n_head_kv, q->head_dim);
-        if ((st = hm_moe_graph_step(g->graph, m, pool, &s->route, &s->scratch, n, key, g->any_hot, enqueue_step, &p,
-                                    err)) != HM_OK)
+        if ((st = hm_moe_graph_step(g->mh.graph, m, pool, &s->route, &s->scratch, n, key, g->mh.any_hot, enqueue_step,
+                                    &p, err)) != HM_OK)
             return st;
         if (!g->next) break;
         if ((st = hand_over(q, g, n, err)) != HM_OK) return st;
@@ -636,11 +600,11 @@ hm_status q35_gpu_forward(const hm_model *m, q35_state *s, hm_pool *pool, const 
     for (q35_gstate *gd = g; gd; gd = gd->next) {
         CK(hm_cuda_make_current(gd->c, err));
         CK(hm_gpu_upload_batch_ints(gd->c, gd->ints, gd->ints_h, U, b, err));
-        CK(hm_gpu_moe_slots_refresh(m, gd->c, gd->mw, q->n_layer, q->n_expert, dec, gd->seen, gd->slots_h, gd->slots,
-                                    gd->all_hot, gd->any_hot, err));
-        gd->n_rec = 0; /* decode: layers whose routing is recorded after the step */
+        CK(hm_gpu_moe_slots_refresh(m, gd->c, gd->mh.mw, q->n_layer, q->n_expert, dec, gd->mh.seen, gd->slots_h,
+                                    gd->slots, gd->mh.all_hot, gd->mh.any_hot, err));
+        gd->mh.n_rec = 0; /* decode: layers whose routing is recorded after the step */
     }
-    if (dec && g->graph && n_out == n && b->logits && n <= g->logit_rows) {
+    if (dec && g->mh.graph && n_out == n && b->logits && n <= g->logit_rows) {
         CK(hm_cuda_make_current(g->c, err));
         CK(graph_step(m, s, pool, b, err)); /* every flag released, the device idle, when it fails */
         return HM_OK;
@@ -708,28 +672,28 @@ hm_status q35_gpu_forward(const hm_model *m, q35_state *s, hm_pool *pool, const 
 
             const size_t nk = (size_t)nr * (size_t)K;
             const hm_moe_gpu_buf mb = {.x_dev = g->h,
-                                       .x_host = g->all_hot[il] ? NULL : g->h_h,
+                                       .x_host = g->mh.all_hot[il] ? NULL : g->h_h,
                                        .out_dev = g->x,
                                        .cold_host = g->cold_h,
                                        .cold_dev = g->cold,
                                        .scratch_dev = g->scratch,
                                        .scratch_dev_size = g->scratch_size,
-                                       .units = g->units};
+                                       .units = g->mh.units};
             /* decode: the hot units from the device routing, a host round trip only for a layer
              * that may have cold units; prefill: the layer's one wait (moe.h) */
             int32_t *ids_d = dec ? g->sel_all + (size_t)il * g->sel_stride : g->sel;
             int32_t *ids_h = dec ? g->sel_all_h + (size_t)il * g->sel_stride : g->sel_h;
             CK(hm_cuda_router(c, g->rlog, nr, q->n_expert, K, true, ids_d, (float *)(ids_d + nk), err));
-            if (dec) g->rec_n[il] = (int32_t)nk, g->n_rec = il + 1;
-            CK(hm_moe_gpu_layer_step(m, pool, &L->moe, &s->route, &s->scratch, &mb, dec, g->all_hot[il],
-                                     g->any_hot[il], g->slots + (size_t)il * (size_t)q->n_expert, ids_d, ids_h, nr,
-                                     K, g->routed, err));
+            if (dec) g->mh.rec_n[il] = (int32_t)nk, g->mh.n_rec = il + 1;
+            CK(hm_moe_gpu_layer_step(m, pool, &L->moe, &s->route, &s->scratch, &mb, dec, g->mh.all_hot[il],
+                                     g->mh.any_hot[il], g->slots + (size_t)il * (size_t)q->n_expert, ids_d, ids_h, nr,
+                                     K, g->mh.routed, err));
         }
         /* decode: this device's routing comes down in one copy (before the hand-over, whose event
          * then covers it), recorded once the step's work is done */
-        if (g->n_rec > 0)
-            CK(hm_cuda_download_async(c, g->sel_all_h, g->sel_all, (size_t)g->n_rec * g->sel_stride * sizeof(int32_t),
-                                      err));
+        if (g->mh.n_rec > 0)
+            CK(hm_cuda_download_async(c, g->sel_all_h, g->sel_all,
+                                      (size_t)g->mh.n_rec * g->sel_stride * sizeof(int32_t), err));
         if (!g->next || done_early) break;
         CK(hand_over(q, g, nr, err));
     }
