@@ -52,6 +52,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "gguf/gguf.h"
 #include "gpu_compare.h"
 #include "hotmoe.h"
 #include "test.h"
@@ -70,7 +71,26 @@ typedef struct ref {
     int32_t toks_p[NP + NDEC], toks_d[ND + NDEC];
     float *lp, *ld; /* [NSTEP][n_vocab] the CPU's logits per step of P and D */
     uint64_t unit_bytes, n_units;
+    uint64_t exps_span; /* bytes from the first *_exps tensor's data to the last one's end, from the file */
 } ref;
+
+/* The span of the file's expert tensors (what --mlock registers with CUDA), found from the tensor
+ * names, independently of the unit table; 0 when the file does not open. */
+static uint64_t exps_span(const char *path) {
+    hm_gguf *g = NULL;
+    hm_err e;
+    if (hm_gguf_open(&g, path, &e) != HM_OK) return 0;
+    const char *a = NULL, *b = NULL;
+    for (int64_t i = 0; i < hm_gguf_n_tensors(g); i++) {
+        const hm_gguf_tensor *t = hm_gguf_tensor_at(g, i);
+        if (!strstr(t->name, "_exps")) continue;
+        const char *s = t->data, *end = s + t->nbytes;
+        if (!a || s < a) a = s;
+        if (!b || end > b) b = end;
+    }
+    hm_gguf_close(g);
+    return a ? (uint64_t)(b - a) : 0;
+}
 
 static hm_session *open_session(hm_model *m, hm_kv_type kv, hm_err *err) {
     hm_session_opts so;
@@ -191,9 +211,9 @@ static void run_placement(const char *path, const char *label, const ref *r, pla
          * them (not every swap need have been copied: a fill overtaken by a newer one of its slot
          * is dropped) */
         if (p == P_MLOCK)
-            CHECKF(u.gpu_pinned_bytes >= r->n_units * r->unit_bytes && u.gpu_direct_fills > 0 && u.swaps_in > 0,
-                   "%s --mlock: %llu bytes pinned (units: %llu), %llu direct fills, %llu swaps in", label,
-                   (unsigned long long)u.gpu_pinned_bytes, (unsigned long long)(r->n_units * r->unit_bytes),
+            CHECKF(r->exps_span > 0 && u.gpu_pinned_bytes == r->exps_span && u.gpu_direct_fills > 0 && u.swaps_in > 0,
+                   "%s --mlock: %llu bytes pinned (the *_exps tensors' span: %llu), %llu direct fills, %llu swaps in",
+                   label, (unsigned long long)u.gpu_pinned_bytes, (unsigned long long)r->exps_span,
                    (unsigned long long)u.gpu_direct_fills, (unsigned long long)u.swaps_in);
         if (p == P_LRU || p == P_MLOCK) CHECKF(u.swaps_in > 0 && hits > 0, "%s lru: %llu swaps in, %llu hits", label,
                                (unsigned long long)u.swaps_in, (unsigned long long)hits);
@@ -291,6 +311,7 @@ static void run_model(const char *type, bool quant) {
         CHECKF(run_seq(m, r.toks_p, NP, true, r.lp, r.n_vocab, &err) == HM_OK, "%s CPU P: %s", label, err.msg);
         CHECKF(run_seq(m, r.toks_d, ND, true, r.ld, r.n_vocab, &err) == HM_OK, "%s CPU D: %s", label, err.msg);
         gpu_compare_units(m, &r.unit_bytes, &r.n_units, &err);
+        r.exps_span = exps_span(path);
         CHECKF(hm_model_profile_save(m, prof, HM_PROFILE_FMT_HOTMOE, &err) == HM_OK, "profile: %s", err.msg);
         hm_model_close(m);
         if (!test_failures_)
