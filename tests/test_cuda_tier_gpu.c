@@ -230,12 +230,15 @@ static void check_latest(const hm_tier *h, int32_t n_slots, const hunit *u, cons
 
 /* ---- a small ring: pieces, wrap-around, many fills ---- */
 
-static void test_ring(void) {
+/* Sizes are x at scale 1 (3 buffers of 66560 bytes: 200000 / 3 rounded down to 256); at a larger
+ * scale the pieces pass the tier's 256 KiB split threshold and copy_threads threads stage each
+ * one, slices cut at 64 bytes (3 threads: cuts inside parts, not at part edges). */
+static void test_ring(const char *label, uint64_t x, int copy_threads) {
     enum { N_SLOTS = 5, N_FILL = 48 };
-    /* 3 buffers of 66560 bytes (200000 / 3 rounded down to 256) */
-    const uint64_t slot_bytes = 3 * r256(150000);
+    const uint64_t slot_bytes = 3 * r256(150000 * x);
     hm_vram_tier *t = NULL;
-    hm_vram_tier_opts o = {.n_slots = N_SLOTS, .slot_bytes = slot_bytes, .staging_bytes = 200000, .n_staging = 3};
+    hm_vram_tier_opts o = {.n_slots = N_SLOTS, .slot_bytes = slot_bytes, .staging_bytes = 200000 * x, .n_staging = 3,
+                           .copy_threads = copy_threads};
     CK(hm_vram_tier_open(&t, ctx, &o, &err));
     CHECK(hm_vram_tier_n_slots(t) == N_SLOTS);
     hm_tier h;
@@ -245,14 +248,14 @@ static void test_ring(void) {
     uint64_t total = 0;
     for (int i = 0; i < N_FILL; i++) {
         uint64_t b[HM_UNIT_NPART] = {0, 0, 0, 0};
-        if (i == 0) { /* larger than the whole ring (199680 bytes) */
-            b[0] = b[1] = b[2] = 150000;
+        if (i == 0) { /* larger than the whole ring (199680 bytes at scale 1) */
+            b[0] = b[1] = b[2] = 150000 * x;
         } else if (i % 3 == 0) { /* fused */
-            b[HM_UNIT_GATE_UP] = 1 + rnd() % 200000;
-            b[HM_UNIT_DOWN] = 1 + rnd() % 100000;
+            b[HM_UNIT_GATE_UP] = 1 + rnd() % (200000 * x);
+            b[HM_UNIT_DOWN] = 1 + rnd() % (100000 * x);
         } else {
-            b[0] = b[1] = 1 + rnd() % 140000;
-            b[2] = 1 + rnd() % 140000;
+            b[0] = b[1] = 1 + rnd() % (140000 * x);
+            b[2] = 1 + rnd() % (140000 * x);
         }
         hunit_make(&u[i], i % 7, i, b);
         total += image_bytes(&u[i].r);
@@ -262,13 +265,13 @@ static void test_ring(void) {
         (void)h.ready(h.ctx, slot); /* may be either; must not disturb anything */
     }
     CK(hm_vram_tier_wait(t, &err));
-    check_latest(&h, N_SLOTS, u, last, "ring");
+    check_latest(&h, N_SLOTS, u, last, label);
     hm_vram_tier_stats st;
     hm_vram_tier_get_stats(t, &st);
     CHECK(st.fills == N_FILL && st.fill_bytes == total);
     /* one more unit larger than the ring, alone, and its neighbours stay */
     hunit w;
-    const uint64_t wb[HM_UNIT_NPART] = {0, 0, 150000, 300000};
+    const uint64_t wb[HM_UNIT_NPART] = {0, 0, 150000 * x, 300000 * x};
     hunit_make(&w, 1, 1, wb);
     CK(h.fill(h.ctx, &w.r, 2, &err));
     CK(hm_vram_tier_wait(t, &err));
@@ -741,22 +744,29 @@ static void bench_fill(void) {
     for (int p = 0; p < 3; p++) r.part_bytes[p] = b[p];
     hm_vram_tier *t = NULL;
     hm_vram_tier_opts o = {.n_slots = n_units, .slot_bytes = 3 * part}; /* part is a multiple of 256 */
-    CK(hm_vram_tier_open(&t, ctx, &o, &err));
     hm_tier h;
-    hm_vram_tier_as_hot(t, &h);
-    double t0 = now_s();
-    for (int i = 0; i < n_units; i++) {
-        for (int p = 0; p < 3; p++) r.src[p] = src + ((size_t)i * 3 + (size_t)p) * part;
-        CK(h.fill(h.ctx, &r, i, &err));
+    double t0, dt;
+    /* staged: the memcpy into the pinned ring by 1 thread, the default (0: 4) and 8 */
+    const int threads[] = {1, 0, 8};
+    for (int k = 0; k < 3; k++) {
+        o.copy_threads = threads[k];
+        CK(hm_vram_tier_open(&t, ctx, &o, &err));
+        hm_vram_tier_as_hot(t, &h);
+        t0 = now_s();
+        for (int i = 0; i < n_units; i++) {
+            for (int p = 0; p < 3; p++) r.src[p] = src + ((size_t)i * 3 + (size_t)p) * part;
+            CK(h.fill(h.ctx, &r, i, &err));
+        }
+        CK(hm_vram_tier_wait(t, &err));
+        dt = now_s() - t0;
+        hm_vram_tier_stats st;
+        hm_vram_tier_get_stats(t, &st);
+        printf("fill, staged by %d thread%s: %d units of %.2f MB in %.3f s: %.2f GB/s (engine time in fill %.3f s, "
+               "copier %.3f s)\n", threads[k] ? threads[k] : 4, threads[k] == 1 ? "" : "s", n_units,
+               (double)(3 * part) / 1e6, dt, (double)st.fill_bytes / dt / 1e9, st.fill_seconds, st.copy_seconds);
+        hm_vram_tier_close(t);
     }
-    CK(hm_vram_tier_wait(t, &err));
-    double dt = now_s() - t0;
-    hm_vram_tier_stats st;
-    hm_vram_tier_get_stats(t, &st);
-    printf("fill: %d units of %.2f MB in %.3f s: %.2f GB/s (engine time in fill %.3f s, copier %.3f s)\n",
-           n_units, (double)(3 * part) / 1e6, dt, (double)st.fill_bytes / dt / 1e9, st.fill_seconds,
-           st.copy_seconds);
-    hm_vram_tier_close(t);
+    o.copy_threads = 0;
     free(src);
     /* the same from a registered file mapping (--mlock): one DMA per part */
     char path[] = "/tmp/hm_tier_bench_XXXXXX";
@@ -793,7 +803,9 @@ int main(void) {
     if (rc >= 0) return rc;
     test_basic();
     test_options();
-    test_ring();
+    test_ring("ring", 1, 0);
+    test_ring("ring x8, 3 staging threads", 8, 3);
+    test_ring("ring x8, 1 staging thread", 8, 1);
     test_async_many();
     test_async_refill();
     test_async_close();

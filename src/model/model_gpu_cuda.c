@@ -308,6 +308,20 @@ static void pin_experts(hm_model *m, hm_gpu *g, const hm_placement_opts *o) {
                   "copies to VRAM (%.1f s)", (double)g->pinned_bytes / GIB, (double)(hm_time_us() - t0) * 1e-6);
 }
 
+/* Threads that stage a unit for the VRAM tiers' copies (hm_vram_tier_opts.copy_threads):
+ * HOTMOE_TIER_COPY_THREADS=N (1..64) for measurements, else the tier's default. */
+static int tier_copy_threads(hm_model *m) {
+    const char *ev = getenv("HOTMOE_TIER_COPY_THREADS");
+    if (!ev) return 0;
+    char *end;
+    long n = strtol(ev, &end, 10);
+    if (*end || n < 1 || n > 64) {
+        hm_log_printf(&m->log, HM_LOG_WARN, "HOTMOE_TIER_COPY_THREADS=%s: not 1..64; using the default", ev);
+        return 0;
+    }
+    return (int)n;
+}
+
 /* Prefill streaming (moe_cuda.c): a pool of HM_STREAM_SLOTS slots on each device that runs layers,
  * when some unit is cold and some is in a slot (not --cpu-moe: the experts stay on the CPU there, as
  * the user asked), the GPU computes the units, and the CPU reads them from the file mapping
@@ -341,6 +355,7 @@ static hm_status open_stream(hm_model *m, hm_gpu *g, const hm_placement_opts *o,
         vo.slot_bytes = g->slot_bytes;
         vo.direct = g->pinned;
         vo.direct_bytes = g->pinned_bytes;
+        vo.copy_threads = tier_copy_threads(m);
         hm_status st = hm_vram_tier_open(&dv->stream, dv->ctx, &vo, err);
         if (st != HM_OK) return st;
         const int64_t n = hm_vram_tier_n_slots(dv->stream);
@@ -489,6 +504,7 @@ hm_status hm_model_gpu_open(hm_model *m, const hm_placement_opts *o, int64_t *sl
             vo.slot_bytes = g->slot_bytes;
             vo.direct = g->pinned;
             vo.direct_bytes = g->pinned_bytes;
+            vo.copy_threads = tier_copy_threads(m);
             if ((st = hm_vram_tier_open(&dv->vram, dv->ctx, &vo, err)) != HM_OK) goto fail;
             dv->n_slots = hm_vram_tier_n_slots(dv->vram);
             if (dv->n_slots < want[d])

@@ -232,7 +232,9 @@ static hm_status cold_part(const hm_model *m, hm_pool *pool, const hm_moe_weight
  * max(copy time of the streamed units, CPU time of the rest). The cost model picks the units in
  * order of routed tokens, most first, while the copies so far still end before the CPU's share
  * does. Its two rates, measured on the H200 box (16 threads; qwen36-geom Q4_K_M units of 1.95 MiB):
- *   - copy: the VRAM tier moved 102.7 MB in 16 ms (test_cuda_tier_gpu): 164 us per MiB;
+ *   - copy: the rate the pool's copier has sustained so far (its staged bytes over its time, once
+ *     it has moved HM_STREAM_RATE_MIN_MIB), until then 164 us per MiB (the VRAM tier moved 102.7 MB
+ *     in 16 ms with one staging thread, test_cuda_tier_gpu); with --mlock 40 us per MiB (below);
  *   - CPU: pp512 with every expert on the CPU, 265.9 t/s over 40 layers of 4096 routed pairs
  *     (docs/PERFORMANCE.md): 11.8 us a (token, unit) pair, 6.05 us per token per MiB.
  * Both scale with the unit's bytes, so the choice depends only on the token counts. The copies
@@ -249,6 +251,7 @@ static hm_status cold_part(const hm_model *m, hm_pool *pool, const hm_moe_weight
 /* With --mlock (model_gpu.h's pinned) a copy is one DMA from the mapping: PCIe 4.0 x16 moves about
  * 25 GB/s (40 us per MiB); faster links only make the model conservative. */
 #define HM_STREAM_COPY_DIRECT_US_PER_MIB 40.0
+#define HM_STREAM_RATE_MIN_MIB 64.0
 #define HM_STREAM_CPU_US_PER_TOK_MIB 6.05
 #define HM_STREAM_MAX_UNITS 1024 /* the CUDA router's expert bound */
 
@@ -262,8 +265,14 @@ static void by_tokens(int32_t *idx, int32_t n, const int32_t *tok) {
     }
 }
 
-static double copy_us_per_mib(const hm_gpu *g) {
-    return g->pinned ? HM_STREAM_COPY_DIRECT_US_PER_MIB : HM_STREAM_COPY_US_PER_MIB;
+/* The copy rate of dv's pool for the cost model (above). Direct copies are asynchronous DMAs the
+ * copier only queues, so its time says nothing about them: those keep the constant. */
+static double copy_us_per_mib(const hm_gpu *g, const hm_gpu_dev *dv) {
+    if (g->pinned) return HM_STREAM_COPY_DIRECT_US_PER_MIB;
+    hm_vram_tier_stats ts;
+    hm_vram_tier_get_stats(dv->stream, &ts);
+    const double mib = (double)ts.staged_bytes / (1024.0 * 1024.0);
+    return mib >= HM_STREAM_RATE_MIN_MIB ? ts.staged_seconds * 1e6 / mib : HM_STREAM_COPY_US_PER_MIB;
 }
 
 /* The copier's queue of dv, by the model's rate: us until the copies queued so far have landed. */
@@ -272,19 +281,18 @@ static double copy_backlog(const hm_gpu_dev *dv) {
     return left > 0 ? left : 0;
 }
 
-/* n copies of mib each were queued on dv's copier now. */
-static void copy_queued(const hm_gpu *g, hm_gpu_dev *dv, int32_t n, double mib) {
+/* n copies of mib each were queued on dv's copier now, at copy_us per MiB. */
+static void copy_queued(hm_gpu_dev *dv, int32_t n, double mib, double copy_us) {
     const int64_t now = hm_time_us(), start = dv->stream_busy_until > now ? dv->stream_busy_until : now;
-    dv->stream_busy_until = start + (int64_t)((double)n * mib * copy_us_per_mib(g));
+    dv->stream_busy_until = start + (int64_t)((double)n * mib * copy_us);
 }
 
 /* How many of the n units idx[] (sorted by tok, most first) to copy up, at most cap: while the
- * copies, behind the copier's backlog (us), end before the CPU's share of the rest (mode 1, 3),
- * or as many as fit (mode 2). */
+ * copies (copy_us per MiB), behind the copier's backlog (us), end before the CPU's share of the
+ * rest (mode 1, 3), or as many as fit (mode 2). */
 static int32_t stream_count(const hm_gpu *g, const int32_t *idx, int32_t n, const int32_t *tok, double mib,
-                            int32_t cap, double backlog) {
+                            int32_t cap, double backlog, double copy_us) {
     const int32_t mode = g->stream_mode;
-    const double copy_us = copy_us_per_mib(g);
     double cpu = 0, copy = backlog;
     for (int32_t i = 0; i < n; i++) cpu += tok[idx[i]] * mib * HM_STREAM_CPU_US_PER_TOK_MIB;
     int32_t k = 0;
@@ -337,9 +345,10 @@ static hm_status stream_pick(const hm_model *m, hm_gpu_dev *dv, const hm_moe_wei
     }
     by_tokens(idx, n_new_cand, r->tier_ntok);
     const double mib = (double)m->units.layers[mw->layer].unit_bytes / (1024.0 * 1024.0);
+    const double copy_us = copy_us_per_mib(m->gpu, dv);
     const int32_t n_new = stream_count(m->gpu, idx, n_new_cand, r->tier_ntok, mib, dv->stream_half - n_pre,
-                                       copy_backlog(dv));
-    copy_queued(m->gpu, dv, n_new, mib);
+                                       copy_backlog(dv), copy_us);
+    copy_queued(dv, n_new, mib, copy_us);
     hm_status st;
     for (int32_t j = 0; j < n_new; j++) { /* queued first: the copier starts on them now */
         const int32_t i = idx[j], s = base + dv->stream_n[half]++;
@@ -383,8 +392,9 @@ static hm_status stream_ahead(const hm_model *m, hm_gpu_dev *dv, const hm_moe_we
         if (count[e] > 0 && (!smap || smap[e] < 0)) idx[n++] = e;
     by_tokens(idx, n, count);
     const double mib = (double)m->units.layers[next->layer].unit_bytes / (1024.0 * 1024.0);
-    const int32_t take = stream_count(g, idx, n, count, mib, dv->stream_half, copy_backlog(dv));
-    copy_queued(g, dv, take, mib);
+    const double copy_us = copy_us_per_mib(g, dv);
+    const int32_t take = stream_count(g, idx, n, count, mib, dv->stream_half, copy_backlog(dv), copy_us);
+    copy_queued(dv, take, mib, copy_us);
     const int32_t half = next->layer & 1;
     dv->stream_layer[half] = next->layer;
     dv->stream_n[half] = 0;

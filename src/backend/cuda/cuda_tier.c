@@ -13,7 +13,9 @@
  * the ring wrapped, it waits for that buffer's event. After the last piece it records the slot's
  * event and publishes have[slot] = seq. ready(slot) = have[slot] == want[slot] and that event ran.
  * A unit inside the registered host range the options name (o->direct: page-locked already) skips
- * the ring: one async copy per part straight from the mapping, then the slot's event.
+ * the ring: one async copy per part straight from the mapping, then the slot's event. The memcpy
+ * of a large piece is split over a small fork-join pool the copier drives (o->copy_threads): one
+ * thread's memcpy from the mapping into pinned memory runs at ~5 GB/s, a DMA at ~50.
  *
  * Ownership between the two threads: the engine thread alone writes part[], stats.fills/bytes and
  * want[] (want under mu); the copier alone touches buf[], buf_ev[], cur/used and records events,
@@ -36,6 +38,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "core/threadpool.h"
 #include "core/timer.h"
 
 #define TIER_ALIGN 256u
@@ -47,6 +50,9 @@
 /* A piece smaller than this (and than what is left of the unit) moves to the next buffer first:
  * the tail of a nearly full buffer is not worth a copy of its own. */
 #define MIN_PIECE (64u << 10)
+#define DEFAULT_COPY_THREADS 4
+/* A piece is staged by several threads only when each gets at least this much. */
+#define MIN_SLICE (128u << 10)
 
 /* One fill waiting for the copier: the unit (pointers into the mapping, valid for the model's
  * life), its image layout, the slot and the slot's sequence number at fill time. */
@@ -76,6 +82,7 @@ struct hm_vram_tier {
     size_t buf_bytes;                       /* bytes of one staging buffer */
     void **buf;                             /* [n_staging] pinned, owned */
     hm_cuda_event **buf_ev;                 /* [n_staging] owned */
+    hm_pool *stagers;                       /* the copier + helpers that memcpy a piece; NULL = alone */
     const char *direct;                     /* registered host range (opts), NULL = none */
     uint64_t direct_bytes;
     int cur;                                /* buffer being written */
@@ -177,6 +184,33 @@ static void stage(const hm_unit_ref *u, const uint64_t off[HM_UNIT_NPART], uint6
     }
 }
 
+/* One piece staged by the pool: thread ith of nth copies its slice of [a, a + n), cut at 64 bytes. */
+typedef struct stage_job {
+    const hm_unit_ref *u;
+    const uint64_t *off;
+    uint64_t a;
+    size_t n;
+    char *dst;
+} stage_job;
+
+static void stage_slice(void *ctx, int ith, int nth) {
+    const stage_job *j = ctx;
+    const uint64_t lo = ith == 0 ? 0 : (uint64_t)j->n * (uint64_t)ith / (uint64_t)nth / 64 * 64;
+    const uint64_t hi = ith == nth - 1 ? j->n : (uint64_t)j->n * (uint64_t)(ith + 1) / (uint64_t)nth / 64 * 64;
+    if (lo < hi) stage(j->u, j->off, j->a + lo, (size_t)(hi - lo), j->dst + lo);
+}
+
+/* Stage bytes [a, a + n) of u's image into dst, on the pool when the piece is worth splitting. */
+static void stage_piece(hm_vram_tier *t, const hm_unit_ref *u, const uint64_t off[HM_UNIT_NPART], uint64_t a,
+                        size_t n, char *dst) {
+    if (!t->stagers || n < 2 * (size_t)MIN_SLICE) {
+        stage(u, off, a, n, dst);
+        return;
+    }
+    stage_job j = {u, off, a, n, dst};
+    hm_pool_run(t->stagers, stage_slice, &j);
+}
+
 /* Make buf[cur] the next buffer of the ring, once the copies reading it have run. */
 static hm_status next_buffer(hm_vram_tier *t, hm_err *err) {
     int next = (t->cur + 1) % t->n_staging;
@@ -214,7 +248,7 @@ static hm_status copy_unit(hm_vram_tier *t, const fill_req *r, bool *direct_out,
         room = t->buf_bytes - t->used;
         size_t n = left < room ? (size_t)left : room;
         char *b = (char *)t->buf[t->cur] + t->used;
-        stage(&r->u, r->off, done, n, b);
+        stage_piece(t, &r->u, r->off, done, n, b);
         if ((st = hm_cuda_upload_async(t->c, dst + done, b, n, err)) != HM_OK) break;
         if ((st = hm_cuda_event_record(t->c, t->buf_ev[t->cur], true, err)) != HM_OK) break;
         t->used = (size_t)round_up(t->used + n, TIER_ALIGN);
@@ -258,6 +292,7 @@ static void *copier_main(void *arg) {
         } else if (st == HM_OK) {
             t->have[r.slot] = r.seq;
             t->stats.direct += direct;
+            if (!direct) t->stats.staged_bytes += r.len, t->stats.staged_seconds += dt;
         } else if (!t->failed) {
             t->failed = st, t->fail_err = cerr;
         }
@@ -271,10 +306,11 @@ static void *copier_main(void *arg) {
 
 hm_status hm_vram_tier_open(hm_vram_tier **out, hm_cuda_ctx *c, const hm_vram_tier_opts *o, hm_err *err) {
     *out = NULL;
-    if (o->n_slots < 0 || o->n_staging < 0 || o->max_queued < 0 || (o->n_slots > 0 && o->slot_bytes == 0))
+    if (o->n_slots < 0 || o->n_staging < 0 || o->max_queued < 0 || (o->n_slots > 0 && o->slot_bytes == 0) ||
+        o->copy_threads < 0 || o->copy_threads > 64)
         return hm_errf(err, HM_ERR_ARG, "vram tier: bad options (%" PRId64 " slots of %" PRIu64
-                       " bytes, %d staging buffers, %d queued fills)", o->n_slots, o->slot_bytes, o->n_staging,
-                       o->max_queued);
+                       " bytes, %d staging buffers, %d queued fills, %d copy threads)", o->n_slots, o->slot_bytes,
+                       o->n_staging, o->max_queued, o->copy_threads);
     int n_staging = o->n_staging ? o->n_staging : DEFAULT_N_STAGING;
     size_t staging = o->staging_bytes ? o->staging_bytes : (size_t)DEFAULT_STAGING;
     size_t buf_bytes = staging / (size_t)n_staging / TIER_ALIGN * TIER_ALIGN;
@@ -292,6 +328,12 @@ hm_status hm_vram_tier_open(hm_vram_tier **out, hm_cuda_ctx *c, const hm_vram_ti
     t->q_cap = (uint64_t)(o->max_queued ? o->max_queued : DEFAULT_QUEUE);
     t->direct = o->direct_bytes ? (const char *)o->direct : NULL;
     t->direct_bytes = o->direct_bytes;
+    const int copy_threads = o->copy_threads > 0 ? o->copy_threads : DEFAULT_COPY_THREADS;
+    if (copy_threads > 1 && o->n_slots > 0 && (st = hm_pool_open(&t->stagers, copy_threads, err)) != HM_OK) {
+        hm_err what = *err;
+        st = hm_errf(err, st, "vram tier: the staging threads: %s", what.msg);
+        goto fail;
+    }
     t->buf = calloc((size_t)n_staging, sizeof *t->buf);
     t->buf_ev = calloc((size_t)n_staging, sizeof *t->buf_ev);
     t->q = calloc((size_t)t->q_cap, sizeof *t->q);
@@ -376,6 +418,7 @@ void hm_vram_tier_close(hm_vram_tier *t) {
     for (int64_t i = 0; i < t->n_chunks; i++) hm_cuda_free(t->c, t->chunk[i]);
     for (int i = 0; t->buf && i < t->n_staging; i++) hm_cuda_host_free(t->c, t->buf[i]);
     for (int i = 0; t->buf_ev && i < t->n_staging; i++) hm_cuda_event_destroy(t->buf_ev[i]);
+    hm_pool_close(t->stagers);
     free(t->slot_ev), free(t->part), free(t->want), free(t->have), free(t->chunk), free(t->buf), free(t->buf_ev);
     free(t->q);
     free(t);

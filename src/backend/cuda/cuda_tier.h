@@ -50,6 +50,9 @@ typedef struct hm_vram_tier_opts {
      * there (one DMA per part, no staging memcpy); others go through the ring. NULL = none. */
     const void *direct;
     uint64_t direct_bytes;
+    /* Threads that memcpy a unit into the staging ring: the copier and copy_threads - 1 helpers
+     * (one memcpy thread stages ~5 GB/s, below what a DMA takes). 0 = 4; 1 = the copier alone. */
+    int copy_threads;
 } hm_vram_tier_opts;
 
 /* Slot size for every unit of u under the layout above: max over layers of the sum of its parts'
@@ -95,6 +98,8 @@ typedef struct hm_vram_tier_stats {
     uint64_t skipped;           /* queued fills dropped uncopied: a newer fill of their slot came */
     uint64_t queued;            /* fills not yet finished by the copier, now */
     uint64_t direct;            /* fills copied straight from the registered range (opts.direct) */
+    uint64_t staged_bytes;      /* bytes of the fills copied through the staging ring */
+    double staged_seconds;      /* copier time of those fills: the rate the ring sustains */
 } hm_vram_tier_stats;
 void hm_vram_tier_get_stats(const hm_vram_tier *t, hm_vram_tier_stats *out);
 
