@@ -1,18 +1,31 @@
-/* bench_cpu_ops.c - speed of the CPU backend's matmul and the pool's dispatch latency.
+/* bench_cpu_ops.c - speed of the CPU backend's matmul, the pool's dispatch latency, and RAM.
  *
  *   bench_cpu_ops [-t THREADS] [-r REPS] [-cpu] [TYPE ...]
+ *   bench_cpu_ops -membw [-membw-mib N] [-t THREADS] [-r REPS]
  *
  * For each weight type (default q4_K q6_K q8_0, skipped when not registered) and shape (expert
  * gate/up 2048->768, expert down 768->2048, attention 2048->4096) it prints hm_cpu_matmul at decode
  * (n_tok = 1) and prefill (n_tok = 512), weight GB/s and GFLOP/s, beside a baseline: the plain
  * loop of one traits vec_dot per (row, token) on one thread (what a naive engine does). Best of
- * REPS runs. A benchmark, not a test: it asserts nothing. */
+ * REPS runs. A benchmark, not a test: it asserts nothing.
+ *
+ * -membw measures the RAM tier's read bandwidth instead (nothing else runs): a buffer of N MiB
+ * (default 2048, far beyond any cache) is written once by the pool's threads (each its own slice,
+ * so first touch places the pages near the thread that reads them), then read by all THREADS
+ * threads, each summing the 64-bit words of its slice. Best of REPS passes, wall clock (-cpu is
+ * ignored: CPU time of one thread is not a bandwidth). Prints one line that scripts parse
+ * (bench/gpu_offload.sh feeds it to its decode roofline as RAM_GBS):
+ *   ram read bandwidth: X.X GB/s (N threads, M MiB)
+ * GB is 1e9 bytes. */
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#ifdef __AVX2__
+#include <immintrin.h>
+#endif
 
 #include "backend/cpu/cpu_ops.h"
 #include "core/alloc.h"
@@ -47,6 +60,79 @@ static void bench_dispatch(hm_pool *pool) {
         best = dt < best ? dt : best;
     }
     printf("pool dispatch (%d threads, empty run): %.2f us\n", hm_pool_size(pool), best * 1e6);
+}
+
+/* -membw: every thread of the pool reads (or first writes) its 64-byte-aligned slice of buf. */
+typedef struct {
+    const uint64_t *buf;
+    size_t n_lines;     /* 64-byte lines in buf */
+    int write;          /* 1: touch (write) the slice instead of reading it */
+    uint64_t sum[256];  /* one per thread: keeps the reads live */
+} membw_ctx;
+
+static void membw_slice(void *ctx, int ith, int nth) {
+    membw_ctx *c = ctx;
+    size_t l0 = c->n_lines * (size_t)ith / (size_t)nth, l1 = c->n_lines * (size_t)(ith + 1) / (size_t)nth;
+    uint64_t *p = (uint64_t *)c->buf + l0 * 8, *end = (uint64_t *)c->buf + l1 * 8;
+    if (c->write) {
+        for (uint64_t *q = p; q < end; q++) *q = (uint64_t)(q - p) ^ (uint64_t)ith;
+        return;
+    }
+#ifdef __AVX2__
+    __m256i a0 = _mm256_setzero_si256(), a1 = _mm256_setzero_si256();
+    for (; p < end; p += 8) { /* one line a step, two independent adds */
+        a0 = _mm256_add_epi64(a0, _mm256_load_si256((const __m256i *)p));
+        a1 = _mm256_add_epi64(a1, _mm256_load_si256((const __m256i *)(p + 4)));
+    }
+    a0 = _mm256_add_epi64(a0, a1);
+    uint64_t lanes[4];
+    _mm256_storeu_si256((__m256i *)lanes, a0);
+    c->sum[ith] = lanes[0] + lanes[1] + lanes[2] + lanes[3];
+#else
+    uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    for (; p < end; p += 8) {
+        s0 += p[0] + p[4];
+        s1 += p[1] + p[5];
+        s2 += p[2] + p[6];
+        s3 += p[3] + p[7];
+    }
+    c->sum[ith] = s0 + s1 + s2 + s3;
+#endif
+}
+
+static volatile uint64_t membw_sink; /* the sums end here, so no pass can be optimised away */
+
+static int bench_membw(hm_pool *pool, size_t mib, int reps) {
+    size_t bytes;
+    int nth = hm_pool_size(pool);
+    if (mib == 0 || !hm_mul_ok(mib, (size_t)1 << 20, &bytes)) {
+        fprintf(stderr, "bench_cpu_ops: -membw-mib %zu: not a buffer size\n", mib);
+        return 1;
+    }
+    if (nth > 256) {
+        fprintf(stderr, "bench_cpu_ops: -membw takes at most 256 threads, not %d\n", nth);
+        return 1;
+    }
+    uint64_t *buf = hm_malloc_aligned(bytes);
+    if (!buf) {
+        fprintf(stderr, "bench_cpu_ops: cannot allocate %zu MiB for -membw (try a smaller -membw-mib)\n", mib);
+        return 1;
+    }
+    membw_ctx c = {.buf = buf, .n_lines = bytes / 64, .write = 1};
+    hm_pool_run(pool, membw_slice, &c);
+    c.write = 0;
+    double best = 1e9;
+    for (int r = 0; r < (reps < 1 ? 1 : reps); r++) {
+        double t0 = (double)hm_time_us() * 1e-6;
+        hm_pool_run(pool, membw_slice, &c);
+        double dt = (double)hm_time_us() * 1e-6 - t0;
+        best = dt < best ? dt : best;
+        for (int i = 0; i < nth; i++) membw_sink ^= c.sum[i];
+    }
+    best = best > 1e-6 ? best : 1e-6;
+    printf("ram read bandwidth: %.1f GB/s (%d threads, %zu MiB)\n", (double)bytes / best * 1e-9, nth, mib);
+    hm_free_aligned(buf);
+    return 0;
 }
 
 static float frand(uint64_t *s) {
@@ -234,14 +320,41 @@ static void bench_type(hm_pool *pool, int type, int reps) {
     }
 }
 
+static void usage(void) {
+    fprintf(stderr, "usage: bench_cpu_ops [-t THREADS] [-r REPS] [-cpu] [TYPE ...]\n"
+                    "       bench_cpu_ops -membw [-membw-mib N] [-t THREADS] [-r REPS]\n"
+                    "  -t THREADS     threads of the pool (default 1)\n"
+                    "  -r REPS        best of REPS runs (default 5)\n"
+                    "  -cpu           time the calling thread's CPU time, not the wall clock\n"
+                    "  -membw         only measure RAM read bandwidth with all THREADS threads; one line:\n"
+                    "                 ram read bandwidth: X.X GB/s (N threads, M MiB)\n"
+                    "  -membw-mib N   size of the -membw buffer in MiB (default 2048)\n"
+                    "  TYPE           weight types to time (default q4_K q6_K q8_0)\n");
+}
+
 int main(int argc, char **argv) {
-    int n_threads = 1, reps = 5;
+    int n_threads = 1, reps = 5, membw = 0;
+    long long membw_mib = 2048;
     int types[16], n_types = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-t") && i + 1 < argc) n_threads = atoi(argv[++i]);
         else if (!strcmp(argv[i], "-r") && i + 1 < argc) reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "-cpu")) use_cpu_clock = 1;
-        else if (n_types < 16) {
+        else if (!strcmp(argv[i], "-membw")) membw = 1;
+        else if (!strcmp(argv[i], "-membw-mib") && i + 1 < argc) {
+            membw_mib = atoll(argv[++i]);
+            if (membw_mib < 1) {
+                fprintf(stderr, "-membw-mib %s: want a size in MiB >= 1\n", argv[i]);
+                return 2;
+            }
+        } else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            usage();
+            return 0;
+        } else if (argv[i][0] == '-') {
+            fprintf(stderr, "unknown option %s\n", argv[i]);
+            usage();
+            return 2;
+        } else if (n_types < 16) {
             int t = hm_type_from_name(argv[i]);
             if (t < 0) {
                 fprintf(stderr, "unknown type %s\n", argv[i]);
@@ -260,6 +373,11 @@ int main(int argc, char **argv) {
     if (hm_pool_open(&pool, n_threads, &err) != HM_OK) {
         fprintf(stderr, "%s\n", err.msg);
         return 1;
+    }
+    if (membw) {
+        int rc = bench_membw(pool, (size_t)membw_mib, reps);
+        hm_pool_close(pool);
+        return rc;
     }
     bench_dispatch(pool);
     bench_attention(pool);

@@ -17,7 +17,10 @@
 # CPU) and, when LONG_DEPTH > 0 (default 32768), tg32 after LONG_DEPTH tokens at the largest
 # budget. Prints one markdown table with the ratio hotmoe / llama.cpp, then the roofline of the
 # decode: bytes per token from VRAM and from RAM (from the measured hit rate and the unit sizes)
-# over the time per token. Without LLAMA_CPP_DIR only hotmoe's columns are filled.
+# over the time per token. The RAM tier's bandwidth is RAM_GBS when set; else it is measured once,
+# just before the roofline, by bench_cpu_ops -membw -t THREADS (HM_BENCH_CPU_OPS, else the
+# bench_cpu_ops beside hotmoe); with neither the RAM time is left out. HBM_GBS (default 4300) is
+# the VRAM tier's. Without LLAMA_CPP_DIR only hotmoe's columns are filled.
 # A benchmark: it prints numbers, it asserts nothing.
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -86,10 +89,29 @@ if [ "$long" -gt 0 ]; then
     echo "| $long | $ltg | $tg | $hit % | $(ratio "$tg" "$ltg") |"
 fi
 
-# roofline of the static decode: per token, dense bytes + hits x unit from VRAM, misses x unit from RAM
+# the RAM tier's bandwidth: RAM_GBS, else bench_cpu_ops -membw with the run's threads
 echo
+if [ -n "${RAM_GBS:-}" ]; then
+    ram_src="RAM_GBS from the environment"
+else
+    membw_exe="${HM_BENCH_CPU_OPS:-$(dirname "$exe")/bench_cpu_ops}"
+    if [ -x "$membw_exe" ]; then
+        membw_line=$("$membw_exe" -membw -t "$th" 2>&1 | tail -1)
+        RAM_GBS=$(sed -n 's|^ram read bandwidth: \([0-9.]*\) GB/s .*|\1|p' <<<"$membw_line")
+        if [ -n "$RAM_GBS" ]; then
+            ram_src="measured now: $membw_exe -membw -t $th: $membw_line"
+        else
+            ram_src="unmeasured: $membw_exe -membw -t $th said: $membw_line"
+        fi
+    else
+        ram_src="unmeasured: no bench_cpu_ops at $membw_exe (build it, or set HM_BENCH_CPU_OPS or RAM_GBS)"
+    fi
+fi
+echo "RAM bandwidth: ${RAM_GBS:-unmeasured} GB/s ($ram_src)"
+
+# roofline of the static decode: per token, dense bytes + hits x unit from VRAM, misses x unit from RAM
 echo "Decode roofline (static): bytes a token reads from each tier, and the time that takes at the"
-echo "tiers' bandwidth (HBM ${HBM_GBS:-4300} GB/s, RAM ${RAM_GBS:-unmeasured} GB/s; set HBM_GBS / RAM_GBS from measurements)"
+echo "tiers' bandwidth (HBM ${HBM_GBS:-4300} GB/s, RAM ${RAM_GBS:-unmeasured} GB/s; HBM_GBS / RAM_GBS override them)"
 k=$(python3 -c 'import json,sys; print(json.loads(sys.argv[1]).get("n_expert_used", 8))' "$info")
 for b in $budgets; do
     set -- ${ROOF[$b]:-"- -"}
