@@ -426,6 +426,36 @@ static size_t moeq_down_smem(int k, int64_t n_ff) {
     return (size_t)k * 16 + hm_cuda_q8k_smem(k, n_ff);
 }
 
+/* Token t's part of that shared memory, and which of its pairs are cold. */
+struct moeq_down_tok {
+    const uint8_t **dn; /* [k]: the pairs' down matrices, NULL where cold */
+    float *wj;          /* [k]: the pairs' weights */
+    int8_t *hq;         /* [k][n_ff]: h quantised */
+    float *hd;          /* [k][n_ff / 256]: its scales */
+    uint32_t cold;      /* bit j: pair t * k + j is cold */
+};
+
+/* The prologue of B' and B'': carves smem, loads token t's down pointers and weights (one barrier)
+ * and forms the cold mask. False, alike in every thread of the block, when no pair of t is hot. */
+__device__ __forceinline__ bool moeq_down_enter(uint8_t *smem, const hm_cuda_moe_slot *__restrict__ slots,
+                                                const int32_t *__restrict__ ids, const float *__restrict__ weights,
+                                                int k, int64_t n_ff, int64_t t, moeq_down_tok &s) {
+    s.dn = (const uint8_t **)smem;
+    s.wj = (float *)(smem + (size_t)k * 8);
+    s.hq = (int8_t *)(smem + (size_t)k * 16);
+    s.hd = (float *)(smem + (size_t)k * 16 + (size_t)k * (size_t)n_ff);
+    if ((int)threadIdx.x < k) {
+        const int64_t p = t * k + threadIdx.x;
+        s.dn[threadIdx.x] = (const uint8_t *)slots[ids[p]].down;
+        s.wj[threadIdx.x] = weights[p];
+    }
+    __syncthreads();
+    s.cold = 0;
+    for (int j = 0; j < k; j++)
+        if (!s.dn[j]) s.cold |= 1u << j;
+    return s.cold != (k == 32 ? 0xffffffffu : (1u << k) - 1);
+}
+
 template <int T>
 __global__ void __launch_bounds__(256) k_moeq_down(const hm_cuda_moe_slot *__restrict__ slots,
                                                    const int32_t *__restrict__ ids,
@@ -434,21 +464,9 @@ __global__ void __launch_bounds__(256) k_moeq_down(const hm_cuda_moe_slot *__res
                                                    int64_t n_ff, size_t nb1, float *__restrict__ out) {
     constexpr int R = MQ_RD, U = q8k_unroll(T, R);
     extern __shared__ __align__(16) uint8_t smem[];
-    const uint8_t **dn = (const uint8_t **)smem; /* [k] */
-    float *wj = (float *)(smem + (size_t)k * 8);  /* [k] */
-    int8_t *hq = (int8_t *)(smem + (size_t)k * 16);
-    float *hd = (float *)(smem + (size_t)k * 16 + (size_t)k * (size_t)n_ff);
     const int64_t t = blockIdx.y;
-    if ((int)threadIdx.x < k) {
-        const int64_t p = t * k + threadIdx.x;
-        dn[threadIdx.x] = (const uint8_t *)slots[ids[p]].down;
-        wj[threadIdx.x] = weights[p];
-    }
-    __syncthreads();
-    uint32_t cold = 0;
-    for (int j = 0; j < k; j++)
-        if (!dn[j]) cold |= 1u << j;
-    if (cold == (k == 32 ? 0xffffffffu : (1u << k) - 1)) return; /* no hot pair: uniform exit */
+    moeq_down_tok s;
+    if (!moeq_down_enter(smem, slots, ids, weights, k, n_ff, t, s)) return; /* no hot pair: uniform exit */
     const int lane = threadIdx.x & 31;
     const int64_t r0 = ((int64_t)blockIdx.x * 8 + (threadIdx.x >> 5)) * R;
     const int upr = (int)(n_ff / 32), n_units = k * upr, nbf = (int)(n_ff / 256);
@@ -464,7 +482,7 @@ __global__ void __launch_bounds__(256) k_moeq_down(const hm_cuda_moe_slot *__res
             const int un = u0 + 32 * u;
             if (un >= n_units) break;
             const int j = un / upr, pu = un - j * upr;
-            const uint8_t *base = dn[j];
+            const uint8_t *base = s.dn[j];
             if (!base) continue;
 #pragma unroll
             for (int r = 0; r < R; r++)
@@ -472,7 +490,7 @@ __global__ void __launch_bounds__(256) k_moeq_down(const hm_cuda_moe_slot *__res
         }
     };
     if (live) load(lane);
-    q8k_quant_rows_block(h + t * k * n_ff, n_ff, k, (int)n_ff, hq, hd, cold);
+    q8k_quant_rows_block(h + t * k * n_ff, n_ff, k, (int)n_ff, s.hq, s.hd, s.cold);
     __syncthreads();
     if (!live) return;
     float acc[R];
@@ -485,11 +503,11 @@ __global__ void __launch_bounds__(256) k_moeq_down(const hm_cuda_moe_slot *__res
             const int un = u0 + 32 * u;
             if (un >= n_units) break;
             const int j = un / upr, pu = un - j * upr, b = pu >> 3, pp = pu & 7;
-            const uint8_t *base = dn[j];
+            const uint8_t *base = s.dn[j];
             if (!base) continue;
-            const int8_t *xb = hq + (int64_t)j * n_ff + 256 * b;
+            const int8_t *xb = s.hq + (int64_t)j * n_ff + 256 * b;
             const uint4 xa = *(const uint4 *)(xb + q8k<T>::off1(pp)), xc = *(const uint4 *)(xb + q8k<T>::off2(pp));
-            const float dx = hd[j * nbf + b], wgt = wj[j];
+            const float dx = s.hd[j * nbf + b], wgt = s.wj[j];
             int bs1 = 0, bs2 = 0;
             if (q8k<T>::kind != 2) {
                 bs1 = q8_sum16(xa);
@@ -602,21 +620,9 @@ __global__ void __launch_bounds__(256, MOEP_BPS) k_moeq_down1(const hm_cuda_moe_
                                                              int64_t n_ff, size_t nb1, float *__restrict__ out) {
     constexpr int U = q8k_words(T) <= 8 ? 8 : 6, QB = q8k_words(T) <= 8 ? 4 : 2;
     extern __shared__ __align__(16) uint8_t smem[];
-    const uint8_t **dn = (const uint8_t **)smem; /* [k] */
-    float *wj = (float *)(smem + (size_t)k * 8);  /* [k] */
-    int8_t *hq = (int8_t *)(smem + (size_t)k * 16);
-    float *hd = (float *)(smem + (size_t)k * 16 + (size_t)k * (size_t)n_ff);
     const int64_t t = blockIdx.y;
-    if ((int)threadIdx.x < k) {
-        const int64_t p = t * k + threadIdx.x;
-        dn[threadIdx.x] = (const uint8_t *)slots[ids[p]].down;
-        wj[threadIdx.x] = weights[p];
-    }
-    __syncthreads();
-    uint32_t cold = 0;
-    for (int j = 0; j < k; j++)
-        if (!dn[j]) cold |= 1u << j;
-    if (cold == (k == 32 ? 0xffffffffu : (1u << k) - 1)) return; /* no hot pair: uniform exit */
+    moeq_down_tok s;
+    if (!moeq_down_enter(smem, slots, ids, weights, k, n_ff, t, s)) return; /* no hot pair: uniform exit */
     const int lane = threadIdx.x & 31;
     const int64_t r0 = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5);
     const int upr = (int)(n_ff / 32), n_units = k * upr, nbf = (int)(n_ff / 256);
@@ -629,13 +635,13 @@ __global__ void __launch_bounds__(256, MOEP_BPS) k_moeq_down1(const hm_cuda_moe_
             const int un = u0 + 32 * u;
             if (un >= n_units) break;
             const int j = un / upr, pu = un - j * upr;
-            const uint8_t *base = dn[j];
+            const uint8_t *base = s.dn[j];
             if (!base) continue;
             rw[u] = q8kx<T>::load(base + roff + (int64_t)(pu >> 3) * q8kx<T>::size, pu & 7);
         }
     };
     if (live) load(lane);
-    q8k_quant_rows_blockb<QB>(h + t * k * n_ff, n_ff, k, (int)n_ff, hq, hd, cold);
+    q8k_quant_rows_blockb<QB>(h + t * k * n_ff, n_ff, k, (int)n_ff, s.hq, s.hd, s.cold);
     __syncthreads();
     if (!live) return;
     float acc = 0.0f;
@@ -646,11 +652,11 @@ __global__ void __launch_bounds__(256, MOEP_BPS) k_moeq_down1(const hm_cuda_moe_
             const int un = u0 + 32 * u;
             if (un >= n_units) break;
             const int j = un / upr, pu = un - j * upr, b = pu >> 3, pp = pu & 7;
-            const uint8_t *base = dn[j];
+            const uint8_t *base = s.dn[j];
             if (!base) continue;
-            const int8_t *xb = hq + (int64_t)j * n_ff + 256 * b;
+            const int8_t *xb = s.hq + (int64_t)j * n_ff + 256 * b;
             const uint4 xa = *(const uint4 *)(xb + q8k<T>::off1(pp)), xc = *(const uint4 *)(xb + q8k<T>::off2(pp));
-            const float dx = hd[j * nbf + b], wgt = wj[j];
+            const float dx = s.hd[j * nbf + b], wgt = s.wj[j];
             int bs1 = 0, bs2 = 0;
             if (q8k<T>::kind != 2) {
                 bs1 = q8_sum16(xa);
