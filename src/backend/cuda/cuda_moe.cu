@@ -456,6 +456,56 @@ __device__ __forceinline__ bool moeq_down_enter(uint8_t *smem, const hm_cuda_moe
     return s.cold != (k == 32 ? 0xffffffffu : (1u << k) - 1);
 }
 
+/* f(u, j, pu, base) for each hot unit un = u0 + 32 u (u < U, un < n_units) of token t's (expert,
+ * unit) sequence in B' / B'': register slot u, expert j, unit pu of its row, j's down matrix base. */
+template <int U, class F>
+__device__ __forceinline__ void moeq_down_hot(const moeq_down_tok &s, int u0, int upr, int n_units, F f) {
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        const int un = u0 + 32 * u;
+        if (un >= n_units) break;
+        const int j = un / upr, pu = un - j * upr;
+        const uint8_t *base = s.dn[j];
+        if (!base) continue;
+        f(u, j, pu, base);
+    }
+}
+
+/* The quantised h one unit meets (its codes xa, xc and their 16-sums, its scale) and the pair's weight. */
+struct moeq_hx {
+    uint4 xa, xc;
+    int bs1, bs2;
+    float dx, wgt;
+};
+
+/* The unit loop of B' and B'' in one lane: units lane, lane + 32, ... of token t's (expert, unit)
+ * sequence, U at a time; load(u0) issues the loads of the U from u0 (the first U are issued before
+ * the loop), then dot(u, base, b, pp, x) takes each hot unit: register slot u, the expert's down
+ * matrix base, block b, part pp, and the quantised h it meets. Cold experts' units are skipped. */
+template <int T, int U, class L, class D>
+__device__ __forceinline__ void moeq_down_units(const moeq_down_tok &s, int lane, int upr, int n_units, int64_t n_ff,
+                                                int nbf, L &load, D dot) {
+    for (int u0 = lane; u0 < n_units; u0 += 32 * U) {
+        if (u0 != lane) load(u0);
+        moeq_down_hot<U>(s, u0, upr, n_units, [&](int u, int j, int pu, const uint8_t *base) {
+            const int b = pu >> 3, pp = pu & 7;
+            const int8_t *xb = s.hq + (int64_t)j * n_ff + 256 * b;
+            moeq_hx x;
+            x.xa = *(const uint4 *)(xb + q8k<T>::off1(pp));
+            x.xc = *(const uint4 *)(xb + q8k<T>::off2(pp));
+            x.dx = s.hd[j * nbf + b];
+            x.wgt = s.wj[j];
+            x.bs1 = 0;
+            x.bs2 = 0;
+            if (q8k<T>::kind != 2) {
+                x.bs1 = q8_sum16(x.xa);
+                x.bs2 = q8_sum16(x.xc);
+            }
+            dot(u, base, b, pp, x);
+        });
+    }
+}
+
 template <int T>
 __global__ void __launch_bounds__(256) k_moeq_down(const hm_cuda_moe_slot *__restrict__ slots,
                                                    const int32_t *__restrict__ ids,
@@ -477,17 +527,11 @@ __global__ void __launch_bounds__(256) k_moeq_down(const hm_cuda_moe_slot *__res
     qraw rw[U][R] = {};
     /* the loads of units u0 .. u0 + 32 (U - 1) of this lane; cold experts' units load nothing */
     auto load = [&](int u0) {
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int un = u0 + 32 * u;
-            if (un >= n_units) break;
-            const int j = un / upr, pu = un - j * upr;
-            const uint8_t *base = s.dn[j];
-            if (!base) continue;
+        moeq_down_hot<U>(s, u0, upr, n_units, [&](int u, int, int pu, const uint8_t *base) {
 #pragma unroll
             for (int r = 0; r < R; r++)
                 rw[u][r] = q8k<T>::load(base + roff[r] + (int64_t)(pu >> 3) * q8k<T>::size, pu & 7);
-        }
+        });
     };
     if (live) load(lane);
     q8k_quant_rows_block(h + t * k * n_ff, n_ff, k, (int)n_ff, s.hq, s.hd, s.cold);
@@ -496,31 +540,15 @@ __global__ void __launch_bounds__(256) k_moeq_down(const hm_cuda_moe_slot *__res
     float acc[R];
 #pragma unroll
     for (int r = 0; r < R; r++) acc[r] = 0.0f;
-    for (int u0 = lane; u0 < n_units; u0 += 32 * U) {
-        if (u0 != lane) load(u0);
+    moeq_down_units<T, U>(s, lane, upr, n_units, n_ff, nbf, load, [&](int u, const uint8_t *base, int b, int pp,
+                                                                     const moeq_hx &x) {
 #pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int un = u0 + 32 * u;
-            if (un >= n_units) break;
-            const int j = un / upr, pu = un - j * upr, b = pu >> 3, pp = pu & 7;
-            const uint8_t *base = s.dn[j];
-            if (!base) continue;
-            const int8_t *xb = s.hq + (int64_t)j * n_ff + 256 * b;
-            const uint4 xa = *(const uint4 *)(xb + q8k<T>::off1(pp)), xc = *(const uint4 *)(xb + q8k<T>::off2(pp));
-            const float dx = s.hd[j * nbf + b], wgt = s.wj[j];
-            int bs1 = 0, bs2 = 0;
-            if (q8k<T>::kind != 2) {
-                bs1 = q8_sum16(xa);
-                bs2 = q8_sum16(xc);
-            }
-#pragma unroll
-            for (int r = 0; r < R; r++) {
-                const uint8_t *blk = base + roff[r] + (int64_t)b * q8k<T>::size;
-                const qunit qu = q8k<T>::dec(rw[u][r], blk, pp);
-                acc[r] = fmaf(wgt, q8k_unit_dot<T>(qu, xa, xc, bs1, bs2, dx, 0.0f), acc[r]);
-            }
+        for (int r = 0; r < R; r++) {
+            const uint8_t *blk = base + roff[r] + (int64_t)b * q8k<T>::size;
+            const qunit qu = q8k<T>::dec(rw[u][r], blk, pp);
+            acc[r] = fmaf(x.wgt, q8k_unit_dot<T>(qu, x.xa, x.xc, x.bs1, x.bs2, x.dx, 0.0f), acc[r]);
         }
-    }
+    });
 #pragma unroll
     for (int r = 0; r < R; r++) {
         const float v = warp_sum(acc[r]);
@@ -630,42 +658,20 @@ __global__ void __launch_bounds__(256, MOEP_BPS) k_moeq_down1(const hm_cuda_moe_
     const int64_t roff = (live ? r0 : n_embd - 1) * (int64_t)nb1;
     qraw rw[U] = {};
     auto load = [&](int u0) {
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int un = u0 + 32 * u;
-            if (un >= n_units) break;
-            const int j = un / upr, pu = un - j * upr;
-            const uint8_t *base = s.dn[j];
-            if (!base) continue;
+        moeq_down_hot<U>(s, u0, upr, n_units, [&](int u, int, int pu, const uint8_t *base) {
             rw[u] = q8kx<T>::load(base + roff + (int64_t)(pu >> 3) * q8kx<T>::size, pu & 7);
-        }
+        });
     };
     if (live) load(lane);
     q8k_quant_rows_blockb<QB>(h + t * k * n_ff, n_ff, k, (int)n_ff, s.hq, s.hd, s.cold);
     __syncthreads();
     if (!live) return;
     float acc = 0.0f;
-    for (int u0 = lane; u0 < n_units; u0 += 32 * U) {
-        if (u0 != lane) load(u0);
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int un = u0 + 32 * u;
-            if (un >= n_units) break;
-            const int j = un / upr, pu = un - j * upr, b = pu >> 3, pp = pu & 7;
-            const uint8_t *base = s.dn[j];
-            if (!base) continue;
-            const int8_t *xb = s.hq + (int64_t)j * n_ff + 256 * b;
-            const uint4 xa = *(const uint4 *)(xb + q8k<T>::off1(pp)), xc = *(const uint4 *)(xb + q8k<T>::off2(pp));
-            const float dx = s.hd[j * nbf + b], wgt = s.wj[j];
-            int bs1 = 0, bs2 = 0;
-            if (q8k<T>::kind != 2) {
-                bs1 = q8_sum16(xa);
-                bs2 = q8_sum16(xc);
-            }
-            const qunit qu = q8kx<T>::dec(rw[u], base + roff + (int64_t)b * q8kx<T>::size, pp);
-            acc = fmaf(wgt, q8k_unit_dot<T>(qu, xa, xc, bs1, bs2, dx, 0.0f), acc);
-        }
-    }
+    moeq_down_units<T, U>(s, lane, upr, n_units, n_ff, nbf, load, [&](int u, const uint8_t *base, int b, int pp,
+                                                                     const moeq_hx &x) {
+        const qunit qu = q8kx<T>::dec(rw[u], base + roff + (int64_t)b * q8kx<T>::size, pp);
+        acc = fmaf(x.wgt, q8k_unit_dot<T>(qu, x.xa, x.xc, x.bs1, x.bs2, x.dx, 0.0f), acc);
+    });
     const float v = warp_sum(acc);
     if (lane == 0) out[t * n_embd + r0] += v;
 }
