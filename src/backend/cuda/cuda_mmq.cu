@@ -471,26 +471,44 @@ static bool moe_tiles(int type, cudaStream_t st, const moe_unit_dev *ud, int a0,
     }
 }
 
+/* The workspace of one grouped-MoE projection (the plan checked that it fits): its n input rows of
+ * ne quantised (codes q, scales d, 32-sums s, as k_mmq_quant writes them), then y, room for cap
+ * pairs' outputs of ne_out floats (one chunk of units). */
+struct mmq_moe_ws {
+    int8_t *q;
+    float *d;
+    int *s;
+    float *y;
+    int64_t cap;
+};
+
+/* Carves c's workspace for v (n rows of ne) and outputs of ne_out, and queues v's quantisation. */
+static mmq_moe_ws mmq_moe_quant(hm_cuda_ctx *c, const float *v, int64_t n, int64_t ne, int64_t ne_out) {
+    const int64_t nb = ne / 256;
+    mmq_moe_ws w;
+    w.q = (int8_t *)c->mmq_ws;
+    w.d = (float *)(w.q + n * ne);
+    w.s = (int *)(w.d + n * nb);
+    w.y = (float *)((char *)c->mmq_ws + mmq_rows_bytes(n, ne));
+    w.cap = (int64_t)((c->mmq_ws_size - mmq_rows_bytes(n, ne)) / ((size_t)ne_out * 4));
+    k_mmq_quant<<<hm_cu_blocks(n * nb, 8), 256, 0, c->compute>>>(v, ne, n * nb, w.q, w.d, w.s);
+    return w;
+}
+
 hm_status hm_cuda_mmq_moe_gate_up(hm_cuda_ctx *c, int gate_type, int act, const moe_unit_dev *ud_host,
                                   const moe_unit_dev *ud, int n_active, const int32_t *pair_tok, const float *x,
                                   int64_t n_batch, int64_t n_embd, int64_t n_ff, float *h, hm_err *err) {
-    const int64_t nb = n_embd / 256;
-    int8_t *xq = (int8_t *)c->mmq_ws;
-    float *xd = (float *)(xq + n_batch * n_embd);
-    int *xs = (int *)(xd + n_batch * nb);
-    float *ub = (float *)((char *)c->mmq_ws + mmq_rows_bytes(n_batch, n_embd));
-    const int64_t cap = (int64_t)((c->mmq_ws_size - mmq_rows_bytes(n_batch, n_embd)) / ((size_t)n_ff * 4));
+    const mmq_moe_ws w = mmq_moe_quant(c, x, n_batch, n_embd, n_ff);
     cudaStream_t st = c->compute;
-    k_mmq_quant<<<hm_cu_blocks(n_batch * nb, 8), 256, 0, st>>>(x, n_embd, n_batch * nb, xq, xd, xs);
     hm_status s = mmq_moe_chunks(
-        ud_host, n_active, cap,
+        ud_host, n_active, w.cap,
         [&](int a, int a1, int mt) {
             const int64_t p0 = ud_host[a].pair0;
-            return moe_tiles(gate_type, st, ud, a, a1 - a, mt, 0, n_embd, n_ff, xq, xd, xs, pair_tok, 0, h) &&
-                   moe_tiles(gate_type, st, ud, a, a1 - a, mt, 1, n_embd, n_ff, xq, xd, xs, pair_tok, p0, ub);
+            return moe_tiles(gate_type, st, ud, a, a1 - a, mt, 0, n_embd, n_ff, w.q, w.d, w.s, pair_tok, 0, h) &&
+                   moe_tiles(gate_type, st, ud, a, a1 - a, mt, 1, n_embd, n_ff, w.q, w.d, w.s, pair_tok, p0, w.y);
         },
         [&](int64_t p0, int64_t np) {
-            k_mmq_moe_act<<<hm_cu_blocks(np * n_ff, 256), 256, 0, st>>>(h, ub, p0, p0 + np, n_ff, act);
+            k_mmq_moe_act<<<hm_cu_blocks(np * n_ff, 256), 256, 0, st>>>(h, w.y, p0, p0 + np, n_ff, act);
         },
         err);
     if (s) return s;
@@ -502,22 +520,16 @@ hm_status hm_cuda_mmq_moe_down(hm_cuda_ctx *c, int down_type, const moe_unit_dev
                                int n_active, const float *pair_w, const int32_t *tok_start, const int32_t *tok_pairs,
                                const float *h, int64_t n_batch, int64_t n_pairs, int64_t n_embd, int64_t n_ff,
                                float *out, hm_err *err) {
-    const int64_t nb = n_ff / 256;
-    int8_t *hq = (int8_t *)c->mmq_ws;
-    float *hd = (float *)(hq + n_pairs * n_ff);
-    int *hs = (int *)(hd + n_pairs * nb);
-    float *yb = (float *)((char *)c->mmq_ws + mmq_rows_bytes(n_pairs, n_ff));
-    const int64_t cap = (int64_t)((c->mmq_ws_size - mmq_rows_bytes(n_pairs, n_ff)) / ((size_t)n_embd * 4));
+    const mmq_moe_ws w = mmq_moe_quant(c, h, n_pairs, n_ff, n_embd);
     cudaStream_t st = c->compute;
-    k_mmq_quant<<<hm_cu_blocks(n_pairs * nb, 8), 256, 0, st>>>(h, n_ff, n_pairs * nb, hq, hd, hs);
     hm_status s = mmq_moe_chunks(
-        ud_host, n_active, cap,
+        ud_host, n_active, w.cap,
         [&](int a, int a1, int mt) {
-            return moe_tiles(down_type, st, ud, a, a1 - a, mt, 2, n_ff, n_embd, hq, hd, hs, nullptr, ud_host[a].pair0, yb);
+            return moe_tiles(down_type, st, ud, a, a1 - a, mt, 2, n_ff, n_embd, w.q, w.d, w.s, nullptr, ud_host[a].pair0, w.y);
         },
         [&](int64_t p0, int64_t np) {
             k_mmq_moe_sum<<<dim3(hm_cu_blocks(n_embd, 256), (unsigned)n_batch), 256, 0, st>>>(
-                pair_w, tok_start, tok_pairs, yb, p0, p0 + np, n_embd, out);
+                pair_w, tok_start, tok_pairs, w.y, p0, p0 + np, n_embd, out);
         },
         err);
     if (s) return s;

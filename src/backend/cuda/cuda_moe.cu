@@ -426,6 +426,86 @@ static size_t moeq_down_smem(int k, int64_t n_ff) {
     return (size_t)k * 16 + hm_cuda_q8k_smem(k, n_ff);
 }
 
+/* Token t's part of that shared memory, and which of its pairs are cold. */
+struct moeq_down_tok {
+    const uint8_t **dn; /* [k]: the pairs' down matrices, NULL where cold */
+    float *wj;          /* [k]: the pairs' weights */
+    int8_t *hq;         /* [k][n_ff]: h quantised */
+    float *hd;          /* [k][n_ff / 256]: its scales */
+    uint32_t cold;      /* bit j: pair t * k + j is cold */
+};
+
+/* The prologue of B' and B'': carves smem, loads token t's down pointers and weights (one barrier)
+ * and forms the cold mask. False, alike in every thread of the block, when no pair of t is hot. */
+__device__ __forceinline__ bool moeq_down_enter(uint8_t *smem, const hm_cuda_moe_slot *__restrict__ slots,
+                                                const int32_t *__restrict__ ids, const float *__restrict__ weights,
+                                                int k, int64_t n_ff, int64_t t, moeq_down_tok &s) {
+    s.dn = (const uint8_t **)smem;
+    s.wj = (float *)(smem + (size_t)k * 8);
+    s.hq = (int8_t *)(smem + (size_t)k * 16);
+    s.hd = (float *)(smem + (size_t)k * 16 + (size_t)k * (size_t)n_ff);
+    if ((int)threadIdx.x < k) {
+        const int64_t p = t * k + threadIdx.x;
+        s.dn[threadIdx.x] = (const uint8_t *)slots[ids[p]].down;
+        s.wj[threadIdx.x] = weights[p];
+    }
+    __syncthreads();
+    s.cold = 0;
+    for (int j = 0; j < k; j++)
+        if (!s.dn[j]) s.cold |= 1u << j;
+    return s.cold != (k == 32 ? 0xffffffffu : (1u << k) - 1);
+}
+
+/* f(u, j, pu, base) for each hot unit un = u0 + 32 u (u < U, un < n_units) of token t's (expert,
+ * unit) sequence in B' / B'': register slot u, expert j, unit pu of its row, j's down matrix base. */
+template <int U, class F>
+__device__ __forceinline__ void moeq_down_hot(const moeq_down_tok &s, int u0, int upr, int n_units, F f) {
+#pragma unroll
+    for (int u = 0; u < U; u++) {
+        const int un = u0 + 32 * u;
+        if (un >= n_units) break;
+        const int j = un / upr, pu = un - j * upr;
+        const uint8_t *base = s.dn[j];
+        if (!base) continue;
+        f(u, j, pu, base);
+    }
+}
+
+/* The quantised h one unit meets (its codes xa, xc and their 16-sums, its scale) and the pair's weight. */
+struct moeq_hx {
+    uint4 xa, xc;
+    int bs1, bs2;
+    float dx, wgt;
+};
+
+/* The unit loop of B' and B'' in one lane: units lane, lane + 32, ... of token t's (expert, unit)
+ * sequence, U at a time; load(u0) issues the loads of the U from u0 (the first U are issued before
+ * the loop), then dot(u, base, b, pp, x) takes each hot unit: register slot u, the expert's down
+ * matrix base, block b, part pp, and the quantised h it meets. Cold experts' units are skipped. */
+template <int T, int U, class L, class D>
+__device__ __forceinline__ void moeq_down_units(const moeq_down_tok &s, int lane, int upr, int n_units, int64_t n_ff,
+                                                int nbf, L &load, D dot) {
+    for (int u0 = lane; u0 < n_units; u0 += 32 * U) {
+        if (u0 != lane) load(u0);
+        moeq_down_hot<U>(s, u0, upr, n_units, [&](int u, int j, int pu, const uint8_t *base) {
+            const int b = pu >> 3, pp = pu & 7;
+            const int8_t *xb = s.hq + (int64_t)j * n_ff + 256 * b;
+            moeq_hx x;
+            x.xa = *(const uint4 *)(xb + q8k<T>::off1(pp));
+            x.xc = *(const uint4 *)(xb + q8k<T>::off2(pp));
+            x.dx = s.hd[j * nbf + b];
+            x.wgt = s.wj[j];
+            x.bs1 = 0;
+            x.bs2 = 0;
+            if (q8k<T>::kind != 2) {
+                x.bs1 = q8_sum16(x.xa);
+                x.bs2 = q8_sum16(x.xc);
+            }
+            dot(u, base, b, pp, x);
+        });
+    }
+}
+
 template <int T>
 __global__ void __launch_bounds__(256) k_moeq_down(const hm_cuda_moe_slot *__restrict__ slots,
                                                    const int32_t *__restrict__ ids,
@@ -434,21 +514,9 @@ __global__ void __launch_bounds__(256) k_moeq_down(const hm_cuda_moe_slot *__res
                                                    int64_t n_ff, size_t nb1, float *__restrict__ out) {
     constexpr int R = MQ_RD, U = q8k_unroll(T, R);
     extern __shared__ __align__(16) uint8_t smem[];
-    const uint8_t **dn = (const uint8_t **)smem; /* [k] */
-    float *wj = (float *)(smem + (size_t)k * 8);  /* [k] */
-    int8_t *hq = (int8_t *)(smem + (size_t)k * 16);
-    float *hd = (float *)(smem + (size_t)k * 16 + (size_t)k * (size_t)n_ff);
     const int64_t t = blockIdx.y;
-    if ((int)threadIdx.x < k) {
-        const int64_t p = t * k + threadIdx.x;
-        dn[threadIdx.x] = (const uint8_t *)slots[ids[p]].down;
-        wj[threadIdx.x] = weights[p];
-    }
-    __syncthreads();
-    uint32_t cold = 0;
-    for (int j = 0; j < k; j++)
-        if (!dn[j]) cold |= 1u << j;
-    if (cold == (k == 32 ? 0xffffffffu : (1u << k) - 1)) return; /* no hot pair: uniform exit */
+    moeq_down_tok s;
+    if (!moeq_down_enter(smem, slots, ids, weights, k, n_ff, t, s)) return; /* no hot pair: uniform exit */
     const int lane = threadIdx.x & 31;
     const int64_t r0 = ((int64_t)blockIdx.x * 8 + (threadIdx.x >> 5)) * R;
     const int upr = (int)(n_ff / 32), n_units = k * upr, nbf = (int)(n_ff / 256);
@@ -459,50 +527,28 @@ __global__ void __launch_bounds__(256) k_moeq_down(const hm_cuda_moe_slot *__res
     qraw rw[U][R] = {};
     /* the loads of units u0 .. u0 + 32 (U - 1) of this lane; cold experts' units load nothing */
     auto load = [&](int u0) {
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int un = u0 + 32 * u;
-            if (un >= n_units) break;
-            const int j = un / upr, pu = un - j * upr;
-            const uint8_t *base = dn[j];
-            if (!base) continue;
+        moeq_down_hot<U>(s, u0, upr, n_units, [&](int u, int, int pu, const uint8_t *base) {
 #pragma unroll
             for (int r = 0; r < R; r++)
                 rw[u][r] = q8k<T>::load(base + roff[r] + (int64_t)(pu >> 3) * q8k<T>::size, pu & 7);
-        }
+        });
     };
     if (live) load(lane);
-    q8k_quant_rows_block(h + t * k * n_ff, n_ff, k, (int)n_ff, hq, hd, cold);
+    q8k_quant_rows_block(h + t * k * n_ff, n_ff, k, (int)n_ff, s.hq, s.hd, s.cold);
     __syncthreads();
     if (!live) return;
     float acc[R];
 #pragma unroll
     for (int r = 0; r < R; r++) acc[r] = 0.0f;
-    for (int u0 = lane; u0 < n_units; u0 += 32 * U) {
-        if (u0 != lane) load(u0);
+    moeq_down_units<T, U>(s, lane, upr, n_units, n_ff, nbf, load, [&](int u, const uint8_t *base, int b, int pp,
+                                                                     const moeq_hx &x) {
 #pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int un = u0 + 32 * u;
-            if (un >= n_units) break;
-            const int j = un / upr, pu = un - j * upr, b = pu >> 3, pp = pu & 7;
-            const uint8_t *base = dn[j];
-            if (!base) continue;
-            const int8_t *xb = hq + (int64_t)j * n_ff + 256 * b;
-            const uint4 xa = *(const uint4 *)(xb + q8k<T>::off1(pp)), xc = *(const uint4 *)(xb + q8k<T>::off2(pp));
-            const float dx = hd[j * nbf + b], wgt = wj[j];
-            int bs1 = 0, bs2 = 0;
-            if (q8k<T>::kind != 2) {
-                bs1 = q8_sum16(xa);
-                bs2 = q8_sum16(xc);
-            }
-#pragma unroll
-            for (int r = 0; r < R; r++) {
-                const uint8_t *blk = base + roff[r] + (int64_t)b * q8k<T>::size;
-                const qunit qu = q8k<T>::dec(rw[u][r], blk, pp);
-                acc[r] = fmaf(wgt, q8k_unit_dot<T>(qu, xa, xc, bs1, bs2, dx, 0.0f), acc[r]);
-            }
+        for (int r = 0; r < R; r++) {
+            const uint8_t *blk = base + roff[r] + (int64_t)b * q8k<T>::size;
+            const qunit qu = q8k<T>::dec(rw[u][r], blk, pp);
+            acc[r] = fmaf(x.wgt, q8k_unit_dot<T>(qu, x.xa, x.xc, x.bs1, x.bs2, x.dx, 0.0f), acc[r]);
         }
-    }
+    });
 #pragma unroll
     for (int r = 0; r < R; r++) {
         const float v = warp_sum(acc[r]);
@@ -602,21 +648,9 @@ __global__ void __launch_bounds__(256, MOEP_BPS) k_moeq_down1(const hm_cuda_moe_
                                                              int64_t n_ff, size_t nb1, float *__restrict__ out) {
     constexpr int U = q8k_words(T) <= 8 ? 8 : 6, QB = q8k_words(T) <= 8 ? 4 : 2;
     extern __shared__ __align__(16) uint8_t smem[];
-    const uint8_t **dn = (const uint8_t **)smem; /* [k] */
-    float *wj = (float *)(smem + (size_t)k * 8);  /* [k] */
-    int8_t *hq = (int8_t *)(smem + (size_t)k * 16);
-    float *hd = (float *)(smem + (size_t)k * 16 + (size_t)k * (size_t)n_ff);
     const int64_t t = blockIdx.y;
-    if ((int)threadIdx.x < k) {
-        const int64_t p = t * k + threadIdx.x;
-        dn[threadIdx.x] = (const uint8_t *)slots[ids[p]].down;
-        wj[threadIdx.x] = weights[p];
-    }
-    __syncthreads();
-    uint32_t cold = 0;
-    for (int j = 0; j < k; j++)
-        if (!dn[j]) cold |= 1u << j;
-    if (cold == (k == 32 ? 0xffffffffu : (1u << k) - 1)) return; /* no hot pair: uniform exit */
+    moeq_down_tok s;
+    if (!moeq_down_enter(smem, slots, ids, weights, k, n_ff, t, s)) return; /* no hot pair: uniform exit */
     const int lane = threadIdx.x & 31;
     const int64_t r0 = (int64_t)blockIdx.x * 8 + (threadIdx.x >> 5);
     const int upr = (int)(n_ff / 32), n_units = k * upr, nbf = (int)(n_ff / 256);
@@ -624,42 +658,20 @@ __global__ void __launch_bounds__(256, MOEP_BPS) k_moeq_down1(const hm_cuda_moe_
     const int64_t roff = (live ? r0 : n_embd - 1) * (int64_t)nb1;
     qraw rw[U] = {};
     auto load = [&](int u0) {
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int un = u0 + 32 * u;
-            if (un >= n_units) break;
-            const int j = un / upr, pu = un - j * upr;
-            const uint8_t *base = dn[j];
-            if (!base) continue;
+        moeq_down_hot<U>(s, u0, upr, n_units, [&](int u, int, int pu, const uint8_t *base) {
             rw[u] = q8kx<T>::load(base + roff + (int64_t)(pu >> 3) * q8kx<T>::size, pu & 7);
-        }
+        });
     };
     if (live) load(lane);
-    q8k_quant_rows_blockb<QB>(h + t * k * n_ff, n_ff, k, (int)n_ff, hq, hd, cold);
+    q8k_quant_rows_blockb<QB>(h + t * k * n_ff, n_ff, k, (int)n_ff, s.hq, s.hd, s.cold);
     __syncthreads();
     if (!live) return;
     float acc = 0.0f;
-    for (int u0 = lane; u0 < n_units; u0 += 32 * U) {
-        if (u0 != lane) load(u0);
-#pragma unroll
-        for (int u = 0; u < U; u++) {
-            const int un = u0 + 32 * u;
-            if (un >= n_units) break;
-            const int j = un / upr, pu = un - j * upr, b = pu >> 3, pp = pu & 7;
-            const uint8_t *base = dn[j];
-            if (!base) continue;
-            const int8_t *xb = hq + (int64_t)j * n_ff + 256 * b;
-            const uint4 xa = *(const uint4 *)(xb + q8k<T>::off1(pp)), xc = *(const uint4 *)(xb + q8k<T>::off2(pp));
-            const float dx = hd[j * nbf + b], wgt = wj[j];
-            int bs1 = 0, bs2 = 0;
-            if (q8k<T>::kind != 2) {
-                bs1 = q8_sum16(xa);
-                bs2 = q8_sum16(xc);
-            }
-            const qunit qu = q8kx<T>::dec(rw[u], base + roff + (int64_t)b * q8kx<T>::size, pp);
-            acc = fmaf(wgt, q8k_unit_dot<T>(qu, xa, xc, bs1, bs2, dx, 0.0f), acc);
-        }
-    }
+    moeq_down_units<T, U>(s, lane, upr, n_units, n_ff, nbf, load, [&](int u, const uint8_t *base, int b, int pp,
+                                                                     const moeq_hx &x) {
+        const qunit qu = q8kx<T>::dec(rw[u], base + roff + (int64_t)b * q8kx<T>::size, pp);
+        acc = fmaf(x.wgt, q8k_unit_dot<T>(qu, x.xa, x.xc, x.bs1, x.bs2, x.dx, 0.0f), acc);
+    });
     const float v = warp_sum(acc);
     if (lane == 0) out[t * n_embd + r0] += v;
 }
