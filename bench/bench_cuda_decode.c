@@ -6,6 +6,16 @@
  * test hooks. Ops without an int8 kernel run NEW under both q8 columns.
  *
  *   bench_cuda_decode [-n CALLS] [-r BATCHES] [-pos POS] [-ff N_FF]
+ *   bench_cuda_decode -hbm
+ *
+ * -hbm measures the HBM bandwidth of device 0 instead (nothing else runs): two 1 GiB device buffers
+ * (256 MiB each when 1 GiB does not fit), filled, then device-to-device copies of one into the other
+ * (hm_cuda_copy, which enqueues on the compute stream and returns at once, then hm_cuda_sync): one
+ * warm-up copy, then the best of 5 rounds of 8 copies, wall clock. A copy reads and writes each byte
+ * once, so it prints one line that scripts parse (bench/gpu_offload.sh feeds the read figure Y to
+ * its decode roofline as HBM_GBS):
+ *   hbm bandwidth: X.X GB/s read+write (N MiB copies); reads Y.Y GB/s
+ * with X = 2 * bytes * copies / seconds / 1e9 and Y = X / 2. GB is 1e9 bytes.
  *
  * -ff sets the experts' n_ff (512 by default; Qwen3-30B-A3B has 768). After the layer, the same
  * columns for big matrices alone (4096 x 4096 q4_K and q6_K, cold), with the GB/s of weight bytes.
@@ -356,15 +366,58 @@ static double time_op(const op *p, int kern, bool hot, int n, int reps) {
     return t[reps / 2] * 1e6;
 }
 
+/* -hbm: see the top comment. Returns the exit status. */
+static int bench_hbm(void) {
+    enum { ROUNDS = 5, COPIES = 8 };
+    void *a = NULL, *b = NULL;
+    size_t mib = 1024;
+    if (hm_cuda_alloc(ctx, mib << 20, &a, &err) != HM_OK || hm_cuda_alloc(ctx, mib << 20, &b, &err) != HM_OK) {
+        hm_cuda_free(ctx, a);
+        a = b = NULL;
+        mib = 256;
+        if (hm_cuda_alloc(ctx, mib << 20, &a, &err) != HM_OK ||
+            hm_cuda_alloc(ctx, mib << 20, &b, &err) != HM_OK) {
+            fprintf(stderr, "bench_cuda_decode -hbm: cannot allocate two %zu MiB device buffers: %s\n", mib,
+                    err.msg);
+            hm_cuda_free(ctx, a);
+            return 1;
+        }
+    }
+    const size_t bytes = mib << 20;
+    CK(hm_cuda_memset(ctx, a, 0x5a, bytes, &err));
+    CK(hm_cuda_memset(ctx, b, 0xa5, bytes, &err));
+    CK(hm_cuda_sync(ctx, &err));
+    CK(hm_cuda_copy(ctx, b, a, bytes, &err)); /* warm-up */
+    CK(hm_cuda_sync(ctx, &err));
+    double best = 1e9;
+    for (int r = 0; r < ROUNDS; r++) {
+        const double t0 = now_s();
+        for (int i = 0; i < COPIES; i++) CK(hm_cuda_copy(ctx, i & 1 ? a : b, i & 1 ? b : a, bytes, &err));
+        CK(hm_cuda_sync(ctx, &err));
+        const double dt = now_s() - t0;
+        best = dt < best ? dt : best;
+    }
+    best = best > 1e-9 ? best : 1e-9;
+    const double rw = 2.0 * (double)bytes * COPIES / best / 1e9;
+    printf("hbm bandwidth: %.1f GB/s read+write (%zu MiB copies); reads %.1f GB/s\n", rw, mib, rw / 2);
+    hm_cuda_free(ctx, a);
+    hm_cuda_free(ctx, b);
+    return 0;
+}
+
 int main(int argc, char **argv) {
     int n = 200, reps = 7, pos = 511;
+    bool hbm = false;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-n") && i + 1 < argc) n = atoi(argv[++i]);
         else if (!strcmp(argv[i], "-r") && i + 1 < argc) reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "-pos") && i + 1 < argc) pos = atoi(argv[++i]);
         else if (!strcmp(argv[i], "-ff") && i + 1 < argc) N_FF = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "-hbm")) hbm = true;
         else {
-            fprintf(stderr, "usage: bench_cuda_decode [-n CALLS] [-r BATCHES] [-pos POS (< %d)] [-ff N_FF (256k)]\n",
+            fprintf(stderr,
+                    "usage: bench_cuda_decode [-n CALLS] [-r BATCHES] [-pos POS (< %d)] [-ff N_FF (256k)]\n"
+                    "       bench_cuda_decode -hbm\n",
                     N_CTX);
             return 2;
         }
@@ -376,6 +429,12 @@ int main(int argc, char **argv) {
     if (hm_cuda_device_count() == 0) {
         printf("skipped: no GPU\n");
         return 77;
+    }
+    if (hbm) {
+        CK(hm_cuda_open(&ctx, 0, &err));
+        const int rc = bench_hbm();
+        hm_cuda_close(ctx);
+        return rc;
     }
     char dev[256];
     if (hm_cuda_device_name(0, dev, sizeof dev) == 0) printf("device 0: %s\n", dev);

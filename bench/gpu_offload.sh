@@ -19,8 +19,12 @@
 # decode: bytes per token from VRAM and from RAM (from the measured hit rate and the unit sizes)
 # over the time per token. The RAM tier's bandwidth is RAM_GBS when set; else it is measured once,
 # just before the roofline, by bench_cpu_ops -membw -t THREADS (HM_BENCH_CPU_OPS, else the
-# bench_cpu_ops beside hotmoe); with neither the RAM time is left out. HBM_GBS (default 4300) is
-# the VRAM tier's. Without LLAMA_CPP_DIR only hotmoe's columns are filled.
+# bench_cpu_ops beside hotmoe); with neither the RAM time is left out. The VRAM tier's is HBM_GBS
+# when set; else it is measured at the same point by bench_cuda_decode -hbm (HM_BENCH_CUDA_DECODE,
+# else the bench_cuda_decode beside hotmoe; device 0 of the CUDA_VISIBLE_DEVICES this script runs
+# with): the read half of its device-to-device copy bandwidth; when that cannot be measured, the
+# nominal H200 figure 4300 GB/s, labelled as such. The roofline line says where each figure came
+# from. Without LLAMA_CPP_DIR only hotmoe's columns are filled.
 # A benchmark: it prints numbers, it asserts nothing.
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -92,16 +96,17 @@ fi
 # the RAM tier's bandwidth: RAM_GBS, else bench_cpu_ops -membw with the run's threads
 echo
 if [ -n "${RAM_GBS:-}" ]; then
-    ram_src="RAM_GBS from the environment"
+    ram_src="RAM_GBS from the environment"; ram_from="from RAM_GBS"
 else
     membw_exe="${HM_BENCH_CPU_OPS:-$(dirname "$exe")/bench_cpu_ops}"
+    ram_from="unmeasured"
     if [ -x "$membw_exe" ]; then
         membw_line=$("$membw_exe" -membw -t "$th" 2>&1 | tail -1)
         RAM_GBS=$(sed -n 's|^ram read bandwidth: \([0-9.]*\) GB/s .*|\1|p' <<<"$membw_line")
         if [ -n "$RAM_GBS" ]; then
-            ram_src="measured now: $membw_exe -membw -t $th: $membw_line"
+            ram_src="measured now: $membw_exe -membw -t $th: $membw_line"; ram_from="measured"
         else
-            ram_src="unmeasured: $membw_exe -membw -t $th said: $membw_line"
+            ram_src="unmeasured: $membw_exe -membw -t $th said: ${membw_line:-nothing}"
         fi
     else
         ram_src="unmeasured: no bench_cpu_ops at $membw_exe (build it, or set HM_BENCH_CPU_OPS or RAM_GBS)"
@@ -109,13 +114,37 @@ else
 fi
 echo "RAM bandwidth: ${RAM_GBS:-unmeasured} GB/s ($ram_src)"
 
+# the VRAM tier's bandwidth: HBM_GBS, else bench_cuda_decode -hbm (the read half of its
+# device-to-device copies: the roofline divides bytes read by it), else the nominal H200 figure
+if [ -n "${HBM_GBS:-}" ]; then
+    hbm_src="HBM_GBS from the environment"; hbm_from="from HBM_GBS"
+else
+    hbm_exe="${HM_BENCH_CUDA_DECODE:-$(dirname "$exe")/bench_cuda_decode}"
+    hbm_dev="${CUDA_VISIBLE_DEVICES+, CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES}"
+    hbm_from="nominal H200 figure, unmeasured"
+    if [ -x "$hbm_exe" ]; then
+        hbm_line=$("$hbm_exe" -hbm 2>&1 | tail -1)
+        HBM_GBS=$(sed -n 's|^hbm bandwidth: .*; reads \([0-9.]*\) GB/s.*|\1|p' <<<"$hbm_line")
+        if [ -n "$HBM_GBS" ]; then
+            hbm_src="measured now: $hbm_exe -hbm$hbm_dev: $hbm_line"; hbm_from="measured"
+        else
+            hbm_src="nominal H200 figure, unmeasured: $hbm_exe -hbm$hbm_dev said: ${hbm_line:-nothing}"
+        fi
+    else
+        hbm_src="nominal H200 figure, unmeasured: no bench_cuda_decode at $hbm_exe (build it, or set HM_BENCH_CUDA_DECODE or HBM_GBS)"
+    fi
+    HBM_GBS=${HBM_GBS:-4300}
+fi
+echo "HBM bandwidth: $HBM_GBS GB/s ($hbm_src)"
+
 # roofline of the static decode: per token, dense bytes + hits x unit from VRAM, misses x unit from RAM
 echo "Decode roofline (static): bytes a token reads from each tier, and the time that takes at the"
-echo "tiers' bandwidth (HBM ${HBM_GBS:-4300} GB/s, RAM ${RAM_GBS:-unmeasured} GB/s; HBM_GBS / RAM_GBS override them)"
+echo "tiers' bandwidth (HBM $HBM_GBS GB/s, $hbm_from; RAM ${RAM_GBS:+$RAM_GBS GB/s, }$ram_from;"
+echo "HBM_GBS / RAM_GBS override them)"
 k=$(python3 -c 'import json,sys; print(json.loads(sys.argv[1]).get("n_expert_used", 8))' "$info")
 for b in $budgets; do
-    set -- ${ROOF[$b]:-"- -"}
-    python3 - "$b" "$1" "$2" "$n_layer" "$k" "$unit_bytes" "$dense_bytes" "${HBM_GBS:-4300}" "${RAM_GBS:-0}" <<'PY'
+    set -- ${ROOF[$b]:-- -} # two words: tg and hit rate, "-" when no static run
+    python3 - "$b" "$1" "$2" "$n_layer" "$k" "$unit_bytes" "$dense_bytes" "$HBM_GBS" "${RAM_GBS:-0}" <<'PY'
 import sys
 b, tg, hit, L, k, unit, dense, hbm, ram = sys.argv[1:10]
 if tg == "-" or hit == "-":
