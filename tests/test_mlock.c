@@ -10,7 +10,9 @@
  *  - with RLIMIT_MEMLOCK lowered to 16 KiB (below the span) an unprivileged process gets that
  *    refusal, no model, and the same file still opens without --mlock (as root: in a child that
  *    drops to uid/gid 65534, since root's CAP_IPC_LOCK ignores the limit). Sanitizer builds
- *    intercept mlock as a no-op that succeeds: there only the locked-path checks apply. */
+ *    intercept mlock as a no-op that succeeds: there only the locked-path checks apply;
+ *  - hm_mlock_fits (the RAM check before any lock or GPU pin) on hand-derived sizes: at most the
+ *    RAM less a tenth of it, or less 1 GiB on machines under 10 GiB. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +20,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "core/alloc.h"
 #include "experts/units.h"
 #include "gguf/gguf.h"
 #include "hotmoe.h"
@@ -67,7 +70,25 @@ static hm_status open_mlock(hm_model **m, const char *path, bool mlock, hm_err *
     return hm_model_open(m, path, &mo, err);
 }
 
+static void test_fits(void) {
+    const uint64_t gib = 1ull << 30, mib = 1ull << 20;
+    hm_err err;
+    CHECK(hm_mlock_fits(100 * gib, 0, "x", &err) == HM_OK); /* RAM unknown: the kernel decides */
+    /* 16 GiB: the reserve is a tenth, 1638.4 MiB */
+    CHECK(hm_mlock_fits(14 * gib, 16 * gib, "x", &err) == HM_OK);
+    CHECK(hm_mlock_fits(16 * gib - 1639 * mib, 16 * gib, "x", &err) == HM_OK);
+    CHECKF(hm_mlock_fits(16 * gib - 1638 * mib, 16 * gib, "the experts", &err) == HM_ERR_NOMEM &&
+               strstr(err.msg, "the experts (14746 MiB)") && strstr(err.msg, "16384 MiB of RAM") &&
+               strstr(err.msg, "1638 MiB"),
+           "16 GiB machine, 14746 MiB: %s", err.msg);
+    /* 4 GiB: the reserve is 1 GiB */
+    CHECK(hm_mlock_fits(3 * gib, 4 * gib, "x", &err) == HM_OK);
+    CHECK(hm_mlock_fits(3 * gib + 1, 4 * gib, "x", &err) == HM_ERR_NOMEM);
+    CHECK(hm_mlock_fits(5 * gib, 4 * gib, "x", &err) == HM_ERR_NOMEM && strstr(err.msg, "without --mlock"));
+}
+
 int main(void) {
+    test_fits();
     char path[256];
     const int skip = test_synth_tiny("mlock", "q4_k_m", 3, path, sizeof path);
     if (skip) return skip;

@@ -25,9 +25,25 @@ void *hm_calloc_aligned(size_t size) {
 
 void hm_free_aligned(void *p) { free(p); }
 
+hm_status hm_mlock_fits(uint64_t n, uint64_t phys, const char *what, hm_err *err) {
+    if (!phys) return HM_OK; /* unknown: the kernel decides */
+    const uint64_t gib = 1ull << 30, reserve = phys / 10 > gib ? phys / 10 : gib;
+    if (n <= phys && phys - n >= reserve) return HM_OK;
+    return hm_errf(err, HM_ERR_NOMEM, "--mlock: %s (%" PRIu64 " MiB) cannot be locked in this machine's %" PRIu64
+                   " MiB of RAM and leave %" PRIu64 " MiB for the rest; run without --mlock, or with --ram-budget to "
+                   "keep only part of the experts in RAM", what, n >> 20, phys >> 20, reserve >> 20);
+}
+
+uint64_t hm_phys_ram_bytes(void) {
+    const long pages = sysconf(_SC_PHYS_PAGES), pg = sysconf(_SC_PAGESIZE);
+    return pages > 0 && pg > 0 ? (uint64_t)pages * (uint64_t)pg : 0;
+}
+
 hm_status hm_mlock_range(const void *p, size_t n, const char *what, hm_err *err) {
     const uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE), lo = (uintptr_t)p / pg * pg;
     const uintptr_t hi = ((uintptr_t)p + n + pg - 1) / pg * pg;
+    hm_status st = hm_mlock_fits((uint64_t)(hi - lo), hm_phys_ram_bytes(), what, err);
+    if (st != HM_OK) return st;
     if (mlock((const void *)lo, (size_t)(hi - lo)) == 0) return HM_OK;
     const int e = errno;
     struct rlimit rl;

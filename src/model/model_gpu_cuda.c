@@ -295,8 +295,9 @@ static void pin_experts(hm_model *m, hm_gpu *g, const hm_placement_opts *o) {
     const char *lo;
     size_t len;
     hm_units_span(u, &lo, &len);
-    if (!len) return;
     hm_err e2;
+    /* more than RAM can hold: not pinned; the --mlock step after the placement refuses it and says why */
+    if (!len || hm_mlock_fits(len, hm_phys_ram_bytes(), "the experts", &e2) != HM_OK) return;
     const int64_t t0 = hm_time_us();
     if (hm_cuda_host_register(g->dev[0].ctx, lo, len, &e2) != HM_OK) {
         hm_log_printf(&m->log, HM_LOG_WARN, "--mlock: %s; expert copies to VRAM go through staging buffers", e2.msg);
