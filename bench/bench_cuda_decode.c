@@ -12,10 +12,11 @@
  * (256 MiB each when 1 GiB does not fit), filled, then device-to-device copies of one into the other
  * (hm_cuda_copy, which enqueues on the compute stream and returns at once, then hm_cuda_sync): one
  * warm-up copy, then the best of 5 rounds of 8 copies, wall clock. A copy reads and writes each byte
- * once, so it prints one line that scripts parse (bench/gpu_offload.sh feeds the read figure Y to
- * its decode roofline as HBM_GBS):
- *   hbm bandwidth: X.X GB/s read+write (N MiB copies); reads Y.Y GB/s
- * with X = 2 * bytes * copies / seconds / 1e9 and Y = X / 2. GB is 1e9 bytes.
+ * once, and reads and writes share the memory's bandwidth, so the figure is the traffic of both
+ * (what a read-only stream such as a decode's weights can use, as bandwidthTest counts a
+ * device-to-device copy). One line that scripts parse (bench/gpu_offload.sh's HBM_GBS):
+ *   hbm bandwidth: X.X GB/s (N MiB device-to-device copies, read + write traffic)
+ * with X = 2 * bytes * copies / seconds / 1e9. GB is 1e9 bytes.
  *
  * -ff sets the experts' n_ff (512 by default; Qwen3-30B-A3B has 768). After the layer, the same
  * columns for big matrices alone (4096 x 4096 q4_K and q6_K, cold), with the GB/s of weight bytes.
@@ -399,7 +400,7 @@ static int bench_hbm(void) {
     }
     best = best > 1e-9 ? best : 1e-9;
     const double rw = 2.0 * (double)bytes * COPIES / best / 1e9;
-    printf("hbm bandwidth: %.1f GB/s read+write (%zu MiB copies); reads %.1f GB/s\n", rw, mib, rw / 2);
+    printf("hbm bandwidth: %.1f GB/s (%zu MiB device-to-device copies, read + write traffic)\n", rw, mib);
     hm_cuda_free(ctx, a);
     hm_cuda_free(ctx, b);
     return 0;

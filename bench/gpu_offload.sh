@@ -22,7 +22,8 @@
 # bench_cpu_ops beside hotmoe); with neither the RAM time is left out. The VRAM tier's is HBM_GBS
 # when set; else it is measured at the same point by bench_cuda_decode -hbm (HM_BENCH_CUDA_DECODE,
 # else the bench_cuda_decode beside hotmoe; device 0 of the CUDA_VISIBLE_DEVICES this script runs
-# with): the read half of its device-to-device copy bandwidth; when that cannot be measured, the
+# with): its device-to-device copies' read + write traffic (reads and writes share the bandwidth
+# a decode's weight reads use alone); when that cannot be measured, the
 # nominal H200 figure 4300 GB/s, labelled as such. The roofline line says where each figure came
 # from. Without LLAMA_CPP_DIR only hotmoe's columns are filled.
 # A benchmark: it prints numbers, it asserts nothing.
@@ -114,8 +115,8 @@ else
 fi
 echo "RAM bandwidth: ${RAM_GBS:-unmeasured} GB/s ($ram_src)"
 
-# the VRAM tier's bandwidth: HBM_GBS, else bench_cuda_decode -hbm (the read half of its
-# device-to-device copies: the roofline divides bytes read by it), else the nominal H200 figure
+# the VRAM tier's bandwidth: HBM_GBS, else bench_cuda_decode -hbm (the read + write traffic of its
+# device-to-device copies: the bandwidth a read-only stream can use), else the nominal H200 figure
 if [ -n "${HBM_GBS:-}" ]; then
     hbm_src="HBM_GBS from the environment"; hbm_from="from HBM_GBS"
 else
@@ -124,7 +125,7 @@ else
     hbm_from="nominal H200 figure, unmeasured"
     if [ -x "$hbm_exe" ]; then
         hbm_line=$("$hbm_exe" -hbm 2>&1 | tail -1)
-        HBM_GBS=$(sed -n 's|^hbm bandwidth: .*; reads \([0-9.]*\) GB/s.*|\1|p' <<<"$hbm_line")
+        HBM_GBS=$(sed -n 's|^hbm bandwidth: \([0-9.]*\) GB/s .*|\1|p' <<<"$hbm_line")
         if [ -n "$HBM_GBS" ]; then
             hbm_src="measured now: $hbm_exe -hbm$hbm_dev: $hbm_line"; hbm_from="measured"
         else
