@@ -39,6 +39,7 @@
 #include "core/alloc.h"
 #include "gemma4_impl.h"
 #include "model.h"
+#include "gpu_chain.h"
 #include "model_gpu.h"
 #include "moe.h"
 #include "quant/quant.h"
@@ -165,83 +166,48 @@ fail:
  * over every layer. */
 
 typedef struct g4_gstate {
-    hm_cuda_ctx *c;           /* borrowed: the model's context of this device */
-    int32_t dev;              /* index into m->gpu->dev */
-    int32_t l0, l1;           /* the layers it runs */
-    bool out;                 /* it computes the output norm, logits and soft-cap */
-    struct g4_gstate *next;   /* the next device's state (higher layers), owned; NULL: the last */
+    hm_gpu_dstate ds;         /* first: the device, its layers, x, h, the MoE's buffers (gpu_chain.h);
+                                 ds.kv is the K then V of layers [l0, l1) */
     size_t kv_off0;           /* s->kvl[l0].off: layer il's K is at kv + s->kvl[il].off - kv_off0 */
-    uint16_t *kv;             /* device f16, the K then V of layers [l0, l1), owned */
-    void *dev_block;          /* device block holding the activations below, owned */
-    float *x;                 /* [U, E] residual stream */
-    float *h;                 /* [U, E] normed input of a block */
     float *q, *k, *v, *att;   /* [U, n_head*hd_max], 2x [U, n_kv_max*hd_max], [U, n_head*hd_max] */
     float *gt, *up;           /* [U, n_ff_max] the dense MLP's gate and up */
     float *mo;                /* [U, E] a block's output (attention, then the MLP + experts) */
     float *e;                 /* [U, E] the experts' sum */
     float *rlog;              /* [U, n_expert] router logits */
-    int32_t *sel;             /* [2 * U * k]: a layer's ids [nr, k], then its weights [nr, k] */
-    float *cold;              /* [U, E] the CPU part's sum, uploaded */
-    float *logits;            /* [logit_rows, n_vocab] (the output's device; NULL on the others) */
-    int32_t *ints;            /* [3 * U]: tokens, positions, positions of the wanted rows */
-    int32_t *sel_all;         /* [n_layer][sel_stride] decode: every layer's routing of the step */
-    hm_cuda_moe_slot *slots;  /* [n_layer][n_expert] decode: the hot slices per expert (or NULL) */
-    void *scratch;            /* attention and MoE scratch (used one after the other), owned */
-    size_t scratch_size;
-    void *pin;                /* pinned host block holding the arrays below, owned */
-    int32_t *ints_h, *sel_h, *sel_all_h;
-    float *h_h, *cold_h;
-    hm_cuda_moe_slot *slots_h;
-    int32_t logit_rows, dec_cap;
-    size_t sel_stride;        /* 2 * dec_cap * k */
-    hm_gpu_moe_host mh;       /* the MoE's host side: work space, tables, events, graph */
 } g4_gstate;
 
-static void gstate_free(g4_gstate *g) {
-    if (g->c) {
-        hm_err e;
-        (void)hm_cuda_make_current(g->c, &e);
-        hm_cuda_sync(g->c, &e); /* nothing queued may still use what is freed below */
-        hm_cuda_free(g->c, g->kv);
-        hm_cuda_free(g->c, g->dev_block);
-        hm_cuda_free(g->c, g->scratch);
-        hm_cuda_host_free(g->c, g->pin);
-    }
-    hm_gpu_moe_host_free(&g->mh);
-    free(g);
-}
+/* The next device's state of the chain. */
+static g4_gstate *nxt(const g4_gstate *g) { return (g4_gstate *)g->ds.next; }
 
 void g4_gpu_state_close(g4_state *s) {
     for (g4_gstate *g = s->gpu, *nx; g; g = nx) {
-        nx = g->next;
-        gstate_free(g);
+        nx = nxt(g);
+        hm_gpu_dstate_free(&g->ds);
+        free(g);
     }
     s->gpu = NULL;
 }
 
-/* The device state of device index dev for layers [l0, l1) (and the output when out). */
-static hm_status gstate_open(const hm_model *m, const hm_state_opts *o, const g4_state *s, int32_t dev, int32_t l0,
-                             int32_t l1, bool out, g4_gstate **res, hm_err *err) {
+/* The device state of device index dev for layers [l0, l1) (and the output when out), linked at
+ * once after *last (s's first when *last is NULL; a half-open one is freed with the chain), *last
+ * set to it. */
+static hm_status gstate_open(const hm_model *m, const hm_state_opts *o, g4_state *s, int32_t dev, int32_t l0,
+                             int32_t l1, bool out, g4_gstate **last, hm_err *err) {
     const g4_model *q = m->impl;
     g4_gstate *g = calloc(1, sizeof *g);
     if (!g) return hm_errf(err, HM_ERR_NOMEM, "out of memory");
-    *res = g;
-    hm_cuda_ctx *c = m->gpu->dev[dev].ctx;
-    g->c = c;
-    g->dev = dev;
-    g->l0 = l0;
-    g->l1 = l1;
-    g->out = out;
-    hm_status st = hm_cuda_make_current(c, err);
-    if (st != HM_OK) return st;
+    if (*last) (*last)->ds.next = &g->ds;
+    else s->gpu = g;
+    *last = g;
     const size_t U = (size_t)o->n_ubatch, E = (size_t)q->n_embd;
     const size_t nq = (size_t)q->n_head * (size_t)q->hd_max, nkv = (size_t)q->n_kv_max * (size_t)q->hd_max;
     const size_t nff = (size_t)q->n_ff_max, K = (size_t)(q->n_expert_used > 0 ? q->n_expert_used : 1);
     const size_t NE = (size_t)(q->n_expert > 0 ? q->n_expert : 1), NL = (size_t)q->n_layer;
     const size_t V = (size_t)q->n_vocab;
-    g->logit_rows = o->n_ubatch < G4_LOGIT_ROWS ? o->n_ubatch : G4_LOGIT_ROWS;
-    g->dec_cap = o->n_ubatch < HM_CUDA_MATVEC_MAX_TOK ? o->n_ubatch : HM_CUDA_MATVEC_MAX_TOK;
-    g->sel_stride = 2 * (size_t)g->dec_cap * K;
+    hm_status st =
+        hm_gpu_dstate_init(&g->ds, m, o, dev, l0, l1, out, q->n_layer, q->n_expert, G4_LOGIT_ROWS, K, err);
+    if (st != HM_OK) return st;
+    hm_cuda_ctx *c = g->ds.c;
     const size_t slot_words = NL * NE * sizeof(hm_cuda_moe_slot) / 4;
 
     /* sizes first: a device that is full makes the expert pool give up room for all of them */
@@ -251,31 +217,31 @@ static hm_status gstate_open(const hm_model *m, const hm_state_opts *o, const g4
     if (!hm_mul_ok(kv_elems, 2, &kv_bytes))
         return hm_errf(err, HM_ERR_NOMEM, "gpu: the KV cache for %d positions is too large", o->n_ctx);
     const size_t act_el[] = {U * E, U * E, U * nq, U * nkv, U * nkv, U * nq, U * nff, U * nff, U * E, U * E,
-                             U * NE, 2 * U * K, U * E, out ? (size_t)g->logit_rows * V : 0, 3 * U,
-                             NL * g->sel_stride, slot_words};
+                             U * NE, 2 * U * K, U * E, out ? (size_t)g->ds.logit_rows * V : 0, 3 * U,
+                             NL * g->ds.sel_stride, slot_words};
     size_t act_off[sizeof act_el / sizeof act_el[0]];
     const size_t act_bytes = hm_gpu_layout(act_el, act_off, sizeof act_el / sizeof act_el[0]);
-    g->scratch_size = hm_cuda_gemma_attention_scratch_size(c, q->hd_max);
+    g->ds.scratch_size = hm_cuda_gemma_attention_scratch_size(c, q->hd_max);
     if (q->n_expert > 0) {
-        g->scratch_size = hm_gpu_max_sz(g->scratch_size, hm_cuda_moe_scratch_size((int64_t)U, (int64_t)(U * K),
-                                                                                  q->n_expert, q->n_ff_exp));
-        g->scratch_size = hm_gpu_max_sz(g->scratch_size, hm_cuda_moe_dev_scratch_size(g->dec_cap, q->n_expert_used,
-                                                                                      q->n_ff_exp));
+        g->ds.scratch_size = hm_gpu_max_sz(g->ds.scratch_size, hm_cuda_moe_scratch_size((int64_t)U, (int64_t)(U * K),
+                                                                                        q->n_expert, q->n_ff_exp));
+        g->ds.scratch_size = hm_gpu_max_sz(g->ds.scratch_size,
+                                           hm_cuda_moe_dev_scratch_size(g->ds.dec_cap, q->n_expert_used, q->n_ff_exp));
     }
 
     char what[96];
     snprintf(what, sizeof what, "KV cache (%d positions)", o->n_ctx);
-    if (kv_bytes && (st = hm_gpu_dev_alloc_on(m, dev, kv_bytes, kv_bytes + act_bytes + g->scratch_size,
-                                              (void **)&g->kv, what, err)) != HM_OK)
+    if (kv_bytes && (st = hm_gpu_dev_alloc_on(m, dev, kv_bytes, kv_bytes + act_bytes + g->ds.scratch_size,
+                                              (void **)&g->ds.kv, what, err)) != HM_OK)
         return st;
-    if ((st = hm_gpu_dev_alloc_on(m, dev, act_bytes, act_bytes + g->scratch_size, &g->dev_block, "activations",
+    if ((st = hm_gpu_dev_alloc_on(m, dev, act_bytes, act_bytes + g->ds.scratch_size, &g->ds.dev_block, "activations",
                                   err)) != HM_OK)
         return st;
     {
-        char *b = g->dev_block;
+        char *b = g->ds.dev_block;
         const size_t *off = act_off;
-        g->x = (float *)(b + off[0]);
-        g->h = (float *)(b + off[1]);
+        g->ds.x = (float *)(b + off[0]);
+        g->ds.h = (float *)(b + off[1]);
         g->q = (float *)(b + off[2]);
         g->k = (float *)(b + off[3]);
         g->v = (float *)(b + off[4]);
@@ -285,34 +251,23 @@ static hm_status gstate_open(const hm_model *m, const hm_state_opts *o, const g4
         g->mo = (float *)(b + off[8]);
         g->e = (float *)(b + off[9]);
         g->rlog = (float *)(b + off[10]);
-        g->sel = (int32_t *)(b + off[11]);
-        g->cold = (float *)(b + off[12]);
-        g->logits = out ? (float *)(b + off[13]) : NULL;
-        g->ints = (int32_t *)(b + off[14]);
-        g->sel_all = (int32_t *)(b + off[15]);
-        g->slots = (hm_cuda_moe_slot *)(b + off[16]);
+        g->ds.sel = (int32_t *)(b + off[11]);
+        g->ds.cold = (float *)(b + off[12]);
+        g->ds.logits = out ? (float *)(b + off[13]) : NULL;
+        g->ds.ints = (int32_t *)(b + off[14]);
+        g->ds.sel_all = (int32_t *)(b + off[15]);
+        g->ds.slots = (hm_cuda_moe_slot *)(b + off[16]);
     }
-    if ((st = hm_gpu_dev_alloc_on(m, dev, g->scratch_size, g->scratch_size, &g->scratch, "attention/MoE scratch",
-                                  err)) != HM_OK)
+    if ((st = hm_gpu_dev_alloc_on(m, dev, g->ds.scratch_size, g->ds.scratch_size, &g->ds.scratch,
+                                  "attention/MoE scratch", err)) != HM_OK)
         return st;
-    {
-        const size_t el[] = {3 * U, 2 * U * K, U * E, U * E, NL * g->sel_stride, slot_words};
-        size_t off[sizeof el / sizeof el[0]];
-        if ((st = hm_gpu_pinned_block(c, el, off, sizeof el / sizeof el[0], &g->pin, err)) != HM_OK) return st;
-        char *b = g->pin;
-        g->ints_h = (int32_t *)(b + off[0]);
-        g->sel_h = (int32_t *)(b + off[1]);
-        g->h_h = (float *)(b + off[2]);
-        g->cold_h = (float *)(b + off[3]);
-        g->sel_all_h = (int32_t *)(b + off[4]);
-        g->slots_h = (hm_cuda_moe_slot *)(b + off[5]);
-    }
-    if ((st = hm_gpu_moe_host_open(&g->mh, c, q->n_layer, q->n_expert, err)) != HM_OK) return st;
+    if ((st = hm_gpu_dstate_pin(&g->ds, U, E, K, 0, NULL, err)) != HM_OK) return st;
+    if ((st = hm_gpu_moe_host_open(&g->ds.mh, c, q->n_layer, q->n_expert, err)) != HM_OK) return st;
     for (int32_t il = l0; il < l1; il++)
-        g->mh.mw[il] = q->layers[il].moe ? &q->layers[il].experts : NULL;
+        g->ds.mh.mw[il] = q->layers[il].moe ? &q->layers[il].experts : NULL;
     if (q->n_expert > 0)
-        return hm_moe_graph_open_env(c, g->mh.mw, q->n_layer, g->dec_cap, q->n_expert_used, q->n_embd, &g->mh.graph,
-                                     err);
+        return hm_moe_graph_open_env(c, g->ds.mh.mw, q->n_layer, g->ds.dec_cap, q->n_expert_used, q->n_embd,
+                                     &g->ds.mh.graph, err);
     return HM_OK;
 }
 
@@ -324,20 +279,16 @@ hm_status g4_gpu_state_open(const hm_model *m, const hm_state_opts *o, g4_state 
     if (st != HM_OK) return st;
     s->es = 2;
     /* one state per device that runs layers or the output, in layer order */
-    g4_gstate **tail = &s->gpu;
     hm_gpu_link links[HM_MAX_GPUS];
     const int32_t n_links = hm_gpu_chain_links(gpu, q->n_layer, links);
+    g4_gstate *last = NULL;
     for (int32_t i = 0; i < n_links; i++) {
         const hm_gpu_link L = links[i];
-        if ((st = gstate_open(m, o, s, L.dev, L.l0, L.l1, L.out, tail, err)) != HM_OK) goto fail;
-        tail = &(*tail)->next;
+        if ((st = gstate_open(m, o, s, L.dev, L.l0, L.l1, L.out, &last, err)) != HM_OK) goto fail;
     }
     /* the CPU part: the route and the scratch of its MoE op; the peer units' buffers (model_gpu.h) */
-    if (q->n_expert > 0 &&
-        ((st = hm_gpu_cold_part_open(&s->route, &s->scratch, q->n_expert, q->n_expert_used, q->n_embd, q->n_ff_exp, o,
-                                     err)) != HM_OK ||
-         (st = hm_gpu_peer_reserve(m, o->n_ubatch, (int64_t)o->n_ubatch * q->n_expert_used, q->n_ff_exp, err)) !=
-             HM_OK))
+    if (q->n_expert > 0 && (st = hm_gpu_session_cold_open(m, &s->route, &s->scratch, q->n_expert, q->n_expert_used,
+                                                          q->n_embd, q->n_ff_exp, o, err)) != HM_OK)
         goto fail;
     return HM_OK;
 fail:
@@ -354,59 +305,34 @@ fail:
 
 /* Layer il's K cache in its device's state g (its V follows, s->kvl[il].elems further). */
 static uint16_t *kv_of(const g4_state *s, const g4_gstate *g, int32_t il) {
-    return g->kv + (s->kvl[il].off - g->kv_off0);
-}
-
-/* Hand the first `rows` rows of the residual from g to g->next (queued on next's stream after
- * everything queued on g's); makes next's device current. */
-static hm_status hand_over(const g4_model *q, g4_gstate *g, int64_t rows, hm_err *err) {
-    g4_gstate *nx = g->next;
-    hm_status st = hm_cuda_make_current(nx->c, err);
-    if (st != HM_OK) return st;
-    return hm_cuda_copy_peer(nx->c, nx->x, g->c, g->x, (size_t)rows * (size_t)q->n_embd * sizeof(float), g->mh.handoff,
-                             err);
-}
-
-/* After a failed step: every device idle, every slot table rebuilt next step. */
-static void step_abort(const g4_model *q, g4_state *s) {
-    for (g4_gstate *g = s->gpu; g; g = g->next) {
-        hm_err e;
-        (void)hm_cuda_make_current(g->c, &e);
-        hm_gpu_step_abort(g->c, g->mh.seen, (size_t)q->n_layer * (size_t)q->n_expert);
-    }
-}
-
-/* Decode: the usage counts of the MoE layers each device recorded this step (downloaded, synced). */
-static void record_routing(const hm_model *m, const g4_state *s) {
-    for (const g4_gstate *g = s->gpu; g; g = g->next)
-        hm_gpu_record_routing(m, g->mh.mw, g->sel_all_h, g->sel_stride, g->mh.rec_n, g->mh.n_rec);
+    return g->ds.kv + (s->kvl[il].off - g->kv_off0);
 }
 
 /* The routing of layer il's MoE block on rows nr, into ids_d / w_d ([nr, k] device): routed on
- * rmsnorm(x) * router_scale / sqrt(E), weights scaled per expert; then g->h = the experts' input
+ * rmsnorm(x) * router_scale / sqrt(E), weights scaled per expert; then g->ds.h = the experts' input
  * rmsnorm(x) * pre_ffw_norm_2 and g->e = 0 (what the experts accumulate into). */
 static hm_status moe_route(const hm_model *m, g4_gstate *g, int32_t il, int64_t nr, int32_t *ids_d, float *w_d,
                            hm_err *err) {
     const g4_model *q = m->impl;
     const g4_gpu_layer *D = &((const g4_gpu *)m->gpu->arch)->layers[il];
-    hm_cuda_ctx *c = g->c;
+    hm_cuda_ctx *c = g->ds.c;
     const int64_t E = q->n_embd;
     const int K = q->n_expert_used;
     const size_t nk = (size_t)nr * (size_t)K;
     hm_status st;
-    if ((st = hm_cuda_rmsnorm(c, g->x, D->router_scale, g->h, nr, E, q->eps, err)) != HM_OK) return st;
-    if ((st = hm_cuda_scale(c, g->h, 1.0f / sqrtf((float)E), g->h, nr * E, err)) != HM_OK) return st;
-    if ((st = hm_cuda_matmul(c, &D->router, g->h, nr, g->rlog, err)) != HM_OK) return st;
+    if ((st = hm_cuda_rmsnorm(c, g->ds.x, D->router_scale, g->ds.h, nr, E, q->eps, err)) != HM_OK) return st;
+    if ((st = hm_cuda_scale(c, g->ds.h, 1.0f / sqrtf((float)E), g->ds.h, nr * E, err)) != HM_OK) return st;
+    if ((st = hm_cuda_matmul(c, &D->router, g->ds.h, nr, g->rlog, err)) != HM_OK) return st;
     if ((st = hm_cuda_router(c, g->rlog, nr, q->n_expert, K, true, ids_d, w_d, err)) != HM_OK) return st;
     if (D->expert_scale && (st = hm_cuda_scale_by_id(c, w_d, ids_d, D->expert_scale, (int64_t)nk, err)) != HM_OK)
         return st;
     /* the experts' input (the router's input is consumed: h is free again) */
-    if ((st = hm_cuda_rmsnorm(c, g->x, D->pre_ffw_norm_2, g->h, nr, E, q->eps, err)) != HM_OK) return st;
+    if ((st = hm_cuda_rmsnorm(c, g->ds.x, D->pre_ffw_norm_2, g->ds.h, nr, E, q->eps, err)) != HM_OK) return st;
     return hm_cuda_memset(c, g->e, 0, (size_t)(nr * E) * sizeof(float), err);
 }
 
 /* The MoE block of layer il on rows nr on its device's state g: g->e = the experts of the input
- * moe_route leaves in g->h (hot on the device, cold on the CPU). */
+ * moe_route leaves in g->ds.h (hot on the device, cold on the CPU). */
 static hm_status moe_block(const hm_model *m, g4_state *s, g4_gstate *g, hm_pool *pool, int32_t il, int64_t nr,
                            bool dec, hm_err *err) {
     const g4_model *q = m->impl;
@@ -414,22 +340,11 @@ static hm_status moe_block(const hm_model *m, g4_state *s, g4_gstate *g, hm_pool
     const int K = q->n_expert_used;
     const size_t nk = (size_t)nr * (size_t)K;
     hm_status st;
-    int32_t *ids_d = dec ? g->sel_all + (size_t)il * g->sel_stride : g->sel;
+    int32_t *ids_d = hm_gpu_layer_ids(&g->ds, il, dec);
     float *w_d = (float *)(ids_d + nk);
     if ((st = moe_route(m, g, il, nr, ids_d, w_d, err)) != HM_OK) return st;
-    const hm_moe_gpu_buf mb = {.x_dev = g->h,
-                               .x_host = g->mh.all_hot[il] ? NULL : g->h_h,
-                               .out_dev = g->e,
-                               .cold_host = g->cold_h,
-                               .cold_dev = g->cold,
-                               .scratch_dev = g->scratch,
-                               .scratch_dev_size = g->scratch_size,
-                               .units = g->mh.units};
-    int32_t *ids_h = dec ? g->sel_all_h + (size_t)il * g->sel_stride : g->sel_h;
-    if (dec) g->mh.rec_n[il] = (int32_t)nk, g->mh.n_rec = il + 1;
-    return hm_moe_gpu_layer_step(m, pool, &L->experts, &s->route, &s->scratch, &mb, dec, g->mh.all_hot[il],
-                                 g->mh.any_hot[il], g->slots + (size_t)il * (size_t)q->n_expert, ids_d, ids_h, nr, K,
-                                 g->mh.routed, err);
+    return hm_gpu_moe_step(m, pool, &g->ds, &L->experts, &s->route, &s->scratch, il, dec, nr, K, g->e, NULL, NULL,
+                           err);
 }
 
 /* ---- decode as one graph (moe.h, hm_moe_graph): the same ops as g4_gpu_forward's decode path,
@@ -439,7 +354,7 @@ static hm_status moe_block(const hm_model *m, g4_state *s, g4_gstate *g, hm_pool
  * the output device's), launched in layer order after the residual's hand-over (outside the
  * graphs, ordered by an event). */
 
-/* Layer il's attention input for n rows, both paths: g->h = rmsnorm(x), Q, K and V (K = V on a
+/* Layer il's attention input for n rows, both paths: g->ds.h = rmsnorm(x), Q, K and V (K = V on a
  * layer without wv, copied before the norms), the per-head q/k norms and the weightless v norm,
  * RoPE (proportional on global layers), the K/V ring write. */
 static hm_status attn_in(const hm_model *m, const g4_state *s, g4_gstate *g, int32_t il, int64_t n,
@@ -448,16 +363,16 @@ static hm_status attn_in(const hm_model *m, const g4_state *s, g4_gstate *g, int
     const g4_gpu *d = m->gpu->arch;
     const g4_layer *L = &q->layers[il];
     const g4_gpu_layer *D = &d->layers[il];
-    hm_cuda_ctx *c = g->c;
+    hm_cuda_ctx *c = g->ds.c;
     const int hd = L->hd, nkv = L->n_kv, nh = q->n_head;
     const g4_kv *kl = &s->kvl[il];
     uint16_t *kc = kv_of(s, g, il), *vc = kc + kl->elems;
-    const float *ff = L->swa ? NULL : d->rope_ff[g->dev];
+    const float *ff = L->swa ? NULL : d->rope_ff[g->ds.dev];
     hm_status st;
-    if ((st = hm_cuda_rmsnorm(c, g->x, D->attn_norm, g->h, n, q->n_embd, q->eps, err)) != HM_OK) return st;
-    if ((st = hm_cuda_matmul(c, &D->wq, g->h, n, g->q, err)) != HM_OK) return st;
-    if ((st = hm_cuda_matmul(c, &D->wk, g->h, n, g->k, err)) != HM_OK) return st;
-    st = D->wv.data ? hm_cuda_matmul(c, &D->wv, g->h, n, g->v, err)
+    if ((st = hm_cuda_rmsnorm(c, g->ds.x, D->attn_norm, g->ds.h, n, q->n_embd, q->eps, err)) != HM_OK) return st;
+    if ((st = hm_cuda_matmul(c, &D->wq, g->ds.h, n, g->q, err)) != HM_OK) return st;
+    if ((st = hm_cuda_matmul(c, &D->wk, g->ds.h, n, g->k, err)) != HM_OK) return st;
+    st = D->wv.data ? hm_cuda_matmul(c, &D->wv, g->ds.h, n, g->v, err)
                     : hm_cuda_copy(c, g->v, g->k, (size_t)(n * nkv * hd) * sizeof(float), err);
     if (st != HM_OK) return st;
     if ((st = hm_cuda_rmsnorm_heads(c, g->q, D->q_norm, n, nh, hd, q->eps, err)) != HM_OK) return st;
@@ -474,15 +389,15 @@ static hm_status attn_out_mlp(const hm_model *m, g4_gstate *g, int32_t il, int64
     const g4_model *q = m->impl;
     const g4_layer *L = &q->layers[il];
     const g4_gpu_layer *D = &((const g4_gpu *)m->gpu->arch)->layers[il];
-    hm_cuda_ctx *c = g->c;
+    hm_cuda_ctx *c = g->ds.c;
     const int64_t E = q->n_embd;
     hm_status st;
     if ((st = hm_cuda_matmul(c, &D->wo, g->att, n, g->mo, err)) != HM_OK) return st;
     if ((st = hm_cuda_rmsnorm(c, g->mo, D->post_attn_norm, g->mo, n, E, q->eps, err)) != HM_OK) return st;
-    if ((st = hm_cuda_add(c, g->x, g->mo, g->x, n * E, err)) != HM_OK) return st;
-    if ((st = hm_cuda_rmsnorm(c, g->x, D->ffn_norm, g->h, n, E, q->eps, err)) != HM_OK) return st;
-    if ((st = hm_cuda_matmul(c, &D->gate, g->h, n, g->gt, err)) != HM_OK) return st;
-    if ((st = hm_cuda_matmul(c, &D->up, g->h, n, g->up, err)) != HM_OK) return st;
+    if ((st = hm_cuda_add(c, g->ds.x, g->mo, g->ds.x, n * E, err)) != HM_OK) return st;
+    if ((st = hm_cuda_rmsnorm(c, g->ds.x, D->ffn_norm, g->ds.h, n, E, q->eps, err)) != HM_OK) return st;
+    if ((st = hm_cuda_matmul(c, &D->gate, g->ds.h, n, g->gt, err)) != HM_OK) return st;
+    if ((st = hm_cuda_matmul(c, &D->up, g->ds.h, n, g->up, err)) != HM_OK) return st;
     if ((st = hm_cuda_gelu_mul(c, g->gt, g->up, g->gt, n * L->n_ff, err)) != HM_OK) return st;
     return hm_cuda_matmul(c, &D->down, g->gt, n, g->mo, err);
 }
@@ -502,17 +417,17 @@ static hm_status enqueue_step(void *ctx, hm_err *err) {
     const int64_t n = p->n;
     const g4_model *q = m->impl;
     const g4_gpu *d = m->gpu->arch;
-    hm_cuda_ctx *c = g->c;
+    hm_cuda_ctx *c = g->ds.c;
     const int64_t E = q->n_embd, U = s->n_ubatch;
     const int nh = q->n_head, K = q->n_expert_used;
     const size_t nk = (size_t)n * (size_t)K;
-    const int32_t *tok_d = g->ints, *pos_d = g->ints + U;
+    const int32_t *tok_d = g->ds.ints, *pos_d = g->ds.ints + U;
     hm_status st;
     if (g == s->gpu) {
-        CK(hm_cuda_get_rows(c, &d->tok_embd, tok_d, n, g->x, err));
-        CK(hm_cuda_scale(c, g->x, q->embd_scale, g->x, n * E, err));
+        CK(hm_cuda_get_rows(c, &d->tok_embd, tok_d, n, g->ds.x, err));
+        CK(hm_cuda_scale(c, g->ds.x, q->embd_scale, g->ds.x, n * E, err));
     }
-    for (int32_t il = g->l0; il < g->l1; il++) {
+    for (int32_t il = g->ds.l0; il < g->ds.l1; il++) {
         const g4_layer *L = &q->layers[il];
         const g4_gpu_layer *D = &d->layers[il];
         const int hd = L->hd, nkv = L->n_kv;
@@ -520,26 +435,26 @@ static hm_status enqueue_step(void *ctx, hm_err *err) {
         uint16_t *kc = kv_of(s, g, il), *vc = kc + kl->elems;
         CK(attn_in(m, s, g, il, n, pos_d, err));
         CK(hm_cuda_gemma_attention(c, g->q, n, pos_d, p->kv_len, kc, vc, kl->cap, L->swa ? q->window : 0, nh, nkv, hd,
-                                   1.0f, g->att, g->scratch, g->scratch_size, err));
+                                   1.0f, g->att, g->ds.scratch, g->ds.scratch_size, err));
         CK(attn_out_mlp(m, g, il, n, err));
         if (L->moe) {
             CK(hm_cuda_rmsnorm(c, g->mo, D->post_ffw_norm_1, g->mo, n, E, q->eps, err));
-            int32_t *ids_d = g->sel_all + (size_t)il * g->sel_stride;
+            int32_t *ids_d = hm_gpu_layer_ids(&g->ds, il, true);
             float *w_d = (float *)(ids_d + nk);
             CK(moe_route(m, g, il, n, ids_d, w_d, err));
-            CK(hm_moe_graph_layer(g->mh.graph, m, il, g->slots + (size_t)il * (size_t)q->n_expert, g->mh.any_hot[il],
-                                  ids_d, w_d, n, g->h, g->e, g->scratch, g->scratch_size, err));
+            CK(hm_moe_graph_layer(g->ds.mh.graph, m, il, hm_gpu_layer_slots(&g->ds, il), g->ds.mh.any_hot[il], ids_d,
+                                  w_d, n, g->ds.h, g->e, g->ds.scratch, g->ds.scratch_size, err));
             CK(hm_cuda_rmsnorm(c, g->e, D->post_ffw_norm_2, g->e, n, E, q->eps, err));
             CK(hm_cuda_add(c, g->mo, g->e, g->mo, n * E, err));
         }
         CK(hm_cuda_rmsnorm(c, g->mo, D->post_ffw_norm, g->mo, n, E, q->eps, err));
-        CK(hm_cuda_add(c, g->x, g->mo, g->x, n * E, err));
-        if (L->out_scale != 1.0f) CK(hm_cuda_scale(c, g->x, L->out_scale, g->x, n * E, err));
+        CK(hm_cuda_add(c, g->ds.x, g->mo, g->ds.x, n * E, err));
+        if (L->out_scale != 1.0f) CK(hm_cuda_scale(c, g->ds.x, L->out_scale, g->ds.x, n * E, err));
     }
-    if (g->out) {
-        CK(hm_cuda_rmsnorm(c, g->x, d->output_norm, g->h, n, E, q->eps, err));
-        CK(hm_cuda_matmul(c, &d->output, g->h, n, g->logits, err));
-        if (q->softcap > 0) CK(hm_cuda_softcap(c, g->logits, n * (int64_t)q->n_vocab, q->softcap, err));
+    if (g->ds.out) {
+        CK(hm_cuda_rmsnorm(c, g->ds.x, d->output_norm, g->ds.h, n, E, q->eps, err));
+        CK(hm_cuda_matmul(c, &d->output, g->ds.h, n, g->ds.logits, err));
+        if (q->softcap > 0) CK(hm_cuda_softcap(c, g->ds.logits, n * (int64_t)q->n_vocab, q->softcap, err));
     }
     return HM_OK;
 fail:
@@ -552,17 +467,17 @@ static hm_status graph_step(const hm_model *m, g4_state *s, hm_pool *pool, const
     g4_step p = {.m = m, .s = s, .n = n, .kv_len = b->pos[n - 1] + 1};
     hm_status st = HM_OK;
     g4_gstate *g = s->gpu;
-    for (;; g = g->next) {
+    for (;; g = nxt(g)) {
         p.g = g;
-        const size_t key = (size_t)hm_cuda_gemma_attention_splits(g->c, n, q->n_head, p.kv_len, q->window) * 4096 +
-                           (size_t)hm_cuda_gemma_attention_splits(g->c, n, q->n_head, p.kv_len, 0);
-        if ((st = hm_moe_graph_step(g->mh.graph, m, pool, &s->route, &s->scratch, n, key, g->mh.any_hot, enqueue_step,
-                                    &p, err)) != HM_OK)
+        const size_t key = (size_t)hm_cuda_gemma_attention_splits(g->ds.c, n, q->n_head, p.kv_len, q->window) * 4096 +
+                           (size_t)hm_cuda_gemma_attention_splits(g->ds.c, n, q->n_head, p.kv_len, 0);
+        if ((st = hm_moe_graph_step(g->ds.mh.graph, m, pool, &s->route, &s->scratch, n, key, g->ds.mh.any_hot,
+                                    enqueue_step, &p, err)) != HM_OK)
             return st;
-        if (!g->next) break;
-        if ((st = hand_over(q, g, n, err)) != HM_OK) return st;
+        if (!nxt(g)) break;
+        if ((st = hm_gpu_hand_over(&g->ds, n, q->n_embd, err)) != HM_OK) return st;
     }
-    return hm_cuda_download(g->c, b->logits, g->logits, (size_t)n * (size_t)q->n_vocab * sizeof(float), err);
+    return hm_cuda_download(g->ds.c, b->logits, g->ds.logits, (size_t)n * (size_t)q->n_vocab * sizeof(float), err);
 }
 
 hm_status g4_gpu_forward(const hm_model *m, g4_state *s, hm_pool *pool, const hm_fwd_batch *b, hm_err *err) {
@@ -577,31 +492,25 @@ hm_status g4_gpu_forward(const hm_model *m, g4_state *s, hm_pool *pool, const hm
     /* per device: tokens, positions and the wanted rows' positions go up in one copy; which MoE
      * layers have no cold unit this step; for decode also the device's slot table, uploaded when
      * a slot map changed (the previous step ended with a sync) */
-    const bool dec = n <= HM_CUDA_MATVEC_MAX_TOK && n <= g->dec_cap;
-    for (g4_gstate *gd = g; gd; gd = gd->next) {
-        CK(hm_cuda_make_current(gd->c, err));
-        CK(hm_gpu_upload_batch_ints(gd->c, gd->ints, gd->ints_h, U, b, err));
-        CK(hm_gpu_moe_slots_refresh(m, gd->c, gd->mh.mw, q->n_layer, q->n_expert, dec, gd->mh.seen, gd->slots_h,
-                                    gd->slots, gd->mh.all_hot, gd->mh.any_hot, err));
-        gd->mh.n_rec = 0; /* decode: layers whose routing is recorded after the step */
-    }
-    if (dec && g->mh.graph && n_out == n && b->logits && n <= g->logit_rows) {
-        CK(hm_cuda_make_current(g->c, err));
+    const bool dec = n <= HM_CUDA_MATVEC_MAX_TOK && n <= g->ds.dec_cap;
+    CK(hm_gpu_chain_begin(m, &g->ds, U, b, dec, err));
+    if (dec && g->ds.mh.graph && n_out == n && b->logits && n <= g->ds.logit_rows) {
+        CK(hm_cuda_make_current(g->ds.c, err));
         CK(graph_step(m, s, pool, b, err)); /* every flag released, the device idle, when it fails */
         return HM_OK;
     }
 
-    CK(hm_cuda_make_current(g->c, err));
-    CK(hm_cuda_get_rows(g->c, &d->tok_embd, g->ints, n, g->x, err));
-    CK(hm_cuda_scale(g->c, g->x, q->embd_scale, g->x, n * E, err));
+    CK(hm_cuda_make_current(g->ds.c, err));
+    CK(hm_cuda_get_rows(g->ds.c, &d->tok_embd, g->ds.ints, n, g->ds.x, err));
+    CK(hm_cuda_scale(g->ds.c, g->ds.x, q->embd_scale, g->ds.x, n * E, err));
     int64_t nr = n;
     bool last_rows = false; /* the wanted rows' positions instead of all (the last layer on) */
     int64_t kv_len = b->pos[n - 1] + 1;
     bool done_early = false;
-    for (;; g = g->next) {
-        hm_cuda_ctx *c = g->c;
-        const int32_t *pos_d = g->ints + U, *pos = last_rows ? g->ints + 2 * U : pos_d;
-        for (int32_t il = g->l0; il < g->l1 && !done_early; il++) {
+    for (;; g = nxt(g)) {
+        hm_cuda_ctx *c = g->ds.c;
+        const int32_t *pos_d = g->ds.ints + U, *pos = last_rows ? g->ds.ints + 2 * U : pos_d;
+        for (int32_t il = g->ds.l0; il < g->ds.l1 && !done_early; il++) {
             const g4_layer *L = &q->layers[il];
             const g4_gpu_layer *D = &d->layers[il];
             const int hd = L->hd, nkv = L->n_kv;
@@ -618,20 +527,14 @@ hm_status g4_gpu_forward(const hm_model *m, g4_state *s, hm_pool *pool, const hm
                     done_early = true;
                     break;
                 }
-                for (int64_t i = 0; i < n_out; i++) {
-                    const int64_t r = b->out_rows[i];
-                    if (r == i) continue;
-                    CK(hm_cuda_copy(c, g->q + (size_t)i * nq, g->q + (size_t)r * nq, nq * sizeof(float), err));
-                    CK(hm_cuda_copy(c, g->x + (size_t)i * (size_t)E, g->x + (size_t)r * (size_t)E,
-                                    (size_t)E * sizeof(float), err));
-                }
+                CK(hm_gpu_compact_qx(c, g->q, nq, g->ds.x, (size_t)E, b->out_rows, n_out, err));
                 nr = n_out;
                 last_rows = true;
-                pos = g->ints + 2 * U;
+                pos = g->ds.ints + 2 * U;
                 kv_len = b->pos[b->out_rows[n_out - 1]] + 1;
             }
             CK(hm_cuda_gemma_attention(c, g->q, nr, pos, kv_len, kc, vc, kl->cap, L->swa ? q->window : 0, nh, nkv,
-                                       hd, 1.0f, g->att, g->scratch, g->scratch_size, err));
+                                       hd, 1.0f, g->att, g->ds.scratch, g->ds.scratch_size, err));
             CK(attn_out_mlp(m, g, il, nr, err)); /* x = attn_out; mo = the dense MLP's output */
 
             if (L->moe) {
@@ -641,40 +544,35 @@ hm_status g4_gpu_forward(const hm_model *m, g4_state *s, hm_pool *pool, const hm
                 CK(hm_cuda_add(c, g->mo, g->e, g->mo, nr * E, err));
             }
             CK(hm_cuda_rmsnorm(c, g->mo, D->post_ffw_norm, g->mo, nr, E, q->eps, err));
-            CK(hm_cuda_add(c, g->x, g->mo, g->x, nr * E, err));
-            if (L->out_scale != 1.0f) CK(hm_cuda_scale(c, g->x, L->out_scale, g->x, nr * E, err));
+            CK(hm_cuda_add(c, g->ds.x, g->mo, g->ds.x, nr * E, err));
+            if (L->out_scale != 1.0f) CK(hm_cuda_scale(c, g->ds.x, L->out_scale, g->ds.x, nr * E, err));
         }
-        /* decode: this device's routing comes down in one copy (before the hand-over, whose event
-         * then covers it), recorded once the step's work is done */
-        if (g->mh.n_rec > 0)
-            CK(hm_cuda_download_async(c, g->sel_all_h, g->sel_all,
-                                      (size_t)g->mh.n_rec * g->sel_stride * sizeof(int32_t), err));
-        if (!g->next || done_early) break;
-        CK(hand_over(q, g, nr, err));
+        CK(hm_gpu_routing_down(&g->ds, err)); /* decode: recorded once the step's work is done */
+        if (!nxt(g) || done_early) break;
+        CK(hm_gpu_hand_over(&g->ds, nr, E, err));
     }
     if (done_early || n_out == 0) {
-        /* nothing may still read a slot */
-        for (g4_gstate *gd = s->gpu; gd; gd = gd->next) CK(hm_cuda_sync(gd->c, err));
-        record_routing(m, s);
+        CK(hm_gpu_chain_sync(&s->gpu->ds, err)); /* nothing may still read a slot */
+        hm_gpu_chain_record(m, &s->gpu->ds);
         return HM_OK;
     }
     /* x rows 0..n_out-1 are the wanted rows now (compacted above, or all rows in order), on the
      * output's device (the last) */
-    HM_ASSERT(nr == n_out && b->logits && g->out);
-    hm_cuda_ctx *c = g->c;
-    CK(hm_cuda_rmsnorm(c, g->x, d->output_norm, g->h, n_out, E, q->eps, err));
+    HM_ASSERT(nr == n_out && b->logits && g->ds.out);
+    hm_cuda_ctx *c = g->ds.c;
+    CK(hm_cuda_rmsnorm(c, g->ds.x, d->output_norm, g->ds.h, n_out, E, q->eps, err));
     const size_t V = (size_t)q->n_vocab;
-    for (int64_t r0 = 0; r0 < n_out; r0 += g->logit_rows) {
-        const int64_t nc = n_out - r0 < g->logit_rows ? n_out - r0 : g->logit_rows;
-        CK(hm_cuda_matmul(c, &d->output, g->h + (size_t)r0 * (size_t)E, nc, g->logits, err));
-        if (q->softcap > 0) CK(hm_cuda_softcap(c, g->logits, nc * (int64_t)V, q->softcap, err));
+    for (int64_t r0 = 0; r0 < n_out; r0 += g->ds.logit_rows) {
+        const int64_t nc = n_out - r0 < g->ds.logit_rows ? n_out - r0 : g->ds.logit_rows;
+        CK(hm_cuda_matmul(c, &d->output, g->ds.h + (size_t)r0 * (size_t)E, nc, g->ds.logits, err));
+        if (q->softcap > 0) CK(hm_cuda_softcap(c, g->ds.logits, nc * (int64_t)V, q->softcap, err));
         /* waits for the queued work (the last chunk's wait ends the step's device work: every
          * earlier device's work came before its hand-over, which this stream waited for) */
-        CK(hm_cuda_download(c, b->logits + (size_t)r0 * V, g->logits, (size_t)nc * V * sizeof(float), err));
+        CK(hm_cuda_download(c, b->logits + (size_t)r0 * V, g->ds.logits, (size_t)nc * V * sizeof(float), err));
     }
-    record_routing(m, s);
+    hm_gpu_chain_record(m, &s->gpu->ds);
     return HM_OK;
 fail:
-    step_abort(q, s);
+    hm_gpu_chain_abort(&s->gpu->ds);
     return st;
 }

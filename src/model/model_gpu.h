@@ -209,7 +209,7 @@ hm_status hm_gpu_pinned_block(struct hm_cuda_ctx *c, const size_t *elems, size_t
                               hm_err *err);
 
 /* The host side of a device state's MoE, the same in every arch's per-device session state
- * (qwen3moe_cuda.c, qwen35moe_cuda.c, gemma4_cuda.c embed one as `mh`). */
+ * (hm_gpu_dstate in gpu_chain.h, which every arch's per-device state starts with, holds it as `mh`). */
 typedef struct hm_gpu_moe_host {
     struct hm_cuda_moe_unit *units;   /* [n_expert] hot-unit work space, owned */
     uint8_t *all_hot, *any_hot;       /* [n_layer] per forward (hm_gpu_moe_slots_refresh), owned */

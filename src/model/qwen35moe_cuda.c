@@ -44,6 +44,7 @@
 #include "backend/cuda/cuda_ops.h"
 #include "core/alloc.h"
 #include "model.h"
+#include "gpu_chain.h"
 #include "model_gpu.h"
 #include "moe.h"
 #include "quant/quant.h"
@@ -186,64 +187,30 @@ fail:
  * device the chain has one link, over every layer. */
 
 typedef struct q35_gstate {
-    hm_cuda_ctx *c;           /* borrowed: the model's context of this device */
-    int32_t dev;              /* index into m->gpu->dev */
-    int32_t l0, l1;           /* the layers it runs */
-    bool out;                 /* it computes the output norm and logits */
-    struct q35_gstate *next;  /* the next device's state (higher layers), owned; NULL: the last */
+    hm_gpu_dstate ds;         /* first: the device, its layers, x, h, the MoE's buffers (gpu_chain.h);
+                                 ds.kv is [its attention layers][2][n_head_kv][n_ctx][hd] */
     int32_t attn0, recr0;     /* the L->slot of its first attention / DeltaNet layer */
     size_t kv_layer_elems;    /* n_head_kv * n_ctx * head_dim */
-    uint16_t *kv;             /* device [its attention layers][2][n_head_kv][n_ctx][hd] f16, owned */
     float *rs;                /* device [its DeltaNet layers][rs_layer]: conv window then S, owned */
     size_t rs_layer, rs_total;/* floats per DeltaNet layer, in all */
-    void *dev_block;          /* device block holding the activations below, owned */
-    float *x, *h;             /* [U, n_embd] residual stream; normed input of a block, then its output */
     float *mix;               /* [U, max(2 nq, conv_dim)]: [q | gate] per head, or the DeltaNet qkv */
     float *q, *gate, *k, *v;  /* [U, nq] x2, [U, nkv] x2 */
     float *att;               /* [U, max(nq, n_v d_v)] */
     float *conv, *z;          /* [U, conv_dim], [U, n_v d_v] */
     float *ba, *aa;           /* [U, n_v]: beta logits then beta; alpha then g */
     float *rlog;              /* [U, n_expert] */
-    int32_t *sel;             /* [2 U k]: a layer's ids [nr, k], then its weights */
     float *shg, *shu, *sho, *shs; /* [U, n_ff_sh] x2, [U, n_embd], [U] the shared expert */
-    float *cold;              /* [U, n_embd] the CPU part's sum, uploaded */
-    float *logits;            /* [min(U, Q35_LOGIT_ROWS), n_vocab] (the output's device; NULL elsewhere) */
-    int32_t *ints;            /* [3 U]: tokens, positions, positions of the wanted rows */
-    void *scratch;            /* attention and MoE scratch (one after the other), owned */
-    size_t scratch_size;
-    void *pin;                /* pinned host block holding the arrays below, owned */
-    int32_t *ints_h, *sel_h;  /* [3 U], [2 U k] */
-    float *h_h, *cold_h;      /* [U, n_embd] the MoE input for the CPU part; the CPU part's sum */
-    int32_t logit_rows;
-    /* decode (n <= HM_CUDA_MATVEC_MAX_TOK): the MoE routed on the device (as qwen3moe_cuda.c) */
-    int32_t dec_cap;
-    size_t sel_stride;        /* 2 * dec_cap * k */
-    int32_t *sel_all;         /* device [n_layer][sel_stride] */
-    int32_t *sel_all_h;       /* pinned, what comes down */
-    hm_cuda_moe_slot *slots;  /* device [n_layer][n_expert] */
-    hm_cuda_moe_slot *slots_h;/* pinned, what goes up when a slot map changed */
-    hm_gpu_moe_host mh;       /* the MoE's host side: work space, tables, events, graph */
 } q35_gstate;
 
-static void gstate_free(q35_gstate *g) {
-    if (g->c) {
-        hm_err e;
-        (void)hm_cuda_make_current(g->c, &e);
-        hm_cuda_sync(g->c, &e); /* nothing queued may still use what is freed below */
-        hm_cuda_free(g->c, g->kv);
-        hm_cuda_free(g->c, g->rs);
-        hm_cuda_free(g->c, g->dev_block);
-        hm_cuda_free(g->c, g->scratch);
-        hm_cuda_host_free(g->c, g->pin);
-    }
-    hm_gpu_moe_host_free(&g->mh);
-    free(g);
-}
+/* The next device's state of the chain. */
+static q35_gstate *nxt(const q35_gstate *g) { return (q35_gstate *)g->ds.next; }
 
 void q35_gpu_state_close(q35_state *s) {
     for (q35_gstate *g = s->dev, *nx; g; g = nx) {
-        nx = g->next;
-        gstate_free(g);
+        nx = nxt(g);
+        hm_gpu_dstate_free(&g->ds); /* syncs its device first */
+        if (g->ds.c) hm_cuda_free(g->ds.c, g->rs);
+        free(g);
     }
     s->dev = NULL;
 }
@@ -251,35 +218,35 @@ void q35_gpu_state_close(q35_state *s) {
 /* Zero one device's recurrent state and wait for it. */
 static hm_status gstate_reset(q35_gstate *g, hm_err *err) {
     if (!g->rs) return HM_OK;
-    hm_status st = hm_cuda_make_current(g->c, err);
-    if (st == HM_OK) st = hm_cuda_memset(g->c, g->rs, 0, g->rs_total * sizeof(float), err);
-    return st == HM_OK ? hm_cuda_sync(g->c, err) : st;
+    hm_status st = hm_cuda_make_current(g->ds.c, err);
+    if (st == HM_OK) st = hm_cuda_memset(g->ds.c, g->rs, 0, g->rs_total * sizeof(float), err);
+    return st == HM_OK ? hm_cuda_sync(g->ds.c, err) : st;
 }
 
 hm_status q35_gpu_state_reset(q35_state *s, hm_err *err) {
-    for (q35_gstate *g = s->dev; g; g = g->next) {
+    for (q35_gstate *g = s->dev; g; g = nxt(g)) {
         hm_status st = gstate_reset(g, err);
         if (st != HM_OK) return st;
     }
     return HM_OK;
 }
 
-/* The device state of device index dev for layers [l0, l1) (and the output when out). */
+/* The device state of device index dev for layers [l0, l1) (and the output when out), linked at
+ * once after *last (s's first when *last is NULL; a half-open one is freed with the chain), *last
+ * set to it. */
 static hm_status gstate_open(const hm_model *m, const hm_state_opts *o, int32_t dev, int32_t l0, int32_t l1, bool out,
-                             q35_gstate **res, hm_err *err) {
+                             q35_state *s, q35_gstate **last, hm_err *err) {
     const q35_model *q = m->impl;
     const q35_gpu *d = m->gpu->arch;
     q35_gstate *g = calloc(1, sizeof *g);
     if (!g) return hm_errf(err, HM_ERR_NOMEM, "out of memory");
-    *res = g;
-    hm_cuda_ctx *c = m->gpu->dev[dev].ctx;
-    g->c = c;
-    g->dev = dev;
-    g->l0 = l0;
-    g->l1 = l1;
-    g->out = out;
-    hm_status st = hm_cuda_make_current(c, err);
+    if (*last) (*last)->ds.next = &g->ds;
+    else s->dev = g;
+    *last = g;
+    hm_status st = hm_gpu_dstate_init(&g->ds, m, o, dev, l0, l1, out, q->n_layer, q->n_expert, Q35_LOGIT_ROWS,
+                                      (size_t)q->n_expert_used, err);
     if (st != HM_OK) return st;
+    hm_cuda_ctx *c = g->ds.c;
     /* its layers of each kind: the slots [attn0, attn0 + n_attn) and [recr0, recr0 + n_recr) */
     int32_t n_attn = 0, n_recr = 0;
     g->attn0 = g->recr0 = -1;
@@ -297,9 +264,6 @@ static hm_status gstate_open(const hm_model *m, const hm_state_opts *o, int32_t 
     const size_t nq = (size_t)q->n_head * hd, nkv = (size_t)q->n_head_kv * hd, K = (size_t)q->n_expert_used;
     const size_t nv = (size_t)q->n_v, vdim = nv * (size_t)q->d_v, cd = (size_t)q->conv_dim;
     const size_t V = (size_t)q->n_vocab, NL = (size_t)q->n_layer, NE = (size_t)q->n_expert, FS = (size_t)q->n_ff_sh;
-    g->logit_rows = o->n_ubatch < Q35_LOGIT_ROWS ? o->n_ubatch : Q35_LOGIT_ROWS;
-    g->dec_cap = o->n_ubatch < HM_CUDA_MATVEC_MAX_TOK ? o->n_ubatch : HM_CUDA_MATVEC_MAX_TOK;
-    g->sel_stride = 2 * (size_t)g->dec_cap * K;
     const size_t slot_words = NL * NE * sizeof(hm_cuda_moe_slot) / 4;
 
     /* sizes first: a full device makes the expert pool give up room for all of them */
@@ -312,63 +276,53 @@ static hm_status gstate_open(const hm_model *m, const hm_state_opts *o, int32_t 
     const size_t rs_bytes = g->rs_total * sizeof(float);
     const size_t act_el[] = {U * E,  U * E,      U * hm_gpu_max_sz(2 * nq, cd), U * nq, U * nq, U * nkv, U * nkv,
                              U * hm_gpu_max_sz(nq, vdim), U * cd, U * vdim, U * nv, U * nv, U * NE, 2 * U * K,
-                             U * FS, U * FS,     U * E,  U,      U * E,  out ? (size_t)g->logit_rows * V : 0, 3 * U,
-                             NL * g->sel_stride, slot_words};
+                             U * FS, U * FS,     U * E,  U,      U * E,  out ? (size_t)g->ds.logit_rows * V : 0, 3 * U,
+                             NL * g->ds.sel_stride, slot_words};
     enum { N_ACT = sizeof act_el / sizeof act_el[0] };
     size_t act_off[N_ACT];
     const size_t act_bytes = hm_gpu_layout(act_el, act_off, N_ACT);
-    g->scratch_size = hm_gpu_max_sz(hm_cuda_moe_scratch_size((int64_t)U, (int64_t)(U * K), q->n_expert, q->n_ff_exp),
-                                    hm_cuda_moe_dev_scratch_size(g->dec_cap, q->n_expert_used, q->n_ff_exp));
+    g->ds.scratch_size = hm_gpu_max_sz(hm_cuda_moe_scratch_size((int64_t)U, (int64_t)(U * K), q->n_expert, q->n_ff_exp),
+                                       hm_cuda_moe_dev_scratch_size(g->ds.dec_cap, q->n_expert_used, q->n_ff_exp));
     if (n_attn > 0 && !d->attn_any)
-        g->scratch_size = hm_gpu_max_sz(g->scratch_size, hm_cuda_attention_scratch_size(c, (int64_t)U, o->n_ctx,
-                                                                                        q->n_head, q->n_head_kv,
-                                                                                        q->head_dim));
-    const size_t rest = kv_bytes + rs_bytes + act_bytes + g->scratch_size;
+        g->ds.scratch_size = hm_gpu_max_sz(g->ds.scratch_size, hm_cuda_attention_scratch_size(c, (int64_t)U, o->n_ctx,
+                                                                                              q->n_head, q->n_head_kv,
+                                                                                              q->head_dim));
+    const size_t rest = kv_bytes + rs_bytes + act_bytes + g->ds.scratch_size;
 
     char what[96];
     snprintf(what, sizeof what, "KV cache (%d positions)", o->n_ctx);
-    if (kv_bytes && (st = hm_gpu_dev_alloc_on(m, dev, kv_bytes, rest, (void **)&g->kv, what, err)) != HM_OK)
+    if (kv_bytes && (st = hm_gpu_dev_alloc_on(m, dev, kv_bytes, rest, (void **)&g->ds.kv, what, err)) != HM_OK)
         return st;
     if (rs_bytes && (st = hm_gpu_dev_alloc_on(m, dev, rs_bytes, rest - kv_bytes, (void **)&g->rs, "recurrent state",
                                               err)) != HM_OK)
         return st;
-    if ((st = hm_gpu_dev_alloc_on(m, dev, act_bytes, act_bytes + g->scratch_size, &g->dev_block, "activations",
+    if ((st = hm_gpu_dev_alloc_on(m, dev, act_bytes, act_bytes + g->ds.scratch_size, &g->ds.dev_block, "activations",
                                   err)) != HM_OK)
         return st;
     {
-        char *b = g->dev_block;
-        float **f[] = {&g->x,   &g->h,  &g->mix, &g->q,   &g->gate, &g->k,   &g->v,    &g->att,
+        char *b = g->ds.dev_block;
+        float **f[] = {&g->ds.x,   &g->ds.h,  &g->mix, &g->q,   &g->gate, &g->k,   &g->v,    &g->att,
                        &g->conv, &g->z, &g->ba,  &g->aa,  &g->rlog, NULL,    &g->shg,  &g->shu,
-                       &g->sho, &g->shs, &g->cold, &g->logits};
+                       &g->sho, &g->shs, &g->ds.cold, &g->ds.logits};
         for (size_t i = 0; i < sizeof f / sizeof f[0]; i++)
             if (f[i]) *f[i] = (float *)(b + act_off[i]);
-        if (!out) g->logits = NULL;
-        g->sel = (int32_t *)(b + act_off[13]);
-        g->ints = (int32_t *)(b + act_off[20]);
-        g->sel_all = (int32_t *)(b + act_off[21]);
-        g->slots = (hm_cuda_moe_slot *)(b + act_off[22]);
+        if (!out) g->ds.logits = NULL;
+        g->ds.sel = (int32_t *)(b + act_off[13]);
+        g->ds.ints = (int32_t *)(b + act_off[20]);
+        g->ds.sel_all = (int32_t *)(b + act_off[21]);
+        g->ds.slots = (hm_cuda_moe_slot *)(b + act_off[22]);
     }
-    if ((st = hm_gpu_dev_alloc_on(m, dev, g->scratch_size, g->scratch_size, &g->scratch, "attention/MoE scratch",
-                                  err)) != HM_OK)
+    if ((st = hm_gpu_dev_alloc_on(m, dev, g->ds.scratch_size, g->ds.scratch_size, &g->ds.scratch,
+                                  "attention/MoE scratch", err)) != HM_OK)
         return st;
     if ((st = gstate_reset(g, err)) != HM_OK) return st;
 
-    {
-        const size_t el[] = {3 * U, 2 * U * K, U * E, U * E, NL * g->sel_stride, slot_words};
-        size_t off[sizeof el / sizeof el[0]];
-        if ((st = hm_gpu_pinned_block(c, el, off, sizeof el / sizeof el[0], &g->pin, err)) != HM_OK) return st;
-        char *b = g->pin;
-        g->ints_h = (int32_t *)(b + off[0]);
-        g->sel_h = (int32_t *)(b + off[1]);
-        g->h_h = (float *)(b + off[2]);
-        g->cold_h = (float *)(b + off[3]);
-        g->sel_all_h = (int32_t *)(b + off[4]);
-        g->slots_h = (hm_cuda_moe_slot *)(b + off[5]);
-    }
-    if ((st = hm_gpu_moe_host_open(&g->mh, c, q->n_layer, q->n_expert, err)) != HM_OK) return st;
+    if ((st = hm_gpu_dstate_pin(&g->ds, U, E, K, 0, NULL, err)) != HM_OK) return st;
+    if ((st = hm_gpu_moe_host_open(&g->ds.mh, c, q->n_layer, q->n_expert, err)) != HM_OK) return st;
     for (int32_t il = l0; il < l1; il++)
-        g->mh.mw[il] = &q->layers[il].moe;
-    return hm_moe_graph_open_env(c, g->mh.mw, q->n_layer, g->dec_cap, q->n_expert_used, q->n_embd, &g->mh.graph, err);
+        g->ds.mh.mw[il] = &q->layers[il].moe;
+    return hm_moe_graph_open_env(c, g->ds.mh.mw, q->n_layer, g->ds.dec_cap, q->n_expert_used, q->n_embd,
+                                 &g->ds.mh.graph, err);
 }
 
 hm_status q35_gpu_state_open(const hm_model *m, const hm_state_opts *o, q35_state *s, hm_err *err) {
@@ -380,19 +334,16 @@ hm_status q35_gpu_state_open(const hm_model *m, const hm_state_opts *o, q35_stat
     s->kv_elem_size = 2;
     s->kv_layer_elems = (size_t)q->n_head_kv * (size_t)q->head_dim * (size_t)o->n_ctx;
     /* one state per device that runs layers or the output, in layer order */
-    q35_gstate **tail = &s->dev;
     hm_gpu_link links[HM_MAX_GPUS];
     const int32_t n_links = hm_gpu_chain_links(gpu, q->n_layer, links);
+    q35_gstate *last = NULL;
     for (int32_t i = 0; i < n_links; i++) {
         const hm_gpu_link L = links[i];
-        if ((st = gstate_open(m, o, L.dev, L.l0, L.l1, L.out, tail, err)) != HM_OK) goto fail;
-        tail = &(*tail)->next;
+        if ((st = gstate_open(m, o, L.dev, L.l0, L.l1, L.out, s, &last, err)) != HM_OK) goto fail;
     }
     /* the CPU part: the route and the scratch of its MoE op; the peer units' buffers (model_gpu.h) */
-    if ((st = hm_gpu_cold_part_open(&s->route, &s->scratch, q->n_expert, q->n_expert_used, q->n_embd, q->n_ff_exp, o,
-                                    err)) != HM_OK ||
-        (st = hm_gpu_peer_reserve(m, o->n_ubatch, (int64_t)o->n_ubatch * q->n_expert_used, q->n_ff_exp, err)) !=
-            HM_OK)
+    if ((st = hm_gpu_session_cold_open(m, &s->route, &s->scratch, q->n_expert, q->n_expert_used, q->n_embd,
+                                       q->n_ff_exp, o, err)) != HM_OK)
         goto fail;
     return HM_OK;
 fail:
@@ -425,22 +376,22 @@ static hm_status compact(hm_cuda_ctx *c, float *a, int64_t w, const int32_t *row
 
 /* Attention layer L's K and V cache in its device's state. */
 static void kv_of(const q35_gstate *g, const q35_layer *L, uint16_t **kc, uint16_t **vc) {
-    *kc = g->kv + (size_t)(L->slot - g->attn0) * 2 * g->kv_layer_elems;
+    *kc = g->ds.kv + (size_t)(L->slot - g->attn0) * 2 * g->kv_layer_elems;
     *vc = *kc + g->kv_layer_elems;
 }
 
-/* DeltaNet token mixer of layer L over n rows: g->h in, g->h out; the layer's state advanced. */
+/* DeltaNet token mixer of layer L over n rows: g->ds.h in, g->ds.h out; the layer's state advanced. */
 static hm_status deltanet(const q35_model *q, const q35_gpu_layer *D, const q35_layer *L, q35_gstate *g, int64_t n,
                           hm_err *err) {
-    hm_cuda_ctx *c = g->c;
+    hm_cuda_ctx *c = g->ds.c;
     const int64_t cd = q->conv_dim, nv = q->n_v, vdim = nv * q->d_v, qk = (int64_t)q->n_k * q->d_k;
     float *rs = g->rs + (size_t)(L->slot - g->recr0) * g->rs_layer;
     float *conv_state = rs, *delta_state = rs + (size_t)(q->d_conv - 1) * (size_t)cd;
     hm_status st;
-    CK(mm(c, &D->wqkv, g->h, n, g->mix, err));
-    CK(mm(c, &D->wz, g->h, n, g->z, err));
-    CK(mm(c, &D->wbeta, g->h, n, g->ba, err));
-    CK(mm(c, &D->walpha, g->h, n, g->aa, err));
+    CK(mm(c, &D->wqkv, g->ds.h, n, g->mix, err));
+    CK(mm(c, &D->wz, g->ds.h, n, g->z, err));
+    CK(mm(c, &D->wbeta, g->ds.h, n, g->ba, err));
+    CK(mm(c, &D->walpha, g->ds.h, n, g->aa, err));
     CK(hm_cuda_ssm_conv(c, g->mix, cd, n, cd, D->conv_w, q->d_conv, conv_state, g->conv, err));
     CK(hm_cuda_l2norm_heads(c, g->conv, cd, n, q->n_k, q->d_k, q->eps, 1.0f / sqrtf((float)q->d_k), err));
     CK(hm_cuda_l2norm_heads(c, g->conv + qk, cd, n, q->n_k, q->d_k, q->eps, 1.0f, err));
@@ -450,34 +401,9 @@ static hm_status deltanet(const q35_model *q, const q35_gpu_layer *D, const q35_
     /* gated RMSNorm per value head: rmsnorm(o) * ssm_norm * silu(z) */
     CK(hm_cuda_rmsnorm_heads(c, g->att, D->ssm_norm, n, q->n_v, q->d_v, q->eps, err));
     CK(hm_cuda_swiglu(c, g->z, g->att, g->att, n * vdim, err));
-    CK(mm(c, &D->wout, g->att, n, g->h, err));
+    CK(mm(c, &D->wout, g->att, n, g->ds.h, err));
 fail:
     return st;
-}
-
-/* Hand the first `rows` rows of the residual from g to g->next (queued on next's stream after
- * everything queued on g's); makes next's device current. */
-static hm_status hand_over(const q35_model *q, q35_gstate *g, int64_t rows, hm_err *err) {
-    q35_gstate *nx = g->next;
-    hm_status st = hm_cuda_make_current(nx->c, err);
-    if (st != HM_OK) return st;
-    return hm_cuda_copy_peer(nx->c, nx->x, g->c, g->x, (size_t)rows * (size_t)q->n_embd * sizeof(float), g->mh.handoff,
-                             err);
-}
-
-/* After a failed step: every device idle, every slot table rebuilt next step. */
-static void step_abort(const q35_model *q, q35_state *s) {
-    for (q35_gstate *g = s->dev; g; g = g->next) {
-        hm_err e;
-        (void)hm_cuda_make_current(g->c, &e);
-        hm_gpu_step_abort(g->c, g->mh.seen, (size_t)q->n_layer * (size_t)q->n_expert);
-    }
-}
-
-/* Decode: the usage counts of the layers each device recorded this step (downloaded, synced). */
-static void record_routing(const hm_model *m, const q35_state *s) {
-    for (const q35_gstate *g = s->dev; g; g = g->next)
-        hm_gpu_record_routing(m, g->mh.mw, g->sel_all_h, g->sel_stride, g->mh.rec_n, g->mh.n_rec);
 }
 
 /* ---- decode as one graph (moe.h, hm_moe_graph): the same ops as the decode branch of
@@ -486,20 +412,21 @@ static void record_routing(const hm_model *m, const q35_state *s) {
  * layers, launched in layer order after the residual's hand-over (outside the graphs, ordered by
  * an event). */
 
-/* The MoE block's input side for n rows, both paths: x += the mixer's output (g->h), g->h =
+/* The MoE block's input side for n rows, both paths: x += the mixer's output (g->ds.h), g->ds.h =
  * rmsnorm(x) * post_norm, the router's logits into g->rlog, and the shared expert (gated by the
  * sigmoid of its own logit) added into x. */
 static hm_status moe_in(const q35_model *q, const q35_gpu_layer *D, q35_gstate *g, int64_t n, hm_err *err) {
-    hm_cuda_ctx *c = g->c;
+    hm_cuda_ctx *c = g->ds.c;
     hm_status st;
-    if ((st = hm_cuda_add_rmsnorm(c, g->x, g->h, D->post_norm, g->h, n, q->n_embd, q->eps, err)) != HM_OK) return st;
-    if ((st = mm(c, &D->router, g->h, n, g->rlog, err)) != HM_OK) return st;
-    if ((st = mm(c, &D->sh_gate, g->h, n, g->shg, err)) != HM_OK) return st;
-    if ((st = mm(c, &D->sh_up, g->h, n, g->shu, err)) != HM_OK) return st;
-    if ((st = mm(c, &D->sh_inp, g->h, n, g->shs, err)) != HM_OK) return st;
+    if ((st = hm_cuda_add_rmsnorm(c, g->ds.x, g->ds.h, D->post_norm, g->ds.h, n, q->n_embd, q->eps, err)) != HM_OK)
+        return st;
+    if ((st = mm(c, &D->router, g->ds.h, n, g->rlog, err)) != HM_OK) return st;
+    if ((st = mm(c, &D->sh_gate, g->ds.h, n, g->shg, err)) != HM_OK) return st;
+    if ((st = mm(c, &D->sh_up, g->ds.h, n, g->shu, err)) != HM_OK) return st;
+    if ((st = mm(c, &D->sh_inp, g->ds.h, n, g->shs, err)) != HM_OK) return st;
     if ((st = hm_cuda_swiglu(c, g->shg, g->shu, g->shg, n * q->n_ff_sh, err)) != HM_OK) return st;
     if ((st = mm(c, &D->sh_down, g->shg, n, g->sho, err)) != HM_OK) return st;
-    return hm_cuda_add_sigmoid_scaled(c, g->x, g->sho, g->shs, n, q->n_embd, err);
+    return hm_cuda_add_sigmoid_scaled(c, g->ds.x, g->sho, g->shs, n, q->n_embd, err);
 }
 
 typedef struct q35_step {
@@ -517,26 +444,26 @@ static hm_status enqueue_step(void *ctx, hm_err *err) {
     const int64_t n = p->n;
     const q35_model *q = m->impl;
     const q35_gpu *d = m->gpu->arch;
-    hm_cuda_ctx *c = g->c;
+    hm_cuda_ctx *c = g->ds.c;
     const int64_t E = q->n_embd, U = s->n_ubatch;
     const int hd = q->head_dim, nh = q->n_head, nkv = q->n_head_kv, K = q->n_expert_used;
     const size_t nq = (size_t)nh * (size_t)hd, nk = (size_t)n * (size_t)K;
     const float scale = 1.0f / sqrtf((float)hd);
-    const int32_t *tok_d = g->ints, *pos_d = g->ints + U;
+    const int32_t *tok_d = g->ds.ints, *pos_d = g->ds.ints + U;
     hm_status st;
-    if (g == s->dev) CK(hm_cuda_get_rows(c, &d->tok_embd, tok_d, n, g->x, err));
-    for (int32_t il = g->l0; il < g->l1; il++) {
+    if (g == s->dev) CK(hm_cuda_get_rows(c, &d->tok_embd, tok_d, n, g->ds.x, err));
+    for (int32_t il = g->ds.l0; il < g->ds.l1; il++) {
         const q35_layer *L = &q->layers[il];
         const q35_gpu_layer *D = &d->layers[il];
-        CK(hm_cuda_rmsnorm(c, g->x, D->attn_norm, g->h, n, E, q->eps, err));
+        CK(hm_cuda_rmsnorm(c, g->ds.x, D->attn_norm, g->ds.h, n, E, q->eps, err));
         if (L->recurrent) {
             CK(deltanet(q, D, L, g, n, err));
         } else {
             uint16_t *kc, *vc;
             kv_of(g, L, &kc, &vc);
-            CK(mm(c, &D->wq, g->h, n, g->mix, err));
-            CK(mm(c, &D->wk, g->h, n, g->k, err));
-            CK(mm(c, &D->wv, g->h, n, g->v, err));
+            CK(mm(c, &D->wq, g->ds.h, n, g->mix, err));
+            CK(mm(c, &D->wk, g->ds.h, n, g->k, err));
+            CK(mm(c, &D->wv, g->ds.h, n, g->v, err));
             CK(hm_cuda_split_q_gate(c, g->mix, n, nh, hd, g->q, g->gate, err));
             CK(hm_cuda_qk_norm_rope_kv(c, g->q, g->k, g->v, D->q_norm, D->k_norm, n, nh, nkv, hd, q->n_rot, pos_d,
                                        q->theta, q->eps, kc, vc, s->n_ctx, err));
@@ -544,20 +471,20 @@ static hm_status enqueue_step(void *ctx, hm_err *err) {
                 CK(hm_cuda_attention_any(c, g->q, n, pos_d, kc, vc, s->n_ctx, nh, nkv, hd, scale, g->att, err));
             else
                 CK(hm_cuda_attention(c, g->q, n, pos_d, p->kv_len, kc, vc, s->n_ctx, nh, nkv, hd, scale, g->att,
-                                     g->scratch, g->scratch_size, err));
+                                     g->ds.scratch, g->ds.scratch_size, err));
             CK(hm_cuda_sigmoid_mul(c, g->att, g->gate, n * (int64_t)nq, err));
-            CK(mm(c, &D->wo, g->att, n, g->h, err));
+            CK(mm(c, &D->wo, g->att, n, g->ds.h, err));
         }
         CK(moe_in(q, D, g, n, err));
-        int32_t *ids_d = g->sel_all + (size_t)il * g->sel_stride;
+        int32_t *ids_d = hm_gpu_layer_ids(&g->ds, il, true);
         float *w_d = (float *)(ids_d + nk);
         CK(hm_cuda_router(c, g->rlog, n, q->n_expert, K, true, ids_d, w_d, err));
-        CK(hm_moe_graph_layer(g->mh.graph, m, il, g->slots + (size_t)il * (size_t)q->n_expert, g->mh.any_hot[il], ids_d,
-                              w_d, n, g->h, g->x, g->scratch, g->scratch_size, err));
+        CK(hm_moe_graph_layer(g->ds.mh.graph, m, il, hm_gpu_layer_slots(&g->ds, il), g->ds.mh.any_hot[il], ids_d, w_d,
+                              n, g->ds.h, g->ds.x, g->ds.scratch, g->ds.scratch_size, err));
     }
-    if (g->out) {
-        CK(hm_cuda_rmsnorm(c, g->x, d->output_norm, g->h, n, E, q->eps, err));
-        CK(mm(c, &d->output, g->h, n, g->logits, err));
+    if (g->ds.out) {
+        CK(hm_cuda_rmsnorm(c, g->ds.x, d->output_norm, g->ds.h, n, E, q->eps, err));
+        CK(mm(c, &d->output, g->ds.h, n, g->ds.logits, err));
     }
     return HM_OK;
 fail:
@@ -572,16 +499,16 @@ static hm_status graph_step(const hm_model *m, q35_state *s, hm_pool *pool, cons
     q35_step p = {.m = m, .s = s, .n = n, .kv_len = b->pos[n - 1] + 1};
     hm_status st = HM_OK;
     q35_gstate *g = s->dev;
-    for (;; g = g->next) {
+    for (;; g = nxt(g)) {
         p.g = g;
-        const size_t key = hm_cuda_attention_scratch_size(g->c, n, p.kv_len, q->n_head, q->n_head_kv, q->head_dim);
-        if ((st = hm_moe_graph_step(g->mh.graph, m, pool, &s->route, &s->scratch, n, key, g->mh.any_hot, enqueue_step,
-                                    &p, err)) != HM_OK)
+        const size_t key = hm_cuda_attention_scratch_size(g->ds.c, n, p.kv_len, q->n_head, q->n_head_kv, q->head_dim);
+        if ((st = hm_moe_graph_step(g->ds.mh.graph, m, pool, &s->route, &s->scratch, n, key, g->ds.mh.any_hot,
+                                    enqueue_step, &p, err)) != HM_OK)
             return st;
-        if (!g->next) break;
-        if ((st = hand_over(q, g, n, err)) != HM_OK) return st;
+        if (!nxt(g)) break;
+        if ((st = hm_gpu_hand_over(&g->ds, n, q->n_embd, err)) != HM_OK) return st;
     }
-    return hm_cuda_download(g->c, b->logits, g->logits, (size_t)n * (size_t)q->n_vocab * sizeof(float), err);
+    return hm_cuda_download(g->ds.c, b->logits, g->ds.logits, (size_t)n * (size_t)q->n_vocab * sizeof(float), err);
 }
 
 hm_status q35_gpu_forward(const hm_model *m, q35_state *s, hm_pool *pool, const hm_fwd_batch *b, hm_err *err) {
@@ -596,33 +523,27 @@ hm_status q35_gpu_forward(const hm_model *m, q35_state *s, hm_pool *pool, const 
     hm_status st = HM_OK;
 
     /* per device: the batch's ints go up, which layers have no cold unit, the decode slot table */
-    const bool dec = n <= HM_CUDA_MATVEC_MAX_TOK && n <= g->dec_cap;
-    for (q35_gstate *gd = g; gd; gd = gd->next) {
-        CK(hm_cuda_make_current(gd->c, err));
-        CK(hm_gpu_upload_batch_ints(gd->c, gd->ints, gd->ints_h, U, b, err));
-        CK(hm_gpu_moe_slots_refresh(m, gd->c, gd->mh.mw, q->n_layer, q->n_expert, dec, gd->mh.seen, gd->slots_h,
-                                    gd->slots, gd->mh.all_hot, gd->mh.any_hot, err));
-        gd->mh.n_rec = 0; /* decode: layers whose routing is recorded after the step */
-    }
-    if (dec && g->mh.graph && n_out == n && b->logits && n <= g->logit_rows) {
-        CK(hm_cuda_make_current(g->c, err));
+    const bool dec = n <= HM_CUDA_MATVEC_MAX_TOK && n <= g->ds.dec_cap;
+    CK(hm_gpu_chain_begin(m, &g->ds, U, b, dec, err));
+    if (dec && g->ds.mh.graph && n_out == n && b->logits && n <= g->ds.logit_rows) {
+        CK(hm_cuda_make_current(g->ds.c, err));
         CK(graph_step(m, s, pool, b, err)); /* every flag released, the device idle, when it fails */
         return HM_OK;
     }
 
-    CK(hm_cuda_make_current(g->c, err));
-    CK(hm_cuda_get_rows(g->c, &d->tok_embd, g->ints, n, g->x, err));
+    CK(hm_cuda_make_current(g->ds.c, err));
+    CK(hm_cuda_get_rows(g->ds.c, &d->tok_embd, g->ds.ints, n, g->ds.x, err));
     int64_t nr = n;
     int64_t kv_len = b->pos[n - 1] + 1;
     bool done_early = false;
-    for (;; g = g->next) {
-        hm_cuda_ctx *c = g->c;
-        const int32_t *pos_d = g->ints + U, *pos_out_d = g->ints + 2 * U;
-        for (int32_t il = g->l0; il < g->l1 && !done_early; il++) {
+    for (;; g = nxt(g)) {
+        hm_cuda_ctx *c = g->ds.c;
+        const int32_t *pos_d = g->ds.ints + U, *pos_out_d = g->ds.ints + 2 * U;
+        for (int32_t il = g->ds.l0; il < g->ds.l1 && !done_early; il++) {
             const q35_layer *L = &q->layers[il];
             const q35_gpu_layer *D = &d->layers[il];
             const bool last = il == q->n_layer - 1 && n_out < n;
-            CK(hm_cuda_rmsnorm(c, g->x, D->attn_norm, g->h, n, E, q->eps, err));
+            CK(hm_cuda_rmsnorm(c, g->ds.x, D->attn_norm, g->ds.h, n, E, q->eps, err));
             if (L->recurrent) {
                 CK(deltanet(q, D, L, g, n, err));
                 if (last) {
@@ -630,17 +551,17 @@ hm_status q35_gpu_forward(const hm_model *m, q35_state *s, hm_pool *pool, const 
                         done_early = true;
                         break;
                     }
-                    CK(compact(c, g->x, E, b->out_rows, (int32_t)n_out, err));
-                    CK(compact(c, g->h, E, b->out_rows, (int32_t)n_out, err));
+                    CK(compact(c, g->ds.x, E, b->out_rows, (int32_t)n_out, err));
+                    CK(compact(c, g->ds.h, E, b->out_rows, (int32_t)n_out, err));
                     nr = n_out;
                 }
             } else {
                 uint16_t *kc, *vc;
                 kv_of(g, L, &kc, &vc);
                 const int32_t *pos = pos_d;
-                CK(mm(c, &D->wq, g->h, n, g->mix, err));
-                CK(mm(c, &D->wk, g->h, n, g->k, err));
-                CK(mm(c, &D->wv, g->h, n, g->v, err));
+                CK(mm(c, &D->wq, g->ds.h, n, g->mix, err));
+                CK(mm(c, &D->wk, g->ds.h, n, g->k, err));
+                CK(mm(c, &D->wv, g->ds.h, n, g->v, err));
                 CK(hm_cuda_split_q_gate(c, g->mix, n, nh, hd, g->q, g->gate, err));
                 /* per-head norms, partial NEOX rotary of q and k, the K/V write: one launch */
                 CK(hm_cuda_qk_norm_rope_kv(c, g->q, g->k, g->v, D->q_norm, D->k_norm, n, nh, nkv, hd, q->n_rot, pos_d,
@@ -652,7 +573,7 @@ hm_status q35_gpu_forward(const hm_model *m, q35_state *s, hm_pool *pool, const 
                     }
                     CK(compact(c, g->q, (int64_t)nq, b->out_rows, (int32_t)n_out, err));
                     CK(compact(c, g->gate, (int64_t)nq, b->out_rows, (int32_t)n_out, err));
-                    CK(compact(c, g->x, E, b->out_rows, (int32_t)n_out, err));
+                    CK(compact(c, g->ds.x, E, b->out_rows, (int32_t)n_out, err));
                     nr = n_out;
                     pos = pos_out_d;
                     kv_len = b->pos[b->out_rows[n_out - 1]] + 1;
@@ -661,67 +582,48 @@ hm_status q35_gpu_forward(const hm_model *m, q35_state *s, hm_pool *pool, const 
                     CK(hm_cuda_attention_any(c, g->q, nr, pos, kc, vc, s->n_ctx, nh, nkv, hd, scale, g->att, err));
                 else
                     CK(hm_cuda_attention(c, g->q, nr, pos, kv_len, kc, vc, s->n_ctx, nh, nkv, hd, scale, g->att,
-                                         g->scratch, g->scratch_size, err));
+                                         g->ds.scratch, g->ds.scratch_size, err));
                 CK(hm_cuda_sigmoid_mul(c, g->att, g->gate, nr * (int64_t)nq, err));
-                CK(mm(c, &D->wo, g->att, nr, g->h, err));
+                CK(mm(c, &D->wo, g->att, nr, g->ds.h, err));
             }
 
             /* MoE block: x += mixer, h = rmsnorm(x) * post_norm, router logits, the shared expert
              * into x; then the units */
             CK(moe_in(q, D, g, nr, err));
 
-            const size_t nk = (size_t)nr * (size_t)K;
-            const hm_moe_gpu_buf mb = {.x_dev = g->h,
-                                       .x_host = g->mh.all_hot[il] ? NULL : g->h_h,
-                                       .out_dev = g->x,
-                                       .cold_host = g->cold_h,
-                                       .cold_dev = g->cold,
-                                       .scratch_dev = g->scratch,
-                                       .scratch_dev_size = g->scratch_size,
-                                       .units = g->mh.units};
             /* decode: the hot units from the device routing, a host round trip only for a layer
              * that may have cold units; prefill: the layer's one wait (moe.h) */
-            int32_t *ids_d = dec ? g->sel_all + (size_t)il * g->sel_stride : g->sel;
-            int32_t *ids_h = dec ? g->sel_all_h + (size_t)il * g->sel_stride : g->sel_h;
+            const size_t nk = (size_t)nr * (size_t)K;
+            int32_t *ids_d = hm_gpu_layer_ids(&g->ds, il, dec);
             CK(hm_cuda_router(c, g->rlog, nr, q->n_expert, K, true, ids_d, (float *)(ids_d + nk), err));
-            if (dec) g->mh.rec_n[il] = (int32_t)nk, g->mh.n_rec = il + 1;
-            CK(hm_moe_gpu_layer_step(m, pool, &L->moe, &s->route, &s->scratch, &mb, dec, g->mh.all_hot[il],
-                                     g->mh.any_hot[il], g->slots + (size_t)il * (size_t)q->n_expert, ids_d, ids_h, nr,
-                                     K, g->mh.routed, err));
+            CK(hm_gpu_moe_step(m, pool, &g->ds, &L->moe, &s->route, &s->scratch, il, dec, nr, K, g->ds.x, NULL, NULL,
+                               err));
         }
-        /* decode: this device's routing comes down in one copy (before the hand-over, whose event
-         * then covers it), recorded once the step's work is done */
-        if (g->mh.n_rec > 0)
-            CK(hm_cuda_download_async(c, g->sel_all_h, g->sel_all,
-                                      (size_t)g->mh.n_rec * g->sel_stride * sizeof(int32_t), err));
-        if (!g->next || done_early) break;
-        CK(hand_over(q, g, nr, err));
+        CK(hm_gpu_routing_down(&g->ds, err)); /* decode: recorded once the step's work is done */
+        if (!nxt(g) || done_early) break;
+        CK(hm_gpu_hand_over(&g->ds, nr, E, err));
     }
     if (done_early || n_out == 0) {
-        /* nothing may still read a slot, the state is complete */
-        for (q35_gstate *gd = s->dev; gd; gd = gd->next) {
-            CK(hm_cuda_make_current(gd->c, err));
-            CK(hm_cuda_sync(gd->c, err));
-        }
-        record_routing(m, s);
+        CK(hm_gpu_chain_sync(&s->dev->ds, err)); /* nothing may still read a slot, the state is complete */
+        hm_gpu_chain_record(m, &s->dev->ds);
         return HM_OK;
     }
     /* x rows 0..n_out-1 are the wanted rows now (compacted above, or all rows in order), on the
      * output's device (the last) */
-    HM_ASSERT(nr == n_out && b->logits && g->out);
-    hm_cuda_ctx *c = g->c;
-    CK(hm_cuda_rmsnorm(c, g->x, d->output_norm, g->h, n_out, E, q->eps, err));
+    HM_ASSERT(nr == n_out && b->logits && g->ds.out);
+    hm_cuda_ctx *c = g->ds.c;
+    CK(hm_cuda_rmsnorm(c, g->ds.x, d->output_norm, g->ds.h, n_out, E, q->eps, err));
     const size_t V = (size_t)q->n_vocab;
-    for (int64_t r0 = 0; r0 < n_out; r0 += g->logit_rows) {
-        const int64_t nc = n_out - r0 < g->logit_rows ? n_out - r0 : g->logit_rows;
-        CK(mm(c, &d->output, g->h + (size_t)r0 * (size_t)E, nc, g->logits, err));
+    for (int64_t r0 = 0; r0 < n_out; r0 += g->ds.logit_rows) {
+        const int64_t nc = n_out - r0 < g->ds.logit_rows ? n_out - r0 : g->ds.logit_rows;
+        CK(mm(c, &d->output, g->ds.h + (size_t)r0 * (size_t)E, nc, g->ds.logits, err));
         /* waits for the queued work (the last chunk's wait ends the step's device work: every
          * earlier device's work came before its hand-over, which this stream waited for) */
-        CK(hm_cuda_download(c, b->logits + (size_t)r0 * V, g->logits, (size_t)nc * V * sizeof(float), err));
+        CK(hm_cuda_download(c, b->logits + (size_t)r0 * V, g->ds.logits, (size_t)nc * V * sizeof(float), err));
     }
-    record_routing(m, s);
+    hm_gpu_chain_record(m, &s->dev->ds);
     return HM_OK;
 fail:
-    step_abort(q, s);
+    hm_gpu_chain_abort(&s->dev->ds);
     return st;
 }

@@ -42,6 +42,7 @@
 #include "backend/cuda/cuda_ops.h"
 #include "core/alloc.h"
 #include "model.h"
+#include "gpu_chain.h"
 #include "model_gpu.h"
 #include "moe.h"
 #include "quant/quant.h"
@@ -174,86 +175,46 @@ fail:
  * activations, tables and handshakes. With one device the chain has one link, over every layer. */
 
 typedef struct q3_gstate {
-    hm_cuda_ctx *c;           /* borrowed: the model's context of this device */
-    int32_t dev;              /* index into m->gpu->dev */
-    int32_t l0, l1;           /* the layers it runs */
-    bool out;                 /* it computes the output norm and logits */
-    struct q3_gstate *next;   /* the next device's state (higher layers), owned; NULL: the last */
+    hm_gpu_dstate ds;         /* first: the device, its layers, x, h, the MoE's buffers (gpu_chain.h);
+                                 ds.kv is [l1 - l0][2][n_head_kv][n_ctx][head_dim] */
     size_t kv_layer_elems;    /* n_head_kv * n_ctx * head_dim */
-    uint16_t *kv;             /* device [l1 - l0][2][n_head_kv][n_ctx][head_dim] f16, owned */
-    void *dev_block;          /* device block holding the activations below, owned */
-    float *x;                 /* [U, n_embd] residual stream */
-    float *h;                 /* [U, n_embd] normed input of a block, then its output */
     float *q, *k, *v, *att;   /* [U, n_head*hd], 2x [U, n_head_kv*hd], [U, n_head*hd] */
     float *rlog;              /* [U, n_expert] router logits */
-    int32_t *sel;             /* [2 * U * k]: a layer's ids [nr, k], then its weights [nr, k] */
     int32_t *pred;            /* [2 * U * k]: prefill, the next layer's routing predicted on this
                                  layer's MoE input (for streaming ahead: moe.h, next_ids) */
-    float *cold;              /* [U, n_embd] the CPU part's sum, uploaded */
-    float *logits;            /* [min(U, Q3_LOGIT_ROWS), n_vocab] (the output's device) */
-    int32_t *ints;            /* [3 * U]: tokens, positions, positions of the wanted rows */
-    void *scratch;            /* attention and MoE scratch (used one after the other), owned */
-    size_t scratch_size;
-    void *pin;                /* pinned host block holding the arrays below, owned */
-    int32_t *ints_h;          /* [3 * U] what goes up into ints */
-    int32_t *sel_h;           /* [2 * U * k] what comes down from sel */
-    int32_t *pred_h;          /* [U * k] the predicted ids, down */
-    float *h_h;               /* [U, n_embd] the normed MoE input, for the CPU part */
-    float *cold_h;            /* [U, n_embd] the CPU part's sum */
-    int32_t logit_rows;
-    /* decode (n <= HM_CUDA_MATVEC_MAX_TOK): the MoE routed on the device */
-    int32_t dec_cap;          /* min(U, HM_CUDA_MATVEC_MAX_TOK) */
-    size_t sel_stride;        /* 2 * dec_cap * k: one layer's ids then weights in sel_all */
-    int32_t *sel_all;         /* device [n_layer][sel_stride]: every layer's routing of the step */
-    int32_t *sel_all_h;       /* pinned [n_layer][sel_stride]: what comes down (record, cold units) */
-    hm_cuda_moe_slot *slots;  /* device [n_layer][n_expert]: the hot slices per expert (or NULL) */
-    hm_cuda_moe_slot *slots_h;/* pinned, what goes up into slots when a slot map changed */
-    hm_gpu_moe_host mh;       /* the MoE's host side: work space, tables, events, graph */
+    int32_t *pred_h;          /* [U * k] the predicted ids, down (in ds.pin) */
 } q3_gstate;
 
-static void gstate_free(q3_gstate *g) {
-    if (g->c) {
-        hm_err e;
-        (void)hm_cuda_make_current(g->c, &e);
-        hm_cuda_sync(g->c, &e); /* nothing queued may still use what is freed below */
-        hm_cuda_free(g->c, g->kv);
-        hm_cuda_free(g->c, g->dev_block);
-        hm_cuda_free(g->c, g->scratch);
-        hm_cuda_host_free(g->c, g->pin);
-    }
-    hm_gpu_moe_host_free(&g->mh);
-    free(g);
-}
+/* The next device's state of the chain. */
+static q3_gstate *nxt(const q3_gstate *g) { return (q3_gstate *)g->ds.next; }
 
 void q3_gpu_state_close(q3_state *s) {
     for (q3_gstate *g = s->g, *nx; g; g = nx) {
-        nx = g->next;
-        gstate_free(g);
+        nx = nxt(g);
+        hm_gpu_dstate_free(&g->ds);
+        free(g);
     }
     s->g = NULL;
 }
 
-/* The device state of device index dev for layers [l0, l1) (and the output when out). */
+/* The device state of device index dev for layers [l0, l1) (and the output when out), linked at
+ * once after *last (s's first when *last is NULL; a half-open one is freed with the chain), *last
+ * set to it. */
 static hm_status gstate_open(const hm_model *m, const hm_state_opts *o, int32_t dev, int32_t l0, int32_t l1, bool out,
-                             q3_gstate **res, hm_err *err) {
+                             q3_state *s, q3_gstate **last, hm_err *err) {
     const q3_model *q = m->impl;
     q3_gstate *g = calloc(1, sizeof *g);
     if (!g) return hm_errf(err, HM_ERR_NOMEM, "out of memory");
-    *res = g;
-    hm_cuda_ctx *c = m->gpu->dev[dev].ctx;
-    g->c = c;
-    g->dev = dev;
-    g->l0 = l0;
-    g->l1 = l1;
-    g->out = out;
-    hm_status st = hm_cuda_make_current(c, err);
-    if (st != HM_OK) return st;
+    if (*last) (*last)->ds.next = &g->ds;
+    else s->g = g;
+    *last = g;
     const size_t U = (size_t)o->n_ubatch, E = (size_t)q->n_embd, hd = (size_t)q->head_dim;
     const size_t nq = (size_t)q->n_head * hd, nkv = (size_t)q->n_head_kv * hd, K = (size_t)q->n_expert_used;
     const size_t V = (size_t)q->n_vocab;
-    g->logit_rows = o->n_ubatch < Q3_LOGIT_ROWS ? o->n_ubatch : Q3_LOGIT_ROWS;
-    g->dec_cap = o->n_ubatch < HM_CUDA_MATVEC_MAX_TOK ? o->n_ubatch : HM_CUDA_MATVEC_MAX_TOK;
-    g->sel_stride = 2 * (size_t)g->dec_cap * K;
+    hm_status st =
+        hm_gpu_dstate_init(&g->ds, m, o, dev, l0, l1, out, q->n_layer, q->n_expert, Q3_LOGIT_ROWS, K, err);
+    if (st != HM_OK) return st;
+    hm_cuda_ctx *c = g->ds.c;
     const size_t NL = (size_t)q->n_layer, NE = (size_t)q->n_expert;
     const size_t slot_words = NL * NE * sizeof(hm_cuda_moe_slot) / 4;
 
@@ -263,67 +224,58 @@ static hm_status gstate_open(const hm_model *m, const hm_state_opts *o, int32_t 
     if (!hm_mul_ok(g->kv_layer_elems, 2u * (size_t)(l1 - l0) * 2u, &kv_bytes))
         return hm_errf(err, HM_ERR_NOMEM, "gpu: the KV cache for %d positions is too large", o->n_ctx);
     const size_t act_el[] = {U * E, U * E, U * nq, U * nkv, U * nkv, U * nq, U * (size_t)q->n_expert, 2 * U * K,
-                             U * E, out ? (size_t)g->logit_rows * V : 0, 3 * U, NL * g->sel_stride, slot_words,
+                             U * E, out ? (size_t)g->ds.logit_rows * V : 0, 3 * U, NL * g->ds.sel_stride, slot_words,
                              2 * U * K};
     size_t act_off[sizeof act_el / sizeof act_el[0]];
     const size_t act_bytes = hm_gpu_layout(act_el, act_off, sizeof act_el / sizeof act_el[0]);
     /* attention and the grouped MoE run one after the other on one stream: one scratch */
-    g->scratch_size = hm_gpu_max_sz(hm_cuda_attention_scratch_size(c, (int64_t)U, o->n_ctx, q->n_head, q->n_head_kv,
-                                                                   q->head_dim),
-                                    hm_cuda_moe_scratch_size((int64_t)U, (int64_t)(U * K), q->n_expert, q->n_ff_exp));
-    g->scratch_size =
-        hm_gpu_max_sz(g->scratch_size, hm_cuda_moe_dev_scratch_size(g->dec_cap, q->n_expert_used, q->n_ff_exp));
+    g->ds.scratch_size =
+        hm_gpu_max_sz(hm_cuda_attention_scratch_size(c, (int64_t)U, o->n_ctx, q->n_head, q->n_head_kv, q->head_dim),
+                      hm_cuda_moe_scratch_size((int64_t)U, (int64_t)(U * K), q->n_expert, q->n_ff_exp));
+    g->ds.scratch_size =
+        hm_gpu_max_sz(g->ds.scratch_size, hm_cuda_moe_dev_scratch_size(g->ds.dec_cap, q->n_expert_used, q->n_ff_exp));
 
     /* the KV cache */
     char what[96];
     snprintf(what, sizeof what, "KV cache (%d positions)", o->n_ctx);
-    if (kv_bytes && (st = hm_gpu_dev_alloc_on(m, dev, kv_bytes, kv_bytes + act_bytes + g->scratch_size,
-                                              (void **)&g->kv, what, err)) != HM_OK)
+    if (kv_bytes && (st = hm_gpu_dev_alloc_on(m, dev, kv_bytes, kv_bytes + act_bytes + g->ds.scratch_size,
+                                              (void **)&g->ds.kv, what, err)) != HM_OK)
         return st;
     /* activations: one device block */
-    if ((st = hm_gpu_dev_alloc_on(m, dev, act_bytes, act_bytes + g->scratch_size, &g->dev_block, "activations",
+    if ((st = hm_gpu_dev_alloc_on(m, dev, act_bytes, act_bytes + g->ds.scratch_size, &g->ds.dev_block, "activations",
                                   err)) != HM_OK)
         return st;
     {
-        char *b = g->dev_block;
+        char *b = g->ds.dev_block;
         const size_t *off = act_off;
-        g->x = (float *)(b + off[0]);
-        g->h = (float *)(b + off[1]);
+        g->ds.x = (float *)(b + off[0]);
+        g->ds.h = (float *)(b + off[1]);
         g->q = (float *)(b + off[2]);
         g->k = (float *)(b + off[3]);
         g->v = (float *)(b + off[4]);
         g->att = (float *)(b + off[5]);
         g->rlog = (float *)(b + off[6]);
-        g->sel = (int32_t *)(b + off[7]);
-        g->cold = (float *)(b + off[8]);
-        g->logits = out ? (float *)(b + off[9]) : NULL;
-        g->ints = (int32_t *)(b + off[10]);
-        g->sel_all = (int32_t *)(b + off[11]);
-        g->slots = (hm_cuda_moe_slot *)(b + off[12]);
+        g->ds.sel = (int32_t *)(b + off[7]);
+        g->ds.cold = (float *)(b + off[8]);
+        g->ds.logits = out ? (float *)(b + off[9]) : NULL;
+        g->ds.ints = (int32_t *)(b + off[10]);
+        g->ds.sel_all = (int32_t *)(b + off[11]);
+        g->ds.slots = (hm_cuda_moe_slot *)(b + off[12]);
         g->pred = (int32_t *)(b + off[13]);
     }
-    if ((st = hm_gpu_dev_alloc_on(m, dev, g->scratch_size, g->scratch_size, &g->scratch, "attention/MoE scratch",
-                                  err)) != HM_OK)
+    if ((st = hm_gpu_dev_alloc_on(m, dev, g->ds.scratch_size, g->ds.scratch_size, &g->ds.scratch,
+                                  "attention/MoE scratch", err)) != HM_OK)
         return st;
 
-    /* pinned host buffers: everything that crosses the bus */
-    {
-        const size_t el[] = {3 * U, 2 * U * K, U * E, U * E, NL * g->sel_stride, slot_words, U * K};
-        size_t off[sizeof el / sizeof el[0]];
-        if ((st = hm_gpu_pinned_block(c, el, off, sizeof el / sizeof el[0], &g->pin, err)) != HM_OK) return st;
-        char *b = g->pin;
-        g->ints_h = (int32_t *)(b + off[0]);
-        g->sel_h = (int32_t *)(b + off[1]);
-        g->h_h = (float *)(b + off[2]);
-        g->cold_h = (float *)(b + off[3]);
-        g->sel_all_h = (int32_t *)(b + off[4]);
-        g->slots_h = (hm_cuda_moe_slot *)(b + off[5]);
-        g->pred_h = (int32_t *)(b + off[6]);
-    }
-    if ((st = hm_gpu_moe_host_open(&g->mh, c, q->n_layer, q->n_expert, err)) != HM_OK) return st;
+    /* pinned host buffers: everything that crosses the bus (and the predicted ids) */
+    void *pred_h = NULL;
+    if ((st = hm_gpu_dstate_pin(&g->ds, U, E, K, U * K, &pred_h, err)) != HM_OK) return st;
+    g->pred_h = pred_h;
+    if ((st = hm_gpu_moe_host_open(&g->ds.mh, c, q->n_layer, q->n_expert, err)) != HM_OK) return st;
     for (int32_t il = l0; il < l1; il++)
-        g->mh.mw[il] = &q->layers[il].moe;
-    return hm_moe_graph_open_env(c, g->mh.mw, q->n_layer, g->dec_cap, q->n_expert_used, q->n_embd, &g->mh.graph, err);
+        g->ds.mh.mw[il] = &q->layers[il].moe;
+    return hm_moe_graph_open_env(c, g->ds.mh.mw, q->n_layer, g->ds.dec_cap, q->n_expert_used, q->n_embd,
+                                 &g->ds.mh.graph, err);
 }
 
 hm_status q3_gpu_state_open(const hm_model *m, const hm_state_opts *o, q3_state *s, hm_err *err) {
@@ -335,19 +287,16 @@ hm_status q3_gpu_state_open(const hm_model *m, const hm_state_opts *o, q3_state 
     s->kv_elem_size = 2;
     s->kv_layer_elems = (size_t)q->n_head_kv * (size_t)q->head_dim * (size_t)o->n_ctx;
     /* one state per device that runs layers or the output, in layer order */
-    q3_gstate **tail = &s->g;
     hm_gpu_link links[HM_MAX_GPUS];
     const int32_t n_links = hm_gpu_chain_links(gpu, q->n_layer, links);
+    q3_gstate *last = NULL;
     for (int32_t i = 0; i < n_links; i++) {
         const hm_gpu_link L = links[i];
-        if ((st = gstate_open(m, o, L.dev, L.l0, L.l1, L.out, tail, err)) != HM_OK) goto fail;
-        tail = &(*tail)->next;
+        if ((st = gstate_open(m, o, L.dev, L.l0, L.l1, L.out, s, &last, err)) != HM_OK) goto fail;
     }
     /* the CPU part: the route and the scratch of its MoE op; the peer units' buffers (model_gpu.h) */
-    if ((st = hm_gpu_cold_part_open(&s->route, &s->scratch, q->n_expert, q->n_expert_used, q->n_embd, q->n_ff_exp, o,
-                                    err)) != HM_OK ||
-        (st = hm_gpu_peer_reserve(m, o->n_ubatch, (int64_t)o->n_ubatch * q->n_expert_used, q->n_ff_exp, err)) !=
-            HM_OK)
+    if ((st = hm_gpu_session_cold_open(m, &s->route, &s->scratch, q->n_expert, q->n_expert_used, q->n_embd,
+                                       q->n_ff_exp, o, err)) != HM_OK)
         goto fail;
     return HM_OK;
 fail:
@@ -364,33 +313,8 @@ fail:
 
 /* Layer il's K and V cache of its device's state. */
 static void kv_of(const q3_gstate *g, int32_t il, uint16_t **kc, uint16_t **vc) {
-    *kc = g->kv + (size_t)(il - g->l0) * 2 * g->kv_layer_elems;
+    *kc = g->ds.kv + (size_t)(il - g->ds.l0) * 2 * g->kv_layer_elems;
     *vc = *kc + g->kv_layer_elems;
-}
-
-/* Hand the first `rows` rows of the residual from g to g->next (queued on next's stream after
- * everything queued on g's); makes next's device current. */
-static hm_status hand_over(const q3_model *q, q3_gstate *g, int64_t rows, hm_err *err) {
-    q3_gstate *nx = g->next;
-    hm_status st = hm_cuda_make_current(nx->c, err);
-    if (st != HM_OK) return st;
-    return hm_cuda_copy_peer(nx->c, nx->x, g->c, g->x, (size_t)rows * (size_t)q->n_embd * sizeof(float), g->mh.handoff,
-                             err);
-}
-
-/* After a failed step: every device idle, every slot table rebuilt next step. */
-static void step_abort(const q3_model *q, q3_state *s) {
-    for (q3_gstate *g = s->g; g; g = g->next) {
-        hm_err e;
-        (void)hm_cuda_make_current(g->c, &e);
-        hm_gpu_step_abort(g->c, g->mh.seen, (size_t)q->n_layer * (size_t)q->n_expert);
-    }
-}
-
-/* Decode: the usage counts of the layers each device recorded this step (downloaded, synced). */
-static void record_routing(const hm_model *m, const q3_state *s) {
-    for (const q3_gstate *g = s->g; g; g = g->next)
-        hm_gpu_record_routing(m, g->mh.mw, g->sel_all_h, g->sel_stride, g->mh.rec_n, g->mh.n_rec);
 }
 
 /* ---- decode as one graph (moe.h, hm_moe_graph) ----
@@ -402,23 +326,23 @@ static void record_routing(const hm_model *m, const q3_state *s) {
  * With several devices each has its own graph over its own layers, launched in layer order after
  * the residual's hand-over (outside the graphs, ordered by an event). */
 
-/* The attention block's input side for n rows, both paths: g->h = rmsnorm(x), Q/K/V (stacked
+/* The attention block's input side for n rows, both paths: g->ds.h = rmsnorm(x), Q/K/V (stacked
  * q|k(|v) in one launch when `dec` and the layer has them: the same kernel per row, the same
  * results), then the per-head norms, RoPE of q and k and the K/V write in one launch. */
 static hm_status attn_in(const q3_model *q, const q3_gpu_layer *D, q3_state *s, q3_gstate *g, int64_t n, bool dec,
                          const int32_t *pos_d, uint16_t *kc, uint16_t *vc, hm_err *err) {
-    hm_cuda_ctx *c = g->c;
+    hm_cuda_ctx *c = g->ds.c;
     hm_status st;
-    if ((st = hm_cuda_rmsnorm(c, g->x, D->attn_norm, g->h, n, q->n_embd, q->eps, err)) != HM_OK) return st;
+    if ((st = hm_cuda_rmsnorm(c, g->ds.x, D->attn_norm, g->ds.h, n, q->n_embd, q->eps, err)) != HM_OK) return st;
     if (dec && D->n_qkv >= 2) {
         float *const ys[3] = {g->q, g->k, g->v};
         const int64_t rows[3] = {D->wq.ne1, D->wk.ne1, D->wv.ne1};
-        if ((st = hm_cuda_matvec_multi(c, &D->wqkv, g->h, n, D->n_qkv, ys, rows, err)) != HM_OK) return st;
-        if (D->n_qkv < 3 && (st = hm_cuda_matmul(c, &D->wv, g->h, n, g->v, err)) != HM_OK) return st;
+        if ((st = hm_cuda_matvec_multi(c, &D->wqkv, g->ds.h, n, D->n_qkv, ys, rows, err)) != HM_OK) return st;
+        if (D->n_qkv < 3 && (st = hm_cuda_matmul(c, &D->wv, g->ds.h, n, g->v, err)) != HM_OK) return st;
     } else {
-        if ((st = hm_cuda_matmul(c, &D->wq, g->h, n, g->q, err)) != HM_OK) return st;
-        if ((st = hm_cuda_matmul(c, &D->wk, g->h, n, g->k, err)) != HM_OK) return st;
-        if ((st = hm_cuda_matmul(c, &D->wv, g->h, n, g->v, err)) != HM_OK) return st;
+        if ((st = hm_cuda_matmul(c, &D->wq, g->ds.h, n, g->q, err)) != HM_OK) return st;
+        if ((st = hm_cuda_matmul(c, &D->wk, g->ds.h, n, g->k, err)) != HM_OK) return st;
+        if ((st = hm_cuda_matmul(c, &D->wv, g->ds.h, n, g->v, err)) != HM_OK) return st;
     }
     return hm_cuda_qk_norm_rope_kv(c, g->q, g->k, g->v, D->q_norm, D->k_norm, n, q->n_head, q->n_head_kv,
                                    q->head_dim, q->n_rot, pos_d, q->theta, q->eps, kc, vc, s->n_ctx, err);
@@ -439,33 +363,33 @@ static hm_status enqueue_step(void *ctx, hm_err *err) {
     const int64_t n = p->n;
     const q3_model *q = m->impl;
     const q3_gpu *d = m->gpu->arch;
-    hm_cuda_ctx *c = g->c;
+    hm_cuda_ctx *c = g->ds.c;
     const int64_t E = q->n_embd, U = s->n_ubatch;
     const int hd = q->head_dim, nh = q->n_head, nkv = q->n_head_kv, K = q->n_expert_used;
     const float scale = 1.0f / sqrtf((float)hd);
-    const int32_t *tok_d = g->ints, *pos_d = g->ints + U;
+    const int32_t *tok_d = g->ds.ints, *pos_d = g->ds.ints + U;
     const size_t nk = (size_t)n * (size_t)K;
     hm_status st;
-    if (g == s->g) CK(hm_cuda_get_rows(c, &d->tok_embd, tok_d, n, g->x, err));
-    for (int32_t il = g->l0; il < g->l1; il++) {
+    if (g == s->g) CK(hm_cuda_get_rows(c, &d->tok_embd, tok_d, n, g->ds.x, err));
+    for (int32_t il = g->ds.l0; il < g->ds.l1; il++) {
         const q3_gpu_layer *D = &d->layers[il];
         uint16_t *kc, *vc;
         kv_of(g, il, &kc, &vc);
         CK(attn_in(q, D, s, g, n, true, pos_d, kc, vc, err));
-        CK(hm_cuda_attention(c, g->q, n, pos_d, p->kv_len, kc, vc, s->n_ctx, nh, nkv, hd, scale, g->att, g->scratch,
-                             g->scratch_size, err));
-        CK(hm_cuda_matmul(c, &D->wo, g->att, n, g->h, err));
-        CK(hm_cuda_add_rmsnorm(c, g->x, g->h, D->ffn_norm, g->h, n, E, q->eps, err));
-        CK(hm_cuda_matmul(c, &D->router, g->h, n, g->rlog, err));
-        int32_t *ids_d = g->sel_all + (size_t)il * g->sel_stride;
+        CK(hm_cuda_attention(c, g->q, n, pos_d, p->kv_len, kc, vc, s->n_ctx, nh, nkv, hd, scale, g->att, g->ds.scratch,
+                             g->ds.scratch_size, err));
+        CK(hm_cuda_matmul(c, &D->wo, g->att, n, g->ds.h, err));
+        CK(hm_cuda_add_rmsnorm(c, g->ds.x, g->ds.h, D->ffn_norm, g->ds.h, n, E, q->eps, err));
+        CK(hm_cuda_matmul(c, &D->router, g->ds.h, n, g->rlog, err));
+        int32_t *ids_d = hm_gpu_layer_ids(&g->ds, il, true);
         float *w_d = (float *)(ids_d + nk);
         CK(hm_cuda_router(c, g->rlog, n, q->n_expert, K, true, ids_d, w_d, err));
-        CK(hm_moe_graph_layer(g->mh.graph, m, il, g->slots + (size_t)il * (size_t)q->n_expert, g->mh.any_hot[il], ids_d,
-                              w_d, n, g->h, g->x, g->scratch, g->scratch_size, err));
+        CK(hm_moe_graph_layer(g->ds.mh.graph, m, il, hm_gpu_layer_slots(&g->ds, il), g->ds.mh.any_hot[il], ids_d, w_d,
+                              n, g->ds.h, g->ds.x, g->ds.scratch, g->ds.scratch_size, err));
     }
-    if (g->out) {
-        CK(hm_cuda_rmsnorm(c, g->x, d->output_norm, g->h, n, E, q->eps, err));
-        CK(hm_cuda_matmul(c, &d->output, g->h, n, g->logits, err));
+    if (g->ds.out) {
+        CK(hm_cuda_rmsnorm(c, g->ds.x, d->output_norm, g->ds.h, n, E, q->eps, err));
+        CK(hm_cuda_matmul(c, &d->output, g->ds.h, n, g->ds.logits, err));
     }
     return HM_OK;
 fail:
@@ -478,16 +402,16 @@ static hm_status graph_step(const hm_model *m, q3_state *s, hm_pool *pool, const
     q3_step p = {.m = m, .s = s, .n = n, .kv_len = b->pos[n - 1] + 1};
     hm_status st = HM_OK;
     q3_gstate *g = s->g;
-    for (;; g = g->next) {
+    for (;; g = nxt(g)) {
         p.g = g;
-        const size_t key = hm_cuda_attention_scratch_size(g->c, n, p.kv_len, q->n_head, q->n_head_kv, q->head_dim);
-        if ((st = hm_moe_graph_step(g->mh.graph, m, pool, &s->route, &s->scratch, n, key, g->mh.any_hot, enqueue_step,
-                                    &p, err)) != HM_OK)
+        const size_t key = hm_cuda_attention_scratch_size(g->ds.c, n, p.kv_len, q->n_head, q->n_head_kv, q->head_dim);
+        if ((st = hm_moe_graph_step(g->ds.mh.graph, m, pool, &s->route, &s->scratch, n, key, g->ds.mh.any_hot,
+                                    enqueue_step, &p, err)) != HM_OK)
             return st;
-        if (!g->next) break;
-        if ((st = hand_over(q, g, n, err)) != HM_OK) return st;
+        if (!nxt(g)) break;
+        if ((st = hm_gpu_hand_over(&g->ds, n, q->n_embd, err)) != HM_OK) return st;
     }
-    return hm_cuda_download(g->c, b->logits, g->logits, (size_t)n * (size_t)q->n_vocab * sizeof(float), err);
+    return hm_cuda_download(g->ds.c, b->logits, g->ds.logits, (size_t)n * (size_t)q->n_vocab * sizeof(float), err);
 }
 
 hm_status q3_gpu_forward(const hm_model *m, q3_state *s, hm_pool *pool, const hm_fwd_batch *b, hm_err *err) {
@@ -505,30 +429,24 @@ hm_status q3_gpu_forward(const hm_model *m, q3_state *s, hm_pool *pool, const hm
      * have no cold unit this step (the slot map changes only between steps); for decode also the
      * device's slot table, uploaded when a slot map changed (the previous step ended with a sync,
      * so nothing queued still reads it) */
-    const bool dec = n <= HM_CUDA_MATVEC_MAX_TOK && n <= g->dec_cap;
-    for (q3_gstate *gd = g; gd; gd = gd->next) {
-        CK(hm_cuda_make_current(gd->c, err));
-        CK(hm_gpu_upload_batch_ints(gd->c, gd->ints, gd->ints_h, U, b, err));
-        CK(hm_gpu_moe_slots_refresh(m, gd->c, gd->mh.mw, q->n_layer, q->n_expert, dec, gd->mh.seen, gd->slots_h,
-                                    gd->slots, gd->mh.all_hot, gd->mh.any_hot, err));
-        gd->mh.n_rec = 0; /* decode: layers whose routing is recorded after the step */
-    }
-    if (dec && g->mh.graph && n_out == n && b->logits) {
-        CK(hm_cuda_make_current(g->c, err));
+    const bool dec = n <= HM_CUDA_MATVEC_MAX_TOK && n <= g->ds.dec_cap;
+    CK(hm_gpu_chain_begin(m, &g->ds, U, b, dec, err));
+    if (dec && g->ds.mh.graph && n_out == n && b->logits) {
+        CK(hm_cuda_make_current(g->ds.c, err));
         CK(graph_step(m, s, pool, b, err)); /* every flag released, the device idle, when it fails */
         return HM_OK;
     }
 
-    CK(hm_cuda_make_current(g->c, err));
-    CK(hm_cuda_get_rows(g->c, &d->tok_embd, g->ints, n, g->x, err));
+    CK(hm_cuda_make_current(g->ds.c, err));
+    CK(hm_cuda_get_rows(g->ds.c, &d->tok_embd, g->ds.ints, n, g->ds.x, err));
     int64_t nr = n;                /* rows carried through the layer (all but in the last layer) */
     bool last_rows = false;        /* the wanted rows' positions instead of all (the last layer on) */
     int64_t kv_len = b->pos[n - 1] + 1;
     bool done_early = false;
-    for (;; g = g->next) {
-        hm_cuda_ctx *c = g->c;
-        const int32_t *pos_d = g->ints + U, *pos = last_rows ? g->ints + 2 * U : pos_d;
-        for (int32_t il = g->l0; il < g->l1 && !done_early; il++) {
+    for (;; g = nxt(g)) {
+        hm_cuda_ctx *c = g->ds.c;
+        const int32_t *pos_d = g->ds.ints + U, *pos = last_rows ? g->ds.ints + 2 * U : pos_d;
+        for (int32_t il = g->ds.l0; il < g->ds.l1 && !done_early; il++) {
             const q3_layer *L = &q->layers[il];
             const q3_gpu_layer *D = &d->layers[il];
             uint16_t *kc, *vc;
@@ -544,83 +462,61 @@ hm_status q3_gpu_forward(const hm_model *m, q3_state *s, hm_pool *pool, const hm
                     done_early = true;
                     break;
                 }
-                for (int64_t i = 0; i < n_out; i++) {
-                    const int64_t r = b->out_rows[i];
-                    if (r == i) continue;
-                    CK(hm_cuda_copy(c, g->q + (size_t)i * nq, g->q + (size_t)r * nq, nq * sizeof(float), err));
-                    CK(hm_cuda_copy(c, g->x + (size_t)i * (size_t)E, g->x + (size_t)r * (size_t)E,
-                                    (size_t)E * sizeof(float), err));
-                }
+                CK(hm_gpu_compact_qx(c, g->q, nq, g->ds.x, (size_t)E, b->out_rows, n_out, err));
                 nr = n_out;
                 last_rows = true;
-                pos = g->ints + 2 * U;
+                pos = g->ds.ints + 2 * U;
                 kv_len = b->pos[b->out_rows[n_out - 1]] + 1;
             }
-            CK(hm_cuda_attention(c, g->q, nr, pos, kv_len, kc, vc, s->n_ctx, nh, nkv, hd, scale, g->att, g->scratch,
-                                 g->scratch_size, err));
-            CK(hm_cuda_matmul(c, &D->wo, g->att, nr, g->h, err));
+            CK(hm_cuda_attention(c, g->q, nr, pos, kv_len, kc, vc, s->n_ctx, nh, nkv, hd, scale, g->att, g->ds.scratch,
+                                 g->ds.scratch_size, err));
+            CK(hm_cuda_matmul(c, &D->wo, g->att, nr, g->ds.h, err));
 
             /* MoE block: the residual add and the FFN norm in one launch, route on the device */
-            CK(hm_cuda_add_rmsnorm(c, g->x, g->h, D->ffn_norm, g->h, nr, E, q->eps, err));
-            CK(hm_cuda_matmul(c, &D->router, g->h, nr, g->rlog, err));
+            CK(hm_cuda_add_rmsnorm(c, g->ds.x, g->ds.h, D->ffn_norm, g->ds.h, nr, E, q->eps, err));
+            CK(hm_cuda_matmul(c, &D->router, g->ds.h, nr, g->rlog, err));
             const size_t nk = (size_t)nr * (size_t)K;
-            hm_moe_gpu_buf mb = {.x_dev = g->h,
-                                 .x_host = g->mh.all_hot[il] ? NULL : g->h_h,
-                                 .out_dev = g->x,
-                                 .cold_host = g->cold_h,
-                                 .cold_dev = g->cold,
-                                 .scratch_dev = g->scratch,
-                                 .scratch_dev_size = g->scratch_size,
-                                 .units = g->mh.units};
-            /* decode: the hot units straight from the device routing (every layer's kept for the
-             * record after the step); a host round trip only when the layer may have cold units,
-             * and then the hot launch runs while the host computes. Prefill: the layer's one wait */
-            int32_t *ids_d = dec ? g->sel_all + (size_t)il * g->sel_stride : g->sel;
-            int32_t *ids_h = dec ? g->sel_all_h + (size_t)il * g->sel_stride : g->sel_h;
+            int32_t *ids_d = hm_gpu_layer_ids(&g->ds, il, dec);
             CK(hm_cuda_router(c, g->rlog, nr, q->n_expert, K, true, ids_d, (float *)(ids_d + nk), err));
-            if (dec) g->mh.rec_n[il] = (int32_t)nk, g->mh.n_rec = il + 1;
-            if (!dec && il + 1 < g->l1 && hm_moe_gpu_streams(m, il + 1)) {
+            const hm_moe_weights *next_mw = NULL;
+            const int32_t *next_ids = NULL;
+            if (!dec && il + 1 < g->ds.l1 && hm_moe_gpu_streams(m, il + 1)) {
                 /* prefill streaming ahead: the next layer's router on this layer's input (the
                  * residual moves little in one layer), its ids down with this layer's routing */
-                CK(hm_cuda_matmul(c, &d->layers[il + 1].router, g->h, nr, g->rlog, err));
+                CK(hm_cuda_matmul(c, &d->layers[il + 1].router, g->ds.h, nr, g->rlog, err));
                 CK(hm_cuda_router(c, g->rlog, nr, q->n_expert, K, true, g->pred, (float *)(g->pred + nk), err));
                 CK(hm_cuda_download_async(c, g->pred_h, g->pred, nk * sizeof(int32_t), err));
-                mb.next_mw = &q->layers[il + 1].moe;
-                mb.next_ids = g->pred_h;
+                next_mw = &q->layers[il + 1].moe;
+                next_ids = g->pred_h;
             }
-            CK(hm_moe_gpu_layer_step(m, pool, &L->moe, &s->route, &s->scratch, &mb, dec, g->mh.all_hot[il],
-                                     g->mh.any_hot[il], g->slots + (size_t)il * (size_t)q->n_expert, ids_d, ids_h, nr,
-                                     K, g->mh.routed, err));
+            CK(hm_gpu_moe_step(m, pool, &g->ds, &L->moe, &s->route, &s->scratch, il, dec, nr, K, g->ds.x, next_mw,
+                               next_ids, err));
         }
-        /* decode: this device's routing comes down in one copy (before the hand-over, whose event
-         * then covers it), recorded once the step's work is done */
-        if (g->mh.n_rec > 0)
-            CK(hm_cuda_download_async(c, g->sel_all_h, g->sel_all,
-                                      (size_t)g->mh.n_rec * g->sel_stride * sizeof(int32_t), err));
-        if (!g->next || done_early) break;
-        CK(hand_over(q, g, nr, err));
+        CK(hm_gpu_routing_down(&g->ds, err)); /* decode: recorded once the step's work is done */
+        if (!nxt(g) || done_early) break;
+        CK(hm_gpu_hand_over(&g->ds, nr, E, err));
     }
     if (done_early || n_out == 0) {
-        for (q3_gstate *gd = s->g; gd; gd = gd->next) CK(hm_cuda_sync(gd->c, err)); /* nothing may still read a slot */
-        record_routing(m, s);
+        CK(hm_gpu_chain_sync(&s->g->ds, err));
+        hm_gpu_chain_record(m, &s->g->ds);
         return HM_OK;
     }
     /* x rows 0..n_out-1 are the wanted rows now (compacted above, or all rows in order), on the
      * output's device (the last) */
-    HM_ASSERT(nr == n_out && b->logits && g->out);
-    hm_cuda_ctx *c = g->c;
-    CK(hm_cuda_rmsnorm(c, g->x, d->output_norm, g->h, n_out, E, q->eps, err));
+    HM_ASSERT(nr == n_out && b->logits && g->ds.out);
+    hm_cuda_ctx *c = g->ds.c;
+    CK(hm_cuda_rmsnorm(c, g->ds.x, d->output_norm, g->ds.h, n_out, E, q->eps, err));
     const size_t V = (size_t)q->n_vocab;
-    for (int64_t r0 = 0; r0 < n_out; r0 += g->logit_rows) {
-        const int64_t nc = n_out - r0 < g->logit_rows ? n_out - r0 : g->logit_rows;
-        CK(hm_cuda_matmul(c, &d->output, g->h + (size_t)r0 * (size_t)E, nc, g->logits, err));
+    for (int64_t r0 = 0; r0 < n_out; r0 += g->ds.logit_rows) {
+        const int64_t nc = n_out - r0 < g->ds.logit_rows ? n_out - r0 : g->ds.logit_rows;
+        CK(hm_cuda_matmul(c, &d->output, g->ds.h + (size_t)r0 * (size_t)E, nc, g->ds.logits, err));
         /* waits for the queued work (the last chunk's wait ends the step's device work: every
          * earlier device's work came before its hand-over, which this stream waited for) */
-        CK(hm_cuda_download(c, b->logits + (size_t)r0 * V, g->logits, (size_t)nc * V * sizeof(float), err));
+        CK(hm_cuda_download(c, b->logits + (size_t)r0 * V, g->ds.logits, (size_t)nc * V * sizeof(float), err));
     }
-    record_routing(m, s);
+    hm_gpu_chain_record(m, &s->g->ds);
     return HM_OK;
 fail:
-    step_abort(q, s);
+    hm_gpu_chain_abort(&s->g->ds);
     return st;
 }
