@@ -1,10 +1,15 @@
 /* gpu_compare.h - shared helpers for the tests that run a model on the GPU and compare its logits
- * with the CPU engine's (test_qwen3moe_gpu.c, test_gpu_vram_degrade_gpu.c):
+ * with the CPU engine's (test_qwen3moe_gpu.c, test_gpu_vram_degrade_gpu.c, test_multi_gpu_gpu.c,
+ * test_gpu_ram_tier_gpu.c, test_gemma4_gpu.c):
  *   gpu_compare_have_device  false (after printing "skipped: no GPU") without a CUDA device
  *   gpu_compare_prompts      the two prompts from a seed: P random, D the end of P reversed
  *   gpu_compare_units        the model's unit size and count (to size a --vram-budget)
  *   gpu_compare_argmax       the first index of the largest logit
  *   gpu_compare_run          a prompt then n_dec single-token steps on a session, logits per step
+ *   gpu_compare_run_fresh    gpu_compare_run on a fresh session of a model (n_ctx, n_ubatch given)
+ *   gpu_compare_synth        a synthetic model (hm_synth) in a fresh /tmp file
+ *   gpu_compare_open_cpu     the model opened on the CPU, with its shape (vocab, layers, k, units)
+ *   gpu_compare_ref_pd       the CPU reference of two prompts P and D, each run greedily
  *   gpu_compare_logits       one run's logits against the reference's, step by step
  * The comparison rule, per step: NMSE = sum (g - c)^2 / sum c^2 at most the caller's bound (derived
  * from the numerics of what is compared), and the same argmax unless the reference's logits of the
@@ -25,7 +30,9 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "backend/cuda/cuda_device.h"
 #include "hotmoe.h"
@@ -89,6 +96,79 @@ static inline hm_status gpu_compare_run(hm_session *s, int32_t *toks, int32_t np
         if (greedy && step < n_dec) toks[np + step] = gpu_compare_argmax(lg, V);
     }
     return HM_OK;
+}
+
+/* gpu_compare_run on a fresh session of m (n_ctx, n_ubatch (0: the default), 4 threads, f16 KV cache),
+ * closed after; the session open's status when that fails (err says why). */
+static inline hm_status gpu_compare_run_fresh(hm_model *m, int32_t n_ctx, int32_t n_ubatch, int32_t *toks, int32_t np,
+                                              int32_t n_dec, bool greedy, float *out, int32_t V, hm_err *err) {
+    hm_session_opts so;
+    hm_session_opts_default(&so);
+    so.n_ctx = n_ctx;
+    so.n_ubatch = n_ubatch;
+    so.n_threads = 4;
+    so.kv_type = HM_KV_F16;
+    hm_session *s = NULL;
+    hm_status st = hm_session_open(&s, m, &so, err);
+    if (st != HM_OK) return st;
+    st = gpu_compare_run(s, toks, np, n_dec, greedy, out, V, err);
+    hm_session_close(s);
+    return st;
+}
+
+/* A synthetic model (hm_synth of arch / preset / type / seed, 4 threads) in a fresh file: path is a
+ * mkstemp template ("/tmp/hm_..._XXXXXX"), rewritten to the file's name. CHECKs the file and the
+ * synth; false when either fails (the file, if made, is removed then). */
+static inline bool gpu_compare_synth(char *path, const char *arch, const char *preset, const char *type,
+                                     uint64_t seed) {
+    int fd = mkstemp(path);
+    CHECK(fd >= 0);
+    if (fd < 0) return false;
+    close(fd);
+    hm_synth_opts so = {.arch = arch, .preset = preset, .type = type, .seed = seed, .out_path = path,
+                        .n_threads = 4};
+    hm_err err = {{0}};
+    hm_status st = hm_synth(&so, &err);
+    CHECKF(st == HM_OK, "synth %s %s: %s", preset, type, err.msg);
+    if (st != HM_OK) unlink(path);
+    return st == HM_OK;
+}
+
+/* path opened on the CPU (no placement; CHECKed, label naming it) and its shape: *V = n_vocab,
+ * *n_layer, *k = n_expert_used, and gpu_compare_units' *unit_bytes / *n_units. NULL when the open
+ * fails (err says why). */
+static inline hm_model *gpu_compare_open_cpu(const char *path, const char *label, int32_t *V, int32_t *n_layer,
+                                             int32_t *k, uint64_t *unit_bytes, uint64_t *n_units, hm_err *err) {
+    hm_model *m = NULL;
+    hm_status st = hm_model_open(&m, path, NULL, err);
+    CHECKF(st == HM_OK, "%s: open on the CPU: %s", label, err->msg);
+    if (st != HM_OK) return NULL;
+    const hm_model_info *inf = hm_model_get_info(m);
+    *V = inf->n_vocab;
+    *n_layer = inf->n_layer;
+    *k = inf->n_expert_used;
+    gpu_compare_units(m, unit_bytes, n_units, err);
+    return m;
+}
+
+/* The CPU reference of the two-prompt tests: prompts P (np tokens) and D (nd) from seed
+ * (gpu_compare_prompts), each then n_dec greedy steps on a fresh session of m (gpu_compare_run_fresh,
+ * n_ctx 64): toks_p / toks_d ([np + n_dec], [nd + n_dec]) get the picked tokens, *lp / *ld
+ * (malloc'd here, [1 + n_dec][V]; the caller frees them) the logits per step. CHECKed, label naming
+ * the model. */
+static inline void gpu_compare_ref_pd(hm_model *m, const char *label, uint64_t seed, int32_t V, int32_t *toks_p,
+                                      int32_t np, int32_t *toks_d, int32_t nd, int32_t n_dec, float **lp, float **ld,
+                                      hm_err *err) {
+    const size_t n = (size_t)(1 + n_dec) * (size_t)V;
+    *lp = malloc(n * sizeof(float));
+    *ld = malloc(n * sizeof(float));
+    CHECK(*lp && *ld);
+    if (!*lp || !*ld) return;
+    gpu_compare_prompts(seed, V, toks_p, np, toks_d, nd);
+    CHECKF(gpu_compare_run_fresh(m, 64, 0, toks_p, np, n_dec, true, *lp, V, err) == HM_OK, "%s CPU P: %s", label,
+           err->msg);
+    CHECKF(gpu_compare_run_fresh(m, 64, 0, toks_d, nd, n_dec, true, *ld, V, err) == HM_OK, "%s CPU D: %s", label,
+           err->msg);
 }
 
 /* Compare one run's logits g with the reference's c ([n_step][V] each), step by step, by the rule

@@ -352,24 +352,10 @@ typedef struct seqdef {
     int32_t np, ndec, n_ubatch, n_ctx;
 } seqdef;
 
-static hm_session *open_session(hm_model *m, const seqdef *d, hm_err *e) {
-    hm_session_opts so;
-    hm_session_opts_default(&so);
-    so.n_ctx = d->n_ctx;
-    so.n_ubatch = d->n_ubatch;
-    so.n_threads = 4;
-    so.kv_type = HM_KV_F16;
-    hm_session *s = NULL;
-    return hm_session_open(&s, m, &so, e) == HM_OK ? s : NULL;
-}
-
+/* One run of d (its n_ctx, n_ubatch, np and ndec) on a fresh session. */
 static hm_status run_seq(hm_model *m, const seqdef *d, int32_t *toks, bool greedy, float *out, int32_t V,
                          hm_err *e) {
-    hm_session *s = open_session(m, d, e);
-    if (!s) return HM_ERR_ARG;
-    hm_status st = gpu_compare_run(s, toks, d->np, d->ndec, greedy, out, V, e);
-    hm_session_close(s);
-    return st;
+    return gpu_compare_run_fresh(m, d->n_ctx, d->n_ubatch, toks, d->np, d->ndec, greedy, out, V, e);
 }
 
 static hm_model *open_gpu(const char *path, const hm_placement_opts *po, hm_err *e) {
@@ -457,27 +443,18 @@ typedef enum place { P_ALL, P_LRU, P_CPU_MOE } place;
 static const char *place_name[] = {"-ngl 99 (all experts HOT)", "--vram-budget 30% lru", "--cpu-moe"};
 
 static void run_synth(const char *type, bool quant) {
-    char path[] = "/tmp/hm_g4gpu_XXXXXX";
-    int fd = mkstemp(path);
-    CHECK(fd >= 0);
-    if (fd < 0) return;
-    close(fd);
-    hm_synth_opts so = {.arch = "gemma4", .preset = "gemma4-tiny", .type = type, .seed = 21, .out_path = path,
-                        .n_threads = 4};
+    char path[] = "/tmp/hm_g4gpu_XXXXXX", label[40];
+    if (!gpu_compare_synth(path, "gemma4", "gemma4-tiny", type, 21)) return;
+    snprintf(label, sizeof label, "gemma4-tiny %s", type);
     hm_err e = {{0}};
-    hm_status st = hm_synth(&so, &e);
-    CHECKF(st == HM_OK, "synth gemma4-tiny %s: %s", type, e.msg);
-    hm_model *m = NULL;
-    if (st == HM_OK) st = hm_model_open(&m, path, NULL, &e);
-    CHECKF(st == HM_OK, "gemma4-tiny %s on the CPU: %s", type, e.msg);
-    if (st != HM_OK) {
+    int32_t V = 0, n_layer = 0, K = 0;
+    uint64_t unit_bytes = 0, n_units = 0;
+    hm_model *m = gpu_compare_open_cpu(path, label, &V, &n_layer, &K, &unit_bytes, &n_units, &e);
+    if (!m) {
         unlink(path);
         return;
     }
-    const hm_model_info *inf = hm_model_get_info(m);
-    const int32_t V = inf->n_vocab, n_layer = inf->n_layer, K = inf->n_expert_used;
-    uint64_t unit_bytes = 0, n_units = 0;
-    gpu_compare_units(m, &unit_bytes, &n_units, &e);
+    hm_status st;
     const seqdef defs[2] = {{SP, SDEC, 64, 64}, {SP, SDEC, 8, 64}};
     int32_t toks[SP + SDEC], dummy[1];
     gpu_compare_prompts(0x9e3779b97f4a7c15ull, V, toks, SP, dummy, 0);

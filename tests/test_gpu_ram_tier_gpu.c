@@ -204,35 +204,20 @@ static void compare_bits(const char *label, place p, const result *a, const resu
 
 static void run_model(const char *type, bool quant) {
     char path[] = "/tmp/hm_gpuram_XXXXXX", prof[64];
-    int fd = mkstemp(path);
-    CHECK(fd >= 0);
-    if (fd < 0) return;
-    close(fd);
+    if (!gpu_compare_synth(path, "qwen3moe", "tiny", type, 13)) return;
     snprintf(prof, sizeof prof, "%s.profile.json", path);
-    hm_synth_opts so = {.arch = "qwen3moe", .preset = "tiny", .type = type, .seed = 13, .out_path = path,
-                        .n_threads = 4};
-    hm_err err = {{0}};
-    hm_status st = hm_synth(&so, &err);
-    CHECKF(st == HM_OK, "synth %s: %s", type, err.msg);
     char label[32];
     snprintf(label, sizeof label, "tiny %s", type);
     ref r;
     memset(&r, 0, sizeof r);
-    hm_model *m = NULL;
-    if (st == HM_OK) st = hm_model_open(&m, path, NULL, &err);
-    CHECKF(st == HM_OK, "%s: open on the CPU: %s", label, err.msg);
-    if (st != HM_OK) {
+    hm_err err = {{0}};
+    hm_model *m = gpu_compare_open_cpu(path, label, &r.n_vocab, &r.n_layer, &r.k, &r.unit_bytes, &r.n_units, &err);
+    if (!m) {
         unlink(path);
         return;
     }
-    const hm_model_info *inf = hm_model_get_info(m);
-    r.n_vocab = inf->n_vocab, r.n_layer = inf->n_layer, r.k = inf->n_expert_used;
-    r.lp = malloc((size_t)NSTEP * (size_t)r.n_vocab * sizeof(float));
-    r.ld = malloc((size_t)NSTEP * (size_t)r.n_vocab * sizeof(float));
-    gpu_compare_prompts(0x9e3779b97f4a7c15ull, r.n_vocab, r.toks_p, NP, r.toks_d, ND);
-    CHECKF(run_seq(m, "CPU", r.toks_p, NP, true, r.lp, r.n_vocab, &err) == HM_OK, "%s CPU P: %s", label, err.msg);
-    CHECKF(run_seq(m, "CPU", r.toks_d, ND, true, r.ld, r.n_vocab, &err) == HM_OK, "%s CPU D: %s", label, err.msg);
-    gpu_compare_units(m, &r.unit_bytes, &r.n_units, &err);
+    gpu_compare_ref_pd(m, label, 0x9e3779b97f4a7c15ull, r.n_vocab, r.toks_p, NP, r.toks_d, ND, NDEC, &r.lp, &r.ld,
+                       &err);
     const int64_t ram_budget = (int64_t)N_RAM_BUF * (int64_t)hm_ssd_slot_bytes(&m->units);
     CHECKF(hm_model_profile_save(m, prof, HM_PROFILE_FMT_HOTMOE, &err) == HM_OK, "profile: %s", err.msg);
     hm_model_close(m);

@@ -59,21 +59,9 @@ typedef struct ref {
     uint64_t unit_bytes, n_units;
 } ref;
 
-static hm_session *open_session(hm_model *m, hm_err *err) {
-    hm_session_opts so;
-    hm_session_opts_default(&so);
-    so.n_ctx = 64;
-    so.n_threads = 4;
-    hm_session *s = NULL;
-    return hm_session_open(&s, m, &so, err) == HM_OK ? s : NULL;
-}
-
+/* Prompt toks[0..np) then NDEC single tokens on a fresh session (n_ctx 64), logits per step into out. */
 static hm_status run_seq(hm_model *m, int32_t *toks, int32_t np, bool greedy, float *out, int32_t V, hm_err *err) {
-    hm_session *s = open_session(m, err);
-    if (!s) return HM_ERR_ARG;
-    hm_status st = gpu_compare_run(s, toks, np, NDEC, greedy, out, V, err);
-    hm_session_close(s);
-    return st;
+    return gpu_compare_run_fresh(m, 64, 0, toks, np, NDEC, greedy, out, V, err);
 }
 
 typedef enum place { P_ONE, P_TS_ALL, P_TS_NCMOE, P_BUDGET_STATIC, P_BUDGET_LRU, P_OUT_ALONE, P_PEER, P_NO_PEER } place;
@@ -260,34 +248,19 @@ static void run_placement(const char *path, const char *label, ref *r, place p, 
 
 static void run_model(const char *type, bool quant) {
     char path[] = "/tmp/hm_mgpu_XXXXXX", prof[64];
-    int fd = mkstemp(path);
-    CHECK(fd >= 0);
-    if (fd < 0) return;
-    close(fd);
+    if (!gpu_compare_synth(path, "qwen3moe", "tiny", type, 11)) return;
     snprintf(prof, sizeof prof, "%s.profile.json", path);
-    hm_synth_opts so = {.arch = "qwen3moe", .preset = "tiny", .type = type, .seed = 11, .out_path = path,
-                        .n_threads = 4};
-    hm_err err = {{0}};
-    hm_status st = hm_synth(&so, &err);
-    CHECKF(st == HM_OK, "synth %s: %s", type, err.msg);
     char label[32];
     snprintf(label, sizeof label, "tiny %s", type);
     ref r;
     memset(&r, 0, sizeof r);
-    hm_model *m = NULL;
-    if (st == HM_OK) st = hm_model_open(&m, path, NULL, &err);
-    CHECKF(st == HM_OK, "%s: open on the CPU: %s", label, err.msg);
-    if (st == HM_OK) {
-        const hm_model_info *inf = hm_model_get_info(m);
-        r.n_vocab = inf->n_vocab;
-        r.n_layer = inf->n_layer;
-        r.k = inf->n_expert_used;
+    hm_err err = {{0}};
+    hm_model *m = gpu_compare_open_cpu(path, label, &r.n_vocab, &r.n_layer, &r.k, &r.unit_bytes, &r.n_units, &err);
+    if (m) {
         const size_t NV = (size_t)NSTEP * (size_t)r.n_vocab * sizeof(float);
-        r.lp = malloc(NV), r.ld = malloc(NV), r.gp = malloc(NV), r.gd = malloc(NV);
-        gpu_compare_prompts(0x2545f4914f6cdd1dull, r.n_vocab, r.toks_p, NP, r.toks_d, ND);
-        CHECKF(run_seq(m, r.toks_p, NP, true, r.lp, r.n_vocab, &err) == HM_OK, "%s CPU P: %s", label, err.msg);
-        CHECKF(run_seq(m, r.toks_d, ND, true, r.ld, r.n_vocab, &err) == HM_OK, "%s CPU D: %s", label, err.msg);
-        gpu_compare_units(m, &r.unit_bytes, &r.n_units, &err);
+        r.gp = malloc(NV), r.gd = malloc(NV);
+        gpu_compare_ref_pd(m, label, 0x2545f4914f6cdd1dull, r.n_vocab, r.toks_p, NP, r.toks_d, ND, NDEC, &r.lp, &r.ld,
+                           &err);
         CHECKF(hm_model_profile_save(m, prof, HM_PROFILE_FMT_HOTMOE, &err) == HM_OK, "profile: %s", err.msg);
         hm_model_close(m);
         CHECK(r.n_layer == 4);
@@ -325,41 +298,22 @@ static const char *g4_place_name[] = {"one GPU -ngl 99", "-ts 1,1 -ngl 99", "-ts
 
 static hm_status g4_run(hm_model *m, int32_t n_ubatch, int32_t *toks, bool greedy, float *out, int32_t V,
                         hm_err *err) {
-    hm_session_opts so;
-    hm_session_opts_default(&so);
-    so.n_ctx = 64;
-    so.n_ubatch = n_ubatch;
-    so.n_threads = 4;
-    so.kv_type = HM_KV_F16;
-    hm_session *s = NULL;
-    if (hm_session_open(&s, m, &so, err) != HM_OK) return HM_ERR_ARG;
-    hm_status st = gpu_compare_run(s, toks, G4P, G4DEC, greedy, out, V, err);
-    hm_session_close(s);
-    return st;
+    return gpu_compare_run_fresh(m, 64, n_ubatch, toks, G4P, G4DEC, greedy, out, V, err);
 }
 
 static void gemma4_model(const char *type, bool quant) {
-    char path[] = "/tmp/hm_mgpu_g4s_XXXXXX";
-    int fd = mkstemp(path);
-    CHECK(fd >= 0);
-    if (fd < 0) return;
-    close(fd);
-    hm_synth_opts so = {.arch = "gemma4", .preset = "gemma4-tiny", .type = type, .seed = 21, .out_path = path,
-                        .n_threads = 4};
+    char path[] = "/tmp/hm_mgpu_g4s_XXXXXX", label[40];
+    if (!gpu_compare_synth(path, "gemma4", "gemma4-tiny", type, 21)) return;
+    snprintf(label, sizeof label, "gemma4-tiny %s", type);
     hm_err err = {{0}};
-    hm_status st = hm_synth(&so, &err);
-    CHECKF(st == HM_OK, "synth gemma4-tiny %s: %s", type, err.msg);
-    hm_model *m = NULL;
-    if (st == HM_OK) st = hm_model_open(&m, path, NULL, &err);
-    CHECKF(st == HM_OK, "gemma4-tiny %s on the CPU: %s", type, err.msg);
-    if (st != HM_OK) {
+    int32_t V = 0, n_layer = 0, K = 0;
+    uint64_t unit_bytes = 0, n_units = 0;
+    hm_model *m = gpu_compare_open_cpu(path, label, &V, &n_layer, &K, &unit_bytes, &n_units, &err);
+    if (!m) {
         unlink(path);
         return;
     }
-    const hm_model_info *inf = hm_model_get_info(m);
-    const int32_t V = inf->n_vocab, n_layer = inf->n_layer, K = inf->n_expert_used;
-    uint64_t unit_bytes = 0, n_units = 0;
-    gpu_compare_units(m, &unit_bytes, &n_units, &err);
+    hm_status st;
     const int32_t ub[2] = {64, 8};
     const size_t NV = (size_t)G4STEP * (size_t)V;
     int32_t toks[G4P + G4DEC], dummy[1];

@@ -105,11 +105,7 @@ static hm_session *open_session(hm_model *m, hm_kv_type kv, hm_err *err) {
 /* Run prompt toks[0..np) then NDEC single tokens toks[np..], logits per step into out
  * ([NSTEP][V]). greedy: the CPU reference picks toks[np + i] = argmax of step i's logits. */
 static hm_status run_seq(hm_model *m, int32_t *toks, int32_t np, bool greedy, float *out, int32_t V, hm_err *err) {
-    hm_session *s = open_session(m, HM_KV_F16, err);
-    if (!s) return HM_ERR_ARG;
-    hm_status st = gpu_compare_run(s, toks, np, NDEC, greedy, out, V, err);
-    hm_session_close(s);
-    return st;
+    return gpu_compare_run_fresh(m, 64, 0, toks, np, NDEC, greedy, out, V, err);
 }
 
 typedef enum place { P_CPU_MOE, P_N_CPU_MOE, P_STATIC, P_LRU, P_ALL, P_STREAM, P_MLOCK } place;
@@ -282,35 +278,18 @@ static void run_placement(const char *path, const char *label, const ref *r, pla
 
 static void run_model(const char *type, bool quant) {
     char path[] = "/tmp/hm_q3gpu_XXXXXX", prof[64];
-    int fd = mkstemp(path);
-    CHECK(fd >= 0);
-    if (fd < 0) return;
-    close(fd);
+    if (!gpu_compare_synth(path, "qwen3moe", "tiny", type, 11)) return;
     snprintf(prof, sizeof prof, "%s.profile.json", path);
-    hm_synth_opts so = {.arch = "qwen3moe", .preset = "tiny", .type = type, .seed = 11, .out_path = path,
-                        .n_threads = 4};
-    hm_err err = {{0}};
-    hm_status st = hm_synth(&so, &err);
-    CHECKF(st == HM_OK, "synth %s: %s", type, err.msg);
     char label[32];
     snprintf(label, sizeof label, "tiny %s", type);
 
     ref r;
     memset(&r, 0, sizeof r);
-    hm_model *m = NULL;
-    if (st == HM_OK) st = hm_model_open(&m, path, NULL, &err);
-    CHECKF(st == HM_OK, "%s: open on the CPU: %s", label, err.msg);
-    if (st == HM_OK) {
-        const hm_model_info *inf = hm_model_get_info(m);
-        r.n_vocab = inf->n_vocab;
-        r.n_layer = inf->n_layer;
-        r.k = inf->n_expert_used;
-        r.lp = malloc((size_t)NSTEP * (size_t)r.n_vocab * sizeof(float));
-        r.ld = malloc((size_t)NSTEP * (size_t)r.n_vocab * sizeof(float));
-        gpu_compare_prompts(0x2545f4914f6cdd1dull, r.n_vocab, r.toks_p, NP, r.toks_d, ND);
-        CHECKF(run_seq(m, r.toks_p, NP, true, r.lp, r.n_vocab, &err) == HM_OK, "%s CPU P: %s", label, err.msg);
-        CHECKF(run_seq(m, r.toks_d, ND, true, r.ld, r.n_vocab, &err) == HM_OK, "%s CPU D: %s", label, err.msg);
-        gpu_compare_units(m, &r.unit_bytes, &r.n_units, &err);
+    hm_err err = {{0}};
+    hm_model *m = gpu_compare_open_cpu(path, label, &r.n_vocab, &r.n_layer, &r.k, &r.unit_bytes, &r.n_units, &err);
+    if (m) {
+        gpu_compare_ref_pd(m, label, 0x2545f4914f6cdd1dull, r.n_vocab, r.toks_p, NP, r.toks_d, ND, NDEC, &r.lp, &r.ld,
+                           &err);
         r.exps_span = exps_span(path);
         CHECKF(hm_model_profile_save(m, prof, HM_PROFILE_FMT_HOTMOE, &err) == HM_OK, "profile: %s", err.msg);
         hm_model_close(m);

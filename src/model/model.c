@@ -157,6 +157,53 @@ hm_status hm_model_hp_float(const hm_model *m, const char *suffix, bool required
     return HM_OK;
 }
 
+hm_status hm_model_hp_moe(const hm_model *m, hm_moe_hp *hp, hm_err *err) {
+    hm_status st;
+#define HP_INT(suffix, req, dflt, dst) \
+    do { if ((st = hm_model_hp_int(m, suffix, req, dflt, dst, err)) != HM_OK) return st; } while (0)
+    HP_INT("context_length", true, 0, &hp->n_ctx_train);
+    HP_INT("embedding_length", true, 0, &hp->n_embd);
+    HP_INT("block_count", true, 0, &hp->n_layer);
+    HP_INT("attention.head_count", true, 0, &hp->n_head);
+    HP_INT("attention.head_count_kv", false, hp->n_head, &hp->n_head_kv);
+    if (hp->n_embd <= 0 || hp->n_layer <= 0 || hp->n_head <= 0 || hp->n_head_kv <= 0)
+        return hm_errf(err, HM_ERR_FORMAT, "bad hparams: embedding_length %d, block_count %d, head_count %d and "
+                       "head_count_kv %d must all be > 0", hp->n_embd, hp->n_layer, hp->n_head, hp->n_head_kv);
+    if (hp->n_head % hp->n_head_kv)
+        return hm_errf(err, HM_ERR_FORMAT, "bad hparams: head_count %d is not a multiple of head_count_kv %d",
+                       hp->n_head, hp->n_head_kv);
+    if ((st = hm_model_hp_head_dim(m, "", false, hp->n_embd / hp->n_head, &hp->head_dim, err)) != HM_OK) return st;
+    HP_INT("rope.dimension_count", false, hp->head_dim, &hp->n_rot);
+    if (hp->head_dim <= 0 || hp->head_dim % 2 || hp->n_rot % 2 || hp->n_rot > hp->head_dim)
+        return hm_errf(err, HM_ERR_FORMAT, "bad hparams: key_length %d, rope.dimension_count %d", hp->head_dim,
+                       hp->n_rot);
+    HP_INT("expert_count", true, 0, &hp->n_expert);
+    HP_INT("expert_used_count", true, 0, &hp->n_expert_used);
+#undef HP_INT
+    if (hp->n_expert <= 0 || hp->n_expert_used <= 0)
+        return hm_errf(err, HM_ERR_FORMAT, "bad hparams: expert_count %d and expert_used_count %d must be > 0",
+                       hp->n_expert, hp->n_expert_used);
+    if (hp->n_expert_used > hp->n_expert)
+        return hm_errf(err, HM_ERR_FORMAT, "bad hparams: expert_used_count %d > expert_count %d", hp->n_expert_used,
+                       hp->n_expert);
+    if ((st = hm_model_hp_float(m, "rope.freq_base", false, 10000.0, &hp->theta, err)) != HM_OK) return st;
+    return hm_model_hp_float(m, "attention.layer_norm_rms_epsilon", false, 1e-6, &hp->eps, err);
+}
+
+void hm_model_info_moe(hm_model *m, const hm_moe_hp *hp) {
+    hm_model_info *inf = &m->info;
+    inf->n_vocab = hp->n_vocab;
+    inf->n_ctx_train = hp->n_ctx_train;
+    inf->n_embd = hp->n_embd;
+    inf->n_layer = hp->n_layer;
+    inf->n_head = hp->n_head;
+    inf->n_head_kv = hp->n_head_kv;
+    inf->head_dim = hp->head_dim;
+    inf->n_expert = hp->n_expert;
+    inf->n_expert_used = hp->n_expert_used;
+    inf->n_ff_exp = hp->n_ff_exp;
+}
+
 static void fmt_shape(char *buf, size_t cap, uint32_t n_dims, const int64_t *ne) {
     size_t o = (size_t)snprintf(buf, cap, "[");
     for (uint32_t d = 0; d < n_dims && o < cap; d++)

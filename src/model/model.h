@@ -156,6 +156,36 @@ hm_status hm_model_hp_float(const hm_model *m, const char *suffix, bool required
 hm_status hm_model_hp_head_dim(const hm_model *m, const char *sfx, bool required, int64_t dflt, int32_t *out,
                                hm_err *err);
 
+/* The hparams a transformer with a MoE block in every layer reads alike (qwen3moe, qwen35moe).
+ * An arch's model struct holds them as HM_MOE_HP: the fields by their own names (q->n_embd) and,
+ * the same storage, as a whole (q->hp) for the helpers below. n_ff_exp and n_vocab are the arch's
+ * to fill (their sources differ); the helpers read and write the others. */
+#define HM_MOE_HP_FIELDS                                                                                   \
+    int32_t n_layer, n_embd, n_head, n_head_kv, head_dim, n_rot;                                       \
+    int32_t n_expert, n_expert_used, n_ff_exp, n_vocab, n_ctx_train;                                  \
+    float eps, theta
+typedef struct hm_moe_hp {
+    HM_MOE_HP_FIELDS;
+} hm_moe_hp;
+#define HM_MOE_HP                                                                                          \
+    union {                                                                                                \
+        hm_moe_hp hp;                                                                                      \
+        struct {                                                                                           \
+            HM_MOE_HP_FIELDS;                                                                              \
+        };                                                                                                 \
+    }
+
+/* Read into hp: context_length, embedding_length, block_count, attention.head_count (all > 0),
+ * attention.head_count_kv (default head_count; > 0, divides head_count), the head dim
+ * (hm_model_hp_head_dim, default n_embd / n_head; even, > 0), rope.dimension_count (default the
+ * head dim; even, <= head dim; 0: no rotary), expert_count and expert_used_count (> 0, used <= count),
+ * rope.freq_base (default 10000) and attention.layer_norm_rms_epsilon (default 1e-6). A value out
+ * of range is HM_ERR_FORMAT "bad hparams: ..." naming the keys. */
+hm_status hm_model_hp_moe(const hm_model *m, hm_moe_hp *hp, hm_err *err);
+/* m->info's shape (n_vocab, n_ctx_train, n_embd, n_layer, heads, head_dim, experts, n_ff_exp)
+ * from hp, once the arch has filled all of it. */
+void hm_model_info_moe(hm_model *m, const hm_moe_hp *hp);
+
 /* What a bound tensor must be. */
 typedef enum hm_bind_kind {
     HM_BIND_F32 = 0,   /* norms and similar vectors: type must be F32 */

@@ -67,39 +67,7 @@ static hm_status q35_load(hm_model *m, hm_err *err) {
     if (!q) return hm_errf(err, HM_ERR_NOMEM, "out of memory");
     m->impl = q;
 
-    HP_INT("context_length", true, 0, &q->n_ctx_train);
-    HP_INT("embedding_length", true, 0, &q->n_embd);
-    HP_INT("block_count", true, 0, &q->n_layer);
-    HP_INT("attention.head_count", true, 0, &q->n_head);
-    HP_INT("attention.head_count_kv", false, q->n_head, &q->n_head_kv);
-    if (q->n_embd <= 0 || q->n_layer <= 0 || q->n_head <= 0 || q->n_head_kv <= 0) {
-        st = hm_errf(err, HM_ERR_FORMAT, "bad hparams: embedding_length %d, block_count %d, head_count %d and "
-                     "head_count_kv %d must all be > 0", q->n_embd, q->n_layer, q->n_head, q->n_head_kv);
-        goto fail;
-    }
-    if (q->n_head % q->n_head_kv) {
-        st = hm_errf(err, HM_ERR_FORMAT, "bad hparams: head_count %d is not a multiple of head_count_kv %d",
-                     q->n_head, q->n_head_kv);
-        goto fail;
-    }
-    TRY(hm_model_hp_head_dim(m, "", false, q->n_embd / q->n_head, &q->head_dim, err));
-    HP_INT("rope.dimension_count", false, q->head_dim, &q->n_rot);
-    if (q->head_dim % 2 || q->n_rot % 2 || q->n_rot > q->head_dim) {
-        st = hm_errf(err, HM_ERR_FORMAT, "bad hparams: key_length %d, rope.dimension_count %d", q->head_dim, q->n_rot);
-        goto fail;
-    }
-    HP_INT("expert_count", true, 0, &q->n_expert);
-    HP_INT("expert_used_count", true, 0, &q->n_expert_used);
-    if (q->n_expert <= 0 || q->n_expert_used <= 0) {
-        st = hm_errf(err, HM_ERR_FORMAT, "bad hparams: expert_count %d and expert_used_count %d must be > 0",
-                     q->n_expert, q->n_expert_used);
-        goto fail;
-    }
-    if (q->n_expert_used > q->n_expert) {
-        st = hm_errf(err, HM_ERR_FORMAT, "bad hparams: expert_used_count %d > expert_count %d", q->n_expert_used,
-                     q->n_expert);
-        goto fail;
-    }
+    TRY(hm_model_hp_moe(m, &q->hp, err));
     {
         const hm_gguf_tensor *g = hm_gguf_find_tensor(m->gguf, "blk.0.ffn_gate_exps.weight");
         HP_INT("expert_feed_forward_length", g == NULL, g && g->n_dims >= 2 ? g->ne[1] : 0, &q->n_ff_exp);
@@ -131,9 +99,6 @@ static hm_status q35_load(hm_model *m, hm_err *err) {
         goto fail;
     }
     q->conv_dim = 2 * q->n_k * q->d_k + q->n_v * q->d_v;
-    if ((st = hm_model_hp_float(m, "rope.freq_base", false, 10000.0, &q->theta, err)) != HM_OK) goto fail;
-    if ((st = hm_model_hp_float(m, "attention.layer_norm_rms_epsilon", false, 1e-6, &q->eps, err)) != HM_OK)
-        goto fail;
 
     const int64_t E = q->n_embd, hd = q->head_dim, nq = (int64_t)q->n_head * hd, nkv = (int64_t)q->n_head_kv * hd;
     const int64_t vdim = (int64_t)q->n_v * q->d_v;
@@ -182,17 +147,7 @@ static hm_status q35_load(hm_model *m, hm_err *err) {
 #undef NAME
     }
 
-    hm_model_info *inf = &m->info;
-    inf->n_vocab = q->n_vocab;
-    inf->n_ctx_train = q->n_ctx_train;
-    inf->n_embd = q->n_embd;
-    inf->n_layer = q->n_layer;
-    inf->n_head = q->n_head;
-    inf->n_head_kv = q->n_head_kv;
-    inf->head_dim = q->head_dim;
-    inf->n_expert = q->n_expert;
-    inf->n_expert_used = q->n_expert_used;
-    inf->n_ff_exp = q->n_ff_exp;
+    hm_model_info_moe(m, &q->hp);
     hm_log_printf(&m->log, HM_LOG_INFO,
                   "qwen35moe: %d layers (%d DeltaNet, %d attention), n_embd %d, heads %d/%d x %d (rope %d), "
                   "DeltaNet k %dx%d v %dx%d conv %d, experts %d (k %d, n_ff %d, shared %d), vocab %d",

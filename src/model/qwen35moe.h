@@ -32,11 +32,10 @@ typedef struct q35_layer {
 } q35_layer;
 
 typedef struct q35_model {
-    int32_t n_layer, n_embd, n_head, n_head_kv, head_dim, n_rot;
-    int32_t n_expert, n_expert_used, n_ff_exp, n_ff_sh, n_vocab, n_ctx_train;
+    HM_MOE_HP;               /* n_layer, n_embd, heads, experts, eps, theta, ... (model.h) */
+    int32_t n_ff_sh;         /* the shared expert's */
     int32_t d_conv, n_k, n_v, d_k, d_v, conv_dim; /* DeltaNet shape */
     int32_t n_attn, n_recr;  /* layers of each kind */
-    float eps, theta;
     hm_mat tok_embd, output; /* [n_vocab x n_embd] */
     const float *output_norm;
     q35_layer *layers;       /* owned */

@@ -50,27 +50,9 @@ static hm_status q3_load(hm_model *m, hm_err *err) {
     if (!q) return hm_errf(err, HM_ERR_NOMEM, "out of memory");
     m->impl = q;
 
-    HP_INT("context_length", true, 0, &q->n_ctx_train);
-    HP_INT("embedding_length", true, 0, &q->n_embd);
-    HP_INT("block_count", true, 0, &q->n_layer);
-    HP_INT("attention.head_count", true, 0, &q->n_head);
-    HP_INT("attention.head_count_kv", false, q->n_head, &q->n_head_kv);
-    if (q->n_embd <= 0 || q->n_layer <= 0 || q->n_head <= 0 || q->n_head_kv <= 0 || q->n_head % q->n_head_kv) {
-        st = hm_errf(err, HM_ERR_FORMAT, "bad hparams: n_embd %d, block_count %d, head_count %d, head_count_kv %d",
-                     q->n_embd, q->n_layer, q->n_head, q->n_head_kv);
-        goto fail;
-    }
-    TRY(hm_model_hp_head_dim(m, "", false, q->n_embd / q->n_head, &q->head_dim, err));
-    HP_INT("rope.dimension_count", false, q->head_dim, &q->n_rot);
-    if (q->head_dim <= 0 || q->head_dim % 2 || q->n_rot <= 0 || q->n_rot % 2 || q->n_rot > q->head_dim) {
+    TRY(hm_model_hp_moe(m, &q->hp, err));
+    if (q->n_rot <= 0) {
         st = hm_errf(err, HM_ERR_FORMAT, "bad hparams: key_length %d, rope.dimension_count %d", q->head_dim, q->n_rot);
-        goto fail;
-    }
-    HP_INT("expert_count", true, 0, &q->n_expert);
-    HP_INT("expert_used_count", true, 0, &q->n_expert_used);
-    if (q->n_expert <= 0 || q->n_expert_used <= 0 || q->n_expert_used > q->n_expert) {
-        st = hm_errf(err, HM_ERR_FORMAT, "bad hparams: expert_count %d, expert_used_count %d", q->n_expert,
-                     q->n_expert_used);
         goto fail;
     }
     {
@@ -82,9 +64,6 @@ static hm_status q3_load(hm_model *m, hm_err *err) {
             goto fail;
         }
     }
-    if ((st = hm_model_hp_float(m, "rope.freq_base", false, 10000.0, &q->theta, err)) != HM_OK) goto fail;
-    if ((st = hm_model_hp_float(m, "attention.layer_norm_rms_epsilon", false, 1e-6, &q->eps, err)) != HM_OK)
-        goto fail;
     {
         char key[128];
         hm_gguf_str s;
@@ -119,17 +98,7 @@ static hm_status q3_load(hm_model *m, hm_err *err) {
 #undef NAME
     }
 
-    hm_model_info *inf = &m->info;
-    inf->n_vocab = q->n_vocab;
-    inf->n_ctx_train = q->n_ctx_train;
-    inf->n_embd = q->n_embd;
-    inf->n_layer = q->n_layer;
-    inf->n_head = q->n_head;
-    inf->n_head_kv = q->n_head_kv;
-    inf->head_dim = q->head_dim;
-    inf->n_expert = q->n_expert;
-    inf->n_expert_used = q->n_expert_used;
-    inf->n_ff_exp = q->n_ff_exp;
+    hm_model_info_moe(m, &q->hp);
     hm_log_printf(&m->log, HM_LOG_INFO,
                   "qwen3moe: %d layers, n_embd %d, heads %d/%d x %d, experts %d (k %d, n_ff %d), vocab %d, "
                   "ctx_train %d, rope %g, eps %g",

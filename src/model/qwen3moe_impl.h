@@ -19,9 +19,7 @@ typedef struct q3_layer {
 } q3_layer;
 
 typedef struct q3_model {
-    int32_t n_layer, n_embd, n_head, n_head_kv, head_dim, n_rot;
-    int32_t n_expert, n_expert_used, n_ff_exp, n_vocab, n_ctx_train;
-    float eps, theta;
+    HM_MOE_HP;                 /* n_layer, n_embd, heads, experts, eps, theta, ... (model.h) */
     hm_mat tok_embd, output;   /* [n_vocab x n_embd] */
     const float *output_norm;  /* [n_embd] */
     q3_layer *layers;          /* [n_layer], owned */
