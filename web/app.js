@@ -258,7 +258,8 @@ function gpuText(ex) {
   if (!g || !g.devices || !g.devices.length) return '';
   const devs = g.devices.map((d) => `GPU ${d.ordinal} ${d.slots_used}/${d.slots} slots` + (d.peer ? ` (${d.peer} peer)` : '')).join(', ');
   const st = g.prefill_stream && g.prefill_stream.units ? `, ${g.prefill_stream.units} units streamed in prefill` : '';
-  return ` · ${devs}${st}`;
+  const pin = g.pinned_bytes ? `, ${(g.pinned_bytes / 2 ** 30).toFixed(2)} GiB pinned for direct copies (${g.direct_fills} made)` : '';
+  return ` · ${devs}${st}${pin}`;
 }
 
 async function poll() {

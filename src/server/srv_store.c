@@ -10,7 +10,9 @@
  *   mlocked_bytes       = usage.mlocked_bytes (--mlock)
  *   gpu                 = null without a GPU placement, else {devices: [{ordinal, slots, slots_used,
  *                         peer}], layer_device: [device index of each layer], prefill_stream:
- *                         {units, bytes, ahead, ahead_used}} from usage.gpu_*, layer_gpu, stream_*
+ *                         {units, bytes, ahead, ahead_used}, pinned_bytes, direct_fills} from
+ *                         usage.gpu_*, layer_gpu, stream_* (pinned: --mlock's expert bytes
+ *                         registered with CUDA; direct fills: copies to VRAM straight from them)
  *   /profile/save       = hm_model_profile_save (tmp + rename)
  *   policy switch       = hm_model_set_policy
  * Every function here runs on the engine thread between rounds (srv_sched_call), because the
@@ -40,9 +42,11 @@ static json_t *gpu_json(const hm_usage *u) {
                                               (json_int_t)u->gpu_slots[d], "slots_used",
                                               (json_int_t)u->gpu_slots_used[d], "peer", (json_int_t)u->gpu_peer[d]));
     for (int32_t l = 0; u->layer_gpu && l < u->n_layer; l++) json_array_append_new(ld, json_integer(u->layer_gpu[l]));
-    return json_pack("{s:o, s:o, s:{s:I, s:I, s:I, s:I}}", "devices", devs, "layer_device", ld, "prefill_stream",
-                     "units", (json_int_t)u->stream_units, "bytes", (json_int_t)u->stream_bytes, "ahead",
-                     (json_int_t)u->stream_ahead, "ahead_used", (json_int_t)u->stream_ahead_used);
+    return json_pack("{s:o, s:o, s:{s:I, s:I, s:I, s:I}, s:I, s:I}", "devices", devs, "layer_device", ld,
+                     "prefill_stream", "units", (json_int_t)u->stream_units, "bytes", (json_int_t)u->stream_bytes,
+                     "ahead", (json_int_t)u->stream_ahead, "ahead_used", (json_int_t)u->stream_ahead_used,
+                     "pinned_bytes", (json_int_t)u->gpu_pinned_bytes, "direct_fills",
+                     (json_int_t)u->gpu_direct_fills);
 }
 
 json_t *srv_store_experts_json(srv_sched *s) {
@@ -154,6 +158,12 @@ void srv_store_metrics(srv_sched *s, srv_buf *o) {
         srv_buf_str(o, "# HELP hotmoe_prefill_stream_bytes_total Bytes those copies moved.\n"
                        "# TYPE hotmoe_prefill_stream_bytes_total counter\n");
         srv_buf_printf(o, "hotmoe_prefill_stream_bytes_total %llu\n", (unsigned long long)u.stream_bytes);
+        srv_buf_str(o, "# HELP hotmoe_gpu_pinned_bytes Expert bytes of the model mapping registered with CUDA "
+                       "(--mlock): copies to VRAM come straight from them.\n# TYPE hotmoe_gpu_pinned_bytes gauge\n");
+        srv_buf_printf(o, "hotmoe_gpu_pinned_bytes %llu\n", (unsigned long long)u.gpu_pinned_bytes);
+        srv_buf_str(o, "# HELP hotmoe_gpu_direct_fills_total Copies of units to VRAM made straight from those bytes "
+                       "(no staging).\n# TYPE hotmoe_gpu_direct_fills_total counter\n");
+        srv_buf_printf(o, "hotmoe_gpu_direct_fills_total %llu\n", (unsigned long long)u.gpu_direct_fills);
     }
     if (u.ram_budget > 0) { /* the SSD tier (--ram-budget below the experts' size) */
         srv_buf_str(o, "# HELP hotmoe_ssd_tier_budget_bytes RAM pool of the SSD tier (slots + staging).\n"
