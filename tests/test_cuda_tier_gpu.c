@@ -214,6 +214,10 @@ static void test_options(void) {
     CHECK(hm_vram_tier_open(&t, ctx, &o, &err) == HM_ERR_ARG && t == NULL);
     o = (hm_vram_tier_opts){.n_slots = 1, .slot_bytes = 4096, .staging_bytes = 100, .n_staging = 4};
     CHECK(hm_vram_tier_open(&t, ctx, &o, &err) == HM_ERR_ARG && t == NULL);
+    o = (hm_vram_tier_opts){.n_slots = 1, .slot_bytes = 4096, .copy_threads = -1};
+    CHECK(hm_vram_tier_open(&t, ctx, &o, &err) == HM_ERR_ARG && t == NULL && strstr(err.msg, "-1 copy threads"));
+    o = (hm_vram_tier_opts){.n_slots = 1, .slot_bytes = 4096, .copy_threads = 65};
+    CHECK(hm_vram_tier_open(&t, ctx, &o, &err) == HM_ERR_ARG && t == NULL);
     hunit_free(&u);
 }
 
