@@ -343,7 +343,110 @@ static void test_moe_type(hm_pool **pools, int type_gu, int type_down) {
     }
 }
 
+/* One token (decode): hm_cpu_moe's one-token path must give the general path's bytes exactly, for
+ * 1, 2 and 8 units (with empty jobs between them), Q4_K gate/up, Q4_K and Q6_K down, at 1, 2, 3 and
+ * 16 threads; both against the double reference too. Weights of decode size (n_embd 2048). */
+static void test_moe_one_token(hm_pool **pools, int64_t n_ff) {
+    const int64_t n_embd = 2048;
+    enum { N_UNIT = 8 };
+    static const int units[] = {1, 2, 8};
+    static const int downs[] = {HM_TYPE_Q4_K, HM_TYPE_Q6_K};
+    hm_pool *p16 = NULL;
+    hm_err err;
+    CHECKF(hm_pool_open(&p16, 16, &err) == HM_OK, "pool of 16: %s", err.msg);
+    if (!p16) return;
+    hm_pool *tp[4] = {pools[0], pools[1], pools[2], p16};
+    static const int tn[4] = {1, 2, 3, 16};
+    test_mat gate[N_UNIT], up[N_UNIT], down[N_UNIT];
+    for (int e = 0; e < N_UNIT; e++) {
+        mat_make(&gate[e], HM_TYPE_Q4_K, n_embd, n_ff);
+        mat_make(&up[e], HM_TYPE_Q4_K, n_embd, n_ff);
+    }
+    float *x = malloc((size_t)n_embd * sizeof(float));
+    float *base = malloc((size_t)n_embd * sizeof(float));
+    float *gen = malloc((size_t)n_embd * sizeof(float));
+    float *one = malloc((size_t)n_embd * sizeof(float));
+    double *ref = malloc((size_t)n_embd * sizeof(double));
+    double *h = malloc((size_t)n_ff * sizeof(double));
+    const int32_t tok0 = 0;
+    float wu[N_UNIT];
+    hm_scratch s = scratch_make(hm_cpu_moe_scratch_size(1, N_UNIT, n_embd, n_ff, 16));
+    for (size_t di = 0; di < sizeof downs / sizeof downs[0]; di++) {
+        for (int e = 0; e < N_UNIT; e++) mat_make(&down[e], downs[di], n_ff, n_embd);
+        for (size_t ui = 0; ui < sizeof units / sizeof units[0]; ui++) {
+            const int nu = units[ui];
+            fill(x, n_embd, 1.0f);
+            fill(base, n_embd, 0.1f);
+            /* jobs: an empty one first, then the units (experts in reverse order), an empty one
+             * after the first unit */
+            hm_moe_job jobs[N_UNIT + 2];
+            int nj = 0;
+            memset(jobs, 0, sizeof jobs);
+            jobs[nj++] = (hm_moe_job){gate[0].m, up[0].m, down[0].m, &tok0, wu, 0};
+            for (int i = 0; i < nu; i++) {
+                const int e = N_UNIT - 1 - i;
+                wu[i] = (float)(0.1 + rnd_u());
+                jobs[nj++] = (hm_moe_job){gate[e].m, up[e].m, down[e].m, &tok0, &wu[i], 1};
+                if (i == 0) jobs[nj++] = (hm_moe_job){gate[1].m, up[1].m, down[1].m, &tok0, wu, 0};
+            }
+            for (int64_t i = 0; i < n_embd; i++) ref[i] = base[i];
+            for (int i = 0; i < nu; i++) {
+                const int e = N_UNIT - 1 - i;
+                for (int64_t r = 0; r < n_ff; r++) {
+                    double g = 0, u = 0;
+                    for (int64_t c = 0; c < n_embd; c++) {
+                        g += (double)gate[e].deq[r * n_embd + c] * x[c];
+                        u += (double)up[e].deq[r * n_embd + c] * x[c];
+                    }
+                    h[r] = silu_d(g) * u;
+                }
+                for (int64_t r = 0; r < n_embd; r++) {
+                    double o = 0;
+                    for (int64_t c = 0; c < n_ff; c++) o += (double)down[e].deq[r * n_ff + c] * h[c];
+                    ref[r] += wu[i] * o;
+                }
+            }
+            const double bound = 4 * partner_bound(HM_TYPE_Q8_K);
+            for (int t = 0; t < 4; t++) {
+                memcpy(gen, base, (size_t)n_embd * sizeof(float));
+                hm_cpu_moe_set_one_token_path(false);
+                hm_cpu_moe(tp[t], jobs, nj, x, 1, n_embd, n_ff, gen, &s);
+                memcpy(one, base, (size_t)n_embd * sizeof(float));
+                hm_cpu_moe_set_one_token_path(true);
+                hm_cpu_moe(tp[t], jobs, nj, x, 1, n_embd, n_ff, one, &s);
+                int64_t first = -1;
+                for (int64_t i = 0; i < n_embd && first < 0; i++)
+                    if (memcmp(&gen[i], &one[i], sizeof(float)) != 0) first = i;
+                CHECKF(first < 0, "moe one token n_ff=%lld down=%s units=%d threads=%d: differs from the "
+                       "general path at %lld (%.9g vs %.9g)", (long long)n_ff, hm_type_name(downs[di]), nu,
+                       tn[t], (long long)first, first < 0 ? 0.0 : (double)one[first],
+                       first < 0 ? 0.0 : (double)gen[first]);
+                double e = nmse(one, ref, n_embd);
+                CHECKF(e < bound, "moe one token n_ff=%lld down=%s units=%d threads=%d: nmse %.3g > %.3g",
+                       (long long)n_ff, hm_type_name(downs[di]), nu, tn[t], e, bound);
+            }
+        }
+        for (int e = 0; e < N_UNIT; e++) mat_free(&down[e]);
+    }
+    hm_free_aligned(s.data);
+    for (int e = 0; e < N_UNIT; e++) {
+        mat_free(&gate[e]);
+        mat_free(&up[e]);
+    }
+    free(h);
+    free(ref);
+    free(one);
+    free(gen);
+    free(base);
+    free(x);
+    hm_pool_close(p16);
+}
+
 static void test_moe(hm_pool **pools) {
+    if (hm_cpu_type_ok(HM_TYPE_Q4_K) && hm_cpu_type_ok(HM_TYPE_Q6_K)) {
+        test_moe_one_token(pools, 512);
+        test_moe_one_token(pools, 768);
+    }
     test_moe_type(pools, HM_TYPE_F32, HM_TYPE_F32);
     if (hm_cpu_type_ok(HM_TYPE_Q4_K) && hm_cpu_type_ok(HM_TYPE_Q6_K)) test_moe_type(pools, HM_TYPE_Q4_K, HM_TYPE_Q6_K);
     if (hm_cpu_type_ok(HM_TYPE_Q8_0) && hm_cpu_type_ok(HM_TYPE_Q4_K)) test_moe_type(pools, HM_TYPE_Q8_0, HM_TYPE_Q4_K);

@@ -8,7 +8,8 @@
  *   4. o = down h for each pair                                         ((job, row chunk) items)
  *   5. out[t] += w * o over t's pairs in job order                      (tokens split ith/nth)
  * Items of 2 and 4 come from shared atomic counters, so busy threads take fewer; every element is
- * still computed by one thread in a fixed order, and phase 5's order is fixed: deterministic. */
+ * still computed by one thread in a fixed order, and phase 5's order is fixed: deterministic.
+ * One token (decode) takes moe_one_token below: the same values, static row ranges, two barriers. */
 #include "cpu_impl.h"
 #include "cpu_kernels.h"
 
@@ -145,6 +146,138 @@ static void moe_task(void *vctx, int ith, int nth) {
     }
 }
 
+/* ---- one token (decode) ------------------------------------------------------------------------
+ * Same values as the general path, fewer and better balanced phases. Every active job has one pair
+ * (token 0), pair a = active job a; x was quantised by the caller. One run, two barriers:
+ *   A. rows [lo, hi) of every job's gate and up, then h = silu(g) * u on those rows  (static rows)
+ *   B. h quantised to the job's down partner type                                     (pairs split)
+ *   C. rows [lo, hi) of every job's down, then out[e] += w_a * o_a[e] in job order   (static rows)
+ * Row ranges are whole 16-row groups: h's SIMD/tail split per element is the one of a whole-row
+ * hm_swiglu_vec, and each dot product is the same vec_dot call, so the result is bit-identical. */
+
+#define MOE_ROW_GROUP 16
+
+static bool one_token_path = true;
+void hm_cpu_moe_set_one_token_path(bool on) { one_token_path = on; }
+
+static void row_range(int64_t n, int ith, int nth, int64_t *lo, int64_t *hi) {
+    hm_split((n + MOE_ROW_GROUP - 1) / MOE_ROW_GROUP, ith, nth, lo, hi);
+    *lo *= MOE_ROW_GROUP;
+    *hi = *hi * MOE_ROW_GROUP < n ? *hi * MOE_ROW_GROUP : n;
+}
+
+static void moe_one_task(void *vctx, int ith, int nth) {
+    moe_ctx *c = vctx;
+    const int64_t n_ff = c->n_ff, n_embd = c->n_embd;
+    int64_t lo, hi;
+    /* A */
+    row_range(n_ff, ith, nth, &lo, &hi);
+    if (lo < hi) {
+        for (int32_t a = 0; a < c->n_active; a++) {
+            const hm_moe_job *j = &c->jobs[c->active[a]];
+            const hm_mat *m[2] = {&j->gate, &j->up};
+            float *y[2] = {c->g + a * n_ff, c->u + a * n_ff};
+            for (int k = 0; k < 2; k++) {
+                int q = q_index(c, m[k]->type);
+                const char *xb = q < 0 ? (const char *)c->x : c->xq[q];
+                size_t xs = q < 0 ? (size_t)n_embd * sizeof(float) : c->xq_stride[q];
+                hm_cpu_rows(m[k], lo, hi, xb, xs, j->tok, 1, y[k], n_ff);
+            }
+            hm_swiglu_vec(y[0] + lo, y[1] + lo, y[0] + lo, hi - lo);
+        }
+    }
+    hm_pool_barrier(c->pool);
+    /* B */
+    hm_split(c->n_active, ith, nth, &lo, &hi);
+    for (int64_t a = lo; a < hi; a++) {
+        const hm_type_traits *dt = hm_type_get(c->jobs[c->active[a]].down.type);
+        if (dt->vec_dot_type != HM_TYPE_F32)
+            hm_type_get((int)dt->vec_dot_type)->from_float(c->g + a * n_ff, c->hq + (size_t)a * c->hq_stride, n_ff);
+    }
+    hm_pool_barrier(c->pool);
+    /* C */
+    row_range(n_embd, ith, nth, &lo, &hi);
+    if (lo >= hi) return;
+    for (int32_t a = 0; a < c->n_active; a++) {
+        const hm_moe_job *j = &c->jobs[c->active[a]];
+        int pt = (int)hm_type_get(j->down.type)->vec_dot_type;
+        const char *hb = pt == HM_TYPE_F32 ? (const char *)(c->g + a * n_ff) : c->hq + (size_t)a * c->hq_stride;
+        size_t hs = pt == HM_TYPE_F32 ? (size_t)n_ff * sizeof(float) : c->hq_stride;
+        hm_cpu_rows(&j->down, lo, hi, hb, hs, NULL, 1, c->o + a * n_embd, n_embd);
+    }
+    /* the general path's phase 5 for token 0 over rows [lo, hi): pairs in job order */
+    float *dst = c->out;
+    for (int32_t a = 0; a < c->n_active; a++) {
+        const float wgt = c->pair_w[a];
+        const float *src = c->o + (int64_t)a * n_embd;
+        for (int64_t e = lo; e < hi; e++) dst[e] += wgt * src[e];
+    }
+}
+
+static void moe_one_token(hm_pool *pool, const hm_moe_job *jobs, int n_jobs, const float *x, int64_t n_embd,
+                          int64_t n_ff, float *out, hm_scratch *scratch, int64_t n_pairs) {
+    moe_ctx c;
+    memset(&c, 0, sizeof c);
+    hm_bump b = hm_bump_init(scratch);
+    int32_t *active = hm_bump_take(&b, ((size_t)n_pairs + 1) * sizeof(int32_t));
+    float *pair_w = hm_bump_take(&b, ((size_t)n_pairs + 1) * sizeof(float));
+    c.pool = pool;
+    c.jobs = jobs;
+    c.x = x;
+    c.out = out;
+    c.n_batch = 1;
+    c.n_embd = n_embd;
+    c.n_ff = n_ff;
+    c.n_pairs = n_pairs;
+    int32_t na = 0;
+    size_t hq_stride = 0;
+    for (int j = 0; j < n_jobs; j++) {
+        const hm_moe_job *jb = &jobs[j];
+        if (jb->n_tok <= 0) continue;
+        HM_ASSERT(jb->gate.ne0 == n_embd && jb->gate.ne1 == n_ff && jb->up.ne0 == n_embd &&
+                  jb->up.ne1 == n_ff && jb->down.ne0 == n_ff && jb->down.ne1 == n_embd);
+        HM_ASSERT(hm_cpu_type_ok(jb->gate.type) && hm_cpu_type_ok(jb->up.type) &&
+                  hm_cpu_type_ok(jb->down.type));
+        HM_ASSERT(jb->n_tok == 1 && jb->tok[0] == 0);
+        pair_w[na] = jb->w[0];
+        active[na++] = j;
+        const int types[2] = {jb->gate.type, jb->up.type};
+        for (int k = 0; k < 2; k++) {
+            int pt = (int)hm_type_get(types[k])->vec_dot_type;
+            if (pt == HM_TYPE_F32) continue;
+            int q = 0;
+            while (q < c.n_q && c.q_type[q] != pt) q++;
+            if (q == c.n_q) {
+                HM_ASSERT(c.n_q < MOE_MAX_Q);
+                c.q_type[c.n_q++] = pt;
+            }
+        }
+        int dpt = (int)hm_type_get(jb->down.type)->vec_dot_type;
+        if (dpt != HM_TYPE_F32) {
+            size_t rs = hm_row_size(dpt, n_ff);
+            HM_ASSERT(rs > 0);
+            if (rs > hq_stride) hq_stride = rs;
+        }
+    }
+    c.active = active;
+    c.n_active = na;
+    c.pair_w = pair_w;
+    for (int q = 0; q < c.n_q; q++) {
+        c.xq_stride[q] = hm_row_size(c.q_type[q], n_embd);
+        HM_ASSERT(c.xq_stride[q] > 0);
+        c.xq[q] = hm_bump_take(&b, c.xq_stride[q]);
+    }
+    c.g = hm_bump_take(&b, (size_t)n_pairs * (size_t)n_ff * sizeof(float));
+    c.u = hm_bump_take(&b, (size_t)n_pairs * (size_t)n_ff * sizeof(float));
+    if (hq_stride > 0) {
+        c.hq_stride = hq_stride;
+        c.hq = hm_bump_take(&b, hq_stride * (size_t)n_pairs);
+    }
+    c.o = hm_bump_take(&b, (size_t)n_pairs * (size_t)n_embd * sizeof(float));
+    quantize_x(&c, 0, 1);
+    hm_pool_run(pool, moe_one_task, &c);
+}
+
 static int64_t clamp64(int64_t v, int64_t lo, int64_t hi) { return v < lo ? lo : v > hi ? hi : v; }
 
 void hm_cpu_moe(hm_pool *pool, const hm_moe_job *jobs, int n_jobs, const float *x, int64_t n_batch,
@@ -152,8 +285,16 @@ void hm_cpu_moe(hm_pool *pool, const hm_moe_job *jobs, int n_jobs, const float *
     moe_ctx c;
     memset(&c, 0, sizeof c);
     int64_t n_pairs = 0;
-    for (int j = 0; j < n_jobs; j++) n_pairs += jobs[j].n_tok;
+    bool one_pair_each = true;
+    for (int j = 0; j < n_jobs; j++) {
+        n_pairs += jobs[j].n_tok;
+        one_pair_each &= jobs[j].n_tok <= 1;
+    }
     if (n_pairs == 0) return;
+    if (n_batch == 1 && one_pair_each && one_token_path) {
+        moe_one_token(pool, jobs, n_jobs, x, n_embd, n_ff, out, scratch, n_pairs);
+        return;
+    }
     hm_bump b = hm_bump_init(scratch);
     int32_t *active = hm_bump_take(&b, ((size_t)n_pairs + 1) * sizeof(int32_t));
     int32_t *off = hm_bump_take(&b, ((size_t)n_pairs + 1) * sizeof(int32_t));

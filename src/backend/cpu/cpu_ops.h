@@ -90,6 +90,11 @@ size_t hm_cpu_moe_scratch_size(int64_t n_batch, int64_t n_pairs, int64_t n_embd,
 void hm_cpu_moe(hm_pool *pool, const hm_moe_job *jobs, int n_jobs, const float *x, int64_t n_batch,
                 int64_t n_embd, int64_t n_ff, float *out, hm_scratch *scratch);
 
+/* One token (n_batch == 1, one pair per job: decode) takes a path of static row ranges with two
+ * barriers, bit-identical to the general one; false sends it through the general path (tests, A/B
+ * runs; not thread-safe against a running hm_cpu_moe). Default true. */
+void hm_cpu_moe_set_one_token_path(bool on);
+
 /* Router: for each token, p = softmax(logits[t]) over n_expert, pick the k largest (ties: lower id
  * first, ids in descending p), weights = their p, divided by their sum when renorm.
  *   logits: [n_tok, n_expert];  ids, weights: [n_tok, k]. */
