@@ -16,7 +16,9 @@
  * ignored: CPU time of one thread is not a bandwidth). Prints one line that scripts parse
  * (bench/gpu_offload.sh feeds it to its decode roofline as RAM_GBS):
  *   ram read bandwidth: X.X GB/s (N threads, M MiB)
- * GB is 1e9 bytes. */
+ * GB is 1e9 bytes.
+ *
+ * -moe-cold times only the one-token MoE on units read from RAM (see bench_moe_cold). */
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -257,6 +259,96 @@ static void bench_moe(hm_pool *pool, int type, int dtype) {
     hm_free_aligned(dn);
 }
 
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* -moe-cold: one-token hm_cpu_moe (decode) on weights that come from RAM, the GPU decode's cold
+ * units (1-2 a layer) and a CPU-only layer (8): each call takes U distinct units at random out of a
+ * pool of MIB MiB of Qwen3-30B-shaped units (n_embd 2048, n_ff 768; 8 distinct quantised units
+ * copied over the pool), far beyond the caches. Calls alternate between the one-token path and the
+ * general path (hm_cpu_moe_set_one_token_path), each on fresh units; prints the median and mean of
+ * each over REPS calls, then the same with the same U units every call (warm). */
+static void bench_moe_cold(hm_pool *pool, int type, int dtype, size_t mib, int reps) {
+    const int64_t E = 2048, F = 768;
+    const int n_src = 8;
+    uint64_t seed = 7;
+    const hm_type_traits *tr = hm_type_get(type), *dr = hm_type_get(dtype);
+    const size_t rs_gu = hm_row_size(type, E), rs_d = hm_row_size(dtype, F);
+    const size_t b_gu = rs_gu * (size_t)F, b_d = rs_d * (size_t)E, b_unit = 2 * b_gu + b_d;
+    int n_units = (int)(mib * 1024 * 1024 / b_unit);
+    if (n_units < 2 * n_src) n_units = 2 * n_src;
+    char *wp = hm_malloc_aligned(b_unit * (size_t)n_units);
+    float *tmp = malloc((size_t)E * sizeof(float));
+    for (int u = 0; u < n_src; u++) {
+        char *b = wp + (size_t)u * b_unit;
+        for (int64_t r = 0; r < 2 * F; r++) {
+            for (int64_t c = 0; c < E; c++) tmp[c] = frand(&seed);
+            tr->from_float_ref(tmp, b + (size_t)r * rs_gu, E);
+        }
+        for (int64_t r = 0; r < E; r++) {
+            for (int64_t c = 0; c < F; c++) tmp[c] = frand(&seed);
+            dr->from_float_ref(tmp, b + 2 * b_gu + (size_t)r * rs_d, F);
+        }
+    }
+    for (int u = n_src; u < n_units; u++) memcpy(wp + (size_t)u * b_unit, wp + (size_t)(u % n_src) * b_unit, b_unit);
+    float *x = malloc((size_t)E * sizeof(float)), *out = calloc((size_t)E, sizeof(float));
+    for (int64_t i = 0; i < E; i++) x[i] = frand(&seed);
+    const int32_t tok0 = 0;
+    const float w = 0.125f;
+    hm_scratch s = {NULL, hm_cpu_moe_scratch_size(1, 8, E, F, hm_pool_size(pool))};
+    s.data = hm_malloc_aligned(s.size);
+    double *ts[2] = {malloc((size_t)reps * sizeof(double)), malloc((size_t)reps * sizeof(double))};
+    printf("moe decode, %s/%s units from a %.0f MiB pool (%d units), %d threads, %d calls per path:\n", tr->name,
+           dr->name, (double)(b_unit * (size_t)n_units) / (1024.0 * 1024.0), n_units, hm_pool_size(pool), reps);
+    static const int us[] = {1, 2, 8};
+    for (int warm = 0; warm < 2; warm++)
+        for (size_t ui = 0; ui < sizeof us / sizeof us[0]; ui++) {
+            const int nu = us[ui];
+            hm_moe_job jobs[8];
+            int pick[8];
+            for (int r = 0; r < 2 * reps; r++) {
+                if (!warm || r == 0)
+                    for (int i = 0; i < nu; i++) {
+                        bool dup;
+                        do {
+                            pick[i] = (int)(((double)frand(&seed) + 0.5) * n_units) % n_units;
+                            dup = false;
+                            for (int k = 0; k < i; k++) dup |= pick[k] == pick[i];
+                        } while (dup);
+                        char *b = wp + (size_t)pick[i] * b_unit;
+                        jobs[i] = (hm_moe_job){hm_mat_make(b, type, E, F, rs_gu),
+                                               hm_mat_make(b + b_gu, type, E, F, rs_gu),
+                                               hm_mat_make(b + 2 * b_gu, dtype, F, E, rs_d), &tok0, &w, 1};
+                    }
+                const int path = r & 1; /* 1: one-token path */
+                hm_cpu_moe_set_one_token_path(path == 1);
+                double t0 = now_s();
+                hm_cpu_moe(pool, jobs, nu, x, 1, E, F, out, &s);
+                ts[path][r / 2] = now_s() - t0;
+            }
+            double med[2], mean[2];
+            for (int p = 0; p < 2; p++) {
+                mean[p] = 0;
+                for (int r = 0; r < reps; r++) mean[p] += ts[p][r] / reps;
+                qsort(ts[p], (size_t)reps, sizeof(double), cmp_double);
+                med[p] = ts[p][reps / 2];
+            }
+            printf("  %s %d unit%s: general %8.1f us median %8.1f mean | one-token %8.1f us median %8.1f mean"
+                   " | %.2fx (median)\n", warm ? "warm" : "cold", nu, nu > 1 ? "s" : " ", med[0] * 1e6,
+                   mean[0] * 1e6, med[1] * 1e6, mean[1] * 1e6, med[0] / med[1]);
+        }
+    hm_cpu_moe_set_one_token_path(true);
+    free(ts[0]);
+    free(ts[1]);
+    hm_free_aligned(s.data);
+    free(x);
+    free(out);
+    free(tmp);
+    hm_free_aligned(wp);
+}
+
 static void bench_type(hm_pool *pool, int type, int reps) {
     static const struct { const char *name; int64_t ne0, ne1; } shapes[] = {
         {"expert gate/up 2048->768", 2048, 768},
@@ -323,22 +415,30 @@ static void bench_type(hm_pool *pool, int type, int reps) {
 static void usage(void) {
     fprintf(stderr, "usage: bench_cpu_ops [-t THREADS] [-r REPS] [-cpu] [TYPE ...]\n"
                     "       bench_cpu_ops -membw [-membw-mib N] [-t THREADS] [-r REPS]\n"
+                    "       bench_cpu_ops -moe-cold [-moe-cold-mib N] [-t THREADS] [-r CALLS]\n"
                     "  -t THREADS     threads of the pool (default 1)\n"
                     "  -r REPS        best of REPS runs (default 5)\n"
                     "  -cpu           time the calling thread's CPU time, not the wall clock\n"
                     "  -membw         only measure RAM read bandwidth with all THREADS threads; one line:\n"
                     "                 ram read bandwidth: X.X GB/s (N threads, M MiB)\n"
                     "  -membw-mib N   size of the -membw buffer in MiB (default 2048)\n"
+                    "  -moe-cold      only time one-token MoE (1, 2, 8 units) on units from RAM, one-token\n"
+                    "                 path vs general path, CALLS calls each (default 300)\n"
+                    "  -moe-cold-mib N  size of the -moe-cold unit pool in MiB (default 512)\n"
                     "  TYPE           weight types to time (default q4_K q6_K q8_0)\n");
 }
 
 int main(int argc, char **argv) {
-    int n_threads = 1, reps = 5, membw = 0;
-    long long membw_mib = 2048;
+    int n_threads = 1, reps = 5, membw = 0, moe_cold = 0, reps_set = 0;
+    long long membw_mib = 2048, cold_mib = 512;
     int types[16], n_types = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-t") && i + 1 < argc) n_threads = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "-r") && i + 1 < argc) reps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "-r") && i + 1 < argc) {
+            reps = atoi(argv[++i]);
+            reps_set = 1;
+        } else if (!strcmp(argv[i], "-moe-cold")) moe_cold = 1;
+        else if (!strcmp(argv[i], "-moe-cold-mib") && i + 1 < argc) cold_mib = atoll(argv[++i]);
         else if (!strcmp(argv[i], "-cpu")) use_cpu_clock = 1;
         else if (!strcmp(argv[i], "-membw")) membw = 1;
         else if (!strcmp(argv[i], "-membw-mib") && i + 1 < argc) {
@@ -378,6 +478,13 @@ int main(int argc, char **argv) {
         int rc = bench_membw(pool, (size_t)membw_mib, reps);
         hm_pool_close(pool);
         return rc;
+    }
+    if (moe_cold) {
+        if (hm_cpu_type_ok(HM_TYPE_Q4_K) && hm_cpu_type_ok(HM_TYPE_Q6_K))
+            bench_moe_cold(pool, HM_TYPE_Q4_K, HM_TYPE_Q6_K, (size_t)(cold_mib > 0 ? cold_mib : 512),
+                           reps_set && reps > 0 ? reps : 300);
+        hm_pool_close(pool);
+        return 0;
     }
     bench_dispatch(pool);
     bench_attention(pool);
