@@ -146,6 +146,48 @@ static void moe_task(void *vctx, int ith, int nth) {
     }
 }
 
+/* Job jb of a call (active: n_tok > 0): check its shapes and types, add its gate / up partner types
+ * to c's quantised inputs, and raise *hq_stride to its down partner's row (of n_ff) when that
+ * partner is quantised (not f32): *hq_stride stays 0 while every down partner is f32. */
+static void note_job(moe_ctx *c, const hm_moe_job *jb, int64_t n_embd, int64_t n_ff, size_t *hq_stride) {
+    HM_ASSERT(jb->gate.ne0 == n_embd && jb->gate.ne1 == n_ff && jb->up.ne0 == n_embd && jb->up.ne1 == n_ff &&
+              jb->down.ne0 == n_ff && jb->down.ne1 == n_embd);
+    HM_ASSERT(hm_cpu_type_ok(jb->gate.type) && hm_cpu_type_ok(jb->up.type) && hm_cpu_type_ok(jb->down.type));
+    const int types[2] = {jb->gate.type, jb->up.type};
+    for (int k = 0; k < 2; k++) {
+        int pt = (int)hm_type_get(types[k])->vec_dot_type;
+        if (pt == HM_TYPE_F32) continue;
+        int q = 0;
+        while (q < c->n_q && c->q_type[q] != pt) q++;
+        if (q == c->n_q) {
+            HM_ASSERT(c->n_q < MOE_MAX_Q);
+            c->q_type[c->n_q++] = pt;
+        }
+    }
+    int dpt = (int)hm_type_get(jb->down.type)->vec_dot_type;
+    if (dpt == HM_TYPE_F32) return;
+    size_t rs = hm_row_size(dpt, n_ff);
+    HM_ASSERT(rs > 0); /* n_ff is a multiple of the partner's block (the weight's too) */
+    if (rs > *hq_stride) *hq_stride = rs;
+}
+
+/* c's work buffers from b, once its jobs are noted: the quantised inputs (n_rows of n_embd each),
+ * g and u and o of n_pairs rows, and hq when some down partner is quantised (hq_stride > 0). */
+static void take_buffers(moe_ctx *c, hm_bump *b, int64_t n_rows, int64_t n_pairs, size_t hq_stride) {
+    for (int q = 0; q < c->n_q; q++) {
+        c->xq_stride[q] = hm_row_size(c->q_type[q], c->n_embd);
+        HM_ASSERT(c->xq_stride[q] > 0);
+        c->xq[q] = hm_bump_take(b, c->xq_stride[q] * (size_t)n_rows);
+    }
+    c->g = hm_bump_take(b, (size_t)n_pairs * (size_t)c->n_ff * sizeof(float));
+    c->u = hm_bump_take(b, (size_t)n_pairs * (size_t)c->n_ff * sizeof(float));
+    if (hq_stride > 0) {
+        c->hq_stride = hq_stride;
+        c->hq = hm_bump_take(b, hq_stride * (size_t)n_pairs);
+    }
+    c->o = hm_bump_take(b, (size_t)n_pairs * (size_t)c->n_embd * sizeof(float));
+}
+
 /* ---- one token (decode) ------------------------------------------------------------------------
  * Same values as the general path, fewer and better balanced phases. Every active job has one pair
  * (token 0), pair a = active job a; x was quantised by the caller. One run, two barriers:
@@ -234,46 +276,15 @@ static void moe_one_token(hm_pool *pool, const hm_moe_job *jobs, int n_jobs, con
     for (int j = 0; j < n_jobs; j++) {
         const hm_moe_job *jb = &jobs[j];
         if (jb->n_tok <= 0) continue;
-        HM_ASSERT(jb->gate.ne0 == n_embd && jb->gate.ne1 == n_ff && jb->up.ne0 == n_embd &&
-                  jb->up.ne1 == n_ff && jb->down.ne0 == n_ff && jb->down.ne1 == n_embd);
-        HM_ASSERT(hm_cpu_type_ok(jb->gate.type) && hm_cpu_type_ok(jb->up.type) &&
-                  hm_cpu_type_ok(jb->down.type));
         HM_ASSERT(jb->n_tok == 1 && jb->tok[0] == 0);
         pair_w[na] = jb->w[0];
         active[na++] = j;
-        const int types[2] = {jb->gate.type, jb->up.type};
-        for (int k = 0; k < 2; k++) {
-            int pt = (int)hm_type_get(types[k])->vec_dot_type;
-            if (pt == HM_TYPE_F32) continue;
-            int q = 0;
-            while (q < c.n_q && c.q_type[q] != pt) q++;
-            if (q == c.n_q) {
-                HM_ASSERT(c.n_q < MOE_MAX_Q);
-                c.q_type[c.n_q++] = pt;
-            }
-        }
-        int dpt = (int)hm_type_get(jb->down.type)->vec_dot_type;
-        if (dpt != HM_TYPE_F32) {
-            size_t rs = hm_row_size(dpt, n_ff);
-            HM_ASSERT(rs > 0);
-            if (rs > hq_stride) hq_stride = rs;
-        }
+        note_job(&c, jb, n_embd, n_ff, &hq_stride);
     }
     c.active = active;
     c.n_active = na;
     c.pair_w = pair_w;
-    for (int q = 0; q < c.n_q; q++) {
-        c.xq_stride[q] = hm_row_size(c.q_type[q], n_embd);
-        HM_ASSERT(c.xq_stride[q] > 0);
-        c.xq[q] = hm_bump_take(&b, c.xq_stride[q]);
-    }
-    c.g = hm_bump_take(&b, (size_t)n_pairs * (size_t)n_ff * sizeof(float));
-    c.u = hm_bump_take(&b, (size_t)n_pairs * (size_t)n_ff * sizeof(float));
-    if (hq_stride > 0) {
-        c.hq_stride = hq_stride;
-        c.hq = hm_bump_take(&b, hq_stride * (size_t)n_pairs);
-    }
-    c.o = hm_bump_take(&b, (size_t)n_pairs * (size_t)n_embd * sizeof(float));
+    take_buffers(&c, &b, 1, n_pairs, hq_stride);
     quantize_x(&c, 0, 1);
     hm_pool_run(pool, moe_one_task, &c);
 }
@@ -312,39 +323,17 @@ void hm_cpu_moe(hm_pool *pool, const hm_moe_job *jobs, int n_jobs, const float *
     /* active jobs, pair offsets, partner types, per-token pair lists (counting sort by token) */
     memset(tok_start, 0, ((size_t)n_batch + 1) * sizeof(int32_t));
     int32_t na = 0, acc = 0;
-    bool f32_down = true;
     size_t hq_stride = 0;
     for (int j = 0; j < n_jobs; j++) {
         const hm_moe_job *jb = &jobs[j];
         if (jb->n_tok <= 0) continue;
-        HM_ASSERT(jb->gate.ne0 == n_embd && jb->gate.ne1 == n_ff && jb->up.ne0 == n_embd &&
-                  jb->up.ne1 == n_ff && jb->down.ne0 == n_ff && jb->down.ne1 == n_embd);
-        HM_ASSERT(hm_cpu_type_ok(jb->gate.type) && hm_cpu_type_ok(jb->up.type) &&
-                  hm_cpu_type_ok(jb->down.type));
+        note_job(&c, jb, n_embd, n_ff, &hq_stride);
         active[na] = j;
         off[na++] = acc;
         acc += jb->n_tok;
         for (int32_t i = 0; i < jb->n_tok; i++) {
             HM_ASSERT(jb->tok[i] >= 0 && jb->tok[i] < n_batch);
             tok_start[jb->tok[i] + 1]++;
-        }
-        const int types[2] = {jb->gate.type, jb->up.type};
-        for (int k = 0; k < 2; k++) {
-            int pt = (int)hm_type_get(types[k])->vec_dot_type;
-            if (pt == HM_TYPE_F32) continue;
-            int q = 0;
-            while (q < c.n_q && c.q_type[q] != pt) q++;
-            if (q == c.n_q) {
-                HM_ASSERT(c.n_q < MOE_MAX_Q);
-                c.q_type[c.n_q++] = pt;
-            }
-        }
-        int dpt = (int)hm_type_get(jb->down.type)->vec_dot_type;
-        if (dpt != HM_TYPE_F32) {
-            f32_down = false;
-            size_t rs = hm_row_size(dpt, n_ff);
-            HM_ASSERT(rs > 0); /* n_ff is a multiple of the partner's block (the weight's too) */
-            if (rs > hq_stride) hq_stride = rs;
         }
     }
     off[na] = acc;
@@ -366,18 +355,7 @@ void hm_cpu_moe(hm_pool *pool, const hm_moe_job *jobs, int n_jobs, const float *
     c.tok_start = tok_start;
     c.tok_pairs = tok_pairs;
     c.pair_w = pair_w;
-    for (int q = 0; q < c.n_q; q++) {
-        c.xq_stride[q] = hm_row_size(c.q_type[q], n_embd);
-        HM_ASSERT(c.xq_stride[q] > 0);
-        c.xq[q] = hm_bump_take(&b, c.xq_stride[q] * (size_t)n_batch);
-    }
-    c.g = hm_bump_take(&b, (size_t)n_pairs * (size_t)n_ff * sizeof(float));
-    c.u = hm_bump_take(&b, (size_t)n_pairs * (size_t)n_ff * sizeof(float));
-    if (!f32_down) {
-        c.hq_stride = hq_stride;
-        c.hq = hm_bump_take(&b, hq_stride * (size_t)n_pairs);
-    }
-    c.o = hm_bump_take(&b, (size_t)n_pairs * (size_t)n_embd * sizeof(float));
+    take_buffers(&c, &b, n_batch, n_pairs, hq_stride);
     /* row chunks: >= ~4 items per thread overall, more rows per item when a job has many tokens */
     const int nth = hm_pool_size(pool);
     int64_t want = (int64_t)nth * 4;
