@@ -30,6 +30,8 @@
 #include "hotmoe.h"
 
 typedef struct hm_arch hm_arch;
+struct hm_exec;       /* exec/exec.h: a forward pass in progress */
+struct hm_exec_model; /* exec/exec.h: what the executor runs of an arch */
 
 struct hm_model {
     hm_gguf *gguf;        /* owned; every weight pointer borrows from its mapping */
@@ -56,6 +58,9 @@ struct hm_model {
      * weights and each session its KV cache and activations on the device, and the store's hot
      * tier is gpu->vram (hot units computed there, the others by the CPU at the same time). */
     struct hm_gpu *gpu;   /* owned */
+    /* What the executor runs (exec/exec.h), for an arch with a layer description: set by its load,
+     * borrowed from m->impl; NULL for the others. */
+    const struct hm_exec_model *xm;
     _Atomic int busy;     /* 1 while a session of this model is inside eval */
     /* The compute pool shared by the model's sessions (engine/session.c): the first session opened
      * sets its thread count; later sessions with that count share the pool, others own theirs.
@@ -136,6 +141,9 @@ struct hm_arch {
      * layer's weights to hm_gpu_layer_dev's device and the forward hands the residual across. An
      * arch without it takes one device only (several are HM_ERR_UNSUPPORTED naming the arch). */
     bool gpu_multi;
+    /* The arch's ONE layer description (exec/exec.h): layer il as ops on x. An arch that has one
+     * sets m->xm at load and points state_open .. gpu_unload at the executor's hm_exec_*. */
+    hm_status (*layer)(struct hm_exec *x, const hm_model *m, int32_t il);
 };
 
 extern const hm_arch hm_arch_qwen3moe;

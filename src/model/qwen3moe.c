@@ -16,19 +16,78 @@
  * After each router the layer's routed experts go to the model's expert store (hm_experts_record,
  * O(rows * k)); so the last layer counts only the rows it computes, as llama.cpp's does.
  *
- * Session state: the KV cache for n_ctx positions and every activation for one micro-batch are
- * allocated in state_open; forward allocates nothing. */
+ * The layer is written once (q3_layer_fwd, over exec.h's ops); the executor runs it on the CPU,
+ * on the GPU op by op and as a captured CUDA graph, and uses it to upload the dense weights. It
+ * owns the session state too (KV cache, activations: sized at open, a pass allocates nothing). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "core/alloc.h"
-#include "kv_f32.h"
+#include "exec/exec.h"
 #include "model.h"
 #include "moe.h"
-#include "quant/quant.h"
-#include "qwen3moe_impl.h"
+
+typedef struct q3_layer {
+    const float *attn_norm, *q_norm, *k_norm, *ffn_norm; /* [n_embd], [hd], [hd], [n_embd] */
+    hm_mat wq, wk, wv, wo; /* [n_head*hd x n_embd], 2x [n_kv*hd x n_embd], [n_embd x n_head*hd] */
+    hm_mat router;         /* [n_expert x n_embd] */
+    hm_moe_weights moe;
+} q3_layer;
+
+typedef struct q3_model {
+    HM_MOE_HP;                 /* n_layer, n_embd, heads, experts, eps, theta, ... (model.h) */
+    hm_mat tok_embd, output;   /* [n_vocab x n_embd] */
+    const float *output_norm;  /* [n_embd] */
+    q3_layer *layers;          /* [n_layer], owned */
+    hm_moe_layer *moe_layers;  /* [n_layer], owned: each layer's router and experts, for xm */
+    hm_exec_model xm;          /* what the executor runs (m->xm points here) */
+} q3_model;
+
+/* ---- the layer ---- */
+
+/* The activations beside x and h: q, k, v, the attention's output. */
+enum { Q3_Q = HM_BUF_ARCH, Q3_K, Q3_V, Q3_ATT, Q3_NBUF };
+
+static hm_status q3_layer_fwd(hm_exec *x, const hm_model *m, int32_t il) {
+    const q3_model *q = m->impl;
+    const q3_layer *L = &q->layers[il];
+    hm_status st;
+#define OP(call) do { if ((st = (call)) != HM_OK) return st; } while (0)
+    /* attention block: Q/K/V of every row (the cache needs all K/V rows) */
+    OP(hm_op_rmsnorm(x, HM_BUF_X, L->attn_norm, HM_BUF_H));
+    const hm_mat *qkv[3] = {&L->wq, &L->wk, &L->wv};
+    OP(hm_op_matmul_n(x, HM_BUF_H, qkv, (const hm_buf[3]){Q3_Q, Q3_K, Q3_V}, 3));
+    const hm_qk_rope r = {.q = Q3_Q, .k = Q3_K, .v = Q3_V, .q_norm = L->q_norm, .k_norm = L->k_norm,
+                          .n_rot = q->n_rot, .theta = q->theta, .eps = q->eps};
+    OP(hm_op_qk_norm_rope_kv(x, il, &r));
+    OP(hm_op_out_rows(x, il, (const hm_buf[2]){Q3_Q, HM_BUF_X}, 2));
+    if (hm_exec_done(x)) return HM_OK;
+    OP(hm_op_attention(x, il, Q3_Q, Q3_ATT, 1.0f / sqrtf((float)q->head_dim)));
+    OP(hm_op_matmul(x, Q3_ATT, &L->wo, HM_BUF_H));
+    /* MoE block: x += attention, h = rmsnorm(x); the routed units straight into the residual */
+    OP(hm_op_add_rmsnorm(x, HM_BUF_X, HM_BUF_H, L->ffn_norm, HM_BUF_H));
+    OP(hm_op_moe(x, il, HM_BUF_H, HM_BUF_X));
+#undef OP
+    return HM_OK;
+}
+
+/* What the executor needs besides the layer (exec.h). */
+static void q3_exec_model(q3_model *q) {
+    hm_exec_model *xm = &q->xm;
+    const int64_t E = q->n_embd, nq = (int64_t)q->n_head * q->head_dim, nkv = (int64_t)q->n_head_kv * q->head_dim;
+    *xm = (hm_exec_model){.n_layer = q->n_layer, .n_embd = q->n_embd, .n_vocab = q->n_vocab, .eps = q->eps,
+                          .tok_embd = &q->tok_embd, .output = &q->output, .output_norm = q->output_norm,
+                          .n_buf = Q3_NBUF, .n_head = q->n_head, .n_head_kv = q->n_head_kv,
+                          .head_dim = q->head_dim, .moe_layers = q->moe_layers,
+                          .moe = {.n_expert = q->n_expert, .k = q->n_expert_used, .n_ff = q->n_ff_exp,
+                                  .score = HM_MOE_SCORE_SOFTMAX, .norm_topk = true}};
+    const int64_t w[Q3_NBUF] = {[HM_BUF_X] = E, [HM_BUF_H] = E, [Q3_Q] = nq, [Q3_K] = nkv, [Q3_V] = nkv,
+                                [Q3_ATT] = nq};
+    memcpy(xm->buf_width, w, sizeof w);
+    for (int32_t il = 0; il < q->n_layer; il++)
+        q->moe_layers[il] = (hm_moe_layer){.router = &q->layers[il].router, .experts = &q->layers[il].moe};
+}
 
 /* ---- load ---- */
 
@@ -40,6 +99,7 @@ static void q3_unload(hm_model *m) {
     q3_model *q = m->impl;
     if (!q) return;
     free(q->layers);
+    free(q->moe_layers);
     free(q);
     m->impl = NULL;
 }
@@ -77,7 +137,8 @@ static hm_status q3_load(hm_model *m, hm_err *err) {
     TRY(hm_model_bind_vec(m, "output_norm.weight", E, true, &q->output_norm, err));
 
     q->layers = calloc((size_t)q->n_layer, sizeof *q->layers);
-    if (!q->layers) {
+    q->moe_layers = calloc((size_t)q->n_layer, sizeof *q->moe_layers);
+    if (!q->layers || !q->moe_layers) {
         st = hm_errf(err, HM_ERR_NOMEM, "out of memory");
         goto fail;
     }
@@ -98,6 +159,8 @@ static hm_status q3_load(hm_model *m, hm_err *err) {
 #undef NAME
     }
 
+    q3_exec_model(q);
+    m->xm = &q->xm;
     hm_model_info_moe(m, &q->hp);
     hm_log_printf(&m->log, HM_LOG_INFO,
                   "qwen3moe: %d layers, n_embd %d, heads %d/%d x %d, experts %d (k %d, n_ff %d), vocab %d, "
@@ -110,220 +173,19 @@ fail:
     return st;
 }
 
-/* ---- session state ---- */
-
-static void q3_state_close(void *p) {
-    q3_state *s = p;
-    if (!s) return;
-#ifdef HM_HAVE_CUDA
-    q3_gpu_state_close(s);
-#endif
-    hm_model_state_free(s->kv, s->kv_scratch, s->act, &s->scratch, &s->route);
-    free(s);
-}
-
-
-static hm_status q3_state_open(const hm_model *m, const hm_state_opts *o, void **out, hm_err *err) {
-    const q3_model *q = m->impl;
-    *out = NULL;
-    hm_status st = HM_OK;
-    q3_state *s = calloc(1, sizeof *s);
-    if (!s) return hm_errf(err, HM_ERR_NOMEM, "out of memory");
-    s->n_ctx = o->n_ctx;
-    s->n_ubatch = o->n_ubatch;
-    s->n_threads = o->n_threads;
-    s->kv_type = o->kv_type;
-#ifdef HM_HAVE_CUDA
-    if (m->gpu) { /* the device state instead of the host KV cache and activations */
-        if ((st = q3_gpu_state_open(m, o, s, err)) != HM_OK) goto fail;
-        *out = s;
-        return HM_OK;
-    }
-#endif
-    const size_t U = (size_t)o->n_ubatch, E = (size_t)q->n_embd, hd = (size_t)q->head_dim;
-    const size_t nq = (size_t)q->n_head * hd, nkv = (size_t)q->n_head_kv * hd, K = (size_t)q->n_expert_used;
-
-    s->kv_elem_size = o->kv_type == HM_KV_F32 ? 4 : 2;
-    s->kv_layer_elems = (size_t)q->n_head_kv * (size_t)o->n_ctx * hd;
-    if ((st = hm_model_kv_alloc(&s->kv, s->kv_layer_elems, 2u * (size_t)q->n_layer * s->kv_elem_size, o->n_ctx,
-                                err)) != HM_OK)
-        goto fail;
-
-    /* activations: one block, each array 64-byte aligned */
-    const size_t sizes[] = {U * E, U * E, U * nq, U * nkv, U * nkv, U * nq, U * (size_t)q->n_expert, U * K, U * K,
-                            U * E, U,     U,     U,     U};
-    float **dst[] = {&s->x,    &s->h,  &s->q,             &s->k,    &s->v,                 &s->att,
-                     &s->rlog, &s->rw, (float **)&s->rid, &s->hout, (float **)&s->pos_out, (float **)&s->tok_all,
-                     (float **)&s->pos_all, (float **)&s->row_out};
-    _Static_assert(sizeof sizes / sizeof sizes[0] == sizeof dst / sizeof dst[0], "activation table");
-    if ((st = hm_model_carve(&s->act, sizes, dst, sizeof sizes / sizeof sizes[0], err)) != HM_OK) goto fail;
-
-    if (o->kv_type == HM_KV_F32 &&
-        (st = hm_model_att_scratch_alloc(&s->kv_scratch, hm_kv_f32_scratch_floats(o->n_ctx, o->n_threads), err)))
-        goto fail;
-    if ((st = hm_moe_route_init(&s->route, q->n_expert, q->n_expert_used, o->n_ubatch, err)) != HM_OK) goto fail;
-
-    size_t sc = hm_cpu_matmul_scratch_size((int64_t)hm_model_max_sz(E, nq), (int64_t)U, o->n_threads);
-    sc = hm_model_max_sz(sc,
-                         hm_cpu_attention_scratch_size((int64_t)U, o->n_ctx, q->n_head, q->head_dim, o->n_threads));
-    sc = hm_model_max_sz(sc, hm_moe_compute_scratch_size(&s->route, q->n_embd, q->n_ff_exp, o->n_threads));
-    if ((st = hm_model_scratch_alloc(&s->scratch, sc, err)) != HM_OK) goto fail;
-    *out = s;
-    return HM_OK;
-fail:
-    q3_state_close(s);
-    return st;
-}
-
-static hm_status q3_state_trim(void *state, int32_t n_keep, hm_err *err) {
-    (void)state;
-    (void)n_keep;
-    return HM_OK; /* rows past n_keep are overwritten by the next eval */
-}
-
-/* ---- forward ---- */
-
-/* Layer il's K cache of a state; *vc its V cache. */
-static char *q3_kv_layer(const q3_state *s, int32_t il, char **vc) {
-    return hm_model_kv_layer(s->kv, s->kv_layer_elems, s->kv_elem_size, il, vc);
-}
-
-/* Batched forward over several sequences (model.h, forward_multi). The batch is the sequences'
- * rows concatenated; sequence i owns rows [off[i], off[i] + cnt[i]) (its b.n rows, then after the
- * last layer's compaction its b.n_out wanted rows). Everything row-wise (norms, matmuls, RoPE with
- * each row's own position, the router, the MoE block) runs once on the whole batch; only the K/V
- * write and attention go sequence by sequence, into and over that sequence's own cache. One
- * sequence is the plain single-session forward (q3_forward): no copies then. */
-static hm_status q3_forward_multi(const hm_model *m, void *work, hm_pool *pool, const hm_fwd_seq *seqs, int n_seq,
-                                  float *logits, hm_err *err) {
-    const q3_model *q = m->impl;
-    q3_state *s = work;
-    const int64_t E = q->n_embd;
-    const int hd = q->head_dim, nh = q->n_head, nkv = q->n_head_kv;
-    HM_ASSERT(n_seq > 0 && n_seq <= HM_FWD_MAX_SEQ);
-#ifdef HM_HAVE_CUDA
-    if (m->gpu) {
-        /* no batched pass on the device yet: the sequences one after another on their own
-         * states (each unit computes once per sequence instead of once per batch, results as
-         * alone); the wanted rows land in sequence order as the batched pass writes them */
-        (void)work;
-        float *lg = logits;
-        for (int i = 0; i < n_seq; i++) {
-            hm_fwd_batch b = seqs[i].b;
-            b.logits = b.n_out ? lg : NULL;
-            hm_status st = q3_gpu_forward(m, seqs[i].state, pool, &b, err);
-            if (st != HM_OK) return st;
-            if (b.n_out) lg += (size_t)b.n_out * (size_t)q->n_vocab;
-        }
-        return HM_OK;
-    }
-#endif
-    const float scale = 1.0f / sqrtf((float)hd);
-    int32_t off[HM_FWD_MAX_SEQ], cnt[HM_FWD_MAX_SEQ];
-    int64_t n = 0, n_out = 0;
-    for (int i = 0; i < n_seq; i++) {
-        const hm_fwd_batch *b = &seqs[i].b;
-        const q3_state *si = seqs[i].state;
-        HM_ASSERT(b->n > 0 && b->n <= si->n_ubatch && b->n_out <= b->n && n + b->n <= s->n_ubatch);
-        HM_ASSERT(b->pos[b->n - 1] < si->n_ctx && si->n_threads == s->n_threads);
-        off[i] = (int32_t)n;
-        cnt[i] = b->n;
-        if (n_seq > 1) {
-            memcpy(s->tok_all + n, b->tokens, (size_t)b->n * sizeof(int32_t));
-            memcpy(s->pos_all + n, b->pos, (size_t)b->n * sizeof(int32_t));
-        }
-        for (int32_t j = 0; j < b->n_out; j++) s->row_out[n_out++] = (int32_t)n + b->out_rows[j];
-        n += b->n;
-    }
-    const int32_t *tokens = n_seq > 1 ? s->tok_all : seqs[0].b.tokens;
-    const int32_t *pos_in = n_seq > 1 ? s->pos_all : seqs[0].b.pos; /* [n] every row's position */
-
-    hm_cpu_get_rows(pool, &q->tok_embd, tokens, n, s->x);
-    int64_t nr = n;              /* rows carried through the layer (all but in the last layer) */
-    const int32_t *pos = pos_in; /* their positions */
-    for (int32_t il = 0; il < q->n_layer; il++) {
-        const q3_layer *L = &q->layers[il];
-
-        /* attention block: Q/K/V of every token (the cache needs all K/V rows) */
-        hm_cpu_rmsnorm(pool, s->x, L->attn_norm, s->h, n, E, q->eps);
-        const hm_mat *ws[3] = {&L->wq, &L->wk, &L->wv};
-        float *const ys[3] = {s->q, s->k, s->v};
-        hm_cpu_matmul_n(pool, ws, 3, s->h, n, ys, &s->scratch);
-        hm_cpu_rmsnorm_heads(pool, s->q, L->q_norm, n, nh, hd, q->eps);
-        hm_cpu_rmsnorm_heads(pool, s->k, L->k_norm, n, nkv, hd, q->eps);
-        hm_cpu_rope_neox(pool, s->q, n, nh, hd, q->n_rot, pos_in, q->theta);
-        hm_cpu_rope_neox(pool, s->k, n, nkv, hd, q->n_rot, pos_in, q->theta);
-        for (int i = 0; i < n_seq; i++) { /* each sequence's K/V rows into its own cache */
-            const q3_state *si = seqs[i].state;
-            char *vc, *kc = q3_kv_layer(si, il, &vc);
-            const size_t ro = (size_t)off[i] * (size_t)(nkv * hd);
-            hm_model_kv_write(pool, si->kv_type, kc, vc, si->n_ctx, nkv, hd, s->k + ro, s->v + ro, cnt[i],
-                              seqs[i].b.pos);
-        }
-
-        if (il == q->n_layer - 1 && n_out < n) {
-            /* last layer: only the rows whose logits are wanted matter from here on (as
-             * llama.cpp's inp_out_ids); row_out ascends, so compacting forward is safe */
-            if (n_out == 0) break;
-            for (int64_t i = 0; i < n_out; i++) s->pos_out[i] = pos_in[s->row_out[i]];
-            hm_model_compact_rows(s->q, (int64_t)nh * hd, s->row_out, (int32_t)n_out);
-            hm_model_compact_rows(s->x, E, s->row_out, (int32_t)n_out);
-            nr = n_out;
-            pos = s->pos_out;
-            for (int i = 0, o = 0; i < n_seq; o += cnt[i], i++) {
-                off[i] = o;
-                cnt[i] = seqs[i].b.n_out;
-            }
-        }
-        for (int i = 0; i < n_seq; i++) { /* each sequence's queries over its own cache */
-            q3_state *si = seqs[i].state;
-            if (!cnt[i]) continue;
-            char *vc, *kc = q3_kv_layer(si, il, &vc);
-            const size_t ro = (size_t)off[i] * (size_t)(nh * hd);
-            hm_model_attention(pool, si->kv_type, s->q + ro, cnt[i], pos + off[i], kc, vc, si->n_ctx, nh, nkv, hd,
-                               scale, s->att + ro, si->kv_scratch, &si->scratch);
-        }
-        hm_cpu_matmul(pool, &L->wo, s->att, nr, s->h, &s->scratch);
-        hm_cpu_add(pool, s->x, s->h, s->x, nr * E);
-
-        /* MoE block: route, then compute the routed units straight into the residual */
-        hm_cpu_rmsnorm(pool, s->x, L->ffn_norm, s->h, nr, E, q->eps);
-        hm_cpu_matmul(pool, &L->router, s->h, nr, s->rlog, &s->scratch);
-        hm_moe_route_rows(m, il, &s->route, s->rlog, nr, q->n_expert, q->n_expert_used, NULL, s->rid, s->rw);
-        hm_status mst = hm_moe_forward(m, pool, &L->moe, &s->route, s->h, s->x, &s->scratch,
-                                       il + 1 < q->n_layer ? &q->layers[il + 1].router : NULL, err);
-        if (mst != HM_OK) return mst;
-    }
-    if (n_out > 0) {
-        /* x rows 0..n_out-1 are the wanted rows now (compacted above, or all rows in order) */
-        HM_ASSERT(nr == n_out && logits);
-        hm_model_logits(pool, s->x, q->output_norm, q->eps, &q->output, n_out, E, s->hout, logits, &s->scratch);
-    }
-    (void)err;
-    return HM_OK;
-}
-
-/* One session's micro-batch: the batched forward with one sequence. */
-static hm_status q3_forward(const hm_model *m, void *state, hm_pool *pool, const hm_fwd_batch *b, hm_err *err) {
-#ifdef HM_HAVE_CUDA
-    if (m->gpu) return q3_gpu_forward(m, state, pool, b, err);
-#endif
-    const hm_fwd_seq seq = {.state = state, .b = *b};
-    return q3_forward_multi(m, state, pool, &seq, 1, b->logits, err);
-}
-
 const hm_arch hm_arch_qwen3moe = {
     .name = "qwen3moe",
     .load = q3_load,
     .unload = q3_unload,
-    .state_open = q3_state_open,
-    .state_close = q3_state_close,
-    .state_trim = q3_state_trim,
-    .forward = q3_forward,
-    .forward_multi = q3_forward_multi,
+    .state_open = hm_exec_state_open,
+    .state_close = hm_exec_state_close,
+    .state_trim = hm_exec_state_trim,
+    .forward = hm_exec_forward,
+    .forward_multi = hm_exec_forward_multi,
 #ifdef HM_HAVE_CUDA
-    .gpu_load = q3_gpu_load,
-    .gpu_unload = q3_gpu_unload,
+    .gpu_load = hm_exec_gpu_load,
+    .gpu_unload = hm_exec_gpu_unload,
     .gpu_multi = true,
 #endif
+    .layer = q3_layer_fwd,
 };

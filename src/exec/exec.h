@@ -1,0 +1,126 @@
+/* exec.h - runs an architecture's ONE layer description on every backend.
+ *
+ * An architecture (model/<arch>.c) writes its layer once, as a function over the ops below
+ * (hm_op_*), and describes the rest declaratively in an hm_exec_model: the activation buffers it
+ * uses, the attention shape of its KV cache, its vocabulary tensors and, per layer, its MoE block
+ * (router, experts, hm_moe_spec). The executor owns everything per session (KV cache,
+ * activations, the CPU route and scratch, on the GPU one device state per device of the layer
+ * split) and runs the description on:
+ *   - the CPU backend (exec_cpu.c): every op on the pool; several sequences in one pass
+ *     (forward_multi: row-wise ops once over all rows, the K/V write and attention per sequence);
+ *   - the CUDA backend (exec_cuda.c), op by op ("per-launch"), with the MoE split into hot units
+ *     on the device and cold ones on the CPU threads (model/moe_cuda.c);
+ *   - the CUDA graph (exec_cuda.c): a decode step is the SAME description run once under stream
+ *     capture and replayed (model/moe_graph_cuda.c); its MoE op publishes and joins instead;
+ *   - the upload pass (exec_cuda.c): the description run once per layer at gpu_load, each op
+ *     uploading the weights it names to the layer's device: no arch writes an upload list.
+ * So an arch file holds its hparams, its tensor binding and this one description; nothing else.
+ *
+ * The description's contract: its control flow depends on the model and the layer index only
+ * (never on data), since the upload pass and the graph capture replay it; after hm_op_out_rows it
+ * returns at once when hm_exec_done says so (the last layer of a pass without wanted logits).
+ * Rows: every op works on the pass's current rows (all of the micro-batch, then after the last
+ * layer's hm_op_out_rows only the rows whose logits are wanted). Widths come from the buffers'
+ * declared widths (floats per row). Buffers HM_BUF_X (the residual stream) and HM_BUF_H (a
+ * block's normed input, the MoE's input) exist in every arch, n_embd wide. */
+#ifndef HM_EXEC_H
+#define HM_EXEC_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "backend/cpu/cpu_ops.h"
+#include "core/status.h"
+#include "model/model.h"
+#include "model/moe.h"
+
+/* An activation buffer: an index into the arch's declared buffers. */
+typedef int32_t hm_buf;
+enum { HM_BUF_X = 0, HM_BUF_H = 1, HM_BUF_ARCH = 2 /* the arch's own from here */ };
+#define HM_EXEC_MAX_BUF 16
+
+/* How a MoE layer routes (the declarative MoE spec; what the router op and the expert kernels
+ * read). Today's archs: softmax scores, top-k renormalised, SiLU or GELU experts. */
+typedef enum hm_moe_score { HM_MOE_SCORE_SOFTMAX = 0 } hm_moe_score;
+typedef struct hm_moe_spec {
+    int32_t n_expert, k; /* experts, routed per token */
+    int64_t n_ff;        /* an expert's hidden width */
+    hm_moe_score score;
+    bool norm_topk;      /* the k weights renormalised to sum 1 */
+} hm_moe_spec;
+
+/* One layer's MoE block (borrowed from the arch's bound weights). */
+typedef struct hm_moe_layer {
+    const hm_mat *router;          /* [n_expert x n_embd] */
+    const hm_moe_weights *experts; /* the units (moe.h) */
+    const float *expert_scale;     /* [n_expert] per-expert weight scale, NULL: none */
+} hm_moe_layer;
+
+/* What the executor needs of an architecture besides its layer description (filled by the arch's
+ * load, pointed at by hm_model.xm; borrowed). */
+typedef struct hm_exec_model {
+    int32_t n_layer, n_embd, n_vocab;
+    float eps;                         /* the output norm's */
+    const hm_mat *tok_embd, *output;   /* [n_vocab x n_embd] each (may be the same matrix) */
+    const float *output_norm;          /* [n_embd] */
+    int32_t n_buf;                     /* activation buffers, HM_BUF_X and HM_BUF_H among them */
+    int64_t buf_width[HM_EXEC_MAX_BUF];/* floats per row of each */
+    /* attention: every layer has a KV cache of n_head_kv heads of head_dim (f16, or f32 on the CPU) */
+    int32_t n_head, n_head_kv, head_dim;
+    hm_moe_spec moe;
+    const hm_moe_layer *moe_layers;    /* [n_layer] */
+} hm_exec_model;
+
+/* A forward pass in progress (exec_impl.h); the description only passes it on. */
+typedef struct hm_exec hm_exec;
+
+/* ---- the ops a layer description calls (each returns a status; rows: the pass's current) ---- */
+
+/* out = rmsnorm(in) * w over n_embd-wide rows. */
+hm_status hm_op_rmsnorm(hm_exec *x, hm_buf in, const float *w, hm_buf out);
+/* outs[i] = in W_i for n (<= 3) matrices of the same input; a backend may run them as one
+ * (stacked at upload when their types and widths match). */
+hm_status hm_op_matmul_n(hm_exec *x, hm_buf in, const hm_mat *const *ws, const hm_buf *outs, int n);
+static inline hm_status hm_op_matmul(hm_exec *x, hm_buf in, const hm_mat *w, hm_buf out) {
+    return hm_op_matmul_n(x, in, &w, &out, 1);
+}
+/* acc += add; out = rmsnorm(acc) * w (n_embd wide). */
+hm_status hm_op_add_rmsnorm(hm_exec *x, hm_buf acc, hm_buf add, const float *w, hm_buf out);
+/* Layer il's attention input: per-head rmsnorm of q (q_norm) and k (k_norm) over head_dim, NEOX
+ * RoPE of the first n_rot dims of each head at each row's position (base theta), then k and v into
+ * the layer's KV cache at those positions. q: [rows, n_head*hd], k, v: [rows, n_head_kv*hd]. */
+typedef struct hm_qk_rope {
+    hm_buf q, k, v;
+    const float *q_norm, *k_norm; /* [head_dim] */
+    int32_t n_rot;
+    float theta, eps;
+} hm_qk_rope;
+hm_status hm_op_qk_norm_rope_kv(hm_exec *x, int32_t il, const hm_qk_rope *p);
+/* Where the last layer drops the rows whose logits are not wanted: in layer n_layer - 1 of a pass
+ * that wants fewer rows than it has, bufs[0..n) keep only the wanted rows (moved to the front), the
+ * positions and row counts follow; when no row is wanted the pass is done (hm_exec_done). In any
+ * other layer nothing. */
+hm_status hm_op_out_rows(hm_exec *x, int32_t il, const hm_buf *bufs, int n);
+/* True once the pass has nothing more to compute (see hm_op_out_rows). */
+bool hm_exec_done(const hm_exec *x);
+/* out = causal GQA attention of q over layer il's KV cache, scores scaled by scale. */
+hm_status hm_op_attention(hm_exec *x, int32_t il, hm_buf q, hm_buf out, float scale);
+/* Layer il's MoE block (xm->moe_layers[il], xm->moe): the router on in, top-k, the routed units of
+ * in summed into out (the residual); the routing recorded in the expert store. */
+hm_status hm_op_moe(hm_exec *x, int32_t il, hm_buf in, hm_buf out);
+
+/* ---- the executor: an arch that has a layer description fills its hm_arch with these ---- */
+
+hm_status hm_exec_state_open(const hm_model *m, const hm_state_opts *o, void **state, hm_err *err);
+void hm_exec_state_close(void *state);
+hm_status hm_exec_state_trim(void *state, int32_t n_keep, hm_err *err);
+hm_status hm_exec_forward(const hm_model *m, void *state, hm_pool *pool, const hm_fwd_batch *b, hm_err *err);
+hm_status hm_exec_forward_multi(const hm_model *m, void *work, hm_pool *pool, const hm_fwd_seq *seqs, int n_seq,
+                                float *logits, hm_err *err);
+#ifdef HM_HAVE_CUDA
+/* gpu_load: the upload pass (each op's weights to its layer's device); gpu_unload frees its map. */
+hm_status hm_exec_gpu_load(hm_model *m, hm_err *err);
+void hm_exec_gpu_unload(hm_model *m);
+#endif
+
+#endif

@@ -1,0 +1,240 @@
+/* exec_cpu.c - the CPU backend of the executor: a session's host state (KV cache for n_ctx
+ * positions, every activation for one micro-batch, the MoE route and scratch, all sized at open:
+ * a pass allocates nothing) and the forward pass over one or several sequences.
+ *
+ * Several sequences (forward_multi): the batch is their rows concatenated; sequence i owns rows
+ * [off[i], off[i] + cnt[i]) (its b.n rows, then after the last layer's hm_op_out_rows its b.n_out
+ * wanted rows). Every row-wise op runs once on the whole batch; only the K/V write and attention go
+ * sequence by sequence, into and over that sequence's own cache (and with its own scratch). One
+ * sequence is the plain single-session forward: no copies then. With a GPU placement the sequences
+ * run one after another on their own device states (no batched pass on the device yet). */
+#include <math.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "exec_impl.h"
+#include "model/kv_f32.h"
+
+/* The CPU pass's own context. */
+typedef struct cpu_pass {
+    hm_exec_state *s;                            /* the work state: activations and scratch */
+    const hm_fwd_seq *seqs;
+    int n_seq;
+    int32_t off[HM_FWD_MAX_SEQ], cnt[HM_FWD_MAX_SEQ]; /* each sequence's rows now */
+    const int32_t *pos_in;                       /* [n] every row's position */
+    const int32_t *pos;                          /* [nr] the carried rows' positions */
+} cpu_pass;
+
+static cpu_pass *cp(hm_exec *x) { return x->be; }
+
+hm_status hm_exec_cpu_state_open(const hm_model *m, const hm_state_opts *o, hm_exec_state *s, hm_err *err) {
+    const hm_exec_model *xm = m->xm;
+    const size_t U = (size_t)o->n_ubatch, E = (size_t)xm->n_embd, hd = (size_t)xm->head_dim;
+    const size_t K = (size_t)xm->moe.k;
+    hm_status st;
+    s->kv_elem_size = o->kv_type == HM_KV_F32 ? 4 : 2;
+    s->kv_layer_elems = (size_t)xm->n_head_kv * (size_t)o->n_ctx * hd;
+    if ((st = hm_model_kv_alloc(&s->kv, s->kv_layer_elems, 2u * (size_t)xm->n_layer * s->kv_elem_size, o->n_ctx,
+                                err)) != HM_OK)
+        return st;
+
+    /* activations: one block, each array 64-byte aligned; the arch's buffers first */
+    size_t sizes[HM_EXEC_MAX_BUF + 8];
+    float **dst[HM_EXEC_MAX_BUF + 8];
+    size_t n = 0;
+    int64_t widest = 0;
+    for (int32_t i = 0; i < xm->n_buf; i++) {
+        sizes[n] = U * (size_t)xm->buf_width[i];
+        dst[n++] = &s->buf[i];
+        if (xm->buf_width[i] > widest) widest = xm->buf_width[i];
+    }
+    const size_t more[] = {U * (size_t)xm->moe.n_expert, U * K, U * K, U * E, U, U, U, U};
+    float **more_dst[] = {&s->rlog,          &s->rw,           (float **)&s->rid,     &s->hout,
+                          (float **)&s->pos_out, (float **)&s->tok_all, (float **)&s->pos_all, (float **)&s->row_out};
+    _Static_assert(sizeof more / sizeof more[0] == sizeof more_dst / sizeof more_dst[0], "activation table");
+    for (size_t i = 0; i < sizeof more / sizeof more[0]; i++) {
+        sizes[n] = more[i];
+        dst[n++] = more_dst[i];
+    }
+    if ((st = hm_model_carve(&s->act, sizes, dst, n, err)) != HM_OK) return st;
+
+    if (o->kv_type == HM_KV_F32 &&
+        (st = hm_model_att_scratch_alloc(&s->kv_scratch, hm_kv_f32_scratch_floats(o->n_ctx, o->n_threads), err)))
+        return st;
+    if ((st = hm_moe_route_init(&s->route, xm->moe.n_expert, xm->moe.k, o->n_ubatch, err)) != HM_OK) return st;
+
+    /* the matmuls' inputs are the buffers (the widest bounds them), then attention, then the MoE */
+    size_t sc = hm_cpu_matmul_scratch_size(widest, (int64_t)U, o->n_threads);
+    sc = hm_model_max_sz(sc, hm_cpu_attention_scratch_size((int64_t)U, o->n_ctx, xm->n_head, xm->head_dim,
+                                                           o->n_threads));
+    sc = hm_model_max_sz(sc, hm_moe_compute_scratch_size(&s->route, xm->n_embd, xm->moe.n_ff, o->n_threads));
+    return hm_model_scratch_alloc(&s->scratch, sc, err);
+}
+
+/* ---- the ops ---- */
+
+static hm_status c_rmsnorm(hm_exec *x, hm_buf in, const float *w, hm_buf out) {
+    hm_cpu_rmsnorm(x->pool, x->buf[in], w, x->buf[out], x->nr, x->xm->n_embd, x->xm->eps);
+    return HM_OK;
+}
+
+static hm_status c_matmul_n(hm_exec *x, hm_buf in, const hm_mat *const *ws, const hm_buf *outs, int n) {
+    hm_scratch *sc = &cp(x)->s->scratch;
+    if (n == 1) {
+        hm_cpu_matmul(x->pool, ws[0], x->buf[in], x->nr, x->buf[outs[0]], sc);
+        return HM_OK;
+    }
+    float *ys[3];
+    for (int i = 0; i < n; i++) ys[i] = x->buf[outs[i]];
+    hm_cpu_matmul_n(x->pool, ws, n, x->buf[in], x->nr, ys, sc);
+    return HM_OK;
+}
+
+static hm_status c_add_rmsnorm(hm_exec *x, hm_buf acc, hm_buf add, const float *w, hm_buf out) {
+    const int64_t E = x->xm->n_embd;
+    hm_cpu_add(x->pool, x->buf[acc], x->buf[add], x->buf[acc], x->nr * E);
+    hm_cpu_rmsnorm(x->pool, x->buf[acc], w, x->buf[out], x->nr, E, x->xm->eps);
+    return HM_OK;
+}
+
+/* Layer il's K cache of a sequence state; *vc its V cache. */
+static char *kv_layer(const hm_exec_state *s, int32_t il, char **vc) {
+    return hm_model_kv_layer(s->kv, s->kv_layer_elems, s->kv_elem_size, il, vc);
+}
+
+static hm_status c_qk_norm_rope_kv(hm_exec *x, int32_t il, const hm_qk_rope *p) {
+    const cpu_pass *c = cp(x);
+    const hm_exec_model *xm = x->xm;
+    const int nh = xm->n_head, nkv = xm->n_head_kv, hd = xm->head_dim;
+    float *q = x->buf[p->q], *k = x->buf[p->k], *v = x->buf[p->v];
+    hm_cpu_rmsnorm_heads(x->pool, q, p->q_norm, x->nr, nh, hd, p->eps);
+    hm_cpu_rmsnorm_heads(x->pool, k, p->k_norm, x->nr, nkv, hd, p->eps);
+    hm_cpu_rope_neox(x->pool, q, x->nr, nh, hd, p->n_rot, c->pos, p->theta);
+    hm_cpu_rope_neox(x->pool, k, x->nr, nkv, hd, p->n_rot, c->pos, p->theta);
+    for (int i = 0; i < c->n_seq; i++) { /* each sequence's K/V rows into its own cache */
+        const hm_exec_state *si = c->seqs[i].state;
+        char *vc, *kc = kv_layer(si, il, &vc);
+        const size_t ro = (size_t)c->off[i] * (size_t)(nkv * hd);
+        hm_model_kv_write(x->pool, si->kv_type, kc, vc, si->n_ctx, nkv, hd, k + ro, v + ro, c->cnt[i],
+                          c->seqs[i].b.pos);
+    }
+    return HM_OK;
+}
+
+static hm_status c_out_rows(hm_exec *x, int32_t il, const hm_buf *bufs, int n) {
+    (void)il;
+    cpu_pass *c = cp(x);
+    hm_exec_state *s = c->s;
+    /* only the rows whose logits are wanted matter from here on (as llama.cpp's inp_out_ids);
+     * row_out ascends, so compacting forward is safe */
+    if (x->n_out == 0) {
+        x->done = true;
+        return HM_OK;
+    }
+    for (int64_t i = 0; i < x->n_out; i++) s->pos_out[i] = c->pos_in[s->row_out[i]];
+    for (int i = 0; i < n; i++) hm_model_compact_rows(x->buf[bufs[i]], x->xm->buf_width[bufs[i]], s->row_out, (int32_t)x->n_out);
+    x->nr = x->n_out;
+    c->pos = s->pos_out;
+    for (int i = 0, o = 0; i < c->n_seq; o += c->cnt[i], i++) {
+        c->off[i] = o;
+        c->cnt[i] = c->seqs[i].b.n_out;
+    }
+    return HM_OK;
+}
+
+static hm_status c_attention(hm_exec *x, int32_t il, hm_buf qb, hm_buf outb, float scale) {
+    const cpu_pass *c = cp(x);
+    const hm_exec_model *xm = x->xm;
+    const int nh = xm->n_head, nkv = xm->n_head_kv, hd = xm->head_dim;
+    for (int i = 0; i < c->n_seq; i++) { /* each sequence's queries over its own cache */
+        hm_exec_state *si = c->seqs[i].state;
+        if (!c->cnt[i]) continue;
+        char *vc, *kc = kv_layer(si, il, &vc);
+        const size_t ro = (size_t)c->off[i] * (size_t)(nh * hd);
+        hm_model_attention(x->pool, si->kv_type, x->buf[qb] + ro, c->cnt[i], c->pos + c->off[i], kc, vc, si->n_ctx,
+                           nh, nkv, hd, scale, x->buf[outb] + ro, si->kv_scratch, &si->scratch);
+    }
+    return HM_OK;
+}
+
+static hm_status c_moe(hm_exec *x, int32_t il, hm_buf in, hm_buf out) {
+    hm_exec_state *s = cp(x)->s;
+    const hm_exec_model *xm = x->xm;
+    const hm_moe_layer *L = &xm->moe_layers[il];
+    hm_cpu_matmul(x->pool, L->router, x->buf[in], x->nr, s->rlog, &s->scratch);
+    hm_moe_route_rows(x->m, il, &s->route, s->rlog, x->nr, xm->moe.n_expert, xm->moe.k, L->expert_scale, s->rid,
+                      s->rw);
+    const hm_mat *next_router = il + 1 < xm->n_layer ? xm->moe_layers[il + 1].router : NULL;
+    return hm_moe_forward(x->m, x->pool, L->experts, &s->route, x->buf[in], x->buf[out], &s->scratch, next_router,
+                          x->err);
+}
+
+static const hm_exec_ops cpu_ops = {
+    .rmsnorm = c_rmsnorm,
+    .matmul_n = c_matmul_n,
+    .add_rmsnorm = c_add_rmsnorm,
+    .qk_norm_rope_kv = c_qk_norm_rope_kv,
+    .out_rows = c_out_rows,
+    .attention = c_attention,
+    .moe = c_moe,
+};
+
+/* ---- the pass ---- */
+
+hm_status hm_exec_forward_multi(const hm_model *m, void *work, hm_pool *pool, const hm_fwd_seq *seqs, int n_seq,
+                                float *logits, hm_err *err) {
+    const hm_exec_model *xm = m->xm;
+    HM_ASSERT(n_seq > 0 && n_seq <= HM_FWD_MAX_SEQ);
+#ifdef HM_HAVE_CUDA
+    if (m->gpu) {
+        /* no batched pass on the device yet: the sequences one after another on their own
+         * states (each unit computes once per sequence instead of once per batch, results as
+         * alone); the wanted rows land in sequence order as the batched pass writes them */
+        float *lg = logits;
+        for (int i = 0; i < n_seq; i++) {
+            hm_fwd_batch b = seqs[i].b;
+            b.logits = b.n_out ? lg : NULL;
+            hm_status st = hm_exec_gpu_forward(m, seqs[i].state, pool, &b, err);
+            if (st != HM_OK) return st;
+            if (b.n_out) lg += (size_t)b.n_out * (size_t)xm->n_vocab;
+        }
+        return HM_OK;
+    }
+#endif
+    hm_exec_state *s = work;
+    cpu_pass c = {.s = s, .seqs = seqs, .n_seq = n_seq};
+    int64_t n = 0, n_out = 0;
+    for (int i = 0; i < n_seq; i++) {
+        const hm_fwd_batch *b = &seqs[i].b;
+        const hm_exec_state *si = seqs[i].state;
+        HM_ASSERT(b->n > 0 && b->n <= si->n_ubatch && b->n_out <= b->n && n + b->n <= s->n_ubatch);
+        HM_ASSERT(b->pos[b->n - 1] < si->n_ctx && si->n_threads == s->n_threads);
+        c.off[i] = (int32_t)n;
+        c.cnt[i] = b->n;
+        if (n_seq > 1) {
+            memcpy(s->tok_all + n, b->tokens, (size_t)b->n * sizeof(int32_t));
+            memcpy(s->pos_all + n, b->pos, (size_t)b->n * sizeof(int32_t));
+        }
+        for (int32_t j = 0; j < b->n_out; j++) s->row_out[n_out++] = (int32_t)n + b->out_rows[j];
+        n += b->n;
+    }
+    const int32_t *tokens = n_seq > 1 ? s->tok_all : seqs[0].b.tokens;
+    c.pos_in = n_seq > 1 ? s->pos_all : seqs[0].b.pos;
+    c.pos = c.pos_in;
+
+    hm_exec x = {.m = m, .xm = xm, .ops = &cpu_ops, .pool = pool, .err = err, .n = n, .nr = n, .n_out = n_out,
+                 .be = &c};
+    memcpy(x.buf, s->buf, sizeof x.buf);
+    hm_cpu_get_rows(pool, xm->tok_embd, tokens, n, x.buf[HM_BUF_X]);
+    for (int32_t il = 0; il < xm->n_layer && !x.done; il++) {
+        hm_status st = hm_exec_layer(&x, il);
+        if (st != HM_OK) return st;
+    }
+    if (n_out > 0) {
+        /* x rows 0..n_out-1 are the wanted rows now (compacted, or all rows in order) */
+        HM_ASSERT(x.nr == n_out && logits);
+        hm_model_logits(pool, x.buf[HM_BUF_X], xm->output_norm, xm->eps, xm->output, n_out, xm->n_embd, s->hout,
+                        logits, &s->scratch);
+    }
+    return HM_OK;
+}

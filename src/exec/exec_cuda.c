@@ -1,0 +1,736 @@
+/* exec_cuda.c - the CUDA backends of the executor (CUDA builds only): the arch's one layer
+ * description run on the device op by op, captured as one CUDA graph for decode, and run once at
+ * gpu_load as the upload pass. The dense part, the KV cache and the activations live on the device;
+ * the HOT expert units in VRAM slots are computed there, the cold ones by the CPU threads at the
+ * same time (model/moe.h, hm_moe_forward_gpu).
+ *
+ * Upload pass (hm_exec_gpu_load): each layer's description runs with ops that upload the weights
+ * they name to the layer's device (several devices: model_gpu.h) and record the device copy in a
+ * map keyed by (host pointer, device): the compute ops find their weights there. A matmul_n of
+ * matrices of one type and width is stacked into one device matrix (decode then runs them in one
+ * matvec launch; each matrix is a view into it). The embeddings go with layer 0, the output with
+ * its device; tied embeddings on one device are one copy.
+ *
+ * Per layer the ops queue their launches on the layer's device. The MoE op, two ways:
+ *   - prefill (n > 8): the layer's ONE host wait: the routing (ids + weights) and, when some unit
+ *     of the layer may be cold, the normed input come down to pinned buffers and the host syncs.
+ *     The host records the routing in the store, groups it by unit, queues the hot units' grouped
+ *     launch, computes the cold ones, and queues their sum's upload and add. Units of the next
+ *     layer predicted on this layer's input may stream ahead (gpu_chain.h, hm_gpu_moe_step).
+ *   - decode (n <= 8): the hot units run from the router's device output through a per-layer
+ *     table of slot pointers (uploaded at step start when a slot map changed): no host staging.
+ *     A layer whose units are ALL hot has no host wait at all; another one downloads its routing
+ *     and input, records an event, queues the hot launch and waits for the event only. Every
+ *     layer's routing comes down in one copy at the end of the step and is recorded in the store.
+ * A decode step whose rows all want logits runs instead as ONE CUDA graph (moe.h, hm_moe_graph):
+ * the same description captured once and replayed (captured again when its key changes: the rows,
+ * the attention split, the layers with any hot unit), the cold units' host round trip inside it;
+ * bit-identical to the per-launch path (same kernels, same order). HOTMOE_CUDA_GRAPH=0 keeps the
+ * per-launch path. After the last layer, the output norm and matmul of the wanted rows and the
+ * logits' download (a sync); without wanted logits a plain sync: the store refills slots between
+ * steps and no queued kernel may still read them then.
+ *
+ * Numerics (cuda_ops.h): batches of <= 8 rows take the exact-f32 matvec path, larger ones the
+ * tensor-core matmul. The KV cache is f16 as the CPU's.
+ *
+ * Memory: one device state per device of the layer split (gpu_chain.h), each with the KV cache of
+ * its own layers and its own activations, sized at open for n_ctx and n_ubatch; when the device is
+ * full, the model's expert slot pool gives up chunks of slots for it (hm_gpu_dev_alloc_on). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend/cuda/cuda_linattn.h"
+#include "core/alloc.h"
+#include "backend/cuda/cuda_ops.h"
+#include "exec_impl.h"
+#include "model/gpu_chain.h"
+#include "model/model_gpu.h"
+#include "quant/quant.h"
+
+/* Most rows of logits computed per output matmul (bounds the device logits buffer). */
+#define XG_LOGIT_ROWS 64
+
+/* ---- the device copies of the weights: (host pointer, device) -> copy ---- */
+
+typedef struct xw {
+    const void *key;  /* the host data (a matrix's rows or an f32 vector); NULL: an empty entry */
+    int32_t dev;
+    hm_cuda_mat m;    /* a matrix's device copy (a view into its stack when stacked) */
+    const float *v;   /* a vector's device copy */
+    bool any;         /* F32 rows only the exact f32 fallback matmul reads (hm_gpu_up_mat) */
+    int32_t stack;    /* index into stacks, -1: none */
+    int32_t pos;      /* its place in the stack */
+} xw;
+
+typedef struct xstack {
+    hm_cuda_mat m; /* the stacked matrix */
+    int32_t n;     /* matrices in it */
+} xstack;
+
+typedef struct xmap {
+    xw *e;        /* [cap], open addressing */
+    size_t cap, n;
+    xstack *stacks;
+    int32_t n_stacks, cap_stacks;
+} xmap;
+
+static size_t xhash(const void *key, int32_t dev) {
+    uint64_t h = (uint64_t)(uintptr_t)key * 0x9E3779B97F4A7C15ull ^ (uint64_t)dev * 0xC2B2AE3D27D4EB4Full;
+    return (size_t)(h ^ (h >> 29));
+}
+
+static xw *map_find(const xmap *mp, const void *key, int32_t dev) {
+    for (size_t i = xhash(key, dev) & (mp->cap - 1);; i = (i + 1) & (mp->cap - 1)) {
+        xw *e = &mp->e[i];
+        if (!e->key) return NULL;
+        if (e->key == key && e->dev == dev) return e;
+    }
+}
+
+static hm_status map_grow(xmap *mp, hm_err *err) {
+    const size_t cap = mp->cap ? 2 * mp->cap : 256;
+    xw *old = mp->e;
+    const size_t ocap = mp->cap;
+    if (!(mp->e = calloc(cap, sizeof *mp->e))) {
+        mp->e = old;
+        return hm_errf(err, HM_ERR_NOMEM, "out of memory");
+    }
+    mp->cap = cap;
+    for (size_t i = 0; i < ocap; i++) {
+        if (!old[i].key) continue;
+        size_t j = xhash(old[i].key, old[i].dev) & (cap - 1);
+        while (mp->e[j].key) j = (j + 1) & (cap - 1);
+        mp->e[j] = old[i];
+    }
+    free(old);
+    return HM_OK;
+}
+
+/* A new entry for (key, dev) (absent), stack -1. */
+static hm_status map_add(xmap *mp, const void *key, int32_t dev, xw **out, hm_err *err) {
+    if (2 * (mp->n + 1) > mp->cap) {
+        hm_status st = map_grow(mp, err);
+        if (st != HM_OK) return st;
+    }
+    size_t i = xhash(key, dev) & (mp->cap - 1);
+    while (mp->e[i].key) i = (i + 1) & (mp->cap - 1);
+    mp->e[i] = (xw){.key = key, .dev = dev, .stack = -1};
+    mp->n++;
+    *out = &mp->e[i];
+    return HM_OK;
+}
+
+static void map_free(xmap *mp) {
+    if (!mp) return;
+    free(mp->e);
+    free(mp->stacks);
+    free(mp);
+}
+
+/* The GGUF name of the tensor whose data is at `data` (for upload errors). */
+static const char *tensor_name(const hm_model *m, const void *data) {
+    for (int64_t i = 0; i < hm_gguf_n_tensors(m->gguf); i++) {
+        const hm_gguf_tensor *t = hm_gguf_tensor_at(m->gguf, i);
+        if (t->data == data) return t->name;
+    }
+    return "(unnamed)";
+}
+
+void hm_exec_gpu_unload(hm_model *m) {
+    if (!m->gpu) return;
+    map_free(m->gpu->arch);
+    m->gpu->arch = NULL;
+}
+
+/* ---- the upload pass ---- */
+
+typedef struct up_pass {
+    hm_gpu *g;
+    xmap *mp;
+} up_pass;
+
+static up_pass *upp(hm_exec *x) { return x->be; }
+
+static hm_status up_vec(hm_exec *x, const float *v, int64_t n) {
+    up_pass *u = upp(x);
+    if (!v || map_find(u->mp, v, u->g->up_dev)) return HM_OK;
+    float *d = NULL;
+    hm_status st = hm_gpu_up_vec(u->g, v, n, tensor_name(x->m, v), &d, x->err);
+    if (st != HM_OK) return st;
+    xw *e;
+    if ((st = map_add(u->mp, v, u->g->up_dev, &e, x->err)) != HM_OK) return st;
+    e->v = d;
+    return HM_OK;
+}
+
+static hm_status up_mat(hm_exec *x, const hm_mat *w) {
+    up_pass *u = upp(x);
+    if (map_find(u->mp, w->data, u->g->up_dev)) return HM_OK;
+    hm_cuda_mat d;
+    bool any = false;
+    hm_status st = hm_gpu_up_mat(u->g, w, tensor_name(x->m, w->data), &any, &d, x->err);
+    if (st != HM_OK) return st;
+    xw *e;
+    if ((st = map_add(u->mp, w->data, u->g->up_dev, &e, x->err)) != HM_OK) return st;
+    e->m = d;
+    e->any = any;
+    return HM_OK;
+}
+
+/* ws[0..n) stacked into one device matrix when at least the first two share the type, width and
+ * packed rows (and none is uploaded yet); the matching prefix is stacked. Returns how many were. */
+static hm_status up_stack(hm_exec *x, const hm_mat *const *ws, int n, int *stacked) {
+    up_pass *u = upp(x);
+    const hm_mat *w0 = ws[0];
+    int k = 0;
+    while (k < n && ws[k]->type == w0->type && ws[k]->ne0 == w0->ne0 && ws[k]->nb1 == w0->nb1 &&
+           ws[k]->nb1 == hm_row_size(w0->type, w0->ne0) && !map_find(u->mp, ws[k]->data, u->g->up_dev))
+        k++;
+    *stacked = 0;
+    if (k < 2 || !hm_cuda_type_ok(w0->type)) return HM_OK;
+    int64_t rows = 0;
+    for (int i = 0; i < k; i++) rows += ws[i]->ne1;
+    const size_t nb1 = w0->nb1;
+    char *buf = malloc(nb1 * (size_t)rows);
+    if (!buf) return hm_errf(x->err, HM_ERR_NOMEM, "out of memory");
+    char name[256];
+    size_t at = 0, nl = 0;
+    for (int i = 0; i < k; i++) {
+        memcpy(buf + at, ws[i]->data, nb1 * (size_t)ws[i]->ne1);
+        at += nb1 * (size_t)ws[i]->ne1;
+        nl += (size_t)snprintf(name + nl, nl < sizeof name ? sizeof name - nl : 0, "%s%s", i ? "|" : "",
+                               tensor_name(x->m, ws[i]->data));
+        if (nl >= sizeof name) nl = sizeof name - 1;
+    }
+    snprintf(name + nl, sizeof name - nl, " (stacked)");
+    const hm_mat cat = {.data = buf, .type = w0->type, .ne0 = w0->ne0, .ne1 = rows, .nb1 = nb1};
+    hm_cuda_mat d;
+    hm_status st = hm_gpu_up_mat(u->g, &cat, name, NULL, &d, x->err);
+    free(buf);
+    if (st != HM_OK) return st;
+    xmap *mp = u->mp;
+    if (mp->n_stacks == mp->cap_stacks) {
+        const int32_t cap = mp->cap_stacks ? 2 * mp->cap_stacks : 64;
+        xstack *ns = realloc(mp->stacks, (size_t)cap * sizeof *ns);
+        if (!ns) return hm_errf(x->err, HM_ERR_NOMEM, "out of memory");
+        mp->stacks = ns;
+        mp->cap_stacks = cap;
+    }
+    const int32_t si = mp->n_stacks++;
+    mp->stacks[si] = (xstack){.m = d, .n = k};
+    at = 0;
+    for (int i = 0; i < k; i++) {
+        xw *e;
+        if ((st = map_add(mp, ws[i]->data, u->g->up_dev, &e, x->err)) != HM_OK) return st;
+        e->m = d;
+        e->m.data = (const char *)d.data + at;
+        e->m.ne1 = ws[i]->ne1;
+        e->stack = si;
+        e->pos = i;
+        at += nb1 * (size_t)ws[i]->ne1;
+    }
+    *stacked = k;
+    return HM_OK;
+}
+
+static hm_status u_rmsnorm(hm_exec *x, hm_buf in, const float *w, hm_buf out) {
+    (void)in, (void)out;
+    return up_vec(x, w, x->xm->n_embd);
+}
+
+static hm_status u_matmul_n(hm_exec *x, hm_buf in, const hm_mat *const *ws, const hm_buf *outs, int n) {
+    (void)in, (void)outs;
+    int done = 0;
+    hm_status st = n >= 2 ? up_stack(x, ws, n, &done) : HM_OK;
+    for (int i = done; i < n && st == HM_OK; i++) st = up_mat(x, ws[i]);
+    return st;
+}
+
+static hm_status u_add_rmsnorm(hm_exec *x, hm_buf acc, hm_buf add, const float *w, hm_buf out) {
+    (void)acc, (void)add, (void)out;
+    return up_vec(x, w, x->xm->n_embd);
+}
+
+static hm_status u_qk_norm_rope_kv(hm_exec *x, int32_t il, const hm_qk_rope *p) {
+    (void)il;
+    hm_status st = up_vec(x, p->q_norm, x->xm->head_dim);
+    return st == HM_OK ? up_vec(x, p->k_norm, x->xm->head_dim) : st;
+}
+
+static hm_status u_out_rows(hm_exec *x, int32_t il, const hm_buf *bufs, int n) {
+    (void)x, (void)il, (void)bufs, (void)n;
+    return HM_OK; /* the pass goes on: every layer's weights are wanted */
+}
+
+static hm_status u_attention(hm_exec *x, int32_t il, hm_buf q, hm_buf out, float scale) {
+    (void)x, (void)il, (void)q, (void)out, (void)scale;
+    return HM_OK;
+}
+
+static hm_status u_moe(hm_exec *x, int32_t il, hm_buf in, hm_buf out) {
+    (void)in, (void)out;
+    return up_mat(x, x->xm->moe_layers[il].router);
+}
+
+static const hm_exec_ops upload_ops = {
+    .rmsnorm = u_rmsnorm,
+    .matmul_n = u_matmul_n,
+    .add_rmsnorm = u_add_rmsnorm,
+    .qk_norm_rope_kv = u_qk_norm_rope_kv,
+    .out_rows = u_out_rows,
+    .attention = u_attention,
+    .moe = u_moe,
+};
+
+hm_status hm_exec_gpu_load(hm_model *m, hm_err *err) {
+    const hm_exec_model *xm = m->xm;
+    hm_gpu *g = m->gpu;
+    HM_ASSERT(xm && g && !g->arch);
+    if (xm->head_dim != 64 && xm->head_dim != 128 && xm->head_dim != 256)
+        return hm_errf(err, HM_ERR_UNSUPPORTED, "head_dim %d: the CUDA attention takes 64, 128 or 256 (run the "
+                       "model on the CPU: drop -ngl / --vram-budget)", xm->head_dim);
+    if (xm->moe.n_expert > 1024 || xm->moe.k > 32)
+        return hm_errf(err, HM_ERR_UNSUPPORTED, "%d experts, %d used: the CUDA router takes at most 1024 and 32",
+                       xm->moe.n_expert, xm->moe.k);
+    g->no_gpu_experts = hm_moe_gpu_unfit(xm->moe_layers[0].experts); /* the grouped MoE kernels' shapes, types */
+    xmap *mp = calloc(1, sizeof *mp);
+    if (!mp) return hm_errf(err, HM_ERR_NOMEM, "out of memory");
+    g->arch = mp;
+    up_pass u = {.g = g, .mp = mp};
+    hm_exec x = {.m = m, .xm = xm, .ops = &upload_ops, .err = err, .be = &u};
+    hm_status st;
+    /* the embeddings go with layer 0, the output with its own device, each layer's weights with it */
+    g->up_dev = hm_gpu_layer_dev(g, 0);
+    if ((st = up_mat(&x, xm->tok_embd)) != HM_OK) goto fail;
+    g->up_dev = hm_gpu_layer_dev(g, xm->n_layer);
+    if ((st = up_mat(&x, xm->output)) != HM_OK) goto fail;
+    if ((st = up_vec(&x, xm->output_norm, xm->n_embd)) != HM_OK) goto fail;
+    for (int32_t il = 0; il < xm->n_layer; il++) {
+        g->up_dev = hm_gpu_layer_dev(g, il);
+        if ((st = hm_exec_layer(&x, il)) != HM_OK) goto fail;
+    }
+    return HM_OK;
+fail:
+    hm_exec_gpu_unload(m); /* the buffers themselves are m->gpu's (freed at its close) */
+    return st;
+}
+
+/* ---- a session's device states ----
+ *
+ * One hm_xdev per device of the placement that runs layers or the output, chained in layer order
+ * (s->dev the first): each holds the KV cache of its own layers [l0, l1) only, and its own
+ * activations, tables and handshakes. With one device the chain has one link, over every layer. */
+
+typedef struct hm_xdev {
+    hm_gpu_dstate ds;         /* first: the device, its layers, x, h, the MoE's buffers (gpu_chain.h);
+                                 ds.kv is [l1 - l0][2][n_head_kv][n_ctx][head_dim] */
+    size_t kv_layer_elems;    /* n_head_kv * n_ctx * head_dim */
+    float *buf[HM_EXEC_MAX_BUF]; /* [U, buf_width[i]] the arch's buffers (x and h are ds's) */
+    float *rlog;              /* [U, n_expert] router logits */
+    int32_t *pred;            /* [2 * U * k]: prefill, the next layer's routing predicted on this
+                                 layer's MoE input (for streaming ahead: moe.h, next_ids) */
+    int32_t *pred_h;          /* [U * k] the predicted ids, down (in ds.pin) */
+} hm_xdev;
+
+static hm_xdev *nxt(const hm_xdev *g) { return (hm_xdev *)g->ds.next; }
+
+void hm_exec_gpu_state_close(hm_exec_state *s) {
+    for (hm_xdev *g = s->dev, *nx; g; g = nx) {
+        nx = nxt(g);
+        hm_gpu_dstate_free(&g->ds);
+        free(g);
+    }
+    s->dev = NULL;
+}
+
+/* The device state of device index dev for layers [l0, l1) (and the output when out), linked at
+ * once after *last (s's first when *last is NULL; a half-open one is freed with the chain), *last
+ * set to it. */
+static hm_status xdev_open(const hm_model *m, const hm_state_opts *o, int32_t dev, int32_t l0, int32_t l1, bool out,
+                           hm_exec_state *s, hm_xdev **last, hm_err *err) {
+    const hm_exec_model *xm = m->xm;
+    hm_xdev *g = calloc(1, sizeof *g);
+    if (!g) return hm_errf(err, HM_ERR_NOMEM, "out of memory");
+    if (*last) (*last)->ds.next = &g->ds;
+    else s->dev = g;
+    *last = g;
+    const size_t U = (size_t)o->n_ubatch, E = (size_t)xm->n_embd, hd = (size_t)xm->head_dim;
+    const size_t K = (size_t)xm->moe.k, V = (size_t)xm->n_vocab, NE = (size_t)xm->moe.n_expert;
+    hm_status st = hm_gpu_dstate_init(&g->ds, m, o, dev, l0, l1, out, xm->n_layer, xm->moe.n_expert, XG_LOGIT_ROWS,
+                                      K, err);
+    if (st != HM_OK) return st;
+    hm_cuda_ctx *c = g->ds.c;
+    const size_t NL = (size_t)xm->n_layer;
+    const size_t slot_words = NL * NE * sizeof(hm_cuda_moe_slot) / 4;
+
+    /* sizes first: a device that is full makes the expert pool give up room for all of them */
+    g->kv_layer_elems = (size_t)xm->n_head_kv * hd * (size_t)o->n_ctx;
+    size_t kv_bytes = 0;
+    if (!hm_mul_ok(g->kv_layer_elems, 2u * (size_t)(l1 - l0) * 2u, &kv_bytes))
+        return hm_errf(err, HM_ERR_NOMEM, "gpu: the KV cache for %d positions is too large", o->n_ctx);
+    /* the arch's buffers, then router logits, sel, cold, logits, ints, sel_all, slots, pred */
+    enum { N_MORE = 8 };
+    size_t act_el[HM_EXEC_MAX_BUF + N_MORE], act_off[HM_EXEC_MAX_BUF + N_MORE];
+    const size_t nb = (size_t)xm->n_buf;
+    for (size_t i = 0; i < nb; i++) act_el[i] = U * (size_t)xm->buf_width[i];
+    const size_t more[N_MORE] = {U * NE, 2 * U * K, U * E, out ? (size_t)g->ds.logit_rows * V : 0, 3 * U,
+                                 NL * g->ds.sel_stride, slot_words, 2 * U * K};
+    memcpy(act_el + nb, more, sizeof more);
+    const size_t act_bytes = hm_gpu_layout(act_el, act_off, nb + N_MORE);
+    /* attention and the grouped MoE run one after the other on one stream: one scratch */
+    g->ds.scratch_size = hm_gpu_max_sz(
+        hm_cuda_attention_scratch_size(c, (int64_t)U, o->n_ctx, xm->n_head, xm->n_head_kv, xm->head_dim),
+        hm_cuda_moe_scratch_size((int64_t)U, (int64_t)(U * K), xm->moe.n_expert, xm->moe.n_ff));
+    g->ds.scratch_size =
+        hm_gpu_max_sz(g->ds.scratch_size, hm_cuda_moe_dev_scratch_size(g->ds.dec_cap, xm->moe.k, xm->moe.n_ff));
+
+    /* the KV cache */
+    char what[96];
+    snprintf(what, sizeof what, "KV cache (%d positions)", o->n_ctx);
+    if (kv_bytes && (st = hm_gpu_dev_alloc_on(m, dev, kv_bytes, kv_bytes + act_bytes + g->ds.scratch_size,
+                                              (void **)&g->ds.kv, what, err)) != HM_OK)
+        return st;
+    /* activations: one device block */
+    if ((st = hm_gpu_dev_alloc_on(m, dev, act_bytes, act_bytes + g->ds.scratch_size, &g->ds.dev_block, "activations",
+                                  err)) != HM_OK)
+        return st;
+    {
+        char *b = g->ds.dev_block;
+        const size_t *off = act_off + nb;
+        for (size_t i = 0; i < nb; i++) g->buf[i] = (float *)(b + act_off[i]);
+        g->ds.x = g->buf[HM_BUF_X];
+        g->ds.h = g->buf[HM_BUF_H];
+        g->rlog = (float *)(b + off[0]);
+        g->ds.sel = (int32_t *)(b + off[1]);
+        g->ds.cold = (float *)(b + off[2]);
+        g->ds.logits = out ? (float *)(b + off[3]) : NULL;
+        g->ds.ints = (int32_t *)(b + off[4]);
+        g->ds.sel_all = (int32_t *)(b + off[5]);
+        g->ds.slots = (hm_cuda_moe_slot *)(b + off[6]);
+        g->pred = (int32_t *)(b + off[7]);
+    }
+    if ((st = hm_gpu_dev_alloc_on(m, dev, g->ds.scratch_size, g->ds.scratch_size, &g->ds.scratch,
+                                  "attention/MoE scratch", err)) != HM_OK)
+        return st;
+
+    /* pinned host buffers: everything that crosses the bus (and the predicted ids) */
+    void *pred_h = NULL;
+    if ((st = hm_gpu_dstate_pin(&g->ds, U, E, K, U * K, &pred_h, err)) != HM_OK) return st;
+    g->pred_h = pred_h;
+    if ((st = hm_gpu_moe_host_open(&g->ds.mh, c, xm->n_layer, xm->moe.n_expert, err)) != HM_OK) return st;
+    for (int32_t il = l0; il < l1; il++) g->ds.mh.mw[il] = xm->moe_layers[il].experts;
+    return hm_moe_graph_open_env(c, g->ds.mh.mw, xm->n_layer, g->ds.dec_cap, xm->moe.k, xm->n_embd, &g->ds.mh.graph,
+                                 err);
+}
+
+hm_status hm_exec_gpu_state_open(const hm_model *m, const hm_state_opts *o, hm_exec_state *s, hm_err *err) {
+    const hm_exec_model *xm = m->xm;
+    const hm_gpu *gpu = m->gpu;
+    HM_ASSERT(gpu && gpu->arch && !s->dev);
+    hm_status st = hm_gpu_state_opts_check(o, err);
+    if (st != HM_OK) return st;
+    s->kv_elem_size = 2;
+    s->kv_layer_elems = (size_t)xm->n_head_kv * (size_t)xm->head_dim * (size_t)o->n_ctx;
+    /* one state per device that runs layers or the output, in layer order */
+    hm_gpu_link links[HM_MAX_GPUS];
+    const int32_t n_links = hm_gpu_chain_links(gpu, xm->n_layer, links);
+    hm_xdev *last = NULL;
+    for (int32_t i = 0; i < n_links; i++) {
+        const hm_gpu_link L = links[i];
+        if ((st = xdev_open(m, o, L.dev, L.l0, L.l1, L.out, s, &last, err)) != HM_OK) goto fail;
+    }
+    /* the CPU part: the route and the scratch of its MoE op; the peer units' buffers (model_gpu.h) */
+    if ((st = hm_gpu_session_cold_open(m, &s->route, &s->scratch, xm->moe.n_expert, xm->moe.k, xm->n_embd,
+                                       xm->moe.n_ff, o, err)) != HM_OK)
+        goto fail;
+    return HM_OK;
+fail:
+    hm_exec_gpu_state_close(s); /* the caller frees the rest of s */
+    return st;
+}
+
+/* ---- the compute ops (per-launch and graph) ---- */
+
+typedef struct gpu_pass {
+    hm_exec_state *s;
+    hm_xdev *g;             /* the device running the current layers */
+    const hm_fwd_batch *b;
+    bool dec;               /* decode: n <= HM_CUDA_MATVEC_MAX_TOK (routing kept on the device) */
+    bool graph;             /* under capture for the decode graph */
+    bool out_rows;          /* the last layer kept the wanted rows only */
+    const int32_t *pos;     /* device: the carried rows' positions on g */
+    int64_t kv_len;
+} gpu_pass;
+
+static gpu_pass *gp(hm_exec *x) { return x->be; }
+
+/* Make g the pass's device: its buffers and its copy of the positions. */
+static void set_dev(hm_exec *x, hm_xdev *g) {
+    gpu_pass *p = gp(x);
+    p->g = g;
+    memcpy(x->buf, g->buf, sizeof x->buf);
+    p->pos = g->ds.ints + (p->out_rows ? 2 : 1) * (size_t)p->s->n_ubatch;
+}
+
+/* The device copy of host weight `key` on the pass's device (the upload pass made it). */
+static const xw *dw(hm_exec *x, const void *key) {
+    const xw *e = map_find(x->m->gpu->arch, key, gp(x)->g->ds.dev);
+    HM_ASSERT(e);
+    return e;
+}
+
+static hm_status mm(hm_cuda_ctx *c, const xw *w, const float *in, int64_t n, float *y, hm_err *err) {
+    if (w->any) return hm_cuda_matmul_f32_any(c, w->m.data, w->m.ne0, w->m.ne1, w->m.nb1, in, n, y, err);
+    return hm_cuda_matmul(c, &w->m, in, n, y, err);
+}
+
+static hm_status g_rmsnorm(hm_exec *x, hm_buf in, const float *w, hm_buf out) {
+    return hm_cuda_rmsnorm(gp(x)->g->ds.c, x->buf[in], dw(x, w)->v, x->buf[out], x->nr, x->xm->n_embd, x->xm->eps,
+                           x->err);
+}
+
+static hm_status g_matmul_n(hm_exec *x, hm_buf in, const hm_mat *const *ws, const hm_buf *outs, int n) {
+    hm_cuda_ctx *c = gp(x)->g->ds.c;
+    const xw *e[3];
+    for (int i = 0; i < n; i++) e[i] = dw(x, ws[i]->data);
+    int done = 0;
+    if (gp(x)->dec && n >= 2 && e[0]->stack >= 0 && e[0]->pos == 0) {
+        /* decode: the stacked matrices in one matvec launch (the same kernel per row) */
+        const xstack *sk = &((const xmap *)x->m->gpu->arch)->stacks[e[0]->stack];
+        int k = 1;
+        while (k < n && k < sk->n && e[k]->stack == e[0]->stack && e[k]->pos == k) k++;
+        if (k >= 2) {
+            float *ys[3];
+            int64_t rows[3];
+            for (int i = 0; i < k; i++) ys[i] = x->buf[outs[i]], rows[i] = e[i]->m.ne1;
+            hm_status st = hm_cuda_matvec_multi(c, &sk->m, x->buf[in], x->nr, k, ys, rows, x->err);
+            if (st != HM_OK) return st;
+            done = k;
+        }
+    }
+    for (int i = done; i < n; i++) {
+        hm_status st = mm(c, e[i], x->buf[in], x->nr, x->buf[outs[i]], x->err);
+        if (st != HM_OK) return st;
+    }
+    return HM_OK;
+}
+
+static hm_status g_add_rmsnorm(hm_exec *x, hm_buf acc, hm_buf add, const float *w, hm_buf out) {
+    return hm_cuda_add_rmsnorm(gp(x)->g->ds.c, x->buf[acc], x->buf[add], dw(x, w)->v, x->buf[out], x->nr,
+                               x->xm->n_embd, x->xm->eps, x->err);
+}
+
+/* Layer il's K and V cache on its device. */
+static void kv_of(const hm_xdev *g, int32_t il, uint16_t **kc, uint16_t **vc) {
+    *kc = g->ds.kv + (size_t)(il - g->ds.l0) * 2 * g->kv_layer_elems;
+    *vc = *kc + g->kv_layer_elems;
+}
+
+static hm_status g_qk_norm_rope_kv(hm_exec *x, int32_t il, const hm_qk_rope *p) {
+    const gpu_pass *ps = gp(x);
+    const hm_exec_model *xm = x->xm;
+    uint16_t *kc, *vc;
+    kv_of(ps->g, il, &kc, &vc);
+    return hm_cuda_qk_norm_rope_kv(ps->g->ds.c, x->buf[p->q], x->buf[p->k], x->buf[p->v], dw(x, p->q_norm)->v,
+                                   dw(x, p->k_norm)->v, x->nr, xm->n_head, xm->n_head_kv, xm->head_dim, p->n_rot,
+                                   ps->pos, p->theta, p->eps, kc, vc, ps->s->n_ctx, x->err);
+}
+
+static hm_status g_out_rows(hm_exec *x, int32_t il, const hm_buf *bufs, int n) {
+    (void)il;
+    gpu_pass *p = gp(x);
+    const hm_fwd_batch *b = p->b;
+    if (x->n_out == 0) {
+        x->done = true;
+        return HM_OK;
+    }
+    /* the wanted rows only from here (as the CPU's compaction; out_rows ascend, so copying forward
+     * never overwrites a row still to be read) */
+    hm_cuda_ctx *c = p->g->ds.c;
+    for (int i = 0; i < n; i++) {
+        const size_t w = (size_t)x->xm->buf_width[bufs[i]];
+        float *a = x->buf[bufs[i]];
+        for (int64_t r = 0; r < x->n_out; r++) {
+            if (b->out_rows[r] == r) continue;
+            hm_status st = hm_cuda_copy(c, a + (size_t)r * w, a + (size_t)b->out_rows[r] * w, w * sizeof(float), x->err);
+            if (st != HM_OK) return st;
+        }
+    }
+    x->nr = x->n_out;
+    p->out_rows = true;
+    p->pos = p->g->ds.ints + 2 * (size_t)p->s->n_ubatch;
+    p->kv_len = b->pos[b->out_rows[x->n_out - 1]] + 1;
+    return HM_OK;
+}
+
+static hm_status g_attention(hm_exec *x, int32_t il, hm_buf q, hm_buf out, float scale) {
+    const gpu_pass *p = gp(x);
+    const hm_exec_model *xm = x->xm;
+    uint16_t *kc, *vc;
+    kv_of(p->g, il, &kc, &vc);
+    return hm_cuda_attention(p->g->ds.c, x->buf[q], x->nr, p->pos, p->kv_len, kc, vc, p->s->n_ctx, xm->n_head,
+                             xm->n_head_kv, xm->head_dim, scale, x->buf[out], p->g->ds.scratch, p->g->ds.scratch_size,
+                             x->err);
+}
+
+static hm_status g_moe(hm_exec *x, int32_t il, hm_buf in, hm_buf out) {
+    const gpu_pass *p = gp(x);
+    hm_xdev *g = p->g;
+    const hm_exec_model *xm = x->xm;
+    const hm_moe_layer *L = &xm->moe_layers[il];
+    hm_cuda_ctx *c = g->ds.c;
+    const int K = xm->moe.k;
+    const size_t nk = (size_t)x->nr * (size_t)K;
+    HM_ASSERT(in == HM_BUF_H); /* the MoE step reads ds.h (gpu_chain.h) */
+    hm_status st = mm(c, dw(x, L->router->data), x->buf[in], x->nr, g->rlog, x->err);
+    int32_t *ids_d = hm_gpu_layer_ids(&g->ds, il, p->dec);
+    float *w_d = (float *)(ids_d + nk);
+    if (st == HM_OK)
+        st = hm_cuda_router(c, g->rlog, x->nr, xm->moe.n_expert, K, xm->moe.norm_topk, ids_d, w_d, x->err);
+    if (st != HM_OK) return st;
+    if (p->graph)
+        return hm_moe_graph_layer(g->ds.mh.graph, x->m, il, hm_gpu_layer_slots(&g->ds, il), g->ds.mh.any_hot[il],
+                                  ids_d, w_d, x->nr, x->buf[in], x->buf[out], g->ds.scratch, g->ds.scratch_size,
+                                  x->err);
+    const hm_moe_weights *next_mw = NULL;
+    const int32_t *next_ids = NULL;
+    if (!p->dec && il + 1 < g->ds.l1 && hm_moe_gpu_streams(x->m, il + 1)) {
+        /* prefill streaming ahead: the next layer's router on this layer's input (the residual
+         * moves little in one layer), its ids down with this layer's routing */
+        const hm_moe_layer *N = &xm->moe_layers[il + 1];
+        if ((st = mm(c, dw(x, N->router->data), x->buf[in], x->nr, g->rlog, x->err)) != HM_OK) return st;
+        if ((st = hm_cuda_router(c, g->rlog, x->nr, xm->moe.n_expert, K, xm->moe.norm_topk, g->pred,
+                                 (float *)(g->pred + nk), x->err)) != HM_OK)
+            return st;
+        if ((st = hm_cuda_download_async(c, g->pred_h, g->pred, nk * sizeof(int32_t), x->err)) != HM_OK) return st;
+        next_mw = N->experts;
+        next_ids = g->pred_h;
+    }
+    return hm_gpu_moe_step(x->m, x->pool, &g->ds, L->experts, &p->s->route, &p->s->scratch, il, p->dec, x->nr, K,
+                           x->buf[out], next_mw, next_ids, x->err);
+}
+
+static const hm_exec_ops cuda_ops = {
+    .rmsnorm = g_rmsnorm,
+    .matmul_n = g_matmul_n,
+    .add_rmsnorm = g_add_rmsnorm,
+    .qk_norm_rope_kv = g_qk_norm_rope_kv,
+    .out_rows = g_out_rows,
+    .attention = g_attention,
+    .moe = g_moe,
+};
+
+/* ---- the step ---- */
+
+#define CK(call)                                   \
+    do {                                           \
+        if ((st = (call)) != HM_OK) goto fail;     \
+    } while (0)
+
+/* The embeddings of the pass's tokens into x on the first device. */
+static hm_status embed(hm_exec *x) {
+    const gpu_pass *p = gp(x);
+    return hm_cuda_get_rows(p->g->ds.c, &dw(x, x->xm->tok_embd->data)->m, p->g->ds.ints, x->n, x->buf[HM_BUF_X],
+                            x->err);
+}
+
+/* The decode graph's capture callback: the device g's part of the step (moe.h, hm_moe_graph). */
+static hm_status enqueue_step(void *ctx, hm_err *err) {
+    hm_exec *x = ctx;
+    const gpu_pass *p = gp(x);
+    hm_xdev *g = p->g;
+    const hm_exec_model *xm = x->xm;
+    (void)err; /* x->err is err */
+    hm_status st;
+    if (g == p->s->dev) CK(embed(x));
+    for (int32_t il = g->ds.l0; il < g->ds.l1; il++) CK(hm_exec_layer(x, il));
+    if (g->ds.out) {
+        CK(g_rmsnorm(x, HM_BUF_X, xm->output_norm, HM_BUF_H));
+        CK(mm(g->ds.c, dw(x, xm->output->data), x->buf[HM_BUF_H], x->n, g->ds.logits, x->err));
+    }
+    return HM_OK;
+fail:
+    return st;
+}
+
+/* The graph decode over the chain (the first device current): each device's graph, then the
+ * residual's hand-over to the next; the logits come down from the last. */
+static hm_status graph_step(hm_exec *x) {
+    gpu_pass *p = gp(x);
+    const hm_exec_model *xm = x->xm;
+    hm_exec_state *s = p->s;
+    p->graph = true;
+    hm_status st;
+    for (hm_xdev *g = s->dev;; g = nxt(g)) {
+        set_dev(x, g);
+        const size_t key =
+            hm_cuda_attention_scratch_size(g->ds.c, x->n, p->kv_len, xm->n_head, xm->n_head_kv, xm->head_dim);
+        if ((st = hm_moe_graph_step(g->ds.mh.graph, x->m, x->pool, &s->route, &s->scratch, x->n, key, g->ds.mh.any_hot,
+                                    enqueue_step, x, x->err)) != HM_OK)
+            return st;
+        if (!nxt(g)) break;
+        if ((st = hm_gpu_hand_over(&g->ds, x->n, xm->n_embd, x->err)) != HM_OK) return st;
+    }
+    return hm_cuda_download(p->g->ds.c, p->b->logits, p->g->ds.logits,
+                            (size_t)x->n * (size_t)xm->n_vocab * sizeof(float), x->err);
+}
+
+hm_status hm_exec_gpu_forward(const hm_model *m, hm_exec_state *s, hm_pool *pool, const hm_fwd_batch *b,
+                              hm_err *err) {
+    const hm_exec_model *xm = m->xm;
+    hm_xdev *g = s->dev;
+    const int64_t E = xm->n_embd, n = b->n, n_out = b->n_out, U = s->n_ubatch;
+    HM_ASSERT(g && n > 0 && n <= U && n_out <= n && b->pos[n - 1] < s->n_ctx);
+    hm_status st = HM_OK;
+    gpu_pass p = {.s = s, .b = b, .kv_len = b->pos[n - 1] + 1};
+    hm_exec x = {.m = m, .xm = xm, .ops = &cuda_ops, .pool = pool, .err = err, .n = n, .nr = n, .n_out = n_out,
+                 .be = &p};
+
+    /* per device: tokens, positions and the wanted rows' positions go up in one copy; which layers
+     * have no cold unit this step (the slot map changes only between steps); for decode also the
+     * device's slot table, uploaded when a slot map changed (the previous step ended with a sync,
+     * so nothing queued still reads it) */
+    p.dec = n <= HM_CUDA_MATVEC_MAX_TOK && n <= g->ds.dec_cap;
+    CK(hm_gpu_chain_begin(m, &g->ds, U, b, p.dec, err));
+    CK(hm_cuda_make_current(g->ds.c, err));
+    if (p.dec && g->ds.mh.graph && n_out == n && b->logits && n <= g->ds.logit_rows) {
+        CK(graph_step(&x)); /* every flag released, the device idle, when it fails */
+        return HM_OK;
+    }
+
+    set_dev(&x, g);
+    CK(embed(&x));
+    for (;; g = nxt(g)) {
+        set_dev(&x, g);
+        for (int32_t il = g->ds.l0; il < g->ds.l1 && !x.done; il++) CK(hm_exec_layer(&x, il));
+        CK(hm_gpu_routing_down(&g->ds, err)); /* decode: recorded once the step's work is done */
+        if (!nxt(g) || x.done) break;
+        CK(hm_gpu_hand_over(&g->ds, x.nr, E, err));
+    }
+    if (x.done || n_out == 0) {
+        CK(hm_gpu_chain_sync(&s->dev->ds, err));
+        hm_gpu_chain_record(m, &s->dev->ds);
+        return HM_OK;
+    }
+    /* x rows 0..n_out-1 are the wanted rows now (compacted, or all rows in order), on the output's
+     * device (the last) */
+    HM_ASSERT(x.nr == n_out && b->logits && g->ds.out);
+    hm_cuda_ctx *c = g->ds.c;
+    CK(g_rmsnorm(&x, HM_BUF_X, xm->output_norm, HM_BUF_H));
+    const xw *wout = dw(&x, xm->output->data);
+    const size_t V = (size_t)xm->n_vocab;
+    for (int64_t r0 = 0; r0 < n_out; r0 += g->ds.logit_rows) {
+        const int64_t nc = n_out - r0 < g->ds.logit_rows ? n_out - r0 : g->ds.logit_rows;
+        CK(mm(c, wout, x.buf[HM_BUF_H] + (size_t)r0 * (size_t)E, nc, g->ds.logits, err));
+        /* waits for the queued work (the last chunk's wait ends the step's device work: every
+         * earlier device's work came before its hand-over, which this stream waited for) */
+        CK(hm_cuda_download(c, b->logits + (size_t)r0 * V, g->ds.logits, (size_t)nc * V * sizeof(float), err));
+    }
+    hm_gpu_chain_record(m, &s->dev->ds);
+    return HM_OK;
+fail:
+    hm_gpu_chain_abort(&s->dev->ds);
+    return st;
+}
