@@ -3,6 +3,7 @@
  * two builds (before / after) can be compared line by line.
  *
  * usage: logits_digest MODEL UBATCH f16|f32 [cpu|gpu|gpu:BYTES] [THREADS]
+ *        logits_digest --write-q35 PATH f32|q8_0 LAYERS   (the tests' tiny qwen35moe, tiny_qwen35moe.h)
  * Passes (prompt: 37 token ids spread over the vocabulary):
  *   all      the prompt with every row's logits (no compaction)
  *   last     the prompt with the last row's logits only (the last layer's compaction), then
@@ -18,6 +19,7 @@
 #include <string.h>
 
 #include "hotmoe.h"
+#include "tiny_qwen35moe.h"
 
 static uint64_t fnv(const void *p, size_t n) {
     const unsigned char *b = p;
@@ -39,6 +41,12 @@ static void die(const char *what, const hm_err *e) {
 }
 
 int main(int argc, char **argv) {
+    if (argc == 5 && strcmp(argv[1], "--write-q35") == 0) {
+        hm_err e = {0};
+        const int type = strcmp(argv[3], "q8_0") == 0 ? HM_TYPE_Q8_0 : HM_TYPE_F32;
+        if (tq35_write(argv[2], atoi(argv[4]), type, "tiny qwen35moe (logits_digest)", &e) != HM_OK) die("write", &e);
+        return 0;
+    }
     if (argc < 4) {
         fprintf(stderr, "usage: logits_digest MODEL UBATCH f16|f32 [cpu|gpu|gpu:BYTES] [THREADS]\n");
         return 2;

@@ -2,6 +2,9 @@
  * the pass's backend (exec_impl.h), and the session entry points hm_arch points at, which pick the
  * CPU or the GPU path by the model's placement. */
 #include <stdlib.h>
+#include <string.h>
+
+#include "core/alloc.h"
 
 #include "exec_impl.h"
 
@@ -10,7 +13,7 @@ hm_status hm_op_rmsnorm(hm_exec *x, hm_buf in, const float *w, hm_buf out) {
 }
 
 hm_status hm_op_matmul_n(hm_exec *x, hm_buf in, const hm_mat *const *ws, const hm_buf *outs, int n) {
-    HM_ASSERT(n >= 1 && n <= 3);
+    HM_ASSERT(n >= 1 && n <= 4);
     return x->ops->matmul_n(x, in, ws, outs, n);
 }
 
@@ -35,6 +38,26 @@ hm_status hm_op_attention(hm_exec *x, int32_t il, hm_buf q, hm_buf out, float sc
 
 hm_status hm_op_moe(hm_exec *x, int32_t il, hm_buf in, hm_buf out) { return x->ops->moe(x, il, in, out); }
 
+hm_status hm_op_split_gate(hm_exec *x, hm_buf mix, hm_buf q, hm_buf gate) {
+    return x->ops->split_gate(x, mix, q, gate);
+}
+
+hm_status hm_op_sigmoid_mul(hm_exec *x, hm_buf a, hm_buf gate, int64_t width) {
+    return x->ops->sigmoid_mul(x, a, gate, width);
+}
+
+hm_status hm_op_swiglu(hm_exec *x, hm_buf g, hm_buf u, hm_buf out, int64_t width) {
+    return x->ops->swiglu(x, g, u, out, width);
+}
+
+hm_status hm_op_add_sigmoid_scaled(hm_exec *x, hm_buf acc, hm_buf y, hm_buf s) {
+    return x->ops->add_sigmoid_scaled(x, acc, y, s);
+}
+
+hm_status hm_op_deltanet(hm_exec *x, int32_t il, hm_buf io, const hm_deltanet *p) {
+    return x->ops->deltanet(x, il, io, p);
+}
+
 /* ---- session entry points ---- */
 
 void hm_exec_state_close(void *p) {
@@ -43,6 +66,7 @@ void hm_exec_state_close(void *p) {
 #ifdef HM_HAVE_CUDA
     hm_exec_gpu_state_close(s);
 #endif
+    hm_free_aligned(s->rs);
     hm_model_state_free(s->kv, s->kv_scratch, s->act, &s->scratch, &s->route);
     free(s);
 }
@@ -51,6 +75,8 @@ hm_status hm_exec_state_open(const hm_model *m, const hm_state_opts *o, void **o
     *out = NULL;
     hm_exec_state *s = calloc(1, sizeof *s);
     if (!s) return hm_errf(err, HM_ERR_NOMEM, "out of memory");
+    s->arch = m->arch->name;
+    s->recurrent = m->xm->n_rs_layer > 0;
     s->n_ctx = o->n_ctx;
     s->n_ubatch = o->n_ubatch;
     s->n_threads = o->n_threads;
@@ -70,17 +96,65 @@ hm_status hm_exec_state_open(const hm_model *m, const hm_state_opts *o, void **o
     return HM_OK;
 }
 
+/* KV rows past n_keep are overwritten by the next eval; a recurrent state cannot be rewound: it
+ * keeps everything (n_keep >= the positions it absorbed) or goes back to empty (n_keep 0). */
 hm_status hm_exec_state_trim(void *state, int32_t n_keep, hm_err *err) {
-    (void)state;
-    (void)n_keep;
-    (void)err;
-    return HM_OK; /* KV rows past n_keep are overwritten by the next eval */
+    hm_exec_state *s = state;
+    if (!s->recurrent || n_keep >= s->n_pos) return HM_OK;
+    if (n_keep == 0) {
+#ifdef HM_HAVE_CUDA
+        if (s->dev) {
+            hm_status st = hm_exec_gpu_state_reset(s, err);
+            if (st != HM_OK) return st;
+        }
+#endif
+        if (s->rs) memset(s->rs, 0, s->rs_total * sizeof(float));
+        s->n_pos = 0;
+        return HM_OK;
+    }
+    return hm_errf(err, HM_ERR_UNSUPPORTED,
+                   "%s: cannot trim to %d of %d positions (a recurrent state cannot be rewound; reset "
+                   "and evaluate the kept prefix again)", s->arch, n_keep, s->n_pos);
 }
 
 hm_status hm_exec_forward(const hm_model *m, void *state, hm_pool *pool, const hm_fwd_batch *b, hm_err *err) {
+    hm_exec_state *s = state;
+    const bool recurrent = m->xm->n_rs_layer > 0;
+    if (recurrent && b->pos[0] != s->n_pos)
+        return hm_errf(err, HM_ERR_ARG, "%s: batch starts at position %d but the recurrent state holds %d", s->arch,
+                       b->pos[0], s->n_pos);
+    hm_status st;
 #ifdef HM_HAVE_CUDA
-    if (m->gpu) return hm_exec_gpu_forward(m, state, pool, b, err);
+    if (m->gpu)
+        st = hm_exec_gpu_forward(m, s, pool, b, err);
+    else
 #endif
-    const hm_fwd_seq seq = {.state = state, .b = *b};
-    return hm_exec_forward_multi(m, state, pool, &seq, 1, b->logits, err);
+    {
+        const hm_fwd_seq seq = {.state = state, .b = *b};
+        st = hm_exec_cpu_forward(m, s, pool, &seq, 1, b->logits, err);
+    }
+    if (st == HM_OK && recurrent) s->n_pos = b->pos[b->n - 1] + 1;
+    return st;
+}
+
+hm_status hm_exec_forward_multi(const hm_model *m, void *work, hm_pool *pool, const hm_fwd_seq *seqs, int n_seq,
+                                float *logits, hm_err *err) {
+    HM_ASSERT(n_seq > 0 && n_seq <= HM_FWD_MAX_SEQ && m->xm->n_rs_layer == 0);
+#ifdef HM_HAVE_CUDA
+    if (m->gpu) {
+        /* no batched pass on the device yet: the sequences one after another on their own
+         * states (each unit computes once per sequence instead of once per batch, results as
+         * alone); the wanted rows land in sequence order as the batched pass writes them */
+        float *lg = logits;
+        for (int i = 0; i < n_seq; i++) {
+            hm_fwd_batch b = seqs[i].b;
+            b.logits = b.n_out ? lg : NULL;
+            hm_status st = hm_exec_gpu_forward(m, seqs[i].state, pool, &b, err);
+            if (st != HM_OK) return st;
+            if (b.n_out) lg += (size_t)b.n_out * (size_t)m->xm->n_vocab;
+        }
+        return HM_OK;
+    }
+#endif
+    return hm_exec_cpu_forward(m, work, pool, seqs, n_seq, logits, err);
 }

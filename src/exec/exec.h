@@ -37,7 +37,7 @@
 /* An activation buffer: an index into the arch's declared buffers. */
 typedef int32_t hm_buf;
 enum { HM_BUF_X = 0, HM_BUF_H = 1, HM_BUF_ARCH = 2 /* the arch's own from here */ };
-#define HM_EXEC_MAX_BUF 16
+#define HM_EXEC_MAX_BUF 24
 
 /* How a MoE layer routes (the declarative MoE spec; what the router op and the expert kernels
  * read). Today's archs: softmax scores, top-k renormalised, SiLU or GELU experts. */
@@ -56,6 +56,13 @@ typedef struct hm_moe_layer {
     const float *expert_scale;     /* [n_expert] per-expert weight scale, NULL: none */
 } hm_moe_layer;
 
+/* The shape of a Gated DeltaNet token mixer (qwen35moe's linear-attention layers): conv window d_conv
+ * over conv_dim channels (q and k: n_k heads of d_k, v: n_v heads of d_v), the delta state
+ * S [n_v][d_k][d_v] per layer. n_v 0: the arch has none. */
+typedef struct hm_deltanet_spec {
+    int32_t d_conv, n_k, n_v, d_k, d_v, conv_dim;
+} hm_deltanet_spec;
+
 /* What the executor needs of an architecture besides its layer description (filled by the arch's
  * load, pointed at by hm_model.xm; borrowed). */
 typedef struct hm_exec_model {
@@ -65,11 +72,24 @@ typedef struct hm_exec_model {
     const float *output_norm;          /* [n_embd] */
     int32_t n_buf;                     /* activation buffers, HM_BUF_X and HM_BUF_H among them */
     int64_t buf_width[HM_EXEC_MAX_BUF];/* floats per row of each */
-    /* attention: every layer has a KV cache of n_head_kv heads of head_dim (f16, or f32 on the CPU) */
+    /* attention: a layer with a KV cache has n_head_kv heads of head_dim (f16, or f32 on the CPU) */
     int32_t n_head, n_head_kv, head_dim;
+    const int32_t *kv_slot;            /* [n_layer] the layer's KV cache, -1: none; NULL: every layer,
+                                          slot il */
+    int32_t n_kv_layer;                /* layers with a KV cache */
+    /* recurrent layers (Gated DeltaNet): a state of hm_exec_rs_floats floats each, carried from
+     * pass to pass; with any, a session only continues at its last position or restarts at 0 */
+    hm_deltanet_spec dn;
+    const int32_t *rs_slot;            /* [n_layer] the layer's recurrent state, -1: none */
+    int32_t n_rs_layer;
     hm_moe_spec moe;
     const hm_moe_layer *moe_layers;    /* [n_layer] */
 } hm_exec_model;
+
+/* Floats of one recurrent layer's state: the conv window (d_conv - 1 inputs) then S. */
+static inline size_t hm_exec_rs_floats(const hm_deltanet_spec *d) {
+    return (size_t)(d->d_conv - 1) * (size_t)d->conv_dim + (size_t)d->n_v * (size_t)d->d_k * (size_t)d->d_v;
+}
 
 /* A forward pass in progress (exec_impl.h); the description only passes it on. */
 typedef struct hm_exec hm_exec;
@@ -78,7 +98,7 @@ typedef struct hm_exec hm_exec;
 
 /* out = rmsnorm(in) * w over n_embd-wide rows. */
 hm_status hm_op_rmsnorm(hm_exec *x, hm_buf in, const float *w, hm_buf out);
-/* outs[i] = in W_i for n (<= 3) matrices of the same input; a backend may run them as one
+/* outs[i] = in W_i for n (<= 4) matrices of the same input; a backend may run them as one
  * (stacked at upload when their types and widths match). */
 hm_status hm_op_matmul_n(hm_exec *x, hm_buf in, const hm_mat *const *ws, const hm_buf *outs, int n);
 static inline hm_status hm_op_matmul(hm_exec *x, hm_buf in, const hm_mat *w, hm_buf out) {
@@ -105,6 +125,30 @@ hm_status hm_op_out_rows(hm_exec *x, int32_t il, const hm_buf *bufs, int n);
 bool hm_exec_done(const hm_exec *x);
 /* out = causal GQA attention of q over layer il's KV cache, scores scaled by scale. */
 hm_status hm_op_attention(hm_exec *x, int32_t il, hm_buf q, hm_buf out, float scale);
+/* Gated attention's split: mix [rows, n_head * 2 * head_dim] holds per head [q | gate]; q and gate
+ * [rows, n_head * head_dim] get the halves. */
+hm_status hm_op_split_gate(hm_exec *x, hm_buf mix, hm_buf q, hm_buf gate);
+/* a[r][i] *= sigmoid(gate[r][i]) for i < width (both packed [rows, width]). */
+hm_status hm_op_sigmoid_mul(hm_exec *x, hm_buf a, hm_buf gate, int64_t width);
+/* out = silu(g) * u elementwise over [rows, width] (out may be g). */
+hm_status hm_op_swiglu(hm_exec *x, hm_buf g, hm_buf u, hm_buf out, int64_t width);
+/* acc[r] += sigmoid(s[r]) * y[r] (n_embd wide; s: one logit a row): a sigmoid-gated shared expert. */
+hm_status hm_op_add_sigmoid_scaled(hm_exec *x, hm_buf acc, hm_buf y, hm_buf s);
+/* Layer il's Gated DeltaNet token mixer (xm->dn's shape) on io (n_embd wide, in and out): qkv, z,
+ * beta and alpha projections, the causal conv + SiLU over the carried window, q and k L2-normalised
+ * per head (q / sqrt(d_k)), the gates g = ssm_a * softplus(alpha + dt_bias) and beta = sigmoid,
+ * the gated delta rule over the carried S, per-head rmsnorm(o) * ssm_norm * silu(z), the output
+ * projection; the layer's recurrent state advanced. The buffers are work space. */
+typedef struct hm_deltanet {
+    const hm_mat *wqkv, *wz, *wbeta, *walpha, *wout;
+    const float *conv_w;          /* [d_conv, conv_dim] */
+    const float *dt_bias, *ssm_a; /* [n_v] */
+    const float *ssm_norm;        /* [d_v] */
+    float eps;
+    hm_buf mix, conv, z, ba, aa, g, beta, att; /* [rows, conv_dim] x2, [rows, n_v d_v], [rows, n_v] x4,
+                                                  [rows, n_v d_v] */
+} hm_deltanet;
+hm_status hm_op_deltanet(hm_exec *x, int32_t il, hm_buf io, const hm_deltanet *p);
 /* Layer il's MoE block (xm->moe_layers[il], xm->moe): the router on in, top-k, the routed units of
  * in summed into out (the residual); the routing recorded in the expert store. */
 hm_status hm_op_moe(hm_exec *x, int32_t il, hm_buf in, hm_buf out);

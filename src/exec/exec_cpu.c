@@ -6,11 +6,12 @@
  * [off[i], off[i] + cnt[i]) (its b.n rows, then after the last layer's hm_op_out_rows its b.n_out
  * wanted rows). Every row-wise op runs once on the whole batch; only the K/V write and attention go
  * sequence by sequence, into and over that sequence's own cache (and with its own scratch). One
- * sequence is the plain single-session forward: no copies then. With a GPU placement the sequences
- * run one after another on their own device states (no batched pass on the device yet). */
+ * sequence is the plain single-session forward: no copies then. A recurrent arch (Gated DeltaNet
+ * layers) runs one sequence a pass, its state carried in the session's. */
 #include <math.h>
 #include <string.h>
 
+#include "backend/cpu/cpu_deltanet.h"
 #include "core/alloc.h"
 #include "exec_impl.h"
 #include "model/kv_f32.h"
@@ -34,9 +35,18 @@ hm_status hm_exec_cpu_state_open(const hm_model *m, const hm_state_opts *o, hm_e
     hm_status st;
     s->kv_elem_size = o->kv_type == HM_KV_F32 ? 4 : 2;
     s->kv_layer_elems = (size_t)xm->n_head_kv * (size_t)o->n_ctx * hd;
-    if ((st = hm_model_kv_alloc(&s->kv, s->kv_layer_elems, 2u * (size_t)xm->n_layer * s->kv_elem_size, o->n_ctx,
+    if (xm->n_kv_layer > 0 &&
+        (st = hm_model_kv_alloc(&s->kv, s->kv_layer_elems, 2u * (size_t)xm->n_kv_layer * s->kv_elem_size, o->n_ctx,
                                 err)) != HM_OK)
         return st;
+    s->rs_total = hm_exec_rs_floats(&xm->dn) * (size_t)xm->n_rs_layer;
+    if (xm->n_rs_layer > 0) {
+        const size_t rs_bytes = s->rs_total * sizeof(float);
+        if (!(s->rs = hm_malloc_aligned(rs_bytes)))
+            return hm_errf(err, HM_ERR_NOMEM, "cannot allocate the recurrent state (%.1f MiB)",
+                           (double)rs_bytes / (1 << 20));
+        memset(s->rs, 0, rs_bytes);
+    }
 
     /* activations: one block, each array 64-byte aligned; the arch's buffers first */
     size_t sizes[HM_EXEC_MAX_BUF + 8];
@@ -58,7 +68,7 @@ hm_status hm_exec_cpu_state_open(const hm_model *m, const hm_state_opts *o, hm_e
     }
     if ((st = hm_model_carve(&s->act, sizes, dst, n, err)) != HM_OK) return st;
 
-    if (o->kv_type == HM_KV_F32 &&
+    if (o->kv_type == HM_KV_F32 && xm->n_kv_layer > 0 &&
         (st = hm_model_att_scratch_alloc(&s->kv_scratch, hm_kv_f32_scratch_floats(o->n_ctx, o->n_threads), err)))
         return st;
     if ((st = hm_moe_route_init(&s->route, xm->moe.n_expert, xm->moe.k, o->n_ubatch, err)) != HM_OK) return st;
@@ -68,6 +78,8 @@ hm_status hm_exec_cpu_state_open(const hm_model *m, const hm_state_opts *o, hm_e
     sc = hm_model_max_sz(sc, hm_cpu_attention_scratch_size((int64_t)U, o->n_ctx, xm->n_head, xm->head_dim,
                                                            o->n_threads));
     sc = hm_model_max_sz(sc, hm_moe_compute_scratch_size(&s->route, xm->n_embd, xm->moe.n_ff, o->n_threads));
+    if (xm->n_rs_layer > 0)
+        sc = hm_model_max_sz(sc, hm_cpu_gated_delta_scratch_size(xm->dn.d_k, xm->dn.d_v, o->n_threads));
     return hm_model_scratch_alloc(&s->scratch, sc, err);
 }
 
@@ -98,8 +110,10 @@ static hm_status c_add_rmsnorm(hm_exec *x, hm_buf acc, hm_buf add, const float *
 }
 
 /* Layer il's K cache of a sequence state; *vc its V cache. */
-static char *kv_layer(const hm_exec_state *s, int32_t il, char **vc) {
-    return hm_model_kv_layer(s->kv, s->kv_layer_elems, s->kv_elem_size, il, vc);
+static char *kv_layer(const hm_exec_model *xm, const hm_exec_state *s, int32_t il, char **vc) {
+    const int32_t slot = hm_exec_kv_slot(xm, il);
+    HM_ASSERT(slot >= 0);
+    return hm_model_kv_layer(s->kv, s->kv_layer_elems, s->kv_elem_size, slot, vc);
 }
 
 static hm_status c_qk_norm_rope_kv(hm_exec *x, int32_t il, const hm_qk_rope *p) {
@@ -113,7 +127,7 @@ static hm_status c_qk_norm_rope_kv(hm_exec *x, int32_t il, const hm_qk_rope *p) 
     hm_cpu_rope_neox(x->pool, k, x->nr, nkv, hd, p->n_rot, c->pos, p->theta);
     for (int i = 0; i < c->n_seq; i++) { /* each sequence's K/V rows into its own cache */
         const hm_exec_state *si = c->seqs[i].state;
-        char *vc, *kc = kv_layer(si, il, &vc);
+        char *vc, *kc = kv_layer(xm, si, il, &vc);
         const size_t ro = (size_t)c->off[i] * (size_t)(nkv * hd);
         hm_model_kv_write(x->pool, si->kv_type, kc, vc, si->n_ctx, nkv, hd, k + ro, v + ro, c->cnt[i],
                           c->seqs[i].b.pos);
@@ -149,7 +163,7 @@ static hm_status c_attention(hm_exec *x, int32_t il, hm_buf qb, hm_buf outb, flo
     for (int i = 0; i < c->n_seq; i++) { /* each sequence's queries over its own cache */
         hm_exec_state *si = c->seqs[i].state;
         if (!c->cnt[i]) continue;
-        char *vc, *kc = kv_layer(si, il, &vc);
+        char *vc, *kc = kv_layer(xm, si, il, &vc);
         const size_t ro = (size_t)c->off[i] * (size_t)(nh * hd);
         hm_model_attention(x->pool, si->kv_type, x->buf[qb] + ro, c->cnt[i], c->pos + c->off[i], kc, vc, si->n_ctx,
                            nh, nkv, hd, scale, x->buf[outb] + ro, si->kv_scratch, &si->scratch);
@@ -169,6 +183,79 @@ static hm_status c_moe(hm_exec *x, int32_t il, hm_buf in, hm_buf out) {
                           x->err);
 }
 
+static float sigmoidf(float v) { return 1.0f / (1.0f + expf(-v)); }
+static float softplusf(float v) { return v > 20.0f ? v : log1pf(expf(v)); } /* torch's threshold */
+
+static hm_status c_split_gate(hm_exec *x, hm_buf mix, hm_buf qb, hm_buf gate) {
+    const int nh = x->xm->n_head, hd = x->xm->head_dim;
+    const int64_t nq = (int64_t)nh * hd;
+    const float *m = x->buf[mix];
+    float *q = x->buf[qb], *g = x->buf[gate];
+    for (int64_t t = 0; t < x->nr; t++) /* per head [q | gate] */
+        for (int h = 0; h < nh; h++) {
+            const float *src = m + (size_t)t * (size_t)(2 * nq) + (size_t)h * (size_t)(2 * hd);
+            memcpy(q + (size_t)(t * nq + h * hd), src, (size_t)hd * sizeof(float));
+            memcpy(g + (size_t)(t * nq + h * hd), src + hd, (size_t)hd * sizeof(float));
+        }
+    return HM_OK;
+}
+
+static hm_status c_sigmoid_mul(hm_exec *x, hm_buf a, hm_buf gate, int64_t width) {
+    float *y = x->buf[a];
+    const float *g = x->buf[gate];
+    for (int64_t i = 0; i < x->nr * width; i++) y[i] *= sigmoidf(g[i]);
+    return HM_OK;
+}
+
+static hm_status c_swiglu(hm_exec *x, hm_buf g, hm_buf u, hm_buf out, int64_t width) {
+    hm_cpu_swiglu(x->pool, x->buf[g], x->buf[u], x->buf[out], x->nr * width);
+    return HM_OK;
+}
+
+static hm_status c_add_sigmoid_scaled(hm_exec *x, hm_buf acc, hm_buf yb, hm_buf sb) {
+    const int64_t E = x->xm->n_embd;
+    for (int64_t t = 0; t < x->nr; t++) {
+        const float gsh = sigmoidf(x->buf[sb][t]);
+        float *xr = x->buf[acc] + (size_t)(t * E);
+        const float *so = x->buf[yb] + (size_t)(t * E);
+        for (int64_t i = 0; i < E; i++) xr[i] += gsh * so[i];
+    }
+    return HM_OK;
+}
+
+static hm_status c_deltanet(hm_exec *x, int32_t il, hm_buf io, const hm_deltanet *p) {
+    hm_exec_state *s = cp(x)->s;
+    const hm_deltanet_spec *d = &x->xm->dn;
+    hm_pool *pool = x->pool;
+    const int64_t n = x->nr, cd = d->conv_dim, nv = d->n_v, vdim = nv * d->d_v, qk = (int64_t)d->n_k * d->d_k;
+    const int32_t slot = hm_exec_rs_slot(x->xm, il);
+    HM_ASSERT(slot >= 0);
+    float *rs = s->rs + (size_t)slot * hm_exec_rs_floats(d);
+    float *conv_state = rs, *delta_state = rs + (size_t)(d->d_conv - 1) * (size_t)cd;
+    float *mix = x->buf[p->mix], *conv = x->buf[p->conv], *z = x->buf[p->z], *ba = x->buf[p->ba];
+    float *aa = x->buf[p->aa], *g = x->buf[p->g], *beta = x->buf[p->beta], *att = x->buf[p->att];
+
+    const hm_mat *ws[4] = {p->wqkv, p->wz, p->wbeta, p->walpha};
+    float *const ys[4] = {mix, z, ba, aa};
+    hm_cpu_matmul_n(pool, ws, 4, x->buf[io], n, ys, &s->scratch);
+    hm_cpu_ssm_conv(pool, mix, cd, n, cd, p->conv_w, d->d_conv, conv_state, conv);
+    hm_cpu_l2norm_heads(pool, conv, cd, n, d->n_k, d->d_k, p->eps, 1.0f / sqrtf((float)d->d_k));
+    hm_cpu_l2norm_heads(pool, conv + qk, cd, n, d->n_k, d->d_k, p->eps, 1.0f);
+    for (int64_t t = 0; t < n; t++)
+        for (int64_t h = 0; h < nv; h++) {
+            const size_t i = (size_t)(t * nv + h);
+            g[i] = p->ssm_a[h] * softplusf(aa[i] + p->dt_bias[h]);
+            beta[i] = sigmoidf(ba[i]);
+        }
+    hm_cpu_gated_delta(pool, conv, conv + qk, cd, conv + 2 * qk, cd, g, beta, n, d->n_k, d->n_v, d->d_k, d->d_v,
+                       delta_state, att, &s->scratch);
+    /* gated RMSNorm per value head: rmsnorm(o) * ssm_norm * silu(z) */
+    hm_cpu_rmsnorm(pool, att, p->ssm_norm, att, n * nv, d->d_v, p->eps);
+    hm_cpu_swiglu(pool, z, att, att, n * vdim);
+    hm_cpu_matmul(pool, p->wout, att, n, x->buf[io], &s->scratch);
+    return HM_OK;
+}
+
 static const hm_exec_ops cpu_ops = {
     .rmsnorm = c_rmsnorm,
     .matmul_n = c_matmul_n,
@@ -177,31 +264,20 @@ static const hm_exec_ops cpu_ops = {
     .out_rows = c_out_rows,
     .attention = c_attention,
     .moe = c_moe,
+    .split_gate = c_split_gate,
+    .sigmoid_mul = c_sigmoid_mul,
+    .swiglu = c_swiglu,
+    .add_sigmoid_scaled = c_add_sigmoid_scaled,
+    .deltanet = c_deltanet,
 };
 
 /* ---- the pass ---- */
 
-hm_status hm_exec_forward_multi(const hm_model *m, void *work, hm_pool *pool, const hm_fwd_seq *seqs, int n_seq,
-                                float *logits, hm_err *err) {
+hm_status hm_exec_cpu_forward(const hm_model *m, hm_exec_state *work, hm_pool *pool, const hm_fwd_seq *seqs,
+                              int n_seq, float *logits, hm_err *err) {
     const hm_exec_model *xm = m->xm;
-    HM_ASSERT(n_seq > 0 && n_seq <= HM_FWD_MAX_SEQ);
-#ifdef HM_HAVE_CUDA
-    if (m->gpu) {
-        /* no batched pass on the device yet: the sequences one after another on their own
-         * states (each unit computes once per sequence instead of once per batch, results as
-         * alone); the wanted rows land in sequence order as the batched pass writes them */
-        float *lg = logits;
-        for (int i = 0; i < n_seq; i++) {
-            hm_fwd_batch b = seqs[i].b;
-            b.logits = b.n_out ? lg : NULL;
-            hm_status st = hm_exec_gpu_forward(m, seqs[i].state, pool, &b, err);
-            if (st != HM_OK) return st;
-            if (b.n_out) lg += (size_t)b.n_out * (size_t)xm->n_vocab;
-        }
-        return HM_OK;
-    }
-#endif
     hm_exec_state *s = work;
+    HM_ASSERT(n_seq > 0 && n_seq <= HM_FWD_MAX_SEQ);
     cpu_pass c = {.s = s, .seqs = seqs, .n_seq = n_seq};
     int64_t n = 0, n_out = 0;
     for (int i = 0; i < n_seq; i++) {

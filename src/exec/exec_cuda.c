@@ -82,6 +82,7 @@ static size_t xhash(const void *key, int32_t dev) {
 }
 
 static xw *map_find(const xmap *mp, const void *key, int32_t dev) {
+    if (!mp->cap) return NULL;
     for (size_t i = xhash(key, dev) & (mp->cap - 1);; i = (i + 1) & (mp->cap - 1)) {
         xw *e = &mp->e[i];
         if (!e->key) return NULL;
@@ -185,11 +186,12 @@ static hm_status up_stack(hm_exec *x, const hm_mat *const *ws, int n, int *stack
     up_pass *u = upp(x);
     const hm_mat *w0 = ws[0];
     int k = 0;
-    while (k < n && ws[k]->type == w0->type && ws[k]->ne0 == w0->ne0 && ws[k]->nb1 == w0->nb1 &&
+    while (k < n && k < 3 && ws[k]->type == w0->type && ws[k]->ne0 == w0->ne0 && ws[k]->nb1 == w0->nb1 &&
            ws[k]->nb1 == hm_row_size(w0->type, w0->ne0) && !map_find(u->mp, ws[k]->data, u->g->up_dev))
         k++;
     *stacked = 0;
-    if (k < 2 || !hm_cuda_type_ok(w0->type)) return HM_OK;
+    if (k < 2 || !hm_cuda_type_ok(w0->type) || w0->ne0 % 32 != 0 || w0->nb1 % hm_cuda_type_align(w0->type) != 0)
+        return HM_OK; /* each alone (a width only the f32 fallback takes stays unstacked) */
     int64_t rows = 0;
     for (int i = 0; i < k; i++) rows += ws[i]->ne1;
     const size_t nb1 = w0->nb1;
@@ -274,6 +276,36 @@ static hm_status u_moe(hm_exec *x, int32_t il, hm_buf in, hm_buf out) {
     return up_mat(x, x->xm->moe_layers[il].router);
 }
 
+static hm_status u_none4(hm_exec *x, hm_buf a, hm_buf b, hm_buf c) {
+    (void)x, (void)a, (void)b, (void)c;
+    return HM_OK;
+}
+
+static hm_status u_sigmoid_mul(hm_exec *x, hm_buf a, hm_buf gate, int64_t width) {
+    (void)x, (void)a, (void)gate, (void)width;
+    return HM_OK;
+}
+
+static hm_status u_swiglu(hm_exec *x, hm_buf g, hm_buf u, hm_buf out, int64_t width) {
+    (void)x, (void)g, (void)u, (void)out, (void)width;
+    return HM_OK;
+}
+
+static hm_status u_deltanet(hm_exec *x, int32_t il, hm_buf io, const hm_deltanet *p) {
+    (void)il, (void)io;
+    const hm_deltanet_spec *d = &x->xm->dn;
+    const hm_mat *ms[5] = {p->wqkv, p->wz, p->wbeta, p->walpha, p->wout};
+    for (int i = 0; i < 5; i++) {
+        hm_status st = up_mat(x, ms[i]);
+        if (st != HM_OK) return st;
+    }
+    hm_status st = up_vec(x, p->conv_w, (int64_t)d->d_conv * d->conv_dim);
+    if (st == HM_OK) st = up_vec(x, p->dt_bias, d->n_v);
+    if (st == HM_OK) st = up_vec(x, p->ssm_a, d->n_v);
+    if (st == HM_OK) st = up_vec(x, p->ssm_norm, d->d_v);
+    return st;
+}
+
 static const hm_exec_ops upload_ops = {
     .rmsnorm = u_rmsnorm,
     .matmul_n = u_matmul_n,
@@ -282,15 +314,24 @@ static const hm_exec_ops upload_ops = {
     .out_rows = u_out_rows,
     .attention = u_attention,
     .moe = u_moe,
+    .split_gate = u_none4,
+    .sigmoid_mul = u_sigmoid_mul,
+    .swiglu = u_swiglu,
+    .add_sigmoid_scaled = u_none4,
+    .deltanet = u_deltanet,
 };
 
 hm_status hm_exec_gpu_load(hm_model *m, hm_err *err) {
     const hm_exec_model *xm = m->xm;
     hm_gpu *g = m->gpu;
     HM_ASSERT(xm && g && !g->arch);
-    if (xm->head_dim != 64 && xm->head_dim != 128 && xm->head_dim != 256)
-        return hm_errf(err, HM_ERR_UNSUPPORTED, "head_dim %d: the CUDA attention takes 64, 128 or 256 (run the "
-                       "model on the CPU: drop -ngl / --vram-budget)", xm->head_dim);
+    if (xm->n_kv_layer > 0 && xm->head_dim > 256)
+        return hm_errf(err, HM_ERR_UNSUPPORTED, "head_dim %d: the CUDA attention takes at most 256 (run the model "
+                       "on the CPU: drop -ngl / --vram-budget)", xm->head_dim);
+    const hm_deltanet_spec *dn = &xm->dn;
+    if (xm->n_rs_layer > 0 && (dn->d_k > 1024 || dn->d_v > 1024 || dn->n_v > 65535))
+        return hm_errf(err, HM_ERR_UNSUPPORTED, "DeltaNet heads %d x (%d, %d): the CUDA delta rule takes d_k, d_v "
+                       "<= 1024 (run the model on the CPU)", dn->n_v, dn->d_k, dn->d_v);
     if (xm->moe.n_expert > 1024 || xm->moe.k > 32)
         return hm_errf(err, HM_ERR_UNSUPPORTED, "%d experts, %d used: the CUDA router takes at most 1024 and 32",
                        xm->moe.n_expert, xm->moe.k);
@@ -304,6 +345,11 @@ hm_status hm_exec_gpu_load(hm_model *m, hm_err *err) {
     /* the embeddings go with layer 0, the output with its own device, each layer's weights with it */
     g->up_dev = hm_gpu_layer_dev(g, 0);
     if ((st = up_mat(&x, xm->tok_embd)) != HM_OK) goto fail;
+    if (map_find(mp, xm->tok_embd->data, g->up_dev)->any) {
+        st = hm_errf(err, HM_ERR_UNSUPPORTED, "tensor 'token_embd.weight': rows of %d elements do not fit the "
+                     "CUDA row lookup (a multiple of 32)", xm->n_embd);
+        goto fail;
+    }
     g->up_dev = hm_gpu_layer_dev(g, xm->n_layer);
     if ((st = up_mat(&x, xm->output)) != HM_OK) goto fail;
     if ((st = up_vec(&x, xm->output_norm, xm->n_embd)) != HM_OK) goto fail;
@@ -317,6 +363,11 @@ fail:
     return st;
 }
 
+/* Whether the head dim is one hm_cuda_attention does not take (the fallback runs it, no scratch). */
+static bool attn_any(const hm_exec_model *xm) {
+    return xm->head_dim != 64 && xm->head_dim != 128 && xm->head_dim != 256;
+}
+
 /* ---- a session's device states ----
  *
  * One hm_xdev per device of the placement that runs layers or the output, chained in layer order
@@ -327,6 +378,9 @@ typedef struct hm_xdev {
     hm_gpu_dstate ds;         /* first: the device, its layers, x, h, the MoE's buffers (gpu_chain.h);
                                  ds.kv is [l1 - l0][2][n_head_kv][n_ctx][head_dim] */
     size_t kv_layer_elems;    /* n_head_kv * n_ctx * head_dim */
+    int32_t kv0, rs0;         /* the KV / recurrent slot of its first layer that has one */
+    float *rs;                /* device [its recurrent layers][hm_exec_rs_floats], owned */
+    size_t rs_total;          /* floats of rs */
     float *buf[HM_EXEC_MAX_BUF]; /* [U, buf_width[i]] the arch's buffers (x and h are ds's) */
     float *rlog;              /* [U, n_expert] router logits */
     int32_t *pred;            /* [2 * U * k]: prefill, the next layer's routing predicted on this
@@ -339,10 +393,27 @@ static hm_xdev *nxt(const hm_xdev *g) { return (hm_xdev *)g->ds.next; }
 void hm_exec_gpu_state_close(hm_exec_state *s) {
     for (hm_xdev *g = s->dev, *nx; g; g = nx) {
         nx = nxt(g);
-        hm_gpu_dstate_free(&g->ds);
+        hm_gpu_dstate_free(&g->ds); /* syncs its device first */
+        if (g->ds.c) hm_cuda_free(g->ds.c, g->rs);
         free(g);
     }
     s->dev = NULL;
+}
+
+/* Zero one device's recurrent state and wait for it. */
+static hm_status xdev_reset(hm_xdev *g, hm_err *err) {
+    if (!g->rs) return HM_OK;
+    hm_status st = hm_cuda_make_current(g->ds.c, err);
+    if (st == HM_OK) st = hm_cuda_memset(g->ds.c, g->rs, 0, g->rs_total * sizeof(float), err);
+    return st == HM_OK ? hm_cuda_sync(g->ds.c, err) : st;
+}
+
+hm_status hm_exec_gpu_state_reset(hm_exec_state *s, hm_err *err) {
+    for (hm_xdev *g = s->dev; g; g = nxt(g)) {
+        hm_status st = xdev_reset(g, err);
+        if (st != HM_OK) return st;
+    }
+    return HM_OK;
 }
 
 /* The device state of device index dev for layers [l0, l1) (and the output when out), linked at
@@ -365,11 +436,21 @@ static hm_status xdev_open(const hm_model *m, const hm_state_opts *o, int32_t de
     const size_t NL = (size_t)xm->n_layer;
     const size_t slot_words = NL * NE * sizeof(hm_cuda_moe_slot) / 4;
 
+    /* its layers with a KV cache / a recurrent state: slots [kv0, kv0 + n_kv), [rs0, rs0 + n_rs) */
+    int32_t n_kv = 0, n_rs = 0;
+    g->kv0 = g->rs0 = -1;
+    for (int32_t il = l0; il < l1; il++) {
+        const int32_t ks = hm_exec_kv_slot(xm, il), rs = hm_exec_rs_slot(xm, il);
+        if (ks >= 0 && n_kv++ == 0) g->kv0 = ks;
+        if (rs >= 0 && n_rs++ == 0) g->rs0 = rs;
+    }
     /* sizes first: a device that is full makes the expert pool give up room for all of them */
     g->kv_layer_elems = (size_t)xm->n_head_kv * hd * (size_t)o->n_ctx;
     size_t kv_bytes = 0;
-    if (!hm_mul_ok(g->kv_layer_elems, 2u * (size_t)(l1 - l0) * 2u, &kv_bytes))
+    if (!hm_mul_ok(g->kv_layer_elems, 2u * (size_t)n_kv * 2u, &kv_bytes))
         return hm_errf(err, HM_ERR_NOMEM, "gpu: the KV cache for %d positions is too large", o->n_ctx);
+    g->rs_total = hm_exec_rs_floats(&xm->dn) * (size_t)n_rs;
+    const size_t rs_bytes = g->rs_total * sizeof(float);
     /* the arch's buffers, then router logits, sel, cold, logits, ints, sel_all, slots, pred */
     enum { N_MORE = 8 };
     size_t act_el[HM_EXEC_MAX_BUF + N_MORE], act_off[HM_EXEC_MAX_BUF + N_MORE];
@@ -380,17 +461,22 @@ static hm_status xdev_open(const hm_model *m, const hm_state_opts *o, int32_t de
     memcpy(act_el + nb, more, sizeof more);
     const size_t act_bytes = hm_gpu_layout(act_el, act_off, nb + N_MORE);
     /* attention and the grouped MoE run one after the other on one stream: one scratch */
-    g->ds.scratch_size = hm_gpu_max_sz(
-        hm_cuda_attention_scratch_size(c, (int64_t)U, o->n_ctx, xm->n_head, xm->n_head_kv, xm->head_dim),
-        hm_cuda_moe_scratch_size((int64_t)U, (int64_t)(U * K), xm->moe.n_expert, xm->moe.n_ff));
-    g->ds.scratch_size =
-        hm_gpu_max_sz(g->ds.scratch_size, hm_cuda_moe_dev_scratch_size(g->ds.dec_cap, xm->moe.k, xm->moe.n_ff));
+    g->ds.scratch_size = hm_gpu_max_sz(hm_cuda_moe_scratch_size((int64_t)U, (int64_t)(U * K), xm->moe.n_expert,
+                                                                xm->moe.n_ff),
+                                       hm_cuda_moe_dev_scratch_size(g->ds.dec_cap, xm->moe.k, xm->moe.n_ff));
+    if (xm->n_kv_layer > 0 && !attn_any(xm))
+        g->ds.scratch_size = hm_gpu_max_sz(g->ds.scratch_size,
+                                           hm_cuda_attention_scratch_size(c, (int64_t)U, o->n_ctx, xm->n_head,
+                                                                          xm->n_head_kv, xm->head_dim));
+    const size_t rest = kv_bytes + rs_bytes + act_bytes + g->ds.scratch_size;
 
-    /* the KV cache */
+    /* the KV cache, the recurrent state (zeroed) */
     char what[96];
     snprintf(what, sizeof what, "KV cache (%d positions)", o->n_ctx);
-    if (kv_bytes && (st = hm_gpu_dev_alloc_on(m, dev, kv_bytes, kv_bytes + act_bytes + g->ds.scratch_size,
-                                              (void **)&g->ds.kv, what, err)) != HM_OK)
+    if (kv_bytes && (st = hm_gpu_dev_alloc_on(m, dev, kv_bytes, rest, (void **)&g->ds.kv, what, err)) != HM_OK)
+        return st;
+    if (rs_bytes && (st = hm_gpu_dev_alloc_on(m, dev, rs_bytes, rest - kv_bytes, (void **)&g->rs, "recurrent state",
+                                              err)) != HM_OK)
         return st;
     /* activations: one device block */
     if ((st = hm_gpu_dev_alloc_on(m, dev, act_bytes, act_bytes + g->ds.scratch_size, &g->ds.dev_block, "activations",
@@ -414,6 +500,7 @@ static hm_status xdev_open(const hm_model *m, const hm_state_opts *o, int32_t de
     if ((st = hm_gpu_dev_alloc_on(m, dev, g->ds.scratch_size, g->ds.scratch_size, &g->ds.scratch,
                                   "attention/MoE scratch", err)) != HM_OK)
         return st;
+    if ((st = xdev_reset(g, err)) != HM_OK) return st;
 
     /* pinned host buffers: everything that crosses the bus (and the predicted ids) */
     void *pred_h = NULL;
@@ -493,14 +580,14 @@ static hm_status g_rmsnorm(hm_exec *x, hm_buf in, const float *w, hm_buf out) {
 
 static hm_status g_matmul_n(hm_exec *x, hm_buf in, const hm_mat *const *ws, const hm_buf *outs, int n) {
     hm_cuda_ctx *c = gp(x)->g->ds.c;
-    const xw *e[3];
+    const xw *e[4];
     for (int i = 0; i < n; i++) e[i] = dw(x, ws[i]->data);
     int done = 0;
     if (gp(x)->dec && n >= 2 && e[0]->stack >= 0 && e[0]->pos == 0) {
         /* decode: the stacked matrices in one matvec launch (the same kernel per row) */
         const xstack *sk = &((const xmap *)x->m->gpu->arch)->stacks[e[0]->stack];
         int k = 1;
-        while (k < n && k < sk->n && e[k]->stack == e[0]->stack && e[k]->pos == k) k++;
+        while (k < n && k < sk->n && k < 3 && e[k]->stack == e[0]->stack && e[k]->pos == k) k++;
         if (k >= 2) {
             float *ys[3];
             int64_t rows[3];
@@ -523,8 +610,10 @@ static hm_status g_add_rmsnorm(hm_exec *x, hm_buf acc, hm_buf add, const float *
 }
 
 /* Layer il's K and V cache on its device. */
-static void kv_of(const hm_xdev *g, int32_t il, uint16_t **kc, uint16_t **vc) {
-    *kc = g->ds.kv + (size_t)(il - g->ds.l0) * 2 * g->kv_layer_elems;
+static void kv_of(const hm_exec_model *xm, const hm_xdev *g, int32_t il, uint16_t **kc, uint16_t **vc) {
+    const int32_t slot = hm_exec_kv_slot(xm, il);
+    HM_ASSERT(slot >= g->kv0 && g->kv0 >= 0);
+    *kc = g->ds.kv + (size_t)(slot - g->kv0) * 2 * g->kv_layer_elems;
     *vc = *kc + g->kv_layer_elems;
 }
 
@@ -532,7 +621,7 @@ static hm_status g_qk_norm_rope_kv(hm_exec *x, int32_t il, const hm_qk_rope *p) 
     const gpu_pass *ps = gp(x);
     const hm_exec_model *xm = x->xm;
     uint16_t *kc, *vc;
-    kv_of(ps->g, il, &kc, &vc);
+    kv_of(xm, ps->g, il, &kc, &vc);
     return hm_cuda_qk_norm_rope_kv(ps->g->ds.c, x->buf[p->q], x->buf[p->k], x->buf[p->v], dw(x, p->q_norm)->v,
                                    dw(x, p->k_norm)->v, x->nr, xm->n_head, xm->n_head_kv, xm->head_dim, p->n_rot,
                                    ps->pos, p->theta, p->eps, kc, vc, ps->s->n_ctx, x->err);
@@ -569,7 +658,10 @@ static hm_status g_attention(hm_exec *x, int32_t il, hm_buf q, hm_buf out, float
     const gpu_pass *p = gp(x);
     const hm_exec_model *xm = x->xm;
     uint16_t *kc, *vc;
-    kv_of(p->g, il, &kc, &vc);
+    kv_of(xm, p->g, il, &kc, &vc);
+    if (attn_any(xm))
+        return hm_cuda_attention_any(p->g->ds.c, x->buf[q], x->nr, p->pos, kc, vc, p->s->n_ctx, xm->n_head,
+                                     xm->n_head_kv, xm->head_dim, scale, x->buf[out], x->err);
     return hm_cuda_attention(p->g->ds.c, x->buf[q], x->nr, p->pos, p->kv_len, kc, vc, p->s->n_ctx, xm->n_head,
                              xm->n_head_kv, xm->head_dim, scale, x->buf[out], p->g->ds.scratch, p->g->ds.scratch_size,
                              x->err);
@@ -612,6 +704,59 @@ static hm_status g_moe(hm_exec *x, int32_t il, hm_buf in, hm_buf out) {
                            x->buf[out], next_mw, next_ids, x->err);
 }
 
+static hm_status g_split_gate(hm_exec *x, hm_buf mix, hm_buf q, hm_buf gate) {
+    return hm_cuda_split_q_gate(gp(x)->g->ds.c, x->buf[mix], x->nr, x->xm->n_head, x->xm->head_dim, x->buf[q],
+                                x->buf[gate], x->err);
+}
+
+static hm_status g_sigmoid_mul(hm_exec *x, hm_buf a, hm_buf gate, int64_t width) {
+    return hm_cuda_sigmoid_mul(gp(x)->g->ds.c, x->buf[a], x->buf[gate], x->nr * width, x->err);
+}
+
+static hm_status g_swiglu(hm_exec *x, hm_buf g, hm_buf u, hm_buf out, int64_t width) {
+    return hm_cuda_swiglu(gp(x)->g->ds.c, x->buf[g], x->buf[u], x->buf[out], x->nr * width, x->err);
+}
+
+static hm_status g_add_sigmoid_scaled(hm_exec *x, hm_buf acc, hm_buf y, hm_buf s) {
+    return hm_cuda_add_sigmoid_scaled(gp(x)->g->ds.c, x->buf[acc], x->buf[y], x->buf[s], x->nr, x->xm->n_embd,
+                                      x->err);
+}
+
+static hm_status g_deltanet(hm_exec *x, int32_t il, hm_buf io, const hm_deltanet *p) {
+    hm_xdev *g = gp(x)->g;
+    hm_cuda_ctx *c = g->ds.c;
+    const hm_deltanet_spec *d = &x->xm->dn;
+    const int64_t n = x->nr, cd = d->conv_dim, vdim = (int64_t)d->n_v * d->d_v, qk = (int64_t)d->n_k * d->d_k;
+    const int32_t slot = hm_exec_rs_slot(x->xm, il);
+    HM_ASSERT(slot >= g->rs0 && g->rs0 >= 0);
+    float *rs = g->rs + (size_t)(slot - g->rs0) * hm_exec_rs_floats(d);
+    float *conv_state = rs, *delta_state = rs + (size_t)(d->d_conv - 1) * (size_t)cd;
+    float *in = x->buf[io], *mix = x->buf[p->mix], *conv = x->buf[p->conv], *z = x->buf[p->z];
+    float *ba = x->buf[p->ba], *aa = x->buf[p->aa], *att = x->buf[p->att];
+    hm_err *err = x->err;
+    hm_status st;
+    /* the gates go in place: aa becomes g, ba beta */
+    if ((st = mm(c, dw(x, p->wqkv->data), in, n, mix, err)) != HM_OK) return st;
+    if ((st = mm(c, dw(x, p->wz->data), in, n, z, err)) != HM_OK) return st;
+    if ((st = mm(c, dw(x, p->wbeta->data), in, n, ba, err)) != HM_OK) return st;
+    if ((st = mm(c, dw(x, p->walpha->data), in, n, aa, err)) != HM_OK) return st;
+    if ((st = hm_cuda_ssm_conv(c, mix, cd, n, cd, dw(x, p->conv_w)->v, d->d_conv, conv_state, conv, err)) != HM_OK)
+        return st;
+    if ((st = hm_cuda_l2norm_heads(c, conv, cd, n, d->n_k, d->d_k, p->eps, 1.0f / sqrtf((float)d->d_k), err)) != HM_OK)
+        return st;
+    if ((st = hm_cuda_l2norm_heads(c, conv + qk, cd, n, d->n_k, d->d_k, p->eps, 1.0f, err)) != HM_OK) return st;
+    if ((st = hm_cuda_delta_gates(c, aa, ba, dw(x, p->ssm_a)->v, dw(x, p->dt_bias)->v, n, d->n_v, aa, ba, err)) !=
+        HM_OK)
+        return st;
+    if ((st = hm_cuda_gated_delta(c, conv, conv + qk, cd, conv + 2 * qk, cd, aa, ba, n, d->n_k, d->n_v, d->d_k, d->d_v,
+                                  delta_state, att, err)) != HM_OK)
+        return st;
+    /* gated RMSNorm per value head: rmsnorm(o) * ssm_norm * silu(z) */
+    if ((st = hm_cuda_rmsnorm_heads(c, att, dw(x, p->ssm_norm)->v, n, d->n_v, d->d_v, p->eps, err)) != HM_OK) return st;
+    if ((st = hm_cuda_swiglu(c, z, att, att, n * vdim, err)) != HM_OK) return st;
+    return mm(c, dw(x, p->wout->data), att, n, in, err);
+}
+
 static const hm_exec_ops cuda_ops = {
     .rmsnorm = g_rmsnorm,
     .matmul_n = g_matmul_n,
@@ -620,6 +765,11 @@ static const hm_exec_ops cuda_ops = {
     .out_rows = g_out_rows,
     .attention = g_attention,
     .moe = g_moe,
+    .split_gate = g_split_gate,
+    .sigmoid_mul = g_sigmoid_mul,
+    .swiglu = g_swiglu,
+    .add_sigmoid_scaled = g_add_sigmoid_scaled,
+    .deltanet = g_deltanet,
 };
 
 /* ---- the step ---- */

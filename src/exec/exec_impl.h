@@ -16,6 +16,11 @@ typedef struct hm_exec_ops {
     hm_status (*out_rows)(hm_exec *x, int32_t il, const hm_buf *bufs, int n);
     hm_status (*attention)(hm_exec *x, int32_t il, hm_buf q, hm_buf out, float scale);
     hm_status (*moe)(hm_exec *x, int32_t il, hm_buf in, hm_buf out);
+    hm_status (*split_gate)(hm_exec *x, hm_buf mix, hm_buf q, hm_buf gate);
+    hm_status (*sigmoid_mul)(hm_exec *x, hm_buf a, hm_buf gate, int64_t width);
+    hm_status (*swiglu)(hm_exec *x, hm_buf g, hm_buf u, hm_buf out, int64_t width);
+    hm_status (*add_sigmoid_scaled)(hm_exec *x, hm_buf acc, hm_buf y, hm_buf s);
+    hm_status (*deltanet)(hm_exec *x, int32_t il, hm_buf io, const hm_deltanet *p);
 } hm_exec_ops;
 
 /* A forward pass in progress. */
@@ -38,12 +43,17 @@ struct hm_xdev;
 /* A session's state. On the CPU the host fields; with a GPU placement `dev` (the chain) and only
  * the cold units' route and scratch on the host. */
 typedef struct hm_exec_state {
+    const char *arch;       /* the model's architecture name (messages) */
     int32_t n_ctx, n_ubatch;
+    bool recurrent;         /* the arch has recurrent layers (xm->n_rs_layer > 0) */
+    int32_t n_pos;          /* recurrent archs: positions the recurrent state has absorbed */
     int n_threads;
     hm_kv_type kv_type;
     size_t kv_layer_elems;  /* n_head_kv * n_ctx * head_dim: one of K or V of one layer */
     size_t kv_elem_size;    /* 2 (f16) or 4 (f32) */
-    void *kv;               /* [n_layer][2][n_head_kv][n_ctx][head_dim], owned */
+    void *kv;               /* [n_kv_layer][2][n_head_kv][n_ctx][head_dim], owned */
+    float *rs;              /* [n_rs_layer][hm_exec_rs_floats] recurrent state, owned */
+    size_t rs_total;        /* floats of rs */
     float *kv_scratch;      /* f32 cache only: attention scores, owned */
     void *act;              /* one block holding the activations below, owned */
     float *buf[HM_EXEC_MAX_BUF]; /* [U, buf_width[i]] the arch's buffers */
@@ -59,12 +69,23 @@ typedef struct hm_exec_state {
     struct hm_xdev *dev;    /* the GPU chain (exec_cuda.c), owned; NULL on the CPU */
 } hm_exec_state;
 
-/* exec_cpu.c */
+/* exec_cpu.c: the host state of s; a CPU pass over n_seq sequences (forward_multi's contract). */
 hm_status hm_exec_cpu_state_open(const hm_model *m, const hm_state_opts *o, hm_exec_state *s, hm_err *err);
+hm_status hm_exec_cpu_forward(const hm_model *m, hm_exec_state *work, hm_pool *pool, const hm_fwd_seq *seqs,
+                              int n_seq, float *logits, hm_err *err);
+
+/* Layer il's KV cache index (-1: none) and recurrent state index (-1: none). */
+static inline int32_t hm_exec_kv_slot(const hm_exec_model *xm, int32_t il) {
+    return xm->kv_slot ? xm->kv_slot[il] : il;
+}
+static inline int32_t hm_exec_rs_slot(const hm_exec_model *xm, int32_t il) {
+    return xm->rs_slot ? xm->rs_slot[il] : -1;
+}
 #ifdef HM_HAVE_CUDA
 /* exec_cuda.c: the device chain of s (and its host cold part); its close; a micro-batch on it. */
 hm_status hm_exec_gpu_state_open(const hm_model *m, const hm_state_opts *o, hm_exec_state *s, hm_err *err);
 void hm_exec_gpu_state_close(hm_exec_state *s);
+hm_status hm_exec_gpu_state_reset(hm_exec_state *s, hm_err *err); /* zero the recurrent state */
 hm_status hm_exec_gpu_forward(const hm_model *m, hm_exec_state *s, hm_pool *pool, const hm_fwd_batch *b,
                               hm_err *err);
 #endif

@@ -1,5 +1,5 @@
 /* qwen35moe.c - the Qwen3.5-MoE architecture (Qwen3.5/3.6-35B-A3B, ...): hparams, tensor
- * binding, per-session state. The forward pass is qwen35moe_fwd.c.
+ * binding and its one layer description.
  *
  * A hybrid stack: layer il is gated full attention when (il + 1) % full_attention_interval == 0
  * (default 4), else Gated DeltaNet (linear attention with a recurrent state). Every layer ends in
@@ -19,23 +19,63 @@
  * File conventions are llama.cpp's (tools/qwen35moe.py writes them): V heads tiled, ssm_a =
  * -exp(A_log), norms + 1, conv1d [K, conv_dim] (ne order), rope.dimension_sections present.
  *
- * Session state: a KV cache for the attention layers only and, per DeltaNet layer, the conv
- * window (last K-1 inputs) and the delta state S [n_v][d_k][d_v] (f32). A recurrent state cannot
- * be rewound: state_trim keeps everything (n_keep >= positions seen) or resets to empty
- * (n_keep == 0); anything between is HM_ERR_UNSUPPORTED and the caller must re-prefill.
- * With a GPU placement (m->gpu) the state lives on the device instead (qwen35moe_cuda.c): the
- * arch's gpu_load uploads the dense weights, state_open the device state, forward runs there. */
-#include "qwen35moe.h"
-
+ * Session state (the executor's, exec/exec.h): a KV cache for the attention layers only and, per
+ * DeltaNet layer, the conv window (last K-1 inputs) and the delta state S [n_v][d_k][d_v] (f32). A
+ * recurrent state cannot be rewound: state_trim keeps everything (n_keep >= positions seen) or
+ * resets to empty (n_keep == 0); anything between is HM_ERR_UNSUPPORTED and the caller must
+ * re-prefill. The layer is written once (q35_layer_fwd); the executor runs it on the CPU and on the
+ * GPU (per launch, as the decode graph, and as the upload pass). In the last layer only the rows
+ * whose logits are wanted go on past the token mixer (attention: past the K/V write; DeltaNet: past
+ * the state update). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "backend/cpu/cpu_deltanet.h"
-#include "core/alloc.h"
-#include "kv_f32.h"
+#include "exec/exec.h"
+#include "model.h"
+#include "moe.h"
 #include "quant/quant.h"
+
+typedef struct q35_layer {
+    bool recurrent;         /* Gated DeltaNet (else gated full attention) */
+    int32_t slot;           /* index among the layers of its kind (KV slot / recurrent slot) */
+    const float *attn_norm, *post_norm; /* [n_embd], stored as 1 + w */
+    /* full attention */
+    hm_mat wq;              /* [2 * n_head * hd x n_embd]: per head [q | gate] */
+    hm_mat wk, wv;          /* [n_head_kv * hd x n_embd] */
+    hm_mat wo;              /* [n_embd x n_head * hd] */
+    const float *q_norm, *k_norm; /* [hd] */
+    /* Gated DeltaNet */
+    hm_mat wqkv;            /* [2 * n_k * d_k + n_v * d_v x n_embd] */
+    hm_mat wz;              /* [n_v * d_v x n_embd] (attn_gate) */
+    hm_mat wbeta, walpha;   /* [n_v x n_embd] */
+    const float *conv_w;    /* [conv_dim, K] */
+    const float *dt_bias, *ssm_a; /* [n_v]; ssm_a = -exp(A_log) */
+    const float *ssm_norm;  /* [d_v] (plain w) */
+    hm_mat wout;            /* [n_embd x n_v * d_v] */
+    /* MoE */
+    hm_mat router;          /* [n_expert x n_embd] */
+    hm_moe_weights moe;
+    hm_mat sh_gate, sh_up;  /* [n_ff_sh x n_embd] */
+    hm_mat sh_down;         /* [n_embd x n_ff_sh] */
+    hm_mat sh_inp;          /* [1 x n_embd]: the shared expert's sigmoid gate */
+} q35_layer;
+
+typedef struct q35_model {
+    HM_MOE_HP;               /* n_layer, n_embd, heads, experts, eps, theta, ... (model.h) */
+    int32_t n_ff_sh;         /* the shared expert's */
+    int32_t d_conv, n_k, n_v, d_k, d_v, conv_dim; /* DeltaNet shape */
+    int32_t n_attn, n_recr;  /* layers of each kind */
+    hm_mat tok_embd, output; /* [n_vocab x n_embd] */
+    const float *output_norm;
+    q35_layer *layers;       /* owned */
+    hm_moe_layer *moe_layers;/* [n_layer], owned: each layer's router and experts, for xm */
+    int32_t *kv_slot, *rs_slot; /* [n_layer], owned: L->slot in the layer's kind, -1 in the other */
+    hm_exec_model xm;        /* what the executor runs (m->xm points here) */
+} q35_model;
+
 
 #define HP_INT(suffix, req, dflt, dst) \
     do { if ((st = hm_model_hp_int(m, suffix, req, dflt, dst, err)) != HM_OK) goto fail; } while (0)
@@ -53,10 +93,95 @@ static hm_status bind_shexp_gate(const hm_model *m, const char *name, int64_t E,
     return hm_model_bind_mat(m, name, E, 1, true, out, err);
 }
 
+/* ---- the layer ---- */
+
+/* The activations beside x and h. */
+enum {
+    Q35_MIX = HM_BUF_ARCH, /* [q | gate] per head, or the DeltaNet qkv */
+    Q35_Q, Q35_GATE, Q35_K, Q35_V,
+    Q35_ATT,               /* the attention's or the DeltaNet's output */
+    Q35_CONV, Q35_Z, Q35_BA, Q35_AA, Q35_G, Q35_BETA, /* DeltaNet */
+    Q35_SHG, Q35_SHU, Q35_SHO, Q35_SHS,               /* the shared expert */
+    Q35_NBUF
+};
+
+static hm_status q35_layer_fwd(hm_exec *x, const hm_model *m, int32_t il) {
+    const q35_model *q = m->impl;
+    const q35_layer *L = &q->layers[il];
+    const int64_t nq = (int64_t)q->n_head * q->head_dim;
+    hm_status st;
+#define OP(call) do { if ((st = (call)) != HM_OK) return st; } while (0)
+    OP(hm_op_rmsnorm(x, HM_BUF_X, L->attn_norm, HM_BUF_H));
+    if (L->recurrent) {
+        const hm_deltanet dn = {.wqkv = &L->wqkv, .wz = &L->wz, .wbeta = &L->wbeta, .walpha = &L->walpha,
+                                .wout = &L->wout, .conv_w = L->conv_w, .dt_bias = L->dt_bias, .ssm_a = L->ssm_a,
+                                .ssm_norm = L->ssm_norm, .eps = q->eps, .mix = Q35_MIX, .conv = Q35_CONV,
+                                .z = Q35_Z, .ba = Q35_BA, .aa = Q35_AA, .g = Q35_G, .beta = Q35_BETA,
+                                .att = Q35_ATT};
+        OP(hm_op_deltanet(x, il, HM_BUF_H, &dn));
+        OP(hm_op_out_rows(x, il, (const hm_buf[2]){HM_BUF_X, HM_BUF_H}, 2));
+        if (hm_exec_done(x)) return HM_OK;
+    } else {
+        const hm_mat *qkv[3] = {&L->wq, &L->wk, &L->wv};
+        OP(hm_op_matmul_n(x, HM_BUF_H, qkv, (const hm_buf[3]){Q35_MIX, Q35_K, Q35_V}, 3));
+        OP(hm_op_split_gate(x, Q35_MIX, Q35_Q, Q35_GATE));
+        const hm_qk_rope r = {.q = Q35_Q, .k = Q35_K, .v = Q35_V, .q_norm = L->q_norm, .k_norm = L->k_norm,
+                              .n_rot = q->n_rot, .theta = q->theta, .eps = q->eps};
+        OP(hm_op_qk_norm_rope_kv(x, il, &r));
+        OP(hm_op_out_rows(x, il, (const hm_buf[3]){Q35_Q, Q35_GATE, HM_BUF_X}, 3));
+        if (hm_exec_done(x)) return HM_OK;
+        OP(hm_op_attention(x, il, Q35_Q, Q35_ATT, 1.0f / sqrtf((float)q->head_dim)));
+        OP(hm_op_sigmoid_mul(x, Q35_ATT, Q35_GATE, nq));
+        OP(hm_op_matmul(x, Q35_ATT, &L->wo, HM_BUF_H));
+    }
+    /* MoE block: x += mixer, h = rmsnorm(x); the sigmoid-gated shared expert and the routed units
+     * into x */
+    OP(hm_op_add_rmsnorm(x, HM_BUF_X, HM_BUF_H, L->post_norm, HM_BUF_H));
+    const hm_mat *sh[3] = {&L->sh_gate, &L->sh_up, &L->sh_inp};
+    OP(hm_op_matmul_n(x, HM_BUF_H, sh, (const hm_buf[3]){Q35_SHG, Q35_SHU, Q35_SHS}, 3));
+    OP(hm_op_swiglu(x, Q35_SHG, Q35_SHU, Q35_SHG, q->n_ff_sh));
+    OP(hm_op_matmul(x, Q35_SHG, &L->sh_down, Q35_SHO));
+    OP(hm_op_add_sigmoid_scaled(x, HM_BUF_X, Q35_SHO, Q35_SHS));
+    OP(hm_op_moe(x, il, HM_BUF_H, HM_BUF_X));
+#undef OP
+    return HM_OK;
+}
+
+/* What the executor needs besides the layer (exec.h). */
+static void q35_exec_model(q35_model *q) {
+    hm_exec_model *xm = &q->xm;
+    const int64_t E = q->n_embd, hd = q->head_dim, nq = (int64_t)q->n_head * hd, nkv = (int64_t)q->n_head_kv * hd;
+    const int64_t nv = q->n_v, vdim = nv * q->d_v, cd = q->conv_dim, fs = q->n_ff_sh;
+    *xm = (hm_exec_model){.n_layer = q->n_layer, .n_embd = q->n_embd, .n_vocab = q->n_vocab, .eps = q->eps,
+                          .tok_embd = &q->tok_embd, .output = &q->output, .output_norm = q->output_norm,
+                          .n_buf = Q35_NBUF, .n_head = q->n_head, .n_head_kv = q->n_head_kv,
+                          .head_dim = q->head_dim, .kv_slot = q->kv_slot, .n_kv_layer = q->n_attn,
+                          .dn = {.d_conv = q->d_conv, .n_k = q->n_k, .n_v = q->n_v, .d_k = q->d_k, .d_v = q->d_v,
+                                 .conv_dim = q->conv_dim},
+                          .rs_slot = q->rs_slot, .n_rs_layer = q->n_recr, .moe_layers = q->moe_layers,
+                          .moe = {.n_expert = q->n_expert, .k = q->n_expert_used, .n_ff = q->n_ff_exp,
+                                  .score = HM_MOE_SCORE_SOFTMAX, .norm_topk = true}};
+    const int64_t w[Q35_NBUF] = {[HM_BUF_X] = E,  [HM_BUF_H] = E, [Q35_MIX] = cd > 2 * nq ? cd : 2 * nq,
+                                 [Q35_Q] = nq,    [Q35_GATE] = nq, [Q35_K] = nkv, [Q35_V] = nkv,
+                                 [Q35_ATT] = nq > vdim ? nq : vdim, [Q35_CONV] = cd, [Q35_Z] = vdim,
+                                 [Q35_BA] = nv,   [Q35_AA] = nv,  [Q35_G] = nv,  [Q35_BETA] = nv,
+                                 [Q35_SHG] = fs,  [Q35_SHU] = fs, [Q35_SHO] = E, [Q35_SHS] = 1};
+    memcpy(xm->buf_width, w, sizeof w);
+    for (int32_t il = 0; il < q->n_layer; il++) {
+        const q35_layer *L = &q->layers[il];
+        q->moe_layers[il] = (hm_moe_layer){.router = &L->router, .experts = &L->moe};
+        q->kv_slot[il] = L->recurrent ? -1 : L->slot;
+        q->rs_slot[il] = L->recurrent ? L->slot : -1;
+    }
+}
+
 static void q35_unload(hm_model *m) {
     q35_model *q = m->impl;
     if (!q) return;
     free(q->layers);
+    free(q->moe_layers);
+    free(q->kv_slot);
+    free(q->rs_slot);
     free(q);
     m->impl = NULL;
 }
@@ -105,7 +230,11 @@ static hm_status q35_load(hm_model *m, hm_err *err) {
     TRY(hm_model_bind_vocab(m, E, &q->tok_embd, &q->output, &q->n_vocab, err));
     TRY(hm_model_bind_vec(m, "output_norm.weight", E, true, &q->output_norm, err));
 
-    if (!(q->layers = calloc((size_t)q->n_layer, sizeof *q->layers))) {
+    q->layers = calloc((size_t)q->n_layer, sizeof *q->layers);
+    q->moe_layers = calloc((size_t)q->n_layer, sizeof *q->moe_layers);
+    q->kv_slot = malloc((size_t)q->n_layer * sizeof *q->kv_slot);
+    q->rs_slot = malloc((size_t)q->n_layer * sizeof *q->rs_slot);
+    if (!q->layers || !q->moe_layers || !q->kv_slot || !q->rs_slot) {
         st = hm_errf(err, HM_ERR_NOMEM, "out of memory");
         goto fail;
     }
@@ -147,6 +276,8 @@ static hm_status q35_load(hm_model *m, hm_err *err) {
 #undef NAME
     }
 
+    q35_exec_model(q);
+    m->xm = &q->xm;
     hm_model_info_moe(m, &q->hp);
     hm_log_printf(&m->log, HM_LOG_INFO,
                   "qwen35moe: %d layers (%d DeltaNet, %d attention), n_embd %d, heads %d/%d x %d (rope %d), "
@@ -160,111 +291,18 @@ fail:
     return st;
 }
 
-/* ---- session state ---- */
-
-static void q35_state_close(void *p) {
-    q35_state *s = p;
-    if (!s) return;
-#ifdef HM_HAVE_CUDA
-    q35_gpu_state_close(s);
-#endif
-    hm_free_aligned(s->rs);
-    hm_model_state_free(s->kv, s->kv_scratch, s->act, &s->scratch, &s->route);
-    free(s);
-}
-
-static hm_status q35_state_open(const hm_model *m, const hm_state_opts *o, void **out, hm_err *err) {
-    const q35_model *q = m->impl;
-    *out = NULL;
-    hm_status st = HM_OK;
-    q35_state *s = calloc(1, sizeof *s);
-    if (!s) return hm_errf(err, HM_ERR_NOMEM, "out of memory");
-    s->n_ctx = o->n_ctx;
-    s->n_ubatch = o->n_ubatch;
-    s->n_threads = o->n_threads;
-    s->kv_type = o->kv_type;
-#ifdef HM_HAVE_CUDA
-    if (m->gpu) { /* the device state instead of the host caches and activations */
-        if ((st = q35_gpu_state_open(m, o, s, err)) != HM_OK) goto fail;
-        *out = s;
-        return HM_OK;
-    }
-#endif
-    const size_t U = (size_t)o->n_ubatch, E = (size_t)q->n_embd, hd = (size_t)q->head_dim;
-    const size_t nq = (size_t)q->n_head * hd, nkv = (size_t)q->n_head_kv * hd, K = (size_t)q->n_expert_used;
-    const size_t nv = (size_t)q->n_v, vdim = nv * (size_t)q->d_v, cd = (size_t)q->conv_dim;
-
-    s->kv_elem_size = o->kv_type == HM_KV_F32 ? 4 : 2;
-    s->kv_layer_elems = (size_t)q->n_head_kv * (size_t)o->n_ctx * hd;
-    if (q->n_attn > 0)
-        TRY(hm_model_kv_alloc(&s->kv, s->kv_layer_elems, 2u * (size_t)q->n_attn * s->kv_elem_size, o->n_ctx, err));
-    s->rs_layer = (size_t)(q->d_conv - 1) * cd + nv * (size_t)q->d_k * (size_t)q->d_v;
-    const size_t rs_bytes = s->rs_layer * (size_t)q->n_recr * sizeof(float);
-    if (rs_bytes && !(s->rs = hm_malloc_aligned(rs_bytes))) {
-        st = hm_errf(err, HM_ERR_NOMEM, "cannot allocate the recurrent state (%.1f MiB)", (double)rs_bytes / (1 << 20));
-        goto fail;
-    }
-    if (s->rs) memset(s->rs, 0, rs_bytes);
-    s->rs_total = s->rs_layer * (size_t)q->n_recr;
-
-    const size_t mix = hm_model_max_sz(2 * nq, cd), att = hm_model_max_sz(nq, vdim);
-    const size_t sizes[] = {U * E, U * E, U * mix, U * nq, U * nq, U * nkv, U * nkv,
-                            U * att, U * cd, U * vdim, U * nv, U * nv, U * nv, U * nv,
-                            U * (size_t)q->n_expert, U * K, U * K, U * (size_t)q->n_ff_sh, U * (size_t)q->n_ff_sh,
-                            U * E, U, U * E, U};
-    float **dst[] = {&s->x, &s->h, &s->mix, &s->q, &s->gate, &s->k, &s->v, &s->att, &s->conv, &s->z, &s->ba,
-                     &s->aa, &s->g, &s->beta, &s->rlog, &s->rw, (float **)&s->rid, &s->shg, &s->shu, &s->sho,
-                     &s->shs, &s->hout, (float **)&s->pos_out};
-    _Static_assert(sizeof sizes / sizeof sizes[0] == sizeof dst / sizeof dst[0], "activation table");
-    if ((st = hm_model_carve(&s->act, sizes, dst, sizeof sizes / sizeof sizes[0], err)) != HM_OK) goto fail;
-    if (o->kv_type == HM_KV_F32 && q->n_attn > 0)
-        TRY(hm_model_att_scratch_alloc(&s->kv_scratch, hm_kv_f32_scratch_floats(o->n_ctx, o->n_threads), err));
-    if ((st = hm_moe_route_init(&s->route, q->n_expert, q->n_expert_used, o->n_ubatch, err)) != HM_OK) goto fail;
-
-    size_t in_max = hm_model_max_sz(hm_model_max_sz(E, nq), hm_model_max_sz(vdim, (size_t)q->n_ff_sh));
-    size_t sc = hm_cpu_matmul_scratch_size((int64_t)in_max, (int64_t)U, o->n_threads);
-    sc = hm_model_max_sz(sc,
-                         hm_cpu_attention_scratch_size((int64_t)U, o->n_ctx, q->n_head, q->head_dim, o->n_threads));
-    sc = hm_model_max_sz(sc, hm_moe_compute_scratch_size(&s->route, q->n_embd, q->n_ff_exp, o->n_threads));
-    if (q->n_recr > 0) sc = hm_model_max_sz(sc, hm_cpu_gated_delta_scratch_size(q->d_k, q->d_v, o->n_threads));
-    TRY(hm_model_scratch_alloc(&s->scratch, sc, err));
-    *out = s;
-    return HM_OK;
-fail:
-    q35_state_close(s);
-    return st;
-}
-
-static hm_status q35_state_trim(void *state, int32_t n_keep, hm_err *err) {
-    q35_state *s = state;
-    if (n_keep >= s->n_pos) return HM_OK; /* nothing to forget */
-    if (n_keep == 0) {                    /* back to empty: KV rows are overwritten, the recurrent state is zeroed */
-#ifdef HM_HAVE_CUDA
-        if (s->dev) {
-            hm_status st = q35_gpu_state_reset(s, err);
-            if (st != HM_OK) return st;
-        }
-#endif
-        if (s->rs) memset(s->rs, 0, s->rs_total * sizeof(float));
-        s->n_pos = 0;
-        return HM_OK;
-    }
-    return hm_errf(err, HM_ERR_UNSUPPORTED,
-                   "qwen35moe: cannot trim to %d of %d positions (a recurrent state cannot be rewound; reset "
-                   "and evaluate the kept prefix again)", n_keep, s->n_pos);
-}
-
 const hm_arch hm_arch_qwen35moe = {
     .name = "qwen35moe",
     .load = q35_load,
     .unload = q35_unload,
-    .state_open = q35_state_open,
-    .state_close = q35_state_close,
-    .state_trim = q35_state_trim,
-    .forward = hm_q35_forward,
+    .state_open = hm_exec_state_open,
+    .state_close = hm_exec_state_close,
+    .state_trim = hm_exec_state_trim,
+    .forward = hm_exec_forward,
 #ifdef HM_HAVE_CUDA
-    .gpu_load = q35_gpu_load,
-    .gpu_unload = q35_gpu_unload,
+    .gpu_load = hm_exec_gpu_load,
+    .gpu_unload = hm_exec_gpu_unload,
     .gpu_multi = true,
 #endif
+    .layer = q35_layer_fwd,
 };

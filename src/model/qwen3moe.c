@@ -79,7 +79,7 @@ static void q3_exec_model(q3_model *q) {
     *xm = (hm_exec_model){.n_layer = q->n_layer, .n_embd = q->n_embd, .n_vocab = q->n_vocab, .eps = q->eps,
                           .tok_embd = &q->tok_embd, .output = &q->output, .output_norm = q->output_norm,
                           .n_buf = Q3_NBUF, .n_head = q->n_head, .n_head_kv = q->n_head_kv,
-                          .head_dim = q->head_dim, .moe_layers = q->moe_layers,
+                          .head_dim = q->head_dim, .n_kv_layer = q->n_layer, .moe_layers = q->moe_layers,
                           .moe = {.n_expert = q->n_expert, .k = q->n_expert_used, .n_ff = q->n_ff_exp,
                                   .score = HM_MOE_SCORE_SOFTMAX, .norm_topk = true}};
     const int64_t w[Q3_NBUF] = {[HM_BUF_X] = E, [HM_BUF_H] = E, [Q3_Q] = nq, [Q3_K] = nkv, [Q3_V] = nkv,
