@@ -165,6 +165,14 @@ hm_status hm_exec_forward_multi(const hm_model *m, void *work, hm_pool *pool, co
 /* gpu_load: the upload pass (each op's weights to its layer's device); gpu_unload frees its map. */
 hm_status hm_exec_gpu_load(hm_model *m, hm_err *err);
 void hm_exec_gpu_unload(hm_model *m);
+#define HM_EXEC_ARCH_GPU .gpu_load = hm_exec_gpu_load, .gpu_unload = hm_exec_gpu_unload, .gpu_multi = true,
+#else
+#define HM_EXEC_ARCH_GPU
 #endif
+/* The hm_arch fields of an arch the executor runs, in its table after name/load/unload:
+ * `HM_EXEC_ARCH(my_layer)`; an arch that batches several sequences adds .forward_multi. */
+#define HM_EXEC_ARCH(layer_fn)                                                                             \
+    .state_open = hm_exec_state_open, .state_close = hm_exec_state_close, .state_trim = hm_exec_state_trim, \
+    .forward = hm_exec_forward, HM_EXEC_ARCH_GPU.layer = (layer_fn)
 
 #endif

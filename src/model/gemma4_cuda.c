@@ -11,12 +11,12 @@
  * softmax/top-k/renorm and the per-expert scale on the device, the experts on
  * rmsnorm(x) * pre_ffw_norm_2, post_ffw_norm_2; post_ffw_norm, residual, layer_output_scale.
  * After the last layer the output norm, the matmul of the wanted rows and the soft-cap.
- * The MoE runs as qwen3moe_cuda.c's (see there): prefill (n > 8) with one host wait per layer
+ * The MoE runs as exec/exec_cuda.c's (see there): prefill (n > 8) with one host wait per layer
  * (routing and, when a unit may be cold, the input come down; hm_moe_forward_gpu), decode
  * (n <= 8) routed on the device through a per-layer slot table (hm_moe_forward_gpu_dev), the cold
  * units overlapping the hot launch (hm_moe_forward_gpu_cold), the routing recorded after the step.
  *
- * Numerics: as qwen3moe_cuda.c (exact-f32 matvec for <= 8 rows, bf16 tensor-core matmul above,
+ * Numerics: as exec/exec_cuda.c (exact-f32 matvec for <= 8 rows, bf16 tensor-core matmul above,
  * f16 KV as the CPU's); the Gemma ops are f32 with the CPU's expressions.
  *
  * Memory: everything is sized in state_open (device KV per layer as the CPU's g4_kv table,
@@ -24,7 +24,7 @@
  * the model's expert slot pool give up room (hm_model_gpu_make_room) before HM_ERR_NOMEM. The
  * device weights are the model's (m->gpu->arch, uploaded once by g4_gpu_load).
  *
- * Several devices (model_gpu.h, as qwen3moe_cuda.c): each layer's weights, KV cache (ring or full)
+ * Several devices (model_gpu.h, as exec/exec_cuda.c): each layer's weights, KV cache (ring or full)
  * and work run on hm_gpu_layer_dev's device, the embedding with layer 0, the output norm, matmul
  * and soft-cap on the output's device; one device state per device in layer order, the residual
  * rows copied to the next device at the end of a range. One device: the same kernels in the same

@@ -13,7 +13,8 @@
  *  - an arch keeps no global state; everything hangs off hm_model.impl and the session state.
  *
  * Adding an architecture: write model/<arch>.c exporting one const hm_arch, list it in
- * model.c's table. */
+ * model.c's table; its forward is one layer description run by the executor (exec/exec.h,
+ * HM_EXEC_ARCH; docs/ARCHITECTURE.md, "Adding an architecture"). */
 #ifndef HM_MODEL_H
 #define HM_MODEL_H
 

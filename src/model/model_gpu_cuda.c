@@ -13,7 +13,7 @@
  * (its layers' KV cache, its budget), and the store sees the pools as one numbering through a
  * dispatching tier view (multi_fill / _ready / _part).
  *
- * At the end, the helpers the arches' GPU forwards share (qwen3moe_cuda.c, qwen35moe_cuda.c,
+ * At the end, the helpers the GPU forwards share (exec/exec_cuda.c,
  * gemma4_cuda.c): named weight uploads, the session state's allocations (device, pinned) with the
  * same make_room rule, and the per-step slot table refresh and routing record. */
 #include <stdio.h>

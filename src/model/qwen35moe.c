@@ -295,14 +295,5 @@ const hm_arch hm_arch_qwen35moe = {
     .name = "qwen35moe",
     .load = q35_load,
     .unload = q35_unload,
-    .state_open = hm_exec_state_open,
-    .state_close = hm_exec_state_close,
-    .state_trim = hm_exec_state_trim,
-    .forward = hm_exec_forward,
-#ifdef HM_HAVE_CUDA
-    .gpu_load = hm_exec_gpu_load,
-    .gpu_unload = hm_exec_gpu_unload,
-    .gpu_multi = true,
-#endif
-    .layer = q35_layer_fwd,
+    HM_EXEC_ARCH(q35_layer_fwd),
 };

@@ -177,15 +177,6 @@ const hm_arch hm_arch_qwen3moe = {
     .name = "qwen3moe",
     .load = q3_load,
     .unload = q3_unload,
-    .state_open = hm_exec_state_open,
-    .state_close = hm_exec_state_close,
-    .state_trim = hm_exec_state_trim,
-    .forward = hm_exec_forward,
-    .forward_multi = hm_exec_forward_multi,
-#ifdef HM_HAVE_CUDA
-    .gpu_load = hm_exec_gpu_load,
-    .gpu_unload = hm_exec_gpu_unload,
-    .gpu_multi = true,
-#endif
-    .layer = q3_layer_fwd,
+    .forward_multi = hm_exec_forward_multi, /* several sessions' rows in one pass */
+    HM_EXEC_ARCH(q3_layer_fwd),
 };

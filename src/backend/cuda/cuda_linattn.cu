@@ -4,7 +4,7 @@
  *
  * Every kernel gives each output element to one thread (or one warp that reduces in a fixed
  * tree), so results are deterministic; expressions follow the CPU ops (cpu_deltanet.c,
- * qwen35moe_fwd.c) in the same order where there is an order (the conv taps, the delta rule's
+ * exec/exec_cpu.c) in the same order where there is an order (the conv taps, the delta rule's
  * sums over d_k), so decode results differ from the CPU's by f32 rounding only. */
 #include <cuda_fp16.h>
 

@@ -3,7 +3,7 @@
  * norm, the decay / beta gates, the gated delta rule recurrence), the gated attention's q|gate
  * split and sigmoid gate, the shared expert's sigmoid-scaled add, and two plain fallbacks for
  * shapes the main kernels refuse (an f32 matmul of any width, causal attention of any head_dim up
- * to 256). Each mirrors a CPU op (backend/cpu/cpu_deltanet.h, model/qwen35moe_fwd.c) expression
+ * to 256). Each mirrors a CPU op (backend/cpu/cpu_deltanet.h, exec/exec_cpu.c) expression
  * for expression; results differ from the CPU's by f32 rounding and summation order only.
  *
  * Vocabulary as in cuda_ops.h: every pointer is a DEVICE pointer, activations row-major f32,
