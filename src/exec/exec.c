@@ -25,9 +25,13 @@ hm_status hm_op_qk_norm_rope_kv(hm_exec *x, int32_t il, const hm_qk_rope *p) {
     return x->ops->qk_norm_rope_kv(x, il, p);
 }
 
-hm_status hm_op_out_rows(hm_exec *x, int32_t il, const hm_buf *bufs, int n) {
+hm_status hm_op_out_rows_w(hm_exec *x, int32_t il, const hm_buf *bufs, const int64_t *widths, int n) {
     if (il != x->xm->n_layer - 1 || x->n_out >= x->n) return HM_OK;
-    return x->ops->out_rows(x, il, bufs, n);
+    return x->ops->out_rows(x, il, bufs, widths, n);
+}
+
+hm_status hm_op_out_rows(hm_exec *x, int32_t il, const hm_buf *bufs, int n) {
+    return hm_op_out_rows_w(x, il, bufs, NULL, n);
 }
 
 bool hm_exec_done(const hm_exec *x) { return x->done; }
@@ -36,7 +40,34 @@ hm_status hm_op_attention(hm_exec *x, int32_t il, hm_buf q, hm_buf out, float sc
     return x->ops->attention(x, il, q, out, scale);
 }
 
-hm_status hm_op_moe(hm_exec *x, int32_t il, hm_buf in, hm_buf out) { return x->ops->moe(x, il, in, out); }
+hm_status hm_op_route(hm_exec *x, int32_t il, hm_buf in) { return x->ops->route(x, il, in); }
+
+hm_status hm_op_experts(hm_exec *x, int32_t il, hm_buf in, hm_buf out) { return x->ops->experts(x, il, in, out); }
+
+hm_status hm_op_moe(hm_exec *x, int32_t il, hm_buf in, hm_buf out) {
+    hm_status st = x->ops->route(x, il, in);
+    return st == HM_OK ? x->ops->experts(x, il, in, out) : st;
+}
+
+hm_status hm_op_add(hm_exec *x, hm_buf acc, hm_buf add) { return x->ops->add(x, acc, add); }
+
+hm_status hm_op_scale(hm_exec *x, hm_buf a, float s, int64_t width) { return x->ops->scale(x, a, s, width); }
+
+hm_status hm_op_zero(hm_exec *x, hm_buf a, int64_t width) { return x->ops->zero(x, a, width); }
+
+hm_status hm_op_copy(hm_exec *x, hm_buf src, hm_buf dst, int64_t width) {
+    return x->ops->copy(x, src, dst, width);
+}
+
+hm_status hm_op_geglu(hm_exec *x, hm_buf g, hm_buf u, hm_buf out, int64_t width) {
+    return x->ops->geglu(x, g, u, out, width);
+}
+
+hm_status hm_op_attn_in_ring(hm_exec *x, int32_t il, const hm_ring_in *p) { return x->ops->attn_in_ring(x, il, p); }
+
+hm_status hm_op_attention_ring(hm_exec *x, int32_t il, hm_buf q, hm_buf out, float scale) {
+    return x->ops->attention_ring(x, il, q, out, scale);
+}
 
 hm_status hm_op_split_gate(hm_exec *x, hm_buf mix, hm_buf q, hm_buf gate) {
     return x->ops->split_gate(x, mix, q, gate);
@@ -60,6 +91,32 @@ hm_status hm_op_deltanet(hm_exec *x, int32_t il, hm_buf io, const hm_deltanet *p
 
 /* ---- session entry points ---- */
 
+/* s->kvl: each layer's K and V in one block, in layer order (a uniform arch's layer with KV slot i
+ * at i * 2 * elems); a sliding layer holds a ring of min(n_ctx, window + n_ubatch) rows (cpu_gemma.h
+ * says why W + U - 1 suffice), so its memory does not grow with the context. */
+static hm_status kv_layout(const hm_exec_model *xm, const hm_state_opts *o, hm_exec_state *s, hm_err *err) {
+    if (!(s->kvl = calloc((size_t)xm->n_layer, sizeof *s->kvl))) return hm_errf(err, HM_ERR_NOMEM, "out of memory");
+    s->ring = o->n_ctx;
+    size_t at = 0;
+    for (int32_t il = 0; il < xm->n_layer; il++) {
+        if (hm_exec_kv_slot(xm, il) < 0) continue;
+        const hm_attn_layer a = xm->attn_layers ? xm->attn_layers[il]
+                                                : (hm_attn_layer){.head_dim = xm->head_dim, .n_head_kv = xm->n_head_kv};
+        hm_kv_layer *c = &s->kvl[il];
+        c->cap = o->n_ctx;
+        if (a.window > 0) {
+            s->window = a.window;
+            if ((int64_t)a.window + o->n_ubatch < c->cap) c->cap = (int64_t)a.window + o->n_ubatch;
+            if (c->cap < s->ring) s->ring = c->cap;
+        }
+        c->elems = (size_t)a.n_head_kv * (size_t)c->cap * (size_t)a.head_dim;
+        c->off = at;
+        at += 2 * c->elems;
+    }
+    s->kv_elems = at;
+    return HM_OK;
+}
+
 void hm_exec_state_close(void *p) {
     hm_exec_state *s = p;
     if (!s) return;
@@ -67,6 +124,7 @@ void hm_exec_state_close(void *p) {
     hm_exec_gpu_state_close(s);
 #endif
     hm_free_aligned(s->rs);
+    free(s->kvl);
     hm_model_state_free(s->kv, s->kv_scratch, s->act, &s->scratch, &s->route);
     free(s);
 }
@@ -81,7 +139,11 @@ hm_status hm_exec_state_open(const hm_model *m, const hm_state_opts *o, void **o
     s->n_ubatch = o->n_ubatch;
     s->n_threads = o->n_threads;
     s->kv_type = o->kv_type;
-    hm_status st;
+    hm_status st = kv_layout(m->xm, o, s, err);
+    if (st != HM_OK) {
+        hm_exec_state_close(s);
+        return st;
+    }
 #ifdef HM_HAVE_CUDA
     if (m->gpu) /* the device state instead of the host KV cache and activations */
         st = hm_exec_gpu_state_open(m, o, s, err);
@@ -100,6 +162,22 @@ hm_status hm_exec_state_open(const hm_model *m, const hm_state_opts *o, void **o
  * keeps everything (n_keep >= the positions it absorbed) or goes back to empty (n_keep 0). */
 hm_status hm_exec_state_trim(void *state, int32_t n_keep, hm_err *err) {
     hm_exec_state *s = state;
+    if (s->ring < s->n_ctx) {
+        /* the sliding layers' ring must still hold the window below n_keep: position q sits in row
+         * q % ring, intact while no position q + ring has been written since the reset (n_hi only
+         * grows: conservative) */
+        if (n_keep <= 0) {
+            s->n_hi = 0;
+            return HM_OK;
+        }
+        const int64_t q_min = (int64_t)n_keep - s->window + 1;
+        if (q_min > 0 && q_min + s->ring < s->n_hi)
+            return hm_errf(err, HM_ERR_UNSUPPORTED,
+                           "%s: cannot go back to %d positions: the sliding-window cache (%lld rows) has "
+                           "overwritten the window below it (positions up to %lld were evaluated)",
+                           s->arch, n_keep, (long long)s->ring, (long long)s->n_hi);
+        return HM_OK;
+    }
     if (!s->recurrent || n_keep >= s->n_pos) return HM_OK;
     if (n_keep == 0) {
 #ifdef HM_HAVE_CUDA
@@ -123,6 +201,7 @@ hm_status hm_exec_forward(const hm_model *m, void *state, hm_pool *pool, const h
     if (recurrent && b->pos[0] != s->n_pos)
         return hm_errf(err, HM_ERR_ARG, "%s: batch starts at position %d but the recurrent state holds %d", s->arch,
                        b->pos[0], s->n_pos);
+    if (b->pos[b->n - 1] + 1 > s->n_hi) s->n_hi = b->pos[b->n - 1] + 1;
     hm_status st;
 #ifdef HM_HAVE_CUDA
     if (m->gpu)

@@ -63,6 +63,13 @@ typedef struct hm_deltanet_spec {
     int32_t d_conv, n_k, n_v, d_k, d_v, conv_dim;
 } hm_deltanet_spec;
 
+/* One layer's attention shape where layers differ (gemma4: sliding and global layers). */
+typedef struct hm_attn_layer {
+    int32_t head_dim, n_head_kv;
+    int32_t window;  /* a sliding layer sees the last `window` positions (its KV cache a ring of
+                        min(n_ctx, window + n_ubatch) rows); 0: every position (n_ctx rows) */
+} hm_attn_layer;
+
 /* What the executor needs of an architecture besides its layer description (filled by the arch's
  * load, pointed at by hm_model.xm; borrowed). */
 typedef struct hm_exec_model {
@@ -70,6 +77,8 @@ typedef struct hm_exec_model {
     float eps;                         /* the output norm's */
     const hm_mat *tok_embd, *output;   /* [n_vocab x n_embd] each (may be the same matrix) */
     const float *output_norm;          /* [n_embd] */
+    float embd_scale;                  /* the embeddings are scaled by it after the lookup; 0: not */
+    float softcap;                     /* logits = softcap tanh(logits / softcap); 0: none */
     int32_t n_buf;                     /* activation buffers, HM_BUF_X and HM_BUF_H among them */
     int64_t buf_width[HM_EXEC_MAX_BUF];/* floats per row of each */
     /* attention: a layer with a KV cache has n_head_kv heads of head_dim (f16, or f32 on the CPU) */
@@ -77,6 +86,9 @@ typedef struct hm_exec_model {
     const int32_t *kv_slot;            /* [n_layer] the layer's KV cache, -1: none; NULL: every layer,
                                           slot il */
     int32_t n_kv_layer;                /* layers with a KV cache */
+    const hm_attn_layer *attn_layers;  /* [n_layer] per-layer shapes (the ring attention ops read
+                                          them); NULL: every layer n_head_kv x head_dim, all positions */
+    bool attn_ring;                    /* the layers use hm_op_attn_in_ring / hm_op_attention_ring */
     /* recurrent layers (Gated DeltaNet): a state of hm_exec_rs_floats floats each, carried from
      * pass to pass; with any, a session only continues at its last position or restarts at 0 */
     hm_deltanet_spec dn;
@@ -121,6 +133,9 @@ hm_status hm_op_qk_norm_rope_kv(hm_exec *x, int32_t il, const hm_qk_rope *p);
  * positions and row counts follow; when no row is wanted the pass is done (hm_exec_done). In any
  * other layer nothing. */
 hm_status hm_op_out_rows(hm_exec *x, int32_t il, const hm_buf *bufs, int n);
+/* hm_op_out_rows with each buffer's row width given (widths[i] floats; a layer's own width where
+ * the buffer is declared wider). */
+hm_status hm_op_out_rows_w(hm_exec *x, int32_t il, const hm_buf *bufs, const int64_t *widths, int n);
 /* True once the pass has nothing more to compute (see hm_op_out_rows). */
 bool hm_exec_done(const hm_exec *x);
 /* out = causal GQA attention of q over layer il's KV cache, scores scaled by scale. */
@@ -149,9 +164,39 @@ typedef struct hm_deltanet {
                                                   [rows, n_v d_v] */
 } hm_deltanet;
 hm_status hm_op_deltanet(hm_exec *x, int32_t il, hm_buf io, const hm_deltanet *p);
-/* Layer il's MoE block (xm->moe_layers[il], xm->moe): the router on in, top-k, the routed units of
- * in summed into out (the residual); the routing recorded in the expert store. */
+/* Layer il's MoE block (xm->moe_layers[il], xm->moe) in two steps. route: the router on in, top-k
+ * (renormalised per the spec), each weight times expert_scale[e] when the layer has one; the
+ * routing recorded in the expert store. experts: the routed units of in summed into out. The GPU
+ * reads the experts' input from HM_BUF_H. hm_op_moe: both on one input. */
+hm_status hm_op_route(hm_exec *x, int32_t il, hm_buf in);
+hm_status hm_op_experts(hm_exec *x, int32_t il, hm_buf in, hm_buf out);
 hm_status hm_op_moe(hm_exec *x, int32_t il, hm_buf in, hm_buf out);
+
+/* acc += add (n_embd wide). */
+hm_status hm_op_add(hm_exec *x, hm_buf acc, hm_buf add);
+/* a *= s over [rows, width]. */
+hm_status hm_op_scale(hm_exec *x, hm_buf a, float s, int64_t width);
+/* a = 0 over [rows, width]. */
+hm_status hm_op_zero(hm_exec *x, hm_buf a, int64_t width);
+/* dst = src over [rows, width]. */
+hm_status hm_op_copy(hm_exec *x, hm_buf src, hm_buf dst, int64_t width);
+/* out = gelu_tanh(g) * u elementwise over [rows, width] (out may be g). */
+hm_status hm_op_geglu(hm_exec *x, hm_buf g, hm_buf u, hm_buf out, int64_t width);
+/* Layer il's attention input over a ring KV cache (xm->attn_layers[il]'s shape, n_head query
+ * heads): per-head rmsnorm of q (q_norm) and k (k_norm), of v without a weight, NEOX RoPE of the
+ * first n_rot dims at each row's position, angle pos * theta^(-2i/n_rot) / ff[i] (rope_ff NULL:
+ * ones), then k and v into the layer's cache rows pos % cap. */
+typedef struct hm_ring_in {
+    hm_buf q, k, v;
+    const float *q_norm, *k_norm; /* [head_dim] */
+    const float *rope_ff;         /* [n_rot / 2] or NULL */
+    int32_t n_rot;
+    float theta, eps;
+} hm_ring_in;
+hm_status hm_op_attn_in_ring(hm_exec *x, int32_t il, const hm_ring_in *p);
+/* out = causal GQA attention of q over layer il's ring cache (its window; 0: every position),
+ * scores scaled by scale. */
+hm_status hm_op_attention_ring(hm_exec *x, int32_t il, hm_buf q, hm_buf out, float scale);
 
 /* ---- the executor: an arch that has a layer description fills its hm_arch with these ---- */
 

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "backend/cpu/cpu_deltanet.h"
+#include "backend/cpu/cpu_gemma.h"
 #include "core/alloc.h"
 #include "exec_impl.h"
 #include "model/kv_f32.h"
@@ -30,14 +31,11 @@ static cpu_pass *cp(hm_exec *x) { return x->be; }
 
 hm_status hm_exec_cpu_state_open(const hm_model *m, const hm_state_opts *o, hm_exec_state *s, hm_err *err) {
     const hm_exec_model *xm = m->xm;
-    const size_t U = (size_t)o->n_ubatch, E = (size_t)xm->n_embd, hd = (size_t)xm->head_dim;
-    const size_t K = (size_t)xm->moe.k;
+    const size_t U = (size_t)o->n_ubatch, E = (size_t)xm->n_embd;
+    const size_t K = (size_t)(xm->moe.k > 0 ? xm->moe.k : 1), NE = (size_t)(xm->moe.n_expert > 0 ? xm->moe.n_expert : 1);
     hm_status st;
     s->kv_elem_size = o->kv_type == HM_KV_F32 ? 4 : 2;
-    s->kv_layer_elems = (size_t)xm->n_head_kv * (size_t)o->n_ctx * hd;
-    if (xm->n_kv_layer > 0 &&
-        (st = hm_model_kv_alloc(&s->kv, s->kv_layer_elems, 2u * (size_t)xm->n_kv_layer * s->kv_elem_size, o->n_ctx,
-                                err)) != HM_OK)
+    if (s->kv_elems && (st = hm_model_kv_alloc(&s->kv, s->kv_elems, s->kv_elem_size, o->n_ctx, err)) != HM_OK)
         return st;
     s->rs_total = hm_exec_rs_floats(&xm->dn) * (size_t)xm->n_rs_layer;
     if (xm->n_rs_layer > 0) {
@@ -58,7 +56,7 @@ hm_status hm_exec_cpu_state_open(const hm_model *m, const hm_state_opts *o, hm_e
         dst[n++] = &s->buf[i];
         if (xm->buf_width[i] > widest) widest = xm->buf_width[i];
     }
-    const size_t more[] = {U * (size_t)xm->moe.n_expert, U * K, U * K, U * E, U, U, U, U};
+    const size_t more[] = {U * NE, U * K, U * K, U * E, U, U, U, U};
     float **more_dst[] = {&s->rlog,          &s->rw,           (float **)&s->rid,     &s->hout,
                           (float **)&s->pos_out, (float **)&s->tok_all, (float **)&s->pos_all, (float **)&s->row_out};
     _Static_assert(sizeof more / sizeof more[0] == sizeof more_dst / sizeof more_dst[0], "activation table");
@@ -68,16 +66,29 @@ hm_status hm_exec_cpu_state_open(const hm_model *m, const hm_state_opts *o, hm_e
     }
     if ((st = hm_model_carve(&s->act, sizes, dst, n, err)) != HM_OK) return st;
 
-    if (o->kv_type == HM_KV_F32 && xm->n_kv_layer > 0 &&
-        (st = hm_model_att_scratch_alloc(&s->kv_scratch, hm_kv_f32_scratch_floats(o->n_ctx, o->n_threads), err)))
+    if (xm->attn_ring) { /* the ring attention's scores, for the longest cache */
+        int64_t cap_max = 1;
+        for (int32_t il = 0; il < xm->n_layer; il++)
+            if (s->kvl[il].cap > cap_max) cap_max = s->kvl[il].cap;
+        if ((st = hm_model_att_scratch_alloc(&s->kv_scratch, hm_gemma_attention_scratch_floats(cap_max, o->n_threads),
+                                             err)) != HM_OK)
+            return st;
+    } else if (o->kv_type == HM_KV_F32 && xm->n_kv_layer > 0 &&
+               (st = hm_model_att_scratch_alloc(&s->kv_scratch, hm_kv_f32_scratch_floats(o->n_ctx, o->n_threads),
+                                                err)) != HM_OK) {
         return st;
-    if ((st = hm_moe_route_init(&s->route, xm->moe.n_expert, xm->moe.k, o->n_ubatch, err)) != HM_OK) return st;
+    }
+    if (xm->moe.n_expert > 0 &&
+        (st = hm_moe_route_init(&s->route, xm->moe.n_expert, xm->moe.k, o->n_ubatch, err)) != HM_OK)
+        return st;
 
     /* the matmuls' inputs are the buffers (the widest bounds them), then attention, then the MoE */
     size_t sc = hm_cpu_matmul_scratch_size(widest, (int64_t)U, o->n_threads);
-    sc = hm_model_max_sz(sc, hm_cpu_attention_scratch_size((int64_t)U, o->n_ctx, xm->n_head, xm->head_dim,
-                                                           o->n_threads));
-    sc = hm_model_max_sz(sc, hm_moe_compute_scratch_size(&s->route, xm->n_embd, xm->moe.n_ff, o->n_threads));
+    if (!xm->attn_ring)
+        sc = hm_model_max_sz(sc, hm_cpu_attention_scratch_size((int64_t)U, o->n_ctx, xm->n_head, xm->head_dim,
+                                                               o->n_threads));
+    if (xm->moe.n_expert > 0)
+        sc = hm_model_max_sz(sc, hm_moe_compute_scratch_size(&s->route, xm->n_embd, xm->moe.n_ff, o->n_threads));
     if (xm->n_rs_layer > 0)
         sc = hm_model_max_sz(sc, hm_cpu_gated_delta_scratch_size(xm->dn.d_k, xm->dn.d_v, o->n_threads));
     return hm_model_scratch_alloc(&s->scratch, sc, err);
@@ -111,9 +122,11 @@ static hm_status c_add_rmsnorm(hm_exec *x, hm_buf acc, hm_buf add, const float *
 
 /* Layer il's K cache of a sequence state; *vc its V cache. */
 static char *kv_layer(const hm_exec_model *xm, const hm_exec_state *s, int32_t il, char **vc) {
-    const int32_t slot = hm_exec_kv_slot(xm, il);
-    HM_ASSERT(slot >= 0);
-    return hm_model_kv_layer(s->kv, s->kv_layer_elems, s->kv_elem_size, slot, vc);
+    const hm_kv_layer *c = &s->kvl[il];
+    HM_ASSERT(hm_exec_kv_slot(xm, il) >= 0 && c->elems > 0);
+    char *kc = (char *)s->kv + c->off * s->kv_elem_size;
+    *vc = kc + c->elems * s->kv_elem_size;
+    return kc;
 }
 
 static hm_status c_qk_norm_rope_kv(hm_exec *x, int32_t il, const hm_qk_rope *p) {
@@ -135,7 +148,7 @@ static hm_status c_qk_norm_rope_kv(hm_exec *x, int32_t il, const hm_qk_rope *p) 
     return HM_OK;
 }
 
-static hm_status c_out_rows(hm_exec *x, int32_t il, const hm_buf *bufs, int n) {
+static hm_status c_out_rows(hm_exec *x, int32_t il, const hm_buf *bufs, const int64_t *widths, int n) {
     (void)il;
     cpu_pass *c = cp(x);
     hm_exec_state *s = c->s;
@@ -146,7 +159,9 @@ static hm_status c_out_rows(hm_exec *x, int32_t il, const hm_buf *bufs, int n) {
         return HM_OK;
     }
     for (int64_t i = 0; i < x->n_out; i++) s->pos_out[i] = c->pos_in[s->row_out[i]];
-    for (int i = 0; i < n; i++) hm_model_compact_rows(x->buf[bufs[i]], x->xm->buf_width[bufs[i]], s->row_out, (int32_t)x->n_out);
+    for (int i = 0; i < n; i++)
+        hm_model_compact_rows(x->buf[bufs[i]], widths ? widths[i] : x->xm->buf_width[bufs[i]], s->row_out,
+                              (int32_t)x->n_out);
     x->nr = x->n_out;
     c->pos = s->pos_out;
     for (int i = 0, o = 0; i < c->n_seq; o += c->cnt[i], i++) {
@@ -171,13 +186,20 @@ static hm_status c_attention(hm_exec *x, int32_t il, hm_buf qb, hm_buf outb, flo
     return HM_OK;
 }
 
-static hm_status c_moe(hm_exec *x, int32_t il, hm_buf in, hm_buf out) {
+static hm_status c_route(hm_exec *x, int32_t il, hm_buf in) {
     hm_exec_state *s = cp(x)->s;
     const hm_exec_model *xm = x->xm;
     const hm_moe_layer *L = &xm->moe_layers[il];
     hm_cpu_matmul(x->pool, L->router, x->buf[in], x->nr, s->rlog, &s->scratch);
     hm_moe_route_rows(x->m, il, &s->route, s->rlog, x->nr, xm->moe.n_expert, xm->moe.k, L->expert_scale, s->rid,
                       s->rw);
+    return HM_OK;
+}
+
+static hm_status c_experts(hm_exec *x, int32_t il, hm_buf in, hm_buf out) {
+    hm_exec_state *s = cp(x)->s;
+    const hm_exec_model *xm = x->xm;
+    const hm_moe_layer *L = &xm->moe_layers[il];
     const hm_mat *next_router = il + 1 < xm->n_layer ? xm->moe_layers[il + 1].router : NULL;
     return hm_moe_forward(x->m, x->pool, L->experts, &s->route, x->buf[in], x->buf[out], &s->scratch, next_router,
                           x->err);
@@ -256,6 +278,60 @@ static hm_status c_deltanet(hm_exec *x, int32_t il, hm_buf io, const hm_deltanet
     return HM_OK;
 }
 
+static hm_status c_add(hm_exec *x, hm_buf acc, hm_buf add) {
+    hm_cpu_add(x->pool, x->buf[acc], x->buf[add], x->buf[acc], x->nr * x->xm->n_embd);
+    return HM_OK;
+}
+
+static hm_status c_scale(hm_exec *x, hm_buf a, float sc, int64_t width) {
+    hm_cpu_scale(x->pool, x->buf[a], sc, x->buf[a], x->nr * width);
+    return HM_OK;
+}
+
+static hm_status c_zero(hm_exec *x, hm_buf a, int64_t width) {
+    memset(x->buf[a], 0, (size_t)(x->nr * width) * sizeof(float));
+    return HM_OK;
+}
+
+static hm_status c_copy(hm_exec *x, hm_buf src, hm_buf dst, int64_t width) {
+    memcpy(x->buf[dst], x->buf[src], (size_t)(x->nr * width) * sizeof(float));
+    return HM_OK;
+}
+
+static hm_status c_geglu(hm_exec *x, hm_buf g, hm_buf u, hm_buf out, int64_t width) {
+    hm_gemma_gelu_mul(x->pool, x->buf[g], x->buf[u], x->buf[out], x->nr * width);
+    return HM_OK;
+}
+
+/* The ring ops run one sequence a pass (an arch with them has no forward_multi). */
+static hm_status c_attn_in_ring(hm_exec *x, int32_t il, const hm_ring_in *p) {
+    const cpu_pass *c = cp(x);
+    HM_ASSERT(c->n_seq == 1);
+    const hm_exec_state *s = c->seqs[0].state;
+    const hm_attn_layer *a = &x->xm->attn_layers[il];
+    const int nh = x->xm->n_head, nkv = a->n_head_kv, hd = a->head_dim;
+    float *q = x->buf[p->q], *k = x->buf[p->k], *v = x->buf[p->v];
+    char *vc, *kc = kv_layer(x->xm, s, il, &vc);
+    hm_cpu_rmsnorm_heads(x->pool, q, p->q_norm, x->nr, nh, hd, p->eps);
+    hm_cpu_rmsnorm_heads(x->pool, k, p->k_norm, x->nr, nkv, hd, p->eps);
+    hm_cpu_rmsnorm(x->pool, v, NULL, v, x->nr * nkv, hd, p->eps);
+    hm_gemma_rope_neox(x->pool, q, x->nr, nh, hd, p->n_rot, c->pos, p->theta, p->rope_ff);
+    hm_gemma_rope_neox(x->pool, k, x->nr, nkv, hd, p->n_rot, c->pos, p->theta, p->rope_ff);
+    hm_gemma_kv_write(x->pool, kc, vc, s->kv_elem_size, s->kvl[il].cap, nkv, hd, k, v, x->nr, c->pos);
+    return HM_OK;
+}
+
+static hm_status c_attention_ring(hm_exec *x, int32_t il, hm_buf qb, hm_buf outb, float scale) {
+    const cpu_pass *c = cp(x);
+    HM_ASSERT(c->n_seq == 1);
+    const hm_exec_state *s = c->seqs[0].state;
+    const hm_attn_layer *a = &x->xm->attn_layers[il];
+    char *vc, *kc = kv_layer(x->xm, s, il, &vc);
+    hm_gemma_attention(x->pool, x->buf[qb], x->nr, c->pos, kc, vc, s->kv_elem_size, s->kvl[il].cap, a->window,
+                       x->xm->n_head, a->n_head_kv, a->head_dim, scale, x->buf[outb], s->kv_scratch);
+    return HM_OK;
+}
+
 static const hm_exec_ops cpu_ops = {
     .rmsnorm = c_rmsnorm,
     .matmul_n = c_matmul_n,
@@ -263,12 +339,20 @@ static const hm_exec_ops cpu_ops = {
     .qk_norm_rope_kv = c_qk_norm_rope_kv,
     .out_rows = c_out_rows,
     .attention = c_attention,
-    .moe = c_moe,
+    .route = c_route,
+    .experts = c_experts,
     .split_gate = c_split_gate,
     .sigmoid_mul = c_sigmoid_mul,
     .swiglu = c_swiglu,
     .add_sigmoid_scaled = c_add_sigmoid_scaled,
     .deltanet = c_deltanet,
+    .add = c_add,
+    .scale = c_scale,
+    .zero = c_zero,
+    .copy = c_copy,
+    .geglu = c_geglu,
+    .attn_in_ring = c_attn_in_ring,
+    .attention_ring = c_attention_ring,
 };
 
 /* ---- the pass ---- */
@@ -302,6 +386,7 @@ hm_status hm_exec_cpu_forward(const hm_model *m, hm_exec_state *work, hm_pool *p
                  .be = &c};
     memcpy(x.buf, s->buf, sizeof x.buf);
     hm_cpu_get_rows(pool, xm->tok_embd, tokens, n, x.buf[HM_BUF_X]);
+    if (xm->embd_scale) hm_cpu_scale(pool, x.buf[HM_BUF_X], xm->embd_scale, x.buf[HM_BUF_X], n * xm->n_embd);
     for (int32_t il = 0; il < xm->n_layer && !x.done; il++) {
         hm_status st = hm_exec_layer(&x, il);
         if (st != HM_OK) return st;
@@ -311,6 +396,7 @@ hm_status hm_exec_cpu_forward(const hm_model *m, hm_exec_state *work, hm_pool *p
         HM_ASSERT(x.nr == n_out && logits);
         hm_model_logits(pool, x.buf[HM_BUF_X], xm->output_norm, xm->eps, xm->output, n_out, xm->n_embd, s->hout,
                         logits, &s->scratch);
+        if (xm->softcap > 0) hm_gemma_softcap(pool, logits, n_out * xm->n_vocab, xm->softcap);
     }
     return HM_OK;
 }

@@ -41,6 +41,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/cuda/cuda_gemma.h"
 #include "backend/cuda/cuda_linattn.h"
 #include "core/alloc.h"
 #include "backend/cuda/cuda_ops.h"
@@ -261,8 +262,8 @@ static hm_status u_qk_norm_rope_kv(hm_exec *x, int32_t il, const hm_qk_rope *p) 
     return st == HM_OK ? up_vec(x, p->k_norm, x->xm->head_dim) : st;
 }
 
-static hm_status u_out_rows(hm_exec *x, int32_t il, const hm_buf *bufs, int n) {
-    (void)x, (void)il, (void)bufs, (void)n;
+static hm_status u_out_rows(hm_exec *x, int32_t il, const hm_buf *bufs, const int64_t *widths, int n) {
+    (void)x, (void)il, (void)bufs, (void)widths, (void)n;
     return HM_OK; /* the pass goes on: every layer's weights are wanted */
 }
 
@@ -271,9 +272,44 @@ static hm_status u_attention(hm_exec *x, int32_t il, hm_buf q, hm_buf out, float
     return HM_OK;
 }
 
-static hm_status u_moe(hm_exec *x, int32_t il, hm_buf in, hm_buf out) {
-    (void)in, (void)out;
-    return up_mat(x, x->xm->moe_layers[il].router);
+static hm_status u_route(hm_exec *x, int32_t il, hm_buf in) {
+    (void)in;
+    const hm_moe_layer *L = &x->xm->moe_layers[il];
+    hm_status st = up_mat(x, L->router);
+    return st == HM_OK ? up_vec(x, L->expert_scale, x->xm->moe.n_expert) : st;
+}
+
+static hm_status u_experts(hm_exec *x, int32_t il, hm_buf in, hm_buf out) {
+    (void)x, (void)il, (void)in, (void)out;
+    return HM_OK; /* the units go to the VRAM tier's slots, placed by the store */
+}
+
+static hm_status u_add(hm_exec *x, hm_buf acc, hm_buf add) {
+    (void)x, (void)acc, (void)add;
+    return HM_OK;
+}
+
+static hm_status u_width_op(hm_exec *x, hm_buf a, float s, int64_t width) {
+    (void)x, (void)a, (void)s, (void)width;
+    return HM_OK;
+}
+
+static hm_status u_zero(hm_exec *x, hm_buf a, int64_t width) {
+    (void)x, (void)a, (void)width;
+    return HM_OK;
+}
+
+static hm_status u_copy(hm_exec *x, hm_buf src, hm_buf dst, int64_t width) {
+    (void)x, (void)src, (void)dst, (void)width;
+    return HM_OK;
+}
+
+static hm_status u_attn_in_ring(hm_exec *x, int32_t il, const hm_ring_in *p) {
+    const int64_t hd = x->xm->attn_layers[il].head_dim;
+    hm_status st = up_vec(x, p->q_norm, hd);
+    if (st == HM_OK) st = up_vec(x, p->k_norm, hd);
+    if (st == HM_OK) st = up_vec(x, p->rope_ff, p->n_rot / 2);
+    return st;
 }
 
 static hm_status u_none4(hm_exec *x, hm_buf a, hm_buf b, hm_buf c) {
@@ -313,21 +349,35 @@ static const hm_exec_ops upload_ops = {
     .qk_norm_rope_kv = u_qk_norm_rope_kv,
     .out_rows = u_out_rows,
     .attention = u_attention,
-    .moe = u_moe,
+    .route = u_route,
+    .experts = u_experts,
     .split_gate = u_none4,
     .sigmoid_mul = u_sigmoid_mul,
     .swiglu = u_swiglu,
     .add_sigmoid_scaled = u_none4,
     .deltanet = u_deltanet,
+    .add = u_add,
+    .scale = u_width_op,
+    .zero = u_zero,
+    .copy = u_copy,
+    .geglu = u_swiglu,
+    .attn_in_ring = u_attn_in_ring,
+    .attention_ring = u_attention,
 };
 
 hm_status hm_exec_gpu_load(hm_model *m, hm_err *err) {
     const hm_exec_model *xm = m->xm;
     hm_gpu *g = m->gpu;
     HM_ASSERT(xm && g && !g->arch);
-    if (xm->n_kv_layer > 0 && xm->head_dim > 256)
+    if (!xm->attn_ring && xm->n_kv_layer > 0 && xm->head_dim > 256)
         return hm_errf(err, HM_ERR_UNSUPPORTED, "head_dim %d: the CUDA attention takes at most 256 (run the model "
                        "on the CPU: drop -ngl / --vram-budget)", xm->head_dim);
+    for (int32_t il = 0; xm->attn_ring && il < xm->n_layer; il++) {
+        const int32_t hd = xm->attn_layers[il].head_dim;
+        if (hd != 32 && hd != 64 && hd != 128 && hd != 256 && hd != 512)
+            return hm_errf(err, HM_ERR_UNSUPPORTED, "layer %d: head_dim %d: the CUDA ring attention takes 32, 64, "
+                           "128, 256 or 512 (run the model on the CPU: drop -ngl / --vram-budget)", il, hd);
+    }
     const hm_deltanet_spec *dn = &xm->dn;
     if (xm->n_rs_layer > 0 && (dn->d_k > 1024 || dn->d_v > 1024 || dn->n_v > 65535))
         return hm_errf(err, HM_ERR_UNSUPPORTED, "DeltaNet heads %d x (%d, %d): the CUDA delta rule takes d_k, d_v "
@@ -335,7 +385,11 @@ hm_status hm_exec_gpu_load(hm_model *m, hm_err *err) {
     if (xm->moe.n_expert > 1024 || xm->moe.k > 32)
         return hm_errf(err, HM_ERR_UNSUPPORTED, "%d experts, %d used: the CUDA router takes at most 1024 and 32",
                        xm->moe.n_expert, xm->moe.k);
-    g->no_gpu_experts = hm_moe_gpu_unfit(xm->moe_layers[0].experts); /* the grouped MoE kernels' shapes, types */
+    for (int32_t il = 0; il < xm->n_layer; il++) /* the grouped MoE kernels' shapes and types */
+        if (xm->moe_layers[il].experts) {
+            g->no_gpu_experts = hm_moe_gpu_unfit(xm->moe_layers[il].experts);
+            break;
+        }
     xmap *mp = calloc(1, sizeof *mp);
     if (!mp) return hm_errf(err, HM_ERR_NOMEM, "out of memory");
     g->arch = mp;
@@ -363,6 +417,14 @@ fail:
     return st;
 }
 
+/* The largest head dim of the layers. */
+static int32_t hd_max(const hm_exec_model *xm) {
+    int32_t hd = xm->head_dim;
+    for (int32_t il = 0; xm->attn_layers && il < xm->n_layer; il++)
+        if (xm->attn_layers[il].head_dim > hd) hd = xm->attn_layers[il].head_dim;
+    return hd;
+}
+
 /* Whether the head dim is one hm_cuda_attention does not take (the fallback runs it, no scratch). */
 static bool attn_any(const hm_exec_model *xm) {
     return xm->head_dim != 64 && xm->head_dim != 128 && xm->head_dim != 256;
@@ -377,8 +439,8 @@ static bool attn_any(const hm_exec_model *xm) {
 typedef struct hm_xdev {
     hm_gpu_dstate ds;         /* first: the device, its layers, x, h, the MoE's buffers (gpu_chain.h);
                                  ds.kv is [l1 - l0][2][n_head_kv][n_ctx][head_dim] */
-    size_t kv_layer_elems;    /* n_head_kv * n_ctx * head_dim */
-    int32_t kv0, rs0;         /* the KV / recurrent slot of its first layer that has one */
+    size_t kv_off0;           /* the KV block's element where its first layer's K starts (s->kvl) */
+    int32_t rs0;              /* the recurrent slot of its first layer that has one */
     float *rs;                /* device [its recurrent layers][hm_exec_rs_floats], owned */
     size_t rs_total;          /* floats of rs */
     float *buf[HM_EXEC_MAX_BUF]; /* [U, buf_width[i]] the arch's buffers (x and h are ds's) */
@@ -427,8 +489,8 @@ static hm_status xdev_open(const hm_model *m, const hm_state_opts *o, int32_t de
     if (*last) (*last)->ds.next = &g->ds;
     else s->dev = g;
     *last = g;
-    const size_t U = (size_t)o->n_ubatch, E = (size_t)xm->n_embd, hd = (size_t)xm->head_dim;
-    const size_t K = (size_t)xm->moe.k, V = (size_t)xm->n_vocab, NE = (size_t)xm->moe.n_expert;
+    const size_t U = (size_t)o->n_ubatch, E = (size_t)xm->n_embd, V = (size_t)xm->n_vocab;
+    const size_t K = (size_t)(xm->moe.k > 0 ? xm->moe.k : 1), NE = (size_t)(xm->moe.n_expert > 0 ? xm->moe.n_expert : 1);
     hm_status st = hm_gpu_dstate_init(&g->ds, m, o, dev, l0, l1, out, xm->n_layer, xm->moe.n_expert, XG_LOGIT_ROWS,
                                       K, err);
     if (st != HM_OK) return st;
@@ -436,18 +498,21 @@ static hm_status xdev_open(const hm_model *m, const hm_state_opts *o, int32_t de
     const size_t NL = (size_t)xm->n_layer;
     const size_t slot_words = NL * NE * sizeof(hm_cuda_moe_slot) / 4;
 
-    /* its layers with a KV cache / a recurrent state: slots [kv0, kv0 + n_kv), [rs0, rs0 + n_rs) */
-    int32_t n_kv = 0, n_rs = 0;
-    g->kv0 = g->rs0 = -1;
+    /* its layers' K/V (s->kvl, from its first layer that has any) and recurrent states [rs0, rs0 + n_rs) */
+    int32_t n_rs = 0;
+    size_t kv_elems = 0;
+    bool any_kv = false;
+    g->rs0 = -1;
     for (int32_t il = l0; il < l1; il++) {
-        const int32_t ks = hm_exec_kv_slot(xm, il), rs = hm_exec_rs_slot(xm, il);
-        if (ks >= 0 && n_kv++ == 0) g->kv0 = ks;
+        const int32_t rs = hm_exec_rs_slot(xm, il);
         if (rs >= 0 && n_rs++ == 0) g->rs0 = rs;
+        if (s->kvl[il].elems == 0) continue;
+        if (!any_kv) g->kv_off0 = s->kvl[il].off, any_kv = true;
+        kv_elems += 2 * s->kvl[il].elems;
     }
     /* sizes first: a device that is full makes the expert pool give up room for all of them */
-    g->kv_layer_elems = (size_t)xm->n_head_kv * hd * (size_t)o->n_ctx;
     size_t kv_bytes = 0;
-    if (!hm_mul_ok(g->kv_layer_elems, 2u * (size_t)n_kv * 2u, &kv_bytes))
+    if (!hm_mul_ok(kv_elems, 2, &kv_bytes))
         return hm_errf(err, HM_ERR_NOMEM, "gpu: the KV cache for %d positions is too large", o->n_ctx);
     g->rs_total = hm_exec_rs_floats(&xm->dn) * (size_t)n_rs;
     const size_t rs_bytes = g->rs_total * sizeof(float);
@@ -461,10 +526,14 @@ static hm_status xdev_open(const hm_model *m, const hm_state_opts *o, int32_t de
     memcpy(act_el + nb, more, sizeof more);
     const size_t act_bytes = hm_gpu_layout(act_el, act_off, nb + N_MORE);
     /* attention and the grouped MoE run one after the other on one stream: one scratch */
-    g->ds.scratch_size = hm_gpu_max_sz(hm_cuda_moe_scratch_size((int64_t)U, (int64_t)(U * K), xm->moe.n_expert,
-                                                                xm->moe.n_ff),
-                                       hm_cuda_moe_dev_scratch_size(g->ds.dec_cap, xm->moe.k, xm->moe.n_ff));
-    if (xm->n_kv_layer > 0 && !attn_any(xm))
+    g->ds.scratch_size = 0;
+    if (xm->moe.n_expert > 0)
+        g->ds.scratch_size = hm_gpu_max_sz(hm_cuda_moe_scratch_size((int64_t)U, (int64_t)(U * K), xm->moe.n_expert,
+                                                                    xm->moe.n_ff),
+                                           hm_cuda_moe_dev_scratch_size(g->ds.dec_cap, xm->moe.k, xm->moe.n_ff));
+    if (xm->attn_ring)
+        g->ds.scratch_size = hm_gpu_max_sz(g->ds.scratch_size, hm_cuda_gemma_attention_scratch_size(c, hd_max(xm)));
+    else if (xm->n_kv_layer > 0 && !attn_any(xm))
         g->ds.scratch_size = hm_gpu_max_sz(g->ds.scratch_size,
                                            hm_cuda_attention_scratch_size(c, (int64_t)U, o->n_ctx, xm->n_head,
                                                                           xm->n_head_kv, xm->head_dim));
@@ -508,6 +577,7 @@ static hm_status xdev_open(const hm_model *m, const hm_state_opts *o, int32_t de
     g->pred_h = pred_h;
     if ((st = hm_gpu_moe_host_open(&g->ds.mh, c, xm->n_layer, xm->moe.n_expert, err)) != HM_OK) return st;
     for (int32_t il = l0; il < l1; il++) g->ds.mh.mw[il] = xm->moe_layers[il].experts;
+    if (xm->moe.n_expert == 0) return HM_OK; /* no MoE: no graph (its handshakes are the MoE's) */
     return hm_moe_graph_open_env(c, g->ds.mh.mw, xm->n_layer, g->ds.dec_cap, xm->moe.k, xm->n_embd, &g->ds.mh.graph,
                                  err);
 }
@@ -519,7 +589,6 @@ hm_status hm_exec_gpu_state_open(const hm_model *m, const hm_state_opts *o, hm_e
     hm_status st = hm_gpu_state_opts_check(o, err);
     if (st != HM_OK) return st;
     s->kv_elem_size = 2;
-    s->kv_layer_elems = (size_t)xm->n_head_kv * (size_t)xm->head_dim * (size_t)o->n_ctx;
     /* one state per device that runs layers or the output, in layer order */
     hm_gpu_link links[HM_MAX_GPUS];
     const int32_t n_links = hm_gpu_chain_links(gpu, xm->n_layer, links);
@@ -529,7 +598,8 @@ hm_status hm_exec_gpu_state_open(const hm_model *m, const hm_state_opts *o, hm_e
         if ((st = xdev_open(m, o, L.dev, L.l0, L.l1, L.out, s, &last, err)) != HM_OK) goto fail;
     }
     /* the CPU part: the route and the scratch of its MoE op; the peer units' buffers (model_gpu.h) */
-    if ((st = hm_gpu_session_cold_open(m, &s->route, &s->scratch, xm->moe.n_expert, xm->moe.k, xm->n_embd,
+    if (xm->moe.n_expert > 0 &&
+        (st = hm_gpu_session_cold_open(m, &s->route, &s->scratch, xm->moe.n_expert, xm->moe.k, xm->n_embd,
                                        xm->moe.n_ff, o, err)) != HM_OK)
         goto fail;
     return HM_OK;
@@ -609,25 +679,26 @@ static hm_status g_add_rmsnorm(hm_exec *x, hm_buf acc, hm_buf add, const float *
                                x->xm->n_embd, x->xm->eps, x->err);
 }
 
-/* Layer il's K and V cache on its device. */
-static void kv_of(const hm_exec_model *xm, const hm_xdev *g, int32_t il, uint16_t **kc, uint16_t **vc) {
-    const int32_t slot = hm_exec_kv_slot(xm, il);
-    HM_ASSERT(slot >= g->kv0 && g->kv0 >= 0);
-    *kc = g->ds.kv + (size_t)(slot - g->kv0) * 2 * g->kv_layer_elems;
-    *vc = *kc + g->kv_layer_elems;
+/* Layer il's K and V cache on the pass's device. */
+static void kv_of(const hm_exec *x, int32_t il, uint16_t **kc, uint16_t **vc) {
+    const gpu_pass *p = x->be;
+    const hm_kv_layer *c = &p->s->kvl[il];
+    HM_ASSERT(c->elems > 0 && c->off >= p->g->kv_off0);
+    *kc = p->g->ds.kv + (c->off - p->g->kv_off0);
+    *vc = *kc + c->elems;
 }
 
 static hm_status g_qk_norm_rope_kv(hm_exec *x, int32_t il, const hm_qk_rope *p) {
     const gpu_pass *ps = gp(x);
     const hm_exec_model *xm = x->xm;
     uint16_t *kc, *vc;
-    kv_of(xm, ps->g, il, &kc, &vc);
+    kv_of(x, il, &kc, &vc);
     return hm_cuda_qk_norm_rope_kv(ps->g->ds.c, x->buf[p->q], x->buf[p->k], x->buf[p->v], dw(x, p->q_norm)->v,
                                    dw(x, p->k_norm)->v, x->nr, xm->n_head, xm->n_head_kv, xm->head_dim, p->n_rot,
                                    ps->pos, p->theta, p->eps, kc, vc, ps->s->n_ctx, x->err);
 }
 
-static hm_status g_out_rows(hm_exec *x, int32_t il, const hm_buf *bufs, int n) {
+static hm_status g_out_rows(hm_exec *x, int32_t il, const hm_buf *bufs, const int64_t *widths, int n) {
     (void)il;
     gpu_pass *p = gp(x);
     const hm_fwd_batch *b = p->b;
@@ -639,7 +710,7 @@ static hm_status g_out_rows(hm_exec *x, int32_t il, const hm_buf *bufs, int n) {
      * never overwrites a row still to be read) */
     hm_cuda_ctx *c = p->g->ds.c;
     for (int i = 0; i < n; i++) {
-        const size_t w = (size_t)x->xm->buf_width[bufs[i]];
+        const size_t w = (size_t)(widths ? widths[i] : x->xm->buf_width[bufs[i]]);
         float *a = x->buf[bufs[i]];
         for (int64_t r = 0; r < x->n_out; r++) {
             if (b->out_rows[r] == r) continue;
@@ -658,7 +729,7 @@ static hm_status g_attention(hm_exec *x, int32_t il, hm_buf q, hm_buf out, float
     const gpu_pass *p = gp(x);
     const hm_exec_model *xm = x->xm;
     uint16_t *kc, *vc;
-    kv_of(xm, p->g, il, &kc, &vc);
+    kv_of(x, il, &kc, &vc);
     if (attn_any(xm))
         return hm_cuda_attention_any(p->g->ds.c, x->buf[q], x->nr, p->pos, kc, vc, p->s->n_ctx, xm->n_head,
                                      xm->n_head_kv, xm->head_dim, scale, x->buf[out], x->err);
@@ -667,7 +738,25 @@ static hm_status g_attention(hm_exec *x, int32_t il, hm_buf q, hm_buf out, float
                              x->err);
 }
 
-static hm_status g_moe(hm_exec *x, int32_t il, hm_buf in, hm_buf out) {
+static hm_status g_route(hm_exec *x, int32_t il, hm_buf in) {
+    const gpu_pass *p = gp(x);
+    hm_xdev *g = p->g;
+    const hm_exec_model *xm = x->xm;
+    const hm_moe_layer *L = &xm->moe_layers[il];
+    hm_cuda_ctx *c = g->ds.c;
+    const int K = xm->moe.k;
+    const size_t nk = (size_t)x->nr * (size_t)K;
+    hm_status st = mm(c, dw(x, L->router->data), x->buf[in], x->nr, g->rlog, x->err);
+    int32_t *ids_d = hm_gpu_layer_ids(&g->ds, il, p->dec);
+    float *w_d = (float *)(ids_d + nk);
+    if (st == HM_OK)
+        st = hm_cuda_router(c, g->rlog, x->nr, xm->moe.n_expert, K, xm->moe.norm_topk, ids_d, w_d, x->err);
+    if (st == HM_OK && L->expert_scale)
+        st = hm_cuda_scale_by_id(c, w_d, ids_d, dw(x, L->expert_scale)->v, (int64_t)nk, x->err);
+    return st;
+}
+
+static hm_status g_experts(hm_exec *x, int32_t il, hm_buf in, hm_buf out) {
     const gpu_pass *p = gp(x);
     hm_xdev *g = p->g;
     const hm_exec_model *xm = x->xm;
@@ -676,19 +765,16 @@ static hm_status g_moe(hm_exec *x, int32_t il, hm_buf in, hm_buf out) {
     const int K = xm->moe.k;
     const size_t nk = (size_t)x->nr * (size_t)K;
     HM_ASSERT(in == HM_BUF_H); /* the MoE step reads ds.h (gpu_chain.h) */
-    hm_status st = mm(c, dw(x, L->router->data), x->buf[in], x->nr, g->rlog, x->err);
     int32_t *ids_d = hm_gpu_layer_ids(&g->ds, il, p->dec);
     float *w_d = (float *)(ids_d + nk);
-    if (st == HM_OK)
-        st = hm_cuda_router(c, g->rlog, x->nr, xm->moe.n_expert, K, xm->moe.norm_topk, ids_d, w_d, x->err);
-    if (st != HM_OK) return st;
+    hm_status st;
     if (p->graph)
         return hm_moe_graph_layer(g->ds.mh.graph, x->m, il, hm_gpu_layer_slots(&g->ds, il), g->ds.mh.any_hot[il],
                                   ids_d, w_d, x->nr, x->buf[in], x->buf[out], g->ds.scratch, g->ds.scratch_size,
                                   x->err);
     const hm_moe_weights *next_mw = NULL;
     const int32_t *next_ids = NULL;
-    if (!p->dec && il + 1 < g->ds.l1 && hm_moe_gpu_streams(x->m, il + 1)) {
+    if (!p->dec && il + 1 < g->ds.l1 && xm->moe_layers[il + 1].experts && hm_moe_gpu_streams(x->m, il + 1)) {
         /* prefill streaming ahead: the next layer's router on this layer's input (the residual
          * moves little in one layer), its ids down with this layer's routing */
         const hm_moe_layer *N = &xm->moe_layers[il + 1];
@@ -757,6 +843,54 @@ static hm_status g_deltanet(hm_exec *x, int32_t il, hm_buf io, const hm_deltanet
     return mm(c, dw(x, p->wout->data), att, n, in, err);
 }
 
+static hm_status g_add(hm_exec *x, hm_buf acc, hm_buf add) {
+    return hm_cuda_add(gp(x)->g->ds.c, x->buf[acc], x->buf[add], x->buf[acc], x->nr * x->xm->n_embd, x->err);
+}
+
+static hm_status g_scale(hm_exec *x, hm_buf a, float sc, int64_t width) {
+    return hm_cuda_scale(gp(x)->g->ds.c, x->buf[a], sc, x->buf[a], x->nr * width, x->err);
+}
+
+static hm_status g_zero(hm_exec *x, hm_buf a, int64_t width) {
+    return hm_cuda_memset(gp(x)->g->ds.c, x->buf[a], 0, (size_t)(x->nr * width) * sizeof(float), x->err);
+}
+
+static hm_status g_copy(hm_exec *x, hm_buf src, hm_buf dst, int64_t width) {
+    return hm_cuda_copy(gp(x)->g->ds.c, x->buf[dst], x->buf[src], (size_t)(x->nr * width) * sizeof(float), x->err);
+}
+
+static hm_status g_geglu(hm_exec *x, hm_buf g, hm_buf u, hm_buf out, int64_t width) {
+    return hm_cuda_gelu_mul(gp(x)->g->ds.c, x->buf[g], x->buf[u], x->buf[out], x->nr * width, x->err);
+}
+
+static hm_status g_attn_in_ring(hm_exec *x, int32_t il, const hm_ring_in *p) {
+    const gpu_pass *ps = gp(x);
+    hm_cuda_ctx *c = ps->g->ds.c;
+    const hm_attn_layer *a = &x->xm->attn_layers[il];
+    const int nh = x->xm->n_head, nkv = a->n_head_kv, hd = a->head_dim;
+    float *q = x->buf[p->q], *k = x->buf[p->k], *v = x->buf[p->v];
+    const float *ff = p->rope_ff ? dw(x, p->rope_ff)->v : NULL;
+    uint16_t *kc, *vc;
+    kv_of(x, il, &kc, &vc);
+    hm_status st;
+    if ((st = hm_cuda_rmsnorm_heads(c, q, dw(x, p->q_norm)->v, x->nr, nh, hd, p->eps, x->err)) != HM_OK) return st;
+    if ((st = hm_cuda_rmsnorm_heads(c, k, dw(x, p->k_norm)->v, x->nr, nkv, hd, p->eps, x->err)) != HM_OK) return st;
+    if ((st = hm_cuda_rmsnorm(c, v, NULL, v, x->nr * nkv, hd, p->eps, x->err)) != HM_OK) return st;
+    if ((st = hm_cuda_rope_neox_ff(c, q, x->nr, nh, hd, p->n_rot, ps->pos, p->theta, ff, x->err)) != HM_OK) return st;
+    if ((st = hm_cuda_rope_neox_ff(c, k, x->nr, nkv, hd, p->n_rot, ps->pos, p->theta, ff, x->err)) != HM_OK) return st;
+    return hm_cuda_kv_write_ring(c, kc, vc, ps->s->kvl[il].cap, nkv, hd, k, v, x->nr, ps->pos, x->err);
+}
+
+static hm_status g_attention_ring(hm_exec *x, int32_t il, hm_buf q, hm_buf out, float scale) {
+    const gpu_pass *p = gp(x);
+    const hm_attn_layer *a = &x->xm->attn_layers[il];
+    uint16_t *kc, *vc;
+    kv_of(x, il, &kc, &vc);
+    return hm_cuda_gemma_attention(p->g->ds.c, x->buf[q], x->nr, p->pos, p->kv_len, kc, vc, p->s->kvl[il].cap,
+                                   a->window, x->xm->n_head, a->n_head_kv, a->head_dim, scale, x->buf[out],
+                                   p->g->ds.scratch, p->g->ds.scratch_size, x->err);
+}
+
 static const hm_exec_ops cuda_ops = {
     .rmsnorm = g_rmsnorm,
     .matmul_n = g_matmul_n,
@@ -764,12 +898,20 @@ static const hm_exec_ops cuda_ops = {
     .qk_norm_rope_kv = g_qk_norm_rope_kv,
     .out_rows = g_out_rows,
     .attention = g_attention,
-    .moe = g_moe,
+    .route = g_route,
+    .experts = g_experts,
     .split_gate = g_split_gate,
     .sigmoid_mul = g_sigmoid_mul,
     .swiglu = g_swiglu,
     .add_sigmoid_scaled = g_add_sigmoid_scaled,
     .deltanet = g_deltanet,
+    .add = g_add,
+    .scale = g_scale,
+    .zero = g_zero,
+    .copy = g_copy,
+    .geglu = g_geglu,
+    .attn_in_ring = g_attn_in_ring,
+    .attention_ring = g_attention_ring,
 };
 
 /* ---- the step ---- */
@@ -782,8 +924,19 @@ static const hm_exec_ops cuda_ops = {
 /* The embeddings of the pass's tokens into x on the first device. */
 static hm_status embed(hm_exec *x) {
     const gpu_pass *p = gp(x);
-    return hm_cuda_get_rows(p->g->ds.c, &dw(x, x->xm->tok_embd->data)->m, p->g->ds.ints, x->n, x->buf[HM_BUF_X],
-                            x->err);
+    hm_status st = hm_cuda_get_rows(p->g->ds.c, &dw(x, x->xm->tok_embd->data)->m, p->g->ds.ints, x->n,
+                                    x->buf[HM_BUF_X], x->err);
+    if (st != HM_OK || !x->xm->embd_scale) return st;
+    return hm_cuda_scale(p->g->ds.c, x->buf[HM_BUF_X], x->xm->embd_scale, x->buf[HM_BUF_X], x->n * x->xm->n_embd,
+                         x->err);
+}
+
+/* logits [rows, n_vocab] = out W (the output matrix), soft-capped when the arch asks. */
+static hm_status logits_of(hm_exec *x, const float *in, int64_t rows, float *logits) {
+    hm_cuda_ctx *c = gp(x)->g->ds.c;
+    hm_status st = mm(c, dw(x, x->xm->output->data), in, rows, logits, x->err);
+    if (st != HM_OK || x->xm->softcap <= 0) return st;
+    return hm_cuda_softcap(c, logits, rows * (int64_t)x->xm->n_vocab, x->xm->softcap, x->err);
 }
 
 /* The decode graph's capture callback: the device g's part of the step (moe.h, hm_moe_graph). */
@@ -798,11 +951,23 @@ static hm_status enqueue_step(void *ctx, hm_err *err) {
     for (int32_t il = g->ds.l0; il < g->ds.l1; il++) CK(hm_exec_layer(x, il));
     if (g->ds.out) {
         CK(g_rmsnorm(x, HM_BUF_X, xm->output_norm, HM_BUF_H));
-        CK(mm(g->ds.c, dw(x, xm->output->data), x->buf[HM_BUF_H], x->n, g->ds.logits, x->err));
+        CK(logits_of(x, x->buf[HM_BUF_H], x->n, g->ds.logits));
     }
     return HM_OK;
 fail:
     return st;
+}
+
+/* The decode graph's key beside the rows and hot layers: the attention's KV split (a captured
+ * graph's kernel arguments; its scratch grows with kv_len). Ring attention: the sliding and the
+ * global layers' splits. */
+static size_t graph_key(const hm_exec *x, const hm_xdev *g) {
+    const gpu_pass *p = x->be;
+    const hm_exec_model *xm = x->xm;
+    if (xm->attn_ring)
+        return (size_t)hm_cuda_gemma_attention_splits(g->ds.c, x->n, xm->n_head, p->kv_len, p->s->window) * 4096 +
+               (size_t)hm_cuda_gemma_attention_splits(g->ds.c, x->n, xm->n_head, p->kv_len, 0);
+    return hm_cuda_attention_scratch_size(g->ds.c, x->n, p->kv_len, xm->n_head, xm->n_head_kv, xm->head_dim);
 }
 
 /* The graph decode over the chain (the first device current): each device's graph, then the
@@ -815,8 +980,7 @@ static hm_status graph_step(hm_exec *x) {
     hm_status st;
     for (hm_xdev *g = s->dev;; g = nxt(g)) {
         set_dev(x, g);
-        const size_t key =
-            hm_cuda_attention_scratch_size(g->ds.c, x->n, p->kv_len, xm->n_head, xm->n_head_kv, xm->head_dim);
+        const size_t key = graph_key(x, g);
         if ((st = hm_moe_graph_step(g->ds.mh.graph, x->m, x->pool, &s->route, &s->scratch, x->n, key, g->ds.mh.any_hot,
                                     enqueue_step, x, x->err)) != HM_OK)
             return st;
@@ -869,11 +1033,10 @@ hm_status hm_exec_gpu_forward(const hm_model *m, hm_exec_state *s, hm_pool *pool
     HM_ASSERT(x.nr == n_out && b->logits && g->ds.out);
     hm_cuda_ctx *c = g->ds.c;
     CK(g_rmsnorm(&x, HM_BUF_X, xm->output_norm, HM_BUF_H));
-    const xw *wout = dw(&x, xm->output->data);
     const size_t V = (size_t)xm->n_vocab;
     for (int64_t r0 = 0; r0 < n_out; r0 += g->ds.logit_rows) {
         const int64_t nc = n_out - r0 < g->ds.logit_rows ? n_out - r0 : g->ds.logit_rows;
-        CK(mm(c, wout, x.buf[HM_BUF_H] + (size_t)r0 * (size_t)E, nc, g->ds.logits, err));
+        CK(logits_of(&x, x.buf[HM_BUF_H] + (size_t)r0 * (size_t)E, nc, g->ds.logits));
         /* waits for the queued work (the last chunk's wait ends the step's device work: every
          * earlier device's work came before its hand-over, which this stream waited for) */
         CK(hm_cuda_download(c, b->logits + (size_t)r0 * V, g->ds.logits, (size_t)nc * V * sizeof(float), err));

@@ -13,15 +13,29 @@ typedef struct hm_exec_ops {
     hm_status (*matmul_n)(hm_exec *x, hm_buf in, const hm_mat *const *ws, const hm_buf *outs, int n);
     hm_status (*add_rmsnorm)(hm_exec *x, hm_buf acc, hm_buf add, const float *w, hm_buf out);
     hm_status (*qk_norm_rope_kv)(hm_exec *x, int32_t il, const hm_qk_rope *p);
-    hm_status (*out_rows)(hm_exec *x, int32_t il, const hm_buf *bufs, int n);
+    hm_status (*out_rows)(hm_exec *x, int32_t il, const hm_buf *bufs, const int64_t *widths, int n);
     hm_status (*attention)(hm_exec *x, int32_t il, hm_buf q, hm_buf out, float scale);
-    hm_status (*moe)(hm_exec *x, int32_t il, hm_buf in, hm_buf out);
+    hm_status (*route)(hm_exec *x, int32_t il, hm_buf in);
+    hm_status (*experts)(hm_exec *x, int32_t il, hm_buf in, hm_buf out);
     hm_status (*split_gate)(hm_exec *x, hm_buf mix, hm_buf q, hm_buf gate);
     hm_status (*sigmoid_mul)(hm_exec *x, hm_buf a, hm_buf gate, int64_t width);
     hm_status (*swiglu)(hm_exec *x, hm_buf g, hm_buf u, hm_buf out, int64_t width);
     hm_status (*add_sigmoid_scaled)(hm_exec *x, hm_buf acc, hm_buf y, hm_buf s);
     hm_status (*deltanet)(hm_exec *x, int32_t il, hm_buf io, const hm_deltanet *p);
+    hm_status (*add)(hm_exec *x, hm_buf acc, hm_buf add);
+    hm_status (*scale)(hm_exec *x, hm_buf a, float s, int64_t width);
+    hm_status (*zero)(hm_exec *x, hm_buf a, int64_t width);
+    hm_status (*copy)(hm_exec *x, hm_buf src, hm_buf dst, int64_t width);
+    hm_status (*geglu)(hm_exec *x, hm_buf g, hm_buf u, hm_buf out, int64_t width);
+    hm_status (*attn_in_ring)(hm_exec *x, int32_t il, const hm_ring_in *p);
+    hm_status (*attention_ring)(hm_exec *x, int32_t il, hm_buf q, hm_buf out, float scale);
 } hm_exec_ops;
+
+/* One layer's K then V in a KV block: [n_kv][cap][head_dim] each, from element off on. */
+typedef struct hm_kv_layer {
+    size_t off, elems;
+    int64_t cap;
+} hm_kv_layer;
 
 /* A forward pass in progress. */
 struct hm_exec {
@@ -49,12 +63,16 @@ typedef struct hm_exec_state {
     int32_t n_pos;          /* recurrent archs: positions the recurrent state has absorbed */
     int n_threads;
     hm_kv_type kv_type;
-    size_t kv_layer_elems;  /* n_head_kv * n_ctx * head_dim: one of K or V of one layer */
+    int32_t window;         /* ring archs: the sliding window */
+    int64_t ring;           /* the sliding layers' ring rows (n_ctx when none, or they hold all) */
+    int64_t n_hi;           /* 1 + the highest position written since the last reset */
+    hm_kv_layer *kvl;       /* [n_layer] each layer's K/V in the KV block (elems 0: none), owned */
+    size_t kv_elems;        /* elements of the KV block (every layer's K and V) */
     size_t kv_elem_size;    /* 2 (f16) or 4 (f32) */
-    void *kv;               /* [n_kv_layer][2][n_head_kv][n_ctx][head_dim], owned */
+    void *kv;               /* the CPU's KV block (kvl), owned */
     float *rs;              /* [n_rs_layer][hm_exec_rs_floats] recurrent state, owned */
     size_t rs_total;        /* floats of rs */
-    float *kv_scratch;      /* f32 cache only: attention scores, owned */
+    float *kv_scratch;      /* attention scores (an f32 cache, or the ring attention), owned */
     void *act;              /* one block holding the activations below, owned */
     float *buf[HM_EXEC_MAX_BUF]; /* [U, buf_width[i]] the arch's buffers */
     float *rlog;            /* [U, n_expert] router logits */

@@ -22,24 +22,136 @@
  * The experts are units (layer, e) through hm_moe_compute; a fused ffn_gate_up_exps is split into
  * its gate half (rows 0..n_ff-1 of a slab) and up half.
  *
- * Session state: per layer a KV cache; global layers hold n_ctx rows, sliding layers a ring of
- * min(n_ctx, W + n_ubatch) rows (position p in row p % cap; see cpu_gemma.h for why W + U - 1
- * suffices), so the sliding layers' memory does not grow with the context. Activations for one
- * micro-batch are allocated in state_open; forward allocates nothing. Not supported (load says
- * so): per-layer input embeddings (E2B/E4B) and shared-KV layers.
- * With a GPU placement (m->gpu) the same layer runs on the device (gemma4_cuda.c): the hooks below
- * dispatch there, as qwen3moe.c does. */
+ * Session state (the executor's, exec/exec.h): per layer a KV cache; global layers hold n_ctx
+ * rows, sliding layers a ring of min(n_ctx, W + n_ubatch) rows (position p in row p % cap; see
+ * cpu_gemma.h for why W + U - 1 suffices), so the sliding layers' memory does not grow with the
+ * context. Not supported (load says so): per-layer input embeddings (E2B/E4B) and shared-KV layers.
+ * The layer is written once (g4_layer_fwd, over the executor's ring attention ops); the executor
+ * runs it on the CPU and on the GPU (per launch, as the decode graph, and as the upload pass). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend/cpu/cpu_gemma.h"
-#include "core/alloc.h"
-#include "gemma4_impl.h"
+#include "exec/exec.h"
 #include "model.h"
 #include "moe.h"
-#include "quant/quant.h"
+
+typedef struct g4_layer {
+    bool swa, moe;
+    int32_t hd, n_kv, n_rot, n_ff;
+    float theta;
+    const float *rope_ff;                         /* [hd/2] global layers, NULL sliding */
+    const float *attn_norm, *q_norm, *k_norm, *post_attn_norm; /* [E], [hd], [hd], [E] */
+    const float *ffn_norm, *post_ffw_norm;        /* [E] */
+    const float *post_ffw_norm_1, *pre_ffw_norm_2, *post_ffw_norm_2, *router_scale; /* [E], MoE only */
+    const float *expert_scale;                    /* [n_expert] or NULL */
+    float out_scale;                              /* layer_output_scale, 1 when absent */
+    hm_mat wq, wk, wv, wo;                        /* wv.data NULL: V = K */
+    hm_mat gate, up, down;                        /* dense MLP */
+    hm_mat router;                                /* [n_expert x E] */
+    hm_moe_weights experts;
+} g4_layer;
+
+typedef struct g4_model {
+    int32_t n_layer, n_embd, n_head, n_vocab, n_ctx_train, window;
+    int32_t n_expert, n_expert_used, n_ff_exp;
+    int32_t hd_max, n_kv_max, n_ff_max;
+    float eps, softcap, embd_scale;
+    hm_mat tok_embd, output;
+    const float *output_norm;
+    g4_layer *layers; /* [n_layer], owned */
+    hm_moe_layer *moe_layers;    /* [n_layer], owned: the MoE layers' router, experts, scale; zeros else */
+    hm_attn_layer *attn_layers;  /* [n_layer], owned: head dim, KV heads, window (sliding layers) */
+    hm_exec_model xm;            /* what the executor runs (m->xm points here) */
+} g4_model;
+
+
+/* ---- the layer ---- */
+
+/* The activations beside x and h. */
+enum {
+    G4_Q = HM_BUF_ARCH, G4_K, G4_V, G4_ATT, /* attention, at the widest layer's shape */
+    G4_GT, G4_UP,                           /* the dense MLP's gate and up */
+    G4_MO,                                  /* a block's output (attention, then MLP + experts) */
+    G4_E,                                   /* the experts' sum */
+    G4_NBUF
+};
+
+static hm_status g4_layer_fwd(hm_exec *x, const hm_model *m, int32_t il) {
+    const g4_model *g = m->impl;
+    const g4_layer *L = &g->layers[il];
+    const int64_t E = g->n_embd, kvw = (int64_t)L->n_kv * L->hd, nq = (int64_t)g->n_head * L->hd;
+    hm_status st;
+#define OP(call) do { if ((st = (call)) != HM_OK) return st; } while (0)
+    /* attention: q, k, v (v = k before the norms when the layer has no attn_v) */
+    OP(hm_op_rmsnorm(x, HM_BUF_X, L->attn_norm, HM_BUF_H));
+    if (L->wv.data) {
+        const hm_mat *ws[3] = {&L->wq, &L->wk, &L->wv};
+        OP(hm_op_matmul_n(x, HM_BUF_H, ws, (const hm_buf[3]){G4_Q, G4_K, G4_V}, 3));
+    } else {
+        const hm_mat *ws[2] = {&L->wq, &L->wk};
+        OP(hm_op_matmul_n(x, HM_BUF_H, ws, (const hm_buf[2]){G4_Q, G4_K}, 2));
+        OP(hm_op_copy(x, G4_K, G4_V, kvw));
+    }
+    const hm_ring_in r = {.q = G4_Q, .k = G4_K, .v = G4_V, .q_norm = L->q_norm, .k_norm = L->k_norm,
+                          .rope_ff = L->rope_ff, .n_rot = L->n_rot, .theta = L->theta, .eps = g->eps};
+    OP(hm_op_attn_in_ring(x, il, &r));
+    OP(hm_op_out_rows_w(x, il, (const hm_buf[2]){G4_Q, HM_BUF_X}, (const int64_t[2]){nq, E}, 2));
+    if (hm_exec_done(x)) return HM_OK;
+    OP(hm_op_attention_ring(x, il, G4_Q, G4_ATT, 1.0f));
+    OP(hm_op_matmul(x, G4_ATT, &L->wo, G4_MO));
+    OP(hm_op_rmsnorm(x, G4_MO, L->post_attn_norm, G4_MO));
+    OP(hm_op_add(x, HM_BUF_X, G4_MO)); /* x = attn_out */
+    /* the dense MLP */
+    OP(hm_op_rmsnorm(x, HM_BUF_X, L->ffn_norm, HM_BUF_H));
+    const hm_mat *gu[2] = {&L->gate, &L->up};
+    OP(hm_op_matmul_n(x, HM_BUF_H, gu, (const hm_buf[2]){G4_GT, G4_UP}, 2));
+    OP(hm_op_geglu(x, G4_GT, G4_UP, G4_GT, L->n_ff));
+    OP(hm_op_matmul(x, G4_GT, &L->down, G4_MO));
+    if (L->moe) {
+        /* routed on attn_out: rmsnorm(x) * router_scale / sqrt(E); the experts on rmsnorm(x) * pre_ffw_norm_2 */
+        OP(hm_op_rmsnorm(x, G4_MO, L->post_ffw_norm_1, G4_MO));
+        OP(hm_op_rmsnorm(x, HM_BUF_X, L->router_scale, HM_BUF_H));
+        OP(hm_op_scale(x, HM_BUF_H, 1.0f / sqrtf((float)E), E));
+        OP(hm_op_route(x, il, HM_BUF_H));
+        OP(hm_op_rmsnorm(x, HM_BUF_X, L->pre_ffw_norm_2, HM_BUF_H));
+        OP(hm_op_zero(x, G4_E, E));
+        OP(hm_op_experts(x, il, HM_BUF_H, G4_E));
+        OP(hm_op_rmsnorm(x, G4_E, L->post_ffw_norm_2, G4_E));
+        OP(hm_op_add(x, G4_MO, G4_E));
+    }
+    OP(hm_op_rmsnorm(x, G4_MO, L->post_ffw_norm, G4_MO));
+    OP(hm_op_add(x, HM_BUF_X, G4_MO));
+    if (L->out_scale != 1.0f) OP(hm_op_scale(x, HM_BUF_X, L->out_scale, E));
+#undef OP
+    return HM_OK;
+}
+
+/* What the executor needs besides the layer (exec.h); after every layer is bound. */
+static void g4_exec_model(g4_model *g) {
+    hm_exec_model *xm = &g->xm;
+    const int64_t E = g->n_embd, nq = (int64_t)g->n_head * g->hd_max, nkv = (int64_t)g->n_kv_max * g->hd_max;
+    *xm = (hm_exec_model){.n_layer = g->n_layer, .n_embd = g->n_embd, .n_vocab = g->n_vocab, .eps = g->eps,
+                          .tok_embd = &g->tok_embd, .output = &g->output, .output_norm = g->output_norm,
+                          .embd_scale = g->embd_scale, .softcap = g->softcap, .n_buf = G4_NBUF,
+                          .n_head = g->n_head, .n_head_kv = g->n_kv_max, .head_dim = g->hd_max,
+                          .n_kv_layer = g->n_layer, .attn_layers = g->attn_layers, .attn_ring = true,
+                          .moe_layers = g->moe_layers,
+                          .moe = {.n_expert = g->n_expert, .k = g->n_expert_used, .n_ff = g->n_ff_exp,
+                                  .score = HM_MOE_SCORE_SOFTMAX, .norm_topk = true}};
+    const int64_t w[G4_NBUF] = {[HM_BUF_X] = E, [HM_BUF_H] = E,   [G4_Q] = nq,  [G4_K] = nkv,
+                                [G4_V] = nkv,   [G4_ATT] = nq,    [G4_GT] = g->n_ff_max, [G4_UP] = g->n_ff_max,
+                                [G4_MO] = E,    [G4_E] = E};
+    memcpy(xm->buf_width, w, sizeof w);
+    for (int32_t il = 0; il < g->n_layer; il++) {
+        const g4_layer *L = &g->layers[il];
+        g->attn_layers[il] = (hm_attn_layer){.head_dim = L->hd, .n_head_kv = L->n_kv, .window = L->swa ? g->window : 0};
+        if (L->moe)
+            g->moe_layers[il] = (hm_moe_layer){.router = &L->router, .experts = &L->experts,
+                                               .expert_scale = L->expert_scale};
+    }
+}
 
 /* ---- load ---- */
 
@@ -72,6 +184,8 @@ static void g4_unload(hm_model *m) {
     g4_model *g = m->impl;
     if (!g) return;
     free(g->layers);
+    free(g->moe_layers);
+    free(g->attn_layers);
     free(g);
     m->impl = NULL;
 }
@@ -186,8 +300,10 @@ static hm_status g4_load(hm_model *m, hm_err *err) {
     HP_INT("expert_feed_forward_length", g->n_expert > 0, 0, &g->n_ff_exp);
 
     g->layers = calloc((size_t)g->n_layer, sizeof *g->layers);
+    g->moe_layers = calloc((size_t)g->n_layer, sizeof *g->moe_layers);
+    g->attn_layers = calloc((size_t)g->n_layer, sizeof *g->attn_layers);
     tmp = calloc((size_t)g->n_layer * 2, sizeof *tmp);
-    if (!g->layers || !tmp) {
+    if (!g->layers || !g->moe_layers || !g->attn_layers || !tmp) {
         st = hm_errf(err, HM_ERR_NOMEM, "out of memory");
         goto fail;
     }
@@ -236,6 +352,8 @@ static hm_status g4_load(hm_model *m, hm_err *err) {
     free(tmp);
     tmp = NULL;
 
+    g4_exec_model(g);
+    m->xm = &g->xm;
     hm_model_info *inf = &m->info;
     inf->n_vocab = g->n_vocab;
     inf->n_ctx_train = g->n_ctx_train;
@@ -261,211 +379,9 @@ fail:
 #undef HP_FLOAT
 }
 
-/* ---- session state ---- */
-
-static void g4_state_close(void *p) {
-    g4_state *s = p;
-    if (!s) return;
-#ifdef HM_HAVE_CUDA
-    g4_gpu_state_close(s);
-#endif
-    free(s->kvl);
-    hm_model_state_free(s->kv, s->att_scratch, s->act, &s->scratch, &s->route);
-    free(s);
-}
-
-static hm_status g4_state_open(const hm_model *m, const hm_state_opts *o, void **out, hm_err *err) {
-    const g4_model *g = m->impl;
-    *out = NULL;
-    hm_status st = HM_OK;
-    g4_state *s = calloc(1, sizeof *s);
-    if (!s) return hm_errf(err, HM_ERR_NOMEM, "out of memory");
-    s->n_ctx = o->n_ctx;
-    s->n_ubatch = o->n_ubatch;
-    s->es = o->kv_type == HM_KV_F32 ? 4 : 2;
-    const size_t U = (size_t)o->n_ubatch, E = (size_t)g->n_embd;
-    const size_t nq = (size_t)g->n_head * (size_t)g->hd_max, nkv = (size_t)g->n_kv_max * (size_t)g->hd_max;
-    const size_t K = (size_t)(g->n_expert_used > 0 ? g->n_expert_used : 1);
-
-    s->window = g->window;
-    s->ring = o->n_ctx;
-    if ((int64_t)g->window + o->n_ubatch < s->ring) s->ring = (int64_t)g->window + o->n_ubatch;
-    if (!(s->kvl = calloc((size_t)g->n_layer, sizeof *s->kvl))) {
-        st = hm_errf(err, HM_ERR_NOMEM, "out of memory");
-        goto fail;
-    }
-    size_t kv_elems = 0;
-    int64_t cap_max = 1;
-    for (int32_t il = 0; il < g->n_layer; il++) {
-        const g4_layer *L = &g->layers[il];
-        g4_kv *c = &s->kvl[il];
-        c->cap = L->swa ? s->ring : o->n_ctx;
-        c->elems = (size_t)L->n_kv * (size_t)c->cap * (size_t)L->hd;
-        c->off = kv_elems;
-        kv_elems += 2 * c->elems;
-        if (c->cap > cap_max) cap_max = c->cap;
-    }
-#ifdef HM_HAVE_CUDA
-    if (m->gpu) { /* the device state instead of the host KV cache and activations */
-        if ((st = g4_gpu_state_open(m, o, s, err)) != HM_OK) goto fail;
-        *out = s;
-        return HM_OK;
-    }
-#endif
-    if ((st = hm_model_kv_alloc(&s->kv, kv_elems, s->es, o->n_ctx, err)) != HM_OK ||
-        (st = hm_model_att_scratch_alloc(&s->att_scratch, hm_gemma_attention_scratch_floats(cap_max, o->n_threads),
-                                         err)) != HM_OK)
-        goto fail;
-
-    const size_t nff = (size_t)g->n_ff_max, nexp = (size_t)(g->n_expert > 0 ? g->n_expert : 1);
-    const size_t sizes[] = {U * E, U * E, U * nq, U * nkv, U * nkv, U * nq, U * nff, U * nff,
-                            U * E, U * E, U * nexp, U * K, U * E, U * K, U};
-    float **dst[] = {&s->x, &s->h, &s->q, &s->k, &s->v, &s->att, &s->g, &s->u, &s->m, &s->e,
-                     &s->rlog, &s->rw, &s->hout, (float **)&s->rid, (float **)&s->pos_out};
-    _Static_assert(sizeof sizes / sizeof sizes[0] == sizeof dst / sizeof dst[0], "activation table");
-    if ((st = hm_model_carve(&s->act, sizes, dst, sizeof sizes / sizeof sizes[0], err)) != HM_OK) goto fail;
-    const size_t in_max = hm_model_max_sz(hm_model_max_sz(E, nq), nff);
-    size_t sc = hm_cpu_matmul_scratch_size((int64_t)in_max, (int64_t)U, o->n_threads);
-    if (g->n_expert > 0) {
-        if ((st = hm_moe_route_init(&s->route, g->n_expert, g->n_expert_used, o->n_ubatch, err)) != HM_OK) goto fail;
-        sc = hm_model_max_sz(sc, hm_moe_compute_scratch_size(&s->route, g->n_embd, g->n_ff_exp, o->n_threads));
-    }
-    if ((st = hm_model_scratch_alloc(&s->scratch, sc, err)) != HM_OK) goto fail;
-    *out = s;
-    return HM_OK;
-fail:
-    g4_state_close(s);
-    return st;
-}
-
-static hm_status g4_state_trim(void *state, int32_t n_keep, hm_err *err) {
-    /* Rows past n_keep are overwritten before they are read again. But the sliding layers' ring
-     * must still hold the window below n_keep: position q sits in row q % ring, intact while no
-     * position q + ring has been written since the reset. n_hi only grows (conservative). */
-    g4_state *s = state;
-    if (n_keep <= 0) {
-        s->n_hi = 0;
-        return HM_OK;
-    }
-    const int64_t q_min = (int64_t)n_keep - s->window + 1;
-    if (s->ring < s->n_ctx && q_min > 0 && q_min + s->ring < s->n_hi)
-        return hm_errf(err, HM_ERR_UNSUPPORTED,
-                       "gemma4: cannot go back to %d positions: the sliding-window cache (%lld rows) has "
-                       "overwritten the window below it (positions up to %lld were evaluated)",
-                       n_keep, (long long)s->ring, (long long)s->n_hi);
-    return HM_OK;
-}
-
-/* ---- forward ---- */
-
-static hm_status g4_forward(const hm_model *m, void *state, hm_pool *pool, const hm_fwd_batch *b, hm_err *err) {
-    const g4_model *g = m->impl;
-    g4_state *s = state;
-    const int64_t n = b->n, E = g->n_embd;
-    const int nh = g->n_head;
-    HM_ASSERT(n > 0 && n <= s->n_ubatch && b->n_out <= n);
-    HM_ASSERT(b->pos[n - 1] < s->n_ctx);
-    const float inv_sqrt_e = 1.0f / sqrtf((float)E);
-
-    if (b->pos[n - 1] + 1 > s->n_hi) s->n_hi = b->pos[n - 1] + 1;
-#ifdef HM_HAVE_CUDA
-    if (m->gpu) return g4_gpu_forward(m, s, pool, b, err);
-#endif
-    hm_cpu_get_rows(pool, &g->tok_embd, b->tokens, n, s->x);
-    hm_cpu_scale(pool, s->x, g->embd_scale, s->x, n * E);
-    int64_t nr = n;
-    const int32_t *pos = b->pos;
-    for (int32_t il = 0; il < g->n_layer; il++) {
-        const g4_layer *L = &g->layers[il];
-        const int hd = L->hd, nkv = L->n_kv;
-        const g4_kv *c = &s->kvl[il];
-        char *kc = (char *)s->kv + c->off * s->es;
-        char *vc = kc + c->elems * s->es;
-
-        /* attention */
-        hm_cpu_rmsnorm(pool, s->x, L->attn_norm, s->h, n, E, g->eps);
-        if (L->wv.data) {
-            const hm_mat *ws[3] = {&L->wq, &L->wk, &L->wv};
-            float *const ys[3] = {s->q, s->k, s->v};
-            hm_cpu_matmul_n(pool, ws, 3, s->h, n, ys, &s->scratch);
-        } else {
-            const hm_mat *ws[2] = {&L->wq, &L->wk};
-            float *const ys[2] = {s->q, s->k};
-            hm_cpu_matmul_n(pool, ws, 2, s->h, n, ys, &s->scratch);
-            memcpy(s->v, s->k, (size_t)(n * nkv * hd) * sizeof(float)); /* K = V: V is K before norm/RoPE */
-        }
-        hm_cpu_rmsnorm_heads(pool, s->q, L->q_norm, n, nh, hd, g->eps);
-        hm_cpu_rmsnorm_heads(pool, s->k, L->k_norm, n, nkv, hd, g->eps);
-        hm_cpu_rmsnorm(pool, s->v, NULL, s->v, n * nkv, hd, g->eps);
-        hm_gemma_rope_neox(pool, s->q, n, nh, hd, L->n_rot, b->pos, L->theta, L->rope_ff);
-        hm_gemma_rope_neox(pool, s->k, n, nkv, hd, L->n_rot, b->pos, L->theta, L->rope_ff);
-        hm_gemma_kv_write(pool, kc, vc, s->es, c->cap, nkv, hd, s->k, s->v, n, b->pos);
-
-        if (il == g->n_layer - 1 && b->n_out < n) {
-            /* last layer: only the wanted rows go on (out_rows ascend, so compacting forward is safe) */
-            if (b->n_out == 0) break;
-            for (int32_t i = 0; i < b->n_out; i++) s->pos_out[i] = b->pos[b->out_rows[i]];
-            hm_model_compact_rows(s->q, (int64_t)nh * hd, b->out_rows, b->n_out);
-            hm_model_compact_rows(s->x, E, b->out_rows, b->n_out);
-            nr = b->n_out;
-            pos = s->pos_out;
-        }
-        hm_gemma_attention(pool, s->q, nr, pos, kc, vc, s->es, c->cap, L->swa ? g->window : 0, nh, nkv, hd, 1.0f,
-                           s->att, s->att_scratch);
-        hm_cpu_matmul(pool, &L->wo, s->att, nr, s->h, &s->scratch);
-        hm_cpu_rmsnorm(pool, s->h, L->post_attn_norm, s->h, nr, E, g->eps);
-        hm_cpu_add(pool, s->x, s->h, s->x, nr * E); /* x = attn_out */
-
-        /* dense MLP */
-        hm_cpu_rmsnorm(pool, s->x, L->ffn_norm, s->h, nr, E, g->eps);
-        {
-            const hm_mat *ws[2] = {&L->gate, &L->up};
-            float *const ys[2] = {s->g, s->u};
-            hm_cpu_matmul_n(pool, ws, 2, s->h, nr, ys, &s->scratch);
-        }
-        hm_gemma_gelu_mul(pool, s->g, s->u, s->g, nr * L->n_ff);
-        hm_cpu_matmul(pool, &L->down, s->g, nr, s->m, &s->scratch);
-
-        if (L->moe) {
-            hm_cpu_rmsnorm(pool, s->m, L->post_ffw_norm_1, s->m, nr, E, g->eps);
-            /* router on attn_out */
-            hm_cpu_rmsnorm(pool, s->x, L->router_scale, s->h, nr, E, g->eps);
-            hm_cpu_scale(pool, s->h, inv_sqrt_e, s->h, nr * E);
-            hm_cpu_matmul(pool, &L->router, s->h, nr, s->rlog, &s->scratch);
-            hm_moe_route_rows(m, il, &s->route, s->rlog, nr, g->n_expert, g->n_expert_used, L->expert_scale, s->rid,
-                              s->rw);
-            hm_cpu_rmsnorm(pool, s->x, L->pre_ffw_norm_2, s->h, nr, E, g->eps);
-            memset(s->e, 0, (size_t)(nr * E) * sizeof(float));
-            hm_status mst = hm_moe_forward(m, pool, &L->experts, &s->route, s->h, s->e, &s->scratch,
-                                           il + 1 < g->n_layer ? &g->layers[il + 1].router : NULL, err);
-            if (mst != HM_OK) return mst;
-            hm_cpu_rmsnorm(pool, s->e, L->post_ffw_norm_2, s->e, nr, E, g->eps);
-            hm_cpu_add(pool, s->m, s->e, s->m, nr * E);
-        }
-        hm_cpu_rmsnorm(pool, s->m, L->post_ffw_norm, s->m, nr, E, g->eps);
-        hm_cpu_add(pool, s->x, s->m, s->x, nr * E);
-        if (L->out_scale != 1.0f) hm_cpu_scale(pool, s->x, L->out_scale, s->x, nr * E);
-    }
-    if (b->n_out > 0) {
-        HM_ASSERT(nr == b->n_out);
-        hm_model_logits(pool, s->x, g->output_norm, g->eps, &g->output, b->n_out, E, s->hout, b->logits, &s->scratch);
-        if (g->softcap > 0) hm_gemma_softcap(pool, b->logits, (int64_t)b->n_out * g->n_vocab, g->softcap);
-    }
-    (void)err;
-    return HM_OK;
-}
-
 const hm_arch hm_arch_gemma4 = {
     .name = "gemma4",
     .load = g4_load,
     .unload = g4_unload,
-    .state_open = g4_state_open,
-    .state_close = g4_state_close,
-    .state_trim = g4_state_trim,
-    .forward = g4_forward,
-#ifdef HM_HAVE_CUDA
-    .gpu_load = g4_gpu_load,
-    .gpu_unload = g4_gpu_unload,
-    .gpu_multi = true,
-#endif
+    HM_EXEC_ARCH(g4_layer_fwd),
 };

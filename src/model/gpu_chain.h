@@ -1,5 +1,5 @@
 /* gpu_chain.h - a GPU session's chain of per-device states, and the per-step work over it that
- * every GPU forward (exec/exec_cuda.c: qwen3moe, qwen35moe; gemma4_cuda.c) does the same way.
+ * the GPU forward (exec/exec_cuda.c) does for every arch.
  *
  * A session on the GPU holds one state per device of the placement that runs layers or the output
  * (hm_gpu_chain_links), chained in layer order. Each arch's state struct starts with an

@@ -169,7 +169,7 @@ hm_status hm_gpu_upload_vec(hm_gpu *g, const float *v, int64_t n, float **out, h
 /* (These and hm_gpu_up_* below go to device index g->up_dev: an arch with gpu_multi sets it to
  * hm_gpu_layer_dev(g, il) before layer il's uploads.) */
 
-/* ---- helpers the GPU forwards (exec/exec_cuda.c, gemma4_cuda.c) share ---- */
+/* ---- helpers of the GPU forward (exec/exec_cuda.c) ---- */
 
 /* When st is an error: prefix err's message with "tensor '<name>': ". Returns st. */
 hm_status hm_gpu_name_err(hm_status st, const char *name, hm_err *err);

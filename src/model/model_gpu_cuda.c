@@ -13,8 +13,7 @@
  * (its layers' KV cache, its budget), and the store sees the pools as one numbering through a
  * dispatching tier view (multi_fill / _ready / _part).
  *
- * At the end, the helpers the GPU forwards share (exec/exec_cuda.c,
- * gemma4_cuda.c): named weight uploads, the session state's allocations (device, pinned) with the
+ * At the end, the helpers the GPU forward (exec/exec_cuda.c) uses: named weight uploads, the session state's allocations (device, pinned) with the
  * same make_room rule, and the per-step slot table refresh and routing record. */
 #include <stdio.h>
 #include <stdlib.h>
