@@ -509,7 +509,9 @@ typedef struct hm_server_opts {
     int32_t n_ctx;             /* positions per slot; 0 = min(n_ctx_train, 4096) */
     int32_t n_threads;         /* compute threads; 0 = online CPUs */
     const char *api_key;       /* NULL = no auth; else every endpoint but /health and the page
-                                  needs "Authorization: Bearer KEY" */
+                                  needs "Authorization: Bearer KEY"; "" is an error */
+    const char *api_key_file;  /* more keys, one per line ('#' comments); any key is accepted.
+                                  A file without a key is an error. NULL = none */
     const char *alias;         /* model id in the API; NULL = the file name */
     const char *chat_template; /* "chatml" or a template text; NULL = the model's own */
     const char *profile_out;   /* where POST /profile/save writes; NULL = "hotmoe-profile.json" */

@@ -14,7 +14,8 @@ static void on_signal(int sig) {
 
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: hotmoe serve -m FILE [--host ADDR] [--port N] [--parallel N] [--api-key KEY] [-c CTX] [-t T]\n"
+            "usage: hotmoe serve -m FILE [--host ADDR] [--port N] [--parallel N] [--api-key KEY] [--api-key-file F]\n"
+            "                    [-c CTX] [-t T] [limits]\n"
             "\n"
             "Serve the model over HTTP: OpenAI's /v1/chat/completions, /v1/completions and /v1/models (SSE\n"
             "streaming), llama-server's /health, /props, /slots and /metrics (Prometheus), hotmoe's /experts,\n"
@@ -25,7 +26,9 @@ static void usage(FILE *f) {
             "      --port N           TCP port (default 8080)\n"
             "  -np, --parallel N      slots: requests decoded at the same time, each with its own KV cache (1)\n"
             "      --api-key KEY      require \"Authorization: Bearer KEY\" on every endpoint but /health and the\n"
-            "                         page (also read from HOTMOE_API_KEY)\n"
+            "                         page (also read from HOTMOE_API_KEY); an empty key is an error\n"
+            "      --api-key-file F   accepted keys, one per line ('#' starts a comment line); with --api-key\n"
+            "                         any of them is accepted\n"
             "  -c, --ctx-size N       context positions per slot (default min(training context, 4096))\n"
             "  -t, --threads N        compute threads (default: online CPUs)\n"
             "      --alias NAME       model id in the API (default: the file name)\n"
@@ -50,7 +53,6 @@ static int int_arg(const char *flag, const char *v, long lo, long hi, int32_t *o
 int hm_cmd_serve(int argc, char **argv) {
     hm_server_opts o;
     hm_server_opts_default(&o);
-    o.api_key = getenv("HOTMOE_API_KEY");
     cli_engine e = {.cmd = "serve", .place_init = true};
     hm_placement_opts_default(&e.place);
     for (int i = 1; i < argc; i++) {
@@ -85,7 +87,13 @@ int hm_cmd_serve(int argc, char **argv) {
             if (!int_arg(a, v, 0, 1 << 24, &o.n_ctx)) return 2;
         } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
             if (!int_arg(a, v, 0, 512, &o.n_threads)) return 2;
-        } else if (!strcmp(a, "--api-key")) o.api_key = v;
+        } else if (!strcmp(a, "--api-key")) {
+            if (!*v) {
+                fprintf(stderr, "serve: --api-key '' is empty; give a key, or leave --api-key out to serve without one\n");
+                return 2;
+            }
+            o.api_key = v;
+        } else if (!strcmp(a, "--api-key-file")) o.api_key_file = v;
         else if (!strcmp(a, "--alias")) o.alias = v;
         else if (!strcmp(a, "--chat-template")) o.chat_template = v;
         else if (!strcmp(a, "--max-body")) {
@@ -101,6 +109,14 @@ int hm_cmd_serve(int argc, char **argv) {
             usage(stderr);
             return 2;
         }
+    }
+    const char *env_key = getenv("HOTMOE_API_KEY");
+    if (!o.api_key && env_key) {
+        if (!*env_key) { /* set but empty: the user meant a key; never serve open by mistake */
+            fprintf(stderr, "serve: HOTMOE_API_KEY is set but empty; set a key, or unset it to serve without one\n");
+            return 2;
+        }
+        o.api_key = env_key;
     }
     if (!o.model_path) {
         fprintf(stderr, "serve: -m FILE is required\n");

@@ -23,6 +23,7 @@
 #include <string.h>
 #include <strings.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -38,7 +39,9 @@ static const char chatml_template[] =
 
 struct hm_server {
     hm_server_opts o;
-    char *host, *api_key, *profile_out, *model_path;
+    char *host, *profile_out, *model_path;
+    char **keys; /* [n_keys] owned: --api-key and the lines of --api-key-file; none = no auth */
+    int n_keys;
     hm_model *model;
     hm_tokenizer *tok;
     char model_id[256];
@@ -120,16 +123,24 @@ static enum MHD_Result send_error(struct MHD_Connection *c, unsigned status, con
     return send_reply(c, &r);
 }
 
+/* The bytes of the sent key are compared with every key in full (no early exit on the first
+ * difference), so the time does not tell how much of a key was right. */
 static bool authorized(hm_server *s, struct MHD_Connection *c) {
-    if (!s->api_key) return true;
+    if (s->n_keys == 0) return true;
     const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
     if (!h || strncasecmp(h, "Bearer ", 7) != 0) return false;
     h += 7;
     while (*h == ' ') h++;
-    size_t n = strlen(h), k = strlen(s->api_key);
-    unsigned char diff = (unsigned char)(n != k);
-    for (size_t i = 0; i < k; i++) diff |= (unsigned char)(s->api_key[i] ^ (i < n ? h[i] : 0));
-    return diff == 0;
+    size_t n = strlen(h);
+    bool ok = false;
+    for (int j = 0; j < s->n_keys; j++) {
+        const char *key = s->keys[j];
+        size_t k = strlen(key);
+        unsigned char diff = (unsigned char)(n != k);
+        for (size_t i = 0; i < k; i++) diff |= (unsigned char)(key[i] ^ (i < n ? h[i] : 0));
+        ok |= diff == 0;
+    }
+    return ok;
 }
 
 static const srv_asset *find_asset(const char *url) {
@@ -270,8 +281,12 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     }
     srv_reply r = {0};
     srv_api_handle(&s->api, method, url, rc->body.p, rc->body.len, &r);
-    if (s->o.verbose)
-        fprintf(stderr, "serve: %s %s -> %s\n", method, url, r.stream_task ? "stream" : r.wait_task ? "wait" : "done");
+    if (s->o.verbose) {
+        char m[160], u[600]; /* client bytes: escaped, cut */
+        srv_text(m, sizeof m, method, strlen(method), 32);
+        srv_text(u, sizeof u, url, strlen(url), 200);
+        fprintf(stderr, "serve: %s %s -> %s\n", m, u, r.stream_task ? "stream" : r.wait_task ? "wait" : "done");
+    }
     if (r.stream_task) return start_stream(s, c, r.stream_task);
     if (r.wait_task) {
         srv_task *t = r.wait_task;
@@ -306,6 +321,68 @@ static void set_err(hm_err *err, const char *fmt, ...) {
     va_end(ap);
 }
 
+/* Add one key; it must be text a client can send in a header: no control bytes, no spaces. */
+static hm_status add_key(hm_server *s, const char *key, size_t n, const char *file, int line, hm_err *err) {
+    for (size_t i = 0; i < n; i++) {
+        unsigned char ch = (unsigned char)key[i];
+        if (ch <= 0x20 || ch == 0x7f) {
+            if (file) set_err(err, "serve: --api-key-file %s line %d: a key cannot hold spaces or control characters", file, line);
+            else set_err(err, "serve: --api-key: a key cannot hold spaces or control characters");
+            return HM_ERR_ARG;
+        }
+    }
+    char **k = realloc(s->keys, (size_t)(s->n_keys + 1) * sizeof *k);
+    if (!k) return HM_ERR_NOMEM;
+    s->keys = k;
+    if (!(k[s->n_keys] = strndup(key, n))) return HM_ERR_NOMEM;
+    s->n_keys++;
+    return HM_OK;
+}
+
+/* --api-key-file: one key per line; blank lines and lines starting with '#' are skipped, spaces
+ * around a key are trimmed. A file without a key is an error: it would turn authentication off. */
+static hm_status load_key_file(hm_server *s, const char *path, hm_err *err) {
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        set_err(err, "serve: --api-key-file %s: %s", path, strerror(errno));
+        return HM_ERR_IO;
+    }
+    struct stat sb;
+    if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode) || sb.st_size > (1 << 20)) {
+        set_err(err, "serve: --api-key-file %s: not a regular file of at most 1 MiB", path);
+        fclose(f);
+        return HM_ERR_ARG;
+    }
+    hm_status st = HM_OK;
+    int n_before = s->n_keys, line = 0;
+    char buf[4096];
+    while (st == HM_OK && fgets(buf, sizeof buf, f)) {
+        line++;
+        size_t n = strlen(buf);
+        if (n == sizeof buf - 1 && buf[n - 1] != '\n' && !feof(f)) {
+            set_err(err, "serve: --api-key-file %s line %d: longer than %zu bytes", path, line, sizeof buf - 2);
+            st = HM_ERR_ARG;
+            break;
+        }
+        while (n > 0 && (buf[n - 1] == '\n' || buf[n - 1] == '\r' || buf[n - 1] == ' ' || buf[n - 1] == '\t')) n--;
+        buf[n] = 0;
+        char *a = buf;
+        while (*a == ' ' || *a == '\t') a++;
+        if (!*a || *a == '#') continue;
+        st = add_key(s, a, strlen(a), path, line, err);
+    }
+    if (st == HM_OK && ferror(f)) {
+        set_err(err, "serve: --api-key-file %s: %s", path, strerror(errno));
+        st = HM_ERR_IO;
+    }
+    fclose(f);
+    if (st == HM_OK && s->n_keys == n_before) {
+        set_err(err, "serve: --api-key-file %s holds no key (one key per line; '#' starts a comment)", path);
+        st = HM_ERR_ARG;
+    }
+    return st;
+}
+
 hm_status hm_server_open(hm_server **out, const hm_server_opts *opts, hm_err *err) {
     *out = NULL;
     hm_status st = HM_OK;
@@ -329,7 +406,14 @@ hm_status hm_server_open(hm_server **out, const hm_server_opts *opts, hm_err *er
         goto fail;
     }
     s->host = dup_or_null(s->o.host);
-    s->api_key = dup_or_null(s->o.api_key && *s->o.api_key ? s->o.api_key : NULL);
+    if (s->o.api_key && !*s->o.api_key) { /* asked for a key and gave none: never serve open by mistake */
+        set_err(err, "serve: the API key is empty; give a key, or no --api-key (and no HOTMOE_API_KEY) to serve "
+                     "without one");
+        st = HM_ERR_ARG;
+        goto fail;
+    }
+    if (s->o.api_key && (st = add_key(s, s->o.api_key, strlen(s->o.api_key), NULL, 0, err)) != HM_OK) goto fail;
+    if (s->o.api_key_file && (st = load_key_file(s, s->o.api_key_file, err)) != HM_OK) goto fail;
     s->profile_out = dup_or_null(s->o.profile_out);
     s->model_path = dup_or_null(s->o.model_path);
     if (!s->host || !s->profile_out || !s->model_path) {
@@ -351,10 +435,17 @@ hm_status hm_server_open(hm_server **out, const hm_server_opts *opts, hm_err *er
     if (s->o.trace_out && (st = hm_model_trace_out(s->model, s->o.trace_out, err)) != HM_OK) goto fail;
     if ((st = hm_tokenizer_open(&s->tok, s->model_path, err)) != HM_OK) goto fail;
     if (s->o.alias) {
-        snprintf(s->model_id, sizeof s->model_id, "%s", s->o.alias);
-    } else {
+        size_t n = strlen(s->o.alias);
+        if (n == 0 || n >= sizeof s->model_id || srv_text(s->model_id, sizeof s->model_id, s->o.alias, n, n) != n) {
+            set_err(err, "serve: --alias must be 1 to %zu bytes of UTF-8 text without control characters",
+                    sizeof s->model_id - 1);
+            st = HM_ERR_ARG;
+            goto fail;
+        }
+    } else { /* the file name, shown as text whatever its bytes */
         const char *base = strrchr(s->model_path, '/');
-        snprintf(s->model_id, sizeof s->model_id, "%s", base ? base + 1 : s->model_path);
+        base = base ? base + 1 : s->model_path;
+        srv_text(s->model_id, sizeof s->model_id, base, strlen(base), 128);
     }
     const char *tmpl = s->o.chat_template;
     if (tmpl && !strcmp(tmpl, "chatml")) tmpl = chatml_template;
@@ -463,7 +554,8 @@ void hm_server_close(hm_server *s) {
     if (s->stop_pipe[1] >= 0) close(s->stop_pipe[1]);
     free(s->chat_template);
     free(s->host);
-    free(s->api_key);
+    for (int i = 0; i < s->n_keys; i++) free(s->keys[i]);
+    free(s->keys);
     free(s->profile_out);
     free(s->model_path);
     free(s);
