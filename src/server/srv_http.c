@@ -68,6 +68,7 @@ typedef struct srv_stream {
     hm_server *s;
     srv_task *t;
     int fd;
+    bool eof; /* the client's input has ended (a half-close or a close: the stream's writes tell) */
 } srv_stream;
 
 void hm_server_opts_default(hm_server_opts *o) {
@@ -79,11 +80,30 @@ void hm_server_opts_default(hm_server_opts *o) {
 
 /* ---- helpers ---- */
 
-static bool peer_gone(int fd) {
+/* Has the client gone away? End of input is not enough: a client that half-closes after its
+ * request (shutdown(SHUT_WR), as some HTTP/1.0 clients and proxies do) still reads the answer,
+ * and its FIN looks the same as a closed socket's. Only a reset or hangup on the socket is a
+ * disconnect: a closed client's kernel answers the next bytes we send with RST. *eof is set when
+ * the input has ended (the caller may then probe with bytes of its own). */
+static bool peer_gone(int fd, bool *eof) {
     if (fd < 0) return false;
     struct pollfd p = {.fd = fd, .events = POLLRDHUP};
     if (poll(&p, 1, 0) <= 0) return false;
-    return (p.revents & (POLLRDHUP | POLLHUP | POLLERR | POLLNVAL)) != 0;
+    if (p.revents & (POLLHUP | POLLERR | POLLNVAL)) return true;
+    if (p.revents & POLLRDHUP) *eof = true;
+    return false;
+}
+
+/* The input of an HTTP/1.1 client has ended while its answer is not ready: send an interim
+ * "102 Processing" (a 1xx answer every HTTP/1.1 client skips; none may go to HTTP/1.0). A
+ * half-closed client reads it and goes on waiting; a closed one's kernel resets the connection,
+ * which peer_gone sees. Written straight to the socket: with a thread per connection,
+ * libmicrohttpd writes nothing on it until this request's handler returns. False when the write
+ * already fails (the client is gone). */
+static bool probe_peer(int fd) {
+    static const char probe[] = "HTTP/1.1 102 Processing\r\n\r\n";
+    ssize_t w = send(fd, probe, sizeof probe - 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+    return w >= 0 || errno == EAGAIN || errno == EWOULDBLOCK;
 }
 
 static int conn_fd(struct MHD_Connection *c) {
@@ -172,7 +192,7 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
         struct timespec ts;
         deadline_in(&ts, SRV_POLL_MS);
         pthread_cond_timedwait(&t->cv, &sc->mu, &ts);
-        if (!t->done && !t->out.len && peer_gone(st->fd)) {
+        if (!t->done && !t->out.len && peer_gone(st->fd, &st->eof)) {
             t->cancelled = true;
             pthread_cond_signal(&sc->cv);
             pthread_mutex_unlock(&sc->mu);
@@ -209,16 +229,24 @@ static enum MHD_Result start_stream(hm_server *s, struct MHD_Connection *c, srv_
     return ret;
 }
 
-/* Block until t is done; false when the client went away first (t is then cancelled). */
-static bool wait_task(hm_server *s, struct MHD_Connection *c, srv_task *t) {
+/* Block until t is done; false when the client went away first (t is then cancelled). An
+ * HTTP/1.0 client whose input ended cannot be probed: its request runs to the end, and the
+ * answer's write finds out whether anyone is left to read it. */
+static bool wait_task(hm_server *s, struct MHD_Connection *c, srv_task *t, bool http11) {
     int fd = conn_fd(c);
+    bool eof = false, probed = false;
     srv_sched *sc = &s->sched;
     pthread_mutex_lock(&sc->mu);
     while (!t->done) {
         struct timespec ts;
         deadline_in(&ts, SRV_POLL_MS);
         pthread_cond_timedwait(&t->cv, &sc->mu, &ts);
-        if (!t->done && peer_gone(fd)) {
+        bool gone = !t->done && peer_gone(fd, &eof);
+        if (!gone && eof && !probed && http11) {
+            probed = true;
+            gone = !probe_peer(fd);
+        }
+        if (gone) {
             t->cancelled = true;
             pthread_cond_signal(&sc->cv);
             pthread_mutex_unlock(&sc->mu);
@@ -290,7 +318,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     if (r.stream_task) return start_stream(s, c, r.stream_task);
     if (r.wait_task) {
         srv_task *t = r.wait_task;
-        if (!wait_task(s, c, t)) {
+        if (!wait_task(s, c, t, version && !strcmp(version, MHD_HTTP_VERSION_1_1))) {
             srv_task_release(&s->sched, t);
             return MHD_NO; /* nobody to answer: close */
         }
