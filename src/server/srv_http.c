@@ -6,8 +6,9 @@
  * 413), final call (static page or srv_api_handle). Completions then wait here: a non-streaming
  * one blocks this connection's thread until its task is done, a streaming one becomes a
  * response whose reader callback blocks until the engine has published more SSE bytes. Both
- * waits wake every SRV_POLL_MS to poll the socket: a client that has gone away cancels its
- * task, and the engine frees the slot before its next round.
+ * waits wake every SRV_POLL_MS to poll the socket: a client that has gone away (a reset or a
+ * hangup, not only the end of its input: see peer_gone) cancels its task, and the engine frees
+ * the slot before its next round.
  *
  * Shutdown (hm_server_close): stop accepting, stop the scheduler (every task ends cancelled, so
  * every waiting connection thread returns), stop the daemon (joins those threads), free. */
