@@ -34,7 +34,18 @@ static void usage(FILE *f) {
             "      --alias NAME       model id in the API (default: the file name)\n"
             "      --chat-template T  \"chatml\" or a template text (default: the model's own)\n"
             "      --max-body BYTES   request body cap (default 8MiB)\n"
-            "  -v, --verbose          log loading and every request to stderr\n" CLI_PLACEMENT_HELP
+            "  -v, --verbose          log loading and every request to stderr\n"
+            "limits (a client cannot lock others out; docs/SERVER.md \"Running it safely\"):\n"
+            "      --max-conns N      open connections at once (default 256); past it, requests answer 503\n"
+            "      --max-conns-per-ip N  open connections from one client address (default 32; behind a\n"
+            "                         proxy every client has the proxy's address: raise it)\n"
+            "      --health-conns N   more connections only /health may use when the others are taken (4)\n"
+            "      --header-timeout S a request's headers must arrive within S seconds of the connection's\n"
+            "                         start or of its previous answer (default 10; also the keep-alive idle)\n"
+            "      --body-timeout S   its body within S seconds of its headers (default 60)\n"
+            "      --idle-timeout S   no byte either way for S seconds while an answer is sent closes the\n"
+            "                         connection (default 120)\n"
+            CLI_PLACEMENT_HELP
             "  (serve: --profile-out is also where POST /profile/save writes; without it that is\n"
             "  hotmoe-profile.json and nothing is written at exit)\n");
 }
@@ -95,6 +106,20 @@ int hm_cmd_serve(int argc, char **argv) {
             o.api_key = v;
         } else if (!strcmp(a, "--api-key-file")) o.api_key_file = v;
         else if (!strcmp(a, "--alias")) o.alias = v;
+        else if (!strcmp(a, "--max-conns")) {
+            if (!int_arg(a, v, 1, 16384, &o.max_conns)) return 2;
+        } else if (!strcmp(a, "--max-conns-per-ip")) {
+            if (!int_arg(a, v, 1, 16384, &o.max_conns_per_ip)) return 2;
+        } else if (!strcmp(a, "--health-conns")) {
+            if (!int_arg(a, v, 0, 1024, &n)) return 2;
+            o.health_conns = n ? n : -1; /* 0 in the options is the default */
+        } else if (!strcmp(a, "--header-timeout")) {
+            if (!int_arg(a, v, 1, 86400, &o.header_timeout_s)) return 2;
+        } else if (!strcmp(a, "--body-timeout")) {
+            if (!int_arg(a, v, 1, 86400, &o.body_timeout_s)) return 2;
+        } else if (!strcmp(a, "--idle-timeout")) {
+            if (!int_arg(a, v, 1, 86400, &o.idle_timeout_s)) return 2;
+        }
         else if (!strcmp(a, "--chat-template")) o.chat_template = v;
         else if (!strcmp(a, "--max-body")) {
             int64_t b;

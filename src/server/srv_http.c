@@ -32,6 +32,19 @@
 
 #define SRV_POLL_MS 100
 #define SRV_DEFAULT_MAX_BODY ((size_t)8 << 20)
+#define SRV_WATCH_MS 250 /* how often the watchdog looks for connections past their deadline */
+
+/* Where a connection is in its current request, for the header and body deadlines. */
+enum { PEER_HEADER = 0, PEER_BODY, PEER_WORK };
+
+/* One open TCP connection (libmicrohttpd's socket_context), in hm_server.peers while open. */
+typedef struct srv_peer {
+    int fd;
+    int phase;      /* PEER_*: WORK (handled, answering) has no deadline of ours */
+    double since;   /* srv_now() when the phase began */
+    bool cut;       /* the watchdog has shut it down */
+    struct srv_peer *prev, *next;
+} srv_peer;
 
 /* ChatML as Qwen writes it; hm_chat_apply recognises the family from <|im_start|>. */
 static const char chatml_template[] =
@@ -55,10 +68,19 @@ struct hm_server {
     int stop_pipe[2];
     volatile sig_atomic_t stopping;
     bool opened; /* hm_server_open succeeded: save the profile at close (profile_on_exit) */
+    /* Open connections and the watchdog that enforces their header and body deadlines. */
+    pthread_mutex_t peer_mu;   /* guards peers, n_peers, watch_stop */
+    pthread_cond_t watch_cv;
+    srv_peer *peers;
+    int n_peers;
+    bool watch_stop, watch_started, peer_init;
+    pthread_t watch;
+    uint64_t n_cut;            /* connections shut for being too slow */
 };
 
 /* Per request (libmicrohttpd's con_cls). */
 typedef struct srv_conn {
+    srv_peer *peer; /* the connection's, NULL when untracked */
     srv_buf body;
     bool too_big;
     bool is_static;
@@ -70,6 +92,8 @@ typedef struct srv_stream {
     srv_task *t;
     int fd;
     bool eof; /* the client's input has ended (a half-close or a close: the stream's writes tell) */
+    struct MHD_Connection *c;
+    bool waiting; /* the idle timeout is off while the engine has nothing new (see stream_read) */
 } srv_stream;
 
 void hm_server_opts_default(hm_server_opts *o) {
@@ -77,6 +101,89 @@ void hm_server_opts_default(hm_server_opts *o) {
     o->host = "127.0.0.1";
     o->port = 8080;
     o->n_parallel = 1;
+}
+
+/* ---- connections: tracking, deadlines ---- */
+
+static int conn_fd(struct MHD_Connection *c);
+
+static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
+                          enum MHD_ConnectionNotificationCode toe) {
+    hm_server *s = cls;
+    if (toe == MHD_CONNECTION_NOTIFY_STARTED) {
+        srv_peer *p = calloc(1, sizeof *p);
+        if (!p) return; /* untracked: counted by libmicrohttpd's own limits only */
+        p->fd = conn_fd(c);
+        p->since = srv_now();
+        pthread_mutex_lock(&s->peer_mu);
+        p->next = s->peers;
+        if (s->peers) s->peers->prev = p;
+        s->peers = p;
+        s->n_peers++;
+        pthread_mutex_unlock(&s->peer_mu);
+        *socket_context = p;
+    } else if (toe == MHD_CONNECTION_NOTIFY_CLOSED && *socket_context) {
+        /* libmicrohttpd closes the socket after this returns: the watchdog, which shuts sockets
+         * down under peer_mu, never touches a closed one */
+        srv_peer *p = *socket_context;
+        pthread_mutex_lock(&s->peer_mu);
+        if (p->prev) p->prev->next = p->next;
+        else s->peers = p->next;
+        if (p->next) p->next->prev = p->prev;
+        s->n_peers--;
+        pthread_mutex_unlock(&s->peer_mu);
+        free(p);
+        *socket_context = NULL;
+    }
+}
+
+static srv_peer *peer_of(struct MHD_Connection *c) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    return ci ? ci->socket_context : NULL;
+}
+
+/* Enter a phase; returns the number of open connections. */
+static int peer_phase(hm_server *s, srv_peer *p, int phase) {
+    pthread_mutex_lock(&s->peer_mu);
+    if (p) {
+        p->phase = phase;
+        p->since = srv_now();
+    }
+    int n = s->n_peers;
+    pthread_mutex_unlock(&s->peer_mu);
+    return n;
+}
+
+/* Shut down every connection still waiting for headers or a body past its deadline (a slow or
+ * stalled client): libmicrohttpd then reads the end of input and closes it. */
+static void *watchdog(void *arg) {
+    hm_server *s = arg;
+    pthread_mutex_lock(&s->peer_mu);
+    while (!s->watch_stop) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += SRV_WATCH_MS * 1000000L;
+        if (ts.tv_nsec >= 1000000000L) {
+            ts.tv_nsec -= 1000000000L;
+            ts.tv_sec++;
+        }
+        pthread_cond_timedwait(&s->watch_cv, &s->peer_mu, &ts);
+        double now = srv_now();
+        for (srv_peer *p = s->peers; p; p = p->next) {
+            double limit = p->phase == PEER_HEADER ? s->o.header_timeout_s
+                           : p->phase == PEER_BODY ? s->o.body_timeout_s : 0;
+            if (limit > 0 && !p->cut && p->fd >= 0 && now - p->since > limit) {
+                shutdown(p->fd, SHUT_RDWR);
+                p->cut = true;
+                s->n_cut++;
+                if (s->o.verbose)
+                    fprintf(stderr, "serve: closed a connection that sent no complete request %s in %g s\n",
+                            p->phase == PEER_HEADER ? "header" : "body", limit);
+            }
+        }
+    }
+    pthread_mutex_unlock(&s->peer_mu);
+    return NULL;
 }
 
 /* ---- helpers ---- */
@@ -146,6 +253,24 @@ static enum MHD_Result send_error(struct MHD_Connection *c, unsigned status, con
 
 /* The bytes of the sent key are compared with every key in full (no early exit on the first
  * difference), so the time does not tell how much of a key was right. */
+/* 503 with Retry-After, and the connection closed: its place is what the client lacks. */
+static enum MHD_Result send_busy(struct MHD_Connection *c, const char *msg) {
+    srv_reply r = {0};
+    srv_reply_error(&r, 503, msg, "server_error", NULL, "server_busy");
+    struct MHD_Response *resp = MHD_create_response_from_buffer(r.body_len, r.body ? r.body : (char *)"",
+                                                                r.body ? MHD_RESPMEM_MUST_FREE : MHD_RESPMEM_PERSISTENT);
+    if (!resp) {
+        free(r.body);
+        return MHD_NO;
+    }
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_RETRY_AFTER, "1");
+    MHD_add_response_header(resp, MHD_HTTP_HEADER_CONNECTION, "close");
+    enum MHD_Result ret = MHD_queue_response(c, 503, resp);
+    MHD_destroy_response(resp);
+    return ret;
+}
+
 static bool authorized(hm_server *s, struct MHD_Connection *c) {
     if (s->n_keys == 0) return true;
     const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
@@ -179,6 +304,15 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
     srv_task *t = st->t;
     pthread_mutex_lock(&sc->mu);
     for (;;) {
+        if (t->out.len || t->done) {
+            /* libmicrohttpd's idle timeout counts while this callback blocks: it is off while we
+             * wait for the engine (a queued request, a long prompt) and back on for the client's
+             * reading (a client that stops reading is closed after idle_timeout_s) */
+            if (st->waiting) {
+                MHD_set_connection_option(st->c, MHD_CONNECTION_OPTION_TIMEOUT, (unsigned)st->s->o.idle_timeout_s);
+                st->waiting = false;
+            }
+        }
         if (t->out.len) {
             size_t n = t->out.len < max ? t->out.len : max;
             memcpy(buf, t->out.p, n);
@@ -189,6 +323,10 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
         if (t->done) {
             pthread_mutex_unlock(&sc->mu);
             return MHD_CONTENT_READER_END_OF_STREAM;
+        }
+        if (!st->waiting) {
+            MHD_set_connection_option(st->c, MHD_CONNECTION_OPTION_TIMEOUT, 0u);
+            st->waiting = true;
         }
         struct timespec ts;
         deadline_in(&ts, SRV_POLL_MS);
@@ -213,7 +351,7 @@ static enum MHD_Result start_stream(hm_server *s, struct MHD_Connection *c, srv_
     srv_stream *st = malloc(sizeof *st);
     struct MHD_Response *resp = NULL;
     if (st) {
-        *st = (srv_stream){.s = s, .t = t, .fd = conn_fd(c)};
+        *st = (srv_stream){.s = s, .t = t, .fd = conn_fd(c), .c = c};
         resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024, stream_read, st, stream_free);
     }
     if (!resp) {
@@ -268,6 +406,13 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     if (!rc) { /* headers are in; the body (if any) is not */
         if (!(rc = calloc(1, sizeof *rc))) return MHD_NO;
         *con_cls = rc;
+        rc->peer = peer_of(c);
+        int n_open = peer_phase(s, rc->peer, PEER_BODY);
+        if (n_open > s->o.max_conns && strcmp(url, "/health") != 0) { /* the rest is /health's */
+            char msg[160];
+            snprintf(msg, sizeof msg, "the server has too many open connections (%d); try again", n_open);
+            return send_busy(c, msg);
+        }
         rc->is_static = (!strcmp(method, "GET") || !strcmp(method, "HEAD")) && find_asset(url);
         if (!rc->is_static && strcmp(url, "/health") != 0 && !authorized(s, c))
             return send_error(c, 401, "invalid or missing API key (send \"Authorization: Bearer KEY\")",
@@ -292,6 +437,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         *upload_data_size = 0;
         return MHD_YES;
     }
+    peer_phase(s, rc->peer, PEER_WORK); /* the request is in: no deadline of ours while answering */
     if (rc->too_big) {
         char msg[128];
         snprintf(msg, sizeof msg, "the request body is larger than %zu bytes", s->o.max_body);
@@ -330,8 +476,10 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
 }
 
 static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
+    hm_server *s = cls;
     srv_conn *rc = *con_cls;
     if (!rc) return;
+    peer_phase(s, rc->peer, PEER_HEADER); /* kept alive: the next request's headers are due */
     srv_buf_free(&rc->body);
     free(rc);
     *con_cls = NULL;
@@ -423,6 +571,23 @@ hm_status hm_server_open(hm_server **out, const hm_server_opts *opts, hm_err *er
     if (s->o.port == 0) s->o.port = 8080;
     if (s->o.n_parallel <= 0) s->o.n_parallel = 1;
     if (s->o.max_body == 0) s->o.max_body = SRV_DEFAULT_MAX_BODY;
+    if (s->o.max_conns == 0) s->o.max_conns = 256;
+    if (s->o.max_conns_per_ip == 0) s->o.max_conns_per_ip = 32;
+    if (s->o.health_conns == 0) s->o.health_conns = 4;
+    if (s->o.health_conns < 0) s->o.health_conns = 0;
+    if (s->o.header_timeout_s == 0) s->o.header_timeout_s = 10;
+    if (s->o.body_timeout_s == 0) s->o.body_timeout_s = 60;
+    if (s->o.idle_timeout_s == 0) s->o.idle_timeout_s = 120;
+    pthread_mutex_init(&s->peer_mu, NULL);
+    pthread_cond_init(&s->watch_cv, NULL);
+    s->peer_init = true;
+    if (s->o.max_conns < 1 || s->o.max_conns > 16384 || s->o.max_conns_per_ip < 1 || s->o.health_conns > 1024 ||
+        s->o.header_timeout_s < 1 || s->o.body_timeout_s < 1 || s->o.idle_timeout_s < 1) {
+        set_err(err, "serve: connection limits must be >= 1 (--max-conns at most 16384, --health-conns at most "
+                     "1024) and timeouts >= 1 s");
+        st = HM_ERR_ARG;
+        goto fail;
+    }
     if (!s->o.profile_out) s->o.profile_out = "hotmoe-profile.json";
     if (!opts->model_path) {
         set_err(err, "serve: no model (-m FILE)");
@@ -521,9 +686,19 @@ hm_status hm_server_open(hm_server **out, const hm_server_opts *opts, hm_err *er
     unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_USE_ITC;
     if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
     if (s->o.verbose) flags |= MHD_USE_ERROR_LOG;
+    if (pthread_create(&s->watch, NULL, watchdog, s) != 0) {
+        freeaddrinfo(ai);
+        set_err(err, "serve: cannot start the connection watchdog thread");
+        st = HM_ERR_INTERNAL;
+        goto fail;
+    }
+    s->watch_started = true;
+    /* max_conns for everything, health_conns more for /health (checked in on_request) */
     s->d = MHD_start_daemon(flags, (uint16_t)s->o.port, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR, ai->ai_addr,
-                            MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_CONNECTION_LIMIT, 256u,
-                            MHD_OPTION_CONNECTION_TIMEOUT, 300u, MHD_OPTION_END);
+                            MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_NOTIFY_CONNECTION, on_connection, s,
+                            MHD_OPTION_CONNECTION_LIMIT, (unsigned)(s->o.max_conns + s->o.health_conns),
+                            MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)s->o.max_conns_per_ip,
+                            MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)s->o.idle_timeout_s, MHD_OPTION_END);
     freeaddrinfo(ai);
     if (!s->d) {
         set_err(err, "serve: cannot listen on %s:%d (address in use, or not an address of this machine)", s->host,
@@ -564,6 +739,17 @@ void hm_server_close(hm_server *s) {
     if (s->d) MHD_quiesce_daemon(s->d);
     if (s->sched_init) srv_sched_stop(&s->sched);
     if (s->d) MHD_stop_daemon(s->d);
+    if (s->watch_started) { /* after the daemon: no connection is left to watch */
+        pthread_mutex_lock(&s->peer_mu);
+        s->watch_stop = true;
+        pthread_cond_signal(&s->watch_cv);
+        pthread_mutex_unlock(&s->peer_mu);
+        pthread_join(s->watch, NULL);
+    }
+    if (s->peer_init) {
+        pthread_mutex_destroy(&s->peer_mu);
+        pthread_cond_destroy(&s->watch_cv);
+    }
     if (s->sched_init) srv_sched_free(&s->sched);
     if (s->opened && s->o.profile_on_exit && s->model && hm_model_has_experts(s->model)) {
         /* the engine thread has stopped: the store is quiet */
