@@ -169,6 +169,10 @@ int hm_cmd_serve(int argc, char **argv) {
     g_server = s;
     hm_cli_on_stop_signals(on_signal);
     signal(SIGPIPE, SIG_IGN);
+    bool loopback = !strcmp(o.host, "localhost") || !strncmp(o.host, "127.", 4) || !strcmp(o.host, "::1");
+    if (!loopback && !o.api_key && !o.api_key_file)
+        fprintf(stderr, "serve: warning: listening on %s without --api-key: anyone who can reach this port can use "
+                        "the model\n", o.host);
     fprintf(stderr, "serve: listening on http://%s:%d (%d slot%s)\n", o.host, hm_server_port(s), o.n_parallel,
             o.n_parallel == 1 ? "" : "s");
     hm_server_wait(s);

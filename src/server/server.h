@@ -1,10 +1,11 @@
 /* server.h - the internals of `hotmoe serve`, shared by the files of src/server/.
  *
- *   srv_http.c   libmicrohttpd daemon: routing, auth, request bodies, static page, waiting for tasks
+ *   srv_http.c   libmicrohttpd daemon: routing, auth, request bodies, static page, waiting for tasks,
+ *                connection limits and the header/body deadlines (a watchdog thread)
  *   srv_api.c    the OpenAI / llama-server endpoints: parse a request into a task, format answers
  *   srv_sched.c  the slot scheduler: the one engine thread that steps every active slot
  *   srv_store.c  the expert store's view (/experts, hotmoe_expert_* metrics, profile, policy)
- *   srv_util.c   byte buffers, error objects, clocks
+ *   srv_util.c   byte buffers, error objects, client text made safe for messages, clocks
  *
  * Threads: libmicrohttpd runs one thread per connection. A connection thread parses and
  * tokenizes its request, builds an srv_task, submits it and then only waits on the task's

@@ -10,8 +10,16 @@
  * hangup, not only the end of its input: see peer_gone) cancels its task, and the engine frees
  * the slot before its next round.
  *
+ * Limits: libmicrohttpd caps connections per client address and in all (max_conns plus the
+ * health_conns only /health may use: on_request answers anything else 503 past max_conns). Every
+ * connection is tracked (on_connection) with the phase of its request: waiting for headers (since
+ * the connection's start or its previous answer), for a body (since the headers), or being
+ * answered; a watchdog thread shuts down those past their phase's deadline. While answering, only
+ * libmicrohttpd's idle timeout applies (and not while a stream waits for the engine).
+ *
  * Shutdown (hm_server_close): stop accepting, stop the scheduler (every task ends cancelled, so
- * every waiting connection thread returns), stop the daemon (joins those threads), free. */
+ * every waiting connection thread returns), stop the daemon (joins those threads), stop the
+ * watchdog, free. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <microhttpd.h>
@@ -457,10 +465,17 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     srv_reply r = {0};
     srv_api_handle(&s->api, method, url, rc->body.p, rc->body.len, &r);
     if (s->o.verbose) {
-        char m[160], u[600]; /* client bytes: escaped, cut */
+        char m[160], u[600], who[INET6_ADDRSTRLEN] = "?"; /* client bytes: escaped, cut */
         srv_text(m, sizeof m, method, strlen(method), 32);
         srv_text(u, sizeof u, url, strlen(url), 200);
-        fprintf(stderr, "serve: %s %s -> %s\n", m, u, r.stream_task ? "stream" : r.wait_task ? "wait" : "done");
+        const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+        const struct sockaddr *sa = ci ? ci->client_addr : NULL;
+        if (sa && sa->sa_family == AF_INET)
+            inet_ntop(AF_INET, &((const struct sockaddr_in *)(const void *)sa)->sin_addr, who, sizeof who);
+        else if (sa && sa->sa_family == AF_INET6)
+            inet_ntop(AF_INET6, &((const struct sockaddr_in6 *)(const void *)sa)->sin6_addr, who, sizeof who);
+        if (r.stream_task || r.wait_task) fprintf(stderr, "serve: %s %s %s -> %s\n", who, m, u, r.stream_task ? "stream" : "wait");
+        else fprintf(stderr, "serve: %s %s %s -> %u\n", who, m, u, r.status);
     }
     if (r.stream_task) return start_stream(s, c, r.stream_task);
     if (r.wait_task) {
