@@ -83,7 +83,6 @@ struct hm_server {
     int n_peers;
     bool watch_stop, watch_started, peer_init;
     pthread_t watch;
-    uint64_t n_cut;            /* connections shut for being too slow */
 };
 
 /* Per request (libmicrohttpd's con_cls). */
@@ -183,7 +182,6 @@ static void *watchdog(void *arg) {
             if (limit > 0 && !p->cut && p->fd >= 0 && now - p->since > limit) {
                 shutdown(p->fd, SHUT_RDWR);
                 p->cut = true;
-                s->n_cut++;
                 if (s->o.verbose)
                     fprintf(stderr, "serve: closed a connection that sent no complete request %s in %g s\n",
                             p->phase == PEER_HEADER ? "header" : "body", limit);
