@@ -100,7 +100,8 @@ int hm_cmd_serve(int argc, char **argv) {
             if (!int_arg(a, v, 0, 512, &o.n_threads)) return 2;
         } else if (!strcmp(a, "--api-key")) {
             if (!*v) {
-                fprintf(stderr, "serve: --api-key '' is empty; give a key, or leave --api-key out to serve without one\n");
+                fprintf(stderr, "serve: --api-key '' is empty; give a key, or leave --api-key out to serve "
+                                "without one\n");
                 return 2;
             }
             o.api_key = v;

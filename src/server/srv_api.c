@@ -253,8 +253,8 @@ static bool parse_messages(srv_api *a, json_t *req, srv_task *t, bad *b) {
             strcmp(r, "developer")) {
             char shown[160];
             srv_text(shown, sizeof shown, r, strlen(r), 64);
-            ok = fail(b, 400, "messages", "invalid_value", "messages[%zu].role '%s' is not system/user/assistant/tool", i,
-                      shown);
+            ok = fail(b, 400, "messages", "invalid_value",
+                      "messages[%zu].role '%s' is not system/user/assistant/tool", i, shown);
             break;
         }
         msgs[i].role = strcmp(r, "developer") == 0 ? "system" : r;
@@ -380,7 +380,8 @@ static void handle_props(srv_api *a, srv_reply *r) {
     srv_sched_counts(a->sched, &busy, &queued);
     json_t *j = json_pack("{s:{s:i, s:f, s:f, s:i, s:i}, s:i, s:o, s:s?, s:s?, s:s, s:o}", "default_generation_settings",
                           "n_ctx", a->n_ctx, "temperature", 1.0, "top_p", 1.0, "top_k", 0, "n_predict", -1, "total_slots",
-                          a->n_slots, "model_path", shown_json(a->model_path), "chat_template", a->chat_template, "chat_template_name",
+                          a->n_slots, "model_path", shown_json(a->model_path), "chat_template", a->chat_template,
+                          "chat_template_name",
                           a->chat_template ? hm_chat_template_name(a->chat_template) : NULL, "build_info",
                           "hotmoe " HOTMOE_VERSION, "model", model_json(a));
     srv_reply_json(r, 200, j);

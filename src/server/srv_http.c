@@ -472,7 +472,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
             inet_ntop(AF_INET, &((const struct sockaddr_in *)(const void *)sa)->sin_addr, who, sizeof who);
         else if (sa && sa->sa_family == AF_INET6)
             inet_ntop(AF_INET6, &((const struct sockaddr_in6 *)(const void *)sa)->sin6_addr, who, sizeof who);
-        if (r.stream_task || r.wait_task) fprintf(stderr, "serve: %s %s %s -> %s\n", who, m, u, r.stream_task ? "stream" : "wait");
+        if (r.stream_task || r.wait_task)
+            fprintf(stderr, "serve: %s %s %s -> %s\n", who, m, u, r.stream_task ? "stream" : "wait");
         else fprintf(stderr, "serve: %s %s %s -> %u\n", who, m, u, r.status);
     }
     if (r.stream_task) return start_stream(s, c, r.stream_task);
@@ -516,7 +517,9 @@ static hm_status add_key(hm_server *s, const char *key, size_t n, const char *fi
     for (size_t i = 0; i < n; i++) {
         unsigned char ch = (unsigned char)key[i];
         if (ch <= 0x20 || ch == 0x7f) {
-            if (file) set_err(err, "serve: --api-key-file %s line %d: a key cannot hold spaces or control characters", file, line);
+            if (file)
+                set_err(err, "serve: --api-key-file %s line %d: a key cannot hold spaces or control characters", file,
+                        line);
             else set_err(err, "serve: --api-key: a key cannot hold spaces or control characters");
             return HM_ERR_ARG;
         }
