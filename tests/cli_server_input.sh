@@ -10,7 +10,9 @@
 #     (--alias, also in /v1/models);
 #   - API keys: `--api-key ''` and an empty HOTMOE_API_KEY are errors, --api-key-file (one key
 #     per line, '#' comments, CRLF) accepts each of its keys and nothing else, a file without a
-#     key is an error.
+#     key is an error;
+#   - a model file name that is not UTF-8: /v1/models, /props and completions answer 200 with
+#     the name escaped.
 # Skips (77) without curl/python3 or when the engine cannot run the model.
 set -u
 . "$(dirname "$0")/lib.sh"
@@ -118,13 +120,15 @@ check "chat with another model name -> 200" [ "$(req "${A1[@]}" "$URL/v1/chat/co
 check "'model' of the wrong type is still 400" [ "$(req "${A1[@]}" "$URL/v1/completions" -d '{"model":5,"prompt":"hi"}')" = 400 ]
 
 kill -0 "$pid" 2>/dev/null || { echo "FAIL: the server died"; cat "$LOG"; fail=1; }
-# ---- keys from a file: a second server ----
+# ---- keys from a file: a second server, its model's file name not UTF-8 ----
+ODD=$tmp/$'m\xffodel.gguf'
+ln -s "$MODEL" "$ODD"
 kill "$pid" 2>/dev/null
 wait "$pid" 2>/dev/null
 pid=
 for _ in 1 2 3 4 5 6 7 8; do
     PORT=$((20000 + RANDOM % 40000))
-    "$EXE" serve -m "$MODEL" --port "$PORT" -t 1 -c 512 --api-key-file "$tmp/keys" >"$LOG" 2>&1 &
+    "$EXE" serve -m "$ODD" --port "$PORT" -t 1 -c 512 --api-key-file "$tmp/keys" >"$LOG" 2>&1 &
     pid=$!
     up=0
     for _ in $(seq 1 100); do
@@ -143,5 +147,11 @@ check "key file: second key (spaces trimmed)" [ "$(req "${A2[@]}" "$URL/v1/model
 check "key file: a commented line is no key" [ "$(req -H "Authorization: Bearer commented-key" "$URL/v1/models")" = 401 ]
 check "key file: '#commented-key' is no key" [ "$(req -H "Authorization: Bearer #commented-key" "$URL/v1/models")" = 401 ]
 check "key file: no key" [ "$(req "$URL/v1/models")" = 401 ]
+check "a file name that is not UTF-8: /v1/models 200" [ "$(req "${A1[@]}" "$URL/v1/models")" = 200 ]
+check "a file name that is not UTF-8: its id escaped" python3 -c "
+import json; assert json.loads(open('$tmp/body', 'rb').read().decode('utf-8'))['data'][0]['id'] == 'm\\\\xffodel.gguf'"
+check "a file name that is not UTF-8: /props 200" [ "$(req "${A1[@]}" "$URL/props")" = 200 ]
+check "a file name that is not UTF-8: a completion 200" \
+    [ "$(req "${A1[@]}" "$URL/v1/completions" -d '{"prompt":"hi","max_tokens":2}')" = 200 ]
 
 exit $fail
