@@ -509,7 +509,9 @@ typedef struct hm_server_opts {
     int32_t n_ctx;             /* positions per slot; 0 = min(n_ctx_train, 4096) */
     int32_t n_threads;         /* compute threads; 0 = online CPUs */
     const char *api_key;       /* NULL = no auth; else every endpoint but /health and the page
-                                  needs "Authorization: Bearer KEY" */
+                                  needs "Authorization: Bearer KEY"; "" is an error */
+    const char *api_key_file;  /* more keys, one per line ('#' comments); any key is accepted.
+                                  A file without a key is an error. NULL = none */
     const char *alias;         /* model id in the API; NULL = the file name */
     const char *chat_template; /* "chatml" or a template text; NULL = the model's own */
     const char *profile_out;   /* where POST /profile/save writes; NULL = "hotmoe-profile.json" */
@@ -518,6 +520,17 @@ typedef struct hm_server_opts {
     const hm_placement_opts *placement; /* borrowed during open; NULL = count expert use only */
     const char *trace_out;     /* write the routing trace of every request here; NULL = none */
     size_t max_body;           /* request body cap in bytes; 0 = 8 MiB */
+    /* Connection limits (0 = the default in brackets): a client that opens many connections or
+     * sends slowly cannot lock others out. */
+    int32_t max_conns;         /* open connections at once, /health's reserve aside [256] */
+    int32_t max_conns_per_ip;  /* open connections from one client address [32] */
+    int32_t health_conns;      /* more connections that only /health may use once max_conns
+                                  are open [4]; -1 = none */
+    int32_t header_timeout_s;  /* a request's headers must be in within this many seconds of the
+                                  connection's start or of its previous answer (keep-alive) [10] */
+    int32_t body_timeout_s;    /* its body within this many seconds of its headers [60] */
+    int32_t idle_timeout_s;    /* no byte either way for this long closes a connection while an
+                                  answer is being sent [120] */
     bool verbose;              /* log requests to stderr */
 } hm_server_opts;
 

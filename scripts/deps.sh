@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # deps.sh - install what hotmoe needs to build and test on Debian 12, skipping what is present.
-# Usage: scripts/deps.sh [--test]   (--test adds the test-only tools: clang/libFuzzer, node/npm, curl, chromium)
+# Usage: scripts/deps.sh [--test]   (--test adds the test-only tools: clang/libFuzzer, node/npm, curl,
+# python3 (the server tests' raw-socket clients), chromium)
 set -euo pipefail
 pkgs=(build-essential cmake pkg-config libpcre2-dev libjansson-dev libmicrohttpd-dev liburing-dev)
 if [ "${1:-}" = "--test" ]; then
-  pkgs+=(clang libclang-rt-14-dev nodejs npm curl jq chromium chromium-driver)
+  pkgs+=(clang libclang-rt-14-dev nodejs npm curl jq python3 chromium chromium-driver)
 fi
 missing=()
 for p in "${pkgs[@]}"; do

@@ -157,7 +157,6 @@ expect_err "stop type" 400 '.error.param == "stop"' '{"prompt":"x","stop":5}'
 expect_err "missing prompt" 400 '.error.param == "prompt"' '{"max_tokens":3}'
 expect_err "n = 2" 400 '.error.param == "n"' '{"prompt":"x","n":2}'
 expect_err "token id out of range" 400 '.error.param == "prompt"' '{"prompt":[1,2,99999]}'
-expect_err "unknown model" 404 '.error.code == "model_not_found"' '{"model":"gpt-9","prompt":"x"}'
 expect_err "messages type" 400 '.error.param == "messages"' '{"messages":"hi"}' /v1/chat/completions
 expect_err "bad role" 400 '.error.param == "messages"' '{"messages":[{"role":"wizard","content":"x"}]}' /v1/chat/completions
 long=$(jq -nc '{prompt: [range(0; 2100) | 65]}')

@@ -2,7 +2,7 @@
 # cli_server_openai.sh - `hotmoe serve` through the official `openai` npm client (tests/js/openai_client.mjs):
 # the real server on a free port of 127.0.0.1 with the tiny qwen3moe fixture, --parallel 4, --api-key,
 # the ChatML template (the fixture has none). Chat (plain + streamed), completions, models.list, errors as
-# APIError (404/400/401), 4 concurrent streams = single runs, an aborted stream freeing its slot.
+# APIError (400/401), another model name served, 4 concurrent streams = single runs, an aborted stream freeing its slot.
 # Skips (77) without node or `npm ci` in tests/js, or when the engine cannot run the fixture model.
 set -u
 . "$(dirname "$0")/lib.sh"

@@ -14,7 +14,8 @@ static void on_signal(int sig) {
 
 static void usage(FILE *f) {
     fprintf(f,
-            "usage: hotmoe serve -m FILE [--host ADDR] [--port N] [--parallel N] [--api-key KEY] [-c CTX] [-t T]\n"
+            "usage: hotmoe serve -m FILE [--host ADDR] [--port N] [--parallel N] [--api-key KEY] [--api-key-file F]\n"
+            "                    [-c CTX] [-t T] [limits]\n"
             "\n"
             "Serve the model over HTTP: OpenAI's /v1/chat/completions, /v1/completions and /v1/models (SSE\n"
             "streaming), llama-server's /health, /props, /slots and /metrics (Prometheus), hotmoe's /experts,\n"
@@ -25,13 +26,26 @@ static void usage(FILE *f) {
             "      --port N           TCP port (default 8080)\n"
             "  -np, --parallel N      slots: requests decoded at the same time, each with its own KV cache (1)\n"
             "      --api-key KEY      require \"Authorization: Bearer KEY\" on every endpoint but /health and the\n"
-            "                         page (also read from HOTMOE_API_KEY)\n"
+            "                         page (also read from HOTMOE_API_KEY); an empty key is an error\n"
+            "      --api-key-file F   accepted keys, one per line ('#' starts a comment line); with --api-key\n"
+            "                         any of them is accepted\n"
             "  -c, --ctx-size N       context positions per slot (default min(training context, 4096))\n"
             "  -t, --threads N        compute threads (default: online CPUs)\n"
             "      --alias NAME       model id in the API (default: the file name)\n"
             "      --chat-template T  \"chatml\" or a template text (default: the model's own)\n"
             "      --max-body BYTES   request body cap (default 8MiB)\n"
-            "  -v, --verbose          log loading and every request to stderr\n" CLI_PLACEMENT_HELP
+            "  -v, --verbose          log loading and every request to stderr\n"
+            "limits (a client cannot lock others out; docs/SERVER.md \"Running it safely\"):\n"
+            "      --max-conns N      open connections at once (default 256); past it, requests answer 503\n"
+            "      --max-conns-per-ip N  open connections from one client address (default 32; behind a\n"
+            "                         proxy every client has the proxy's address: raise it)\n"
+            "      --health-conns N   more connections only /health may use when the others are taken (4)\n"
+            "      --header-timeout S a request's headers must arrive within S seconds of the connection's\n"
+            "                         start or of its previous answer (default 10; also the keep-alive idle)\n"
+            "      --body-timeout S   its body within S seconds of its headers (default 60)\n"
+            "      --idle-timeout S   no byte either way for S seconds while an answer is sent closes the\n"
+            "                         connection (default 120)\n"
+            CLI_PLACEMENT_HELP
             "  (serve: --profile-out is also where POST /profile/save writes; without it that is\n"
             "  hotmoe-profile.json and nothing is written at exit)\n");
 }
@@ -50,7 +64,6 @@ static int int_arg(const char *flag, const char *v, long lo, long hi, int32_t *o
 int hm_cmd_serve(int argc, char **argv) {
     hm_server_opts o;
     hm_server_opts_default(&o);
-    o.api_key = getenv("HOTMOE_API_KEY");
     cli_engine e = {.cmd = "serve", .place_init = true};
     hm_placement_opts_default(&e.place);
     for (int i = 1; i < argc; i++) {
@@ -85,8 +98,29 @@ int hm_cmd_serve(int argc, char **argv) {
             if (!int_arg(a, v, 0, 1 << 24, &o.n_ctx)) return 2;
         } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
             if (!int_arg(a, v, 0, 512, &o.n_threads)) return 2;
-        } else if (!strcmp(a, "--api-key")) o.api_key = v;
+        } else if (!strcmp(a, "--api-key")) {
+            if (!*v) {
+                fprintf(stderr, "serve: --api-key '' is empty; give a key, or leave --api-key out to serve "
+                                "without one\n");
+                return 2;
+            }
+            o.api_key = v;
+        } else if (!strcmp(a, "--api-key-file")) o.api_key_file = v;
         else if (!strcmp(a, "--alias")) o.alias = v;
+        else if (!strcmp(a, "--max-conns")) {
+            if (!int_arg(a, v, 1, 16384, &o.max_conns)) return 2;
+        } else if (!strcmp(a, "--max-conns-per-ip")) {
+            if (!int_arg(a, v, 1, 16384, &o.max_conns_per_ip)) return 2;
+        } else if (!strcmp(a, "--health-conns")) {
+            if (!int_arg(a, v, 0, 1024, &n)) return 2;
+            o.health_conns = n ? n : -1; /* 0 in the options is the default */
+        } else if (!strcmp(a, "--header-timeout")) {
+            if (!int_arg(a, v, 1, 86400, &o.header_timeout_s)) return 2;
+        } else if (!strcmp(a, "--body-timeout")) {
+            if (!int_arg(a, v, 1, 86400, &o.body_timeout_s)) return 2;
+        } else if (!strcmp(a, "--idle-timeout")) {
+            if (!int_arg(a, v, 1, 86400, &o.idle_timeout_s)) return 2;
+        }
         else if (!strcmp(a, "--chat-template")) o.chat_template = v;
         else if (!strcmp(a, "--max-body")) {
             int64_t b;
@@ -101,6 +135,14 @@ int hm_cmd_serve(int argc, char **argv) {
             usage(stderr);
             return 2;
         }
+    }
+    const char *env_key = getenv("HOTMOE_API_KEY");
+    if (!o.api_key && env_key) {
+        if (!*env_key) { /* set but empty: the user meant a key; never serve open by mistake */
+            fprintf(stderr, "serve: HOTMOE_API_KEY is set but empty; set a key, or unset it to serve without one\n");
+            return 2;
+        }
+        o.api_key = env_key;
     }
     if (!o.model_path) {
         fprintf(stderr, "serve: -m FILE is required\n");
@@ -128,6 +170,10 @@ int hm_cmd_serve(int argc, char **argv) {
     g_server = s;
     hm_cli_on_stop_signals(on_signal);
     signal(SIGPIPE, SIG_IGN);
+    bool loopback = !strcmp(o.host, "localhost") || !strncmp(o.host, "127.", 4) || !strcmp(o.host, "::1");
+    if (!loopback && !o.api_key && !o.api_key_file)
+        fprintf(stderr, "serve: warning: listening on %s without --api-key: anyone who can reach this port can use "
+                        "the model\n", o.host);
     fprintf(stderr, "serve: listening on http://%s:%d (%d slot%s)\n", o.host, hm_server_port(s), o.n_parallel,
             o.n_parallel == 1 ? "" : "s");
     hm_server_wait(s);

@@ -1,10 +1,11 @@
 /* server.h - the internals of `hotmoe serve`, shared by the files of src/server/.
  *
- *   srv_http.c   libmicrohttpd daemon: routing, auth, request bodies, static page, waiting for tasks
+ *   srv_http.c   libmicrohttpd daemon: routing, auth, request bodies, static page, waiting for tasks,
+ *                connection limits and the header/body deadlines (a watchdog thread)
  *   srv_api.c    the OpenAI / llama-server endpoints: parse a request into a task, format answers
  *   srv_sched.c  the slot scheduler: the one engine thread that steps every active slot
  *   srv_store.c  the expert store's view (/experts, hotmoe_expert_* metrics, profile, policy)
- *   srv_util.c   byte buffers, error objects, clocks
+ *   srv_util.c   byte buffers, error objects, client text made safe for messages, clocks
  *
  * Threads: libmicrohttpd runs one thread per connection. A connection thread parses and
  * tokenizes its request, builds an srv_task, submits it and then only waits on the task's
@@ -44,7 +45,18 @@ void srv_buf_free(srv_buf *b);
 double srv_now(void);          /* monotonic seconds */
 int64_t srv_unix_time(void);   /* wall clock seconds */
 
-/* An OpenAI error object {"error":{"message","type","param","code"}} (new reference). type:
+/* Client text in messages. srv_utf8_char: the length of the well-formed UTF-8 character at s
+ * (1..4), 0 when the bytes there are not one (invalid, overlong, surrogate, cut off). */
+size_t srv_utf8_char(const char *s, size_t n);
+/* Render s[0..n) into out[cap] (NUL-terminated, valid UTF-8, returns its length) for an error
+ * message or a log line: characters as they are, control bytes and bytes that are not UTF-8 as
+ * \xNN; at most max input bytes; a longer text is cut on a character boundary and ends "...". */
+size_t srv_text(char *out, size_t cap, const char *s, size_t n, size_t max);
+/* Drop an incomplete character at the end of s (what a truncating snprintf leaves). */
+void srv_utf8_trim(char *s);
+
+/* An OpenAI error object {"error":{"message","type","param","code"}} (new reference). message
+ * may hold any bytes: what is not UTF-8 is escaped as \xNN. type:
  * "invalid_request_error", "authentication_error", "not_found_error", "server_error", ...;
  * param and code may be NULL (JSON null). */
 json_t *srv_error_json(const char *message, const char *type, const char *param, const char *code);

@@ -53,8 +53,9 @@ static bool fail(bad *b, unsigned status, const char *param, const char *code, c
 static bool fail(bad *b, unsigned status, const char *param, const char *code, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(b->msg, sizeof b->msg, fmt, ap);
+    int n = vsnprintf(b->msg, sizeof b->msg, fmt, ap);
     va_end(ap);
+    if (n >= (int)sizeof b->msg) srv_utf8_trim(b->msg); /* cut: not in the middle of a character */
     b->param = param;
     b->code = code;
     b->status = status;
@@ -105,14 +106,11 @@ static bool add_stop(srv_task *t, const char *s, bad *b) {
 
 /* The sampling and length fields shared by both completion endpoints. */
 static bool parse_common(srv_api *a, json_t *req, srv_task *t, bad *b) {
+    /* One model is loaded: whatever name the client sends (its own default, another provider's
+     * model) is served by it, and the answer says which model that was (a->model_id). */
     json_t *model = json_object_get(req, "model");
-    if (model && !json_is_null(model)) {
-        if (!json_is_string(model)) return fail(b, 400, "model", "invalid_type", "'model' must be a string");
-        const char *m = json_string_value(model);
-        if (strcmp(m, a->model_id) != 0)
-            return fail(b, 404, "model", "model_not_found", "The model '%s' does not exist; this server has '%s'", m,
-                        a->model_id);
-    }
+    if (model && !json_is_null(model) && !json_is_string(model))
+        return fail(b, 400, "model", "invalid_type", "'model' must be a string");
     json_int_t n = 1;
     if (!get_int(req, "n", 1, 1, &n, NULL, b)) return false;
     if (!get_bool(req, "stream", &t->stream, b)) return false;
@@ -253,7 +251,10 @@ static bool parse_messages(srv_api *a, json_t *req, srv_task *t, bad *b) {
         const char *r = json_string_value(role);
         if (strcmp(r, "system") && strcmp(r, "user") && strcmp(r, "assistant") && strcmp(r, "tool") &&
             strcmp(r, "developer")) {
-            ok = fail(b, 400, "messages", "invalid_value", "messages[%zu].role '%s' is not system/user/assistant/tool", i, r);
+            char shown[160];
+            srv_text(shown, sizeof shown, r, strlen(r), 64);
+            ok = fail(b, 400, "messages", "invalid_value",
+                      "messages[%zu].role '%s' is not system/user/assistant/tool", i, shown);
             break;
         }
         msgs[i].role = strcmp(r, "developer") == 0 ? "system" : r;
@@ -354,6 +355,17 @@ void srv_api_finish_reply(srv_api *a, srv_task *t, srv_reply *r) {
 
 /* ---- the other endpoints ---- */
 
+/* A server-side string (a path) as a JSON string whatever its bytes (jansson takes only UTF-8). */
+static json_t *shown_json(const char *s) {
+    size_t n = strlen(s), cap = 4 * n + 8;
+    char *b = malloc(cap);
+    if (!b) return NULL;
+    srv_text(b, cap, s, n, n);
+    json_t *j = json_string(b);
+    free(b);
+    return j;
+}
+
 static json_t *model_json(srv_api *a) {
     const hm_model_info *mi = a->info;
     return json_pack("{s:s, s:s, s:I, s:s, s:{s:s, s:i, s:i, s:i, s:i, s:i, s:I, s:I}}", "id", a->model_id, "object",
@@ -366,9 +378,10 @@ static json_t *model_json(srv_api *a) {
 static void handle_props(srv_api *a, srv_reply *r) {
     int busy, queued;
     srv_sched_counts(a->sched, &busy, &queued);
-    json_t *j = json_pack("{s:{s:i, s:f, s:f, s:i, s:i}, s:i, s:s, s:s?, s:s?, s:s, s:o}", "default_generation_settings",
+    json_t *j = json_pack("{s:{s:i, s:f, s:f, s:i, s:i}, s:i, s:o, s:s?, s:s?, s:s, s:o}", "default_generation_settings",
                           "n_ctx", a->n_ctx, "temperature", 1.0, "top_p", 1.0, "top_k", 0, "n_predict", -1, "total_slots",
-                          a->n_slots, "model_path", a->model_path, "chat_template", a->chat_template, "chat_template_name",
+                          a->n_slots, "model_path", shown_json(a->model_path), "chat_template", a->chat_template,
+                          "chat_template_name",
                           a->chat_template ? hm_chat_template_name(a->chat_template) : NULL, "build_info",
                           "hotmoe " HOTMOE_VERSION, "model", model_json(a));
     srv_reply_json(r, 200, j);
@@ -442,7 +455,9 @@ static void handle_policy(srv_api *a, const char *body, size_t len, srv_reply *r
 }
 
 void srv_api_handle(srv_api *a, const char *method, const char *path, const char *body, size_t len, srv_reply *r) {
-    bool get = strcmp(method, "GET") == 0, post = strcmp(method, "POST") == 0;
+    /* HEAD is GET without the body (monitors and load balancers use it); libmicrohttpd drops the
+     * body of a HEAD answer and keeps its headers. */
+    bool get = !strcmp(method, "GET") || !strcmp(method, "HEAD"), post = !strcmp(method, "POST");
     if (!strcmp(path, "/health")) {
         if (!get) goto bad_method;
         srv_reply_json(r, 200, json_pack("{s:s}", "status", "ok"));
@@ -484,16 +499,19 @@ void srv_api_handle(srv_api *a, const char *method, const char *path, const char
             c.st = HM_ERR_INTERNAL;
             snprintf(c.err.msg, sizeof c.err.msg, "the server is stopping");
         }
-        reply_status(r, &c, json_pack("{s:b, s:s}", "ok", 1, "path", a->profile_out));
+        reply_status(r, &c, json_pack("{s:b, s:o}", "ok", 1, "path", shown_json(a->profile_out)));
     } else {
-        char msg[300];
-        snprintf(msg, sizeof msg, "no endpoint %.200s", path);
+        char shown[600], msg[700];
+        srv_text(shown, sizeof shown, path, strlen(path), 200);
+        snprintf(msg, sizeof msg, "no endpoint %s", shown);
         srv_reply_error(r, 404, msg, "invalid_request_error", NULL, "not_found");
     }
     return;
 bad_method: {
-    char msg[300];
-    snprintf(msg, sizeof msg, "%s is not allowed on %.200s", method, path);
+    char shown_m[160], shown_p[600], msg[800];
+    srv_text(shown_m, sizeof shown_m, method, strlen(method), 32);
+    srv_text(shown_p, sizeof shown_p, path, strlen(path), 200);
+    snprintf(msg, sizeof msg, "%s is not allowed on %s", shown_m, shown_p);
     srv_reply_error(r, 405, msg, "invalid_request_error", NULL, "method_not_allowed");
 }
 }

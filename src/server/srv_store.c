@@ -204,7 +204,9 @@ hm_status srv_store_set_policy(srv_sched *s, const char *name, hm_err *err) {
     bool known = false;
     for (size_t i = 0; i < sizeof policies / sizeof policies[0]; i++) known |= strcmp(name, policies[i]) == 0;
     if (!known) {
-        snprintf(err->msg, sizeof err->msg, "unknown policy '%.100s' (static, online, lru, none)", name);
+        char shown[256];
+        srv_text(shown, sizeof shown, name, strlen(name), 64);
+        snprintf(err->msg, sizeof err->msg, "unknown policy '%s' (static, online, lru, none)", shown);
         return HM_ERR_ARG;
     }
     return hm_model_set_policy(s->model, name, err);
