@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # cli_files.sh - what the command line does with files that are not plain files, hostile usage
-# profiles (issue 21), on the smallest qwen3moe (fuzz/corpus/model/, no BOS):
-#   - --profile-out (and synth -o) onto a FIFO, a symlink to a FIFO, a device node (mknod where allowed): refused
-#     with the kind named, the special file left as it was, no .tmp.<pid> left; through a symlink
+# profiles and an empty prompt (issue 21), on the smallest qwen3moe (fuzz/corpus/model/, no BOS):
+#   - --profile-out (and synth -o) onto a FIFO, a symlink to a FIFO, a device node (mknod where
+#     allowed): refused with the kind named, the special file left as it was, no .tmp.<pid> left; through a symlink
 #     to a regular file: the target replaced, the link kept;
 #   - plan --profile naming expert 65535 or layer 1999 of a 1-layer, 2-expert model: refused
 #     at once, naming the file (exit 2, plan's code for a mismatch); without a model, one of 2000
 #     layers x 65536 experts (before: 2 GiB of counts and minutes of simulating empty layers);
-#   - plan/run --profile from a FIFO or /dev/zero: refused, never read (each under a timeout).
+#   - plan/run --profile from a FIFO or /dev/zero: refused, never read (each under a timeout);
+#   - run -p "": says the prompt is empty, not that it "does not fit the context".
 set -uo pipefail
 . "$(dirname "$0")/lib.sh"
 hm_tmpdir files
@@ -60,5 +61,10 @@ check "plan fifo profile exit 2" test "$(code timeout 20 "$EXE" plan -m "$M" --p
 check "plan fifo profile message" grep -q "is a FIFO" "$tmp/err"
 check "plan /dev/zero exit 2" test "$(code timeout 20 "$EXE" plan --profile /dev/zero --budget 50% --unit-bytes 1MiB)" = 2
 check "plan /dev/zero message" grep -q "/dev/zero is a character device" "$tmp/err"
+
+# the empty prompt
+check "empty prompt exit 1" test "$(code $T "$EXE" run -m "$M" -p "" -n 2)" = 1
+check "empty prompt named" grep -q "the prompt is empty" "$tmp/err"
+check "not a context problem" sh -c "! grep -q 'does not fit' '$tmp/err'"
 
 exit $fail
