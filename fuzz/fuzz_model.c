@@ -4,7 +4,8 @@
  * tools/make_fuzz_seeds.py). It goes into a memfd and is opened by path (/proc/self/fd/N) the way
  * the CLI opens a file: hm_model_open (arch selection, every hparam, every tensor bound, the
  * expert store), the tokenizer from the same file (hm_tokenizer_open: tokens, merges, special
- * ids, pre-tokenizer), a short text tokenized and detokenized, and, when both load, a session of
+ * ids, pre-tokenizer), a short text tokenized, the file's chat template applied to three
+ * messages, and, when both load, a session of
  * 8 positions evaluating two tokens (the header values that size the KV cache, activations and
  * the MoE routing meet real buffers). Failures must be HM_ERR_FORMAT / HM_ERR_UNSUPPORTED with a
  * message; anything else (a crash, a sanitizer report, another status, an empty message) aborts.
@@ -41,6 +42,13 @@ static void use_tokenizer(const hm_tokenizer *t) {
         if (len) sink += (float)(unsigned char)p[len - 1];
     }
     free(ids);
+    /* the file's chat template (tokenizer.chat_template), as run --chat and the server render it */
+    const hm_chat_msg msgs[3] = {{"system", "be brief"}, {"user", "ab"}, {"assistant", NULL}};
+    char *out = NULL;
+    hm_status st = hm_chat_apply(hm_tokenizer_chat_template(t), msgs, 3, NULL, &out, &err);
+    if (st != HM_OK && st != HM_ERR_UNSUPPORTED && st != HM_ERR_ARG) abort();
+    if (st == HM_OK) sink += (float)strlen(out);
+    free(out);
 }
 
 static void run_model(hm_model *m, const hm_tokenizer *t) {

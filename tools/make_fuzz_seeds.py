@@ -80,7 +80,9 @@ class Model:
         self.w.add_u32("tokenizer.ggml.padding_token_id", 7)
         self.w.add_u32("tokenizer.ggml.unknown_token_id", 0)
         self.w.add_bool("tokenizer.ggml.add_bos_token", False)
-        self.w.add_str("tokenizer.chat_template", "{% for m in messages %}{{ m.content }}{% endfor %}")
+        # recognised by the family detection (chatml); </think> and <tool_response> turn its options on
+        self.w.add_str("tokenizer.chat_template", "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}"
+                       "<|im_end|>\n{% endfor %}{# </think> <tool_response> enable_thinking #}")
         return len(toks)
 
     def write(self):
@@ -111,7 +113,8 @@ def write_dict(path):
         lines.append(f'"{esc(struct.pack("<Q", v))}"')
     for f in [float("nan"), float("inf"), -float("inf"), 0.0, -1.0, 1e-45, 3.4e38]:
         lines.append(f'"{esc(struct.pack("<f", f))}"')
-    lines += ['"GGUF"', '"gpt2"', '"llama"', '"gemma4"', '"qwen2"', '"qwen35"']
+    lines += ['"GGUF"', '"gpt2"', '"llama"', '"gemma4"', '"qwen2"', '"qwen35"', '"<|im_start|>"', '"<|turn>"',
+              '"</think>"', '"<tool_response>"', '"enable_thinking"']
     with open(path, "w") as f:
         f.write("\n".join(lines) + "\n")
 
@@ -220,6 +223,7 @@ def gemma4(path):
     m.w.add_u32("tokenizer.ggml.padding_token_id", 0)
     m.w.add_bool("tokenizer.ggml.add_bos_token", True)
     m.w.add_bool("tokenizer.ggml.add_space_prefix", False)
+    m.w.add_str("tokenizer.chat_template", "{{ bos_token }}<|turn>user\n{{ content }}<turn|>\n<|turn>model\n")
     nv = len(toks)
     m.t("token_embd.weight", E, nv)
     m.norm("output_norm.weight", E)
