@@ -8,7 +8,8 @@
 #     at once, naming the file (exit 2, plan's code for a mismatch); without a model, one of 2000
 #     layers x 65536 experts (before: 2 GiB of counts and minutes of simulating empty layers);
 #   - plan/run --profile from a FIFO or /dev/zero: refused, never read (each under a timeout);
-#   - run -p "": says the prompt is empty, not that it "does not fit the context".
+#   - run -p "": says the prompt is empty, not that it "does not fit the context";
+#   - serve: POST /profile/save onto a FIFO --profile-out is an error answer, the FIFO intact.
 set -uo pipefail
 . "$(dirname "$0")/lib.sh"
 hm_tmpdir files
@@ -66,5 +67,26 @@ check "plan /dev/zero message" grep -q "/dev/zero is a character device" "$tmp/e
 check "empty prompt exit 1" test "$(code $T "$EXE" run -m "$M" -p "" -n 2)" = 1
 check "empty prompt named" grep -q "the prompt is empty" "$tmp/err"
 check "not a context problem" sh -c "! grep -q 'does not fit' '$tmp/err'"
+
+# the server's POST /profile/save onto a FIFO (its --profile-out): an error answer naming it, the
+# FIFO intact (last: hm_serve replaces the EXIT trap, so $tmp is removed here by hand)
+if command -v curl >/dev/null; then
+    MODEL="$SRC/models/tiny-qwen3moe-q8_0.gguf"
+    mkfifo "$tmp/srv.fifo"
+    files_tmp=$tmp
+    hm_serve "" --profile-out "$tmp/srv.fifo"
+    status=$(curl -s -o "$files_tmp/save" -w '%{http_code}' -X POST "http://127.0.0.1:$PORT/profile/save" -d '{}')
+    echo "POST /profile/save onto a FIFO: HTTP $status: $(cat "$files_tmp/save")"
+    check "/profile/save onto a fifo refused" test "$status" != 200 -a "$status" != 000
+    check "/profile/save names the fifo" grep -q "srv.fifo is a FIFO" "$files_tmp/save"
+    check "/profile/save fifo intact" test -p "$files_tmp/srv.fifo"
+    kill "$pid" 2>/dev/null
+    wait "$pid" 2>/dev/null
+    pid=
+    check "server fifo still a fifo after exit" test -p "$files_tmp/srv.fifo"
+    rm -rf "$files_tmp"
+else
+    echo "curl not found: the /profile/save check skipped"
+fi
 
 exit $fail
