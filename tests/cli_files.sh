@@ -8,6 +8,7 @@
 #     at once, naming the file (exit 2, plan's code for a mismatch); without a model, one of 2000
 #     layers x 65536 experts (before: 2 GiB of counts and minutes of simulating empty layers);
 #   - plan/run --profile from a FIFO or /dev/zero: refused, never read (each under a timeout);
+#   - run -f /dev/zero: stops at the 256 MiB cap for text files with an error;
 #   - run -p "": says the prompt is empty, not that it "does not fit the context";
 #   - serve: POST /profile/save onto a FIFO --profile-out is an error answer, the FIFO intact.
 set -uo pipefail
@@ -62,6 +63,10 @@ check "plan fifo profile exit 2" test "$(code timeout 20 "$EXE" plan -m "$M" --p
 check "plan fifo profile message" grep -q "is a FIFO" "$tmp/err"
 check "plan /dev/zero exit 2" test "$(code timeout 20 "$EXE" plan --profile /dev/zero --budget 50% --unit-bytes 1MiB)" = 2
 check "plan /dev/zero message" grep -q "/dev/zero is a character device" "$tmp/err"
+
+# a prompt file that never ends: an error after the cap, not all memory
+check "run -f /dev/zero exit 1" test "$(code timeout 60 "$EXE" run -m "$M" -f /dev/zero -n 1)" = 1
+check "run -f /dev/zero message" grep -q "/dev/zero is larger than 256 MiB" "$tmp/err"
 
 # the empty prompt
 check "empty prompt exit 1" test "$(code $T "$EXE" run -m "$M" -p "" -n 2)" = 1
