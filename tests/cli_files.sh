@@ -2,12 +2,13 @@
 # cli_files.sh - what the command line does with files that are not plain files, hostile usage
 # profiles and an empty prompt (issue 21), on the smallest qwen3moe (fuzz/corpus/model/, no BOS):
 #   - --profile-out (and synth -o) onto a FIFO, a symlink to a FIFO, a device node (mknod where
-#     allowed): refused with the kind named, the special file left as it was, no .tmp.<pid> left; through a symlink
-#     to a regular file: the target replaced, the link kept;
+#     allowed): refused with the kind named, the special file left as it was, no .tmp.<pid> left;
+#     through a symlink to a regular file: the target replaced, the link kept;
 #   - plan --profile naming expert 65535 or layer 1999 of a 1-layer, 2-expert model: refused
 #     at once, naming the file (exit 2, plan's code for a mismatch); without a model, one of 2000
 #     layers x 65536 experts (before: 2 GiB of counts and minutes of simulating empty layers);
-#   - plan/run --profile from a FIFO or /dev/zero: refused, never read (each under a timeout);
+#   - plan/run --profile from a FIFO or /dev/zero, inspect of a FIFO: refused, never read (each
+#     under a timeout);
 #   - run -f /dev/zero: stops at the 256 MiB cap for text files with an error;
 #   - run -p "": says the prompt is empty, not that it "does not fit the context";
 #   - serve: POST /profile/save onto a FIFO --profile-out is an error answer, the FIFO intact.
@@ -40,6 +41,10 @@ check "profile-out through a link" test "$(code $T "$EXE" run -m "$M" -p "ab" -n
 check "link kept" test -L "$tmp/link.json"
 check "target replaced" grep -q "hotmoe.profile.v1" "$tmp/real.json"
 check "no temporaries" sh -c "! ls '$tmp' | grep -q '\.tmp\.'"
+
+# a model path that is a FIFO: refused at once (the open does not wait for a writer)
+check "inspect fifo exit 1" test "$(code timeout 20 "$EXE" inspect "$tmp/fifo")" = 1
+check "inspect fifo message" grep -q "fifo: not a regular file" "$tmp/err"
 
 mkfifo "$tmp/out.gguf"
 check "synth -o fifo exit 2" test "$(code $T "$EXE" synth --preset tiny --layers 1 --type f32 -q -o "$tmp/out.gguf")" = 2
