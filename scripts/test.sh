@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # test.sh - install dependencies, build (warnings are errors), run every CPU test, an ASan+UBSan
-# build of the fast tests, and the GGUF fuzzer for 60 s. GPU tests skip themselves without a GPU.
+# build of the fast tests, and both fuzzers (GGUF reader, model load) for 60 s each. GPU tests
+# skip themselves without a GPU.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh --test

@@ -432,7 +432,7 @@ static void test_trace_roundtrip(void) {
     CHECK(sa.tokens == 500 && sa.decode_tokens == 500 && sa.hits > 0);
     /* each token's k ids are distinct, and the 10 boosted experts get most of the routing */
     hm_profile tp;
-    CHECK(hm_sim_trace_profile(path, &tp, &err) == HM_OK);
+    CHECK(hm_sim_trace_profile(path, 0, 0, &tp, &err) == HM_OK);
     CHECK(tp.tokens == 500 && tp.k == 4 && hm_profile_layer_total(&tp, 1) == 2000);
     uint64_t boosted = 0, w_boost = 0;
     for (int32_t e = 0; e < 10; e++) boosted += hm_profile_count(&tp, 1, e), w_boost += hm_profile_count(&p, 1, e);
@@ -644,7 +644,7 @@ static void test_trace_full_disk(void) {
         CHECK(hm_experts_step_end(s, 2, false, NULL) == HM_OK);
         CHECK(hm_experts_trace_close(s, &err) == HM_OK);
         hm_profile tp;
-        CHECK(hm_sim_trace_profile(path, &tp, &err) == HM_OK);
+        CHECK(hm_sim_trace_profile(path, 0, 0, &tp, &err) == HM_OK);
         CHECK(tp.tokens == 2 && hm_profile_count(&tp, 0, 3) == 1);
         hm_profile_free(&tp);
         unlink(path);

@@ -4,7 +4,8 @@
  * JSON with jansson (per layer: hot_experts + cold_experts counts, the top 20 % / 50 % of experts
  * of each layer; globally: the top units of all layers together); and the bundled trained model's
  * profile on its held-out split (tests/data/tiny_profile.json): its skew, static placement from it
- * against random placements through the store. */
+ * against random placements through the store; hostile files: counts whose sum passes 2^63, ids
+ * and layers past the model's (refused before anything is allocated), too many cells. */
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
@@ -295,9 +296,67 @@ static void test_tiny_file(void) {
     hm_profile_free(&p);
 }
 
+/* Counts and ids from a file are sizes: checked before anything is sized from them. */
+static void test_hostile(void) {
+    hm_err err = {{0}};
+    hm_profile p;
+    /* counts near 2^63: their sum would wrap uint64 and plan would report a wrong hit rate */
+    hm_status st = hm_profile_parse(&p, "{\"schema\": \"hotmoe.profile.v1\", \"n_layer\": 1, \"n_expert\": 3, \"layers\": "
+                                    "[{\"layer\": 0, \"counts\": [9223372036854775807, 9223372036854775807, 9]}]}",
+                                    "big.json", &err);
+    CHECKF(st == HM_ERR_FORMAT && strstr(err.msg, "2^63") && strstr(err.msg, "big.json"), "%s", err.msg);
+    CHECK(p.counts == NULL);
+    st = hm_profile_parse(&p, "{\"schema\": \"llama.cpp.moe_layer_perf.v1\", \"n_expert\": 2, \"layers\": "
+                              "[{\"layer\": 0, \"experts\": [[0, 9223372036854775807]]}, "
+                              "{\"layer\": 1, \"experts\": [[1, 9223372036854775807]]}]}", "big1.json", &err);
+    CHECKF(st == HM_ERR_FORMAT && strstr(err.msg, "2^63"), "%s", err.msg);
+    /* sums up to 2^63 - 1 are fine and exact */
+    st = hm_profile_parse(&p, "{\"schema\": \"hotmoe.profile.v1\", \"n_layer\": 1, \"n_expert\": 2, \"layers\": "
+                              "[{\"layer\": 0, \"counts\": [4611686018427387904, 4611686018427387903]}]}", "ok.json", &err);
+    CHECKF(st == HM_OK && hm_profile_layer_total(&p, 0) == 9223372036854775807ull, "%s", err.msg);
+    uint8_t chosen[2] = {1, 0};
+    if (st == HM_OK) CHECK(hm_profile_hit_rate(&p, chosen) > 0.49 && hm_profile_hit_rate(&p, chosen) < 0.51);
+    hm_profile_free(&p);
+
+    /* against the model's geometry, before allocating: expert 65535 (n_expert 65536) and layer
+     * 1999 of a 2-layer x 4-expert model */
+    char path[] = "/tmp/hm_test_profile_dims_XXXXXX";
+    int fd = mkstemp(path);
+    CHECK(fd >= 0);
+    static const char *const files[] = {
+        "{\"schema\": \"llama.cpp.moe_layer_perf.v1\", \"n_expert\": 65536, \"layers\": "
+        "[{\"layer\": 0, \"experts\": [[65535, 1]]}]}",
+        "{\"schema\": \"llama.cpp.moe_layer_perf.v1\", \"n_expert\": 4, \"layers\": "
+        "[{\"layer\": 1999, \"experts\": [[1, 1]]}]}",
+        "{\"schema\": \"hotmoe.profile.v1\", \"n_layer\": 3, \"n_expert\": 4, \"layers\": []}",
+        "{\"schema\": \"hotmoe.profile.v1\", \"n_layer\": 2, \"n_expert\": 65536, \"layers\": []}",
+    };
+    static const char *const needles[] = {"65536 experts per layer but the model has 4", "layer 1999 but the model has 2",
+                                          "3 layers but the model has 2", "65536 experts per layer but the model has 4"};
+    for (int i = 0; i < 4; i++) {
+        FILE *f = fopen(path, "w");
+        CHECK(f != NULL);
+        if (!f) continue;
+        fputs(files[i], f);
+        fclose(f);
+        st = hm_profile_read_for(&p, path, 2, 4, &err);
+        CHECKF(st == HM_ERR_ARG && strstr(err.msg, needles[i]) && strstr(err.msg, path), "case %d: %s '%s'", i,
+               hm_status_name(st), err.msg);
+        CHECK(p.counts == NULL);
+    }
+    /* without a model: the number of cells is capped (65536 experts x 2000 layers = 2 x 1 GiB) */
+    st = hm_profile_parse(&p, "{\"schema\": \"llama.cpp.moe_layer_perf.v1\", \"n_expert\": 65536, \"layers\": "
+                              "[{\"layer\": 1999, \"experts\": [[65535, 1]]}]}", "wide.json", &err);
+    CHECKF(st == HM_ERR_FORMAT && strstr(err.msg, "2000 layers x 65536 experts"), "%s", err.msg);
+    CHECK(p.counts == NULL);
+    if (fd >= 0) close(fd);
+    unlink(path);
+}
+
 int main(void) {
     test_roundtrip();
     test_malformed();
+    test_hostile();
     test_seed1_file();
     test_tiny_file();
     return test_done();

@@ -6,7 +6,7 @@
  *    comments below) check the reader independently of the writer;
  *  - truncation at every byte offset of small valid files gives HM_ERR_FORMAT (run this under
  *    the HOTMOE_SANITIZE build too: copies are exactly sized so ASan sees any over-read);
- *  - corruptions give errors whose message names the field;
+ *  - corruptions give errors whose message names the field (overlapping tensor data included);
  *  - writer validation and atomicity (abort / failed finish leave neither PATH nor PATH.tmp);
  *  - the fuzz seed corpus opens and the fuzz regression inputs do not crash.
  * `test_gguf --write-corpus DIR` writes the fuzz seed corpus (fuzz/corpus/gguf/). */
@@ -613,6 +613,8 @@ static void test_corrupt(void) {
     PATCH64(170, 64 * 1000, "tensor 1 'b'", "past end of file");
     PATCH64(170, UINT64_MAX - 63, "tensor 1 'b'", "past end of file");
     PATCH64(170, 32, "tensor 1 'b'", "not a multiple of the alignment");
+    /* 'b' moved onto 'w' (Q8_0, 34 bytes at 0): two tensors sharing bytes, named both */
+    PATCH64(170, 0, "tensors 'w'", "'b' (data from 192) overlap");
     PATCH64(158, 4, "tensor 1 'b'", "past end of file");
     build_hand(&x, 3);
     x.b[153] = 'w';

@@ -157,7 +157,7 @@ static void check_zero_hparams(const char *gguf) {
             hm_model *m = NULL;
             hm_err err;
             hm_status st = hm_model_open(&m, tmp, NULL, &err);
-            CHECKF(st == HM_ERR_FORMAT && strstr(err.msg, "bad hparams") != NULL, "%s = 0: status %d, '%s'",
+            CHECKF(st == HM_ERR_FORMAT && (strstr(err.msg, "bad hparams") || strstr(err.msg, keys[k])), "%s = 0: status %d, '%s'",
                    keys[k], st, st != HM_OK ? err.msg : "");
             if (st != HM_OK) fprintf(stderr, "%s = 0: %s\n", keys[k], err.msg);
             hm_model_close(m);

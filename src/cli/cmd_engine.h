@@ -430,7 +430,12 @@ static inline hm_session *cli_open_session(const cli_engine *e, hm_model *m, int
     return s;
 }
 
-/* Read a whole file (NUL-terminated, malloc'd); NULL with a message on failure. */
+/* Prompt and text files are read whole, up to this: a pipe (-f <(cmd), -f /dev/stdin) is fine,
+ * an endless stream (/dev/zero, a FIFO fed forever) ends with an error instead of all memory. */
+#define CLI_MAX_TEXT_BYTES ((size_t)256 << 20)
+
+/* Read a whole file (NUL-terminated, malloc'd); NULL with a message on failure (also past
+ * CLI_MAX_TEXT_BYTES). */
 static inline char *cli_read_file(const char *cmd, const char *path, size_t *len) {
     FILE *f = fopen(path, "rb");
     if (!f) {
@@ -443,6 +448,13 @@ static inline char *cli_read_file(const char *cmd, const char *path, size_t *len
         if (!buf) break;
         n += fread(buf + n, 1, cap - n, f);
         if (n < cap) break;
+        if (cap >= CLI_MAX_TEXT_BYTES) {
+            fprintf(stderr, "hotmoe %s: %s is larger than %zu MiB (an endless stream?): not read further\n", cmd,
+                    path, CLI_MAX_TEXT_BYTES >> 20);
+            free(buf);
+            fclose(f);
+            return NULL;
+        }
         char *nb = realloc(buf, 2 * cap + 1);
         if (!nb) {
             free(buf);

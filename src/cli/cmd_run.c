@@ -4,7 +4,8 @@
  * user turn with the model's chat template; -i keeps chatting: each line from stdin is a new
  * user turn appended to the same context (the KV cache is kept between turns). Generation stops
  * at an end-of-generation token, after -n tokens, or when the context is full (said on stderr).
- * A prompt that does not fit the context (-c) is an error; nothing is generated.
+ * A prompt that does not fit the context (-c), or one that gives no tokens (empty, and no BOS),
+ * is an error saying which; nothing is generated.
  * Speed (prompt and generation tok/s) goes to stderr at the end. */
 #include <time.h>
 
@@ -55,7 +56,13 @@ static int turn(run_ctx *r, const char *text, bool first) {
         return 1;
     }
     int32_t room = hm_session_n_ctx(r->s) - hm_session_n_past(r->s);
-    if (n == 0 || (size_t)room < n + 1) {
+    if (n == 0) { /* nothing to start from: not a context problem */
+        fprintf(stderr, "hotmoe run: the prompt is empty: it gives no tokens (and this model's tokenizer adds no BOS "
+                        "token), so there is nothing to continue; give some text with -p or -f\n");
+        free(ids);
+        return 1;
+    }
+    if ((size_t)room < n + 1) {
         fprintf(stderr, "hotmoe run: the prompt (%zu tokens) does not fit the context (%d of %d positions free); "
                         "use a larger -c\n", n, room, hm_session_n_ctx(r->s));
         free(ids);

@@ -171,7 +171,11 @@ int hm_cmd_synth(int argc, char **argv) {
         o.progress = show_progress;
         o.progress_ud = &ps;
     }
-    if ((size_t)snprintf(tmp_path, sizeof tmp_path, "%s.tmp", o.out_path) >= sizeof tmp_path) tmp_path[0] = 0;
+    /* the writer's temporary: beside the file a symlink -o points to, as the writer resolves it */
+    char *real = realpath(o.out_path, NULL);
+    if ((size_t)snprintf(tmp_path, sizeof tmp_path, "%s.tmp", real ? real : o.out_path) >= sizeof tmp_path)
+        tmp_path[0] = 0;
+    free(real);
     hm_cli_on_stop_signals(on_signal);
     hm_err err = {{0}};
     hm_status st = hm_synth(&o, &err);

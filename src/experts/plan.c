@@ -762,19 +762,25 @@ static hm_status load_inputs(plan *pl, hm_err *err) {
     hm_status st;
     if (!o->profile_path && !o->trace_path)
         return hm_errf(err, HM_ERR_ARG, "plan needs usage data: --profile FILE or --trace FILE");
+    /* the model first: the usage data's dimensions are checked against it before anything is
+     * sized from them (a profile naming expert 65535 or layer 1999 is an error, not a 64 GiB
+     * allocation or minutes of simulating empty layers) */
+    if (o->model_path) {
+        if ((st = hm_gguf_open(&pl->gguf, o->model_path, err))) return st;
+        if ((st = hm_units_init(&pl->units, pl->gguf, err))) return st;
+        if (!pl->units.n_units)
+            return hm_errf(err, HM_ERR_ARG, "%s: the model has no expert tensors (not an MoE model?)", o->model_path);
+    }
+    int32_t want_layers = o->model_path ? pl->units.n_layer : 0, want_experts = o->model_path ? pl->units.n_expert : 0;
     if (o->profile_path) {
-        if ((st = hm_profile_read(&pl->prof, o->profile_path, err))) return st;
-    } else if ((st = hm_sim_trace_profile(o->trace_path, &pl->prof, err))) {
+        if ((st = hm_profile_read_for(&pl->prof, o->profile_path, want_layers, want_experts, err))) return st;
+    } else if ((st = hm_sim_trace_profile(o->trace_path, want_layers, want_experts, &pl->prof, err))) {
         return st;
     }
     pl->have_prof = true;
     snprintf(pl->model, sizeof pl->model, "%s", pl->prof.model);
     snprintf(pl->arch, sizeof pl->arch, "%s", pl->prof.arch);
     if (o->model_path) {
-        if ((st = hm_gguf_open(&pl->gguf, o->model_path, err))) return st;
-        if ((st = hm_units_init(&pl->units, pl->gguf, err))) return st;
-        if (!pl->units.n_units)
-            return hm_errf(err, HM_ERR_ARG, "%s: the model has no expert tensors (not an MoE model?)", o->model_path);
         hm_gguf_str s;
         if (hm_gguf_get_str(pl->gguf, "general.name", &s) && s.len < 256)
             snprintf(pl->model, sizeof pl->model, "%.*s", (int)s.len, s.ptr);

@@ -1,9 +1,14 @@
 /* profile.c - read and write usage profiles (see profile.h and docs/PROFILE.md).
  *
- * Reading goes through jansson's tree; every integer is checked for range before it becomes an
- * index. Writing builds the tree, dumps it to PATH.tmp.<pid>, fsyncs and renames, so a reader
- * (or a crash) never sees half a file. */
+ * Reading takes a regular file of at most HM_PROFILE_MAX_BYTES (core/file.h: a FIFO or device is
+ * refused before it is read) through jansson's tree; every integer is checked for range before it
+ * becomes an index, the dimensions against the model's (when given) before anything is sized from
+ * them, and the sum of all counts must fit in int64, so no total or hit rate computed from them
+ * overflows. Writing builds the tree and replaces PATH through core/file.h (PATH.tmp.<pid>, fsync,
+ * rename; regular files only), so a reader (or a crash) never sees half a file. */
 #include "profile.h"
+
+#include "core/file.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -17,6 +22,38 @@
 #define SEED1_OPT_V1 "llama.cpp.moe_layer_opt_perf.v1"
 #define MAX_LAYER 65536
 #define MAX_EXPERT 65536
+
+/* What the reader checks a profile against before sizing anything from it: the model's geometry
+ * when known (0 = unknown), else only the caps. */
+typedef struct expect {
+    int64_t n_layer, n_expert;
+} expect;
+
+/* Dimensions from a file, before hm_profile_init allocates 2 x 8 bytes per cell from them. */
+static hm_status check_dims(const expect *x, int64_t n_layer, int64_t n_expert, const char *name, hm_err *err) {
+    if (x->n_expert && n_expert != x->n_expert)
+        return hm_errf(err, HM_ERR_ARG, "%s has %lld experts per layer but the model has %lld", name,
+                       (long long)n_expert, (long long)x->n_expert);
+    if (x->n_layer && n_layer > x->n_layer)
+        return hm_errf(err, HM_ERR_ARG, "%s has %lld layers but the model has %lld", name, (long long)n_layer,
+                       (long long)x->n_layer);
+    if (n_layer * n_expert > HM_PROFILE_MAX_CELLS)
+        return hm_errf(err, HM_ERR_FORMAT, "%s: %lld layers x %lld experts is more than the %d units a profile may "
+                       "count", name, (long long)n_layer, (long long)n_expert, HM_PROFILE_MAX_CELLS);
+    return HM_OK;
+}
+
+/* The sum of all counts must fit in int64: every total, hit count and share computed from them
+ * (layer totals, hit rates, plan's sums) is then exact in uint64. */
+static hm_status check_total(const hm_profile *p, const char *name, hm_err *err) {
+    uint64_t total = 0;
+    size_t n = (size_t)p->n_layer * (size_t)p->n_expert;
+    for (size_t i = 0; i < n; i++)
+        if (__builtin_add_overflow(total, p->counts[i], &total) || total > (uint64_t)INT64_MAX)
+            return hm_errf(err, HM_ERR_FORMAT, "%s: the counts add up to more than 2^63 (at layer %zu, expert %zu)",
+                           name, i / (size_t)p->n_expert, i % (size_t)p->n_expert);
+    return HM_OK;
+}
 
 hm_status hm_profile_init(hm_profile *p, int32_t n_layer, int32_t n_expert, hm_err *err) {
     memset(p, 0, sizeof *p);
@@ -118,7 +155,7 @@ static hm_status layer_index(const json_t *l, size_t i, const char *name, int64_
     return HM_OK;
 }
 
-static hm_status parse_seed1(hm_profile *p, const json_t *root, const char *name, hm_err *err) {
+static hm_status parse_seed1(hm_profile *p, const json_t *root, const char *name, const expect *want, hm_err *err) {
     hm_status st;
     bool have;
     uint64_t n_expert = 0, k = 0, updates = 0;
@@ -136,9 +173,13 @@ static hm_status parse_seed1(hm_profile *p, const json_t *root, const char *name
     json_array_foreach(layers, i, l) {
         int64_t li = 0;
         if ((st = layer_index(l, i, name, &li, err))) return st;
+        if (want->n_layer && li >= want->n_layer)
+            return hm_errf(err, HM_ERR_ARG, "%s: layers[%zu] is layer %lld but the model has %lld layers", name, i,
+                           (long long)li, (long long)want->n_layer);
         if (li + 1 > n_layer) n_layer = li + 1;
     }
     if (n_layer == 0) return hm_errf(err, HM_ERR_FORMAT, "%s: 'layers' is empty", name);
+    if ((st = check_dims(want, n_layer, (int64_t)n_expert, name, err))) return st;
     if ((st = hm_profile_init(p, (int32_t)n_layer, (int32_t)n_expert, err))) return st;
     snprintf(p->schema, sizeof p->schema, "%s", json_string_value(json_object_get(root, "schema")));
     p->k = (int32_t)k;
@@ -182,7 +223,7 @@ done:
     return st;
 }
 
-static hm_status parse_ours(hm_profile *p, const json_t *root, const char *name, hm_err *err) {
+static hm_status parse_ours(hm_profile *p, const json_t *root, const char *name, const expect *want, hm_err *err) {
     hm_status st;
     bool have;
     uint64_t n_layer = 0, n_expert = 0, k = 0;
@@ -194,6 +235,10 @@ static hm_status parse_ours(hm_profile *p, const json_t *root, const char *name,
         return hm_errf(err, HM_ERR_FORMAT, "%s: 'n_expert' must be an integer in [1, %d]", name, MAX_EXPERT);
     if ((st = get_u64(root, "k", &k, &have, name, "", err))) return st;
     if (k > n_expert) return hm_errf(err, HM_ERR_FORMAT, "%s: k %" PRIu64 " > n_expert %" PRIu64, name, k, n_expert);
+    if ((st = check_dims(want, (int64_t)n_layer, (int64_t)n_expert, name, err))) return st;
+    if (want->n_layer && (int64_t)n_layer != want->n_layer)
+        return hm_errf(err, HM_ERR_ARG, "%s has %" PRIu64 " layers but the model has %lld", name, n_layer,
+                       (long long)want->n_layer);
     if ((st = hm_profile_init(p, (int32_t)n_layer, (int32_t)n_expert, err))) return st;
     snprintf(p->schema, sizeof p->schema, "%s", HM_PROFILE_SCHEMA);
     get_str(root, "model", p->model, sizeof p->model);
@@ -252,7 +297,7 @@ fail:
     return st;
 }
 
-hm_status hm_profile_parse(hm_profile *p, const char *text, const char *name, hm_err *err) {
+static hm_status parse_for(hm_profile *p, const char *text, const char *name, const expect *x, hm_err *err) {
     memset(p, 0, sizeof *p);
     json_error_t je;
     json_t *root = json_loads(text, JSON_REJECT_DUPLICATES, &je);
@@ -263,52 +308,40 @@ hm_status hm_profile_parse(hm_profile *p, const char *text, const char *name, hm
         st = hm_errf(err, HM_ERR_FORMAT, "%s: not a profile (no 'schema'; expected %s, %s or %s)", name,
                      HM_PROFILE_SCHEMA, SEED1_V1, SEED1_OPT_V1);
     else if (strcmp(schema, HM_PROFILE_SCHEMA) == 0)
-        st = parse_ours(p, root, name, err);
+        st = parse_ours(p, root, name, x, err);
     else if (strcmp(schema, SEED1_V1) == 0 || strcmp(schema, SEED1_OPT_V1) == 0)
-        st = parse_seed1(p, root, name, err);
+        st = parse_seed1(p, root, name, x, err);
     else
         st = hm_errf(err, HM_ERR_UNSUPPORTED, "%s: unknown profile schema '%s' (expected %s, %s or %s)", name, schema,
                      HM_PROFILE_SCHEMA, SEED1_V1, SEED1_OPT_V1);
     json_decref(root);
+    if (!st && (st = check_total(p, name, err))) hm_profile_free(p);
+    return st;
+}
+
+hm_status hm_profile_parse(hm_profile *p, const char *text, const char *name, hm_err *err) {
+    const expect x = {0, 0};
+    return parse_for(p, text, name, &x, err);
+}
+
+hm_status hm_profile_read_for(hm_profile *p, const char *path, int32_t n_layer, int32_t n_expert, hm_err *err) {
+    memset(p, 0, sizeof *p);
+    char *buf = NULL;
+    size_t len = 0;
+    hm_status st = hm_file_read_all(path, HM_PROFILE_MAX_BYTES, &buf, &len, err);
+    if (st) return st;
+    if (strlen(buf) != len) {
+        st = hm_errf(err, HM_ERR_FORMAT, "%s: not a JSON text (NUL byte)", path);
+    } else {
+        const expect x = {n_layer > 0 ? n_layer : 0, n_expert > 0 ? n_expert : 0};
+        st = parse_for(p, buf, path, &x, err);
+    }
+    free(buf);
     return st;
 }
 
 hm_status hm_profile_read(hm_profile *p, const char *path, hm_err *err) {
-    memset(p, 0, sizeof *p);
-    FILE *f = fopen(path, "rb");
-    if (!f) return hm_errf(err, HM_ERR_IO, "%s: %s", path, strerror(errno));
-    char *buf = NULL;
-    size_t len = 0, cap = 0;
-    hm_status st = HM_OK;
-    for (;;) {
-        if (cap - len < 65536) {
-            size_t ncap = cap ? cap * 2 : 1 << 20;
-            char *nb = ncap > cap ? realloc(buf, ncap + 1) : NULL;
-            if (!nb) {
-                st = hm_errf(err, HM_ERR_NOMEM, "%s: out of memory reading the file", path);
-                goto done;
-            }
-            buf = nb;
-            cap = ncap;
-        }
-        size_t got = fread(buf + len, 1, cap - len, f);
-        len += got;
-        if (got == 0) break;
-    }
-    if (ferror(f)) {
-        st = hm_errf(err, HM_ERR_IO, "%s: read error", path);
-        goto done;
-    }
-    buf[len] = 0;
-    if (strlen(buf) != len) {
-        st = hm_errf(err, HM_ERR_FORMAT, "%s: not a JSON text (NUL byte)", path);
-        goto done;
-    }
-    st = hm_profile_parse(p, buf, path, err);
-done:
-    free(buf);
-    fclose(f);
-    return st;
+    return hm_profile_read_for(p, path, 0, 0, err);
 }
 
 /* ---- writing ---- */
@@ -406,33 +439,20 @@ oom:
 hm_status hm_profile_write(const hm_profile *p, const char *path, hm_profile_format fmt, hm_err *err) {
     json_t *root = fmt == HM_PROFILE_SEED1 ? build_seed1(p) : build_ours(p);
     if (!root) return hm_errf(err, HM_ERR_NOMEM, "%s: out of memory building the profile", path);
-    char tmp[4096];
-    if ((size_t)snprintf(tmp, sizeof tmp, "%s.tmp.%ld", path, (long)getpid()) >= sizeof tmp) {
+    hm_file_replace r;
+    hm_status st = hm_file_replace_open(&r, path, err);
+    if (st) {
         json_decref(root);
-        return hm_errf(err, HM_ERR_ARG, "%s: path too long", path);
-    }
-    hm_status st = HM_OK;
-    FILE *f = fopen(tmp, "wb");
-    if (!f) {
-        st = hm_errf(err, HM_ERR_IO, "%s: %s", tmp, strerror(errno));
-        goto done;
+        return st;
     }
     /* compact: one layer per line is not possible with jansson's flags, so write it compact */
-    int rc = json_dumpf(root, f, JSON_COMPACT | JSON_PRESERVE_ORDER);
-    if (rc == 0) rc = fputc('\n', f) == EOF ? -1 : 0;
-    if (rc == 0) rc = fflush(f);
-    if (rc == 0) rc = fsync(fileno(f));
-    if (fclose(f) != 0) rc = -1;
-    if (rc != 0) {
-        st = hm_errf(err, HM_ERR_IO, "%s: write failed: %s", tmp, strerror(errno));
-        unlink(tmp);
-        goto done;
-    }
-    if (rename(tmp, path) != 0) {
-        st = hm_errf(err, HM_ERR_IO, "%s: rename from %s failed: %s", path, tmp, strerror(errno));
-        unlink(tmp);
-    }
-done:
+    int rc = json_dumpf(root, r.f, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    if (rc == 0) rc = fputc('\n', r.f) == EOF ? -1 : 0;
     json_decref(root);
-    return st;
+    if (rc != 0) {
+        st = hm_errf(err, HM_ERR_IO, "%s: write failed: %s", r.tmp, strerror(errno));
+        hm_file_replace_abort(&r);
+        return st;
+    }
+    return hm_file_replace_commit(&r, err);
 }

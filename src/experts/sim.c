@@ -40,13 +40,23 @@ done:
     return st;
 }
 
-hm_status hm_sim_trace_profile(const char *path, hm_profile *p, hm_err *err) {
+hm_status hm_sim_trace_profile(const char *path, int32_t n_layer, int32_t n_expert, hm_profile *p, hm_err *err) {
     memset(p, 0, sizeof *p);
     hm_trace_reader *r;
     hm_status st = hm_trace_reader_open(&r, path, err);
     if (st) return st;
     int32_t nl, ne, k;
     hm_trace_reader_geom(r, &nl, &ne, &k);
+    if ((n_layer > 0 && nl != n_layer) || (n_expert > 0 && ne != n_expert)) {
+        st = hm_errf(err, HM_ERR_ARG, "%s has %d layers x %d experts but the model has %d x %d", path, nl, ne, n_layer,
+                     n_expert);
+        goto done;
+    }
+    if ((int64_t)nl * ne > HM_PROFILE_MAX_CELLS) {
+        st = hm_errf(err, HM_ERR_FORMAT, "%s: %d layers x %d experts is more than the %d units a trace may count", path,
+                     nl, ne, HM_PROFILE_MAX_CELLS);
+        goto done;
+    }
     if ((st = hm_profile_init(p, nl, ne, err))) goto done;
     snprintf(p->schema, sizeof p->schema, "hotmoe.trace");
     p->k = k;

@@ -20,8 +20,10 @@
 /* Replay the trace at path into s; its n_layer/n_expert must match the store's units. */
 hm_status hm_sim_replay(hm_experts *s, const char *path, hm_err *err);
 
-/* Counts of a trace as a profile (n_layer x n_expert from its header). p owned by the caller. */
-hm_status hm_sim_trace_profile(const char *path, hm_profile *p, hm_err *err);
+/* Counts of a trace as a profile (n_layer x n_expert from its header). p owned by the caller.
+ * With a model's n_layer / n_expert (0 = unknown) a header of other dimensions is refused before
+ * the counts are allocated; without, the header's product must be <= HM_PROFILE_MAX_CELLS. */
+hm_status hm_sim_trace_profile(const char *path, int32_t n_layer, int32_t n_expert, hm_profile *p, hm_err *err);
 
 /* A synthetic routing source. */
 typedef struct hm_sim_gen hm_sim_gen;

@@ -151,7 +151,9 @@ typedef struct hm_gguf_value {
     };
 } hm_gguf_value;
 
-/* Start writing PATH (via PATH.tmp). alignment 0 = default 32; else a power of two (a
+/* Start writing PATH (via PATH.tmp). PATH must be new, a regular file or a symlink to one (its
+ * target is written); a FIFO, a device or a directory is HM_ERR_ARG (core/file.h's rules).
+ * alignment 0 = default 32; else a power of two (a
  * non-default alignment is recorded as general.alignment automatically).
  * err (may be NULL) is kept by the writer: every later failure of w is also reported there,
  * including hm_gguf_writer_finish's (after which w is gone), so err must outlive w.

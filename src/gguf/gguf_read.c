@@ -8,7 +8,8 @@
  *    bytes each is rejected when n > bytes_left / m, so every allocation is bounded by a small
  *    multiple of the file size;
  *  - arithmetic on file values (offsets, byte sizes, element counts) is overflow-checked;
- *  - every tensor's [file_offset, file_offset + nbytes) lies inside the image;
+ *  - every tensor's [file_offset, file_offset + nbytes) lies inside the image, and no two of
+ *    these ranges share a byte;
  *  - arrays nest at most HM_GGUF_MAX_ARRAY_DEPTH deep, so the recursion is bounded.
  * After a successful open the handle is read-only, so concurrent readers are safe. */
 #include <errno.h>
@@ -286,6 +287,33 @@ static hm_status parse_array(cur *c, const char *ctx, int depth, int64_t *out) {
     return HM_OK;
 }
 
+static int cmp_by_offset(const void *a, const void *b) {
+    const hm_gguf_tensor *x = *(const hm_gguf_tensor *const *)a, *y = *(const hm_gguf_tensor *const *)b;
+    return x->file_offset < y->file_offset ? -1 : x->file_offset > y->file_offset;
+}
+
+/* No two tensors' data may share a byte: a writer never produces that, and a tensor aliasing
+ * another's bytes (one written as Q4_K, read as F32) loads as garbage. Empty tensors take none. */
+static hm_status check_overlap(hm_gguf *g, hm_err *err) {
+    if (g->n_tensors < 2) return HM_OK;
+    const hm_gguf_tensor **by = malloc((size_t)g->n_tensors * sizeof *by);
+    if (!by) return hm_errf(err, HM_ERR_NOMEM, "%s: out of memory checking the tensor data ranges", g->label);
+    size_t n = 0;
+    for (int64_t i = 0; i < g->n_tensors; i++)
+        if (g->tensors[i].nbytes) by[n++] = &g->tensors[i];
+    qsort(by, n, sizeof *by, cmp_by_offset);
+    hm_status st = HM_OK;
+    for (size_t i = 1; i < n && !st; i++) {
+        const hm_gguf_tensor *a = by[i - 1], *b = by[i];
+        if (a->file_offset + a->nbytes > b->file_offset)
+            st = hm_errf(err, HM_ERR_FORMAT, "%s: tensors '%s' (data [%llu, %llu)) and '%s' (data from %llu) overlap",
+                         g->label, a->name, (unsigned long long)a->file_offset,
+                         (unsigned long long)(a->file_offset + a->nbytes), b->name, (unsigned long long)b->file_offset);
+    }
+    free(by);
+    return st;
+}
+
 /* ---- header, metadata, tensor table ---- */
 
 static hm_status parse_kv(cur *c, int64_t i) {
@@ -471,7 +499,7 @@ static hm_status parse(hm_gguf *g, hm_err *err) {
         t->file_offset = start;
         t->data = g->base + start;
     }
-    return HM_OK;
+    return check_overlap(g, err);
 }
 
 /* ---- open / close ---- */
@@ -523,7 +551,8 @@ hm_status hm_gguf_open(hm_gguf **out, const char *path, hm_err *err) {
         free(g);
         return hm_errf(err, HM_ERR_NOMEM, "%s: out of memory", path);
     }
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: opening a FIFO without a writer would otherwise block before fstat can refuse it */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     struct stat sb;
     if (fd < 0 || fstat(fd, &sb) != 0) {
         int e = errno;

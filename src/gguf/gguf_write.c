@@ -6,7 +6,8 @@
  * declaration order, each tensor padded to the alignment (the last one too, as ggml does).
  *
  * Invariants: everything goes to PATH.tmp; PATH appears only through rename() after fsync, so
- * a reader never sees a partial file. The first failure is sticky; finish/abort remove
+ * a reader never sees a partial file. PATH must be new, a regular file, or a symlink to one (then
+ * PATH means its target); a FIFO, device or directory is refused at open (core/file.h). The first failure is sticky; finish/abort remove
  * PATH.tmp unless it was renamed. Declared sizes are validated the same way the reader
  * validates them, so the writer cannot produce a file the reader rejects. */
 #include <errno.h>
@@ -21,6 +22,7 @@
 #include <unistd.h>
 
 #include "../core/alloc.h"
+#include "../core/file.h"
 #include "../quant/quant.h"
 #include "gguf.h"
 #include "gguf_impl.h"
@@ -91,13 +93,19 @@ hm_status hm_gguf_writer_open(hm_gguf_writer **out, const char *path, uint32_t a
     if (alignment == 0) alignment = HM_GGUF_DEFAULT_ALIGNMENT;
     if (alignment & (alignment - 1))
         return hm_errf(err, HM_ERR_ARG, "%s: alignment %u is not a power of two", path, alignment);
+    /* only a regular file (or a link to one: its target) is replaced; a FIFO or a device is refused */
+    char *target = NULL;
+    hm_status tst = hm_file_replace_target(path, &target, err);
+    if (tst != HM_OK) return tst;
     hm_gguf_writer *w = calloc(1, sizeof *w);
-    size_t n = strlen(path);
-    if (!w || !(w->path = strdup(path)) || !(w->tmp = malloc(n + 5))) {
+    size_t n = strlen(target);
+    if (!w || !(w->tmp = malloc(n + 5))) {
+        free(target);
         if (w) writer_free(w);
         return hm_errf(err, HM_ERR_NOMEM, "%s: out of memory", path);
     }
-    memcpy(w->tmp, path, n);
+    w->path = target;
+    memcpy(w->tmp, target, n);
     memcpy(w->tmp + n, ".tmp", 5);
     w->alignment = alignment;
     w->user_err = err;

@@ -167,8 +167,12 @@ static hm_status hp_layer_int(const hm_model *m, const char *suffix, bool requir
                            (unsigned long long)a.n, n_layer);
         for (int32_t i = 0; i < n_layer; i++) {
             int64_t v;
-            if (!hm_gguf_arr_int(&a, (uint64_t)i, &v) || v < 0 || v > INT32_MAX)
-                return hm_errf(err, HM_ERR_FORMAT, "key %s[%d] is not a valid integer", key, i);
+            if (!hm_gguf_arr_int(&a, (uint64_t)i, &v))
+                return hm_errf(err, HM_ERR_FORMAT, "key %s[%d] is not an integer", key, i);
+            char idx[24];
+            snprintf(idx, sizeof idx, "[%d]", i);
+            hm_status st = hm_model_hp_check(m, suffix, idx, v, err);
+            if (st != HM_OK) return st;
             out[i] = (int32_t)v;
         }
         return HM_OK;

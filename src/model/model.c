@@ -4,6 +4,7 @@
  * last-layer compaction and logits) and the public model getters. */
 #include "model.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +28,33 @@ static void copy_str(char *dst, size_t cap, hm_gguf_str s) {
     size_t n = s.len < cap - 1 ? (size_t)s.len : cap - 1;
     memcpy(dst, s.ptr, n);
     dst[n] = '\0';
+}
+
+/* After the arch's load (n_vocab = the embedding's rows): the tokenizer's token list must fit
+ * the embedding (a longer one gives ids that index past it) and the special ids the engine uses
+ * must be token ids; a key that is present but out of range is an error naming it, not a
+ * silently dropped id. */
+static hm_status check_vocab(hm_model *m, const char *path, hm_err *err) {
+    hm_model_info *inf = &m->info;
+    hm_gguf_arr toks;
+    if (hm_gguf_get_arr(m->gguf, "tokenizer.ggml.tokens", &toks) && toks.n > (uint64_t)inf->n_vocab)
+        return hm_errf(err, HM_ERR_FORMAT, "%s: tokenizer.ggml.tokens has %llu entries but token_embd.weight only %d "
+                       "rows", path, (unsigned long long)toks.n, inf->n_vocab);
+    static const char *const keys[2] = {"tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id"};
+    int32_t *dst[2] = {&inf->bos_id, &inf->eos_id};
+    for (int i = 0; i < 2; i++) {
+        int64_t v;
+        if (!hm_gguf_get_int(m->gguf, keys[i], &v)) {
+            if (hm_gguf_find_key(m->gguf, keys[i]) >= 0)
+                return hm_errf(err, HM_ERR_FORMAT, "%s: key %s is not an integer", path, keys[i]);
+            continue;
+        }
+        if (v < 0 || v >= inf->n_vocab)
+            return hm_errf(err, HM_ERR_FORMAT, "%s: key %s = %lld is not a token id (the vocabulary has %d)", path,
+                           keys[i], (long long)v, inf->n_vocab);
+        *dst[i] = (int32_t)v;
+    }
+    return HM_OK;
 }
 
 hm_status hm_model_open(hm_model **out, const char *path, const hm_model_opts *opts, hm_err *err) {
@@ -62,9 +90,6 @@ hm_status hm_model_open(hm_model **out, const char *path, const hm_model_opts *o
     inf->arch = m->arch_name;
     inf->name = m->name;
     inf->bos_id = inf->eos_id = -1;
-    int64_t v;
-    if (hm_gguf_get_int(m->gguf, "tokenizer.ggml.bos_token_id", &v)) inf->bos_id = (int32_t)v;
-    if (hm_gguf_get_int(m->gguf, "tokenizer.ggml.eos_token_id", &v)) inf->eos_id = (int32_t)v;
     bool b;
     if (hm_gguf_get_bool(m->gguf, "tokenizer.ggml.add_bos_token", &b)) inf->add_bos = b;
     inf->file_bytes = hm_gguf_file_size(m->gguf);
@@ -85,8 +110,7 @@ hm_status hm_model_open(hm_model **out, const char *path, const hm_model_opts *o
         }
         goto fail;
     }
-    if (inf->bos_id >= inf->n_vocab) inf->bos_id = -1;
-    if (inf->eos_id >= inf->n_vocab) inf->eos_id = -1;
+    if ((st = check_vocab(m, path, err)) != HM_OK) goto fail;
     if ((st = hm_model_experts_open(m, o.placement, err)) != HM_OK) goto fail;
     *out = m;
     return HM_OK;
@@ -110,6 +134,49 @@ const char *hm_model_arch(const hm_model *m) { return m->arch_name; }
 
 /* ---- load helpers ---- */
 
+/* What each integer hparam may be, by suffix: the values later size an allocation, index a
+ * tensor or divide, so a file value outside these is refused at load, naming the key. The caps
+ * are far above any real model (and keep products such as 2 * ssm.group_count * ssm.state_size
+ * inside int32); keys not listed lie in [0, 2^31). */
+static const struct hp_limit {
+    const char *suffix;
+    int64_t lo, hi;
+} hp_int_limits[] = {
+    {"context_length", 0, INT32_MAX},
+    {"embedding_length", 1, 1 << 20},
+    {"block_count", 1, 1 << 16},
+    {"attention.head_count", 1, 1 << 16},
+    {"attention.head_count_kv", 1, 1 << 16},
+    {"attention.key_length", 1, 1 << 16},
+    {"attention.value_length", 1, 1 << 16},
+    {"attention.key_length_swa", 1, 1 << 16},
+    {"attention.value_length_swa", 1, 1 << 16},
+    {"attention.sliding_window", 1, INT32_MAX},
+    {"rope.dimension_count", 0, 1 << 16},
+    {"rope.dimension_count_swa", 0, 1 << 16},
+    {"expert_count", 0, 1 << 16},
+    {"expert_used_count", 0, 1 << 16},
+    {"feed_forward_length", 0, 1 << 24},
+    {"expert_feed_forward_length", 0, 1 << 24},
+    {"expert_shared_feed_forward_length", 0, 1 << 24},
+    {"ssm.conv_kernel", 1, 1 << 10},
+    {"ssm.state_size", 1, 1 << 12},
+    {"ssm.group_count", 1, 1 << 12},
+    {"ssm.time_step_rank", 1, 1 << 12},
+    {"ssm.inner_size", 1, 1 << 20},
+    {"full_attention_interval", 1, 1 << 16},
+};
+
+hm_status hm_model_hp_check(const hm_model *m, const char *suffix, const char *index, int64_t v, hm_err *err) {
+    int64_t lo = 0, hi = INT32_MAX;
+    for (size_t i = 0; i < sizeof hp_int_limits / sizeof hp_int_limits[0]; i++)
+        if (strcmp(hp_int_limits[i].suffix, suffix) == 0) lo = hp_int_limits[i].lo, hi = hp_int_limits[i].hi;
+    if (v < lo || v > hi)
+        return hm_errf(err, HM_ERR_FORMAT, "key %s.%s%s = %lld is out of range [%lld, %lld]", m->arch_name, suffix,
+                       index ? index : "", (long long)v, (long long)lo, (long long)hi);
+    return HM_OK;
+}
+
 hm_status hm_model_hp_int(const hm_model *m, const char *suffix, bool required, int64_t dflt,
                           int32_t *out, hm_err *err) {
     char key[160];
@@ -121,8 +188,8 @@ hm_status hm_model_hp_int(const hm_model *m, const char *suffix, bool required, 
         if (required) return hm_errf(err, HM_ERR_FORMAT, "missing key %s", key);
         v = dflt;
     }
-    if (v < 0 || v > INT32_MAX)
-        return hm_errf(err, HM_ERR_FORMAT, "key %s = %lld is out of range", key, (long long)v);
+    hm_status st = hm_model_hp_check(m, suffix, NULL, v, err);
+    if (st != HM_OK) return st;
     *out = (int32_t)v;
     return HM_OK;
 }
@@ -142,6 +209,20 @@ hm_status hm_model_hp_head_dim(const hm_model *m, const char *sfx, bool required
     return HM_OK;
 }
 
+/* Float hparams: every one must be finite; these also have a range (an RMS epsilon of 0 or a
+ * negative one divides by zero or takes the root of a negative, a RoPE base below 1 has no
+ * meaning and one of 0 gives inf frequencies). */
+static const struct hp_flimit {
+    const char *suffix;
+    double lo, hi;
+    bool lo_open; /* lo itself is refused */
+} hp_float_limits[] = {
+    {"rope.freq_base", 1.0, 1e30, false},
+    {"rope.freq_base_swa", 1.0, 1e30, false},
+    {"attention.layer_norm_rms_epsilon", 0.0, 1.0, true},
+    {"final_logit_softcapping", 0.0, 1e30, false},
+};
+
 hm_status hm_model_hp_float(const hm_model *m, const char *suffix, bool required, double dflt,
                             float *out, hm_err *err) {
     char key[160];
@@ -152,6 +233,14 @@ hm_status hm_model_hp_float(const hm_model *m, const char *suffix, bool required
             return hm_errf(err, HM_ERR_FORMAT, "key %s is not a number", key);
         if (required) return hm_errf(err, HM_ERR_FORMAT, "missing key %s", key);
         v = dflt;
+    }
+    if (!isfinite(v) || !isfinite((float)v))
+        return hm_errf(err, HM_ERR_FORMAT, "key %s = %g is not a finite number", key, v);
+    for (size_t i = 0; i < sizeof hp_float_limits / sizeof hp_float_limits[0]; i++) {
+        const struct hp_flimit *l = &hp_float_limits[i];
+        if (strcmp(l->suffix, suffix) == 0 && (v < l->lo || v > l->hi || (l->lo_open && v == l->lo)))
+            return hm_errf(err, HM_ERR_FORMAT, "key %s = %g is out of range %s%g, %g]", key, v, l->lo_open ? "(" : "[",
+                           l->lo, l->hi);
     }
     *out = (float)v;
     return HM_OK;

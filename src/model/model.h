@@ -153,12 +153,17 @@ extern const hm_arch hm_arch_qwen35moe; /* qwen35moe.c */
 /* ---- helpers for archs' load functions (model.c) ---- */
 
 /* Integer / float hparam "<arch>.<suffix>" (e.g. "block_count"). Absent and required ->
- * HM_ERR_FORMAT naming the key; absent and optional -> *out = dflt, HM_OK. Integers must lie in
- * [1, 2^31) unless allow_zero. */
+ * HM_ERR_FORMAT naming the key; absent and optional -> *out = dflt, HM_OK. The value (or the
+ * default) must lie in the key's range (model.c's tables: e.g. block_count [1, 65536]; keys not
+ * listed [0, 2^31)); floats must be finite (and e.g. the RMS epsilon in (0, 1), RoPE bases >= 1);
+ * else HM_ERR_FORMAT "key <arch>.<suffix> = v is out of range ...". */
 hm_status hm_model_hp_int(const hm_model *m, const char *suffix, bool required, int64_t dflt,
                           int32_t *out, hm_err *err);
 hm_status hm_model_hp_float(const hm_model *m, const char *suffix, bool required, double dflt,
                             float *out, hm_err *err);
+/* The integer range check of hm_model_hp_int for a value read some other way (an element of a
+ * per-layer array): index (e.g. "[3]", or NULL) is appended to the key in the message. */
+hm_status hm_model_hp_check(const hm_model *m, const char *suffix, const char *index, int64_t v, hm_err *err);
 /* The head dim: "attention.key_length<sfx>" (absent: required -> HM_ERR_FORMAT, else dflt) and
  * "attention.value_length<sfx>" (default the key length), which must equal it (else
  * HM_ERR_UNSUPPORTED naming both). sfx: "" or e.g. "_swa". */

@@ -94,7 +94,8 @@ hm_status hm_model_experts_open(hm_model *m, const hm_placement_opts *po, hm_err
 
     hm_profile prof;
     memset(&prof, 0, sizeof prof);
-    if (po->profile && (st = hm_profile_read(&prof, po->profile, err)) != HM_OK) return st;
+    if (po->profile && (st = hm_profile_read_for(&prof, po->profile, m->units.n_layer, m->units.n_expert, err)) != HM_OK)
+        return st;
 
     hm_experts_opts eo;
     hm_experts_opts_default(&eo);

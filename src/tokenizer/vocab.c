@@ -1,6 +1,7 @@
 /* vocab.c - build a hm_tokenizer from the tokenizer.* keys of a GGUF file: token texts and
  * pieces, the lookup maps, BPE merges, special tokens, pre-tokenizer regexes, special ids.
  * Load time is dominated by hashing ~150k tokens and ~150k merges (tens of ms). */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -71,10 +72,21 @@ void hm_tokenizer_close(hm_tokenizer *t) {
     free(t);
 }
 
-static int32_t get_id(const hm_gguf *g, const char *key, int32_t n_vocab) {
+/* A special token id: absent -> -1; present, it must be an integer in [0, n_vocab) (an id past
+ * the vocabulary would index the token tables), else HM_ERR_FORMAT naming the key. */
+static hm_status get_id(const hm_gguf *g, const char *key, int32_t n_vocab, int32_t *out, hm_err *err) {
     int64_t v;
-    if (!hm_gguf_get_int(g, key, &v) || v < 0 || v >= n_vocab) return -1;
-    return (int32_t)v;
+    *out = -1;
+    if (!hm_gguf_get_int(g, key, &v)) {
+        if (hm_gguf_find_key(g, key) >= 0)
+            return hm_errf(err, HM_ERR_FORMAT, "%s: key %s is not an integer", hm_gguf_path(g), key);
+        return HM_OK;
+    }
+    if (v < 0 || v >= n_vocab)
+        return hm_errf(err, HM_ERR_FORMAT, "%s: key %s = %lld is not a token id (tokenizer.ggml.tokens has %d)",
+                       hm_gguf_path(g), key, (long long)v, n_vocab);
+    *out = (int32_t)v;
+    return HM_OK;
 }
 
 /* GPT-2 byte-level decoding of a token's text: each code point of the map becomes its byte;
@@ -199,7 +211,10 @@ hm_status hm_tokenizer_from_gguf(hm_tokenizer **out, const hm_gguf *g, hm_err *e
         t->type[i] = (uint8_t)ty;
         if (have_scores) {
             double sc = 0;
-            hm_gguf_arr_float(&scores, (uint64_t)i, &sc);
+            if (!hm_gguf_arr_float(&scores, (uint64_t)i, &sc) || isnan(sc)) {
+                st = hm_errf(err, HM_ERR_FORMAT, "%s: tokenizer.ggml.scores[%d] is not a number", path, i);
+                goto fail;
+            }
             if (t->score) t->score[i] = (float)sc;
         }
         memcpy(t->text + off, s.ptr, s.len);
@@ -242,6 +257,14 @@ hm_status hm_tokenizer_from_gguf(hm_tokenizer **out, const hm_gguf *g, hm_err *e
         for (int32_t i = 0; i < n; i++)
             if (t->type[i] == HM_TT_BYTE && t->piece_len[i] == 1)
                 t->byte_tok[(unsigned char)t->piece[t->piece_off[i]]] = i;
+
+    /* BPE without its merges would tokenize every text into single bytes: refuse it */
+    if ((t->kind == HM_VOCAB_BPE || t->kind == HM_VOCAB_GEMMA4) &&
+        (!hm_gguf_get_arr(g, "tokenizer.ggml.merges", &merges) || merges.n == 0)) {
+        st = hm_errf(err, HM_ERR_FORMAT, "%s: tokenizer.ggml.merges is missing or empty (a %s vocabulary needs its "
+                     "BPE merges)", path, t->model);
+        goto fail;
+    }
 
     /* merges: "left right" in the byte-level encoding, rank = index */
     if (t->kind == HM_VOCAB_BPE && hm_gguf_get_arr(g, "tokenizer.ggml.merges", &merges) &&
@@ -376,11 +399,12 @@ hm_status hm_tokenizer_from_gguf(hm_tokenizer **out, const hm_gguf *g, hm_err *e
     }
 
     /* special ids and flags */
-    t->bos = get_id(g, "tokenizer.ggml.bos_token_id", n);
-    t->eos = get_id(g, "tokenizer.ggml.eos_token_id", n);
-    t->eot = get_id(g, "tokenizer.ggml.eot_token_id", n);
-    t->pad = get_id(g, "tokenizer.ggml.padding_token_id", n);
-    t->unk = get_id(g, "tokenizer.ggml.unknown_token_id", n);
+    if ((st = get_id(g, "tokenizer.ggml.bos_token_id", n, &t->bos, err)) != HM_OK ||
+        (st = get_id(g, "tokenizer.ggml.eos_token_id", n, &t->eos, err)) != HM_OK ||
+        (st = get_id(g, "tokenizer.ggml.eot_token_id", n, &t->eot, err)) != HM_OK ||
+        (st = get_id(g, "tokenizer.ggml.padding_token_id", n, &t->pad, err)) != HM_OK ||
+        (st = get_id(g, "tokenizer.ggml.unknown_token_id", n, &t->unk, err)) != HM_OK)
+        goto fail;
     bool b;
     t->add_bos = hm_gguf_get_bool(g, "tokenizer.ggml.add_bos_token", &b) ? b : t->kind == HM_VOCAB_SPM;
     if (t->kind == HM_VOCAB_GEMMA4) t->add_bos = true; /* llama.cpp forces it for gemma4 (its PR 21500) */
