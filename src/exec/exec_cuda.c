@@ -1,15 +1,9 @@
-/* exec_cuda.c - the CUDA backends of the executor (CUDA builds only): the arch's one layer
- * description run on the device op by op, captured as one CUDA graph for decode, and run once at
- * gpu_load as the upload pass. The dense part, the KV cache and the activations live on the device;
- * the HOT expert units in VRAM slots are computed there, the cold ones by the CPU threads at the
- * same time (model/moe.h, hm_moe_forward_gpu).
- *
- * Upload pass (hm_exec_gpu_load): each layer's description runs with ops that upload the weights
- * they name to the layer's device (several devices: model_gpu.h) and record the device copy in a
- * map keyed by (host pointer, device): the compute ops find their weights there. A matmul_n of
- * matrices of one type and width is stacked into one device matrix (decode then runs them in one
- * matvec launch; each matrix is a view into it). The embeddings go with layer 0, the output with
- * its device; tied embeddings on one device are one copy.
+/* exec_cuda.c - the CUDA backend of the executor (CUDA builds only): the arch's one layer
+ * description run on the device op by op, and captured as one CUDA graph for decode; the weights
+ * are where the upload pass put them (exec_upload_cuda.c: a map from host pointer and device to
+ * the device copy). The dense part, the KV cache and the activations live on the device; the HOT
+ * expert units in VRAM slots are computed there, the cold ones by the CPU threads at the same time
+ * (model/moe.h, hm_moe_forward_gpu).
  *
  * Per layer the ops queue their launches on the layer's device. The MoE op, two ways:
  *   - prefill (n > 8): the layer's ONE host wait: the routing (ids + weights) and, when some unit
@@ -45,377 +39,13 @@
 #include "backend/cuda/cuda_linattn.h"
 #include "core/alloc.h"
 #include "backend/cuda/cuda_ops.h"
-#include "exec_impl.h"
+#include "exec_cuda_impl.h"
 #include "model/gpu_chain.h"
 #include "model/model_gpu.h"
 #include "quant/quant.h"
 
 /* Most rows of logits computed per output matmul (bounds the device logits buffer). */
 #define XG_LOGIT_ROWS 64
-
-/* ---- the device copies of the weights: (host pointer, device) -> copy ---- */
-
-typedef struct xw {
-    const void *key;  /* the host data (a matrix's rows or an f32 vector); NULL: an empty entry */
-    int32_t dev;
-    hm_cuda_mat m;    /* a matrix's device copy (a view into its stack when stacked) */
-    const float *v;   /* a vector's device copy */
-    bool any;         /* F32 rows only the exact f32 fallback matmul reads (hm_gpu_up_mat) */
-    int32_t stack;    /* index into stacks, -1: none */
-    int32_t pos;      /* its place in the stack */
-} xw;
-
-typedef struct xstack {
-    hm_cuda_mat m; /* the stacked matrix */
-    int32_t n;     /* matrices in it */
-} xstack;
-
-typedef struct xmap {
-    xw *e;        /* [cap], open addressing */
-    size_t cap, n;
-    xstack *stacks;
-    int32_t n_stacks, cap_stacks;
-} xmap;
-
-static size_t xhash(const void *key, int32_t dev) {
-    uint64_t h = (uint64_t)(uintptr_t)key * 0x9E3779B97F4A7C15ull ^ (uint64_t)dev * 0xC2B2AE3D27D4EB4Full;
-    return (size_t)(h ^ (h >> 29));
-}
-
-static xw *map_find(const xmap *mp, const void *key, int32_t dev) {
-    if (!mp->cap) return NULL;
-    for (size_t i = xhash(key, dev) & (mp->cap - 1);; i = (i + 1) & (mp->cap - 1)) {
-        xw *e = &mp->e[i];
-        if (!e->key) return NULL;
-        if (e->key == key && e->dev == dev) return e;
-    }
-}
-
-static hm_status map_grow(xmap *mp, hm_err *err) {
-    const size_t cap = mp->cap ? 2 * mp->cap : 256;
-    xw *old = mp->e;
-    const size_t ocap = mp->cap;
-    if (!(mp->e = calloc(cap, sizeof *mp->e))) {
-        mp->e = old;
-        return hm_errf(err, HM_ERR_NOMEM, "out of memory");
-    }
-    mp->cap = cap;
-    for (size_t i = 0; i < ocap; i++) {
-        if (!old[i].key) continue;
-        size_t j = xhash(old[i].key, old[i].dev) & (cap - 1);
-        while (mp->e[j].key) j = (j + 1) & (cap - 1);
-        mp->e[j] = old[i];
-    }
-    free(old);
-    return HM_OK;
-}
-
-/* A new entry for (key, dev) (absent), stack -1. */
-static hm_status map_add(xmap *mp, const void *key, int32_t dev, xw **out, hm_err *err) {
-    if (2 * (mp->n + 1) > mp->cap) {
-        hm_status st = map_grow(mp, err);
-        if (st != HM_OK) return st;
-    }
-    size_t i = xhash(key, dev) & (mp->cap - 1);
-    while (mp->e[i].key) i = (i + 1) & (mp->cap - 1);
-    mp->e[i] = (xw){.key = key, .dev = dev, .stack = -1};
-    mp->n++;
-    *out = &mp->e[i];
-    return HM_OK;
-}
-
-static void map_free(xmap *mp) {
-    if (!mp) return;
-    free(mp->e);
-    free(mp->stacks);
-    free(mp);
-}
-
-/* The GGUF name of the tensor whose data is at `data` (for upload errors). */
-static const char *tensor_name(const hm_model *m, const void *data) {
-    for (int64_t i = 0; i < hm_gguf_n_tensors(m->gguf); i++) {
-        const hm_gguf_tensor *t = hm_gguf_tensor_at(m->gguf, i);
-        if (t->data == data) return t->name;
-    }
-    return "(unnamed)";
-}
-
-void hm_exec_gpu_unload(hm_model *m) {
-    if (!m->gpu) return;
-    map_free(m->gpu->arch);
-    m->gpu->arch = NULL;
-}
-
-/* ---- the upload pass ---- */
-
-typedef struct up_pass {
-    hm_gpu *g;
-    xmap *mp;
-} up_pass;
-
-static up_pass *upp(hm_exec *x) { return x->be; }
-
-static hm_status up_vec(hm_exec *x, const float *v, int64_t n) {
-    up_pass *u = upp(x);
-    if (!v || map_find(u->mp, v, u->g->up_dev)) return HM_OK;
-    float *d = NULL;
-    hm_status st = hm_gpu_up_vec(u->g, v, n, tensor_name(x->m, v), &d, x->err);
-    if (st != HM_OK) return st;
-    xw *e;
-    if ((st = map_add(u->mp, v, u->g->up_dev, &e, x->err)) != HM_OK) return st;
-    e->v = d;
-    return HM_OK;
-}
-
-static hm_status up_mat(hm_exec *x, const hm_mat *w) {
-    up_pass *u = upp(x);
-    if (map_find(u->mp, w->data, u->g->up_dev)) return HM_OK;
-    hm_cuda_mat d;
-    bool any = false;
-    hm_status st = hm_gpu_up_mat(u->g, w, tensor_name(x->m, w->data), &any, &d, x->err);
-    if (st != HM_OK) return st;
-    xw *e;
-    if ((st = map_add(u->mp, w->data, u->g->up_dev, &e, x->err)) != HM_OK) return st;
-    e->m = d;
-    e->any = any;
-    return HM_OK;
-}
-
-/* ws[0..n) stacked into one device matrix when at least the first two share the type, width and
- * packed rows (and none is uploaded yet); the matching prefix is stacked. Returns how many were. */
-static hm_status up_stack(hm_exec *x, const hm_mat *const *ws, int n, int *stacked) {
-    up_pass *u = upp(x);
-    const hm_mat *w0 = ws[0];
-    int k = 0;
-    while (k < n && k < 3 && ws[k]->type == w0->type && ws[k]->ne0 == w0->ne0 && ws[k]->nb1 == w0->nb1 &&
-           ws[k]->nb1 == hm_row_size(w0->type, w0->ne0) && !map_find(u->mp, ws[k]->data, u->g->up_dev))
-        k++;
-    *stacked = 0;
-    if (k < 2 || !hm_cuda_type_ok(w0->type) || w0->ne0 % 32 != 0 || w0->nb1 % hm_cuda_type_align(w0->type) != 0)
-        return HM_OK; /* each alone (a width only the f32 fallback takes stays unstacked) */
-    int64_t rows = 0;
-    for (int i = 0; i < k; i++) rows += ws[i]->ne1;
-    const size_t nb1 = w0->nb1;
-    char *buf = malloc(nb1 * (size_t)rows);
-    if (!buf) return hm_errf(x->err, HM_ERR_NOMEM, "out of memory");
-    char name[256];
-    size_t at = 0, nl = 0;
-    for (int i = 0; i < k; i++) {
-        memcpy(buf + at, ws[i]->data, nb1 * (size_t)ws[i]->ne1);
-        at += nb1 * (size_t)ws[i]->ne1;
-        nl += (size_t)snprintf(name + nl, nl < sizeof name ? sizeof name - nl : 0, "%s%s", i ? "|" : "",
-                               tensor_name(x->m, ws[i]->data));
-        if (nl >= sizeof name) nl = sizeof name - 1;
-    }
-    snprintf(name + nl, sizeof name - nl, " (stacked)");
-    const hm_mat cat = {.data = buf, .type = w0->type, .ne0 = w0->ne0, .ne1 = rows, .nb1 = nb1};
-    hm_cuda_mat d;
-    hm_status st = hm_gpu_up_mat(u->g, &cat, name, NULL, &d, x->err);
-    free(buf);
-    if (st != HM_OK) return st;
-    xmap *mp = u->mp;
-    if (mp->n_stacks == mp->cap_stacks) {
-        const int32_t cap = mp->cap_stacks ? 2 * mp->cap_stacks : 64;
-        xstack *ns = realloc(mp->stacks, (size_t)cap * sizeof *ns);
-        if (!ns) return hm_errf(x->err, HM_ERR_NOMEM, "out of memory");
-        mp->stacks = ns;
-        mp->cap_stacks = cap;
-    }
-    const int32_t si = mp->n_stacks++;
-    mp->stacks[si] = (xstack){.m = d, .n = k};
-    at = 0;
-    for (int i = 0; i < k; i++) {
-        xw *e;
-        if ((st = map_add(mp, ws[i]->data, u->g->up_dev, &e, x->err)) != HM_OK) return st;
-        e->m = d;
-        e->m.data = (const char *)d.data + at;
-        e->m.ne1 = ws[i]->ne1;
-        e->stack = si;
-        e->pos = i;
-        at += nb1 * (size_t)ws[i]->ne1;
-    }
-    *stacked = k;
-    return HM_OK;
-}
-
-static hm_status u_rmsnorm(hm_exec *x, hm_buf in, const float *w, hm_buf out) {
-    (void)in, (void)out;
-    return up_vec(x, w, x->xm->n_embd);
-}
-
-static hm_status u_matmul_n(hm_exec *x, hm_buf in, const hm_mat *const *ws, const hm_buf *outs, int n) {
-    (void)in, (void)outs;
-    int done = 0;
-    hm_status st = n >= 2 ? up_stack(x, ws, n, &done) : HM_OK;
-    for (int i = done; i < n && st == HM_OK; i++) st = up_mat(x, ws[i]);
-    return st;
-}
-
-static hm_status u_add_rmsnorm(hm_exec *x, hm_buf acc, hm_buf add, const float *w, hm_buf out) {
-    (void)acc, (void)add, (void)out;
-    return up_vec(x, w, x->xm->n_embd);
-}
-
-static hm_status u_qk_norm_rope_kv(hm_exec *x, int32_t il, const hm_qk_rope *p) {
-    (void)il;
-    hm_status st = up_vec(x, p->q_norm, x->xm->head_dim);
-    return st == HM_OK ? up_vec(x, p->k_norm, x->xm->head_dim) : st;
-}
-
-static hm_status u_out_rows(hm_exec *x, int32_t il, const hm_buf *bufs, const int64_t *widths, int n) {
-    (void)x, (void)il, (void)bufs, (void)widths, (void)n;
-    return HM_OK; /* the pass goes on: every layer's weights are wanted */
-}
-
-static hm_status u_attention(hm_exec *x, int32_t il, hm_buf q, hm_buf out, float scale) {
-    (void)x, (void)il, (void)q, (void)out, (void)scale;
-    return HM_OK;
-}
-
-static hm_status u_route(hm_exec *x, int32_t il, hm_buf in) {
-    (void)in;
-    const hm_moe_layer *L = &x->xm->moe_layers[il];
-    hm_status st = up_mat(x, L->router);
-    return st == HM_OK ? up_vec(x, L->expert_scale, x->xm->moe.n_expert) : st;
-}
-
-static hm_status u_experts(hm_exec *x, int32_t il, hm_buf in, hm_buf out) {
-    (void)x, (void)il, (void)in, (void)out;
-    return HM_OK; /* the units go to the VRAM tier's slots, placed by the store */
-}
-
-static hm_status u_add(hm_exec *x, hm_buf acc, hm_buf add) {
-    (void)x, (void)acc, (void)add;
-    return HM_OK;
-}
-
-static hm_status u_width_op(hm_exec *x, hm_buf a, float s, int64_t width) {
-    (void)x, (void)a, (void)s, (void)width;
-    return HM_OK;
-}
-
-static hm_status u_zero(hm_exec *x, hm_buf a, int64_t width) {
-    (void)x, (void)a, (void)width;
-    return HM_OK;
-}
-
-static hm_status u_copy(hm_exec *x, hm_buf src, hm_buf dst, int64_t width) {
-    (void)x, (void)src, (void)dst, (void)width;
-    return HM_OK;
-}
-
-static hm_status u_attn_in_ring(hm_exec *x, int32_t il, const hm_ring_in *p) {
-    const int64_t hd = x->xm->attn_layers[il].head_dim;
-    hm_status st = up_vec(x, p->q_norm, hd);
-    if (st == HM_OK) st = up_vec(x, p->k_norm, hd);
-    if (st == HM_OK) st = up_vec(x, p->rope_ff, p->n_rot / 2);
-    return st;
-}
-
-static hm_status u_none4(hm_exec *x, hm_buf a, hm_buf b, hm_buf c) {
-    (void)x, (void)a, (void)b, (void)c;
-    return HM_OK;
-}
-
-static hm_status u_sigmoid_mul(hm_exec *x, hm_buf a, hm_buf gate, int64_t width) {
-    (void)x, (void)a, (void)gate, (void)width;
-    return HM_OK;
-}
-
-static hm_status u_swiglu(hm_exec *x, hm_buf g, hm_buf u, hm_buf out, int64_t width) {
-    (void)x, (void)g, (void)u, (void)out, (void)width;
-    return HM_OK;
-}
-
-static hm_status u_deltanet(hm_exec *x, int32_t il, hm_buf io, const hm_deltanet *p) {
-    (void)il, (void)io;
-    const hm_deltanet_spec *d = &x->xm->dn;
-    const hm_mat *ms[5] = {p->wqkv, p->wz, p->wbeta, p->walpha, p->wout};
-    for (int i = 0; i < 5; i++) {
-        hm_status st = up_mat(x, ms[i]);
-        if (st != HM_OK) return st;
-    }
-    hm_status st = up_vec(x, p->conv_w, (int64_t)d->d_conv * d->conv_dim);
-    if (st == HM_OK) st = up_vec(x, p->dt_bias, d->n_v);
-    if (st == HM_OK) st = up_vec(x, p->ssm_a, d->n_v);
-    if (st == HM_OK) st = up_vec(x, p->ssm_norm, d->d_v);
-    return st;
-}
-
-static const hm_exec_ops upload_ops = {
-    .rmsnorm = u_rmsnorm,
-    .matmul_n = u_matmul_n,
-    .add_rmsnorm = u_add_rmsnorm,
-    .qk_norm_rope_kv = u_qk_norm_rope_kv,
-    .out_rows = u_out_rows,
-    .attention = u_attention,
-    .route = u_route,
-    .experts = u_experts,
-    .split_gate = u_none4,
-    .sigmoid_mul = u_sigmoid_mul,
-    .swiglu = u_swiglu,
-    .add_sigmoid_scaled = u_none4,
-    .deltanet = u_deltanet,
-    .add = u_add,
-    .scale = u_width_op,
-    .zero = u_zero,
-    .copy = u_copy,
-    .geglu = u_swiglu,
-    .attn_in_ring = u_attn_in_ring,
-    .attention_ring = u_attention,
-};
-
-hm_status hm_exec_gpu_load(hm_model *m, hm_err *err) {
-    const hm_exec_model *xm = m->xm;
-    hm_gpu *g = m->gpu;
-    HM_ASSERT(xm && g && !g->arch);
-    if (!xm->attn_ring && xm->n_kv_layer > 0 && xm->head_dim > 256)
-        return hm_errf(err, HM_ERR_UNSUPPORTED, "head_dim %d: the CUDA attention takes at most 256 (run the model "
-                       "on the CPU: drop -ngl / --vram-budget)", xm->head_dim);
-    for (int32_t il = 0; xm->attn_ring && il < xm->n_layer; il++) {
-        const int32_t hd = xm->attn_layers[il].head_dim;
-        if (hd != 32 && hd != 64 && hd != 128 && hd != 256 && hd != 512)
-            return hm_errf(err, HM_ERR_UNSUPPORTED, "layer %d: head_dim %d: the CUDA ring attention takes 32, 64, "
-                           "128, 256 or 512 (run the model on the CPU: drop -ngl / --vram-budget)", il, hd);
-    }
-    const hm_deltanet_spec *dn = &xm->dn;
-    if (xm->n_rs_layer > 0 && (dn->d_k > 1024 || dn->d_v > 1024 || dn->n_v > 65535))
-        return hm_errf(err, HM_ERR_UNSUPPORTED, "DeltaNet heads %d x (%d, %d): the CUDA delta rule takes d_k, d_v "
-                       "<= 1024 (run the model on the CPU)", dn->n_v, dn->d_k, dn->d_v);
-    if (xm->moe.n_expert > 1024 || xm->moe.k > 32)
-        return hm_errf(err, HM_ERR_UNSUPPORTED, "%d experts, %d used: the CUDA router takes at most 1024 and 32",
-                       xm->moe.n_expert, xm->moe.k);
-    for (int32_t il = 0; il < xm->n_layer; il++) /* the grouped MoE kernels' shapes and types */
-        if (xm->moe_layers[il].experts) {
-            g->no_gpu_experts = hm_moe_gpu_unfit(xm->moe_layers[il].experts);
-            break;
-        }
-    xmap *mp = calloc(1, sizeof *mp);
-    if (!mp) return hm_errf(err, HM_ERR_NOMEM, "out of memory");
-    g->arch = mp;
-    up_pass u = {.g = g, .mp = mp};
-    hm_exec x = {.m = m, .xm = xm, .ops = &upload_ops, .err = err, .be = &u};
-    hm_status st;
-    /* the embeddings go with layer 0, the output with its own device, each layer's weights with it */
-    g->up_dev = hm_gpu_layer_dev(g, 0);
-    if ((st = up_mat(&x, xm->tok_embd)) != HM_OK) goto fail;
-    if (map_find(mp, xm->tok_embd->data, g->up_dev)->any) {
-        st = hm_errf(err, HM_ERR_UNSUPPORTED, "tensor 'token_embd.weight': rows of %d elements do not fit the "
-                     "CUDA row lookup (a multiple of 32)", xm->n_embd);
-        goto fail;
-    }
-    g->up_dev = hm_gpu_layer_dev(g, xm->n_layer);
-    if ((st = up_mat(&x, xm->output)) != HM_OK) goto fail;
-    if ((st = up_vec(&x, xm->output_norm, xm->n_embd)) != HM_OK) goto fail;
-    for (int32_t il = 0; il < xm->n_layer; il++) {
-        g->up_dev = hm_gpu_layer_dev(g, il);
-        if ((st = hm_exec_layer(&x, il)) != HM_OK) goto fail;
-    }
-    return HM_OK;
-fail:
-    hm_exec_gpu_unload(m); /* the buffers themselves are m->gpu's (freed at its close) */
-    return st;
-}
 
 /* The largest head dim of the layers. */
 static int32_t hd_max(const hm_exec_model *xm) {
@@ -632,13 +262,13 @@ static void set_dev(hm_exec *x, hm_xdev *g) {
 }
 
 /* The device copy of host weight `key` on the pass's device (the upload pass made it). */
-static const xw *dw(hm_exec *x, const void *key) {
-    const xw *e = map_find(x->m->gpu->arch, key, gp(x)->g->ds.dev);
+static const hm_xw *dw(hm_exec *x, const void *key) {
+    const hm_xw *e = hm_xmap_find(x->m->gpu->arch, key, gp(x)->g->ds.dev);
     HM_ASSERT(e);
     return e;
 }
 
-static hm_status mm(hm_cuda_ctx *c, const xw *w, const float *in, int64_t n, float *y, hm_err *err) {
+static hm_status mm(hm_cuda_ctx *c, const hm_xw *w, const float *in, int64_t n, float *y, hm_err *err) {
     if (w->any) return hm_cuda_matmul_f32_any(c, w->m.data, w->m.ne0, w->m.ne1, w->m.nb1, in, n, y, err);
     return hm_cuda_matmul(c, &w->m, in, n, y, err);
 }
@@ -650,12 +280,12 @@ static hm_status g_rmsnorm(hm_exec *x, hm_buf in, const float *w, hm_buf out) {
 
 static hm_status g_matmul_n(hm_exec *x, hm_buf in, const hm_mat *const *ws, const hm_buf *outs, int n) {
     hm_cuda_ctx *c = gp(x)->g->ds.c;
-    const xw *e[4];
+    const hm_xw *e[4];
     for (int i = 0; i < n; i++) e[i] = dw(x, ws[i]->data);
     int done = 0;
     if (gp(x)->dec && n >= 2 && e[0]->stack >= 0 && e[0]->pos == 0) {
         /* decode: the stacked matrices in one matvec launch (the same kernel per row) */
-        const xstack *sk = &((const xmap *)x->m->gpu->arch)->stacks[e[0]->stack];
+        const hm_xstack *sk = &((const hm_xmap *)x->m->gpu->arch)->stacks[e[0]->stack];
         int k = 1;
         while (k < n && k < sk->n && k < 3 && e[k]->stack == e[0]->stack && e[k]->pos == k) k++;
         if (k >= 2) {
