@@ -12,16 +12,17 @@
  *     on the device and cold ones on the CPU threads (model/moe_cuda.c);
  *   - the CUDA graph (exec_cuda.c): a decode step is the SAME description run once under stream
  *     capture and replayed (model/moe_graph_cuda.c); its MoE op publishes and joins instead;
- *   - the upload pass (exec_cuda.c): the description run once per layer at gpu_load, each op
- *     uploading the weights it names to the layer's device: no arch writes an upload list.
+ *   - the upload pass (exec_upload_cuda.c): the description run once per layer at gpu_load, each
+ *     op uploading the weights it names to the layer's device: no arch writes an upload list.
  * So an arch file holds its hparams, its tensor binding and this one description; nothing else.
  *
  * The description's contract: its control flow depends on the model and the layer index only
  * (never on data), since the upload pass and the graph capture replay it; after hm_op_out_rows it
  * returns at once when hm_exec_done says so (the last layer of a pass without wanted logits).
  * Rows: every op works on the pass's current rows (all of the micro-batch, then after the last
- * layer's hm_op_out_rows only the rows whose logits are wanted). Widths come from the buffers'
- * declared widths (floats per row). Buffers HM_BUF_X (the residual stream) and HM_BUF_H (a
+ * layer's hm_op_out_rows only the rows whose logits are wanted). A buffer's declared width (floats
+ * per row) sizes it; an op writes its rows packed at the op's own width (a matmul's output rows,
+ * an attention's heads), which may be less. Buffers HM_BUF_X (the residual stream) and HM_BUF_H (a
  * block's normed input, the MoE's input) exist in every arch, n_embd wide. */
 #ifndef HM_EXEC_H
 #define HM_EXEC_H
