@@ -278,6 +278,11 @@ hm_status hm_model_trace_out(hm_model *m, const char *path, hm_err *err);
  * hm_model_close to learn whether the trace is complete (hm_model_close drops the status). */
 hm_status hm_model_trace_close(hm_model *m, hm_err *err);
 
+/* The placement policies (one table: experts/policy.c), for listing them: policy i's name and, in
+ * *what when non-NULL, one line on what it does, for i in 0 .. hm_policy_count() - 1 ("none",
+ * the default without a profile or a budget, last); NULL past the end. Static strings. */
+int hm_policy_count(void);
+const char *hm_policy_info(int i, const char **what);
 /* The placement policy in force: "none", "static", "online", "lru" (static string). */
 const char *hm_model_policy(const hm_model *m);
 /* Switch the placement policy between steps (HM_ERR_ARG inside a step or for an unknown name).

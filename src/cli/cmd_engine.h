@@ -139,8 +139,12 @@ static inline int cli_placement_arg(cli_engine *e, int argc, char **argv, int *i
         if (!(e->place.profile = cli_value(e->cmd, argc, argv, i))) return -1;
     } else if (!strcmp(a, "--policy")) {
         if (!(v = cli_value(e->cmd, argc, argv, i))) return -1;
-        if (strcmp(v, "static") && strcmp(v, "online") && strcmp(v, "lru") && strcmp(v, "none")) {
-            fprintf(stderr, "hotmoe %s: --policy expects static, online, lru or none, got '%s'\n", e->cmd, v);
+        int known = 0;
+        for (int k = 0; k < hm_policy_count() && !known; k++) known = !strcmp(v, hm_policy_info(k, NULL));
+        if (!known) {
+            fprintf(stderr, "hotmoe %s: --policy expects one of", e->cmd);
+            for (int k = 0; k < hm_policy_count(); k++) fprintf(stderr, " %s", hm_policy_info(k, NULL));
+            fprintf(stderr, ", got '%s'\n", v);
             return -1;
         }
         e->place.policy = v;

@@ -77,8 +77,24 @@ typedef enum hm_policy_kind {
     HM_POLICY_LRU,
 } hm_policy_kind;
 
-const char *hm_policy_name(hm_policy_kind k);     /* "none", "static", "online", "lru" */
-int hm_policy_from_name(const char *name);        /* -1 if unknown */
+/* The policies, one table (policy.c): what the CLI, the server, plan and the docs list. A policy
+ * places units at open (from a profile, when places_from_profile) and at step ends (step; NULL:
+ * never moves a unit). Entries are in hm_policy_kind order. */
+struct hm_experts;
+typedef struct hm_policy_def {
+    hm_policy_kind kind;
+    const char *name;         /* "none", "static", "online", "lru" */
+    const char *what;         /* one line for help texts and docs */
+    bool places_from_profile; /* at open, the top units of the profile */
+    hm_status (*step)(struct hm_experts *s, bool window_end, hm_err *err);
+} hm_policy_def;
+/* The table; *n its entries. */
+const hm_policy_def *hm_policy_defs(int *n);
+const char *hm_policy_name(hm_policy_kind k);     /* the table's name, "unknown" out of range */
+int hm_policy_from_name(const char *name);        /* its kind, -1 if unknown */
+/* buf = the names for a message, "static, online, lru, none" (from the table, "none" last;
+ * skip_none leaves it out); returns buf. */
+const char *hm_policy_names(char *buf, size_t cap, bool skip_none);
 
 typedef struct hm_policy_opts {
     hm_policy_kind kind;

@@ -831,7 +831,8 @@ hm_status hm_plan(const hm_plan_opts *o, FILE *out, hm_err *err) {
     }
     int kind = o->policy ? hm_policy_from_name(o->policy) : (o->profile_path ? HM_POLICY_STATIC : HM_POLICY_ONLINE);
     if (kind <= HM_POLICY_NONE) {
-        st = hm_errf(err, HM_ERR_ARG, "unknown policy '%s' (static, online, lru)", o->policy);
+        char names[96];
+        st = hm_errf(err, HM_ERR_ARG, "unknown policy '%s' (%s)", o->policy, hm_policy_names(names, sizeof names, true));
         goto done;
     }
     pl->kind = (hm_policy_kind)kind;

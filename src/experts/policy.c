@@ -23,10 +23,12 @@
  * group; online pairs each candidate with the lowest-valued resident whose slot it may take. One
  * group takes the single-pool paths unchanged. */
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "experts_impl.h"
+#include "hotmoe.h"
 
 void hm_policy_opts_default(hm_policy_opts *o) {
     memset(o, 0, sizeof *o);
@@ -42,16 +44,57 @@ void hm_policy_opts_default(hm_policy_opts *o) {
     o->recency = 1.0f;
 }
 
-static const char *const policy_names[] = {"none", "static", "online", "lru"};
+static hm_status step_lru(hm_experts *s, bool window_end, hm_err *err);
+static hm_status step_online(hm_experts *s, bool window_end, hm_err *err);
+
+/* The table (experts.h, hm_policy_def), in hm_policy_kind order. */
+static const hm_policy_def policies[] = {
+    {HM_POLICY_NONE, "none", "no fast tier: every unit stays in RAM", false, NULL},
+    {HM_POLICY_STATIC, "static", "the profile's most-used units, placed once", true, NULL},
+    {HM_POLICY_ONLINE, "online", "decayed use and recency, a few swaps per window", false, step_online},
+    {HM_POLICY_LRU, "lru", "every routed unit enters, the least recently used leaves", false, step_lru},
+};
+enum { N_POLICIES = sizeof policies / sizeof policies[0] };
+
+const hm_policy_def *hm_policy_defs(int *n) {
+    *n = N_POLICIES;
+    return policies;
+}
 
 const char *hm_policy_name(hm_policy_kind k) {
-    return (unsigned)k < sizeof policy_names / sizeof policy_names[0] ? policy_names[k] : "unknown";
+    return (unsigned)k < N_POLICIES ? policies[k].name : "unknown";
 }
 
 int hm_policy_from_name(const char *name) {
-    for (int i = 0; i < (int)(sizeof policy_names / sizeof policy_names[0]); i++)
-        if (strcmp(name, policy_names[i]) == 0) return i;
+    for (int i = 0; i < N_POLICIES; i++)
+        if (strcmp(name, policies[i].name) == 0) return (int)policies[i].kind;
     return -1;
+}
+
+/* The names in table order, "none" last (it is the default, not a choice one makes). */
+const char *hm_policy_names(char *buf, size_t cap, bool skip_none) {
+    size_t at = 0;
+    HM_ASSERT(cap > 0);
+    buf[0] = 0;
+    for (int pass = 0; pass < 2; pass++)
+        for (int i = 0; i < N_POLICIES; i++) {
+            const bool none = policies[i].kind == HM_POLICY_NONE;
+            if (none != (pass == 1) || (none && skip_none)) continue;
+            const char *sep = at ? ", " : "";
+            if (strlen(sep) + strlen(policies[i].name) >= cap - at) return buf; /* cut at a whole name */
+            at += (size_t)snprintf(buf + at, cap - at, "%s%s", sep, policies[i].name);
+        }
+    return buf;
+}
+
+/* hotmoe.h's view of the table: the order "none" last, as the names above. */
+int hm_policy_count(void) { return N_POLICIES; }
+
+const char *hm_policy_info(int i, const char **what) {
+    if (i < 0 || i >= N_POLICIES) return NULL;
+    const hm_policy_def *d = &policies[(i + 1) % N_POLICIES]; /* static, online, lru, then none */
+    if (what) *what = d->what;
+    return d->name;
 }
 
 /* ---- static ---- */
@@ -177,13 +220,15 @@ hm_status hm_policy_place_static(hm_experts *s, const uint64_t *counts, hm_err *
 
 hm_status hm_policy_place(hm_experts *s, bool have_profile, hm_err *err) {
     if (!s->n_live || !have_profile || !s->seed_counts) return HM_OK;
-    if (s->pol.kind == HM_POLICY_STATIC || s->pol.warm_start) return hm_policy_place_static(s, s->seed_counts, err);
+    if (policies[s->pol.kind].places_from_profile || s->pol.warm_start)
+        return hm_policy_place_static(s, s->seed_counts, err);
     return HM_OK;
 }
 
 /* ---- lru ---- */
 
-static hm_status step_lru(hm_experts *s, hm_err *err) {
+static hm_status step_lru(hm_experts *s, bool window_end, hm_err *err) {
+    (void)window_end;
     for (int64_t i = 0; i < s->n_touched; i++) /* hits first: they become the most recent */
         if (s->u[s->touched[i]].hot_slot >= 0) hm_experts_touch(s, s->touched[i]);
     for (int64_t i = 0; i < s->n_touched; i++) {
@@ -303,11 +348,6 @@ static hm_status step_online(hm_experts *s, bool window_end, hm_err *err) {
 }
 
 hm_status hm_policy_step(hm_experts *s, bool window_end, hm_err *err) {
-    switch (s->pol.kind) {
-    case HM_POLICY_LRU: return step_lru(s, err);
-    case HM_POLICY_ONLINE: return step_online(s, window_end, err);
-    case HM_POLICY_STATIC:
-    case HM_POLICY_NONE: return HM_OK;
-    }
-    return HM_OK;
+    const hm_policy_def *d = &policies[s->pol.kind];
+    return d->step ? d->step(s, window_end, err) : HM_OK;
 }

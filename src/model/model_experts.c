@@ -76,8 +76,10 @@ hm_status hm_model_experts_open(hm_model *m, const hm_placement_opts *po, hm_err
     int kind = HM_POLICY_NONE;
     if (po->policy) {
         kind = hm_policy_from_name(po->policy);
+        char names[96];
         if (kind < 0)
-            return hm_errf(err, HM_ERR_ARG, "unknown placement policy '%s' (static, online, lru, none)", po->policy);
+            return hm_errf(err, HM_ERR_ARG, "unknown placement policy '%s' (%s)", po->policy,
+                           hm_policy_names(names, sizeof names, false));
     } else if (po->profile) {
         kind = HM_POLICY_STATIC;
     }
@@ -255,7 +257,10 @@ const char *hm_model_policy(const hm_model *m) { return hm_policy_name(m->policy
 hm_status hm_model_set_policy(hm_model *m, const char *policy, hm_err *err) {
     if (!m->experts) return no_experts(m, err);
     int kind = hm_policy_from_name(policy);
-    if (kind < 0) return hm_errf(err, HM_ERR_ARG, "unknown placement policy '%s' (static, online, lru, none)", policy);
+    char names[96];
+    if (kind < 0)
+        return hm_errf(err, HM_ERR_ARG, "unknown placement policy '%s' (%s)", policy,
+                       hm_policy_names(names, sizeof names, false));
     /* the store re-plans its fast slots (static: from the profile or the live counts; online, lru:
      * from the live counters); without slots only the name changes. A fill error still leaves
      * the new policy in force, so the name follows the store either way. */

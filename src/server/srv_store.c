@@ -23,11 +23,9 @@
 
 #include "server/server.h"
 
-static const char *const policies[] = {"static", "online", "lru", "none"};
-
-static json_t *policy_list(void) {
+static json_t *policy_list(void) { /* hotmoe.h's table: static, online, lru, none */
     json_t *pol = json_array();
-    for (size_t i = 0; i < sizeof policies / sizeof policies[0]; i++) json_array_append_new(pol, json_string(policies[i]));
+    for (int i = 0; i < hm_policy_count(); i++) json_array_append_new(pol, json_string(hm_policy_info(i, NULL)));
     return pol;
 }
 
@@ -202,11 +200,17 @@ hm_status srv_store_profile_save(srv_sched *s, const char *path, hm_err *err) {
 
 hm_status srv_store_set_policy(srv_sched *s, const char *name, hm_err *err) {
     bool known = false;
-    for (size_t i = 0; i < sizeof policies / sizeof policies[0]; i++) known |= strcmp(name, policies[i]) == 0;
+    char names[96] = "";
+    for (int i = 0; i < hm_policy_count(); i++) {
+        const char *p = hm_policy_info(i, NULL);
+        known |= strcmp(name, p) == 0;
+        const size_t at = strlen(names);
+        snprintf(names + at, sizeof names - at, "%s%s", i ? ", " : "", p);
+    }
     if (!known) {
         char shown[256];
         srv_text(shown, sizeof shown, name, strlen(name), 64);
-        snprintf(err->msg, sizeof err->msg, "unknown policy '%s' (static, online, lru, none)", shown);
+        snprintf(err->msg, sizeof err->msg, "unknown policy '%s' (%s)", shown, names);
         return HM_ERR_ARG;
     }
     return hm_model_set_policy(s->model, name, err);
