@@ -9,9 +9,7 @@
 set -u
 . "$(dirname "$0")/lib.sh"
 MODEL=$SRC/tests/fixtures/qwen3moe_tiny/model.gguf
-for tool in curl jq; do
-    command -v $tool >/dev/null || { echo "SKIP: $tool not installed (scripts/deps.sh --test)"; exit 77; }
-done
+hm_need curl jq
 [ -f "$MODEL" ] || { echo "SKIP: $MODEL missing"; exit 77; }
 TMP=$(mktemp -d)
 PIDS=()

@@ -14,9 +14,7 @@
 set -u
 . "$(dirname "$0")/lib.sh"
 MODEL=$SRC/tests/fixtures/qwen3moe_tiny/model.gguf
-for tool in curl python3; do
-    command -v $tool >/dev/null || { echo "SKIP: $tool not installed (scripts/deps.sh --test)"; exit 77; }
-done
+hm_need curl python3
 [ -f "$MODEL" ] || { echo "SKIP: $MODEL missing"; exit 77; }
 hm_tmpdir server_halfclose
 hm_serve "" -t 1 -c 4096 --parallel 1

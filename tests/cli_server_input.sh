@@ -17,9 +17,7 @@
 set -u
 . "$(dirname "$0")/lib.sh"
 MODEL=$SRC/tests/fixtures/qwen3moe_tiny/model.gguf
-for tool in curl python3; do
-    command -v $tool >/dev/null || { echo "SKIP: $tool not installed (scripts/deps.sh --test)"; exit 77; }
-done
+hm_need curl python3
 [ -f "$MODEL" ] || { echo "SKIP: $MODEL missing"; exit 77; }
 hm_tmpdir server_input
 
@@ -126,19 +124,7 @@ ln -s "$MODEL" "$ODD"
 kill "$pid" 2>/dev/null
 wait "$pid" 2>/dev/null
 pid=
-for _ in 1 2 3 4 5 6 7 8; do
-    PORT=$((20000 + RANDOM % 40000))
-    "$EXE" serve -m "$ODD" --port "$PORT" -t 1 -c 512 --api-key-file "$tmp/keys" >"$LOG" 2>&1 &
-    pid=$!
-    up=0
-    for _ in $(seq 1 100); do
-        curl -s -o /dev/null "http://127.0.0.1:$PORT/health" && { up=1; break; }
-        kill -0 $pid 2>/dev/null || break
-        sleep 0.1
-    done
-    [ $up = 1 ] && break
-    grep -q "cannot listen" "$LOG" || break
-done
+hm_serve_up "$ODD" -t 1 -c 512 --api-key-file "$tmp/keys"
 URL=http://127.0.0.1:$PORT
 check "the server starts with --api-key-file" [ $up = 1 ]
 [ $up = 1 ] || cat "$LOG"

@@ -15,9 +15,7 @@
 set -u
 . "$(dirname "$0")/lib.sh"
 MODEL=$SRC/tests/fixtures/qwen3moe_tiny/model.gguf
-for tool in curl python3; do
-    command -v $tool >/dev/null || { echo "SKIP: $tool not installed (scripts/deps.sh --test)"; exit 77; }
-done
+hm_need curl python3
 [ -f "$MODEL" ] || { echo "SKIP: $MODEL missing"; exit 77; }
 python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.2", 0))' 2>/dev/null ||
     { echo "SKIP: cannot bind 127.0.0.2 (no loopback /8)"; exit 77; }
@@ -120,20 +118,8 @@ pid=
 
 # ---- deadlines and the /health reserve ----
 check "--help lists the limits" sh -c "'$EXE' serve --help | grep -q -- --max-conns-per-ip && '$EXE' serve --help | grep -q -- --header-timeout"
-up=0
-for _ in 1 2 3 4 5 6 7 8; do
-    PORT=$((20000 + RANDOM % 40000))
-    "$EXE" serve -m "$MODEL" --port "$PORT" -t 1 -c 512 --max-conns 6 --max-conns-per-ip 4 --health-conns 2 \
-        --header-timeout 2 --body-timeout 2 >"$LOG" 2>&1 &
-    pid=$!
-    for _ in $(seq 1 100); do
-        curl -s -o /dev/null "http://127.0.0.1:$PORT/health" && { up=1; break; }
-        kill -0 $pid 2>/dev/null || break
-        sleep 0.1
-    done
-    [ $up = 1 ] && break
-    grep -q "cannot listen" "$LOG" || break
-done
+hm_serve_up "$MODEL" -t 1 -c 512 --max-conns 6 --max-conns-per-ip 4 --health-conns 2 --header-timeout 2 \
+    --body-timeout 2
 URL=http://127.0.0.1:$PORT
 check "the server starts with the limit flags" [ $up = 1 ]
 if [ $up = 1 ]; then

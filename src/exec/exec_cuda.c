@@ -368,17 +368,23 @@ static hm_status g_attention(hm_exec *x, int32_t il, hm_buf q, hm_buf out, float
                              x->err);
 }
 
+/* Where layer il's routing lives on the pass's device: *w_d the weights after the nr * k ids. */
+static int32_t *routing_of(hm_exec *x, int32_t il, float **w_d) {
+    int32_t *ids_d = hm_gpu_layer_ids(&gp(x)->g->ds, il, gp(x)->dec);
+    *w_d = (float *)(ids_d + (size_t)x->nr * (size_t)x->xm->moe.k);
+    return ids_d;
+}
+
 static hm_status g_route(hm_exec *x, int32_t il, hm_buf in) {
-    const gpu_pass *p = gp(x);
-    hm_xdev *g = p->g;
+    hm_xdev *g = gp(x)->g;
     const hm_exec_model *xm = x->xm;
     const hm_moe_layer *L = &xm->moe_layers[il];
     hm_cuda_ctx *c = g->ds.c;
     const int K = xm->moe.k;
     const size_t nk = (size_t)x->nr * (size_t)K;
+    float *w_d;
+    int32_t *ids_d = routing_of(x, il, &w_d);
     hm_status st = mm(c, dw(x, L->router->data), x->buf[in], x->nr, g->rlog, x->err);
-    int32_t *ids_d = hm_gpu_layer_ids(&g->ds, il, p->dec);
-    float *w_d = (float *)(ids_d + nk);
     if (st == HM_OK)
         st = hm_cuda_router(c, g->rlog, x->nr, xm->moe.n_expert, K, xm->moe.norm_topk, ids_d, w_d, x->err);
     if (st == HM_OK && L->expert_scale)
@@ -395,8 +401,8 @@ static hm_status g_experts(hm_exec *x, int32_t il, hm_buf in, hm_buf out) {
     const int K = xm->moe.k;
     const size_t nk = (size_t)x->nr * (size_t)K;
     HM_ASSERT(in == HM_BUF_H); /* the MoE step reads ds.h (gpu_chain.h) */
-    int32_t *ids_d = hm_gpu_layer_ids(&g->ds, il, p->dec);
-    float *w_d = (float *)(ids_d + nk);
+    float *w_d;
+    int32_t *ids_d = routing_of(x, il, &w_d);
     hm_status st;
     if (p->graph)
         return hm_moe_graph_layer(g->ds.mh.graph, x->m, il, hm_gpu_layer_slots(&g->ds, il), g->ds.mh.any_hot[il],
