@@ -210,6 +210,9 @@ struct hm_placement_opts {
     bool cpu_moe;         /* --cpu-moe: no expert slots unless vram_budget says otherwise */
     int32_t n_cpu_moe;    /* --n-cpu-moe N: units of layers >= N in VRAM, the rest on the CPU; < 0 = off */
     int32_t main_gpu;     /* --main-gpu: the device (0) */
+    int32_t flash_attn;   /* -fa: 1 on, 0 off, -1 auto (= on): prefill attention of 32+ tokens as
+                             one tensor-core flash kernel (Q and P in f16) instead of the exact f32
+                             kernels; env HOTMOE_FLASH_ATTN=0 turns auto off */
     /* Several GPUs (issue 11; docs/ENGINE.md "GPU placement"; model/gpu_split.h plans them): the
      * layers split over the devices as llama.cpp's -ts, each device with its own slot budget. A
      * plan that names a single device runs as the single-device form on it (as -mg N
@@ -238,7 +241,7 @@ struct hm_placement_opts {
 };
 
 /* No profile, policy NULL, update_rate -1, no GPU (n_gpu_layers 0, vram_budget 0, vram_reserve -1,
- * n_cpu_moe -1, no per-device budget, no tensor split). */
+ * n_cpu_moe -1, no per-device budget, no tensor split), flash_attn -1 (auto). */
 void hm_placement_opts_default(hm_placement_opts *o);
 /* True when o puts anything on the GPU (n_gpu_layers > 0, vram_budget != 0, a per-device budget or
  * a tensor split). */

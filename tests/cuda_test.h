@@ -40,8 +40,9 @@ static hm_err err;       /* the error of the last backend call (CK prints it) */
 
 /* Without a CUDA device: returns test_done()'s code when a check already failed (the host-only
  * part), else prints "skipped: no GPU (<host_passed>)" and returns 77. With one: prints device 0's
- * name, line-buffers stdout, opens ctx (CK) and returns -1: go on. */
+ * name, opens ctx (CK) and returns -1: go on. */
 static inline int cuda_test_open(const char *host_passed) {
+    setvbuf(stdout, NULL, _IOLBF, 0); /* before any output: a crash keeps the lines printed so far */
     if (hm_cuda_device_count() == 0) {
         if (test_failures_) return test_done();
         printf("skipped: no GPU (%s)\n", host_passed);
@@ -49,7 +50,6 @@ static inline int cuda_test_open(const char *host_passed) {
     }
     char name[256];
     if (hm_cuda_device_name(0, name, sizeof name) == 0) printf("device 0: %s\n", name);
-    setvbuf(stdout, NULL, _IOLBF, 0);
     CK(hm_cuda_open(&ctx, 0, &err));
     return -1;
 }

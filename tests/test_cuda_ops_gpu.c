@@ -1242,7 +1242,9 @@ int main(void) {
     test_rows_shapes();
     test_heads();
     test_router();
+    hm_cuda_set_flash(ctx, false); /* the exact kernels (nmse 1e-10); flash: test_cuda_flash_gpu.c */
     test_attention();
+    hm_cuda_set_flash(ctx, true);
     test_moe();
     test_fused();
     test_matvec_multi();

@@ -334,13 +334,17 @@ static void check_moe_gelu(void) {
 }
 
 static void check_kernels(void) {
-    /* one query (the range split over blocks) and a batch (no split); ring and full caches */
+    /* one query (the range split over blocks) and a batch (no split); ring and full caches. These
+     * check the exact kernel (ATTN_ABS); the flash kernel long batches get has its own test
+     * (test_cuda_flash_gpu.c), so it is off here. */
+    hm_cuda_set_flash(ctx, false);
     check_attention(32, 4, 2, 24, 16, 70, 1, 1);
     check_attention(32, 4, 2, 24, 16, 60, 8, 2);
     check_attention(512, 4, 1, 300, 0, 299, 1, 3);
     check_attention(512, 4, 1, 300, 0, 240, 60, 4);
     check_attention(256, 8, 2, 1040, 1024, 3000, 1, 5);
     check_attention(128, 2, 1, 4096, 0, 4000, 1, 6);
+    hm_cuda_set_flash(ctx, true);
     check_rope();
     check_elementwise();
     check_moe_gelu();

@@ -69,6 +69,9 @@ typedef struct cli_engine {
     "  --no-peer-experts      several GPUs: a device's slots hold only its own layers' units\n"   \
     "                         (default: a full device's hot units may take another's free slots)\n" \
     "  -mg, --main-gpu N      the CUDA device (default 0)\n"                                 \
+    "  -fa, --flash-attn M    on|off|auto (default auto = on): prefill attention of 32+ tokens as\n" \
+    "                         one tensor-core kernel (f16 Q and softmax weights); off = the\n"  \
+    "                         exact f32 kernels, whose cost grows with batch x context\n"      \
     "models larger than RAM (the SSD tier):\n"                                                  \
     "  --ram-budget SIZE      RAM for expert units (e.g. 16GiB); below the experts' size, units\n" \
     "                         live in a RAM slot pool and the rest are read from the file when\n" \
@@ -194,6 +197,15 @@ static inline int cli_placement_arg(cli_engine *e, int argc, char **argv, int *i
         long n;
         if (!(v = cli_value(e->cmd, argc, argv, i)) || cli_long(e->cmd, a, v, 0, 63, &n)) return -1;
         e->place.main_gpu = (int32_t)n;
+    } else if (!strcmp(a, "-fa") || !strcmp(a, "--flash-attn")) {
+        /* llama.cpp's -fa on|off|auto; its older form is the bare flag (= on) */
+        const char *m = *i + 1 < argc ? argv[*i + 1] : "";
+        if (!strcmp(m, "on") || !strcmp(m, "1") || !strcmp(m, "true")) e->place.flash_attn = 1;
+        else if (!strcmp(m, "off") || !strcmp(m, "0") || !strcmp(m, "false")) e->place.flash_attn = 0;
+        else if (!strcmp(m, "auto")) e->place.flash_attn = -1;
+        else m = NULL;
+        if (m) ++*i;
+        else e->place.flash_attn = 1;
     } else if (!strcmp(a, "--ram-budget")) {
         hm_err err;
         if (!(v = cli_value(e->cmd, argc, argv, i))) return -1;

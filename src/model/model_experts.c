@@ -37,6 +37,7 @@ void hm_placement_opts_default(hm_placement_opts *o) {
     o->update_rate = -1.0f;
     o->vram_reserve = -1;
     o->n_cpu_moe = -1;
+    o->flash_attn = -1;
 }
 
 int hm_profile_fmt_from_name(const char *name) {

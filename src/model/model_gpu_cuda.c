@@ -255,10 +255,11 @@ static void plan_one(hm_gpu_plan *p, const hm_placement_opts *o, int32_t n_layer
 
 /* Open the plan's device contexts (g->n_dev of them); with several, peer access between each pair
  * where the hardware allows. */
-static hm_status open_devices(hm_model *m, hm_gpu *g, const hm_gpu_plan *p, hm_err *err) {
+static hm_status open_devices(hm_model *m, hm_gpu *g, const hm_gpu_plan *p, int32_t flash_attn, hm_err *err) {
     for (int32_t d = 0; d < p->n_dev; d++) {
         hm_status st = hm_cuda_open(&g->dev[d].ctx, p->dev[d], err);
         if (st != HM_OK) return st;
+        if (flash_attn >= 0) hm_cuda_set_flash(g->dev[d].ctx, flash_attn > 0); /* -fa on|off over the env */
         g->dev[d].ordinal = p->dev[d];
         g->n_dev = d + 1;
     }
@@ -414,7 +415,7 @@ hm_status hm_model_gpu_open(hm_model *m, const hm_placement_opts *o, int64_t *sl
         st = hm_errf(err, HM_ERR_NOMEM, "out of memory");
         goto fail;
     }
-    if ((st = open_devices(m, g, &plan, err)) != HM_OK) goto fail;
+    if ((st = open_devices(m, g, &plan, o->flash_attn, err)) != HM_OK) goto fail;
     g->peer_units = g->n_dev > 1 && !o->no_peer;
     if (g->peer_units && (!(g->peer_work = calloc(2 * (size_t)m->units.n_expert, sizeof *g->peer_work)) ||
                           !(g->peer_work_dev = calloc((size_t)m->units.n_expert, sizeof *g->peer_work_dev)))) {

@@ -240,10 +240,14 @@ hm_status hm_cuda_attention(hm_cuda_ctx *c, const float *q, int64_t n_tok, const
                             int64_t n_ctx, int n_head, int n_kv_head, int head_dim, float scale,
                             float *out, void *scratch, size_t scratch_size, hm_err *err) {
     HM_CU_ARG(q && pos && k_cache && v_cache && out && n_kv_head > 0 && n_head % n_kv_head == 0);
-    HM_CU_ARG(kv_len >= 1 && kv_len <= n_ctx && n_tok >= 0 && n_tok <= 65535);
+    HM_CU_ARG(kv_len >= 1 && kv_len <= n_ctx && n_tok >= 0);
     if (head_dim != 64 && head_dim != 128 && head_dim != 256)
         return hm_errf(err, HM_ERR_UNSUPPORTED, "cuda attention: head_dim %d (64, 128, 256 supported)", head_dim);
     if (!n_tok) return HM_OK;
+    if (hm_cuda_flash_takes(c, n_tok, head_dim))
+        return hm_cuda_flash_attention(c, q, n_tok, pos, k_cache, v_cache, n_ctx, 0, n_head, n_kv_head, head_dim,
+                                       scale, out, err);
+    HM_CU_ARG(n_tok <= 65535); /* grid.z of the exact kernels */
     const int ns = attn_splits(c, n_tok, kv_len, n_head, n_kv_head, head_dim);
     HM_CU_ARG(scratch && scratch_size >= hm_cuda_attention_scratch_size(c, n_tok, kv_len, n_head, n_kv_head, head_dim));
     float *part = (float *)scratch;

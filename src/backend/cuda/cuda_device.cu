@@ -31,6 +31,8 @@ static hm_status ctx_init(hm_cuda_ctx *c, int device, hm_err *err) {
     {
         const char *ev = getenv("HOTMOE_CUDA_EXACT");
         c->exact_mm = ev && strcmp(ev, "1") == 0;
+        const char *fa = getenv("HOTMOE_FLASH_ATTN");
+        c->flash = !c->exact_mm && !(fa && strcmp(fa, "0") == 0);
     }
     HM_CU(cudaStreamCreateWithFlags(&c->compute, cudaStreamNonBlocking));
     HM_CU(cudaStreamCreateWithFlags(&c->upload, cudaStreamNonBlocking));

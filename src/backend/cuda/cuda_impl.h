@@ -35,6 +35,9 @@ struct hm_cuda_ctx {
     void *mmq_ws;              /* the int8 prefill matmul's workspace (cuda_mmq.cu), NULL = that
                                   path is off (HOTMOE_CUDA_MMQ=0 or HOTMOE_CUDA_EXACT=1 at open, or hm_cuda_set_mmq) */
     size_t mmq_ws_size;
+    bool flash;                /* prefill attention of >= HM_CUDA_FLASH_MIN_TOK queries runs the
+                                  tensor-core flash kernel (cuda_flash.cu); off with
+                                  HOTMOE_FLASH_ATTN=0 or HOTMOE_CUDA_EXACT=1 at open, or hm_cuda_set_flash */
 };
 
 /* Evaluate a CUDA runtime call; on failure fill `err` (a hm_err * in scope) and return. */
@@ -100,6 +103,14 @@ __device__ __forceinline__ float gelu_tanh(float v) {
 __device__ __forceinline__ float act_mul(int act, float g, float u) {
     return (act == HM_CUDA_ACT_GELU ? gelu_tanh(g) : silu(g)) * u;
 }
+
+/* The flash prefill attention (cuda_flash.cu): whether it takes a batch of n_tok queries of
+ * head_dim, and the run (hm_cuda_gemma_attention's contract: positions p at rows p % cap, a window
+ * of 0 = every position; arguments checked there). */
+bool hm_cuda_flash_takes(const hm_cuda_ctx *c, int64_t n_tok, int head_dim);
+hm_status hm_cuda_flash_attention(hm_cuda_ctx *c, const float *q, int64_t n_tok, const int32_t *pos,
+                                  const uint16_t *k_cache, const uint16_t *v_cache, int64_t cap, int32_t window,
+                                  int n_head, int n_kv_head, int head_dim, float scale, float *out, hm_err *err);
 
 /* Checks a weight matrix against the kernels' needs (type, alignment, ne0). */
 hm_status hm_cuda_mat_check(const hm_cuda_mat *w, hm_err *err);

@@ -355,6 +355,16 @@ void hm_cuda_set_kern(hm_cuda_ctx *c, int kern);
  * it off waits for the compute stream and frees it). Other types keep the bf16 kernel. */
 hm_status hm_cuda_set_mmq(hm_cuda_ctx *c, bool on, hm_err *err);
 
+/* Flash attention for prefill (cuda_flash.cu): a batch of at least HM_CUDA_FLASH_MIN_TOK queries
+ * with head_dim 64, 128, 256 or 512 runs hm_cuda_attention / hm_cuda_gemma_attention as one fused
+ * tensor-core kernel (Q and P rounded to f16, f32 accumulation and softmax; NMSE ~1e-7 against
+ * exact attention) instead of the exact f32 kernels, whose cost grows with the batch times the
+ * context. On by default when a context opens; off with HOTMOE_FLASH_ATTN=0 or
+ * HOTMOE_CUDA_EXACT=1 in the environment then, or with this setter (-fa off). */
+#define HM_CUDA_FLASH_MIN_TOK 32
+void hm_cuda_set_flash(hm_cuda_ctx *c, bool on);
+bool hm_cuda_flash_on(const hm_cuda_ctx *c);
+
 /* The kernels' block decoders run on the host (no GPU needed): out[0 .. ne0) = `row` of `type`
  * dequantised exactly as the device does it. For tests; HM_ERR_UNSUPPORTED without a kernel. */
 hm_status hm_cuda_dequant_row_host(int type, const void *row, int64_t ne0, float *out, hm_err *err);

@@ -1,0 +1,278 @@
+/* cuda_flash.cu - flash attention for prefill: causal (optionally windowed) GQA attention of a
+ * batch of queries over an f16 KV cache, Q.K^T and P.V on tensor cores, online softmax in between,
+ * never materialising the score matrix.
+ *
+ * One block of 4 warps takes BM = 64 consecutive query rows of one q head (and, for head_dim 512,
+ * one half of the output columns: grid.z). The block walks the keys its rows can see in tiles of
+ * BN positions: from max(0, min pos - window + 1) to max pos. Each tile's K and V rows are copied
+ * to shared memory (position p lives in row p % cap: a plain cache has cap = n_ctx, a ring cache
+ * less), and each warp takes 16 query rows:
+ *   S = Q K^T on mma.sync m16n8k16 (f16 in, f32 accumulate; Q scaled and rounded to f16 once),
+ *   masked per row (key > pos[t], or outside the window: -inf), the running max m and sum l
+ *   updated, the earlier output rescaled, P = exp(S - m) rounded to f16 and O += P V on the same
+ *   mma, P fed straight from the accumulator registers (the C fragment of m16n8 is the A fragment
+ *   of the next product).
+ * At the end out = O / l. Everything happens in a fixed order: deterministic run to run. The
+ * precision is that of f16 Q and P (NMSE ~1e-7 against exact attention, the tests bound it); the
+ * exact f32 kernels of cuda_attn.cu / cuda_gemma.cu stay for decode and for HOTMOE_FLASH_ATTN=0.
+ * Needs sm_80+ (m16n8k16 f16 mma, ldmatrix). */
+#include <climits>
+#include <cuda_fp16.h>
+
+#include "cuda_impl.h"
+
+#define FA_WARPS 4
+#define FA_BM (16 * FA_WARPS)
+#define FA_PAD 8 /* halves of padding per shared row: rows 16 bytes apart mod 128, ldmatrix conflict-free */
+
+namespace {
+
+__device__ __forceinline__ uint32_t smem_addr(const void *p) {
+    return (uint32_t)__cvta_generic_to_shared(p);
+}
+
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p)));
+}
+
+__device__ __forceinline__ void ldsm_x4_t(uint32_t (&r)[4], const void *p) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(smem_addr(p)));
+}
+
+/* d += a b: a the 16x16 f16 A fragment, b0 b1 the 16x8 B fragment, d the 16x8 f32 accumulator */
+__device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
+    const __half2 h = __floats2half2_rn(lo, hi);
+    return *(const uint32_t *)&h;
+}
+
+/* Copy BN cache rows (positions kb .. kb + BN - 1, those outside [0, kend) as zeros) of ncol halves
+ * starting at column c0 into dst (row stride ld halves). */
+template <int BN>
+__device__ __forceinline__ void load_rows(__half *dst, int ld, const uint16_t *__restrict__ cache, int64_t cap,
+                                          int head_dim, int c0, int ncol, int64_t kb, int64_t kend) {
+    const int per_row = ncol / 8; /* 16-byte chunks */
+    for (int i = threadIdx.x; i < BN * per_row; i += 32 * FA_WARPS) {
+        const int r = i / per_row, ch = i % per_row;
+        const int64_t p = kb + r;
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (p >= 0 && p < kend) v = *(const uint4 *)(cache + (p % cap) * head_dim + c0 + ch * 8);
+        *(uint4 *)(dst + r * ld + ch * 8) = v;
+    }
+}
+
+/* D: head_dim (K's width); DV: output columns per block (D, or D / 2 for 512); BN: keys per tile. */
+template <int D, int DV, int BN>
+__global__ void __launch_bounds__(32 * FA_WARPS) k_flash(const float *__restrict__ q, const int32_t *__restrict__ pos,
+                                                         int64_t n_tok, const uint16_t *__restrict__ kc,
+                                                         const uint16_t *__restrict__ vc, int64_t cap, int32_t window,
+                                                         int n_head, int n_kv_head, float scale,
+                                                         float *__restrict__ out) {
+    constexpr int LQ = D + FA_PAD, LV = DV + FA_PAD;
+    extern __shared__ __align__(16) unsigned char fa_smem[];
+    __half *sQ = (__half *)fa_smem;  /* [BM][LQ] */
+    __half *sK = sQ + FA_BM * LQ;    /* [BN][LQ] */
+    __half *sV = sK + BN * LQ;       /* [BN][LV] */
+    __shared__ int32_t s_pos[FA_BM];
+    __shared__ int32_t s_lo[FA_WARPS], s_hi[FA_WARPS];
+
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int h = blockIdx.y, kvh = h / (n_head / n_kv_head);
+    const int c0 = blockIdx.z * DV;
+    const int64_t t0 = (int64_t)blockIdx.x * FA_BM;
+
+    /* Q rows (scaled, f16) and positions; rows past n_tok are zeros with position -1 (no keys) */
+    for (int i = threadIdx.x; i < FA_BM * (D / 4); i += 32 * FA_WARPS) {
+        const int r = i / (D / 4), c = (i % (D / 4)) * 4;
+        float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (t0 + r < n_tok) v = *(const float4 *)(q + ((t0 + r) * n_head + h) * D + c);
+        *(__half2 *)(sQ + r * LQ + c) = __floats2half2_rn(v.x * scale, v.y * scale);
+        *(__half2 *)(sQ + r * LQ + c + 2) = __floats2half2_rn(v.z * scale, v.w * scale);
+    }
+    for (int r = threadIdx.x; r < FA_BM; r += 32 * FA_WARPS) s_pos[r] = t0 + r < n_tok ? pos[t0 + r] : -1;
+    __syncthreads();
+    /* each warp's visible key range [lo, hi], and the block's */
+    {
+        const int p = s_pos[warp * 16 + (lane & 15)];
+        int hi = p, lo = p < 0 ? INT_MAX : (window > 0 ? max(0, p - window + 1) : 0);
+#pragma unroll
+        for (int o = 8; o > 0; o >>= 1) {
+            hi = max(hi, __shfl_xor_sync(0xffffffffu, hi, o));
+            lo = min(lo, __shfl_xor_sync(0xffffffffu, lo, o));
+        }
+        if (lane == 0) {
+            s_lo[warp] = lo;
+            s_hi[warp] = hi;
+        }
+    }
+    __syncthreads();
+    int blo = INT_MAX, bhi = -1;
+#pragma unroll
+    for (int w = 0; w < FA_WARPS; w++) {
+        blo = min(blo, s_lo[w]);
+        bhi = max(bhi, s_hi[w]);
+    }
+    const int wlo = s_lo[warp], whi = s_hi[warp];
+    const int g = lane >> 2, cq = lane & 3;
+    const int pr0 = s_pos[warp * 16 + g], pr1 = s_pos[warp * 16 + g + 8];
+
+    float o[DV / 8][4];
+#pragma unroll
+    for (int j = 0; j < DV / 8; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
+    float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
+
+    const uint16_t *kbase = kc + (int64_t)kvh * cap * D, *vbase = vc + (int64_t)kvh * cap * D;
+    const int64_t kend = (int64_t)bhi + 1;
+    for (int64_t kb = blo; kb < kend; kb += BN) {
+        __syncthreads(); /* the previous tile's readers are done */
+        load_rows<BN>(sK, LQ, kbase, cap, D, 0, D, kb, kend);
+        load_rows<BN>(sV, LV, vbase, cap, D, c0, DV, kb, kend);
+        __syncthreads();
+        if (kb > whi || kb + BN <= wlo) continue; /* no key of this tile is visible to this warp's rows */
+
+        float s[BN / 8][4];
+#pragma unroll
+        for (int j = 0; j < BN / 8; j++) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+#pragma unroll
+        for (int kk = 0; kk < D / 16; kk++) {
+            uint32_t a[4];
+            ldsm_x4(a, sQ + (warp * 16 + (lane & 15)) * LQ + kk * 16 + (lane >> 4) * 8);
+#pragma unroll
+            for (int j = 0; j < BN / 16; j++) {
+                uint32_t b[4];
+                const int m = lane >> 3;
+                ldsm_x4(b, sK + (j * 16 + (lane & 7) + (m >> 1) * 8) * LQ + kk * 16 + (m & 1) * 8);
+                mma16816(s[2 * j], a, b[0], b[1]);
+                mma16816(s[2 * j + 1], a, b[2], b[3]);
+            }
+        }
+        /* mask and the row maxima (rows g and g + 8; a row's 8 values per tile are spread over the
+         * four lanes of a quad) */
+        float mx0 = m0, mx1 = m1;
+#pragma unroll
+        for (int j = 0; j < BN / 8; j++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int64_t key = kb + j * 8 + 2 * cq + (e & 1);
+                const int pr = e < 2 ? pr0 : pr1;
+                const bool ok = key <= pr && (window <= 0 || key > (int64_t)pr - window);
+                s[j][e] = ok ? s[j][e] : -INFINITY;
+                if (e < 2) mx0 = fmaxf(mx0, s[j][e]);
+                else mx1 = fmaxf(mx1, s[j][e]);
+            }
+#pragma unroll
+        for (int o2 = 1; o2 < 4; o2 <<= 1) {
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, o2));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, o2));
+        }
+        /* a row with no visible key so far keeps m = -inf; its exponent base is 0 so nothing is NaN */
+        const float b0 = mx0 == -INFINITY ? 0.0f : mx0, b1 = mx1 == -INFINITY ? 0.0f : mx1;
+        const float f0 = expf(m0 - b0), f1 = expf(m1 - b1);
+        m0 = mx0;
+        m1 = mx1;
+        float rs0 = 0.0f, rs1 = 0.0f;
+#pragma unroll
+        for (int j = 0; j < BN / 8; j++) {
+            s[j][0] = expf(s[j][0] - b0);
+            s[j][1] = expf(s[j][1] - b0);
+            s[j][2] = expf(s[j][2] - b1);
+            s[j][3] = expf(s[j][3] - b1);
+            rs0 += s[j][0] + s[j][1];
+            rs1 += s[j][2] + s[j][3];
+        }
+        l0 = l0 * f0 + rs0;
+        l1 = l1 * f1 + rs1;
+#pragma unroll
+        for (int j = 0; j < DV / 8; j++) {
+            o[j][0] *= f0;
+            o[j][1] *= f0;
+            o[j][2] *= f1;
+            o[j][3] *= f1;
+        }
+        /* O += P V, 16 keys per step */
+#pragma unroll
+        for (int j = 0; j < BN / 16; j++) {
+            uint32_t a[4];
+            a[0] = pack_half2(s[2 * j][0], s[2 * j][1]);
+            a[1] = pack_half2(s[2 * j][2], s[2 * j][3]);
+            a[2] = pack_half2(s[2 * j + 1][0], s[2 * j + 1][1]);
+            a[3] = pack_half2(s[2 * j + 1][2], s[2 * j + 1][3]);
+#pragma unroll
+            for (int i = 0; i < DV / 16; i++) {
+                uint32_t b[4];
+                const int m = lane >> 3;
+                ldsm_x4_t(b, sV + (j * 16 + (lane & 7) + (m & 1) * 8) * LV + i * 16 + (m >> 1) * 8);
+                mma16816(o[2 * i], a, b[0], b[1]);
+                mma16816(o[2 * i + 1], a, b[2], b[3]);
+            }
+        }
+    }
+    /* the row sums are spread over the quad too */
+#pragma unroll
+    for (int o2 = 1; o2 < 4; o2 <<= 1) {
+        l0 += __shfl_xor_sync(0xffffffffu, l0, o2);
+        l1 += __shfl_xor_sync(0xffffffffu, l1, o2);
+    }
+    const int64_t r0 = t0 + warp * 16 + g, r1 = r0 + 8;
+    const float i0 = l0 > 0.0f ? 1.0f / l0 : 0.0f, i1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;
+#pragma unroll
+    for (int j = 0; j < DV / 8; j++) {
+        const int col = c0 + j * 8 + 2 * cq;
+        if (r0 < n_tok) *(float2 *)(out + (r0 * n_head + h) * D + col) = make_float2(o[j][0] * i0, o[j][1] * i0);
+        if (r1 < n_tok) *(float2 *)(out + (r1 * n_head + h) * D + col) = make_float2(o[j][2] * i1, o[j][3] * i1);
+    }
+}
+
+template <int D, int DV, int BN>
+hm_status launch_flash(hm_cuda_ctx *c, const float *q, int64_t n_tok, const int32_t *pos, const uint16_t *kc,
+                       const uint16_t *vc, int64_t cap, int32_t window, int n_head, int n_kv_head, float scale,
+                       float *out, hm_err *err) {
+    const size_t smem = sizeof(__half) * ((size_t)(FA_BM + BN) * (D + FA_PAD) + (size_t)BN * (DV + FA_PAD));
+    static bool attr_set = false; /* per instance; idempotent, so a race only repeats it */
+    if (!attr_set) {
+        HM_CU(cudaFuncSetAttribute(k_flash<D, DV, BN>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        attr_set = true;
+    }
+    const dim3 grid((unsigned)((n_tok + FA_BM - 1) / FA_BM), (unsigned)n_head, (unsigned)(D / DV));
+    k_flash<D, DV, BN><<<grid, 32 * FA_WARPS, smem, c->compute>>>(q, pos, n_tok, kc, vc, cap, window, n_head,
+                                                                   n_kv_head, scale, out);
+    HM_CU_LAUNCH("flash attention");
+    return HM_OK;
+}
+
+} // namespace
+
+bool hm_cuda_flash_takes(const hm_cuda_ctx *c, int64_t n_tok, int head_dim) {
+    return c->flash && n_tok >= HM_CUDA_FLASH_MIN_TOK &&
+           (head_dim == 64 || head_dim == 128 || head_dim == 256 || head_dim == 512);
+}
+
+hm_status hm_cuda_flash_attention(hm_cuda_ctx *c, const float *q, int64_t n_tok, const int32_t *pos,
+                                  const uint16_t *k_cache, const uint16_t *v_cache, int64_t cap, int32_t window,
+                                  int n_head, int n_kv_head, int head_dim, float scale, float *out, hm_err *err) {
+    HM_CU_ARG(q && pos && k_cache && v_cache && out && q != out && n_tok >= 0 && cap > 0 && window >= 0);
+    HM_CU_ARG(n_kv_head > 0 && n_head > 0 && n_head % n_kv_head == 0 && n_head <= 65535);
+    HM_CU_ARG((n_tok + FA_BM - 1) / FA_BM < (1LL << 31));
+    if (!n_tok) return HM_OK;
+    switch (head_dim) {
+    case 64: return launch_flash<64, 64, 64>(c, q, n_tok, pos, k_cache, v_cache, cap, window, n_head, n_kv_head, scale, out, err);
+    case 128: return launch_flash<128, 128, 64>(c, q, n_tok, pos, k_cache, v_cache, cap, window, n_head, n_kv_head, scale, out, err);
+    case 256: return launch_flash<256, 256, 32>(c, q, n_tok, pos, k_cache, v_cache, cap, window, n_head, n_kv_head, scale, out, err);
+    case 512: return launch_flash<512, 256, 32>(c, q, n_tok, pos, k_cache, v_cache, cap, window, n_head, n_kv_head, scale, out, err);
+    default:
+        return hm_errf(err, HM_ERR_UNSUPPORTED, "flash attention: head_dim %d (takes 64, 128, 256, 512)", head_dim);
+    }
+}
+
+void hm_cuda_set_flash(hm_cuda_ctx *c, bool on) { c->flash = on; }
+bool hm_cuda_flash_on(const hm_cuda_ctx *c) { return c->flash; }

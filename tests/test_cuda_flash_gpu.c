@@ -1,0 +1,249 @@
+/* test_cuda_flash_gpu.c - the attention op on long batches, where the tensor-core flash kernel
+ * (cuda_flash.cu) runs, against a double-precision reference computed here.
+ *
+ * Each case fills an f16 cache [n_kv][cap][hd] (position p in row p % cap: a plain cache when cap
+ * covers every position, a ring otherwise) and n_tok queries at positions pos0.., runs
+ * hm_cuda_gemma_attention (the general contract: ring, window, GQA; hm_cuda_attention is its
+ * cap = n_ctx, window = 0 case and is run too where that applies) and compares query rows (all of
+ * them for short batches, a sample of first, last and spread rows for long ones) with two double
+ * references:
+ *   - the kernel's contract: q * scale rounded to f16 once (cuda_flash.cu's documented rounding),
+ *     then exact softmax attention. The kernel differs from it only by rounding each softmax
+ *     weight to f16 (relative 2^-11 each: |err| <= 2^-11 max|v|, plus 2^-25 per visible key
+ *     for weights in f16's subnormal range) and f32 accumulation; bound: max|v| (1.25 * 2^-11 +
+ *     n_keys 2^-25).
+ *   - exact attention (f32 q): its NMSE is what flash costs; bounded at 1e-5 (a misplaced row,
+ *     mask or tile is > 1e-2) and printed.
+ * Batches below HM_CUDA_FLASH_MIN_TOK (decode, lengths 1 and 7) run the exact kernels and must
+ * match the exact reference within 1e-10 NMSE; with flash off (hm_cuda_set_flash) long batches
+ * must too. Every run twice into a NaN-filled output: bit-identical. The times printed are
+ * information, not checks. */
+#include <math.h>
+#include <string.h>
+
+#include "backend/cuda/cuda_gemma.h"
+#include "core/fp16.h"
+#include "cuda_test.h"
+
+typedef struct {
+    const char *what;
+    int hd, n_head, n_kv;
+    int64_t cap;
+    int32_t window;
+    int64_t pos0, n_tok;
+    bool k_is_v; /* gemma4's global layers: one cache for K and V */
+} flash_case;
+
+static uint64_t seed = 0x5eedf1a5ull;
+
+/* up to 16 rows: the first, the last and spread ones (all rows when n <= 64) */
+static int64_t sample_rows(int64_t n, int64_t *rows) {
+    if (n <= 64) {
+        for (int64_t i = 0; i < n; i++) rows[i] = i;
+        return n;
+    }
+    int64_t k = 0;
+    for (int64_t i = 0; i < 5; i++) rows[k++] = i;
+    for (int64_t i = 1; i <= 6; i++) rows[k++] = i * n / 7 + (i * 13) % (n / 7); /* < (i + 1) n / 7 */
+    for (int64_t i = n - 5; i < n; i++) rows[k++] = i;
+    return k;
+}
+
+/* double references for query row t, every head: exact (ex) and with q*scale rounded to f16 (fq) */
+static void reference(const flash_case *fc, const float *q, const uint16_t *kc, const uint16_t *vc, float scale,
+                      int64_t t, double *ex, double *fq, double *sc_e, double *sc_f, int64_t *n_vis) {
+    const int hd = fc->hd;
+    const int64_t p1 = fc->pos0 + t;
+    int64_t p0 = fc->window > 0 ? p1 - fc->window + 1 : 0;
+    if (p0 < 0) p0 = 0;
+    *n_vis = p1 - p0 + 1;
+    for (int h = 0; h < fc->n_head; h++) {
+        const int g = h / (fc->n_head / fc->n_kv);
+        const float *qv = q + ((size_t)t * (size_t)fc->n_head + (size_t)h) * (size_t)hd;
+        double qe[512], qf[512];
+        for (int i = 0; i < hd; i++) {
+            qe[i] = (double)qv[i] * (double)scale;
+            qf[i] = hm_fp16_to_f32(hm_f32_to_fp16(qv[i] * scale));
+        }
+        double me = -INFINITY, mf = -INFINITY;
+        for (int64_t p = p0; p <= p1; p++) {
+            const uint16_t *kr = kc + ((size_t)g * (size_t)fc->cap + (size_t)(p % fc->cap)) * (size_t)hd;
+            double a = 0, b = 0;
+            for (int i = 0; i < hd; i++) {
+                const double kv = hm_fp16_to_f32(kr[i]);
+                a += qe[i] * kv;
+                b += qf[i] * kv;
+            }
+            sc_e[p - p0] = a;
+            sc_f[p - p0] = b;
+            me = fmax(me, a);
+            mf = fmax(mf, b);
+        }
+        double *oe = ex + (size_t)h * (size_t)hd, *of = fq + (size_t)h * (size_t)hd, se = 0, sf = 0;
+        for (int i = 0; i < hd; i++) oe[i] = of[i] = 0;
+        for (int64_t p = p0; p <= p1; p++) {
+            const double ee = exp(sc_e[p - p0] - me), ef = exp(sc_f[p - p0] - mf);
+            se += ee;
+            sf += ef;
+            const uint16_t *vr = vc + ((size_t)g * (size_t)fc->cap + (size_t)(p % fc->cap)) * (size_t)hd;
+            for (int i = 0; i < hd; i++) {
+                const double vv = hm_fp16_to_f32(vr[i]);
+                oe[i] += ee * vv;
+                of[i] += ef * vv;
+            }
+        }
+        for (int i = 0; i < hd; i++) {
+            oe[i] /= se;
+            of[i] /= sf;
+        }
+    }
+}
+
+/* Run the op once into a NaN-filled output; returns seconds (after a sync). */
+static double run_op(const flash_case *fc, bool plain, const float *dq, const int32_t *dpos, const uint16_t *dk,
+                     const uint16_t *dv, float scale, float *dout, void *scr, size_t scr_n) {
+    const size_t nq = (size_t)fc->n_tok * (size_t)fc->n_head * (size_t)fc->hd;
+    CK(hm_cuda_memset(ctx, dout, 0xff, nq * 4, &err));
+    CK(hm_cuda_sync(ctx, &err));
+    const double t0 = now_s();
+    const int64_t kv_len = fc->pos0 + fc->n_tok;
+    if (plain)
+        CK(hm_cuda_attention(ctx, dq, fc->n_tok, dpos, kv_len, dk, dv, fc->cap, fc->n_head, fc->n_kv, fc->hd, scale,
+                             dout, scr, scr_n, &err));
+    else
+        CK(hm_cuda_gemma_attention(ctx, dq, fc->n_tok, dpos, kv_len, dk, dv, fc->cap, fc->window, fc->n_head,
+                                   fc->n_kv, fc->hd, scale, dout, scr, scr_n, &err));
+    CK(hm_cuda_sync(ctx, &err));
+    return now_s() - t0;
+}
+
+static void check_case(const flash_case *fc, bool flash) {
+    hm_cuda_set_flash(ctx, flash);
+    const int hd = fc->hd;
+    const bool takes = flash && fc->n_tok >= HM_CUDA_FLASH_MIN_TOK;
+    const size_t nq = (size_t)fc->n_tok * (size_t)fc->n_head * (size_t)hd;
+    const size_t nc = (size_t)fc->n_kv * (size_t)fc->cap * (size_t)hd;
+    float *q = xmalloc(nq * 4), *o = xmalloc(nq * 4), *o2 = xmalloc(nq * 4);
+    uint16_t *kc = xmalloc(nc * 2), *vc = fc->k_is_v ? kc : xmalloc(nc * 2);
+    int32_t *pos = xmalloc((size_t)fc->n_tok * 4);
+    fill_normal(&seed, q, (int64_t)nq, 1.0f);
+    float max_v = 0.0f;
+    for (size_t i = 0; i < nc; i++) kc[i] = hm_f32_to_fp16(rnd_normal(&seed));
+    if (!fc->k_is_v)
+        for (size_t i = 0; i < nc; i++) vc[i] = hm_f32_to_fp16(rnd_normal(&seed));
+    for (size_t i = 0; i < nc; i++) max_v = fmaxf(max_v, fabsf(hm_fp16_to_f32(vc[i])));
+    for (int64_t t = 0; t < fc->n_tok; t++) pos[t] = (int32_t)(fc->pos0 + t);
+    const float scale = 1.0f / sqrtf((float)hd);
+
+    float *dq = NULL, *dout = NULL;
+    uint16_t *dk = NULL, *dv = NULL;
+    int32_t *dpos = NULL;
+    void *scr = NULL;
+    const bool plain = fc->window == 0 && fc->cap >= fc->pos0 + fc->n_tok && hd >= 64 && hd <= 256;
+    size_t scr_n = hm_cuda_gemma_attention_scratch_size(ctx, hd);
+    if (plain) {
+        const size_t a = hm_cuda_attention_scratch_size(ctx, fc->n_tok, fc->pos0 + fc->n_tok, fc->n_head, fc->n_kv, hd);
+        if (a > scr_n) scr_n = a;
+    }
+    CK(hm_cuda_alloc(ctx, nq * 4, (void **)&dq, &err));
+    CK(hm_cuda_alloc(ctx, nq * 4, (void **)&dout, &err));
+    CK(hm_cuda_alloc(ctx, nc * 2, (void **)&dk, &err));
+    CK(hm_cuda_alloc(ctx, (size_t)fc->n_tok * 4, (void **)&dpos, &err));
+    CK(hm_cuda_alloc(ctx, scr_n, &scr, &err));
+    CK(hm_cuda_upload(ctx, dq, q, nq * 4, &err));
+    CK(hm_cuda_upload(ctx, dk, kc, nc * 2, &err));
+    if (fc->k_is_v) {
+        dv = dk;
+    } else {
+        CK(hm_cuda_alloc(ctx, nc * 2, (void **)&dv, &err));
+        CK(hm_cuda_upload(ctx, dv, vc, nc * 2, &err));
+    }
+    CK(hm_cuda_upload(ctx, dpos, pos, (size_t)fc->n_tok * 4, &err));
+
+    for (int entry = 0; entry < (plain ? 2 : 1); entry++) {
+        const bool via_plain = entry == 1;
+        const double secs = run_op(fc, via_plain, dq, dpos, dk, dv, scale, dout, scr, scr_n);
+        CK(hm_cuda_download(ctx, o, dout, nq * 4, &err));
+        run_op(fc, via_plain, dq, dpos, dk, dv, scale, dout, scr, scr_n);
+        CK(hm_cuda_download(ctx, o2, dout, nq * 4, &err));
+        CHECKF(!memcmp(o, o2, nq * 4), "%s (%s): two runs differ", fc->what, via_plain ? "plain" : "ring");
+
+        int64_t rows[64];
+        const int64_t nr = sample_rows(fc->n_tok, rows);
+        double *ex = xmalloc((size_t)fc->n_head * (size_t)hd * 8), *fq = xmalloc((size_t)fc->n_head * (size_t)hd * 8);
+        double *sce = xmalloc((size_t)(fc->pos0 + fc->n_tok) * 8), *scf = xmalloc((size_t)(fc->pos0 + fc->n_tok) * 8);
+        double num = 0, den = 0, max_abs = 0, bound_min = INFINITY;
+        bool bound_ok = true;
+        for (int64_t i = 0; i < nr; i++) {
+            int64_t n_vis;
+            reference(fc, q, kc, vc, scale, rows[i], ex, fq, sce, scf, &n_vis);
+            const double bound = (double)max_v * (1.25 * ldexp(1.0, -11) + (double)n_vis * ldexp(1.0, -25));
+            if (bound < bound_min) bound_min = bound;
+            const float *ov = o + (size_t)rows[i] * (size_t)fc->n_head * (size_t)hd;
+            for (size_t j = 0; j < (size_t)fc->n_head * (size_t)hd; j++) {
+                const double d = (double)ov[j] - ex[j];
+                num += d * d;
+                den += ex[j] * ex[j];
+                const double a = fabs((double)ov[j] - fq[j]);
+                if (!(a <= max_abs)) max_abs = a; /* NaN sticks */
+                if (!(a <= bound)) bound_ok = false;
+            }
+        }
+        const double e = num / den;
+        printf("%-34s %-5s %-9s hd %3d, %2d/%d heads, cap %6lld, window %4d, %6lld queries at %6lld: nmse vs exact "
+               "%.2e, max |err| vs f16-q ref %.2e (bound %.2e), %.3f ms\n",
+               fc->what, via_plain ? "plain" : "ring", takes ? "flash" : "exact", hd, fc->n_head, fc->n_kv,
+               (long long)fc->cap, fc->window, (long long)fc->n_tok, (long long)fc->pos0, e, max_abs, bound_min,
+               secs * 1e3);
+        if (takes) {
+            CHECKF(bound_ok, "%s (flash): max |err| %.3g against the f16-q reference, past the bound", fc->what,
+                   max_abs);
+            CHECKF(e < 1e-5, "%s (flash): nmse %.3g against exact attention", fc->what, e);
+        } else {
+            CHECKF(e < 1e-10, "%s (exact kernel): nmse %.3g", fc->what, e);
+        }
+        free(ex);
+        free(fq);
+        free(sce);
+        free(scf);
+    }
+    hm_cuda_free(ctx, dq);
+    hm_cuda_free(ctx, dout);
+    hm_cuda_free(ctx, dk);
+    if (!fc->k_is_v) hm_cuda_free(ctx, dv);
+    hm_cuda_free(ctx, dpos);
+    hm_cuda_free(ctx, scr);
+    free(q);
+    free(o);
+    free(o2);
+    free(kc);
+    if (!fc->k_is_v) free(vc);
+    free(pos);
+    hm_cuda_set_flash(ctx, true);
+}
+
+int main(void) {
+    int rc = cuda_test_open("nothing to check without one");
+    if (rc >= 0) return rc;
+    const flash_case cases[] = {
+        {"decode at depth (length 1)", 128, 16, 2, 8192, 0, 5000, 1, false},
+        {"length 7", 128, 16, 2, 8192, 0, 300, 7, false},
+        {"length 32 (the smallest flash batch)", 128, 16, 2, 8192, 0, 0, 32, false},
+        {"qwen3moe prefill 512", 128, 32, 4, 4096, 0, 0, 512, false},
+        {"unaligned batch at depth", 128, 16, 2, 8192, 0, 4000, 100, false},
+        {"hd 64, G 1", 64, 4, 4, 2048, 0, 100, 200, false},
+        {"qwen35moe hd 256 at 4096", 256, 16, 2, 8192, 0, 0, 4096, false},
+        {"gemma4 sliding ring, window 1024", 256, 16, 8, 1600, 1024, 3000, 512, false},
+        {"gemma4 global hd 512, K=V", 512, 16, 2, 4608, 0, 0, 4096, true},
+        {"gemma4 global hd 512 at depth", 512, 8, 1, 8192, 0, 6000, 64, true},
+        {"long prefill 32768", 128, 16, 2, 32768, 0, 0, 32768, false},
+        {"long prefill 65536", 128, 16, 2, 65536, 0, 0, 65536, false},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) check_case(&cases[i], true);
+    /* the exact kernels on long batches too (flash off), where their cost allows */
+    check_case(&cases[3], false);
+    check_case(&cases[7], false);
+    check_case(&cases[9], false);
+    hm_cuda_close(ctx);
+    return test_done();
+}
