@@ -11,7 +11,7 @@
 # 12 GiB of experts in VRAM (--vram-budget 12GiB --profile PROFILE; llama.cpp with the
 # --n-cpu-moe N that fits the same bytes): pp16384 and tg32 after a 32768-token context;
 # 4 GiB: pp16384. UBATCH (default 512) is hotmoe's -ub and llama-bench's -ub (and -b).
-# Without LLAMA_CPP_DIR the llama.cpp column is "-". A benchmark: it prints numbers, it asserts
+# OFF=0 leaves the -fa off column out. Without LLAMA_CPP_DIR the llama.cpp column is "-". A benchmark: it prints numbers, it asserts
 # nothing.
 set -uo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
@@ -49,7 +49,7 @@ row() {
     read -r a b c < <(hm $hargs -fa on -ub "$ub")
     [ "$col" = pp ] && on=$a || on=$b
     off="-"
-    if [ "$skip_off" = 0 ] || [ "${FULL:-0}" = 1 ]; then
+    if [ "${OFF:-1}" = 1 ] && { [ "$skip_off" = 0 ] || [ "${FULL:-0}" = 1 ]; }; then
         read -r a b c < <(hm $hargs -fa off -ub "$ub")
         [ "$col" = pp ] && off=$a || off=$b
     fi

@@ -14,8 +14,9 @@
  *     n_keys 2^-25).
  *   - exact attention (f32 q): its NMSE is what flash costs; bounded at 1e-5 (a misplaced row,
  *     mask or tile is > 1e-2) and printed.
- * Batches below HM_CUDA_FLASH_MIN_TOK (decode, lengths 1 and 7) run the exact kernels and must
- * match the exact reference within 1e-10 NMSE; with flash off (hm_cuda_set_flash) long batches
+ * Flash runs with its KV-split scratch (short batches over long contexts split each block's key
+ * range; "ring") and without it (unsplit, "ring1"). Batches below HM_CUDA_FLASH_MIN_TOK (decode,
+ * lengths 1 and 7) run the exact kernels and must match the exact reference within 1e-10 NMSE; with flash off (hm_cuda_set_flash) long batches
  * must too. Every run twice into a NaN-filled output: bit-identical. The times printed are
  * information, not checks. */
 #include <math.h>
@@ -140,7 +141,9 @@ static void check_case(const flash_case *fc, bool flash) {
     int32_t *dpos = NULL;
     void *scr = NULL;
     const bool plain = fc->window == 0 && fc->cap >= fc->pos0 + fc->n_tok && hd >= 64 && hd <= 256;
-    size_t scr_n = hm_cuda_gemma_attention_scratch_size(ctx, hd);
+    const size_t scr_ring = hm_cuda_gemma_attention_scratch_size(ctx, hd);
+    const size_t scr_flash = hm_cuda_flash_scratch_size(ctx, fc->n_tok, fc->n_head, hd, fc->pos0 + fc->n_tok);
+    size_t scr_n = scr_ring + scr_flash;
     if (plain) {
         const size_t a = hm_cuda_attention_scratch_size(ctx, fc->n_tok, fc->pos0 + fc->n_tok, fc->n_head, fc->n_kv, hd);
         if (a > scr_n) scr_n = a;
@@ -160,13 +163,18 @@ static void check_case(const flash_case *fc, bool flash) {
     }
     CK(hm_cuda_upload(ctx, dpos, pos, (size_t)fc->n_tok * 4, &err));
 
-    for (int entry = 0; entry < (plain ? 2 : 1); entry++) {
+    /* entries: the ring op with the flash scratch (a KV split where the grid is small), the plain
+     * op, the ring op with only its own scratch (flash unsplit) */
+    for (int entry = 0; entry < 3; entry++) {
+        if ((entry == 1 && !plain) || (entry == 2 && !scr_flash)) continue;
         const bool via_plain = entry == 1;
-        const double secs = run_op(fc, via_plain, dq, dpos, dk, dv, scale, dout, scr, scr_n);
+        const size_t sn = entry == 2 ? scr_ring : scr_n;
+        const char *how = entry == 0 ? "ring" : entry == 1 ? "plain" : "ring1";
+        const double secs = run_op(fc, via_plain, dq, dpos, dk, dv, scale, dout, scr, sn);
         CK(hm_cuda_download(ctx, o, dout, nq * 4, &err));
-        run_op(fc, via_plain, dq, dpos, dk, dv, scale, dout, scr, scr_n);
+        run_op(fc, via_plain, dq, dpos, dk, dv, scale, dout, scr, sn);
         CK(hm_cuda_download(ctx, o2, dout, nq * 4, &err));
-        CHECKF(!memcmp(o, o2, nq * 4), "%s (%s): two runs differ", fc->what, via_plain ? "plain" : "ring");
+        CHECKF(!memcmp(o, o2, nq * 4), "%s (%s): two runs differ", fc->what, how);
 
         int64_t rows[64];
         const int64_t nr = sample_rows(fc->n_tok, rows);
@@ -192,7 +200,7 @@ static void check_case(const flash_case *fc, bool flash) {
         const double e = num / den;
         printf("%-34s %-5s %-9s hd %3d, %2d/%d heads, cap %6lld, window %4d, %6lld queries at %6lld: nmse vs exact "
                "%.2e, max |err| vs f16-q ref %.2e (bound %.2e), %.3f ms\n",
-               fc->what, via_plain ? "plain" : "ring", takes ? "flash" : "exact", hd, fc->n_head, fc->n_kv,
+               fc->what, how, takes ? "flash" : "exact", hd, fc->n_head, fc->n_kv,
                (long long)fc->cap, fc->window, (long long)fc->n_tok, (long long)fc->pos0, e, max_abs, bound_min,
                secs * 1e3);
         if (takes) {

@@ -161,8 +161,13 @@ static hm_status xdev_open(const hm_model *m, const hm_state_opts *o, int32_t de
         g->ds.scratch_size = hm_gpu_max_sz(hm_cuda_moe_scratch_size((int64_t)U, (int64_t)(U * K), xm->moe.n_expert,
                                                                     xm->moe.n_ff),
                                            hm_cuda_moe_dev_scratch_size(g->ds.dec_cap, xm->moe.k, xm->moe.n_ff));
-    if (xm->attn_ring)
+    if (xm->attn_ring) {
         g->ds.scratch_size = hm_gpu_max_sz(g->ds.scratch_size, hm_cuda_gemma_attention_scratch_size(c, hd_max(xm)));
+        for (int32_t il = 0; il < xm->n_layer; il++) /* the flash kernel's KV-split partials, per head dim */
+            g->ds.scratch_size = hm_gpu_max_sz(g->ds.scratch_size,
+                                               hm_cuda_flash_scratch_size(c, (int64_t)U, xm->n_head,
+                                                                          xm->attn_layers[il].head_dim, o->n_ctx));
+    }
     else if (xm->n_kv_layer > 0 && !attn_any(xm))
         g->ds.scratch_size = hm_gpu_max_sz(g->ds.scratch_size,
                                            hm_cuda_attention_scratch_size(c, (int64_t)U, o->n_ctx, xm->n_head,

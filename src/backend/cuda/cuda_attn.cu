@@ -50,7 +50,9 @@ size_t hm_cuda_attention_scratch_size(const hm_cuda_ctx *c, int64_t n_tok, int64
                                       int n_head, int n_kv_head, int head_dim) {
     if (n_kv_head <= 0 || n_head % n_kv_head) return 0;
     const int ns = attn_splits(c, n_tok, kv_len, n_head, n_kv_head, head_dim);
-    return (size_t)n_tok * (size_t)n_head * (size_t)ns * ((size_t)head_dim + 2) * sizeof(float);
+    const size_t fl = hm_cuda_flash_scratch_size(c, n_tok, n_head, head_dim, kv_len);
+    const size_t ex = (size_t)n_tok * (size_t)n_head * (size_t)ns * ((size_t)head_dim + 2) * sizeof(float);
+    return ex > fl ? ex : fl;
 }
 
 /* D consecutive f16 of a K or V row (2, 4 or 8: one 4-, 8- or 16-byte load). */
@@ -217,6 +219,15 @@ __global__ void k_attn_merge(const float *__restrict__ part, int n_split, int he
     out[th * head_dim + d] = O / L;
 }
 
+hm_status hm_cuda_attn_merge(hm_cuda_ctx *c, const float *part, int64_t rows, int n_split, int head_dim, float *out,
+                             hm_err *err) {
+    HM_CU_ARG(rows >= 0 && rows < (1LL << 31) && n_split >= 1 && head_dim > 0 && head_dim <= 1024);
+    if (!rows) return HM_OK;
+    k_attn_merge<<<(unsigned)rows, head_dim, 0, c->compute>>>(part, n_split, head_dim, out);
+    HM_CU_LAUNCH("attention merge");
+    return HM_OK;
+}
+
 template <int D>
 static void launch_attn(hm_cuda_ctx *c, const float *q, int64_t n_tok, const int32_t *pos,
                         const uint16_t *kc, const uint16_t *vc, int64_t n_ctx, int n_head,
@@ -245,8 +256,8 @@ hm_status hm_cuda_attention(hm_cuda_ctx *c, const float *q, int64_t n_tok, const
         return hm_errf(err, HM_ERR_UNSUPPORTED, "cuda attention: head_dim %d (64, 128, 256 supported)", head_dim);
     if (!n_tok) return HM_OK;
     if (hm_cuda_flash_takes(c, n_tok, head_dim))
-        return hm_cuda_flash_attention(c, q, n_tok, pos, k_cache, v_cache, n_ctx, 0, n_head, n_kv_head, head_dim,
-                                       scale, out, err);
+        return hm_cuda_flash_attention(c, q, n_tok, pos, kv_len, k_cache, v_cache, n_ctx, 0, n_head, n_kv_head,
+                                       head_dim, scale, out, scratch, scratch_size, err);
     HM_CU_ARG(n_tok <= 65535); /* grid.z of the exact kernels */
     const int ns = attn_splits(c, n_tok, kv_len, n_head, n_kv_head, head_dim);
     HM_CU_ARG(scratch && scratch_size >= hm_cuda_attention_scratch_size(c, n_tok, kv_len, n_head, n_kv_head, head_dim));

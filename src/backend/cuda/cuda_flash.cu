@@ -76,8 +76,8 @@ template <int D, int DV, int BN>
 __global__ void __launch_bounds__(32 * FA_WARPS) k_flash(const float *__restrict__ q, const int32_t *__restrict__ pos,
                                                          int64_t n_tok, const uint16_t *__restrict__ kc,
                                                          const uint16_t *__restrict__ vc, int64_t cap, int32_t window,
-                                                         int n_head, int n_kv_head, float scale,
-                                                         float *__restrict__ out) {
+                                                         int n_head, int n_kv_head, float scale, int n_split,
+                                                         float *__restrict__ part, float *__restrict__ out) {
     constexpr int LQ = D + FA_PAD, LV = DV + FA_PAD;
     extern __shared__ __align__(16) unsigned char fa_smem[];
     __half *sQ = (__half *)fa_smem;  /* [BM][LQ] */
@@ -88,7 +88,8 @@ __global__ void __launch_bounds__(32 * FA_WARPS) k_flash(const float *__restrict
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int h = blockIdx.y, kvh = h / (n_head / n_kv_head);
-    const int c0 = blockIdx.z * DV;
+    const int dz = blockIdx.z % (D / DV), split = blockIdx.z / (D / DV);
+    const int c0 = dz * DV;
     const int64_t t0 = (int64_t)blockIdx.x * FA_BM;
 
     /* Q rows (scaled, f16) and positions; rows past n_tok are zeros with position -1 (no keys) */
@@ -133,7 +134,10 @@ __global__ void __launch_bounds__(32 * FA_WARPS) k_flash(const float *__restrict
 
     const uint16_t *kbase = kc + (int64_t)kvh * cap * D, *vbase = vc + (int64_t)kvh * cap * D;
     const int64_t kend = (int64_t)bhi + 1;
-    for (int64_t kb = blo; kb < kend; kb += BN) {
+    /* this block's share of the tiles: split of n_split (a KV split when the grid is small) */
+    const int64_t n_tiles = (kend - blo + BN - 1) / BN;
+    const int64_t kb0 = blo + n_tiles * split / n_split * BN, kb1 = blo + n_tiles * (split + 1) / n_split * BN;
+    for (int64_t kb = kb0; kb < kb1 && kb < kend; kb += BN) {
         __syncthreads(); /* the previous tile's readers are done */
         load_rows<BN>(sK, LQ, kbase, cap, D, 0, D, kb, kend);
         load_rows<BN>(sV, LV, vbase, cap, D, c0, DV, kb, kend);
@@ -224,6 +228,23 @@ __global__ void __launch_bounds__(32 * FA_WARPS) k_flash(const float *__restrict
         l1 += __shfl_xor_sync(0xffffffffu, l1, o2);
     }
     const int64_t r0 = t0 + warp * 16 + g, r1 = r0 + 8;
+    if (n_split > 1) {
+        /* a partial: (m, l, unnormalised O) per row, as the merge of cuda_attn.cu reads them; rows
+         * that saw no key have l = 0 and are skipped there */
+        float *p0 = part + ((r0 * n_head + h) * n_split + split) * (D + 2);
+        float *p1 = part + ((r1 * n_head + h) * n_split + split) * (D + 2);
+        if (dz == 0 && cq == 0) {
+            if (r0 < n_tok) { p0[0] = m0; p0[1] = l0; }
+            if (r1 < n_tok) { p1[0] = m1; p1[1] = l1; }
+        }
+#pragma unroll
+        for (int j = 0; j < DV / 8; j++) {
+            const int col = 2 + c0 + j * 8 + 2 * cq;
+            if (r0 < n_tok) { p0[col] = o[j][0]; p0[col + 1] = o[j][1]; }
+            if (r1 < n_tok) { p1[col] = o[j][2]; p1[col + 1] = o[j][3]; }
+        }
+        return;
+    }
     const float i0 = l0 > 0.0f ? 1.0f / l0 : 0.0f, i1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;
 #pragma unroll
     for (int j = 0; j < DV / 8; j++) {
@@ -233,20 +254,42 @@ __global__ void __launch_bounds__(32 * FA_WARPS) k_flash(const float *__restrict
     }
 }
 
+/* The KV split of a batch: blocks of the grid without it, and the splits that bring it to about
+ * FA_BLOCKS_PER_SM blocks per multiprocessor (a long context at -ub 512 is only a few query blocks
+ * per head), at most FA_MAX_SPLIT and at least FA_MIN_TILES tiles of keys each. */
+#define FA_BLOCKS_PER_SM 4
+#define FA_MAX_SPLIT 16
+#define FA_MIN_TILES 4
+static int flash_splits(const hm_cuda_ctx *c, int64_t n_tok, int n_head, int head_dim, int64_t n_keys) {
+    const int dz = head_dim > 256 ? 2 : 1, bn = head_dim >= 256 ? 32 : 64;
+    const int64_t blocks = (n_tok + FA_BM - 1) / FA_BM * n_head * dz;
+    const int64_t target = (int64_t)FA_BLOCKS_PER_SM * (c->n_sm > 0 ? c->n_sm : 1);
+    int64_t s = (target + blocks - 1) / blocks;
+    const int64_t by_len = (n_keys + bn - 1) / bn / FA_MIN_TILES;
+    if (s > by_len) s = by_len;
+    if (s > FA_MAX_SPLIT) s = FA_MAX_SPLIT;
+    return s < 1 ? 1 : (int)s;
+}
+
+static size_t flash_part_bytes(int64_t n_tok, int n_head, int head_dim, int n_split) {
+    return n_split > 1 ? (size_t)n_tok * (size_t)n_head * (size_t)n_split * ((size_t)head_dim + 2) * sizeof(float) : 0;
+}
+
 template <int D, int DV, int BN>
 hm_status launch_flash(hm_cuda_ctx *c, const float *q, int64_t n_tok, const int32_t *pos, const uint16_t *kc,
                        const uint16_t *vc, int64_t cap, int32_t window, int n_head, int n_kv_head, float scale,
-                       float *out, hm_err *err) {
+                       int n_split, float *part, float *out, hm_err *err) {
     const size_t smem = sizeof(__half) * ((size_t)(FA_BM + BN) * (D + FA_PAD) + (size_t)BN * (DV + FA_PAD));
     static bool attr_set = false; /* per instance; idempotent, so a race only repeats it */
     if (!attr_set) {
         HM_CU(cudaFuncSetAttribute(k_flash<D, DV, BN>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         attr_set = true;
     }
-    const dim3 grid((unsigned)((n_tok + FA_BM - 1) / FA_BM), (unsigned)n_head, (unsigned)(D / DV));
+    const dim3 grid((unsigned)((n_tok + FA_BM - 1) / FA_BM), (unsigned)n_head, (unsigned)(D / DV * n_split));
     k_flash<D, DV, BN><<<grid, 32 * FA_WARPS, smem, c->compute>>>(q, pos, n_tok, kc, vc, cap, window, n_head,
-                                                                   n_kv_head, scale, out);
+                                                                   n_kv_head, scale, n_split, part, out);
     HM_CU_LAUNCH("flash attention");
+    if (n_split > 1) return hm_cuda_attn_merge(c, part, n_tok * n_head, n_split, D, out, err);
     return HM_OK;
 }
 
@@ -257,18 +300,37 @@ bool hm_cuda_flash_takes(const hm_cuda_ctx *c, int64_t n_tok, int head_dim) {
            (head_dim == 64 || head_dim == 128 || head_dim == 256 || head_dim == 512);
 }
 
-hm_status hm_cuda_flash_attention(hm_cuda_ctx *c, const float *q, int64_t n_tok, const int32_t *pos,
+size_t hm_cuda_flash_scratch_size(const hm_cuda_ctx *c, int64_t n_tok_max, int n_head, int head_dim, int64_t n_ctx) {
+    /* the largest over batch sizes: fewer query blocks take more splits */
+    size_t most = 0;
+    if (!hm_cuda_flash_takes(c, n_tok_max, head_dim)) return 0;
+    for (int64_t qb = 1; qb <= (n_tok_max + FA_BM - 1) / FA_BM; qb++) {
+        int64_t nt = qb * FA_BM < n_tok_max ? qb * FA_BM : n_tok_max;
+        if (nt < HM_CUDA_FLASH_MIN_TOK) nt = HM_CUDA_FLASH_MIN_TOK; /* smaller batches run the exact kernels */
+        const size_t b = flash_part_bytes(nt, n_head, head_dim, flash_splits(c, nt, n_head, head_dim, n_ctx));
+        if (b > most) most = b;
+    }
+    return most;
+}
+
+hm_status hm_cuda_flash_attention(hm_cuda_ctx *c, const float *q, int64_t n_tok, const int32_t *pos, int64_t kv_len,
                                   const uint16_t *k_cache, const uint16_t *v_cache, int64_t cap, int32_t window,
-                                  int n_head, int n_kv_head, int head_dim, float scale, float *out, hm_err *err) {
+                                  int n_head, int n_kv_head, int head_dim, float scale, float *out, void *scratch,
+                                  size_t scratch_size, hm_err *err) {
     HM_CU_ARG(q && pos && k_cache && v_cache && out && q != out && n_tok >= 0 && cap > 0 && window >= 0);
     HM_CU_ARG(n_kv_head > 0 && n_head > 0 && n_head % n_kv_head == 0 && n_head <= 65535);
     HM_CU_ARG((n_tok + FA_BM - 1) / FA_BM < (1LL << 31));
     if (!n_tok) return HM_OK;
+    /* the keys one query sees at most: its window, or the whole context */
+    const int64_t n_keys = window > 0 && window < kv_len ? window + n_tok : kv_len;
+    int ns = flash_splits(c, n_tok, n_head, head_dim, n_keys);
+    if (!scratch || flash_part_bytes(n_tok, n_head, head_dim, ns) > scratch_size) ns = 1; /* no room: no split */
+    float *part = (float *)scratch;
     switch (head_dim) {
-    case 64: return launch_flash<64, 64, 64>(c, q, n_tok, pos, k_cache, v_cache, cap, window, n_head, n_kv_head, scale, out, err);
-    case 128: return launch_flash<128, 128, 64>(c, q, n_tok, pos, k_cache, v_cache, cap, window, n_head, n_kv_head, scale, out, err);
-    case 256: return launch_flash<256, 256, 32>(c, q, n_tok, pos, k_cache, v_cache, cap, window, n_head, n_kv_head, scale, out, err);
-    case 512: return launch_flash<512, 256, 32>(c, q, n_tok, pos, k_cache, v_cache, cap, window, n_head, n_kv_head, scale, out, err);
+    case 64: return launch_flash<64, 64, 64>(c, q, n_tok, pos, k_cache, v_cache, cap, window, n_head, n_kv_head, scale, ns, part, out, err);
+    case 128: return launch_flash<128, 128, 64>(c, q, n_tok, pos, k_cache, v_cache, cap, window, n_head, n_kv_head, scale, ns, part, out, err);
+    case 256: return launch_flash<256, 256, 32>(c, q, n_tok, pos, k_cache, v_cache, cap, window, n_head, n_kv_head, scale, ns, part, out, err);
+    case 512: return launch_flash<512, 256, 32>(c, q, n_tok, pos, k_cache, v_cache, cap, window, n_head, n_kv_head, scale, ns, part, out, err);
     default:
         return hm_errf(err, HM_ERR_UNSUPPORTED, "flash attention: head_dim %d (takes 64, 128, 256, 512)", head_dim);
     }

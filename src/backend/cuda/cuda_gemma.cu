@@ -237,8 +237,8 @@ hm_status hm_cuda_gemma_attention(hm_cuda_ctx *c, const float *q, int64_t n_tok,
     HM_CU_ARG(n_kv_head > 0 && n_head > 0 && n_head % n_kv_head == 0 && window >= 0);
     if (!n_tok) return HM_OK;
     if (hm_cuda_flash_takes(c, n_tok, head_dim))
-        return hm_cuda_flash_attention(c, q, n_tok, pos, k_cache, v_cache, cap, window, n_head, n_kv_head, head_dim,
-                                       scale, out, err);
+        return hm_cuda_flash_attention(c, q, n_tok, pos, kv_len, k_cache, v_cache, cap, window, n_head, n_kv_head,
+                                       head_dim, scale, out, scratch, scratch_size, err);
     HM_CU_ARG(n_tok * n_head < (1LL << 31));
     const int64_t rows = n_tok * n_head;
     const int64_t span = window > 0 && window < kv_len ? window : kv_len;

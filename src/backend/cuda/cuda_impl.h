@@ -108,9 +108,15 @@ __device__ __forceinline__ float act_mul(int act, float g, float u) {
  * head_dim, and the run (hm_cuda_gemma_attention's contract: positions p at rows p % cap, a window
  * of 0 = every position; arguments checked there). */
 bool hm_cuda_flash_takes(const hm_cuda_ctx *c, int64_t n_tok, int head_dim);
-hm_status hm_cuda_flash_attention(hm_cuda_ctx *c, const float *q, int64_t n_tok, const int32_t *pos,
+hm_status hm_cuda_flash_attention(hm_cuda_ctx *c, const float *q, int64_t n_tok, const int32_t *pos, int64_t kv_len,
                                   const uint16_t *k_cache, const uint16_t *v_cache, int64_t cap, int32_t window,
-                                  int n_head, int n_kv_head, int head_dim, float scale, float *out, hm_err *err);
+                                  int n_head, int n_kv_head, int head_dim, float scale, float *out, void *scratch,
+                                  size_t scratch_size, hm_err *err);
+/* The merge of KV-split partials (cuda_attn.cu): part [rows][n_split][head_dim + 2] as (m, l,
+ * unnormalised O) per split, merged in split order into out [rows][head_dim]; a split with
+ * l = 0 saw no key and is skipped. head_dim <= 1024. */
+hm_status hm_cuda_attn_merge(hm_cuda_ctx *c, const float *part, int64_t rows, int n_split, int head_dim, float *out,
+                             hm_err *err);
 
 /* Checks a weight matrix against the kernels' needs (type, alignment, ne0). */
 hm_status hm_cuda_mat_check(const hm_cuda_mat *w, hm_err *err);

@@ -363,6 +363,13 @@ hm_status hm_cuda_set_mmq(hm_cuda_ctx *c, bool on, hm_err *err);
  * HOTMOE_CUDA_EXACT=1 in the environment then, or with this setter (-fa off). */
 #define HM_CUDA_FLASH_MIN_TOK 32
 void hm_cuda_set_flash(hm_cuda_ctx *c, bool on);
+/* Scratch bytes the flash kernel uses for batches up to n_tok_max queries over up to n_ctx
+ * positions: with few query blocks (a long context at -ub 512) each block's KV range is split over
+ * several blocks whose partials a second kernel merges in order. hm_cuda_attention_scratch_size
+ * includes it; a ring-cache caller adds it to hm_cuda_gemma_attention_scratch_size. With less
+ * scratch than this the kernel runs unsplit (same results within rounding, slower). 0 when flash
+ * is off or does not take such batches. */
+size_t hm_cuda_flash_scratch_size(const hm_cuda_ctx *c, int64_t n_tok_max, int n_head, int head_dim, int64_t n_ctx);
 bool hm_cuda_flash_on(const hm_cuda_ctx *c);
 
 /* The kernels' block decoders run on the host (no GPU needed): out[0 .. ne0) = `row` of `type`
