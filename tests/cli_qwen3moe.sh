@@ -110,6 +110,10 @@ if [ "$rc" != 0 ]; then
     check "-ngl refused" test "$(code "$EXE" bench -m "$m" -p 4 -n 0 -r 1 -ngl 99)" = 1
     check "GGML_CUDA_MOE_CACHE_BUDGET_MB is read" test "$(GGML_CUDA_MOE_CACHE_BUDGET_MB=64 code "$EXE" bench -m "$m" -p 4 -n 0 -r 1)" = 1
 fi
+# -fa as llama.cpp takes it: on|off|auto, or bare (= on); it changes only the GPU's attention
+check "-fa off" test "$(code "$EXE" bench -m "$m" -p 4 -n 0 -r 1 -t 2 -fa off)" = 0
+check "bare -fa then a flag" test "$(code "$EXE" bench -fa -m "$m" -p 4 -n 0 -r 1 -t 2)" = 0
+check "-fa with a bad value" test "$(code "$EXE" bench -m "$m" -p 4 -n 0 -r 1 -fa sometimes)" = 2
 check "bad --vram-budget" test "$(code "$EXE" bench -m "$m" -p 4 -n 0 -r 1 --vram-budget lots)" = 2
 check "bad --n-cpu-moe" test "$(code "$EXE" bench -m "$m" -p 4 -n 0 -r 1 --n-cpu-moe -3)" = 2
 check "--vram-budget 0 is fine" test "$(code "$EXE" bench -m "$m" -p 4 -n 2 -r 1 --vram-budget 0 --profile-out "$tmp/b.json")" = 0
