@@ -93,6 +93,13 @@ const char *hm_model_arch(const hm_model *m);
  * against float references) and slower. */
 typedef enum hm_kv_type { HM_KV_F16 = 0, HM_KV_F32 = 1 } hm_kv_type;
 
+/* Bytes of the KV cache a session of n_ctx positions and micro-batches of n_ubatch (0 = 512) holds:
+ * the layers with a cache, each K and V, sliding-window layers as their ring of min(n_ctx,
+ * window + n_ubatch) rows; f16 (2 bytes) or f32 (4). The same layout sessions allocate (on the GPU
+ * too, where it is f16). HM_ERR_ARG for n_ctx < 1. */
+hm_status hm_model_kv_bytes(const hm_model *m, int32_t n_ctx, int32_t n_ubatch, hm_kv_type kv_type, uint64_t *bytes,
+                            hm_err *err);
+
 typedef struct hm_session_opts {
     int32_t n_ctx;     /* KV cache positions; 0 = min(n_ctx_train, 4096) */
     int32_t n_threads; /* compute threads incl. the caller; 0 = online CPUs */
@@ -354,6 +361,10 @@ void hm_usage_free(hm_usage *u); /* NULL-safe, idempotent */
 typedef struct hm_inspect_opts {
     bool json;      /* print one JSON object instead of the text report */
     int64_t budget; /* bytes for "how many expert units fit"; < 0 = not asked */
+    int32_t kv_ctx;    /* > 0: the KV cache of kv_ctx positions is shown (kv_bytes, which the caller
+                          fills from hm_model_kv_bytes: inspect itself reads no weights) and, with a
+                          budget, the units that fit beside it */
+    uint64_t kv_bytes;
 } hm_inspect_opts;
 
 /* Describe the GGUF file at path on out: architecture, every `<arch>.*` hyper-parameter, the

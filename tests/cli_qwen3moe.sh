@@ -110,6 +110,20 @@ if [ "$rc" != 0 ]; then
     check "-ngl refused" test "$(code "$EXE" bench -m "$m" -p 4 -n 0 -r 1 -ngl 99)" = 1
     check "GGML_CUDA_MOE_CACHE_BUDGET_MB is read" test "$(GGML_CUDA_MOE_CACHE_BUDGET_MB=64 code "$EXE" bench -m "$m" -p 4 -n 0 -r 1)" = 1
 fi
+# the KV cache's RAM: shown by inspect -c (tiny: 4 layers x K,V x 2 kv heads x 64 x 2 bytes = 2048
+# per position), and a context whose cache cannot fit in the available RAM refused at load
+check "inspect -c" test "$(code "$EXE" inspect "$m" -c 1000 --json)" = 0
+check "inspect -c: 2048 bytes a position" grep -q '"kv_bytes": 2048000' "$tmp/out"
+check "inspect -c text" test "$(code "$EXE" inspect "$m" -c 1000 --budget 4MiB)" = 0
+check "inspect -c text line" grep -q "kv cache:   1000 positions: 1.95 MiB" "$tmp/out"
+check "inspect -c 0 refused" test "$(code "$EXE" inspect "$m" -c 0)" = 2
+avail_kib=$(sed -n 's/^MemAvailable: *\([0-9]*\) kB/\1/p' /proc/meminfo)
+if [ -n "$avail_kib" ] && [ "$avail_kib" -lt $((60 * 1024 * 1024)) ]; then # f32: 4 KiB x 2^24 = 64 GiB
+    check "a KV cache beyond the RAM is refused" test "$(code "$EXE" bench -m "$m" -c 16777216 --kv-type f32 -p 4 -n 0 -r 1)" = 1
+    check "the refusal has the numbers" grep -q "needs 64.00 GiB of RAM but .* GiB is available: use a smaller context (-c [0-9]* or less), an f16 cache" "$tmp/err"
+else
+    echo "note: $avail_kib KiB available: the KV refusal check needs a machine with less than 60 GiB free"
+fi
 # -fa as llama.cpp takes it: on|off|auto, or bare (= on); it changes only the GPU's attention
 check "-fa off" test "$(code "$EXE" bench -m "$m" -p 4 -n 0 -r 1 -t 2 -fa off)" = 0
 check "bare -fa then a flag" test "$(code "$EXE" bench -fa -m "$m" -p 4 -n 0 -r 1 -t 2)" = 0

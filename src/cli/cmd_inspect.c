@@ -1,11 +1,12 @@
-/* cmd_inspect.c - `hotmoe inspect FILE.gguf [--json] [--budget SIZE]`. */
+/* cmd_inspect.c - `hotmoe inspect FILE.gguf [--json] [--budget SIZE] [-c N]`. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cli.h"
 
 static void usage(FILE *f) {
-    fputs("usage: hotmoe inspect FILE.gguf [--json] [--budget SIZE]\n"
+    fputs("usage: hotmoe inspect FILE.gguf [--json] [--budget SIZE] [-c N]\n"
           "\n"
           "Show a GGUF model without loading its weights: architecture, every hyper-parameter,\n"
           "tokenizer, tensors by type, and the MoE view: expert units (layer, expert) per layer,\n"
@@ -15,6 +16,8 @@ static void usage(FILE *f) {
           "                 unit_bytes, expert_bytes, dense_bytes, units_in_budget, ...)\n"
           "  --budget SIZE  how many expert units fit in SIZE bytes (e.g. 12GiB, 512MiB),\n"
           "                 counting slots of the largest unit\n"
+          "  -c, --ctx-size N  the KV cache of N positions (f16, as sessions hold it; sliding-window\n"
+          "                 layers as their ring), and with --budget the units that fit beside it\n"
           "  -h, --help     this text\n",
           f);
 }
@@ -40,6 +43,14 @@ int hm_cmd_inspect(int argc, char **argv) {
                 fprintf(stderr, "inspect: --budget: %s\n", o.budget < 0 && !err.msg[0] ? "must be a size" : err.msg);
                 return 2;
             }
+        } else if (strcmp(a, "-c") == 0 || strcmp(a, "--ctx-size") == 0) {
+            char *end = NULL;
+            const long n = i + 1 < argc ? strtol(argv[++i], &end, 10) : 0;
+            if (!end || *end || n < 1 || n > (1L << 30)) {
+                fprintf(stderr, "inspect: %s needs a number of positions (1 .. 2^30)\n", a);
+                return 2;
+            }
+            o.kv_ctx = (int32_t)n;
         } else if (a[0] == '-' && a[1]) {
             fprintf(stderr, "inspect: unknown option '%s' (see `hotmoe inspect --help`)\n", a);
             return 2;
@@ -53,6 +64,16 @@ int hm_cmd_inspect(int argc, char **argv) {
     if (!path) {
         usage(stderr);
         return 2;
+    }
+    if (o.kv_ctx > 0) { /* the layout sessions use: the model's tensors bound, no weight read */
+        hm_model *m = NULL;
+        hm_status ms = hm_model_open(&m, path, NULL, &err);
+        if (ms == HM_OK) ms = hm_model_kv_bytes(m, o.kv_ctx, 0, HM_KV_F16, &o.kv_bytes, &err);
+        hm_model_close(m);
+        if (ms != HM_OK) {
+            fprintf(stderr, "inspect: -c: %s\n", err.msg[0] ? err.msg : hm_status_name(ms));
+            return 1;
+        }
     }
     hm_status st = hm_inspect(path, &o, stdout, &err);
     if (st != HM_OK) {

@@ -39,6 +39,17 @@ uint64_t hm_phys_ram_bytes(void) {
     return pages > 0 && pg > 0 ? (uint64_t)pages * (uint64_t)pg : 0;
 }
 
+uint64_t hm_mem_available_bytes(void) {
+    FILE *f = fopen("/proc/meminfo", "r");
+    if (!f) return 0;
+    char line[256];
+    unsigned long long kib = 0;
+    bool found = false;
+    while (!found && fgets(line, sizeof line, f)) found = sscanf(line, "MemAvailable: %llu kB", &kib) == 1;
+    fclose(f);
+    return found ? (uint64_t)kib * 1024 : 0;
+}
+
 hm_status hm_mlock_range(const void *p, size_t n, const char *what, hm_err *err) {
     const uintptr_t pg = (uintptr_t)sysconf(_SC_PAGESIZE), lo = (uintptr_t)p / pg * pg;
     const uintptr_t hi = ((uintptr_t)p + n + pg - 1) / pg * pg;

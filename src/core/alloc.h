@@ -34,6 +34,9 @@ static inline uint64_t hm_align_up(uint64_t x, uint64_t a) { return (x + a - 1) 
 hm_status hm_mlock_fits(uint64_t n, uint64_t phys, const char *what, hm_err *err);
 /* This machine's RAM in bytes (sysconf), 0 when unknown. */
 uint64_t hm_phys_ram_bytes(void);
+/* RAM that can be given to new allocations without swapping now: /proc/meminfo's MemAvailable
+ * (free memory plus reclaimable page cache), 0 when unknown. */
+uint64_t hm_mem_available_bytes(void);
 
 /* Lock the pages of [p, p + n) in RAM (mlock; the range is widened to whole pages), after
  * hm_mlock_fits against this machine's RAM. Failure is HM_ERR_NOMEM from that, or HM_ERR_IO with a

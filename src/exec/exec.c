@@ -117,6 +117,20 @@ static hm_status kv_layout(const hm_exec_model *xm, const hm_state_opts *o, hm_e
     return HM_OK;
 }
 
+hm_status hm_model_kv_bytes(const hm_model *m, int32_t n_ctx, int32_t n_ubatch, hm_kv_type kv_type, uint64_t *bytes,
+                            hm_err *err) {
+    *bytes = 0;
+    if (n_ctx < 1 || n_ubatch < 0) return hm_errf(err, HM_ERR_ARG, "kv bytes: n_ctx %d, n_ubatch %d", n_ctx, n_ubatch);
+    if (!m->xm) return HM_OK; /* an arch without the executor's state keeps no KV here */
+    const hm_state_opts o = {.n_ctx = n_ctx, .n_ubatch = n_ubatch ? (n_ubatch < n_ctx ? n_ubatch : n_ctx) : (n_ctx < 512 ? n_ctx : 512),
+                             .kv_type = kv_type};
+    hm_exec_state s = {0};
+    hm_status st = kv_layout(m->xm, &o, &s, err);
+    if (st == HM_OK) *bytes = (uint64_t)s.kv_elems * (kv_type == HM_KV_F32 ? 4u : 2u);
+    free(s.kvl);
+    return st;
+}
+
 void hm_exec_state_close(void *p) {
     hm_exec_state *s = p;
     if (!s) return;

@@ -273,7 +273,15 @@ static void print_experts(FILE *out, const hm_inspect_info *in) {
                 fmt_bytes(b1, sizeof b1, (uint64_t)in->budget), fit, u->n_units,
                 100.0 * (double)fit / (double)u->n_units, fmt_bytes(b2, sizeof b2, u->unit_bytes_max),
                 fit2, 100.0 * (double)fit2 / (double)u->n_units, fmt_bytes(b3, sizeof b3, u->dense_bytes));
+        if (in->kv_ctx > 0) {
+            const uint64_t fit3 = hm_units_fit(u, rest - (int64_t)in->kv_bytes);
+            fprintf(out, "            %" PRIu64 " units (%.1f %%) if the KV cache of %d positions shares it too\n", fit3,
+                    100.0 * (double)fit3 / (double)u->n_units, (int)in->kv_ctx);
+        }
     }
+    if (in->kv_ctx > 0)
+        fprintf(out, "kv cache:   %d positions: %s (f16; twice that as f32)\n", (int)in->kv_ctx,
+                fmt_bytes(b1, sizeof b1, in->kv_bytes));
 }
 
 static void print_text(const hm_inspect_info *in, FILE *out) {
@@ -321,6 +329,8 @@ hm_status hm_inspect(const char *path, const hm_inspect_opts *o, FILE *out, hm_e
     memset(&in, 0, sizeof in);
     in.path = path;
     in.budget = o ? o->budget : -1;
+    in.kv_ctx = o ? o->kv_ctx : 0;
+    in.kv_bytes = o ? o->kv_bytes : 0;
     hm_gguf *g = NULL;
     hm_status st = hm_gguf_open(&g, path, err);
     if (st) return st;

@@ -37,6 +37,8 @@ typedef struct hm_inspect_info {
     uint64_t type_bytes[HM_INSPECT_NTYPE];
 
     int64_t budget; /* < 0: not asked */
+    int32_t kv_ctx; /* > 0: the KV cache of kv_ctx positions takes kv_bytes */
+    uint64_t kv_bytes;
 } hm_inspect_info;
 
 /* "<arch>.", or "" when the file names no architecture (then no key is a hyper-parameter). */

@@ -2,7 +2,8 @@
  * (jansson), for scripts and tests. Top-level fields a script can rely on: arch, n_layer,
  * n_expert, n_expert_used, n_vocab, n_units, unit_bytes (the largest unit; see units.h),
  * expert_bytes, dense_bytes, tensor_bytes, and budget_bytes / units_in_budget /
- * budget_fraction when a budget was given. Values absent from the file are null. */
+ * budget_fraction when a budget was given; kv_ctx / kv_bytes (and units_in_budget_after_dense_and_kv)
+ * with -c. Values absent from the file are null. */
 #include <jansson.h>
 #include <string.h>
 
@@ -175,6 +176,14 @@ hm_status hm_inspect_print_json(const hm_inspect_info *in, FILE *out, hm_err *er
         ok = ok && put(o, "budget_fraction", json_real(u->n_units ? (double)fit / (double)u->n_units : 0.0));
         ok = ok && put(o, "units_in_budget_after_dense",
                        json_integer((json_int_t)hm_units_fit(u, in->budget - (int64_t)u->dense_bytes)));
+        if (in->kv_ctx > 0)
+            ok = ok && put(o, "units_in_budget_after_dense_and_kv",
+                           json_integer((json_int_t)hm_units_fit(u, in->budget - (int64_t)u->dense_bytes -
+                                                                       (int64_t)in->kv_bytes)));
+    }
+    if (in->kv_ctx > 0) {
+        ok = ok && put(o, "kv_ctx", json_integer(in->kv_ctx));
+        ok = ok && put(o, "kv_bytes", json_integer((json_int_t)in->kv_bytes));
     }
     ok = ok && put(o, "hparams", hparams_json(in));
     ok = ok && put(o, "tokenizer", tokenizer_json(in));

@@ -414,9 +414,22 @@ hm_status hm_model_carve(void **block, const size_t *n_elems, float **const *dst
 
 hm_status hm_model_kv_alloc(void **kv, size_t n, size_t unit, int32_t n_ctx, hm_err *err) {
     size_t bytes = 0;
-    if (!hm_mul_ok(n, unit, &bytes) || !(*kv = hm_malloc_aligned(bytes)))
+    *kv = NULL;
+    const bool sized = hm_mul_ok(n, unit, &bytes);
+    /* refused now, with the numbers, rather than killed by the OOM killer when a long prompt
+     * reaches pages the kernel promised but cannot give */
+    const uint64_t avail = hm_mem_available_bytes();
+    if (sized && avail && bytes > avail) {
+        const double fit = (double)n_ctx * (double)avail / (double)bytes;
+        return hm_errf(err, HM_ERR_NOMEM, "the KV cache of %d positions needs %.2f GiB of RAM but %.2f GiB is "
+                       "available: use a smaller context (-c %d or less)%s, or put the cache on the GPU (-ngl)", n_ctx,
+                       (double)bytes / (1 << 30), (double)avail / (1 << 30), fit > 1.0 ? (int)fit : 1,
+                       unit > 2 ? ", an f16 cache (--kv-type f16: half the bytes)" : "");
+    }
+    if (!sized || !(*kv = hm_malloc_aligned(bytes)))
         return hm_errf(err, HM_ERR_NOMEM, "cannot allocate the KV cache (%d positions, %.1f MiB)", n_ctx,
                        (double)bytes / (1 << 20));
+    memset(*kv, 0, bytes); /* the pages are taken now, while a failure is still a load failure */
     return HM_OK;
 }
 

@@ -244,8 +244,11 @@ hm_status hm_model_carve(void **block, const size_t *n_elems, float **const *dst
 /* The larger of two sizes (state_open sizes its scratch by the largest need). */
 static inline size_t hm_model_max_sz(size_t a, size_t b) { return a > b ? a : b; }
 
-/* *kv = an aligned block of n * unit bytes (the KV cache for n_ctx positions, owned by the caller,
- * hm_free_aligned); HM_ERR_NOMEM naming n_ctx and the size on overflow or failure. */
+/* *kv = an aligned, zeroed block of n * unit bytes (the KV cache for n_ctx positions, owned by the
+ * caller, hm_free_aligned). Refused (HM_ERR_NOMEM, naming both sizes and the largest context that
+ * fits) when it exceeds the RAM available now (MemAvailable): the pages are touched here, so a
+ * cache that cannot be backed fails at load, not when a long prompt reaches it. HM_ERR_NOMEM
+ * naming n_ctx and the size on overflow or allocation failure. */
 hm_status hm_model_kv_alloc(void **kv, size_t n, size_t unit, int32_t n_ctx, hm_err *err);
 /* *out = an aligned block of n floats of attention scratch; HM_ERR_NOMEM on failure. */
 hm_status hm_model_att_scratch_alloc(float **out, size_t n, hm_err *err);
