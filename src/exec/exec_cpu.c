@@ -70,9 +70,11 @@ hm_status hm_exec_cpu_state_open(const hm_model *m, const hm_state_opts *o, hm_e
         int64_t cap_max = 1;
         for (int32_t il = 0; il < xm->n_layer; il++)
             if (s->kvl[il].cap > cap_max) cap_max = s->kvl[il].cap;
-        if ((st = hm_model_att_scratch_alloc(&s->kv_scratch, hm_gemma_attention_scratch_floats(cap_max, o->n_threads),
-                                             err)) != HM_OK)
-            return st;
+        size_t fl = hm_gemma_attention_scratch_floats(cap_max, o->n_threads);
+        for (int32_t il = 0; il < xm->n_layer; il++) /* the tiled prefill path's, per layer shape */
+            fl = hm_model_max_sz(fl, hm_cpu_attn_tiled_scratch_floats(xm->n_head, xm->attn_layers[il].n_head_kv,
+                                                                      xm->attn_layers[il].head_dim, o->n_threads));
+        if ((st = hm_model_att_scratch_alloc(&s->kv_scratch, fl, err)) != HM_OK) return st;
     } else if (o->kv_type == HM_KV_F32 && xm->n_kv_layer > 0 &&
                (st = hm_model_att_scratch_alloc(&s->kv_scratch, hm_kv_f32_scratch_floats(o->n_ctx, o->n_threads),
                                                 err)) != HM_OK) {

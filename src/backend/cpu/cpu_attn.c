@@ -1,5 +1,9 @@
 /* cpu_attn.c - causal GQA attention over the f16 KV cache, and the cache writes.
  *
+ * Prefill batches (HM_CPU_ATTN_TILED_MIN+ queries, AVX-512 builds) run the tiled kernel at the end
+ * of this file (blocks of queries share every K/V conversion, online softmax). Decode and short
+ * batches run the per-query kernels below.
+ *
  * Work items are (query, kv head, KV split) on AVX-512 builds with head_dim % 16 == 0 (the
  * grouped path: the q heads of one kv head share each f16 -> f32 conversion of a 16-key K or V
  * block, and scores come 16 keys at a time), else (query, q head, KV split). With few items
@@ -121,7 +125,10 @@ size_t hm_cpu_attention_scratch_size(int64_t n_tok, int64_t n_ctx, int n_head, i
      * ceil(4 * nth / (n * heads)) parts, so n * n_split <= 4 * nth + n < 8 * nth per head */
     (void)n_tok;
     s += (size_t)n_head * 8 * (size_t)n_threads * ((size_t)head_dim + 2) * sizeof(float);
-    return s;
+    /* the tiled prefill path (hm_cpu_attention_tiled) uses the same scratch instead; n_kv_head is
+     * not known here: its largest workspace (one kv head, n_rep = n_head) bounds every GQA shape */
+    const size_t tiled = HM_ALIGN + hm_cpu_attn_tiled_scratch_floats(n_head, 1, head_dim, n_threads) * sizeof(float);
+    return s > tiled ? s : tiled;
 }
 
 /* One (t, h, split) item: unnormalised o over its KV range, with its max and sum. */
@@ -306,6 +313,13 @@ void hm_cpu_attention(hm_pool *pool, const float *q, int64_t n_tok, const int32_
                       int n_kv_head, int head_dim, float scale, float *out, hm_scratch *scratch) {
     HM_ASSERT(n_kv_head > 0 && n_head % n_kv_head == 0);
     const int nth = hm_pool_size(pool);
+    if (hm_cpu_attn_tiled_takes(n_tok, n_head, n_kv_head, head_dim)) {
+        hm_bump tb = hm_bump_init(scratch);
+        float *ws = hm_bump_take(&tb, hm_cpu_attn_tiled_scratch_floats(n_head, n_kv_head, head_dim, nth) * sizeof(float));
+        hm_cpu_attention_tiled(pool, q, n_tok, pos, k_cache, v_cache, n_ctx, 0, n_head, n_kv_head, head_dim, scale,
+                               out, ws);
+        return;
+    }
     attn_ctx c;
     memset(&c, 0, sizeof c);
     c.pool = pool;
@@ -333,4 +347,167 @@ void hm_cpu_attention(hm_pool *pool, const float *q, int64_t n_tok, const int32_
         c.partials = hm_bump_take(&b, (size_t)(n_tok * n_head * c.n_split) * ((size_t)head_dim + 2) * sizeof(float));
     atomic_init(&c.next, nth);
     hm_pool_run(pool, attn_task, &c);
+}
+
+/* ---- tiled prefill attention (online softmax) ----
+ *
+ * An item is (block of up to TQ consecutive queries, kv head g). It walks the keys its queries can
+ * see in blocks of 16: each K and V block is converted to f32 once and used by every (query, q
+ * head of g) row of the item, TQ * n_rep rows, instead of once per query; each row keeps a running
+ * max m, sum l and unnormalised output o (online softmax), so there is no score buffer over the
+ * context. Per row and block: 16 scores (one reduce16), masked to the row's visible keys, then
+ * o = o * e^(m_old - m) + sum_j e^(s_j - m) v_j. Every output row has one writer and a fixed
+ * order of operations: deterministic for any thread count. */
+#define TQ 8
+
+bool hm_cpu_attn_tiled_takes(int64_t n_tok, int n_head, int n_kv_head, int head_dim) {
+#ifdef HM_CPU_AVX512
+    return n_tok >= HM_CPU_ATTN_TILED_MIN && head_dim % 16 == 0 && head_dim <= 512 && n_kv_head > 0 &&
+           n_head % n_kv_head == 0 && n_head / n_kv_head <= 64;
+#else
+    (void)n_tok, (void)n_head, (void)n_kv_head, (void)head_dim;
+    return false;
+#endif
+}
+
+/* floats of one thread's workspace: the K and V tiles, then per row o [d], m, l */
+static size_t tiled_ws_floats(int n_head, int n_kv_head, int head_dim) {
+    const size_t rows = (size_t)TQ * (size_t)(n_head / (n_kv_head > 0 ? n_kv_head : 1));
+    return hm_align_up(2 * 16 * (size_t)head_dim + rows * ((size_t)head_dim + 2), 16);
+}
+
+size_t hm_cpu_attn_tiled_scratch_floats(int n_head, int n_kv_head, int head_dim, int n_threads) {
+    return (size_t)n_threads * tiled_ws_floats(n_head, n_kv_head, head_dim);
+}
+
+#ifdef HM_CPU_AVX512
+typedef struct {
+    const float *q;
+    const int32_t *pos;
+    const uint16_t *kc, *vc;
+    float *out, *ws;
+    int64_t n_tok, cap;
+    int32_t window;
+    int n_head, n_kv_head, head_dim;
+    float scale;
+    size_t ws_floats;
+    _Alignas(64) _Atomic int64_t next;
+} tiled_ctx;
+
+/* rows p .. p + nk - 1 of a ring cache (row p % cap) -> tile [16][d] f32, rows >= nk zeroed */
+static void ring_block(const uint16_t *base, int64_t cap, int64_t p, int nk, int d, float *tile) {
+    for (int j = 0; j < 16; j++) {
+        const uint16_t *src = j < nk ? base + (size_t)((p + j) % cap) * (size_t)d : NULL;
+        for (int i = 0; i < d; i += 16)
+            _mm512_storeu_ps(tile + j * d + i, src ? _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(src + i)))
+                                                   : _mm512_setzero_ps());
+    }
+}
+
+static void tiled_item(const tiled_ctx *c, int64_t item, float *ws) {
+    const int d = c->head_dim, nd = d / 16, n_rep = c->n_head / c->n_kv_head;
+    const int64_t t0 = item / c->n_kv_head * TQ;
+    const int g = (int)(item % c->n_kv_head);
+    const int nq = (int)(c->n_tok - t0 < TQ ? c->n_tok - t0 : TQ), rows = nq * n_rep;
+    float *kt = ws, *vt = kt + 16 * d, *o = vt + 16 * d, *m = o + (size_t)TQ * n_rep * d, *l = m + TQ * n_rep;
+    int64_t lo = INT64_MAX, hi = -1, qlo[TQ], qhi[TQ];
+    for (int i = 0; i < nq; i++) {
+        qhi[i] = c->pos[t0 + i];
+        qlo[i] = c->window > 0 ? qhi[i] - c->window + 1 : 0;
+        if (qlo[i] < 0) qlo[i] = 0;
+        lo = qlo[i] < lo ? qlo[i] : lo;
+        hi = qhi[i] > hi ? qhi[i] : hi;
+    }
+    for (int r = 0; r < rows; r++) {
+        m[r] = -INFINITY;
+        l[r] = 0.0f;
+    }
+    memset(o, 0, (size_t)rows * (size_t)d * sizeof(float));
+    const uint16_t *kb = c->kc + (size_t)g * (size_t)c->cap * (size_t)d;
+    const uint16_t *vb = c->vc + (size_t)g * (size_t)c->cap * (size_t)d;
+    const __m512 scale = _mm512_set1_ps(c->scale), ninf = _mm512_set1_ps(-INFINITY);
+    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    for (int64_t p = lo; p <= hi; p += 16) {
+        const int nk = (int)(hi + 1 - p < 16 ? hi + 1 - p : 16);
+        ring_block(kb, c->cap, p, nk, d, kt);
+        ring_block(vb, c->cap, p, nk, d, vt);
+        for (int i = 0; i < nq; i++) {
+            if (p > qhi[i] || p + nk <= qlo[i]) continue; /* no visible key in this block */
+            /* lanes j with qlo <= p + j <= qhi */
+            const __m512i key = _mm512_add_epi32(_mm512_set1_epi32((int)(p - lo)), lane);
+            const __mmask16 vis = _mm512_cmple_epi32_mask(_mm512_set1_epi32((int)(qlo[i] - lo)), key) &
+                                  _mm512_cmple_epi32_mask(key, _mm512_set1_epi32((int)(qhi[i] - lo)));
+            for (int r = 0; r < n_rep; r++) {
+                const int row = i * n_rep + r;
+                const float *qv = c->q + ((t0 + i) * c->n_head + g * n_rep + r) * d;
+                __m512 acc[16];
+                for (int j = 0; j < 16; j++) acc[j] = _mm512_setzero_ps();
+                for (int k = 0; k < nd; k++) {
+                    const __m512 qk = _mm512_loadu_ps(qv + 16 * k);
+                    for (int j = 0; j < 16; j++) acc[j] = _mm512_fmadd_ps(qk, _mm512_loadu_ps(kt + j * d + 16 * k), acc[j]);
+                }
+                const __m512 s = _mm512_mask_blend_ps(vis, ninf, _mm512_mul_ps(reduce16(acc), scale));
+                const float bm = _mm512_reduce_max_ps(s), mn = bm > m[row] ? bm : m[row];
+                const float corr = expf(m[row] - mn); /* 0 while m was -inf */
+                const __m512 e = _mm512_maskz_mov_ps(vis, hm_exp_ps(_mm512_sub_ps(s, _mm512_set1_ps(mn))));
+                l[row] = l[row] * corr + _mm512_reduce_add_ps(e);
+                m[row] = mn;
+                float ej[16];
+                _mm512_storeu_ps(ej, e);
+                float *orow = o + (size_t)row * d;
+                const __m512 cv = _mm512_set1_ps(corr);
+                if (nd <= 16) {
+                    __m512 ov[16];
+                    for (int k = 0; k < nd; k++) ov[k] = _mm512_mul_ps(_mm512_loadu_ps(orow + 16 * k), cv);
+                    for (int j = 0; j < nk; j++) {
+                        const __m512 pj = _mm512_set1_ps(ej[j]);
+                        for (int k = 0; k < nd; k++) ov[k] = _mm512_fmadd_ps(pj, _mm512_loadu_ps(vt + j * d + 16 * k), ov[k]);
+                    }
+                    for (int k = 0; k < nd; k++) _mm512_storeu_ps(orow + 16 * k, ov[k]);
+                } else {
+                    for (int k = 0; k < nd; k++) {
+                        __m512 ov = _mm512_mul_ps(_mm512_loadu_ps(orow + 16 * k), cv);
+                        for (int j = 0; j < nk; j++)
+                            ov = _mm512_fmadd_ps(_mm512_set1_ps(ej[j]), _mm512_loadu_ps(vt + j * d + 16 * k), ov);
+                        _mm512_storeu_ps(orow + 16 * k, ov);
+                    }
+                }
+            }
+        }
+    }
+    for (int i = 0; i < nq; i++)
+        for (int r = 0; r < n_rep; r++) {
+            const int row = i * n_rep + r;
+            const __m512 inv = _mm512_set1_ps(1.0f / l[row]);
+            float *dst = c->out + ((t0 + i) * c->n_head + g * n_rep + r) * d;
+            for (int k = 0; k < nd; k++)
+                _mm512_storeu_ps(dst + 16 * k, _mm512_mul_ps(_mm512_loadu_ps(o + (size_t)row * d + 16 * k), inv));
+        }
+}
+
+static void tiled_task(void *vctx, int ith, int nth) {
+    tiled_ctx *c = vctx;
+    (void)nth;
+    float *ws = c->ws + (size_t)ith * c->ws_floats;
+    const int64_t n_items = (c->n_tok + TQ - 1) / TQ * c->n_kv_head;
+    for (int64_t k = ith; k < n_items; k = atomic_fetch_add_explicit(&c->next, 1, memory_order_relaxed))
+        tiled_item(c, k, ws);
+}
+#endif
+
+void hm_cpu_attention_tiled(hm_pool *pool, const float *q, int64_t n_tok, const int32_t *pos,
+                            const uint16_t *k_cache, const uint16_t *v_cache, int64_t cap, int32_t window,
+                            int n_head, int n_kv_head, int head_dim, float scale, float *out, float *ws) {
+    HM_ASSERT(hm_cpu_attn_tiled_takes(n_tok, n_head, n_kv_head, head_dim) && cap > 0 && window >= 0);
+#ifdef HM_CPU_AVX512
+    for (int64_t t = 0; t < n_tok; t++) HM_ASSERT(pos[t] >= 0 && (window > 0 ? window <= cap : pos[t] < cap));
+    const int nth = hm_pool_size(pool);
+    tiled_ctx c = {.q = q, .pos = pos, .kc = k_cache, .vc = v_cache, .out = out, .ws = ws, .n_tok = n_tok, .cap = cap,
+                   .window = window, .n_head = n_head, .n_kv_head = n_kv_head, .head_dim = head_dim, .scale = scale,
+                   .ws_floats = tiled_ws_floats(n_head, n_kv_head, head_dim)};
+    atomic_init(&c.next, nth);
+    hm_pool_run(pool, tiled_task, &c);
+#else
+    (void)pool, (void)q, (void)pos, (void)k_cache, (void)v_cache, (void)scale, (void)out, (void)ws;
+#endif
 }

@@ -195,6 +195,11 @@ void hm_gemma_attention(hm_pool *pool, const float *q, int64_t n_tok, const int3
                         int32_t window, int n_head, int n_kv_head, int head_dim, float scale,
                         float *out, float *scratch) {
     HM_ASSERT(n_kv_head > 0 && n_head % n_kv_head == 0 && (elem_size == 2 || elem_size == 4));
+    if (elem_size == 2 && hm_cpu_attn_tiled_takes(n_tok, n_head, n_kv_head, head_dim)) {
+        hm_cpu_attention_tiled(pool, q, n_tok, pos, k_cache, v_cache, cap, window, n_head, n_kv_head, head_dim, scale,
+                               out, scratch);
+        return;
+    }
     kv_ctx c = {.kc = (char *)k_cache, .vc = (char *)v_cache, .q = q, .out = out, .scratch = scratch, .pos = pos,
                 .es = elem_size, .cap = cap, .n_tok = n_tok, .window = window, .n_head = n_head,
                 .n_kv_head = n_kv_head, .head_dim = head_dim, .scale = scale};

@@ -38,7 +38,9 @@ void hm_gemma_kv_write(hm_pool *pool, void *k_cache, void *v_cache, size_t elem_
                        int n_kv_head, int head_dim, const float *k, const float *v, int64_t n_tok,
                        const int32_t *pos);
 
-/* Scratch floats for hm_gemma_attention over a cache of cap rows on n_threads. */
+/* Scratch floats for hm_gemma_attention over a cache of cap rows on n_threads (and, for the tiled
+ * prefill path it sends f16 batches to, at least hm_cpu_attn_tiled_scratch_floats of the layer's
+ * shape: the caller takes the larger). */
 size_t hm_gemma_attention_scratch_floats(int64_t cap, int n_threads);
 
 /* Causal GQA attention: query t (position pos[t], its K/V written) attends to positions

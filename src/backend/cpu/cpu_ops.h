@@ -122,6 +122,21 @@ void hm_cpu_attention(hm_pool *pool, const float *q, int64_t n_tok, const int32_
                       const uint16_t *k_cache, const uint16_t *v_cache, int64_t n_ctx, int n_head,
                       int n_kv_head, int head_dim, float scale, float *out, hm_scratch *scratch);
 
+/* Prefill attention in tiles (cpu_attn.c): blocks of 8 queries of one kv head walk their visible
+ * keys 16 at a time, each K/V block converted to f32 once for all of their rows, with an online
+ * softmax (running max and sum; no score buffer over the context). The contract of
+ * hm_gemma_attention over an f16 cache: positions p at rows p % cap, query t sees max(0, pos[t] -
+ * window + 1) .. pos[t] (window 0: every position; then pos[t] < cap). Deterministic for any
+ * thread count. It takes batches of HM_CPU_ATTN_TILED_MIN+ queries with head_dim % 16 == 0 up to
+ * 512 and at most 64 q heads per kv head, on AVX-512 builds (hm_cpu_attn_tiled_takes); ws: its
+ * scratch floats. hm_cpu_attention and hm_gemma_attention send such batches here. */
+#define HM_CPU_ATTN_TILED_MIN 16
+bool hm_cpu_attn_tiled_takes(int64_t n_tok, int n_head, int n_kv_head, int head_dim);
+size_t hm_cpu_attn_tiled_scratch_floats(int n_head, int n_kv_head, int head_dim, int n_threads);
+void hm_cpu_attention_tiled(hm_pool *pool, const float *q, int64_t n_tok, const int32_t *pos,
+                            const uint16_t *k_cache, const uint16_t *v_cache, int64_t cap, int32_t window,
+                            int n_head, int n_kv_head, int head_dim, float scale, float *out, float *ws);
+
 /* ---- elementwise and row ops (out may alias the input unless said otherwise) -------------------- */
 
 /* out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w, for n_rows rows of n; w: [n] f32 (NULL = ones). */
