@@ -44,6 +44,13 @@
  * HM_ERR_UNSUPPORTED. Decode steps of one row run as one CUDA graph (the cold units' handshakes
  * inside it); D again with HOTMOE_CUDA_GRAPH=0 (the per-launch path) must give bit-identical
  * logits under every placement that does not move units between runs (all but lru).
+ * YaRN: the transformers fixture with YaRN RoPE scaling (tests/fixtures/qwen3moe_yarn, when
+ * present; test_qwen3moe_hf checks the CPU on it) on the GPU with -ngl 99: its 48 tokens as one
+ * batch and one at a time (the decode graph), the scaled RoPE through the unfused rope ops, against
+ * transformers' logits within the f16 cache's bound of 1e-2, top-1 agreeing. The context opens with
+ * HOTMOE_CUDA_EXACT=1 (exact f32 matmuls): this random fixture's routers have near-ties that the
+ * batch's bf16 matmuls flip (measured: max |d| 1.26 and 2 top-1 misses in the batch with them, 0.007
+ * one at a time), which would hide what is checked here, the RoPE.
  * Exits 77 ("skipped: no GPU") without a CUDA device. */
 #include <math.h>
 #include <stdint.h>
@@ -52,6 +59,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "fixture.h"
 #include "gguf/gguf.h"
 #include "gpu_compare.h"
 #include "hotmoe.h"
@@ -302,8 +310,61 @@ static void run_model(const char *type, bool quant) {
     unlink(prof);
 }
 
+static void check_yarn_fixture(void) {
+    fixture fx;
+    static int32_t tok[256];
+    if (!fixture_open(&fx, "tests/fixtures/qwen3moe_yarn/", tok, 256)) {
+        fixture_skip(&fx);
+        return;
+    }
+    hm_placement_opts po;
+    hm_placement_opts_default(&po);
+    po.n_gpu_layers = 99;
+    hm_model_opts mo;
+    hm_model_opts_default(&mo);
+    mo.placement = &po;
+    hm_model *m = NULL;
+    hm_err err;
+    setenv("HOTMOE_CUDA_EXACT", "1", 1); /* read when the device context opens */
+    CHECKF(hm_model_open(&m, fx.gguf, &mo, &err) == HM_OK, "yarn fixture on the GPU: %s", err.msg);
+    unsetenv("HOTMOE_CUDA_EXACT");
+    const int n = fx.n;
+    const int32_t nv = m ? hm_model_n_vocab(m) : 0;
+    size_t got = 0;
+    float *want = m ? fixture_read_logits(&fx, nv, &got) : NULL;
+    hm_session *s = NULL;
+    if (m && got == (size_t)n * (size_t)nv) {
+        hm_session_opts so;
+        hm_session_opts_default(&so);
+        so.n_ctx = n;
+        so.n_threads = 2;
+        CHECKF(hm_session_open(&s, m, &so, &err) == HM_OK, "%s", err.msg);
+    }
+    if (s) {
+        const float *lg = NULL;
+        CHECKF(hm_session_eval(s, tok, n, true, &lg, &err) == HM_OK, "%s", err.msg);
+        const double db = lg ? fixture_maxdiff(lg, want, (size_t)n * (size_t)nv) : 1e9;
+        const int agree = lg ? fixture_top1_agree(lg, want, n, nv) : 0;
+        hm_session_reset(s);
+        double dd = 0;
+        for (int t = 0; t < n; t++) {
+            CHECK(hm_session_eval(s, &tok[t], 1, false, &lg, &err) == HM_OK);
+            if (lg) dd = fixture_maxdiff_from(dd, lg, want + (size_t)t * nv, (size_t)nv);
+        }
+        printf("yarn fixture, -ngl 99: batch max |d| %.3g (top-1 %d/%d), one at a time max |d| %.3g\n", db, agree, n,
+               dd);
+        CHECKF(db < 1e-2 && agree == n, "yarn on the GPU, batch: max |d| %g, top-1 %d/%d", db, agree, n);
+        CHECKF(dd < 1e-2, "yarn on the GPU, one at a time: max |d| %g", dd);
+        hm_session_close(s);
+    }
+    free(want);
+    hm_model_close(m);
+    fixture_close(&fx);
+}
+
 int main(void) {
     if (!gpu_compare_have_device()) return 77;
+    check_yarn_fixture();
     run_model("f32", false);
     run_model("q4_k_m", true);
     return test_done();

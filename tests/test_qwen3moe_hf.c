@@ -1,29 +1,35 @@
 /* test_qwen3moe_hf.c - qwen3moe logits against Hugging Face transformers.
  *
- * Fixture (made on a machine with torch + transformers by the generator script beside it):
- *   tests/fixtures/qwen3moe_tiny/model.gguf  a tiny random Qwen3MoeForCausalLM converted to GGUF (F32)
- *   tests/fixtures/qwen3moe_tiny/tokens.txt  token ids, separated by spaces, commas or newlines
- *   tests/fixtures/qwen3moe_tiny/logits.f32  transformers' logits, [n_tokens, n_vocab] little-endian f32
- * Skips (77) when the fixture is absent. With the exact f32 KV cache: max |ours - transformers| <
- * 1e-3 over every position, evaluated as one batch and again token by token (KV cache path). With
- * the default f16 cache the bound is 1e-2 (its rounding moves these logits by a few 1e-3) and
- * top-1 must agree everywhere. */
+ * Fixtures (made on a machine with torch + transformers by tools/fixtures/make_qwen3moe_fixture.py):
+ *   tests/fixtures/qwen3moe_tiny/   a tiny random Qwen3MoeForCausalLM converted to GGUF (F32)
+ *   tests/fixtures/qwen3moe_yarn/   the same with YaRN RoPE scaling (factor 4 over an original
+ *                                   context of 16, 48 tokens: positions 3x past it; `--yarn`)
+ * each with model.gguf, tokens.txt (ids separated by spaces, commas or newlines) and logits.f32
+ * (transformers' logits, [n_tokens, n_vocab] little-endian f32). A fixture that is absent is
+ * skipped (77 when both are). With the exact f32 KV cache: max |ours - transformers| < 1e-3 over
+ * every position, evaluated as one batch and again token by token (KV cache path). With the
+ * default f16 cache the bound is 1e-2 (its rounding moves these logits by a few 1e-3) and top-1
+ * must agree everywhere. */
 #include "fixture.h"
 #include "hotmoe.h"
 #include "test.h"
 
-#define DIR "tests/fixtures/qwen3moe_tiny/"
 #define MAX_TOK 4096
 
-int main(void) {
+/* One fixture; false when it is absent. */
+static bool check_fixture(const char *dir) {
     fixture fx;
     static int32_t tok[MAX_TOK];
-    if (!fixture_open(&fx, DIR, tok, MAX_TOK)) return fixture_skip(&fx);
+    if (!fixture_open(&fx, dir, tok, MAX_TOK)) {
+        fixture_skip(&fx);
+        return false;
+    }
+    fprintf(stderr, "fixture %s\n", dir);
     const int n = fx.n;
     CHECKF(n > 0, "no tokens in %s", fx.tokens);
 
     hm_model *m = fixture_model(&fx, NULL);
-    if (!m || n <= 0) return test_done();
+    if (!m || n <= 0) return true;
     const int32_t nv = hm_model_n_vocab(m);
     const size_t cnt = (size_t)n * (size_t)nv;
     size_t got;
@@ -69,5 +75,11 @@ int main(void) {
     hm_model_close(m);
     free(want);
     fixture_close(&fx);
-    return test_done();
+    return true;
+}
+
+int main(void) {
+    const bool plain = check_fixture("tests/fixtures/qwen3moe_tiny/");
+    const bool yarn = check_fixture("tests/fixtures/qwen3moe_yarn/");
+    return plain || yarn ? test_done() : 77;
 }

@@ -159,6 +159,15 @@ def write_gguf(path, cfg, tensors, out_type="f32", name="qwen3moe", tokenizer=No
     w.add_u32(f"{a}.attention.key_length", head_dim)
     w.add_u32(f"{a}.attention.value_length", head_dim)
     w.add_f32(f"{a}.rope.freq_base", rope_theta(cfg))
+    rs = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    rtype = rs.get("rope_type") or rs.get("type") or "default"
+    if rtype in ("yarn", "linear"):  # as llama.cpp's converter writes them
+        w.add_str(f"{a}.rope.scaling.type", rtype)
+        w.add_f32(f"{a}.rope.scaling.factor", float(rs["factor"]))
+        if rtype == "yarn":
+            w.add_u32(f"{a}.rope.scaling.original_context_length", int(rs["original_max_position_embeddings"]))
+    elif rtype != "default":
+        raise SystemExit(f"rope scaling {rtype!r}: not converted")
     w.add_f32(f"{a}.attention.layer_norm_rms_epsilon", cfg["rms_norm_eps"])
     w.add_u32(f"{a}.expert_count", n_experts(cfg))
     w.add_u32(f"{a}.expert_used_count", cfg["num_experts_per_tok"])

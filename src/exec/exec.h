@@ -125,6 +125,8 @@ hm_status hm_op_add_rmsnorm(hm_exec *x, hm_buf acc, hm_buf add, const float *w, 
 typedef struct hm_qk_rope {
     hm_buf q, k, v;
     const float *q_norm, *k_norm; /* [head_dim] */
+    const float *rope_ff;         /* NULL, or per-pair frequency divisors [n_rot / 2] (RoPE scaling:
+                                     angle pos * theta^(-2i/n_rot) / ff[i]; hm_model_rope_scaling) */
     int32_t n_rot;
     float theta, eps;
 } hm_qk_rope;

@@ -138,8 +138,13 @@ static hm_status c_qk_norm_rope_kv(hm_exec *x, int32_t il, const hm_qk_rope *p) 
     float *q = x->buf[p->q], *k = x->buf[p->k], *v = x->buf[p->v];
     hm_cpu_rmsnorm_heads(x->pool, q, p->q_norm, x->nr, nh, hd, p->eps);
     hm_cpu_rmsnorm_heads(x->pool, k, p->k_norm, x->nr, nkv, hd, p->eps);
-    hm_cpu_rope_neox(x->pool, q, x->nr, nh, hd, p->n_rot, c->pos, p->theta);
-    hm_cpu_rope_neox(x->pool, k, x->nr, nkv, hd, p->n_rot, c->pos, p->theta);
+    if (p->rope_ff) { /* scaled RoPE: the per-pair frequencies */
+        hm_gemma_rope_neox(x->pool, q, x->nr, nh, hd, p->n_rot, c->pos, p->theta, p->rope_ff);
+        hm_gemma_rope_neox(x->pool, k, x->nr, nkv, hd, p->n_rot, c->pos, p->theta, p->rope_ff);
+    } else {
+        hm_cpu_rope_neox(x->pool, q, x->nr, nh, hd, p->n_rot, c->pos, p->theta);
+        hm_cpu_rope_neox(x->pool, k, x->nr, nkv, hd, p->n_rot, c->pos, p->theta);
+    }
     for (int i = 0; i < c->n_seq; i++) { /* each sequence's K/V rows into its own cache */
         const hm_exec_state *si = c->seqs[i].state;
         char *vc, *kc = kv_layer(xm, si, il, &vc);

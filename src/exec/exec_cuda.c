@@ -328,6 +328,18 @@ static hm_status g_qk_norm_rope_kv(hm_exec *x, int32_t il, const hm_qk_rope *p) 
     const hm_exec_model *xm = x->xm;
     uint16_t *kc, *vc;
     kv_of(x, il, &kc, &vc);
+    if (p->rope_ff) { /* scaled RoPE: the unfused ops, with the per-pair frequencies */
+        hm_cuda_ctx *c = ps->g->ds.c;
+        const int nh = xm->n_head, nkv = xm->n_head_kv, hd = xm->head_dim;
+        float *q = x->buf[p->q], *k = x->buf[p->k];
+        const float *ff = dw(x, p->rope_ff)->v;
+        hm_status st;
+        if ((st = hm_cuda_rmsnorm_heads(c, q, dw(x, p->q_norm)->v, x->nr, nh, hd, p->eps, x->err)) != HM_OK) return st;
+        if ((st = hm_cuda_rmsnorm_heads(c, k, dw(x, p->k_norm)->v, x->nr, nkv, hd, p->eps, x->err)) != HM_OK) return st;
+        if ((st = hm_cuda_rope_neox_ff(c, q, x->nr, nh, hd, p->n_rot, ps->pos, p->theta, ff, x->err)) != HM_OK) return st;
+        if ((st = hm_cuda_rope_neox_ff(c, k, x->nr, nkv, hd, p->n_rot, ps->pos, p->theta, ff, x->err)) != HM_OK) return st;
+        return hm_cuda_kv_write(c, kc, vc, ps->s->n_ctx, nkv, hd, k, x->buf[p->v], x->nr, ps->pos, x->err);
+    }
     return hm_cuda_qk_norm_rope_kv(ps->g->ds.c, x->buf[p->q], x->buf[p->k], x->buf[p->v], dw(x, p->q_norm)->v,
                                    dw(x, p->k_norm)->v, x->nr, xm->n_head, xm->n_head_kv, xm->head_dim, p->n_rot,
                                    ps->pos, p->theta, p->eps, kc, vc, ps->s->n_ctx, x->err);

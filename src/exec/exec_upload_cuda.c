@@ -201,6 +201,7 @@ static hm_status u_add_rmsnorm(hm_exec *x, hm_buf acc, hm_buf add, const float *
 static hm_status u_qk_norm_rope_kv(hm_exec *x, int32_t il, const hm_qk_rope *p) {
     (void)il;
     hm_status st = up_vec(x, p->q_norm, x->xm->head_dim);
+    if (st == HM_OK && p->rope_ff) st = up_vec(x, p->rope_ff, p->n_rot / 2);
     return st == HM_OK ? up_vec(x, p->k_norm, x->xm->head_dim) : st;
 }
 

@@ -221,6 +221,11 @@ static const struct hp_flimit {
     {"rope.freq_base_swa", 1.0, 1e30, false},
     {"attention.layer_norm_rms_epsilon", 0.0, 1.0, true},
     {"final_logit_softcapping", 0.0, 1e30, false},
+    {"rope.scaling.factor", 1.0, 1e6, false},
+    {"rope.scaling.attn_factor", 0.0, 1e3, true},
+    {"rope.scaling.yarn_beta_fast", 0.0, 1e6, true},
+    {"rope.scaling.yarn_beta_slow", 0.0, 1e6, true},
+    {"rope.scaling.yarn_ext_factor", 0.0, 1.0, false},
 };
 
 hm_status hm_model_hp_float(const hm_model *m, const char *suffix, bool required, double dflt,
@@ -243,6 +248,64 @@ hm_status hm_model_hp_float(const hm_model *m, const char *suffix, bool required
                            l->lo, l->hi);
     }
     *out = (float)v;
+    return HM_OK;
+}
+
+/* YaRN's correction dimension: the pair index whose wavelength turns n_rot times over orig_ctx. */
+static double yarn_corr_dim(int n_rot, double orig_ctx, double n_turns, double theta) {
+    return n_rot * log(orig_ctx / (n_turns * 2.0 * M_PI)) / (2.0 * log(theta));
+}
+
+hm_status hm_model_rope_scaling(const hm_model *m, int32_t n_rot, float theta, float **ff, float *attn_mul, hm_err *err) {
+    *ff = NULL;
+    *attn_mul = 1.0f;
+    char key[160];
+    hm_gguf_str s;
+    snprintf(key, sizeof key, "%s.rope.scaling.type", m->arch_name);
+    if (!hm_gguf_get_str(m->gguf, key, &s) || (s.len == 4 && memcmp(s.ptr, "none", 4) == 0)) return HM_OK;
+    const bool linear = s.len == 6 && memcmp(s.ptr, "linear", 6) == 0, yarn = s.len == 4 && memcmp(s.ptr, "yarn", 4) == 0;
+    if (!linear && !yarn)
+        return hm_errf(err, HM_ERR_UNSUPPORTED, "%s = %.*s: hotmoe runs linear and yarn RoPE scaling (and none)", key,
+                       (int)s.len, s.ptr);
+    float factor, attn_factor = 1.0f, beta_fast = 32.0f, beta_slow = 1.0f, ext = 1.0f;
+    int32_t orig = 0;
+    hm_status st = hm_model_hp_float(m, "rope.scaling.factor", true, 1.0, &factor, err);
+    if (st == HM_OK && yarn) st = hm_model_hp_int(m, "rope.scaling.original_context_length", true, 0, &orig, err);
+    if (st == HM_OK && yarn) st = hm_model_hp_float(m, "rope.scaling.attn_factor", false, 1.0, &attn_factor, err);
+    if (st == HM_OK && yarn) st = hm_model_hp_float(m, "rope.scaling.yarn_beta_fast", false, 32.0, &beta_fast, err);
+    if (st == HM_OK && yarn) st = hm_model_hp_float(m, "rope.scaling.yarn_beta_slow", false, 1.0, &beta_slow, err);
+    if (st == HM_OK && yarn) st = hm_model_hp_float(m, "rope.scaling.yarn_ext_factor", false, 1.0, &ext, err);
+    if (st != HM_OK) return st;
+    if (yarn && orig < 1) return hm_errf(err, HM_ERR_FORMAT, "%s.rope.scaling.original_context_length = %d", m->arch_name, orig);
+    if (n_rot < 2 || factor == 1.0f) return HM_OK; /* nothing to scale */
+    float *f = malloc((size_t)(n_rot / 2) * sizeof(float));
+    if (!f) return hm_errf(err, HM_ERR_NOMEM, "out of memory");
+    /* angle_i = pos theta^(-2i/n_rot) / ff[i]: linear divides every pair by the factor; YaRN keeps
+     * the fast pairs (i < low) as they are, interpolates the slow ones (i > high) by the factor and
+     * ramps between them, and scales q and k by 1 + 0.1 ln(factor) (times attn_factor), which
+     * multiplies the attention logits by its square (llama.cpp's rope_yarn, transformers' yarn) */
+    double lo = 0, hi = 0;
+    if (yarn) {
+        lo = floor(yarn_corr_dim(n_rot, orig, beta_fast, theta));
+        hi = ceil(yarn_corr_dim(n_rot, orig, beta_slow, theta));
+        if (lo < 0) lo = 0;
+        if (hi > n_rot - 1) hi = n_rot - 1;
+    }
+    for (int32_t i = 0; i < n_rot / 2; i++) {
+        double keep = 0.0; /* the share of the unscaled (extrapolated) frequency */
+        if (yarn) {
+            const double ramp = (i - lo) / (hi - lo > 0.001 ? hi - lo : 0.001);
+            keep = (1.0 - (ramp < 0 ? 0 : ramp > 1 ? 1 : ramp)) * ext;
+        }
+        f[i] = (float)(1.0 / ((1.0 - keep) / factor + keep));
+    }
+    if (yarn) {
+        const float ms = attn_factor * (1.0f + 0.1f * logf(factor));
+        *attn_mul = ms * ms;
+    }
+    *ff = f;
+    hm_log_printf(&m->log, HM_LOG_INFO, "rope scaling %.*s: factor %g%s, attention logits x %g", (int)s.len, s.ptr,
+                  (double)factor, yarn ? " (yarn)" : "", (double)*attn_mul);
     return HM_OK;
 }
 

@@ -170,6 +170,14 @@ hm_status hm_model_hp_check(const hm_model *m, const char *suffix, const char *i
 hm_status hm_model_hp_head_dim(const hm_model *m, const char *sfx, bool required, int64_t dflt, int32_t *out,
                                hm_err *err);
 
+/* RoPE scaling from "<arch>.rope.scaling.*" (type none / absent: *ff NULL, *attn_mul 1; linear:
+ * factor; yarn: factor, original_context_length, and attn_factor, yarn_beta_fast (32),
+ * yarn_beta_slow (1), yarn_ext_factor (1) when present) as per-pair frequency divisors *ff
+ * [n_rot / 2] (owned by the caller, free; angle_i = pos theta^(-2i/n_rot) / ff[i], the rope ops'
+ * rope_ff) and *attn_mul, the factor YaRN's magnitude scaling puts on the attention logits (q and
+ * k each scaled by attn_factor (1 + 0.1 ln factor)). Another type: HM_ERR_UNSUPPORTED naming it. */
+hm_status hm_model_rope_scaling(const hm_model *m, int32_t n_rot, float theta, float **ff, float *attn_mul, hm_err *err);
+
 /* The hparams a transformer with a MoE block in every layer reads alike (qwen3moe, qwen35moe).
  * An arch's model struct holds them as HM_MOE_HP: the fields by their own names (q->n_embd) and,
  * the same storage, as a whole (q->hp) for the helpers below. n_ff_exp and n_vocab are the arch's

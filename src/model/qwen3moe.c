@@ -4,6 +4,8 @@
  *   h = rmsnorm(x) * attn_norm
  *   q, k, v = h Wq, h Wk, h Wv            q: [n, n_head*hd], k/v: [n, n_head_kv*hd]
  *   q, k = per-head rmsnorm(q) * q_norm, (k) * k_norm; then RoPE (NEOX pairing i <-> i + n_rot/2)
+ *   (with RoPE scaling from the GGUF, linear or YaRN: per-pair frequency divisors, and YaRN's
+ *   magnitude factor on the attention scale; model.h hm_model_rope_scaling)
  *   k, v -> KV cache (f16); a = causal GQA attention of q over the cache, scale 1/sqrt(hd)
  *   x += a Wo
  *   h = rmsnorm(x) * ffn_norm
@@ -42,6 +44,8 @@ typedef struct q3_model {
     q3_layer *layers;          /* [n_layer], owned */
     hm_moe_layer *moe_layers;  /* [n_layer], owned: each layer's router and experts, for xm */
     hm_exec_model xm;          /* what the executor runs (m->xm points here) */
+    float *rope_ff;            /* RoPE scaling's per-pair divisors [n_rot / 2], owned; NULL = none */
+    float attn_mul;            /* YaRN's factor on the attention logits (1 without) */
 } q3_model;
 
 /* ---- the layer ---- */
@@ -59,11 +63,11 @@ static hm_status q3_layer_fwd(hm_exec *x, const hm_model *m, int32_t il) {
     const hm_mat *qkv[3] = {&L->wq, &L->wk, &L->wv};
     OP(hm_op_matmul_n(x, HM_BUF_H, qkv, (const hm_buf[3]){Q3_Q, Q3_K, Q3_V}, 3));
     const hm_qk_rope r = {.q = Q3_Q, .k = Q3_K, .v = Q3_V, .q_norm = L->q_norm, .k_norm = L->k_norm,
-                          .n_rot = q->n_rot, .theta = q->theta, .eps = q->eps};
+                          .rope_ff = q->rope_ff, .n_rot = q->n_rot, .theta = q->theta, .eps = q->eps};
     OP(hm_op_qk_norm_rope_kv(x, il, &r));
     OP(hm_op_out_rows(x, il, (const hm_buf[2]){Q3_Q, HM_BUF_X}, 2));
     if (hm_exec_done(x)) return HM_OK;
-    OP(hm_op_attention(x, il, Q3_Q, Q3_ATT, 1.0f / sqrtf((float)q->head_dim)));
+    OP(hm_op_attention(x, il, Q3_Q, Q3_ATT, q->attn_mul / sqrtf((float)q->head_dim)));
     OP(hm_op_matmul(x, Q3_ATT, &L->wo, HM_BUF_H));
     /* MoE block: x += attention, h = rmsnorm(x); the routed units straight into the residual */
     OP(hm_op_add_rmsnorm(x, HM_BUF_X, HM_BUF_H, L->ffn_norm, HM_BUF_H));
@@ -100,6 +104,7 @@ static void q3_unload(hm_model *m) {
     if (!q) return;
     free(q->layers);
     free(q->moe_layers);
+    free(q->rope_ff);
     free(q);
     m->impl = NULL;
 }
@@ -124,13 +129,7 @@ static hm_status q3_load(hm_model *m, hm_err *err) {
             goto fail;
         }
     }
-    {
-        char key[128];
-        hm_gguf_str s;
-        snprintf(key, sizeof key, "%s.rope.scaling.type", m->arch_name);
-        if (hm_gguf_get_str(m->gguf, key, &s) && !(s.len == 4 && memcmp(s.ptr, "none", 4) == 0))
-            hm_log_printf(&m->log, HM_LOG_WARN, "%s = %.*s is ignored (plain RoPE is used)", key, (int)s.len, s.ptr);
-    }
+    TRY(hm_model_rope_scaling(m, q->n_rot, q->theta, &q->rope_ff, &q->attn_mul, err));
 
     const int64_t E = q->n_embd, hd = q->head_dim, nq = (int64_t)q->n_head * hd, nkv = (int64_t)q->n_head_kv * hd;
     TRY(hm_model_bind_vocab(m, E, &q->tok_embd, &q->output, &q->n_vocab, err));
