@@ -179,6 +179,28 @@ static void bench_attention(hm_pool *pool) {
     }
     printf("attention decode at pos 4096:                   %8.1f us  %6.1f GB/s of KV\n", best * 1e6,
            4097.0 * nkv * d * 2 * 2 / best * 1e-9);
+    /* the 512 queries again at positions 4096..4607 (pp512 @ d4096): the per-query kernels against
+     * the tiled one (cpu_attn.c), best of 3 each */
+    if (hm_cpu_attn_tiled_takes(n_tok, nh, nkv, d)) {
+        int32_t *pd = malloc((size_t)n_tok * sizeof(int32_t));
+        for (int64_t i = 0; i < n_tok; i++) pd[i] = (int32_t)(4096 + i);
+        float *ws = hm_malloc_aligned(hm_cpu_attn_tiled_scratch_floats(nh, nkv, d, hm_pool_size(pool)) * sizeof(float));
+        double bq = 1e9, bt = 1e9;
+        for (int r = 0; r < 3; r++) {
+            double t0 = now_s();
+            hm_cpu_attention(pool, q, n_tok, pd, kc, vc, n_ctx, nh, nkv, d, 0.088f, o, &s);
+            double t1 = now_s();
+            hm_cpu_attention_tiled(pool, q, n_tok, pd, kc, vc, n_ctx, 0, nh, nkv, d, 0.088f, o, ws);
+            double t2 = now_s();
+            bq = t1 - t0 < bq ? t1 - t0 : bq;
+            bt = t2 - t1 < bt ? t2 - t1 : bt;
+        }
+        const double fl = 4.0 * nh * d * (double)n_tok * (4096.0 + (double)(n_tok + 1) / 2);
+        printf("attention prefill 512 @ 4096, per-query:         %8.1f us  %6.1f GFLOP/s\n", bq * 1e6, fl / bq * 1e-9);
+        printf("attention prefill 512 @ 4096, tiled:             %8.1f us  %6.1f GFLOP/s\n", bt * 1e6, fl / bt * 1e-9);
+        hm_free_aligned(ws);
+        free(pd);
+    }
     hm_free_aligned(s.data);
     hm_free_aligned(kc);
     hm_free_aligned(vc);

@@ -515,8 +515,7 @@ static void test_attention_ring(hm_pool **pools, int d) {
     free(ref);
 }
 
-/* d = 64 takes the tiled path for the 23-token prefill on AVX-512 builds (the grouped per-query
- * path for the one-token steps), d = 40 the per-head path. */
+/* d = 64 takes the grouped (GQA) path on AVX-512 builds, d = 40 the per-head path. */
 static void test_attention(hm_pool **pools, int d) {
     const int n_head = 4, n_kv = 2, n_ctx = 40;
     const int64_t row_q = n_head * d, row_kv = n_kv * d;

@@ -1,8 +1,12 @@
 /* cpu_attn.c - causal GQA attention over the f16 KV cache, and the cache writes.
  *
- * Prefill batches (HM_CPU_ATTN_TILED_MIN+ queries, AVX-512 builds) run the tiled kernel at the end
- * of this file (blocks of queries share every K/V conversion, online softmax). Decode and short
- * batches run the per-query kernels below.
+ * The tiled kernel at the end of this file (blocks of queries share every K/V conversion, online
+ * softmax, ring caches and windows) runs the ring caches' prefill (hm_gemma_attention). The plain
+ * cache keeps the per-query kernels below for every batch: on the dev box both run pp512 after 4096
+ * positions of qwen3-30b-a3b's attention at the same rate (`bench_cpu_ops -t 2`: 113 and 112
+ * GFLOP/s), since the grouped path already shares each conversion over a GQA group's heads and
+ * both are bound by their FMAs' loads; the tiled kernel's gain is on the ring caches, whose
+ * per-query kernel (cpu_gemma.c) is scalar.
  *
  * Work items are (query, kv head, KV split) on AVX-512 builds with head_dim % 16 == 0 (the
  * grouped path: the q heads of one kv head share each f16 -> f32 conversion of a 16-key K or V
@@ -125,10 +129,7 @@ size_t hm_cpu_attention_scratch_size(int64_t n_tok, int64_t n_ctx, int n_head, i
      * ceil(4 * nth / (n * heads)) parts, so n * n_split <= 4 * nth + n < 8 * nth per head */
     (void)n_tok;
     s += (size_t)n_head * 8 * (size_t)n_threads * ((size_t)head_dim + 2) * sizeof(float);
-    /* the tiled prefill path (hm_cpu_attention_tiled) uses the same scratch instead; n_kv_head is
-     * not known here: its largest workspace (one kv head, n_rep = n_head) bounds every GQA shape */
-    const size_t tiled = HM_ALIGN + hm_cpu_attn_tiled_scratch_floats(n_head, 1, head_dim, n_threads) * sizeof(float);
-    return s > tiled ? s : tiled;
+    return s;
 }
 
 /* One (t, h, split) item: unnormalised o over its KV range, with its max and sum. */
@@ -313,13 +314,6 @@ void hm_cpu_attention(hm_pool *pool, const float *q, int64_t n_tok, const int32_
                       int n_kv_head, int head_dim, float scale, float *out, hm_scratch *scratch) {
     HM_ASSERT(n_kv_head > 0 && n_head % n_kv_head == 0);
     const int nth = hm_pool_size(pool);
-    if (hm_cpu_attn_tiled_takes(n_tok, n_head, n_kv_head, head_dim)) {
-        hm_bump tb = hm_bump_init(scratch);
-        float *ws = hm_bump_take(&tb, hm_cpu_attn_tiled_scratch_floats(n_head, n_kv_head, head_dim, nth) * sizeof(float));
-        hm_cpu_attention_tiled(pool, q, n_tok, pos, k_cache, v_cache, n_ctx, 0, n_head, n_kv_head, head_dim, scale,
-                               out, ws);
-        return;
-    }
     attn_ctx c;
     memset(&c, 0, sizeof c);
     c.pool = pool;

@@ -129,7 +129,8 @@ void hm_cpu_attention(hm_pool *pool, const float *q, int64_t n_tok, const int32_
  * window + 1) .. pos[t] (window 0: every position; then pos[t] < cap). Deterministic for any
  * thread count. It takes batches of HM_CPU_ATTN_TILED_MIN+ queries with head_dim % 16 == 0 up to
  * 512 and at most 64 q heads per kv head, on AVX-512 builds (hm_cpu_attn_tiled_takes); ws: its
- * scratch floats. hm_cpu_attention and hm_gemma_attention send such batches here. */
+ * scratch floats. hm_gemma_attention sends such batches here (hm_cpu_attention keeps its per-query
+ * kernels: faster on a plain cache, cpu_attn.c says why). */
 #define HM_CPU_ATTN_TILED_MIN 16
 bool hm_cpu_attn_tiled_takes(int64_t n_tok, int n_head, int n_kv_head, int head_dim);
 size_t hm_cpu_attn_tiled_scratch_floats(int n_head, int n_kv_head, int head_dim, int n_threads);
