@@ -527,6 +527,7 @@ typedef struct hm_server_opts {
     int32_t n_parallel;        /* slots; 0 = 1 */
     int32_t n_ctx;             /* positions per slot; 0 = min(n_ctx_train, 4096) */
     int32_t n_threads;         /* compute threads; 0 = online CPUs */
+    int32_t n_ubatch;          /* tokens per forward micro-batch of a prompt; 0 = 512 */
     const char *api_key;       /* NULL = no auth; else every endpoint but /health and the page
                                   needs "Authorization: Bearer KEY"; "" is an error */
     const char *api_key_file;  /* more keys, one per line ('#' comments); any key is accepted.

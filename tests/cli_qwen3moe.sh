@@ -124,6 +124,9 @@ if [ -n "$avail_kib" ] && [ "$avail_kib" -lt $((60 * 1024 * 1024)) ]; then # f32
 else
     echo "note: $avail_kib KiB available: the KV refusal check needs a machine with less than 60 GiB free"
 fi
+# llama.cpp's -b / -ub: -b caps the micro-batch; both take llama.cpp's sizes
+check "-b and -ub 4096" test "$(code "$EXE" bench -m "$m" -p 64 -n 0 -r 1 -t 2 -b 16 --ubatch-size 4096)" = 0
+check "-b 0 refused" test "$(code "$EXE" bench -m "$m" -p 4 -n 0 -r 1 -b 0)" = 2
 # -fa as llama.cpp takes it: on|off|auto, or bare (= on); it changes only the GPU's attention
 check "-fa off" test "$(code "$EXE" bench -m "$m" -p 4 -n 0 -r 1 -t 2 -fa off)" = 0
 check "bare -fa then a flag" test "$(code "$EXE" bench -fa -m "$m" -p 4 -n 0 -r 1 -t 2)" = 0

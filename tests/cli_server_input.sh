@@ -124,7 +124,7 @@ ln -s "$MODEL" "$ODD"
 kill "$pid" 2>/dev/null
 wait "$pid" 2>/dev/null
 pid=
-hm_serve_up "$ODD" -t 1 -c 512 --api-key-file "$tmp/keys"
+hm_serve_up "$ODD" -t 1 -c 512 -ub 4096 -b 64 --api-key-file "$tmp/keys" # llama.cpp's -ub/-b (-b caps -ub)
 URL=http://127.0.0.1:$PORT
 check "the server starts with --api-key-file" [ $up = 1 ]
 [ $up = 1 ] || cat "$LOG"

@@ -24,6 +24,7 @@ typedef struct cli_engine {
     int32_t n_threads; /* -t, 0 = all CPUs */
     int32_t n_ctx;     /* -c, 0 = command's default */
     int32_t n_ubatch;  /* -ub, 0 = 512 */
+    int32_t n_batch;   /* -b (llama.cpp's logical batch): caps n_ubatch as there; 0 = none */
     hm_kv_type kv_type;
     bool verbose;
     /* expert placement and usage */
@@ -37,7 +38,8 @@ typedef struct cli_engine {
 #define CLI_ENGINE_HELP                                                                        \
     "  -m, --model FILE       GGUF model (required)\n"                                           \
     "  -t, --threads N        compute threads (default: all CPUs)\n"                             \
-    "  -ub, --ubatch N        tokens per forward micro-batch (default 512)\n"                    \
+    "  -ub, --ubatch-size N   tokens per forward micro-batch (default 512; alias --ubatch)\n"      \
+    "  -b, --batch-size N     llama.cpp's logical batch: accepted, and caps -ub as there\n"     \
     "  --kv-type f16|f32      KV cache type (default f16; f32 is exact and slower)\n"            \
     "  -v, --verbose          log model loading\n" CLI_PLACEMENT_HELP
 
@@ -271,9 +273,12 @@ static inline int cli_engine_arg(cli_engine *e, int argc, char **argv, int *i) {
     } else if (!strcmp(a, "-c") || !strcmp(a, "--ctx-size")) {
         if (!(v = cli_value(e->cmd, argc, argv, i)) || cli_long(e->cmd, a, v, 1, 1 << 24, &n)) return -1;
         e->n_ctx = (int32_t)n;
-    } else if (!strcmp(a, "-ub") || !strcmp(a, "--ubatch")) {
+    } else if (!strcmp(a, "-ub") || !strcmp(a, "--ubatch") || !strcmp(a, "--ubatch-size")) {
         if (!(v = cli_value(e->cmd, argc, argv, i)) || cli_long(e->cmd, a, v, 1, 1 << 16, &n)) return -1;
         e->n_ubatch = (int32_t)n;
+    } else if (!strcmp(a, "-b") || !strcmp(a, "--batch-size")) {
+        if (!(v = cli_value(e->cmd, argc, argv, i)) || cli_long(e->cmd, a, v, 1, 1 << 16, &n)) return -1;
+        e->n_batch = (int32_t)n;
     } else if (!strcmp(a, "--kv-type") || !strcmp(a, "-ctk")) {
         if (!(v = cli_value(e->cmd, argc, argv, i))) return -1;
         if (!strcmp(v, "f16")) e->kv_type = HM_KV_F16;
@@ -436,6 +441,7 @@ static inline hm_session *cli_open_session(const cli_engine *e, hm_model *m, int
     so.n_ctx = n_ctx;
     so.n_threads = e->n_threads;
     so.n_ubatch = e->n_ubatch;
+    if (e->n_batch > 0 && (so.n_ubatch == 0 ? 512 : so.n_ubatch) > e->n_batch) so.n_ubatch = e->n_batch;
     so.kv_type = e->kv_type;
     hm_session *s = NULL;
     hm_err err;

@@ -31,6 +31,9 @@ static void usage(FILE *f) {
             "                         any of them is accepted\n"
             "  -c, --ctx-size N       context positions per slot (default min(training context, 4096))\n"
             "  -t, --threads N        compute threads (default: online CPUs)\n"
+            "  -ub, --ubatch-size N   tokens per forward micro-batch of a prompt (default 512; up to\n"
+            "                         4096 and more, as llama.cpp's -ub)\n"
+            "  -b, --batch-size N     llama.cpp's logical batch: accepted, and caps -ub as there\n"
             "      --alias NAME       model id in the API (default: the file name)\n"
             "      --chat-template T  \"chatml\" or a template text (default: the model's own)\n"
             "      --max-body BYTES   request body cap (default 8MiB)\n"
@@ -66,6 +69,7 @@ int hm_cmd_serve(int argc, char **argv) {
     hm_server_opts_default(&o);
     cli_engine e = {.cmd = "serve", .place_init = true};
     hm_placement_opts_default(&e.place);
+    int32_t n_batch = 0; /* -b: llama.cpp's logical batch; it caps the micro-batch as there */
     for (int i = 1; i < argc; i++) {
         int pr = cli_placement_arg(&e, argc, argv, &i); /* --profile-out, --policy, ... */
         if (pr < 0) return 2;
@@ -98,6 +102,10 @@ int hm_cmd_serve(int argc, char **argv) {
             if (!int_arg(a, v, 0, 1 << 24, &o.n_ctx)) return 2;
         } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
             if (!int_arg(a, v, 0, 512, &o.n_threads)) return 2;
+        } else if (!strcmp(a, "-ub") || !strcmp(a, "--ubatch") || !strcmp(a, "--ubatch-size")) {
+            if (!int_arg(a, v, 1, 1 << 16, &o.n_ubatch)) return 2;
+        } else if (!strcmp(a, "-b") || !strcmp(a, "--batch-size")) {
+            if (!int_arg(a, v, 1, 1 << 16, &n_batch)) return 2;
         } else if (!strcmp(a, "--api-key")) {
             if (!*v) {
                 fprintf(stderr, "serve: --api-key '' is empty; give a key, or leave --api-key out to serve "
@@ -136,6 +144,7 @@ int hm_cmd_serve(int argc, char **argv) {
             return 2;
         }
     }
+    if (n_batch > 0 && (o.n_ubatch == 0 ? 512 : o.n_ubatch) > n_batch) o.n_ubatch = n_batch;
     const char *env_key = getenv("HOTMOE_API_KEY");
     if (!o.api_key && env_key) {
         if (!*env_key) { /* set but empty: the user meant a key; never serve open by mistake */
