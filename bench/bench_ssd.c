@@ -14,7 +14,7 @@
 #include <unistd.h>
 
 #include "core/timer.h"
-#include "experts/calib.h"
+#include "plan/calib.h"
 #include "experts/tier_ram.h"
 #include "experts/tier_ssd.h"
 #include "gguf/gguf.h"

@@ -8,7 +8,7 @@
 #include <unistd.h>
 
 #include "experts/experts.h"
-#include "experts/sim.h"
+#include "plan/sim.h"
 #include "experts/trace.h"
 #include "test.h"
 

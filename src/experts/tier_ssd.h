@@ -87,5 +87,8 @@ typedef struct hm_ssd_stats {
 } hm_ssd_stats;
 void hm_ssd_get_stats(const hm_ssd *io, hm_ssd_stats *out);
 const char *hm_ssd_path(const hm_ssd *io);
+/* Drop the file's pages from the page cache (posix_fadvise DONTNEED) so the next reads come from
+ * the disk; nothing with O_DIRECT, which bypasses it (calibration, plan/calib_ssd.c). */
+void hm_ssd_drop_cache(hm_ssd *io);
 
 #endif

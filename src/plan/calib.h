@@ -10,12 +10,12 @@
  * GPU time of a hot unit in a decode step's grouped launch, and two decode runs through the public
  * session API (every unit in VRAM; --cpu-moe) from which a per-token cost model is derived; see
  * hm_calib_gpu below. Without CUDA or a device it answers HM_ERR_UNSUPPORTED saying which. */
-#ifndef HM_EXPERTS_CALIB_H
-#define HM_EXPERTS_CALIB_H
+#ifndef HM_PLAN_CALIB_H
+#define HM_PLAN_CALIB_H
 
 #include <stdbool.h>
 
-#include "units.h"
+#include "experts/units.h"
 
 typedef struct hm_calib {
     int32_t n_units;      /* units timed */

@@ -23,11 +23,11 @@
 #include <unistd.h>
 
 #include "calib.h"
-#include "experts.h"
+#include "experts/experts.h"
 #include "gguf/gguf.h"
 #include "model/gpu_split.h"
 #include "sim.h"
-#include "tier_ssd.h"
+#include "experts/tier_ssd.h"
 
 /* Units the RAM tier reads at once: its io_uring holds 16 range reads (tier_ssd.c's default),
  * a unit is 3 of them (gate, up, down). */

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "trace.h"
+#include "experts/trace.h"
 
 /* The trace's geometry must fit the units: same layers, ids below every MoE layer's n_expert. */
 static hm_status check_geom(const hm_units *u, const char *path, int32_t nl, int32_t ne, hm_err *err) {

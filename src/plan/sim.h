@@ -9,13 +9,13 @@
  * (a layer with no counts draws uniformly). It has the profile's popularity but no temporal
  * locality, so it favours static placement; a recorded trace (--trace-out) is the fair test for
  * online and lru. */
-#ifndef HM_EXPERTS_SIM_H
-#define HM_EXPERTS_SIM_H
+#ifndef HM_PLAN_SIM_H
+#define HM_PLAN_SIM_H
 
 #include <stdint.h>
 
-#include "experts.h"
-#include "profile.h"
+#include "experts/experts.h"
+#include "experts/profile.h"
 
 /* Replay the trace at path into s; its n_layer/n_expert must match the store's units. */
 hm_status hm_sim_replay(hm_experts *s, const char *path, hm_err *err);
