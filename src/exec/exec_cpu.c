@@ -15,7 +15,7 @@
 #include "backend/cpu/cpu_gemma.h"
 #include "core/alloc.h"
 #include "exec_impl.h"
-#include "model/kv_f32.h"
+#include "backend/cpu/cpu_kv_f32.h"
 
 /* The CPU pass's own context. */
 typedef struct cpu_pass {

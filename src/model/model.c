@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "core/alloc.h"
-#include "kv_f32.h"
+#include "backend/cpu/cpu_kv_f32.h"
 #include "moe.h"
 #include "quant/quant.h"
 

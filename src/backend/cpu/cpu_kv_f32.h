@@ -1,12 +1,12 @@
-/* kv_f32.h - an f32 KV cache and causal GQA attention over it: the exact-precision mode
+/* cpu_kv_f32.h - an f32 KV cache and causal GQA attention over it: the exact-precision mode
  * (hm_kv_type HM_KV_F32) used to compare with float references (transformers), where the f16
  * cache's rounding (~1e-3 on logits) would hide real differences. Same layout as the CPU
  * backend's f16 cache: element (kv head h, position p, d) at (h * n_ctx + p) * head_dim + d.
  * Plain loops split over (token, head) items; each output is computed by one thread in a fixed
  * order, so results do not depend on the thread count. Not the fast path: decode/prefill speed
  * is the f16 cache's job. */
-#ifndef HM_MODEL_KV_F32_H
-#define HM_MODEL_KV_F32_H
+#ifndef HM_BACKEND_CPU_KV_F32_H
+#define HM_BACKEND_CPU_KV_F32_H
 
 #include <stdint.h>
 

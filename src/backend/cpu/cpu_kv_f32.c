@@ -1,5 +1,5 @@
-/* kv_f32.c - f32 KV cache write and attention (see kv_f32.h). */
-#include "kv_f32.h"
+/* cpu_kv_f32.c - f32 KV cache write and attention (see cpu_kv_f32.h). */
+#include "cpu_kv_f32.h"
 
 #include <math.h>
 #include <string.h>
