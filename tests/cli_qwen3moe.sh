@@ -127,6 +127,12 @@ fi
 # llama.cpp's -b / -ub: -b caps the micro-batch; both take llama.cpp's sizes
 check "-b and -ub 4096" test "$(code "$EXE" bench -m "$m" -p 64 -n 0 -r 1 -t 2 -b 16 --ubatch-size 4096)" = 0
 check "-b 0 refused" test "$(code "$EXE" bench -m "$m" -p 4 -n 0 -r 1 -b 0)" = 2
+# llama.cpp's cache-type flags: -ctk / -ctv name one type here, and say so when they differ
+check "-ctk f16 -ctv f16" test "$(code "$EXE" bench -m "$m" -p 4 -n 0 -r 1 -t 2 -ctk f16 -ctv f16)" = 0
+check "-ctk f32 -ctv f16 refused" test "$(code "$EXE" bench -m "$m" -p 4 -n 0 -r 1 -ctk f32 -ctv f16)" = 2
+check "-ctk/-ctv mismatch says why" grep -q "one type for both" "$tmp/err"
+check "-ctv q8_0 refused" test "$(code "$EXE" bench -m "$m" -p 4 -n 0 -r 1 -ctv q8_0)" = 2
+check "-ctv q8_0 says it is not there yet" grep -q "not implemented yet" "$tmp/err"
 # -fa as llama.cpp takes it: on|off|auto, or bare (= on); it changes only the GPU's attention
 check "-fa off" test "$(code "$EXE" bench -m "$m" -p 4 -n 0 -r 1 -t 2 -fa off)" = 0
 check "bare -fa then a flag" test "$(code "$EXE" bench -fa -m "$m" -p 4 -n 0 -r 1 -t 2)" = 0

@@ -26,6 +26,7 @@ typedef struct cli_engine {
     int32_t n_ubatch;  /* -ub, 0 = 512 */
     int32_t n_batch;   /* -b (llama.cpp's logical batch): caps n_ubatch as there; 0 = none */
     hm_kv_type kv_type;
+    bool kv_type_set; /* a -ctk / -ctv / --kv-type was given (they must agree) */
     bool verbose;
     /* expert placement and usage */
     const char *profile_out;  /* --profile-out: usage profile written at the end */
@@ -40,7 +41,8 @@ typedef struct cli_engine {
     "  -t, --threads N        compute threads (default: all CPUs)\n"                             \
     "  -ub, --ubatch-size N   tokens per forward micro-batch (default 512; alias --ubatch)\n"      \
     "  -b, --batch-size N     llama.cpp's logical batch: accepted, and caps -ub as there\n"     \
-    "  --kv-type f16|f32      KV cache type (default f16; f32 is exact and slower)\n"            \
+    "  --kv-type f16|f32      KV cache type (default f16; f32 is exact and slower); aliases\n"     \
+    "                         -ctk/--cache-type-k and -ctv/--cache-type-v (the same type)\n"     \
     "  -v, --verbose          log model loading\n" CLI_PLACEMENT_HELP
 
 #define CLI_PLACEMENT_HELP                                                                     \
@@ -279,14 +281,25 @@ static inline int cli_engine_arg(cli_engine *e, int argc, char **argv, int *i) {
     } else if (!strcmp(a, "-b") || !strcmp(a, "--batch-size")) {
         if (!(v = cli_value(e->cmd, argc, argv, i)) || cli_long(e->cmd, a, v, 1, 1 << 16, &n)) return -1;
         e->n_batch = (int32_t)n;
-    } else if (!strcmp(a, "--kv-type") || !strcmp(a, "-ctk")) {
+    } else if (!strcmp(a, "--kv-type") || !strcmp(a, "-ctk") || !strcmp(a, "--cache-type-k") || !strcmp(a, "-ctv") ||
+               !strcmp(a, "--cache-type-v")) {
+        /* one type for K and V (llama.cpp's -ctk / -ctv name them apart: both must agree here) */
         if (!(v = cli_value(e->cmd, argc, argv, i))) return -1;
-        if (!strcmp(v, "f16")) e->kv_type = HM_KV_F16;
-        else if (!strcmp(v, "f32")) e->kv_type = HM_KV_F32;
+        hm_kv_type t;
+        if (!strcmp(v, "f16")) t = HM_KV_F16;
+        else if (!strcmp(v, "f32")) t = HM_KV_F32;
         else {
-            fprintf(stderr, "hotmoe %s: --kv-type expects f16 or f32, got '%s'\n", e->cmd, v);
+            fprintf(stderr, "hotmoe %s: %s expects f16 or f32, got '%s' (bf16, q8_0 and q4_0 caches are not "
+                            "implemented yet)\n", e->cmd, a, v);
             return -1;
         }
+        if (e->kv_type_set && t != e->kv_type) {
+            fprintf(stderr, "hotmoe %s: K and V caches of different types (%s after %s): hotmoe keeps one type "
+                            "for both\n", e->cmd, v, e->kv_type == HM_KV_F32 ? "f32" : "f16");
+            return -1;
+        }
+        e->kv_type = t;
+        e->kv_type_set = true;
     } else if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) {
         e->verbose = true;
     } else {
