@@ -35,7 +35,7 @@
 #include <unistd.h>
 
 #include "backend/cuda/cuda_device.h"
-#include "hotmoe.h"
+#include "hotmoe_tools.h"
 #include "test.h"
 
 #define GPU_COMPARE_NEAR_TIE 1e-3 /* logits closer than this (x max |logit|) may swap places */

@@ -21,7 +21,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "hotmoe.h"
+#include "hotmoe_tools.h"
 #include "test.h"
 
 #define NS 3

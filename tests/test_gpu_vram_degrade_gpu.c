@@ -31,7 +31,7 @@
 #include "backend/cuda/cuda_device.h"
 #include "backend/cuda/cuda_ops.h"
 #include "gpu_compare.h"
-#include "hotmoe.h"
+#include "hotmoe_tools.h"
 #include "test.h"
 
 #define NP 16       /* prompt P (> 8 rows: the prefill path) */

@@ -14,7 +14,7 @@
 
 #include "experts/units.h"
 #include "gguf/gguf.h"
-#include "hotmoe.h"
+#include "hotmoe_tools.h"
 #include "quant/quant.h"
 #include "test.h"
 

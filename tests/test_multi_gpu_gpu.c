@@ -38,7 +38,7 @@
 
 #include "gguf/gguf.h"
 #include "gpu_compare.h"
-#include "hotmoe.h"
+#include "hotmoe_tools.h"
 #include "quant/quant.h"
 #include "test.h"
 #include "tiny_qwen35moe.h"

@@ -26,7 +26,7 @@
 #include "experts/profile.h"
 #include "experts/units.h"
 #include "gguf/gguf.h"
-#include "hotmoe.h"
+#include "hotmoe_tools.h"
 #include "quant/quant.h"
 #include "synth/synth_gemma4.h"
 #include "synth/synth_impl.h"

@@ -29,7 +29,7 @@
 
 #include "experts/profile.h"
 #include "gguf/gguf.h"
-#include "hotmoe.h"
+#include "hotmoe_tools.h"
 #include "quant/quant.h"
 #include "test.h"
 

@@ -28,6 +28,7 @@
 
 #include "experts/tier_ram.h"
 #include "gguf/gguf.h"
+#include "hotmoe_tools.h"
 #include "test.h"
 
 enum { N_STEP = 400, MAX_SLOTS = 64 };

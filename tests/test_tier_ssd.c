@@ -13,6 +13,7 @@
 
 #include "experts/tier_ram.h"
 #include "gguf/gguf.h"
+#include "hotmoe_tools.h"
 #include "test.h"
 
 static char tmpdir[256], model_path[512];

@@ -4,7 +4,7 @@
 #ifndef HM_CLI_H
 #define HM_CLI_H
 
-#include "hotmoe.h"
+#include "hotmoe_tools.h"
 
 typedef struct hm_cli_cmd {
     const char *name;

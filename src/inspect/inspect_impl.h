@@ -9,7 +9,7 @@
 #include "../experts/units.h"
 #include "../gguf/gguf.h"
 #include "../quant/quant.h"
-#include "hotmoe.h"
+#include "hotmoe_tools.h"
 
 #define HM_INSPECT_NTYPE (HM_TYPE_COUNT + 1) /* last bucket: ids we do not know */
 

@@ -24,10 +24,11 @@
 
 #include "calib.h"
 #include "experts/experts.h"
+#include "experts/tier_ssd.h"
 #include "gguf/gguf.h"
+#include "hotmoe_tools.h"
 #include "model/gpu_split.h"
 #include "sim.h"
-#include "experts/tier_ssd.h"
 
 /* Units the RAM tier reads at once: its io_uring holds 16 range reads (tier_ssd.c's default),
  * a unit is 3 of them (gate, up, down). */

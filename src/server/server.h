@@ -27,7 +27,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "hotmoe.h"
+#include "hotmoe_tools.h"
 
 /* ---- srv_util.c ---- */
 

@@ -13,7 +13,7 @@
 #include <stdint.h>
 
 #include "../gguf/gguf.h"
-#include "hotmoe.h"
+#include "hotmoe_tools.h"
 
 /* ---- counter-based generator ---- */
 
