@@ -52,6 +52,12 @@ typedef struct hm_placement_opts hm_placement_opts; /* see "Expert store of a mo
 
 typedef struct hm_model_opts {
     bool verbose; /* log hparams and loading to stderr */
+    /* RoPE scaling over the file's <arch>.rope.scaling.* keys (llama.cpp's flags): rope_scaling
+     * NULL = the file's type, else "none", "linear" or "yarn" (--rope-scaling); rope_scale > 0 =
+     * the factor (--rope-scale); yarn_orig_ctx > 0 = YaRN's original context (--yarn-orig-ctx). */
+    const char *rope_scaling;
+    float rope_scale;
+    int32_t yarn_orig_ctx;
     const hm_placement_opts *placement; /* borrowed during open; NULL = count expert use only */
 } hm_model_opts;
 

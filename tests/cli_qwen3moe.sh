@@ -133,6 +133,11 @@ check "-ctk f32 -ctv f16 refused" test "$(code "$EXE" bench -m "$m" -p 4 -n 0 -r
 check "-ctk/-ctv mismatch says why" grep -q "one type for both" "$tmp/err"
 check "-ctv q8_0 refused" test "$(code "$EXE" bench -m "$m" -p 4 -n 0 -r 1 -ctv q8_0)" = 2
 check "-ctv q8_0 says it is not there yet" grep -q "not implemented yet" "$tmp/err"
+# RoPE scaling flags (their effect is checked against transformers by test_qwen3moe_hf)
+check "--rope-scaling yarn needs its keys" test "$(code "$EXE" bench -m "$m" -p 4 -n 0 -r 1 --rope-scaling yarn)" = 1
+check "--rope-scaling yarn: names the missing key" grep -q "rope.scaling.factor" "$tmp/err"
+check "--rope-scaling yarn --rope-scale 4 --yarn-orig-ctx 64" test "$(code "$EXE" bench -m "$m" -p 4 -n 0 -r 1 -t 2 --rope-scaling yarn --rope-scale 4 --yarn-orig-ctx 64)" = 0
+check "--rope-scaling bogus refused" test "$(code "$EXE" bench -m "$m" -p 4 -n 0 -r 1 --rope-scaling bogus)" = 2
 # -fa as llama.cpp takes it: on|off|auto, or bare (= on); it changes only the GPU's attention
 check "-fa off" test "$(code "$EXE" bench -m "$m" -p 4 -n 0 -r 1 -t 2 -fa off)" = 0
 check "bare -fa then a flag" test "$(code "$EXE" bench -fa -m "$m" -p 4 -n 0 -r 1 -t 2)" = 0

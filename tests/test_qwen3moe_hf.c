@@ -9,7 +9,12 @@
  * skipped (77 when both are). With the exact f32 KV cache: max |ours - transformers| < 1e-3 over
  * every position, evaluated as one batch and again token by token (KV cache path). With the
  * default f16 cache the bound is 1e-2 (its rounding moves these logits by a few 1e-3) and top-1
- * must agree everywhere. */
+ * must agree everywhere.
+ * The two fixtures hold the same weights and tokens (one seed; the files differ only in their RoPE
+ * keys), so the load-time overrides (llama.cpp's --rope-scaling / --rope-scale / --yarn-orig-ctx,
+ * hm_model_opts) are checked across them: the plain file opened as YaRN 4 over 16 gives the YaRN
+ * fixture's transformers logits, and the YaRN file opened with scaling "none" the plain one's
+ * (f32 KV, one batch, 1e-3). */
 #include "fixture.h"
 #include "hotmoe.h"
 #include "test.h"
@@ -78,8 +83,55 @@ static bool check_fixture(const char *dir) {
     return true;
 }
 
+/* The model of dir opened with RoPE overrides against the logits of want_dir (f32 KV, one batch). */
+static void check_override(const char *dir, const char *want_dir, const char *scaling, float scale, int32_t orig) {
+    fixture fx, fw;
+    static int32_t tok[MAX_TOK], tok_w[MAX_TOK];
+    if (!fixture_open(&fx, dir, tok, MAX_TOK)) return;
+    if (!fixture_open(&fw, want_dir, tok_w, MAX_TOK)) {
+        fixture_close(&fx);
+        return;
+    }
+    CHECK(fx.n == fw.n && !memcmp(tok, tok_w, (size_t)fx.n * sizeof(int32_t)));
+    hm_model_opts mo;
+    hm_model_opts_default(&mo);
+    mo.rope_scaling = scaling;
+    mo.rope_scale = scale;
+    mo.yarn_orig_ctx = orig;
+    hm_model *m = NULL;
+    hm_err err;
+    CHECKF(hm_model_open(&m, fx.gguf, &mo, &err) == HM_OK, "%s", err.msg);
+    const int32_t nv = m ? hm_model_n_vocab(m) : 0;
+    size_t got = 0;
+    float *want = m ? fixture_read_logits(&fw, nv, &got) : NULL;
+    hm_session *s = NULL;
+    if (m && got == (size_t)fx.n * (size_t)nv) {
+        hm_session_opts so;
+        hm_session_opts_default(&so);
+        so.n_ctx = fx.n;
+        so.n_threads = 2;
+        so.kv_type = HM_KV_F32;
+        CHECKF(hm_session_open(&s, m, &so, &err) == HM_OK, "%s", err.msg);
+    }
+    if (s) {
+        const float *lg = NULL;
+        CHECKF(hm_session_eval(s, tok, fx.n, true, &lg, &err) == HM_OK, "%s", err.msg);
+        const double d = lg ? fixture_maxdiff(lg, want, got) : 1e9;
+        fprintf(stderr, "%s as --rope-scaling %s (%g, %d) vs %s: max |d| = %.3g\n", dir, scaling, (double)scale,
+                (int)orig, want_dir, d);
+        CHECKF(d < 1e-3, "rope override %s on %s: max |d| %g against %s", scaling, dir, d, want_dir);
+        hm_session_close(s);
+    }
+    free(want);
+    hm_model_close(m);
+    fixture_close(&fx);
+    fixture_close(&fw);
+}
+
 int main(void) {
     const bool plain = check_fixture("tests/fixtures/qwen3moe_tiny/");
     const bool yarn = check_fixture("tests/fixtures/qwen3moe_yarn/");
+    check_override("tests/fixtures/qwen3moe_tiny/", "tests/fixtures/qwen3moe_yarn/", "yarn", 4.0f, 16);
+    check_override("tests/fixtures/qwen3moe_yarn/", "tests/fixtures/qwen3moe_tiny/", "none", 0.0f, 0);
     return plain || yarn ? test_done() : 77;
 }

@@ -27,6 +27,9 @@ typedef struct cli_engine {
     int32_t n_batch;   /* -b (llama.cpp's logical batch): caps n_ubatch as there; 0 = none */
     hm_kv_type kv_type;
     bool kv_type_set; /* a -ctk / -ctv / --kv-type was given (they must agree) */
+    const char *rope_scaling; /* --rope-scaling none|linear|yarn (NULL: the file's) */
+    float rope_scale;         /* --rope-scale N (0: the file's) */
+    int32_t yarn_orig_ctx;    /* --yarn-orig-ctx N (0: the file's) */
     bool verbose;
     /* expert placement and usage */
     const char *profile_out;  /* --profile-out: usage profile written at the end */
@@ -43,6 +46,9 @@ typedef struct cli_engine {
     "  -b, --batch-size N     llama.cpp's logical batch: accepted, and caps -ub as there\n"     \
     "  --kv-type f16|f32      KV cache type (default f16; f32 is exact and slower); aliases\n"     \
     "                         -ctk/--cache-type-k and -ctv/--cache-type-v (the same type)\n"     \
+    "  --rope-scaling T       none|linear|yarn over the file's RoPE scaling (llama.cpp's flag)\n" \
+    "  --rope-scale N         its factor (the context grows N-fold); --yarn-orig-ctx N: YaRN's\n" \
+    "                         original context (both default to the file's keys)\n"              \
     "  -v, --verbose          log model loading\n" CLI_PLACEMENT_HELP
 
 #define CLI_PLACEMENT_HELP                                                                     \
@@ -300,6 +306,20 @@ static inline int cli_engine_arg(cli_engine *e, int argc, char **argv, int *i) {
         }
         e->kv_type = t;
         e->kv_type_set = true;
+    } else if (!strcmp(a, "--rope-scaling")) {
+        if (!(v = cli_value(e->cmd, argc, argv, i))) return -1;
+        if (strcmp(v, "none") && strcmp(v, "linear") && strcmp(v, "yarn")) {
+            fprintf(stderr, "hotmoe %s: --rope-scaling expects none, linear or yarn, got '%s'\n", e->cmd, v);
+            return -1;
+        }
+        e->rope_scaling = v;
+    } else if (!strcmp(a, "--rope-scale")) {
+        double f;
+        if (!(v = cli_value(e->cmd, argc, argv, i)) || cli_float(e->cmd, a, v, 1.0, 1e6, &f)) return -1;
+        e->rope_scale = (float)f;
+    } else if (!strcmp(a, "--yarn-orig-ctx")) {
+        if (!(v = cli_value(e->cmd, argc, argv, i)) || cli_long(e->cmd, a, v, 1, 1 << 24, &n)) return -1;
+        e->yarn_orig_ctx = (int32_t)n;
     } else if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) {
         e->verbose = true;
     } else {
@@ -359,6 +379,9 @@ static inline hm_model *cli_open_model(const cli_engine *e) {
     hm_model_opts_default(&mo);
     mo.verbose = e->verbose;
     mo.placement = &po;
+    mo.rope_scaling = e->rope_scaling;
+    mo.rope_scale = e->rope_scale;
+    mo.yarn_orig_ctx = e->yarn_orig_ctx;
     hm_model *m = NULL;
     hm_err err;
     if (hm_model_open(&m, e->model, &mo, &err) != HM_OK) {

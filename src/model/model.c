@@ -65,7 +65,16 @@ hm_status hm_model_open(hm_model **out, const char *path, const hm_model_opts *o
     hm_model *m = calloc(1, sizeof *m);
     if (!m) return hm_errf(err, HM_ERR_NOMEM, "model: out of memory");
     m->log.level = o.verbose ? HM_LOG_INFO : HM_LOG_WARN;
-    hm_status st = hm_gguf_open(&m->gguf, path, err);
+    hm_status st = HM_OK;
+    if (o.rope_scaling && strcmp(o.rope_scaling, "none") && strcmp(o.rope_scaling, "linear") &&
+        strcmp(o.rope_scaling, "yarn")) {
+        st = hm_errf(err, HM_ERR_ARG, "--rope-scaling %s: takes none, linear or yarn", o.rope_scaling);
+        goto fail;
+    }
+    if (o.rope_scaling) snprintf(m->rope_scaling, sizeof m->rope_scaling, "%s", o.rope_scaling);
+    m->rope_scale = o.rope_scale > 0 ? o.rope_scale : 0;
+    m->yarn_orig_ctx = o.yarn_orig_ctx > 0 ? o.yarn_orig_ctx : 0;
+    st = hm_gguf_open(&m->gguf, path, err);
     if (st != HM_OK) goto fail;
 
     hm_gguf_str s;
@@ -262,15 +271,24 @@ hm_status hm_model_rope_scaling(const hm_model *m, int32_t n_rot, float theta, f
     char key[160];
     hm_gguf_str s;
     snprintf(key, sizeof key, "%s.rope.scaling.type", m->arch_name);
-    if (!hm_gguf_get_str(m->gguf, key, &s) || (s.len == 4 && memcmp(s.ptr, "none", 4) == 0)) return HM_OK;
+    if (m->rope_scaling[0]) { /* --rope-scaling over the file's type */
+        s.ptr = m->rope_scaling;
+        s.len = (uint64_t)strlen(m->rope_scaling);
+    } else if (!hm_gguf_get_str(m->gguf, key, &s)) {
+        s.len = 0;
+    }
+    if (s.len == 0 || (s.len == 4 && memcmp(s.ptr, "none", 4) == 0)) return HM_OK;
     const bool linear = s.len == 6 && memcmp(s.ptr, "linear", 6) == 0, yarn = s.len == 4 && memcmp(s.ptr, "yarn", 4) == 0;
     if (!linear && !yarn)
         return hm_errf(err, HM_ERR_UNSUPPORTED, "%s = %.*s: hotmoe runs linear and yarn RoPE scaling (and none)", key,
                        (int)s.len, s.ptr);
     float factor, attn_factor = 1.0f, beta_fast = 32.0f, beta_slow = 1.0f, ext = 1.0f;
     int32_t orig = 0;
-    hm_status st = hm_model_hp_float(m, "rope.scaling.factor", true, 1.0, &factor, err);
-    if (st == HM_OK && yarn) st = hm_model_hp_int(m, "rope.scaling.original_context_length", true, 0, &orig, err);
+    hm_status st = m->rope_scale > 0 ? HM_OK : hm_model_hp_float(m, "rope.scaling.factor", true, 1.0, &factor, err);
+    if (m->rope_scale > 0) factor = m->rope_scale;
+    if (st == HM_OK && yarn && m->yarn_orig_ctx > 0) orig = m->yarn_orig_ctx;
+    else if (st == HM_OK && yarn)
+        st = hm_model_hp_int(m, "rope.scaling.original_context_length", true, 0, &orig, err);
     if (st == HM_OK && yarn) st = hm_model_hp_float(m, "rope.scaling.attn_factor", false, 1.0, &attn_factor, err);
     if (st == HM_OK && yarn) st = hm_model_hp_float(m, "rope.scaling.yarn_beta_fast", false, 32.0, &beta_fast, err);
     if (st == HM_OK && yarn) st = hm_model_hp_float(m, "rope.scaling.yarn_beta_slow", false, 1.0, &beta_slow, err);

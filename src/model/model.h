@@ -42,6 +42,9 @@ struct hm_model {
     char name[256];
     char arch_name[64];
     hm_log log;
+    char rope_scaling[8]; /* hm_model_opts' override of the file's RoPE scaling type ("" = none given) */
+    float rope_scale;     /* its factor override (0 = the file's) */
+    int32_t yarn_orig_ctx; /* its YaRN original context override (0 = the file's) */
     /* The expert store (model_experts.c): one per model, shared by its sessions. The forward
      * pass records into it after each router; the session ends each step. NULL for a model
      * without expert tensors. Single writer: `busy` makes overlapping evals an error. */
