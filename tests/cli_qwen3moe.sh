@@ -138,6 +138,10 @@ check "--rope-scaling yarn needs its keys" test "$(code "$EXE" bench -m "$m" -p 
 check "--rope-scaling yarn: names the missing key" grep -q "rope.scaling.factor" "$tmp/err"
 check "--rope-scaling yarn --rope-scale 4 --yarn-orig-ctx 64" test "$(code "$EXE" bench -m "$m" -p 4 -n 0 -r 1 -t 2 --rope-scaling yarn --rope-scale 4 --yarn-orig-ctx 64)" = 0
 check "--rope-scaling bogus refused" test "$(code "$EXE" bench -m "$m" -p 4 -n 0 -r 1 --rope-scaling bogus)" = 2
+# --split-mode: layer is what hotmoe does, none is one GPU, row is refused with the reason
+check "-sm layer" test "$(code "$EXE" bench -m "$m" -p 4 -n 0 -r 1 -t 2 -sm layer)" = 0
+check "-sm row refused" test "$(code "$EXE" bench -m "$m" -p 4 -n 0 -r 1 -sm row)" = 2
+check "-sm row says why" grep -q "row is not implemented" "$tmp/err"
 # -fa as llama.cpp takes it: on|off|auto, or bare (= on); it changes only the GPU's attention
 check "-fa off" test "$(code "$EXE" bench -m "$m" -p 4 -n 0 -r 1 -t 2 -fa off)" = 0
 check "bare -fa then a flag" test "$(code "$EXE" bench -fa -m "$m" -p 4 -n 0 -r 1 -t 2)" = 0

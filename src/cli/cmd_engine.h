@@ -37,6 +37,7 @@ typedef struct cli_engine {
     const char *trace_out;    /* --trace-out: routing trace */
     hm_placement_opts place;  /* --profile, --policy, --update-rate, --vram-budget, -ts */
     bool place_init;
+    bool split_none;          /* --split-mode none: one GPU (-mg); layer (the default) splits by layers */
 } cli_engine;
 
 #define CLI_ENGINE_HELP                                                                        \
@@ -79,6 +80,8 @@ typedef struct cli_engine {
     "  --no-peer-experts      several GPUs: a device's slots hold only its own layers' units\n"   \
     "                         (default: a full device's hot units may take another's free slots)\n" \
     "  -mg, --main-gpu N      the CUDA device (default 0)\n"                                 \
+    "  -sm, --split-mode M    layer (default: several GPUs split by layers, with -ts or per-device\n" \
+    "                         budgets) or none (one GPU, -mg); llama.cpp's row is refused\n"  \
     "  -fa, --flash-attn M    on|off|auto (default auto = on): prefill attention of 32+ tokens as\n" \
     "                         one tensor-core kernel (f16 Q and softmax weights); off = the\n"  \
     "                         exact f32 kernels, whose cost grows with batch x context\n"      \
@@ -203,6 +206,16 @@ static inline int cli_placement_arg(cli_engine *e, int argc, char **argv, int *i
         e->place.n_cpu_moe = (int32_t)n;
     } else if (!strcmp(a, "--no-peer-experts")) {
         e->place.no_peer = true;
+    } else if (!strcmp(a, "-sm") || !strcmp(a, "--split-mode")) {
+        if (!(v = cli_value(e->cmd, argc, argv, i))) return -1;
+        if (!strcmp(v, "none") || !strcmp(v, "layer")) {
+            e->split_none = !strcmp(v, "none");
+        } else {
+            fprintf(stderr, "hotmoe %s: --split-mode %s: hotmoe splits several GPUs by layers (layer, the default: "
+                            "-ts or per-device --vram-budget) or uses one (none, with -mg); row is not implemented\n",
+                    e->cmd, v);
+            return -1;
+        }
     } else if (!strcmp(a, "-mg") || !strcmp(a, "--main-gpu")) {
         long n;
         if (!(v = cli_value(e->cmd, argc, argv, i)) || cli_long(e->cmd, a, v, 0, 63, &n)) return -1;
@@ -265,6 +278,14 @@ static inline void cli_placement_env(hm_placement_opts *po) {
         if (!*end && mib >= -1) po->vram_budget = mib < 0 ? -1 : (int64_t)mib << 20;
         else fprintf(stderr, "hotmoe: ignoring GGML_CUDA_MOE_CACHE_BUDGET_MB='%s' (expects MiB or -1)\n", v);
     }
+}
+
+/* --split-mode none against the flags that name several devices: 0 fine, -1 refused (printed). */
+static inline int cli_split_check(const cli_engine *e, const hm_placement_opts *po) {
+    if (!e->split_none || (po->n_tensor_split == 0 && po->n_vram_budgets <= 1)) return 0;
+    fprintf(stderr, "hotmoe %s: --split-mode none uses one GPU (-mg N), but %s names several\n", e->cmd,
+            po->n_tensor_split ? "-ts" : "--vram-budget");
+    return -1;
 }
 
 /* Try argv[*i] as one of the shared flags: 1 consumed, 0 not ours, -1 bad value (printed). */
@@ -375,6 +396,7 @@ static inline hm_model *cli_open_model(const cli_engine *e) {
     if (e->place_init) po = e->place;
     else hm_placement_opts_default(&po);
     cli_placement_env(&po);
+    if (cli_split_check(e, &po)) return NULL;
     hm_model_opts mo;
     hm_model_opts_default(&mo);
     mo.verbose = e->verbose;

@@ -165,6 +165,7 @@ int hm_cmd_serve(int argc, char **argv) {
     o.profile_format = e.profile_format;
     o.trace_out = e.trace_out;
     cli_placement_env(&e.place);
+    if (cli_split_check(&e, &e.place)) return 2;
     o.placement = &e.place;
     if (!e.place.n_ctx && o.n_ctx > 0) e.place.n_ctx = o.n_ctx * (o.n_parallel > 0 ? o.n_parallel : 1); /* every slot's KV */
     if (e.place.policy && strcmp(e.place.policy, "none") && !hm_placement_wants_gpu(&e.place))
