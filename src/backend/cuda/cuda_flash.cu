@@ -280,10 +280,13 @@ hm_status launch_flash(hm_cuda_ctx *c, const float *q, int64_t n_tok, const int3
                        const uint16_t *vc, int64_t cap, int32_t window, int n_head, int n_kv_head, float scale,
                        int n_split, float *part, float *out, hm_err *err) {
     const size_t smem = sizeof(__half) * ((size_t)(FA_BM + BN) * (D + FA_PAD) + (size_t)BN * (DV + FA_PAD));
-    static bool attr_set = false; /* per instance; idempotent, so a race only repeats it */
-    if (!attr_set) {
+    /* the shared-memory opt-in is a property of the function on each device: set once per device
+     * (the context's device is the current one here); idempotent, so a race only repeats it */
+    static unsigned long long attr_set = 0;
+    const unsigned long long bit = c->device >= 0 && c->device < 64 ? 1ull << c->device : 0;
+    if (!bit || !(attr_set & bit)) {
         HM_CU(cudaFuncSetAttribute(k_flash<D, DV, BN>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
-        attr_set = true;
+        attr_set |= bit;
     }
     const dim3 grid((unsigned)((n_tok + FA_BM - 1) / FA_BM), (unsigned)n_head, (unsigned)(D / DV * n_split));
     k_flash<D, DV, BN><<<grid, 32 * FA_WARPS, smem, c->compute>>>(q, pos, n_tok, kc, vc, cap, window, n_head,
