@@ -15,7 +15,6 @@
 #include "backend/cpu/cpu_gemma.h"
 #include "core/alloc.h"
 #include "exec_impl.h"
-#include "backend/cpu/cpu_kv_f32.h"
 
 /* The CPU pass's own context. */
 typedef struct cpu_pass {
@@ -70,13 +69,13 @@ hm_status hm_exec_cpu_state_open(const hm_model *m, const hm_state_opts *o, hm_e
         int64_t cap_max = 1;
         for (int32_t il = 0; il < xm->n_layer; il++)
             if (s->kvl[il].cap > cap_max) cap_max = s->kvl[il].cap;
-        size_t fl = hm_gemma_attention_scratch_floats(cap_max, o->n_threads);
+        size_t fl = hm_cpu_attention_ring_scratch_floats(cap_max, o->n_threads);
         for (int32_t il = 0; il < xm->n_layer; il++) /* the tiled prefill path's, per layer shape */
             fl = hm_model_max_sz(fl, hm_cpu_attn_tiled_scratch_floats(xm->n_head, xm->attn_layers[il].n_head_kv,
                                                                       xm->attn_layers[il].head_dim, o->n_threads));
         if ((st = hm_model_att_scratch_alloc(&s->kv_scratch, fl, err)) != HM_OK) return st;
     } else if (o->kv_type == HM_KV_F32 && xm->n_kv_layer > 0 &&
-               (st = hm_model_att_scratch_alloc(&s->kv_scratch, hm_kv_f32_scratch_floats(o->n_ctx, o->n_threads),
+               (st = hm_model_att_scratch_alloc(&s->kv_scratch, hm_cpu_attention_ring_scratch_floats(o->n_ctx, o->n_threads),
                                                 err)) != HM_OK) {
         return st;
     }
@@ -324,7 +323,7 @@ static hm_status c_attn_in_ring(hm_exec *x, int32_t il, const hm_ring_in *p) {
     hm_cpu_rmsnorm(x->pool, v, NULL, v, x->nr * nkv, hd, p->eps);
     hm_gemma_rope_neox(x->pool, q, x->nr, nh, hd, p->n_rot, c->pos, p->theta, p->rope_ff);
     hm_gemma_rope_neox(x->pool, k, x->nr, nkv, hd, p->n_rot, c->pos, p->theta, p->rope_ff);
-    hm_gemma_kv_write(x->pool, kc, vc, s->kv_elem_size, s->kvl[il].cap, nkv, hd, k, v, x->nr, c->pos);
+    hm_cpu_kv_write_ring(x->pool, kc, vc, s->kv_elem_size, s->kvl[il].cap, nkv, hd, k, v, x->nr, c->pos);
     return HM_OK;
 }
 
@@ -334,8 +333,8 @@ static hm_status c_attention_ring(hm_exec *x, int32_t il, hm_buf qb, hm_buf outb
     const hm_exec_state *s = c->seqs[0].state;
     const hm_attn_layer *a = &x->xm->attn_layers[il];
     char *vc, *kc = kv_layer(x->xm, s, il, &vc);
-    hm_gemma_attention(x->pool, x->buf[qb], x->nr, c->pos, kc, vc, s->kv_elem_size, s->kvl[il].cap, a->window,
-                       x->xm->n_head, a->n_head_kv, a->head_dim, scale, x->buf[outb], s->kv_scratch);
+    hm_cpu_attention_ring(x->pool, x->buf[qb], x->nr, c->pos, kc, vc, s->kv_elem_size, s->kvl[il].cap, a->window,
+                          x->xm->n_head, a->n_head_kv, a->head_dim, scale, x->buf[outb], s->kv_scratch);
     return HM_OK;
 }
 

@@ -10,7 +10,6 @@
 #include <string.h>
 
 #include "core/alloc.h"
-#include "backend/cpu/cpu_kv_f32.h"
 #include "moe.h"
 #include "quant/quant.h"
 
@@ -537,8 +536,8 @@ void hm_model_state_free(void *kv, void *att_scratch, void *act, hm_scratch *scr
 
 void hm_model_kv_write(hm_pool *pool, hm_kv_type kv_type, char *kc, char *vc, int64_t n_ctx, int n_kv, int hd,
                        const float *k, const float *v, int64_t n, const int32_t *pos) {
-    if (kv_type == HM_KV_F32)
-        hm_kv_f32_write(pool, (float *)(void *)kc, (float *)(void *)vc, n_ctx, n_kv, hd, k, v, n, pos);
+    if (kv_type == HM_KV_F32) /* the general cache's write: a plain cache is the ring of n_ctx rows */
+        hm_cpu_kv_write_ring(pool, kc, vc, 4, n_ctx, n_kv, hd, k, v, n, pos);
     else
         hm_cpu_kv_write(pool, (uint16_t *)(void *)kc, (uint16_t *)(void *)vc, n_ctx, n_kv, hd, k, v, n, pos);
 }
@@ -546,9 +545,8 @@ void hm_model_kv_write(hm_pool *pool, hm_kv_type kv_type, char *kc, char *vc, in
 void hm_model_attention(hm_pool *pool, hm_kv_type kv_type, const float *q, int64_t n, const int32_t *pos,
                         const char *kc, const char *vc, int64_t n_ctx, int n_head, int n_kv, int hd, float scale,
                         float *out, float *att_scratch, hm_scratch *scratch) {
-    if (kv_type == HM_KV_F32)
-        hm_kv_f32_attention(pool, q, n, pos, (const float *)(const void *)kc, (const float *)(const void *)vc, n_ctx,
-                            n_head, n_kv, hd, scale, out, att_scratch);
+    if (kv_type == HM_KV_F32) /* the general cache's attention over n_ctx rows, no window */
+        hm_cpu_attention_ring(pool, q, n, pos, kc, vc, 4, n_ctx, 0, n_head, n_kv, hd, scale, out, att_scratch);
     else
         hm_cpu_attention(pool, q, n, pos, (const uint16_t *)(const void *)kc, (const uint16_t *)(const void *)vc,
                          n_ctx, n_head, n_kv, hd, scale, out, scratch);

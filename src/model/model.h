@@ -285,7 +285,7 @@ static inline char *hm_model_kv_layer(void *kv, size_t layer_elems, size_t es, i
 void hm_model_kv_write(hm_pool *pool, hm_kv_type kv_type, char *kc, char *vc, int64_t n_ctx, int n_kv, int hd,
                        const float *k, const float *v, int64_t n, const int32_t *pos);
 /* Causal GQA attention of q [n, n_head * hd] over a cache of kv_type into out; f32 uses
- * att_scratch (hm_kv_f32_scratch_floats), f16 scratch. */
+ * att_scratch (hm_cpu_attention_ring_scratch_floats), f16 scratch. */
 void hm_model_attention(hm_pool *pool, hm_kv_type kv_type, const float *q, int64_t n, const int32_t *pos,
                         const char *kc, const char *vc, int64_t n_ctx, int n_head, int n_kv, int hd, float scale,
                         float *out, float *att_scratch, hm_scratch *scratch);

@@ -1,7 +1,7 @@
 /* cpu_attn.c - causal GQA attention over the f16 KV cache, and the cache writes.
  *
  * The tiled kernel at the end of this file (blocks of queries share every K/V conversion, online
- * softmax, ring caches and windows) runs the ring caches' prefill (hm_gemma_attention). The plain
+ * softmax, ring caches and windows) runs the ring caches' prefill (hm_cpu_attention_ring). The plain
  * cache keeps the per-query kernels below for every batch: on the dev box both run pp512 after 4096
  * positions of qwen3-30b-a3b's attention at the same rate (`bench_cpu_ops -t 2`: 113 and 112
  * GFLOP/s), since the grouped path already shares each conversion over a GQA group's heads and

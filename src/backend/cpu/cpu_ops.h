@@ -122,14 +122,41 @@ void hm_cpu_attention(hm_pool *pool, const float *q, int64_t n_tok, const int32_
                       const uint16_t *k_cache, const uint16_t *v_cache, int64_t n_ctx, int n_head,
                       int n_kv_head, int head_dim, float scale, float *out, hm_scratch *scratch);
 
+/* ---- the general cache (cpu_attn_ring.c): f16 or f32, ring or plain, windowed or not ---- */
+
+/* Ring-buffer KV (one layer): k_cache, v_cache: [n_kv_head][cap][head_dim] of f16 or f32;
+ * position p lives in row p % cap. A full cache is the case cap >= every position (row = p). A
+ * sliding layer of window W evaluated in micro-batches of up to U tokens needs cap >= W + U - 1:
+ * then writing a batch never overwrites a row that one of its own queries still reads. */
+
+/* Write n_tok K/V rows (f32 in, f16 or f32 in the cache: elem_size 2 or 4) at rows pos[t] % cap.
+ *   k, v: [n_tok, n_kv_head * head_dim]. */
+void hm_cpu_kv_write_ring(hm_pool *pool, void *k_cache, void *v_cache, size_t elem_size, int64_t cap,
+                          int n_kv_head, int head_dim, const float *k, const float *v, int64_t n_tok,
+                          const int32_t *pos);
+
+/* Scratch floats for hm_cpu_attention_ring over a cache of cap rows on n_threads (and, for the tiled
+ * prefill path it sends f16 batches to, at least hm_cpu_attn_tiled_scratch_floats of the layer's
+ * shape: the caller takes the larger). */
+size_t hm_cpu_attention_ring_scratch_floats(int64_t cap, int n_threads);
+
+/* Causal GQA attention: query t (position pos[t], its K/V written) attends to positions
+ * max(0, pos[t] - window + 1) .. pos[t] (window 0 = all), read from rows p % cap; q head h uses kv
+ * head h / (n_head / n_kv_head). softmax(scale * q.k) in f32 with max subtraction.
+ *   q, out: [n_tok, n_head * head_dim] (out must not alias q); scratch: see above. */
+void hm_cpu_attention_ring(hm_pool *pool, const float *q, int64_t n_tok, const int32_t *pos,
+                           const void *k_cache, const void *v_cache, size_t elem_size, int64_t cap,
+                           int32_t window, int n_head, int n_kv_head, int head_dim, float scale,
+                           float *out, float *scratch);
+
 /* Prefill attention in tiles (cpu_attn.c): blocks of 8 queries of one kv head walk their visible
  * keys 16 at a time, each K/V block converted to f32 once for all of their rows, with an online
  * softmax (running max and sum; no score buffer over the context). The contract of
- * hm_gemma_attention over an f16 cache: positions p at rows p % cap, query t sees max(0, pos[t] -
+ * hm_cpu_attention_ring over an f16 cache: positions p at rows p % cap, query t sees max(0, pos[t] -
  * window + 1) .. pos[t] (window 0: every position; then pos[t] < cap). Deterministic for any
  * thread count. It takes batches of HM_CPU_ATTN_TILED_MIN+ queries with head_dim % 16 == 0 up to
  * 512 and at most 64 q heads per kv head, on AVX-512 builds (hm_cpu_attn_tiled_takes); ws: its
- * scratch floats. hm_gemma_attention sends such batches here (hm_cpu_attention keeps its per-query
+ * scratch floats. hm_cpu_attention_ring sends such batches here (hm_cpu_attention keeps its per-query
  * kernels: faster on a plain cache, cpu_attn.c says why). */
 #define HM_CPU_ATTN_TILED_MIN 16
 bool hm_cpu_attn_tiled_takes(int64_t n_tok, int n_head, int n_kv_head, int head_dim);

@@ -1,0 +1,133 @@
+/* cpu_attn_ring.c - the CPU's general KV cache and attention: f16 or f32 rows, position p at row
+ * p % cap (a sliding-window layer's ring; cap >= every position: a plain cache), a window or
+ * none. Every cache but the plain f16 one goes through here: gemma4's sliding and global layers,
+ * and the exact f32 cache (--kv-type f32) of every arch. Plain loops over (token, head) items,
+ * each output computed by one thread in a fixed order (thread-count independent); f16 prefill
+ * batches go to the tiled kernel (cpu_attn.c). */
+#include <math.h>
+#include <string.h>
+
+#include "core/alloc.h"
+#include "core/fp16.h"
+#include "core/status.h"
+#include "cpu_ops.h"
+
+static void split(int64_t n, int ith, int nth, int64_t *lo, int64_t *hi) {
+    *lo = n * ith / nth;
+    *hi = n * (ith + 1) / nth;
+}
+
+typedef struct {
+    char *kc, *vc;
+    const float *k, *v, *q;
+    float *out, *scratch;
+    const int32_t *pos;
+    size_t es;
+    int64_t cap, n_tok;
+    int32_t window;
+    int n_head, n_kv_head, head_dim;
+    float scale;
+} kv_ctx;
+
+static void store_row(char *dst, size_t es, const float *src, int n) {
+    if (es == 4) {
+        memcpy(dst, src, (size_t)n * sizeof(float));
+    } else {
+        uint16_t *d = (uint16_t *)(void *)dst;
+        for (int i = 0; i < n; i++) d[i] = hm_f32_to_fp16(src[i]);
+    }
+}
+
+static void kv_write_task(void *p, int ith, int nth) {
+    const kv_ctx *c = p;
+    int64_t lo, hi;
+    split(c->n_tok * c->n_kv_head, ith, nth, &lo, &hi);
+    for (int64_t i = lo; i < hi; i++) {
+        const int64_t t = i / c->n_kv_head, h = i % c->n_kv_head;
+        const size_t row = (size_t)h * (size_t)c->cap + (size_t)(c->pos[t] % c->cap);
+        const size_t off = row * (size_t)c->head_dim * c->es, src = (size_t)i * (size_t)c->head_dim;
+        store_row(c->kc + off, c->es, c->k + src, c->head_dim);
+        store_row(c->vc + off, c->es, c->v + src, c->head_dim);
+    }
+}
+
+void hm_cpu_kv_write_ring(hm_pool *pool, void *k_cache, void *v_cache, size_t elem_size, int64_t cap,
+                          int n_kv_head, int head_dim, const float *k, const float *v, int64_t n_tok,
+                          const int32_t *pos) {
+    HM_ASSERT((elem_size == 2 || elem_size == 4) && cap > 0);
+    for (int64_t t = 0; t < n_tok; t++) HM_ASSERT(pos[t] >= 0);
+    kv_ctx c = {.kc = k_cache, .vc = v_cache, .k = k, .v = v, .pos = pos, .es = elem_size, .cap = cap,
+                .n_tok = n_tok, .n_kv_head = n_kv_head, .head_dim = head_dim};
+    hm_pool_run(pool, kv_write_task, &c);
+}
+
+size_t hm_cpu_attention_ring_scratch_floats(int64_t cap, int n_threads) {
+    return (size_t)n_threads * hm_align_up((uint64_t)cap, 16);
+}
+
+static void attn_task(void *p, int ith, int nth) {
+    const kv_ctx *c = p;
+    const int d = c->head_dim;
+    float *sc = c->scratch + (size_t)ith * hm_align_up((uint64_t)c->cap, 16);
+    int64_t lo, hi;
+    split(c->n_tok * c->n_head, ith, nth, &lo, &hi);
+    for (int64_t i = lo; i < hi; i++) {
+        const int64_t t = i / c->n_head;
+        const int h = (int)(i % c->n_head), g = h / (c->n_head / c->n_kv_head);
+        const float *qv = c->q + (size_t)i * (size_t)d;
+        const size_t base = (size_t)g * (size_t)c->cap;
+        const int64_t p1 = c->pos[t];
+        int64_t p0 = c->window > 0 ? p1 - c->window + 1 : 0;
+        if (p0 < 0) p0 = 0;
+        HM_ASSERT(p1 - p0 < c->cap);
+        float m = -INFINITY;
+        for (int64_t s = p0; s <= p1; s++) {
+            const size_t row = (base + (size_t)(s % c->cap)) * (size_t)d;
+            float acc = 0;
+            if (c->es == 4) {
+                const float *kr = (const float *)(const void *)c->kc + row;
+                for (int j = 0; j < d; j++) acc += qv[j] * kr[j];
+            } else {
+                const uint16_t *kr = (const uint16_t *)(const void *)c->kc + row;
+                for (int j = 0; j < d; j++) acc += qv[j] * hm_fp16_to_f32(kr[j]);
+            }
+            sc[s - p0] = acc * c->scale;
+            if (sc[s - p0] > m) m = sc[s - p0];
+        }
+        float *o = c->out + (size_t)i * (size_t)d;
+        memset(o, 0, (size_t)d * sizeof(float));
+        double sum = 0;
+        for (int64_t s = p0; s <= p1; s++) {
+            const size_t row = (base + (size_t)(s % c->cap)) * (size_t)d;
+            const float e = expf(sc[s - p0] - m);
+            sum += e;
+            if (c->es == 4) {
+                const float *vr = (const float *)(const void *)c->vc + row;
+                for (int j = 0; j < d; j++) o[j] += e * vr[j];
+            } else {
+                const uint16_t *vr = (const uint16_t *)(const void *)c->vc + row;
+                for (int j = 0; j < d; j++) o[j] += e * hm_fp16_to_f32(vr[j]);
+            }
+        }
+        const float inv = (float)(1.0 / sum);
+        for (int j = 0; j < d; j++) o[j] *= inv;
+    }
+}
+
+void hm_cpu_attention_ring(hm_pool *pool, const float *q, int64_t n_tok, const int32_t *pos,
+                           const void *k_cache, const void *v_cache, size_t elem_size, int64_t cap,
+                           int32_t window, int n_head, int n_kv_head, int head_dim, float scale,
+                           float *out, float *scratch) {
+    HM_ASSERT(n_kv_head > 0 && n_head % n_kv_head == 0 && (elem_size == 2 || elem_size == 4));
+    if (elem_size == 2 && hm_cpu_attn_tiled_takes(n_tok, n_head, n_kv_head, head_dim)) {
+        hm_cpu_attention_tiled(pool, q, n_tok, pos, k_cache, v_cache, cap, window, n_head, n_kv_head, head_dim, scale,
+                               out, scratch);
+        return;
+    }
+    kv_ctx c = {.kc = (char *)k_cache, .vc = (char *)v_cache, .q = q, .out = out, .scratch = scratch, .pos = pos,
+                .es = elem_size, .cap = cap, .n_tok = n_tok, .window = window, .n_head = n_head,
+                .n_kv_head = n_kv_head, .head_dim = head_dim, .scale = scale};
+    hm_pool_run(pool, attn_task, &c);
+}
+
+/* ---- GELU-gated experts ---- */
