@@ -132,9 +132,7 @@ void hm_moe_route_rows(const hm_model *m, int32_t layer, hm_moe_route *r, const 
 
 size_t hm_moe_compute_scratch_size(const hm_moe_route *r, int64_t n_embd, int64_t n_ff, int n_threads) {
     size_t a = hm_cpu_moe_scratch_size(r->cap_tok, (int64_t)r->cap_tok * r->k, n_embd, n_ff, n_threads);
-    size_t b = hm_gemma_moe_scratch_size(r->cap_tok, n_embd, n_ff, n_threads);
     size_t c = hm_cpu_matmul_scratch_size(n_embd, r->cap_tok, n_threads); /* the prefetch's router */
-    a = a > b ? a : b;
     return a > c ? a : c;
 }
 
@@ -147,19 +145,15 @@ void hm_moe_compute(hm_pool *pool, const hm_moe_weights *mw, hm_moe_route *r, co
         j->w = r->w + r->start[i];
         j->n_tok = r->start[i + 1] - r->start[i];
     }
-    if (mw->act == HM_MOE_ACT_GELU)
-        hm_gemma_moe(pool, r->jobs, r->n_units, x, r->n_tok, mw->n_embd, mw->n_ff, out, scratch);
-    else
-        hm_cpu_moe(pool, r->jobs, r->n_units, x, r->n_tok, mw->n_embd, mw->n_ff, out, scratch);
+    hm_cpu_moe_act(pool, mw->act == HM_MOE_ACT_GELU ? HM_CPU_ACT_GELU : HM_CPU_ACT_SILU, r->jobs, r->n_units, x,
+                   r->n_tok, mw->n_embd, mw->n_ff, out, scratch);
 }
 
 static void run_jobs(hm_pool *pool, const hm_moe_weights *mw, const hm_moe_job *jobs, int32_t n_jobs,
                      const float *x, int32_t n_tok, float *out, hm_scratch *scratch) {
     if (n_jobs <= 0) return;
-    if (mw->act == HM_MOE_ACT_GELU)
-        hm_gemma_moe(pool, jobs, n_jobs, x, n_tok, mw->n_embd, mw->n_ff, out, scratch);
-    else
-        hm_cpu_moe(pool, jobs, n_jobs, x, n_tok, mw->n_embd, mw->n_ff, out, scratch);
+    hm_cpu_moe_act(pool, mw->act == HM_MOE_ACT_GELU ? HM_CPU_ACT_GELU : HM_CPU_ACT_SILU, jobs, n_jobs, x, n_tok,
+                   mw->n_embd, mw->n_ff, out, scratch);
 }
 
 void hm_moe_job_from_parts(const hm_moe_weights *mw, const hm_unit_parts *p, hm_moe_job *j) {

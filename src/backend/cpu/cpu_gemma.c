@@ -1,6 +1,7 @@
-/* cpu_gemma.c - the Gemma ops of cpu_gemma.h. Plain loops split over rows / (token, head) items;
- * the GELU-gated experts reuse the matmul op per expert. Not tuned: correctness first. */
+/* cpu_gemma.c - the Gemma ops of cpu_gemma.h. Plain loops split over rows / (token, pair) items.
+ * Not tuned: correctness first. */
 #include "cpu_gemma.h"
+#include "cpu_impl.h"
 
 #include <math.h>
 #include <string.h>
@@ -23,16 +24,11 @@ typedef struct {
     float c;
 } ew_ctx;
 
-static inline float gelu_tanh(float x) {
-    const float k = 0.7978845608028654f; /* sqrt(2/pi) */
-    return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
-}
-
 static void gelu_mul_task(void *p, int ith, int nth) {
     const ew_ctx *c = p;
     int64_t lo, hi;
     split(c->n, ith, nth, &lo, &hi);
-    for (int64_t i = lo; i < hi; i++) c->o[i] = gelu_tanh(c->a[i]) * c->b[i];
+    for (int64_t i = lo; i < hi; i++) c->o[i] = hm_gelu_tanh(c->a[i]) * c->b[i];
 }
 
 void hm_gemma_gelu_mul(hm_pool *pool, const float *g, const float *u, float *out, int64_t n) {
@@ -89,47 +85,4 @@ void hm_gemma_rope_neox(hm_pool *pool, float *x, int64_t n_tok, int n_head, int 
     rope_ctx c = {.x = x, .pos = pos, .ff = ff, .n_tok = n_tok, .n_head = n_head, .head_dim = head_dim,
                   .n_rot = n_rot, .theta = theta_base};
     hm_pool_run(pool, rope_task, &c);
-}
-
-static size_t max_sz(size_t a, size_t b) { return a > b ? a : b; }
-
-size_t hm_gemma_moe_scratch_size(int64_t n_batch, int64_t n_embd, int64_t n_ff, int n_threads) {
-    const size_t mm = hm_align_up(hm_cpu_matmul_scratch_size(n_embd > n_ff ? n_embd : n_ff, n_batch, n_threads),
-                                  HM_ALIGN);
-    const size_t xe = hm_align_up((size_t)n_batch * (size_t)n_embd * sizeof(float), HM_ALIGN);
-    const size_t xf = hm_align_up((size_t)n_batch * (size_t)n_ff * sizeof(float), HM_ALIGN);
-    return max_sz(mm, 64) + 2 * xe + 2 * xf;
-}
-
-void hm_gemma_moe(hm_pool *pool, const hm_moe_job *jobs, int n_jobs, const float *x, int64_t n_batch,
-                  int64_t n_embd, int64_t n_ff, float *out, hm_scratch *scratch) {
-    const int nth = hm_pool_size(pool) > 0 ? hm_pool_size(pool) : 1;
-    HM_ASSERT(scratch->size >= hm_gemma_moe_scratch_size(n_batch, n_embd, n_ff, nth));
-    const size_t mm = max_sz(hm_align_up(hm_cpu_matmul_scratch_size(n_embd > n_ff ? n_embd : n_ff, n_batch, nth),
-                                         HM_ALIGN), 64);
-    const size_t xe = hm_align_up((size_t)n_batch * (size_t)n_embd * sizeof(float), HM_ALIGN);
-    const size_t xf = hm_align_up((size_t)n_batch * (size_t)n_ff * sizeof(float), HM_ALIGN);
-    char *base = scratch->data;
-    hm_scratch ms = {base, mm};
-    float *xj = (float *)(void *)(base + mm), *yj = (float *)(void *)(base + mm + xe);
-    float *gj = (float *)(void *)(base + mm + 2 * xe), *uj = (float *)(void *)(base + mm + 2 * xe + xf);
-    for (int j = 0; j < n_jobs; j++) {
-        const hm_moe_job *jb = &jobs[j];
-        const int64_t nt = jb->n_tok;
-        if (nt <= 0) continue;
-        HM_ASSERT(nt <= n_batch && jb->gate.ne0 == n_embd && jb->gate.ne1 == n_ff && jb->down.ne1 == n_embd);
-        for (int64_t i = 0; i < nt; i++)
-            memcpy(xj + i * n_embd, x + (size_t)jb->tok[i] * (size_t)n_embd, (size_t)n_embd * sizeof(float));
-        const hm_mat *ws[2] = {&jb->gate, &jb->up};
-        float *const ys[2] = {gj, uj};
-        hm_cpu_matmul_n(pool, ws, 2, xj, nt, ys, &ms);
-        hm_gemma_gelu_mul(pool, gj, uj, gj, nt * n_ff);
-        hm_cpu_matmul(pool, &jb->down, gj, nt, yj, &ms);
-        for (int64_t i = 0; i < nt; i++) {
-            float *o = out + (size_t)jb->tok[i] * (size_t)n_embd;
-            const float *y = yj + i * n_embd;
-            const float w = jb->w[i];
-            for (int64_t e = 0; e < n_embd; e++) o[e] += w * y[e];
-        }
-    }
 }

@@ -1,7 +1,7 @@
 /* cpu_gemma.h - CPU ops that Gemma-style models need beyond cpu_ops.h: GELU (tanh form), logit
  * soft-capping, NEOX RoPE with per-pair frequency factors (Gemma 4's "proportional" RoPE; also
- * RoPE scaling's), and the routed experts with a GELU gate. Its ring-buffer KV cache and attention
- * are the CPU's general ones (cpu_ops.h, cpu_attn_ring.c).
+ * RoPE scaling's). Its ring-buffer KV cache and attention are the CPU's general ones (cpu_ops.h,
+ * cpu_attn_ring.c), its GELU-gated experts the MoE op's (hm_cpu_moe_act).
  *
  * Same conventions as cpu_ops.h: row-major f32 activations, every op takes the engine's pool
  * (NULL = calling thread) and splits its work ith/nth; each output element is computed by one
@@ -27,14 +27,5 @@ void hm_gemma_softcap(hm_pool *pool, float *x, int64_t n, float cap);
  * the pair unrotated). Elements n_rot..head_dim-1 are left as is. ggml_rope_ext's semantics. */
 void hm_gemma_rope_neox(hm_pool *pool, float *x, int64_t n_tok, int n_head, int head_dim, int n_rot,
                         const int32_t *pos, float theta_base, const float *ff);
-
-/* Scratch bytes for hm_gemma_moe (up to n_batch tokens). */
-size_t hm_gemma_moe_scratch_size(int64_t n_batch, int64_t n_embd, int64_t n_ff, int n_threads);
-
-/* As hm_cpu_moe with a GELU-tanh gate: out[t] += sum over jobs j, pairs i with tok = t:
- * w_i * down_j(gelu_tanh(gate_j(x_t)) * up_j(x_t)). x, out: [n_batch, n_embd]; jobs in order, each
- * job's tokens gathered, computed with the matmul op, then added in pair order (deterministic). */
-void hm_gemma_moe(hm_pool *pool, const hm_moe_job *jobs, int n_jobs, const float *x, int64_t n_batch,
-                  int64_t n_embd, int64_t n_ff, float *out, hm_scratch *scratch);
 
 #endif

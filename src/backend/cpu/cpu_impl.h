@@ -73,6 +73,11 @@ static inline float hm_dot_f32(const float *a, const float *b, int64_t n) {
 }
 
 static inline float hm_silu(float x) { return x / (1.0f + expf(-x)); }
+/* GELU, tanh form (PyTorch's gelu approximate="tanh"), scalar in every build: Gemma's experts */
+static inline float hm_gelu_tanh(float x) {
+    const float k = 0.7978845608028654f; /* sqrt(2/pi) */
+    return 0.5f * x * (1.0f + tanhf(k * (x + 0.044715f * x * x * x)));
+}
 
 #ifdef HM_CPU_AVX512
 /* e^x for 16 lanes, relative error < 2e-7 (range reduction by ln 2, degree-6 Taylor on

@@ -89,6 +89,10 @@ size_t hm_cpu_moe_scratch_size(int64_t n_batch, int64_t n_pairs, int64_t n_embd,
  * threads. The sum into out runs in job order, then pair order: deterministic for any nth. */
 void hm_cpu_moe(hm_pool *pool, const hm_moe_job *jobs, int n_jobs, const float *x, int64_t n_batch,
                 int64_t n_embd, int64_t n_ff, float *out, hm_scratch *scratch);
+/* The same with the activation named: SiLU (hm_cpu_moe) or GELU-tanh (Gemma's experts). */
+typedef enum hm_cpu_act { HM_CPU_ACT_SILU = 0, HM_CPU_ACT_GELU = 1 } hm_cpu_act;
+void hm_cpu_moe_act(hm_pool *pool, hm_cpu_act act, const hm_moe_job *jobs, int n_jobs, const float *x,
+                    int64_t n_batch, int64_t n_embd, int64_t n_ff, float *out, hm_scratch *scratch);
 
 /* One token (n_batch == 1, one pair per job: decode) takes a path of static row ranges with two
  * barriers, bit-identical to the general one; false sends it through the general path (tests, A/B
