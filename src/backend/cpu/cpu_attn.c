@@ -1,12 +1,13 @@
-/* cpu_attn.c - causal GQA attention over the f16 KV cache, and the cache writes.
+/* cpu_attn.c - causal GQA attention over the plain f16 KV cache (the fast path), its cache write,
+ * and the tiled prefill kernel.
  *
  * The tiled kernel at the end of this file (blocks of queries share every K/V conversion, online
- * softmax, ring caches and windows) runs the ring caches' prefill (hm_cpu_attention_ring). The plain
- * cache keeps the per-query kernels below for every batch: on the dev box both run pp512 after 4096
+ * softmax, ring caches and windows) runs the f16 prefill batches of the general cache
+ * (hm_cpu_attention_ring, cpu_attn_ring.c, whose own per-query kernel is scalar). The plain cache
+ * keeps the per-query kernels below for every batch: on the dev box both run pp512 after 4096
  * positions of qwen3-30b-a3b's attention at the same rate (`bench_cpu_ops -t 2`: 113 and 112
  * GFLOP/s), since the grouped path already shares each conversion over a GQA group's heads and
- * both are bound by their FMAs' loads; the tiled kernel's gain is on the ring caches, whose
- * per-query kernel (cpu_gemma.c) is scalar.
+ * both are bound by their FMAs' loads.
  *
  * Work items are (query, kv head, KV split) on AVX-512 builds with head_dim % 16 == 0 (the
  * grouped path: the q heads of one kv head share each f16 -> f32 conversion of a 16-key K or V
