@@ -18,4 +18,9 @@ check "tokenize ' and the'" test "$("$EXE" tokenize -m "$m" -p " and the" --ids 
 check "run" "$EXE" run -m "$m" -p "the cat is" -n 4 -t 1 >"$tmp/run" 2>&1
 check "logits" "$EXE" logits -m "$m" --tokens 2,300,301 -o "$tmp/l.f32" -t 1 >/dev/null 2>&1
 check "logits size" test "$(stat -c %s "$tmp/l.f32")" = $((3 * 512 * 4))
+# inspect -c: the KV cache sessions allocate. gemma4-tiny: layers 0, 1 sliding (window 16, 2 kv
+# heads of 64: a ring of min(1000, 16 + 512) = 528 rows at the default -ub 512), layer 2 global
+# (1 kv head of 128, 1000 rows); K and V each, 2 bytes: 4 * (2*2*64*528 + 128*1000) = 1052672
+check "inspect -c on a sliding-window model" test "$(code "$EXE" inspect "$m" -c 1000 --json)" = 0
+check "inspect -c: the rings stop at window + ubatch" grep -q '"kv_bytes": 1052672' "$tmp/out"
 exit $fail
