@@ -12,8 +12,11 @@
  *   updated, the earlier output rescaled, P = exp(S - m) rounded to f16 and O += P V on the same
  *   mma, P fed straight from the accumulator registers (the C fragment of m16n8 is the A fragment
  *   of the next product).
- * At the end out = O / l. Everything happens in a fixed order: deterministic run to run. The
- * precision is that of f16 Q and P (NMSE ~1e-7 against exact attention, the tests bound it); the
+ * At the end out = O / l. When the grid would be small (few query blocks: a long context at
+ * -ub 512) each block's tiles are split over several blocks (grid.z), which write (m, l, O)
+ * partials that cuda_attn.cu's merge kernel combines in split order. Everything happens in a fixed
+ * order: deterministic run to run. The precision is that of f16 Q and P (NMSE 1e-8..1e-7 against
+ * exact attention, test_cuda_flash_gpu bounds it); the
  * exact f32 kernels of cuda_attn.cu / cuda_gemma.cu stay for decode and for HOTMOE_FLASH_ATTN=0.
  * Needs sm_80+ (m16n8k16 f16 mma, ldmatrix). */
 #include <climits>
