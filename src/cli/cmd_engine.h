@@ -280,6 +280,11 @@ static inline void cli_placement_env(hm_placement_opts *po) {
     }
 }
 
+/* The micro-batch -ub asks for (0 = 512) capped by -b, llama.cpp's logical batch (0 = none). */
+static inline int32_t cli_ubatch_capped(int32_t n_ubatch, int32_t n_batch) {
+    return n_batch > 0 && (n_ubatch == 0 ? 512 : n_ubatch) > n_batch ? n_batch : n_ubatch;
+}
+
 /* --split-mode none against the flags that name several devices: 0 fine, -1 refused (printed). */
 static inline int cli_split_check(const cli_engine *e, const hm_placement_opts *po) {
     if (!e->split_none || (po->n_tensor_split == 0 && po->n_vram_budgets <= 1)) return 0;
@@ -499,7 +504,7 @@ static inline hm_session *cli_open_session(const cli_engine *e, hm_model *m, int
     so.n_ctx = n_ctx;
     so.n_threads = e->n_threads;
     so.n_ubatch = e->n_ubatch;
-    if (e->n_batch > 0 && (so.n_ubatch == 0 ? 512 : so.n_ubatch) > e->n_batch) so.n_ubatch = e->n_batch;
+    so.n_ubatch = cli_ubatch_capped(so.n_ubatch, e->n_batch);
     so.kv_type = e->kv_type;
     hm_session *s = NULL;
     hm_err err;

@@ -144,7 +144,7 @@ int hm_cmd_serve(int argc, char **argv) {
             return 2;
         }
     }
-    if (n_batch > 0 && (o.n_ubatch == 0 ? 512 : o.n_ubatch) > n_batch) o.n_ubatch = n_batch;
+    o.n_ubatch = cli_ubatch_capped(o.n_ubatch, n_batch);
     const char *env_key = getenv("HOTMOE_API_KEY");
     if (!o.api_key && env_key) {
         if (!*env_key) { /* set but empty: the user meant a key; never serve open by mistake */

@@ -30,6 +30,12 @@
 
 namespace {
 
+/* The tile shape of a head dim, in one place for the launch and the split planning: output
+ * columns per block (two blocks share a 512-wide head) and keys per tile (fewer for wide heads, so
+ * the K tile fits beside Q in shared memory). */
+constexpr int fa_dv(int head_dim) { return head_dim > 256 ? 256 : head_dim; }
+constexpr int fa_bn(int head_dim) { return head_dim >= 256 ? 32 : 64; }
+
 __device__ __forceinline__ uint32_t smem_addr(const void *p) {
     return (uint32_t)__cvta_generic_to_shared(p);
 }
@@ -264,7 +270,7 @@ __global__ void __launch_bounds__(32 * FA_WARPS) k_flash(const float *__restrict
 #define FA_MAX_SPLIT 16
 #define FA_MIN_TILES 4
 static int flash_splits(const hm_cuda_ctx *c, int64_t n_tok, int n_head, int head_dim, int64_t n_keys) {
-    const int dz = head_dim > 256 ? 2 : 1, bn = head_dim >= 256 ? 32 : 64;
+    const int dz = head_dim / fa_dv(head_dim), bn = fa_bn(head_dim);
     const int64_t blocks = (n_tok + FA_BM - 1) / FA_BM * n_head * dz;
     const int64_t target = (int64_t)FA_BLOCKS_PER_SM * (c->n_sm > 0 ? c->n_sm : 1);
     int64_t s = (target + blocks - 1) / blocks;
@@ -333,10 +339,10 @@ hm_status hm_cuda_flash_attention(hm_cuda_ctx *c, const float *q, int64_t n_tok,
     if (!scratch || flash_part_bytes(n_tok, n_head, head_dim, ns) > scratch_size) ns = 1; /* no room: no split */
     float *part = (float *)scratch;
     switch (head_dim) {
-    case 64: return launch_flash<64, 64, 64>(c, q, n_tok, pos, k_cache, v_cache, cap, window, n_head, n_kv_head, scale, ns, part, out, err);
-    case 128: return launch_flash<128, 128, 64>(c, q, n_tok, pos, k_cache, v_cache, cap, window, n_head, n_kv_head, scale, ns, part, out, err);
-    case 256: return launch_flash<256, 256, 32>(c, q, n_tok, pos, k_cache, v_cache, cap, window, n_head, n_kv_head, scale, ns, part, out, err);
-    case 512: return launch_flash<512, 256, 32>(c, q, n_tok, pos, k_cache, v_cache, cap, window, n_head, n_kv_head, scale, ns, part, out, err);
+    case 64: return launch_flash<64, fa_dv(64), fa_bn(64)>(c, q, n_tok, pos, k_cache, v_cache, cap, window, n_head, n_kv_head, scale, ns, part, out, err);
+    case 128: return launch_flash<128, fa_dv(128), fa_bn(128)>(c, q, n_tok, pos, k_cache, v_cache, cap, window, n_head, n_kv_head, scale, ns, part, out, err);
+    case 256: return launch_flash<256, fa_dv(256), fa_bn(256)>(c, q, n_tok, pos, k_cache, v_cache, cap, window, n_head, n_kv_head, scale, ns, part, out, err);
+    case 512: return launch_flash<512, fa_dv(512), fa_bn(512)>(c, q, n_tok, pos, k_cache, v_cache, cap, window, n_head, n_kv_head, scale, ns, part, out, err);
     default:
         return hm_errf(err, HM_ERR_UNSUPPORTED, "flash attention: head_dim %d (takes 64, 128, 256, 512)", head_dim);
     }
