@@ -29,7 +29,7 @@
 #include "experts/profile.h"
 #include "gguf/gguf.h"
 #include "hotmoe.h"
-#include "model/moe.h"
+#include "exec/moe.h"
 #include "quant/quant.h"
 
 /* ---- the engine's routing, seen through hm_moe_route_build ---- */

@@ -1,4 +1,4 @@
-/* test_cuda_tier_gpu.c - the VRAM expert slot pool (backend/cuda/cuda_tier.h) on a real device.
+/* test_cuda_tier_gpu.c - the VRAM expert slot pool (experts/tier_vram.h) on a real device.
  *
  * Every check compares device bytes (downloaded) with the host bytes they were filled from:
  *  - slot size from a unit table (host only, also runs without a GPU);
@@ -41,7 +41,7 @@
 
 #include "backend/cuda/cuda_device.h"
 #include "backend/cuda/cuda_ops.h"
-#include "backend/cuda/cuda_tier.h"
+#include "experts/tier_vram.h"
 #include "cuda_test.h"
 #include "experts/experts.h"
 #include "experts/profile.h"

@@ -1,7 +1,7 @@
 /* test_experts_groups.c - slot groups in the expert store (experts.h: n_groups, one slot budget per
  * GPU, issue 11):
  *
- *   1. static placement with and without peer equals hm_gpu_plan_place_units (src/model/gpu_split.c,
+ *   1. static placement with and without peer equals hm_gpu_plan_place_units (src/exec/gpu_split.c,
  *      an independent implementation of the same rule) on random rankings, group sizes and layer
  *      splits, at open and again after a switch to lru and back (residents in the wrong group move);
  *   2. random walks (400 steps) of lru / online / static x peer / no peer x three group layouts,
@@ -19,7 +19,7 @@
 #include <string.h>
 
 #include "experts/experts.h"
-#include "model/gpu_split.h"
+#include "exec/gpu_split.h"
 #include "test.h"
 
 enum { MAX_SLOTS = 1024, MAX_UNITS = 1024 };

@@ -1,4 +1,4 @@
-/* test_gpu_split.c - the multi-GPU placement plan (model/gpu_split.h, issue 11), on the CPU:
+/* test_gpu_split.c - the multi-GPU placement plan (exec/gpu_split.h, issue 11), on the CPU:
  * parsing --vram-budget (one size, one per device, the seed's MiB env form) and -ts; llama.cpp's
  * layer split on cases derived by hand; the plan's devices, budgets and refusals; hot units placed
  * on the device of their layer first, overflow to the device with room (peer), never over budget.
@@ -12,7 +12,7 @@
  * below are worked out from that rule by hand (the float values where rounding decides). */
 #include <string.h>
 
-#include "model/gpu_split.h"
+#include "exec/gpu_split.h"
 #include "test.h"
 
 #define GIB ((int64_t)1 << 30)

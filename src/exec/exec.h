@@ -9,9 +9,9 @@
  *   - the CPU backend (exec_cpu.c): every op on the pool; several sequences in one pass
  *     (forward_multi: row-wise ops once over all rows, the K/V write and attention per sequence);
  *   - the CUDA backend (exec_cuda.c), op by op ("per-launch"), with the MoE split into hot units
- *     on the device and cold ones on the CPU threads (model/moe_cuda.c);
+ *     on the device and cold ones on the CPU threads (exec/moe_cuda.c);
  *   - the CUDA graph (exec_cuda.c): a decode step is the SAME description run once under stream
- *     capture and replayed (model/moe_graph_cuda.c); its MoE op publishes and joins instead;
+ *     capture and replayed (exec/moe_graph_cuda.c); its MoE op publishes and joins instead;
  *   - the upload pass (exec_upload_cuda.c): the description run once per layer at gpu_load, each
  *     op uploading the weights it names to the layer's device: no arch writes an upload list.
  * So an arch file holds its hparams, its tensor binding and this one description; nothing else.
@@ -33,7 +33,7 @@
 #include "backend/cpu/cpu_ops.h"
 #include "core/status.h"
 #include "model/model.h"
-#include "model/moe.h"
+#include "exec/moe.h"
 
 /* An activation buffer: an index into the arch's declared buffers. */
 typedef int32_t hm_buf;

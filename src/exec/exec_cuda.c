@@ -3,7 +3,7 @@
  * are where the upload pass put them (exec_upload_cuda.c: a map from host pointer and device to
  * the device copy). The dense part, the KV cache and the activations live on the device; the HOT
  * expert units in VRAM slots are computed there, the cold ones by the CPU threads at the same time
- * (model/moe.h, hm_moe_forward_gpu).
+ * (exec/moe.h, hm_moe_forward_gpu).
  *
  * Per layer the ops queue their launches on the layer's device. The MoE op, two ways:
  *   - prefill (n > 8): the layer's ONE host wait: the routing (ids + weights) and, when some unit
@@ -40,8 +40,8 @@
 #include "core/alloc.h"
 #include "backend/cuda/cuda_ops.h"
 #include "exec_cuda_impl.h"
-#include "model/gpu_chain.h"
-#include "model/model_gpu.h"
+#include "exec/gpu_chain.h"
+#include "exec/model_gpu.h"
 #include "quant/quant.h"
 
 /* Most rows of logits computed per output matmul (bounds the device logits buffer). */

@@ -14,7 +14,7 @@
 #include <string.h>
 
 #include "exec_cuda_impl.h"
-#include "model/model_gpu.h"
+#include "exec/model_gpu.h"
 #include "quant/quant.h"
 
 /* ---- the map: (host pointer, device) -> device copy, open addressing ---- */

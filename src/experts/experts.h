@@ -211,7 +211,7 @@ void hm_experts_get_stats(const hm_experts *s, hm_experts_stats *out);
  * slot of its home group, else (allow_peer) of the group with the most free slots (ties: the lower
  * group), else not at all. lru without peer evicts the least recently used evictable resident of
  * the unit's home group; online pairs each candidate with the lowest-valued resident whose slot it
- * may take; static places its ranked units as hm_gpu_plan_place_units (src/model/gpu_split.h)
+ * may take; static places its ranked units as hm_gpu_plan_place_units (src/exec/gpu_split.h)
  * does: home groups first, the rest of the hot set (peer) to the group with the most room. */
 int32_t hm_experts_n_groups(const hm_experts *s);                 /* 1 without groups */
 int32_t hm_experts_slot_group(const hm_experts *s, int64_t slot); /* group of a slot (0 without groups) */

@@ -35,7 +35,7 @@
 
 #include "exec/exec.h"
 #include "model.h"
-#include "moe.h"
+#include "exec/moe.h"
 
 typedef struct g4_layer {
     bool swa, moe;

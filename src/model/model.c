@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "core/alloc.h"
-#include "moe.h"
+#include "exec/moe.h"
 #include "quant/quant.h"
 
 extern const hm_arch hm_arch_gemma4; /* gemma4.c */

@@ -35,7 +35,7 @@
 #include "backend/cpu/cpu_deltanet.h"
 #include "exec/exec.h"
 #include "model.h"
-#include "moe.h"
+#include "exec/moe.h"
 #include "quant/quant.h"
 
 typedef struct q35_layer {

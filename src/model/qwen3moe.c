@@ -28,7 +28,7 @@
 
 #include "exec/exec.h"
 #include "model.h"
-#include "moe.h"
+#include "exec/moe.h"
 
 typedef struct q3_layer {
     const float *attn_norm, *q_norm, *k_norm, *ffn_norm; /* [n_embd], [hd], [hd], [n_embd] */

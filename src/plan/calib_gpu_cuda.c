@@ -11,7 +11,7 @@
 
 #include "backend/cuda/cuda_device.h"
 #include "backend/cuda/cuda_ops.h"
-#include "backend/cuda/cuda_tier.h"
+#include "experts/tier_vram.h"
 #include "calib.h"
 #include "core/timer.h"
 

@@ -27,7 +27,7 @@
 #include "experts/tier_ssd.h"
 #include "gguf/gguf.h"
 #include "hotmoe_tools.h"
-#include "model/gpu_split.h"
+#include "exec/gpu_split.h"
 #include "sim.h"
 
 /* Units the RAM tier reads at once: its io_uring holds 16 range reads (tier_ssd.c's default),
@@ -209,7 +209,7 @@ static hm_status eval_on_routing(plan *pl, int64_t slots, hm_policy_kind kind, p
 
 static const char *human(uint64_t b, char *buf, size_t cap);
 
-/* Several GPUs: the engine's plan (model/gpu_split.h) of the per-device budgets and -ts for this
+/* Several GPUs: the engine's plan (exec/gpu_split.h) of the per-device budgets and -ts for this
  * model, without free-memory figures (equal shares without -ts, as equal GPUs would have); each
  * device's units that fit; pl->slots and budget_bytes become the sum (the one-pool comparison). */
 static hm_status plan_gpus(plan *pl, hm_err *err) {

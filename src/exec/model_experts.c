@@ -26,10 +26,10 @@
 #include "core/alloc.h"
 #include "core/timer.h"
 #include "experts/profile.h"
-#include "model.h"
+#include "model/model.h"
 #include "model_gpu.h"
 #ifdef HM_HAVE_CUDA
-#include "backend/cuda/cuda_tier.h"
+#include "experts/tier_vram.h"
 #endif
 
 void hm_placement_opts_default(hm_placement_opts *o) {

@@ -1,4 +1,4 @@
-/* cuda_tier.c - the VRAM expert slot pool (cuda_tier.h): slots in device memory, filled by a
+/* tier_vram_cuda.c - the VRAM expert slot pool (tier_vram.h): slots in device memory, filled by a
  * copier thread through a ring of pinned staging buffers on the context's upload stream.
  *
  * fill() (engine thread) checks the request, gives the slot a new sequence number (want[slot]),
@@ -29,7 +29,7 @@
  * the slot ends with the bytes of its latest request. After a copy failure (a sticky error) the
  * copier copies nothing more, drains the FIFO, and fill / wait report the error; the slots it did
  * not finish never become ready, so the store keeps computing those units from RAM. */
-#include "backend/cuda/cuda_tier.h"
+#include "experts/tier_vram.h"
 
 #include <inttypes.h>
 #include <pthread.h>

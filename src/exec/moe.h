@@ -13,8 +13,8 @@
  * also exactly what usage statistics need (unit ids and token counts).
  *
  * No allocation after hm_moe_route_init: the buffers are sized for n_batch tokens at start. */
-#ifndef HM_MODEL_MOE_H
-#define HM_MODEL_MOE_H
+#ifndef HM_EXEC_MOE_H
+#define HM_EXEC_MOE_H
 
 #include <stdint.h>
 

@@ -21,11 +21,11 @@
 
 #include "backend/cuda/cuda_device.h"
 #include "backend/cuda/cuda_ops.h"
-#include "backend/cuda/cuda_tier.h"
+#include "experts/tier_vram.h"
 #include "core/alloc.h"
 #include "core/timer.h"
 #include "gpu_split.h"
-#include "model.h"
+#include "model/model.h"
 #include "model_gpu.h"
 #include "moe.h"
 #include "quant/quant.h"

@@ -6,7 +6,7 @@
 
 #include "backend/cuda/cuda_ops.h"
 #include "gpu_chain.h"
-#include "model.h"
+#include "model/model.h"
 #include "moe.h"
 
 hm_status hm_gpu_dstate_init(hm_gpu_dstate *d, const hm_model *m, const hm_state_opts *o, int32_t dev, int32_t l0,

@@ -10,7 +10,7 @@
 #include "backend/cpu/cpu_gemma.h"
 #include "core/alloc.h"
 #include "experts/tier_ram.h"
-#include "model.h"
+#include "model/model.h"
 
 hm_status hm_moe_route_init(hm_moe_route *r, int32_t n_expert, int32_t k, int32_t cap_tok, hm_err *err) {
     memset(r, 0, sizeof *r);

@@ -1,4 +1,4 @@
-/* cuda_tier.h - the VRAM expert slot pool: the expert store's hot tier on a CUDA device.
+/* tier_vram.h - the VRAM expert slot pool: the expert store's hot tier on a CUDA device.
  *
  * n_slots slots of slot_bytes each in device memory, taken in chunks of slots (one cudaMalloc per
  * chunk), so a pool that does not fit whole comes up smaller instead of failing: the caller reads
@@ -26,8 +26,8 @@
  * compute still reads it (the forward pass ends each step with a sync). A copy failure (CUDA) is
  * sticky: the copier copies nothing more, the unfinished slots never become ready (the store
  * keeps those units in RAM), and every later fill and wait returns the error. */
-#ifndef HM_BACKEND_CUDA_TIER_H
-#define HM_BACKEND_CUDA_TIER_H
+#ifndef HM_EXPERTS_TIER_VRAM_H
+#define HM_EXPERTS_TIER_VRAM_H
 
 #include <stdbool.h>
 #include <stdint.h>

@@ -5,7 +5,7 @@
  *   - dense weights (embeddings, attention, norms, routers, output) and each session's KV cache
  *     and activations: on the device, uploaded by the arch's gpu_load / state_open;
  *   - expert units: HOT ones in slots of gpu->vram (computed there in one grouped launch per
- *     layer), the rest computed by the CPU threads from RAM at the same time (model/moe_cuda.c).
+ *     layer), the rest computed by the CPU threads from RAM at the same time (exec/moe_cuda.c).
  * How many slots, from the placement options (hm_model_gpu_open):
  *   --cpu-moe without a budget: none;  --n-cpu-moe N without a budget: every unit of layers >= N
  *   (layer placement, exactly llama.cpp's split);  -ngl alone: every unit;  --vram-budget B: B
@@ -30,8 +30,8 @@
  * Lifetime: opened in hm_model_experts_open before the store (which borrows gpu->hot), closed in
  * hm_model_experts_close after it. Only built with CUDA (model_gpu_cuda.c); without it, asking
  * for the GPU is HM_ERR_UNSUPPORTED "built without CUDA". */
-#ifndef HM_MODEL_GPU_H
-#define HM_MODEL_GPU_H
+#ifndef HM_EXEC_MODEL_GPU_H
+#define HM_EXEC_MODEL_GPU_H
 
 #include <stdbool.h>
 #include <stddef.h>

@@ -13,7 +13,7 @@
 #include <string.h>
 
 #include "backend/cuda/cuda_ops.h"
-#include "model.h"
+#include "model/model.h"
 #include "model_gpu.h"
 #include "moe.h"
 

@@ -23,8 +23,8 @@
  * result back), or stay on the CPU when peer placement is off. Invariants of
  * hm_gpu_plan_place_units: no device over its slots, every unit at most once, a unit's own device
  * before any other, and no colder unit in VRAM while a hotter one that could go there stays out. */
-#ifndef HM_MODEL_GPU_SPLIT_H
-#define HM_MODEL_GPU_SPLIT_H
+#ifndef HM_EXEC_GPU_SPLIT_H
+#define HM_EXEC_GPU_SPLIT_H
 
 #include <stdbool.h>
 #include <stdint.h>

@@ -27,9 +27,9 @@
 
 #include "backend/cpu/cpu_gemma.h"
 #include "backend/cuda/cuda_ops.h"
-#include "backend/cuda/cuda_tier.h"
+#include "experts/tier_vram.h"
 #include "core/timer.h"
-#include "model.h"
+#include "model/model.h"
 #include "model_gpu.h"
 #include "moe.h"
 #include "quant/quant.h"
