@@ -722,8 +722,8 @@ static void test_attention(void) {
 
 /* ---- grouped MoE ---- */
 
-static void test_moe_case(int gate_type, int down_type, int64_t n_batch, int n_units, int k, int64_t n_ff) {
-    const int64_t n_embd = 512;
+static void test_moe_case_w(int gate_type, int down_type, int64_t n_batch, int n_units, int k, int64_t n_embd,
+                            int64_t n_ff) {
     tmat *g = xmalloc(sizeof(tmat) * (size_t)n_units), *u = xmalloc(sizeof(tmat) * (size_t)n_units),
          *dn = xmalloc(sizeof(tmat) * (size_t)n_units);
     hm_cuda_moe_unit *mu = xmalloc(sizeof(hm_cuda_moe_unit) * (size_t)n_units);
@@ -798,6 +798,10 @@ static void test_moe_case(int gate_type, int down_type, int64_t n_batch, int n_u
     free(x); free(out0); free(out); free(out2); free(ref); free(hbuf);
 }
 
+static void test_moe_case(int gate_type, int down_type, int64_t n_batch, int n_units, int k, int64_t n_ff) {
+    test_moe_case_w(gate_type, down_type, n_batch, n_units, k, 512, n_ff);
+}
+
 static void test_moe(void) {
     test_moe_case(HM_TYPE_Q4_K, HM_TYPE_Q6_K, 1, 9, 4, 256);   /* decode */
     test_moe_case(HM_TYPE_Q4_K, HM_TYPE_Q6_K, 5, 9, 3, 256);
@@ -809,6 +813,9 @@ static void test_moe(void) {
     /* Gemma-4 26B-A4B's expert width 704 (not a multiple of 256: the down part is Q5_0 / Q8_0) */
     test_moe_case(HM_TYPE_Q4_K, HM_TYPE_Q5_0, 3, 7, 2, 704);
     test_moe_case(HM_TYPE_Q4_K, HM_TYPE_Q8_0, 12, 4, 2, 704);
+    /* gpt-oss's width 2880 (a multiple of 32, not of 256): MXFP4 and Q8_0 experts, n_embd = n_ff */
+    test_moe_case_w(HM_TYPE_MXFP4, HM_TYPE_MXFP4, 3, 5, 2, 2880, 2880);
+    test_moe_case_w(HM_TYPE_Q8_0, HM_TYPE_Q8_0, 11, 4, 2, 2880, 2880);
 }
 
 /* ---- fused decode ops: the same results as the ops they fuse ---- */
@@ -948,8 +955,8 @@ static void test_matvec_multi(void) {
 
 /* The device-routed MoE: router-shaped ids/weights [n_tok, k] on the device, a slot table with
  * some experts cold (NULL: skipped); against a double reference over the hot pairs. */
-static void test_moe_dev_case(int gate_type, int down_type, int64_t n_tok, int n_expert, int k, int64_t n_ff) {
-    const int64_t n_embd = 512;
+static void test_moe_dev_case_w(int gate_type, int down_type, int64_t n_tok, int n_expert, int k, int64_t n_embd,
+                                int64_t n_ff) {
     tmat *g = xmalloc(sizeof(tmat) * (size_t)n_expert), *u = xmalloc(sizeof(tmat) * (size_t)n_expert),
          *dn = xmalloc(sizeof(tmat) * (size_t)n_expert);
     hm_cuda_moe_slot *slots = xmalloc(sizeof(hm_cuda_moe_slot) * (size_t)n_expert);
@@ -1050,6 +1057,10 @@ static void test_moe_dev_case(int gate_type, int down_type, int64_t n_tok, int n
     free(x); free(out0); free(out); free(out2); free(ref); free(hbuf);
 }
 
+static void test_moe_dev_case(int gate_type, int down_type, int64_t n_tok, int n_expert, int k, int64_t n_ff) {
+    test_moe_dev_case_w(gate_type, down_type, n_tok, n_expert, k, 512, n_ff);
+}
+
 static void test_moe_dev(void) {
     test_moe_dev_case(HM_TYPE_Q4_K, HM_TYPE_Q6_K, 1, 12, 4, 256); /* decode */
     test_moe_dev_case(HM_TYPE_Q4_K, HM_TYPE_Q6_K, 5, 12, 3, 256);
@@ -1060,6 +1071,9 @@ static void test_moe_dev(void) {
     /* Gemma-4 26B-A4B's expert width 704 (not a multiple of 256): Q4_K gate/up, Q5_0 / Q8_0 down */
     test_moe_dev_case(HM_TYPE_Q4_K, HM_TYPE_Q5_0, 1, 12, 4, 704);
     test_moe_dev_case(HM_TYPE_Q4_K, HM_TYPE_Q8_0, 3, 9, 3, 704);
+    /* gpt-oss's width 2880: MXFP4 experts (the f32 paths: no Q8_K blocks of 256 in a row) */
+    test_moe_dev_case_w(HM_TYPE_MXFP4, HM_TYPE_MXFP4, 1, 8, 4, 2880, 2880);
+    test_moe_dev_case_w(HM_TYPE_Q8_0, HM_TYPE_MXFP4, 4, 8, 4, 2880, 2880);
 }
 
 /* ---- errors are statuses ---- */

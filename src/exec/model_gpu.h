@@ -120,8 +120,8 @@ typedef struct hm_gpu {
     uint64_t pinned_bytes;
     int32_t n_cpu_moe;          /* layer placement: units of layers >= this are all HOT; -1 = off */
     const char *no_gpu_experts; /* set by gpu_load when the GPU kernels cannot compute this model's
-                                   expert units (why: hm_moe_gpu_unfit, e.g. "n_embd is not a multiple
-                                   of 256"): then no slots are taken and every unit runs on the CPU */
+                                   expert units (why: hm_moe_gpu_unfit, e.g. "an expert tensor type
+                                   the CUDA kernels do not compute"): then no slots are taken and every unit runs on the CPU */
 } hm_gpu;
 
 /* Device index of layer il's dense part (il = n_layer: the output's). */

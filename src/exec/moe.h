@@ -170,7 +170,8 @@ bool hm_moe_gpu_all_hot(const struct hm_model *m, const hm_moe_weights *mw);
 
 /* Why the grouped GPU kernels cannot compute mw's units (a constant string for a warning), or
  * NULL when they can: gate and up of one type, every part's type on the CUDA backend, n_embd a
- * multiple of 256, n_ff a multiple of 32 and of the down part's block (Gemma-4 26B-A4B: 704). */
+ * multiple of 32 and of the gate/up block (gpt-oss: 2880), n_ff a multiple of 32 and of the down
+ * part's block (Gemma-4 26B-A4B: 704). */
 const char *hm_moe_gpu_unfit(const hm_moe_weights *mw);
 
 /* out_dev += the route's units of x (see above). Requires m->gpu, no SSD tier (m->ram NULL).

@@ -38,9 +38,11 @@ const char *hm_moe_gpu_unfit(const hm_moe_weights *mw) {
     if (mw->act != HM_MOE_ACT_SILU && mw->act != HM_MOE_ACT_GELU) return "an activation the CUDA kernels do not compute";
     if (mw->gate.type != mw->up.type || !hm_cuda_type_ok(mw->gate.type) || !hm_cuda_type_ok(mw->down.type))
         return "an expert tensor type the CUDA kernels do not compute";
-    /* the kernels take widths in multiples of 32 and of each part's block; n_embd stays at 256
-     * (the K-quant block every target model's gate/up has) until a small width is tested */
-    if (mw->n_embd % 256) return "n_embd is not a multiple of 256";
+    /* what the grouped kernels take (cuda_moe.cu, moe_widths_ok): widths in multiples of 32 (a
+     * lane's groups of 8, float4 rows) and of each part's block; the int8 paths that need rows of
+     * whole Q8_K blocks only run for the K-quants, whose block is 256 anyway (gpt-oss: 2880) */
+    if (mw->n_embd % 32 || mw->n_embd % hm_type_get(mw->gate.type)->blck_size)
+        return "n_embd is not a multiple of 32 and of the gate/up parts' block";
     if (mw->n_ff % 32 || mw->n_ff % hm_type_get(mw->down.type)->blck_size)
         return "n_ff is not a multiple of 32 and of the down part's block";
     return NULL;
