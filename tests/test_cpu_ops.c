@@ -710,6 +710,165 @@ static void test_router(void) {
     free(logits);
 }
 
+/* The routing spec (backend/route_spec.h). First a case derived by hand: 8 experts in 4 groups of
+ * 2, sigmoid scores, a bias that bars expert 4 (the highest score), 2 groups kept, k 2, norm, scale
+ * 2.5. s = sigmoid(l): .5 .7311 .8808 .2689 .9526 .6225 .1192 .8176; c4 = .9526 - 2 = -1.0474.
+ * Group scores (the two largest c, with a bias): 1.2311, 1.1497, -.4249, .9368: groups 0 and 1 stay,
+ * experts 0..3. Top 2 of c there: 2 (.8808) then 1 (.7311); weights s2, s1 over their sum, x 2.5. */
+static double sigm_d(double v) { return 1.0 / (1.0 + exp(-v)); }
+
+static void test_route_hand(void) {
+    const float l[8] = {0.0f, 1.0f, 2.0f, -1.0f, 3.0f, 0.5f, -2.0f, 1.5f};
+    const float bias[8] = {0, 0, 0, 0, -2.0f, 0, 0, 0};
+    const hm_route_spec sp = {.n_expert = 8, .k = 2, .score = HM_ROUTE_SIGMOID, .norm = true, .scale = 2.5f,
+                              .n_group = 4, .topk_group = 2};
+    CHECK(hm_route_spec_invalid(&sp) == NULL);
+    int32_t id[2];
+    float w[2];
+    hm_cpu_route(&sp, l, 1, bias, NULL, NULL, id, w);
+    CHECKF(id[0] == 2 && id[1] == 1, "hand route ids %d %d, expected 2 1", id[0], id[1]);
+    const double s2 = sigm_d(2.0), s1 = sigm_d(1.0);
+    CHECK_NEAR(w[0], 2.5 * s2 / (s2 + s1), 1e-6);
+    CHECK_NEAR(w[1], 2.5 * s1 / (s2 + s1), 1e-6);
+    /* without groups expert 7 (c .8176) beats 1; without the bias too, 4 is first */
+    hm_route_spec ng = sp;
+    ng.n_group = 0;
+    hm_cpu_route(&ng, l, 1, bias, NULL, NULL, id, w);
+    CHECKF(id[0] == 2 && id[1] == 7, "no groups: ids %d %d, expected 2 7", id[0], id[1]);
+    hm_cpu_route(&ng, l, 1, NULL, NULL, NULL, id, w);
+    CHECKF(id[0] == 4 && id[1] == 2, "no bias: ids %d %d, expected 4 2", id[0], id[1]);
+    /* gpt-oss: top 2 of the logits (4, 2), weights softmax(3, 2) = e/(e+1), 1/(e+1) */
+    const hm_route_spec gt = {.n_expert = 8, .k = 2, .score = HM_ROUTE_SOFTMAX_TOPK};
+    hm_cpu_route(&gt, l, 1, NULL, NULL, NULL, id, w);
+    CHECKF(id[0] == 4 && id[1] == 2, "softmax_topk: ids %d %d", id[0], id[1]);
+    CHECK_NEAR(w[0], exp(1.0) / (exp(1.0) + 1.0), 1e-6);
+    CHECK_NEAR(w[1], 1.0 / (exp(1.0) + 1.0), 1e-6);
+    /* hash-routed: token 1's row of the table, weights sqrt(softplus(l)) at those ids, normalised */
+    const int32_t table[3 * 2] = {0, 1, 6, 3, 5, 5};
+    const int32_t tok[2] = {1, 2};
+    int32_t id2[4];
+    float w2[4];
+    const hm_route_spec hs = {.n_expert = 8, .k = 2, .score = HM_ROUTE_SQRT_SOFTPLUS, .norm = true};
+    float l2[16];
+    memcpy(l2, l, sizeof l);
+    memcpy(l2 + 8, l, sizeof l);
+    hm_cpu_route(&hs, l2, 2, bias, table, tok, id2, w2);
+    CHECKF(id2[0] == 6 && id2[1] == 3 && id2[2] == 5 && id2[3] == 5, "hash ids %d %d %d %d", id2[0], id2[1], id2[2],
+           id2[3]);
+    const double a = sqrt(log1p(exp(-2.0))), b = sqrt(log1p(exp(-1.0)));
+    CHECK_NEAR(w2[0], a / (a + b), 1e-6);
+    CHECK_NEAR(w2[1], b / (a + b), 1e-6);
+    CHECK_NEAR(w2[2], 0.5, 1e-6);
+    /* invalid specs are named */
+    hm_route_spec bad = sp;
+    bad.topk_group = 0;
+    CHECK(hm_route_spec_invalid(&bad) != NULL);
+    bad = sp;
+    bad.n_group = 3; /* 8 % 3 */
+    CHECK(hm_route_spec_invalid(&bad) != NULL);
+    bad = sp;
+    bad.topk_group = 1;
+    bad.k = 3; /* one group of 2 holds fewer than 3 */
+    CHECK(hm_route_spec_invalid(&bad) != NULL);
+}
+
+/* Every spec on random logits against an independent reference: scores in double, the choice by a
+ * full ranking (sort by c descending, id ascending) over the allowed experts. */
+typedef struct { double c; int e; } rank_ent;
+static int rank_cmp(const void *pa, const void *pb) {
+    const rank_ent *a = pa, *b = pb;
+    if (a->c != b->c) return a->c > b->c ? -1 : 1;
+    return a->e - b->e;
+}
+
+static void route_ref(const hm_route_spec *sp, const float *l, const float *bias, int32_t *id, double *w) {
+    const int ne = sp->n_expert, k = sp->k;
+    double s[256], c[256];
+    double m = -INFINITY, z = 0;
+    for (int e = 0; e < ne; e++) m = l[e] > m ? l[e] : m;
+    for (int e = 0; e < ne; e++) z += exp(l[e] - m);
+    for (int e = 0; e < ne; e++) {
+        const double v = l[e];
+        s[e] = sp->score == HM_ROUTE_SOFTMAX ? exp(v - m) / z
+               : sp->score == HM_ROUTE_SIGMOID ? sigm_d(v)
+               : sp->score == HM_ROUTE_SQRT_SOFTPLUS ? sqrt(v > 20 ? v : log1p(exp(v)))
+                                                     : v;
+        c[e] = s[e] + (bias ? bias[e] : 0.0);
+    }
+    bool ok[256];
+    for (int e = 0; e < ne; e++) ok[e] = true;
+    if (sp->n_group > 1) {
+        const int gs = ne / sp->n_group;
+        rank_ent gr[32];
+        for (int g = 0; g < sp->n_group; g++) {
+            rank_ent in[256];
+            for (int i = 0; i < gs; i++) in[i] = (rank_ent){c[g * gs + i], i};
+            qsort(in, (size_t)gs, sizeof in[0], rank_cmp);
+            gr[g] = (rank_ent){bias && gs > 1 ? in[0].c + in[1].c : in[0].c, g};
+        }
+        qsort(gr, (size_t)sp->n_group, sizeof gr[0], rank_cmp);
+        for (int e = 0; e < ne; e++) ok[e] = false;
+        for (int i = 0; i < sp->topk_group; i++)
+            for (int j = 0; j < gs; j++) ok[gr[i].e * gs + j] = true;
+    }
+    rank_ent all[256];
+    int n = 0;
+    for (int e = 0; e < ne; e++)
+        if (ok[e]) all[n++] = (rank_ent){c[e], e};
+    qsort(all, (size_t)n, sizeof all[0], rank_cmp);
+    double sum = 0, mx = -INFINITY;
+    for (int i = 0; i < k; i++) {
+        id[i] = all[i].e;
+        w[i] = s[all[i].e];
+        mx = w[i] > mx ? w[i] : mx;
+    }
+    if (sp->score == HM_ROUTE_SOFTMAX_TOPK) {
+        for (int i = 0; i < k; i++) sum += (w[i] = exp(w[i] - mx));
+        for (int i = 0; i < k; i++) w[i] /= sum;
+    } else if (sp->norm) {
+        for (int i = 0; i < k; i++) sum += w[i];
+        for (int i = 0; i < k; i++) w[i] /= sum;
+    }
+    for (int i = 0; i < k; i++) w[i] *= sp->scale == 0.0f ? 1.0 : sp->scale;
+}
+
+static void test_route_random(void) {
+    const hm_route_spec specs[] = {
+        {.n_expert = 128, .k = 8, .score = HM_ROUTE_SOFTMAX, .norm = true},
+        {.n_expert = 256, .k = 8, .score = HM_ROUTE_SIGMOID, .norm = true, .scale = 2.5f, .n_group = 8, .topk_group = 4},
+        {.n_expert = 256, .k = 6, .score = HM_ROUTE_SQRT_SOFTPLUS, .norm = true, .scale = 1.5f},
+        {.n_expert = 128, .k = 4, .score = HM_ROUTE_SOFTMAX_TOPK},
+        {.n_expert = 160, .k = 6, .score = HM_ROUTE_SOFTMAX, .norm = false, .n_group = 8, .topk_group = 3},
+    };
+    enum { NT = 40 };
+    float *l = malloc(sizeof(float) * NT * 256), bias[256];
+    fill(l, NT * 256, 3.0f);
+    fill(bias, 256, 0.5f);
+    for (size_t si = 0; si < sizeof specs / sizeof specs[0]; si++)
+        for (int wb = 0; wb < 2; wb++) {
+            const hm_route_spec *sp = &specs[si];
+            CHECK(hm_route_spec_invalid(sp) == NULL);
+            int32_t id[NT * 8];
+            float w[NT * 8];
+            hm_cpu_route(sp, l, NT, wb ? bias : NULL, NULL, NULL, id, w);
+            int bad = 0;
+            double maxd = 0;
+            for (int t = 0; t < NT; t++) {
+                int32_t rid[8];
+                double rw[8];
+                route_ref(sp, l + t * sp->n_expert, wb ? bias : NULL, rid, rw);
+                for (int i = 0; i < sp->k; i++) {
+                    bad += id[t * sp->k + i] != rid[i];
+                    const double d = fabs(w[t * sp->k + i] - rw[i]) / (fabs(rw[i]) + 1e-30);
+                    maxd = d > maxd ? d : maxd;
+                }
+            }
+            CHECKF(bad == 0 && maxd < 1e-5, "route spec %zu bias %d: %d ids differ, max rel weight error %.2e", si, wb,
+                   bad, maxd);
+        }
+    free(l);
+}
+
 static void test_get_rows(hm_pool **pools) {
     const int64_t ne0 = 512, ne1 = 50;
     int32_t ids[40];
@@ -751,6 +910,8 @@ int main(void) {
     }
     test_rows(pools);
     test_router();
+    test_route_hand();
+    test_route_random();
     test_get_rows(pools);
     for (int p = 0; p < 3; p++) hm_pool_close(pools[p]);
     return test_done();

@@ -14,6 +14,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "backend/cpu/cpu_ops.h"
 #include "backend/cuda/cuda_device.h"
 #include "backend/cuda/cuda_ops.h"
 #include "core/fp16.h"
@@ -603,6 +604,59 @@ static void test_router(void) {
         test_router_case(2, 33, 1, 0, kern);
         test_router_case(2, 8, 8, 0, kern);     /* k = n_expert */
     }
+}
+
+/* The general routing spec (hm_cuda_route) against the CPU's hm_cpu_route (test_cpu_ops checks that
+ * one by hand and against a double reference): ids equal, weights within float rounding. With and
+ * without a bias, groups, every score; a hash-routed case; an exact tie in the choice. */
+static void test_route_spec_case(const hm_route_spec *sp, int64_t n_tok, bool with_bias, bool hashed) {
+    const int ne = sp->n_expert, k = sp->k, n_vocab = 50;
+    const int64_t nl = n_tok * ne;
+    float *lg = xmalloc(sizeof(float) * (size_t)nl), *bias = xmalloc(sizeof(float) * (size_t)ne);
+    fill(lg, nl, 1.5f); /* where the scores' slopes keep the CPU's and the GPU's expf from flipping a choice */
+    fill(bias, ne, 0.5f);
+    lg[2] = lg[ne - 1] = 40.0f; /* token 0: an exact tie at the top (lower id first) */
+    if (with_bias) bias[2] = bias[ne - 1] = 0.0f;
+    int32_t *table = xmalloc(sizeof(int32_t) * (size_t)(n_vocab * k)), *tok = xmalloc(sizeof(int32_t) * (size_t)n_tok);
+    for (int i = 0; i < n_vocab * k; i++) table[i] = (int32_t)((i * 37 + 11) % ne);
+    for (int64_t t = 0; t < n_tok; t++) tok[t] = (int32_t)((t * 13 + 5) % n_vocab);
+    int32_t *ids = xmalloc(sizeof(int32_t) * (size_t)(n_tok * k)), *rid = xmalloc(sizeof(int32_t) * (size_t)(n_tok * k));
+    float *wt = xmalloc(sizeof(float) * (size_t)(n_tok * k)), *rw = xmalloc(sizeof(float) * (size_t)(n_tok * k));
+    hm_cpu_route(sp, lg, n_tok, with_bias ? bias : NULL, hashed ? table : NULL, tok, rid, rw);
+    float *dl = dev_from(lg, sizeof(float) * (size_t)nl), *db = dev_from(bias, sizeof(float) * (size_t)ne);
+    int32_t *dt = dev_from(table, sizeof(int32_t) * (size_t)(n_vocab * k)), *dtok = dev_from(tok, sizeof(int32_t) * (size_t)n_tok);
+    int32_t *did = dev_zero(sizeof(int32_t) * (size_t)(n_tok * k));
+    float *dwt = dev_zero(sizeof(float) * (size_t)(n_tok * k));
+    CK(hm_cuda_route(ctx, sp, dl, n_tok, with_bias ? db : NULL, hashed ? dt : NULL, dtok, did, dwt, &err));
+    dev_to(ids, did, sizeof(int32_t) * (size_t)(n_tok * k));
+    dev_to(wt, dwt, sizeof(float) * (size_t)(n_tok * k));
+    int bad = 0;
+    double maxd = 0;
+    for (int64_t i = 0; i < n_tok * k; i++) {
+        bad += ids[i] != rid[i];
+        const double d = fabs((double)wt[i] - rw[i]) / (fabs(rw[i]) + 1e-30);
+        maxd = d > maxd ? d : maxd;
+    }
+    CHECKF(bad == 0 && maxd < 1e-5, "route score %d groups %d/%d k %d of %d bias %d hash %d: %d ids differ, weights %.2e",
+           (int)sp->score, sp->n_group, sp->topk_group, k, ne, with_bias, hashed, bad, maxd);
+    hm_cuda_free(ctx, dl); hm_cuda_free(ctx, db); hm_cuda_free(ctx, dt); hm_cuda_free(ctx, dtok);
+    hm_cuda_free(ctx, did); hm_cuda_free(ctx, dwt);
+    free(lg); free(bias); free(table); free(tok); free(ids); free(rid); free(wt); free(rw);
+}
+
+static void test_route_spec(void) {
+    const hm_route_spec specs[] = {
+        {.n_expert = 256, .k = 8, .score = HM_ROUTE_SIGMOID, .norm = true, .scale = 2.5f, .n_group = 8, .topk_group = 4},
+        {.n_expert = 256, .k = 6, .score = HM_ROUTE_SQRT_SOFTPLUS, .norm = true, .scale = 1.5f},
+        {.n_expert = 128, .k = 4, .score = HM_ROUTE_SOFTMAX_TOPK},
+        {.n_expert = 160, .k = 6, .score = HM_ROUTE_SOFTMAX, .norm = false, .n_group = 8, .topk_group = 3},
+        {.n_expert = 1024, .k = 32, .score = HM_ROUTE_SIGMOID, .norm = true, .n_group = 32, .topk_group = 2},
+        {.n_expert = 8, .k = 8, .score = HM_ROUTE_SOFTMAX, .norm = true},
+    };
+    for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++)
+        for (int b = 0; b < 2; b++) test_route_spec_case(&specs[i], 37, b, false);
+    test_route_spec_case(&specs[1], 37, true, true); /* DeepSeek-V4's hash-routed layers */
+    test_route_spec_case(&specs[2], 5, false, true);
 }
 
 /* ---- KV write and attention ---- */
@@ -1256,6 +1310,7 @@ int main(void) {
     test_rows_shapes();
     test_heads();
     test_router();
+    test_route_spec();
     hm_cuda_set_flash(ctx, false); /* the exact kernels (nmse 1e-10); flash: test_cuda_flash_gpu.c */
     test_attention();
     hm_cuda_set_flash(ctx, true);

@@ -145,6 +145,9 @@ void hm_exec_state_close(void *p) {
 
 hm_status hm_exec_state_open(const hm_model *m, const hm_state_opts *o, void **out, hm_err *err) {
     *out = NULL;
+    const hm_route_spec sp = hm_moe_route_spec(&m->xm->moe);
+    const char *bad = m->xm->moe.n_expert > 0 ? hm_route_spec_invalid(&sp) : NULL;
+    if (bad) return hm_errf(err, HM_ERR_UNSUPPORTED, "%s: the MoE routing cannot run: %s", m->arch->name, bad);
     hm_exec_state *s = calloc(1, sizeof *s);
     if (!s) return hm_errf(err, HM_ERR_NOMEM, "out of memory");
     s->arch = m->arch->name;

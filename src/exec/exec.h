@@ -40,21 +40,35 @@ typedef int32_t hm_buf;
 enum { HM_BUF_X = 0, HM_BUF_H = 1, HM_BUF_ARCH = 2 /* the arch's own from here */ };
 #define HM_EXEC_MAX_BUF 24
 
-/* How a MoE layer routes (the declarative MoE spec; what the router op and the expert kernels
- * read). Today's archs: softmax scores, top-k renormalised, SiLU or GELU experts. */
-typedef enum hm_moe_score { HM_MOE_SCORE_SOFTMAX = 0 } hm_moe_score;
+/* How a MoE layer routes (the declarative MoE spec; what the route op and the expert kernels
+ * read). The routing steps are backend/route_spec.h's (both backends implement them): softmax,
+ * sigmoid or sqrt-softplus scores (or a softmax over the chosen logits), an optional per-layer
+ * score bias that steers the choice, group-limited top-k, renormalisation, a routed scale, and
+ * hash-routed layers (experts from a token-id table). qwen3moe, qwen35moe and gemma4: softmax,
+ * top-k renormalised, SiLU or GELU experts (hm_moe_weights.act). */
 typedef struct hm_moe_spec {
-    int32_t n_expert, k; /* experts, routed per token */
-    int64_t n_ff;        /* an expert's hidden width */
-    hm_moe_score score;
-    bool norm_topk;      /* the k weights renormalised to sum 1 */
+    int32_t n_expert, k;     /* experts, routed per token */
+    int64_t n_ff;            /* an expert's hidden width */
+    hm_route_score score;    /* HM_ROUTE_SOFTMAX, _SIGMOID, _SQRT_SOFTPLUS, _SOFTMAX_TOPK */
+    bool norm_topk;          /* the k weights renormalised to sum 1 */
+    float routed_scale;      /* the weights times this after (0 or 1: none) */
+    int32_t n_group, topk_group; /* group-limited choice (n_group <= 1: none) */
 } hm_moe_spec;
+
+/* The backends' routing spec of a MoE spec. */
+static inline hm_route_spec hm_moe_route_spec(const hm_moe_spec *m) {
+    return (hm_route_spec){.n_expert = m->n_expert, .k = m->k, .score = m->score, .norm = m->norm_topk,
+                           .scale = m->routed_scale, .n_group = m->n_group, .topk_group = m->topk_group};
+}
 
 /* One layer's MoE block (borrowed from the arch's bound weights). */
 typedef struct hm_moe_layer {
     const hm_mat *router;          /* [n_expert x n_embd] */
     const hm_moe_weights *experts; /* the units (moe.h) */
     const float *expert_scale;     /* [n_expert] per-expert weight scale, NULL: none */
+    const float *score_bias;       /* [n_expert] added to the scores for the choice, NULL: none */
+    const int32_t *hash;           /* [n_vocab, k] a hash-routed layer's experts per token id, NULL:
+                                      routed by score (the router still gives the weights) */
 } hm_moe_layer;
 
 /* The shape of a Gated DeltaNet token mixer (qwen35moe's linear-attention layers): conv window d_conv
@@ -167,9 +181,9 @@ typedef struct hm_deltanet {
                                                   [rows, n_v d_v] */
 } hm_deltanet;
 hm_status hm_op_deltanet(hm_exec *x, int32_t il, hm_buf io, const hm_deltanet *p);
-/* Layer il's MoE block (xm->moe_layers[il], xm->moe) in two steps. route: the router on in, top-k
- * (renormalised per the spec), each weight times expert_scale[e] when the layer has one; the
- * routing recorded in the expert store. experts: the routed units of in summed into out. The GPU
+/* Layer il's MoE block (xm->moe_layers[il], xm->moe) in two steps. route: the router on in, the
+ * spec's choice and weights (a hash-routed layer: its table at each row's token), each weight times
+ * expert_scale[e] when the layer has one; the routing recorded in the expert store. experts: the routed units of in summed into out. The GPU
  * reads the experts' input from HM_BUF_H. hm_op_moe: both on one input. */
 hm_status hm_op_route(hm_exec *x, int32_t il, hm_buf in);
 hm_status hm_op_experts(hm_exec *x, int32_t il, hm_buf in, hm_buf out);

@@ -24,6 +24,8 @@ typedef struct cpu_pass {
     int32_t off[HM_FWD_MAX_SEQ], cnt[HM_FWD_MAX_SEQ]; /* each sequence's rows now */
     const int32_t *pos_in;                       /* [n] every row's position */
     const int32_t *pos;                          /* [nr] the carried rows' positions */
+    const int32_t *tok_in;                       /* [n] every row's token */
+    const int32_t *tok;                          /* [nr] the carried rows' tokens (hash routing) */
 } cpu_pass;
 
 static cpu_pass *cp(hm_exec *x) { return x->be; }
@@ -55,9 +57,10 @@ hm_status hm_exec_cpu_state_open(const hm_model *m, const hm_state_opts *o, hm_e
         dst[n++] = &s->buf[i];
         if (xm->buf_width[i] > widest) widest = xm->buf_width[i];
     }
-    const size_t more[] = {U * NE, U * K, U * K, U * E, U, U, U, U};
+    const size_t more[] = {U * NE, U * K, U * K, U * E, U, U, U, U, U};
     float **more_dst[] = {&s->rlog,          &s->rw,           (float **)&s->rid,     &s->hout,
-                          (float **)&s->pos_out, (float **)&s->tok_all, (float **)&s->pos_all, (float **)&s->row_out};
+                          (float **)&s->pos_out, (float **)&s->tok_all, (float **)&s->pos_all, (float **)&s->row_out,
+                          (float **)&s->tok_out};
     _Static_assert(sizeof more / sizeof more[0] == sizeof more_dst / sizeof more_dst[0], "activation table");
     for (size_t i = 0; i < sizeof more / sizeof more[0]; i++) {
         sizes[n] = more[i];
@@ -164,12 +167,16 @@ static hm_status c_out_rows(hm_exec *x, int32_t il, const hm_buf *bufs, const in
         x->done = true;
         return HM_OK;
     }
-    for (int64_t i = 0; i < x->n_out; i++) s->pos_out[i] = c->pos_in[s->row_out[i]];
+    for (int64_t i = 0; i < x->n_out; i++) {
+        s->pos_out[i] = c->pos_in[s->row_out[i]];
+        s->tok_out[i] = c->tok_in[s->row_out[i]];
+    }
     for (int i = 0; i < n; i++)
         hm_model_compact_rows(x->buf[bufs[i]], widths ? widths[i] : x->xm->buf_width[bufs[i]], s->row_out,
                               (int32_t)x->n_out);
     x->nr = x->n_out;
     c->pos = s->pos_out;
+    c->tok = s->tok_out;
     for (int i = 0, o = 0; i < c->n_seq; o += c->cnt[i], i++) {
         c->off[i] = o;
         c->cnt[i] = c->seqs[i].b.n_out;
@@ -197,8 +204,9 @@ static hm_status c_route(hm_exec *x, int32_t il, hm_buf in) {
     const hm_exec_model *xm = x->xm;
     const hm_moe_layer *L = &xm->moe_layers[il];
     hm_cpu_matmul(x->pool, L->router, x->buf[in], x->nr, s->rlog, &s->scratch);
-    hm_moe_route_rows(x->m, il, &s->route, s->rlog, x->nr, xm->moe.n_expert, xm->moe.k, L->expert_scale, s->rid,
-                      s->rw);
+    const hm_route_spec sp = hm_moe_route_spec(&xm->moe);
+    hm_moe_route_rows(x->m, il, &s->route, &sp, s->rlog, x->nr, L->score_bias, L->hash, cp(x)->tok, L->expert_scale,
+                      s->rid, s->rw);
     return HM_OK;
 }
 
@@ -387,6 +395,7 @@ hm_status hm_exec_cpu_forward(const hm_model *m, hm_exec_state *work, hm_pool *p
     const int32_t *tokens = n_seq > 1 ? s->tok_all : seqs[0].b.tokens;
     c.pos_in = n_seq > 1 ? s->pos_all : seqs[0].b.pos;
     c.pos = c.pos_in;
+    c.tok_in = c.tok = tokens;
 
     hm_exec x = {.m = m, .xm = xm, .ops = &cpu_ops, .pool = pool, .err = err, .n = n, .nr = n, .n_out = n_out,
                  .be = &c};

@@ -346,7 +346,6 @@ static hm_status g_qk_norm_rope_kv(hm_exec *x, int32_t il, const hm_qk_rope *p) 
 }
 
 static hm_status g_out_rows(hm_exec *x, int32_t il, const hm_buf *bufs, const int64_t *widths, int n) {
-    (void)il;
     gpu_pass *p = gp(x);
     const hm_fwd_batch *b = p->b;
     if (x->n_out == 0) {
@@ -356,6 +355,13 @@ static hm_status g_out_rows(hm_exec *x, int32_t il, const hm_buf *bufs, const in
     /* the wanted rows only from here (as the CPU's compaction; out_rows ascend, so copying forward
      * never overwrites a row still to be read) */
     hm_cuda_ctx *c = p->g->ds.c;
+    if (x->xm->moe_layers[il].hash) /* the wanted rows' tokens for the hash-routed choice */
+        for (int64_t r = 0; r < x->n_out; r++) {
+            if (b->out_rows[r] == r) continue;
+            int32_t *t = p->g->ds.ints;
+            hm_status st = hm_cuda_copy(c, t + r, t + b->out_rows[r], sizeof(int32_t), x->err);
+            if (st != HM_OK) return st;
+        }
     for (int i = 0; i < n; i++) {
         const size_t w = (size_t)(widths ? widths[i] : x->xm->buf_width[bufs[i]]);
         float *a = x->buf[bufs[i]];
@@ -392,6 +398,21 @@ static int32_t *routing_of(hm_exec *x, int32_t il, float **w_d) {
     return ids_d;
 }
 
+/* Layer L's router logits g->rlog (x->nr rows) into ids/w by the spec: the plain spec on the tuned
+ * router, every other on the general one (the bias and hash table on the device from the upload
+ * pass; the rows' tokens at the front of ds.ints, compacted by g_out_rows where a table needs them). */
+static hm_status route_dev(hm_exec *x, const hm_moe_layer *L, int32_t *ids, float *w) {
+    hm_xdev *g = gp(x)->g;
+    const hm_exec_model *xm = x->xm;
+    const hm_route_spec sp = hm_moe_route_spec(&xm->moe);
+    if (hm_route_spec_plain(&sp) && !L->score_bias && !L->hash)
+        return hm_cuda_router(g->ds.c, g->rlog, x->nr, xm->moe.n_expert, xm->moe.k, xm->moe.norm_topk, ids, w,
+                              x->err);
+    const float *bias = L->score_bias ? dw(x, L->score_bias)->v : NULL;
+    const int32_t *hash = L->hash ? (const int32_t *)dw(x, L->hash)->v : NULL;
+    return hm_cuda_route(g->ds.c, &sp, g->rlog, x->nr, bias, hash, g->ds.ints, ids, w, x->err);
+}
+
 static hm_status g_route(hm_exec *x, int32_t il, hm_buf in) {
     hm_xdev *g = gp(x)->g;
     const hm_exec_model *xm = x->xm;
@@ -402,8 +423,7 @@ static hm_status g_route(hm_exec *x, int32_t il, hm_buf in) {
     float *w_d;
     int32_t *ids_d = routing_of(x, il, &w_d);
     hm_status st = mm(c, dw(x, L->router->data), x->buf[in], x->nr, g->rlog, x->err);
-    if (st == HM_OK)
-        st = hm_cuda_router(c, g->rlog, x->nr, xm->moe.n_expert, K, xm->moe.norm_topk, ids_d, w_d, x->err);
+    if (st == HM_OK) st = route_dev(x, L, ids_d, w_d);
     if (st == HM_OK && L->expert_scale)
         st = hm_cuda_scale_by_id(c, w_d, ids_d, dw(x, L->expert_scale)->v, (int64_t)nk, x->err);
     return st;
@@ -432,9 +452,7 @@ static hm_status g_experts(hm_exec *x, int32_t il, hm_buf in, hm_buf out) {
          * moves little in one layer), its ids down with this layer's routing */
         const hm_moe_layer *N = &xm->moe_layers[il + 1];
         if ((st = mm(c, dw(x, N->router->data), x->buf[in], x->nr, g->rlog, x->err)) != HM_OK) return st;
-        if ((st = hm_cuda_router(c, g->rlog, x->nr, xm->moe.n_expert, K, xm->moe.norm_topk, g->pred,
-                                 (float *)(g->pred + nk), x->err)) != HM_OK)
-            return st;
+        if ((st = route_dev(x, N, g->pred, (float *)(g->pred + nk))) != HM_OK) return st;
         if ((st = hm_cuda_download_async(c, g->pred_h, g->pred, nk * sizeof(int32_t), x->err)) != HM_OK) return st;
         next_mw = N->experts;
         next_ids = g->pred_h;

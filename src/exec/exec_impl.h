@@ -80,6 +80,7 @@ typedef struct hm_exec_state {
     int32_t *rid;           /* [U, k] routed experts */
     float *hout;            /* [U, n_embd] rows whose logits are wanted */
     int32_t *pos_out;       /* [U] positions of those rows */
+    int32_t *tok_out;       /* [U] their tokens */
     int32_t *tok_all, *pos_all, *row_out; /* [U] forward_multi: the sequences' tokens, positions and
                                              wanted rows (batch indexes), concatenated */
     hm_moe_route route;

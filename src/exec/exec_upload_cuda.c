@@ -219,6 +219,9 @@ static hm_status u_route(hm_exec *x, int32_t il, hm_buf in) {
     (void)in;
     const hm_moe_layer *L = &x->xm->moe_layers[il];
     hm_status st = up_mat(x, L->router);
+    if (st == HM_OK) st = up_vec(x, L->score_bias, x->xm->moe.n_expert);
+    /* the hash table's int32 ids travel as 4-byte words, as the vectors do */
+    if (st == HM_OK) st = up_vec(x, (const float *)L->hash, (int64_t)x->xm->n_vocab * x->xm->moe.k);
     return st == HM_OK ? up_vec(x, L->expert_scale, x->xm->moe.n_expert) : st;
 }
 

@@ -120,9 +120,11 @@ hm_status hm_moe_bind(const hm_model *m, int32_t layer, int32_t n_expert, int64_
     return st;
 }
 
-void hm_moe_route_rows(const hm_model *m, int32_t layer, hm_moe_route *r, const float *rlog, int64_t nr,
-                       int32_t n_expert, int32_t k, const float *expert_scale, int32_t *rid, float *rw) {
-    hm_cpu_router(rlog, nr, n_expert, k, true, rid, rw);
+void hm_moe_route_rows(const hm_model *m, int32_t layer, hm_moe_route *r, const hm_route_spec *sp,
+                       const float *rlog, int64_t nr, const float *bias, const int32_t *hash,
+                       const int32_t *tokens, const float *expert_scale, int32_t *rid, float *rw) {
+    const int32_t k = sp->k;
+    hm_cpu_route(sp, rlog, nr, bias, hash, tokens, rid, rw);
     if (expert_scale)
         for (int64_t i = 0; i < nr * k; i++) rw[i] *= expert_scale[rid[i]];
     /* usage counts: the units this layer computes (only the wanted rows in the last layer) */

@@ -5,7 +5,7 @@
  * and ffn_down_exps {n_ff, n_embd, n_expert}: n_expert contiguous slabs, so unit e is three byte
  * ranges, base + e * nb2 for each of the three tensors (hm_moe_unit).
  *
- * A forward pass does, per MoE layer: router logits -> hm_cpu_router (top-k ids + weights per
+ * A forward pass does, per MoE layer: router logits -> hm_cpu_route (top-k ids + weights per
  * token) -> hm_moe_route_build (the (token, unit, weight) list grouped by unit) ->
  * hm_moe_compute (compute those units, accumulate into out). hm_moe_compute is the one place
  * that decides *how* a unit is computed; today every unit runs through the CPU backend's MoE op,
@@ -82,13 +82,15 @@ void hm_moe_route_free(hm_moe_route *r);
 /* Group a router's output (ids, weights: [n_tok, k]) by unit. n_tok <= cap_tok, ids < n_expert. */
 void hm_moe_route_build(hm_moe_route *r, const int32_t *ids, const float *weights, int32_t n_tok);
 
-/* A MoE layer's routing step on the CPU, as every arch does it: rid/rw [nr, k] = the top-k of
- * softmax(rlog [nr, n_expert]) renormalised (hm_cpu_router), each weight times expert_scale[e]
- * when given (Gemma 4's per-expert scale; NULL = none), the routed units recorded in m's expert
- * store (usage counts, when it has one), and r built from them for hm_moe_forward. */
+/* A MoE layer's routing step on the CPU, as every arch does it: rid/rw [nr, k] = the routing spec
+ * sp on rlog [nr, n_expert] (hm_cpu_route: bias, or hash with the rows' tokens, as there), each
+ * weight times expert_scale[e] when given (Gemma 4's per-expert scale; NULL = none), the routed
+ * units recorded in m's expert store (usage counts, when it has one), and r built from them for
+ * hm_moe_forward. */
 struct hm_model;
-void hm_moe_route_rows(const struct hm_model *m, int32_t layer, hm_moe_route *r, const float *rlog, int64_t nr,
-                       int32_t n_expert, int32_t k, const float *expert_scale, int32_t *rid, float *rw);
+void hm_moe_route_rows(const struct hm_model *m, int32_t layer, hm_moe_route *r, const hm_route_spec *sp,
+                       const float *rlog, int64_t nr, const float *bias, const int32_t *hash,
+                       const int32_t *tokens, const float *expert_scale, int32_t *rid, float *rw);
 
 /* Scratch bytes hm_moe_compute needs for this route's capacity. */
 size_t hm_moe_compute_scratch_size(const hm_moe_route *r, int64_t n_embd, int64_t n_ff, int n_threads);

@@ -139,7 +139,7 @@ static void g4_exec_model(g4_model *g) {
                           .n_kv_layer = g->n_layer, .attn_layers = g->attn_layers, .attn_ring = true,
                           .moe_layers = g->moe_layers,
                           .moe = {.n_expert = g->n_expert, .k = g->n_expert_used, .n_ff = g->n_ff_exp,
-                                  .score = HM_MOE_SCORE_SOFTMAX, .norm_topk = true}};
+                                  .score = HM_ROUTE_SOFTMAX, .norm_topk = true}};
     const int64_t w[G4_NBUF] = {[HM_BUF_X] = E, [HM_BUF_H] = E,   [G4_Q] = nq,  [G4_K] = nkv,
                                 [G4_V] = nkv,   [G4_ATT] = nq,    [G4_GT] = g->n_ff_max, [G4_UP] = g->n_ff_max,
                                 [G4_MO] = E,    [G4_E] = E};

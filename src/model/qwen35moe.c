@@ -160,7 +160,7 @@ static void q35_exec_model(q35_model *q) {
                                  .conv_dim = q->conv_dim},
                           .rs_slot = q->rs_slot, .n_rs_layer = q->n_recr, .moe_layers = q->moe_layers,
                           .moe = {.n_expert = q->n_expert, .k = q->n_expert_used, .n_ff = q->n_ff_exp,
-                                  .score = HM_MOE_SCORE_SOFTMAX, .norm_topk = true}};
+                                  .score = HM_ROUTE_SOFTMAX, .norm_topk = true}};
     const int64_t w[Q35_NBUF] = {[HM_BUF_X] = E,  [HM_BUF_H] = E, [Q35_MIX] = cd > 2 * nq ? cd : 2 * nq,
                                  [Q35_Q] = nq,    [Q35_GATE] = nq, [Q35_K] = nkv, [Q35_V] = nkv,
                                  [Q35_ATT] = nq > vdim ? nq : vdim, [Q35_CONV] = cd, [Q35_Z] = vdim,

@@ -85,7 +85,7 @@ static void q3_exec_model(q3_model *q) {
                           .n_buf = Q3_NBUF, .n_head = q->n_head, .n_head_kv = q->n_head_kv,
                           .head_dim = q->head_dim, .n_kv_layer = q->n_layer, .moe_layers = q->moe_layers,
                           .moe = {.n_expert = q->n_expert, .k = q->n_expert_used, .n_ff = q->n_ff_exp,
-                                  .score = HM_MOE_SCORE_SOFTMAX, .norm_topk = true}};
+                                  .score = HM_ROUTE_SOFTMAX, .norm_topk = true}};
     const int64_t w[Q3_NBUF] = {[HM_BUF_X] = E, [HM_BUF_H] = E, [Q3_Q] = nq, [Q3_K] = nkv, [Q3_V] = nkv,
                                 [Q3_ATT] = nq};
     memcpy(xm->buf_width, w, sizeof w);

@@ -1,4 +1,4 @@
-/* cpu_ops.c - the row and elementwise ops: norms, RoPE, softmax, router, embedding lookup.
+/* cpu_ops.c - the row and elementwise ops: norms, RoPE, softmax, embedding lookup.
  *
  * Each op splits rows (or element ranges) over the pool; small inputs run on the caller to
  * save the dispatch. Every output element is produced by one thread in a fixed order, so the
@@ -174,40 +174,6 @@ static void softmax_row(const row_ctx *c, int64_t r) { softmax_vec(c->out + r * 
 void hm_cpu_softmax(hm_pool *pool, float *x, int64_t n_rows, int64_t n) {
     row_ctx c = {.fn = softmax_row, .n_rows = n_rows, .n = n, .out = x};
     row_run(pool, &c, n_rows * n * 8);
-}
-
-/* ---- router ---- */
-
-void hm_cpu_router(const float *logits, int64_t n_tok, int n_expert, int k, bool renorm,
-                   int32_t *ids, float *weights) {
-    HM_ASSERT(k >= 1 && k <= n_expert && n_expert <= 1024);
-    float p[1024];
-    for (int64_t t = 0; t < n_tok; t++) {
-        memcpy(p, logits + t * n_expert, (size_t)n_expert * sizeof(float));
-        softmax_vec(p, n_expert);
-        int32_t *id = ids + t * k;
-        float *wt = weights + t * k;
-        /* insertion into a sorted top-k list: strict > keeps the lower id first on ties */
-        int n = 0;
-        for (int e = 0; e < n_expert; e++) {
-            float v = p[e];
-            if (n == k && !(v > wt[k - 1])) continue;
-            int j = n < k ? n++ : k - 1;
-            while (j > 0 && v > wt[j - 1]) {
-                wt[j] = wt[j - 1];
-                id[j] = id[j - 1];
-                j--;
-            }
-            wt[j] = v;
-            id[j] = e;
-        }
-        if (renorm) {
-            float s = 0.0f;
-            for (int j = 0; j < k; j++) s += wt[j];
-            float inv = 1.0f / s;
-            for (int j = 0; j < k; j++) wt[j] *= inv;
-        }
-    }
 }
 
 /* ---- embedding lookup ---- */

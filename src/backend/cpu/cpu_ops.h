@@ -20,6 +20,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "backend/route_spec.h"
 #include "core/threadpool.h"
 
 /* A weight matrix: ne1 rows of ne0 elements of `type` (ne0 a multiple of the block size), row r at
@@ -101,9 +102,16 @@ void hm_cpu_moe_set_one_token_path(bool on);
 
 /* Router: for each token, p = softmax(logits[t]) over n_expert, pick the k largest (ties: lower id
  * first, ids in descending p), weights = their p, divided by their sum when renorm.
- *   logits: [n_tok, n_expert];  ids, weights: [n_tok, k]. */
+ *   logits: [n_tok, n_expert];  ids, weights: [n_tok, k]. (hm_cpu_route with the plain spec.) */
 void hm_cpu_router(const float *logits, int64_t n_tok, int n_expert, int k, bool renorm,
                    int32_t *ids, float *weights);
+
+/* The routing spec (backend/route_spec.h, which says what each step computes) for n_tok tokens:
+ * bias [n_expert] or NULL; hash [n_vocab, k] with tokens [n_tok] for a hash-routed layer (ids from
+ * the table), else NULL. sp must be valid (hm_route_spec_invalid NULL), table ids < n_expert.
+ *   logits: [n_tok, n_expert];  ids, weights: [n_tok, k]. */
+void hm_cpu_route(const hm_route_spec *sp, const float *logits, int64_t n_tok, const float *bias,
+                  const int32_t *hash, const int32_t *tokens, int32_t *ids, float *weights);
 
 /* ---- attention -------------------------------------------------------------------------------- */
 

@@ -40,6 +40,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "backend/route_spec.h"
 #include "hotmoe.h"
 
 #ifdef __cplusplus
@@ -231,6 +232,14 @@ hm_status hm_cuda_moe_dev_act(hm_cuda_ctx *c, const hm_cuda_moe_slot *slots, int
  *   logits: [n_tok, n_expert];  ids, weights: [n_tok, k]. */
 hm_status hm_cuda_router(hm_cuda_ctx *c, const float *logits, int64_t n_tok, int n_expert, int k,
                          bool renorm, int32_t *ids, float *weights, hm_err *err);
+
+/* The routing spec (backend/route_spec.h) on the device (cuda_route.cu): bias [n_expert] or NULL;
+ * hash [n_vocab, k] and tokens [n_tok] (device) for a hash-routed layer, else NULL. Same choice as
+ * hm_cpu_route (ties: the lower id); weights within float rounding of it.
+ *   logits: [n_tok, n_expert];  ids, weights: [n_tok, k]. */
+hm_status hm_cuda_route(hm_cuda_ctx *c, const hm_route_spec *sp, const float *logits, int64_t n_tok,
+                        const float *bias, const int32_t *hash, const int32_t *tokens, int32_t *ids,
+                        float *weights, hm_err *err);
 
 /* ---- attention -------------------------------------------------------------------------------- */
 
