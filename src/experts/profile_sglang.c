@@ -63,12 +63,12 @@ hm_status hm_profile_sglang_parse(hm_profile *p, const json_t *root, const char 
     if (n_layer > HM_PROFILE_MAX_LAYER || n_expert > HM_PROFILE_MAX_EXPERT)
         return hm_errf(err, HM_ERR_FORMAT, "%s: logical_count is %" PRId64 " layers x %" PRId64 " experts (at most "
                        "%d x %d)", name, n_layer, n_expert, HM_PROFILE_MAX_LAYER, HM_PROFILE_MAX_EXPERT);
-    hm_status st = hm_profile_check_dims(x, n_layer, n_expert, name, err);
-    if (st) return st;
     if (x->n_layer && n_layer != x->n_layer)
         return hm_errf(err, HM_ERR_ARG, "%s: logical_count has %" PRId64 " rows but the model has %" PRId64 " layers "
                        "(SGLang keeps one row per decoder layer, num_hidden_layers, dense layers as zero rows)",
                        name, n_layer, x->n_layer);
+    hm_status st = hm_profile_check_dims(x, n_layer, n_expert, name, err);
+    if (st) return st;
     if ((st = hm_profile_init(p, (int32_t)n_layer, (int32_t)n_expert, err))) return st;
     for (size_t s = 0; s < n_steps; s++) {
         const json_t *ls = batched ? json_array_get(lc, s) : lc;
