@@ -32,6 +32,14 @@ if [ -f "$SEED" ]; then
     check "every placement carries each layer's load" test "$(jq --slurpfile s "$tmp/s.json" '[$s[0].logical_count[] | add] as $t | [.contiguous, .balanced, .eplb | [.layer_device_load[] | add] as $g | [range($t | length)] | all($g[.] - $t[.] | fabs < 1e-6)] | all' "$tmp/ep.json")" = true
     check "eplb beats contiguous" test "$(jq '.eplb.mean_imbalance >= 1 and .eplb.mean_imbalance < .contiguous.mean_imbalance and .balanced.mean_imbalance < .contiguous.mean_imbalance' "$tmp/ep.json")" = true
     echo "seed profile, --ep 8: contiguous $(jq .contiguous.mean_imbalance "$tmp/ep.json"), balanced $(jq .balanced.mean_imbalance "$tmp/ep.json"), eplb $(jq .eplb.mean_imbalance "$tmp/ep.json")"
+    # the file as SGLang's loader takes it (tools/check_sglang_expert_location.py; the tensor steps
+    # and the comparison with plan's loads need torch, without it the shape checks only)
+    if command -v python3 >/dev/null; then
+        check "SGLang loader check" python3 "$SRC/tools/check_sglang_expert_location.py" "$tmp/s.json" --num-layers 40 \
+            --num-experts 256 --ep-size 8 --redundant 8 --hotmoe-plan "$tmp/ep.json"
+        check "loader check: 48 layers is not this file" test "$(code python3 "$SRC/tools/check_sglang_expert_location.py" \
+            "$tmp/s.json" --num-layers 48 --num-experts 256)" = 1
+    fi
     check "plan --ep text" test "$(code "$EXE" plan --profile "$SEED" --ep 32)" = 0
     check "text names the SGLang flags" grep -q -- "--ep-num-redundant-experts 32" "$tmp/out"
     check "--ep 3 --ep-redundant 0 refused (256 % 3)" test "$(code "$EXE" plan --profile "$SEED" --ep 3 --ep-redundant 0)" = 2
