@@ -22,6 +22,7 @@ def main():
     lc = d["logical_count"]
     with open(sys.argv[2], "w") as f:
         json.dump({"logical_count": lc.tolist() if hasattr(lc, "tolist") else lc}, f)
+        f.write("\n")
     print(f"wrote {sys.argv[2]}: logical_count {list(lc.shape) if hasattr(lc, 'shape') else '?'}")
     return 0
 
