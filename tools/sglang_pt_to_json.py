@@ -1,6 +1,8 @@
 """sglang_pt_to_json.py - SGLang's expert-distribution recorder dump (expert_distribution_recorder_*.pt,
 torch.save of {"rank", "logical_count": int tensor [steps, layers, experts], ...}, stat mode) to the
 JSON that `hotmoe --profile` and SGLang's --init-expert-location both read. Needs torch.
+The steps are summed (as SGLang's EPLB sums them), so the file is [layers][experts] however long
+the recording ran.
 
     python3 tools/sglang_pt_to_json.py expert_distribution_recorder_1700000000.0.pt OUT.json"""
 import json
@@ -20,6 +22,8 @@ def main():
               file=sys.stderr)
         return 1
     lc = d["logical_count"]
+    if hasattr(lc, "dim") and lc.dim() == 3:
+        lc = lc.sum(dim=0)
     with open(sys.argv[2], "w") as f:
         json.dump({"logical_count": lc.tolist() if hasattr(lc, "tolist") else lc}, f)
         f.write("\n")

@@ -1,4 +1,5 @@
-/* profile.c - read and write usage profiles (see profile.h and docs/PROFILE.md).
+/* profile.c - read and write usage profiles (see profile.h and docs/PROFILE.md): ours and the
+ * seed-1 fork's here, SGLang's logical_count in profile_sglang.c (dispatched from here).
  *
  * Reading takes a regular file of at most HM_PROFILE_MAX_BYTES (core/file.h: a FIFO or device is
  * refused before it is read) through jansson's tree; every integer is checked for range before it
@@ -331,11 +332,10 @@ hm_status hm_profile_read_for(hm_profile *p, const char *path, int32_t n_layer, 
     size_t len = 0;
     hm_status st = hm_file_read_all(path, HM_PROFILE_MAX_BYTES, &buf, &len, err);
     if (st) return st;
-    if ((st = hm_profile_refuse_torch(buf, len, path, err)) != HM_OK) {
-        /* named above */
-    } else if (strlen(buf) != len) {
+    st = hm_profile_refuse_torch(buf, len, path, err); /* a .pt says how to convert it */
+    if (st == HM_OK && strlen(buf) != len) {
         st = hm_errf(err, HM_ERR_FORMAT, "%s: not a JSON text (NUL byte)", path);
-    } else {
+    } else if (st == HM_OK) {
         const expect x = {n_layer > 0 ? n_layer : 0, n_expert > 0 ? n_expert : 0};
         st = parse_for(p, buf, path, &x, err);
     }
