@@ -126,10 +126,14 @@ hm_status hm_plan_ep(const hm_plan_opts *o, FILE *out, hm_err *err) {
     } else if (o->json) {
         json_t *j = json_pack("{s:s, s:i, s:i, s:i, s:i}", "profile", src, "devices", n_dev, "n_layer", p.n_layer,
                               "n_expert", E, "moe_layers", r[EP_PACKED].ok ? r[EP_PACKED].sum.n_moe_layers : 0);
-        for (int k = 0; k < EP_N; k++) json_object_set_new(j, ep_key[k], run_json(&r[k], &p, n_dev));
-        json_dumpf(j, out, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
-        fputc('\n', out);
-        json_decref(j);
+        if (!j) { /* a path that is not UTF-8 */
+            st = hm_errf(err, HM_ERR_ARG, "--json: the profile's path is not UTF-8 text");
+        } else {
+            for (int k = 0; k < EP_N; k++) json_object_set_new(j, ep_key[k], run_json(&r[k], &p, n_dev));
+            json_dumpf(j, out, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
+            fputc('\n', out);
+            json_decref(j);
+        }
     } else {
         print_text(out, src, &p, n_dev, n_red, r);
     }
