@@ -210,8 +210,8 @@ typedef struct hm_gpu_budget {
 } hm_gpu_budget;
 
 struct hm_placement_opts {
-    const char *profile;  /* usage profile to place from (--profile; hotmoe.profile.v1 or the seed-1
-                             fork's v1, docs/PROFILE.md); NULL = none */
+    const char *profile;  /* usage profile to place from (--profile; hotmoe.profile.v1, the seed-1
+                             fork's v1 or SGLang's logical_count JSON, docs/PROFILE.md); NULL = none */
     const char *policy;   /* "static", "online", "lru" or "none"; NULL = "static" with a profile,
                              else "none" */
     float update_rate;    /* online: at most rate x slots swaps per window; < 0 = default (0.005) */
@@ -276,9 +276,20 @@ hm_status hm_parse_tensor_split(const char *s, hm_placement_opts *o, hm_err *err
 typedef enum hm_profile_fmt {
     HM_PROFILE_FMT_HOTMOE = 0, /* "hotmoe": hotmoe.profile.v1 */
     HM_PROFILE_FMT_SEED1 = 1,  /* "seed1": llama.cpp.moe_layer_perf.v1 (the seed-1 fork's input) */
+    HM_PROFILE_FMT_SGLANG = 2, /* "sglang": {"logical_count": [layers][experts]}, what SGLang's
+                                  --init-expert-location reads (docs/CLUSTER.md) */
 } hm_profile_fmt;
-/* "hotmoe" / "seed1" -> the format; -1 for anything else. */
+/* "hotmoe" / "seed1" / "sglang" -> the format; -1 for anything else. */
 int hm_profile_fmt_from_name(const char *name);
+/* The name of a format ("hotmoe", "seed1", "sglang"; "?" for anything else). Static string. */
+const char *hm_profile_fmt_name(hm_profile_fmt fmt);
+
+/* Read the profile at in (any format --profile takes) and write it to out in format fmt,
+ * atomically. n_layer / n_expert > 0: the model's geometry, checked as --profile checks it (0 =
+ * unchecked). Errors name the file and the field; a PyTorch .pt file is refused with how to
+ * convert it to JSON. */
+hm_status hm_profile_convert(const char *in, const char *out, hm_profile_fmt fmt, int32_t n_layer, int32_t n_expert,
+                             hm_err *err);
 
 /* False for a model without expert tensors (then the calls below answer HM_ERR_UNSUPPORTED). */
 bool hm_model_has_experts(const hm_model *m);

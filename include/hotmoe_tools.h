@@ -160,6 +160,11 @@ typedef struct hm_plan_opts {
     hm_gpu_budget gpu_budgets[HM_MAX_GPUS];
     int32_t n_tensor_split;
     float tensor_split[HM_MAX_GPUS];
+    /* Expert parallelism (`--ep N`, hm_plan_ep; docs/CLUSTER.md): each layer's experts over N
+     * devices or hosts, the per-device load of a contiguous split and of EPLB's balanced placement. */
+    int32_t ep_devices;       /* N; 0 = no EP section */
+    int32_t ep_redundant;     /* replicas (SGLang's --ep-num-redundant-experts); < 0 = N, rounded up
+                                 so that experts + replicas split evenly */
 } hm_plan_opts;
 
 void hm_plan_opts_default(hm_plan_opts *o);
@@ -167,6 +172,12 @@ void hm_plan_opts_default(hm_plan_opts *o);
 /* Compute and print the plan on out. Errors (unreadable profile/trace/model, shapes that do not
  * match, no unit size) name the file and field; nothing is printed then. */
 hm_status hm_plan(const hm_plan_opts *o, FILE *out, hm_err *err);
+
+/* `plan --ep N`: from the profile alone (o->profile_path, or o->trace_path's counts), each MoE
+ * layer's experts placed over o->ep_devices devices three ways (a contiguous split; balanced
+ * packing; balanced with replicas, DeepSeek's EPLB as SGLang runs it) and printed as per-device
+ * loads and imbalance (max / mean); with o->json one JSON object. Errors name the file or flag. */
+hm_status hm_plan_ep(const hm_plan_opts *o, FILE *out, hm_err *err);
 
 /* ==== end of expert placement ============================================================= */
 

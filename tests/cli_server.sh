@@ -2,7 +2,7 @@
 # cli_server.sh - `hotmoe serve` end to end: the real server on a free port of 127.0.0.1 with the
 # tiny qwen3moe fixture, driven by curl. Completions (plain and SSE), chat (ChatML override and
 # the no-template error), models, health, props, slots, metrics format, experts (counts grow with
-# a completion, /profile/save writes what `plan --profile` reads, policy switch), the API key,
+# a completion, /profile/save writes what `plan --profile` reads, ?format=sglang SGLang's form, policy switch), the API key,
 # malformed and oversized requests, seeded determinism, two concurrent streams with
 # --parallel 2 equal to the same requests run alone, and a client that disconnects mid-stream
 # freeing its slot. Skips (77) when curl/jq are missing or the engine cannot run the model.
@@ -201,6 +201,11 @@ r=$(post /profile/save '{}')
 check "/profile/save writes the file" '[ "$(echo "$r" | code)" = 200 ] && [ -s "$TMP/srv-profile.json" ]'
 check "plan --profile reads the saved profile" '"$EXE" plan --profile "$TMP/srv-profile.json" --budget 25% >"$TMP/plan.out" 2>&1'
 check "saved profile counts = /experts" '[ "$(jq -c "[.layers[] | .counts]" "$TMP/srv-profile.json")" = "$(curl -s "${AUTH[@]}" "$URL/experts" | jq -c "[.layers[] | .counts]")" ]'
+# ?format=sglang: SGLang's logical_count beside it (srv-profile.sglang.json), the same counts row per layer
+r=$(post '/profile/save?format=sglang' '{}')
+check "/profile/save?format=sglang" '[ "$(echo "$r" | code)" = 200 ] && [ "$(echo "$r" | body | jq -r .format)" = sglang ] && [ -s "$TMP/srv-profile.sglang.json" ]'
+check "sglang logical_count = the saved counts" '[ "$(jq -c .logical_count "$TMP/srv-profile.sglang.json")" = "$(jq -c "[.layers[] | .counts]" "$TMP/srv-profile.json")" ]'
+expect_err "unknown profile format" 400 '.error.param == "format"' '{}' '/profile/save?format=pickle'
 r=$(post /experts/policy '{"policy":"lru"}')
 check "policy switch" '[ "$(echo "$r" | code)" = 200 ] && [ "$(curl -s "${AUTH[@]}" "$URL/experts" | jq -r .policy)" = lru ]'
 expect_err "unknown policy" 400 'true' '{"policy":"random"}' /experts/policy

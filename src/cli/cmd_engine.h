@@ -55,9 +55,11 @@ typedef struct cli_engine {
 #define CLI_PLACEMENT_HELP                                                                     \
     "expert usage and placement:\n"                                                             \
     "  --profile-out FILE     write the expert usage profile at the end (alias --moe-layer-perf-out)\n" \
-    "  --profile-format F     hotmoe (default) or seed1 (the seed-1 fork's moe_layer_perf.v1)\n"  \
+    "  --profile-format F     hotmoe (default), seed1 (the seed-1 fork's moe_layer_perf.v1) or\n" \
+    "                         sglang (logical_count, for SGLang's --init-expert-location)\n"      \
     "  --trace-out FILE       write every routed (token, layer, expert) to a binary trace\n"      \
-    "  --profile FILE         usage profile for static placement (alias --moe-hot-cache)\n"      \
+    "  --profile FILE         usage profile for static placement (alias --moe-hot-cache): hotmoe's,\n" \
+    "                         the seed-1 fork's or SGLang's logical_count JSON\n"                  \
     "  --policy P             static|online|lru|none (default: static with --profile, else none)\n" \
     "  --update-rate R        online: swaps per window as a fraction of slots (alias\n"          \
     "                         --moe-hot-cache-update-rate; default 0.005)\n"                    \
@@ -145,7 +147,7 @@ static inline int cli_placement_arg(cli_engine *e, int argc, char **argv, int *i
         if (!(v = cli_value(e->cmd, argc, argv, i))) return -1;
         int f = hm_profile_fmt_from_name(v);
         if (f < 0) {
-            fprintf(stderr, "hotmoe %s: --profile-format expects hotmoe or seed1, got '%s'\n", e->cmd, v);
+            fprintf(stderr, "hotmoe %s: --profile-format expects hotmoe, seed1 or sglang, got '%s'\n", e->cmd, v);
             return -1;
         }
         e->profile_format = (hm_profile_fmt)f;

@@ -9,7 +9,7 @@
 
 static void usage(FILE *f) {
     fputs("usage: hotmoe plan [-m MODEL.gguf] (--profile P.json | --trace T.bin) [--budget SIZE|N%]\n"
-          "                   [--ram-budget SIZE|N%] [--policy static|online|lru] [--json]\n"
+          "                   [--ram-budget SIZE|N%] [--policy static|online|lru] [--ep N] [--json]\n"
           "\n"
           "Answers: with SIZE bytes of VRAM for experts, how many expert units fit, which ones, how\n"
           "often a routed unit is found there (the hit rate), what llama.cpp's --n-cpu-moe would do with\n"
@@ -41,6 +41,11 @@ static void usage(FILE *f) {
           "  --seed N             of the synthetic trace (default 1)\n"
           "  -t, --threads N      threads for the CPU timing (default: all)\n"
           "  --no-calibrate       skip the CPU and GPU timing\n"
+          "  --ep N               expert parallelism over N devices or hosts (needs no budget): each\n"
+          "                       layer's experts split contiguously, packed by load, and packed with\n"
+          "                       replicas as SGLang's EPLB does; per-device load and imbalance\n"
+          "  --ep-redundant R     replicas for --ep (SGLang's --ep-num-redundant-experts; default N,\n"
+          "                       rounded up so that experts + R split evenly)\n"
           "  --json               one JSON object\n"
           "  -h, --help           this text\n",
           f);
@@ -142,6 +147,16 @@ int hm_cmd_plan(int argc, char **argv) {
                 fprintf(stderr, "plan: --update-rate must be in [0, 1]\n");
                 return 2;
             }
+        } else if (strcmp(name, "--ep") == 0 || strcmp(name, "--ep-redundant") == 0) {
+            char *end;
+            long long n = strtoll(v, &end, 10);
+            bool ep = name[4] == 0;
+            if (*end || end == v || n < (ep ? 1 : 0) || n > 65536) {
+                fprintf(stderr, "plan: %s expects an integer in [%d, 65536], got '%s'\n", name, ep ? 1 : 0, v);
+                return 2;
+            }
+            if (ep) o.ep_devices = (int32_t)n;
+            else o.ep_redundant = (int32_t)n;
         } else if (strcmp(name, "--sim-tokens") == 0 || strcmp(name, "--seed") == 0 || strcmp(name, "-t") == 0 ||
                    strcmp(name, "--threads") == 0) {
             char *end;
@@ -170,11 +185,26 @@ int hm_cmd_plan(int argc, char **argv) {
         fprintf(stderr, "plan: give --budget once: one size (one GPU) or one per device (0:6GiB,1:6GiB)\n");
         return 2;
     }
-    if (o.budget < 0 && o.budget_frac < 0 && o.ram_budget < 0 && o.ram_budget_frac < 0 && o.n_gpu_budgets == 0) {
-        fprintf(stderr, "plan: give a budget: --budget 12GiB or --budget 20%% (VRAM), --ram-budget 16GiB (RAM)\n");
+    const bool budget = o.budget >= 0 || o.budget_frac >= 0 || o.ram_budget >= 0 || o.ram_budget_frac >= 0 ||
+                        o.n_gpu_budgets > 0;
+    if (o.ep_redundant >= 0 && o.ep_devices == 0) {
+        fprintf(stderr, "plan: --ep-redundant goes with --ep N\n");
         return 2;
     }
-    hm_status st = hm_plan(&o, stdout, &err);
+    if (!budget && o.ep_devices == 0) {
+        fprintf(stderr, "plan: give a budget: --budget 12GiB or --budget 20%% (VRAM), --ram-budget 16GiB (RAM), or "
+                        "--ep N (expert parallelism)\n");
+        return 2;
+    }
+    if (budget && o.ep_devices > 0 && o.json) {
+        fprintf(stderr, "plan: --json prints one object: give --ep N or a budget, not both\n");
+        return 2;
+    }
+    hm_status st = budget ? hm_plan(&o, stdout, &err) : HM_OK;
+    if (st == HM_OK && o.ep_devices > 0) {
+        if (budget) fputc('\n', stdout);
+        st = hm_plan_ep(&o, stdout, &err);
+    }
     if (st != HM_OK) {
         fprintf(stderr, "plan: %s\n", err.msg[0] ? err.msg : hm_status_name(st));
         return st == HM_ERR_ARG ? 2 : 1;

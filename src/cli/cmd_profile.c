@@ -4,18 +4,27 @@
  * (prefill), then N tokens are decoded greedily, one at a time (decode steps), so the profile has
  * the prompt/decode split of real use. Nothing is printed on stdout; progress goes to stderr.
  * The usage profile (and the trace, with --trace-out) covers every prompt; it is written
- * atomically at the end. A prompt longer than the context keeps its first n_ctx - N tokens. */
+ * atomically at the end. A prompt longer than the context keeps its first n_ctx - N tokens.
+ *
+ * With a profile instead of prompts (-i / --profile FILE --export FMT -o OUT) nothing runs: the
+ * profile is converted between formats (ours, the seed-1 fork's, SGLang's logical_count), checked
+ * against the model's layers and experts when -m is given (docs/CLUSTER.md). */
 #include <time.h>
 
 #include "cmd_engine.h"
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: hotmoe profile -m MODEL -f PROMPTS.txt -o PROFILE.json [--format hotmoe|seed1] [-n N] [-t T]\n\n"
+    fprintf(f, "usage: hotmoe profile -m MODEL -f PROMPTS.txt -o PROFILE.json [--format hotmoe|seed1|sglang] [-n N]\n"
+               "       hotmoe profile -i PROFILE.json --export hotmoe|seed1|sglang -o OUT.json [-m MODEL]\n\n"
                "Runs each line of PROMPTS.txt (prefill + N greedy decode tokens) and writes how often each\n"
-               "expert unit was routed: the input of `--profile`, `hotmoe plan --profile` and the seed-1 fork.\n\n"
+               "expert unit was routed: the input of `--profile`, `hotmoe plan --profile`, the seed-1 fork and\n"
+               "(--format sglang) SGLang's --init-expert-location. With -i instead of -f it runs nothing: it\n"
+               "converts a profile (any format --profile reads) to --export's format (docs/CLUSTER.md).\n\n"
                "  -f, --file FILE        prompts, one per line (empty lines are skipped)\n"
                "  -o, --output FILE      the profile to write (same as --profile-out)\n"
-               "  --format F             hotmoe (default) or seed1 (same as --profile-format)\n"
+               "  --format F             hotmoe (default), seed1 or sglang (same as --profile-format)\n"
+               "  -i, --input FILE       a profile to convert (also --profile FILE); -m checks its shape\n"
+               "  --export F             the format to convert to (hotmoe, seed1, sglang)\n"
                "  -n, --n-predict N      tokens decoded after each prompt (default 64; 0 = prefill only)\n"
                "  -c, --ctx-size N       context positions (default: min(trained context, 4096))\n" CLI_ENGINE_HELP);
 }
@@ -27,9 +36,39 @@ static int32_t argmax(const float *x, int32_t n) {
     return b;
 }
 
+/* -i IN --export FMT -o OUT: a conversion; with -m the model's layers and experts are checked. */
+static int convert(cli_engine *e, const char *input) {
+    if (!e->profile_out) {
+        fprintf(stderr, "hotmoe profile: need where to write the converted profile (-o FILE)\n");
+        return 2;
+    }
+    hm_err err = {{0}};
+    int32_t n_layer = 0, n_expert = 0;
+    if (e->model) {
+        e->place.profile = NULL; /* the model only gives the shape: no placement from the input */
+        hm_model *m = cli_open_model(e);
+        if (!m) return 1;
+        hm_usage u;
+        hm_status st = hm_model_usage(m, &u, &err);
+        hm_model_close(m);
+        if (st != HM_OK) {
+            fprintf(stderr, "hotmoe profile: %s: %s\n", e->model, err.msg);
+            return 1;
+        }
+        n_layer = u.n_layer, n_expert = u.n_expert;
+        hm_usage_free(&u);
+    }
+    if (hm_profile_convert(input, e->profile_out, e->profile_format, n_layer, n_expert, &err) != HM_OK) {
+        fprintf(stderr, "hotmoe profile: %s\n", err.msg);
+        return 1;
+    }
+    fprintf(stderr, "hotmoe profile: wrote %s (%s)\n", e->profile_out, hm_profile_fmt_name(e->profile_format));
+    return 0;
+}
+
 int hm_cmd_profile(int argc, char **argv) {
     cli_engine e = {.cmd = "profile"};
-    const char *file = NULL;
+    const char *file = NULL, *input = NULL;
     long n_gen = 64;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
@@ -37,13 +76,17 @@ int hm_cmd_profile(int argc, char **argv) {
             if (!(e.profile_out = cli_value(e.cmd, argc, argv, &i))) return 2;
             continue;
         }
-        if (!strcmp(a, "--format")) {
+        if (!strcmp(a, "--format") || !strcmp(a, "--export")) {
             int f = (v = cli_value(e.cmd, argc, argv, &i)) ? hm_profile_fmt_from_name(v) : -1;
             if (f < 0) {
-                fprintf(stderr, "hotmoe profile: --format expects hotmoe or seed1\n");
+                fprintf(stderr, "hotmoe profile: %s expects hotmoe, seed1 or sglang\n", a);
                 return 2;
             }
             e.profile_format = (hm_profile_fmt)f;
+            continue;
+        }
+        if (!strcmp(a, "-i") || !strcmp(a, "--input")) {
+            if (!(input = cli_value(e.cmd, argc, argv, &i))) return 2;
             continue;
         }
         int r = cli_common_arg(&e, argc, argv, &i, usage);
@@ -56,6 +99,14 @@ int hm_cmd_profile(int argc, char **argv) {
         } else {
             return cli_unknown_arg(&e, a, usage);
         }
+    }
+    if (!input && !file && e.place_init && e.place.profile) input = e.place.profile; /* --profile FILE */
+    if (input) {
+        if (file) {
+            fprintf(stderr, "hotmoe profile: give prompts to record (-f) or a profile to convert (-i), not both\n");
+            return 2;
+        }
+        return convert(&e, input);
     }
     if (cli_need_model(&e)) return 2;
     if (!file || !e.profile_out) {

@@ -44,7 +44,39 @@ int hm_profile_fmt_from_name(const char *name) {
     if (!name) return -1;
     if (!strcmp(name, "hotmoe")) return HM_PROFILE_FMT_HOTMOE;
     if (!strcmp(name, "seed1")) return HM_PROFILE_FMT_SEED1;
+    if (!strcmp(name, "sglang")) return HM_PROFILE_FMT_SGLANG;
     return -1;
+}
+
+const char *hm_profile_fmt_name(hm_profile_fmt fmt) {
+    switch (fmt) {
+    case HM_PROFILE_FMT_HOTMOE: return "hotmoe";
+    case HM_PROFILE_FMT_SEED1: return "seed1";
+    case HM_PROFILE_FMT_SGLANG: return "sglang";
+    }
+    return "?";
+}
+
+/* The public format as the profile writer's (-1 for an unknown value). */
+static int profile_format(hm_profile_fmt fmt) {
+    switch (fmt) {
+    case HM_PROFILE_FMT_HOTMOE: return HM_PROFILE_HOTMOE;
+    case HM_PROFILE_FMT_SEED1: return HM_PROFILE_SEED1;
+    case HM_PROFILE_FMT_SGLANG: return HM_PROFILE_SGLANG;
+    }
+    return -1;
+}
+
+hm_status hm_profile_convert(const char *in, const char *out, hm_profile_fmt fmt, int32_t n_layer, int32_t n_expert,
+                             hm_err *err) {
+    int wf = profile_format(fmt);
+    if (wf < 0) return hm_errf(err, HM_ERR_ARG, "unknown profile format %d", (int)fmt);
+    hm_profile p;
+    hm_status st = hm_profile_read_for(&p, in, n_layer, n_expert, err);
+    if (st != HM_OK) return st;
+    st = hm_profile_write(&p, out, (hm_profile_format)wf, err);
+    hm_profile_free(&p);
+    return st;
 }
 
 const char *hm_unit_home_name(hm_unit_home h) {
@@ -234,12 +266,12 @@ bool hm_model_has_experts(const hm_model *m) { return m->experts != NULL; }
 
 hm_status hm_model_profile_save(const hm_model *m, const char *path, hm_profile_fmt fmt, hm_err *err) {
     if (!m->experts) return no_experts(m, err);
-    if (fmt != HM_PROFILE_FMT_HOTMOE && fmt != HM_PROFILE_FMT_SEED1)
-        return hm_errf(err, HM_ERR_ARG, "unknown profile format %d", (int)fmt);
+    int wf = profile_format(fmt);
+    if (wf < 0) return hm_errf(err, HM_ERR_ARG, "unknown profile format %d", (int)fmt);
     hm_profile p;
     hm_status st = hm_experts_to_profile(m->experts, &p, m->name, m->arch_name, err);
     if (st != HM_OK) return st;
-    st = hm_profile_write(&p, path, fmt == HM_PROFILE_FMT_SEED1 ? HM_PROFILE_SEED1 : HM_PROFILE_HOTMOE, err);
+    st = hm_profile_write(&p, path, (hm_profile_format)wf, err);
     hm_profile_free(&p);
     return st;
 }

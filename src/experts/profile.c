@@ -1,4 +1,5 @@
-/* profile.c - read and write usage profiles (see profile.h and docs/PROFILE.md).
+/* profile.c - read and write usage profiles (see profile.h and docs/PROFILE.md): ours and the
+ * seed-1 fork's here, SGLang's logical_count in profile_sglang.c (dispatched from here).
  *
  * Reading takes a regular file of at most HM_PROFILE_MAX_BYTES (core/file.h: a FIFO or device is
  * refused before it is read) through jansson's tree; every integer is checked for range before it
@@ -6,7 +7,7 @@
  * them, and the sum of all counts must fit in int64, so no total or hit rate computed from them
  * overflows. Writing builds the tree and replaces PATH through core/file.h (PATH.tmp.<pid>, fsync,
  * rename; regular files only), so a reader (or a crash) never sees half a file. */
-#include "profile.h"
+#include "profile_impl.h"
 
 #include "core/file.h"
 
@@ -20,17 +21,13 @@
 
 #define SEED1_V1 "llama.cpp.moe_layer_perf.v1"
 #define SEED1_OPT_V1 "llama.cpp.moe_layer_opt_perf.v1"
-#define MAX_LAYER 65536
-#define MAX_EXPERT 65536
+#define MAX_LAYER HM_PROFILE_MAX_LAYER
+#define MAX_EXPERT HM_PROFILE_MAX_EXPERT
 
-/* What the reader checks a profile against before sizing anything from it: the model's geometry
- * when known (0 = unknown), else only the caps. */
-typedef struct expect {
-    int64_t n_layer, n_expert;
-} expect;
+typedef hm_profile_expect expect;
 
 /* Dimensions from a file, before hm_profile_init allocates 2 x 8 bytes per cell from them. */
-static hm_status check_dims(const expect *x, int64_t n_layer, int64_t n_expert, const char *name, hm_err *err) {
+hm_status hm_profile_check_dims(const expect *x, int64_t n_layer, int64_t n_expert, const char *name, hm_err *err) {
     if (x->n_expert && n_expert != x->n_expert)
         return hm_errf(err, HM_ERR_ARG, "%s has %lld experts per layer but the model has %lld", name,
                        (long long)n_expert, (long long)x->n_expert);
@@ -179,7 +176,7 @@ static hm_status parse_seed1(hm_profile *p, const json_t *root, const char *name
         if (li + 1 > n_layer) n_layer = li + 1;
     }
     if (n_layer == 0) return hm_errf(err, HM_ERR_FORMAT, "%s: 'layers' is empty", name);
-    if ((st = check_dims(want, n_layer, (int64_t)n_expert, name, err))) return st;
+    if ((st = hm_profile_check_dims(want, n_layer, (int64_t)n_expert, name, err))) return st;
     if ((st = hm_profile_init(p, (int32_t)n_layer, (int32_t)n_expert, err))) return st;
     snprintf(p->schema, sizeof p->schema, "%s", json_string_value(json_object_get(root, "schema")));
     p->k = (int32_t)k;
@@ -235,7 +232,7 @@ static hm_status parse_ours(hm_profile *p, const json_t *root, const char *name,
         return hm_errf(err, HM_ERR_FORMAT, "%s: 'n_expert' must be an integer in [1, %d]", name, MAX_EXPERT);
     if ((st = get_u64(root, "k", &k, &have, name, "", err))) return st;
     if (k > n_expert) return hm_errf(err, HM_ERR_FORMAT, "%s: k %" PRIu64 " > n_expert %" PRIu64, name, k, n_expert);
-    if ((st = check_dims(want, (int64_t)n_layer, (int64_t)n_expert, name, err))) return st;
+    if ((st = hm_profile_check_dims(want, (int64_t)n_layer, (int64_t)n_expert, name, err))) return st;
     if (want->n_layer && (int64_t)n_layer != want->n_layer)
         return hm_errf(err, HM_ERR_ARG, "%s has %" PRIu64 " layers but the model has %lld", name, n_layer,
                        (long long)want->n_layer);
@@ -304,9 +301,14 @@ static hm_status parse_for(hm_profile *p, const char *text, const char *name, co
     if (!root) return hm_errf(err, HM_ERR_FORMAT, "%s: not JSON (line %d: %s)", name, je.line, je.text);
     hm_status st;
     const char *schema = json_string_value(json_object_get(root, "schema"));
-    if (!json_is_object(root) || !schema)
-        st = hm_errf(err, HM_ERR_FORMAT, "%s: not a profile (no 'schema'; expected %s, %s or %s)", name,
-                     HM_PROFILE_SCHEMA, SEED1_V1, SEED1_OPT_V1);
+    if (hm_profile_sglang_is(root))
+        st = hm_profile_sglang_parse(p, root, name, x, err);
+    else if (json_is_object(root) && !schema && json_object_get(root, "physical_to_logical_map"))
+        st = hm_errf(err, HM_ERR_UNSUPPORTED, "%s: SGLang's physical_to_logical_map form is a placement, not usage "
+                     "counts: give hotmoe the logical_count form (its expert-distribution recorder's)", name);
+    else if (!json_is_object(root) || !schema)
+        st = hm_errf(err, HM_ERR_FORMAT, "%s: not a profile (no 'schema'; expected %s, %s or %s, or SGLang's "
+                     "'logical_count')", name, HM_PROFILE_SCHEMA, SEED1_V1, SEED1_OPT_V1);
     else if (strcmp(schema, HM_PROFILE_SCHEMA) == 0)
         st = parse_ours(p, root, name, x, err);
     else if (strcmp(schema, SEED1_V1) == 0 || strcmp(schema, SEED1_OPT_V1) == 0)
@@ -330,9 +332,10 @@ hm_status hm_profile_read_for(hm_profile *p, const char *path, int32_t n_layer, 
     size_t len = 0;
     hm_status st = hm_file_read_all(path, HM_PROFILE_MAX_BYTES, &buf, &len, err);
     if (st) return st;
-    if (strlen(buf) != len) {
+    st = hm_profile_refuse_torch(buf, len, path, err); /* a .pt says how to convert it */
+    if (st == HM_OK && strlen(buf) != len) {
         st = hm_errf(err, HM_ERR_FORMAT, "%s: not a JSON text (NUL byte)", path);
-    } else {
+    } else if (st == HM_OK) {
         const expect x = {n_layer > 0 ? n_layer : 0, n_expert > 0 ? n_expert : 0};
         st = parse_for(p, buf, path, &x, err);
     }
@@ -437,7 +440,9 @@ oom:
 }
 
 hm_status hm_profile_write(const hm_profile *p, const char *path, hm_profile_format fmt, hm_err *err) {
-    json_t *root = fmt == HM_PROFILE_SEED1 ? build_seed1(p) : build_ours(p);
+    json_t *root = fmt == HM_PROFILE_SEED1    ? build_seed1(p)
+                   : fmt == HM_PROFILE_SGLANG ? hm_profile_sglang_build(p)
+                                              : build_ours(p);
     if (!root) return hm_errf(err, HM_ERR_NOMEM, "%s: out of memory building the profile", path);
     hm_file_replace r;
     hm_status st = hm_file_replace_open(&r, path, err);

@@ -5,7 +5,11 @@
  *   - ours, schema "hotmoe.profile.v1": metadata + one dense counts array per layer;
  *   - the seed-1 llama.cpp fork's "llama.cpp.moe_layer_perf.v1" / "llama.cpp.moe_layer_opt_perf.v1":
  *     layers[].hot_experts + cold_experts as [id, count] pairs (or layers[].experts when neither is
- *     present, as that fork's own parser does). Read both; write either (HM_PROFILE_SEED1).
+ *     present, as that fork's own parser does). Read both; write either (HM_PROFILE_SEED1);
+ *   - SGLang's "logical_count" ([layers][experts], or [steps][layers][experts] summed), the form its
+ *     --init-expert-location reads and its expert-distribution recorder dumps (profile_sglang.c,
+ *     docs/CLUSTER.md): a row per decoder layer, dense layers as zero rows (HM_PROFILE_SGLANG).
+ *     PyTorch .pt files are refused with the command that converts them to JSON.
  * Files are written atomically: PATH.tmp.<pid>, fsync, rename (core/file.h: only a regular file,
  * or a symlink to one, is replaced; a FIFO or device is refused; stale temporaries of dead
  * writers are removed).
@@ -28,6 +32,7 @@
 typedef enum hm_profile_format {
     HM_PROFILE_HOTMOE = 0, /* hotmoe.profile.v1 */
     HM_PROFILE_SEED1 = 1,  /* llama.cpp.moe_layer_perf.v1 (the seed-1 fork's --moe-hot-cache input) */
+    HM_PROFILE_SGLANG = 2, /* {"logical_count": [[...]]}: SGLang's --init-expert-location input */
 } hm_profile_format;
 
 typedef struct hm_profile {
@@ -58,10 +63,12 @@ uint64_t hm_profile_layer_total(const hm_profile *p, int32_t layer);
  * FIFO, device or endless stream is refused before it is read: core/file.h). Every number is
  * checked (ids < n_expert, layer ids >= 0 and < 65536, n_layer * n_expert <= HM_PROFILE_MAX_CELLS,
  * the sum of all counts <= INT64_MAX); an error names the file and the field. For seed-1 files
- * n_layer = 1 + the highest layer id, tokens = decode_tokens = the largest layer "calls". */
+ * n_layer = 1 + the highest layer id, tokens = decode_tokens = the largest layer "calls"; for
+ * SGLang's, n_layer = the rows of logical_count (k and tokens 0 unless hotmoe wrote the file). */
 hm_status hm_profile_read(hm_profile *p, const char *path, hm_err *err);
 /* The same for a model of n_layer x n_expert (0 = unknown): a profile of other dimensions (ours:
- * n_layer and n_expert must equal; seed-1: n_expert equal, every layer id < n_layer) is refused
+ * n_layer and n_expert must equal; seed-1: n_expert equal, every layer id < n_layer; SGLang: both
+ * equal) is refused
  * with HM_ERR_ARG before anything is allocated from the file's numbers. */
 hm_status hm_profile_read_for(hm_profile *p, const char *path, int32_t n_layer, int32_t n_expert, hm_err *err);
 /* Same from a NUL-terminated JSON text; name is used in messages. */

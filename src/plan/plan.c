@@ -44,6 +44,7 @@ void hm_plan_opts_default(hm_plan_opts *o) {
     o->update_rate = -1;
     o->seed = 1;
     o->calibrate = true;
+    o->ep_redundant = -1;
 }
 
 typedef struct pol_run {

@@ -193,7 +193,7 @@ json_t *srv_store_experts_json(srv_sched *s);
  * engine thread (srv_sched_call), like the two calls below. */
 void srv_store_metrics(srv_sched *s, srv_buf *out);
 /* Write the usage profile to path atomically (path.tmp + rename). */
-hm_status srv_store_profile_save(srv_sched *s, const char *path, hm_err *err);
+hm_status srv_store_profile_save(srv_sched *s, const char *path, hm_profile_fmt fmt, hm_err *err);
 /* Switch the placement policy ("static", "online", "lru"). */
 hm_status srv_store_set_policy(srv_sched *s, const char *name, hm_err *err);
 
@@ -227,8 +227,9 @@ void srv_reply_json(srv_reply *r, unsigned status, json_t *j); /* steals j */
 void srv_reply_error(srv_reply *r, unsigned status, const char *message, const char *type,
                      const char *param, const char *code);
 
-/* Handle one API request (path and method already known to be an API route). body may be NULL. */
-void srv_api_handle(srv_api *a, const char *method, const char *path, const char *body,
+/* Handle one API request (path and method already known to be an API route). body may be NULL;
+ * format is the request's ?format= argument (POST /profile/save; NULL when absent). */
+void srv_api_handle(srv_api *a, const char *method, const char *path, const char *format, const char *body,
                     size_t body_len, srv_reply *r);
 /* A non-streaming completion is done: fill r from the task. */
 void srv_api_finish_reply(srv_api *a, srv_task *t, srv_reply *r);

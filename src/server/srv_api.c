@@ -410,13 +410,14 @@ static void metrics_on_engine(void *arg) {
 typedef struct call_status {
     srv_sched *s;
     const char *arg;
+    hm_profile_fmt fmt; /* of /profile/save */
     hm_status st;
     hm_err err;
 } call_status;
 
 static void profile_on_engine(void *arg) {
     call_status *c = arg;
-    c->st = srv_store_profile_save(c->s, c->arg, &c->err);
+    c->st = srv_store_profile_save(c->s, c->arg, c->fmt, &c->err);
 }
 
 static void policy_on_engine(void *arg) {
@@ -454,7 +455,42 @@ static void handle_policy(srv_api *a, const char *body, size_t len, srv_reply *r
     json_decref(req);
 }
 
-void srv_api_handle(srv_api *a, const char *method, const char *path, const char *body, size_t len, srv_reply *r) {
+/* POST /profile/save[?format=F]: the server's --profile-out in its --profile-format; another
+ * format goes beside it, its name's ".json" replaced by ".F.json" (hotmoe-profile.sglang.json), so
+ * one file never changes format under a reader. */
+static void handle_profile_save(srv_api *a, const char *format, srv_reply *r) {
+    hm_profile_fmt fmt = a->sched->profile_format;
+    if (format) {
+        int f = hm_profile_fmt_from_name(format);
+        if (f < 0) {
+            srv_reply_error(r, 400, "format must be hotmoe, seed1 or sglang", "invalid_request_error", "format", NULL);
+            return;
+        }
+        fmt = (hm_profile_fmt)f;
+    }
+    char path[4200];
+    const char *out = a->profile_out;
+    if (fmt != a->sched->profile_format) {
+        size_t n = strlen(out);
+        if (n > 5 && !strcmp(out + n - 5, ".json")) n -= 5;
+        if (n + 32 > sizeof path) {
+            srv_reply_error(r, 500, "the --profile-out path is too long", "server_error", NULL, NULL);
+            return;
+        }
+        snprintf(path, sizeof path, "%.*s.%s.json", (int)n, out, hm_profile_fmt_name(fmt));
+        out = path;
+    }
+    call_status c = {.s = a->sched, .arg = out, .fmt = fmt};
+    if (!srv_sched_call(a->sched, profile_on_engine, &c)) {
+        c.st = HM_ERR_INTERNAL;
+        snprintf(c.err.msg, sizeof c.err.msg, "the server is stopping");
+    }
+    reply_status(r, &c, json_pack("{s:b, s:o, s:s}", "ok", 1, "path", shown_json(out), "format",
+                                  hm_profile_fmt_name(fmt)));
+}
+
+void srv_api_handle(srv_api *a, const char *method, const char *path, const char *format, const char *body,
+                    size_t len, srv_reply *r) {
     /* HEAD is GET without the body (monitors and load balancers use it); libmicrohttpd drops the
      * body of a HEAD answer and keeps its headers. */
     bool get = !strcmp(method, "GET") || !strcmp(method, "HEAD"), post = !strcmp(method, "POST");
@@ -494,12 +530,7 @@ void srv_api_handle(srv_api *a, const char *method, const char *path, const char
         handle_policy(a, body, len, r);
     } else if (!strcmp(path, "/profile/save")) {
         if (!post) goto bad_method;
-        call_status c = {.s = a->sched, .arg = a->profile_out};
-        if (!srv_sched_call(a->sched, profile_on_engine, &c)) {
-            c.st = HM_ERR_INTERNAL;
-            snprintf(c.err.msg, sizeof c.err.msg, "the server is stopping");
-        }
-        reply_status(r, &c, json_pack("{s:b, s:o}", "ok", 1, "path", shown_json(a->profile_out)));
+        handle_profile_save(a, format, r);
     } else {
         char shown[600], msg[700];
         srv_text(shown, sizeof shown, path, strlen(path), 200);

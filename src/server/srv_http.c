@@ -461,7 +461,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         return ret;
     }
     srv_reply r = {0};
-    srv_api_handle(&s->api, method, url, rc->body.p, rc->body.len, &r);
+    const char *format = MHD_lookup_connection_value(c, MHD_GET_ARGUMENT_KIND, "format");
+    srv_api_handle(&s->api, method, url, format, rc->body.p, rc->body.len, &r);
     if (s->o.verbose) {
         char m[160], u[600], who[INET6_ADDRSTRLEN] = "?"; /* client bytes: escaped, cut */
         srv_text(m, sizeof m, method, strlen(method), 32);

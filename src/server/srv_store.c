@@ -13,7 +13,7 @@
  *                         {units, bytes, ahead, ahead_used}, pinned_bytes, direct_fills} from
  *                         usage.gpu_*, layer_gpu, stream_* (pinned: --mlock's expert bytes
  *                         registered with CUDA; direct fills: copies to VRAM straight from them)
- *   /profile/save       = hm_model_profile_save (tmp + rename)
+ *   /profile/save       = hm_model_profile_save (tmp + rename; ?format=hotmoe|seed1|sglang)
  *   policy switch       = hm_model_set_policy
  * Every function here runs on the engine thread between rounds (srv_sched_call), because the
  * store's residency is only read and changed between steps. A model without expert tensors
@@ -194,8 +194,8 @@ void srv_store_metrics(srv_sched *s, srv_buf *o) {
     hm_usage_free(&u);
 }
 
-hm_status srv_store_profile_save(srv_sched *s, const char *path, hm_err *err) {
-    return hm_model_profile_save(s->model, path, s->profile_format, err);
+hm_status srv_store_profile_save(srv_sched *s, const char *path, hm_profile_fmt fmt, hm_err *err) {
+    return hm_model_profile_save(s->model, path, fmt, err);
 }
 
 hm_status srv_store_set_policy(srv_sched *s, const char *name, hm_err *err) {
