@@ -236,14 +236,16 @@ check "shared rounds were one batched forward pass (hm_batch_eval)" '[ $((batche
 check "the two streams shared rounds (interleaved)" '[ $((rounds1 - rounds0)) -lt $((tok1 - tok0)) ]' 
 
 # ---- a client that disconnects mid-stream frees its slot ----
+cancelled0=$(curl -s "${AUTH[@]}" "$URL/metrics" | awk -F' ' '/outcome="cancelled"/ {print $2}')
 curl -sN "${AUTH[@]}" "$URL/v1/completions" -d '{"prompt":"long","max_tokens":2000,"ignore_eos":true,"stream":true}' >"$TMP/cut" &
 pc=$!
+# the client goes away as soon as the first tokens arrive (a file test, no request in between: on a
+# loaded machine a /slots poll could take longer than the whole generation)
 busy=0
-for _ in $(seq 1 100); do
-    if [ "$(curl -s "${AUTH[@]}" "$URL/slots" | jq '[.[] | select(.is_processing)] | length')" = 1 ] && [ -s "$TMP/cut" ]; then busy=1; break; fi
-    sleep 0.02
+for _ in $(seq 1 500); do
+    if [ -s "$TMP/cut" ]; then busy=1; break; fi
+    sleep 0.01
 done
-cancelled0=$(curl -s "${AUTH[@]}" "$URL/metrics" | awk -F' ' '/outcome="cancelled"/ {print $2}')
 kill $pc 2>/dev/null
 wait $pc 2>/dev/null
 if [ $busy = 1 ] && ! grep -q '^data: \[DONE\]' "$TMP/cut"; then
