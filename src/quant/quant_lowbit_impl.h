@@ -1,0 +1,92 @@
+/* quant_lowbit_impl.h - internals of the low-bit family: Q4_1, Q5_1 (with their activation
+ * partner Q8_1), IQ4_NL (partner Q8_0) and the 2/3-bit K-quants Q2_K, Q3_K (partner Q8_K).
+ * Block layouts bit-exact with ggml-common.h, the decoding helpers shared by the scalar and
+ * SIMD files, and the SIMD entry points quant_lowbit.c registers.
+ *
+ * Invariant kept by every vec_dot variant: the integer part of each block's dot is exact; only
+ * the float accumulation order differs between scalar, AVX2 and AVX-512. */
+#ifndef HM_QUANT_LOWBIT_IMPL_H
+#define HM_QUANT_LOWBIT_IMPL_H
+
+#include <stdint.h>
+#include <string.h>
+
+#include "quant.h"
+#include "quant_impl.h"
+#include "quant_k_impl.h"
+
+#define HM_QK4_1 32
+#define HM_QK5_1 32
+#define HM_QK8_1 32
+#define HM_QK4_NL 32
+
+/* q4_1: qs[j] low nibble = element j, high nibble = element j + 16; value = q * d + m. */
+typedef struct hm_block_q4_1 {
+    uint16_t d; /* fp16 scale */
+    uint16_t m; /* fp16 minimum */
+    uint8_t qs[HM_QK4_1 / 2];
+} hm_block_q4_1;
+
+/* q5_1: q4_1 plus a fifth bit per element in qh (element j at bit j of the little-endian uint32);
+ * value = q * d + m, q in [0, 31]. */
+typedef struct hm_block_q5_1 {
+    uint16_t d;
+    uint16_t m;
+    uint8_t qh[4];
+    uint8_t qs[HM_QK5_1 / 2];
+} hm_block_q5_1;
+
+/* q8_1 (activations only): value = qs[i] * d; s = fp16(d * sum of qs). */
+typedef struct hm_block_q8_1 {
+    uint16_t d;
+    uint16_t s;
+    int8_t qs[HM_QK8_1];
+} hm_block_q8_1;
+
+/* iq4_nl: nibble order as q4_0; value = d * kvalues_iq4nl[q]. */
+typedef struct hm_block_iq4_nl {
+    uint16_t d;
+    uint8_t qs[HM_QK4_NL / 2];
+} hm_block_iq4_nl;
+
+/* q2_k: 16 sub-blocks of 16; value = d * (scales[j] & 15) * q - dmin * (scales[j] >> 4),
+ * q in [0, 3]. Element e, in 128-element half h = e / 128 with r = e % 128: bits 2*(r / 32) of
+ * qs[32h + r % 32]. */
+typedef struct hm_block_q2_k {
+    uint8_t scales[HM_QK_K / 16];
+    uint8_t qs[HM_QK_K / 4];
+    uint16_t d;    /* fp16 super-scale of the scales */
+    uint16_t dmin; /* fp16 super-scale of the mins */
+} hm_block_q2_k;
+
+/* q3_k: 16 sub-blocks of 16; value = d * (s[j] - 32) * (q - (high bit ? 0 : 4)), q the 2 low bits
+ * laid out as q2_k's, the high bit of element e at bit e / 32 of hmask[e % 32]. The 6-bit s[j]:
+ * low nibble in scales[j % 8] (nibble j / 8), top 2 bits at bits 2*(j / 4) of scales[8 + j % 4]. */
+typedef struct hm_block_q3_k {
+    uint8_t hmask[HM_QK_K / 8];
+    uint8_t qs[HM_QK_K / 4];
+    uint8_t scales[12];
+    uint16_t d; /* fp16 */
+} hm_block_q3_k;
+
+_Static_assert(sizeof(hm_block_q4_1) == 20, "q4_1 block is 20 bytes");
+_Static_assert(sizeof(hm_block_q5_1) == 24, "q5_1 block is 24 bytes");
+_Static_assert(sizeof(hm_block_q8_1) == 36, "q8_1 block is 36 bytes");
+_Static_assert(sizeof(hm_block_iq4_nl) == 18, "iq4_nl block is 18 bytes");
+_Static_assert(sizeof(hm_block_q2_k) == 84, "q2_K block is 84 bytes");
+_Static_assert(sizeof(hm_block_q3_k) == 110, "q3_K block is 110 bytes");
+
+/* The 16 signed sub-block scales (s - 32) of a q3_k block. */
+static inline void hm_q3k_scales(const uint8_t packed[12], int8_t out[16]) {
+    for (int j = 0; j < 16; j++) {
+        const int lo = (packed[j % 8] >> (4 * (j / 8))) & 0xf;
+        const int hi = (packed[8 + j % 4] >> (2 * (j / 4))) & 3;
+        out[j] = (int8_t)((lo | (hi << 4)) - 32);
+    }
+}
+
+/* SIMD variants (compiled where the build targets the ISA; registered by quant_lowbit.c). */
+void hm_lowbit_register_avx2(hm_type_traits *table);
+void hm_lowbit_register_avx512(hm_type_traits *table);
+
+#endif
