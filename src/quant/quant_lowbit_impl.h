@@ -85,6 +85,40 @@ static inline void hm_q3k_scales(const uint8_t packed[12], int8_t out[16]) {
     }
 }
 
+#ifdef __AVX2__
+#include <immintrin.h>
+
+/* 32 nibbles of a 16-byte q4_1 / iq4_nl / q5_1 payload in element order (low nibbles then
+ * high), values 0..15. */
+static inline __m256i hm_lb_nibbles(const uint8_t *q) {
+    const __m128i b = _mm_loadu_si128((const __m128i *)q);
+    const __m128i m4 = _mm_set1_epi8(0x0f);
+    return _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), m4), _mm_and_si128(b, m4));
+}
+
+/* The 32 codes (0..31) of a q5_1 block in element order: nibble | fifth bit << 4. */
+static inline __m256i hm_lb_q5_1_codes(const hm_block_q5_1 *b) {
+    uint32_t qh;
+    memcpy(&qh, b->qh, 4);
+    /* byte k takes qh byte k / 8, then keeps bit k % 8 */
+    const __m256i spread = _mm256_setr_epi64x(0, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303);
+    const __m256i bitsel = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+    const __m256i h = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi32((int)qh), spread), bitsel);
+    const __m256i set = _mm256_and_si256(_mm256_cmpeq_epi8(h, bitsel), _mm256_set1_epi8(0x10));
+    return _mm256_or_si256(hm_lb_nibbles(b->qs), set);
+}
+
+/* Eight int32 lanes whose total is sum(x*y) over 32 signed bytes (y never -128). */
+static inline __m256i hm_lb_dot_s8s8(__m256i x, __m256i y) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x)), _mm256_set1_epi16(1));
+}
+
+/* Eight int32 lanes whose total is sum(u*y) over 32 unsigned bytes u <= 127 and signed y. */
+static inline __m256i hm_lb_dot_u8s8(__m256i u, __m256i y) {
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, y), _mm256_set1_epi16(1));
+}
+#endif
+
 /* SIMD variants (compiled where the build targets the ISA; registered by quant_lowbit.c). */
 void hm_lowbit_register_avx2(hm_type_traits *table);
 void hm_lowbit_register_avx512(hm_type_traits *table);
