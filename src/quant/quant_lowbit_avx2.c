@@ -106,9 +106,10 @@ static void vec_dot_q3_k_avx2(int64_t n, float *out, const void *vx, const void 
     const __m256i m3 = _mm256_set1_epi8(3), four = _mm256_set1_epi8(4);
     __m256 acc = _mm256_setzero_ps();
     for (int64_t i = 0; i < n / HM_QK_K; i++) {
-        int8_t sc8[16];
-        hm_q3k_scales(x[i].scales, sc8);
-        const __m256i sc = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)sc8));
+        uint32_t u[4];
+        hm_q3k_scales_u(x[i].scales, u);
+        const __m128i sc8 = _mm_sub_epi8(_mm_setr_epi32((int)u[0], (int)u[1], (int)u[2], (int)u[3]), _mm_set1_epi8(32));
+        const __m256i sc = _mm256_broadcastsi128_si256(sc8);
         const __m256i hm = _mm256_loadu_si256((const __m256i *)x[i].hmask);
         __m256i sumi = _mm256_setzero_si256();
         for (int h = 0; h < 2; h++) {

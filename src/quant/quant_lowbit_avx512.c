@@ -154,9 +154,10 @@ static void vec_dot_q3_k_avx512(int64_t n, float *out, const void *vx, const voi
     const __m512i four = _mm512_set1_epi8(4);
     __m512 acc = _mm512_setzero_ps();
     for (int64_t i = 0; i < n / HM_QK_K; i++) {
-        int8_t sc8[16];
-        hm_q3k_scales(x[i].scales, sc8);
-        const __m512i sc16 = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc8)));
+        uint32_t u[4];
+        hm_q3k_scales_u(x[i].scales, u);
+        const __m128i sc8 = _mm_sub_epi8(_mm_setr_epi32((int)u[0], (int)u[1], (int)u[2], (int)u[3]), _mm_set1_epi8(32));
+        const __m512i sc16 = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(sc8));
         const __m512i hm = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)x[i].hmask));
         __m512i s0 = _mm512_setzero_si512(), s1 = _mm512_setzero_si512();
         for (int t = 0; t < 4; t++) {

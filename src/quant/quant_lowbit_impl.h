@@ -76,13 +76,28 @@ _Static_assert(sizeof(hm_block_iq4_nl) == 18, "iq4_nl block is 18 bytes");
 _Static_assert(sizeof(hm_block_q2_k) == 84, "q2_K block is 84 bytes");
 _Static_assert(sizeof(hm_block_q3_k) == 110, "q3_K block is 110 bytes");
 
+/* The 16 unsigned 6-bit sub-block scales of a q3_k block, byte j of the four words = s[j], done
+ * on 32-bit words (four sub-blocks at once): words 0 and 1 take the low nibbles of bytes 0-7
+ * (s[0..7]), words 2 and 3 their high nibbles (s[8..15]); the top two bits of s[j] sit at bits
+ * 2 * (j / 4) of byte 8 + j % 4, i.e. in word 2 of the packed bytes shifted by 0, 2, 4, 6. */
+static inline void hm_q3k_scales_u(const uint8_t packed[12], uint32_t out[4]) {
+    uint32_t a, b, hi;
+    memcpy(&a, packed, 4);
+    memcpy(&b, packed + 4, 4);
+    memcpy(&hi, packed + 8, 4);
+    out[0] = (a & 0x0f0f0f0fu) | ((hi & 0x03030303u) << 4);
+    out[1] = (b & 0x0f0f0f0fu) | (((hi >> 2) & 0x03030303u) << 4);
+    out[2] = ((a >> 4) & 0x0f0f0f0fu) | (((hi >> 4) & 0x03030303u) << 4);
+    out[3] = ((b >> 4) & 0x0f0f0f0fu) | (((hi >> 6) & 0x03030303u) << 4);
+}
+
 /* The 16 signed sub-block scales (s - 32) of a q3_k block. */
 static inline void hm_q3k_scales(const uint8_t packed[12], int8_t out[16]) {
-    for (int j = 0; j < 16; j++) {
-        const int lo = (packed[j % 8] >> (4 * (j / 8))) & 0xf;
-        const int hi = (packed[8 + j % 4] >> (2 * (j / 4))) & 3;
-        out[j] = (int8_t)((lo | (hi << 4)) - 32);
-    }
+    uint32_t u[4];
+    uint8_t b[16];
+    hm_q3k_scales_u(packed, u);
+    memcpy(b, u, 16);
+    for (int j = 0; j < 16; j++) out[j] = (int8_t)(b[j] - 32);
 }
 
 #ifdef __AVX2__
