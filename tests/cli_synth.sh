@@ -36,6 +36,20 @@ check "fast: other bytes" sh -c "! cmp -s '$tmp/q8f.gguf' '$tmp/q8.gguf'"
 check "inspect fast" test "$(code "$EXE" inspect --json --budget 1MiB "$tmp/q8f.gguf")" = 0
 check "fast: same expert bytes" grep -qF '"expert_bytes": 6684672' "$tmp/out"
 
+# the low-bit mixes: one unit = gate + up (256 rows of 256) + down (256 rows of 256); q2_k: Q2_K
+# gate/up (84 bytes per 256), Q3_K down (110): 2 * 256 * 84 + 256 * 110 = 71168; q3_k_m: Q3_K
+# gate/up, Q4_K down (144; layers < 2 / 16 = 0 get Q5_K): 2 * 256 * 110 + 256 * 144 = 93184.
+# Each file also runs (greedy, 4 tokens).
+for tu in q2_k:71168 q3_k_m:93184; do
+    t=${tu%%:*}
+    check "synth $t" test "$(code "$EXE" synth --preset tiny --layers 2 --type $t --seed 3 -q -o "$tmp/$t.gguf")" = 0
+    check "inspect $t" test "$(code "$EXE" inspect --json "$tmp/$t.gguf")" = 0
+    check "$t unit_bytes" grep -qF "\"unit_bytes\": ${tu#*:}" "$tmp/out"
+    check "run $t" test "$(code "$EXE" run -m "$tmp/$t.gguf" -p "hello" -n 4 --temp 0 -t 2)" = 0
+done
+check "q3_k_m is qwen3moe-only" test "$(code "$EXE" synth --arch gemma4 --preset gemma4-tiny --type q3_k_m -q -o "$tmp/g.gguf")" = 1
+check "q3_k_m refusal says why" grep -q "qwen3moe only" "$tmp/err"
+
 # errors: exit 1 with the file named for bad files, 2 for bad usage
 check "missing file exit 1" test "$(code "$EXE" inspect "$tmp/nope.gguf")" = 1
 check "missing file named" grep -q "nope.gguf" "$tmp/err"

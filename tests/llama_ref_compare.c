@@ -1,6 +1,6 @@
 /* llama_ref_compare.c - compare our logits with the compact llama.cpp reference of a fixture
- * directory (tests/fixtures/llama_q3l4, made as its README.md says). A helper of
- * tests/cli_llama_ref_slow.sh, not a test by itself.
+ * directory (tests/fixtures/llama_q3l4, made as its README.md says; tests/fixtures/llama_lowbit/TYPE).
+ * A helper of tests/cli_llama_ref_slow.sh and tests/cli_llama_ref_lowbit.sh, not a test by itself.
  *
  * Usage: llama_ref_compare FIXTURE_DIR OURS.f32 [MIN_TOP1 [MAX_KL [SURE_MARGIN]]]
  *   OURS.f32: `hotmoe logits` output for the fixture's tokens.txt (n_tokens x n_vocab float32).

@@ -71,7 +71,8 @@ static void *dev_zero(size_t n) {
 static void dev_to(void *host, const void *d, size_t n) { CK(hm_cuda_download(ctx, host, d, n, &err)); }
 
 static const int types[] = {HM_TYPE_F32,  HM_TYPE_F16,  HM_TYPE_BF16, HM_TYPE_Q8_0, HM_TYPE_Q4_0, HM_TYPE_Q5_0,
-                            HM_TYPE_MXFP4, HM_TYPE_Q4_K, HM_TYPE_Q5_K, HM_TYPE_Q6_K, HM_TYPE_IQ4_XS};
+                            HM_TYPE_MXFP4, HM_TYPE_Q4_K, HM_TYPE_Q5_K, HM_TYPE_Q6_K, HM_TYPE_IQ4_XS,
+                            HM_TYPE_Q4_1, HM_TYPE_Q5_1, HM_TYPE_IQ4_NL, HM_TYPE_Q2_K, HM_TYPE_Q3_K};
 #define N_TYPES ((int)(sizeof types / sizeof types[0]))
 
 /* Random weights of `type`: quantised bytes (host) and their exact dequantisation. */
@@ -864,6 +865,9 @@ static void test_moe(void) {
     test_moe_case(HM_TYPE_MXFP4, HM_TYPE_BF16, 4, 6, 2, 256);
     test_moe_case(HM_TYPE_Q4_K, HM_TYPE_Q5_0, 3, 7, 2, 256);   /* gemma4 Q4_K_M's expert mix */
     test_moe_case(HM_TYPE_Q5_0, HM_TYPE_Q5_0, 19, 4, 2, 256);
+    test_moe_case(HM_TYPE_Q2_K, HM_TYPE_Q3_K, 5, 7, 2, 256);   /* Q2_K's experts: Q3_K down */
+    test_moe_case(HM_TYPE_Q4_1, HM_TYPE_Q5_1, 3, 5, 2, 256);
+    test_moe_case(HM_TYPE_IQ4_NL, HM_TYPE_Q4_K, 1, 6, 3, 256);
     /* Gemma-4 26B-A4B's expert width 704 (not a multiple of 256: the down part is Q5_0 / Q8_0) */
     test_moe_case(HM_TYPE_Q4_K, HM_TYPE_Q5_0, 3, 7, 2, 704);
     test_moe_case(HM_TYPE_Q4_K, HM_TYPE_Q8_0, 12, 4, 2, 704);
@@ -1122,6 +1126,9 @@ static void test_moe_dev(void) {
     test_moe_dev_case(HM_TYPE_F16, HM_TYPE_Q8_0, 2, 6, 6, 256); /* every expert of the layer routed */
     test_moe_dev_case(HM_TYPE_Q4_K, HM_TYPE_Q5_0, 1, 12, 4, 256); /* gemma4 Q4_K_M: int8 gate/up, f32 Q5_0 down */
     test_moe_dev_case(HM_TYPE_Q5_0, HM_TYPE_Q8_0, 5, 9, 3, 256);
+    test_moe_dev_case(HM_TYPE_Q2_K, HM_TYPE_Q3_K, 1, 12, 4, 256); /* Q2_K decode: f32 decoders */
+    test_moe_dev_case(HM_TYPE_Q3_K, HM_TYPE_Q4_K, 4, 9, 3, 256);  /* Q3_K_M */
+    test_moe_dev_case(HM_TYPE_IQ4_NL, HM_TYPE_Q5_1, 2, 6, 2, 256);
     /* Gemma-4 26B-A4B's expert width 704 (not a multiple of 256): Q4_K gate/up, Q5_0 / Q8_0 down */
     test_moe_dev_case(HM_TYPE_Q4_K, HM_TYPE_Q5_0, 1, 12, 4, 704);
     test_moe_dev_case(HM_TYPE_Q4_K, HM_TYPE_Q8_0, 3, 9, 3, 704);
@@ -1136,7 +1143,7 @@ static void test_errors(void) {
     hm_err e2;
     void *p = NULL;
     CHECK(hm_cuda_alloc(ctx, (size_t)1 << 50, &p, &e2) == HM_ERR_NOMEM && p == NULL);
-    hm_cuda_mat w = {NULL, HM_TYPE_Q4_1, 512, 4, hm_row_size(HM_TYPE_Q4_1, 512)};
+    hm_cuda_mat w = {NULL, HM_TYPE_Q8_K, 512, 4, hm_row_size(HM_TYPE_Q8_K, 512)}; /* activations only */
     float *d = dev_zero(4096);
     CHECK(hm_cuda_matmul(ctx, &w, d, 1, d, &e2) == HM_ERR_UNSUPPORTED);
     w.type = HM_TYPE_Q4_K;

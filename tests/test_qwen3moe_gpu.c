@@ -24,7 +24,9 @@
  * the synth's embedding dominates it): NMSE_BF16 = 1e-4 (10x over that estimate squared).
  * Q4_K_M: the CPU quantises activations to Q8_K / Q8_0 for its dot products (0.6 % rms rounding
  * per element) while the GPU keeps them f32 (or bf16 in prefill): the CPU's own rounding
- * dominates, NMSE_Q8 = 3e-4 for both runs.
+ * dominates, NMSE_Q8 = 3e-4 for both runs. The same holds for the low-bit files (q2_k, q3_k_m,
+ * iq4_nl, q4_1, q5_1): the GPU decodes their weights exactly (f32 paths), the CPU rounds
+ * activations to their dot partner (Q8_K, Q8_0, Q8_1).
  * Store stats (hm_model_usage): per layer hits + misses = the rows that layer computed x k;
  * (a) no hits, (d) no misses, (b) hits exactly on layers >= 2 (all of them, no misses there);
  * (c) static: hits and misses both > 0, lru: units swapped in during the run.
@@ -367,5 +369,12 @@ int main(void) {
     check_yarn_fixture();
     run_model("f32", false);
     run_model("q4_k_m", true);
+    /* the low-bit files (f32 decoders on the GPU; the CPU rounds activations to Q8_K / Q8_1 /
+     * Q8_0 as for Q4_K_M: the same NMSE_Q8 bound) */
+    run_model("q2_k", true);
+    run_model("q3_k_m", true);
+    run_model("iq4_nl", true);
+    run_model("q4_1", true);
+    run_model("q5_1", true);
     return test_done();
 }

@@ -11,6 +11,9 @@
  *  - dequantised weights have the intended mean and std (token_embd and output: the scales
  *    derived in synth_plan.c); f32 files hold exactly the generator's values;
  *  - inspect on a vocab-only GGUF, a missing file, a truncated file and garbage;
+ *  - q2_k / q3_k_m plans put each type where llama.cpp's llama_tensor_get_type does (written out
+ *    below from its rules for a MoE model with n_expert != 8), on qwen3-30b-a3b's shape (GQA 8)
+ *    and tiny's (GQA 2); gemma4 and qwen35moe refuse them;
  *  - gemma4's q4_k_m plan takes llama.cpp's block fallbacks (Q5_0, Q8_0) for rows of 704/2112;
  *  - --fast-experts: the random-block generator of every supported type dequantises to mean ~0,
  *    std ~0.02; a q4_k_m file (Q4_K and Q6_K experts) loads, is the same for 1 and 3 threads,
@@ -47,6 +50,7 @@ static int64_t hand_row_bytes(const char *type, int64_t n) {
     static const struct { const char *name; int64_t blck, size; } t[] = {
         {"f32", 1, 4},       {"f16", 1, 2},      {"bf16", 1, 2},    {"q8_0", 32, 34},  {"q4_0", 32, 18},
         {"q4_K", 256, 144}, {"q5_K", 256, 176}, {"q6_K", 256, 210}, {"iq4_xs", 256, 136}, {"mxfp4", 32, 17},
+        {"q4_1", 32, 20},   {"q5_1", 32, 24},   {"iq4_nl", 32, 18},
     };
     for (size_t i = 0; i < sizeof t / sizeof t[0]; i++)
         if (strcmp(t[i].name, type) == 0) return n / t[i].blck * t[i].size;
@@ -72,6 +76,8 @@ static const expect expects[] = {
     {"q4_k", "q4_K", "q4_K", "q4_K", false, 14},  {"q5_k", "q5_K", "q5_K", "q5_K", false, 16},
     {"q6_k", "q6_K", "q6_K", "q6_K", false, 18},  {"iq4_xs", "iq4_xs", "iq4_xs", "iq4_xs", false, 30},
     {"mxfp4", "q8_0", "mxfp4", "q8_0", false, 38},
+    {"q4_1", "q4_1", "q4_1", "q4_1", false, 3},   {"q5_1", "q5_1", "q5_1", "q5_1", false, 9},
+    {"iq4_nl", "iq4_nl", "iq4_nl", "iq4_nl", false, 25},
 };
 
 /* use_more_bits(i, n) of llama.cpp, written out: layers < n/8, >= 7n/8, or (i - n/8) % 3 == 2. */
@@ -455,16 +461,17 @@ static void check_bad_options(void) {
 /* gemma4-26b-a4b's plan over 2 layers (use_more_bits(i, 2): only layer 1): under q4_k_m the
  * rows of 704 (ffn_down_exps) and 2112 (ffn_down) are not multiples of 256, so llama.cpp's
  * fallback applies - layer 0 Q4_K -> Q5_0, layer 1 Q6_K -> Q8_0 - with no substitute; the fused
- * ffn_gate_up_exps rows (2816 = 11 * 256) keep Q4_K. Pure q5_k falls back to Q5_1, which has no
- * quantiser here: Q8_0, substituted. */
+ * ffn_gate_up_exps rows (2816 = 11 * 256) keep Q4_K. Pure q5_k falls back to Q5_1, iq4_xs to
+ * IQ4_NL. */
 static void check_g4_fallback(void) {
-    static const struct { const char *mix; const char *name; int type; bool subst; } want[] = {
-        {"q4_k_m", "blk.0.ffn_down_exps.weight", HM_TYPE_Q5_0, false},
-        {"q4_k_m", "blk.0.ffn_down.weight", HM_TYPE_Q5_0, false},
-        {"q4_k_m", "blk.1.ffn_down_exps.weight", HM_TYPE_Q8_0, false},
-        {"q4_k_m", "blk.1.ffn_down.weight", HM_TYPE_Q8_0, false},
-        {"q4_k_m", "blk.0.ffn_gate_up_exps.weight", HM_TYPE_Q4_K, false},
-        {"q5_k", "blk.0.ffn_down_exps.weight", HM_TYPE_Q8_0, true},
+    static const struct { const char *mix; const char *name; int type; } want[] = {
+        {"q4_k_m", "blk.0.ffn_down_exps.weight", HM_TYPE_Q5_0},
+        {"q4_k_m", "blk.0.ffn_down.weight", HM_TYPE_Q5_0},
+        {"q4_k_m", "blk.1.ffn_down_exps.weight", HM_TYPE_Q8_0},
+        {"q4_k_m", "blk.1.ffn_down.weight", HM_TYPE_Q8_0},
+        {"q4_k_m", "blk.0.ffn_gate_up_exps.weight", HM_TYPE_Q4_K},
+        {"q5_k", "blk.0.ffn_down_exps.weight", HM_TYPE_Q5_1},
+        {"iq4_xs", "blk.0.ffn_down_exps.weight", HM_TYPE_IQ4_NL},
     };
     const hm_synth_g4 *q = hm_synth_find_g4("gemma4-26b-a4b");
     CHECK(q != NULL);
@@ -473,15 +480,67 @@ static void check_g4_fallback(void) {
         hm_err err = {{0}};
         hm_synth_tensor *t = NULL;
         int64_t n = 0;
-        bool subst = false;
-        hm_status st = hm_synth_plan_g4(q, 2, hm_synth_find_mix(want[i].mix), &t, &n, &subst, &err);
+        hm_status st = hm_synth_plan_g4(q, 2, hm_synth_find_mix(want[i].mix), &t, &n, &err);
         CHECKF(st == HM_OK, "plan %s: %s", want[i].mix, err.msg);
         int type = -1;
         for (int64_t k = 0; k < n; k++)
             if (strcmp(t[k].name, want[i].name) == 0) type = t[k].type;
         CHECKF(type == want[i].type, "%s %s: type %d, want %d", want[i].mix, want[i].name, type, want[i].type);
-        CHECKF(subst == want[i].subst, "%s: substituted %d", want[i].mix, subst);
         free(t);
+    }
+}
+
+/* llama.cpp's Q2_K and Q3_K_M (src/llama-quant.cpp, llama_tensor_get_type_impl), for a
+ * non-Falcon model with n_expert != 8, written out per tensor:
+ *   Q2_K:   attn_v Q4_K if n_head / n_head_kv >= 4 else Q3_K; ffn_down Q3_K; attn_output Q3_K;
+ *   Q3_K_M: attn_v Q5_K for the first two attn_v tensors, then Q4_K; ffn_down Q5_K on layers
+ *           < n_layer / 16, then Q4_K; attn_output Q4_K;
+ *   both:   output Q6_K; every other matrix the base type; norms and the router F32. */
+static void check_lowbit_mixes(void) {
+    static const struct { const char *preset, *mix; int n_layer; const char *name, *type; } want[] = {
+        {"qwen3-30b-a3b", "q2_k", 48, "output.weight", "q6_K"},
+        {"qwen3-30b-a3b", "q2_k", 48, "token_embd.weight", "q2_K"},
+        {"qwen3-30b-a3b", "q2_k", 48, "blk.0.attn_v.weight", "q4_K"}, /* GQA 32/4 = 8 */
+        {"qwen3-30b-a3b", "q2_k", 48, "blk.7.attn_k.weight", "q2_K"},
+        {"qwen3-30b-a3b", "q2_k", 48, "blk.7.attn_q.weight", "q2_K"},
+        {"qwen3-30b-a3b", "q2_k", 48, "blk.47.attn_output.weight", "q3_K"},
+        {"qwen3-30b-a3b", "q2_k", 48, "blk.3.ffn_down_exps.weight", "q3_K"},
+        {"qwen3-30b-a3b", "q2_k", 48, "blk.3.ffn_up_exps.weight", "q2_K"},
+        {"qwen3-30b-a3b", "q2_k", 48, "blk.3.ffn_gate_inp.weight", "f32"},
+        {"tiny", "q2_k", 4, "blk.1.attn_v.weight", "q3_K"}, /* GQA 4/2 = 2 */
+        {"qwen3-30b-a3b", "q3_k_m", 48, "output.weight", "q6_K"},
+        {"qwen3-30b-a3b", "q3_k_m", 48, "token_embd.weight", "q3_K"},
+        {"qwen3-30b-a3b", "q3_k_m", 48, "blk.0.attn_v.weight", "q5_K"},
+        {"qwen3-30b-a3b", "q3_k_m", 48, "blk.1.attn_v.weight", "q5_K"},
+        {"qwen3-30b-a3b", "q3_k_m", 48, "blk.2.attn_v.weight", "q4_K"},
+        {"qwen3-30b-a3b", "q3_k_m", 48, "blk.2.ffn_down_exps.weight", "q5_K"}, /* 48 / 16 = 3 */
+        {"qwen3-30b-a3b", "q3_k_m", 48, "blk.3.ffn_down_exps.weight", "q4_K"},
+        {"qwen3-30b-a3b", "q3_k_m", 48, "blk.3.attn_output.weight", "q4_K"},
+        {"qwen3-30b-a3b", "q3_k_m", 48, "blk.3.attn_k.weight", "q3_K"},
+        {"qwen3-30b-a3b", "q3_k_m", 48, "blk.3.ffn_gate_exps.weight", "q3_K"},
+        {"tiny", "q3_k_m", 2, "blk.0.ffn_down_exps.weight", "q4_K"}, /* 2 / 16 = 0 */
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        hm_err err = {{0}};
+        hm_synth_tensor *t = NULL;
+        int64_t n = 0;
+        hm_status st = hm_synth_plan(hm_synth_find_preset(want[i].preset), want[i].n_layer, hm_synth_find_mix(want[i].mix),
+                                     &t, &n, &err);
+        CHECKF(st == HM_OK, "plan %s: %s", want[i].mix, err.msg);
+        const char *type = "missing";
+        for (int64_t k = 0; k < n; k++)
+            if (strcmp(t[k].name, want[i].name) == 0) type = hm_type_name(t[k].type);
+        CHECKF(strcmp(type, want[i].type) == 0, "%s %s %s: %s, want %s", want[i].preset, want[i].mix, want[i].name, type,
+               want[i].type);
+        free(t);
+    }
+    /* the mixes are llama.cpp's rules for qwen3moe's tensors; other archs refuse them */
+    static const char *refuse[][2] = {{"gemma4", "gemma4-tiny"}, {"qwen35moe", "qwen36-35b-a3b"}};
+    for (size_t i = 0; i < 2; i++) {
+        hm_synth_opts o = {.arch = refuse[i][0], .preset = refuse[i][1], .n_layer = 1, .type = "q3_k_m",
+                           .out_path = tpath("refused.gguf")};
+        hm_err err = {{0}};
+        CHECKF(hm_synth(&o, &err) == HM_ERR_UNSUPPORTED, "%s q3_k_m: %s", refuse[i][0], err.msg);
     }
 }
 
@@ -612,6 +671,7 @@ int main(void) {
     check_inspect_inputs();
     check_bad_options();
     check_g4_fallback();
+    check_lowbit_mixes();
     check_fast_generator();
     check_fast_experts();
     char cmd[600];

@@ -30,6 +30,7 @@ typedef enum hm_type {
     HM_TYPE_Q5_K = 13,
     HM_TYPE_Q6_K = 14,
     HM_TYPE_Q8_K = 15,
+    HM_TYPE_IQ4_NL = 20,
     HM_TYPE_IQ4_XS = 23,
     HM_TYPE_BF16 = 30,
     HM_TYPE_MXFP4 = 39,

@@ -101,7 +101,7 @@ static void run_chunk(chunk_job *j) {
 }
 
 static hm_status write_metadata(hm_gguf_writer *w, const hm_synth_opts *o, const hm_synth_preset *p,
-                                const hm_synth_q35 *q35, const hm_synth_g4 *g4, bool g4_subst, int32_t n_layer,
+                                const hm_synth_q35 *q35, const hm_synth_g4 *g4, int32_t n_layer,
                                 const hm_synth_mix *m, const hm_synth_routing *routing, hm_err *err) {
     hm_status st = HM_OK;
 #define SET(call) do { if (!st) st = (call); } while (0)
@@ -110,7 +110,7 @@ static hm_status write_metadata(hm_gguf_writer *w, const hm_synth_opts *o, const
         goto provenance;
     }
     if (g4) {
-        SET(hm_synth_meta_g4(w, g4, n_layer, m, g4_subst));
+        SET(hm_synth_meta_g4(w, g4, n_layer, m));
         goto provenance;
     }
     /* general.* and qwen3moe.* in the order and with the value types llama.cpp's converter
@@ -171,6 +171,9 @@ static hm_status check_opts(const hm_synth_opts *o, const hm_synth_preset **p, c
     if (!o->type) return hm_errf(err, HM_ERR_ARG, "synth: no type (one of: %s)", hm_synth_mix_names());
     if (!(*m = hm_synth_find_mix(o->type)))
         return hm_errf(err, HM_ERR_ARG, "synth: unknown type '%s' (one of: %s)", o->type, hm_synth_mix_names());
+    if ((is_q35 || is_g4) && ((*m)->kind == HM_SYNTH_MIX_Q2_K || (*m)->kind == HM_SYNTH_MIX_Q3_K_M))
+        return hm_errf(err, HM_ERR_UNSUPPORTED, "synth: --type %s follows llama-quantize's rules for qwen3moe only",
+                       (*m)->name);
     if (o->n_layer < 0 || o->n_layer > 1000)
         return hm_errf(err, HM_ERR_ARG, "synth: --layers %d is out of range [1, 1000]", o->n_layer);
     if (!o->out_path || !*o->out_path) return hm_errf(err, HM_ERR_ARG, "synth: no output file (-o FILE)");
@@ -183,7 +186,6 @@ hm_status hm_synth(const hm_synth_opts *o, hm_err *err) {
     const hm_synth_preset *p = NULL;
     const hm_synth_q35 *q35 = NULL;
     const hm_synth_g4 *g4 = NULL;
-    bool g4_subst = false;
     const hm_synth_mix *m = NULL;
     hm_status st = check_opts(o, &p, &q35, &g4, &m, err);
     if (st) return st;
@@ -203,7 +205,7 @@ hm_status hm_synth(const hm_synth_opts *o, hm_err *err) {
     memset(&job, 0, sizeof job);
     hm_synth_routing *routing = NULL;
     st = q35  ? hm_synth_plan_q35(q35, n_layer, m, &plan, &n_tensors, err)
-         : g4 ? hm_synth_plan_g4(g4, n_layer, m, &plan, &n_tensors, &g4_subst, err)
+         : g4 ? hm_synth_plan_g4(g4, n_layer, m, &plan, &n_tensors, err)
               : hm_synth_plan(p, n_layer, m, &plan, &n_tensors, err);
     if (st) return st;
     if (o->routing_profile &&
@@ -241,7 +243,7 @@ hm_status hm_synth(const hm_synth_opts *o, hm_err *err) {
 
     st = hm_gguf_writer_open(&w, o->out_path, 0, err);
     if (st) goto done;
-    st = write_metadata(w, o, p, q35, g4, g4_subst, n_layer, m, routing, err);
+    st = write_metadata(w, o, p, q35, g4, n_layer, m, routing, err);
     for (int64_t i = 0; !st && i < n_tensors; i++) {
         const hm_synth_tensor *t = &plan[i];
         st = hm_gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne);

@@ -43,9 +43,8 @@
  * attn_v count (sliding layers only); ffn_down and ffn_down_exps (both "ffn_down") Q6_K on
  * use_more_bits(layer); everything else Q4_K; 1-D tensors and ffn_gate_inp F32. Rows that are not
  * a multiple of the type's block (ffn_down_exps: 704, ffn_down: 2112 are not multiples of 256)
- * take llama.cpp's fallback: Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0, IQ4_XS -> IQ4_NL; where
- * this build has no quantiser for the fallback type (Q5_1, IQ4_NL today) synth writes Q8_0
- * instead and says so in the key hotmoe.synth.fallback_substitute. */
+ * take llama.cpp's fallback: Q2_K, Q3_K -> Q4_0, Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0,
+ * IQ4_XS -> IQ4_NL (every fallback type has a reference quantiser here). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -80,30 +79,20 @@ typedef struct g4_plan {
     hm_synth_tensor *t;
     int64_t n, cap;
     const hm_synth_mix *mix;
-    bool substituted; /* a fallback type had no quantiser: Q8_0 written instead */
 } g4_plan;
 
-static bool have_quantiser(int type) {
-    const hm_type_traits *tr = hm_type_get(type);
-    return tr && tr->from_float_ref && tr->supported;
-}
-
 /* llama.cpp's tensor_type_fallback for rows of ne0 elements. */
-static int fallback(g4_plan *pl, int type, int64_t ne0) {
+static int fallback(int type, int64_t ne0) {
     const hm_type_traits *tr = hm_type_get(type);
     if (tr && tr->blck_size > 0 && ne0 % tr->blck_size == 0) return type;
-    int fb;
     switch (type) {
-    case HM_TYPE_Q2_K: case HM_TYPE_Q3_K: fb = HM_TYPE_Q4_0; break;
-    case HM_TYPE_Q4_K: fb = HM_TYPE_Q5_0; break;
-    case HM_TYPE_Q5_K: fb = HM_TYPE_Q5_1; break;
-    case HM_TYPE_Q6_K: fb = HM_TYPE_Q8_0; break;
-    case HM_TYPE_IQ4_XS: fb = 20 /* GGML_TYPE_IQ4_NL */; break;
+    case HM_TYPE_Q2_K: case HM_TYPE_Q3_K: return HM_TYPE_Q4_0;
+    case HM_TYPE_Q4_K: return HM_TYPE_Q5_0;
+    case HM_TYPE_Q5_K: return HM_TYPE_Q5_1;
+    case HM_TYPE_Q6_K: return HM_TYPE_Q8_0;
+    case HM_TYPE_IQ4_XS: return HM_TYPE_IQ4_NL;
     default: return type; /* the caller reports the block mismatch */
     }
-    if (fb < HM_TYPE_COUNT && have_quantiser(fb)) return fb;
-    pl->substituted = true;
-    return HM_TYPE_Q8_0;
 }
 
 /* more: a tensor llama-quantize gives Q6_K on use_more_bits layers under Q4_K_M */
@@ -117,8 +106,9 @@ static int g4_type(g4_plan *pl, const char *name, uint32_t n_dims, int64_t ne0, 
     case HM_SYNTH_MIX_Q4_K_M:
         t = strcmp(name, "token_embd.weight") == 0 || more ? HM_TYPE_Q6_K : HM_TYPE_Q4_K;
         break;
+    case HM_SYNTH_MIX_Q2_K: case HM_SYNTH_MIX_Q3_K_M: break; /* refused by hm_synth's option check */
     }
-    return fallback(pl, t, ne0);
+    return fallback(t, ne0);
 }
 
 static hm_status g4_add(g4_plan *pl, const char *name, uint32_t n_dims, int64_t ne0, int64_t ne1, int64_t ne2,
@@ -132,7 +122,7 @@ static hm_status g4_add(g4_plan *pl, const char *name, uint32_t n_dims, int64_t 
 }
 
 hm_status hm_synth_plan_g4(const hm_synth_g4 *q, int32_t n_layer, const hm_synth_mix *m, hm_synth_tensor **out,
-                           int64_t *n_out, bool *substituted, hm_err *err) {
+                           int64_t *n_out, hm_err *err) {
     const hm_synth_preset *p = &q->base;
     g4_plan pl = {.mix = m};
     const int64_t E = p->n_embd, F = p->n_ff_exp, X = p->n_expert;
@@ -191,12 +181,10 @@ hm_status hm_synth_plan_g4(const hm_synth_g4 *q, int32_t n_layer, const hm_synth
     }
     *out = pl.t;
     *n_out = pl.n;
-    *substituted = pl.substituted;
     return HM_OK;
 }
 
-hm_status hm_synth_meta_g4(hm_gguf_writer *w, const hm_synth_g4 *q, int32_t n_layer, const hm_synth_mix *m,
-                           bool substituted) {
+hm_status hm_synth_meta_g4(hm_gguf_writer *w, const hm_synth_g4 *q, int32_t n_layer, const hm_synth_mix *m) {
     const hm_synth_preset *p = &q->base;
     hm_status st = HM_OK;
     int32_t *kv = malloc((size_t)n_layer * sizeof *kv);
@@ -240,7 +228,6 @@ hm_status hm_synth_meta_g4(hm_gguf_writer *w, const hm_synth_g4 *q, int32_t n_la
     SET(hm_gguf_writer_set_u32(w, A "expert_feed_forward_length", (uint32_t)p->n_ff_exp));
     SET(hm_gguf_writer_set_u32(w, A "rope.dimension_count", (uint32_t)p->head_dim));
     SET(hm_gguf_writer_set_u32(w, A "rope.dimension_count_swa", (uint32_t)q->hd_swa));
-    if (substituted) SET(hm_gguf_writer_set_str(w, "hotmoe.synth.fallback_substitute", "q8_0"));
 #undef A
 #undef SET
     free(kv);

@@ -20,13 +20,12 @@ typedef struct hm_synth_g4 {
 const hm_synth_g4 *hm_synth_find_g4(const char *name);
 const char *hm_synth_g4_names(void);
 bool hm_synth_g4_swa(const hm_synth_g4 *q, int32_t il);
-/* As hm_synth_plan, for gemma4; *substituted: a llama.cpp fallback type had no quantiser here
- * and Q8_0 was planned instead. */
+/* As hm_synth_plan, for gemma4 (rows that do not fit the type's block take llama.cpp's fallback
+ * type). */
 hm_status hm_synth_plan_g4(const hm_synth_g4 *q, int32_t n_layer, const hm_synth_mix *m, hm_synth_tensor **out,
-                           int64_t *n_out, bool *substituted, hm_err *err);
+                           int64_t *n_out, hm_err *err);
 /* general.* and gemma4.* keys as llama.cpp's converter writes them. */
-hm_status hm_synth_meta_g4(hm_gguf_writer *w, const hm_synth_g4 *q, int32_t n_layer, const hm_synth_mix *m,
-                           bool substituted);
+hm_status hm_synth_meta_g4(hm_gguf_writer *w, const hm_synth_g4 *q, int32_t n_layer, const hm_synth_mix *m);
 /* tokenizer.* keys: the built-in gemma4 vocabulary padded to n_vocab. */
 hm_status hm_synth_vocab_g4(hm_gguf_writer *w, int32_t n_vocab, hm_err *err);
 

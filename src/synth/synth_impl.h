@@ -56,6 +56,8 @@ typedef enum hm_synth_mix_kind {
     HM_SYNTH_MIX_PURE,      /* every matrix of base type (llama-quantize --pure) */
     HM_SYNTH_MIX_Q4_K_M,    /* llama.cpp's Q4_K_M rules */
     HM_SYNTH_MIX_MXFP4_MOE, /* llama.cpp's MXFP4_MOE: experts MXFP4, other matrices Q8_0 */
+    HM_SYNTH_MIX_Q2_K,      /* llama.cpp's Q2_K rules (qwen3moe only) */
+    HM_SYNTH_MIX_Q3_K_M,    /* llama.cpp's Q3_K_M rules (qwen3moe only) */
 } hm_synth_mix_kind;
 
 typedef struct hm_synth_mix {

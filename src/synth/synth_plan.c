@@ -47,6 +47,11 @@ static const hm_synth_mix mixes[] = {
     {"q6_k", 18, HM_TYPE_Q6_K, HM_SYNTH_MIX_PURE},
     {"iq4_xs", 30, HM_TYPE_IQ4_XS, HM_SYNTH_MIX_PURE},
     {"mxfp4", 38, HM_TYPE_MXFP4, HM_SYNTH_MIX_MXFP4_MOE},
+    {"q4_1", 3, HM_TYPE_Q4_1, HM_SYNTH_MIX_PURE},
+    {"q5_1", 9, HM_TYPE_Q5_1, HM_SYNTH_MIX_PURE},
+    {"iq4_nl", 25, HM_TYPE_IQ4_NL, HM_SYNTH_MIX_PURE},
+    {"q2_k", 10, HM_TYPE_Q2_K, HM_SYNTH_MIX_Q2_K},
+    {"q3_k_m", 12, HM_TYPE_Q3_K, HM_SYNTH_MIX_Q3_K_M},
 };
 
 #define N_PRESETS (sizeof presets / sizeof presets[0])
@@ -66,7 +71,7 @@ const hm_synth_mix *hm_synth_find_mix(const char *name) {
 
 const char *hm_synth_preset_names(void) { return "qwen3-30b-a3b, tiny, qwen36-geom"; }
 const char *hm_synth_mix_names(void) {
-    return "q4_k_m, q8_0, f16, f32, bf16, q4_0, q4_k, q5_k, q6_k, iq4_xs, mxfp4";
+    return "q4_k_m, q8_0, f16, f32, bf16, q4_0, q4_k, q5_k, q6_k, iq4_xs, mxfp4, q4_1, q5_1, iq4_nl, q2_k, q3_k_m";
 }
 
 typedef enum tkind {
@@ -81,6 +86,31 @@ static bool use_more_bits(int i_layer, int n_layers) {
     return i_layer < n_layers / 8 || i_layer >= 7 * n_layers / 8 || (i_layer - n_layers / 8) % 3 == 2;
 }
 
+/* The 2/3-bit mixes of llama_tensor_get_type_impl (llama.cpp src/llama-quant.cpp) for a non-Falcon
+ * MoE model with all row lengths multiples of 256, as they fall on qwen3moe's tensors:
+ * - output Q6_K; token_embd, attn_q, ffn_gate_exps, ffn_up_exps the base type (Q2_K / Q3_K);
+ * - attn_v: Q2_K: Q4_K when n_head / n_head_kv >= 4, else Q3_K; Q3_K_M: Q5_K on the first two
+ *   attn_v tensors (layers 0 and 1 here), Q4_K after; either: Q8_0 when n_expert == 8;
+ * - attn_k: Q8_0 when n_expert == 8, else the base type;
+ * - ffn_down_exps: Q2_K: Q3_K; Q3_K_M: Q5_K on layers < n_layer / 16, Q4_K after;
+ * - attn_output: Q5_K when n_expert == 8, else Q2_K: Q3_K, Q3_K_M: Q4_K. */
+static int lowbit_mix_type(hm_synth_mix_kind kind, tkind k, int layer, int n_layer, int n_gqa, int n_expert) {
+    const bool q2 = kind == HM_SYNTH_MIX_Q2_K;
+    switch (k) {
+    case T_OUTPUT: return HM_TYPE_Q6_K;
+    case T_ATTN_V:
+        if (n_expert == 8) return HM_TYPE_Q8_0;
+        if (q2) return n_gqa >= 4 ? HM_TYPE_Q4_K : HM_TYPE_Q3_K;
+        return layer < 2 ? HM_TYPE_Q5_K : HM_TYPE_Q4_K;
+    case T_ATTN_K: return n_expert == 8 ? HM_TYPE_Q8_0 : q2 ? HM_TYPE_Q2_K : HM_TYPE_Q3_K;
+    case T_FFN_DOWN_EXPS:
+        if (q2) return HM_TYPE_Q3_K;
+        return layer < n_layer / 16 ? HM_TYPE_Q5_K : HM_TYPE_Q4_K;
+    case T_ATTN_OUT: return n_expert == 8 ? HM_TYPE_Q5_K : q2 ? HM_TYPE_Q3_K : HM_TYPE_Q4_K;
+    default: return q2 ? HM_TYPE_Q2_K : HM_TYPE_Q3_K;
+    }
+}
+
 /* The ggml type of a tensor, following llama.cpp:
  * - 1-D tensors (all norms) are F32 (the converter writes them F32, llama-quantize skips them);
  * - ffn_gate_inp (the router) is F32 (the converter forces it, llama-quantize never quantises it);
@@ -89,8 +119,10 @@ static bool use_more_bits(int i_layer, int n_layers) {
  *   n_expert != 8): output.weight Q6_K; attn_v Q6_K on use_more_bits(i, n_layer) layers (llama.cpp
  *   counts attn_v tensors in file order, which is layer order here); ffn_down(_exps) Q6_K on
  *   use_more_bits layers; everything else (token_embd, attn_q/k/output, ffn_gate/up_exps) Q4_K;
- * - MXFP4_MOE: expert tensors (ne[2] > 1) MXFP4, every other matrix Q8_0 (output included). */
-static int tensor_type(const hm_synth_mix *m, tkind k, uint32_t n_dims, int layer, int n_layer) {
+ * - MXFP4_MOE: expert tensors (ne[2] > 1) MXFP4, every other matrix Q8_0 (output included);
+ * - Q2_K, Q3_K_M: lowbit_mix_type. */
+static int tensor_type(const hm_synth_mix *m, const hm_synth_preset *p, tkind k, uint32_t n_dims, int layer,
+                       int n_layer) {
     if (n_dims < 2 || k == T_FFN_GATE_INP) return HM_TYPE_F32;
     switch (m->kind) {
     case HM_SYNTH_MIX_PURE: return m->base;
@@ -99,6 +131,9 @@ static int tensor_type(const hm_synth_mix *m, tkind k, uint32_t n_dims, int laye
         if (k == T_OUTPUT) return HM_TYPE_Q6_K;
         if ((k == T_ATTN_V || k == T_FFN_DOWN_EXPS) && use_more_bits(layer, n_layer)) return HM_TYPE_Q6_K;
         return HM_TYPE_Q4_K;
+    case HM_SYNTH_MIX_Q2_K:
+    case HM_SYNTH_MIX_Q3_K_M:
+        return lowbit_mix_type(m->kind, k, layer, n_layer, p->n_head / p->n_head_kv, p->n_expert);
     }
     return m->base;
 }
@@ -107,6 +142,7 @@ typedef struct plan {
     hm_synth_tensor *t;
     int64_t n, cap;
     const hm_synth_mix *mix;
+    const hm_synth_preset *preset;
     int32_t n_layer;
     float embd_std, output_std; /* the two ends of the network (see synth_scales) */
 } plan;
@@ -184,7 +220,7 @@ static hm_status add(plan *pl, tkind k, int layer, const char *suffix, uint32_t 
     else snprintf(name, sizeof name, "%s.weight", suffix);
     hm_synth_tensor *t = hm_synth_push(&pl->t, &pl->n, &pl->cap, name, n_dims, ne0, ne1, ne2, err);
     if (!t) return HM_ERR_NOMEM;
-    t->type = tensor_type(pl->mix, k, n_dims, layer, pl->n_layer);
+    t->type = tensor_type(pl->mix, pl->preset, k, n_dims, layer, pl->n_layer);
     bool norm = n_dims == 1;
     t->mean = norm ? 1.0f : 0.0f; /* norms near 1, matrices centred */
     t->std = norm ? 0.05f : (float)SYNTH_WEIGHT_STD;
@@ -195,7 +231,7 @@ static hm_status add(plan *pl, tkind k, int layer, const char *suffix, uint32_t 
 
 hm_status hm_synth_plan(const hm_synth_preset *p, int32_t n_layer, const hm_synth_mix *m,
                         hm_synth_tensor **out, int64_t *n_out, hm_err *err) {
-    plan pl = {.mix = m, .n_layer = n_layer};
+    plan pl = {.mix = m, .preset = p, .n_layer = n_layer};
     synth_scales(&pl, p);
     const int64_t E = p->n_embd, Q = (int64_t)p->n_head * p->head_dim, KV = (int64_t)p->n_head_kv * p->head_dim;
     hm_status st = add(&pl, T_TOKEN_EMBD, -1, "token_embd", 2, E, p->n_vocab, 1, err);

@@ -60,6 +60,7 @@ static int q35_type(const hm_synth_mix *m, const char *name, uint32_t n_dims, bo
         if (strstr(name, "attn_qkv")) return HM_TYPE_Q5_K;
         if (more && more_layer) return HM_TYPE_Q6_K;
         return HM_TYPE_Q4_K;
+    case HM_SYNTH_MIX_Q2_K: case HM_SYNTH_MIX_Q3_K_M: break; /* refused by hm_synth's option check */
     }
     return m->base;
 }

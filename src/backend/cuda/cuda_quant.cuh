@@ -843,9 +843,12 @@ __device__ __forceinline__ void q8k_rows_dot(const uint8_t *const (&rows)[R], in
 
 } /* namespace hmcu */
 
+#include "cuda_quant_lowbit.cuh"
+
 /* Expand M(T) for every weight type the backend supports (dispatch tables of the .cu files). */
 #define HM_CUDA_FOR_TYPES(M) \
     M(HM_TYPE_F32) M(HM_TYPE_F16) M(HM_TYPE_BF16) M(HM_TYPE_Q8_0) M(HM_TYPE_Q4_0) \
-    M(HM_TYPE_Q5_0) M(HM_TYPE_MXFP4) M(HM_TYPE_Q4_K) M(HM_TYPE_Q5_K) M(HM_TYPE_Q6_K) M(HM_TYPE_IQ4_XS)
+    M(HM_TYPE_Q5_0) M(HM_TYPE_MXFP4) M(HM_TYPE_Q4_K) M(HM_TYPE_Q5_K) M(HM_TYPE_Q6_K) M(HM_TYPE_IQ4_XS) \
+    M(HM_TYPE_Q4_1) M(HM_TYPE_Q5_1) M(HM_TYPE_IQ4_NL) M(HM_TYPE_Q2_K) M(HM_TYPE_Q3_K)
 
 #endif
