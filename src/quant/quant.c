@@ -35,6 +35,7 @@ static void build_table(void) {
     hm_quant_register_float(table);
     hm_quant_register_q8_0(table);
     hm_quant_register_k(table);
+    hm_quant_register_iq(table);
     for (int i = 0; i < HM_TYPE_COUNT; i++) {
         hm_type_traits *e = &table[i];
         if (!e->vec_dot)
