@@ -42,7 +42,7 @@ static void build_table(void) {
             for (int isa = HM_ISA_COUNT - 1; isa >= 0 && !e->vec_dot; isa--) e->vec_dot = e->vec_dot_isa[isa];
         if (!e->to_float) e->to_float = e->to_float_ref;
         if (!e->from_float) e->from_float = e->from_float_ref;
-        e->supported = e->name && e->to_float_ref && e->from_float_ref && e->vec_dot_isa[HM_ISA_SCALAR];
+        e->supported = e->name && e->to_float_ref && e->vec_dot_isa[HM_ISA_SCALAR];
     }
 }
 

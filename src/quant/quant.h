@@ -56,7 +56,9 @@ typedef struct hm_type_traits {
     const char *name;          /* "q4_K", as ggml names it; NULL for ids we do not know */
     int64_t blck_size;         /* elements per block */
     size_t type_size;          /* bytes per block */
-    bool supported;            /* true when every function below is implemented */
+    bool supported;            /* true when it can be computed with: to_float_ref and a scalar vec_dot
+                                * (from_float_ref may be NULL: i-quants ggml only quantises with
+                                * an importance matrix, see hm_quant_iq_quantize) */
     hm_to_float_fn to_float;   /* dequantisation (fastest variant) */
     hm_to_float_fn to_float_ref;
     hm_from_float_fn from_float;     /* quantisation used at run time (activations) */
@@ -83,6 +85,11 @@ int hm_type_from_name(const char *name);
 /* Bytes of a row of ne0 elements; 0 if ne0 is not a multiple of the block size, t is unknown,
  * or the size overflows size_t. */
 size_t hm_row_size(int t, int64_t ne0);
+
+/* Quantise nrow rows of n_per_row elements (a multiple of 256) of an importance-matrix type t
+ * (IQ2_XXS, IQ2_XS) with importance qw[n_per_row] (NULL: uniform), the same bytes as ggml's
+ * quantize_<type>(src, dst, nrow, n_per_row, qw). False if t has no such quantiser here. */
+bool hm_quant_iq_quantize(int t, const float *src, void *dst, int64_t nrow, int64_t n_per_row, const float *qw);
 
 /* Which variants this build compiled and this CPU can run. */
 bool hm_isa_available(hm_isa isa);

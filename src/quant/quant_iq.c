@@ -229,9 +229,9 @@ static void iq_set(hm_type_traits *e, const char *name, size_t type_size, hm_to_
 }
 
 void hm_quant_register_iq(hm_type_traits *table) {
-    iq_set(&table[HM_TYPE_IQ2_XXS], "iq2_xxs", sizeof(hm_block_iq2_xxs), to_float_iq2_xxs_ref, NULL,
+    iq_set(&table[HM_TYPE_IQ2_XXS], "iq2_xxs", sizeof(hm_block_iq2_xxs), to_float_iq2_xxs_ref, hm_from_float_iq2_xxs_ref,
            vec_dot_iq2_xxs_scalar, NULL);
-    iq_set(&table[HM_TYPE_IQ2_XS], "iq2_xs", sizeof(hm_block_iq2_xs), to_float_iq2_xs_ref, NULL,
+    iq_set(&table[HM_TYPE_IQ2_XS], "iq2_xs", sizeof(hm_block_iq2_xs), to_float_iq2_xs_ref, hm_from_float_iq2_xs_ref,
            vec_dot_iq2_xs_scalar, NULL);
     iq_set(&table[HM_TYPE_IQ2_S], "iq2_s", sizeof(hm_block_iq2_s), to_float_iq2_s_ref, NULL, vec_dot_iq2_s_scalar,
            NULL);

@@ -107,6 +107,10 @@ static inline uint16_t hm_iq1m_d(const uint8_t scales[8]) {
     return (uint16_t)((s0 >> 12) | ((s1 >> 8) & 0x00f0) | ((s2 >> 4) & 0x0f00) | (s3 & 0xf000));
 }
 
+/* Reference quantisers with uniform importance (quant_iq_quantize.c). */
+void hm_from_float_iq2_xxs_ref(const float *src, void *dst, int64_t n);
+void hm_from_float_iq2_xs_ref(const float *src, void *dst, int64_t n);
+
 /* SIMD variants (quant_iq_avx2.c), registered by quant_iq.c where compiled. */
 void hm_vec_dot_iq2_xxs_avx2(int64_t n, float *out, const void *x, const void *y);
 void hm_vec_dot_iq2_xs_avx2(int64_t n, float *out, const void *x, const void *y);
