@@ -86,9 +86,11 @@ int hm_type_from_name(const char *name);
  * or the size overflows size_t. */
 size_t hm_row_size(int t, int64_t ne0);
 
-/* Quantise nrow rows of n_per_row elements (a multiple of 256) of an importance-matrix type t
- * (IQ2_XXS, IQ2_XS) with importance qw[n_per_row] (NULL: uniform), the same bytes as ggml's
- * quantize_<type>(src, dst, nrow, n_per_row, qw). False if t has no such quantiser here. */
+/* Quantise nrow rows of n_per_row elements (a multiple of 256) of a grid i-quant t (IQ2_XXS,
+ * IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M) with importance qw[n_per_row]: the same bytes as
+ * ggml's quantize_<type>(src, dst, nrow, n_per_row, qw). qw NULL: ggml's own weighting for the
+ * types it quantises without an importance matrix, uniform importance for IQ2_XXS, IQ2_XS and
+ * IQ1_S (ggml refuses those without one). False if t is not one of these. */
 bool hm_quant_iq_quantize(int t, const float *src, void *dst, int64_t nrow, int64_t n_per_row, const float *qw);
 
 /* Which variants this build compiled and this CPU can run. */

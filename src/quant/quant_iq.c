@@ -233,14 +233,14 @@ void hm_quant_register_iq(hm_type_traits *table) {
            vec_dot_iq2_xxs_scalar, NULL);
     iq_set(&table[HM_TYPE_IQ2_XS], "iq2_xs", sizeof(hm_block_iq2_xs), to_float_iq2_xs_ref, hm_from_float_iq2_xs_ref,
            vec_dot_iq2_xs_scalar, NULL);
-    iq_set(&table[HM_TYPE_IQ2_S], "iq2_s", sizeof(hm_block_iq2_s), to_float_iq2_s_ref, NULL, vec_dot_iq2_s_scalar,
+    iq_set(&table[HM_TYPE_IQ2_S], "iq2_s", sizeof(hm_block_iq2_s), to_float_iq2_s_ref, hm_from_float_iq2_s_ref, vec_dot_iq2_s_scalar,
            NULL);
-    iq_set(&table[HM_TYPE_IQ3_XXS], "iq3_xxs", sizeof(hm_block_iq3_xxs), to_float_iq3_xxs_ref, NULL,
+    iq_set(&table[HM_TYPE_IQ3_XXS], "iq3_xxs", sizeof(hm_block_iq3_xxs), to_float_iq3_xxs_ref, hm_from_float_iq3_xxs_ref,
            vec_dot_iq3_xxs_scalar, NULL);
-    iq_set(&table[HM_TYPE_IQ3_S], "iq3_s", sizeof(hm_block_iq3_s), to_float_iq3_s_ref, NULL, vec_dot_iq3_s_scalar,
+    iq_set(&table[HM_TYPE_IQ3_S], "iq3_s", sizeof(hm_block_iq3_s), to_float_iq3_s_ref, hm_from_float_iq3_s_ref, vec_dot_iq3_s_scalar,
            NULL);
-    iq_set(&table[HM_TYPE_IQ1_S], "iq1_s", sizeof(hm_block_iq1_s), to_float_iq1_s_ref, NULL, vec_dot_iq1_s_scalar,
+    iq_set(&table[HM_TYPE_IQ1_S], "iq1_s", sizeof(hm_block_iq1_s), to_float_iq1_s_ref, hm_from_float_iq1_s_ref, vec_dot_iq1_s_scalar,
            NULL);
-    iq_set(&table[HM_TYPE_IQ1_M], "iq1_m", sizeof(hm_block_iq1_m), to_float_iq1_m_ref, NULL, vec_dot_iq1_m_scalar,
+    iq_set(&table[HM_TYPE_IQ1_M], "iq1_m", sizeof(hm_block_iq1_m), to_float_iq1_m_ref, hm_from_float_iq1_m_ref, vec_dot_iq1_m_scalar,
            NULL);
 }

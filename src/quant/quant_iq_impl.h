@@ -107,9 +107,36 @@ static inline uint16_t hm_iq1m_d(const uint8_t scales[8]) {
     return (uint16_t)((s0 >> 12) | ((s1 >> 8) & 0x00f0) | ((s2 >> 4) & 0x0f00) | (s3 & 0xf000));
 }
 
-/* Reference quantisers with uniform importance (quant_iq_quantize.c). */
+/* ---- the lattices the quantisers search (quant_iq_lattice.c) ----
+ * A grid as level patterns: a grid point of dim elements (8, or 4 for IQ3) has levels l per
+ * element (0..2 for IQ2/IQ1, 0..7 for IQ3), digit i of its pattern u = sum l_i << (bits * i).
+ * pos[k] holds 2l + 1 per element (byte i = element i), map[u] the grid index of pattern u or -1,
+ * and for an off-grid u, nb + off[u] its neighbour list: a count, then the grid points at the
+ * nwant smallest squared distances of 2l + 1, nearest first and ties by index (the order ggml's
+ * iq2xs_init_impl / iq3xs_init_impl sort them in). Built once on first use, then read-only. */
+typedef struct hm_iq_lattice {
+    int n, dim, bits;
+    uint64_t *pos;
+    int *map;
+    int *off;
+    uint16_t *nb;
+} hm_iq_lattice;
+
+enum hm_iq_lat { HM_IQ_LAT_IQ2XXS, HM_IQ_LAT_IQ2XS, HM_IQ_LAT_IQ2S, HM_IQ_LAT_IQ1, HM_IQ_LAT_IQ3XXS, HM_IQ_LAT_IQ3S,
+                 HM_IQ_LAT_COUNT };
+
+const hm_iq_lattice *hm_iq_lattice_get(enum hm_iq_lat which);
+
+/* Reference quantisers (quant_iq_quantize.c): hm_quant_iq_quantize without an importance vector
+ * (ggml's own no-imatrix weighting for IQ2_S, IQ3_XXS, IQ3_S, IQ1_M; uniform importance for the
+ * types ggml only quantises with one: IQ2_XXS, IQ2_XS, IQ1_S). */
 void hm_from_float_iq2_xxs_ref(const float *src, void *dst, int64_t n);
 void hm_from_float_iq2_xs_ref(const float *src, void *dst, int64_t n);
+void hm_from_float_iq2_s_ref(const float *src, void *dst, int64_t n);
+void hm_from_float_iq3_xxs_ref(const float *src, void *dst, int64_t n);
+void hm_from_float_iq3_s_ref(const float *src, void *dst, int64_t n);
+void hm_from_float_iq1_s_ref(const float *src, void *dst, int64_t n);
+void hm_from_float_iq1_m_ref(const float *src, void *dst, int64_t n);
 
 /* SIMD variants (quant_iq_avx2.c), registered by quant_iq.c where compiled. */
 void hm_vec_dot_iq2_xxs_avx2(int64_t n, float *out, const void *x, const void *y);

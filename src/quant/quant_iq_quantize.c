@@ -1,11 +1,12 @@
 /* quant_iq_quantize.c - importance-weighted quantisers of the grid i-quants: the same bytes as
- * ggml's quantize_iq2_xxs / quantize_iq2_xs for the same floats and importance vector.
+ * ggml's quantize_iq2_xxs / iq2_xs / iq2_s / iq3_xxs / iq3_s / iq1_s / iq1_m for the same floats
+ * and importance vector (hm_quant_iq_quantize; the from_float_ref entries without one).
  *
- * A group of 8 magnitudes is quantised to levels l in {0, 1, 2} (value 2l + 1 times the scale);
- * a level pattern that is not a grid point is replaced by the best of its precomputed neighbours
- * (the grid points at the nwant smallest squared distances, in order of distance then index, as
- * ggml's iq2xs_init_impl lists them). The signs are taken out first, the element of least weighted
- * magnitude flipped when a group has an odd count of negatives (the 7-bit sign code implies even).
+ * IQ2/IQ3: the signs are taken out first (IQ2_XXS/XS, IQ3_XXS: the element of least weighted
+ * magnitude flipped when a group has an odd count of negatives, the 7-bit sign code implies
+ * even), magnitudes quantised to levels l (value 2l + 1 times the scale) over a search of trial
+ * scales; a level pattern that is not a grid point is replaced by the best of its neighbours
+ * (quant_iq_lattice.c). IQ1: an exact search of the three-run split of the sorted values.
  *
  * Reproducing ggml's bytes needs its float operations in its order, unfused: this file is compiled
  * with contraction off (ggml-base, where ggml's quantisers live, is built without -march flags). */
@@ -26,7 +27,6 @@
 #include "quant_iq_impl.h"
 
 #define IQ_GROUP_MAX_EPS 1e-15f
-#define IQ2_KMAP_SIZE 43692 /* level patterns: 2 bits per element, 8 elements, digits <= 2 */
 
 static inline int iq_round(float v) {
     float t = v + 12582912.f;
@@ -37,114 +37,19 @@ static inline int iq_round(float v) {
 static inline int iq_imin(int a, int b) { return a < b ? a : b; }
 static inline int iq_imax(int a, int b) { return a > b ? a : b; }
 
-/* ---------------------------------------------------------------- the 2-bit lattice search */
+/* ---------------------------------------------------------------- the lattice search */
 
-/* A grid as level patterns: pos[k] holds 2l + 1 per element, map[u] the grid index of level
- * pattern u (-1 if none), nb[off[u]] the neighbour list of an off-grid u: count, then indices. */
-typedef struct iq2_lattice {
-    int n;
-    uint64_t *pos;
-    int *map;
-    int *off;
-    uint16_t *nb;
-} iq2_lattice;
-
-enum { IQ2_LAT_256, IQ2_LAT_512, IQ2_LAT_1024, IQ2_LAT_IQ1, IQ2_LAT_COUNT };
-static iq2_lattice lattices[IQ2_LAT_COUNT];
-static pthread_once_t lattice_once[IQ2_LAT_COUNT] = {PTHREAD_ONCE_INIT, PTHREAD_ONCE_INIT, PTHREAD_ONCE_INIT,
-                                                     PTHREAD_ONCE_INIT};
-
-/* Level (0..2) of a grid byte: IQ2 grids hold 8, 25, 43; the IQ1 grid int8 -1, 0, 1. */
-static int grid_level(int which, uint8_t b) {
-    if (which == IQ2_LAT_IQ1) return (int)(int8_t)b + 1;
-    return b == 8 ? 0 : b == 25 ? 1 : 2;
-}
-
-static void lattice_build(int which) {
-    static const struct { const uint64_t *grid; int n, nwant; } src[IQ2_LAT_COUNT] = {
-        {hm_iq2xxs_grid, 256, 2}, {hm_iq2xs_grid, 512, 2}, {hm_iq2s_grid, 1024, 1}, {hm_iq1s_grid, 2048, 3}};
-    iq2_lattice *L = &lattices[which];
-    const int n = src[which].n, nwant = src[which].nwant;
-    L->n = n;
-    L->pos = malloc(sizeof(uint64_t) * (size_t)n);
-    L->map = malloc(sizeof(int) * IQ2_KMAP_SIZE);
-    L->off = malloc(sizeof(int) * IQ2_KMAP_SIZE);
-    int *d2 = malloc(sizeof(int) * (size_t)n);
-    if (!L->pos || !L->map || !L->off || !d2) abort(); /* a few hundred KiB at first use */
-    for (int i = 0; i < IQ2_KMAP_SIZE; i++) L->map[i] = -1;
-    for (int k = 0; k < n; k++) {
-        uint64_t p = 0;
-        int u = 0;
-        for (int i = 0; i < 8; i++) {
-            const int l = grid_level(which, (uint8_t)(src[which].grid[k] >> (8 * i)));
-            p |= (uint64_t)(2 * l + 1) << (8 * i);
-            u |= l << (2 * i);
-        }
-        L->pos[k] = p;
-        L->map[u] = k;
-    }
-    /* neighbour lists: every grid point at one of the nwant smallest distances, nearest first,
-     * ties by index */
-    size_t cap = 0, used = 0;
-    L->nb = NULL;
-    for (int u = 0; u < IQ2_KMAP_SIZE; u++) {
-        L->off[u] = -1;
-        if (L->map[u] >= 0) continue;
-        int dist[3] = {INT32_MAX, INT32_MAX, INT32_MAX};
-        for (int k = 0; k < n; k++) {
-            int s = 0;
-            for (int i = 0; i < 8; i++) {
-                const int diff = (int)((L->pos[k] >> (8 * i)) & 0xff) - (2 * ((u >> (2 * i)) & 3) + 1);
-                s += diff * diff;
-            }
-            d2[k] = s;
-            /* keep the nwant smallest distinct distances, ascending */
-            for (int w = 0; w < nwant; w++) {
-                if (s == dist[w]) break;
-                if (s < dist[w]) {
-                    for (int v = nwant - 1; v > w; v--) dist[v] = dist[v - 1];
-                    dist[w] = s;
-                    break;
-                }
-            }
-        }
-        if (used + (size_t)n + 1 > cap) {
-            cap = cap ? 2 * cap : 65536;
-            L->nb = realloc(L->nb, sizeof(uint16_t) * cap);
-            if (!L->nb) abort();
-        }
-        L->off[u] = (int)used;
-        size_t cnt = used + 1;
-        for (int w = 0; w < nwant && dist[w] != INT32_MAX; w++)
-            for (int k = 0; k < n; k++)
-                if (d2[k] == dist[w]) L->nb[cnt++] = (uint16_t)k;
-        L->nb[used] = (uint16_t)(cnt - used - 1);
-        used = cnt;
-    }
-    free(d2);
-}
-
-static void build_256(void) { lattice_build(IQ2_LAT_256); }
-static void build_512(void) { lattice_build(IQ2_LAT_512); }
-static void build_1024(void) { lattice_build(IQ2_LAT_1024); }
-static void build_iq1(void) { lattice_build(IQ2_LAT_IQ1); }
-
-static const iq2_lattice *lattice_get(int which) {
-    static void (*const build[IQ2_LAT_COUNT])(void) = {build_256, build_512, build_1024, build_iq1};
-    pthread_once(&lattice_once[which], build[which]);
-    return &lattices[which];
-}
-
-/* The grid point nearest (weighted) to xval / scale among u's neighbours; its levels into Lq. */
-static int iq2_best_neighbour(const iq2_lattice *lat, int u, const float *xval, const float *weight, float scale,
+/* The grid point nearest (weighted squared distance) to xval / scale among off-grid pattern u's
+ * neighbours; its levels into Lq. */
+static int lat_best_neighbour(const hm_iq_lattice *lat, int u, const float *xval, const float *weight, float scale,
                               int8_t *Lq) {
     const uint16_t *nb = lat->nb + lat->off[u];
     float best_d2 = FLT_MAX;
-    int best = -1;
+    int best = nb[1];
     for (int j = 1; j <= nb[0]; j++) {
         const uint64_t p = lat->pos[nb[j]];
         float d2 = 0;
-        for (int i = 0; i < 8; i++) {
+        for (int i = 0; i < lat->dim; i++) {
             float q = (float)(int)((p >> (8 * i)) & 0xff);
             float diff = scale * q - xval[i];
             d2 += weight[i] * diff * diff;
@@ -155,29 +60,29 @@ static int iq2_best_neighbour(const iq2_lattice *lat, int u, const float *xval, 
         }
     }
     const uint64_t p = lat->pos[best];
-    for (int i = 0; i < 8; i++) Lq[i] = (int8_t)((((p >> (8 * i)) & 0xff) - 1) / 2);
+    for (int i = 0; i < lat->dim; i++) Lq[i] = (int8_t)((((p >> (8 * i)) & 0xff) - 1) / 2);
     return best;
 }
 
-/* Levels of 8 magnitudes at inverse scale id, moved onto the grid; returns true if they were
- * on it already. */
-static bool iq2_group_levels(const iq2_lattice *lat, const float *xval, const float *waux, float id, float scale,
-                             int8_t *Lq) {
+/* Levels of one group of lat->dim magnitudes at inverse scale id, clamped to [0, kmax], moved
+ * onto the grid (nearest neighbour at scale, weights waux) when off it; true if on it already. */
+static bool lat_group(const hm_iq_lattice *lat, int kmax, const float *xval, const float *waux, float id, float scale,
+                      int8_t *Lq) {
     int u = 0;
-    for (int i = 0; i < 8; i++) {
-        const int l = iq_imax(0, iq_imin(2, iq_round(0.5f * (id * xval[i] - 1))));
+    for (int i = 0; i < lat->dim; i++) {
+        const int l = iq_imax(0, iq_imin(kmax, iq_round(0.5f * (id * xval[i] - 1))));
         Lq[i] = (int8_t)l;
-        u |= l << (2 * i);
+        u |= l << (lat->bits * i);
     }
     if (lat->map[u] >= 0) return true;
-    iq2_best_neighbour(lat, u, xval, waux, scale, Lq);
+    lat_best_neighbour(lat, u, xval, waux, scale, Lq);
     return false;
 }
 
-static int iq2_grid_index(const iq2_lattice *lat, const int8_t *Lq) {
+static int lat_index(const hm_iq_lattice *lat, const int8_t *Lq) {
     int u = 0;
-    for (int i = 0; i < 8; i++) u |= Lq[i] << (2 * i);
-    return lat->map[u];
+    for (int i = 0; i < lat->dim; i++) u |= Lq[i] << (lat->bits * i);
+    return lat->map[u] < 0 ? 0 : lat->map[u];
 }
 
 /* Magnitudes and sign bits of groups of 8 (n / 8 groups): an odd count of negatives flips the
@@ -288,21 +193,98 @@ static float iq_fit_qp(int n, int nmax, const float *x, uint8_t *L, const float 
     return suml2 > 0.0f ? sumlx / suml2 : 0.0f;
 }
 
-/* weight[i] = qw[i] * sqrt(sigma2 + x^2) and its square root, over n elements. */
-static void iq_weights(const float *xb, const float *qw, float sigma2, int n, float *weight, float *waux) {
+/* weight[i] = qw[i] * sqrt(sigma2 + x^2) (with importance), else the type's own weighting. */
+static void iq_weights(const float *xb, const float *qw, float sigma2, int n, float *weight) {
     for (int i = 0; i < n; i++) weight[i] = qw[i] * sqrtf(sigma2 + xb[i] * xb[i]);
-    for (int i = 0; i < n; i++) waux[i] = sqrtf(weight[i]);
+}
+static void iq_sqrt(const float *w, int n, float *out) {
+    for (int i = 0; i < n; i++) out[i] = sqrtf(w[i]);
 }
 
-static float iq_sigma2(const float *xbl) {
+static float iq_sumx2(const float *xbl) {
     float sumx2 = 0;
     for (int i = 0; i < HM_QK_K; i++) sumx2 += xbl[i] * xbl[i];
-    return sumx2 / HM_QK_K;
+    return sumx2;
 }
+
+/* Plain sign bits of groups of 8 (IQ2_S, IQ3_S store all 8). */
+static void iq_signs_out8(const float *xb, int n, float *xval, uint8_t *signs) {
+    for (int k = 0; k < n / 8; k++) {
+        uint8_t s = 0;
+        for (int i = 0; i < 8; i++) {
+            if (xb[8 * k + i] >= 0) {
+                xval[8 * k + i] = xb[8 * k + i];
+            } else {
+                xval[8 * k + i] = -xb[8 * k + i];
+                s |= (uint8_t)(1 << i);
+            }
+        }
+        signs[k] = s;
+    }
+}
+
+static float iq_fmax(const float *x, int n) {
+    float m = x[0];
+    for (int i = 1; i < n; i++) m = m > x[i] ? m : x[i];
+    return m;
+}
+
+/* The scale search of IQ2_XS, IQ2_S, IQ3_XXS and IQ3_S over one sub-block of n magnitudes: 2
+ * is_max + 1 trial inverse scales (2 kmaxq - 1 + is * step) / max, each group's levels moved onto
+ * the grid, the weighted least-squares scale of the best; then, if a group of the best was off
+ * the grid, the levels at that scale again (only the off-grid groups, or all with refit_all) and
+ * a final least-squares scale. L: the levels; returns the scale. */
+typedef struct iq_search {
+    int n, kmaxq, is_max;
+    float step;
+    bool refit_all, on_grid_init;
+} iq_search;
+
+static float iq_scale_search(const hm_iq_lattice *lat, const iq_search *c, const float *xval, const float *weight,
+                             const float *waux, float max, int8_t *L) {
+    const int ng = c->n / lat->dim;
+    int8_t Laux[32];
+    bool on_grid[8], on_grid_aux[8];
+    float best = 0;
+    float scale = max / (2 * c->kmaxq - 1);
+    for (int k = 0; k < ng; k++) on_grid[k] = c->on_grid_init;
+    for (int is = -c->is_max; is <= c->is_max; is++) {
+        float id = (2 * c->kmaxq - 1 + is * c->step) / max;
+        float this_scale = 1 / id;
+        for (int k = 0; k < ng; k++)
+            on_grid_aux[k] = lat_group(lat, c->kmaxq - 1, xval + lat->dim * k, waux + lat->dim * k, id, this_scale,
+                                       Laux + lat->dim * k);
+        float sumqx, sumq2;
+        iq2_sums(c->n, weight, xval, Laux, &sumqx, &sumq2);
+        if (sumq2 > 0 && sumqx * sumqx > best * sumq2) {
+            scale = sumqx / sumq2;
+            best = scale * sumqx;
+            memcpy(L, Laux, (size_t)c->n);
+            memcpy(on_grid, on_grid_aux, sizeof(bool) * (size_t)ng);
+        }
+    }
+    int n_off = 0;
+    for (int k = 0; k < ng; k++) n_off += !on_grid[k];
+    if (n_off > 0 && scale > 0) {
+        float id = 1 / scale;
+        for (int k = 0; k < ng; k++) {
+            if (!c->refit_all && on_grid[k]) continue;
+            lat_group(lat, c->kmaxq - 1, xval + lat->dim * k, waux + lat->dim * k, id, scale, L + lat->dim * k);
+        }
+        float sumqx, sumq2;
+        iq2_sums(c->n, weight, xval, L, &sumqx, &sumq2);
+        if (sumq2 > 0) scale = sumqx / sumq2;
+    }
+    return scale;
+}
+
+/* 4-bit sub-block scale code of scale s against super-scale inverse id. */
+static int iq_scale4(float id, float s) { return iq_imax(0, iq_imin(15, iq_round(0.5f * (id * s - 1)))); }
 
 /* ---------------------------------------------------------------- IQ2_XXS */
 
-static void quantize_block_iq2_xxs(const iq2_lattice *lat, const float *xbl, const float *qwb, hm_block_iq2_xxs *y) {
+static void quantize_block_iq2_xxs(const float *xbl, const float *qwb, hm_block_iq2_xxs *y) {
+    const hm_iq_lattice *lat = hm_iq_lattice_get(HM_IQ_LAT_IQ2XXS);
     const int kMaxQ = 3;
     float scales[8], weight[32], waux[32], xval[32];
     int8_t L[32], Laux[32];
@@ -311,13 +293,13 @@ static void quantize_block_iq2_xxs(const iq2_lattice *lat, const float *xbl, con
     memset(q2, 0, sizeof q2);
     y->d = hm_f32_to_fp16(0.f);
     float max_scale = 0;
-    const float sigma2 = iq_sigma2(xbl);
+    const float sigma2 = iq_sumx2(xbl) / HM_QK_K;
     for (int ib = 0; ib < 8; ib++) {
         const float *xb = xbl + 32 * ib;
-        iq_weights(xb, qwb + 32 * ib, sigma2, 32, weight, waux);
+        iq_weights(xb, qwb + 32 * ib, sigma2, 32, weight);
+        iq_sqrt(weight, 32, waux);
         iq_signs_out(xb, weight, 32, xval, signs7);
-        float max = xval[0];
-        for (int i = 1; i < 32; i++) max = max > xval[i] ? max : xval[i];
+        float max = iq_fmax(xval, 32);
         if (max < IQ_GROUP_MAX_EPS) {
             scales[ib] = 0;
             memset(L, 0, 32);
@@ -334,7 +316,7 @@ static void quantize_block_iq2_xxs(const iq2_lattice *lat, const float *xbl, con
         for (int is = -6; is <= 6; is++) {
             float id = (2 * kMaxQ - 1 + is * 0.1f) / eff_max;
             float this_scale = 1 / id;
-            for (int k = 0; k < 4; k++) iq2_group_levels(lat, xval + 8 * k, waux + 8 * k, id, this_scale, Laux + 8 * k);
+            for (int k = 0; k < 4; k++) lat_group(lat, kMaxQ - 1, xval + 8 * k, waux + 8 * k, id, this_scale, Laux + 8 * k);
             float sumqx, sumq2;
             iq2_sums(32, weight, xval, Laux, &sumqx, &sumq2);
             if (sumq2 > 0 && sumqx * sumqx > best * sumq2) {
@@ -345,7 +327,7 @@ static void quantize_block_iq2_xxs(const iq2_lattice *lat, const float *xbl, con
         }
         if (scale > 0) {
             float id = 1 / scale;
-            for (int k = 0; k < 4; k++) iq2_group_levels(lat, xval + 8 * k, waux + 8 * k, id, scale, L + 8 * k);
+            for (int k = 0; k < 4; k++) lat_group(lat, kMaxQ - 1, xval + 8 * k, waux + 8 * k, id, scale, L + 8 * k);
             float sumqx, sumq2;
             iq2_sums(32, weight, xval, L, &sumqx, &sumq2);
             if (sumq2 > 0) scale = sumqx / sumq2;
@@ -355,8 +337,7 @@ static void quantize_block_iq2_xxs(const iq2_lattice *lat, const float *xbl, con
             for (int k = 0; k < 4; k++) signs7[k] = (uint8_t)(~signs7[k] & 127);
         }
         for (int k = 0; k < 4; k++) {
-            const int gi = iq2_grid_index(lat, L + 8 * k);
-            q2[2 * ib] |= (uint32_t)(gi < 0 ? 0 : gi) << (8 * k);
+            q2[2 * ib] |= (uint32_t)lat_index(lat, L + 8 * k) << (8 * k);
             q2[2 * ib + 1] |= (uint32_t)signs7[k] << (7 * k);
         }
         scales[ib] = scale;
@@ -369,72 +350,42 @@ static void quantize_block_iq2_xxs(const iq2_lattice *lat, const float *xbl, con
     float d = max_scale / 31;
     y->d = hm_f32_to_fp16(d);
     float id = 1 / d;
-    for (int ib = 0; ib < 8; ib++) {
-        const int l = iq_imax(0, iq_imin(15, iq_round(0.5f * (id * scales[ib] - 1))));
-        q2[2 * ib + 1] |= (uint32_t)l << 28;
-    }
+    for (int ib = 0; ib < 8; ib++) q2[2 * ib + 1] |= (uint32_t)iq_scale4(id, scales[ib]) << 28;
     memcpy(y->qs, q2, sizeof q2);
 }
 
-/* ---------------------------------------------------------------- IQ2_XS */
+/* ---------------------------------------------------------------- IQ2_XS, IQ2_S */
 
-static void quantize_block_iq2_xs(const iq2_lattice *lat, const float *xbl, const float *qwb, hm_block_iq2_xs *y) {
-    const int kMaxQ = 3;
+static const iq_search search_iq2 = {16, 3, 9, 0.1f, false, true};
+
+static void quantize_block_iq2_xs(const float *xbl, const float *qwb, hm_block_iq2_xs *y) {
+    const hm_iq_lattice *lat = hm_iq_lattice_get(HM_IQ_LAT_IQ2XS);
     float scales[16], weight[16], waux[16], xval[16];
-    int8_t L[16], Laux[16];
-    bool on_grid[2], on_grid_aux[2];
+    int8_t L[16];
     uint8_t signs7[2];
     uint16_t q2[32];
     memset(q2, 0, sizeof q2);
     memset(y->scales, 0, sizeof y->scales);
     y->d = hm_f32_to_fp16(0.f);
     float max_scale = 0;
-    const float sigma2 = iq_sigma2(xbl);
+    const float sigma2 = iq_sumx2(xbl) / HM_QK_K;
     for (int ib = 0; ib < 16; ib++) {
         const float *xb = xbl + 16 * ib;
-        iq_weights(xb, qwb + 16 * ib, sigma2, 16, weight, waux);
+        iq_weights(xb, qwb + 16 * ib, sigma2, 16, weight);
+        iq_sqrt(weight, 16, waux);
         iq_signs_out(xb, weight, 16, xval, signs7);
-        float max = xval[0];
-        for (int i = 1; i < 16; i++) max = max > xval[i] ? max : xval[i];
+        float max = iq_fmax(xval, 16);
         memset(L, 0, 16);
         if (max < IQ_GROUP_MAX_EPS) {
             scales[ib] = 0;
             continue;
         }
-        float best = 0;
-        float scale = max / (2 * kMaxQ - 1);
-        on_grid[0] = on_grid[1] = true;
-        for (int is = -9; is <= 9; is++) {
-            float id = (2 * kMaxQ - 1 + is * 0.1f) / max;
-            float this_scale = 1 / id;
-            for (int k = 0; k < 2; k++)
-                on_grid_aux[k] = iq2_group_levels(lat, xval + 8 * k, waux + 8 * k, id, this_scale, Laux + 8 * k);
-            float sumqx, sumq2;
-            iq2_sums(16, weight, xval, Laux, &sumqx, &sumq2);
-            if (sumq2 > 0 && sumqx * sumqx > best * sumq2) {
-                scale = sumqx / sumq2;
-                best = scale * sumqx;
-                memcpy(L, Laux, 16);
-                on_grid[0] = on_grid_aux[0];
-                on_grid[1] = on_grid_aux[1];
-            }
-        }
-        if ((!on_grid[0] || !on_grid[1]) && scale > 0) {
-            float id = 1 / scale;
-            for (int k = 0; k < 2; k++)
-                if (!on_grid[k]) iq2_group_levels(lat, xval + 8 * k, waux + 8 * k, id, scale, L + 8 * k);
-            float sumqx, sumq2;
-            iq2_sums(16, weight, xval, L, &sumqx, &sumq2);
-            if (sumq2 > 0) scale = sumqx / sumq2;
-        }
+        float scale = iq_scale_search(lat, &search_iq2, xval, weight, waux, max, L);
         if (scale < 0) {
             scale = -scale;
             for (int k = 0; k < 2; k++) signs7[k] = (uint8_t)(~signs7[k] & 127);
         }
-        for (int k = 0; k < 2; k++) {
-            const int gi = iq2_grid_index(lat, L + 8 * k);
-            q2[2 * ib + k] = (uint16_t)((gi < 0 ? 0 : gi) | signs7[k] << 9);
-        }
+        for (int k = 0; k < 2; k++) q2[2 * ib + k] = (uint16_t)(lat_index(lat, L + 8 * k) | signs7[k] << 9);
         scales[ib] = scale;
         max_scale = max_scale > scale ? max_scale : scale;
     }
@@ -445,51 +396,474 @@ static void quantize_block_iq2_xs(const iq2_lattice *lat, const float *xbl, cons
     float d = max_scale / 31;
     y->d = hm_f32_to_fp16(d);
     float id = 1 / d;
-    for (int ib = 0; ib < 16; ib++) {
-        const int l = iq_imax(0, iq_imin(15, iq_round(0.5f * (id * scales[ib] - 1))));
-        if (ib % 2 == 0) y->scales[ib / 2] = (uint8_t)l;
-        else y->scales[ib / 2] |= (uint8_t)(l << 4);
-    }
+    for (int ib = 0; ib < 16; ib++) y->scales[ib / 2] |= (uint8_t)(iq_scale4(id, scales[ib]) << (4 * (ib % 2)));
     memcpy(y->qs, q2, sizeof q2);
+}
+
+static void quantize_block_iq2_s(const float *xbl, const float *qwb, hm_block_iq2_s *y) {
+    const hm_iq_lattice *lat = hm_iq_lattice_get(HM_IQ_LAT_IQ2S);
+    float scales[16], weight[16], waux[16], xval[16];
+    int8_t L[16];
+    uint8_t signs[2];
+    memset(y, 0, sizeof *y);
+    float max_scale = 0;
+    const float sigma2 = 2 * iq_sumx2(xbl) / HM_QK_K;
+    for (int ib = 0; ib < 16; ib++) {
+        const float *xb = xbl + 16 * ib;
+        if (qwb) iq_weights(xb, qwb + 16 * ib, sigma2, 16, weight);
+        else
+            for (int i = 0; i < 16; i++) weight[i] = 0.25f * sigma2 + xb[i] * xb[i];
+        iq_sqrt(weight, 16, waux);
+        iq_signs_out8(xb, 16, xval, signs);
+        float max = iq_fmax(xval, 16);
+        memset(L, 0, 16);
+        if (max < 1e-8f) {
+            scales[ib] = 0;
+            continue;
+        }
+        float scale = iq_scale_search(lat, &search_iq2, xval, weight, waux, max, L);
+        if (scale < 0) {
+            scale = -scale;
+            for (int k = 0; k < 2; k++) signs[k] = (uint8_t)~signs[k];
+        }
+        for (int k = 0; k < 2; k++) {
+            const int gi = lat_index(lat, L + 8 * k), i8 = 2 * ib + k;
+            y->qs[i8] = (uint8_t)(gi & 255);
+            y->qh[i8 / 4] |= (uint8_t)((gi >> 8) << (2 * (i8 % 4)));
+            y->qs[32 + i8] = signs[k];
+        }
+        scales[ib] = scale;
+        max_scale = max_scale > scale ? max_scale : scale;
+    }
+    if (!max_scale) return;
+    float d = max_scale / 31;
+    y->d = hm_f32_to_fp16(d * 0.9875f);
+    float id = 1 / d;
+    for (int ib = 0; ib < 16; ib++) y->scales[ib / 2] |= (uint8_t)(iq_scale4(id, scales[ib]) << (4 * (ib % 2)));
+}
+
+/* ---------------------------------------------------------------- IQ3_XXS, IQ3_S */
+
+static void quantize_block_iq3_xxs(const float *xbl, const float *qwb, hm_block_iq3_xxs *y) {
+    static const iq_search search = {32, 8, 15, 0.2f, false, true};
+    const hm_iq_lattice *lat = hm_iq_lattice_get(HM_IQ_LAT_IQ3XXS);
+    float scales[8], weight[32], waux[32], xval[32];
+    int8_t L[32];
+    uint8_t signs7[4];
+    uint8_t q3[96];
+    memset(q3, 0, sizeof q3);
+    y->d = hm_f32_to_fp16(0.f);
+    float max_scale = 0;
+    const float sigma2 = 2 * iq_sumx2(xbl) / HM_QK_K;
+    for (int ib = 0; ib < 8; ib++) {
+        const float *xb = xbl + 32 * ib;
+        if (qwb) iq_weights(xb, qwb + 32 * ib, sigma2, 32, weight);
+        else
+            for (int i = 0; i < 32; i++) weight[i] = xb[i] * xb[i];
+        iq_sqrt(weight, 32, waux);
+        iq_signs_out(xb, weight, 32, xval, signs7);
+        float max = iq_fmax(xval, 32);
+        memset(L, 0, 32);
+        if (max < 1e-8f) {
+            scales[ib] = 0;
+            continue;
+        }
+        float scale = iq_scale_search(lat, &search, xval, weight, waux, max, L);
+        if (scale < 0) {
+            scale = -scale;
+            for (int k = 0; k < 4; k++) signs7[k] = (uint8_t)(~signs7[k] & 127);
+        }
+        for (int k = 0; k < 8; k++) q3[8 * ib + k] = (uint8_t)lat_index(lat, L + 4 * k);
+        const uint32_t ss = (uint32_t)signs7[0] | (uint32_t)signs7[1] << 7 | (uint32_t)signs7[2] << 14 |
+                            (uint32_t)signs7[3] << 21;
+        memcpy(q3 + 64 + 4 * ib, &ss, 4);
+        scales[ib] = scale;
+        max_scale = max_scale > scale ? max_scale : scale;
+    }
+    if (!max_scale) {
+        memset(y->qs, 0, sizeof y->qs);
+        return;
+    }
+    float d = max_scale / 31;
+    y->d = hm_f32_to_fp16(d * 1.0125f);
+    float id = 1 / d;
+    for (int ib = 0; ib < 8; ib++) q3[64 + 4 * ib + 3] |= (uint8_t)(iq_scale4(id, scales[ib]) << 4);
+    memcpy(y->qs, q3, sizeof q3);
+}
+
+static void quantize_block_iq3_s(const float *xbl, const float *qwb, hm_block_iq3_s *y) {
+    static const iq_search search = {32, 8, 9, 0.2f, true, false};
+    const hm_iq_lattice *lat = hm_iq_lattice_get(HM_IQ_LAT_IQ3S);
+    float scales[8], weight[32], waux[32], xval[32];
+    int8_t L[32];
+    uint8_t signs[4];
+    memset(y, 0, sizeof *y);
+    float max_scale = 0;
+    const float sigma2 = 2 * iq_sumx2(xbl) / HM_QK_K;
+    /* ggml advances its qs / signs write positions only past sub-blocks it quantised: after an
+     * all-zero sub-block the later ones' indices and signs land 8 and 4 bytes early (qh and the
+     * scales are indexed by sub-block). Kept, for the same bytes. */
+    int at = 0;
+    for (int ib = 0; ib < 8; ib++) {
+        const float *xb = xbl + 32 * ib;
+        if (qwb) iq_weights(xb, qwb + 32 * ib, sigma2, 32, weight);
+        else
+            for (int i = 0; i < 32; i++) weight[i] = xb[i] * xb[i];
+        iq_sqrt(weight, 32, waux);
+        iq_signs_out8(xb, 32, xval, signs);
+        float max = iq_fmax(xval, 32);
+        memset(L, 0, 32);
+        if (!max) {
+            scales[ib] = 0;
+            continue;
+        }
+        float scale = iq_scale_search(lat, &search, xval, weight, waux, max, L);
+        if (scale < 0) {
+            scale = -scale;
+            for (int k = 0; k < 4; k++) signs[k] = (uint8_t)~signs[k];
+        }
+        for (int k = 0; k < 8; k++) {
+            const int gi = lat_index(lat, L + 4 * k);
+            y->qs[8 * at + k] = (uint8_t)(gi & 255);
+            y->qh[ib] |= (uint8_t)((gi >> 8) << k);
+        }
+        memcpy(y->signs + 4 * at, signs, 4);
+        at++;
+        scales[ib] = scale;
+        max_scale = max_scale > scale ? max_scale : scale;
+    }
+    if (!max_scale) return;
+    float d = max_scale / 31;
+    y->d = hm_f32_to_fp16(d * 1.033f);
+    float id = 1 / d;
+    for (int ib = 0; ib < 8; ib += 2)
+        y->scales[ib / 2] = (uint8_t)(iq_scale4(id, scales[ib]) | iq_scale4(id, scales[ib + 1]) << 4);
+}
+
+/* ---------------------------------------------------------------- IQ1_S, IQ1_M
+ * Levels -1, 0, 1 plus a shift of +-1/8: the exact weighted least-squares split of the sorted
+ * values into three runs (every pair of boundaries), the groups then moved onto the grid. The
+ * sort is libc's qsort over (value, index) records with a comparator on the value, as ggml sorts
+ * them (so ties fall the same way with the same libc). */
+
+typedef struct iq1_pair {
+    float v;
+    int32_t i;
+} iq1_pair;
+
+static int iq1_pair_cmp(const void *a, const void *b) {
+    const float l = ((const iq1_pair *)a)->v, r = ((const iq1_pair *)b)->v;
+    return l < r ? -1 : l > r ? 1 : 0;
+}
+
+static const float iq1_xp[3] = {-1 + HM_IQ1_DELTA, HM_IQ1_DELTA, 1 + HM_IQ1_DELTA};
+static const float iq1_xm[3] = {-1 - HM_IQ1_DELTA, -HM_IQ1_DELTA, 1 - HM_IQ1_DELTA};
+
+/* The grid point nearest to xb / scale (values xg[level]) among u's neighbours; levels into Lq. */
+static int iq1_best_neighbour(const hm_iq_lattice *lat, const int8_t *Lq0, const float *xb, const float *weight,
+                              float scale, const float *xg, int8_t *Lq) {
+    int u = 0;
+    for (int j = 0; j < 8; j++) u |= Lq0[j] << (2 * j);
+    const uint16_t *nb = lat->nb + lat->off[u];
+    float best_score = FLT_MAX;
+    int best = nb[1];
+    for (int j = 1; j <= nb[0]; j++) {
+        const uint64_t p = lat->pos[nb[j]];
+        float d2 = 0;
+        for (int i = 0; i < 8; i++) {
+            float q = xg[((int)((p >> (8 * i)) & 0xff) - 1) / 2];
+            float w = weight[i];
+            float diff = scale * q - xb[i];
+            d2 += w * diff * diff;
+        }
+        if (d2 < best_score) {
+            best_score = d2;
+            best = nb[j];
+        }
+    }
+    const uint64_t p = lat->pos[best];
+    for (int i = 0; i < 8; i++) Lq[i] = (int8_t)((((p >> (8 * i)) & 0xff) - 1) / 2);
+    return best;
+}
+
+/* Grid indices of the n/8 groups of levels L (shift tables xx[k]); the final scale refit when a
+ * group was off the grid. */
+static float iq1_on_grid(const hm_iq_lattice *lat, int n, const float *xb, const float *weight, float scale,
+                         const float *const *xx, int8_t *L, uint16_t *index) {
+    bool all_on_grid = true;
+    for (int k = 0; k < n / 8; k++) {
+        int u = 0;
+        for (int j = 0; j < 8; j++) u |= L[8 * k + j] << (2 * j);
+        int gi = lat->map[u];
+        if (gi < 0) {
+            all_on_grid = false;
+            gi = iq1_best_neighbour(lat, L + 8 * k, xb + 8 * k, weight + 8 * k, scale, xx[k], L + 8 * k);
+        }
+        index[k] = (uint16_t)gi;
+    }
+    if (!all_on_grid) {
+        float sumqx = 0, sumq2 = 0;
+        for (int k = 0; k < n / 8; k++) {
+            const uint64_t p = lat->pos[index[k]];
+            for (int j = 0; j < 8; j++) {
+                float w = weight[8 * k + j];
+                float q = xx[k][((int)((p >> (8 * j)) & 0xff) - 1) / 2];
+                sumqx += w * q * xb[8 * k + j];
+                sumq2 += w * q * q;
+            }
+        }
+        if (sumqx > 0 && sumq2 > 0) scale = sumqx / sumq2;
+    }
+    return scale;
+}
+
+static void quantize_block_iq1_s(const float *xbl, const float *qwb, hm_block_iq1_s *y) {
+    const hm_iq_lattice *lat = hm_iq_lattice_get(HM_IQ_LAT_IQ1);
+    float scales[8], weight[32], sumx[33], sumw[33];
+    int8_t L[32], shifts[8];
+    uint16_t index[4];
+    iq1_pair pairs[32];
+    y->d = hm_f32_to_fp16(0.f);
+    memset(y->qs, 0, sizeof y->qs);
+    memset(y->qh, 0, sizeof y->qh);
+    float max_scale = 0;
+    const float sigma2 = 2 * iq_sumx2(xbl) / HM_QK_K;
+    for (int ib = 0; ib < 8; ib++) {
+        const float *xb = xbl + 32 * ib;
+        iq_weights(xb, qwb + 32 * ib, sigma2, 32, weight);
+        float max = fabsf(xb[0]);
+        for (int i = 1; i < 32; i++) max = max > fabsf(xb[i]) ? max : fabsf(xb[i]);
+        if (max < 1e-12f) {
+            scales[ib] = 0;
+            shifts[ib] = 1;
+            memset(L, 1, 32);
+            continue;
+        }
+        for (int j = 0; j < 32; j++) pairs[j] = (iq1_pair){xb[j], j};
+        qsort(pairs, 32, sizeof pairs[0], iq1_pair_cmp);
+        sumx[0] = sumw[0] = 0;
+        for (int j = 0; j < 32; j++) {
+            const int i = pairs[j].i;
+            sumx[j + 1] = sumx[j] + weight[i] * xb[i];
+            sumw[j + 1] = sumw[j] + weight[i];
+        }
+        float best_score = -FLT_MAX, scale = max;
+        int besti1 = -1, besti2 = -1, best_shift = 0;
+        for (int i1 = 0; i1 <= 32; i1++) {
+            for (int i2 = i1; i2 <= 32; i2++) {
+                for (int sh = 1; sh >= -1; sh -= 2) {
+                    const float *xs = sh == 1 ? iq1_xp : iq1_xm;
+                    float sumqx = (sumx[i1] - sumx[0]) * xs[0] + (sumx[i2] - sumx[i1]) * xs[1] + (sumx[32] - sumx[i2]) * xs[2];
+                    float sumq2 = (sumw[i1] - sumw[0]) * xs[0] * xs[0] + (sumw[i2] - sumw[i1]) * xs[1] * xs[1] +
+                                  (sumw[32] - sumw[i2]) * xs[2] * xs[2];
+                    if (sumq2 > 0 && sumqx * sumqx > best_score * sumq2) {
+                        scale = sumqx / sumq2;
+                        best_score = scale * sumqx;
+                        besti1 = i1;
+                        besti2 = i2;
+                        best_shift = sh;
+                    }
+                }
+            }
+        }
+        if (besti1 < 0 || besti2 < 0 || best_shift == 0) {
+            scales[ib] = 0;
+            shifts[ib] = 1;
+            memset(L, 1, 32);
+            continue;
+        }
+        for (int j = 0; j < 32; j++) L[pairs[j].i] = (int8_t)(j < besti1 ? 0 : j < besti2 ? 1 : 2);
+        if (scale < 0) {
+            for (int j = 0; j < 32; j++) L[j] = (int8_t)(2 - L[j]);
+            scale = -scale;
+            best_shift = -best_shift;
+        }
+        const float *xx = best_shift == 1 ? iq1_xp : iq1_xm;
+        const float *const xk[4] = {xx, xx, xx, xx};
+        scale = iq1_on_grid(lat, 32, xb, weight, scale, xk, L, index);
+        uint16_t h = 0;
+        for (int k = 0; k < 4; k++) {
+            y->qs[4 * ib + k] = (uint8_t)(index[k] & 255);
+            h |= (uint16_t)((index[k] >> 8) << (3 * k));
+        }
+        y->qh[ib] = h;
+        scales[ib] = scale;
+        shifts[ib] = (int8_t)best_shift;
+        max_scale = max_scale > scale ? max_scale : scale;
+    }
+    if (!max_scale) return;
+    float d = max_scale / 15;
+    y->d = hm_f32_to_fp16(d * 1.125f);
+    float id = 1 / d;
+    for (int ib = 0; ib < 8; ib++) {
+        int l = iq_imax(0, iq_imin(7, iq_round(0.5f * (id * scales[ib] - 1))));
+        if (shifts[ib] == -1) l |= 8;
+        y->qh[ib] |= (uint16_t)(l << 12);
+    }
+}
+
+/* IQ1_M: per 16 elements two groups, each with its own shift sign: k = 0..3 codes the pair
+ * (first group +/-, second group +/-) as 0: ++, 1: +-, 2: -+, 3: --. */
+static void quantize_block_iq1_m(const float *xbl, const float *qwb, hm_block_iq1_m *y) {
+    static const uint8_t masks[4] = {0x00, 0x80, 0x08, 0x88};
+    const hm_iq_lattice *lat = hm_iq_lattice_get(HM_IQ_LAT_IQ1);
+    float scales[16], weight[16];
+    int8_t L[16], shifts[16];
+    uint16_t index[2];
+    iq1_pair pairs[16];
+    float sumqx[4], sumq2[4];
+    memset(y, 0, sizeof *y);
+    float max_scale = 0;
+    const float sigma2 = 2 * iq_sumx2(xbl) / HM_QK_K;
+    for (int ib = 0; ib < 16; ib++) {
+        const float *xb = xbl + 16 * ib;
+        if (qwb) iq_weights(xb, qwb + 16 * ib, sigma2, 16, weight);
+        else
+            for (int i = 0; i < 16; i++) weight[i] = xb[i] * xb[i];
+        float max = fabsf(xb[0]);
+        for (int i = 1; i < 16; i++) max = max > fabsf(xb[i]) ? max : fabsf(xb[i]);
+        if (max < 1e-7f) {
+            scales[ib] = 0;
+            shifts[ib] = 0;
+            memset(L, 1, 16);
+            continue;
+        }
+        for (int j = 0; j < 16; j++) pairs[j] = (iq1_pair){xb[j], j};
+        qsort(pairs, 16, sizeof pairs[0], iq1_pair_cmp);
+        float best_score = -FLT_MAX, scale = max;
+        int besti1 = -1, besti2 = -1, best_k = -1;
+        for (int i1 = 0; i1 <= 16; i1++) {
+            for (int i2 = i1; i2 <= 16; i2++) {
+                memset(sumqx, 0, sizeof sumqx);
+                memset(sumq2, 0, sizeof sumq2);
+                for (int j = 0; j < 16; j++) {
+                    const int i = pairs[j].i, lv = j < i1 ? 0 : j < i2 ? 1 : 2;
+                    const float p = iq1_xp[lv], m = iq1_xm[lv];
+                    /* the first group's shift is k's high bit, the second's its low bit */
+                    const float a1 = p, a2 = i < 8 ? p : m, a3 = i < 8 ? m : p, a4 = m;
+                    sumqx[0] += weight[i] * a1 * xb[i];
+                    sumqx[1] += weight[i] * a2 * xb[i];
+                    sumqx[2] += weight[i] * a3 * xb[i];
+                    sumqx[3] += weight[i] * a4 * xb[i];
+                    sumq2[0] += weight[i] * a1 * a1;
+                    sumq2[1] += weight[i] * a2 * a2;
+                    sumq2[2] += weight[i] * a3 * a3;
+                    sumq2[3] += weight[i] * a4 * a4;
+                }
+                for (int k = 0; k < 4; k++) {
+                    if (sumq2[k] > 0 && sumqx[k] * sumqx[k] > best_score * sumq2[k]) {
+                        scale = sumqx[k] / sumq2[k];
+                        best_score = scale * sumqx[k];
+                        besti1 = i1;
+                        besti2 = i2;
+                        best_k = k;
+                    }
+                }
+            }
+        }
+        if (besti1 < 0 || besti2 < 0 || best_k < 0) {
+            scales[ib] = 0;
+            shifts[ib] = 0;
+            memset(L, 1, 16);
+            continue;
+        }
+        for (int j = 0; j < 16; j++) L[pairs[j].i] = (int8_t)(j < besti1 ? 0 : j < besti2 ? 1 : 2);
+        if (scale < 0) {
+            for (int j = 0; j < 16; j++) L[j] = (int8_t)(2 - L[j]);
+            scale = -scale;
+            best_k = 3 - best_k;
+        }
+        const float *const xk[2] = {best_k < 2 ? iq1_xp : iq1_xm, best_k % 2 == 0 ? iq1_xp : iq1_xm};
+        scale = iq1_on_grid(lat, 16, xb, weight, scale, xk, L, index);
+        y->qs[2 * ib] = (uint8_t)(index[0] & 255);
+        y->qs[2 * ib + 1] = (uint8_t)(index[1] & 255);
+        y->qh[ib] = (uint8_t)((index[0] >> 8) | ((index[1] >> 8) << 4));
+        scales[ib] = scale;
+        shifts[ib] = (int8_t)best_k;
+        max_scale = max_scale > scale ? max_scale : scale;
+    }
+    if (!max_scale) return;
+    uint16_t sc[4] = {0, 0, 0, 0};
+    float d = max_scale / 15;
+    float id = 1 / d;
+    float sumqx_f = 0, sumq2_f = 0;
+    for (int ib = 0; ib < 16; ib++) {
+        const int l = iq_imax(0, iq_imin(7, iq_round(0.5f * (id * scales[ib] - 1))));
+        sc[ib / 4] |= (uint16_t)(l << (3 * (ib % 4)));
+        y->qh[ib] |= masks[shifts[ib]];
+        const float *xb = xbl + 16 * ib;
+        if (qwb) iq_weights(xb, qwb + 16 * ib, sigma2, 16, weight);
+        else
+            for (int i = 0; i < 16; i++) weight[i] = xb[i] * xb[i];
+        for (int k = 0; k < 2; k++) {
+            const float *xx = k == 0 ? (shifts[ib] < 2 ? iq1_xp : iq1_xm) : (shifts[ib] % 2 == 0 ? iq1_xp : iq1_xm);
+            const uint64_t p = lat->pos[y->qs[2 * ib + k] + ((y->qh[ib] << (8 - 4 * k)) & 0x700)];
+            for (int j = 0; j < 8; j++) {
+                float w = weight[8 * k + j];
+                float q = xx[((int)((p >> (8 * j)) & 0xff) - 1) / 2] * (2 * l + 1);
+                sumqx_f += w * q * xb[8 * k + j];
+                sumq2_f += w * q * q;
+            }
+        }
+    }
+    if (sumq2_f > 0) d = sumqx_f / sumq2_f;
+    const uint16_t dh = hm_f32_to_fp16(d * 1.1125f);
+    sc[0] |= (uint16_t)((dh & 0x000f) << 12);
+    sc[1] |= (uint16_t)((dh & 0x00f0) << 8);
+    sc[2] |= (uint16_t)((dh & 0x0f00) << 4);
+    sc[3] |= (uint16_t)(dh & 0xf000);
+    for (int w = 0; w < 4; w++) {
+        y->scales[2 * w] = (uint8_t)sc[w];
+        y->scales[2 * w + 1] = (uint8_t)(sc[w] >> 8);
+    }
 }
 
 /* ---------------------------------------------------------------- entry points */
 
-/* Rows of one of the types here with importance qw[n_per_row] (NULL: uniform importance). */
 bool hm_quant_iq_quantize(int t, const float *src, void *dst, int64_t nrow, int64_t n_per_row, const float *qw) {
     if (n_per_row % HM_QK_K) return false;
+    const bool needs_weights = t == HM_TYPE_IQ2_XXS || t == HM_TYPE_IQ2_XS || t == HM_TYPE_IQ1_S;
+    switch (t) {
+    case HM_TYPE_IQ2_XXS: case HM_TYPE_IQ2_XS: case HM_TYPE_IQ2_S: case HM_TYPE_IQ3_XXS: case HM_TYPE_IQ3_S:
+    case HM_TYPE_IQ1_S: case HM_TYPE_IQ1_M: break;
+    default: return false;
+    }
     float *ones = NULL;
-    if (!qw) {
+    if (!qw && needs_weights) {
         ones = malloc(sizeof(float) * (size_t)n_per_row);
         if (!ones) return false;
         for (int64_t i = 0; i < n_per_row; i++) ones[i] = 1.0f;
         qw = ones;
     }
     const int64_t nb = n_per_row / HM_QK_K;
-    bool ok = true;
-    for (int64_t r = 0; r < nrow && ok; r++) {
-        const float *x = src + r * n_per_row;
+    const size_t ts = hm_type_get(t)->type_size;
+    for (int64_t r = 0; r < nrow; r++) {
         for (int64_t b = 0; b < nb; b++) {
-            const float *xb = x + HM_QK_K * b, *wb = qw + HM_QK_K * b;
+            const float *xb = src + r * n_per_row + HM_QK_K * b, *wb = qw ? qw + HM_QK_K * b : NULL;
+            void *yb = (uint8_t *)dst + (size_t)(r * nb + b) * ts;
             switch (t) {
-            case HM_TYPE_IQ2_XXS:
-                quantize_block_iq2_xxs(lattice_get(IQ2_LAT_256), xb, wb, (hm_block_iq2_xxs *)dst + r * nb + b);
-                break;
-            case HM_TYPE_IQ2_XS:
-                quantize_block_iq2_xs(lattice_get(IQ2_LAT_512), xb, wb, (hm_block_iq2_xs *)dst + r * nb + b);
-                break;
-            default: ok = false; break;
+            case HM_TYPE_IQ2_XXS: quantize_block_iq2_xxs(xb, wb, yb); break;
+            case HM_TYPE_IQ2_XS: quantize_block_iq2_xs(xb, wb, yb); break;
+            case HM_TYPE_IQ2_S: quantize_block_iq2_s(xb, wb, yb); break;
+            case HM_TYPE_IQ3_XXS: quantize_block_iq3_xxs(xb, wb, yb); break;
+            case HM_TYPE_IQ3_S: quantize_block_iq3_s(xb, wb, yb); break;
+            case HM_TYPE_IQ1_S: quantize_block_iq1_s(xb, wb, yb); break;
+            default: quantize_block_iq1_m(xb, wb, yb); break;
             }
-            if (!ok) break;
         }
     }
     free(ones);
-    return ok;
+    return true;
 }
 
-void hm_from_float_iq2_xxs_ref(const float *src, void *dst, int64_t n) {
-    hm_quant_iq_quantize(HM_TYPE_IQ2_XXS, src, dst, 1, n, NULL);
-}
-void hm_from_float_iq2_xs_ref(const float *src, void *dst, int64_t n) {
-    hm_quant_iq_quantize(HM_TYPE_IQ2_XS, src, dst, 1, n, NULL);
-}
+#define IQ_REF(T, ID)                                                                                 \
+    void hm_from_float_##T##_ref(const float *src, void *dst, int64_t n) {                            \
+        hm_quant_iq_quantize(ID, src, dst, 1, n, NULL);                                               \
+    }
+IQ_REF(iq2_xxs, HM_TYPE_IQ2_XXS)
+IQ_REF(iq2_xs, HM_TYPE_IQ2_XS)
+IQ_REF(iq2_s, HM_TYPE_IQ2_S)
+IQ_REF(iq3_xxs, HM_TYPE_IQ3_XXS)
+IQ_REF(iq3_s, HM_TYPE_IQ3_S)
+IQ_REF(iq1_s, HM_TYPE_IQ1_S)
+IQ_REF(iq1_m, HM_TYPE_IQ1_M)
