@@ -1,6 +1,7 @@
 /* quant_iq.c - the grid-based i-quant family (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S,
  * IQ1_M): scalar reference dequantisation and dot products against Q8_K, and the registration of
- * the family's rows of the traits table (quantisers: quant_iq_quantize.c).
+ * the family's rows of the traits table (quantisers: quant_iq_quantize.c; AVX2 dots:
+ * quant_iq_avx2.c).
  *
  * Every block is first unpacked into what all operations share: 256 signed integer levels (the
  * grid points with their signs; for IQ1 eight times grid +- delta, so that they stay integers)
@@ -228,19 +229,16 @@ static void iq_set(hm_type_traits *e, const char *name, size_t type_size, hm_to_
     e->from_float_isa[HM_ISA_SCALAR] = from_float_ref;
 }
 
+#define IQ_SET(ID, T)                                                                                     \
+    iq_set(&table[ID], #T, sizeof(hm_block_##T), to_float_##T##_ref, hm_from_float_##T##_ref, vec_dot_##T##_scalar, \
+           IQ_AVX2(hm_vec_dot_##T))
+
 void hm_quant_register_iq(hm_type_traits *table) {
-    iq_set(&table[HM_TYPE_IQ2_XXS], "iq2_xxs", sizeof(hm_block_iq2_xxs), to_float_iq2_xxs_ref, hm_from_float_iq2_xxs_ref,
-           vec_dot_iq2_xxs_scalar, NULL);
-    iq_set(&table[HM_TYPE_IQ2_XS], "iq2_xs", sizeof(hm_block_iq2_xs), to_float_iq2_xs_ref, hm_from_float_iq2_xs_ref,
-           vec_dot_iq2_xs_scalar, NULL);
-    iq_set(&table[HM_TYPE_IQ2_S], "iq2_s", sizeof(hm_block_iq2_s), to_float_iq2_s_ref, hm_from_float_iq2_s_ref, vec_dot_iq2_s_scalar,
-           NULL);
-    iq_set(&table[HM_TYPE_IQ3_XXS], "iq3_xxs", sizeof(hm_block_iq3_xxs), to_float_iq3_xxs_ref, hm_from_float_iq3_xxs_ref,
-           vec_dot_iq3_xxs_scalar, NULL);
-    iq_set(&table[HM_TYPE_IQ3_S], "iq3_s", sizeof(hm_block_iq3_s), to_float_iq3_s_ref, hm_from_float_iq3_s_ref, vec_dot_iq3_s_scalar,
-           NULL);
-    iq_set(&table[HM_TYPE_IQ1_S], "iq1_s", sizeof(hm_block_iq1_s), to_float_iq1_s_ref, hm_from_float_iq1_s_ref, vec_dot_iq1_s_scalar,
-           NULL);
-    iq_set(&table[HM_TYPE_IQ1_M], "iq1_m", sizeof(hm_block_iq1_m), to_float_iq1_m_ref, hm_from_float_iq1_m_ref, vec_dot_iq1_m_scalar,
-           NULL);
+    IQ_SET(HM_TYPE_IQ2_XXS, iq2_xxs);
+    IQ_SET(HM_TYPE_IQ2_XS, iq2_xs);
+    IQ_SET(HM_TYPE_IQ2_S, iq2_s);
+    IQ_SET(HM_TYPE_IQ3_XXS, iq3_xxs);
+    IQ_SET(HM_TYPE_IQ3_S, iq3_s);
+    IQ_SET(HM_TYPE_IQ1_S, iq1_s);
+    IQ_SET(HM_TYPE_IQ1_M, iq1_m);
 }
