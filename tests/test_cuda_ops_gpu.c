@@ -70,7 +70,9 @@ static void *dev_zero(size_t n) {
 static void dev_to(void *host, const void *d, size_t n) { CK(hm_cuda_download(ctx, host, d, n, &err)); }
 
 static const int types[] = {HM_TYPE_F32,  HM_TYPE_F16,  HM_TYPE_BF16, HM_TYPE_Q8_0, HM_TYPE_Q4_0, HM_TYPE_Q5_0,
-                            HM_TYPE_MXFP4, HM_TYPE_Q4_K, HM_TYPE_Q5_K, HM_TYPE_Q6_K, HM_TYPE_IQ4_XS};
+                            HM_TYPE_MXFP4, HM_TYPE_Q4_K, HM_TYPE_Q5_K, HM_TYPE_Q6_K, HM_TYPE_IQ4_XS,
+                            HM_TYPE_IQ2_XXS, HM_TYPE_IQ2_XS, HM_TYPE_IQ2_S, HM_TYPE_IQ3_XXS, HM_TYPE_IQ3_S,
+                            HM_TYPE_IQ1_S, HM_TYPE_IQ1_M};
 #define N_TYPES ((int)(sizeof types / sizeof types[0]))
 
 /* Random weights of `type`: quantised bytes (host) and their exact dequantisation. */
