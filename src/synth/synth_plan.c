@@ -47,6 +47,14 @@ static const hm_synth_mix mixes[] = {
     {"q6_k", 18, HM_TYPE_Q6_K, HM_SYNTH_MIX_PURE},
     {"iq4_xs", 30, HM_TYPE_IQ4_XS, HM_SYNTH_MIX_PURE},
     {"mxfp4", 38, HM_TYPE_MXFP4, HM_SYNTH_MIX_MXFP4_MOE},
+    {"iq2_m", 29, HM_TYPE_IQ2_S, HM_SYNTH_MIX_IQ},
+    {"iq2_xxs", 19, HM_TYPE_IQ2_XXS, HM_SYNTH_MIX_IQ},
+    {"iq1_s", 24, HM_TYPE_IQ1_S, HM_SYNTH_MIX_IQ},
+    {"iq3_xxs", 23, HM_TYPE_IQ3_XXS, HM_SYNTH_MIX_IQ},
+    {"iq2_xs", 20, HM_TYPE_IQ2_XS, HM_SYNTH_MIX_PURE},
+    {"iq2_s", 28, HM_TYPE_IQ2_S, HM_SYNTH_MIX_PURE},
+    {"iq3_s", 26, HM_TYPE_IQ3_S, HM_SYNTH_MIX_PURE},
+    {"iq1_m", 31, HM_TYPE_IQ1_M, HM_SYNTH_MIX_PURE},
 };
 
 #define N_PRESETS (sizeof presets / sizeof presets[0])
@@ -66,7 +74,8 @@ const hm_synth_mix *hm_synth_find_mix(const char *name) {
 
 const char *hm_synth_preset_names(void) { return "qwen3-30b-a3b, tiny, qwen36-geom"; }
 const char *hm_synth_mix_names(void) {
-    return "q4_k_m, q8_0, f16, f32, bf16, q4_0, q4_k, q5_k, q6_k, iq4_xs, mxfp4";
+    return "q4_k_m, q8_0, f16, f32, bf16, q4_0, q4_k, q5_k, q6_k, iq4_xs, mxfp4, iq2_m, iq2_xxs, iq1_s, iq3_xxs, "
+           "iq2_xs, iq2_s, iq3_s, iq1_m";
 }
 
 typedef enum tkind {
@@ -89,10 +98,21 @@ static bool use_more_bits(int i_layer, int n_layers) {
  *   n_expert != 8): output.weight Q6_K; attn_v Q6_K on use_more_bits(i, n_layer) layers (llama.cpp
  *   counts attn_v tensors in file order, which is layer order here); ffn_down(_exps) Q6_K on
  *   use_more_bits layers; everything else (token_embd, attn_q/k/output, ffn_gate/up_exps) Q4_K;
- * - MXFP4_MOE: expert tensors (ne[2] > 1) MXFP4, every other matrix Q8_0 (output included). */
-static int tensor_type(const hm_synth_mix *m, tkind k, uint32_t n_dims, int layer, int n_layer) {
+ * - MXFP4_MOE: expert tensors (ne[2] > 1) MXFP4, every other matrix Q8_0 (output included);
+ * - the i-quant ftypes (iq2_m, iq2_xxs, iq1_s, iq3_xxs): hm_synth_iq_mix_type. The pure i-quant
+ *   types (iq2_xs, iq2_s, iq3_s, iq1_m) are labelled with llama.cpp's ftype of that name. */
+static int tensor_type(const hm_synth_mix *m, tkind k, uint32_t n_dims, int layer, int n_layer, int n_gqa,
+                       int n_expert) {
     if (n_dims < 2 || k == T_FFN_GATE_INP) return HM_TYPE_F32;
     switch (m->kind) {
+    case HM_SYNTH_MIX_IQ: {
+        const hm_synth_role r = k == T_TOKEN_EMBD ? HM_SYNTH_ROLE_TOKEN_EMBD : k == T_OUTPUT ? HM_SYNTH_ROLE_OUTPUT
+                              : k == T_ATTN_Q     ? HM_SYNTH_ROLE_ATTN_Q     : k == T_ATTN_K ? HM_SYNTH_ROLE_ATTN_K
+                              : k == T_ATTN_V     ? HM_SYNTH_ROLE_ATTN_V     : k == T_ATTN_OUT ? HM_SYNTH_ROLE_ATTN_OUT
+                              : k == T_FFN_GATE_EXPS ? HM_SYNTH_ROLE_FFN_GATE : k == T_FFN_UP_EXPS ? HM_SYNTH_ROLE_FFN_UP
+                                                     : HM_SYNTH_ROLE_FFN_DOWN;
+        return hm_synth_iq_mix_type(m->ftype, r, layer, n_layer, n_gqa, n_expert);
+    }
     case HM_SYNTH_MIX_PURE: return m->base;
     case HM_SYNTH_MIX_MXFP4_MOE: return n_dims == 3 ? HM_TYPE_MXFP4 : HM_TYPE_Q8_0;
     case HM_SYNTH_MIX_Q4_K_M:
@@ -107,7 +127,7 @@ typedef struct plan {
     hm_synth_tensor *t;
     int64_t n, cap;
     const hm_synth_mix *mix;
-    int32_t n_layer;
+    int32_t n_layer, n_gqa, n_expert;
     float embd_std, output_std; /* the two ends of the network (see synth_scales) */
 } plan;
 
@@ -184,7 +204,7 @@ static hm_status add(plan *pl, tkind k, int layer, const char *suffix, uint32_t 
     else snprintf(name, sizeof name, "%s.weight", suffix);
     hm_synth_tensor *t = hm_synth_push(&pl->t, &pl->n, &pl->cap, name, n_dims, ne0, ne1, ne2, err);
     if (!t) return HM_ERR_NOMEM;
-    t->type = tensor_type(pl->mix, k, n_dims, layer, pl->n_layer);
+    t->type = tensor_type(pl->mix, k, n_dims, layer, pl->n_layer, pl->n_gqa, pl->n_expert);
     bool norm = n_dims == 1;
     t->mean = norm ? 1.0f : 0.0f; /* norms near 1, matrices centred */
     t->std = norm ? 0.05f : (float)SYNTH_WEIGHT_STD;
@@ -195,7 +215,7 @@ static hm_status add(plan *pl, tkind k, int layer, const char *suffix, uint32_t 
 
 hm_status hm_synth_plan(const hm_synth_preset *p, int32_t n_layer, const hm_synth_mix *m,
                         hm_synth_tensor **out, int64_t *n_out, hm_err *err) {
-    plan pl = {.mix = m, .n_layer = n_layer};
+    plan pl = {.mix = m, .n_layer = n_layer, .n_gqa = p->n_head / p->n_head_kv, .n_expert = p->n_expert};
     synth_scales(&pl, p);
     const int64_t E = p->n_embd, Q = (int64_t)p->n_head * p->head_dim, KV = (int64_t)p->n_head_kv * p->head_dim;
     hm_status st = add(&pl, T_TOKEN_EMBD, -1, "token_embd", 2, E, p->n_vocab, 1, err);
