@@ -32,6 +32,53 @@ static inline __m256i signs_pm1(uint32_t s4) {
     return _mm256_or_si256(_mm256_cmpeq_epi8(_mm256_and_si256(v, bits), bits), _mm256_set1_epi8(1));
 }
 
+/* The 8 signs of a 7-bit sign code (bit 7 = parity, hm_iq_signs7) as +1 / -1 bytes: entry i byte j
+ * is 0xff (-1) where bit j of the full sign byte is set, else 0x01. Generated from that rule. */
+static const uint64_t signs7_pm1[128] = {
+    0x0101010101010101ull, 0xff010101010101ffull, 0xff0101010101ff01ull, 0x010101010101ffffull,
+    0xff01010101ff0101ull, 0x0101010101ff01ffull, 0x0101010101ffff01ull, 0xff01010101ffffffull,
+    0xff010101ff010101ull, 0x01010101ff0101ffull, 0x01010101ff01ff01ull, 0xff010101ff01ffffull,
+    0x01010101ffff0101ull, 0xff010101ffff01ffull, 0xff010101ffffff01ull, 0x01010101ffffffffull,
+    0xff0101ff01010101ull, 0x010101ff010101ffull, 0x010101ff0101ff01ull, 0xff0101ff0101ffffull,
+    0x010101ff01ff0101ull, 0xff0101ff01ff01ffull, 0xff0101ff01ffff01ull, 0x010101ff01ffffffull,
+    0x010101ffff010101ull, 0xff0101ffff0101ffull, 0xff0101ffff01ff01ull, 0x010101ffff01ffffull,
+    0xff0101ffffff0101ull, 0x010101ffffff01ffull, 0x010101ffffffff01ull, 0xff0101ffffffffffull,
+    0xff01ff0101010101ull, 0x0101ff01010101ffull, 0x0101ff010101ff01ull, 0xff01ff010101ffffull,
+    0x0101ff0101ff0101ull, 0xff01ff0101ff01ffull, 0xff01ff0101ffff01ull, 0x0101ff0101ffffffull,
+    0x0101ff01ff010101ull, 0xff01ff01ff0101ffull, 0xff01ff01ff01ff01ull, 0x0101ff01ff01ffffull,
+    0xff01ff01ffff0101ull, 0x0101ff01ffff01ffull, 0x0101ff01ffffff01ull, 0xff01ff01ffffffffull,
+    0x0101ffff01010101ull, 0xff01ffff010101ffull, 0xff01ffff0101ff01ull, 0x0101ffff0101ffffull,
+    0xff01ffff01ff0101ull, 0x0101ffff01ff01ffull, 0x0101ffff01ffff01ull, 0xff01ffff01ffffffull,
+    0xff01ffffff010101ull, 0x0101ffffff0101ffull, 0x0101ffffff01ff01ull, 0xff01ffffff01ffffull,
+    0x0101ffffffff0101ull, 0xff01ffffffff01ffull, 0xff01ffffffffff01ull, 0x0101ffffffffffffull,
+    0xffff010101010101ull, 0x01ff0101010101ffull, 0x01ff01010101ff01ull, 0xffff01010101ffffull,
+    0x01ff010101ff0101ull, 0xffff010101ff01ffull, 0xffff010101ffff01ull, 0x01ff010101ffffffull,
+    0x01ff0101ff010101ull, 0xffff0101ff0101ffull, 0xffff0101ff01ff01ull, 0x01ff0101ff01ffffull,
+    0xffff0101ffff0101ull, 0x01ff0101ffff01ffull, 0x01ff0101ffffff01ull, 0xffff0101ffffffffull,
+    0x01ff01ff01010101ull, 0xffff01ff010101ffull, 0xffff01ff0101ff01ull, 0x01ff01ff0101ffffull,
+    0xffff01ff01ff0101ull, 0x01ff01ff01ff01ffull, 0x01ff01ff01ffff01ull, 0xffff01ff01ffffffull,
+    0xffff01ffff010101ull, 0x01ff01ffff0101ffull, 0x01ff01ffff01ff01ull, 0xffff01ffff01ffffull,
+    0x01ff01ffffff0101ull, 0xffff01ffffff01ffull, 0xffff01ffffffff01ull, 0x01ff01ffffffffffull,
+    0x01ffff0101010101ull, 0xffffff01010101ffull, 0xffffff010101ff01ull, 0x01ffff010101ffffull,
+    0xffffff0101ff0101ull, 0x01ffff0101ff01ffull, 0x01ffff0101ffff01ull, 0xffffff0101ffffffull,
+    0xffffff01ff010101ull, 0x01ffff01ff0101ffull, 0x01ffff01ff01ff01ull, 0xffffff01ff01ffffull,
+    0x01ffff01ffff0101ull, 0xffffff01ffff01ffull, 0xffffff01ffffff01ull, 0x01ffff01ffffffffull,
+    0xffffffff01010101ull, 0x01ffffff010101ffull, 0x01ffffff0101ff01ull, 0xffffffff0101ffffull,
+    0x01ffffff01ff0101ull, 0xffffffff01ff01ffull, 0xffffffff01ffff01ull, 0x01ffffff01ffffffull,
+    0x01ffffffff010101ull, 0xffffffffff0101ffull, 0xffffffffff01ff01ull, 0x01ffffffff01ffffull,
+    0xffffffffffff0101ull, 0x01ffffffffff01ffull, 0x01ffffffffffff01ull, 0xffffffffffffffffull,
+};
+
+/* sum over 32 elements of grid (unsigned bytes) * sign * q8, times the scales, as 8 int32; the
+ * signs as 7-bit codes c0..c3 of the four groups. */
+static inline __m256i dot32_signs7(__m256i grid, uint32_t c0, uint32_t c1, uint32_t c2, uint32_t c3, const int8_t *q8,
+                                   __m256i sc) {
+    const __m256i s = _mm256_setr_epi64x((long long)signs7_pm1[c0], (long long)signs7_pm1[c1], (long long)signs7_pm1[c2],
+                                         (long long)signs7_pm1[c3]);
+    const __m256i y = _mm256_loadu_si256((const __m256i *)q8);
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(grid, _mm256_sign_epi8(y, s)), sc);
+}
+
 /* The scale codes of 32 elements as int16 lanes: lo for the first 16, hi for the second. */
 static inline __m256i scales16(int lo, int hi) {
     return _mm256_setr_m128i(_mm_set1_epi16((short)lo), _mm_set1_epi16((short)hi));
@@ -78,10 +125,9 @@ void hm_vec_dot_iq2_xxs_avx2(int64_t n, float *out, const void *vx, const void *
         const uint32_t idx = rd32(b->qs + 4 * ib), sg = rd32(b->qs + 4 * ib + 2);
         const __m256i g = grid4(hm_iq2xxs_grid[idx & 0xff], hm_iq2xxs_grid[(idx >> 8) & 0xff],
                                 hm_iq2xxs_grid[(idx >> 16) & 0xff], hm_iq2xxs_grid[idx >> 24]);
-        const uint32_t s4 = (uint32_t)hm_iq_signs7(sg & 127) | (uint32_t)hm_iq_signs7((sg >> 7) & 127) << 8 |
-                            (uint32_t)hm_iq_signs7((sg >> 14) & 127) << 16 | (uint32_t)hm_iq_signs7((sg >> 21) & 127) << 24;
         const int ls = 2 * (int)(sg >> 28) + 1;
-        sumi = _mm256_add_epi32(sumi, dot32_unsigned(g, s4, q8, _mm256_set1_epi16((short)ls)));
+        sumi = _mm256_add_epi32(sumi, dot32_signs7(g, sg & 127, (sg >> 7) & 127, (sg >> 14) & 127, (sg >> 21) & 127, q8,
+                                                   _mm256_set1_epi16((short)ls)));
     }
     IQ_DOT_END(hm_fp16_to_f32(b->d), 0.125f)
 }
@@ -92,10 +138,9 @@ void hm_vec_dot_iq2_xs_avx2(int64_t n, float *out, const void *vx, const void *v
         const uint16_t *w = b->qs + 4 * ib;
         const __m256i g = grid4(hm_iq2xs_grid[w[0] & 511], hm_iq2xs_grid[w[1] & 511], hm_iq2xs_grid[w[2] & 511],
                                 hm_iq2xs_grid[w[3] & 511]);
-        const uint32_t s4 = (uint32_t)hm_iq_signs7(w[0] >> 9) | (uint32_t)hm_iq_signs7(w[1] >> 9) << 8 |
-                            (uint32_t)hm_iq_signs7(w[2] >> 9) << 16 | (uint32_t)hm_iq_signs7(w[3] >> 9) << 24;
         const int sc = b->scales[ib];
-        sumi = _mm256_add_epi32(sumi, dot32_unsigned(g, s4, q8, scales16(2 * (sc & 15) + 1, 2 * (sc >> 4) + 1)));
+        sumi = _mm256_add_epi32(sumi, dot32_signs7(g, w[0] >> 9, w[1] >> 9, w[2] >> 9, w[3] >> 9, q8,
+                                                   scales16(2 * (sc & 15) + 1, 2 * (sc >> 4) + 1)));
     }
     IQ_DOT_END(hm_fp16_to_f32(b->d), 0.125f)
 }
@@ -122,9 +167,8 @@ void hm_vec_dot_iq3_xxs_avx2(int64_t n, float *out, const void *vx, const void *
         const __m256i g = _mm256_setr_epi32((int)hm_iq3xxs_grid[qs[0]], (int)hm_iq3xxs_grid[qs[1]], (int)hm_iq3xxs_grid[qs[2]],
                                             (int)hm_iq3xxs_grid[qs[3]], (int)hm_iq3xxs_grid[qs[4]], (int)hm_iq3xxs_grid[qs[5]],
                                             (int)hm_iq3xxs_grid[qs[6]], (int)hm_iq3xxs_grid[qs[7]]);
-        const uint32_t s4 = (uint32_t)hm_iq_signs7(sg & 127) | (uint32_t)hm_iq_signs7((sg >> 7) & 127) << 8 |
-                            (uint32_t)hm_iq_signs7((sg >> 14) & 127) << 16 | (uint32_t)hm_iq_signs7((sg >> 21) & 127) << 24;
-        sumi = _mm256_add_epi32(sumi, dot32_unsigned(g, s4, q8, _mm256_set1_epi16((short)(2 * (sg >> 28) + 1))));
+        sumi = _mm256_add_epi32(sumi, dot32_signs7(g, sg & 127, (sg >> 7) & 127, (sg >> 14) & 127, (sg >> 21) & 127, q8,
+                                                   _mm256_set1_epi16((short)(2 * (sg >> 28) + 1))));
     }
     IQ_DOT_END(hm_fp16_to_f32(b->d), 0.25f)
 }
