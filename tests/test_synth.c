@@ -576,6 +576,21 @@ static void check_fast_generator(void) {
                hm_type_name(types[i]), m, sd, amax);
     }
     CHECK(!hm_synth_fast_supported(HM_TYPE_IQ4_XS) && !hm_synth_fast_supported(HM_TYPE_F16));
+    /* the i-quants (synth_fast_iq.c): the same bounds */
+    static const int iq[] = {HM_TYPE_IQ2_XXS, HM_TYPE_IQ2_XS, HM_TYPE_IQ2_S, HM_TYPE_IQ3_XXS,
+                             HM_TYPE_IQ3_S,   HM_TYPE_IQ1_S,  HM_TYPE_IQ1_M};
+    for (size_t i = 0; i < sizeof iq / sizeof iq[0]; i++) {
+        CHECK(hm_synth_fast_supported(iq[i]));
+        double s = 0, s2 = 0, amax = 0;
+        for (int r = 0; r < ROWS; r++) {
+            hm_synth_fast_row(iq[i], 99, r, NE0, 0.02f, q);
+            hm_type_get(iq[i])->to_float_ref(q, x, NE0);
+            for (int c = 0; c < NE0; c++) s += x[c], s2 += (double)x[c] * x[c], amax = fmax(amax, fabs(x[c]));
+        }
+        const double n = (double)NE0 * ROWS, m = s / n, sd = sqrt(s2 / n - m * m);
+        CHECKF(fabs(m) < 0.001 && fabs(sd - 0.02) < 0.001 && amax < 0.08, "fast %s: mean %g std %g max %g",
+               hm_type_name(iq[i]), m, sd, amax);
+    }
 }
 
 static void check_fast_experts(void) {

@@ -142,6 +142,10 @@ hm_status hm_synth_routing_write_meta(const hm_synth_routing *r, hm_gguf_writer 
 
 /* Whether type has a random-block generator (q4_0, q5_0, q8_0, q4_k, q5_k, q6_k). */
 bool hm_synth_fast_supported(int type);
+/* The i-quants' part (synth_fast_iq.c): which have a generator, and a block's super-scale for
+ * values of std `std` after its bytes were filled at random. */
+bool hm_synth_fast_iq_supported(int type);
+void hm_synth_fast_iq_block(int type, float std, uint8_t *y);
 /* Write row `row` of an expert tensor (ne0 elements of a supported type) as random blocks whose
  * dequantised values have mean ~0 and std ~std; the bytes depend only on (key, row). */
 void hm_synth_fast_row(int type, uint64_t key, int64_t row, int64_t ne0, float std, uint8_t *out);
