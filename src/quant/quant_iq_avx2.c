@@ -162,11 +162,9 @@ void hm_vec_dot_iq2_s_avx2(int64_t n, float *out, const void *vx, const void *vy
 void hm_vec_dot_iq3_xxs_avx2(int64_t n, float *out, const void *vx, const void *vy) {
     IQ_DOT_BEGIN(hm_block_iq3_xxs)
     for (int ib = 0; ib < 8; ib++, q8 += 32) {
-        const uint8_t *qs = b->qs + 8 * ib;
         const uint32_t sg = rd32(b->qs + 64 + 4 * ib);
-        const __m256i g = _mm256_setr_epi32((int)hm_iq3xxs_grid[qs[0]], (int)hm_iq3xxs_grid[qs[1]], (int)hm_iq3xxs_grid[qs[2]],
-                                            (int)hm_iq3xxs_grid[qs[3]], (int)hm_iq3xxs_grid[qs[4]], (int)hm_iq3xxs_grid[qs[5]],
-                                            (int)hm_iq3xxs_grid[qs[6]], (int)hm_iq3xxs_grid[qs[7]]);
+        const __m256i idx = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(b->qs + 8 * ib)));
+        const __m256i g = _mm256_i32gather_epi32((const int *)hm_iq3xxs_grid, idx, 4);
         sumi = _mm256_add_epi32(sumi, dot32_signs7(g, sg & 127, (sg >> 7) & 127, (sg >> 14) & 127, (sg >> 21) & 127, q8,
                                                    _mm256_set1_epi16((short)(2 * (sg >> 28) + 1))));
     }
@@ -176,13 +174,13 @@ void hm_vec_dot_iq3_xxs_avx2(int64_t n, float *out, const void *vx, const void *
 void hm_vec_dot_iq3_s_avx2(int64_t n, float *out, const void *vx, const void *vy) {
     IQ_DOT_BEGIN(hm_block_iq3_s)
     for (int ib = 0; ib < 8; ib++, q8 += 32) {
-        const uint8_t *qs = b->qs + 8 * ib;
-        const int h = b->qh[ib];
-        int idx[8];
-        for (int k = 0; k < 8; k++) idx[k] = qs[k] | ((h >> k) & 1) << 8;
-        const __m256i g = _mm256_setr_epi32((int)hm_iq3s_grid[idx[0]], (int)hm_iq3s_grid[idx[1]], (int)hm_iq3s_grid[idx[2]],
-                                            (int)hm_iq3s_grid[idx[3]], (int)hm_iq3s_grid[idx[4]], (int)hm_iq3s_grid[idx[5]],
-                                            (int)hm_iq3s_grid[idx[6]], (int)hm_iq3s_grid[idx[7]]);
+        /* the 8 half-group indices qs[8ib + k] | bit k of qh[ib] << 8, gathered in one go */
+        const __m256i lo = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(b->qs + 8 * ib)));
+        const __m256i hi = _mm256_slli_epi32(
+            _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(b->qh[ib]), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)),
+                             _mm256_set1_epi32(1)),
+            8);
+        const __m256i g = _mm256_i32gather_epi32((const int *)hm_iq3s_grid, _mm256_or_si256(lo, hi), 4);
         const int s = (b->scales[ib / 2] >> (4 * (ib % 2))) & 15;
         sumi = _mm256_add_epi32(sumi, dot32_unsigned(g, rd32(b->signs + 4 * ib), q8, _mm256_set1_epi16((short)(2 * s + 1))));
     }
