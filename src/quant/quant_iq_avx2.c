@@ -214,8 +214,10 @@ void hm_vec_dot_iq1_m_avx2(int64_t n, float *out, const void *vx, const void *vy
         const int sc = b->scales[2 * (ib / 2)] | b->scales[2 * (ib / 2) + 1] << 8;
         const __m256i g = grid4(hm_iq1s_grid[qs[0] | (h0 & 7) << 8], hm_iq1s_grid[qs[1] | ((h0 >> 4) & 7) << 8],
                                 hm_iq1s_grid[qs[2] | (h1 & 7) << 8], hm_iq1s_grid[qs[3] | ((h1 >> 4) & 7) << 8]);
-        const __m256i sh = _mm256_setr_epi64x((long long)shift8(h0 & 8), (long long)shift8(h0 & 0x80),
-                                              (long long)shift8(h1 & 8), (long long)shift8(h1 & 0x80));
+        /* the four groups' shift signs (bits 3 and 7 of h0, h1) as whole sign bytes, then +-1 lanes */
+        const uint32_t neg = (uint32_t)((h0 >> 3) & 1) | (uint32_t)((h0 >> 7) & 1) << 8 | (uint32_t)((h1 >> 3) & 1) << 16 |
+                             (uint32_t)((h1 >> 7) & 1) << 24;
+        const __m256i sh = signs_pm1(neg * 0xffu);
         const int s1 = (sc >> (6 * (ib % 2))) & 7, s2 = (sc >> (6 * (ib % 2) + 3)) & 7;
         sumi = _mm256_add_epi32(sumi, dot32_signed(iq1_levels(g, sh), q8, scales16(2 * s1 + 1, 2 * s2 + 1)));
     }
