@@ -55,7 +55,9 @@ static double partner_bound(int pt) {
 }
 
 static const int test_types[] = {HM_TYPE_F32, HM_TYPE_F16, HM_TYPE_BF16, HM_TYPE_Q8_0, HM_TYPE_Q4_0,
-                                 HM_TYPE_MXFP4, HM_TYPE_Q4_K, HM_TYPE_Q5_K, HM_TYPE_Q6_K, HM_TYPE_IQ4_XS};
+                                 HM_TYPE_MXFP4, HM_TYPE_Q4_K, HM_TYPE_Q5_K, HM_TYPE_Q6_K, HM_TYPE_IQ4_XS,
+                                 HM_TYPE_IQ2_XXS, HM_TYPE_IQ2_XS, HM_TYPE_IQ2_S, HM_TYPE_IQ3_XXS, HM_TYPE_IQ3_S,
+                                 HM_TYPE_IQ1_S, HM_TYPE_IQ1_M};
 #define N_TEST_TYPES (int)(sizeof test_types / sizeof test_types[0])
 
 /* A random weight matrix of type t: quantised bytes + its exact dequantised values. */

@@ -72,7 +72,9 @@ static void dev_to(void *host, const void *d, size_t n) { CK(hm_cuda_download(ct
 
 static const int types[] = {HM_TYPE_F32,  HM_TYPE_F16,  HM_TYPE_BF16, HM_TYPE_Q8_0, HM_TYPE_Q4_0, HM_TYPE_Q5_0,
                             HM_TYPE_MXFP4, HM_TYPE_Q4_K, HM_TYPE_Q5_K, HM_TYPE_Q6_K, HM_TYPE_IQ4_XS,
-                            HM_TYPE_Q4_1, HM_TYPE_Q5_1, HM_TYPE_IQ4_NL, HM_TYPE_Q2_K, HM_TYPE_Q3_K};
+                            HM_TYPE_Q4_1, HM_TYPE_Q5_1, HM_TYPE_IQ4_NL, HM_TYPE_Q2_K, HM_TYPE_Q3_K,
+                            HM_TYPE_IQ2_XXS, HM_TYPE_IQ2_XS, HM_TYPE_IQ2_S, HM_TYPE_IQ3_XXS, HM_TYPE_IQ3_S,
+                            HM_TYPE_IQ1_S, HM_TYPE_IQ1_M};
 #define N_TYPES ((int)(sizeof types / sizeof types[0]))
 
 /* Random weights of `type`: quantised bytes (host) and their exact dequantisation. */
@@ -863,6 +865,10 @@ static void test_moe(void) {
     test_moe_case(HM_TYPE_IQ4_XS, HM_TYPE_Q5_K, 3, 5, 2, 256);
     test_moe_case(HM_TYPE_F16, HM_TYPE_Q8_0, 23, 4, 2, 256);   /* units with > 8 tokens */
     test_moe_case(HM_TYPE_MXFP4, HM_TYPE_BF16, 4, 6, 2, 256);
+    test_moe_case(HM_TYPE_IQ2_S, HM_TYPE_IQ3_S, 1, 9, 4, 256);   /* IQ2_M's experts (decode) */
+    test_moe_case(HM_TYPE_IQ2_XXS, HM_TYPE_IQ1_M, 5, 7, 3, 256);
+    test_moe_case(HM_TYPE_IQ1_S, HM_TYPE_IQ3_XXS, 3, 6, 2, 256);
+    test_moe_case(HM_TYPE_IQ2_XS, HM_TYPE_IQ2_S, 12, 4, 2, 256);
     test_moe_case(HM_TYPE_Q4_K, HM_TYPE_Q5_0, 3, 7, 2, 256);   /* gemma4 Q4_K_M's expert mix */
     test_moe_case(HM_TYPE_Q5_0, HM_TYPE_Q5_0, 19, 4, 2, 256);
     test_moe_case(HM_TYPE_Q2_K, HM_TYPE_Q3_K, 5, 7, 2, 256);   /* Q2_K's experts: Q3_K down */
@@ -1124,6 +1130,8 @@ static void test_moe_dev(void) {
     test_moe_dev_case(HM_TYPE_Q4_K, HM_TYPE_Q6_K, 5, 12, 3, 256);
     test_moe_dev_case(HM_TYPE_IQ4_XS, HM_TYPE_Q5_K, 8, 9, 2, 256);
     test_moe_dev_case(HM_TYPE_F16, HM_TYPE_Q8_0, 2, 6, 6, 256); /* every expert of the layer routed */
+    test_moe_dev_case(HM_TYPE_IQ2_S, HM_TYPE_IQ2_S, 1, 12, 4, 256); /* IQ2_M's experts */
+    test_moe_dev_case(HM_TYPE_IQ1_S, HM_TYPE_IQ3_XXS, 5, 9, 3, 256);
     test_moe_dev_case(HM_TYPE_Q4_K, HM_TYPE_Q5_0, 1, 12, 4, 256); /* gemma4 Q4_K_M: int8 gate/up, f32 Q5_0 down */
     test_moe_dev_case(HM_TYPE_Q5_0, HM_TYPE_Q8_0, 5, 9, 3, 256);
     test_moe_dev_case(HM_TYPE_Q2_K, HM_TYPE_Q3_K, 1, 12, 4, 256); /* Q2_K decode: f32 decoders */

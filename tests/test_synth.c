@@ -544,6 +544,65 @@ static void check_lowbit_mixes(void) {
     }
 }
 
+/* The i-quant mixes on qwen3moe, by hand from llama.cpp's llama_tensor_get_type_impl without an
+ * imatrix. qwen3-30b-a3b: n_gqa 32/4 = 8, 128 experts, 48 layers (first eighth: layers 0-5);
+ * tiny: n_gqa 4/2 = 2, 16 experts, 4 layers (first eighth: none). Group IQ2_XXS/IQ1_S/IQ2_M:
+ * output Q5_K; token_embd Q2_K (IQ3_S for IQ2_M); attn_v Q4_K (n_gqa >= 4 or n_expert >= 4);
+ * ffn_down in the first eighth Q2_K (IQ3_S for IQ2_M); attn_output IQ2_XXS for IQ1_S, IQ3_S for
+ * IQ2_M; the rest the ftype's type (IQ2_S for IQ2_M). IQ3_XXS: token_embd and attn_output IQ3_S,
+ * attn_q / attn_k IQ2_S, attn_v Q4_K if n_gqa >= 4 else IQ3_S, ffn_down Q4_K in the first eighth
+ * else Q3_K, output Q5_K. */
+static void check_iq_mixes(void) {
+    static const struct { const char *preset, *mix, *name; int type; } want[] = {
+        {"qwen3-30b-a3b", "iq2_m", "token_embd.weight", HM_TYPE_IQ3_S},
+        {"qwen3-30b-a3b", "iq2_m", "output.weight", HM_TYPE_Q5_K},
+        {"qwen3-30b-a3b", "iq2_m", "blk.0.attn_v.weight", HM_TYPE_Q4_K},
+        {"qwen3-30b-a3b", "iq2_m", "blk.0.attn_k.weight", HM_TYPE_IQ2_S},
+        {"qwen3-30b-a3b", "iq2_m", "blk.0.attn_q.weight", HM_TYPE_IQ2_S},
+        {"qwen3-30b-a3b", "iq2_m", "blk.7.attn_output.weight", HM_TYPE_IQ3_S},
+        {"qwen3-30b-a3b", "iq2_m", "blk.5.ffn_down_exps.weight", HM_TYPE_IQ3_S},
+        {"qwen3-30b-a3b", "iq2_m", "blk.6.ffn_down_exps.weight", HM_TYPE_IQ2_S},
+        {"qwen3-30b-a3b", "iq2_m", "blk.0.ffn_gate_exps.weight", HM_TYPE_IQ2_S},
+        {"qwen3-30b-a3b", "iq2_m", "blk.0.ffn_gate_inp.weight", HM_TYPE_F32},
+        {"qwen3-30b-a3b", "iq2_xxs", "token_embd.weight", HM_TYPE_Q2_K},
+        {"qwen3-30b-a3b", "iq2_xxs", "blk.3.attn_output.weight", HM_TYPE_IQ2_XXS},
+        {"qwen3-30b-a3b", "iq2_xxs", "blk.0.ffn_down_exps.weight", HM_TYPE_Q2_K},
+        {"qwen3-30b-a3b", "iq2_xxs", "blk.47.ffn_down_exps.weight", HM_TYPE_IQ2_XXS},
+        {"qwen3-30b-a3b", "iq2_xxs", "blk.9.ffn_up_exps.weight", HM_TYPE_IQ2_XXS},
+        {"qwen3-30b-a3b", "iq1_s", "blk.3.attn_output.weight", HM_TYPE_IQ2_XXS},
+        {"qwen3-30b-a3b", "iq1_s", "blk.3.attn_v.weight", HM_TYPE_Q4_K},
+        {"qwen3-30b-a3b", "iq1_s", "blk.9.ffn_up_exps.weight", HM_TYPE_IQ1_S},
+        {"qwen3-30b-a3b", "iq1_s", "output.weight", HM_TYPE_Q5_K},
+        {"qwen3-30b-a3b", "iq3_xxs", "token_embd.weight", HM_TYPE_IQ3_S},
+        {"qwen3-30b-a3b", "iq3_xxs", "blk.0.attn_q.weight", HM_TYPE_IQ2_S},
+        {"qwen3-30b-a3b", "iq3_xxs", "blk.0.attn_k.weight", HM_TYPE_IQ2_S},
+        {"qwen3-30b-a3b", "iq3_xxs", "blk.0.attn_v.weight", HM_TYPE_Q4_K},
+        {"qwen3-30b-a3b", "iq3_xxs", "blk.0.attn_output.weight", HM_TYPE_IQ3_S},
+        {"qwen3-30b-a3b", "iq3_xxs", "blk.5.ffn_down_exps.weight", HM_TYPE_Q4_K},
+        {"qwen3-30b-a3b", "iq3_xxs", "blk.6.ffn_down_exps.weight", HM_TYPE_Q3_K},
+        {"qwen3-30b-a3b", "iq3_xxs", "blk.6.ffn_gate_exps.weight", HM_TYPE_IQ3_XXS},
+        {"tiny", "iq2_m", "blk.0.attn_v.weight", HM_TYPE_Q4_K},
+        {"tiny", "iq2_m", "blk.0.ffn_down_exps.weight", HM_TYPE_IQ2_S},
+        {"tiny", "iq3_xxs", "blk.0.attn_v.weight", HM_TYPE_IQ3_S},
+        {"tiny", "iq3_xxs", "blk.0.ffn_down_exps.weight", HM_TYPE_Q3_K},
+        {"tiny", "iq1_m", "blk.0.attn_v.weight", HM_TYPE_IQ1_M}, /* pure */
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        const hm_synth_preset *p = hm_synth_find_preset(want[i].preset);
+        hm_err err = {{0}};
+        hm_synth_tensor *t = NULL;
+        int64_t n = 0;
+        hm_status st = hm_synth_plan(p, p->n_layer, hm_synth_find_mix(want[i].mix), &t, &n, &err);
+        CHECKF(st == HM_OK, "plan %s %s: %s", want[i].preset, want[i].mix, err.msg);
+        int type = -1;
+        for (int64_t k = 0; k < n; k++)
+            if (strcmp(t[k].name, want[i].name) == 0) type = t[k].type;
+        CHECKF(type == want[i].type, "%s %s %s: %s, want %s", want[i].preset, want[i].mix, want[i].name,
+               hm_type_name(type), hm_type_name(want[i].type));
+        free(t);
+    }
+}
+
 /* --fast-experts (synth_fast.c) */
 static hm_status synth_fast(const char *path, const char *type, int layers, int threads, bool fast, const char *prof) {
     hm_synth_opts o = {.arch = "qwen3moe", .preset = "tiny", .n_layer = layers, .type = type, .seed = 5,
@@ -576,6 +635,21 @@ static void check_fast_generator(void) {
                hm_type_name(types[i]), m, sd, amax);
     }
     CHECK(!hm_synth_fast_supported(HM_TYPE_IQ4_XS) && !hm_synth_fast_supported(HM_TYPE_F16));
+    /* the i-quants (synth_fast_iq.c): the same bounds */
+    static const int iq[] = {HM_TYPE_IQ2_XXS, HM_TYPE_IQ2_XS, HM_TYPE_IQ2_S, HM_TYPE_IQ3_XXS,
+                             HM_TYPE_IQ3_S,   HM_TYPE_IQ1_S,  HM_TYPE_IQ1_M};
+    for (size_t i = 0; i < sizeof iq / sizeof iq[0]; i++) {
+        CHECK(hm_synth_fast_supported(iq[i]));
+        double s = 0, s2 = 0, amax = 0;
+        for (int r = 0; r < ROWS; r++) {
+            hm_synth_fast_row(iq[i], 99, r, NE0, 0.02f, q);
+            hm_type_get(iq[i])->to_float_ref(q, x, NE0);
+            for (int c = 0; c < NE0; c++) s += x[c], s2 += (double)x[c] * x[c], amax = fmax(amax, fabs(x[c]));
+        }
+        const double n = (double)NE0 * ROWS, m = s / n, sd = sqrt(s2 / n - m * m);
+        CHECKF(fabs(m) < 0.001 && fabs(sd - 0.02) < 0.001 && amax < 0.08, "fast %s: mean %g std %g max %g",
+               hm_type_name(iq[i]), m, sd, amax);
+    }
 }
 
 static void check_fast_experts(void) {
@@ -672,6 +746,7 @@ int main(void) {
     check_bad_options();
     check_g4_fallback();
     check_lowbit_mixes();
+    check_iq_mixes();
     check_fast_generator();
     check_fast_experts();
     char cmd[600];

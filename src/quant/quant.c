@@ -36,13 +36,14 @@ static void build_table(void) {
     hm_quant_register_q8_0(table);
     hm_quant_register_k(table);
     hm_quant_register_lowbit(table);
+    hm_quant_register_iq(table);
     for (int i = 0; i < HM_TYPE_COUNT; i++) {
         hm_type_traits *e = &table[i];
         if (!e->vec_dot)
             for (int isa = HM_ISA_COUNT - 1; isa >= 0 && !e->vec_dot; isa--) e->vec_dot = e->vec_dot_isa[isa];
         if (!e->to_float) e->to_float = e->to_float_ref;
         if (!e->from_float) e->from_float = e->from_float_ref;
-        e->supported = e->name && e->to_float_ref && e->from_float_ref && e->vec_dot_isa[HM_ISA_SCALAR];
+        e->supported = e->name && e->to_float_ref && e->vec_dot_isa[HM_ISA_SCALAR];
     }
 }
 

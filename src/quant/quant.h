@@ -30,8 +30,15 @@ typedef enum hm_type {
     HM_TYPE_Q5_K = 13,
     HM_TYPE_Q6_K = 14,
     HM_TYPE_Q8_K = 15,
+    HM_TYPE_IQ2_XXS = 16,
+    HM_TYPE_IQ2_XS = 17,
+    HM_TYPE_IQ3_XXS = 18,
+    HM_TYPE_IQ1_S = 19,
     HM_TYPE_IQ4_NL = 20,
+    HM_TYPE_IQ3_S = 21,
+    HM_TYPE_IQ2_S = 22,
     HM_TYPE_IQ4_XS = 23,
+    HM_TYPE_IQ1_M = 29,
     HM_TYPE_BF16 = 30,
     HM_TYPE_MXFP4 = 39,
     HM_TYPE_COUNT = 40,
@@ -50,7 +57,9 @@ typedef struct hm_type_traits {
     const char *name;          /* "q4_K", as ggml names it; NULL for ids we do not know */
     int64_t blck_size;         /* elements per block */
     size_t type_size;          /* bytes per block */
-    bool supported;            /* true when every function below is implemented */
+    bool supported;            /* true when it can be computed with: to_float_ref and a scalar vec_dot
+                                * (from_float_ref may be NULL: i-quants ggml only quantises with
+                                * an importance matrix, see hm_quant_iq_quantize) */
     hm_to_float_fn to_float;   /* dequantisation (fastest variant) */
     hm_to_float_fn to_float_ref;
     hm_from_float_fn from_float;     /* quantisation used at run time (activations) */
@@ -77,6 +86,13 @@ int hm_type_from_name(const char *name);
 /* Bytes of a row of ne0 elements; 0 if ne0 is not a multiple of the block size, t is unknown,
  * or the size overflows size_t. */
 size_t hm_row_size(int t, int64_t ne0);
+
+/* Quantise nrow rows of n_per_row elements (a multiple of 256) of a grid i-quant t (IQ2_XXS,
+ * IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M) with importance qw[n_per_row]: the same bytes as
+ * ggml's quantize_<type>(src, dst, nrow, n_per_row, qw). qw NULL: ggml's own weighting for the
+ * types it quantises without an importance matrix, uniform importance for IQ2_XXS, IQ2_XS and
+ * IQ1_S (ggml refuses those without one). False if t is not one of these. */
+bool hm_quant_iq_quantize(int t, const float *src, void *dst, int64_t nrow, int64_t n_per_row, const float *qw);
 
 /* Which variants this build compiled and this CPU can run. */
 bool hm_isa_available(hm_isa isa);

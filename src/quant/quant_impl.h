@@ -7,6 +7,7 @@
  *                   MXFP4
  *   quant_k*.c      Q8_K (activation partner of the K-quants and IQ4_XS), Q4_K, Q5_K, Q6_K, IQ4_XS
  *   quant_lowbit*.c Q8_1 (activation partner of Q4_1 / Q5_1), Q4_1, Q5_1, IQ4_NL, Q2_K, Q3_K
+ *   quant_iq*.c     the grid i-quants IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M (Q8_K partner)
  * A register function fills the entries for its types: names/sizes, the scalar reference
  * functions, and each SIMD variant compiled in (guarded by __AVX2__ / __AVX512F__ etc.). */
 #ifndef HM_QUANT_IMPL_H
@@ -20,6 +21,7 @@ void hm_quant_register_float(hm_type_traits *table);  /* F32 F16 BF16 */
 void hm_quant_register_q8_0(hm_type_traits *table);   /* Q8_0 Q4_0 Q5_0 MXFP4 */
 void hm_quant_register_k(hm_type_traits *table);      /* Q8_K Q4_K Q5_K Q6_K IQ4_XS */
 void hm_quant_register_lowbit(hm_type_traits *table); /* Q8_1 Q4_1 Q5_1 IQ4_NL Q2_K Q3_K */
+void hm_quant_register_iq(hm_type_traits *table);     /* IQ2_XXS IQ2_XS IQ2_S IQ3_XXS IQ3_S IQ1_S IQ1_M */
 
 /* SIMD halves of the float and Q8_0 families: each fills vec_dot_isa / to_float_isa /
  * from_float_isa[its isa] for the family's types; called by the family's register function

@@ -12,8 +12,8 @@
  * q5_0, q8_0) or sub-block (q6_k): mean 0 over a tensor.
  *
  * Invariants: a block's bytes depend only on (tensor key, block index in the tensor): any thread
- * split gives the same file. Only the types below have a generator; the caller keeps the regular
- * path for the others (hm_synth_fast_supported). */
+ * split gives the same file. Only the types below (and the i-quants, synth_fast_iq.c) have a
+ * generator; the caller keeps the regular path for the others (hm_synth_fast_supported). */
 #include <math.h>
 #include <stddef.h>
 #include <string.h>
@@ -51,7 +51,7 @@ bool hm_synth_fast_supported(int type) {
     switch (type) {
     case HM_TYPE_Q4_0: case HM_TYPE_Q5_0: case HM_TYPE_Q8_0: case HM_TYPE_Q4_K: case HM_TYPE_Q5_K: case HM_TYPE_Q6_K:
         return true;
-    default: return false;
+    default: return hm_synth_fast_iq_supported(type);
     }
 }
 
@@ -110,7 +110,9 @@ void hm_synth_fast_row(int type, uint64_t key, int64_t row, int64_t ne0, float s
             memcpy(y + offsetof(hm_block_q6_k, d), &d, 2);
             break;
         }
-        default: HM_ASSERT(0 && "hm_synth_fast_row: type without a generator");
+        default:
+            HM_ASSERT(hm_synth_fast_iq_supported(type) && "hm_synth_fast_row: type without a generator");
+            hm_synth_fast_iq_block(type, std, y);
         }
     }
 }

@@ -103,6 +103,7 @@ static int g4_type(g4_plan *pl, const char *name, uint32_t n_dims, int64_t ne0, 
     switch (m->kind) {
     case HM_SYNTH_MIX_PURE: break;
     case HM_SYNTH_MIX_MXFP4_MOE: t = n_dims == 3 ? HM_TYPE_MXFP4 : HM_TYPE_Q8_0; break;
+    case HM_SYNTH_MIX_IQ: return -1; /* the i-quant ftype rules are written for qwen3moe only */
     case HM_SYNTH_MIX_Q4_K_M:
         t = strcmp(name, "token_embd.weight") == 0 || more ? HM_TYPE_Q6_K : HM_TYPE_Q4_K;
         break;
@@ -116,6 +117,7 @@ static hm_status g4_add(g4_plan *pl, const char *name, uint32_t n_dims, int64_t 
     hm_synth_tensor *t = hm_synth_push(&pl->t, &pl->n, &pl->cap, name, n_dims, ne0, ne1, ne2, err);
     if (!t) return HM_ERR_NOMEM;
     t->type = g4_type(pl, name, n_dims, ne0, more);
+    if (t->type < 0) return hm_errf(err, HM_ERR_UNSUPPORTED, "synth: --type %s is written for qwen3moe only", pl->mix->name);
     t->mean = mean;
     t->std = std;
     return hm_synth_check_rows(t, err);

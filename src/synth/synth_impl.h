@@ -58,6 +58,7 @@ typedef enum hm_synth_mix_kind {
     HM_SYNTH_MIX_MXFP4_MOE, /* llama.cpp's MXFP4_MOE: experts MXFP4, other matrices Q8_0 */
     HM_SYNTH_MIX_Q2_K,      /* llama.cpp's Q2_K rules (qwen3moe only) */
     HM_SYNTH_MIX_Q3_K_M,    /* llama.cpp's Q3_K_M rules (qwen3moe only) */
+    HM_SYNTH_MIX_IQ,        /* llama.cpp's rules for the i-quant ftype m->ftype (synth_mix_iq.c; qwen3moe) */
 } hm_synth_mix_kind;
 
 typedef struct hm_synth_mix {
@@ -89,6 +90,18 @@ hm_synth_tensor *hm_synth_push(hm_synth_tensor **t, int64_t *n, int64_t *cap, co
                                int64_t ne0, int64_t ne1, int64_t ne2, hm_err *err);
 /* HM_ERR_UNSUPPORTED naming the tensor when its rows do not fit its type's block size. */
 hm_status hm_synth_check_rows(const hm_synth_tensor *t, hm_err *err);
+
+/* What a matrix is for, as llama-quantize's rules tell tensors apart. */
+typedef enum hm_synth_role {
+    HM_SYNTH_ROLE_TOKEN_EMBD, HM_SYNTH_ROLE_OUTPUT, HM_SYNTH_ROLE_ATTN_Q, HM_SYNTH_ROLE_ATTN_K, HM_SYNTH_ROLE_ATTN_V,
+    HM_SYNTH_ROLE_ATTN_OUT, HM_SYNTH_ROLE_FFN_GATE, HM_SYNTH_ROLE_FFN_UP, HM_SYNTH_ROLE_FFN_DOWN,
+} hm_synth_role;
+
+/* The ggml type llama-quantize gives a matrix of role r in layer `layer` (-1: none) of a qwen3moe
+ * model (n_layer layers, n_head / n_head_kv = n_gqa, n_expert experts, one ffn_down tensor per
+ * layer) under i-quant ftype `ftype` (LLAMA_FTYPE_MOSTLY_IQ2_XXS 19, IQ3_XXS 23, IQ1_S 24, IQ2_M
+ * 29), without an importance matrix (synth_mix_iq.c). */
+int hm_synth_iq_mix_type(int32_t ftype, hm_synth_role r, int layer, int n_layer, int n_gqa, int n_expert);
 
 /* The tensors of preset p with n_layer layers and type mix m, in file order. *out owned by the
  * caller (free). HM_ERR_UNSUPPORTED when a shape does not fit a type's block size. */
@@ -131,6 +144,10 @@ hm_status hm_synth_routing_write_meta(const hm_synth_routing *r, hm_gguf_writer 
 
 /* Whether type has a random-block generator (q4_0, q5_0, q8_0, q4_k, q5_k, q6_k). */
 bool hm_synth_fast_supported(int type);
+/* The i-quants' part (synth_fast_iq.c): which have a generator, and a block's super-scale for
+ * values of std `std` after its bytes were filled at random. */
+bool hm_synth_fast_iq_supported(int type);
+void hm_synth_fast_iq_block(int type, float std, uint8_t *y);
 /* Write row `row` of an expert tensor (ne0 elements of a supported type) as random blocks whose
  * dequantised values have mean ~0 and std ~std; the bytes depend only on (key, row). */
 void hm_synth_fast_row(int type, uint64_t key, int64_t row, int64_t ne0, float std, uint8_t *out);

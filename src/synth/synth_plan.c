@@ -52,6 +52,14 @@ static const hm_synth_mix mixes[] = {
     {"iq4_nl", 25, HM_TYPE_IQ4_NL, HM_SYNTH_MIX_PURE},
     {"q2_k", 10, HM_TYPE_Q2_K, HM_SYNTH_MIX_Q2_K},
     {"q3_k_m", 12, HM_TYPE_Q3_K, HM_SYNTH_MIX_Q3_K_M},
+    {"iq2_m", 29, HM_TYPE_IQ2_S, HM_SYNTH_MIX_IQ},
+    {"iq2_xxs", 19, HM_TYPE_IQ2_XXS, HM_SYNTH_MIX_IQ},
+    {"iq1_s", 24, HM_TYPE_IQ1_S, HM_SYNTH_MIX_IQ},
+    {"iq3_xxs", 23, HM_TYPE_IQ3_XXS, HM_SYNTH_MIX_IQ},
+    {"iq2_xs", 20, HM_TYPE_IQ2_XS, HM_SYNTH_MIX_PURE},
+    {"iq2_s", 28, HM_TYPE_IQ2_S, HM_SYNTH_MIX_PURE},
+    {"iq3_s", 26, HM_TYPE_IQ3_S, HM_SYNTH_MIX_PURE},
+    {"iq1_m", 31, HM_TYPE_IQ1_M, HM_SYNTH_MIX_PURE},
 };
 
 #define N_PRESETS (sizeof presets / sizeof presets[0])
@@ -71,7 +79,8 @@ const hm_synth_mix *hm_synth_find_mix(const char *name) {
 
 const char *hm_synth_preset_names(void) { return "qwen3-30b-a3b, tiny, qwen36-geom"; }
 const char *hm_synth_mix_names(void) {
-    return "q4_k_m, q8_0, f16, f32, bf16, q4_0, q4_k, q5_k, q6_k, iq4_xs, mxfp4, q4_1, q5_1, iq4_nl, q2_k, q3_k_m";
+    return "q4_k_m, q8_0, f16, f32, bf16, q4_0, q4_k, q5_k, q6_k, iq4_xs, mxfp4, q4_1, q5_1, iq4_nl, q2_k, q3_k_m, "
+           "iq2_m, iq2_xxs, iq1_s, iq3_xxs, iq2_xs, iq2_s, iq3_s, iq1_m";
 }
 
 typedef enum tkind {
@@ -120,11 +129,21 @@ static int lowbit_mix_type(hm_synth_mix_kind kind, tkind k, int layer, int n_lay
  *   counts attn_v tensors in file order, which is layer order here); ffn_down(_exps) Q6_K on
  *   use_more_bits layers; everything else (token_embd, attn_q/k/output, ffn_gate/up_exps) Q4_K;
  * - MXFP4_MOE: expert tensors (ne[2] > 1) MXFP4, every other matrix Q8_0 (output included);
- * - Q2_K, Q3_K_M: lowbit_mix_type. */
+ * - Q2_K, Q3_K_M: lowbit_mix_type;
+ * - the i-quant ftypes (iq2_m, iq2_xxs, iq1_s, iq3_xxs): hm_synth_iq_mix_type. The pure i-quant
+ *   types (iq2_xs, iq2_s, iq3_s, iq1_m) are labelled with llama.cpp's ftype of that name. */
 static int tensor_type(const hm_synth_mix *m, const hm_synth_preset *p, tkind k, uint32_t n_dims, int layer,
                        int n_layer) {
     if (n_dims < 2 || k == T_FFN_GATE_INP) return HM_TYPE_F32;
     switch (m->kind) {
+    case HM_SYNTH_MIX_IQ: {
+        const hm_synth_role r = k == T_TOKEN_EMBD ? HM_SYNTH_ROLE_TOKEN_EMBD : k == T_OUTPUT ? HM_SYNTH_ROLE_OUTPUT
+                              : k == T_ATTN_Q     ? HM_SYNTH_ROLE_ATTN_Q     : k == T_ATTN_K ? HM_SYNTH_ROLE_ATTN_K
+                              : k == T_ATTN_V     ? HM_SYNTH_ROLE_ATTN_V     : k == T_ATTN_OUT ? HM_SYNTH_ROLE_ATTN_OUT
+                              : k == T_FFN_GATE_EXPS ? HM_SYNTH_ROLE_FFN_GATE : k == T_FFN_UP_EXPS ? HM_SYNTH_ROLE_FFN_UP
+                                                     : HM_SYNTH_ROLE_FFN_DOWN;
+        return hm_synth_iq_mix_type(m->ftype, r, layer, n_layer, p->n_head / p->n_head_kv, p->n_expert);
+    }
     case HM_SYNTH_MIX_PURE: return m->base;
     case HM_SYNTH_MIX_MXFP4_MOE: return n_dims == 3 ? HM_TYPE_MXFP4 : HM_TYPE_Q8_0;
     case HM_SYNTH_MIX_Q4_K_M:

@@ -55,6 +55,7 @@ static int q35_type(const hm_synth_mix *m, const char *name, uint32_t n_dims, bo
     switch (m->kind) {
     case HM_SYNTH_MIX_PURE: return m->base;
     case HM_SYNTH_MIX_MXFP4_MOE: return n_dims == 3 ? HM_TYPE_MXFP4 : HM_TYPE_Q8_0;
+    case HM_SYNTH_MIX_IQ: return -1; /* the i-quant ftype rules are written for qwen3moe only */
     case HM_SYNTH_MIX_Q4_K_M:
         if (strcmp(name, "output.weight") == 0) return HM_TYPE_Q6_K;
         if (strstr(name, "attn_qkv")) return HM_TYPE_Q5_K;
@@ -70,6 +71,7 @@ static hm_status q35_add(q35_plan *pl, const char *name, uint32_t n_dims, int64_
     hm_synth_tensor *t = hm_synth_push(&pl->t, &pl->n, &pl->cap, name, n_dims, ne0, ne1, ne2, err);
     if (!t) return HM_ERR_NOMEM;
     t->type = q35_type(pl->mix, name, n_dims, more, more_layer);
+    if (t->type < 0) return hm_errf(err, HM_ERR_UNSUPPORTED, "synth: --type %s is written for qwen3moe only", pl->mix->name);
     t->mean = mean;
     t->std = std;
     return hm_synth_check_rows(t, err);

@@ -326,6 +326,153 @@ HMCU_UNROLL
     for (int i = 0; i < 8; i++) w[i] = d * (float)lut_iq4nl((uint32_t)q[i]);
 }
 
+/* ---- the grid i-quants (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M) ----------------
+ * Group g of a row is group l = g % 32 of block g / 32: exactly one grid entry (two for IQ3) with
+ * its signs and scale, so a lane reads a few bytes (the blocks are only 2-aligned) and looks its
+ * grid entry up in a device copy of the lattice tables (quant_iq_grids.h; the host side of these
+ * functions reads the CPU's copies). Values as quant_iq.c, in ggml's float order. */
+#define HM_IQ_TABLE(type, name, count) static const __device__ type d_##name[count] =
+#include "quant/quant_iq_grids.h"
+#undef HM_IQ_TABLE
+} /* namespace hmcu */
+extern "C" {
+extern const uint64_t hm_iq2xxs_grid[256], hm_iq2xs_grid[512], hm_iq2s_grid[1024], hm_iq1s_grid[2048];
+extern const uint32_t hm_iq3xxs_grid[256], hm_iq3s_grid[512];
+}
+namespace hmcu {
+#ifdef __CUDA_ARCH__
+#define HMCU_IQ_GRID(name, i) (d_##name[i])
+#else
+#define HMCU_IQ_GRID(name, i) (hm_##name[i])
+#endif
+
+template <> struct qtype<HM_TYPE_IQ2_XXS> { static constexpr int blk = 256, size = 66,  align = 2; };
+template <> struct qtype<HM_TYPE_IQ2_XS>  { static constexpr int blk = 256, size = 74,  align = 2; };
+template <> struct qtype<HM_TYPE_IQ2_S>   { static constexpr int blk = 256, size = 82,  align = 2; };
+template <> struct qtype<HM_TYPE_IQ3_XXS> { static constexpr int blk = 256, size = 98,  align = 2; };
+template <> struct qtype<HM_TYPE_IQ3_S>   { static constexpr int blk = 256, size = 110, align = 2; };
+template <> struct qtype<HM_TYPE_IQ1_S>   { static constexpr int blk = 256, size = 50,  align = 2; };
+template <> struct qtype<HM_TYPE_IQ1_M>   { static constexpr int blk = 256, size = 56,  align = 2; };
+
+/* The 8 signs of a group from its 7 stored bits (bit 7: even count of minus signs). */
+HMCU_HD uint32_t iq_signs7(uint32_t s7) {
+#ifdef __CUDA_ARCH__
+    return s7 | (uint32_t)(__popc(s7) & 1) << 7;
+#else
+    return s7 | (uint32_t)(__builtin_popcount(s7) & 1) << 7;
+#endif
+}
+/* w[j] = db * (+-grid byte j): the grid's unsigned bytes, negated where signs has bit j. */
+HMCU_HD void iq_grid8(uint64_t grid, uint32_t signs, float db, float w[8]) {
+HMCU_UNROLL
+    for (int j = 0; j < 8; j++) {
+        const float v = db * (float)(int)((grid >> (8 * j)) & 0xffu);
+        w[j] = signs >> j & 1u ? -v : v;
+    }
+}
+/* w[j] = dl * (grid int8 byte j + delta): IQ1. */
+HMCU_HD void iq1_grid8(uint64_t grid, float delta, float dl, float w[8]) {
+HMCU_UNROLL
+    for (int j = 0; j < 8; j++) w[j] = dl * ((float)(int8_t)(uint8_t)(grid >> (8 * j)) + delta);
+}
+HMCU_HD uint32_t ld32_a2(const uint8_t *p) { return (uint32_t)ld16(p) | (uint32_t)ld16(p + 2) << 16; }
+
+/* iq2_xxs: a = {d, index byte, the sub-block's sign/scale word}. */
+template <> HMCU_HD raw load<HM_TYPE_IQ2_XXS>(const uint8_t *__restrict__ row, int g) {
+    const uint8_t *b = row + (int64_t)(g >> 5) * 66;
+    const int l = g & 31, ib = l >> 2;
+    return raw{make_uint4(ld16(b), b[2 + 8 * ib + (l & 3)], ld32_a2(b + 6 + 8 * ib), 0), make_uint4(0, 0, 0, 0)};
+}
+template <> HMCU_HD void dec<HM_TYPE_IQ2_XXS>(const raw &r, int g, float w[8]) {
+    const float db = half_f((uint16_t)r.a.x) * (0.5f + (float)(r.a.z >> 28)) * 0.25f;
+    iq_grid8(HMCU_IQ_GRID(iq2xxs_grid, r.a.y), iq_signs7((r.a.z >> (7 * (g & 3))) & 127u), db, w);
+}
+
+/* iq2_xs: a = {d, qs word, scales byte}. */
+template <> HMCU_HD raw load<HM_TYPE_IQ2_XS>(const uint8_t *__restrict__ row, int g) {
+    const uint8_t *b = row + (int64_t)(g >> 5) * 74;
+    const int l = g & 31;
+    return raw{make_uint4(ld16(b), ld16(b + 2 + 2 * l), b[66 + (l >> 2)], 0), make_uint4(0, 0, 0, 0)};
+}
+template <> HMCU_HD void dec<HM_TYPE_IQ2_XS>(const raw &r, int g, float w[8]) {
+    const uint32_t s = (r.a.z >> (4 * ((g >> 1) & 1))) & 15u;
+    const float db = half_f((uint16_t)r.a.x) * (0.5f + (float)s) * 0.25f;
+    iq_grid8(HMCU_IQ_GRID(iq2xs_grid, r.a.y & 511u), iq_signs7(r.a.y >> 9), db, w);
+}
+
+/* iq2_s: a = {d, qs byte, qh byte, scales byte}, b.x = the group's sign byte. */
+template <> HMCU_HD raw load<HM_TYPE_IQ2_S>(const uint8_t *__restrict__ row, int g) {
+    const uint8_t *b = row + (int64_t)(g >> 5) * 82;
+    const int l = g & 31, ib = l >> 2;
+    return raw{make_uint4(ld16(b), b[2 + l], b[66 + ib], b[74 + ib]), make_uint4(b[34 + l], 0, 0, 0)};
+}
+template <> HMCU_HD void dec<HM_TYPE_IQ2_S>(const raw &r, int g, float w[8]) {
+    const int k = g & 3;
+    const uint32_t s = (r.a.w >> (4 * (k >> 1))) & 15u;
+    const float db = half_f((uint16_t)r.a.x) * (0.5f + (float)s) * 0.25f;
+    iq_grid8(HMCU_IQ_GRID(iq2s_grid, r.a.y | ((r.a.z >> (2 * k)) & 3u) << 8), r.b.x, db, w);
+}
+
+/* iq3_xxs: a = {d, the two index bytes, the sub-block's sign/scale word}. */
+template <> HMCU_HD raw load<HM_TYPE_IQ3_XXS>(const uint8_t *__restrict__ row, int g) {
+    const uint8_t *b = row + (int64_t)(g >> 5) * 98;
+    const int l = g & 31, ib = l >> 2;
+    return raw{make_uint4(ld16(b), ld16(b + 2 + 8 * ib + 2 * (l & 3)), ld32_a2(b + 66 + 4 * ib), 0),
+               make_uint4(0, 0, 0, 0)};
+}
+template <> HMCU_HD void dec<HM_TYPE_IQ3_XXS>(const raw &r, int g, float w[8]) {
+    const float db = half_f((uint16_t)r.a.x) * (0.5f + (float)(r.a.z >> 28)) * 0.5f;
+    const uint64_t grid = (uint64_t)HMCU_IQ_GRID(iq3xxs_grid, r.a.y & 255u) |
+                          (uint64_t)HMCU_IQ_GRID(iq3xxs_grid, r.a.y >> 8) << 32;
+    iq_grid8(grid, iq_signs7((r.a.z >> (7 * (g & 3))) & 127u), db, w);
+}
+
+/* iq3_s: a = {d, the two index bytes, qh byte, sign byte}, b.x = scales byte. */
+template <> HMCU_HD raw load<HM_TYPE_IQ3_S>(const uint8_t *__restrict__ row, int g) {
+    const uint8_t *b = row + (int64_t)(g >> 5) * 110;
+    const int l = g & 31, ib = l >> 2;
+    return raw{make_uint4(ld16(b), ld16(b + 2 + 8 * ib + 2 * (l & 3)), b[66 + ib], b[74 + l]),
+               make_uint4(b[106 + (ib >> 1)], 0, 0, 0)};
+}
+template <> HMCU_HD void dec<HM_TYPE_IQ3_S>(const raw &r, int g, float w[8]) {
+    const int k = g & 3, ib = (g & 31) >> 2;
+    const uint32_t s = (r.b.x >> (4 * (ib & 1))) & 15u;
+    const float db = half_f((uint16_t)r.a.x) * (float)(int)(1 + 2 * s);
+    const uint32_t i1 = (r.a.y & 255u) | ((r.a.z >> (2 * k)) & 1u) << 8;
+    const uint32_t i2 = (r.a.y >> 8) | ((r.a.z >> (2 * k + 1)) & 1u) << 8;
+    const uint64_t grid = (uint64_t)HMCU_IQ_GRID(iq3s_grid, i1) | (uint64_t)HMCU_IQ_GRID(iq3s_grid, i2) << 32;
+    iq_grid8(grid, r.a.w, db, w);
+}
+
+/* iq1_s: a = {d, qs byte, the sub-block's qh word}. */
+template <> HMCU_HD raw load<HM_TYPE_IQ1_S>(const uint8_t *__restrict__ row, int g) {
+    const uint8_t *b = row + (int64_t)(g >> 5) * 50;
+    const int l = g & 31;
+    return raw{make_uint4(ld16(b), b[2 + l], ld16(b + 34 + 2 * (l >> 2)), 0), make_uint4(0, 0, 0, 0)};
+}
+template <> HMCU_HD void dec<HM_TYPE_IQ1_S>(const raw &r, int g, float w[8]) {
+    const float dl = half_f((uint16_t)r.a.x) * (float)(int)(2 * ((r.a.z >> 12) & 7u) + 1);
+    const float delta = r.a.z & 0x8000u ? -0.125f : 0.125f;
+    iq1_grid8(HMCU_IQ_GRID(iq1s_grid, r.a.y | ((r.a.z >> (3 * (g & 3))) & 7u) << 8), delta, dl, w);
+}
+
+/* iq1_m: a = {qs byte, qh byte, the sub-block pair's scale word, the fp16 super-scale}. */
+template <> HMCU_HD raw load<HM_TYPE_IQ1_M>(const uint8_t *__restrict__ row, int g) {
+    const uint8_t *b = row + (int64_t)(g >> 5) * 56;
+    const int l = g & 31, ib = l >> 2;
+    const uint32_t d = (uint32_t)(ld16(b + 48) >> 12) | ((uint32_t)(ld16(b + 50) >> 8) & 0x00f0u) |
+                       ((uint32_t)(ld16(b + 52) >> 4) & 0x0f00u) | ((uint32_t)ld16(b + 54) & 0xf000u);
+    return raw{make_uint4(b[l], b[32 + 2 * ib + ((l & 3) >> 1)], ld16(b + 48 + 2 * (ib >> 1)), d), make_uint4(0, 0, 0, 0)};
+}
+template <> HMCU_HD void dec<HM_TYPE_IQ1_M>(const raw &r, int g, float w[8]) {
+    const int k = g & 3, ib = (g & 31) >> 2;
+    const uint32_t h = (r.a.y >> (4 * (k & 1))) & 15u;
+    const uint32_t s = (r.a.z >> (6 * (ib & 1) + 3 * (k >> 1))) & 7u;
+    const float dl = half_f((uint16_t)r.a.w) * (float)(int)(2 * s + 1);
+    iq1_grid8(HMCU_IQ_GRID(iq1s_grid, r.a.x | (h & 7u) << 8), h & 8u ? -0.125f : 0.125f, dl, w);
+}
+#undef HMCU_IQ_GRID
+
 /* sum over all lanes of a warp, every lane gets it */
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
@@ -849,6 +996,8 @@ __device__ __forceinline__ void q8k_rows_dot(const uint8_t *const (&rows)[R], in
 #define HM_CUDA_FOR_TYPES(M) \
     M(HM_TYPE_F32) M(HM_TYPE_F16) M(HM_TYPE_BF16) M(HM_TYPE_Q8_0) M(HM_TYPE_Q4_0) \
     M(HM_TYPE_Q5_0) M(HM_TYPE_MXFP4) M(HM_TYPE_Q4_K) M(HM_TYPE_Q5_K) M(HM_TYPE_Q6_K) M(HM_TYPE_IQ4_XS) \
-    M(HM_TYPE_Q4_1) M(HM_TYPE_Q5_1) M(HM_TYPE_IQ4_NL) M(HM_TYPE_Q2_K) M(HM_TYPE_Q3_K)
+    M(HM_TYPE_Q4_1) M(HM_TYPE_Q5_1) M(HM_TYPE_IQ4_NL) M(HM_TYPE_Q2_K) M(HM_TYPE_Q3_K) \
+    M(HM_TYPE_IQ2_XXS) M(HM_TYPE_IQ2_XS) M(HM_TYPE_IQ2_S) M(HM_TYPE_IQ3_XXS) M(HM_TYPE_IQ3_S) M(HM_TYPE_IQ1_S) \
+    M(HM_TYPE_IQ1_M)
 
 #endif
