@@ -7,8 +7,8 @@
  * Python function, with ngram-simple (llama.cpp's defaults and a short n-gram), draft-simple with
  * the same model as its draft (acceptance near 100 %) and with a different model of the same
  * vocabulary (the bundled file with its expert down projections negated: low acceptance, so most
- * steps roll back), greedy (ids = plain decoding's) and sampled at temperature 0.8 (ids = the sampler
- * replayed over one prefill of the result: see compare_sampled);
+ * steps roll back), greedy; sampled at temperature 0.8 on the F32 transformers fixture (see
+ * sampled_f32 for why not on a quantised model);
  * a gemma4 synth (sliding window 16, micro-batches of 8: the ring cache is rolled back across the
  * window) with ngram-simple and draft-simple; a qwen35moe model (recurrent state) is refused with
  * HM_ERR_UNSUPPORTED naming the reason, and a draft of another vocabulary with HM_ERR_ARG.
@@ -127,48 +127,6 @@ done:
     return got;
 }
 
-/* Sampled runs: the reference is the sampler replayed over ONE prefill of prompt + the ids (every
- * row's logits), i.e. the target's distribution given the accepted history at each position.
- * (Plain one-token decoding is not used here: at some positions its logits differ from any batched
- * evaluation of the same history by ~0.1 - a pre-existing difference of the decode path, reported
- * to the lead - which moves sampled draws; greedy ids are compared with plain decoding above.) Only
- * for draft-simple, whose steps are all verify batches: ngram-simple's steps without a draft are
- * one-token decode steps, which carry that difference.
- * Returns the acceptance rate (-1 on failure). */
-static double compare_sampled(const char *what, hm_model *m, const int32_t *prompt, int32_t np, const gen_cfg *g,
-                              const hm_spec_opts *so) {
-    int32_t b[NGEN], seq[512];
-    hm_spec_stats st;
-    const int nb = gen_spec(m, prompt, np, NGEN, g, so, b, &st);
-    CHECKF(nb == NGEN && np + NGEN <= 512, "%s: %d tokens", what, nb);
-    if (nb != NGEN || np + NGEN > 512) return -1;
-    memcpy(seq, prompt, (size_t)np * sizeof *seq);
-    memcpy(seq + np, b, (size_t)(NGEN - 1) * sizeof *seq);
-    hm_session *s = open_session(m, g);
-    hm_sampler *smp = open_sampler(m, g);
-    hm_err err;
-    const float *lg;
-    int first = -2;
-    if (s && smp && hm_session_eval(s, seq, np + NGEN - 1, true, &lg, &err) == HM_OK) {
-        first = -1;
-        for (int32_t i = 0; i < np; i++) hm_sampler_accept(smp, prompt[i]);
-        for (int i = 0; i < NGEN && first < 0; i++) {
-            const int32_t t = hm_sampler_sample(smp, lg + (size_t)(np - 1 + i) * (size_t)hm_model_n_vocab(m));
-            if (t != b[i]) first = i;
-            hm_sampler_accept(smp, b[i]);
-        }
-    }
-    hm_sampler_close(smp);
-    hm_session_close(s);
-    CHECKF(first == -1, "%s: the picks differ from the sampler over one prefill at %d", what, first);
-    const double rate = st.drafted ? (double)st.accepted / (double)st.drafted : 0.0;
-    fprintf(stderr, "%-44s drafted %4llu accepted %4llu (%5.1f %%) steps %3llu (%3llu drafted) tokens %llu%s\n",
-            what, (unsigned long long)st.drafted, (unsigned long long)st.accepted, 100.0 * rate,
-            (unsigned long long)st.steps, (unsigned long long)st.steps_drafted, (unsigned long long)st.tokens,
-            first == -1 ? "  = sampler over one prefill" : "  DIFFER");
-    return first == -1 ? rate : -1;
-}
-
 /* One comparison; returns the acceptance rate (-1 on failure). */
 static double compare(const char *what, hm_model *m, const int32_t *prompt, int32_t np, const gen_cfg *g,
                       const hm_spec_opts *so) {
@@ -237,7 +195,7 @@ static void bundled(void) {
     int32_t *prompt = NULL;
     size_t np = 0;
     if (hm_tokenize(tk, text, strlen(text), NULL, &prompt, &np, &err) != HM_OK) goto done;
-    gen_cfg greedy = {.n_ubatch = 512}, sampled = {.n_ubatch = 512, .temp = 0.8f, .seed = 11};
+    gen_cfg greedy = {.n_ubatch = 512};
     hm_spec_opts so;
     hm_spec_opts_default(&so);
     so.type = HM_SPEC_NGRAM_SIMPLE;
@@ -254,7 +212,6 @@ static void bundled(void) {
     so.n_max = 4;
     r = compare("bundled, draft-simple (itself), greedy", m, prompt, (int32_t)np, &greedy, &so);
     CHECKF(r > 0.9, "a draft that is the target itself: acceptance %.3f", r);
-    compare_sampled("bundled, draft-simple (itself), temp 0.8", m, prompt, (int32_t)np, &sampled, &so);
     so.p_min = 0.5f;
     so.n_min = 2;
     compare("bundled, draft-simple (itself), p_min .5", m, prompt, (int32_t)np, &greedy, &so);
@@ -278,7 +235,6 @@ static void bundled(void) {
         so.n_max = 4;
         r = compare("bundled, draft-simple (other model), greedy", m, prompt, (int32_t)np, &greedy, &so);
         CHECKF(r >= 0 && r < 0.9, "another model as the draft: acceptance %.3f (expected low)", r);
-        compare_sampled("bundled, draft-simple (other model), temp .8", m, prompt, (int32_t)np, &sampled, &so);
     }
     unlink(neg);
     free(prompt);
@@ -287,6 +243,41 @@ done:
     hm_model_close(d);
     hm_model_close(m);
     hm_tokenizer_close(tk);
+}
+
+/* Sampling at temperature 0.8 against plain decoding: on the F32 transformers fixture, where a
+ * batched row's logits are bit-identical to a one-row step's (docs/ENGINE.md, batched eval). With
+ * quantised weights they are not: the activations are rounded to the weights' Q8_0/Q8_K partner, and
+ * a rounding difference of 1e-7 between a batched and a one-row evaluation can flip one activation's
+ * rounding and move the logits by up to ~0.1 on the bundled model, enough to move a sampled draw
+ * (greedy ids, compared above, are moved only by near-ties). */
+static void sampled_f32(void) {
+    const char *path = test_src_path("tests/fixtures/qwen3moe_tiny/model.gguf");
+    hm_err err;
+    hm_model *m = NULL, *d = NULL;
+    CHECKF(hm_model_open(&m, path, NULL, &err) == HM_OK, "%s", err.msg);
+    CHECKF(hm_model_open(&d, path, NULL, &err) == HM_OK, "%s", err.msg);
+    if (m && d) {
+        int32_t prompt[48];
+        for (int i = 0; i < 48; i++) prompt[i] = 20 + (i * 5) % 16; /* a 16-token phrase, 3 times */
+        gen_cfg g = {.n_ubatch = 512, .temp = 0.8f, .seed = 11};
+        hm_spec_opts so;
+        hm_spec_opts_default(&so);
+        so.type = HM_SPEC_NGRAM_SIMPLE;
+        so.size_n = 1;
+        so.size_m = 4;
+        compare("f32 fixture, ngram-simple (1, 4), temp 0.8", m, prompt, 48, &g, &so);
+        hm_spec_opts_default(&so);
+        so.type = HM_SPEC_DRAFT_SIMPLE;
+        so.draft = d;
+        so.n_max = 4;
+        double r = compare("f32 fixture, draft-simple (itself), temp 0.8", m, prompt, 48, &g, &so);
+        CHECKF(r > 0, "sampled, a draft that is the target: nothing accepted (only first rows were used)");
+        g.temp = 0;
+        compare("f32 fixture, draft-simple (itself), greedy", m, prompt, 48, &g, &so);
+    }
+    hm_model_close(d);
+    hm_model_close(m);
 }
 
 static void gemma4(void) {
@@ -376,6 +367,7 @@ static void refusals(void) {
 
 int main(void) {
     bundled();
+    sampled_f32();
     gemma4();
     refusals();
     return test_done();
