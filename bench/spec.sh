@@ -3,7 +3,8 @@
 # edit-style prompt (bench/data/spec_edit_prompt.txt: a file, then the start of the same file being
 # rewritten), on the bundled model by default.
 #
-#   bench/spec.sh [MODEL.gguf] [THREADS]        (env: HM_EXE, REPS, N_GEN)
+#   bench/spec.sh [MODEL.gguf] [THREADS]        (env: HM_EXE, REPS, N_GEN; EXTRA: more bench flags,
+#                                                 e.g. EXTRA="-ngl 99" on the GPU)
 #
 # Runs `hotmoe bench -f PROMPT -n N_GEN` with ngram-simple (llama.cpp's defaults, then n-gram 4 /
 # draft 16) and draft-simple with the model as its own draft (acceptance ~100 %, but the drafter
@@ -20,7 +21,8 @@ prompt="$root/bench/data/spec_edit_prompt.txt"
 [ -x "$exe" ] || { echo "build hotmoe first: $exe missing" >&2; exit 1; }
 run() {
     echo "== $*"
-    "$exe" bench -m "$model" -t "$threads" -r "$reps" -p 0 -n "$ngen" -f "$prompt" "$@" 2>&1 |
+    # shellcheck disable=SC2086
+    "$exe" bench -m "$model" -t "$threads" -r "$reps" -p 0 -n "$ngen" -f "$prompt" ${EXTRA:-} "$@" 2>&1 |
         grep -E "greedy|speculation"
 }
 run --spec-type ngram-simple

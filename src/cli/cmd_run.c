@@ -61,6 +61,7 @@ static bool emit(run_ctx *r, int32_t tok) {
  * is evaluated too. 0 ok, 1 error (printed). */
 static int generate_spec(run_ctx *r, const float *lg) {
     hm_err err;
+    if (r->n_predict == 0) return 0;
     int32_t tok = hm_sampler_sample(r->smp, lg), out[1025];
     hm_sampler_accept(r->smp, tok);
     for (long i = 0;;) {
