@@ -7,7 +7,7 @@
 #                                                 e.g. EXTRA="-ngl 99" on the GPU)
 #
 # Runs `hotmoe bench -f PROMPT -n N_GEN` with ngram-simple (llama.cpp's defaults, then n-gram 4 /
-# draft 16) and draft-simple with the model as its own draft (acceptance ~100 %, but the drafter
+# draft 16), ngram-cache and draft-simple with the model as its own draft (acceptance ~100 %, but the drafter
 # costs as much as the target: an upper bound on acceptance, a lower bound on speed). Each line
 # says whether the tokens were the same as plain greedy. A benchmark: it asserts nothing.
 set -euo pipefail
@@ -27,4 +27,5 @@ run() {
 }
 run --spec-type ngram-simple
 run --spec-type ngram-simple --spec-ngram-simple-size-n 4 --spec-ngram-simple-size-m 16
+run --spec-type ngram-cache
 run --spec-type draft-simple -md "$model" --spec-draft-n-max 4

@@ -212,10 +212,13 @@ typedef enum hm_spec_type {
                                  against their latest earlier occurrence in the history; up to size_m
                                  tokens that followed it are the draft (none when fewer than size_n) */
     HM_SPEC_DRAFT_SIMPLE = 2, /* "draft-simple": a second model with the same vocabulary drafts greedily */
+    HM_SPEC_NGRAM_CACHE = 3,  /* "ngram-cache": the most frequent follower of the longest 1..4-gram ending
+                                 the sequence, from counts over the history (llama.cpp's context cache
+                                 and thresholds; its static/dynamic cache files are not read); up to 8 */
 } hm_spec_type;
 
-/* "none" / "ngram-simple" / "draft-simple" -> the type; -1 for any other name (llama.cpp's
- * draft-eagle3, draft-mtp, ngram-cache, ... are not run yet: the caller refuses them). */
+/* "none" / "ngram-simple" / "draft-simple" / "ngram-cache" -> the type; -1 for any other name
+ * (llama.cpp's draft-eagle3, draft-mtp, ngram-mod, ... are not run yet: the caller refuses them). */
 int hm_spec_type_from_name(const char *name);
 const char *hm_spec_type_name(hm_spec_type t); /* static string; "?" out of range */
 

@@ -4,7 +4,7 @@
  * the KV cache); the ids must be identical.
  *
  * Cases: the bundled trained model (models/tiny-qwen3moe-q8_0.gguf) on a prompt that repeats a
- * Python function, with ngram-simple (llama.cpp's defaults and a short n-gram), draft-simple with
+ * Python function, with ngram-simple (llama.cpp's defaults and a short n-gram), ngram-cache, draft-simple with
  * the same model as its draft (acceptance near 100 %) and with a different model of the same
  * vocabulary (the bundled file with its expert down projections negated: low acceptance, so most
  * steps roll back), greedy; sampled at temperature 0.8 on the F32 transformers fixture (see
@@ -20,6 +20,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "engine/spec.h"
 #include "gguf/gguf.h"
 #include "hotmoe_tools.h"
 #include "quant/quant.h"
@@ -205,6 +206,9 @@ static void bundled(void) {
     so.size_m = 8;
     r = compare("bundled, ngram-simple (3, 8), greedy", m, prompt, (int32_t)np, &greedy, &so);
     CHECKF(r > 0, "ngram-simple accepted nothing on a repetitive prompt");
+    so.type = HM_SPEC_NGRAM_CACHE;
+    r = compare("bundled, ngram-cache, greedy", m, prompt, (int32_t)np, &greedy, &so);
+    CHECKF(r > 0, "ngram-cache accepted nothing on a repetitive prompt");
 
     hm_spec_opts_default(&so);
     so.type = HM_SPEC_DRAFT_SIMPLE;
@@ -267,6 +271,8 @@ static void sampled_f32(void) {
         so.size_n = 1;
         so.size_m = 4;
         compare("f32 fixture, ngram-simple (1, 4), temp 0.8", m, prompt, 48, &g, &so);
+        so.type = HM_SPEC_NGRAM_CACHE;
+        compare("f32 fixture, ngram-cache, temp 0.8", m, prompt, 48, &g, &so);
         hm_spec_opts_default(&so);
         so.type = HM_SPEC_DRAFT_SIMPLE;
         so.draft = d;
@@ -305,6 +311,9 @@ static void gemma4(void) {
         so.size_m = 4;
         double r0 = compare("gemma4 synth, ngram-simple (1, 4), ubatch 8", m, prompt, 60, &g, &so);
         CHECKF(r0 >= 0, "gemma4 ngram-simple");
+        so.type = HM_SPEC_NGRAM_CACHE;
+        r0 = compare("gemma4 synth, ngram-cache, ubatch 8", m, prompt, 60, &g, &so);
+        CHECKF(r0 >= 0, "gemma4 ngram-cache");
         hm_spec_opts_default(&so);
         so.type = HM_SPEC_DRAFT_SIMPLE;
         so.draft = d;
@@ -365,7 +374,35 @@ static void refusals(void) {
     unlink(syn);
 }
 
+/* The drafters on a sequence derived by hand (the rules in spec.h). */
+static void drafters(void) {
+    const int32_t h[11] = {5, 1, 2, 3, 4, 1, 2, 3, 4, 1, 2};
+    int32_t d[16];
+    /* ngram-simple n 2, m 3: pattern [2, 3] (hist[10] + tok); latest earlier start 6; hist[8..11) */
+    int32_t k = hm_spec_ngram_simple(h, 11, 3, 2, 3, d, 16);
+    CHECK(k == 3 && d[0] == 4 && d[1] == 1 && d[2] == 2);
+    CHECK(hm_spec_ngram_simple(h, 11, 3, 2, 3, d, 2) == 2);  /* capped */
+    CHECK(hm_spec_ngram_simple(h, 11, 9, 2, 3, d, 16) == 0); /* [2, 9] never seen */
+    CHECK(hm_spec_ngram_simple(h, 6, 2, 2, 3, d, 16) == 0);  /* n <= n + m + 1 */
+    /* ngram-cache: 4-grams decide here: [4 1 2 3] -> 4 (once), [1 2 3 4] -> 1 (twice), ... */
+    hm_spec_ngcache *c = NULL;
+    hm_err err;
+    CHECK(hm_spec_ngcache_open(&c, 64, &err) == HM_OK);
+    if (!c) return;
+    k = hm_spec_ngcache_draft(c, h, 11, 3, d, 16);
+    const int32_t want[8] = {4, 1, 2, 3, 4, 1, 2, 3};
+    CHECKF(k == 8 && !memcmp(d, want, sizeof want), "ngram-cache drafted %d", k);
+    CHECK(hm_spec_ngcache_len(c) == 12);
+    k = hm_spec_ngcache_draft(c, h, 11, 9, d, 16); /* another pending token: rebuilt, nothing follows 9 */
+    CHECK(k == 0 && hm_spec_ngcache_len(c) == 12);
+    /* one sample of a 1-gram is below its threshold (2): [5] alone drafts nothing */
+    const int32_t one[3] = {7, 5, 6};
+    CHECK(hm_spec_ngcache_draft(c, one, 2, 7, d, 16) == 0);
+    hm_spec_ngcache_close(c);
+}
+
 int main(void) {
+    drafters();
     bundled();
     sampled_f32();
     gemma4();

@@ -15,8 +15,8 @@ typedef struct cli_spec {
 
 #define CLI_SPEC_HELP                                                                           \
     "speculative decoding (greedy output is the same as without it):\n"                          \
-    "  --spec-type T          none (default), ngram-simple (drafts from the prompt and output so\n" \
-    "                         far) or draft-simple (a draft model, -md)\n"                      \
+    "  --spec-type T          none (default), ngram-simple or ngram-cache (drafts from the prompt\n" \
+    "                         and output so far) or draft-simple (a draft model, -md)\n"        \
     "  -md, --model-draft F   draft model (same vocabulary; alias --spec-draft-model); implies\n"  \
     "                         draft-simple when --spec-type is not given\n"                     \
     "  --spec-draft-n-max N   draft-simple: tokens drafted per step (default 3)\n"              \
@@ -27,7 +27,7 @@ typedef struct cli_spec {
 
 /* llama.cpp's names we do not run yet: refused by name, never replaced by another */
 static const char *const cli_spec_later[] = {"draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark",
-                                              "ngram-map-k", "ngram-map-k4v", "ngram-mod", "ngram-cache"};
+                                              "ngram-map-k", "ngram-map-k4v", "ngram-mod"};
 
 /* CLI_ARG_NEXT when argv[*i] was a speculation flag (consumed), CLI_ARG_OWN when it is not one, 2 on
  * a bad value (printed). */
@@ -46,10 +46,10 @@ static inline int cli_spec_arg(cli_spec *sp, const char *cmd, int argc, char **a
             for (size_t k = 0; k < sizeof cli_spec_later / sizeof cli_spec_later[0]; k++)
                 if (!strcmp(v, cli_spec_later[k])) {
                     fprintf(stderr, "hotmoe %s: --spec-type %s is llama.cpp's, not implemented in hotmoe yet "
-                                    "(have: ngram-simple, draft-simple)\n", cmd, v);
+                                    "(have: ngram-simple, ngram-cache, draft-simple)\n", cmd, v);
                     return 2;
                 }
-            fprintf(stderr, "hotmoe %s: --spec-type '%s' is unknown (none, ngram-simple, draft-simple; one type, "
+            fprintf(stderr, "hotmoe %s: --spec-type '%s' is unknown (none, ngram-simple, ngram-cache, draft-simple; one type, "
                             "not a list)\n", cmd, v);
             return 2;
         }

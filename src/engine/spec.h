@@ -21,6 +21,17 @@ void hm_session_borrow_pool(hm_session *s, const hm_session *other);
 int32_t hm_spec_ngram_simple(const int32_t *hist, int32_t n, int32_t tok, int32_t size_n, int32_t size_m,
                              int32_t *draft, int32_t cap);
 
+/* ngram-cache: n-gram statistics of the history (spec_ngram_cache.c). */
+typedef struct hm_spec_ngcache hm_spec_ngcache;
+hm_status hm_spec_ngcache_open(hm_spec_ngcache **out, int32_t n_ctx, hm_err *err);
+void hm_spec_ngcache_close(hm_spec_ngcache *c);
+void hm_spec_ngcache_reset(hm_spec_ngcache *c);
+int32_t hm_spec_ngcache_len(const hm_spec_ngcache *c); /* tokens counted */
+/* Counts the tokens of hist[0..n) + tok it has not seen (from empty when they are not an extension
+ * of what it saw), then drafts up to min(8, cap) tokens into draft; returns the count. */
+int32_t hm_spec_ngcache_draft(hm_spec_ngcache *c, const int32_t *hist, int32_t n, int32_t tok, int32_t *draft,
+                              int32_t cap);
+
 /* draft-simple: a session of the draft model and the tokens it holds. */
 typedef struct hm_spec_drafter hm_spec_drafter;
 

@@ -26,13 +26,14 @@ struct hm_spec {
     hm_spec_opts o;        /* stop_ids points at stop below */
     int32_t *stop;         /* [o.n_stop_ids] owned */
     hm_spec_drafter *drafter; /* draft-simple: owned */
+    hm_spec_ngcache *ngc;  /* ngram-cache: owned */
     int32_t *hist;         /* [n_ctx] */
     int32_t n_hist, n_ctx;
     int32_t *batch;        /* [n_ubatch]: tok + drafts */
     hm_spec_stats st;
 };
 
-static const char *const type_names[] = {"none", "ngram-simple", "draft-simple"};
+static const char *const type_names[] = {"none", "ngram-simple", "draft-simple", "ngram-cache"};
 
 int hm_spec_type_from_name(const char *name) {
     for (int i = 0; i < (int)(sizeof type_names / sizeof type_names[0]); i++)
@@ -56,7 +57,7 @@ void hm_spec_opts_default(hm_spec_opts *o) {
 hm_status hm_spec_open(hm_spec **out, hm_session *target, const hm_spec_opts *o, hm_err *err) {
     *out = NULL;
     hm_model *m = hm_session_model(target);
-    if (o->type != HM_SPEC_NGRAM_SIMPLE && o->type != HM_SPEC_DRAFT_SIMPLE)
+    if (o->type != HM_SPEC_NGRAM_SIMPLE && o->type != HM_SPEC_DRAFT_SIMPLE && o->type != HM_SPEC_NGRAM_CACHE)
         return hm_errf(err, HM_ERR_ARG, "speculative decoding: unknown type %d", (int)o->type);
     if (m->xm && m->xm->n_rs_layer > 0)
         return hm_errf(err, HM_ERR_UNSUPPORTED, "speculative decoding: %s keeps a recurrent state (Gated DeltaNet) "
@@ -91,6 +92,7 @@ hm_status hm_spec_open(hm_spec **out, hm_session *target, const hm_spec_opts *o,
     sp->o.stop_ids = sp->stop;
     if (o->type == HM_SPEC_DRAFT_SIMPLE && (st = hm_spec_drafter_open(&sp->drafter, o->draft, target, err)) != HM_OK)
         goto fail;
+    if (o->type == HM_SPEC_NGRAM_CACHE && (st = hm_spec_ngcache_open(&sp->ngc, sp->n_ctx, err)) != HM_OK) goto fail;
     *out = sp;
     return HM_OK;
 fail:
@@ -101,6 +103,7 @@ fail:
 void hm_spec_close(hm_spec *sp) {
     if (!sp) return;
     hm_spec_drafter_close(sp->drafter);
+    hm_spec_ngcache_close(sp->ngc);
     free(sp->hist);
     free(sp->batch);
     free(sp->stop);
@@ -148,6 +151,8 @@ hm_status hm_spec_step(hm_spec *sp, hm_sampler *smp, int32_t tok, int32_t max_ou
     if (cap > 0) {
         if (sp->o.type == HM_SPEC_NGRAM_SIMPLE) {
             k = hm_spec_ngram_simple(sp->hist, sp->n_hist, tok, sp->o.size_n, sp->o.size_m, b + 1, cap);
+        } else if (sp->o.type == HM_SPEC_NGRAM_CACHE) {
+            k = hm_spec_ngcache_draft(sp->ngc, sp->hist, sp->n_hist, tok, b + 1, cap);
         } else {
             hm_status st = hm_spec_drafter_draft(sp->drafter, sp->hist, sp->n_hist, tok, sp->o.n_max, sp->o.n_min,
                                                  sp->o.p_min, b + 1, cap, &k, err);
