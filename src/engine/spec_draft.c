@@ -151,12 +151,9 @@ hm_status hm_spec_drafter_draft(hm_spec_drafter *d, const int32_t *hist, int32_t
     hm_status st = hm_session_trim(d->s, c, err);
     if (st != HM_OK) return st;
     const float *lg = NULL;
-    if (c < n) {
-        memcpy(d->toks + c, hist + c, (size_t)(n - c) * sizeof *hist);
-        if ((st = hm_session_eval(d->s, hist + c, n - c, false, NULL, err)) != HM_OK) goto fail;
-    }
-    d->toks[n] = tok;
-    if ((st = hm_session_eval(d->s, &tok, 1, false, &lg, err)) != HM_OK) goto fail;
+    if (c < n) memcpy(d->toks + c, hist + c, (size_t)(n - c) * sizeof *hist);
+    d->toks[n] = tok; /* what it lacks of hist, and tok, in one eval */
+    if ((st = hm_session_eval(d->s, d->toks + c, n + 1 - c, false, &lg, err)) != HM_OK) goto fail;
     const int32_t nv = hm_session_model(d->s)->info.n_vocab;
     int32_t k = 0;
     while (k < n_max) {
