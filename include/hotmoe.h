@@ -158,6 +158,7 @@ hm_status hm_batch_eval(hm_session *const *sessions, const int32_t *const *token
 int32_t hm_session_n_past(const hm_session *s);
 int32_t hm_session_n_ctx(const hm_session *s);
 int32_t hm_session_n_threads(const hm_session *s);
+int32_t hm_session_n_ubatch(const hm_session *s); /* rows per forward micro-batch */
 /* Forget every position (n_past = 0). */
 void hm_session_reset(hm_session *s);
 /* Keep the first n_keep positions, drop the rest (n_keep <= n_past). */
@@ -191,6 +192,95 @@ void hm_sampler_accept(hm_sampler *s, int32_t token);
 void hm_sampler_reset(hm_sampler *s);
 
 /* ==== end of models, sessions, sampling ================================================== */
+
+/* ==== Speculative decoding (engine/speculative.c, spec_ngram.c, spec_draft.c) ============== */
+
+/* A drafter proposes the next k tokens cheaply; the target session verifies [the pending token,
+ * the k drafts] in ONE micro-batch with the logits of every row, the caller's sampler picks each
+ * row's token in turn, and the drafts are accepted while they equal what it picked; the first
+ * token it picks that differs (or the one after the last draft) is the step's own. The rejected
+ * rows are dropped from the KV cache (hm_session_trim). Each token is picked from the target's
+ * logits after the same history, with the same sampler calls, as plain decoding, so the output is
+ * plain decoding's up to the float rounding of a batched row against a single-row step (greedy: the
+ * same ids unless two logits tie within that rounding). Names and defaults are llama.cpp's
+ * (--spec-type, --spec-draft-n-max/-n-min/-p-min, --spec-ngram-simple-size-n/-m, -md).
+ * Not for a recurrent state that cannot be rewound (qwen35moe): hm_spec_open refuses it. The draft
+ * length is fixed (n_max, or size_m); adapting it to the measured acceptance is not done yet. */
+typedef enum hm_spec_type {
+    HM_SPEC_NONE = 0,
+    HM_SPEC_NGRAM_SIMPLE = 1, /* "ngram-simple": the last size_n tokens (the pending one last) matched
+                                 against their latest earlier occurrence in the history; up to size_m
+                                 tokens that followed it are the draft (none when fewer than size_n) */
+    HM_SPEC_DRAFT_SIMPLE = 2, /* "draft-simple": a second model with the same vocabulary drafts greedily */
+    HM_SPEC_NGRAM_CACHE = 3,  /* "ngram-cache": the most frequent follower of the longest 1..4-gram ending
+                                 the sequence, from counts over the history (llama.cpp's context cache
+                                 and thresholds; its static/dynamic cache files are not read); up to 8 */
+} hm_spec_type;
+
+/* "none" / "ngram-simple" / "draft-simple" / "ngram-cache" -> the type; -1 for any other name
+ * (llama.cpp's draft-eagle3, draft-mtp, ngram-mod, ... are not run yet: the caller refuses them). */
+int hm_spec_type_from_name(const char *name);
+const char *hm_spec_type_name(hm_spec_type t); /* static string; "?" out of range */
+
+typedef struct hm_spec_opts {
+    hm_spec_type type;
+    int32_t n_max;     /* draft-simple: tokens drafted per step (llama.cpp --spec-draft-n-max, 3) */
+    int32_t n_min;     /* draft-simple: fewer drafted than this = no draft this step (0) */
+    float p_min;       /* draft-simple: stop drafting when the draft's top token has a probability
+                          (softmax over its 10 best, as llama.cpp's draft sampler) below this (0) */
+    int32_t size_n;    /* ngram-simple: lookup n-gram length (12) */
+    int32_t size_m;    /* ngram-simple: longest draft (48) */
+    hm_model *draft;   /* draft-simple: the draft model (borrowed; its own hm_model, not the target's) */
+    /* Token ids at which a step stops early (end of generation): the step's output ends with the
+     * first one the sampler picks, and that one is left pending like any step's last token. NULL /
+     * 0 = none. Copied at open. */
+    const int32_t *stop_ids;
+    int32_t n_stop_ids;
+} hm_spec_opts;
+
+void hm_spec_opts_default(hm_spec_opts *o); /* llama.cpp's defaults, type none */
+
+typedef struct hm_spec hm_spec;
+
+/* Speculation on target (a session, borrowed: it and its model must outlive sp). For
+ * draft-simple a session of o->draft is opened with the target's context, threads and KV type.
+ * Errors (nothing opened): HM_ERR_UNSUPPORTED for a recurrent target (qwen35moe: its state cannot
+ * be rewound past a rejected draft) or a recurrent draft; HM_ERR_ARG for bad sizes, a missing draft
+ * model, or a draft vocabulary that llama.cpp would refuse (tokenizer type, BOS/EOS ids and
+ * add-flags, vocabulary sizes more than 128 apart, a token text differing from id 5 on; the message
+ * names the first difference). The history starts empty: hm_spec_add what the target evaluates
+ * outside hm_spec_step (the prompt). */
+hm_status hm_spec_open(hm_spec **out, hm_session *target, const hm_spec_opts *o, hm_err *err);
+void hm_spec_close(hm_spec *sp); /* NULL is a no-op */
+/* Tokens the caller evaluated on the target itself (a prompt, a chat turn): appended to the
+ * history the drafters read. The history must always equal what the target holds. */
+hm_status hm_spec_add(hm_spec *sp, const int32_t *tokens, int32_t n, hm_err *err);
+/* The caller reset or trimmed the target: keep the first n_keep tokens of the history. */
+void hm_spec_trim(hm_spec *sp, int32_t n_keep);
+
+/* One step. tok: the token picked last and not yet evaluated (the target holds the history before
+ * it). Drafts up to min(drafter's length, max_out - 1, the session's n_ubatch - 1, free context - 1)
+ * tokens, evaluates [tok, drafts] as one micro-batch, and picks with smp (hm_sampler_sample +
+ * hm_sampler_accept per row, exactly as plain decoding would) until a pick differs from the draft,
+ * is a stop id, or the drafts end. out[0..*n_out) (1 <= *n_out <= max_out; out holds max_out) are
+ * the picks; afterwards the target holds tok and out[0..*n_out-1), and out[*n_out-1] is the new
+ * pending token. With no draft this is one plain decode step. HM_ERR_ARG: max_out < 1, no room in
+ * the context for tok, or a history that does not match the target's length. */
+hm_status hm_spec_step(hm_spec *sp, hm_sampler *smp, int32_t tok, int32_t max_out, int32_t *out, int32_t *n_out,
+                       hm_err *err);
+
+/* Counters since open. steps: verify micro-batches (with or without a draft); drafted: draft tokens
+ * verified; accepted: of them, kept (= tokens - steps: each step adds its own token); tokens: picks
+ * returned. Acceptance rate = accepted / drafted. */
+typedef struct hm_spec_stats {
+    uint64_t steps, steps_drafted, drafted, accepted, tokens;
+    double t_draft_s, t_verify_s; /* time drafting and verifying (the target's evals) */
+} hm_spec_stats;
+void hm_spec_get_stats(const hm_spec *sp, hm_spec_stats *st);
+
+/* ==== end of speculative decoding ======================================================== */
+
+
 
 /* ==== Expert store of a model: usage, placement, profiles, traces (engine/ + experts/) ===== */
 

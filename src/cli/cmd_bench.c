@@ -4,12 +4,14 @@
  * before each run; a recurrent state (qwen35moe) cannot be trimmed, so there it is rebuilt
  * untimed before each run, its routing left out of the hit rate); one untimed warm-up of each, then r timed repetitions; tok/s reported as mean
  * +/- sample standard deviation over the repetitions. With the GPU, the expert hit rate of the tg
- * runs (routed units found in VRAM) is printed too. Needs no tokenizer. */
+ * runs (routed units found in VRAM) is printed too. Needs no tokenizer, except for -f FILE: a greedy
+ * generation of n tokens continuing FILE's text (prompt untimed), plain and, with --spec-type, with
+ * speculation, side by side with the acceptance rate and whether the tokens were the same. */
 #include <math.h>
 #include <sys/resource.h>
 #include <time.h>
 
-#include "cmd_engine.h"
+#include "cli_spec.h"
 
 static void usage(FILE *f) {
     fprintf(f, "usage: hotmoe bench -m MODEL [-p N] [-n N] [-d N] [-t T] [-r REPS] [--json]\n\n"
@@ -20,7 +22,9 @@ static void usage(FILE *f) {
                "                         cannot be trimmed back)\n"
                "  -r, --repetitions N    timed runs of each test (default 5)\n"
                "  --seed N               seed of the random token ids (default 1)\n"
-               "  --json                 print one JSON object (pp_tok_s, tg_tok_s, ...)\n" CLI_ENGINE_HELP);
+               "  --json                 print one JSON object (pp_tok_s, tg_tok_s, ...)\n"
+               "  -f, --file FILE        also a greedy generation of -n tokens continuing FILE's text\n"
+               "                         (plain, and with --spec-type: side by side)\n" CLI_SPEC_HELP CLI_ENGINE_HELP);
 }
 
 static void mean_std(const double *x, int n, double *mean, double *std) {
@@ -79,13 +83,55 @@ fail:
     return -1;
 }
 
+/* Greedy generation of n tokens after prompt[0..np) (evaluated untimed), plain (sp NULL) or with
+ * speculation; the ids go to out[n]. Returns tok/s, -1 on failure (printed). */
+static double gen_test(hm_model *m, hm_session *s, hm_spec *sp, const int32_t *prompt, int32_t np, int32_t n,
+                       int32_t *out) {
+    hm_err err;
+    hm_sampler *smp = NULL;
+    hm_sampler_opts so;
+    hm_sampler_opts_default(&so);
+    so.temp = 0;
+    const float *lg;
+    double dt = -1;
+    hm_session_reset(s);
+    if (sp) hm_spec_trim(sp, 0);
+    if (hm_sampler_open(&smp, hm_model_n_vocab(m), &so, &err) != HM_OK ||
+        hm_session_eval(s, prompt, np, false, &lg, &err) != HM_OK || (sp && hm_spec_add(sp, prompt, np, &err) != HM_OK))
+        goto fail;
+    const double t0 = cli_now_s();
+    out[0] = hm_sampler_sample(smp, lg);
+    for (int32_t got = 1; got < n;) {
+        if (sp) {
+            int32_t k;
+            if (hm_spec_step(sp, smp, out[got - 1], n - got, out + got, &k, &err) != HM_OK) goto fail;
+            got += k;
+        } else {
+            if (hm_session_eval(s, &out[got - 1], 1, false, &lg, &err) != HM_OK) goto fail;
+            out[got++] = hm_sampler_sample(smp, lg);
+        }
+    }
+    dt = cli_now_s() - t0;
+    hm_sampler_close(smp);
+    return n / dt;
+fail:
+    fprintf(stderr, "hotmoe bench: %s\n", err.msg);
+    hm_sampler_close(smp);
+    return -1;
+}
+
 int hm_cmd_bench(int argc, char **argv) {
     cli_engine e = {.cmd = "bench"};
     long n_prompt = 512, n_gen = 128, reps = 5, seed = 1, depth = 0;
     bool json = false;
+    cli_spec spc = {0};
+    hm_spec *gsp = NULL; /* -f with --spec-type */
+    const char *gen_file = NULL;
     for (int i = 1; i < argc; i++) {
         int r = cli_common_arg(&e, argc, argv, &i, usage);
         if (r == CLI_ARG_NEXT) continue;
+        if (r != CLI_ARG_OWN) return r;
+        if ((r = cli_spec_arg(&spc, e.cmd, argc, argv, &i)) == CLI_ARG_NEXT) continue;
         if (r != CLI_ARG_OWN) return r;
         const char *a = argv[i], *v;
         if (!strcmp(a, "-p") || !strcmp(a, "--n-prompt")) {
@@ -100,25 +146,50 @@ int hm_cmd_bench(int argc, char **argv) {
             if (!(v = cli_value(e.cmd, argc, argv, &i)) || cli_long(e.cmd, a, v, 0, 0x7fffffff, &seed)) return 2;
         } else if (!strcmp(a, "--json")) {
             json = true;
+        } else if (!strcmp(a, "-f") || !strcmp(a, "--file")) {
+            if (!(gen_file = cli_value(e.cmd, argc, argv, &i))) return 2;
         } else {
             return cli_unknown_arg(&e, a, usage);
         }
     }
-    if (cli_need_model(&e)) return 2;
+    if (cli_need_model(&e) || cli_spec_check(&spc, e.cmd)) return 2;
+    if (spc.o.type != HM_SPEC_NONE && (!gen_file || n_gen < 2)) {
+        fprintf(stderr, "hotmoe bench: --spec-type measures a generation that continues a text: give -f FILE and -n >= 2\n");
+        return 2;
+    }
     if (n_prompt == 0 && n_gen == 0) {
         fprintf(stderr, "hotmoe bench: nothing to do (-p 0 -n 0)\n");
         return 2;
     }
+    int32_t *gprompt = NULL, *gen_a = NULL, *gen_b = NULL;
+    size_t gnp = 0;
+    if (gen_file) { /* the text to continue, tokenised with the model's tokenizer */
+        hm_tokenizer *tk = NULL;
+        hm_err terr;
+        char *txt = cli_read_file(e.cmd, gen_file, NULL);
+        if (!txt) return 1;
+        hm_status tst = hm_tokenizer_open(&tk, e.model, &terr);
+        if (tst == HM_OK) tst = hm_tokenize(tk, txt, strlen(txt), NULL, &gprompt, &gnp, &terr);
+        hm_tokenizer_close(tk);
+        free(txt);
+        if (tst != HM_OK || gnp == 0) {
+            fprintf(stderr, "hotmoe bench: %s: %s\n", gen_file, tst != HM_OK ? terr.msg : "no tokens");
+            free(gprompt);
+            return 1;
+        }
+    }
     int32_t need = (int32_t)(depth + (n_prompt > n_gen ? n_prompt : n_gen));
+    if (gen_file && (int32_t)gnp + (int32_t)n_gen + 1 > need) need = (int32_t)gnp + (int32_t)n_gen + 1;
     if (e.n_ctx && e.n_ctx < need) {
         fprintf(stderr, "hotmoe bench: -c %d is smaller than the test (%d tokens)\n", e.n_ctx, need);
+        free(gprompt);
         return 1;
     }
     hm_model *m = cli_open_model(&e);
-    if (!m) return 1;
-    hm_session *s = cli_open_session(&e, m, e.n_ctx ? e.n_ctx : need);
+    hm_session *s = m ? cli_open_session(&e, m, e.n_ctx ? e.n_ctx : need) : NULL;
     if (!s) {
         hm_model_close(m);
+        free(gprompt);
         return 1;
     }
     const hm_model_info *inf = hm_model_get_info(m);
@@ -161,6 +232,33 @@ int hm_cmd_bench(int argc, char **argv) {
         mean_std(tg, (int)reps, &tm, &tsd);
         cli_tier_get(m, &t1);
     }
+    /* -f: greedy generation after the file's text, plain then with speculation */
+    double gpm = 0, gpsd = 0, gsm = 0, gssd = 0;
+    hm_spec_stats gst0, gst;
+    memset(&gst, 0, sizeof gst);
+    int gsame = -1;
+    if (gen_file) {
+        gen_a = malloc((size_t)n_gen * sizeof *gen_a);
+        gen_b = malloc((size_t)n_gen * sizeof *gen_b);
+        if (!gen_a || !gen_b) goto done;
+        if (gen_test(m, s, NULL, gprompt, (int32_t)gnp, (int32_t)n_gen, gen_a) < 0) goto done; /* warm-up */
+        for (long r = 0; r < reps; r++)
+            if ((tg[r] = gen_test(m, s, NULL, gprompt, (int32_t)gnp, (int32_t)n_gen, gen_a)) < 0) goto done;
+        mean_std(tg, (int)reps, &gpm, &gpsd);
+        if (spc.o.type != HM_SPEC_NONE) {
+            if (cli_spec_open(&spc, e.cmd, s, NULL, &gsp)) goto done;
+            if (gen_test(m, s, gsp, gprompt, (int32_t)gnp, (int32_t)n_gen, gen_b) < 0) goto done; /* warm-up */
+            hm_spec_get_stats(gsp, &gst0);
+            for (long r = 0; r < reps; r++)
+                if ((tg[r] = gen_test(m, s, gsp, gprompt, (int32_t)gnp, (int32_t)n_gen, gen_b)) < 0) goto done;
+            mean_std(tg, (int)reps, &gsm, &gssd);
+            hm_spec_get_stats(gsp, &gst);
+            gst.steps -= gst0.steps, gst.steps_drafted -= gst0.steps_drafted, gst.drafted -= gst0.drafted;
+            gst.accepted -= gst0.accepted, gst.tokens -= gst0.tokens;
+            gst.t_draft_s -= gst0.t_draft_s, gst.t_verify_s -= gst0.t_verify_s;
+            gsame = !memcmp(gen_a, gen_b, (size_t)n_gen * sizeof *gen_a);
+        }
+    }
     double hit = -1; /* tg's share of routed units computed from VRAM */
     hm_usage us;         /* the whole run's usage (a model without experts has none) */
     const bool have_us = hm_model_usage(m, &us, NULL) == HM_OK;
@@ -182,6 +280,13 @@ int hm_cmd_bench(int argc, char **argv) {
         if (hit >= 0) printf(", \"vram_slots\": %lld, \"tg_vram_hit_rate\": %.4f", (long long)vslots, hit);
         if (n_prompt) printf(", \"pp_tok_s\": %.3f, \"pp_tok_s_std\": %.3f", pm, psd);
         if (n_gen) printf(", \"tg_tok_s\": %.3f, \"tg_tok_s_std\": %.3f", tm, tsd);
+        if (gen_file) printf(", \"gen_tok_s\": %.3f, \"gen_tok_s_std\": %.3f", gpm, gpsd);
+        if (gsp)
+            printf(", \"spec_type\": \"%s\", \"gen_spec_tok_s\": %.3f, \"gen_spec_tok_s_std\": %.3f, \"spec_drafted\": %llu, "
+                   "\"spec_accepted\": %llu, \"spec_steps\": %llu, \"spec_accept_rate\": %.4f, \"spec_same_tokens\": %s",
+                   hm_spec_type_name(spc.o.type), gsm, gssd, (unsigned long long)gst.drafted,
+                   (unsigned long long)gst.accepted, (unsigned long long)gst.steps,
+                   gst.drafted ? (double)gst.accepted / (double)gst.drafted : 0.0, gsame ? "true" : "false");
         printf(", \"peak_rss_bytes\": %lld", (long long)ru.ru_maxrss * 1024);
         if (have_us)
             printf(", \"mlocked_bytes\": %llu, \"prefill_stream_units\": %llu, \"prefill_stream_bytes\": %llu, "
@@ -211,6 +316,12 @@ int hm_cmd_bench(int argc, char **argv) {
         if (n_gen)
             printf("| %s %s | %.2f GiB | %.2f B | %s | %d | tg%ld%s | %.2f ± %.2f |\n", inf->arch, name, gib, bparams,
                    backend, th, n_gen, dep, tm, tsd);
+        if (gen_file)
+            printf("| %s %s | %.2f GiB | %.2f B | %s | %d | greedy %ld after %zu-token -f | %.2f ± %.2f |\n", inf->arch,
+                   name, gib, bparams, backend, th, n_gen, gnp, gpm, gpsd);
+        if (gsp)
+            printf("| %s %s | %.2f GiB | %.2f B | %s | %d | greedy %ld + %s | %.2f ± %.2f |\n", inf->arch, name, gib,
+                   bparams, backend, th, n_gen, hm_spec_type_name(spc.o.type), gsm, gssd);
     }
     if (!json) {
         if (t1.on) cli_tier_print(stderr, "bench", "tg", &t0, &t1, (uint64_t)(reps * n_gen));
@@ -232,11 +343,20 @@ int hm_cmd_bench(int argc, char **argv) {
             fprintf(stderr, "hotmoe bench: --mlock: %.2f GiB of experts registered with CUDA, %llu copies to VRAM "
                     "straight from them\n", (double)us.gpu_pinned_bytes / (1024.0 * 1024.0 * 1024.0),
                     (unsigned long long)us.gpu_direct_fills);
+        if (gsp) {
+            cli_spec_print(stderr, "bench", "timed runs", &gst);
+            fprintf(stderr, "hotmoe bench: speculation: %.2fx the plain greedy rate; tokens %s\n", gpm > 0 ? gsm / gpm : 0.0,
+                    gsame ? "identical to plain greedy" : "DIFFER from plain greedy");
+        }
         fprintf(stderr, "hotmoe bench: peak RSS %.1f MiB\n", (double)ru.ru_maxrss / 1024.0);
     }
     if (have_us) hm_usage_free(&us);
     rc = cli_engine_finish(&e, m);
 done:
+    cli_spec_close(&spc, gsp);
+    free(gprompt);
+    free(gen_a);
+    free(gen_b);
     free(ids);
     free(pp);
     free(tg);

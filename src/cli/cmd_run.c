@@ -9,7 +9,7 @@
  * Speed (prompt and generation tok/s) goes to stderr at the end. */
 #include <time.h>
 
-#include "cmd_engine.h"
+#include "cli_spec.h"
 
 static void usage(FILE *f) {
     fprintf(f, "usage: hotmoe run -m MODEL (-p PROMPT | -f FILE) [options]\n\n"
@@ -26,7 +26,7 @@ static void usage(FILE *f) {
                "  --min-p P              (default 0.05; 0 = off)\n"
                "  --repeat-penalty X     (default 1.0 = off)\n"
                "  --repeat-last-n N      tokens the penalty looks back over (default 64)\n"
-               "  --seed N               sampling seed (default: from the clock)\n" CLI_ENGINE_HELP);
+               "  --seed N               sampling seed (default: from the clock)\n" CLI_SPEC_HELP CLI_ENGINE_HELP);
 }
 
 typedef struct run_ctx {
@@ -35,6 +35,7 @@ typedef struct run_ctx {
     hm_session *s;
     hm_sampler *smp;
     hm_detok *dt;
+    hm_spec *spec; /* NULL without --spec-type */
     long n_predict;
     bool chat, no_think;
     bool turn_closed; /* the last generation ended with an end-of-generation token */
@@ -42,6 +43,57 @@ typedef struct run_ctx {
     long n_prompt, n_gen;
     double t_prompt, t_gen;
 } run_ctx;
+
+/* Print tok unless it ends the generation; true when it does. */
+static bool emit(run_ctx *r, int32_t tok) {
+    const bool eog = hm_tokenizer_is_eog(r->tk, tok);
+    if (!eog) {
+        size_t len;
+        const char *piece = hm_detok_push(r->dt, tok, &len);
+        fwrite(piece, 1, len, stdout);
+        fflush(stdout);
+    }
+    return eog;
+}
+
+/* generate() with speculation: each step verifies the pending token and its draft in one
+ * micro-batch and yields the picks; the same tokens as the plain loop, and as there the last token
+ * is evaluated too. 0 ok, 1 error (printed). */
+static int generate_spec(run_ctx *r, const float *lg) {
+    hm_err err;
+    if (r->n_predict == 0) return 0;
+    int32_t tok = hm_sampler_sample(r->smp, lg), out[1025];
+    hm_sampler_accept(r->smp, tok);
+    for (long i = 0;;) {
+        const bool eog = emit(r, tok);
+        i++;
+        if (hm_session_n_past(r->s) >= hm_session_n_ctx(r->s)) {
+            fprintf(stderr, "\nhotmoe run: context full (%d positions)\n", hm_session_n_ctx(r->s));
+            return 0;
+        }
+        if (eog || (r->n_predict >= 0 && i >= r->n_predict)) {
+            if (hm_session_eval(r->s, &tok, 1, false, &lg, &err) != HM_OK ||
+                hm_spec_add(r->spec, &tok, 1, &err) != HM_OK)
+                goto fail;
+            r->n_gen++;
+            r->turn_closed = eog;
+            return 0;
+        }
+        long room = r->n_predict < 0 ? 1024 : r->n_predict - i;
+        if (room > 1024) room = 1024;
+        int32_t n;
+        if (hm_spec_step(r->spec, r->smp, tok, (int32_t)room, out, &n, &err) != HM_OK) goto fail;
+        r->n_gen += n; /* tok and out[0..n-1) were evaluated; out[n-1] is pending */
+        for (int32_t j = 0; j + 1 < n; j++) {
+            emit(r, out[j]);
+            i++;
+        }
+        tok = out[n - 1];
+    }
+fail:
+    fprintf(stderr, "\nhotmoe run: %s\n", err.msg);
+    return 1;
+}
 
 /* Feed text (the next part of the conversation) and generate. 0 ok, 1 error (printed). */
 static int turn(run_ctx *r, const char *text, bool first) {
@@ -74,6 +126,7 @@ static int turn(run_ctx *r, const char *text, bool first) {
     r->t_prompt += cli_now_s() - t0;
     r->n_prompt += (long)n;
     for (size_t i = 0; i < n; i++) hm_sampler_accept(r->smp, ids[i]);
+    if (st == HM_OK && r->spec) st = hm_spec_add(r->spec, ids, (int32_t)n, &err);
     free(ids);
     if (st != HM_OK) {
         fprintf(stderr, "hotmoe run: %s\n", err.msg);
@@ -82,6 +135,15 @@ static int turn(run_ctx *r, const char *text, bool first) {
     t0 = cli_now_s();
     size_t len;
     r->turn_closed = false;
+    if (r->spec) {
+        int rc = generate_spec(r, lg);
+        r->t_gen += cli_now_s() - t0;
+        const char *rest = hm_detok_flush(r->dt, &len);
+        fwrite(rest, 1, len, stdout);
+        printf("\n");
+        fflush(stdout);
+        return rc;
+    }
     for (long i = 0; r->n_predict < 0 || i < r->n_predict; i++) {
         int32_t tok = hm_sampler_sample(r->smp, lg);
         hm_sampler_accept(r->smp, tok);
@@ -148,12 +210,15 @@ int hm_cmd_run(int argc, char **argv) {
     const char *prompt = NULL, *file = NULL;
     bool interactive = false;
     run_ctx r = {.n_predict = 256};
+    cli_spec sp = {0};
     hm_sampler_opts so;
     hm_sampler_opts_default(&so);
     so.seed = (uint64_t)time(NULL);
     for (int i = 1; i < argc; i++) {
         int rr = cli_common_arg(&e, argc, argv, &i, usage);
         if (rr == CLI_ARG_NEXT) continue;
+        if (rr != CLI_ARG_OWN) return rr;
+        if ((rr = cli_spec_arg(&sp, e.cmd, argc, argv, &i)) == CLI_ARG_NEXT) continue;
         if (rr != CLI_ARG_OWN) return rr;
         const char *a = argv[i], *v;
         long n;
@@ -197,7 +262,7 @@ int hm_cmd_run(int argc, char **argv) {
         }
 #undef VAL
     }
-    if (cli_need_model(&e)) return 2;
+    if (cli_need_model(&e) || cli_spec_check(&sp, e.cmd)) return 2;
     if (prompt && file) {
         fprintf(stderr, "hotmoe run: give -p or -f, not both\n");
         return 2;
@@ -223,6 +288,7 @@ int hm_cmd_run(int argc, char **argv) {
         fprintf(stderr, "hotmoe run: %s\n", err.msg);
         goto done;
     }
+    if (cli_spec_open(&sp, e.cmd, r.s, r.tk, &r.spec)) goto done;
     bool first = true;
     if (prompt) {
         if (r.chat) {
@@ -259,6 +325,11 @@ int hm_cmd_run(int argc, char **argv) {
                     "(%.2f tok/s), %d threads\n",
             r.n_prompt, r.t_prompt, r.t_prompt > 0 ? (double)r.n_prompt / r.t_prompt : 0.0, r.n_gen, r.t_gen,
             r.t_gen > 0 ? (double)r.n_gen / r.t_gen : 0.0, hm_session_n_threads(r.s));
+    if (r.spec) {
+        hm_spec_stats ss;
+        hm_spec_get_stats(r.spec, &ss);
+        cli_spec_print(stderr, "run", hm_spec_type_name(sp.o.type), &ss);
+    }
     {
         cli_tier_snap ts;
         cli_tier_get(r.m, &ts);
@@ -270,6 +341,7 @@ done:
     free(file_text);
     hm_detok_close(r.dt);
     hm_sampler_close(r.smp);
+    cli_spec_close(&sp, r.spec);
     hm_session_close(r.s);
     hm_model_close(r.m);
     hm_tokenizer_close(r.tk);

@@ -14,12 +14,14 @@
 #include <unistd.h>
 
 #include "core/alloc.h"
+#include "engine/spec.h"
 #include "model/model.h"
 
 struct hm_session {
     hm_model *model;  /* borrowed */
     hm_pool *pool;    /* the model's shared pool (pool_shared) or owned */
     bool pool_shared;
+    bool pool_borrowed; /* another session's pool (hm_session_borrow_pool): neither closed nor counted */
     void *state;      /* owned, by model->arch */
     int32_t n_ctx, n_ubatch, n_past, n_threads;
     int32_t *pos;     /* [n_ubatch] */
@@ -61,6 +63,10 @@ static hm_status pool_acquire(hm_session *s, hm_err *err) {
 
 static void pool_release(hm_session *s) {
     if (!s->pool) return;
+    if (s->pool_borrowed) {
+        s->pool = NULL;
+        return;
+    }
     if (!s->pool_shared) {
         hm_pool_close(s->pool);
         return;
@@ -309,4 +315,15 @@ hm_status hm_session_trim(hm_session *s, int32_t n_keep, hm_err *err) {
     hm_status st = s->model->arch->state_trim(s->state, n_keep, err);
     if (st == HM_OK) s->n_past = n_keep;
     return st;
+}
+
+int32_t hm_session_n_ubatch(const hm_session *s) { return s->n_ubatch; }
+hm_model *hm_session_model(const hm_session *s) { return s->model; }
+
+void hm_session_borrow_pool(hm_session *s, const hm_session *other) {
+    if (s->n_threads != other->n_threads || s->pool == other->pool) return;
+    pool_release(s);
+    s->pool = other->pool;
+    s->pool_shared = false;
+    s->pool_borrowed = true;
 }
