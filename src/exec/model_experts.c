@@ -211,14 +211,18 @@ hm_status hm_model_experts_open(hm_model *m, const hm_placement_opts *po, hm_err
     /* --mlock with the plain mapping: the experts stay in RAM (as llama.cpp's --mlock keeps the
      * model); with the SSD tier it locked that tier's pool above */
     if (st == HM_OK && po->mlock && !m->ram) {
-        const char *lo;
-        size_t len;
-        hm_units_span(&m->units, &lo, &len);
         const int64_t t0 = hm_time_us();
-        if (len && (st = hm_mlock_range(lo, len, "the experts of the model mapping", err)) == HM_OK) {
-            m->mlocked_bytes = len;
+        size_t total = 0;
+        for (int32_t f = 0; f < m->units.n_files && st == HM_OK; f++) { /* a split model: each file's mapping */
+            const char *lo;
+            size_t len;
+            hm_units_span(&m->units, f, &lo, &len);
+            if (len && (st = hm_mlock_range(lo, len, "the experts of the model mapping", err)) == HM_OK) total += len;
+        }
+        if (st == HM_OK && total) {
+            m->mlocked_bytes = total;
             hm_log_printf(&m->log, HM_LOG_INFO, "--mlock: %.2f GiB of expert weights locked in RAM (%.1f s)",
-                          (double)len / (1024.0 * 1024.0 * 1024.0), (double)(hm_time_us() - t0) * 1e-6);
+                          (double)total / (1024.0 * 1024.0 * 1024.0), (double)(hm_time_us() - t0) * 1e-6);
         }
     }
 #ifdef HM_HAVE_CUDA
