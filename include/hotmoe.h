@@ -253,6 +253,16 @@ struct hm_placement_opts {
     bool prefetch;        /* apply layer l+1's router to layer l's input, read its units ahead */
     int32_t io_depth;     /* reads in flight (--io-depth); 0 = 16 */
     bool io_pread;        /* never io_uring (pread); for tests and seccomp'd containers */
+    /* The seed-2 fork's expert-cache knobs (its GGML_CUDA_MOE_CACHE_* variables, docs/ENGINE.md) */
+    int32_t admit_misses;   /* online/elite: misses before a unit may enter the fast tier; < 0 = default (2) */
+    int32_t max_inserts;    /* online/lru/elite: at most this many units enter the fast tier per step; 0 = no cap */
+    float demand_half_life; /* online/elite: half-life of the decayed use, in steps (a decode token is one);
+                               0 = default (x0.7 every 16-step window) */
+    float elite_pct;        /* policy elite: the static elite's share of the slots, 0..100; < 0 = default (60) */
+    bool no_preload;        /* with a profile and no policy: start with an empty pool and learn online
+                               instead of placing the profile's hot set at open */
+    int32_t stats_every;    /* > 0: one line of expert-store stats on stderr every N tokens */
+    int64_t staging_bytes;  /* the VRAM tier's pinned staging ring for copies to the slots; 0 = 64 MiB */
 };
 
 /* No profile, policy NULL, update_rate -1, no GPU (n_gpu_layers 0, vram_budget 0, vram_reserve -1,

@@ -154,6 +154,7 @@ typedef struct hm_plan_opts {
     bool static_per_layer;    /* static: the same number of units in each layer */
     bool warm_start;          /* online/lru start from the static placement */
     float update_rate;        /* online: swaps per window as a fraction of slots (< 0: default) */
+    float elite_pct;          /* elite: the elite's share of the slots, 0..100 (< 0: default 60) */
     bool json;                /* one JSON object instead of the text report */
     int64_t ram_budget;       /* bytes of the RAM slot pool (--ram-budget); < 0: use ram_budget_frac,
                                  and neither: no RAM+SSD section */

@@ -19,6 +19,8 @@
  *
  * Invariants: m->experts != NULL exactly when the model has expert units; m->policy is the kind
  * the store was opened with or last switched to. */
+#include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -38,6 +40,8 @@ void hm_placement_opts_default(hm_placement_opts *o) {
     o->vram_reserve = -1;
     o->n_cpu_moe = -1;
     o->flash_attn = -1;
+    o->admit_misses = -1;
+    o->elite_pct = -1.0f;
 }
 
 int hm_profile_fmt_from_name(const char *name) {
@@ -114,8 +118,12 @@ hm_status hm_model_experts_open(hm_model *m, const hm_placement_opts *po, hm_err
             return hm_errf(err, HM_ERR_ARG, "unknown placement policy '%s' (%s)", po->policy,
                            hm_policy_names(names, sizeof names, false));
     } else if (po->profile) {
-        kind = HM_POLICY_STATIC;
+        kind = po->no_preload ? HM_POLICY_ONLINE : HM_POLICY_STATIC; /* no preload: learn from an empty pool */
     }
+    if (po->admit_misses < -1 || po->max_inserts < 0 || !(po->demand_half_life >= 0) || po->stats_every < 0 ||
+        !(po->elite_pct <= 100))
+        return hm_errf(err, HM_ERR_ARG, "expert cache options out of range (admission misses, inserts per step, "
+                       "demand half-life and stats cadence >= 0, elite share <= 100 %%)");
     int ram_kind = kind; /* the RAM tier's policy: what was asked, before a GPU placement's choice */
     bool ram_profile = po->profile != NULL; /* the user's profile still in prof for the RAM tier */
 
@@ -174,6 +182,13 @@ hm_status hm_model_experts_open(hm_model *m, const hm_placement_opts *po, hm_err
     }
 #endif
     eo.policy.kind = (hm_policy_kind)kind;
+    if (po->admit_misses >= 0) eo.policy.admit_misses = po->admit_misses;
+    eo.policy.max_inserts = po->max_inserts;
+    if (po->demand_half_life > 0) /* per window of `window` steps: 0.5^(window / half-life) */
+        eo.policy.decay = (float)pow(0.5, (double)eo.policy.window / (double)po->demand_half_life);
+    if (po->elite_pct >= 0) eo.policy.elite_pct = po->elite_pct;
+    m->stats_every = po->stats_every;
+    m->stats_tokens = 0;
     if (po->update_rate >= 0) eo.policy.update_rate = po->update_rate;
     st = hm_experts_open(&m->experts, &m->units, &eo, err);
     store_failed = st != HM_OK;
@@ -242,6 +257,22 @@ done:
     }
     m->policy = (hm_policy_kind)kind;
     return HM_OK;
+}
+
+void hm_model_experts_tick(hm_model *m, int32_t n_tok) {
+    if (m->stats_every <= 0 || !m->experts || n_tok <= 0) return;
+    const uint64_t every = (uint64_t)m->stats_every, before = m->stats_tokens;
+    m->stats_tokens += (uint64_t)n_tok;
+    if (m->stats_tokens / every == before / every) return;
+    hm_experts_stats es;
+    hm_experts_get_stats(m->experts, &es);
+    const hm_log lg = {HM_LOG_INFO}; /* asked for: printed whatever the verbosity */
+    const uint64_t routed = es.hits + es.misses;
+    hm_log_printf(&lg, HM_LOG_INFO, "expert cache @ %" PRIu64 " tokens: policy %s, %" PRId64 "/%" PRId64
+                  " slots used, hit rate %.1f %% (%" PRIu64 " of %" PRIu64 "), %" PRIu64 " units in, %" PRIu64
+                  " out, %.1f MiB copied", m->stats_tokens, hm_policy_name(m->policy), es.n_used, es.n_slots,
+                  routed ? 100.0 * (double)es.hits / (double)routed : 0.0, es.hits, routed, es.swaps_in, es.swaps_out,
+                  (double)es.fill_bytes / (1024.0 * 1024.0));
 }
 
 bool hm_placement_wants_gpu(const hm_placement_opts *o) {

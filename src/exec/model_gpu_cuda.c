@@ -509,6 +509,7 @@ hm_status hm_model_gpu_open(hm_model *m, const hm_placement_opts *o, int64_t *sl
             memset(&vo, 0, sizeof vo);
             vo.n_slots = want[d];
             vo.slot_bytes = g->slot_bytes;
+            vo.staging_bytes = o->staging_bytes > 0 ? (size_t)o->staging_bytes : 0; /* QUEUE_MB; 0 = the tier's */
             vo.direct = g->pinned;
             vo.direct_bytes = g->pinned_bytes;
             vo.copy_threads = tier_copy_threads(m);
