@@ -100,12 +100,16 @@ int hm_cli_seed_env(hm_placement_opts *po, int moe_cache) {
      * still go to the GPU with -ngl), on / auto = a budget: the one given, else auto */
     int mode = moe_cache >= 0 ? moe_cache : SET(MODE) ? (int)VAL(MODE) : -1;
     bool flag_budget = po->vram_budget != 0 || po->n_vram_budgets > 0;
-#ifdef HM_HAVE_CUDA
-    if (!flag_budget && mode != 0 && SET(DEVICES)) {
+    hm_placement_opts dev = *po; /* the per-device list, checked in every build */
+    if (SET(DEVICES)) {
+        const char *v = getenv("GGML_CUDA_MOE_CACHE_BUDGET_MB_DEVICES");
         hm_err err;
-        if (hm_parse_vram_budget(getenv("GGML_CUDA_MOE_CACHE_BUDGET_MB_DEVICES"), true, po, &err) != HM_OK)
-            return bad("GGML_CUDA_MOE_CACHE_BUDGET_MB_DEVICES", getenv("GGML_CUDA_MOE_CACHE_BUDGET_MB_DEVICES"), err.msg);
+        dev.vram_budget = 0;
+        dev.n_vram_budgets = 0;
+        if (hm_parse_vram_budget(v, true, &dev, &err) != HM_OK) return bad("GGML_CUDA_MOE_CACHE_BUDGET_MB_DEVICES", v, err.msg);
     }
+#ifdef HM_HAVE_CUDA
+    if (!flag_budget && mode != 0 && SET(DEVICES)) *po = dev;
     if (!flag_budget && mode != 0 && po->n_vram_budgets == 0 && SET(BUDGET))
         po->vram_budget = VAL(BUDGET) < 0 ? -1 : (int64_t)VAL(BUDGET) << 20;
     if (mode >= 1 && po->vram_budget == 0 && po->n_vram_budgets == 0) po->vram_budget = -1; /* auto */
