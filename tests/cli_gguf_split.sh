@@ -4,7 +4,9 @@
 # loads them from the first file's name. References: the single-file model written with the
 # same seed (logits byte-identical, CPU and SSD tier), and the files parsed by the Python GGUF
 # reader (tools/gguf_read.py, not the C reader): the split keys and their types, metadata only
-# in the first, the concatenated tensor list and every tensor's bytes equal the single file's.
+# in the first, the concatenated tensor list and every tensor's bytes equal the single file's;
+# and, when llama.cpp's llama-gguf-split is there (HM_LLAMA_BIN or PATH), its split of the single
+# file equals ours byte for byte.
 set -uo pipefail
 . "$(dirname "$0")/lib.sh"
 hm_tmpdir gguf_split
@@ -57,12 +59,27 @@ for prefix in sys.argv[3:]:
 PY
 fi
 
+# llama.cpp's own splitter on the single file, when there is one (HM_LLAMA_BIN, else on PATH):
+# its files must equal ours byte for byte, in both modes (2M = 2,000,000 bytes, decimal, as there)
+LGS=${HM_LLAMA_BIN:+$HM_LLAMA_BIN/}llama-gguf-split
+if command -v "$LGS" >/dev/null 2>&1; then
+    "$LGS" --split --split-max-tensors 13 one.gguf llm >/dev/null 2>&1
+    for i in 1 2 3 4; do check "llama-gguf-split split $i = ours" cmp -s "llm-0000$i-of-00004.gguf" "four-0000$i-of-00004.gguf"; done
+    "$LGS" --split --split-max-size 2M one.gguf lsz >/dev/null 2>&1
+    check "synth 2M" test "$(code "$EXE" "${S[@]}" --split-max-size 2M -o hsz.gguf)" = 0
+    for f in lsz-*.gguf; do check "llama-gguf-split $f = ours" cmp -s "$f" "h${f#l}"; done
+    check "llama's split loads" test "$(code "$EXE" logits -m llm-00001-of-00004.gguf --tokens 1,2,3,4,5,6,7,8,9 -o l.f32)" = 0
+else
+    echo "note: llama-gguf-split not found (set HM_LLAMA_BIN): the byte comparison with llama.cpp is skipped"
+fi
+
 # the same logits from the first split as from the single file: CPU, and the SSD tier (reads
 # from each unit's own file)
 T=1,2,3,4,5,6,7,8,9
 check "logits single" test "$(code "$EXE" logits -m one.gguf --tokens $T -o a.f32)" = 0
 check "logits split" test "$(code "$EXE" logits -m four-00001-of-00004.gguf --tokens $T -o b.f32)" = 0
 check "logits byte-identical" cmp -s a.f32 b.f32
+[ -f l.f32 ] && check "llama's split: logits byte-identical" cmp -s a.f32 l.f32
 check "logits size mode" test "$(code "$EXE" logits -m sz-00001-of-0000$nsz.gguf --tokens $T -o c.f32)" = 0
 check "logits size mode identical" cmp -s a.f32 c.f32
 check "ssd tier single" test "$(code "$EXE" logits -m one.gguf --tokens $T --ram-budget 1MiB -o d.f32)" = 0

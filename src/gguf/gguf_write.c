@@ -531,11 +531,12 @@ static hm_status write_header(hm_gguf_writer *w, int32_t s) {
     } else if (align_kv && (st = out_kv(w, "general.alignment", HM_GGUF_U32, &w->alignment, 4))) {
         return st;
     }
-    if (w->split) { /* llama-gguf-split's keys: split.no u16 (0-based), split.count u16, split.tensors.count i32 */
+    if (w->split) { /* llama-gguf-split's keys: split.no u16 (0-based), split.tensors.count i32, split.count u16 */
         uint16_t no = (uint16_t)s, count = (uint16_t)w->n_split;
         int32_t total = (int32_t)w->n_t;
-        if ((st = out_kv(w, "split.no", HM_GGUF_U16, &no, 2)) || (st = out_kv(w, "split.count", HM_GGUF_U16, &count, 2)) ||
-            (st = out_kv(w, "split.tensors.count", HM_GGUF_I32, &total, 4)))
+        /* in llama-gguf-split's order, so the files match its output byte for byte */
+        if ((st = out_kv(w, "split.no", HM_GGUF_U16, &no, 2)) || (st = out_kv(w, "split.tensors.count", HM_GGUF_I32, &total, 4)) ||
+            (st = out_kv(w, "split.count", HM_GGUF_U16, &count, 2)))
             return st;
     }
     for (int64_t i = 0; i < w->n_t; i++) {
