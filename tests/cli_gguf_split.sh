@@ -92,6 +92,19 @@ check "inspect counts all tensors" grep -q "51 tensors" "$tmp/out"
 check "bench split" test "$(code "$EXE" bench -m four-00001-of-00004.gguf -p 4 -n 2 -r 1 -t 1)" = 0
 check "run split" test "$(code "$EXE" run -m four-00001-of-00004.gguf -p hello -n 3 -t 1 --temp 0)" = 0
 
+if command -v curl >/dev/null; then # serve: a completion from the split model
+    LOG=$tmp/serve.log
+    pid=
+    trap '[ -n "$pid" ] && kill $pid 2>/dev/null; wait 2>/dev/null; rm -rf "$tmp"' EXIT
+    hm_serve_up four-00001-of-00004.gguf -t 1
+    check "serve split" test "$up" = 1
+    if [ "$up" = 1 ]; then
+        check "serve split completion" bash -c "curl -s http://127.0.0.1:$PORT/v1/completions \
+            -d '{\"prompt\":\"hi\",\"max_tokens\":3}' | grep -q '\"completion_tokens\":3'"
+        kill $pid; wait $pid 2>/dev/null; pid=
+    fi
+fi
+
 # clear errors: a missing split names it; a split of another model is refused; not the first
 mkdir miss && cp four-0000[124]-of-00004.gguf miss/
 check "missing split fails" test "$(code "$EXE" logits -m miss/four-00001-of-00004.gguf --tokens 1 -o x.f32)" != 0
