@@ -345,6 +345,7 @@ typedef struct hm_usage {
     uint64_t units[3];               /* units by home: [HM_HOME_SSD], [HM_HOME_RAM], [HM_HOME_VRAM] */
     uint64_t unit_bytes;             /* the largest unit (the size of a slot) */
     uint64_t swaps_in, swaps_out;    /* units moved into / out of VRAM since open */
+    int64_t elite_units;             /* policy elite: units of the static elite holding a VRAM slot */
     uint64_t bytes_to_vram;          /* bytes copied into VRAM slots since open */
     uint64_t bytes_from_ssd;         /* bytes read from SSD since open (0 without a RAM budget) */
     /* The SSD tier (all 0 without a RAM budget): */

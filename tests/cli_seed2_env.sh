@@ -39,6 +39,7 @@ if [ "$up" = 1 ]; then
     n=$(grep -c '^data: {' "$tmp/sse")
     check "streamed chunks ($n)" test "$n" -ge 32
     check "stream ends with [DONE]" grep -q '^data: \[DONE\]' "$tmp/sse"
+    check "/metrics: the elite gauge" bash -c "curl -s http://127.0.0.1:$PORT/metrics | grep -Eq '^hotmoe_expert_elite_units [0-9]+'"
     kill $pid; wait $pid 2>/dev/null; pid=
     # prompt tokens + 32 decode steps went through the store: a stats line at each multiple of 8
     # passed (prompt steps count their tokens); the lines' token counts only grow

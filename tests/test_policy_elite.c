@@ -56,6 +56,7 @@ static void test_elite_profile(void) {
         if (pass == 0) {
             CHECK(hot(s, 0) && hot(s, 1) && st.n_used == 2);
             CHECK(hm_experts_unit(s, 0, 0)->elite && hm_experts_unit(s, 0, 1)->elite && !hm_experts_unit(s, 0, 2)->elite);
+            CHECK(st.elite_units == 2);
         } else {
             CHECK(hot(s, 0) && hot(s, 1) && hot(s, 2) && hot(s, 3));
         }

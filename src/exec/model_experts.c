@@ -270,9 +270,9 @@ void hm_model_experts_tick(hm_model *m, int32_t n_tok) {
     const uint64_t routed = es.hits + es.misses;
     hm_log_printf(&lg, HM_LOG_INFO, "expert cache @ %" PRIu64 " tokens: policy %s, %" PRId64 "/%" PRId64
                   " slots used, hit rate %.1f %% (%" PRIu64 " of %" PRIu64 "), %" PRIu64 " units in, %" PRIu64
-                  " out, %.1f MiB copied", m->stats_tokens, hm_policy_name(m->policy), es.n_used, es.n_slots,
+                  " out, %.1f MiB copied, %" PRId64 " elite units", m->stats_tokens, hm_policy_name(m->policy), es.n_used, es.n_slots,
                   routed ? 100.0 * (double)es.hits / (double)routed : 0.0, es.hits, routed, es.swaps_in, es.swaps_out,
-                  (double)es.fill_bytes / (1024.0 * 1024.0));
+                  (double)es.fill_bytes / (1024.0 * 1024.0), es.elite_units);
 }
 
 bool hm_placement_wants_gpu(const hm_placement_opts *o) {
@@ -370,6 +370,7 @@ hm_status hm_model_usage(const hm_model *m, hm_usage *u, hm_err *err) {
     u->vram_slots = es.n_slots, u->vram_slots_used = es.n_used;
     u->unit_bytes = un->unit_bytes_max;
     u->swaps_in = es.swaps_in, u->swaps_out = es.swaps_out, u->bytes_to_vram = es.fill_bytes;
+    u->elite_units = es.elite_units;
     u->bytes_from_ssd = 0;
     if (m->ram) {
         hm_ram_tier_stats rs;

@@ -210,6 +210,7 @@ typedef struct hm_experts_stats {
     const uint64_t *layer_misses;
     const int32_t *layer_resident; /* [n_layer] units HOT now */
     uint64_t swaps_in, swaps_out, fill_bytes;
+    int64_t elite_units;         /* policy elite: units of the elite holding a slot (0 otherwise) */
 } hm_experts_stats;
 void hm_experts_get_stats(const hm_experts *s, hm_experts_stats *out);
 /* Slot groups (hm_experts_opts.n_groups). Policies with groups: a unit is admitted into a free

@@ -399,6 +399,8 @@ void hm_experts_get_stats(const hm_experts *s, hm_experts_stats *o) {
     o->layer_misses = s->layer_misses;
     o->layer_resident = s->layer_resident;
     o->swaps_in = s->swaps_in, o->swaps_out = s->swaps_out, o->fill_bytes = s->fill_bytes;
+    if (s->pol.kind == HM_POLICY_ELITE)
+        for (int64_t i = 0; i < s->n_units; i++) o->elite_units += s->u[i].elite && s->u[i].hot_slot >= 0;
 }
 
 void hm_experts_reset_stats(hm_experts *s) {
