@@ -271,6 +271,8 @@ void hm_placement_opts_default(hm_placement_opts *o);
 /* True when o puts anything on the GPU (n_gpu_layers > 0, vram_budget != 0, a per-device budget or
  * a tensor split). */
 bool hm_placement_wants_gpu(const hm_placement_opts *o);
+/* CUDA devices this process can use: 0 in a build without CUDA or on a machine without a device. */
+int hm_gpu_count(void);
 /* --vram-budget's value into o. One size for one device ("12GiB", "0"; "auto" or "-1" = auto):
  * vram_budget, with n_vram_budgets = 0. A size per device ("0:11GiB,1:11GiB,2:auto"):
  * vram_budgets and n_vram_budgets, with vram_budget = 0. mib: sizes are whole MiB (-1 = auto), as

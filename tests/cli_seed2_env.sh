@@ -48,7 +48,7 @@ if [ "$up" = 1 ]; then
     check "stats cadence" awk '/expert cache @/ { t = $6 + 0; if (t <= last || int(t / 8) == int(last / 8)) bad = 1; last = t }
                                 END { exit bad }' "$LOG"
     check "unknown variable named" grep -q "GGML_CUDA_MOE_CACHE_FROBNICATE is not a variable hotmoe knows" "$LOG"
-    if grep -q "built without CUDA" "$LOG"; then
+    if grep -Eq "built without CUDA|no CUDA device found" "$LOG"; then
         check "no-CUDA note names the budget" grep -q "GGML_CUDA_MOE_CACHE_BUDGET_MB" "$LOG"
     else # a GPU: BUDGET_MB_DEVICES=0:11800 holds the whole tiny model; the elite policy runs there
         check "stats: elite with slots" grep -Eq "policy elite, [1-9][0-9]*/[1-9][0-9]* slots used" "$LOG"

@@ -4,8 +4,8 @@
  * Rules: a flag given on the command line wins over its variable; a value outside its range is
  * an error naming the variable; a variable of either family this table does not know gets a
  * warning naming it (never silence); one that hotmoe accepts without an effect says so at run
- * time. Without CUDA the variables that size VRAM are warned about and left out, so a seed
- * command line still runs on the CPU. */
+ * time. Without a CUDA device (or CUDA) the variables that size VRAM, and --moe-cache on|auto, are
+ * warned about and left out, so a seed command line still runs on the CPU. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -108,26 +108,29 @@ int hm_cli_seed_env(hm_placement_opts *po, int moe_cache) {
         dev.n_vram_budgets = 0;
         if (hm_parse_vram_budget(v, true, &dev, &err) != HM_OK) return bad("GGML_CUDA_MOE_CACHE_BUDGET_MB_DEVICES", v, err.msg);
     }
+    if (hm_gpu_count() > 0) {
+        if (!flag_budget && mode != 0 && SET(DEVICES)) *po = dev;
+        if (!flag_budget && mode != 0 && po->n_vram_budgets == 0 && SET(BUDGET))
+            po->vram_budget = VAL(BUDGET) < 0 ? -1 : (int64_t)VAL(BUDGET) << 20;
+        if (mode >= 1 && po->vram_budget == 0 && po->n_vram_budgets == 0) po->vram_budget = -1; /* auto */
+        if (mode == 0) {
+            po->vram_budget = 0;
+            po->n_vram_budgets = 0;
+            po->cpu_moe = true;
+        }
+        if (SET(RESERVE) && po->vram_reserve < 0) po->vram_reserve = (int64_t)VAL(RESERVE) << 20;
+        if (SET(QUEUE)) po->staging_bytes = (int64_t)VAL(QUEUE) << 20;
+    } else if (mode >= 1 || SET(BUDGET) || SET(DEVICES) || SET(RESERVE) || SET(QUEUE)) {
+        fprintf(stderr, "hotmoe: warning: %s: %s%s%s%s%s have no VRAM to size; the experts run on the CPU\n",
 #ifdef HM_HAVE_CUDA
-    if (!flag_budget && mode != 0 && SET(DEVICES)) *po = dev;
-    if (!flag_budget && mode != 0 && po->n_vram_budgets == 0 && SET(BUDGET))
-        po->vram_budget = VAL(BUDGET) < 0 ? -1 : (int64_t)VAL(BUDGET) << 20;
-    if (mode >= 1 && po->vram_budget == 0 && po->n_vram_budgets == 0) po->vram_budget = -1; /* auto */
-    if (mode == 0) {
-        po->vram_budget = 0;
-        po->n_vram_budgets = 0;
-        po->cpu_moe = true;
-    }
-    if (SET(RESERVE) && po->vram_reserve < 0) po->vram_reserve = (int64_t)VAL(RESERVE) << 20;
-    if (SET(QUEUE)) po->staging_bytes = (int64_t)VAL(QUEUE) << 20;
+                "no CUDA device found",
 #else
-    (void)flag_budget;
-    if (mode >= 1 || SET(BUDGET) || SET(DEVICES) || SET(RESERVE) || SET(QUEUE))
-        fprintf(stderr, "hotmoe: warning: built without CUDA: %s%s%s%s%s have no VRAM to size; the experts run on "
-                        "the CPU\n", mode >= 1 ? "the expert cache mode (--moe-cache / _MODE) " : "",
+                "built without CUDA",
+#endif
+                mode >= 1 ? "the expert cache mode (--moe-cache / _MODE) " : "",
                 SET(BUDGET) ? "GGML_CUDA_MOE_CACHE_BUDGET_MB " : "", SET(DEVICES) ? "..._BUDGET_MB_DEVICES " : "",
                 SET(RESERVE) ? "..._RESERVE_MB " : "", SET(QUEUE) ? "..._QUEUE_MB" : "");
-#endif
+    }
     if (SET(ADMIT) && po->admit_misses < 0) po->admit_misses = (int32_t)VAL(ADMIT);
     if (SET(INSERTS) && po->max_inserts == 0) po->max_inserts = (int32_t)VAL(INSERTS);
     if (SET(STATS) && po->stats_every == 0) po->stats_every = (int32_t)VAL(STATS);

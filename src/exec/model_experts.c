@@ -32,6 +32,7 @@
 #include "model_gpu.h"
 #ifdef HM_HAVE_CUDA
 #include "experts/tier_vram.h"
+#include "backend/cuda/cuda_device.h"
 #endif
 
 void hm_placement_opts_default(hm_placement_opts *o) {
@@ -273,6 +274,15 @@ void hm_model_experts_tick(hm_model *m, int32_t n_tok) {
                   " out, %.1f MiB copied, %" PRId64 " elite units", m->stats_tokens, hm_policy_name(m->policy), es.n_used, es.n_slots,
                   routed ? 100.0 * (double)es.hits / (double)routed : 0.0, es.hits, routed, es.swaps_in, es.swaps_out,
                   (double)es.fill_bytes / (1024.0 * 1024.0), es.elite_units);
+}
+
+int hm_gpu_count(void) {
+#ifdef HM_HAVE_CUDA
+    int n = hm_cuda_device_count();
+    return n > 0 ? n : 0;
+#else
+    return 0;
+#endif
 }
 
 bool hm_placement_wants_gpu(const hm_placement_opts *o) {
