@@ -343,6 +343,16 @@ struct hm_placement_opts {
     bool prefetch;        /* apply layer l+1's router to layer l's input, read its units ahead */
     int32_t io_depth;     /* reads in flight (--io-depth); 0 = 16 */
     bool io_pread;        /* never io_uring (pread); for tests and seccomp'd containers */
+    /* The seed-2 fork's expert-cache knobs (its GGML_CUDA_MOE_CACHE_* variables, docs/ENGINE.md) */
+    int32_t admit_misses;   /* online/elite: misses before a unit may enter the fast tier; < 0 = default (2) */
+    int32_t max_inserts;    /* online/lru/elite: at most this many units enter the fast tier per step; 0 = no cap */
+    float demand_half_life; /* online/elite: half-life of the decayed use, in steps (a decode token is one);
+                               0 = default (x0.7 every 16-step window) */
+    float elite_pct;        /* policy elite: the static elite's share of the slots, 0..100; < 0 = default (60) */
+    bool no_preload;        /* with a profile and no policy: start with an empty pool and learn online
+                               instead of placing the profile's hot set at open */
+    int32_t stats_every;    /* > 0: one line of expert-store stats on stderr every N tokens */
+    int64_t staging_bytes;  /* the VRAM tier's pinned staging ring for copies to the slots; 0 = 64 MiB */
 };
 
 /* No profile, policy NULL, update_rate -1, no GPU (n_gpu_layers 0, vram_budget 0, vram_reserve -1,
@@ -351,6 +361,8 @@ void hm_placement_opts_default(hm_placement_opts *o);
 /* True when o puts anything on the GPU (n_gpu_layers > 0, vram_budget != 0, a per-device budget or
  * a tensor split). */
 bool hm_placement_wants_gpu(const hm_placement_opts *o);
+/* CUDA devices this process can use: 0 in a build without CUDA or on a machine without a device. */
+int hm_gpu_count(void);
 /* --vram-budget's value into o. One size for one device ("12GiB", "0"; "auto" or "-1" = auto):
  * vram_budget, with n_vram_budgets = 0. A size per device ("0:11GiB,1:11GiB,2:auto"):
  * vram_budgets and n_vram_budgets, with vram_budget = 0. mib: sizes are whole MiB (-1 = auto), as
@@ -425,6 +437,7 @@ typedef struct hm_usage {
     uint64_t units[3];               /* units by home: [HM_HOME_SSD], [HM_HOME_RAM], [HM_HOME_VRAM] */
     uint64_t unit_bytes;             /* the largest unit (the size of a slot) */
     uint64_t swaps_in, swaps_out;    /* units moved into / out of VRAM since open */
+    int64_t elite_units;             /* policy elite: units of the static elite holding a VRAM slot */
     uint64_t bytes_to_vram;          /* bytes copied into VRAM slots since open */
     uint64_t bytes_from_ssd;         /* bytes read from SSD since open (0 without a RAM budget) */
     /* The SSD tier (all 0 without a RAM budget): */

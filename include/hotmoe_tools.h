@@ -60,6 +60,11 @@ typedef struct hm_synth_opts {
                                      q4_k, q5_k, q6_k are random blocks of the same magnitude
                                      (std 0.02), not quantised gaussians; minutes instead of an
                                      hour for tens of GB. Every other tensor is unchanged */
+    uint64_t split_max_bytes;     /* > 0: write llama-gguf-split's layout, a new file before a tensor
+                                     that would take the current one's tensor bytes past this (soft);
+                                     out_path must end in .gguf, the files are
+                                     out_path-without-.gguf-00001-of-0000N.gguf ... (gguf.h) */
+    int32_t split_max_tensors;    /* > 0 (and no split_max_bytes): a new file every N tensors */
 } hm_synth_opts;
 
 /* Write a random-weight model with the real tensor names, shapes, GGUF keys and (for q4_k_m)
@@ -149,6 +154,7 @@ typedef struct hm_plan_opts {
     bool static_per_layer;    /* static: the same number of units in each layer */
     bool warm_start;          /* online/lru start from the static placement */
     float update_rate;        /* online: swaps per window as a fraction of slots (< 0: default) */
+    float elite_pct;          /* elite: the elite's share of the slots, 0..100 (< 0: default 60) */
     bool json;                /* one JSON object instead of the text report */
     int64_t ram_budget;       /* bytes of the RAM slot pool (--ram-budget); < 0: use ram_budget_frac,
                                  and neither: no RAM+SSD section */

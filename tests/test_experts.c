@@ -518,23 +518,24 @@ static void test_where_ram(void) {
     hm_units_free(&u);
     CHECK(hm_units_init_geom(&u, 0, 8, 2, 4096, &err) == HM_ERR_ARG);
     CHECK(hm_policy_from_name("online") == HM_POLICY_ONLINE && hm_policy_from_name("x") == -1);
-    /* the policy table: every entry at its kind, names round-trip, only lru and online move units
+    /* the policy table: every entry at its kind, names round-trip, only lru, online and elite move units
      * at step ends, only static places from a profile; the listings in the documented order */
     int n = 0;
     const hm_policy_def *d = hm_policy_defs(&n);
-    CHECK(n == 4);
+    CHECK(n == 5);
     for (int i = 0; i < n; i++) {
         CHECK(d[i].kind == (hm_policy_kind)i && hm_policy_from_name(d[i].name) == i && d[i].what && d[i].what[0]);
         CHECK(!strcmp(hm_policy_name((hm_policy_kind)i), d[i].name));
-        CHECK((d[i].step != NULL) == (d[i].kind == HM_POLICY_LRU || d[i].kind == HM_POLICY_ONLINE));
+        CHECK((d[i].step != NULL) ==
+              (d[i].kind == HM_POLICY_LRU || d[i].kind == HM_POLICY_ONLINE || d[i].kind == HM_POLICY_ELITE));
         CHECK(d[i].places_from_profile == (d[i].kind == HM_POLICY_STATIC));
     }
     char names[96];
-    CHECK(!strcmp(hm_policy_names(names, sizeof names, false), "static, online, lru, none"));
-    CHECK(!strcmp(hm_policy_names(names, sizeof names, true), "static, online, lru"));
+    CHECK(!strcmp(hm_policy_names(names, sizeof names, false), "static, online, lru, elite, none"));
+    CHECK(!strcmp(hm_policy_names(names, sizeof names, true), "static, online, lru, elite"));
     CHECK(!strcmp(hm_policy_names(names, 10, false), "static")); /* cut at a whole name */
-    CHECK(hm_policy_count() == 4 && !strcmp(hm_policy_info(0, NULL), "static") &&
-          !strcmp(hm_policy_info(3, NULL), "none") && hm_policy_info(4, NULL) == NULL && hm_policy_info(-1, NULL) == NULL);
+    CHECK(hm_policy_count() == 5 && !strcmp(hm_policy_info(0, NULL), "static") &&
+          !strcmp(hm_policy_info(4, NULL), "none") && hm_policy_info(5, NULL) == NULL && hm_policy_info(-1, NULL) == NULL);
 }
 
 static void test_set_policy(void) {

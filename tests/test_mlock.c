@@ -105,7 +105,7 @@ int main(void) {
     /* the span, from the unit table and independently from the tensor names */
     const char *lo;
     size_t len;
-    hm_units_span(&m->units, &lo, &len);
+    hm_units_span(&m->units, 0, &lo, &len);
     const char *a = NULL, *b = NULL;
     for (int64_t i = 0; i < hm_gguf_n_tensors(m->gguf); i++) {
         const hm_gguf_tensor *t = hm_gguf_tensor_at(m->gguf, i);

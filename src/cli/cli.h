@@ -23,6 +23,12 @@ int hm_cmd_plan(int argc, char **argv);
 int hm_cmd_serve(int argc, char **argv);
 int hm_cmd_profile(int argc, char **argv);
 
+struct hm_placement_opts;
+/* cli_env.c: the seed forks' GGML_CUDA_MOE_CACHE_* / LLAMA_EXPERT_SWAP_* variables into po (flags
+ * already there win); moe_cache is --moe-cache's (-1 not given, 0 off, 1 on, 2 auto). 0 ok, -1 a
+ * bad value (message printed, naming the variable). Unknown variables of the families: a warning. */
+int hm_cli_seed_env(struct hm_placement_opts *po, int moe_cache);
+
 /* True for -h / --help. */
 int hm_cli_is_help(const char *arg);
 

@@ -38,6 +38,7 @@ typedef struct cli_engine {
     hm_placement_opts place;  /* --profile, --policy, --update-rate, --vram-budget, -ts */
     bool place_init;
     bool split_none;          /* --split-mode none: one GPU (-mg); layer (the default) splits by layers */
+    int moe_cache;            /* --moe-cache: 0 not given, 1 off, 2 on, 3 auto */
 } cli_engine;
 
 #define CLI_ENGINE_HELP                                                                        \
@@ -97,6 +98,8 @@ typedef struct cli_engine {
     "                         LLAMA_EXPERT_SWAP_MLOCK=1)\n"                                     \
     "  --prefetch             read the next layer's predicted units ahead (env\n"              \
     "                         LLAMA_EXPERT_SWAP_PREFETCH=1)\n"                                  \
+    "  --moe-cache auto|on|off the seed-2 fork's switch: auto/on = a VRAM budget (the one given, else\n"    \
+    "                         auto: free VRAM minus the reserve); off = no expert slots\n"             \
     "  --io-depth N           reads in flight (default 16); --io-pread: no io_uring\n"
 
 static inline int cli_long(const char *cmd, const char *flag, const char *s, long lo, long hi, long *out) {
@@ -248,6 +251,15 @@ static inline int cli_placement_arg(cli_engine *e, int argc, char **argv, int *i
         long nd;
         if (!(v = cli_value(e->cmd, argc, argv, i)) || cli_long(e->cmd, a, v, 1, 4096, &nd)) return -1;
         e->place.io_depth = (int32_t)nd;
+    } else if (!strcmp(a, "--moe-cache")) { /* the seed-2 fork's switch (cli_env.c applies it) */
+        if (!(v = cli_value(e->cmd, argc, argv, i))) return -1;
+        if (!strcmp(v, "off")) e->moe_cache = 1;
+        else if (!strcmp(v, "on")) e->moe_cache = 2;
+        else if (!strcmp(v, "auto")) e->moe_cache = 3;
+        else {
+            fprintf(stderr, "hotmoe %s: --moe-cache expects auto, on or off, got '%s'\n", e->cmd, v);
+            return -1;
+        }
     } else if (!strcmp(a, "--moe-hot-cache-max-mib")) {
         long mib;
         if (!(v = cli_value(e->cmd, argc, argv, i)) || cli_long(e->cmd, a, v, -1, 1L << 40, &mib)) return -1;
@@ -259,27 +271,9 @@ static inline int cli_placement_arg(cli_engine *e, int argc, char **argv, int *i
     return 1;
 }
 
-/* The seed forks' environment aliases of --mlock / --prefetch. */
-static inline void cli_placement_env(hm_placement_opts *po) {
-    const char *v;
-    if (((v = getenv("GGML_CUDA_MOE_CACHE_MLOCK")) && !strcmp(v, "1")) ||
-        ((v = getenv("LLAMA_EXPERT_SWAP_MLOCK")) && !strcmp(v, "1")))
-        po->mlock = true;
-    if ((v = getenv("LLAMA_EXPERT_SWAP_PREFETCH")) && !strcmp(v, "1")) po->prefetch = true;
-    /* the seed-2 fork's budgets per device in MiB ("0:11800,1:11800", -1 = auto), then the seed-1
-     * fork's single one; a flag given on the command line wins */
-    if (po->vram_budget == 0 && po->n_vram_budgets == 0 && (v = getenv("GGML_CUDA_MOE_CACHE_BUDGET_MB_DEVICES")) &&
-        *v) {
-        hm_err err;
-        if (hm_parse_vram_budget(v, true, po, &err) != HM_OK)
-            fprintf(stderr, "hotmoe: ignoring GGML_CUDA_MOE_CACHE_BUDGET_MB_DEVICES='%s': %s\n", v, err.msg);
-    }
-    if (po->vram_budget == 0 && po->n_vram_budgets == 0 && (v = getenv("GGML_CUDA_MOE_CACHE_BUDGET_MB")) && *v) {
-        char *end;
-        long long mib = strtoll(v, &end, 10);
-        if (!*end && mib >= -1) po->vram_budget = mib < 0 ? -1 : (int64_t)mib << 20;
-        else fprintf(stderr, "hotmoe: ignoring GGML_CUDA_MOE_CACHE_BUDGET_MB='%s' (expects MiB or -1)\n", v);
-    }
+/* The seed forks' environment variables (cli_env.c) and --moe-cache into po: 0 ok, -1 error (printed). */
+static inline int cli_placement_env(const cli_engine *e, hm_placement_opts *po) {
+    return hm_cli_seed_env(po, e->moe_cache - 1);
 }
 
 /* The micro-batch -ub asks for (0 = 512) capped by -b, llama.cpp's logical batch (0 = none). */
@@ -402,8 +396,7 @@ static inline hm_model *cli_open_model(const cli_engine *e) {
     hm_placement_opts po;
     if (e->place_init) po = e->place;
     else hm_placement_opts_default(&po);
-    cli_placement_env(&po);
-    if (cli_split_check(e, &po)) return NULL;
+    if (cli_placement_env(e, &po) || cli_split_check(e, &po)) return NULL;
     hm_model_opts mo;
     hm_model_opts_default(&mo);
     mo.verbose = e->verbose;

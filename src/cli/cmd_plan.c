@@ -36,6 +36,7 @@ static void usage(FILE *f) {
           "  --per-layer          static: the same number of units in every layer\n"
           "  --warm-start         online/lru: start from the static placement\n"
           "  --update-rate R      online: swaps per window as a fraction of the slots (default 0.005)\n"
+          "  --elite-pct P        elite: the static elite's share of the slots, 0..100 (default 60)\n"
           "  --sim-tokens N       without a trace: length of the synthetic trace (default: the\n"
           "                       profile's decode tokens, 2000..20000)\n"
           "  --seed N             of the synthetic trace (default 1)\n"
@@ -145,6 +146,13 @@ int hm_cmd_plan(int argc, char **argv) {
             o.update_rate = strtof(v, &end);
             if (*end || !(o.update_rate >= 0 && o.update_rate <= 1)) {
                 fprintf(stderr, "plan: --update-rate must be in [0, 1]\n");
+                return 2;
+            }
+        } else if (strcmp(name, "--elite-pct") == 0) {
+            char *end;
+            o.elite_pct = strtof(v, &end);
+            if (end == v || *end || !(o.elite_pct >= 0 && o.elite_pct <= 100)) {
+                fprintf(stderr, "plan: --elite-pct must be in [0, 100]\n");
                 return 2;
             }
         } else if (strcmp(name, "--ep") == 0 || strcmp(name, "--ep-redundant") == 0) {

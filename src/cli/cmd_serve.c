@@ -90,6 +90,11 @@ int hm_cmd_serve(int argc, char **argv) {
             return 2;
         }
         i++;
+        if (!strcmp(a, "--spec-type")) { /* the seed-2 fork's speculative decoding: another issue's */
+            fprintf(stderr, "serve: --spec-type %s: speculative decoding is not implemented in hotmoe yet; run without "
+                            "--spec-type (the rest of the command line works as written)\n", v);
+            return 2;
+        }
         if (!strcmp(a, "-m") || !strcmp(a, "--model")) o.model_path = v;
         else if (!strcmp(a, "--host")) o.host = v;
         else if (!strcmp(a, "--port")) {
@@ -164,8 +169,7 @@ int hm_cmd_serve(int argc, char **argv) {
     }
     o.profile_format = e.profile_format;
     o.trace_out = e.trace_out;
-    cli_placement_env(&e.place);
-    if (cli_split_check(&e, &e.place)) return 2;
+    if (cli_placement_env(&e, &e.place) || cli_split_check(&e, &e.place)) return 2;
     o.placement = &e.place;
     if (!e.place.n_ctx && o.n_ctx > 0) e.place.n_ctx = o.n_ctx * (o.n_parallel > 0 ? o.n_parallel : 1); /* every slot's KV */
     if (e.place.policy && strcmp(e.place.policy, "none") && !hm_placement_wants_gpu(&e.place))

@@ -44,6 +44,11 @@ static void usage(FILE *f) {
           "  -t, --threads N         quantisation threads (default: all CPUs)\n"
           "  -q, --quiet             no progress display\n"
           "  -o, --output FILE       where to write (atomically: FILE.tmp, then rename)\n"
+          "  --split-max-size N(M|G) write llama-gguf-split's layout: FILE-00001-of-0000N.gguf ...,\n"
+          "                          a new file when its tensor bytes would pass N (decimal MB/GB as\n"
+          "                          llama-gguf-split reads them; or a size like 512MiB); FILE must\n"
+          "                          end in .gguf, and the model loads from the first file's name\n"
+          "  --split-max-tensors N   the same layout with N tensors a file\n"
           "  -h, --help              this text\n",
           f);
 }
@@ -122,7 +127,7 @@ int hm_cmd_synth(int argc, char **argv) {
         }
         static const char *const with_value[] = {"--arch", "--preset", "--layers", "--type", "--seed", "--tokenizer",
                                                  "--tokenizer-config", "-t", "--threads", "-o", "--output",
-                                                 "--routing-profile"};
+                                                 "--routing-profile", "--split-max-size", "--split-max-tensors"};
         bool known = false;
         for (size_t k = 0; k < sizeof with_value / sizeof with_value[0]; k++) known |= strcmp(a, with_value[k]) == 0;
         if (!known) {
@@ -142,6 +147,28 @@ int hm_cmd_synth(int argc, char **argv) {
         else if (strcmp(a, "--tokenizer-config") == 0) o.tokenizer_config = v;
         else if (strcmp(a, "--routing-profile") == 0) o.routing_profile = v;
         else if (strcmp(a, "-o") == 0 || strcmp(a, "--output") == 0) o.out_path = v;
+        else if (strcmp(a, "--split-max-tensors") == 0) {
+            if (!parse_int(v, 1, 1000000, &n)) {
+                fprintf(stderr, "synth: --split-max-tensors '%s' is not a number in [1, 1000000]\n", v);
+                return 2;
+            }
+            o.split_max_tensors = (int32_t)n;
+        } else if (strcmp(a, "--split-max-size") == 0) {
+            /* llama-gguf-split's N followed by M or G is decimal (1000^2, 1000^3) */
+            char *end;
+            errno = 0;
+            long long x = strtoll(v, &end, 10);
+            int64_t b;
+            hm_err e2;
+            if (!errno && end != v && x > 0 && (!strcmp(end, "M") || !strcmp(end, "G")) && x < 1000000000LL)
+                o.split_max_bytes = (uint64_t)x * (*end == 'M' ? 1000000ull : 1000000000ull);
+            else if (hm_parse_size(v, &b, &e2) == HM_OK && b > 0)
+                o.split_max_bytes = (uint64_t)b;
+            else {
+                fprintf(stderr, "synth: --split-max-size '%s' is not a size (e.g. 500M, 2G, 512MiB)\n", v);
+                return 2;
+            }
+        }
         else if (strcmp(a, "--layers") == 0) {
             if (!parse_int(v, 1, 1000, &n)) {
                 fprintf(stderr, "synth: --layers '%s' is not a number in [1, 1000]\n", v);
@@ -188,6 +215,9 @@ int hm_cmd_synth(int argc, char **argv) {
         fprintf(stderr, "synth: %s\n", err.msg[0] ? err.msg : hm_status_name(st));
         return st == HM_ERR_ARG ? 2 : 1;
     }
-    if (!quiet) fprintf(stderr, "synth: wrote %s\n", o.out_path);
+    if (!quiet && (o.split_max_bytes || o.split_max_tensors))
+        fprintf(stderr, "synth: wrote %.*s-00001-of-*.gguf (llama-gguf-split's layout; load it by the first file's name)\n",
+                (int)strlen(o.out_path) - 5, o.out_path);
+    else if (!quiet) fprintf(stderr, "synth: wrote %s\n", o.out_path);
     return 0;
 }

@@ -189,6 +189,7 @@ hm_status hm_session_eval(hm_session *s, const int32_t *tokens, int32_t n, bool 
             hm_err serr;
             if (hm_experts_step_end(s->model->experts, nb, n > 1, &serr) != HM_OK)
                 hm_log_printf(&s->model->log, HM_LOG_WARN, "expert store: %s", serr.msg);
+            hm_model_experts_tick(s->model, nb);
             /* the SSD tier after the VRAM store: exclusivity, then its RAM policy */
             if (s->model->ram && hm_ram_tier_step_end(s->model->ram, nb, n > 1, &serr) != HM_OK)
                 hm_log_printf(&s->model->log, HM_LOG_WARN, "RAM tier: %s", serr.msg);
@@ -290,6 +291,7 @@ hm_status hm_batch_eval(hm_session *const *sessions, const int32_t *const *token
             hm_err serr;
             if (hm_experts_step_end(m->experts, used, prompt, &serr) != HM_OK)
                 hm_log_printf(&m->log, HM_LOG_WARN, "expert store: %s", serr.msg);
+            hm_model_experts_tick(m, used);
             if (m->ram && hm_ram_tier_step_end(m->ram, used, prompt, &serr) != HM_OK)
                 hm_log_printf(&m->log, HM_LOG_WARN, "RAM tier: %s", serr.msg);
         }

@@ -19,6 +19,8 @@
  *
  * Invariants: m->experts != NULL exactly when the model has expert units; m->policy is the kind
  * the store was opened with or last switched to. */
+#include <inttypes.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -30,6 +32,7 @@
 #include "model_gpu.h"
 #ifdef HM_HAVE_CUDA
 #include "experts/tier_vram.h"
+#include "backend/cuda/cuda_device.h"
 #endif
 
 void hm_placement_opts_default(hm_placement_opts *o) {
@@ -38,6 +41,8 @@ void hm_placement_opts_default(hm_placement_opts *o) {
     o->vram_reserve = -1;
     o->n_cpu_moe = -1;
     o->flash_attn = -1;
+    o->admit_misses = -1;
+    o->elite_pct = -1.0f;
 }
 
 int hm_profile_fmt_from_name(const char *name) {
@@ -114,8 +119,12 @@ hm_status hm_model_experts_open(hm_model *m, const hm_placement_opts *po, hm_err
             return hm_errf(err, HM_ERR_ARG, "unknown placement policy '%s' (%s)", po->policy,
                            hm_policy_names(names, sizeof names, false));
     } else if (po->profile) {
-        kind = HM_POLICY_STATIC;
+        kind = po->no_preload ? HM_POLICY_ONLINE : HM_POLICY_STATIC; /* no preload: learn from an empty pool */
     }
+    if (po->admit_misses < -1 || po->max_inserts < 0 || !(po->demand_half_life >= 0) || po->stats_every < 0 ||
+        !(po->elite_pct <= 100))
+        return hm_errf(err, HM_ERR_ARG, "expert cache options out of range (admission misses, inserts per step, "
+                       "demand half-life and stats cadence >= 0, elite share <= 100 %%)");
     int ram_kind = kind; /* the RAM tier's policy: what was asked, before a GPU placement's choice */
     bool ram_profile = po->profile != NULL; /* the user's profile still in prof for the RAM tier */
 
@@ -174,6 +183,13 @@ hm_status hm_model_experts_open(hm_model *m, const hm_placement_opts *po, hm_err
     }
 #endif
     eo.policy.kind = (hm_policy_kind)kind;
+    if (po->admit_misses >= 0) eo.policy.admit_misses = po->admit_misses;
+    eo.policy.max_inserts = po->max_inserts;
+    if (po->demand_half_life > 0) /* per window of `window` steps: 0.5^(window / half-life) */
+        eo.policy.decay = (float)pow(0.5, (double)eo.policy.window / (double)po->demand_half_life);
+    if (po->elite_pct >= 0) eo.policy.elite_pct = po->elite_pct;
+    m->stats_every = po->stats_every;
+    m->stats_tokens = 0;
     if (po->update_rate >= 0) eo.policy.update_rate = po->update_rate;
     st = hm_experts_open(&m->experts, &m->units, &eo, err);
     store_failed = st != HM_OK;
@@ -211,14 +227,18 @@ hm_status hm_model_experts_open(hm_model *m, const hm_placement_opts *po, hm_err
     /* --mlock with the plain mapping: the experts stay in RAM (as llama.cpp's --mlock keeps the
      * model); with the SSD tier it locked that tier's pool above */
     if (st == HM_OK && po->mlock && !m->ram) {
-        const char *lo;
-        size_t len;
-        hm_units_span(&m->units, &lo, &len);
         const int64_t t0 = hm_time_us();
-        if (len && (st = hm_mlock_range(lo, len, "the experts of the model mapping", err)) == HM_OK) {
-            m->mlocked_bytes = len;
+        size_t total = 0;
+        for (int32_t f = 0; f < m->units.n_files && st == HM_OK; f++) { /* a split model: each file's mapping */
+            const char *lo;
+            size_t len;
+            hm_units_span(&m->units, f, &lo, &len);
+            if (len && (st = hm_mlock_range(lo, len, "the experts of the model mapping", err)) == HM_OK) total += len;
+        }
+        if (st == HM_OK && total) {
+            m->mlocked_bytes = total;
             hm_log_printf(&m->log, HM_LOG_INFO, "--mlock: %.2f GiB of expert weights locked in RAM (%.1f s)",
-                          (double)len / (1024.0 * 1024.0 * 1024.0), (double)(hm_time_us() - t0) * 1e-6);
+                          (double)total / (1024.0 * 1024.0 * 1024.0), (double)(hm_time_us() - t0) * 1e-6);
         }
     }
 #ifdef HM_HAVE_CUDA
@@ -238,6 +258,31 @@ done:
     }
     m->policy = (hm_policy_kind)kind;
     return HM_OK;
+}
+
+void hm_model_experts_tick(hm_model *m, int32_t n_tok) {
+    if (m->stats_every <= 0 || !m->experts || n_tok <= 0) return;
+    const uint64_t every = (uint64_t)m->stats_every, before = m->stats_tokens;
+    m->stats_tokens += (uint64_t)n_tok;
+    if (m->stats_tokens / every == before / every) return;
+    hm_experts_stats es;
+    hm_experts_get_stats(m->experts, &es);
+    const hm_log lg = {HM_LOG_INFO}; /* asked for: printed whatever the verbosity */
+    const uint64_t routed = es.hits + es.misses;
+    hm_log_printf(&lg, HM_LOG_INFO, "expert cache @ %" PRIu64 " tokens: policy %s, %" PRId64 "/%" PRId64
+                  " slots used, hit rate %.1f %% (%" PRIu64 " of %" PRIu64 "), %" PRIu64 " units in, %" PRIu64
+                  " out, %.1f MiB copied, %" PRId64 " elite units", m->stats_tokens, hm_policy_name(m->policy), es.n_used, es.n_slots,
+                  routed ? 100.0 * (double)es.hits / (double)routed : 0.0, es.hits, routed, es.swaps_in, es.swaps_out,
+                  (double)es.fill_bytes / (1024.0 * 1024.0), es.elite_units);
+}
+
+int hm_gpu_count(void) {
+#ifdef HM_HAVE_CUDA
+    int n = hm_cuda_device_count();
+    return n > 0 ? n : 0;
+#else
+    return 0;
+#endif
 }
 
 bool hm_placement_wants_gpu(const hm_placement_opts *o) {
@@ -335,6 +380,7 @@ hm_status hm_model_usage(const hm_model *m, hm_usage *u, hm_err *err) {
     u->vram_slots = es.n_slots, u->vram_slots_used = es.n_used;
     u->unit_bytes = un->unit_bytes_max;
     u->swaps_in = es.swaps_in, u->swaps_out = es.swaps_out, u->bytes_to_vram = es.fill_bytes;
+    u->elite_units = es.elite_units;
     u->bytes_from_ssd = 0;
     if (m->ram) {
         hm_ram_tier_stats rs;

@@ -292,9 +292,15 @@ static hm_status open_devices(hm_model *m, hm_gpu *g, const hm_gpu_plan *p, int3
 static void pin_experts(hm_model *m, hm_gpu *g, const hm_placement_opts *o) {
     const hm_units *u = &m->units;
     if (!o->mlock || (o->ram_budget > 0 && (uint64_t)o->ram_budget < u->expert_bytes)) return;
-    const char *lo;
-    size_t len;
-    hm_units_span(u, &lo, &len);
+    const char *lo = NULL;
+    size_t len = 0;
+    /* one registered range: a split model's largest expert span (the other files' units stage) */
+    for (int32_t f = 0; f < u->n_files; f++) {
+        const char *l2;
+        size_t n2;
+        hm_units_span(u, f, &l2, &n2);
+        if (n2 > len) lo = l2, len = n2;
+    }
     hm_err e2;
     /* more than RAM can hold: not pinned; the --mlock step after the placement refuses it and says why */
     if (!len || hm_mlock_fits(len, hm_phys_ram_bytes(), "the experts", &e2) != HM_OK) return;
@@ -503,6 +509,7 @@ hm_status hm_model_gpu_open(hm_model *m, const hm_placement_opts *o, int64_t *sl
             memset(&vo, 0, sizeof vo);
             vo.n_slots = want[d];
             vo.slot_bytes = g->slot_bytes;
+            vo.staging_bytes = o->staging_bytes > 0 ? (size_t)o->staging_bytes : 0; /* QUEUE_MB; 0 = the tier's */
             vo.direct = g->pinned;
             vo.direct_bytes = g->pinned_bytes;
             vo.copy_threads = tier_copy_threads(m);

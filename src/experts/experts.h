@@ -75,6 +75,8 @@ typedef enum hm_policy_kind {
     HM_POLICY_STATIC,
     HM_POLICY_ONLINE,
     HM_POLICY_LRU,
+    HM_POLICY_ELITE,    /* a static elite share of the slots, the rest online */
+    HM_POLICY_COUNT,
 } hm_policy_kind;
 
 /* The policies, one table (policy.c): what the CLI, the server, plan and the docs list. A policy
@@ -106,6 +108,8 @@ typedef struct hm_policy_opts {
     float hysteresis;       /* online: a newcomer must beat its victim by this fraction (0.25) */
     float update_rate;      /* online: at most update_rate * slots swaps per window (0.005) */
     float recency;          /* online: value bonus for a unit routed in the current window (1.0) */
+    float elite_pct;        /* elite: share of the slots (0..100) holding the elite (60) */
+    int32_t max_inserts;    /* online/lru/elite: at most this many units enter per step; 0 = no cap */
 } hm_policy_opts;
 
 void hm_policy_opts_default(hm_policy_opts *o); /* kind NONE and the defaults above */
@@ -137,6 +141,7 @@ typedef struct hm_unit {
     uint8_t home;        /* hm_tier_id it is computed from now */
     uint8_t filling;     /* a fill into hot_slot is in flight (home stays RAM until it lands) */
     uint8_t barred;      /* kept out of the fast tier by its owner (hm_experts_bar): never admitted */
+    uint8_t elite;       /* policy elite: one of the elite, never a victim of the online part */
     int32_t hot_slot;    /* -1: none */
     int32_t ram_slot;    /* -1: the file mapping (RAM slots come with the SSD tier) */
     int32_t pin;         /* > 0: must not be evicted */
@@ -205,6 +210,7 @@ typedef struct hm_experts_stats {
     const uint64_t *layer_misses;
     const int32_t *layer_resident; /* [n_layer] units HOT now */
     uint64_t swaps_in, swaps_out, fill_bytes;
+    int64_t elite_units;         /* policy elite: units of the elite holding a slot (0 otherwise) */
 } hm_experts_stats;
 void hm_experts_get_stats(const hm_experts *s, hm_experts_stats *out);
 /* Slot groups (hm_experts_opts.n_groups). Policies with groups: a unit is admitted into a free

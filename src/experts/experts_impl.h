@@ -54,6 +54,8 @@ struct hm_experts {
     uint64_t swaps_in, swaps_out, fill_bytes;
     hm_trace_writer *trace;
     uint64_t *seed_counts; /* [n_units] the open-time profile's counts; NULL: none (static uses the live ones) */
+    bool elite_chosen;     /* policy elite: the elite is set (from the profile at open, else the first window) */
+    int64_t insert_left;   /* units the policy may still admit in this step (pol.max_inserts) */
 };
 
 /* The home group of unit ui (0 without groups). */

@@ -14,6 +14,12 @@
  *          up to update_rate * n_slots (at least 1) swaps replace the lowest-valued residents with
  *          the highest-valued candidates, each only when the newcomer's value exceeds the
  *          victim's by the hysteresis fraction.
+ *  elite   hybrid: elite_pct % of the slots hold an elite chosen once, the units with the highest
+ *          profile counts (or, without a profile, the highest counts of the first window's
+ *          routing), admitted first and never a victim of the online part; the other slots run
+ *          online. Before the first window ends (no profile) all slots run online.
+ * max_inserts caps the units online, lru and elite admit in one step (0: no cap); a swap whose
+ * newcomer may not enter evicts nothing.
  * No policy admits a barred unit (hm_experts_bar): it is not a candidate and costs no victim.
  *
  * Slot groups (several GPUs): a unit goes to its home group's slots, or with allow_peer to another
@@ -42,10 +48,12 @@ void hm_policy_opts_default(hm_policy_opts *o) {
      * measured decode halved) for a LOWER hit rate (93.0 %) than 0.005 (2.2 units, 94.2 %) */
     o->update_rate = 0.005f;
     o->recency = 1.0f;
+    o->elite_pct = 60.0f; /* the seed-2 fork's GGML_CUDA_MOE_CACHE_ELITE_PCT=60 */
 }
 
 static hm_status step_lru(hm_experts *s, bool window_end, hm_err *err);
 static hm_status step_online(hm_experts *s, bool window_end, hm_err *err);
+static hm_status step_elite(hm_experts *s, bool window_end, hm_err *err);
 
 /* The table (experts.h, hm_policy_def), in hm_policy_kind order. */
 static const hm_policy_def policies[] = {
@@ -53,6 +61,8 @@ static const hm_policy_def policies[] = {
     {HM_POLICY_STATIC, "static", "the profile's most-used units, placed once", true, NULL},
     {HM_POLICY_ONLINE, "online", "decayed use and recency, a few swaps per window", false, step_online},
     {HM_POLICY_LRU, "lru", "every routed unit enters, the least recently used leaves", false, step_lru},
+    {HM_POLICY_ELITE, "elite", "a static elite share of the slots (profile or first window), the rest online", false,
+     step_elite},
 };
 enum { N_POLICIES = sizeof policies / sizeof policies[0] };
 
@@ -218,8 +228,18 @@ hm_status hm_policy_place_static(hm_experts *s, const uint64_t *counts, hm_err *
     return st;
 }
 
+/* The policy may admit one more unit in this step (max_inserts); counts it. */
+static bool may_insert(hm_experts *s) {
+    if (s->insert_left <= 0) return false;
+    s->insert_left--;
+    return true;
+}
+
+static hm_status elite_pick(hm_experts *s, const uint64_t *counts, hm_err *err);
+
 hm_status hm_policy_place(hm_experts *s, bool have_profile, hm_err *err) {
     if (!s->n_live || !have_profile || !s->seed_counts) return HM_OK;
+    if (s->pol.kind == HM_POLICY_ELITE) return elite_pick(s, s->seed_counts, err);
     if (policies[s->pol.kind].places_from_profile || s->pol.warm_start)
         return hm_policy_place_static(s, s->seed_counts, err);
     return HM_OK;
@@ -234,6 +254,7 @@ static hm_status step_lru(hm_experts *s, bool window_end, hm_err *err) {
     for (int64_t i = 0; i < s->n_touched; i++) {
         int32_t ui = s->touched[i];
         if (s->u[ui].hot_slot >= 0 || s->u[ui].pin || s->u[ui].barred) continue;
+        if (s->insert_left <= 0) break;
         if (s->n_groups > 1 && !s->allow_peer) { /* groups without peer: the home group's LRU goes */
             if (!room_for(s, ui)) {
                 const int32_t h = hm_experts_home_group(s, ui);
@@ -249,6 +270,7 @@ static hm_status step_lru(hm_experts *s, bool window_end, hm_err *err) {
             if (v < 0 || s->u[v].last_step == s->step) break; /* every resident was used this step */
             hm_experts_evict(s, v);
         }
+        s->insert_left--;
         hm_status st = hm_experts_admit(s, ui, err);
         if (st) return st;
     }
@@ -284,7 +306,9 @@ static hm_status swap_groups(hm_experts *s, int64_t nc, int64_t nv, int64_t max_
     hm_status st = HM_OK;
     for (int64_t i = 0; i < nc && done < max_swaps && st == HM_OK; i++) {
         const int32_t ui = s->cand[i].ui;
+        if (s->insert_left <= 0) break;
         if (room_for(s, ui)) { /* a free slot it may use (no peer: its home group's) */
+            s->insert_left--;
             st = hm_experts_admit(s, ui, err);
             done++;
             continue;
@@ -299,6 +323,7 @@ static hm_status swap_groups(hm_experts *s, int64_t nc, int64_t nv, int64_t max_
         }
         if (*c >= nv || !(s->cand[i].value > s->vict[*c].value * gain)) continue;
         const int32_t v = s->vict[(*c)++].ui;
+        s->insert_left--;
         hm_experts_evict(s, v);
         st = hm_experts_admit(s, ui, err);
         done++;
@@ -319,7 +344,7 @@ static hm_status step_online(hm_experts *s, bool window_end, hm_err *err) {
         }
         qsort(s->cand, (size_t)nc, sizeof *s->cand, cmp_cand_desc);
         for (int64_t i = 0; i < nc && s->n_free > 0; i++)
-            if (room_for(s, s->cand[i].ui) && (st = hm_experts_admit(s, s->cand[i].ui, err))) return st;
+            if (room_for(s, s->cand[i].ui) && may_insert(s) && (st = hm_experts_admit(s, s->cand[i].ui, err))) return st;
     }
     /* groups without peer: a group may be full while another has free slots nobody may use */
     if (!window_end || (s->n_free > 0 && (s->n_groups == 1 || s->allow_peer))) return HM_OK;
@@ -331,7 +356,7 @@ static hm_status step_online(hm_experts *s, bool window_end, hm_err *err) {
         const hm_unit *u = &s->u[ui];
         if (u->hot_slot < 0) {
             if (u->misses >= need && u->last_step >= 0 && !u->barred) s->cand[nc++] = (hm_cand){value(s, u), (int32_t)ui};
-        } else if (!u->pin && !u->filling) {
+        } else if (!u->pin && !u->filling && !(u->elite && s->pol.kind == HM_POLICY_ELITE)) {
             s->vict[nv++] = (hm_cand){value(s, u), (int32_t)ui};
         }
     }
@@ -340,14 +365,66 @@ static hm_status step_online(hm_experts *s, bool window_end, hm_err *err) {
     const float gain = 1.0f + s->pol.hysteresis;
     if (s->n_groups > 1) return swap_groups(s, nc, nv, max_swaps, gain, err);
     for (int64_t i = 0; i < nc && i < nv && i < max_swaps; i++) {
-        if (!(s->cand[i].value > s->vict[i].value * gain)) break;
+        if (!(s->cand[i].value > s->vict[i].value * gain) || !may_insert(s)) break;
         hm_experts_evict(s, s->vict[i].ui);
         if ((st = hm_experts_admit(s, s->cand[i].ui, err))) return st;
     }
     return HM_OK;
 }
 
+/* ---- elite ---- */
+
+/* The elite: the n = elite_pct % of the live slots units with the highest counts (ties: lower
+ * layer, lower expert; never-routed and barred units are not chosen), marked and admitted, each
+ * taking a free slot or the lowest-valued evictable resident outside the elite. Once per store
+ * (the profile at open, else the first window end). */
+static hm_status elite_pick(hm_experts *s, const uint64_t *counts, hm_err *err) {
+    s->elite_chosen = true;
+    const int64_t n_elite = (int64_t)((double)s->pol.elite_pct / 100.0 * (double)s->n_live);
+    if (n_elite <= 0) return HM_OK;
+    ranked *r = malloc((size_t)s->n_units * sizeof *r);
+    if (!r) return hm_errf(err, HM_ERR_NOMEM, "elite policy: out of memory");
+    int64_t n = 0;
+    for (int64_t ui = 0; ui < s->n_units; ui++)
+        if (counts[ui] && !s->u[ui].barred) r[n++] = (ranked){counts[ui], (int32_t)ui};
+    qsort(r, (size_t)n, sizeof *r, cmp_ranked);
+    if (n > n_elite) n = n_elite;
+    for (int64_t i = 0; i < n; i++) s->u[r[i].ui].elite = 1;
+    int64_t nv = 0; /* victims for elite units without a slot: residents outside the elite, lowest value first */
+    for (int64_t ui = 0; ui < s->n_units; ui++) {
+        const hm_unit *u = &s->u[ui];
+        if (u->hot_slot >= 0 && !u->elite && !u->pin && !u->filling) s->vict[nv++] = (hm_cand){value(s, u), (int32_t)ui};
+    }
+    qsort(s->vict, (size_t)nv, sizeof *s->vict, cmp_cand_asc);
+    hm_status st = HM_OK;
+    int64_t v = 0;
+    for (int64_t i = 0; i < n && st == HM_OK; i++) {
+        const int32_t ui = r[i].ui;
+        if (s->u[ui].hot_slot >= 0) continue;
+        while (!room_for(s, ui) && v < nv) {
+            const int32_t x = s->vict[v++].ui;
+            if (s->u[x].hot_slot >= 0) hm_experts_evict(s, x);
+        }
+        if (room_for(s, ui)) st = hm_experts_admit(s, ui, err);
+    }
+    free(r);
+    return st;
+}
+
+static hm_status step_elite(hm_experts *s, bool window_end, hm_err *err) {
+    if (!s->elite_chosen && window_end) { /* no profile: the first window's routing chooses */
+        uint64_t *c = malloc((size_t)s->n_units * sizeof *c);
+        if (!c) return hm_errf(err, HM_ERR_NOMEM, "elite policy: out of memory");
+        for (int64_t ui = 0; ui < s->n_units; ui++) c[ui] = s->u[ui].count;
+        hm_status st = elite_pick(s, c, err);
+        free(c);
+        if (st) return st;
+    }
+    return step_online(s, window_end, err);
+}
+
 hm_status hm_policy_step(hm_experts *s, bool window_end, hm_err *err) {
     const hm_policy_def *d = &policies[s->pol.kind];
+    s->insert_left = s->pol.max_inserts > 0 ? s->pol.max_inserts : INT64_MAX;
     return d->step ? d->step(s, window_end, err) : HM_OK;
 }

@@ -75,10 +75,11 @@ static hm_unit_ref unit_ref(const hm_experts *s, int32_t ui) {
 }
 
 static hm_status check_policy(const hm_policy_opts *p, hm_err *err) {
-    if (p->kind < HM_POLICY_NONE || p->kind > HM_POLICY_LRU || p->window < 1 || !(p->decay >= 0 && p->decay <= 1) ||
-        !(p->update_rate >= 0) || !(p->hysteresis >= 0) || p->admit_misses < 0)
+    if (p->kind < HM_POLICY_NONE || p->kind >= HM_POLICY_COUNT || p->window < 1 || !(p->decay >= 0 && p->decay <= 1) ||
+        !(p->update_rate >= 0) || !(p->hysteresis >= 0) || p->admit_misses < 0 || p->max_inserts < 0 ||
+        !(p->elite_pct >= 0 && p->elite_pct <= 100))
         return hm_errf(err, HM_ERR_ARG, "policy options out of range (window >= 1, 0 <= decay <= 1, update rate, "
-                       "hysteresis and admission misses >= 0)");
+                       "hysteresis, admission misses and inserts per step >= 0, elite share 0..100 %%)");
     return HM_OK;
 }
 
@@ -398,6 +399,8 @@ void hm_experts_get_stats(const hm_experts *s, hm_experts_stats *o) {
     o->layer_misses = s->layer_misses;
     o->layer_resident = s->layer_resident;
     o->swaps_in = s->swaps_in, o->swaps_out = s->swaps_out, o->fill_bytes = s->fill_bytes;
+    if (s->pol.kind == HM_POLICY_ELITE)
+        for (int64_t i = 0; i < s->n_units; i++) o->elite_units += s->u[i].elite && s->u[i].hot_slot >= 0;
 }
 
 void hm_experts_reset_stats(hm_experts *s) {
@@ -585,12 +588,17 @@ hm_status hm_experts_set_policy(hm_experts *s, hm_policy_kind kind, const hm_pol
         for (int64_t i = 0; i < s->n_units; i++) live[i] = s->u[i].count;
     }
     s->pol = pol;
+    if (kind != HM_POLICY_ELITE) /* a later switch back to elite picks a new elite */
+        for (int64_t ui = 0; ui < s->n_units; ui++) s->u[ui].elite = 0;
+    s->elite_chosen = false;
     hm_status st = HM_OK;
     if (kind == HM_POLICY_NONE) { /* the pool empties (pinned units stay) */
         for (int64_t ui = 0; ui < s->n_units; ui++)
             if (s->u[ui].hot_slot >= 0 && !s->u[ui].pin) hm_experts_evict(s, (int32_t)ui);
     } else if (kind == HM_POLICY_STATIC && s->n_live) {
         st = hm_policy_place_static(s, live ? live : s->seed_counts, err);
+    } else if (kind == HM_POLICY_ELITE && s->n_live && s->seed_counts) {
+        st = hm_policy_place(s, true, err);
     } /* online, lru: the residents stay; scores, misses and recency go on */
     free(live);
     return st;

@@ -27,6 +27,7 @@ enum { REQ_IDLE = 0, REQ_BUSY = 1, REQ_DONE = 2 };
 typedef struct ssd_op {
     int32_t req;
     uint8_t part;
+    int32_t file;         /* which file of a split model (units.h hm_units_file) */
     bool direct;          /* read through the O_DIRECT descriptor */
     bool checked;         /* the fault hook has seen it */
     uint64_t off;         /* file offset of the aligned span */
@@ -44,13 +45,16 @@ typedef struct ssd_req {
     bool failed;
     int err_no;           /* 0 with failed: a short read */
     uint8_t err_part;
+    int32_t err_file;
     uint64_t err_off, err_len, err_got;
 } ssd_req;
 
 struct hm_ssd {
     const hm_units *units;
-    char *path;
-    int fd, fd_direct;    /* fd_direct -1 when O_DIRECT is off or unavailable */
+    char *path;           /* the first file's (hm_ssd_path) */
+    int32_t n_files;      /* a split model's files, each opened apart */
+    char **paths;         /* [n_files] */
+    int *fd, *fd_direct;  /* [n_files]; fd_direct -1 when O_DIRECT is off or unavailable */
     int32_t n_req, qd;
     ssd_req *req;         /* [n_req] */
     ssd_op *ops;          /* [n_req * HM_UNIT_NPART]: op id = req * HM_UNIT_NPART + part */
@@ -123,28 +127,44 @@ hm_status hm_ssd_open(hm_ssd **out, const char *path, const hm_units *units, int
     hm_ssd *io = calloc(1, sizeof *io);
     if (!io) return hm_errf(err, HM_ERR_NOMEM, "%s: out of memory", path);
     hm_status st;
-    io->fd = io->fd_direct = -1;
     io->units = units;
+    io->n_files = units->gguf && units->n_files > 1 ? units->n_files : 1;
     io->n_req = n_req;
     io->qd = o->queue_depth ? o->queue_depth : 16;
     io->fault = o->fault;
     io->fault_ctx = o->fault_ctx;
     io->q_cap = n_req * HM_UNIT_NPART;
-    io->path = strdup(path);
+    io->paths = calloc((size_t)io->n_files, sizeof *io->paths);
+    io->fd = malloc((size_t)io->n_files * sizeof *io->fd);
+    io->fd_direct = malloc((size_t)io->n_files * sizeof *io->fd_direct);
     io->req = calloc((size_t)n_req, sizeof *io->req);
     io->ops = calloc((size_t)io->q_cap, sizeof *io->ops);
     io->queue = malloc((size_t)io->q_cap * sizeof *io->queue);
-    if (!io->path || !io->req || !io->ops || !io->queue) {
+    if (!io->paths || !io->fd || !io->fd_direct || !io->req || !io->ops || !io->queue) {
+        free(io->fd), free(io->fd_direct);
+        io->fd = io->fd_direct = NULL;
         st = hm_errf(err, HM_ERR_NOMEM, "%s: out of memory for %d read requests", path, n_req);
         goto fail;
     }
-    io->fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (io->fd < 0) {
-        st = hm_errf(err, HM_ERR_IO, "%s: cannot open for expert reads: %s", path, strerror(errno));
-        goto fail;
+    for (int32_t f = 0; f < io->n_files; f++) io->fd[f] = io->fd_direct[f] = -1;
+    io->st.direct = true;
+    for (int32_t f = 0; f < io->n_files; f++) {
+        /* file 0 is path; a split model's others are its parts (gguf_split.c named and checked them) */
+        const char *fp = f == 0 ? path : hm_gguf_file_path(units->gguf, f);
+        if (!fp || !(io->paths[f] = strdup(fp))) {
+            st = hm_errf(err, HM_ERR_NOMEM, "%s: out of memory", path);
+            goto fail;
+        }
+        io->fd[f] = open(fp, O_RDONLY | O_CLOEXEC);
+        if (io->fd[f] < 0) {
+            st = hm_errf(err, HM_ERR_IO, "%s: cannot open for expert reads: %s", fp, strerror(errno));
+            goto fail;
+        }
+        posix_fadvise(io->fd[f], 0, 0, POSIX_FADV_RANDOM);
+        if (!o->no_direct) io->fd_direct[f] = open(fp, O_RDONLY | O_CLOEXEC | O_DIRECT); /* -1 on tmpfs: buffered */
+        io->st.direct = io->st.direct && io->fd_direct[f] >= 0;
     }
-    posix_fadvise(io->fd, 0, 0, POSIX_FADV_RANDOM);
-    if (!o->no_direct) io->fd_direct = open(path, O_RDONLY | O_CLOEXEC | O_DIRECT); /* -1 on tmpfs: buffered */
+    io->path = io->paths[0];
 #ifdef HM_HAVE_URING
     if (!o->force_pread) {
         unsigned entries = 1;
@@ -153,7 +173,6 @@ hm_status hm_ssd_open(hm_ssd **out, const char *path, const hm_units *units, int
     }
 #endif
     io->st.uring = io->uring;
-    io->st.direct = io->fd_direct >= 0;
     io->st.queue_depth = io->uring ? io->qd : 1;
     *out = io;
     return HM_OK;
@@ -170,9 +189,12 @@ void hm_ssd_close(hm_ssd *io) {
 #ifdef HM_HAVE_URING
     if (io->uring) io_uring_queue_exit(&io->ring);
 #endif
-    if (io->fd >= 0) close(io->fd);
-    if (io->fd_direct >= 0) close(io->fd_direct);
-    free(io->path), free(io->req), free(io->ops), free(io->queue);
+    for (int32_t f = 0; io->fd && f < io->n_files; f++) {
+        if (io->fd[f] >= 0) close(io->fd[f]);
+        if (io->fd_direct[f] >= 0) close(io->fd_direct[f]);
+    }
+    for (int32_t f = 0; io->paths && f < io->n_files; f++) free(io->paths[f]);
+    free(io->paths), free(io->fd), free(io->fd_direct), free(io->req), free(io->ops), free(io->queue);
     free(io);
 }
 
@@ -205,6 +227,7 @@ static void op_fail(hm_ssd *io, ssd_op *op, int err_no) {
         r->failed = true;
         r->err_no = err_no;
         r->err_part = op->part;
+        r->err_file = op->file;
         r->err_off = op->off;
         r->err_len = op->len;
         r->err_got = op->done;
@@ -249,7 +272,7 @@ static int64_t fault_check(hm_ssd *io, ssd_op *op) {
 }
 
 static int64_t pread_op(hm_ssd *io, const ssd_op *op) {
-    int fd = op->direct ? io->fd_direct : io->fd;
+    int fd = op->direct ? io->fd_direct[op->file] : io->fd[op->file];
     ssize_t n = pread(fd, op->dst + op->done, (size_t)(op->len - op->done), (off_t)(op->off + op->done));
     return n < 0 ? -(int64_t)errno : (int64_t)n;
 }
@@ -274,7 +297,7 @@ static void pump(hm_ssd *io) {
         }
         uint64_t left = op->len - op->done;
         if (left > (1u << 30)) left = 1u << 30;
-        io_uring_prep_read(sqe, op->direct ? io->fd_direct : io->fd, op->dst + op->done, (unsigned)left,
+        io_uring_prep_read(sqe, op->direct ? io->fd_direct[op->file] : io->fd[op->file], op->dst + op->done, (unsigned)left,
                            op->off + op->done);
         io_uring_sqe_set_data64(sqe, (uint64_t)id);
         io->inflight++;
@@ -344,7 +367,8 @@ void hm_ssd_start(hm_ssd *io, int32_t req, int32_t layer, int32_t expert, void *
         span_of(off, l->slab_bytes[p], &s0, &s1);
         int32_t id = req * HM_UNIT_NPART + p;
         ssd_op *op = &io->ops[id];
-        *op = (ssd_op){.req = req, .part = (uint8_t)p, .direct = io->fd_direct >= 0, .off = s0,
+        int32_t file = io->n_files > 1 ? hm_units_file(u, layer, (hm_unit_part)p) : 0;
+        *op = (ssd_op){.req = req, .part = (uint8_t)p, .file = file, .direct = io->fd_direct[file] >= 0, .off = s0,
                        .dst = (char *)buf + pos, .len = s1 - s0, .need = off + l->slab_bytes[p] - s0};
         pos += s1 - s0;
         ids[n++] = id;
@@ -385,11 +409,11 @@ hm_status hm_ssd_wait(hm_ssd *io, int32_t req, hm_err *err) {
     const char *part = hm_unit_part_name((hm_unit_part)r->err_part);
     if (r->err_no)
         return hm_errf(err, HM_ERR_IO, "%s: reading expert unit (layer %d, expert %d) %s at file offset %" PRIu64
-                       " (%" PRIu64 " bytes) failed: %s", io->path, r->layer, r->expert, part, r->err_off, r->err_len,
+                       " (%" PRIu64 " bytes) failed: %s", io->paths[r->err_file], r->layer, r->expert, part, r->err_off, r->err_len,
                        strerror(r->err_no));
     return hm_errf(err, HM_ERR_IO, "%s: short read of expert unit (layer %d, expert %d) %s at file offset %" PRIu64
                    ": %" PRIu64 " of %" PRIu64 " bytes arrived (the file is shorter than its tensor table says: "
-                   "truncated or replaced while open?)", io->path, r->layer, r->expert, part, r->err_off, r->err_got,
+                   "truncated or replaced while open?)", io->paths[r->err_file], r->layer, r->expert, part, r->err_off, r->err_got,
                    r->err_len);
 }
 
@@ -398,5 +422,6 @@ void hm_ssd_get_stats(const hm_ssd *io, hm_ssd_stats *out) { *out = io->st; }
 const char *hm_ssd_path(const hm_ssd *io) { return io->path; }
 
 void hm_ssd_drop_cache(hm_ssd *io) {
-    if (!io->st.direct && io->fd >= 0) posix_fadvise(io->fd, 0, 0, POSIX_FADV_DONTNEED);
+    for (int32_t f = 0; f < io->n_files; f++)
+        if (io->fd_direct[f] < 0 && io->fd[f] >= 0) posix_fadvise(io->fd[f], 0, 0, POSIX_FADV_DONTNEED);
 }

@@ -89,6 +89,8 @@ hm_status hm_units_init(hm_units *u, const hm_gguf *g, hm_err *err) {
     if (st) return st;
 
     u->n_layer = (int32_t)n_layer;
+    u->gguf = g;
+    u->n_files = hm_gguf_n_files(g);
     u->n_expert = (int32_t)n_expert;
     if (n_layer > 0) {
         u->layers = calloc((size_t)n_layer, sizeof *u->layers);
@@ -169,6 +171,7 @@ fail:
 hm_status hm_units_init_geom(hm_units *u, int32_t n_layer, int32_t n_expert, int32_t n_expert_used,
                              uint64_t unit_bytes, hm_err *err) {
     memset(u, 0, sizeof *u);
+    u->n_files = 1;
     if (n_layer <= 0 || n_expert <= 0 || n_expert_used < 0 || n_expert_used > n_expert || !unit_bytes)
         return hm_errf(err, HM_ERR_ARG, "unit geometry: need n_layer > 0, n_expert > 0, 0 <= k <= n_expert and unit "
                        "bytes > 0 (got %d, %d, %d, %" PRIu64 ")", n_layer, n_expert, n_expert_used, unit_bytes);
@@ -202,12 +205,12 @@ uint64_t hm_units_fit(const hm_units *u, int64_t budget) {
     return n < u->n_units ? n : u->n_units;
 }
 
-void hm_units_span(const hm_units *u, const char **lo, size_t *len) {
+void hm_units_span(const hm_units *u, int32_t file, const char **lo, size_t *len) {
     const char *a = NULL, *b = NULL;
     for (int32_t l = 0; l < u->n_layer; l++) {
         const hm_units_layer *L = &u->layers[l];
         for (int p = 0; p < HM_UNIT_NPART; p++) {
-            if (!L->part[p] || !L->part[p]->data || !L->n_expert) continue;
+            if (!L->part[p] || !L->part[p]->data || !L->n_expert || L->part[p]->file != file) continue;
             const char *s = L->part[p]->data, *e = s + (size_t)L->n_expert * L->slab_bytes[p];
             if (!a || s < a) a = s;
             if (!b || e > b) b = e;

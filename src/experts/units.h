@@ -42,6 +42,9 @@ typedef struct hm_units_layer {
 } hm_units_layer;
 
 typedef struct hm_units {
+    const hm_gguf *gguf;    /* borrowed: the model's files (a split model's parts carry their
+                             * file: part[p]->file); NULL for hm_units_init_geom */
+    int32_t n_files;        /* hm_gguf_n_files, 1 for a geometry-only table */
     int32_t n_layer;        /* <arch>.block_count, else 1 + the highest blk.N seen, else 0 */
     int32_t n_expert;       /* <arch>.expert_count, else from the tensors, else 0 */
     int32_t n_expert_used;  /* <arch>.expert_used_count, else 0 */
@@ -74,10 +77,16 @@ static inline uint64_t hm_units_offset(const hm_units *u, int32_t layer, int32_t
     return l->part[p] ? l->part[p]->file_offset + (uint64_t)expert * l->slab_bytes[p] : 0;
 }
 
-/* The span of the file mapping that holds every unit's parts: [*lo, *lo + *len) (the expert
- * tensors, and whatever lies between them); *lo NULL and *len 0 when no part is mapped (a table
- * from hm_units_init_geom, a model without experts). */
-void hm_units_span(const hm_units *u, const char **lo, size_t *len);
+/* File of the model (0 .. n_files-1) that holds part p of layer's units (0 when absent). */
+static inline int32_t hm_units_file(const hm_units *u, int32_t layer, hm_unit_part p) {
+    const hm_units_layer *l = &u->layers[layer];
+    return l->part[p] ? l->part[p]->file : 0;
+}
+
+/* The span of file's mapping (a split model maps each file apart) that holds its units' parts:
+ * [*lo, *lo + *len) (the expert tensors, and whatever lies between them); *lo NULL and *len 0 when
+ * no part is mapped there (a table from hm_units_init_geom, a model without experts). */
+void hm_units_span(const hm_units *u, int32_t file, const char **lo, size_t *len);
 
 /* Units that fit in budget bytes when every slot is sized for the largest unit (how the store
  * allocates slot pools), capped at n_units; 0 for a negative budget or no units. */

@@ -63,6 +63,8 @@ typedef struct hm_gguf_tensor {
     uint64_t file_offset; /* absolute byte offset in the file */
     size_t nbytes;     /* checked: file_offset + nbytes <= file size */
     const void *data;  /* borrowed pointer into the mapping */
+    int32_t file;      /* which file of a split model holds the data (0: the first; file_offset is
+                        * in that file, hm_gguf_file_path names it) */
 } hm_gguf_tensor;
 
 /* An array value: n elements of type elem_type (for nested arrays elem_type is HM_GGUF_ARRAY). */
@@ -83,14 +85,25 @@ size_t hm_gguf_vtype_size(int t);
 
 /* ---- reader ---- */
 
-/* Map and parse PATH. *out owned by the caller, free with hm_gguf_close. */
+/* Map and parse PATH. *out owned by the caller, free with hm_gguf_close.
+ * A split model (llama.cpp's llama-gguf-split layout: PREFIX-00001-of-0000N.gguf ..., keys
+ * split.no / split.count / split.tensors.count, the metadata in the first file) opens from its
+ * first file's name: the other files are mapped and checked too (gguf_split.c), and the tensor
+ * table is every file's tensors, each with its file. A missing split is HM_ERR_IO naming it; a
+ * split of another model (split.no / split.count / split.tensors.count disagreeing) is
+ * HM_ERR_FORMAT naming the file and key. */
 hm_status hm_gguf_open(hm_gguf **out, const char *path, hm_err *err);
 /* Parse an in-memory image (borrowed, must outlive the handle); used by the fuzzer and tests. */
 hm_status hm_gguf_open_mem(hm_gguf **out, const void *data, size_t size, hm_err *err);
 void hm_gguf_close(hm_gguf *g); /* NULL is a no-op */
 
 uint32_t hm_gguf_version(const hm_gguf *g);
-uint64_t hm_gguf_file_size(const hm_gguf *g);
+uint64_t hm_gguf_file_size(const hm_gguf *g); /* bytes of all the model's files */
+/* Files of the model: 1, or split.count of a split model; file i's path and size (NULL / 0 out of
+ * range). File 0 is the one opened, which holds the metadata. */
+int32_t hm_gguf_n_files(const hm_gguf *g);
+const char *hm_gguf_file_path(const hm_gguf *g, int32_t i);
+uint64_t hm_gguf_split_file_size(const hm_gguf *g, int32_t i);
 uint64_t hm_gguf_alignment(const hm_gguf *g);
 /* Absolute offset of the data section; may lie past the end of a file without tensors. */
 uint64_t hm_gguf_data_offset(const hm_gguf *g);
@@ -177,6 +190,14 @@ hm_status hm_gguf_writer_set_arr_str(hm_gguf_writer *w, const char *key, const c
 /* Declare a tensor (shape, type); data comes later in the same order. */
 hm_status hm_gguf_writer_add_tensor(hm_gguf_writer *w, const char *name, int type, uint32_t n_dims,
                                     const int64_t *ne);
+/* Write the model as several files, as llama.cpp's llama-gguf-split does: PATH must end in
+ * .gguf; the files are PATH-without-.gguf + -00001-of-0000N.gguf ..., each a complete GGUF with
+ * split.no (u16), split.count (u16) and split.tensors.count (i32), the first with all the
+ * metadata. A new file starts before a tensor when the tensor bytes of the current one (each
+ * padded to the alignment) would pass max_bytes (a soft limit: a file holds at least one tensor),
+ * or, with max_bytes 0, every max_tensors tensors. Both 0: one file, PATH. Before begin_data.
+ * All the files appear (renamed) at finish, or none. */
+hm_status hm_gguf_writer_set_split(hm_gguf_writer *w, uint64_t max_bytes, int32_t max_tensors);
 /* Write header, metadata and tensor table; after this only tensor data may be written. */
 hm_status hm_gguf_writer_begin_data(hm_gguf_writer *w);
 /* Append bytes of the current tensor; may be called many times per tensor. Padding between

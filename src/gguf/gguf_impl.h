@@ -9,9 +9,20 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include "../core/status.h"
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "the GGUF code reads and writes little-endian values with memcpy"
+/* ---- split models (gguf_read.c / gguf_split.c) ---- */
+
+typedef struct hm_gguf hm_gguf;
+/* hm_gguf_open without looking for splits: one file. */
+hm_status hm_gguf_open_one(hm_gguf **out, const char *path, hm_err *err);
+/* After g's own parse: when g is the first of a split model, open the others and adopt them. */
+hm_status hm_gguf_splits_load(hm_gguf *g, hm_err *err);
+/* Append part's tensors to g's table with file index file; g takes ownership of part on success. */
+hm_status hm_gguf_adopt_split(hm_gguf *g, hm_gguf *part, int32_t file, hm_err *err);
+
 #endif
 
 /* ---- string hash set: key -> index, open addressing, power-of-two capacity ---- */
@@ -118,5 +129,15 @@ static inline void hm_arena_free(hm_arena *a) {
         a->head = next;
     }
 }
+
+/* ---- split models (gguf_read.c / gguf_split.c) ---- */
+
+typedef struct hm_gguf hm_gguf;
+/* hm_gguf_open without looking for splits: one file. */
+hm_status hm_gguf_open_one(hm_gguf **out, const char *path, hm_err *err);
+/* After g's own parse: when g is the first of a split model, open the others and adopt them. */
+hm_status hm_gguf_splits_load(hm_gguf *g, hm_err *err);
+/* Append part's tensors to g's table with file index file; g takes ownership of part on success. */
+hm_status hm_gguf_adopt_split(hm_gguf *g, hm_gguf *part, int32_t file, hm_err *err);
 
 #endif

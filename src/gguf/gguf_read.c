@@ -67,6 +67,10 @@ struct hm_gguf {
     int64_t n_nodes, cap_nodes;
     hm_strset keys, names;
     hm_arena arena;
+    /* a split model (gguf_split.c): the other files, each a whole parsed GGUF whose tensors were
+     * appended to this table (their names and data stay theirs); n_parts 0 for one file */
+    hm_gguf **parts;   /* [n_parts], owned; parts[i] is split i + 1 */
+    int32_t n_parts;
 };
 
 /* ---- value types ---- */
@@ -506,6 +510,8 @@ static hm_status parse(hm_gguf *g, hm_err *err) {
 
 void hm_gguf_close(hm_gguf *g) {
     if (!g) return;
+    for (int32_t i = 0; i < g->n_parts; i++) hm_gguf_close(g->parts[i]);
+    free(g->parts);
     if (g->map) munmap(g->map, g->size);
     for (int64_t i = 0; i < g->n_nodes; i++) free(g->nodes[i].idx);
     free(g->nodes);
@@ -540,7 +546,7 @@ hm_status hm_gguf_open_mem(hm_gguf **out, const void *data, size_t size, hm_err 
     return finish_open(g, out, err);
 }
 
-hm_status hm_gguf_open(hm_gguf **out, const char *path, hm_err *err) {
+hm_status hm_gguf_open_one(hm_gguf **out, const char *path, hm_err *err) {
     *out = NULL;
     hm_gguf *g = calloc(1, sizeof *g);
     if (!g) return hm_errf(err, HM_ERR_NOMEM, "%s: out of memory", path);
@@ -584,10 +590,59 @@ hm_status hm_gguf_open(hm_gguf **out, const char *path, hm_err *err) {
     return finish_open(g, out, err);
 }
 
+hm_status hm_gguf_open(hm_gguf **out, const char *path, hm_err *err) {
+    hm_status st = hm_gguf_open_one(out, path, err);
+    if (st == HM_OK && (st = hm_gguf_splits_load(*out, err)) != HM_OK) {
+        hm_gguf_close(*out);
+        *out = NULL;
+    }
+    return st;
+}
+
+hm_status hm_gguf_adopt_split(hm_gguf *g, hm_gguf *part, int32_t file, hm_err *err) {
+    if (g->n_parts == INT32_MAX || part->n_tensors > INT64_MAX - g->n_tensors)
+        return hm_errf(err, HM_ERR_FORMAT, "%s: too many splits or tensors", g->label);
+    hm_gguf **parts = realloc(g->parts, (size_t)(g->n_parts + 1) * sizeof *parts);
+    if (!parts) return hm_errf(err, HM_ERR_NOMEM, "%s: out of memory", g->label);
+    g->parts = parts;
+    hm_gguf_tensor *t = realloc(g->tensors, (size_t)(g->n_tensors + part->n_tensors + 1) * sizeof *t);
+    if (!t) return hm_errf(err, HM_ERR_NOMEM, "%s: out of memory for the tensors of %s", g->label, part->label);
+    g->tensors = t;
+    for (int64_t i = 0; i < part->n_tensors; i++) {
+        hm_gguf_tensor *x = &g->tensors[g->n_tensors];
+        *x = part->tensors[i]; /* name and data stay part's, which g now owns */
+        x->file = file;
+        int r = hm_strset_insert(&g->names, x->name, g->n_tensors);
+        if (r < 0) return hm_errf(err, HM_ERR_NOMEM, "%s: out of memory indexing tensor names", g->label);
+        if (r == 0)
+            return hm_errf(err, HM_ERR_FORMAT, "%s: tensor '%s' is in two splits (split %d and an earlier one)",
+                           part->label, x->name, file + 1);
+        g->n_tensors++;
+    }
+    g->parts[g->n_parts++] = part;
+    return HM_OK;
+}
+
+int32_t hm_gguf_n_files(const hm_gguf *g) { return 1 + g->n_parts; }
+
+const char *hm_gguf_file_path(const hm_gguf *g, int32_t i) {
+    if (i == 0) return g->path;
+    return i > 0 && i <= g->n_parts ? g->parts[i - 1]->path : NULL;
+}
+
+uint64_t hm_gguf_split_file_size(const hm_gguf *g, int32_t i) {
+    if (i == 0) return g->size;
+    return i > 0 && i <= g->n_parts ? g->parts[i - 1]->size : 0;
+}
+
 /* ---- accessors ---- */
 
 uint32_t hm_gguf_version(const hm_gguf *g) { return g->version; }
-uint64_t hm_gguf_file_size(const hm_gguf *g) { return g->size; }
+uint64_t hm_gguf_file_size(const hm_gguf *g) {
+    uint64_t n = g->size;
+    for (int32_t i = 0; i < g->n_parts; i++) n += g->parts[i]->size;
+    return n;
+}
 uint64_t hm_gguf_alignment(const hm_gguf *g) { return g->alignment; }
 uint64_t hm_gguf_data_offset(const hm_gguf *g) { return g->data_offset; }
 const char *hm_gguf_path(const hm_gguf *g) { return g->path; }

@@ -33,7 +33,8 @@ typedef struct wtensor {
     uint32_t n_dims;
     int64_t ne[HM_GGUF_MAX_DIMS];
     uint64_t nbytes;
-    uint64_t offset; /* relative to the data section, aligned */
+    uint64_t offset; /* relative to the data section (of its split's file), aligned */
+    int32_t split;   /* which file of a split model (0 without splits) */
 } wtensor;
 
 struct hm_gguf_writer {
@@ -59,6 +60,13 @@ struct hm_gguf_writer {
     int64_t cur;          /* tensor being written */
     uint64_t cur_written; /* bytes of it written so far */
     uint64_t pos;         /* bytes written to the file so far */
+    /* split output (llama-gguf-split's layout, hm_gguf_writer_set_split): n_split files; path/tmp
+     * above are the current split's, sp_path/sp_tmp every split's (owned) */
+    uint64_t split_bytes;  /* a split's tensor bytes (soft limit), 0 = none */
+    int32_t split_tensors; /* tensors per split, 0 = none */
+    bool split;
+    int32_t n_split, cur_split, n_opened;
+    char **sp_path, **sp_tmp;
 };
 
 static hm_status fail(hm_gguf_writer *w, hm_status code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -78,6 +86,12 @@ const char *hm_gguf_writer_error(const hm_gguf_writer *w) { return w && w->statu
 /* ---- open / abort ---- */
 
 static void writer_free(hm_gguf_writer *w) {
+    if (w->sp_path && w->path == w->sp_path[w->cur_split]) { /* path/tmp point at the current split's */
+        for (int32_t i = 0; i < w->n_split; i++) free(w->sp_path[i]), free(w->sp_tmp[i]);
+        w->path = w->tmp = NULL;
+    }
+    free(w->sp_path);
+    free(w->sp_tmp);
     free(w->path);
     free(w->tmp);
     free(w->meta);
@@ -128,6 +142,7 @@ void hm_gguf_writer_abort(hm_gguf_writer *w) {
     if (!w) return;
     if (w->f) fclose(w->f);
     unlink(w->tmp);
+    for (int32_t i = 0; w->sp_tmp && i < w->n_opened; i++) unlink(w->sp_tmp[i]);
     writer_free(w);
 }
 
@@ -385,6 +400,101 @@ static hm_status advance(hm_gguf_writer *w) {
     return HM_OK;
 }
 
+static hm_status out_kv(hm_gguf_writer *w, const char *key, hm_gguf_vtype type, const void *v, size_t n) {
+    uint64_t len = strlen(key);
+    uint32_t t = (uint32_t)type;
+    hm_status st;
+    if ((st = out(w, &len, 8)) || (st = out(w, key, (size_t)len)) || (st = out(w, &t, 4))) return st;
+    return out(w, v, n);
+}
+
+static hm_status write_header(hm_gguf_writer *w, int32_t s);
+static hm_status open_split(hm_gguf_writer *w, int32_t s);
+
+hm_status hm_gguf_writer_set_split(hm_gguf_writer *w, uint64_t max_bytes, int32_t max_tensors) {
+    if (w->status) return w->status;
+    if (w->begun) return fail(w, HM_ERR_ARG, "%s: hm_gguf_writer_set_split after hm_gguf_writer_begin_data", w->path);
+    if (max_tensors < 0) return fail(w, HM_ERR_ARG, "%s: --split-max-tensors %d is negative", w->path, max_tensors);
+    size_t n = strlen(w->path);
+    if (n <= 5 || strcmp(w->path + n - 5, ".gguf") != 0)
+        return fail(w, HM_ERR_ARG, "%s: a split model's name must end in .gguf (the splits are PREFIX-00001-of-0000N.gguf)",
+                    w->path);
+    w->split_bytes = max_bytes;
+    w->split_tensors = max_tensors;
+    w->split = max_bytes > 0 || max_tensors > 0;
+    return HM_OK;
+}
+
+/* Assign tensors to splits by llama-gguf-split's rule (tools/gguf-split: a new split when the
+ * tensor bytes so far, each padded to the alignment, would pass the size limit, or every
+ * max_tensors tensors; never before the first tensor), offsets relative to each split's data
+ * section; then leave PATH.tmp for the splits' own files. */
+static hm_status split_plan(hm_gguf_writer *w) {
+    int32_t s = 0;
+    uint64_t cur = 0, data = 0;
+    for (int64_t i = 0; i < w->n_t; i++) {
+        wtensor *t = &w->t[i];
+        uint64_t nb = hm_align_up(t->nbytes, w->alignment);
+        bool cut = w->split_bytes ? (i > 0 && cur + nb > w->split_bytes) : (i > 0 && i % w->split_tensors == 0);
+        if (cut) {
+            if (s == 65534) return fail(w, HM_ERR_ARG, "%s: more than 65535 splits (split.count is a u16)", w->path);
+            s++, cur = 0, data = 0;
+        }
+        cur += nb;
+        t->split = s;
+        t->offset = data;
+        data += nb;
+    }
+    if (w->n_t > INT32_MAX) return fail(w, HM_ERR_ARG, "%s: %lld tensors do not fit split.tensors.count (i32)", w->path,
+                                        (long long)w->n_t);
+    w->n_split = s + 1;
+    if (!(w->sp_path = calloc((size_t)w->n_split, sizeof *w->sp_path)) ||
+        !(w->sp_tmp = calloc((size_t)w->n_split, sizeof *w->sp_tmp)))
+        return fail(w, HM_ERR_NOMEM, "%s: out of memory", w->path);
+    size_t n = strlen(w->path) - 5; /* without .gguf */
+    for (int32_t i = 0; i < w->n_split; i++) {
+        size_t len = n + 32;
+        if (!(w->sp_path[i] = malloc(len)) || !(w->sp_tmp[i] = malloc(len + 4)))
+            return fail(w, HM_ERR_NOMEM, "%s: out of memory", w->path);
+        snprintf(w->sp_path[i], len, "%.*s-%05d-of-%05d.gguf", (int)n, w->path, i + 1, w->n_split);
+        snprintf(w->sp_tmp[i], len + 4, "%s.tmp", w->sp_path[i]);
+    }
+    fclose(w->f);
+    w->f = NULL;
+    unlink(w->tmp);
+    free(w->path), free(w->tmp);
+    w->path = w->sp_path[0], w->tmp = w->sp_tmp[0];
+    return open_split(w, 0);
+}
+
+/* Create split s's PATH.tmp as the current file. */
+static hm_status open_split(hm_gguf_writer *w, int32_t s) {
+    w->cur_split = s;
+    w->path = w->sp_path[s], w->tmp = w->sp_tmp[s];
+    w->pos = 0;
+    int fd = open(w->tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0 || !(w->f = fdopen(fd, "wb"))) {
+        int e = errno;
+        if (fd >= 0) close(fd), unlink(w->tmp);
+        return fail(w, HM_ERR_IO, "%s: cannot create: %s", w->tmp, strerror(e));
+    }
+    w->n_opened = s + 1;
+    return HM_OK;
+}
+
+/* Close the current split (flushed, synced; renamed at finish) and start the next ones up to s. */
+static hm_status split_advance(hm_gguf_writer *w, int32_t s) {
+    hm_status st;
+    while (w->cur_split < s) {
+        if (fflush(w->f) != 0 || fsync(fileno(w->f)) != 0) return fail(w, HM_ERR_IO, "%s: flush/fsync failed: %s", w->tmp, strerror(errno));
+        int rc = fclose(w->f);
+        w->f = NULL;
+        if (rc != 0) return fail(w, HM_ERR_IO, "%s: close failed: %s", w->tmp, strerror(errno));
+        if ((st = open_split(w, w->cur_split + 1)) || (st = write_header(w, w->cur_split))) return st;
+    }
+    return HM_OK;
+}
+
 hm_status hm_gguf_writer_begin_data(hm_gguf_writer *w) {
     if (w->status) return w->status;
     if (w->begun) return fail(w, HM_ERR_ARG, "%s: hm_gguf_writer_begin_data called twice", w->path);
@@ -393,29 +503,52 @@ hm_status hm_gguf_writer_begin_data(hm_gguf_writer *w) {
         if (st) return st;
     }
     w->begun = true;
-    uint32_t version = 3;
-    uint64_t nt = (uint64_t)w->n_t, nkv = (uint64_t)w->n_kv;
     hm_status st;
-    if ((st = out(w, "GGUF", 4)) || (st = out(w, &version, 4)) || (st = out(w, &nt, 8)) || (st = out(w, &nkv, 8)) ||
-        (st = out(w, w->meta, w->meta_len)))
+    if (w->split && (st = split_plan(w))) return st;
+    if ((st = write_header(w, 0))) return st;
+    w->cur = 0;
+    w->cur_written = 0;
+    /* zero-sized leading tensors are complete already; no padding is due for them */
+    while (w->cur < w->n_t && w->t[w->cur].nbytes == 0) w->cur++;
+    return HM_OK;
+}
+
+/* Header, metadata and tensor table of file s (0 without splits) at the start of w->f. */
+static hm_status write_header(hm_gguf_writer *w, int32_t s) {
+    uint32_t version = 3;
+    uint64_t nt = 0, nkv = (uint64_t)w->n_kv;
+    for (int64_t i = 0; i < w->n_t; i++) nt += w->t[i].split == s;
+    bool align_kv = w->alignment != HM_GGUF_DEFAULT_ALIGNMENT;
+    if (w->split) nkv = s == 0 ? nkv + 3 : 3 + (uint64_t)align_kv;
+    hm_status st;
+    if ((st = out(w, "GGUF", 4)) || (st = out(w, &version, 4)) || (st = out(w, &nt, 8)) || (st = out(w, &nkv, 8)))
         return st;
-    free(w->meta);
-    w->meta = NULL;
-    w->meta_len = w->meta_cap = 0;
+    if (s == 0) {
+        if ((st = out(w, w->meta, w->meta_len))) return st;
+        free(w->meta);
+        w->meta = NULL;
+        w->meta_len = w->meta_cap = 0;
+    } else if (align_kv && (st = out_kv(w, "general.alignment", HM_GGUF_U32, &w->alignment, 4))) {
+        return st;
+    }
+    if (w->split) { /* llama-gguf-split's keys: split.no u16 (0-based), split.tensors.count i32, split.count u16 */
+        uint16_t no = (uint16_t)s, count = (uint16_t)w->n_split;
+        int32_t total = (int32_t)w->n_t;
+        /* in llama-gguf-split's order, so the files match its output byte for byte */
+        if ((st = out_kv(w, "split.no", HM_GGUF_U16, &no, 2)) || (st = out_kv(w, "split.tensors.count", HM_GGUF_I32, &total, 4)) ||
+            (st = out_kv(w, "split.count", HM_GGUF_U16, &count, 2)))
+            return st;
+    }
     for (int64_t i = 0; i < w->n_t; i++) {
         const wtensor *t = &w->t[i];
+        if (t->split != s) continue;
         uint64_t len = strlen(t->name);
         uint32_t type = (uint32_t)t->type;
         if ((st = out(w, &len, 8)) || (st = out(w, t->name, (size_t)len)) || (st = out(w, &t->n_dims, 4)) ||
             (st = out(w, t->ne, 8 * (size_t)t->n_dims)) || (st = out(w, &type, 4)) || (st = out(w, &t->offset, 8)))
             return st;
     }
-    if ((st = pad(w))) return st;
-    w->cur = 0;
-    w->cur_written = 0;
-    /* zero-sized leading tensors are complete already; no padding is due for them */
-    while (w->cur < w->n_t && w->t[w->cur].nbytes == 0) w->cur++;
-    return HM_OK;
+    return pad(w);
 }
 
 hm_status hm_gguf_writer_write(hm_gguf_writer *w, const void *data, size_t n) {
@@ -426,9 +559,11 @@ hm_status hm_gguf_writer_write(hm_gguf_writer *w, const void *data, size_t n) {
         if (w->cur >= w->n_t)
             return fail(w, HM_ERR_ARG, "%s: %zu bytes written past the end of the declared tensor data", w->path, n);
         const wtensor *t = &w->t[w->cur];
+        hm_status st;
+        if (t->split > w->cur_split && (st = split_advance(w, t->split))) return st;
         uint64_t room = t->nbytes - w->cur_written;
         size_t k = n < room ? n : (size_t)room;
-        hm_status st = out(w, p, k);
+        st = out(w, p, k);
         if (st) return st;
         w->cur_written += k;
         p += k;
@@ -455,14 +590,20 @@ hm_status hm_gguf_writer_finish(hm_gguf_writer *w) {
     if (!st && w->cur < w->n_t)
         st = fail(w, HM_ERR_ARG, "%s: tensor %lld '%s': %llu of %llu bytes written", w->path, (long long)w->cur,
                   w->t[w->cur].name, (unsigned long long)w->cur_written, (unsigned long long)w->t[w->cur].nbytes);
+    if (!st && w->split && w->cur_split < w->n_split - 1) st = split_advance(w, w->n_split - 1); /* zero-byte tails */
     if (!st && (fflush(w->f) != 0 || fsync(fileno(w->f)) != 0))
         st = fail(w, HM_ERR_IO, "%s: flush/fsync failed: %s", w->tmp, strerror(errno));
     if (w->f && fclose(w->f) != 0 && !st) st = fail(w, HM_ERR_IO, "%s: close failed: %s", w->tmp, strerror(errno));
     w->f = NULL;
+    /* every split renamed only once all are complete */
+    for (int32_t i = 0; !st && w->split && i < w->n_split - 1; i++)
+        if (rename(w->sp_tmp[i], w->sp_path[i]) != 0)
+            st = fail(w, HM_ERR_IO, "%s: rename to %s failed: %s", w->sp_tmp[i], w->sp_path[i], strerror(errno));
     if (!st && rename(w->tmp, w->path) != 0) st = fail(w, HM_ERR_IO, "%s: rename to %s failed: %s", w->tmp, w->path, strerror(errno));
     if (st) {
         if (w->user_err) *w->user_err = w->msg;
         unlink(w->tmp);
+        for (int32_t i = 0; w->sp_tmp && i < w->n_opened; i++) unlink(w->sp_tmp[i]);
     } else {
         fsync_dir(w->path);
     }

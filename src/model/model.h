@@ -58,6 +58,8 @@ struct hm_model {
     uint64_t mlocked_bytes; /* --mlock without the SSD tier: the experts' span of the mapping,
                                locked in RAM (hm_units_span); 0: not locked */
     bool prefetch;        /* --prefetch: read layer l+1's predicted units during layer l */
+    int32_t stats_every;  /* > 0: a stats line every N tokens (hm_placement_opts.stats_every) */
+    uint64_t stats_tokens; /* tokens through the store so far, for stats_every */
     /* GPU placement (model_gpu.h): NULL = every op on the CPU. With it the arch keeps its dense
      * weights and each session its KV cache and activations on the device, and the store's hot
      * tier is gpu->vram (hot units computed there, the others by the CPU at the same time). */
@@ -78,6 +80,9 @@ struct hm_model {
 /* model_experts.c: build the unit table and open the store with o (NULL = count only). */
 hm_status hm_model_experts_open(hm_model *m, const hm_placement_opts *o, hm_err *err);
 void hm_model_experts_close(hm_model *m);
+/* After a step of n_tok tokens: with stats_every, a line of the store's stats on stderr each time
+ * the tokens pass a multiple of it. */
+void hm_model_experts_tick(hm_model *m, int32_t n_tok);
 /* Test-only: the SSD tier's read fault hook (tier_ssd.h) for tiers opened from now on. */
 void hm_model_test_io_fault(hm_ssd_fault_fn fn, void *ctx);
 

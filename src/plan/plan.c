@@ -42,6 +42,7 @@ void hm_plan_opts_default(hm_plan_opts *o) {
     o->ram_budget = -1;
     o->ram_budget_frac = -1;
     o->update_rate = -1;
+    o->elite_pct = -1;
     o->seed = 1;
     o->calibrate = true;
     o->ep_redundant = -1;
@@ -69,7 +70,7 @@ typedef struct plan {
     hm_policy_kind kind;
     int64_t sim_tokens;
     pol_run in_sample;      /* static from the profile's counts */
-    pol_run on[4];          /* each policy on the trace / synthetic trace, indexed by kind */
+    pol_run on[HM_POLICY_COUNT];          /* each policy on the trace / synthetic trace, indexed by kind */
     int32_t ncm;            /* --n-cpu-moe N */
     uint64_t ncm_bytes;
     double ncm_hit;
@@ -85,7 +86,7 @@ typedef struct plan {
     uint64_t ram_budget, ram_slot_bytes;
     int64_t ram_slots, ram_stage; /* policy slots; staging buffers */
     pol_run ram_in_sample;  /* static over vram + ram slots, on the profile's counts */
-    pol_run ram_on[4];      /* each policy over vram + ram slots on the same routing */
+    pol_run ram_on[HM_POLICY_COUNT];      /* each policy over vram + ram slots on the same routing */
     bool ssd_measured;
     hm_calib_ssd ssd;
     char ssd_note[256];
@@ -130,6 +131,7 @@ static hm_status open_store_as(const plan *pl, int64_t slots, hm_policy_kind kin
     eo.policy.static_per_layer = pl->o->static_per_layer;
     eo.policy.warm_start = pl->o->warm_start;
     if (pl->o->update_rate >= 0) eo.policy.update_rate = pl->o->update_rate;
+    if (pl->o->elite_pct >= 0) eo.policy.elite_pct = pl->o->elite_pct;
     eo.profile = pl->have_prof ? &pl->prof : NULL;
     return hm_experts_open(s, &pl->units, &eo, err);
 }
@@ -453,7 +455,7 @@ static hm_status plan_ram(plan *pl, hm_err *err) {
     hm_status st;
     int64_t both = pl->slots + pl->ram_slots;
     if (!o->trace_path && (st = eval_in_sample(pl, both, &pl->ram_in_sample, err))) return st;
-    for (int k = HM_POLICY_STATIC; k <= HM_POLICY_LRU; k++)
+    for (int k = HM_POLICY_STATIC; k < HM_POLICY_COUNT; k++)
         if ((st = eval_on_routing(pl, both, (hm_policy_kind)k, &pl->ram_on[k], err))) return st;
     return HM_OK;
 }
@@ -527,7 +529,7 @@ static void print_ram(const plan *pl, FILE *out) {
         else
             fprintf(out, "  measured on %s (staging hits left out)\n", src);
         fprintf(out, "  all policies, %s hit rate:", pl->have_vram ? "VRAM + RAM" : "RAM");
-        for (int k = HM_POLICY_STATIC; k <= HM_POLICY_LRU; k++)
+        for (int k = HM_POLICY_STATIC; k < HM_POLICY_COUNT; k++)
             if (pl->ram_on[k].done) fprintf(out, " %s %.1f %%", hm_policy_name((hm_policy_kind)k), 100.0 * pl->ram_on[k].hit);
         if (pl->ram_in_sample.done) fprintf(out, ", static in-sample %.1f %%", 100.0 * pl->ram_in_sample.hit);
         fputc('\n', out);
@@ -569,7 +571,7 @@ static json_t *ram_json(const plan *pl) {
     json_object_set_new(o, "ssd_rate", json_real(p.miss));
     json_object_set_new(o, "routed_mib_per_token", json_real(p.routed_mib));
     json_object_set_new(o, "ssd_mib_per_token", json_real(p.ssd_mib));
-    for (int k = HM_POLICY_STATIC; k <= HM_POLICY_LRU; k++)
+    for (int k = HM_POLICY_STATIC; k < HM_POLICY_COUNT; k++)
         if (pl->ram_on[k].done) json_object_set_new(cmp, hm_policy_name((hm_policy_kind)k), json_real(pl->ram_on[k].hit));
     if (pl->ram_in_sample.done) json_object_set_new(cmp, "static_in_sample", json_real(pl->ram_in_sample.hit));
     json_object_set_new(o, "compare_vram_ram", cmp);
@@ -630,7 +632,7 @@ static void print_text(const plan *pl, FILE *out) {
         fprintf(out, "  L%-3d %4d %5.1f %%%s", l, r->resident[l], h, (l % 4 == 3 || l == u->n_layer - 1) ? "\n" : "   |");
     }
     fprintf(out, "\nall policies on the same routing (%s):\n", src);
-    for (int k = HM_POLICY_STATIC; k <= HM_POLICY_LRU; k++)
+    for (int k = HM_POLICY_STATIC; k < HM_POLICY_COUNT; k++)
         if (pl->on[k].done) fprintf(out, "  %-7s %5.1f %%\n", hm_policy_name((hm_policy_kind)k), 100.0 * pl->on[k].hit);
     if (pl->in_sample.done) fprintf(out, "  static on the profile's own counts: %.1f %%\n", 100.0 * pl->in_sample.hit);
     fprintf(out, "\nllama.cpp with the same bytes: -ngl 99 --n-cpu-moe %d (experts of layers %d..%d in VRAM, %s): "
@@ -734,7 +736,7 @@ static hm_status print_json(const plan *pl, FILE *out) {
         json_array_append_new(layers, lo);
     }
     json_object_set_new(j, "layers", layers);
-    for (int k = HM_POLICY_STATIC; k <= HM_POLICY_LRU; k++)
+    for (int k = HM_POLICY_STATIC; k < HM_POLICY_COUNT; k++)
         if (pl->on[k].done) json_object_set_new(cmp, hm_policy_name((hm_policy_kind)k), json_real(pl->on[k].hit));
     if (pl->in_sample.done) json_object_set_new(cmp, "static_in_sample", json_real(pl->in_sample.hit));
     json_object_set_new(cmp, "routing", json_string(src));
@@ -844,7 +846,7 @@ hm_status hm_plan(const hm_plan_opts *o, FILE *out, hm_err *err) {
         pl->sim_tokens = n;
         if ((st = eval_in_sample(pl, pl->slots, &pl->in_sample, err))) goto done;
     }
-    for (int k = HM_POLICY_STATIC; k <= HM_POLICY_LRU; k++)
+    for (int k = HM_POLICY_STATIC; k < HM_POLICY_COUNT; k++)
         if ((st = eval_on_routing(pl, pl->slots, (hm_policy_kind)k, &pl->on[k], err))) goto done;
     for (int peer = 0; pl->have_gpus && peer < 2; peer++)
         if ((st = eval_routing_as(pl, pl->slots, pl->kind, true, peer, &pl->gpu_on[peer], pl->gused[peer],

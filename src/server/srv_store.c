@@ -134,6 +134,9 @@ void srv_store_metrics(srv_sched *s, srv_buf *o) {
                    "# TYPE hotmoe_expert_swaps_total counter\n");
     srv_buf_printf(o, "hotmoe_expert_swaps_total{direction=\"in\"} %llu\nhotmoe_expert_swaps_total{direction=\"out\"} %llu\n",
                    (unsigned long long)u.swaps_in, (unsigned long long)u.swaps_out);
+    srv_buf_str(o, "# HELP hotmoe_expert_elite_units Units of policy elite's static elite holding a VRAM slot.\n"
+                   "# TYPE hotmoe_expert_elite_units gauge\n");
+    srv_buf_printf(o, "hotmoe_expert_elite_units %lld\n", (long long)u.elite_units);
     srv_buf_str(o, "# HELP hotmoe_expert_vram_slots VRAM slots for expert units.\n"
                    "# TYPE hotmoe_expert_vram_slots gauge\n");
     srv_buf_printf(o, "hotmoe_expert_vram_slots{state=\"total\"} %lld\nhotmoe_expert_vram_slots{state=\"used\"} %lld\n",

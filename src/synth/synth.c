@@ -243,7 +243,9 @@ hm_status hm_synth(const hm_synth_opts *o, hm_err *err) {
 
     st = hm_gguf_writer_open(&w, o->out_path, 0, err);
     if (st) goto done;
-    st = write_metadata(w, o, p, q35, g4, n_layer, m, routing, err);
+    if (o->split_max_bytes || o->split_max_tensors)
+        st = hm_gguf_writer_set_split(w, o->split_max_bytes, o->split_max_tensors);
+    if (!st) st = write_metadata(w, o, p, q35, g4, n_layer, m, routing, err);
     for (int64_t i = 0; !st && i < n_tensors; i++) {
         const hm_synth_tensor *t = &plan[i];
         st = hm_gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne);
