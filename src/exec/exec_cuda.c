@@ -69,7 +69,7 @@ static bool attn_any(const hm_exec_model *xm) {
 typedef struct hm_xdev {
     hm_gpu_dstate ds;         /* first: the device, its layers, x, h, the MoE's buffers (gpu_chain.h);
                                  ds.kv is [l1 - l0][2][n_head_kv][n_ctx][head_dim] */
-    size_t kv_off0;           /* the KV block's element where its first layer's K starts (s->kvl) */
+    size_t kv_off0;           /* the KV block's byte where its first layer's K starts (s->kvl) */
     int32_t rs0;              /* the recurrent slot of its first layer that has one */
     float *rs;                /* device [its recurrent layers][hm_exec_rs_floats], owned */
     size_t rs_total;          /* floats of rs */
@@ -130,20 +130,17 @@ static hm_status xdev_open(const hm_model *m, const hm_state_opts *o, int32_t de
 
     /* its layers' K/V (s->kvl, from its first layer that has any) and recurrent states [rs0, rs0 + n_rs) */
     int32_t n_rs = 0;
-    size_t kv_elems = 0;
+    size_t kv_bytes = 0;
     bool any_kv = false;
     g->rs0 = -1;
     for (int32_t il = l0; il < l1; il++) {
         const int32_t rs = hm_exec_rs_slot(xm, il);
         if (rs >= 0 && n_rs++ == 0) g->rs0 = rs;
-        if (s->kvl[il].elems == 0) continue;
+        if (s->kvl[il].bytes == 0) continue;
         if (!any_kv) g->kv_off0 = s->kvl[il].off, any_kv = true;
-        kv_elems += 2 * s->kvl[il].elems;
+        kv_bytes += 2 * s->kvl[il].bytes;
     }
     /* sizes first: a device that is full makes the expert pool give up room for all of them */
-    size_t kv_bytes = 0;
-    if (!hm_mul_ok(kv_elems, 2, &kv_bytes))
-        return hm_errf(err, HM_ERR_NOMEM, "gpu: the KV cache for %d positions is too large", o->n_ctx);
     g->rs_total = hm_exec_rs_floats(&xm->dn) * (size_t)n_rs;
     const size_t rs_bytes = g->rs_total * sizeof(float);
     /* the arch's buffers, then router logits, sel, cold, logits, ints, sel_all, slots, pred */
@@ -223,7 +220,6 @@ hm_status hm_exec_gpu_state_open(const hm_model *m, const hm_state_opts *o, hm_e
     HM_ASSERT(gpu && gpu->arch && !s->dev);
     hm_status st = hm_gpu_state_opts_check(o, err);
     if (st != HM_OK) return st;
-    s->kv_elem_size = 2;
     /* one state per device that runs layers or the output, in layer order */
     hm_gpu_link links[HM_MAX_GPUS];
     const int32_t n_links = hm_gpu_chain_links(gpu, xm->n_layer, links);
@@ -318,9 +314,9 @@ static hm_status g_add_rmsnorm(hm_exec *x, hm_buf acc, hm_buf add, const float *
 static void kv_of(const hm_exec *x, int32_t il, uint16_t **kc, uint16_t **vc) {
     const gpu_pass *p = x->be;
     const hm_kv_layer *c = &p->s->kvl[il];
-    HM_ASSERT(c->elems > 0 && c->off >= p->g->kv_off0);
-    *kc = p->g->ds.kv + (c->off - p->g->kv_off0);
-    *vc = *kc + c->elems;
+    HM_ASSERT(c->bytes > 0 && c->off >= p->g->kv_off0);
+    *kc = (uint16_t *)(void *)((char *)p->g->ds.kv + (c->off - p->g->kv_off0));
+    *vc = (uint16_t *)(void *)((char *)*kc + c->bytes);
 }
 
 static hm_status g_qk_norm_rope_kv(hm_exec *x, int32_t il, const hm_qk_rope *p) {

@@ -346,6 +346,9 @@ void hm_cpu_attention(hm_pool *pool, const float *q, int64_t n_tok, const int32_
 
 /* ---- tiled prefill attention (online softmax) ----
  *
+ * Any cache row type but f32: f16 blocks are converted in registers, bf16 and quantised (q8_0,
+ * q4_0) rows go through their type's to_float into the same f32 tile, once per block of queries.
+ *
  * An item is (block of up to TQ consecutive queries, kv head g). It walks the keys its queries can
  * see in blocks of 16: each K and V block is converted to f32 once and used by every (query, q
  * head of g) row of the item, TQ * n_rep rows, instead of once per query; each row keeps a running
@@ -379,7 +382,10 @@ size_t hm_cpu_attn_tiled_scratch_floats(int n_head, int n_kv_head, int head_dim,
 typedef struct {
     const float *q;
     const int32_t *pos;
-    const uint16_t *kc, *vc;
+    const char *kc, *vc;
+    const hm_type_traits *tt; /* the cache's row type: f16 (converted here) or another, through to_float */
+    int f16;
+    size_t rb;                /* row bytes */
     float *out, *ws;
     int64_t n_tok, cap;
     int32_t window;
@@ -390,7 +396,17 @@ typedef struct {
 } tiled_ctx;
 
 /* rows p .. p + nk - 1 of a ring cache (row p % cap) -> tile [16][d] f32, rows >= nk zeroed */
-static void ring_block(const uint16_t *base, int64_t cap, int64_t p, int nk, int d, float *tile) {
+static void ring_block(const tiled_ctx *c, const char *kvb, int64_t p, int nk, float *tile) {
+    const int64_t cap = c->cap;
+    const int d = c->head_dim;
+    if (!c->f16) { /* bf16 / quantised rows: the type's dequantisation, row by row */
+        for (int j = 0; j < 16; j++) {
+            if (j < nk) c->tt->to_float(kvb + (size_t)((p + j) % cap) * c->rb, tile + j * d, d);
+            else memset(tile + j * d, 0, (size_t)d * sizeof(float));
+        }
+        return;
+    }
+    const uint16_t *base = (const uint16_t *)(const void *)kvb;
     for (int j = 0; j < 16; j++) {
         const uint16_t *src = j < nk ? base + (size_t)((p + j) % cap) * (size_t)d : NULL;
         for (int i = 0; i < d; i += 16)
@@ -418,14 +434,14 @@ static void tiled_item(const tiled_ctx *c, int64_t item, float *ws) {
         l[r] = 0.0f;
     }
     memset(o, 0, (size_t)rows * (size_t)d * sizeof(float));
-    const uint16_t *kb = c->kc + (size_t)g * (size_t)c->cap * (size_t)d;
-    const uint16_t *vb = c->vc + (size_t)g * (size_t)c->cap * (size_t)d;
+    const char *kb = c->kc + (size_t)g * (size_t)c->cap * c->rb;
+    const char *vb = c->vc + (size_t)g * (size_t)c->cap * c->rb;
     const __m512 scale = _mm512_set1_ps(c->scale), ninf = _mm512_set1_ps(-INFINITY);
     const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     for (int64_t p = lo; p <= hi; p += 16) {
         const int nk = (int)(hi + 1 - p < 16 ? hi + 1 - p : 16);
-        ring_block(kb, c->cap, p, nk, d, kt);
-        ring_block(vb, c->cap, p, nk, d, vt);
+        ring_block(c, kb, p, nk, kt);
+        ring_block(c, vb, p, nk, vt);
         for (int i = 0; i < nq; i++) {
             if (p > qhi[i] || p + nk <= qlo[i]) continue; /* no visible key in this block */
             /* lanes j with qlo <= p + j <= qhi */
@@ -491,18 +507,20 @@ static void tiled_task(void *vctx, int ith, int nth) {
 #endif
 
 void hm_cpu_attention_tiled(hm_pool *pool, const float *q, int64_t n_tok, const int32_t *pos,
-                            const uint16_t *k_cache, const uint16_t *v_cache, int64_t cap, int32_t window,
+                            const void *k_cache, const void *v_cache, int type, int64_t cap, int32_t window,
                             int n_head, int n_kv_head, int head_dim, float scale, float *out, float *ws) {
     HM_ASSERT(hm_cpu_attn_tiled_takes(n_tok, n_head, n_kv_head, head_dim) && cap > 0 && window >= 0);
+    HM_ASSERT(type != HM_TYPE_F32 && hm_cpu_kv_row_ok(type, head_dim));
 #ifdef HM_CPU_AVX512
     for (int64_t t = 0; t < n_tok; t++) HM_ASSERT(pos[t] >= 0 && (window > 0 ? window <= cap : pos[t] < cap));
     const int nth = hm_pool_size(pool);
-    tiled_ctx c = {.q = q, .pos = pos, .kc = k_cache, .vc = v_cache, .out = out, .ws = ws, .n_tok = n_tok, .cap = cap,
+    tiled_ctx c = {.q = q, .pos = pos, .kc = k_cache, .vc = v_cache, .tt = hm_type_get(type), .f16 = type == HM_TYPE_F16,
+                   .rb = hm_row_size(type, head_dim), .out = out, .ws = ws, .n_tok = n_tok, .cap = cap,
                    .window = window, .n_head = n_head, .n_kv_head = n_kv_head, .head_dim = head_dim, .scale = scale,
                    .ws_floats = tiled_ws_floats(n_head, n_kv_head, head_dim)};
     atomic_init(&c.next, nth);
     hm_pool_run(pool, tiled_task, &c);
 #else
-    (void)pool, (void)q, (void)pos, (void)k_cache, (void)v_cache, (void)scale, (void)out, (void)ws;
+    (void)pool, (void)q, (void)pos, (void)k_cache, (void)v_cache, (void)type, (void)scale, (void)out, (void)ws;
 #endif
 }
