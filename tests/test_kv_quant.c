@@ -1,12 +1,13 @@
 /* test_kv_quant.c - the bf16 / q8_0 / q4_0 KV caches on the CPU (-ctk/-ctv).
  *
  * Kernels: hm_cpu_kv_write_ring must store each row exactly as ggml's reference quantiser does
- * (the type's from_float_ref, byte for byte); hm_cpu_attention_ring over that cache (the per-query
- * kernel for decode and short batches, the tiled kernel for prefill, a plain cache and a windowed
- * ring) must be exact attention over the dequantised values (a double reference computed from
- * to_float_ref of the stored rows, NMSE < 1e-10: f32 rounding only); and against the same attention
- * over an f16 cache of the same K/V it must stay inside a bound derived per output element from the
- * element error bounds of both types (see quant_bound below).
+ * (the type's from_float_ref, byte for byte); attention over that cache must be exact attention
+ * over the dequantised values (a double reference computed from to_float_ref of the stored rows,
+ * NMSE < 1e-10: f32 rounding only) in every kernel that reads it: hm_cpu_attention_ring's
+ * per-query kernel (short batches, rings) and tiled kernel (prefill; a plain cache and a windowed
+ * ring), and hm_cpu_attention_kv (the grouped decode kernel of a plain cache). Against the same
+ * attention over an f16 cache of the same K/V it must stay inside a bound derived per output
+ * element from the element error bounds of both types (see elem_bound below).
  * Model: the bundled tiny qwen3moe with a q8_0 cache vs f16 and f32 caches (logits of 96 positions,
  * prefill and token by token), and hm_model_kv_bytes of every type computed by hand (q8_0: 34 bytes
  * per 32 values). */
@@ -160,6 +161,19 @@ static void run_case(hm_pool *pool, int t, int d, int64_t n_pos, int64_t cap, in
         }
     const double e = nmse(out, ref, (size_t)(n_tok * row_q));
     const bool tiled = hm_cpu_attn_tiled_takes(n_tok, N_HEAD, N_KV, d);
+    if (W == 0 && cap >= n_pos && hm_cpu_attention_kv_takes(t, d)) {
+        /* a plain cache's decode path: the grouped kernel of cpu_attn.c over the same rows */
+        hm_scratch scr = {.size = hm_cpu_attention_scratch_size(n_tok, cap, N_HEAD, d, hm_pool_size(pool))};
+        scr.data = malloc(scr.size);
+        float *og = malloc((size_t)(n_tok * row_q) * sizeof(float));
+        hm_cpu_attention_kv(pool, t, q, n_tok, qpos, kc, vc, cap, N_HEAD, N_KV, d, scale, og, &scr);
+        const double eg = nmse(og, ref, (size_t)(n_tok * row_q));
+        CHECKF(eg < 1e-10, "%s d=%d n_tok=%d (grouped): nmse %.3g vs the dequantised cache", tt->name, d, n_tok, eg);
+        printf("%-5s d=%3d n_tok=%2d cap=%4lld W=%2d grouped   nmse(dequant ref) %.2e\n", tt->name, d, n_tok,
+               (long long)cap, W, eg);
+        free(og);
+        free(scr.data);
+    }
     CHECKF(e < 1e-10, "%s d=%d n_tok=%d cap=%lld W=%d (%s): nmse %.3g vs the dequantised cache", tt->name, d, n_tok,
            (long long)cap, W, tiled ? "tiled" : "per query", e);
     CHECKF(worst <= 1.0, "%s d=%d n_tok=%d: |out - out_f16| reaches %.3f of the derived bound", tt->name, d, n_tok,

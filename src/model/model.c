@@ -545,7 +545,11 @@ void hm_model_kv_write(hm_pool *pool, hm_kv_type kv_type, char *kc, char *vc, in
 void hm_model_attention(hm_pool *pool, hm_kv_type kv_type, const float *q, int64_t n, const int32_t *pos,
                         const char *kc, const char *vc, int64_t n_ctx, int n_head, int n_kv, int hd, float scale,
                         float *out, float *att_scratch, hm_scratch *scratch) {
-    if (kv_type != HM_KV_F16) /* the general cache's attention over n_ctx rows, no window */
+    const int rt = hm_kv_row_type(kv_type);
+    if (kv_type != HM_KV_F16 && kv_type != HM_KV_F32 && hm_cpu_attention_kv_takes(rt, hd) &&
+        !hm_cpu_attn_tiled_takes(n, n_head, n_kv, hd)) /* decode over a bf16 / quantised cache: grouped */
+        hm_cpu_attention_kv(pool, rt, q, n, pos, kc, vc, n_ctx, n_head, n_kv, hd, scale, out, scratch);
+    else if (kv_type != HM_KV_F16) /* the general cache's attention over n_ctx rows, no window */
         hm_cpu_attention_ring(pool, q, n, pos, kc, vc, hm_kv_row_type(kv_type), n_ctx, 0, n_head, n_kv, hd, scale, out,
                               att_scratch);
     else

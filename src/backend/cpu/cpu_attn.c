@@ -9,6 +9,10 @@
  * GFLOP/s), since the grouped path already shares each conversion over a GQA group's heads and
  * both are bound by their FMAs' loads.
  *
+ * The same kernels read a plain bf16 / q8_0 / q4_0 cache (hm_cpu_attention_kv: decode over -ctk
+ * q8_0): the grouped path's 16-row blocks come through the type's to_float instead of the f16
+ * conversion, once per block for the GQA group's q heads.
+ *
  * Work items are (query, kv head, KV split) on AVX-512 builds with head_dim % 16 == 0 (the
  * grouped path: the q heads of one kv head share each f16 -> f32 conversion of a 16-key K or V
  * block, and scores come 16 keys at a time), else (query, q head, KV split). With few items
@@ -98,7 +102,10 @@ typedef struct {
     hm_pool *pool;
     const float *q;
     const int32_t *pos;
-    const uint16_t *kc, *vc;
+    const uint16_t *kc, *vc;  /* f16 rows, or (quant) the bytes of bf16 / q8_0 / q4_0 rows */
+    const hm_type_traits *tt; /* quant: the rows' type (the grouped path only) */
+    int quant;
+    size_t rb;                /* bytes of a row */
     float *out;
     int64_t n_tok, n_ctx;
     int n_head, n_kv_head, head_dim, n_split;
@@ -184,6 +191,14 @@ static void f16_block(const uint16_t *src, int nk, int d, float *tile) {
                                                       : _mm512_setzero_ps());
 }
 
+/* rows [0, nk) of a bf16 / quantised block (rows rb bytes apart) -> tile [16][d] f32, rows >= nk zeroed */
+static void quant_block(const hm_type_traits *tt, const char *src, size_t rb, int nk, int d, float *tile) {
+    for (int j = 0; j < 16; j++) {
+        if (j < nk) tt->to_float(src + (size_t)j * rb, tile + j * d, d);
+        else memset(tile + j * d, 0, (size_t)d * sizeof(float));
+    }
+}
+
 /* Grouped item (t, kv head g, split s): the n_rep q heads of g share every K/V block conversion.
  * Per head: scores of 16 keys per step (one reduce16), softmax, then o += p V over 16-key tiles. */
 static void attn_group_item(const attn_ctx *c, int64_t item, float *sc, float *tile) {
@@ -198,10 +213,13 @@ static void attn_group_item(const attn_ctx *c, int64_t item, float *sc, float *t
     const size_t scs = (size_t)(hm_align_up((uint64_t)c->n_ctx, 16) + 16);
     const uint16_t *kb = c->kc + (size_t)g * (size_t)c->n_ctx * (size_t)d;
     const uint16_t *vb = c->vc + (size_t)g * (size_t)c->n_ctx * (size_t)d;
+    const char *kq = (const char *)c->kc + (size_t)g * (size_t)c->n_ctx * c->rb;
+    const char *vq = (const char *)c->vc + (size_t)g * (size_t)c->n_ctx * c->rb;
     const __m512 scale = _mm512_set1_ps(c->scale);
     for (int64_t p = p0; p < p1; p += 16) {
         const int nk = (int)(p1 - p < 16 ? p1 - p : 16);
-        f16_block(kb + p * d, nk, d, tile);
+        if (c->quant) quant_block(c->tt, kq + (size_t)p * c->rb, c->rb, nk, d, tile);
+        else f16_block(kb + p * d, nk, d, tile);
         for (int r = 0; r < n_rep; r++) {
             const float *qv = c->q + (t * c->n_head + g * n_rep + r) * d;
             __m512 acc[16];
@@ -229,7 +247,8 @@ static void attn_group_item(const attn_ctx *c, int64_t item, float *sc, float *t
     }
     for (int64_t p = p0; p < p1; p += 16) {
         const int nk = (int)(p1 - p < 16 ? p1 - p : 16);
-        f16_block(vb + p * d, nk, d, tile);
+        if (c->quant) quant_block(c->tt, vq + (size_t)p * c->rb, c->rb, nk, d, tile);
+        else f16_block(vb + p * d, nk, d, tile);
         for (int r = 0; r < n_rep; r++) {
             const float *pr = sc + r * scs + (p - p0);
             float *o = dst[r];
@@ -310,9 +329,37 @@ static void attn_task(void *vctx, int ith, int nth) {
     }
 }
 
+static void attention(hm_pool *pool, int type, const float *q, int64_t n_tok, const int32_t *pos, const void *k_cache,
+                      const void *v_cache, int64_t n_ctx, int n_head, int n_kv_head, int head_dim, float scale,
+                      float *out, hm_scratch *scratch);
+
 void hm_cpu_attention(hm_pool *pool, const float *q, int64_t n_tok, const int32_t *pos,
                       const uint16_t *k_cache, const uint16_t *v_cache, int64_t n_ctx, int n_head,
                       int n_kv_head, int head_dim, float scale, float *out, hm_scratch *scratch) {
+    attention(pool, HM_TYPE_F16, q, n_tok, pos, k_cache, v_cache, n_ctx, n_head, n_kv_head, head_dim, scale, out,
+              scratch);
+}
+
+bool hm_cpu_attention_kv_takes(int type, int head_dim) {
+#ifdef HM_CPU_AVX512
+    return (type == HM_TYPE_BF16 || type == HM_TYPE_Q8_0 || type == HM_TYPE_Q4_0) && head_dim % 16 == 0 &&
+           head_dim <= 512 && hm_cpu_kv_row_ok(type, head_dim);
+#else
+    (void)type, (void)head_dim;
+    return false;
+#endif
+}
+
+void hm_cpu_attention_kv(hm_pool *pool, int type, const float *q, int64_t n_tok, const int32_t *pos,
+                         const void *k_cache, const void *v_cache, int64_t n_ctx, int n_head, int n_kv_head,
+                         int head_dim, float scale, float *out, hm_scratch *scratch) {
+    HM_ASSERT(hm_cpu_attention_kv_takes(type, head_dim));
+    attention(pool, type, q, n_tok, pos, k_cache, v_cache, n_ctx, n_head, n_kv_head, head_dim, scale, out, scratch);
+}
+
+static void attention(hm_pool *pool, int type, const float *q, int64_t n_tok, const int32_t *pos, const void *k_cache,
+                      const void *v_cache, int64_t n_ctx, int n_head, int n_kv_head, int head_dim, float scale,
+                      float *out, hm_scratch *scratch) {
     HM_ASSERT(n_kv_head > 0 && n_head % n_kv_head == 0);
     const int nth = hm_pool_size(pool);
     attn_ctx c;
@@ -322,6 +369,9 @@ void hm_cpu_attention(hm_pool *pool, const float *q, int64_t n_tok, const int32_
     c.pos = pos;
     c.kc = k_cache;
     c.vc = v_cache;
+    c.quant = type != HM_TYPE_F16;
+    c.tt = hm_type_get(type);
+    c.rb = hm_row_size(type, head_dim);
     c.out = out;
     c.n_tok = n_tok;
     c.n_ctx = n_ctx;
@@ -332,6 +382,7 @@ void hm_cpu_attention(hm_pool *pool, const float *q, int64_t n_tok, const int32_
 #ifdef HM_CPU_AVX512
     c.grouped = head_dim % 16 == 0 && head_dim <= 512;
 #endif
+    HM_ASSERT(!c.quant || c.grouped); /* bf16 / quantised rows: the grouped path only */
     c.n_split = attn_splits(n_tok, c.grouped ? n_kv_head : n_head, nth);
     for (int64_t t = 0; t < n_tok; t++) HM_ASSERT(pos[t] >= 0 && pos[t] < n_ctx);
     hm_bump b = hm_bump_init(scratch);

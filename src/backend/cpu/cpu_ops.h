@@ -135,6 +135,16 @@ void hm_cpu_attention(hm_pool *pool, const float *q, int64_t n_tok, const int32_
                       const uint16_t *k_cache, const uint16_t *v_cache, int64_t n_ctx, int n_head,
                       int n_kv_head, int head_dim, float scale, float *out, hm_scratch *scratch);
 
+/* hm_cpu_attention over a plain cache of bf16 / q8_0 / q4_0 rows (hm_row_size(type, head_dim) bytes
+ * each, [n_kv_head][n_ctx] rows), its grouped kernel dequantising each 16-row block once for a GQA
+ * group's q heads (the decode path of those caches; their prefill goes to the tiled kernel through
+ * hm_cpu_attention_ring). Taken on AVX-512 builds with head_dim % 16 == 0 up to 512
+ * (hm_cpu_attention_kv_takes); scratch: hm_cpu_attention_scratch_size. */
+bool hm_cpu_attention_kv_takes(int type, int head_dim);
+void hm_cpu_attention_kv(hm_pool *pool, int type, const float *q, int64_t n_tok, const int32_t *pos,
+                         const void *k_cache, const void *v_cache, int64_t n_ctx, int n_head, int n_kv_head,
+                         int head_dim, float scale, float *out, hm_scratch *scratch);
+
 /* ---- the general cache (cpu_attn_ring.c): any row type, ring or plain, windowed or not ---- */
 
 /* Ring-buffer KV (one layer): k_cache, v_cache: [n_kv_head][cap] rows of head_dim values of a cache
