@@ -3,6 +3,7 @@
 #   - `inspect -c N -ctk T --json`: kv_bytes of q8_0 (34 bytes per 32 values), q4_0 (18 per 32) and
 #     bf16 (2 a value) computed here by hand from the file's hparams, for the bundled model;
 #   - K and V of different types and an unknown type are refused with a message (run and serve);
+#   - `serve -ctk q8_0 -ctv q8_0` comes up and answers a completion;
 #   - perplexity of the bundled model on the held-out split with a q8_0 cache: within 1 % of
 #     transformers' (tools/train_tiny/results/eval.json, the same reference cli_tiny_model.sh holds
 #     the f16 cache to; measured: 5.8379 with q8_0, 5.8386 with f16, transformers 5.8361);
@@ -38,6 +39,20 @@ check "-ctk q5_1 refused" test "$(code "$EXE" logits -m "$M" --tokens 1,2 -o "$t
 check "... naming the types" grep -q "q8_0" "$tmp/err"
 check "serve -ctk q8_0 -ctv q4_0 refused" test "$(code "$EXE" serve -m "$M" -ctk q8_0 -ctv q4_0)" != 0
 check "... naming one type for both" grep -q "one type for both" "$tmp/err"
+
+# ---- serve -ctk q8_0: every slot's cache q8_0, a completion through it
+if command -v curl >/dev/null; then
+    LOG="$tmp/serve.log"
+    hm_serve_up "$M" -ctk q8_0 -ctv q8_0 -c 256 -t 2
+    check "serve -ctk q8_0 starts" test "$up" = 1
+    if [ "$up" = 1 ]; then
+        st=$(curl -s -o "$tmp/c.json" -w '%{http_code}' "http://127.0.0.1:$PORT/v1/completions" \
+            -d '{"prompt":"Once upon a time","max_tokens":8,"temperature":0}')
+        check "serve -ctk q8_0: a completion (HTTP $st)" test "$st" = 200
+        kill "$pid" 2>/dev/null
+        wait "$pid" 2>/dev/null
+    fi
+fi
 
 # ---- perplexity with a q8_0 cache against transformers
 ref=$(jq .ppl_q8_0 "$EV")
