@@ -19,7 +19,8 @@
  * lengths 1 and 7) run the exact kernels and must match the exact reference within 1e-10 NMSE; with flash off (hm_cuda_set_flash) long batches
  * must too. Every run twice into a NaN-filled output: bit-identical. The times printed are
  * information, not checks.
- * q8_0 caches (-ctk q8_0; plain caches, hm_cuda_attention_kv): the cache is written on the device by
+ * q8_0 caches (-ctk q8_0; hm_cuda_attention_kv for plain caches, hm_cuda_gemma_attention_kv for
+ * rings and every case as the ring op): the cache is written on the device by
  * hm_cuda_kv_write_q8_0 from f32 K/V and must hold the CPU reference quantiser's bytes (ggml's);
  * the references are computed from its dequantised values (code * scale, exact in f32): the exact
  * kernels within 1e-10 NMSE of exact attention over them, flash within the same bound as above
@@ -119,9 +120,12 @@ static double run_op(const flash_case *fc, bool plain, const float *dq, const in
     CK(hm_cuda_sync(ctx, &err));
     const double t0 = now_s();
     const int64_t kv_len = fc->pos0 + fc->n_tok;
-    if (fc->q8)
+    if (fc->q8 && plain)
         CK(hm_cuda_attention_kv(ctx, HM_CUDA_KV_Q8_0, dq, fc->n_tok, dpos, kv_len, dk, dv, fc->cap, fc->n_head,
                                 fc->n_kv, fc->hd, scale, dout, scr, scr_n, &err));
+    else if (fc->q8)
+        CK(hm_cuda_gemma_attention_kv(ctx, HM_CUDA_KV_Q8_0, dq, fc->n_tok, dpos, kv_len, dk, dv, fc->cap, fc->window,
+                                      fc->n_head, fc->n_kv, fc->hd, scale, dout, scr, scr_n, &err));
     else if (plain)
         CK(hm_cuda_attention(ctx, dq, fc->n_tok, dpos, kv_len, (const uint16_t *)dk, (const uint16_t *)dv, fc->cap,
                              fc->n_head, fc->n_kv, fc->hd, scale, dout, scr, scr_n, &err));
@@ -166,7 +170,8 @@ static void check_case(const flash_case *fc, bool flash) {
     } else {
         /* K/V rows of every position [cap][n_kv][hd] in f32 (every 97th value an outlier: a block's
          * scale is its max), written by the device's q8_0 write at positions 0 .. cap - 1 */
-        /* (the cases with q8 set are plain, K != V, hd a multiple of 32) */
+        /* (the cases with q8 set have K != V and hd a multiple of 32; a ring's rows are filled the
+         * same way: row p % cap for p < cap is row p) */
         const int64_t row = (int64_t)fc->n_kv * hd;
         float *kin = xmalloc(nc * 4), *vin = xmalloc(nc * 4);
         fill_normal(&seed, kin, (int64_t)nc, 1.0f);
@@ -231,7 +236,6 @@ static void check_case(const flash_case *fc, bool flash) {
      * op, the ring op with only its own scratch (flash unsplit) */
     for (int entry = 0; entry < 3; entry++) {
         if ((entry == 1 && !plain) || (entry == 2 && !scr_flash)) continue;
-        if (fc->q8 && entry != 1) continue; /* a q8_0 cache: the plain op only (run_op) */
         const bool via_plain = entry == 1;
         const size_t sn = entry == 2 ? scr_ring : scr_n;
         const char *how = entry == 0 ? "ring" : entry == 1 ? "plain" : "ring1";
@@ -319,6 +323,10 @@ int main(void) {
         {"q8_0 hd 64, G 1", 64, 4, 4, 2048, 0, 100, 200, false, true},
         {"q8_0 hd 256 at 4096", 256, 16, 2, 8192, 0, 0, 4096, false, true},
         {"q8_0 long prefill 32768", 128, 16, 2, 32768, 0, 0, 32768, false, true},
+        {"q8_0 gemma4 sliding ring, window 1024", 256, 16, 8, 1600, 1024, 3000, 512, false, true},
+        {"q8_0 gemma4 ring decode, window 1024", 256, 16, 8, 1600, 1024, 3000, 1, false, true},
+        {"q8_0 hd 512 at depth", 512, 8, 1, 8192, 0, 6000, 64, false, true},
+        {"q8_0 hd 512 decode", 512, 8, 1, 8192, 0, 6000, 1, false, true},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) check_case(&cases[i], true);
     /* the exact kernels on long batches too (flash off), where their cost allows */

@@ -220,10 +220,9 @@ hm_status hm_exec_gpu_state_open(const hm_model *m, const hm_state_opts *o, hm_e
     HM_ASSERT(gpu && gpu->arch && !s->dev);
     hm_status st = hm_gpu_state_opts_check(o, err);
     if (st != HM_OK) return st;
-    if (o->kv_type == HM_KV_Q8_0 && (xm->attn_ring || attn_any(xm)))
-        return hm_errf(err, HM_ERR_UNSUPPORTED, "%s: a q8_0 KV cache on the GPU takes plain caches of head_dim 64, 128 "
-                       "or 256 (not %s yet): use -ctk f16, or run on the CPU", m->arch->name,
-                       xm->attn_ring ? "the sliding-window ring" : "this head_dim");
+    if (o->kv_type == HM_KV_Q8_0 && !xm->attn_ring && attn_any(xm))
+        return hm_errf(err, HM_ERR_UNSUPPORTED, "%s: a q8_0 KV cache on the GPU takes head_dim 64, 128 or 256 (not "
+                       "%d yet): use -ctk f16, or run on the CPU", m->arch->name, xm->head_dim);
     /* one state per device that runs layers or the output, in layer order */
     hm_gpu_link links[HM_MAX_GPUS];
     const int32_t n_links = hm_gpu_chain_links(gpu, xm->n_layer, links);
@@ -551,6 +550,8 @@ static hm_status g_attn_in_ring(hm_exec *x, int32_t il, const hm_ring_in *p) {
     if ((st = hm_cuda_rmsnorm(c, v, NULL, v, x->nr * nkv, hd, p->eps, x->err)) != HM_OK) return st;
     if ((st = hm_cuda_rope_neox_ff(c, q, x->nr, nh, hd, p->n_rot, ps->pos, p->theta, ff, x->err)) != HM_OK) return st;
     if ((st = hm_cuda_rope_neox_ff(c, k, x->nr, nkv, hd, p->n_rot, ps->pos, p->theta, ff, x->err)) != HM_OK) return st;
+    if (ps->s->kv_type == HM_KV_Q8_0)
+        return hm_cuda_kv_write_q8_0(c, kc, vc, ps->s->kvl[il].cap, nkv, hd, k, v, x->nr, ps->pos, x->err);
     return hm_cuda_kv_write_ring(c, kc, vc, ps->s->kvl[il].cap, nkv, hd, k, v, x->nr, ps->pos, x->err);
 }
 
@@ -559,9 +560,10 @@ static hm_status g_attention_ring(hm_exec *x, int32_t il, hm_buf q, hm_buf out, 
     const hm_attn_layer *a = &x->xm->attn_layers[il];
     uint16_t *kc, *vc;
     kv_of(x, il, &kc, &vc);
-    return hm_cuda_gemma_attention(p->g->ds.c, x->buf[q], x->nr, p->pos, p->kv_len, kc, vc, p->s->kvl[il].cap,
-                                   a->window, x->xm->n_head, a->n_head_kv, a->head_dim, scale, x->buf[out],
-                                   p->g->ds.scratch, p->g->ds.scratch_size, x->err);
+    return hm_cuda_gemma_attention_kv(p->g->ds.c, p->s->kv_type == HM_KV_Q8_0 ? HM_CUDA_KV_Q8_0 : HM_CUDA_KV_F16,
+                                      x->buf[q], x->nr, p->pos, p->kv_len, kc, vc, p->s->kvl[il].cap, a->window,
+                                      x->xm->n_head, a->n_head_kv, a->head_dim, scale, x->buf[out], p->g->ds.scratch,
+                                      p->g->ds.scratch_size, x->err);
 }
 
 static const hm_exec_ops cuda_ops = {
