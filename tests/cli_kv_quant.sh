@@ -48,6 +48,7 @@ if command -v curl >/dev/null; then
     if [ "$up" = 1 ]; then
         st=$(curl -s -o "$tmp/c.json" -w '%{http_code}' "http://127.0.0.1:$PORT/v1/completions" \
             -d '{"prompt":"Once upon a time","max_tokens":8,"temperature":0}')
+        echo "serve -ctk q8_0 -ctv q8_0: up, a completion answered HTTP $st"
         check "serve -ctk q8_0: a completion (HTTP $st)" test "$st" = 200
         kill "$pid" 2>/dev/null
         wait "$pid" 2>/dev/null
