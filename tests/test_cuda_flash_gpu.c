@@ -16,12 +16,12 @@
  *     mask or tile is > 1e-2) and printed.
  * Flash runs with its KV-split scratch (short batches over long contexts split each block's key
  * range; "ring") and without it (unsplit, "ring1"). Batches below HM_CUDA_FLASH_MIN_TOK (decode,
- * lengths 1 and 7) run the exact kernels and must match the exact reference within 1e-10 NMSE; with flash off (hm_cuda_set_flash) long batches
- * must too. Every run twice into a NaN-filled output: bit-identical. The times printed are
+ * lengths 1 and 7) run the exact kernels and must match the exact reference within 1e-10 NMSE; with
+ * flash off (hm_cuda_set_flash) long batches must too. Every run twice into a NaN-filled output: bit-identical. The times printed are
  * information, not checks.
- * q8_0 caches (-ctk q8_0; hm_cuda_attention_kv for plain caches, hm_cuda_gemma_attention_kv for
- * rings and every case as the ring op): the cache is written on the device by
- * hm_cuda_kv_write_q8_0 from f32 K/V and must hold the CPU reference quantiser's bytes (ggml's);
+ * q8_0, q4_0 and bf16 caches (-ctk; hm_cuda_attention_kv for plain caches, hm_cuda_gemma_attention_kv
+ * for rings and every case as the ring op): the cache is written on the device by
+ * hm_cuda_kv_write_kv from f32 K/V and must hold the CPU reference quantiser's bytes (ggml's);
  * the references are computed from its dequantised values (code * scale, exact in f32): the exact
  * kernels within 1e-10 NMSE of exact attention over them, flash within the same bound as above
  * against its contract, where the K and V values are rounded to f16 once too (cuda_flash.cu
@@ -42,7 +42,7 @@ typedef struct {
     int32_t window;
     int64_t pos0, n_tok;
     bool k_is_v; /* gemma4's global layers: one cache for K and V */
-    bool q8;     /* a q8_0 cache written on the device (plain caches only) */
+    int kvq;     /* 0: an f16 cache; else the hm_type (Q8_0, Q4_0, BF16) of a cache written on the device */
 } flash_case;
 
 static uint64_t seed = 0x5eedf1a5ull;
@@ -120,11 +120,13 @@ static double run_op(const flash_case *fc, bool plain, const float *dq, const in
     CK(hm_cuda_sync(ctx, &err));
     const double t0 = now_s();
     const int64_t kv_len = fc->pos0 + fc->n_tok;
-    if (fc->q8 && plain)
-        CK(hm_cuda_attention_kv(ctx, HM_CUDA_KV_Q8_0, dq, fc->n_tok, dpos, kv_len, dk, dv, fc->cap, fc->n_head,
+    const hm_cuda_kv kv = fc->kvq == HM_TYPE_Q8_0 ? HM_CUDA_KV_Q8_0 : fc->kvq == HM_TYPE_Q4_0 ? HM_CUDA_KV_Q4_0
+                          : fc->kvq == HM_TYPE_BF16 ? HM_CUDA_KV_BF16 : HM_CUDA_KV_F16;
+    if (fc->kvq && plain)
+        CK(hm_cuda_attention_kv(ctx, kv, dq, fc->n_tok, dpos, kv_len, dk, dv, fc->cap, fc->n_head,
                                 fc->n_kv, fc->hd, scale, dout, scr, scr_n, &err));
-    else if (fc->q8)
-        CK(hm_cuda_gemma_attention_kv(ctx, HM_CUDA_KV_Q8_0, dq, fc->n_tok, dpos, kv_len, dk, dv, fc->cap, fc->window,
+    else if (fc->kvq)
+        CK(hm_cuda_gemma_attention_kv(ctx, kv, dq, fc->n_tok, dpos, kv_len, dk, dv, fc->cap, fc->window,
                                       fc->n_head, fc->n_kv, fc->hd, scale, dout, scr, scr_n, &err));
     else if (plain)
         CK(hm_cuda_attention(ctx, dq, fc->n_tok, dpos, kv_len, (const uint16_t *)dk, (const uint16_t *)dv, fc->cap,
@@ -149,13 +151,13 @@ static void check_case(const flash_case *fc, bool flash) {
     const float scale = 1.0f / sqrtf((float)hd);
     /* the cache's values as f32 ([n_kv][cap][hd]): kf, vf */
     float *kf = xmalloc(nc * 4), *vf = fc->k_is_v ? kf : xmalloc(nc * 4);
-    const size_t rb = fc->q8 ? hm_row_size(HM_TYPE_Q8_0, hd) : (size_t)hd * 2; /* bytes of a cache row */
+    const size_t rb = fc->kvq ? hm_row_size(fc->kvq, hd) : (size_t)hd * 2; /* bytes of a cache row */
     const size_t cb = (size_t)fc->n_kv * (size_t)fc->cap * rb;                /* bytes of a cache */
     void *dk = NULL, *dv = NULL;
     CK(hm_cuda_alloc(ctx, cb, &dk, &err));
     if (fc->k_is_v) dv = dk;
     else CK(hm_cuda_alloc(ctx, cb, &dv, &err));
-    if (!fc->q8) {
+    if (!fc->kvq) {
         uint16_t *kc = xmalloc(nc * 2), *vc = fc->k_is_v ? kc : xmalloc(nc * 2);
         for (size_t i = 0; i < nc; i++) kc[i] = hm_f32_to_fp16(rnd_normal(&seed));
         if (!fc->k_is_v)
@@ -169,8 +171,8 @@ static void check_case(const flash_case *fc, bool flash) {
         if (!fc->k_is_v) free(vc);
     } else {
         /* K/V rows of every position [cap][n_kv][hd] in f32 (every 97th value an outlier: a block's
-         * scale is its max), written by the device's q8_0 write at positions 0 .. cap - 1 */
-        /* (the cases with q8 set have K != V and hd a multiple of 32; a ring's rows are filled the
+         * scale is its max), written by the device's write of the type at positions 0 .. cap - 1 */
+        /* (the cases with kvq set have K != V and hd a multiple of 32; a ring's rows are filled the
          * same way: row p % cap for p < cap is row p) */
         const int64_t row = (int64_t)fc->n_kv * hd;
         float *kin = xmalloc(nc * 4), *vin = xmalloc(nc * 4);
@@ -187,11 +189,13 @@ static void check_case(const flash_case *fc, bool flash) {
         CK(hm_cuda_upload(ctx, dkin, kin, nc * 4, &err));
         CK(hm_cuda_upload(ctx, dvin, vin, nc * 4, &err));
         CK(hm_cuda_upload(ctx, dall, all, (size_t)fc->cap * 4, &err));
-        CK(hm_cuda_kv_write_q8_0(ctx, dk, dv, fc->cap, fc->n_kv, hd, dkin, dvin, fc->cap, dall, &err));
+        const hm_cuda_kv wkv = fc->kvq == HM_TYPE_Q8_0 ? HM_CUDA_KV_Q8_0 : fc->kvq == HM_TYPE_Q4_0 ? HM_CUDA_KV_Q4_0
+                                                                                           : HM_CUDA_KV_BF16;
+        CK(hm_cuda_kv_write_kv(ctx, wkv, dk, dv, fc->cap, fc->n_kv, hd, dkin, dvin, fc->cap, dall, &err));
         unsigned char *kq = xmalloc(cb), *vq = xmalloc(cb), *want = xmalloc(rb);
         CK(hm_cuda_download(ctx, kq, dk, cb, &err));
         CK(hm_cuda_download(ctx, vq, dv, cb, &err));
-        const hm_type_traits *tt = hm_type_get(HM_TYPE_Q8_0);
+        const hm_type_traits *tt = hm_type_get(fc->kvq);
         int64_t bad = 0;
         for (int64_t p = 0; p < fc->cap; p++)
             for (int h = 0; h < fc->n_kv; h++) {
@@ -204,7 +208,7 @@ static void check_case(const flash_case *fc, bool flash) {
                 tt->to_float_ref(kq + at, kf + el, hd);
                 tt->to_float_ref(vq + at, vf + el, hd);
             }
-        CHECKF(bad == 0, "%s: %lld q8_0 rows written on the device differ from the reference quantiser", fc->what,
+        CHECKF(bad == 0, "%s: %lld rows written on the device differ from the reference quantiser", fc->what,
                (long long)bad);
         hm_cuda_free(ctx, dkin);
         hm_cuda_free(ctx, dvin);
@@ -269,7 +273,7 @@ static void check_case(const flash_case *fc, bool flash) {
         const double e = num / den;
         printf("%-34s %-5s %-9s %s hd %3d, %2d/%d heads, cap %6lld, window %4d, %6lld queries at %6lld: nmse vs exact "
                "%.2e, max |err| vs f16-q ref %.2e (bound %.2e), %.3f ms\n",
-               fc->what, how, takes ? "flash" : "exact", fc->q8 ? "q8_0" : "f16 ", hd, fc->n_head, fc->n_kv,
+               fc->what, how, takes ? "flash" : "exact", fc->kvq ? hm_type_name(fc->kvq) : "f16", hd, fc->n_head, fc->n_kv,
                (long long)fc->cap, fc->window, (long long)fc->n_tok, (long long)fc->pos0, e, max_abs, bound_min,
                secs * 1e3);
         if (takes) {
@@ -303,30 +307,37 @@ int main(void) {
     int rc = cuda_test_open("nothing to check without one");
     if (rc >= 0) return rc;
     const flash_case cases[] = {
-        {"decode at depth (length 1)", 128, 16, 2, 8192, 0, 5000, 1, false, false},
-        {"length 7", 128, 16, 2, 8192, 0, 300, 7, false, false},
-        {"length 32 (the smallest flash batch)", 128, 16, 2, 8192, 0, 0, 32, false, false},
-        {"qwen3moe prefill 512", 128, 32, 4, 4096, 0, 0, 512, false, false},
-        {"unaligned batch at depth", 128, 16, 2, 8192, 0, 4000, 100, false, false},
-        {"hd 64, G 1", 64, 4, 4, 2048, 0, 100, 200, false, false},
-        {"qwen35moe hd 256 at 4096", 256, 16, 2, 8192, 0, 0, 4096, false, false},
-        {"gemma4 sliding ring, window 1024", 256, 16, 8, 1600, 1024, 3000, 512, false, false},
-        {"gemma4 global hd 512, K=V", 512, 16, 2, 4608, 0, 0, 4096, true, false},
-        {"gemma4 global hd 512 at depth", 512, 8, 1, 8192, 0, 6000, 64, true, false},
-        {"long prefill 32768", 128, 16, 2, 32768, 0, 0, 32768, false, false},
-        {"long prefill 65536", 128, 16, 2, 65536, 0, 0, 65536, false, false},
+        {"decode at depth (length 1)", 128, 16, 2, 8192, 0, 5000, 1, false, 0},
+        {"length 7", 128, 16, 2, 8192, 0, 300, 7, false, 0},
+        {"length 32 (the smallest flash batch)", 128, 16, 2, 8192, 0, 0, 32, false, 0},
+        {"qwen3moe prefill 512", 128, 32, 4, 4096, 0, 0, 512, false, 0},
+        {"unaligned batch at depth", 128, 16, 2, 8192, 0, 4000, 100, false, 0},
+        {"hd 64, G 1", 64, 4, 4, 2048, 0, 100, 200, false, 0},
+        {"qwen35moe hd 256 at 4096", 256, 16, 2, 8192, 0, 0, 4096, false, 0},
+        {"gemma4 sliding ring, window 1024", 256, 16, 8, 1600, 1024, 3000, 512, false, 0},
+        {"gemma4 global hd 512, K=V", 512, 16, 2, 4608, 0, 0, 4096, true, 0},
+        {"gemma4 global hd 512 at depth", 512, 8, 1, 8192, 0, 6000, 64, true, 0},
+        {"long prefill 32768", 128, 16, 2, 32768, 0, 0, 32768, false, 0},
+        {"long prefill 65536", 128, 16, 2, 65536, 0, 0, 65536, false, 0},
         /* q8_0 caches (-ctk q8_0): decode, short batches, flash prefill, at depth, each head_dim */
-        {"q8_0 decode at depth (length 1)", 128, 16, 2, 8192, 0, 5000, 1, false, true},
-        {"q8_0 length 7", 128, 16, 2, 8192, 0, 300, 7, false, true},
-        {"q8_0 qwen3moe prefill 512", 128, 32, 4, 4096, 0, 0, 512, false, true},
-        {"q8_0 unaligned batch at depth", 128, 16, 2, 8192, 0, 4000, 100, false, true},
-        {"q8_0 hd 64, G 1", 64, 4, 4, 2048, 0, 100, 200, false, true},
-        {"q8_0 hd 256 at 4096", 256, 16, 2, 8192, 0, 0, 4096, false, true},
-        {"q8_0 long prefill 32768", 128, 16, 2, 32768, 0, 0, 32768, false, true},
-        {"q8_0 gemma4 sliding ring, window 1024", 256, 16, 8, 1600, 1024, 3000, 512, false, true},
-        {"q8_0 gemma4 ring decode, window 1024", 256, 16, 8, 1600, 1024, 3000, 1, false, true},
-        {"q8_0 hd 512 at depth", 512, 8, 1, 8192, 0, 6000, 64, false, true},
-        {"q8_0 hd 512 decode", 512, 8, 1, 8192, 0, 6000, 1, false, true},
+        {"q8_0 decode at depth (length 1)", 128, 16, 2, 8192, 0, 5000, 1, false, HM_TYPE_Q8_0},
+        {"q8_0 length 7", 128, 16, 2, 8192, 0, 300, 7, false, HM_TYPE_Q8_0},
+        {"q8_0 qwen3moe prefill 512", 128, 32, 4, 4096, 0, 0, 512, false, HM_TYPE_Q8_0},
+        {"q8_0 unaligned batch at depth", 128, 16, 2, 8192, 0, 4000, 100, false, HM_TYPE_Q8_0},
+        {"q8_0 hd 64, G 1", 64, 4, 4, 2048, 0, 100, 200, false, HM_TYPE_Q8_0},
+        {"q8_0 hd 256 at 4096", 256, 16, 2, 8192, 0, 0, 4096, false, HM_TYPE_Q8_0},
+        {"q8_0 long prefill 32768", 128, 16, 2, 32768, 0, 0, 32768, false, HM_TYPE_Q8_0},
+        {"q8_0 gemma4 sliding ring, window 1024", 256, 16, 8, 1600, 1024, 3000, 512, false, HM_TYPE_Q8_0},
+        {"q8_0 gemma4 ring decode, window 1024", 256, 16, 8, 1600, 1024, 3000, 1, false, HM_TYPE_Q8_0},
+        {"q8_0 hd 512 at depth", 512, 8, 1, 8192, 0, 6000, 64, false, HM_TYPE_Q8_0},
+        {"q8_0 hd 512 decode", 512, 8, 1, 8192, 0, 6000, 1, false, HM_TYPE_Q8_0},
+        /* q4_0 and bf16 caches: the same paths */
+        {"q4_0 decode at depth (length 1)", 128, 16, 2, 8192, 0, 5000, 1, false, HM_TYPE_Q4_0},
+        {"q4_0 qwen3moe prefill 512", 128, 32, 4, 4096, 0, 0, 512, false, HM_TYPE_Q4_0},
+        {"q4_0 gemma4 sliding ring, window 1024", 256, 16, 8, 1600, 1024, 3000, 512, false, HM_TYPE_Q4_0},
+        {"bf16 decode at depth (length 1)", 128, 16, 2, 8192, 0, 5000, 1, false, HM_TYPE_BF16},
+        {"bf16 qwen3moe prefill 512", 128, 32, 4, 4096, 0, 0, 512, false, HM_TYPE_BF16},
+        {"bf16 hd 512 at depth", 512, 8, 1, 8192, 0, 6000, 64, false, HM_TYPE_BF16},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) check_case(&cases[i], true);
     /* the exact kernels on long batches too (flash off), where their cost allows */

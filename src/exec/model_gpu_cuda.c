@@ -666,9 +666,9 @@ void hm_gpu_step_abort(hm_cuda_ctx *c, int32_t *seen, size_t n) {
 }
 
 hm_status hm_gpu_state_opts_check(const hm_state_opts *o, hm_err *err) {
-    if (o->kv_type != HM_KV_F16 && o->kv_type != HM_KV_Q8_0)
-        return hm_errf(err, HM_ERR_UNSUPPORTED, "a %s KV cache with the GPU: the device KV cache is f16 or q8_0 (-ctk "
-                       "f16 or q8_0, or run on the CPU)", hm_kv_type_name(o->kv_type));
+    if (o->kv_type == HM_KV_F32)
+        return hm_errf(err, HM_ERR_UNSUPPORTED, "an f32 KV cache with the GPU: the device KV cache is f16, bf16, q8_0 "
+                       "or q4_0 (drop the f32 KV type, or run on the CPU)");
     if (o->n_ubatch > 65535)
         return hm_errf(err, HM_ERR_ARG, "n_ubatch %d: the GPU path takes at most 65535 rows a pass", o->n_ubatch);
     return HM_OK;
