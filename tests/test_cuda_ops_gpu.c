@@ -759,16 +759,18 @@ static void test_attention_case(const attn_case *ac, int kern) {
     free(q); free(out); free(ref); free(sc);
 }
 
-/* The same case over a q8_0 cache (-ctk q8_0): history rows quantised on the host by the reference
- * quantiser (ggml's), the batch's own rows by hm_cuda_kv_write_q8_0 on the device, which must write
- * the reference's bytes; hm_cuda_attention_kv against a double reference over the dequantised cache
- * (code * scale: the exact kernels read exactly these values), nmse < 1e-10; two runs bit-identical. */
-static void test_attention_case_q8(const attn_case *ac, int kern) {
+/* The same case over a q8_0, q4_0 or bf16 cache (-ctk; qt its hm_type): history rows quantised on the
+ * host by the reference quantiser (ggml's), the batch's own rows by hm_cuda_kv_write_kv on the
+ * device, which must write the reference's bytes; hm_cuda_attention_kv against a double reference
+ * over the dequantised cache (code * scale: the exact kernels read exactly these values), nmse <
+ * 1e-10; two runs bit-identical. */
+static void test_attention_case_kv(const attn_case *ac, int kern, int qt) {
     hm_cuda_set_kern(ctx, kern);
-    const hm_type_traits *tt = hm_type_get(HM_TYPE_Q8_0);
+    const hm_type_traits *tt = hm_type_get(qt);
+    const hm_cuda_kv kv = qt == HM_TYPE_Q8_0 ? HM_CUDA_KV_Q8_0 : qt == HM_TYPE_Q4_0 ? HM_CUDA_KV_Q4_0 : HM_CUDA_KV_BF16;
     const int nh = ac->n_head, nkv = ac->n_kv_head, hd = ac->hd;
     const int64_t n_ctx = ac->n_ctx, n_tok = ac->n_tok, kv_len = ac->pos0 + n_tok;
-    const size_t rb = hm_row_size(HM_TYPE_Q8_0, hd), rows = (size_t)nkv * (size_t)n_ctx, cb = rows * rb;
+    const size_t rb = hm_row_size(qt, hd), rows = (size_t)nkv * (size_t)n_ctx, cb = rows * rb;
     unsigned char *kc = xmalloc(cb), *vc = xmalloc(cb);
     float *row = xmalloc(sizeof(float) * (size_t)hd);
     for (size_t r = 0; r < rows; r++) {
@@ -787,7 +789,7 @@ static void test_attention_case_q8(const attn_case *ac, int kern) {
     void *dkc = dev_from(kc, cb), *dvc = dev_from(vc, cb);
     float *dk = dev_from(k, kvb), *dv = dev_from(v, kvb);
     int32_t *dpos = dev_from(pos, sizeof(int32_t) * (size_t)n_tok);
-    CK(hm_cuda_kv_write_q8_0(ctx, dkc, dvc, n_ctx, nkv, hd, dk, dv, n_tok, dpos, &err));
+    CK(hm_cuda_kv_write_kv(ctx, kv, dkc, dvc, n_ctx, nkv, hd, dk, dv, n_tok, dpos, &err));
     for (int64_t t = 0; t < n_tok; t++)
         for (int h = 0; h < nkv; h++) {
             const size_t dst = ((size_t)h * (size_t)n_ctx + (size_t)pos[t]) * rb;
@@ -797,7 +799,8 @@ static void test_attention_case_q8(const attn_case *ac, int kern) {
     unsigned char *kc2 = xmalloc(cb), *vc2 = xmalloc(cb);
     dev_to(kc2, dkc, cb);
     dev_to(vc2, dvc, cb);
-    CHECKF(!memcmp(kc, kc2, cb) && !memcmp(vc, vc2, cb), "kv_write_q8_0: the cache differs from the reference quantiser");
+    CHECKF(!memcmp(kc, kc2, cb) && !memcmp(vc, vc2, cb), "kv_write %s: the cache differs from the reference quantiser",
+           tt->name);
     float *kf = xmalloc(sizeof(float) * rows * (size_t)hd), *vf = xmalloc(sizeof(float) * rows * (size_t)hd);
     for (size_t r = 0; r < rows; r++) {
         tt->to_float_ref(kc + r * rb, kf + r * (size_t)hd, hd);
@@ -812,8 +815,7 @@ static void test_attention_case_q8(const attn_case *ac, int kern) {
     const size_t ss = hm_cuda_attention_scratch_size(ctx, n_tok, kv_len, nh, nkv, hd);
     void *scr = dev_zero(ss);
     const float scale = 1.0f / sqrtf((float)hd);
-    CK(hm_cuda_attention_kv(ctx, HM_CUDA_KV_Q8_0, dq, n_tok, dpos, kv_len, dkc, dvc, n_ctx, nh, nkv, hd, scale, dout,
-                            scr, ss, &err));
+    CK(hm_cuda_attention_kv(ctx, kv, dq, n_tok, dpos, kv_len, dkc, dvc, n_ctx, nh, nkv, hd, scale, dout, scr, ss, &err));
     dev_to(out, dout, qn * sizeof(float));
     double *sc = xmalloc(sizeof(double) * (size_t)kv_len);
     for (int64_t t = 0; t < n_tok; t++)
@@ -839,17 +841,16 @@ static void test_attention_case_q8(const attn_case *ac, int kern) {
             for (int i = 0; i < hd; i++) o[i] /= s;
         }
     const double e = nmse(out, ref, (int64_t)qn);
-    CHECKF(e < 1e-10, "q8_0 attention %d/%d heads hd %d n_tok %lld pos0 %lld (%s): nmse %.3g", nh, nkv, hd,
+    CHECKF(e < 1e-10, "%s attention %d/%d heads hd %d n_tok %lld pos0 %lld (%s): nmse %.3g", tt->name, nh, nkv, hd,
            (long long)n_tok, (long long)ac->pos0, kern_name(kern), e);
     CK(hm_cuda_memset(ctx, dout, 0xff, qn * sizeof(float), &err));
-    CK(hm_cuda_attention_kv(ctx, HM_CUDA_KV_Q8_0, dq, n_tok, dpos, kv_len, dkc, dvc, n_ctx, nh, nkv, hd, scale, dout,
-                            scr, ss, &err));
+    CK(hm_cuda_attention_kv(ctx, kv, dq, n_tok, dpos, kv_len, dkc, dvc, n_ctx, nh, nkv, hd, scale, dout, scr, ss, &err));
     dev_to(out2, dout, qn * sizeof(float));
-    CHECKF(!memcmp(out, out2, qn * sizeof(float)), "q8_0 attention hd %d n_tok %lld (%s): runs differ", hd,
+    CHECKF(!memcmp(out, out2, qn * sizeof(float)), "%s attention hd %d n_tok %lld (%s): runs differ", tt->name, hd,
            (long long)n_tok, kern_name(kern));
-    printf("kv_write_q8_0 = reference quantiser; q8_0 attention q %d / kv %d heads, hd %d, %lld queries at %lld.. "
-           "(%s) nmse %.2e vs the dequantised cache, deterministic\n", nh, nkv, hd, (long long)n_tok,
-           (long long)ac->pos0, kern_name(kern), e);
+    printf("kv_write %s = reference quantiser; %s attention q %d / kv %d heads, hd %d, %lld queries at %lld.. "
+           "(%s) nmse %.2e vs the dequantised cache, deterministic\n", tt->name, tt->name, nh, nkv, hd,
+           (long long)n_tok, (long long)ac->pos0, kern_name(kern), e);
     hm_cuda_set_kern(ctx, HM_CUDA_KERN_DEFAULT);
     hm_cuda_free(ctx, dkc);
     hm_cuda_free(ctx, dvc);
@@ -876,8 +877,10 @@ static void test_attention(void) {
     };
     for (int kern = HM_CUDA_KERN_OLD; kern <= HM_CUDA_KERN_NEW; kern++)
         for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) test_attention_case(&cases[i], kern);
-    for (int kern = HM_CUDA_KERN_OLD; kern <= HM_CUDA_KERN_NEW; kern++) /* the same cases over a q8_0 cache */
-        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) test_attention_case_q8(&cases[i], kern);
+    const int qts[] = {HM_TYPE_Q8_0, HM_TYPE_Q4_0, HM_TYPE_BF16}; /* the same cases over quantised caches */
+    for (size_t t = 0; t < sizeof qts / sizeof qts[0]; t++)
+        for (int kern = HM_CUDA_KERN_OLD; kern <= HM_CUDA_KERN_NEW; kern++)
+            for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) test_attention_case_kv(&cases[i], kern, qts[t]);
 }
 
 /* ---- grouped MoE ---- */
