@@ -190,7 +190,7 @@ static void bench_attention(hm_pool *pool) {
             double t0 = now_s();
             hm_cpu_attention(pool, q, n_tok, pd, kc, vc, n_ctx, nh, nkv, d, 0.088f, o, &s);
             double t1 = now_s();
-            hm_cpu_attention_tiled(pool, q, n_tok, pd, kc, vc, n_ctx, 0, nh, nkv, d, 0.088f, o, ws);
+            hm_cpu_attention_tiled(pool, q, n_tok, pd, kc, vc, HM_TYPE_F16, n_ctx, 0, nh, nkv, d, 0.088f, o, ws);
             double t2 = now_s();
             bq = t1 - t0 < bq ? t1 - t0 : bq;
             bt = t2 - t1 < bt ? t2 - t1 : bt;

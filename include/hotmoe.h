@@ -98,13 +98,23 @@ int32_t hm_model_n_ctx_train(const hm_model *m);
 const char *hm_model_arch(const hm_model *m);
 
 /* KV cache element type: f16 is the default and the fast path; f32 is exact (for comparing
- * against float references) and slower. */
-typedef enum hm_kv_type { HM_KV_F16 = 0, HM_KV_F32 = 1 } hm_kv_type;
+ * against float references) and slower; bf16, and ggml's q8_0 / q4_0 blocks (32 values and an f16
+ * scale: 34 / 18 bytes), stored per row of head_dim values as llama.cpp's cache stores them
+ * (-ctk/-ctv): head_dim must be a multiple of 32 for the block types. Attention reads the
+ * dequantised values in f32. One type for K and V. */
+typedef enum hm_kv_type { HM_KV_F16 = 0, HM_KV_F32 = 1, HM_KV_Q8_0 = 2, HM_KV_Q4_0 = 3, HM_KV_BF16 = 4 } hm_kv_type;
+#define HM_KV_TYPE_COUNT 5
+
+/* "f16", "f32", "q8_0", "q4_0", "bf16" (llama.cpp's -ctk names); "?" for other values. */
+const char *hm_kv_type_name(hm_kv_type t);
+/* The type named name (those above); HM_ERR_ARG naming the accepted ones otherwise. */
+hm_status hm_kv_type_parse(const char *name, hm_kv_type *out, hm_err *err);
 
 /* Bytes of the KV cache a session of n_ctx positions and micro-batches of n_ubatch (0 = 512) holds:
  * the layers with a cache, each K and V, sliding-window layers as their ring of min(n_ctx,
- * window + n_ubatch) rows; f16 (2 bytes) or f32 (4). The same layout sessions allocate (on the GPU
- * too, where it is f16). HM_ERR_ARG for n_ctx < 1. */
+ * window + n_ubatch) rows of head_dim values in kv_type's bytes (f16 2 a value, f32 4, bf16 2, q8_0 34
+ * per 32, q4_0 18 per 32). The same layout sessions allocate (on the GPU too). HM_ERR_ARG for n_ctx
+ * < 1, HM_ERR_UNSUPPORTED for a block type whose block does not divide a layer's head_dim. */
 hm_status hm_model_kv_bytes(const hm_model *m, int32_t n_ctx, int32_t n_ubatch, hm_kv_type kv_type, uint64_t *bytes,
                             hm_err *err);
 

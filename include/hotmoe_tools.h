@@ -20,6 +20,7 @@ typedef struct hm_inspect_opts {
                           fills from hm_model_kv_bytes: inspect itself reads no weights) and, with a
                           budget, the units that fit beside it */
     uint64_t kv_bytes;
+    const char *kv_type; /* the cache type kv_bytes is of ("f16", "q8_0", ...; NULL: f16) */
 } hm_inspect_opts;
 
 /* Describe the GGUF file at path on out: architecture, every `<arch>.*` hyper-parameter, the
@@ -91,6 +92,7 @@ typedef struct hm_server_opts {
     int32_t n_ctx;             /* positions per slot; 0 = min(n_ctx_train, 4096) */
     int32_t n_threads;         /* compute threads; 0 = online CPUs */
     int32_t n_ubatch;          /* tokens per forward micro-batch of a prompt; 0 = 512 */
+    hm_kv_type kv_type;        /* every slot's KV cache type (-ctk/-ctv); 0 = f16 */
     const char *api_key;       /* NULL = no auth; else every endpoint but /health and the page
                                   needs "Authorization: Bearer KEY"; "" is an error */
     const char *api_key_file;  /* more keys, one per line ('#' comments); any key is accepted.

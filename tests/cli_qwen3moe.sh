@@ -134,8 +134,10 @@ check "-b 0 refused" test "$(code "$EXE" bench -m "$m" -p 4 -n 0 -r 1 -b 0)" = 2
 check "-ctk f16 -ctv f16" test "$(code "$EXE" bench -m "$m" -p 4 -n 0 -r 1 -t 2 -ctk f16 -ctv f16)" = 0
 check "-ctk f32 -ctv f16 refused" test "$(code "$EXE" bench -m "$m" -p 4 -n 0 -r 1 -ctk f32 -ctv f16)" = 2
 check "-ctk/-ctv mismatch says why" grep -q "one type for both" "$tmp/err"
-check "-ctv q8_0 refused" test "$(code "$EXE" bench -m "$m" -p 4 -n 0 -r 1 -ctv q8_0)" = 2
-check "-ctv q8_0 says it is not there yet" grep -q "not implemented yet" "$tmp/err"
+check "-ctk q8_0 -ctv q8_0" test "$(code "$EXE" bench -m "$m" -p 4 -n 2 -r 1 -t 2 -ctk q8_0 -ctv q8_0 --json)" = 0
+check "... a q8_0 cache" grep -q '"kv_type": "q8_0"' "$tmp/out"
+check "-ctv q5_1 refused" test "$(code "$EXE" bench -m "$m" -p 4 -n 0 -r 1 -ctv q5_1)" = 2
+check "-ctv q5_1 names the types there are" grep -q "f16, f32, bf16, q8_0 or q4_0" "$tmp/err"
 # RoPE scaling flags (their effect is checked against transformers by test_qwen3moe_hf)
 check "--rope-scaling yarn needs its keys" test "$(code "$EXE" bench -m "$m" -p 4 -n 0 -r 1 --rope-scaling yarn)" = 1
 check "--rope-scaling yarn: names the missing key" grep -q "rope.scaling.factor" "$tmp/err"

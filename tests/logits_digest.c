@@ -2,7 +2,7 @@
  * of passes on a model and prints one 64-bit FNV-1a digest of the exact logit bytes of each, so
  * two builds (before / after) can be compared line by line.
  *
- * usage: logits_digest MODEL UBATCH f16|f32 [cpu|gpu|gpu:BYTES] [THREADS]
+ * usage: logits_digest MODEL UBATCH f16|f32|bf16|q8_0|q4_0 [cpu|gpu|gpu:BYTES] [THREADS]
  *        logits_digest --write-q35 PATH f32|q8_0 LAYERS   (the tests' tiny qwen35moe, tiny_qwen35moe.h)
  * Passes (prompt: 37 token ids spread over the vocabulary):
  *   all      the prompt with every row's logits (no compaction)
@@ -48,7 +48,7 @@ int main(int argc, char **argv) {
         return 0;
     }
     if (argc < 4) {
-        fprintf(stderr, "usage: logits_digest MODEL UBATCH f16|f32 [cpu|gpu|gpu:BYTES] [THREADS]\n");
+        fprintf(stderr, "usage: logits_digest MODEL UBATCH f16|f32|bf16|q8_0|q4_0 [cpu|gpu|gpu:BYTES] [THREADS]\n");
         return 2;
     }
     hm_err e = {0};
@@ -67,7 +67,7 @@ int main(int argc, char **argv) {
     hm_session_opts_default(&so);
     so.n_ctx = 128;
     so.n_ubatch = atoi(argv[2]);
-    so.kv_type = strcmp(argv[3], "f32") == 0 ? HM_KV_F32 : HM_KV_F16;
+    if (hm_kv_type_parse(argv[3], &so.kv_type, &e) != HM_OK) die("kv type", &e);
     so.n_threads = argc > 5 ? atoi(argv[5]) : 2;
     int32_t prompt[37], prompt2[23];
     for (int i = 0; i < 37; i++) prompt[i] = (int32_t)(((int64_t)i * 7919 + 13) % V);

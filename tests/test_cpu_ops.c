@@ -502,7 +502,7 @@ static void test_attention_ring(hm_pool **pools, int d) {
     for (int p = 0; p < 3; p++) {
         out[p] = malloc((size_t)(n_tok * row_q) * sizeof(float));
         float *ws = malloc(hm_cpu_attn_tiled_scratch_floats(n_head, n_kv, d, p + 1) * sizeof(float));
-        hm_cpu_attention_tiled(pools[p], q, n_tok, pos, kc, vc, cap, W, n_head, n_kv, d, scale, out[p], ws);
+        hm_cpu_attention_tiled(pools[p], q, n_tok, pos, kc, vc, HM_TYPE_F16, cap, W, n_head, n_kv, d, scale, out[p], ws);
         const double e = nmse(out[p], ref, n_tok * row_q);
         CHECKF(e < 1e-10, "tiled ring attention d=%d threads=%d: nmse %.3g", d, p + 1, e);
         if (p > 0)

@@ -16,15 +16,24 @@
  *     mask or tile is > 1e-2) and printed.
  * Flash runs with its KV-split scratch (short batches over long contexts split each block's key
  * range; "ring") and without it (unsplit, "ring1"). Batches below HM_CUDA_FLASH_MIN_TOK (decode,
- * lengths 1 and 7) run the exact kernels and must match the exact reference within 1e-10 NMSE; with flash off (hm_cuda_set_flash) long batches
- * must too. Every run twice into a NaN-filled output: bit-identical. The times printed are
- * information, not checks. */
+ * lengths 1 and 7) run the exact kernels and must match the exact reference within 1e-10 NMSE; with
+ * flash off (hm_cuda_set_flash) long batches must too. Every run twice into a NaN-filled output: bit-identical. The times printed are
+ * information, not checks.
+ * q8_0, q4_0 and bf16 caches (-ctk; hm_cuda_attention_kv for plain caches, hm_cuda_gemma_attention_kv
+ * for rings and every case as the ring op): the cache is written on the device by
+ * hm_cuda_kv_write_kv from f32 K/V and must hold the CPU reference quantiser's bytes (ggml's);
+ * the references are computed from its dequantised values (code * scale, exact in f32): the exact
+ * kernels within 1e-10 NMSE of exact attention over them, flash within the same bound as above
+ * against its contract, where the K and V values are rounded to f16 once too (cuda_flash.cu
+ * dequantises into its f16 tiles: f16(code * scale), an exact product rounded once), and 1e-5 NMSE
+ * against exact attention over the dequantised values. */
 #include <math.h>
 #include <string.h>
 
 #include "backend/cuda/cuda_gemma.h"
 #include "core/fp16.h"
 #include "cuda_test.h"
+#include "quant/quant.h"
 
 typedef struct {
     const char *what;
@@ -33,6 +42,7 @@ typedef struct {
     int32_t window;
     int64_t pos0, n_tok;
     bool k_is_v; /* gemma4's global layers: one cache for K and V */
+    int kvq;     /* 0: an f16 cache; else the hm_type (Q8_0, Q4_0, BF16) of a cache written on the device */
 } flash_case;
 
 static uint64_t seed = 0x5eedf1a5ull;
@@ -50,8 +60,12 @@ static int64_t sample_rows(int64_t n, int64_t *rows) {
     return k;
 }
 
-/* double references for query row t, every head: exact (ex) and with q*scale rounded to f16 (fq) */
-static void reference(const flash_case *fc, const float *q, const uint16_t *kc, const uint16_t *vc, float scale,
+static double f16r(float v) { return hm_fp16_to_f32(hm_f32_to_fp16(v)); }
+
+/* double references for query row t, every head, over the cache's values kc, vc (f32: an f16 cache's
+ * values, or a q8_0 cache's dequantised ones): exact (ex) and the flash contract (fq): q*scale
+ * rounded to f16, and the K and V values rounded to f16 (a no-op for an f16 cache) */
+static void reference(const flash_case *fc, const float *q, const float *kc, const float *vc, float scale,
                       int64_t t, double *ex, double *fq, double *sc_e, double *sc_f, int64_t *n_vis) {
     const int hd = fc->hd;
     const int64_t p1 = fc->pos0 + t;
@@ -68,12 +82,11 @@ static void reference(const flash_case *fc, const float *q, const uint16_t *kc, 
         }
         double me = -INFINITY, mf = -INFINITY;
         for (int64_t p = p0; p <= p1; p++) {
-            const uint16_t *kr = kc + ((size_t)g * (size_t)fc->cap + (size_t)(p % fc->cap)) * (size_t)hd;
+            const float *kr = kc + ((size_t)g * (size_t)fc->cap + (size_t)(p % fc->cap)) * (size_t)hd;
             double a = 0, b = 0;
             for (int i = 0; i < hd; i++) {
-                const double kv = hm_fp16_to_f32(kr[i]);
-                a += qe[i] * kv;
-                b += qf[i] * kv;
+                a += qe[i] * (double)kr[i];
+                b += qf[i] * f16r(kr[i]);
             }
             sc_e[p - p0] = a;
             sc_f[p - p0] = b;
@@ -86,11 +99,10 @@ static void reference(const flash_case *fc, const float *q, const uint16_t *kc, 
             const double ee = exp(sc_e[p - p0] - me), ef = exp(sc_f[p - p0] - mf);
             se += ee;
             sf += ef;
-            const uint16_t *vr = vc + ((size_t)g * (size_t)fc->cap + (size_t)(p % fc->cap)) * (size_t)hd;
+            const float *vr = vc + ((size_t)g * (size_t)fc->cap + (size_t)(p % fc->cap)) * (size_t)hd;
             for (int i = 0; i < hd; i++) {
-                const double vv = hm_fp16_to_f32(vr[i]);
-                oe[i] += ee * vv;
-                of[i] += ef * vv;
+                oe[i] += ee * (double)vr[i];
+                of[i] += ef * f16r(vr[i]);
             }
         }
         for (int i = 0; i < hd; i++) {
@@ -101,19 +113,27 @@ static void reference(const flash_case *fc, const float *q, const uint16_t *kc, 
 }
 
 /* Run the op once into a NaN-filled output; returns seconds (after a sync). */
-static double run_op(const flash_case *fc, bool plain, const float *dq, const int32_t *dpos, const uint16_t *dk,
-                     const uint16_t *dv, float scale, float *dout, void *scr, size_t scr_n) {
+static double run_op(const flash_case *fc, bool plain, const float *dq, const int32_t *dpos, const void *dk,
+                     const void *dv, float scale, float *dout, void *scr, size_t scr_n) {
     const size_t nq = (size_t)fc->n_tok * (size_t)fc->n_head * (size_t)fc->hd;
     CK(hm_cuda_memset(ctx, dout, 0xff, nq * 4, &err));
     CK(hm_cuda_sync(ctx, &err));
     const double t0 = now_s();
     const int64_t kv_len = fc->pos0 + fc->n_tok;
-    if (plain)
-        CK(hm_cuda_attention(ctx, dq, fc->n_tok, dpos, kv_len, dk, dv, fc->cap, fc->n_head, fc->n_kv, fc->hd, scale,
-                             dout, scr, scr_n, &err));
+    const hm_cuda_kv kv = fc->kvq == HM_TYPE_Q8_0 ? HM_CUDA_KV_Q8_0 : fc->kvq == HM_TYPE_Q4_0 ? HM_CUDA_KV_Q4_0
+                          : fc->kvq == HM_TYPE_BF16 ? HM_CUDA_KV_BF16 : HM_CUDA_KV_F16;
+    if (fc->kvq && plain)
+        CK(hm_cuda_attention_kv(ctx, kv, dq, fc->n_tok, dpos, kv_len, dk, dv, fc->cap, fc->n_head,
+                                fc->n_kv, fc->hd, scale, dout, scr, scr_n, &err));
+    else if (fc->kvq)
+        CK(hm_cuda_gemma_attention_kv(ctx, kv, dq, fc->n_tok, dpos, kv_len, dk, dv, fc->cap, fc->window,
+                                      fc->n_head, fc->n_kv, fc->hd, scale, dout, scr, scr_n, &err));
+    else if (plain)
+        CK(hm_cuda_attention(ctx, dq, fc->n_tok, dpos, kv_len, (const uint16_t *)dk, (const uint16_t *)dv, fc->cap,
+                             fc->n_head, fc->n_kv, fc->hd, scale, dout, scr, scr_n, &err));
     else
-        CK(hm_cuda_gemma_attention(ctx, dq, fc->n_tok, dpos, kv_len, dk, dv, fc->cap, fc->window, fc->n_head,
-                                   fc->n_kv, fc->hd, scale, dout, scr, scr_n, &err));
+        CK(hm_cuda_gemma_attention(ctx, dq, fc->n_tok, dpos, kv_len, (const uint16_t *)dk, (const uint16_t *)dv,
+                                   fc->cap, fc->window, fc->n_head, fc->n_kv, fc->hd, scale, dout, scr, scr_n, &err));
     CK(hm_cuda_sync(ctx, &err));
     return now_s() - t0;
 }
@@ -125,19 +145,80 @@ static void check_case(const flash_case *fc, bool flash) {
     const size_t nq = (size_t)fc->n_tok * (size_t)fc->n_head * (size_t)hd;
     const size_t nc = (size_t)fc->n_kv * (size_t)fc->cap * (size_t)hd;
     float *q = xmalloc(nq * 4), *o = xmalloc(nq * 4), *o2 = xmalloc(nq * 4);
-    uint16_t *kc = xmalloc(nc * 2), *vc = fc->k_is_v ? kc : xmalloc(nc * 2);
     int32_t *pos = xmalloc((size_t)fc->n_tok * 4);
     fill_normal(&seed, q, (int64_t)nq, 1.0f);
-    float max_v = 0.0f;
-    for (size_t i = 0; i < nc; i++) kc[i] = hm_f32_to_fp16(rnd_normal(&seed));
-    if (!fc->k_is_v)
-        for (size_t i = 0; i < nc; i++) vc[i] = hm_f32_to_fp16(rnd_normal(&seed));
-    for (size_t i = 0; i < nc; i++) max_v = fmaxf(max_v, fabsf(hm_fp16_to_f32(vc[i])));
     for (int64_t t = 0; t < fc->n_tok; t++) pos[t] = (int32_t)(fc->pos0 + t);
     const float scale = 1.0f / sqrtf((float)hd);
+    /* the cache's values as f32 ([n_kv][cap][hd]): kf, vf */
+    float *kf = xmalloc(nc * 4), *vf = fc->k_is_v ? kf : xmalloc(nc * 4);
+    const size_t rb = fc->kvq ? hm_row_size(fc->kvq, hd) : (size_t)hd * 2; /* bytes of a cache row */
+    const size_t cb = (size_t)fc->n_kv * (size_t)fc->cap * rb;                /* bytes of a cache */
+    void *dk = NULL, *dv = NULL;
+    CK(hm_cuda_alloc(ctx, cb, &dk, &err));
+    if (fc->k_is_v) dv = dk;
+    else CK(hm_cuda_alloc(ctx, cb, &dv, &err));
+    if (!fc->kvq) {
+        uint16_t *kc = xmalloc(nc * 2), *vc = fc->k_is_v ? kc : xmalloc(nc * 2);
+        for (size_t i = 0; i < nc; i++) kc[i] = hm_f32_to_fp16(rnd_normal(&seed));
+        if (!fc->k_is_v)
+            for (size_t i = 0; i < nc; i++) vc[i] = hm_f32_to_fp16(rnd_normal(&seed));
+        for (size_t i = 0; i < nc; i++) kf[i] = hm_fp16_to_f32(kc[i]);
+        if (!fc->k_is_v)
+            for (size_t i = 0; i < nc; i++) vf[i] = hm_fp16_to_f32(vc[i]);
+        CK(hm_cuda_upload(ctx, dk, kc, nc * 2, &err));
+        if (!fc->k_is_v) CK(hm_cuda_upload(ctx, dv, vc, nc * 2, &err));
+        free(kc);
+        if (!fc->k_is_v) free(vc);
+    } else {
+        /* K/V rows of every position [cap][n_kv][hd] in f32 (every 97th value an outlier: a block's
+         * scale is its max), written by the device's write of the type at positions 0 .. cap - 1 */
+        /* (the cases with kvq set have K != V and hd a multiple of 32; a ring's rows are filled the
+         * same way: row p % cap for p < cap is row p) */
+        const int64_t row = (int64_t)fc->n_kv * hd;
+        float *kin = xmalloc(nc * 4), *vin = xmalloc(nc * 4);
+        fill_normal(&seed, kin, (int64_t)nc, 1.0f);
+        fill_normal(&seed, vin, (int64_t)nc, 1.0f);
+        for (size_t i = 0; i < nc; i += 97) kin[i] *= 6.0f;
+        int32_t *all = xmalloc((size_t)fc->cap * 4);
+        for (int64_t p = 0; p < fc->cap; p++) all[p] = (int32_t)p;
+        float *dkin = NULL, *dvin = NULL;
+        int32_t *dall = NULL;
+        CK(hm_cuda_alloc(ctx, nc * 4, (void **)&dkin, &err));
+        CK(hm_cuda_alloc(ctx, nc * 4, (void **)&dvin, &err));
+        CK(hm_cuda_alloc(ctx, (size_t)fc->cap * 4, (void **)&dall, &err));
+        CK(hm_cuda_upload(ctx, dkin, kin, nc * 4, &err));
+        CK(hm_cuda_upload(ctx, dvin, vin, nc * 4, &err));
+        CK(hm_cuda_upload(ctx, dall, all, (size_t)fc->cap * 4, &err));
+        const hm_cuda_kv wkv = fc->kvq == HM_TYPE_Q8_0 ? HM_CUDA_KV_Q8_0 : fc->kvq == HM_TYPE_Q4_0 ? HM_CUDA_KV_Q4_0
+                                                                                           : HM_CUDA_KV_BF16;
+        CK(hm_cuda_kv_write_kv(ctx, wkv, dk, dv, fc->cap, fc->n_kv, hd, dkin, dvin, fc->cap, dall, &err));
+        unsigned char *kq = xmalloc(cb), *vq = xmalloc(cb), *want = xmalloc(rb);
+        CK(hm_cuda_download(ctx, kq, dk, cb, &err));
+        CK(hm_cuda_download(ctx, vq, dv, cb, &err));
+        const hm_type_traits *tt = hm_type_get(fc->kvq);
+        int64_t bad = 0;
+        for (int64_t p = 0; p < fc->cap; p++)
+            for (int h = 0; h < fc->n_kv; h++) {
+                const size_t at = ((size_t)h * (size_t)fc->cap + (size_t)p) * rb;
+                const size_t el = ((size_t)h * (size_t)fc->cap + (size_t)p) * (size_t)hd;
+                tt->from_float_ref(kin + p * row + h * hd, want, hd);
+                bad += memcmp(kq + at, want, rb) != 0;
+                tt->from_float_ref(vin + p * row + h * hd, want, hd);
+                bad += memcmp(vq + at, want, rb) != 0;
+                tt->to_float_ref(kq + at, kf + el, hd);
+                tt->to_float_ref(vq + at, vf + el, hd);
+            }
+        CHECKF(bad == 0, "%s: %lld rows written on the device differ from the reference quantiser", fc->what,
+               (long long)bad);
+        hm_cuda_free(ctx, dkin);
+        hm_cuda_free(ctx, dvin);
+        hm_cuda_free(ctx, dall);
+        free(kin), free(vin), free(all), free(kq), free(vq), free(want);
+    }
+    float max_v = 0.0f;
+    for (size_t i = 0; i < nc; i++) max_v = fmaxf(max_v, fabsf((float)f16r(vf[i])));
 
     float *dq = NULL, *dout = NULL;
-    uint16_t *dk = NULL, *dv = NULL;
     int32_t *dpos = NULL;
     void *scr = NULL;
     const bool plain = fc->window == 0 && fc->cap >= fc->pos0 + fc->n_tok && hd >= 64 && hd <= 256;
@@ -150,17 +231,9 @@ static void check_case(const flash_case *fc, bool flash) {
     }
     CK(hm_cuda_alloc(ctx, nq * 4, (void **)&dq, &err));
     CK(hm_cuda_alloc(ctx, nq * 4, (void **)&dout, &err));
-    CK(hm_cuda_alloc(ctx, nc * 2, (void **)&dk, &err));
     CK(hm_cuda_alloc(ctx, (size_t)fc->n_tok * 4, (void **)&dpos, &err));
     CK(hm_cuda_alloc(ctx, scr_n, &scr, &err));
     CK(hm_cuda_upload(ctx, dq, q, nq * 4, &err));
-    CK(hm_cuda_upload(ctx, dk, kc, nc * 2, &err));
-    if (fc->k_is_v) {
-        dv = dk;
-    } else {
-        CK(hm_cuda_alloc(ctx, nc * 2, (void **)&dv, &err));
-        CK(hm_cuda_upload(ctx, dv, vc, nc * 2, &err));
-    }
     CK(hm_cuda_upload(ctx, dpos, pos, (size_t)fc->n_tok * 4, &err));
 
     /* entries: the ring op with the flash scratch (a KV split where the grid is small), the plain
@@ -184,7 +257,7 @@ static void check_case(const flash_case *fc, bool flash) {
         bool bound_ok = true;
         for (int64_t i = 0; i < nr; i++) {
             int64_t n_vis;
-            reference(fc, q, kc, vc, scale, rows[i], ex, fq, sce, scf, &n_vis);
+            reference(fc, q, kf, vf, scale, rows[i], ex, fq, sce, scf, &n_vis);
             const double bound = (double)max_v * (1.25 * ldexp(1.0, -11) + (double)n_vis * ldexp(1.0, -25));
             if (bound < bound_min) bound_min = bound;
             const float *ov = o + (size_t)rows[i] * (size_t)fc->n_head * (size_t)hd;
@@ -198,9 +271,9 @@ static void check_case(const flash_case *fc, bool flash) {
             }
         }
         const double e = num / den;
-        printf("%-34s %-5s %-9s hd %3d, %2d/%d heads, cap %6lld, window %4d, %6lld queries at %6lld: nmse vs exact "
+        printf("%-34s %-5s %-9s %s hd %3d, %2d/%d heads, cap %6lld, window %4d, %6lld queries at %6lld: nmse vs exact "
                "%.2e, max |err| vs f16-q ref %.2e (bound %.2e), %.3f ms\n",
-               fc->what, how, takes ? "flash" : "exact", hd, fc->n_head, fc->n_kv,
+               fc->what, how, takes ? "flash" : "exact", fc->kvq ? hm_type_name(fc->kvq) : "f16", hd, fc->n_head, fc->n_kv,
                (long long)fc->cap, fc->window, (long long)fc->n_tok, (long long)fc->pos0, e, max_abs, bound_min,
                secs * 1e3);
         if (takes) {
@@ -224,8 +297,8 @@ static void check_case(const flash_case *fc, bool flash) {
     free(q);
     free(o);
     free(o2);
-    free(kc);
-    if (!fc->k_is_v) free(vc);
+    free(kf);
+    if (!fc->k_is_v) free(vf);
     free(pos);
     hm_cuda_set_flash(ctx, true);
 }
@@ -234,24 +307,44 @@ int main(void) {
     int rc = cuda_test_open("nothing to check without one");
     if (rc >= 0) return rc;
     const flash_case cases[] = {
-        {"decode at depth (length 1)", 128, 16, 2, 8192, 0, 5000, 1, false},
-        {"length 7", 128, 16, 2, 8192, 0, 300, 7, false},
-        {"length 32 (the smallest flash batch)", 128, 16, 2, 8192, 0, 0, 32, false},
-        {"qwen3moe prefill 512", 128, 32, 4, 4096, 0, 0, 512, false},
-        {"unaligned batch at depth", 128, 16, 2, 8192, 0, 4000, 100, false},
-        {"hd 64, G 1", 64, 4, 4, 2048, 0, 100, 200, false},
-        {"qwen35moe hd 256 at 4096", 256, 16, 2, 8192, 0, 0, 4096, false},
-        {"gemma4 sliding ring, window 1024", 256, 16, 8, 1600, 1024, 3000, 512, false},
-        {"gemma4 global hd 512, K=V", 512, 16, 2, 4608, 0, 0, 4096, true},
-        {"gemma4 global hd 512 at depth", 512, 8, 1, 8192, 0, 6000, 64, true},
-        {"long prefill 32768", 128, 16, 2, 32768, 0, 0, 32768, false},
-        {"long prefill 65536", 128, 16, 2, 65536, 0, 0, 65536, false},
+        {"decode at depth (length 1)", 128, 16, 2, 8192, 0, 5000, 1, false, 0},
+        {"length 7", 128, 16, 2, 8192, 0, 300, 7, false, 0},
+        {"length 32 (the smallest flash batch)", 128, 16, 2, 8192, 0, 0, 32, false, 0},
+        {"qwen3moe prefill 512", 128, 32, 4, 4096, 0, 0, 512, false, 0},
+        {"unaligned batch at depth", 128, 16, 2, 8192, 0, 4000, 100, false, 0},
+        {"hd 64, G 1", 64, 4, 4, 2048, 0, 100, 200, false, 0},
+        {"qwen35moe hd 256 at 4096", 256, 16, 2, 8192, 0, 0, 4096, false, 0},
+        {"gemma4 sliding ring, window 1024", 256, 16, 8, 1600, 1024, 3000, 512, false, 0},
+        {"gemma4 global hd 512, K=V", 512, 16, 2, 4608, 0, 0, 4096, true, 0},
+        {"gemma4 global hd 512 at depth", 512, 8, 1, 8192, 0, 6000, 64, true, 0},
+        {"long prefill 32768", 128, 16, 2, 32768, 0, 0, 32768, false, 0},
+        {"long prefill 65536", 128, 16, 2, 65536, 0, 0, 65536, false, 0},
+        /* q8_0 caches (-ctk q8_0): decode, short batches, flash prefill, at depth, each head_dim */
+        {"q8_0 decode at depth (length 1)", 128, 16, 2, 8192, 0, 5000, 1, false, HM_TYPE_Q8_0},
+        {"q8_0 length 7", 128, 16, 2, 8192, 0, 300, 7, false, HM_TYPE_Q8_0},
+        {"q8_0 qwen3moe prefill 512", 128, 32, 4, 4096, 0, 0, 512, false, HM_TYPE_Q8_0},
+        {"q8_0 unaligned batch at depth", 128, 16, 2, 8192, 0, 4000, 100, false, HM_TYPE_Q8_0},
+        {"q8_0 hd 64, G 1", 64, 4, 4, 2048, 0, 100, 200, false, HM_TYPE_Q8_0},
+        {"q8_0 hd 256 at 4096", 256, 16, 2, 8192, 0, 0, 4096, false, HM_TYPE_Q8_0},
+        {"q8_0 long prefill 32768", 128, 16, 2, 32768, 0, 0, 32768, false, HM_TYPE_Q8_0},
+        {"q8_0 gemma4 sliding ring, window 1024", 256, 16, 8, 1600, 1024, 3000, 512, false, HM_TYPE_Q8_0},
+        {"q8_0 gemma4 ring decode, window 1024", 256, 16, 8, 1600, 1024, 3000, 1, false, HM_TYPE_Q8_0},
+        {"q8_0 hd 512 at depth", 512, 8, 1, 8192, 0, 6000, 64, false, HM_TYPE_Q8_0},
+        {"q8_0 hd 512 decode", 512, 8, 1, 8192, 0, 6000, 1, false, HM_TYPE_Q8_0},
+        /* q4_0 and bf16 caches: the same paths */
+        {"q4_0 decode at depth (length 1)", 128, 16, 2, 8192, 0, 5000, 1, false, HM_TYPE_Q4_0},
+        {"q4_0 qwen3moe prefill 512", 128, 32, 4, 4096, 0, 0, 512, false, HM_TYPE_Q4_0},
+        {"q4_0 gemma4 sliding ring, window 1024", 256, 16, 8, 1600, 1024, 3000, 512, false, HM_TYPE_Q4_0},
+        {"bf16 decode at depth (length 1)", 128, 16, 2, 8192, 0, 5000, 1, false, HM_TYPE_BF16},
+        {"bf16 qwen3moe prefill 512", 128, 32, 4, 4096, 0, 0, 512, false, HM_TYPE_BF16},
+        {"bf16 hd 512 at depth", 512, 8, 1, 8192, 0, 6000, 64, false, HM_TYPE_BF16},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) check_case(&cases[i], true);
     /* the exact kernels on long batches too (flash off), where their cost allows */
     check_case(&cases[3], false);
     check_case(&cases[7], false);
     check_case(&cases[9], false);
+    check_case(&cases[14], false); /* q8_0 prefill 512 on the exact kernels */
     hm_cuda_close(ctx);
     return test_done();
 }

@@ -762,6 +762,111 @@ static void test_attention_case(const attn_case *ac, int kern) {
     free(q); free(out); free(ref); free(sc);
 }
 
+/* The same case over a q8_0, q4_0 or bf16 cache (-ctk; qt its hm_type): history rows quantised on the
+ * host by the reference quantiser (ggml's), the batch's own rows by hm_cuda_kv_write_kv on the
+ * device, which must write the reference's bytes; hm_cuda_attention_kv against a double reference
+ * over the dequantised cache (code * scale: the exact kernels read exactly these values), nmse <
+ * 1e-10; two runs bit-identical. */
+static void test_attention_case_kv(const attn_case *ac, int kern, int qt) {
+    hm_cuda_set_kern(ctx, kern);
+    const hm_type_traits *tt = hm_type_get(qt);
+    const hm_cuda_kv kv = qt == HM_TYPE_Q8_0 ? HM_CUDA_KV_Q8_0 : qt == HM_TYPE_Q4_0 ? HM_CUDA_KV_Q4_0 : HM_CUDA_KV_BF16;
+    const int nh = ac->n_head, nkv = ac->n_kv_head, hd = ac->hd;
+    const int64_t n_ctx = ac->n_ctx, n_tok = ac->n_tok, kv_len = ac->pos0 + n_tok;
+    const size_t rb = hm_row_size(qt, hd), rows = (size_t)nkv * (size_t)n_ctx, cb = rows * rb;
+    unsigned char *kc = xmalloc(cb), *vc = xmalloc(cb);
+    float *row = xmalloc(sizeof(float) * (size_t)hd);
+    for (size_t r = 0; r < rows; r++) {
+        fill(row, hd, 1.0f);
+        tt->from_float_ref(row, kc + r * rb, hd);
+        fill(row, hd, 1.0f);
+        tt->from_float_ref(row, vc + r * rb, hd);
+    }
+    const size_t kvb = sizeof(float) * (size_t)(n_tok * nkv * hd);
+    float *k = xmalloc(kvb), *v = xmalloc(kvb);
+    fill(k, n_tok * nkv * hd, 1.0f);
+    fill(v, n_tok * nkv * hd, 1.0f);
+    for (int64_t i = 0; i < n_tok * nkv * hd; i += 37) k[i] *= 5.0f; /* outliers set their block's scale */
+    int32_t *pos = xmalloc(sizeof(int32_t) * (size_t)n_tok);
+    for (int64_t t = 0; t < n_tok; t++) pos[t] = (int32_t)(ac->pos0 + t);
+    void *dkc = dev_from(kc, cb), *dvc = dev_from(vc, cb);
+    float *dk = dev_from(k, kvb), *dv = dev_from(v, kvb);
+    int32_t *dpos = dev_from(pos, sizeof(int32_t) * (size_t)n_tok);
+    CK(hm_cuda_kv_write_kv(ctx, kv, dkc, dvc, n_ctx, nkv, hd, dk, dv, n_tok, dpos, &err));
+    for (int64_t t = 0; t < n_tok; t++)
+        for (int h = 0; h < nkv; h++) {
+            const size_t dst = ((size_t)h * (size_t)n_ctx + (size_t)pos[t]) * rb;
+            tt->from_float_ref(k + (t * nkv + h) * hd, kc + dst, hd);
+            tt->from_float_ref(v + (t * nkv + h) * hd, vc + dst, hd);
+        }
+    unsigned char *kc2 = xmalloc(cb), *vc2 = xmalloc(cb);
+    dev_to(kc2, dkc, cb);
+    dev_to(vc2, dvc, cb);
+    CHECKF(!memcmp(kc, kc2, cb) && !memcmp(vc, vc2, cb), "kv_write %s: the cache differs from the reference quantiser",
+           tt->name);
+    float *kf = xmalloc(sizeof(float) * rows * (size_t)hd), *vf = xmalloc(sizeof(float) * rows * (size_t)hd);
+    for (size_t r = 0; r < rows; r++) {
+        tt->to_float_ref(kc + r * rb, kf + r * (size_t)hd, hd);
+        tt->to_float_ref(vc + r * rb, vf + r * (size_t)hd, hd);
+    }
+
+    const size_t qn = (size_t)(n_tok * nh * hd);
+    float *q = xmalloc(qn * sizeof(float)), *out = xmalloc(qn * sizeof(float)), *out2 = xmalloc(qn * sizeof(float));
+    double *ref = xmalloc(qn * sizeof(double));
+    fill(q, (int64_t)qn, 1.0f);
+    float *dq = dev_from(q, qn * sizeof(float)), *dout = dev_zero(qn * sizeof(float));
+    const size_t ss = hm_cuda_attention_scratch_size(ctx, n_tok, kv_len, nh, nkv, hd);
+    void *scr = dev_zero(ss);
+    const float scale = 1.0f / sqrtf((float)hd);
+    CK(hm_cuda_attention_kv(ctx, kv, dq, n_tok, dpos, kv_len, dkc, dvc, n_ctx, nh, nkv, hd, scale, dout, scr, ss, &err));
+    dev_to(out, dout, qn * sizeof(float));
+    double *sc = xmalloc(sizeof(double) * (size_t)kv_len);
+    for (int64_t t = 0; t < n_tok; t++)
+        for (int h = 0; h < nh; h++) {
+            const int g = h / (nh / nkv);
+            const float *qv = q + (t * nh + h) * hd;
+            double mx = -INFINITY, s = 0;
+            for (int64_t p = 0; p <= pos[t]; p++) {
+                const float *kr = kf + ((size_t)g * (size_t)n_ctx + (size_t)p) * (size_t)hd;
+                double d = 0;
+                for (int i = 0; i < hd; i++) d += (double)qv[i] * kr[i];
+                sc[p] = d * scale;
+                mx = fmax(mx, sc[p]);
+            }
+            double *o = ref + (t * nh + h) * hd;
+            for (int i = 0; i < hd; i++) o[i] = 0;
+            for (int64_t p = 0; p <= pos[t]; p++) {
+                const double e = exp(sc[p] - mx);
+                const float *vr = vf + ((size_t)g * (size_t)n_ctx + (size_t)p) * (size_t)hd;
+                s += e;
+                for (int i = 0; i < hd; i++) o[i] += e * vr[i];
+            }
+            for (int i = 0; i < hd; i++) o[i] /= s;
+        }
+    const double e = nmse(out, ref, (int64_t)qn);
+    CHECKF(e < 1e-10, "%s attention %d/%d heads hd %d n_tok %lld pos0 %lld (%s): nmse %.3g", tt->name, nh, nkv, hd,
+           (long long)n_tok, (long long)ac->pos0, kern_name(kern), e);
+    CK(hm_cuda_memset(ctx, dout, 0xff, qn * sizeof(float), &err));
+    CK(hm_cuda_attention_kv(ctx, kv, dq, n_tok, dpos, kv_len, dkc, dvc, n_ctx, nh, nkv, hd, scale, dout, scr, ss, &err));
+    dev_to(out2, dout, qn * sizeof(float));
+    CHECKF(!memcmp(out, out2, qn * sizeof(float)), "%s attention hd %d n_tok %lld (%s): runs differ", tt->name, hd,
+           (long long)n_tok, kern_name(kern));
+    printf("kv_write %s = reference quantiser; %s attention q %d / kv %d heads, hd %d, %lld queries at %lld.. "
+           "(%s) nmse %.2e vs the dequantised cache, deterministic\n", tt->name, tt->name, nh, nkv, hd,
+           (long long)n_tok, (long long)ac->pos0, kern_name(kern), e);
+    hm_cuda_set_kern(ctx, HM_CUDA_KERN_DEFAULT);
+    hm_cuda_free(ctx, dkc);
+    hm_cuda_free(ctx, dvc);
+    hm_cuda_free(ctx, dk);
+    hm_cuda_free(ctx, dv);
+    hm_cuda_free(ctx, dpos);
+    hm_cuda_free(ctx, dq);
+    hm_cuda_free(ctx, dout);
+    hm_cuda_free(ctx, scr);
+    free(kc); free(vc); free(kc2); free(vc2); free(kf); free(vf); free(row); free(k); free(v); free(pos);
+    free(q); free(out); free(out2); free(ref); free(sc);
+}
+
 static void test_attention(void) {
     const attn_case cases[] = {
         {32, 4, 128, 4096, 1, 3000},  /* decode at long context: flash-decoding split */
@@ -775,6 +880,10 @@ static void test_attention(void) {
     };
     for (int kern = HM_CUDA_KERN_OLD; kern <= HM_CUDA_KERN_NEW; kern++)
         for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) test_attention_case(&cases[i], kern);
+    const int qts[] = {HM_TYPE_Q8_0, HM_TYPE_Q4_0, HM_TYPE_BF16}; /* the same cases over quantised caches */
+    for (size_t t = 0; t < sizeof qts / sizeof qts[0]; t++)
+        for (int kern = HM_CUDA_KERN_OLD; kern <= HM_CUDA_KERN_NEW; kern++)
+            for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) test_attention_case_kv(&cases[i], kern, qts[t]);
 }
 
 /* ---- grouped MoE ---- */

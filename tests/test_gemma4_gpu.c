@@ -36,6 +36,8 @@
  * embedding dominates its residual (synth_gemma4.c: 32x a block), NMSE_BF16 = 1e-4 as qwen3moe's
  * (the HF fixture's random blocks do not dilute it: routing flips, hence its exact path). Q4_K_M: the CPU
  * quantises activations to Q8 (0.6 % rms) while the GPU keeps f32: NMSE_Q8 = 3e-4 for both runs.
+ * -ctk q8_0: the f32 synth's two runs with a q8_0 KV cache on the GPU against the CPU's q8_0 cache
+ * (run_synth_q8_0 says the bound).
  * Exits 77 ("skipped: no GPU") without a CUDA device. */
 #include <math.h>
 #include <stdint.h>
@@ -549,6 +551,66 @@ static void run_synth(const char *type, bool quant) {
     unlink(path);
 }
 
+/* -ctk q8_0 end to end: the two runs of run_synth (n_ubatch 64: the flash prefill over the q8_0
+ * ring and global caches; n_ubatch 8: the exact kernels) with a q8_0 KV cache, all on the GPU
+ * (-ngl 99), against the CPU engine's own q8_0 cache on the same tokens. A q8_0 code on a rounding
+ * boundary may flip between the backends (their K/V rows come from different matmuls), moving that
+ * value by one step (1/127 of its block's largest value, ~0.8 %): both runs are held to NMSE_BF16
+ * (Q4_K_M: NMSE_Q8, the CPU's activation rounding dominating). */
+static hm_status run_kv(hm_model *m, const seqdef *d, hm_kv_type kv, int32_t *toks, float *out, int32_t V,
+                        hm_err *e) {
+    hm_session_opts so;
+    hm_session_opts_default(&so);
+    so.n_ctx = d->n_ctx;
+    so.n_ubatch = d->n_ubatch;
+    so.n_threads = 4;
+    so.kv_type = kv;
+    hm_session *s = NULL;
+    hm_status st = hm_session_open(&s, m, &so, e);
+    if (st != HM_OK) return st;
+    st = gpu_compare_run(s, toks, d->np, d->ndec, false, out, V, e);
+    hm_session_close(s);
+    return st;
+}
+
+static void run_synth_q8_0(const char *type, bool quant) {
+    char path[] = "/tmp/hm_g4gpu8_XXXXXX";
+    if (!gpu_compare_synth(path, "gemma4", "gemma4-tiny", type, 21)) return;
+    hm_err e = {{0}};
+    hm_model *mc = NULL;
+    CHECKF(hm_model_open(&mc, path, NULL, &e) == HM_OK, "q8_0 %s: CPU open: %s", type, e.msg);
+    hm_placement_opts po;
+    hm_placement_opts_default(&po);
+    po.n_gpu_layers = 99;
+    po.n_ctx = 64;
+    hm_model *mg = mc ? open_gpu(path, &po, &e) : NULL;
+    CHECKF(!mc || mg, "q8_0 %s: GPU open: %s", type, e.msg);
+    if (mc && mg) {
+        const int32_t V = hm_model_n_vocab(mc);
+        const seqdef defs[2] = {{SP, SDEC, 64, 64}, {SP, SDEC, 8, 64}};
+        int32_t toks[SP + SDEC], dummy[1];
+        gpu_compare_prompts(0x9e3779b97f4a7c15ull, V, toks, SP, dummy, 0);
+        for (int i = 0; i < SDEC; i++) toks[SP + i] = toks[(7 * i) % SP]; /* fixed decode tokens */
+        float *c8 = xmalloc((size_t)SSTEP * V * 4), *g8 = xmalloc((size_t)SSTEP * V * 4);
+        for (int i = 0; i < 2; i++) {
+            hm_status st = run_kv(mc, &defs[i], HM_KV_Q8_0, toks, c8, V, &e);
+            CHECKF(st == HM_OK, "q8_0 %s CPU run %d: %s", type, i, e.msg);
+            if (st == HM_OK) st = run_kv(mg, &defs[i], HM_KV_Q8_0, toks, g8, V, &e);
+            CHECKF(st == HM_OK, "q8_0 %s GPU run %d: %s", type, i, e.msg);
+            if (st != HM_OK) continue;
+            char what[96];
+            snprintf(what, sizeof what, "gemma4-tiny %s -ngl 99 -ctk q8_0 n_ubatch %d", type, defs[i].n_ubatch);
+            const double w = gpu_compare_logits(what, g8, c8, SSTEP, V, quant ? NMSE_Q8 : NMSE_BF16);
+            fprintf(stderr, "%s: NMSE vs the CPU's q8_0 cache %.3g\n", what, w);
+        }
+        free(c8);
+        free(g8);
+    }
+    hm_model_close(mg);
+    hm_model_close(mc);
+    unlink(path);
+}
+
 int main(void) {
     const int rc = cuda_test_open("nothing to check without a device");
     if (rc >= 0) return rc;
@@ -558,5 +620,6 @@ int main(void) {
     run_fixture();
     run_synth("f32", false);
     run_synth("q4_k_m", true);
+    run_synth_q8_0("f32", false);
     return test_done();
 }

@@ -43,7 +43,8 @@
  * expert bytes are registered with CUDA and the swaps copied straight from them (hm_model_usage's
  * gpu_pinned_bytes, gpu_direct_fills): the same bounds as (c).
  * Also: two GPU sessions through hm_batch_eval equal each alone; an f32 KV cache with the GPU is
- * HM_ERR_UNSUPPORTED. Decode steps of one row run as one CUDA graph (the cold units' handshakes
+ * HM_ERR_UNSUPPORTED; under (d) q8_0 and bf16 KV caches (-ctk) on the GPU against the CPU's cache of
+ * the type (run_kv_quant says the bound). Decode steps of one row run as one CUDA graph (the cold units' handshakes
  * inside it); D again with HOTMOE_CUDA_GRAPH=0 (the per-launch path) must give bit-identical
  * logits under every placement that does not move units between runs (all but lru).
  * YaRN: the transformers fixture with YaRN RoPE scaling (tests/fixtures/qwen3moe_yarn, when
@@ -116,6 +117,48 @@ static hm_session *open_session(hm_model *m, hm_kv_type kv, hm_err *err) {
  * ([NSTEP][V]). greedy: the CPU reference picks toks[np + i] = argmax of step i's logits. */
 static hm_status run_seq(hm_model *m, int32_t *toks, int32_t np, bool greedy, float *out, int32_t V, hm_err *err) {
     return gpu_compare_run_fresh(m, 64, 0, toks, np, NDEC, greedy, out, V, err);
+}
+
+/* -ctk q8_0 (and bf16) end to end: P and D (the CPU reference's tokens) on a q8_0 KV cache, the GPU's
+ * (-ngl 99: the device's write, the decode kernels and the flash prefill reading it) against the CPU
+ * engine's own cache of the type. Both quantise their K/V rows with the same reference arithmetic,
+ * but the rows come from each backend's matmuls: a code that lies on a rounding boundary may flip
+ * between them, moving that value by one step (q8_0: 1/127 of its block's largest value, ~0.8 %;
+ * bf16: 2^-8 of it, a bf16 rounding), so both sequences are held to NMSE_BF16 (Q4_K_M: NMSE_Q8,
+ * the CPU's activation rounding dominating as for f16). */
+static void run_kv_quant(const char *path, const char *label, const ref *r, hm_model *mg, bool quant, hm_kv_type kv) {
+    hm_err err = {{0}};
+    hm_model *mc = NULL;
+    CHECKF(hm_model_open(&mc, path, NULL, &err) == HM_OK, "%s q8_0: CPU open: %s", label, err.msg);
+    if (!mc) return;
+    const int32_t V = r->n_vocab;
+    float *c8 = malloc((size_t)NSTEP * (size_t)V * sizeof(float)), *g8 = malloc((size_t)NSTEP * (size_t)V * sizeof(float));
+    for (int seq = 0; seq < 2; seq++) {
+        int32_t toks[NP + NDEC];
+        const int32_t np = seq == 0 ? NP : ND;
+        hm_status st = HM_OK;
+        for (int side = 0; side < 2 && st == HM_OK; side++) {
+            memcpy(toks, seq == 0 ? r->toks_p : r->toks_d, (size_t)(np + NDEC) * sizeof(int32_t));
+            hm_session *s = open_session(side ? mg : mc, kv, &err);
+            CHECKF(s != NULL, "%s q8_0 session (%s): %s", label, side ? "GPU" : "CPU", err.msg);
+            if (!s) {
+                st = HM_ERR_ARG;
+                break;
+            }
+            st = gpu_compare_run(s, toks, np, NDEC, false, side ? g8 : c8, V, &err);
+            CHECKF(st == HM_OK, "%s q8_0 run (%s): %s", label, side ? "GPU" : "CPU", err.msg);
+            hm_session_close(s);
+        }
+        if (st != HM_OK) continue;
+        char what[96];
+        snprintf(what, sizeof what, "%s -ngl 99 -ctk %s %s", label, hm_kv_type_name(kv),
+                 seq == 0 ? "P (prefill)" : "D (decode)");
+        const double w = gpu_compare_logits(what, g8, c8, NSTEP, V, quant ? NMSE_Q8 : NMSE_BF16);
+        fprintf(stderr, "%s: NMSE vs the CPU's cache of the type %.3g\n", what, w);
+    }
+    free(c8);
+    free(g8);
+    hm_model_close(mc);
 }
 
 typedef enum place { P_CPU_MOE, P_N_CPU_MOE, P_STATIC, P_LRU, P_ALL, P_STREAM, P_MLOCK } place;
@@ -257,6 +300,8 @@ static void run_placement(const char *path, const char *label, const ref *r, pla
         hm_session *s = open_session(m, HM_KV_F32, &err);
         CHECKF(!s, "%s: an f32 KV cache with the GPU opened", label);
         hm_session_close(s);
+        run_kv_quant(path, label, r, m, quant, HM_KV_Q8_0);
+        run_kv_quant(path, label, r, m, quant, HM_KV_BF16);
     }
     if (p == P_N_CPU_MOE) {
         /* two sessions in one hm_batch_eval equal each alone (hot and cold units both in play) */

@@ -276,7 +276,7 @@ int hm_cmd_bench(int argc, char **argv) {
                "\"kv_type\": \"%s\", \"backend\": \"%s\", \"n_prompt\": %ld, \"n_gen\": %ld, \"n_depth\": %ld, "
                "\"repetitions\": %ld",
                name, inf->arch, (unsigned long long)inf->file_bytes, (unsigned long long)inf->n_params, th,
-               e.kv_type == HM_KV_F32 ? "f32" : "f16", backend, n_prompt, n_gen, depth, reps);
+               hm_kv_type_name(e.kv_type), backend, n_prompt, n_gen, depth, reps);
         if (hit >= 0) printf(", \"vram_slots\": %lld, \"tg_vram_hit_rate\": %.4f", (long long)vslots, hit);
         if (n_prompt) printf(", \"pp_tok_s\": %.3f, \"pp_tok_s_std\": %.3f", pm, psd);
         if (n_gen) printf(", \"tg_tok_s\": %.3f, \"tg_tok_s_std\": %.3f", tm, tsd);

@@ -46,8 +46,8 @@ typedef struct cli_engine {
     "  -t, --threads N        compute threads (default: all CPUs)\n"                             \
     "  -ub, --ubatch-size N   tokens per forward micro-batch (default 512; alias --ubatch)\n"      \
     "  -b, --batch-size N     llama.cpp's logical batch: accepted, and caps -ub as there\n"     \
-    "  --kv-type f16|f32      KV cache type (default f16; f32 is exact and slower); aliases\n"     \
-    "                         -ctk/--cache-type-k and -ctv/--cache-type-v (the same type)\n"     \
+    "  --kv-type T            KV cache type: f16 (default), f32 (exact, slower), bf16, q8_0,\n"  \
+    "                         q4_0; aliases -ctk/--cache-type-k, -ctv/--cache-type-v (one type)\n" \
     "  --rope-scaling T       none|linear|yarn over the file's RoPE scaling (llama.cpp's flag)\n" \
     "  --rope-scale N         its factor (the context grows N-fold); --yarn-orig-ctx N: YaRN's\n" \
     "                         original context (both default to the file's keys)\n"              \
@@ -314,16 +314,14 @@ static inline int cli_engine_arg(cli_engine *e, int argc, char **argv, int *i) {
         /* one type for K and V (llama.cpp's -ctk / -ctv name them apart: both must agree here) */
         if (!(v = cli_value(e->cmd, argc, argv, i))) return -1;
         hm_kv_type t;
-        if (!strcmp(v, "f16")) t = HM_KV_F16;
-        else if (!strcmp(v, "f32")) t = HM_KV_F32;
-        else {
-            fprintf(stderr, "hotmoe %s: %s expects f16 or f32, got '%s' (bf16, q8_0 and q4_0 caches are not "
-                            "implemented yet)\n", e->cmd, a, v);
+        hm_err perr = {{0}};
+        if (hm_kv_type_parse(v, &t, &perr) != HM_OK) {
+            fprintf(stderr, "hotmoe %s: %s: %s\n", e->cmd, a, perr.msg);
             return -1;
         }
         if (e->kv_type_set && t != e->kv_type) {
             fprintf(stderr, "hotmoe %s: K and V caches of different types (%s after %s): hotmoe keeps one type "
-                            "for both\n", e->cmd, v, e->kv_type == HM_KV_F32 ? "f32" : "f16");
+                            "for both (give -ctk and -ctv the same type)\n", e->cmd, v, hm_kv_type_name(e->kv_type));
             return -1;
         }
         e->kv_type = t;

@@ -34,6 +34,8 @@ static void usage(FILE *f) {
             "  -ub, --ubatch-size N   tokens per forward micro-batch of a prompt (default 512; up to\n"
             "                         4096 and more, as llama.cpp's -ub)\n"
             "  -b, --batch-size N     llama.cpp's logical batch: accepted, and caps -ub as there\n"
+            "  -ctk, -ctv TYPE        KV cache type of every slot: f16 (default), f32, bf16, q8_0, q4_0\n"
+            "                         (--cache-type-k/-v, --kv-type; one type for K and V)\n"
             "      --alias NAME       model id in the API (default: the file name)\n"
             "      --chat-template T  \"chatml\" or a template text (default: the model's own)\n"
             "      --max-body BYTES   request body cap (default 8MiB)\n"
@@ -70,6 +72,7 @@ int hm_cmd_serve(int argc, char **argv) {
     cli_engine e = {.cmd = "serve", .place_init = true};
     hm_placement_opts_default(&e.place);
     int32_t n_batch = 0; /* -b: llama.cpp's logical batch; it caps the micro-batch as there */
+    bool kv_set = false; /* a -ctk / -ctv was given (they must agree) */
     for (int i = 1; i < argc; i++) {
         int pr = cli_placement_arg(&e, argc, argv, &i); /* --profile-out, --policy, ... */
         if (pr < 0) return 2;
@@ -111,6 +114,21 @@ int hm_cmd_serve(int argc, char **argv) {
             if (!int_arg(a, v, 1, 1 << 16, &o.n_ubatch)) return 2;
         } else if (!strcmp(a, "-b") || !strcmp(a, "--batch-size")) {
             if (!int_arg(a, v, 1, 1 << 16, &n_batch)) return 2;
+        } else if (!strcmp(a, "-ctk") || !strcmp(a, "-ctv") || !strcmp(a, "--cache-type-k") ||
+                   !strcmp(a, "--cache-type-v") || !strcmp(a, "--kv-type")) {
+            hm_kv_type t;
+            hm_err perr = {{0}};
+            if (hm_kv_type_parse(v, &t, &perr) != HM_OK) {
+                fprintf(stderr, "serve: %s: %s\n", a, perr.msg);
+                return 2;
+            }
+            if (kv_set && t != o.kv_type) {
+                fprintf(stderr, "serve: K and V caches of different types (%s after %s): hotmoe keeps one type for "
+                                "both (give -ctk and -ctv the same type)\n", v, hm_kv_type_name(o.kv_type));
+                return 2;
+            }
+            o.kv_type = t;
+            kv_set = true;
         } else if (!strcmp(a, "--api-key")) {
             if (!*v) {
                 fprintf(stderr, "serve: --api-key '' is empty; give a key, or leave --api-key out to serve "

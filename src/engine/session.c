@@ -31,6 +31,19 @@ struct hm_session {
     int32_t cap_all;
 };
 
+static const char *const kv_names[HM_KV_TYPE_COUNT] = {"f16", "f32", "q8_0", "q4_0", "bf16"};
+
+const char *hm_kv_type_name(hm_kv_type t) { return (unsigned)t < HM_KV_TYPE_COUNT ? kv_names[t] : "?"; }
+
+hm_status hm_kv_type_parse(const char *name, hm_kv_type *out, hm_err *err) {
+    for (int i = 0; i < HM_KV_TYPE_COUNT; i++)
+        if (name && !strcmp(name, kv_names[i])) {
+            *out = (hm_kv_type)i;
+            return HM_OK;
+        }
+    return hm_errf(err, HM_ERR_ARG, "KV cache type '%s': expected f16, f32, bf16, q8_0 or q4_0", name ? name : "");
+}
+
 void hm_session_opts_default(hm_session_opts *o) {
     memset(o, 0, sizeof *o);
     o->kv_type = HM_KV_F16;
@@ -89,7 +102,7 @@ hm_status hm_session_open(hm_session **out, hm_model *m, const hm_session_opts *
     else hm_session_opts_default(&o);
     if (o.n_ctx < 0 || o.n_threads < 0 || o.n_ubatch < 0)
         return hm_errf(err, HM_ERR_ARG, "session: negative n_ctx/n_threads/n_ubatch");
-    if (o.kv_type != HM_KV_F16 && o.kv_type != HM_KV_F32)
+    if ((unsigned)o.kv_type >= HM_KV_TYPE_COUNT)
         return hm_errf(err, HM_ERR_ARG, "session: unknown KV cache type %d", (int)o.kv_type);
     if (o.n_ctx == 0) {
         o.n_ctx = m->info.n_ctx_train > 0 && m->info.n_ctx_train < 4096 ? m->info.n_ctx_train : 4096;

@@ -92,16 +92,24 @@ hm_status hm_op_deltanet(hm_exec *x, int32_t il, hm_buf io, const hm_deltanet *p
 /* ---- session entry points ---- */
 
 /* s->kvl: each layer's K and V in one block, in layer order (a uniform arch's layer with KV slot i
- * at i * 2 * elems); a sliding layer holds a ring of min(n_ctx, window + n_ubatch) rows (cpu_gemma.h
- * says why W + U - 1 suffice), so its memory does not grow with the context. */
+ * at i * 2 * bytes); a sliding layer holds a ring of min(n_ctx, window + n_ubatch) rows (cpu_gemma.h
+ * says why W + U - 1 suffice), so its memory does not grow with the context. A row is head_dim
+ * values of the cache's type (ggml blocks for q8_0 / q4_0: head_dim must be a multiple of 32). */
 static hm_status kv_layout(const hm_exec_model *xm, const hm_state_opts *o, hm_exec_state *s, hm_err *err) {
+    const int rt = hm_kv_row_type(o->kv_type);
     if (!(s->kvl = calloc((size_t)xm->n_layer, sizeof *s->kvl))) return hm_errf(err, HM_ERR_NOMEM, "out of memory");
     s->ring = o->n_ctx;
+    s->kv_row_type = rt;
     size_t at = 0;
     for (int32_t il = 0; il < xm->n_layer; il++) {
         if (hm_exec_kv_slot(xm, il) < 0) continue;
         const hm_attn_layer a = xm->attn_layers ? xm->attn_layers[il]
                                                 : (hm_attn_layer){.head_dim = xm->head_dim, .n_head_kv = xm->n_head_kv};
+        if (!hm_cpu_kv_row_ok(rt, a.head_dim))
+            return hm_errf(err, HM_ERR_UNSUPPORTED,
+                           "a %s KV cache: layer %d's head_dim %d is not a multiple of its block of %lld values "
+                           "(use -ctk/-ctv f16)", hm_kv_type_name(o->kv_type), il, a.head_dim,
+                           (long long)hm_type_get(rt)->blck_size);
         hm_kv_layer *c = &s->kvl[il];
         c->cap = o->n_ctx;
         if (a.window > 0) {
@@ -109,11 +117,11 @@ static hm_status kv_layout(const hm_exec_model *xm, const hm_state_opts *o, hm_e
             if ((int64_t)a.window + o->n_ubatch < c->cap) c->cap = (int64_t)a.window + o->n_ubatch;
             if (c->cap < s->ring) s->ring = c->cap;
         }
-        c->elems = (size_t)a.n_head_kv * (size_t)c->cap * (size_t)a.head_dim;
+        c->bytes = (size_t)a.n_head_kv * (size_t)c->cap * hm_row_size(rt, a.head_dim);
         c->off = at;
-        at += 2 * c->elems;
+        at += 2 * c->bytes;
     }
-    s->kv_elems = at;
+    s->kv_bytes = at;
     return HM_OK;
 }
 
@@ -121,12 +129,13 @@ hm_status hm_model_kv_bytes(const hm_model *m, int32_t n_ctx, int32_t n_ubatch, 
                             hm_err *err) {
     *bytes = 0;
     if (n_ctx < 1 || n_ubatch < 0) return hm_errf(err, HM_ERR_ARG, "kv bytes: n_ctx %d, n_ubatch %d", n_ctx, n_ubatch);
+    if ((unsigned)kv_type >= HM_KV_TYPE_COUNT) return hm_errf(err, HM_ERR_ARG, "kv bytes: KV type %d", (int)kv_type);
     if (!m->xm) return HM_OK; /* an arch without the executor's state keeps no KV here */
     const hm_state_opts o = {.n_ctx = n_ctx, .n_ubatch = n_ubatch ? (n_ubatch < n_ctx ? n_ubatch : n_ctx) : (n_ctx < 512 ? n_ctx : 512),
                              .kv_type = kv_type};
     hm_exec_state s = {0};
     hm_status st = kv_layout(m->xm, &o, &s, err);
-    if (st == HM_OK) *bytes = (uint64_t)s.kv_elems * (kv_type == HM_KV_F32 ? 4u : 2u);
+    if (st == HM_OK) *bytes = (uint64_t)s.kv_bytes;
     free(s.kvl);
     return st;
 }

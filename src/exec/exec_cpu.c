@@ -35,8 +35,7 @@ hm_status hm_exec_cpu_state_open(const hm_model *m, const hm_state_opts *o, hm_e
     const size_t U = (size_t)o->n_ubatch, E = (size_t)xm->n_embd;
     const size_t K = (size_t)(xm->moe.k > 0 ? xm->moe.k : 1), NE = (size_t)(xm->moe.n_expert > 0 ? xm->moe.n_expert : 1);
     hm_status st;
-    s->kv_elem_size = o->kv_type == HM_KV_F32 ? 4 : 2;
-    if (s->kv_elems && (st = hm_model_kv_alloc(&s->kv, s->kv_elems, s->kv_elem_size, o->n_ctx, err)) != HM_OK)
+    if (s->kv_bytes && (st = hm_model_kv_alloc(&s->kv, s->kv_bytes, o->kv_type, o->n_ctx, err)) != HM_OK)
         return st;
     s->rs_total = hm_exec_rs_floats(&xm->dn) * (size_t)xm->n_rs_layer;
     if (xm->n_rs_layer > 0) {
@@ -77,10 +76,11 @@ hm_status hm_exec_cpu_state_open(const hm_model *m, const hm_state_opts *o, hm_e
             fl = hm_model_max_sz(fl, hm_cpu_attn_tiled_scratch_floats(xm->n_head, xm->attn_layers[il].n_head_kv,
                                                                       xm->attn_layers[il].head_dim, o->n_threads));
         if ((st = hm_model_att_scratch_alloc(&s->kv_scratch, fl, err)) != HM_OK) return st;
-    } else if (o->kv_type == HM_KV_F32 && xm->n_kv_layer > 0 &&
-               (st = hm_model_att_scratch_alloc(&s->kv_scratch, hm_cpu_attention_ring_scratch_floats(o->n_ctx, o->n_threads),
-                                                err)) != HM_OK) {
-        return st;
+    } else if (o->kv_type != HM_KV_F16 && xm->n_kv_layer > 0) { /* the general cache's, and its tiled path's */
+        const size_t fl = hm_model_max_sz(hm_cpu_attention_ring_scratch_floats(o->n_ctx, o->n_threads),
+                                          hm_cpu_attn_tiled_scratch_floats(xm->n_head, xm->n_head_kv, xm->head_dim,
+                                                                           o->n_threads));
+        if ((st = hm_model_att_scratch_alloc(&s->kv_scratch, fl, err)) != HM_OK) return st;
     }
     if (xm->moe.n_expert > 0 &&
         (st = hm_moe_route_init(&s->route, xm->moe.n_expert, xm->moe.k, o->n_ubatch, err)) != HM_OK)
@@ -127,9 +127,9 @@ static hm_status c_add_rmsnorm(hm_exec *x, hm_buf acc, hm_buf add, const float *
 /* Layer il's K cache of a sequence state; *vc its V cache. */
 static char *kv_layer(const hm_exec_model *xm, const hm_exec_state *s, int32_t il, char **vc) {
     const hm_kv_layer *c = &s->kvl[il];
-    HM_ASSERT(hm_exec_kv_slot(xm, il) >= 0 && c->elems > 0);
-    char *kc = (char *)s->kv + c->off * s->kv_elem_size;
-    *vc = kc + c->elems * s->kv_elem_size;
+    HM_ASSERT(hm_exec_kv_slot(xm, il) >= 0 && c->bytes > 0);
+    char *kc = (char *)s->kv + c->off;
+    *vc = kc + c->bytes;
     return kc;
 }
 
@@ -331,7 +331,7 @@ static hm_status c_attn_in_ring(hm_exec *x, int32_t il, const hm_ring_in *p) {
     hm_cpu_rmsnorm(x->pool, v, NULL, v, x->nr * nkv, hd, p->eps);
     hm_gemma_rope_neox(x->pool, q, x->nr, nh, hd, p->n_rot, c->pos, p->theta, p->rope_ff);
     hm_gemma_rope_neox(x->pool, k, x->nr, nkv, hd, p->n_rot, c->pos, p->theta, p->rope_ff);
-    hm_cpu_kv_write_ring(x->pool, kc, vc, s->kv_elem_size, s->kvl[il].cap, nkv, hd, k, v, x->nr, c->pos);
+    hm_cpu_kv_write_ring(x->pool, kc, vc, s->kv_row_type, s->kvl[il].cap, nkv, hd, k, v, x->nr, c->pos);
     return HM_OK;
 }
 
@@ -341,7 +341,7 @@ static hm_status c_attention_ring(hm_exec *x, int32_t il, hm_buf qb, hm_buf outb
     const hm_exec_state *s = c->seqs[0].state;
     const hm_attn_layer *a = &x->xm->attn_layers[il];
     char *vc, *kc = kv_layer(x->xm, s, il, &vc);
-    hm_cpu_attention_ring(x->pool, x->buf[qb], x->nr, c->pos, kc, vc, s->kv_elem_size, s->kvl[il].cap, a->window,
+    hm_cpu_attention_ring(x->pool, x->buf[qb], x->nr, c->pos, kc, vc, s->kv_row_type, s->kvl[il].cap, a->window,
                           x->xm->n_head, a->n_head_kv, a->head_dim, scale, x->buf[outb], s->kv_scratch);
     return HM_OK;
 }

@@ -69,7 +69,7 @@ static bool attn_any(const hm_exec_model *xm) {
 typedef struct hm_xdev {
     hm_gpu_dstate ds;         /* first: the device, its layers, x, h, the MoE's buffers (gpu_chain.h);
                                  ds.kv is [l1 - l0][2][n_head_kv][n_ctx][head_dim] */
-    size_t kv_off0;           /* the KV block's element where its first layer's K starts (s->kvl) */
+    size_t kv_off0;           /* the KV block's byte where its first layer's K starts (s->kvl) */
     int32_t rs0;              /* the recurrent slot of its first layer that has one */
     float *rs;                /* device [its recurrent layers][hm_exec_rs_floats], owned */
     size_t rs_total;          /* floats of rs */
@@ -130,20 +130,17 @@ static hm_status xdev_open(const hm_model *m, const hm_state_opts *o, int32_t de
 
     /* its layers' K/V (s->kvl, from its first layer that has any) and recurrent states [rs0, rs0 + n_rs) */
     int32_t n_rs = 0;
-    size_t kv_elems = 0;
+    size_t kv_bytes = 0;
     bool any_kv = false;
     g->rs0 = -1;
     for (int32_t il = l0; il < l1; il++) {
         const int32_t rs = hm_exec_rs_slot(xm, il);
         if (rs >= 0 && n_rs++ == 0) g->rs0 = rs;
-        if (s->kvl[il].elems == 0) continue;
+        if (s->kvl[il].bytes == 0) continue;
         if (!any_kv) g->kv_off0 = s->kvl[il].off, any_kv = true;
-        kv_elems += 2 * s->kvl[il].elems;
+        kv_bytes += 2 * s->kvl[il].bytes;
     }
     /* sizes first: a device that is full makes the expert pool give up room for all of them */
-    size_t kv_bytes = 0;
-    if (!hm_mul_ok(kv_elems, 2, &kv_bytes))
-        return hm_errf(err, HM_ERR_NOMEM, "gpu: the KV cache for %d positions is too large", o->n_ctx);
     g->rs_total = hm_exec_rs_floats(&xm->dn) * (size_t)n_rs;
     const size_t rs_bytes = g->rs_total * sizeof(float);
     /* the arch's buffers, then router logits, sel, cold, logits, ints, sel_all, slots, pred */
@@ -223,7 +220,10 @@ hm_status hm_exec_gpu_state_open(const hm_model *m, const hm_state_opts *o, hm_e
     HM_ASSERT(gpu && gpu->arch && !s->dev);
     hm_status st = hm_gpu_state_opts_check(o, err);
     if (st != HM_OK) return st;
-    s->kv_elem_size = 2;
+    if (o->kv_type != HM_KV_F16 && !xm->attn_ring && attn_any(xm))
+        return hm_errf(err, HM_ERR_UNSUPPORTED, "%s: a %s KV cache on the GPU takes head_dim 64, 128 or 256 (not %d "
+                       "yet): use -ctk f16, or run on the CPU", m->arch->name, hm_kv_type_name(o->kv_type),
+                       xm->head_dim);
     /* one state per device that runs layers or the output, in layer order */
     hm_gpu_link links[HM_MAX_GPUS];
     const int32_t n_links = hm_gpu_chain_links(gpu, xm->n_layer, links);
@@ -314,13 +314,21 @@ static hm_status g_add_rmsnorm(hm_exec *x, hm_buf acc, hm_buf add, const float *
                                x->xm->n_embd, x->xm->eps, x->err);
 }
 
+/* The device format of a session's KV cache type (f32 is refused at open). */
+static hm_cuda_kv cuda_kv(const hm_exec_state *s) {
+    return s->kv_type == HM_KV_Q8_0 ? HM_CUDA_KV_Q8_0
+           : s->kv_type == HM_KV_Q4_0 ? HM_CUDA_KV_Q4_0
+           : s->kv_type == HM_KV_BF16 ? HM_CUDA_KV_BF16
+                                      : HM_CUDA_KV_F16;
+}
+
 /* Layer il's K and V cache on the pass's device. */
 static void kv_of(const hm_exec *x, int32_t il, uint16_t **kc, uint16_t **vc) {
     const gpu_pass *p = x->be;
     const hm_kv_layer *c = &p->s->kvl[il];
-    HM_ASSERT(c->elems > 0 && c->off >= p->g->kv_off0);
-    *kc = p->g->ds.kv + (c->off - p->g->kv_off0);
-    *vc = *kc + c->elems;
+    HM_ASSERT(c->bytes > 0 && c->off >= p->g->kv_off0);
+    *kc = (uint16_t *)(void *)((char *)p->g->ds.kv + (c->off - p->g->kv_off0));
+    *vc = (uint16_t *)(void *)((char *)*kc + c->bytes);
 }
 
 static hm_status g_qk_norm_rope_kv(hm_exec *x, int32_t il, const hm_qk_rope *p) {
@@ -328,16 +336,20 @@ static hm_status g_qk_norm_rope_kv(hm_exec *x, int32_t il, const hm_qk_rope *p) 
     const hm_exec_model *xm = x->xm;
     uint16_t *kc, *vc;
     kv_of(x, il, &kc, &vc);
-    if (p->rope_ff) { /* scaled RoPE: the unfused ops, with the per-pair frequencies */
+    const bool q8 = ps->s->kv_type != HM_KV_F16;
+    if (p->rope_ff || q8) { /* scaled RoPE (the per-pair frequencies) or a quantised cache: the unfused ops */
         hm_cuda_ctx *c = ps->g->ds.c;
         const int nh = xm->n_head, nkv = xm->n_head_kv, hd = xm->head_dim;
         float *q = x->buf[p->q], *k = x->buf[p->k];
-        const float *ff = dw(x, p->rope_ff)->v;
+        const float *ff = p->rope_ff ? dw(x, p->rope_ff)->v : NULL;
         hm_status st;
         if ((st = hm_cuda_rmsnorm_heads(c, q, dw(x, p->q_norm)->v, x->nr, nh, hd, p->eps, x->err)) != HM_OK) return st;
         if ((st = hm_cuda_rmsnorm_heads(c, k, dw(x, p->k_norm)->v, x->nr, nkv, hd, p->eps, x->err)) != HM_OK) return st;
         if ((st = hm_cuda_rope_neox_ff(c, q, x->nr, nh, hd, p->n_rot, ps->pos, p->theta, ff, x->err)) != HM_OK) return st;
         if ((st = hm_cuda_rope_neox_ff(c, k, x->nr, nkv, hd, p->n_rot, ps->pos, p->theta, ff, x->err)) != HM_OK) return st;
+        if (q8)
+            return hm_cuda_kv_write_kv(c, cuda_kv(ps->s), kc, vc, ps->s->n_ctx, nkv, hd, k, x->buf[p->v], x->nr, ps->pos,
+                                       x->err);
         return hm_cuda_kv_write(c, kc, vc, ps->s->n_ctx, nkv, hd, k, x->buf[p->v], x->nr, ps->pos, x->err);
     }
     return hm_cuda_qk_norm_rope_kv(ps->g->ds.c, x->buf[p->q], x->buf[p->k], x->buf[p->v], dw(x, p->q_norm)->v,
@@ -386,9 +398,9 @@ static hm_status g_attention(hm_exec *x, int32_t il, hm_buf q, hm_buf out, float
     if (attn_any(xm))
         return hm_cuda_attention_any(p->g->ds.c, x->buf[q], x->nr, p->pos, kc, vc, p->s->n_ctx, xm->n_head,
                                      xm->n_head_kv, xm->head_dim, scale, x->buf[out], x->err);
-    return hm_cuda_attention(p->g->ds.c, x->buf[q], x->nr, p->pos, p->kv_len, kc, vc, p->s->n_ctx, xm->n_head,
-                             xm->n_head_kv, xm->head_dim, scale, x->buf[out], p->g->ds.scratch, p->g->ds.scratch_size,
-                             x->err);
+    return hm_cuda_attention_kv(p->g->ds.c, cuda_kv(p->s),
+                                x->buf[q], x->nr, p->pos, p->kv_len, kc, vc, p->s->n_ctx, xm->n_head, xm->n_head_kv,
+                                xm->head_dim, scale, x->buf[out], p->g->ds.scratch, p->g->ds.scratch_size, x->err);
 }
 
 /* Where layer il's routing lives on the pass's device: *w_d the weights after the nr * k ids. */
@@ -549,6 +561,8 @@ static hm_status g_attn_in_ring(hm_exec *x, int32_t il, const hm_ring_in *p) {
     if ((st = hm_cuda_rmsnorm(c, v, NULL, v, x->nr * nkv, hd, p->eps, x->err)) != HM_OK) return st;
     if ((st = hm_cuda_rope_neox_ff(c, q, x->nr, nh, hd, p->n_rot, ps->pos, p->theta, ff, x->err)) != HM_OK) return st;
     if ((st = hm_cuda_rope_neox_ff(c, k, x->nr, nkv, hd, p->n_rot, ps->pos, p->theta, ff, x->err)) != HM_OK) return st;
+    if (ps->s->kv_type != HM_KV_F16)
+        return hm_cuda_kv_write_kv(c, cuda_kv(ps->s), kc, vc, ps->s->kvl[il].cap, nkv, hd, k, v, x->nr, ps->pos, x->err);
     return hm_cuda_kv_write_ring(c, kc, vc, ps->s->kvl[il].cap, nkv, hd, k, v, x->nr, ps->pos, x->err);
 }
 
@@ -557,9 +571,10 @@ static hm_status g_attention_ring(hm_exec *x, int32_t il, hm_buf q, hm_buf out, 
     const hm_attn_layer *a = &x->xm->attn_layers[il];
     uint16_t *kc, *vc;
     kv_of(x, il, &kc, &vc);
-    return hm_cuda_gemma_attention(p->g->ds.c, x->buf[q], x->nr, p->pos, p->kv_len, kc, vc, p->s->kvl[il].cap,
-                                   a->window, x->xm->n_head, a->n_head_kv, a->head_dim, scale, x->buf[out],
-                                   p->g->ds.scratch, p->g->ds.scratch_size, x->err);
+    return hm_cuda_gemma_attention_kv(p->g->ds.c, cuda_kv(p->s),
+                                      x->buf[q], x->nr, p->pos, p->kv_len, kc, vc, p->s->kvl[il].cap, a->window,
+                                      x->xm->n_head, a->n_head_kv, a->head_dim, scale, x->buf[out], p->g->ds.scratch,
+                                      p->g->ds.scratch_size, x->err);
 }
 
 static const hm_exec_ops cuda_ops = {

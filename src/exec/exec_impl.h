@@ -31,11 +31,13 @@ typedef struct hm_exec_ops {
     hm_status (*attention_ring)(hm_exec *x, int32_t il, hm_buf q, hm_buf out, float scale);
 } hm_exec_ops;
 
-/* One layer's K then V in a KV block: [n_kv][cap][head_dim] each, from element off on. */
+/* One layer's K then V in a KV block: [n_kv][cap] rows of head_dim values of the cache's type
+ * each (bytes bytes), from byte off on. */
 typedef struct hm_kv_layer {
-    size_t off, elems;
+    size_t off, bytes;
     int64_t cap;
 } hm_kv_layer;
+
 
 /* A forward pass in progress. */
 struct hm_exec {
@@ -66,9 +68,9 @@ typedef struct hm_exec_state {
     int32_t window;         /* ring archs: the sliding window */
     int64_t ring;           /* the sliding layers' ring rows (n_ctx when none, or they hold all) */
     int64_t n_hi;           /* 1 + the highest position written since the last reset */
-    hm_kv_layer *kvl;       /* [n_layer] each layer's K/V in the KV block (elems 0: none), owned */
-    size_t kv_elems;        /* elements of the KV block (every layer's K and V) */
-    size_t kv_elem_size;    /* 2 (f16) or 4 (f32) */
+    hm_kv_layer *kvl;       /* [n_layer] each layer's K/V in the KV block (bytes 0: none), owned */
+    size_t kv_bytes;        /* bytes of the KV block (every layer's K and V) */
+    int kv_row_type;        /* hm_kv_row_type(kv_type) */
     void *kv;               /* the CPU's KV block (kvl), owned */
     float *rs;              /* [n_rs_layer][hm_exec_rs_floats] recurrent state, owned */
     size_t rs_total;        /* floats of rs */

@@ -674,8 +674,8 @@ void hm_gpu_step_abort(hm_cuda_ctx *c, int32_t *seen, size_t n) {
 
 hm_status hm_gpu_state_opts_check(const hm_state_opts *o, hm_err *err) {
     if (o->kv_type == HM_KV_F32)
-        return hm_errf(err, HM_ERR_UNSUPPORTED, "an f32 KV cache with the GPU: the device KV cache is f16 (drop the "
-                       "f32 KV type, or run on the CPU)");
+        return hm_errf(err, HM_ERR_UNSUPPORTED, "an f32 KV cache with the GPU: the device KV cache is f16, bf16, q8_0 "
+                       "or q4_0 (drop the f32 KV type, or run on the CPU)");
     if (o->n_ubatch > 65535)
         return hm_errf(err, HM_ERR_ARG, "n_ubatch %d: the GPU path takes at most 65535 rows a pass", o->n_ubatch);
     return HM_OK;

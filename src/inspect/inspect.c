@@ -280,8 +280,8 @@ static void print_experts(FILE *out, const hm_inspect_info *in) {
         }
     }
     if (in->kv_ctx > 0)
-        fprintf(out, "kv cache:   %d positions: %s (f16; twice that as f32)\n", (int)in->kv_ctx,
-                fmt_bytes(b1, sizeof b1, in->kv_bytes));
+        fprintf(out, "kv cache:   %d positions: %s (%s)\n", (int)in->kv_ctx, fmt_bytes(b1, sizeof b1, in->kv_bytes),
+                in->kv_type);
 }
 
 static void print_text(const hm_inspect_info *in, FILE *out) {
@@ -331,6 +331,7 @@ hm_status hm_inspect(const char *path, const hm_inspect_opts *o, FILE *out, hm_e
     in.budget = o ? o->budget : -1;
     in.kv_ctx = o ? o->kv_ctx : 0;
     in.kv_bytes = o ? o->kv_bytes : 0;
+    in.kv_type = o && o->kv_type ? o->kv_type : "f16";
     hm_gguf *g = NULL;
     hm_status st = hm_gguf_open(&g, path, err);
     if (st) return st;

@@ -39,6 +39,7 @@ typedef struct hm_inspect_info {
     int64_t budget; /* < 0: not asked */
     int32_t kv_ctx; /* > 0: the KV cache of kv_ctx positions takes kv_bytes */
     uint64_t kv_bytes;
+    const char *kv_type; /* "f16", "q8_0", ... */
 } hm_inspect_info;
 
 /* "<arch>.", or "" when the file names no architecture (then no key is a hyper-parameter). */

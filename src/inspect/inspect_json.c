@@ -184,6 +184,7 @@ hm_status hm_inspect_print_json(const hm_inspect_info *in, FILE *out, hm_err *er
     if (in->kv_ctx > 0) {
         ok = ok && put(o, "kv_ctx", json_integer(in->kv_ctx));
         ok = ok && put(o, "kv_bytes", json_integer((json_int_t)in->kv_bytes));
+        ok = ok && put(o, "kv_type", json_string(in->kv_type));
     }
     ok = ok && put(o, "hparams", hparams_json(in));
     ok = ok && put(o, "tokenizer", tokenizer_json(in));

@@ -492,21 +492,21 @@ hm_status hm_model_carve(void **block, const size_t *n_elems, float **const *dst
     return HM_OK;
 }
 
-hm_status hm_model_kv_alloc(void **kv, size_t n, size_t unit, int32_t n_ctx, hm_err *err) {
-    size_t bytes = 0;
+hm_status hm_model_kv_alloc(void **kv, size_t bytes, hm_kv_type kv_type, int32_t n_ctx, hm_err *err) {
     *kv = NULL;
-    const bool sized = hm_mul_ok(n, unit, &bytes);
     /* refused now, with the numbers, rather than killed by the OOM killer when a long prompt
      * reaches pages the kernel promised but cannot give */
     const uint64_t avail = hm_mem_available_bytes();
-    if (sized && avail && bytes > avail) {
+    if (avail && bytes > avail) {
         const double fit = (double)n_ctx * (double)avail / (double)bytes;
         return hm_errf(err, HM_ERR_NOMEM, "the KV cache of %d positions needs %.2f GiB of RAM but %.2f GiB is "
                        "available: use a smaller context (-c %d or less)%s, or put the cache on the GPU (-ngl)", n_ctx,
                        (double)bytes / (1 << 30), (double)avail / (1 << 30), fit > 1.0 ? (int)fit : 1,
-                       unit > 2 ? ", an f16 cache (--kv-type f16: half the bytes)" : "");
+                       kv_type == HM_KV_F32 ? ", an f16 cache (--kv-type f16: half the bytes)"
+                       : kv_type == HM_KV_F16 || kv_type == HM_KV_BF16 ? ", a q8_0 cache (-ctk q8_0 -ctv q8_0: 17/32 of the bytes)"
+                                                                       : "");
     }
-    if (!sized || !(*kv = hm_malloc_aligned(bytes)))
+    if (!(*kv = hm_malloc_aligned(bytes)))
         return hm_errf(err, HM_ERR_NOMEM, "cannot allocate the KV cache (%d positions, %.1f MiB)", n_ctx,
                        (double)bytes / (1 << 20));
     memset(*kv, 0, bytes); /* the pages are taken now, while a failure is still a load failure */
@@ -536,8 +536,8 @@ void hm_model_state_free(void *kv, void *att_scratch, void *act, hm_scratch *scr
 
 void hm_model_kv_write(hm_pool *pool, hm_kv_type kv_type, char *kc, char *vc, int64_t n_ctx, int n_kv, int hd,
                        const float *k, const float *v, int64_t n, const int32_t *pos) {
-    if (kv_type == HM_KV_F32) /* the general cache's write: a plain cache is the ring of n_ctx rows */
-        hm_cpu_kv_write_ring(pool, kc, vc, 4, n_ctx, n_kv, hd, k, v, n, pos);
+    if (kv_type != HM_KV_F16) /* the general cache's write: a plain cache is the ring of n_ctx rows */
+        hm_cpu_kv_write_ring(pool, kc, vc, hm_kv_row_type(kv_type), n_ctx, n_kv, hd, k, v, n, pos);
     else
         hm_cpu_kv_write(pool, (uint16_t *)(void *)kc, (uint16_t *)(void *)vc, n_ctx, n_kv, hd, k, v, n, pos);
 }
@@ -545,8 +545,13 @@ void hm_model_kv_write(hm_pool *pool, hm_kv_type kv_type, char *kc, char *vc, in
 void hm_model_attention(hm_pool *pool, hm_kv_type kv_type, const float *q, int64_t n, const int32_t *pos,
                         const char *kc, const char *vc, int64_t n_ctx, int n_head, int n_kv, int hd, float scale,
                         float *out, float *att_scratch, hm_scratch *scratch) {
-    if (kv_type == HM_KV_F32) /* the general cache's attention over n_ctx rows, no window */
-        hm_cpu_attention_ring(pool, q, n, pos, kc, vc, 4, n_ctx, 0, n_head, n_kv, hd, scale, out, att_scratch);
+    const int rt = hm_kv_row_type(kv_type);
+    if (kv_type != HM_KV_F16 && kv_type != HM_KV_F32 && hm_cpu_attention_kv_takes(rt, hd) &&
+        !hm_cpu_attn_tiled_takes(n, n_head, n_kv, hd)) /* decode over a bf16 / quantised cache: grouped */
+        hm_cpu_attention_kv(pool, rt, q, n, pos, kc, vc, n_ctx, n_head, n_kv, hd, scale, out, scratch);
+    else if (kv_type != HM_KV_F16) /* the general cache's attention over n_ctx rows, no window */
+        hm_cpu_attention_ring(pool, q, n, pos, kc, vc, hm_kv_row_type(kv_type), n_ctx, 0, n_head, n_kv, hd, scale, out,
+                              att_scratch);
     else
         hm_cpu_attention(pool, q, n, pos, (const uint16_t *)(const void *)kc, (const uint16_t *)(const void *)vc,
                          n_ctx, n_head, n_kv, hd, scale, out, scratch);

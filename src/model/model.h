@@ -260,12 +260,18 @@ hm_status hm_model_carve(void **block, const size_t *n_elems, float **const *dst
 /* The larger of two sizes (state_open sizes its scratch by the largest need). */
 static inline size_t hm_model_max_sz(size_t a, size_t b) { return a > b ? a : b; }
 
-/* *kv = an aligned, zeroed block of n * unit bytes (the KV cache for n_ctx positions, owned by the
- * caller, hm_free_aligned). Refused (HM_ERR_NOMEM, naming both sizes and the largest context that
- * fits) when it exceeds the RAM available now (MemAvailable): the pages are touched here, so a
+/* The quant type (quant/quant.h's hm_type) of a KV cache type's rows. */
+static inline int hm_kv_row_type(hm_kv_type t) {
+    static const int map[HM_KV_TYPE_COUNT] = {HM_TYPE_F16, HM_TYPE_F32, HM_TYPE_Q8_0, HM_TYPE_Q4_0, HM_TYPE_BF16};
+    return map[t];
+}
+
+/* *kv = an aligned, zeroed block of bytes bytes (the KV cache of kv_type for n_ctx positions, owned
+ * by the caller, hm_free_aligned). Refused (HM_ERR_NOMEM, naming both sizes and the largest context
+ * that fits) when it exceeds the RAM available now (MemAvailable): the pages are touched here, so a
  * cache that cannot be backed fails at load, not when a long prompt reaches it. HM_ERR_NOMEM
- * naming n_ctx and the size on overflow or allocation failure. */
-hm_status hm_model_kv_alloc(void **kv, size_t n, size_t unit, int32_t n_ctx, hm_err *err);
+ * naming n_ctx and the size on allocation failure. */
+hm_status hm_model_kv_alloc(void **kv, size_t bytes, hm_kv_type kv_type, int32_t n_ctx, hm_err *err);
 /* *out = an aligned block of n floats of attention scratch; HM_ERR_NOMEM on failure. */
 hm_status hm_model_att_scratch_alloc(float **out, size_t n, hm_err *err);
 /* s->data = size bytes (nothing when 0), s->size = size; HM_ERR_NOMEM naming the size. */
@@ -285,12 +291,13 @@ static inline char *hm_model_kv_layer(void *kv, size_t layer_elems, size_t es, i
     return kc;
 }
 
-/* k, v: [n, n_kv * hd] into the cache rows pos[t] of a cache of kv_type (f16: the CPU backend's,
- * f32: kv_f32.h). */
+/* k, v: [n, n_kv * hd] into the cache rows pos[t] of a cache of kv_type (f16: the CPU backend's
+ * plain cache, cpu_attn.c; every other type: the general cache, cpu_attn_ring.c). */
 void hm_model_kv_write(hm_pool *pool, hm_kv_type kv_type, char *kc, char *vc, int64_t n_ctx, int n_kv, int hd,
                        const float *k, const float *v, int64_t n, const int32_t *pos);
-/* Causal GQA attention of q [n, n_head * hd] over a cache of kv_type into out; f32 uses
- * att_scratch (hm_cpu_attention_ring_scratch_floats), f16 scratch. */
+/* Causal GQA attention of q [n, n_head * hd] over a cache of kv_type into out; f16 uses scratch,
+ * every other type att_scratch (the larger of hm_cpu_attention_ring_scratch_floats and
+ * hm_cpu_attn_tiled_scratch_floats). */
 void hm_model_attention(hm_pool *pool, hm_kv_type kv_type, const float *q, int64_t n, const int32_t *pos,
                         const char *kc, const char *vc, int64_t n_ctx, int n_head, int n_kv, int hd, float scale,
                         float *out, float *att_scratch, hm_scratch *scratch);

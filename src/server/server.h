@@ -156,10 +156,11 @@ typedef struct srv_sched {
     pthread_cond_t call_cv;
 } srv_sched;
 
-/* Open n_slots sessions of n_ctx positions, micro-batches of n_ubatch (0 = 512) and n_threads
- * threads each (all KV caches sized now). */
+/* Open n_slots sessions of n_ctx positions, micro-batches of n_ubatch (0 = 512), n_threads
+ * threads and a KV cache of kv_type each (all KV caches sized now). */
 hm_status srv_sched_init(srv_sched *s, hm_model *m, const hm_tokenizer *tok, const char *model_id,
-                         int n_slots, int32_t n_ctx, int32_t n_ubatch, int32_t n_threads, hm_err *err);
+                         int n_slots, int32_t n_ctx, int32_t n_ubatch, int32_t n_threads, hm_kv_type kv_type,
+                         hm_err *err);
 hm_status srv_sched_start(srv_sched *s, hm_err *err); /* start the engine thread */
 /* Stop the engine thread: every queued and running task finishes as SRV_FINISH_CANCEL. */
 void srv_sched_stop(srv_sched *s);

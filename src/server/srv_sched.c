@@ -569,7 +569,7 @@ bool srv_sched_call(srv_sched *s, srv_engine_fn fn, void *arg) {
 /* ---- life cycle ---- */
 
 hm_status srv_sched_init(srv_sched *s, hm_model *m, const hm_tokenizer *tok, const char *model_id, int n_slots,
-                         int32_t n_ctx, int32_t n_ubatch, int32_t n_threads, hm_err *err) {
+                         int32_t n_ctx, int32_t n_ubatch, int32_t n_threads, hm_kv_type kv_type, hm_err *err) {
     memset(s, 0, sizeof *s);
     s->model = m;
     s->tok = tok;
@@ -592,6 +592,7 @@ hm_status srv_sched_init(srv_sched *s, hm_model *m, const hm_tokenizer *tok, con
     so.n_ctx = n_ctx;
     so.n_ubatch = n_ubatch;
     so.n_threads = n_threads;
+    so.kv_type = kv_type;
     for (int i = 0; i < n_slots; i++) {
         srv_slot *sl = &s->slots[i];
         sl->id = i;

@@ -9,6 +9,10 @@
  * GFLOP/s), since the grouped path already shares each conversion over a GQA group's heads and
  * both are bound by their FMAs' loads.
  *
+ * The same kernels read a plain bf16 / q8_0 / q4_0 cache (hm_cpu_attention_kv: decode over -ctk
+ * q8_0): the grouped path's 16-row blocks come through the type's to_float instead of the f16
+ * conversion, once per block for the GQA group's q heads.
+ *
  * Work items are (query, kv head, KV split) on AVX-512 builds with head_dim % 16 == 0 (the
  * grouped path: the q heads of one kv head share each f16 -> f32 conversion of a 16-key K or V
  * block, and scores come 16 keys at a time), else (query, q head, KV split). With few items
@@ -98,7 +102,10 @@ typedef struct {
     hm_pool *pool;
     const float *q;
     const int32_t *pos;
-    const uint16_t *kc, *vc;
+    const uint16_t *kc, *vc;  /* f16 rows, or (quant) the bytes of bf16 / q8_0 / q4_0 rows */
+    const hm_type_traits *tt; /* quant: the rows' type (the grouped path only) */
+    int quant;
+    size_t rb;                /* bytes of a row */
     float *out;
     int64_t n_tok, n_ctx;
     int n_head, n_kv_head, head_dim, n_split;
@@ -184,6 +191,31 @@ static void f16_block(const uint16_t *src, int nk, int d, float *tile) {
                                                       : _mm512_setzero_ps());
 }
 
+/* rows [0, nk) of a bf16 / quantised block (rows rb bytes apart) -> tile [16][d] f32, rows >= nk zeroed */
+static void quant_block(const hm_type_traits *tt, const char *src, size_t rb, int nk, int d, float *tile) {
+    const bool q8 = tt == hm_type_get(HM_TYPE_Q8_0);
+    for (int j = 0; j < 16; j++) {
+        if (j >= nk) {
+            memset(tile + j * d, 0, (size_t)d * sizeof(float));
+        } else if (q8) { /* inline: code * scale, 16 at a time (the values to_float gives) */
+            const char *row = src + (size_t)j * rb;
+            for (int b = 0; b < d / 32; b++) {
+                const char *blk = row + (size_t)b * 34;
+                uint16_t dh;
+                memcpy(&dh, blk, 2);
+                const __m512 sc = _mm512_set1_ps(hm_fp16_to_f32(dh));
+                for (int h = 0; h < 2; h++) {
+                    const __m128i c8 = _mm_loadu_si128((const __m128i *)(const void *)(blk + 2 + 16 * h));
+                    _mm512_storeu_ps(tile + j * d + 32 * b + 16 * h,
+                                     _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(c8)), sc));
+                }
+            }
+        } else {
+            tt->to_float(src + (size_t)j * rb, tile + j * d, d);
+        }
+    }
+}
+
 /* Grouped item (t, kv head g, split s): the n_rep q heads of g share every K/V block conversion.
  * Per head: scores of 16 keys per step (one reduce16), softmax, then o += p V over 16-key tiles. */
 static void attn_group_item(const attn_ctx *c, int64_t item, float *sc, float *tile) {
@@ -198,10 +230,13 @@ static void attn_group_item(const attn_ctx *c, int64_t item, float *sc, float *t
     const size_t scs = (size_t)(hm_align_up((uint64_t)c->n_ctx, 16) + 16);
     const uint16_t *kb = c->kc + (size_t)g * (size_t)c->n_ctx * (size_t)d;
     const uint16_t *vb = c->vc + (size_t)g * (size_t)c->n_ctx * (size_t)d;
+    const char *kq = (const char *)c->kc + (size_t)g * (size_t)c->n_ctx * c->rb;
+    const char *vq = (const char *)c->vc + (size_t)g * (size_t)c->n_ctx * c->rb;
     const __m512 scale = _mm512_set1_ps(c->scale);
     for (int64_t p = p0; p < p1; p += 16) {
         const int nk = (int)(p1 - p < 16 ? p1 - p : 16);
-        f16_block(kb + p * d, nk, d, tile);
+        if (c->quant) quant_block(c->tt, kq + (size_t)p * c->rb, c->rb, nk, d, tile);
+        else f16_block(kb + p * d, nk, d, tile);
         for (int r = 0; r < n_rep; r++) {
             const float *qv = c->q + (t * c->n_head + g * n_rep + r) * d;
             __m512 acc[16];
@@ -229,7 +264,8 @@ static void attn_group_item(const attn_ctx *c, int64_t item, float *sc, float *t
     }
     for (int64_t p = p0; p < p1; p += 16) {
         const int nk = (int)(p1 - p < 16 ? p1 - p : 16);
-        f16_block(vb + p * d, nk, d, tile);
+        if (c->quant) quant_block(c->tt, vq + (size_t)p * c->rb, c->rb, nk, d, tile);
+        else f16_block(vb + p * d, nk, d, tile);
         for (int r = 0; r < n_rep; r++) {
             const float *pr = sc + r * scs + (p - p0);
             float *o = dst[r];
@@ -310,9 +346,37 @@ static void attn_task(void *vctx, int ith, int nth) {
     }
 }
 
+static void attention(hm_pool *pool, int type, const float *q, int64_t n_tok, const int32_t *pos, const void *k_cache,
+                      const void *v_cache, int64_t n_ctx, int n_head, int n_kv_head, int head_dim, float scale,
+                      float *out, hm_scratch *scratch);
+
 void hm_cpu_attention(hm_pool *pool, const float *q, int64_t n_tok, const int32_t *pos,
                       const uint16_t *k_cache, const uint16_t *v_cache, int64_t n_ctx, int n_head,
                       int n_kv_head, int head_dim, float scale, float *out, hm_scratch *scratch) {
+    attention(pool, HM_TYPE_F16, q, n_tok, pos, k_cache, v_cache, n_ctx, n_head, n_kv_head, head_dim, scale, out,
+              scratch);
+}
+
+bool hm_cpu_attention_kv_takes(int type, int head_dim) {
+#ifdef HM_CPU_AVX512
+    return (type == HM_TYPE_BF16 || type == HM_TYPE_Q8_0 || type == HM_TYPE_Q4_0) && head_dim % 16 == 0 &&
+           head_dim <= 512 && hm_cpu_kv_row_ok(type, head_dim);
+#else
+    (void)type, (void)head_dim;
+    return false;
+#endif
+}
+
+void hm_cpu_attention_kv(hm_pool *pool, int type, const float *q, int64_t n_tok, const int32_t *pos,
+                         const void *k_cache, const void *v_cache, int64_t n_ctx, int n_head, int n_kv_head,
+                         int head_dim, float scale, float *out, hm_scratch *scratch) {
+    HM_ASSERT(hm_cpu_attention_kv_takes(type, head_dim));
+    attention(pool, type, q, n_tok, pos, k_cache, v_cache, n_ctx, n_head, n_kv_head, head_dim, scale, out, scratch);
+}
+
+static void attention(hm_pool *pool, int type, const float *q, int64_t n_tok, const int32_t *pos, const void *k_cache,
+                      const void *v_cache, int64_t n_ctx, int n_head, int n_kv_head, int head_dim, float scale,
+                      float *out, hm_scratch *scratch) {
     HM_ASSERT(n_kv_head > 0 && n_head % n_kv_head == 0);
     const int nth = hm_pool_size(pool);
     attn_ctx c;
@@ -322,6 +386,9 @@ void hm_cpu_attention(hm_pool *pool, const float *q, int64_t n_tok, const int32_
     c.pos = pos;
     c.kc = k_cache;
     c.vc = v_cache;
+    c.quant = type != HM_TYPE_F16;
+    c.tt = hm_type_get(type);
+    c.rb = hm_row_size(type, head_dim);
     c.out = out;
     c.n_tok = n_tok;
     c.n_ctx = n_ctx;
@@ -332,6 +399,7 @@ void hm_cpu_attention(hm_pool *pool, const float *q, int64_t n_tok, const int32_
 #ifdef HM_CPU_AVX512
     c.grouped = head_dim % 16 == 0 && head_dim <= 512;
 #endif
+    HM_ASSERT(!c.quant || c.grouped); /* bf16 / quantised rows: the grouped path only */
     c.n_split = attn_splits(n_tok, c.grouped ? n_kv_head : n_head, nth);
     for (int64_t t = 0; t < n_tok; t++) HM_ASSERT(pos[t] >= 0 && pos[t] < n_ctx);
     hm_bump b = hm_bump_init(scratch);
@@ -345,6 +413,9 @@ void hm_cpu_attention(hm_pool *pool, const float *q, int64_t n_tok, const int32_
 }
 
 /* ---- tiled prefill attention (online softmax) ----
+ *
+ * Any cache row type but f32: f16 blocks are converted in registers, bf16 and quantised (q8_0,
+ * q4_0) rows go through their type's to_float into the same f32 tile, once per block of queries.
  *
  * An item is (block of up to TQ consecutive queries, kv head g). It walks the keys its queries can
  * see in blocks of 16: each K and V block is converted to f32 once and used by every (query, q
@@ -379,7 +450,10 @@ size_t hm_cpu_attn_tiled_scratch_floats(int n_head, int n_kv_head, int head_dim,
 typedef struct {
     const float *q;
     const int32_t *pos;
-    const uint16_t *kc, *vc;
+    const char *kc, *vc;
+    const hm_type_traits *tt; /* the cache's row type: f16 (converted here) or another, through to_float */
+    int f16;
+    size_t rb;                /* row bytes */
     float *out, *ws;
     int64_t n_tok, cap;
     int32_t window;
@@ -390,7 +464,17 @@ typedef struct {
 } tiled_ctx;
 
 /* rows p .. p + nk - 1 of a ring cache (row p % cap) -> tile [16][d] f32, rows >= nk zeroed */
-static void ring_block(const uint16_t *base, int64_t cap, int64_t p, int nk, int d, float *tile) {
+static void ring_block(const tiled_ctx *c, const char *kvb, int64_t p, int nk, float *tile) {
+    const int64_t cap = c->cap;
+    const int d = c->head_dim;
+    if (!c->f16) { /* bf16 / quantised rows: the type's dequantisation, row by row */
+        for (int j = 0; j < 16; j++) {
+            if (j < nk) c->tt->to_float(kvb + (size_t)((p + j) % cap) * c->rb, tile + j * d, d);
+            else memset(tile + j * d, 0, (size_t)d * sizeof(float));
+        }
+        return;
+    }
+    const uint16_t *base = (const uint16_t *)(const void *)kvb;
     for (int j = 0; j < 16; j++) {
         const uint16_t *src = j < nk ? base + (size_t)((p + j) % cap) * (size_t)d : NULL;
         for (int i = 0; i < d; i += 16)
@@ -418,14 +502,14 @@ static void tiled_item(const tiled_ctx *c, int64_t item, float *ws) {
         l[r] = 0.0f;
     }
     memset(o, 0, (size_t)rows * (size_t)d * sizeof(float));
-    const uint16_t *kb = c->kc + (size_t)g * (size_t)c->cap * (size_t)d;
-    const uint16_t *vb = c->vc + (size_t)g * (size_t)c->cap * (size_t)d;
+    const char *kb = c->kc + (size_t)g * (size_t)c->cap * c->rb;
+    const char *vb = c->vc + (size_t)g * (size_t)c->cap * c->rb;
     const __m512 scale = _mm512_set1_ps(c->scale), ninf = _mm512_set1_ps(-INFINITY);
     const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
     for (int64_t p = lo; p <= hi; p += 16) {
         const int nk = (int)(hi + 1 - p < 16 ? hi + 1 - p : 16);
-        ring_block(kb, c->cap, p, nk, d, kt);
-        ring_block(vb, c->cap, p, nk, d, vt);
+        ring_block(c, kb, p, nk, kt);
+        ring_block(c, vb, p, nk, vt);
         for (int i = 0; i < nq; i++) {
             if (p > qhi[i] || p + nk <= qlo[i]) continue; /* no visible key in this block */
             /* lanes j with qlo <= p + j <= qhi */
@@ -491,18 +575,20 @@ static void tiled_task(void *vctx, int ith, int nth) {
 #endif
 
 void hm_cpu_attention_tiled(hm_pool *pool, const float *q, int64_t n_tok, const int32_t *pos,
-                            const uint16_t *k_cache, const uint16_t *v_cache, int64_t cap, int32_t window,
+                            const void *k_cache, const void *v_cache, int type, int64_t cap, int32_t window,
                             int n_head, int n_kv_head, int head_dim, float scale, float *out, float *ws) {
     HM_ASSERT(hm_cpu_attn_tiled_takes(n_tok, n_head, n_kv_head, head_dim) && cap > 0 && window >= 0);
+    HM_ASSERT(type != HM_TYPE_F32 && hm_cpu_kv_row_ok(type, head_dim));
 #ifdef HM_CPU_AVX512
     for (int64_t t = 0; t < n_tok; t++) HM_ASSERT(pos[t] >= 0 && (window > 0 ? window <= cap : pos[t] < cap));
     const int nth = hm_pool_size(pool);
-    tiled_ctx c = {.q = q, .pos = pos, .kc = k_cache, .vc = v_cache, .out = out, .ws = ws, .n_tok = n_tok, .cap = cap,
+    tiled_ctx c = {.q = q, .pos = pos, .kc = k_cache, .vc = v_cache, .tt = hm_type_get(type), .f16 = type == HM_TYPE_F16,
+                   .rb = hm_row_size(type, head_dim), .out = out, .ws = ws, .n_tok = n_tok, .cap = cap,
                    .window = window, .n_head = n_head, .n_kv_head = n_kv_head, .head_dim = head_dim, .scale = scale,
                    .ws_floats = tiled_ws_floats(n_head, n_kv_head, head_dim)};
     atomic_init(&c.next, nth);
     hm_pool_run(pool, tiled_task, &c);
 #else
-    (void)pool, (void)q, (void)pos, (void)k_cache, (void)v_cache, (void)scale, (void)out, (void)ws;
+    (void)pool, (void)q, (void)pos, (void)k_cache, (void)v_cache, (void)type, (void)scale, (void)out, (void)ws;
 #endif
 }

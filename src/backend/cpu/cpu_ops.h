@@ -22,6 +22,7 @@
 
 #include "backend/route_spec.h"
 #include "core/threadpool.h"
+#include "quant/quant.h"
 
 /* A weight matrix: ne1 rows of ne0 elements of `type` (ne0 a multiple of the block size), row r at
  * (const char *)data + r * nb1. Borrowed. A slice of a 3-D GGUF tensor (one expert) is a hm_mat
@@ -134,16 +135,33 @@ void hm_cpu_attention(hm_pool *pool, const float *q, int64_t n_tok, const int32_
                       const uint16_t *k_cache, const uint16_t *v_cache, int64_t n_ctx, int n_head,
                       int n_kv_head, int head_dim, float scale, float *out, hm_scratch *scratch);
 
-/* ---- the general cache (cpu_attn_ring.c): f16 or f32, ring or plain, windowed or not ---- */
+/* hm_cpu_attention over a plain cache of bf16 / q8_0 / q4_0 rows (hm_row_size(type, head_dim) bytes
+ * each, [n_kv_head][n_ctx] rows), its grouped kernel dequantising each 16-row block once for a GQA
+ * group's q heads (the decode path of those caches; their prefill goes to the tiled kernel through
+ * hm_cpu_attention_ring). Taken on AVX-512 builds with head_dim % 16 == 0 up to 512
+ * (hm_cpu_attention_kv_takes); scratch: hm_cpu_attention_scratch_size. */
+bool hm_cpu_attention_kv_takes(int type, int head_dim);
+void hm_cpu_attention_kv(hm_pool *pool, int type, const float *q, int64_t n_tok, const int32_t *pos,
+                         const void *k_cache, const void *v_cache, int64_t n_ctx, int n_head, int n_kv_head,
+                         int head_dim, float scale, float *out, hm_scratch *scratch);
 
-/* Ring-buffer KV (one layer): k_cache, v_cache: [n_kv_head][cap][head_dim] of f16 or f32;
- * position p lives in row p % cap. A full cache is the case cap >= every position (row = p). A
- * sliding layer of window W evaluated in micro-batches of up to U tokens needs cap >= W + U - 1:
- * then writing a batch never overwrites a row that one of its own queries still reads. */
+/* ---- the general cache (cpu_attn_ring.c): any row type, ring or plain, windowed or not ---- */
 
-/* Write n_tok K/V rows (f32 in, f16 or f32 in the cache: elem_size 2 or 4) at rows pos[t] % cap.
+/* Ring-buffer KV (one layer): k_cache, v_cache: [n_kv_head][cap] rows of head_dim values of a cache
+ * row type (hm_cpu_kv_row_ok: f32, f16, bf16, or ggml blocks q8_0 / q4_0 of 32 values: the row is
+ * hm_row_size(type, head_dim) bytes); position p lives in row p % cap. A full cache is the case
+ * cap >= every position (row = p). A sliding layer of window W evaluated in micro-batches of up to
+ * U tokens needs cap >= W + U - 1: then writing a batch never overwrites a row that one of its own
+ * queries still reads. */
+
+/* true when rows of head_dim values of type can be a cache row (the types above; head_dim a
+ * multiple of the type's block). */
+bool hm_cpu_kv_row_ok(int type, int head_dim);
+
+/* Write n_tok K/V rows (f32 in, converted to the cache's type: f16 rounded to nearest even,
+ * quantised types by the type's from_float, as ggml's cache stores them) at rows pos[t] % cap.
  *   k, v: [n_tok, n_kv_head * head_dim]. */
-void hm_cpu_kv_write_ring(hm_pool *pool, void *k_cache, void *v_cache, size_t elem_size, int64_t cap,
+void hm_cpu_kv_write_ring(hm_pool *pool, void *k_cache, void *v_cache, int type, int64_t cap,
                           int n_kv_head, int head_dim, const float *k, const float *v, int64_t n_tok,
                           const int32_t *pos);
 
@@ -157,14 +175,15 @@ size_t hm_cpu_attention_ring_scratch_floats(int64_t cap, int n_threads);
  * head h / (n_head / n_kv_head). softmax(scale * q.k) in f32 with max subtraction.
  *   q, out: [n_tok, n_head * head_dim] (out must not alias q); scratch: see above. */
 void hm_cpu_attention_ring(hm_pool *pool, const float *q, int64_t n_tok, const int32_t *pos,
-                           const void *k_cache, const void *v_cache, size_t elem_size, int64_t cap,
+                           const void *k_cache, const void *v_cache, int type, int64_t cap,
                            int32_t window, int n_head, int n_kv_head, int head_dim, float scale,
                            float *out, float *scratch);
 
 /* Prefill attention in tiles (cpu_attn.c): blocks of 8 queries of one kv head walk their visible
  * keys 16 at a time, each K/V block converted to f32 once for all of their rows, with an online
  * softmax (running max and sum; no score buffer over the context). The contract of
- * hm_cpu_attention_ring over an f16 cache: positions p at rows p % cap, query t sees max(0, pos[t] -
+ * hm_cpu_attention_ring over a cache of any row type but f32 (each block of rows dequantised to the
+ * f32 tile once; f16 exactly as before): positions p at rows p % cap, query t sees max(0, pos[t] -
  * window + 1) .. pos[t] (window 0: every position; then pos[t] < cap). Deterministic for any
  * thread count. It takes batches of HM_CPU_ATTN_TILED_MIN+ queries with head_dim % 16 == 0 up to
  * 512 and at most 64 q heads per kv head, on AVX-512 builds (hm_cpu_attn_tiled_takes); ws: its
@@ -174,7 +193,7 @@ void hm_cpu_attention_ring(hm_pool *pool, const float *q, int64_t n_tok, const i
 bool hm_cpu_attn_tiled_takes(int64_t n_tok, int n_head, int n_kv_head, int head_dim);
 size_t hm_cpu_attn_tiled_scratch_floats(int n_head, int n_kv_head, int head_dim, int n_threads);
 void hm_cpu_attention_tiled(hm_pool *pool, const float *q, int64_t n_tok, const int32_t *pos,
-                            const uint16_t *k_cache, const uint16_t *v_cache, int64_t cap, int32_t window,
+                            const void *k_cache, const void *v_cache, int type, int64_t cap, int32_t window,
                             int n_head, int n_kv_head, int head_dim, float scale, float *out, float *ws);
 
 /* ---- elementwise and row ops (out may alias the input unless said otherwise) -------------------- */

@@ -1,4 +1,8 @@
-/* cuda_attn.cu - causal GQA attention over the f16 KV cache, with a flash-decoding split.
+/* cuda_attn.cu - causal GQA attention over the f16 or q8_0 KV cache, with a flash-decoding split.
+ *
+ * A q8_0, q4_0 or bf16 cache (cuda_kvq.cu) is read by the same kernels: a lane's D values lie in
+ * one block, dequantised as they are loaded (code * scale in f32, exactly the CPU's to_float;
+ * cuda_kvq.cuh), so the attention is exact f32 attention over the dequantised cache.
  *
  * Kernel 1 (partials): a 128-thread block takes one (query token, KV range, kv head, chunk of up to
  * GC q heads of that kv head's group). K and V rows of the range are read once and used for all
@@ -17,6 +21,7 @@
  * with a single range write the normalised output directly, without the merge kernel (the merge
  * of one range is O / L exactly: expf(0) = 1). */
 #include "cuda_impl.h"
+#include "cuda_kvq.cuh"
 #include "cuda_quant.cuh"
 
 using namespace hmcu;
@@ -76,6 +81,25 @@ __device__ __forceinline__ void ld_half_d(const uint16_t *p, float (&v)[D]) {
     }
 }
 
+/* The D values of a lane (elements lane * D ..) of a cache row: f16, or q8_0 blocks (the lane's D
+ * values inside one block of 32: D divides 32). */
+template <int D, int KT>
+__device__ __forceinline__ void ld_row_d(const unsigned char *row, int lane, float (&v)[D]) {
+    if constexpr (KT == HM_CUDA_KV_F16) {
+        ld_half_d<D>((const uint16_t *)row + lane * D, v);
+    } else if constexpr (KT != HM_CUDA_KV_Q8_0) {
+#pragma unroll
+        for (int i = 0; i < D; i++) v[i] = hmkv::elem<KT>(row, lane * D + i);
+    } else {
+        const int e = lane * D;
+        const unsigned char *blk = row + (e / 32) * 34;
+        const float d = __half2float(*(const __half *)blk);
+        const signed char *qs = (const signed char *)blk + 2 + (e % 32);
+#pragma unroll
+        for (int i = 0; i < D; i++) v[i] = (float)qs[i] * d;
+    }
+}
+
 /* Fold one position's K row kv and V row vv into the online softmax of the GC heads. */
 template <int D, int GC>
 __device__ __forceinline__ void attn_fold(const float (&qr)[GC][D], const float (&kv)[D], const float (&vv)[D],
@@ -97,13 +121,15 @@ __device__ __forceinline__ void attn_fold(const float (&qr)[GC][D], const float 
 
 /* NEW: the next position's loads in flight while the current one is folded; with n_split == 1
  * the block writes out = O / L itself (out: [n_tok, n_head * HD]) instead of a partial. */
-template <int D, int GC, bool NEW>
+template <int D, int GC, bool NEW, int KT>
 __global__ void __launch_bounds__(32 * ATTN_WARPS) k_attn_part(const float *__restrict__ q, const int32_t *__restrict__ pos,
-                                                               const uint16_t *__restrict__ kc, const uint16_t *__restrict__ vc,
+                                                               const unsigned char *__restrict__ kc,
+                                                               const unsigned char *__restrict__ vc,
                                                                int64_t n_ctx, int n_head, int n_kv_head, int n_hchunk,
                                                                float scale, int n_split, float *__restrict__ part,
                                                                float *__restrict__ out) {
     constexpr int HD = 32 * D;
+    constexpr int RB = (int)hmkv::row_bytes<KT>(HD); /* bytes of a cache row */
     __shared__ float sm_m[ATTN_WARPS][GC], sm_l[ATTN_WARPS][GC];
     __shared__ float sm_o[ATTN_WARPS][GC][HD];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -128,21 +154,21 @@ __global__ void __launch_bounds__(32 * ATTN_WARPS) k_attn_part(const float *__re
         m[g] = -INFINITY;
         l[g] = 0.0f;
     }
-    const uint16_t *kb = kc + (int64_t)kvh * n_ctx * HD + lane * D;
-    const uint16_t *vb = vc + (int64_t)kvh * n_ctx * HD + lane * D;
+    const unsigned char *kb = kc + (int64_t)kvh * n_ctx * RB;
+    const unsigned char *vb = vc + (int64_t)kvh * n_ctx * RB;
     if (NEW) {
         int64_t p = p0 + warp;
         float kv[D], vv[D];
         if (p < p1) {
-            ld_half_d<D>(kb + p * HD, kv);
-            ld_half_d<D>(vb + p * HD, vv);
+            ld_row_d<D, KT>(kb + p * RB, lane, kv);
+            ld_row_d<D, KT>(vb + p * RB, lane, vv);
         }
         for (; p < p1; p += ATTN_WARPS) {
             const int64_t pn = p + ATTN_WARPS;
             float kn[D], vn[D];
             if (pn < p1) {
-                ld_half_d<D>(kb + pn * HD, kn);
-                ld_half_d<D>(vb + pn * HD, vn);
+                ld_row_d<D, KT>(kb + pn * RB, lane, kn);
+                ld_row_d<D, KT>(vb + pn * RB, lane, vn);
             }
             attn_fold<D, GC>(qr, kv, vv, o, m, l);
             if (pn < p1) {
@@ -156,8 +182,8 @@ __global__ void __launch_bounds__(32 * ATTN_WARPS) k_attn_part(const float *__re
     } else {
         for (int64_t p = p0 + warp; p < p1; p += ATTN_WARPS) {
             float kv[D], vv[D];
-            ld_half_d<D>(kb + p * HD, kv);
-            ld_half_d<D>(vb + p * HD, vv);
+            ld_row_d<D, KT>(kb + p * RB, lane, kv);
+            ld_row_d<D, KT>(vb + p * RB, lane, vv);
             attn_fold<D, GC>(qr, kv, vv, o, m, l);
         }
     }
@@ -228,18 +254,18 @@ hm_status hm_cuda_attn_merge(hm_cuda_ctx *c, const float *part, int64_t rows, in
     return HM_OK;
 }
 
-template <int D>
+template <int D, int KT>
 static void launch_attn(hm_cuda_ctx *c, const float *q, int64_t n_tok, const int32_t *pos,
-                        const uint16_t *kc, const uint16_t *vc, int64_t n_ctx, int n_head,
+                        const unsigned char *kc, const unsigned char *vc, int64_t n_ctx, int n_head,
                         int n_kv_head, float scale, int n_split, float *part, float *out) {
     constexpr int GC = D == 8 ? 4 : 8;
     const int G = n_head / n_kv_head, n_hchunk = (G + GC - 1) / GC;
     const dim3 grid((unsigned)n_split, (unsigned)(n_kv_head * n_hchunk), (unsigned)n_tok);
     if (c->kern == HM_CUDA_KERN_OLD) {
-        k_attn_part<D, GC, false><<<grid, 32 * ATTN_WARPS, 0, c->compute>>>(q, pos, kc, vc, n_ctx, n_head, n_kv_head,
+        k_attn_part<D, GC, false, KT><<<grid, 32 * ATTN_WARPS, 0, c->compute>>>(q, pos, kc, vc, n_ctx, n_head, n_kv_head,
                                                                             n_hchunk, scale, n_split, part, out);
     } else {
-        k_attn_part<D, GC, true><<<grid, 32 * ATTN_WARPS, 0, c->compute>>>(q, pos, kc, vc, n_ctx, n_head, n_kv_head,
+        k_attn_part<D, GC, true, KT><<<grid, 32 * ATTN_WARPS, 0, c->compute>>>(q, pos, kc, vc, n_ctx, n_head, n_kv_head,
                                                                            n_hchunk, scale, n_split, part, out);
         if (n_split == 1) return;
     }
@@ -250,21 +276,41 @@ hm_status hm_cuda_attention(hm_cuda_ctx *c, const float *q, int64_t n_tok, const
                             int64_t kv_len, const uint16_t *k_cache, const uint16_t *v_cache,
                             int64_t n_ctx, int n_head, int n_kv_head, int head_dim, float scale,
                             float *out, void *scratch, size_t scratch_size, hm_err *err) {
+    return hm_cuda_attention_kv(c, HM_CUDA_KV_F16, q, n_tok, pos, kv_len, k_cache, v_cache, n_ctx, n_head, n_kv_head,
+                                head_dim, scale, out, scratch, scratch_size, err);
+}
+
+hm_status hm_cuda_attention_kv(hm_cuda_ctx *c, hm_cuda_kv kv, const float *q, int64_t n_tok, const int32_t *pos,
+                               int64_t kv_len, const void *k_cache, const void *v_cache, int64_t n_ctx, int n_head,
+                               int n_kv_head, int head_dim, float scale, float *out, void *scratch,
+                               size_t scratch_size, hm_err *err) {
     HM_CU_ARG(q && pos && k_cache && v_cache && out && n_kv_head > 0 && n_head % n_kv_head == 0);
+    HM_CU_ARG(kv >= HM_CUDA_KV_F16 && kv <= HM_CUDA_KV_BF16);
     HM_CU_ARG(kv_len >= 1 && kv_len <= n_ctx && n_tok >= 0);
     if (head_dim != 64 && head_dim != 128 && head_dim != 256)
         return hm_errf(err, HM_ERR_UNSUPPORTED, "cuda attention: head_dim %d (64, 128, 256 supported)", head_dim);
     if (!n_tok) return HM_OK;
     if (hm_cuda_flash_takes(c, n_tok, head_dim))
-        return hm_cuda_flash_attention(c, q, n_tok, pos, kv_len, k_cache, v_cache, n_ctx, 0, n_head, n_kv_head,
-                                       head_dim, scale, out, scratch, scratch_size, err);
+        return hm_cuda_flash_attention_kv(c, kv, q, n_tok, pos, kv_len, k_cache, v_cache, n_ctx, 0, n_head, n_kv_head,
+                                          head_dim, scale, out, scratch, scratch_size, err);
     HM_CU_ARG(n_tok <= 65535); /* grid.z of the exact kernels */
     const int ns = attn_splits(c, n_tok, kv_len, n_head, n_kv_head, head_dim);
     HM_CU_ARG(scratch && scratch_size >= hm_cuda_attention_scratch_size(c, n_tok, kv_len, n_head, n_kv_head, head_dim));
     float *part = (float *)scratch;
-    if (head_dim == 64) launch_attn<2>(c, q, n_tok, pos, k_cache, v_cache, n_ctx, n_head, n_kv_head, scale, ns, part, out);
-    else if (head_dim == 128) launch_attn<4>(c, q, n_tok, pos, k_cache, v_cache, n_ctx, n_head, n_kv_head, scale, ns, part, out);
-    else launch_attn<8>(c, q, n_tok, pos, k_cache, v_cache, n_ctx, n_head, n_kv_head, scale, ns, part, out);
+    const unsigned char *kc = (const unsigned char *)k_cache, *vc = (const unsigned char *)v_cache;
+#define HM_ATTN_KT(KT)                                                                                                 \
+    do {                                                                                                               \
+        if (head_dim == 64) launch_attn<2, KT>(c, q, n_tok, pos, kc, vc, n_ctx, n_head, n_kv_head, scale, ns, part, out);   \
+        else if (head_dim == 128) launch_attn<4, KT>(c, q, n_tok, pos, kc, vc, n_ctx, n_head, n_kv_head, scale, ns, part, out); \
+        else launch_attn<8, KT>(c, q, n_tok, pos, kc, vc, n_ctx, n_head, n_kv_head, scale, ns, part, out);               \
+    } while (0)
+    switch (kv) {
+    case HM_CUDA_KV_Q8_0: HM_ATTN_KT(HM_CUDA_KV_Q8_0); break;
+    case HM_CUDA_KV_Q4_0: HM_ATTN_KT(HM_CUDA_KV_Q4_0); break;
+    case HM_CUDA_KV_BF16: HM_ATTN_KT(HM_CUDA_KV_BF16); break;
+    default: HM_ATTN_KT(HM_CUDA_KV_F16); break;
+    }
+#undef HM_ATTN_KT
     HM_CU_LAUNCH("attention");
     return HM_OK;
 }

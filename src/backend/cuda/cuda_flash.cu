@@ -1,6 +1,11 @@
 /* cuda_flash.cu - flash attention for prefill: causal (optionally windowed) GQA attention of a
- * batch of queries over an f16 KV cache, Q.K^T and P.V on tensor cores, online softmax in between,
- * never materialising the score matrix.
+ * batch of queries over an f16 or q8_0 KV cache, Q.K^T and P.V on tensor cores, online softmax in
+ * between, never materialising the score matrix.
+ *
+ * A q8_0, q4_0 or bf16 cache (cuda_kvq.cu) is dequantised while its tile is copied to shared memory:
+ * code * scale (or the bf16 value) in f32, rounded to f16 once, into the same f16 tiles, so the mma
+ * path is the f16 cache's. That adds one f16 rounding of each K and V value (relative 2^-12; exact
+ * for bf16 values in f16's range) to the kernel's precision contract.
  *
  * One block of 4 warps takes BM = 64 consecutive query rows of one q head (and, for head_dim 512,
  * one half of the output columns: grid.z). The block walks the keys its rows can see in tiles of
@@ -23,6 +28,7 @@
 #include <cuda_fp16.h>
 
 #include "cuda_impl.h"
+#include "cuda_kvq.cuh"
 
 #define FA_WARPS 4
 #define FA_BM (16 * FA_WARPS)
@@ -80,11 +86,36 @@ __device__ __forceinline__ void load_rows(__half *dst, int ld, const uint16_t *_
     }
 }
 
-/* D: head_dim (K's width); DV: output columns per block (D, or D / 2 for 512); BN: keys per tile. */
-template <int D, int DV, int BN>
+/* load_rows over a q8_0 / q4_0 / bf16 cache (KT: hm_cuda_kv): each 8-value chunk dequantised
+ * (cuda_kvq.cuh) and rounded to f16. */
+template <int BN, int KT>
+__device__ __forceinline__ void load_rows_kv(__half *dst, int ld, const unsigned char *__restrict__ cache,
+                                             int64_t cap, int head_dim, int c0, int ncol, int64_t kb, int64_t kend) {
+    const int per_row = ncol / 8;
+    const int64_t rb = hmkv::row_bytes<KT>(head_dim);
+    for (int i = threadIdx.x; i < BN * per_row; i += 32 * FA_WARPS) {
+        const int r = i / per_row, ch = i % per_row;
+        const int64_t p = kb + r;
+        uint4 v = make_uint4(0, 0, 0, 0);
+        if (p >= 0 && p < kend) {
+            const int e = c0 + ch * 8;
+            const unsigned char *row = cache + (p % cap) * rb;
+            uint32_t w[4];
+#pragma unroll
+            for (int j = 0; j < 4; j++)
+                w[j] = pack_half2(hmkv::elem<KT>(row, e + 2 * j), hmkv::elem<KT>(row, e + 2 * j + 1));
+            v = make_uint4(w[0], w[1], w[2], w[3]);
+        }
+        *(uint4 *)(dst + r * ld + ch * 8) = v;
+    }
+}
+
+/* D: head_dim (K's width); DV: output columns per block (D, or D / 2 for 512); BN: keys per tile;
+ * KT: the cache's format (hm_cuda_kv). */
+template <int D, int DV, int BN, int KT>
 __global__ void __launch_bounds__(32 * FA_WARPS) k_flash(const float *__restrict__ q, const int32_t *__restrict__ pos,
-                                                         int64_t n_tok, const uint16_t *__restrict__ kc,
-                                                         const uint16_t *__restrict__ vc, int64_t cap, int32_t window,
+                                                         int64_t n_tok, const void *__restrict__ kc,
+                                                         const void *__restrict__ vc, int64_t cap, int32_t window,
                                                          int n_head, int n_kv_head, float scale, int n_split,
                                                          float *__restrict__ part, float *__restrict__ out) {
     constexpr int LQ = D + FA_PAD, LV = DV + FA_PAD;
@@ -141,15 +172,22 @@ __global__ void __launch_bounds__(32 * FA_WARPS) k_flash(const float *__restrict
     for (int j = 0; j < DV / 8; j++) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.0f;
     float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
 
-    const uint16_t *kbase = kc + (int64_t)kvh * cap * D, *vbase = vc + (int64_t)kvh * cap * D;
+    constexpr int64_t RB = hmkv::row_bytes<KT>(D); /* bytes of a cache row */
+    const unsigned char *kbase = (const unsigned char *)kc + (int64_t)kvh * cap * RB;
+    const unsigned char *vbase = (const unsigned char *)vc + (int64_t)kvh * cap * RB;
     const int64_t kend = (int64_t)bhi + 1;
     /* this block's share of the tiles: split of n_split (a KV split when the grid is small) */
     const int64_t n_tiles = (kend - blo + BN - 1) / BN;
     const int64_t kb0 = blo + n_tiles * split / n_split * BN, kb1 = blo + n_tiles * (split + 1) / n_split * BN;
     for (int64_t kb = kb0; kb < kb1 && kb < kend; kb += BN) {
         __syncthreads(); /* the previous tile's readers are done */
-        load_rows<BN>(sK, LQ, kbase, cap, D, 0, D, kb, kend);
-        load_rows<BN>(sV, LV, vbase, cap, D, c0, DV, kb, kend);
+        if constexpr (KT != HM_CUDA_KV_F16) {
+            load_rows_kv<BN, KT>(sK, LQ, kbase, cap, D, 0, D, kb, kend);
+            load_rows_kv<BN, KT>(sV, LV, vbase, cap, D, c0, DV, kb, kend);
+        } else {
+            load_rows<BN>(sK, LQ, (const uint16_t *)kbase, cap, D, 0, D, kb, kend);
+            load_rows<BN>(sV, LV, (const uint16_t *)vbase, cap, D, c0, DV, kb, kend);
+        }
         __syncthreads();
         if (kb > whi || kb + BN <= wlo) continue; /* no key of this tile is visible to this warp's rows */
 
@@ -284,9 +322,9 @@ static size_t flash_part_bytes(int64_t n_tok, int n_head, int head_dim, int n_sp
     return n_split > 1 ? (size_t)n_tok * (size_t)n_head * (size_t)n_split * ((size_t)head_dim + 2) * sizeof(float) : 0;
 }
 
-template <int D, int DV, int BN>
-hm_status launch_flash(hm_cuda_ctx *c, const float *q, int64_t n_tok, const int32_t *pos, const uint16_t *kc,
-                       const uint16_t *vc, int64_t cap, int32_t window, int n_head, int n_kv_head, float scale,
+template <int D, int DV, int BN, int KT>
+hm_status launch_flash(hm_cuda_ctx *c, const float *q, int64_t n_tok, const int32_t *pos, const void *kc,
+                       const void *vc, int64_t cap, int32_t window, int n_head, int n_kv_head, float scale,
                        int n_split, float *part, float *out, hm_err *err) {
     const size_t smem = sizeof(__half) * ((size_t)(FA_BM + BN) * (D + FA_PAD) + (size_t)BN * (DV + FA_PAD));
     /* the shared-memory opt-in is a property of the function on each device: set once per device
@@ -294,11 +332,11 @@ hm_status launch_flash(hm_cuda_ctx *c, const float *q, int64_t n_tok, const int3
     static unsigned long long attr_set = 0;
     const unsigned long long bit = c->device >= 0 && c->device < 64 ? 1ull << c->device : 0;
     if (!bit || !(attr_set & bit)) {
-        HM_CU(cudaFuncSetAttribute(k_flash<D, DV, BN>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        HM_CU(cudaFuncSetAttribute(k_flash<D, DV, BN, KT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         attr_set |= bit;
     }
     const dim3 grid((unsigned)((n_tok + FA_BM - 1) / FA_BM), (unsigned)n_head, (unsigned)(D / DV * n_split));
-    k_flash<D, DV, BN><<<grid, 32 * FA_WARPS, smem, c->compute>>>(q, pos, n_tok, kc, vc, cap, window, n_head,
+    k_flash<D, DV, BN, KT><<<grid, 32 * FA_WARPS, smem, c->compute>>>(q, pos, n_tok, kc, vc, cap, window, n_head,
                                                                    n_kv_head, scale, n_split, part, out);
     HM_CU_LAUNCH("flash attention");
     if (n_split > 1) return hm_cuda_attn_merge(c, part, n_tok * n_head, n_split, D, out, err);
@@ -329,7 +367,17 @@ hm_status hm_cuda_flash_attention(hm_cuda_ctx *c, const float *q, int64_t n_tok,
                                   const uint16_t *k_cache, const uint16_t *v_cache, int64_t cap, int32_t window,
                                   int n_head, int n_kv_head, int head_dim, float scale, float *out, void *scratch,
                                   size_t scratch_size, hm_err *err) {
-    HM_CU_ARG(q && pos && k_cache && v_cache && out && q != out && n_tok >= 0 && cap > 0 && window >= 0);
+    return hm_cuda_flash_attention_kv(c, HM_CUDA_KV_F16, q, n_tok, pos, kv_len, k_cache, v_cache, cap, window, n_head,
+                                      n_kv_head, head_dim, scale, out, scratch, scratch_size, err);
+}
+
+hm_status hm_cuda_flash_attention_kv(hm_cuda_ctx *c, hm_cuda_kv kv, const float *q, int64_t n_tok, const int32_t *pos,
+                                     int64_t kv_len, const void *k_cache, const void *v_cache, int64_t cap,
+                                     int32_t window, int n_head, int n_kv_head, int head_dim, float scale, float *out,
+                                     void *scratch, size_t scratch_size, hm_err *err) {
+    HM_CU_ARG(q && pos && k_cache && v_cache && out && (const void *)q != (const void *)out && n_tok >= 0 && cap > 0 &&
+              window >= 0);
+    HM_CU_ARG(kv >= HM_CUDA_KV_F16 && kv <= HM_CUDA_KV_BF16);
     HM_CU_ARG(n_kv_head > 0 && n_head > 0 && n_head % n_kv_head == 0 && n_head <= 65535);
     HM_CU_ARG((n_tok + FA_BM - 1) / FA_BM < (1LL << 31));
     if (!n_tok) return HM_OK;
@@ -338,11 +386,22 @@ hm_status hm_cuda_flash_attention(hm_cuda_ctx *c, const float *q, int64_t n_tok,
     int ns = flash_splits(c, n_tok, n_head, head_dim, n_keys);
     if (!scratch || flash_part_bytes(n_tok, n_head, head_dim, ns) > scratch_size) ns = 1; /* no room: no split */
     float *part = (float *)scratch;
+#define HM_FA_KT(HD, KT)                                                                                               \
+    launch_flash<HD, fa_dv(HD), fa_bn(HD), KT>(c, q, n_tok, pos, k_cache, v_cache, cap, window, n_head, n_kv_head,    \
+                                               scale, ns, part, out, err)
+#define HM_FA_CASE(HD)                                                                                                  \
+    case HD:                                                                                                            \
+        return kv == HM_CUDA_KV_Q8_0   ? HM_FA_KT(HD, HM_CUDA_KV_Q8_0)                                                 \
+               : kv == HM_CUDA_KV_Q4_0 ? HM_FA_KT(HD, HM_CUDA_KV_Q4_0)                                                 \
+               : kv == HM_CUDA_KV_BF16 ? HM_FA_KT(HD, HM_CUDA_KV_BF16)                                                 \
+                                       : HM_FA_KT(HD, HM_CUDA_KV_F16);
     switch (head_dim) {
-    case 64: return launch_flash<64, fa_dv(64), fa_bn(64)>(c, q, n_tok, pos, k_cache, v_cache, cap, window, n_head, n_kv_head, scale, ns, part, out, err);
-    case 128: return launch_flash<128, fa_dv(128), fa_bn(128)>(c, q, n_tok, pos, k_cache, v_cache, cap, window, n_head, n_kv_head, scale, ns, part, out, err);
-    case 256: return launch_flash<256, fa_dv(256), fa_bn(256)>(c, q, n_tok, pos, k_cache, v_cache, cap, window, n_head, n_kv_head, scale, ns, part, out, err);
-    case 512: return launch_flash<512, fa_dv(512), fa_bn(512)>(c, q, n_tok, pos, k_cache, v_cache, cap, window, n_head, n_kv_head, scale, ns, part, out, err);
+    HM_FA_CASE(64)
+    HM_FA_CASE(128)
+    HM_FA_CASE(256)
+    HM_FA_CASE(512)
+#undef HM_FA_CASE
+#undef HM_FA_KT
     default:
         return hm_errf(err, HM_ERR_UNSUPPORTED, "flash attention: head_dim %d (takes 64, 128, 256, 512)", head_dim);
     }

@@ -8,6 +8,7 @@
 
 #include "cuda_gemma.h"
 #include "cuda_impl.h"
+#include "cuda_kvq.cuh"
 #include "cuda_quant.cuh"
 
 using namespace hmcu;
@@ -121,12 +122,13 @@ hm_status hm_cuda_kv_write_ring(hm_cuda_ctx *c, uint16_t *k_cache, uint16_t *v_c
 /* Block (row x = token * n_head + head, range y), D = head_dim / 32 elements per lane. Writes the
  * normalised output when n_split is 1, else the range's partial {max, sum, o[head_dim]} (o not
  * normalised) to part[x * n_split + y]. */
-template <int D>
+template <int D, int KT>
 __global__ void __launch_bounds__(128) k_g4_attn(const float *__restrict__ q, const int32_t *__restrict__ pos,
-                                                 const uint16_t *__restrict__ kc, const uint16_t *__restrict__ vc,
+                                                 const void *__restrict__ kc, const void *__restrict__ vc,
                                                  int64_t cap, int32_t window, int n_head, int n_kv_head, float scale,
                                                  int n_split, float *__restrict__ out, float *__restrict__ part) {
     constexpr int HD = D * 32;
+    constexpr int64_t RB = hmkv::row_bytes<KT>(HD); /* bytes of a cache row (cuda_kvq.cuh) */
     __shared__ float sm_m[G4A_WARPS], sm_l[G4A_WARPS];
     __shared__ float sm_o[G4A_WARPS][HD];
     const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
@@ -147,18 +149,24 @@ __global__ void __launch_bounds__(128) k_g4_attn(const float *__restrict__ q, co
         o[i] = 0.0f;
     }
     float m = -INFINITY, l = 0.0f;
-    const uint16_t *kb = kc + (int64_t)g * cap * HD, *vb = vc + (int64_t)g * cap * HD;
+    const unsigned char *kb = (const unsigned char *)kc + (int64_t)g * cap * RB;
+    const unsigned char *vb = (const unsigned char *)vc + (int64_t)g * cap * RB;
+    /* element lane + 32 i of a row: f16 as before, or dequantised (cuda_kvq.cuh) */
+    auto elem = [lane](const unsigned char *r, int i) -> float {
+        if constexpr (KT == HM_CUDA_KV_F16) return __half2float(__ushort_as_half(((const uint16_t *)r)[lane + 32 * i]));
+        else return hmkv::elem<KT>(r, lane + 32 * i);
+    };
     for (int64_t s = c0 + w; s < c1; s += G4A_WARPS) {
-        const uint16_t *kr = kb + (s % cap) * HD, *vr = vb + (s % cap) * HD;
+        const unsigned char *kr = kb + (s % cap) * RB, *vr = vb + (s % cap) * RB;
         float dot = 0.0f;
 #pragma unroll
-        for (int i = 0; i < D; i++) dot = fmaf(qv[i], __half2float(__ushort_as_half(kr[lane + 32 * i])), dot);
+        for (int i = 0; i < D; i++) dot = fmaf(qv[i], elem(kr, i), dot);
         dot = warp_sum(dot) * scale;
         const float mn = fmaxf(m, dot);
         const float corr = expf(m - mn), pe = expf(dot - mn); /* m = -inf the first time: corr 0 */
         l = l * corr + pe;
 #pragma unroll
-        for (int i = 0; i < D; i++) o[i] = o[i] * corr + pe * __half2float(__ushort_as_half(vr[lane + 32 * i]));
+        for (int i = 0; i < D; i++) o[i] = o[i] * corr + pe * elem(vr, i);
         m = mn;
     }
     if (lane == 0) {
@@ -233,12 +241,22 @@ hm_status hm_cuda_gemma_attention(hm_cuda_ctx *c, const float *q, int64_t n_tok,
                                   const uint16_t *k_cache, const uint16_t *v_cache, int64_t cap, int32_t window,
                                   int n_head, int n_kv_head, int head_dim, float scale, float *out, void *scratch,
                                   size_t scratch_size, hm_err *err) {
-    HM_CU_ARG(q && pos && k_cache && v_cache && out && q != out && n_tok >= 0 && kv_len > 0 && cap > 0);
+    return hm_cuda_gemma_attention_kv(c, HM_CUDA_KV_F16, q, n_tok, pos, kv_len, k_cache, v_cache, cap, window, n_head,
+                                      n_kv_head, head_dim, scale, out, scratch, scratch_size, err);
+}
+
+hm_status hm_cuda_gemma_attention_kv(hm_cuda_ctx *c, hm_cuda_kv kv, const float *q, int64_t n_tok, const int32_t *pos,
+                                     int64_t kv_len, const void *k_cache, const void *v_cache, int64_t cap,
+                                     int32_t window, int n_head, int n_kv_head, int head_dim, float scale, float *out,
+                                     void *scratch, size_t scratch_size, hm_err *err) {
+    HM_CU_ARG(q && pos && k_cache && v_cache && out && (const void *)q != (const void *)out && n_tok >= 0 &&
+              kv_len > 0 && cap > 0);
     HM_CU_ARG(n_kv_head > 0 && n_head > 0 && n_head % n_kv_head == 0 && window >= 0);
+    HM_CU_ARG(kv == HM_CUDA_KV_F16 || (kv >= HM_CUDA_KV_Q8_0 && kv <= HM_CUDA_KV_BF16 && head_dim % 32 == 0));
     if (!n_tok) return HM_OK;
     if (hm_cuda_flash_takes(c, n_tok, head_dim))
-        return hm_cuda_flash_attention(c, q, n_tok, pos, kv_len, k_cache, v_cache, cap, window, n_head, n_kv_head,
-                                       head_dim, scale, out, scratch, scratch_size, err);
+        return hm_cuda_flash_attention_kv(c, kv, q, n_tok, pos, kv_len, k_cache, v_cache, cap, window, n_head,
+                                          n_kv_head, head_dim, scale, out, scratch, scratch_size, err);
     HM_CU_ARG(n_tok * n_head < (1LL << 31));
     const int64_t rows = n_tok * n_head;
     const int64_t span = window > 0 && window < kv_len ? window : kv_len;
@@ -247,11 +265,16 @@ hm_status hm_cuda_gemma_attention(hm_cuda_ctx *c, const float *q, int64_t n_tok,
     if (split > 1)
         HM_CU_ARG(scratch && scratch_size >= (size_t)rows * (size_t)split * (size_t)(head_dim + 2) * sizeof(float));
     const dim3 grid((unsigned)rows, (unsigned)split);
+#define G4A_LAUNCH(HDIM, KT)                                                                                     \
+    k_g4_attn<HDIM / 32, KT><<<grid, 128, 0, c->compute>>>(q, pos, k_cache, v_cache, cap, window, n_head,        \
+                                                           n_kv_head, scale, split, out, part)
     switch (head_dim) {
 #define G4A_CASE(HDIM)                                                                                           \
     case HDIM:                                                                                                   \
-        k_g4_attn<HDIM / 32><<<grid, 128, 0, c->compute>>>(q, pos, k_cache, v_cache, cap, window, n_head,        \
-                                                             n_kv_head, scale, split, out, part);                \
+        if (kv == HM_CUDA_KV_Q8_0) G4A_LAUNCH(HDIM, HM_CUDA_KV_Q8_0);                                           \
+        else if (kv == HM_CUDA_KV_Q4_0) G4A_LAUNCH(HDIM, HM_CUDA_KV_Q4_0);                                      \
+        else if (kv == HM_CUDA_KV_BF16) G4A_LAUNCH(HDIM, HM_CUDA_KV_BF16);                                      \
+        else G4A_LAUNCH(HDIM, HM_CUDA_KV_F16);                                                                   \
         break;
         G4A_CASE(32)
         G4A_CASE(64)
@@ -259,6 +282,7 @@ hm_status hm_cuda_gemma_attention(hm_cuda_ctx *c, const float *q, int64_t n_tok,
         G4A_CASE(256)
         G4A_CASE(512)
 #undef G4A_CASE
+#undef G4A_LAUNCH
     default:
         return hm_errf(err, HM_ERR_UNSUPPORTED, "gemma attention: head_dim %d (takes 32, 64, 128, 256 or 512)",
                        head_dim);

@@ -57,6 +57,13 @@ hm_status hm_cuda_gemma_attention(hm_cuda_ctx *c, const float *q, int64_t n_tok,
                                   int64_t cap, int32_t window, int n_head, int n_kv_head, int head_dim,
                                   float scale, float *out, void *scratch, size_t scratch_size,
                                   hm_err *err);
+/* The same over a ring cache of kv's format (cuda_ops.h's hm_cuda_kv): a q8_0 cache (written by
+ * hm_cuda_kv_write_q8_0 at rows p % cap) is read dequantised, exactly in the f32 kernel, rounded to
+ * f16 once in the flash prefill. head_dim % 32 == 0 for q8_0. */
+hm_status hm_cuda_gemma_attention_kv(hm_cuda_ctx *c, hm_cuda_kv kv, const float *q, int64_t n_tok, const int32_t *pos,
+                                     int64_t kv_len, const void *k_cache, const void *v_cache, int64_t cap,
+                                     int32_t window, int n_head, int n_kv_head, int head_dim, float scale, float *out,
+                                     void *scratch, size_t scratch_size, hm_err *err);
 
 /* The KV-range split hm_cuda_gemma_attention takes for these arguments (kernel arguments of a
  * captured graph: a graph stays valid while this value does). */

@@ -112,6 +112,11 @@ hm_status hm_cuda_flash_attention(hm_cuda_ctx *c, const float *q, int64_t n_tok,
                                   const uint16_t *k_cache, const uint16_t *v_cache, int64_t cap, int32_t window,
                                   int n_head, int n_kv_head, int head_dim, float scale, float *out, void *scratch,
                                   size_t scratch_size, hm_err *err);
+/* The same over a cache of kv's format (f16, or q8_0 dequantised into the f16 tiles). */
+hm_status hm_cuda_flash_attention_kv(hm_cuda_ctx *c, hm_cuda_kv kv, const float *q, int64_t n_tok, const int32_t *pos,
+                                     int64_t kv_len, const void *k_cache, const void *v_cache, int64_t cap,
+                                     int32_t window, int n_head, int n_kv_head, int head_dim, float scale, float *out,
+                                     void *scratch, size_t scratch_size, hm_err *err);
 /* The merge of KV-split partials (cuda_attn.cu): part [rows][n_split][head_dim + 2] as (m, l,
  * unnormalised O) per split, merged in split order into out [rows][head_dim]; a split with
  * l = 0 saw no key and is skipped. head_dim <= 1024. */

@@ -249,6 +249,23 @@ hm_status hm_cuda_kv_write(hm_cuda_ctx *c, uint16_t *k_cache, uint16_t *v_cache,
                            int n_kv_head, int head_dim, const float *k, const float *v,
                            int64_t n_tok, const int32_t *pos, hm_err *err);
 
+/* KV cache row formats on the device: f16, bf16, or ggml's q8_0 blocks (head_dim / 32 blocks of 34
+ * bytes: an f16 scale, 32 int8 codes; -ctk q8_0) and q4_0 blocks (18 bytes: an f16 scale, 32 4-bit
+ * codes). */
+typedef enum hm_cuda_kv { HM_CUDA_KV_F16 = 0, HM_CUDA_KV_Q8_0 = 1, HM_CUDA_KV_Q4_0 = 2, HM_CUDA_KV_BF16 = 3 } hm_cuda_kv;
+
+/* Write n_tok K/V rows as q8_0 at rows pos[t] % cap (cap = n_ctx: a plain cache), quantised as
+ * ggml's reference quantiser does (the CPU cache's bytes for the same floats). head_dim % 32 == 0.
+ *   k, v: [n_tok, n_kv_head * head_dim];  pos: device int32 >= 0. */
+hm_status hm_cuda_kv_write_q8_0(hm_cuda_ctx *c, void *k_cache, void *v_cache, int64_t cap, int n_kv_head,
+                                int head_dim, const float *k, const float *v, int64_t n_tok, const int32_t *pos,
+                                hm_err *err);
+/* The same for a cache of kv's format other than f16: q8_0, q4_0 (the reference quantisers) or bf16
+ * (round to nearest even), at rows pos[t] % cap. */
+hm_status hm_cuda_kv_write_kv(hm_cuda_ctx *c, hm_cuda_kv kv, void *k_cache, void *v_cache, int64_t cap,
+                              int n_kv_head, int head_dim, const float *k, const float *v, int64_t n_tok,
+                              const int32_t *pos, hm_err *err);
+
 /* Scratch bytes for hm_cuda_attention with n_tok queries and KV length up to kv_len. */
 size_t hm_cuda_attention_scratch_size(const hm_cuda_ctx *c, int64_t n_tok, int64_t kv_len,
                                       int n_head, int n_kv_head, int head_dim);
@@ -263,6 +280,13 @@ hm_status hm_cuda_attention(hm_cuda_ctx *c, const float *q, int64_t n_tok, const
                             int64_t kv_len, const uint16_t *k_cache, const uint16_t *v_cache,
                             int64_t n_ctx, int n_head, int n_kv_head, int head_dim, float scale,
                             float *out, void *scratch, size_t scratch_size, hm_err *err);
+/* The same over a cache of kv's format: a q8_0 cache is read dequantised (exact f32 attention over
+ * the dequantised values in the decode kernels; the flash prefill rounds them to f16 once). The
+ * same scratch size. */
+hm_status hm_cuda_attention_kv(hm_cuda_ctx *c, hm_cuda_kv kv, const float *q, int64_t n_tok, const int32_t *pos,
+                               int64_t kv_len, const void *k_cache, const void *v_cache, int64_t n_ctx, int n_head,
+                               int n_kv_head, int head_dim, float scale, float *out, void *scratch,
+                               size_t scratch_size, hm_err *err);
 
 /* ---- elementwise and row ops (out may alias the input) -------------------------------------------- */
 
