@@ -27,27 +27,13 @@
 
 #define K_GROUP_MAX_EPS 1e-15f
 
-static inline int k_min(int a, int b) { return a < b ? a : b; }
-static inline int k_max(int a, int b) { return a > b ? a : b; }
-
-/* Round to nearest, ties to even, for |v| < 2^22: adding 1.5 * 2^23 leaves the integer in the
- * low mantissa bits (the float addition itself does the rounding). Same results as ggml's
- * nearest_int and as cvtps2dq under the default rounding mode. */
-static inline int k_round(float v) {
-    float t = v + 12582912.f;
-    int32_t i;
-    memcpy(&i, &t, 4);
-    return (i & 0x007fffff) - 0x00400000;
-}
-
-/* ---------------------------------------------------------------- helpers of the quantisers */
-
 /* Fit x[0..n) ~ scale * L + min with L in [0, nmax], min <= 0, minimising the weighted squared
  * error: start from the min/max grid, then try nstep+1 stretched grids (iscale nudged by rmin +
- * rdelta*is) and keep the weighted least-squares (scale, min) of the best one. Returns scale,
- * *neg_min = -min. (ggml's make_qkx2_quants with use_mad = false.) */
-static float k_fit_scale_min(int n, int nmax, const float *x, const float *w, uint8_t *L, float *neg_min,
-                             uint8_t *Laux, float rmin, float rdelta, int nstep) {
+ * rdelta*is) and keep the weighted least-squares (scale, min) of the best one; the error is
+ * weighted squared, or weighted absolute with mad. Returns scale, *neg_min = -min. (ggml's
+ * make_qkx2_quants; Q4_K / Q5_K without mad, Q2_K with.) */
+float hm_k_fit_scale_min(int n, int nmax, const float *x, const float *w, uint8_t *L, float *neg_min, uint8_t *Laux,
+                        float rmin, float rdelta, int nstep, bool mad) {
     float min = x[0], max = x[0];
     float sum_w = w[0];
     float sum_x = sum_w * x[0];
@@ -67,16 +53,16 @@ static float k_fit_scale_min(int n, int nmax, const float *x, const float *w, ui
     float scale = 1 / iscale;
     float best_error = 0;
     for (int i = 0; i < n; i++) {
-        int l = k_round(iscale * (x[i] - min));
-        L[i] = (uint8_t)k_max(0, k_min(nmax, l));
+        int l = hm_k_round(iscale * (x[i] - min));
+        L[i] = (uint8_t)hm_k_max(0, hm_k_min(nmax, l));
         float diff = scale * L[i] + min - x[i];
-        best_error += w[i] * (diff * diff);
+        best_error += w[i] * (mad ? fabsf(diff) : diff * diff);
     }
     for (int is = 0; is <= nstep; is++) {
         iscale = (rmin + rdelta * is + nmax) / (max - min);
         float sum_l = 0, sum_l2 = 0, sum_xl = 0;
         for (int i = 0; i < n; i++) {
-            int l = k_max(0, k_min(nmax, k_round(iscale * (x[i] - min))));
+            int l = hm_k_max(0, hm_k_min(nmax, hm_k_round(iscale * (x[i] - min))));
             Laux[i] = (uint8_t)l;
             sum_l += w[i] * l;
             sum_l2 += w[i] * l * l;
@@ -93,7 +79,7 @@ static float k_fit_scale_min(int n, int nmax, const float *x, const float *w, ui
             float cur_error = 0;
             for (int i = 0; i < n; i++) {
                 float diff = this_scale * Laux[i] + this_min - x[i];
-                cur_error += w[i] * (diff * diff);
+                cur_error += w[i] * (mad ? fabsf(diff) : diff * diff);
             }
             if (cur_error < best_error) {
                 memcpy(L, Laux, (size_t)n);
@@ -126,7 +112,7 @@ static float k_fit_scale_sym(int n, int nmax, const float *x, int8_t *L) {
     float iscale = -nmax / max;
     float sumlx = 0, suml2 = 0;
     for (int i = 0; i < n; i++) {
-        int l = k_max(-nmax, k_min(nmax - 1, k_round(iscale * x[i])));
+        int l = hm_k_max(-nmax, hm_k_min(nmax - 1, hm_k_round(iscale * x[i])));
         L[i] = (int8_t)(l + nmax);
         float w = x[i] * x[i];
         sumlx += w * x[i] * l;
@@ -139,34 +125,21 @@ static float k_fit_scale_sym(int n, int nmax, const float *x, int8_t *L) {
         iscale = -(nmax + 0.1f * is) / max;
         sumlx = suml2 = 0;
         for (int i = 0; i < n; i++) {
-            int l = k_max(-nmax, k_min(nmax - 1, k_round(iscale * x[i])));
+            int l = hm_k_max(-nmax, hm_k_min(nmax - 1, hm_k_round(iscale * x[i])));
             float w = x[i] * x[i];
             sumlx += w * x[i] * l;
             suml2 += w * l * l;
         }
         if (suml2 > 0 && sumlx * sumlx > best * suml2) {
             for (int i = 0; i < n; i++) {
-                int l = k_round(iscale * x[i]);
-                L[i] = (int8_t)(nmax + k_max(-nmax, k_min(nmax - 1, l)));
+                int l = hm_k_round(iscale * x[i]);
+                L[i] = (int8_t)(nmax + hm_k_max(-nmax, hm_k_min(nmax - 1, l)));
             }
             scale = sumlx / suml2;
             best = scale * sumlx;
         }
     }
     return scale;
-}
-
-/* Index of the level in val[0..n) (ascending) nearest to x; ties go up. */
-static inline int k_nearest_level(int n, const int8_t *val, float x) {
-    if (x <= val[0]) return 0;
-    if (x >= val[n - 1]) return n - 1;
-    int lo = 0, hi = n - 1;
-    while (hi - lo > 1) {
-        int mid = (lo + hi) / 2;
-        if (x < val[mid]) hi = mid;
-        else lo = mid;
-    }
-    return x - val[hi - 1] < val[hi] - x ? hi - 1 : hi;
 }
 
 /* Pack 8 six-bit scales and mins the q4_k/q5_k way (inverse of hm_k4_unpack_scales). */
@@ -192,7 +165,7 @@ static void k4_quantize_block(const float *x, int nmax, float rmin, int nstep, u
         for (int l = 0; l < 32; l++) sum_x2 += xb[l] * xb[l];
         float av_x = sqrtf(sum_x2 / 32);
         for (int l = 0; l < 32; l++) weights[l] = av_x + fabsf(xb[l]);
-        scales[j] = k_fit_scale_min(32, nmax, xb, weights, L + 32 * j, &mins[j], Laux, rmin, 0.1f, nstep);
+        scales[j] = hm_k_fit_scale_min(32, nmax, xb, weights, L + 32 * j, &mins[j], Laux, rmin, 0.1f, nstep, false);
         if (scales[j] > max_scale) max_scale = scales[j];
         if (mins[j] > max_min) max_min = mins[j];
     }
@@ -200,8 +173,8 @@ static void k4_quantize_block(const float *x, int nmax, float rmin, int nstep, u
     float inv_min = max_min > 0 ? 63.f / max_min : 0.f;
     uint8_t ls[8], lm[8];
     for (int j = 0; j < 8; j++) {
-        ls[j] = (uint8_t)k_min(63, (uint8_t)k_round(inv_scale * scales[j]));
-        lm[j] = (uint8_t)k_min(63, (uint8_t)k_round(inv_min * mins[j]));
+        ls[j] = (uint8_t)hm_k_min(63, (uint8_t)hm_k_round(inv_scale * scales[j]));
+        lm[j] = (uint8_t)hm_k_min(63, (uint8_t)hm_k_round(inv_min * mins[j]));
     }
     k4_pack_scales(ls, lm, packed);
     *d_out = hm_f32_to_fp16(max_scale / 63.f);
@@ -212,8 +185,8 @@ static void k4_quantize_block(const float *x, int nmax, float rmin, int nstep, u
         if (!dj) continue; /* keep the fit's levels */
         const float mj = dmin * lm[j];
         for (int l = 0; l < 32; l++) {
-            int q = k_round((x[32 * j + l] + mj) / dj);
-            L[32 * j + l] = (uint8_t)k_max(0, k_min(nmax, q));
+            int q = hm_k_round((x[32 * j + l] + mj) / dj);
+            L[32 * j + l] = (uint8_t)hm_k_max(0, hm_k_min(nmax, q));
         }
     }
 }
@@ -236,7 +209,7 @@ void hm_from_float_q8_k_ref(const float *src, void *dst, int64_t n) {
             continue;
         }
         const float iscale = -127.f / max;
-        for (int j = 0; j < HM_QK_K; j++) y[i].qs[j] = (int8_t)k_min(127, k_round(iscale * src[j]));
+        for (int j = 0; j < HM_QK_K; j++) y[i].qs[j] = (int8_t)hm_k_min(127, hm_k_round(iscale * src[j]));
         for (int j = 0; j < HM_QK_K / 16; j++) {
             int sum = 0;
             for (int l = 0; l < 16; l++) sum += y[i].qs[16 * j + l];
@@ -419,14 +392,14 @@ static void from_float_q6_k_ref(const float *src, void *dst, int64_t n) {
         }
         const float iscale = -128.f / max_scale;
         y[i].d = hm_f32_to_fp16(1 / iscale);
-        for (int j = 0; j < 16; j++) y[i].scales[j] = (int8_t)k_min(127, k_round(iscale * scales[j]));
+        for (int j = 0; j < 16; j++) y[i].scales[j] = (int8_t)hm_k_min(127, hm_k_round(iscale * scales[j]));
         const float d = hm_fp16_to_f32(y[i].d);
         for (int j = 0; j < 16; j++) {
             const float dj = d * y[i].scales[j];
             if (!dj) continue; /* keep the fit's levels */
             for (int l = 0; l < 16; l++) {
-                int q = k_round(src[16 * j + l] / dj);
-                L[16 * j + l] = (int8_t)(k_max(-32, k_min(31, q)) + 32);
+                int q = hm_k_round(src[16 * j + l] / dj);
+                L[16 * j + l] = (int8_t)(hm_k_max(-32, hm_k_min(31, q)) + 32);
             }
         }
         for (int h = 0; h < 2; h++) {
@@ -511,7 +484,7 @@ static void iq4xs_quantize_block(const float *x, hm_block_iq4_xs *y) {
         float id = 1 / d;
         float sumqx = 0, sumq2 = 0;
         for (int j = 0; j < 32; j++) {
-            int l = k_nearest_level(16, values, id * xb[j]);
+            int l = hm_k_nearest_level(16, values, id * xb[j]);
             Lb[j] = (uint8_t)l;
             float q = values[l], w = weight[j];
             sumqx += w * q * xb[j];
@@ -523,7 +496,7 @@ static void iq4xs_quantize_block(const float *x, hm_block_iq4_xs *y) {
             id = (itry + values[0]) / max;
             sumqx = sumq2 = 0;
             for (int j = 0; j < 32; j++) {
-                int l = k_nearest_level(16, values, id * xb[j]);
+                int l = hm_k_nearest_level(16, values, id * xb[j]);
                 float q = values[l], w = weight[j];
                 sumqx += w * q * xb[j];
                 sumq2 += w * q * q;
@@ -544,10 +517,10 @@ static void iq4xs_quantize_block(const float *x, hm_block_iq4_xs *y) {
     y->scales_h = 0;
     const float id = d ? 1 / d : 0.f;
     for (int ib = 0; ib < 8; ib++) {
-        int l = k_max(-32, k_min(31, k_round(id * scales[ib])));
+        int l = hm_k_max(-32, hm_k_min(31, hm_k_round(id * scales[ib])));
         const float dl = d * l;
         const float idl = dl ? 1 / dl : 0.f;
-        for (int j = 0; j < 32; j++) L[32 * ib + j] = (uint8_t)k_nearest_level(16, values, idl * x[32 * ib + j]);
+        for (int j = 0; j < 32; j++) L[32 * ib + j] = (uint8_t)hm_k_nearest_level(16, values, idl * x[32 * ib + j]);
         l += 32;
         if (ib % 2 == 0) y->scales_l[ib / 2] = (uint8_t)(l & 0xf);
         else y->scales_l[ib / 2] |= (uint8_t)((l & 0xf) << 4);

@@ -8,7 +8,7 @@
  * touching every element. IQ4_XS levels are signed: the sign moves onto the activation
  * (sign_epi8) so maddubs sees |level| <= 127 (2 * 127 * 127 < 2^15).
  * Q8_K quantisation here equals hm_from_float_q8_k_ref byte for byte (same products, cvtps2dq
- * rounds to nearest even like the reference's k_round). */
+ * rounds to nearest even like the reference's hm_k_round). */
 #ifdef __AVX2__
 
 #include <immintrin.h>

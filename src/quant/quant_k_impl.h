@@ -8,12 +8,45 @@
 #ifndef HM_QUANT_K_IMPL_H
 #define HM_QUANT_K_IMPL_H
 
+#include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
 
 #include "quant.h"
 
 #define HM_QK_K 256
+
+/* ---- quantiser helpers shared by the K-quant families (quant_k.c, quant_lowbit.c) ---- */
+
+static inline int hm_k_min(int a, int b) { return a < b ? a : b; }
+static inline int hm_k_max(int a, int b) { return a > b ? a : b; }
+
+/* Round to nearest, ties to even, for |v| < 2^22: adding 1.5 * 2^23 leaves the integer in the
+ * low mantissa bits (the float addition itself does the rounding). Same results as ggml's
+ * nearest_int and as cvtps2dq under the default rounding mode. */
+static inline int hm_k_round(float v) {
+    float t = v + 12582912.f;
+    int32_t i;
+    memcpy(&i, &t, 4);
+    return (i & 0x007fffff) - 0x00400000;
+}
+
+/* Index of the level in val[0..n) (ascending) nearest to x; ties go up. */
+static inline int hm_k_nearest_level(int n, const int8_t *val, float x) {
+    if (x <= val[0]) return 0;
+    if (x >= val[n - 1]) return n - 1;
+    int lo = 0, hi = n - 1;
+    while (hi - lo > 1) {
+        int mid = (lo + hi) / 2;
+        if (x < val[mid]) hi = mid;
+        else lo = mid;
+    }
+    return x - val[hi - 1] < val[hi] - x ? hi - 1 : hi;
+}
+
+/* ggml's make_qkx2_quants: x[0..n) ~ scale * L + min, L in [0, nmax], min <= 0 (quant_k.c). */
+float hm_k_fit_scale_min(int n, int nmax, const float *x, const float *w, uint8_t *L, float *neg_min, uint8_t *Laux,
+                         float rmin, float rdelta, int nstep, bool mad);
 
 /* q8_k (activations only): value = qs[i] * d; bsums[j] = sum of qs[16j .. 16j+15]. */
 typedef struct hm_block_q8_k {

@@ -28,17 +28,6 @@
 
 #define LB_GROUP_MAX_EPS 1e-15f
 
-static inline int lb_min(int a, int b) { return a < b ? a : b; }
-static inline int lb_max(int a, int b) { return a > b ? a : b; }
-
-/* Round to nearest, ties to even, for |v| < 2^22 (the float addition does the rounding). */
-static inline int lb_round(float v) {
-    float t = v + 12582912.f;
-    int32_t i;
-    memcpy(&i, &t, 4);
-    return (i & 0x007fffff) - 0x00400000;
-}
-
 /* ---------------------------------------------------------------- Q8_1 */
 
 /* As Q8_0 (d = amax/127, q = roundf(x / d)), plus s = fp16(d * sum q). */
@@ -105,8 +94,8 @@ static void from_float_q4_1_ref(const float *src, void *dst, int64_t n) {
         y[i].d = hm_f32_to_fp16(d);
         y[i].m = hm_f32_to_fp16(min);
         for (int j = 0; j < HM_QK4_1 / 2; j++) {
-            const int q0 = lb_min(15, (int8_t)((src[j] - min) * id + 0.5f));
-            const int q1 = lb_min(15, (int8_t)((src[j + HM_QK4_1 / 2] - min) * id + 0.5f));
+            const int q0 = hm_k_min(15, (int8_t)((src[j] - min) * id + 0.5f));
+            const int q1 = hm_k_min(15, (int8_t)((src[j + HM_QK4_1 / 2] - min) * id + 0.5f));
             y[i].qs[j] = (uint8_t)(q0 | (q1 << 4));
         }
     }
@@ -184,19 +173,6 @@ static void vec_dot_q5_1_scalar(int64_t n, float *out, const void *vx, const voi
 
 /* ---------------------------------------------------------------- IQ4_NL */
 
-/* Index of the level in val[0..n) (ascending) nearest to x; ties go up. */
-static inline int lb_nearest_level(int n, const int8_t *val, float x) {
-    if (x <= val[0]) return 0;
-    if (x >= val[n - 1]) return n - 1;
-    int lo = 0, hi = n - 1;
-    while (hi - lo > 1) {
-        int mid = (lo + hi) / 2;
-        if (x < val[mid]) hi = mid;
-        else lo = mid;
-    }
-    return x - val[hi - 1] < val[hi] - x ? hi - 1 : hi;
-}
-
 static void to_float_iq4_nl_ref(const void *src, float *dst, int64_t n) {
     const hm_block_iq4_nl *x = src;
     for (int64_t i = 0; i < n / HM_QK4_NL; i++, dst += HM_QK4_NL) {
@@ -228,7 +204,7 @@ static void iq4nl_quantize_block(const float *x, hm_block_iq4_nl *y) {
         float id = 1 / d;
         float sumqx = 0, sumq2 = 0;
         for (int j = 0; j < HM_QK4_NL; j++) {
-            const float q = values[lb_nearest_level(16, values, id * x[j])], w = x[j] * x[j];
+            const float q = values[hm_k_nearest_level(16, values, id * x[j])], w = x[j] * x[j];
             sumqx += w * q * x[j];
             sumq2 += w * q * q;
         }
@@ -238,7 +214,7 @@ static void iq4nl_quantize_block(const float *x, hm_block_iq4_nl *y) {
             id = (itry + values[0]) / max;
             sumqx = sumq2 = 0;
             for (int j = 0; j < HM_QK4_NL; j++) {
-                const float q = values[lb_nearest_level(16, values, id * x[j])], w = x[j] * x[j];
+                const float q = values[hm_k_nearest_level(16, values, id * x[j])], w = x[j] * x[j];
                 sumqx += w * q * x[j];
                 sumq2 += w * q * q;
             }
@@ -251,8 +227,8 @@ static void iq4nl_quantize_block(const float *x, hm_block_iq4_nl *y) {
     y->d = hm_f32_to_fp16(d);
     const float id = d ? 1 / d : 0;
     for (int j = 0; j < HM_QK4_NL / 2; j++) {
-        const int l0 = lb_nearest_level(16, values, id * x[j]);
-        const int l1 = lb_nearest_level(16, values, id * x[j + HM_QK4_NL / 2]);
+        const int l0 = hm_k_nearest_level(16, values, id * x[j]);
+        const int l1 = hm_k_nearest_level(16, values, id * x[j + HM_QK4_NL / 2]);
         y->qs[j] = (uint8_t)(l0 | (l1 << 4));
     }
 }
@@ -296,66 +272,6 @@ static void lb_pack2(const uint8_t L[HM_QK_K], uint8_t qs[64]) {
 
 /* ---------------------------------------------------------------- Q2_K */
 
-/* Fit x[0..n) ~ scale * L + min, L in [0, nmax], min <= 0, minimising the weighted absolute
- * error: the min/max grid, then nstep+1 stretched grids (iscale from nmax + rmin + rdelta*is),
- * each with its weighted least-squares (scale, min), keeping the best. *neg_min = -min.
- * (ggml's make_qkx2_quants with use_mad = true.) */
-static float q2k_fit(int n, int nmax, const float *x, const float *w, uint8_t *L, float *neg_min, uint8_t *Laux,
-                     float rmin, float rdelta, int nstep) {
-    float min = x[0], max = x[0];
-    float sum_w = w[0];
-    float sum_x = sum_w * x[0];
-    for (int i = 1; i < n; i++) {
-        if (x[i] < min) min = x[i];
-        if (x[i] > max) max = x[i];
-        sum_w += w[i];
-        sum_x += w[i] * x[i];
-    }
-    if (min > 0) min = 0;
-    if (max == min) {
-        for (int i = 0; i < n; i++) L[i] = 0;
-        *neg_min = -min;
-        return 0.f;
-    }
-    float iscale = nmax / (max - min);
-    float scale = 1 / iscale;
-    float best_error = 0;
-    for (int i = 0; i < n; i++) {
-        L[i] = (uint8_t)lb_max(0, lb_min(nmax, lb_round(iscale * (x[i] - min))));
-        best_error += w[i] * fabsf(scale * L[i] + min - x[i]);
-    }
-    for (int is = 0; is <= nstep; is++) {
-        iscale = (rmin + rdelta * is + nmax) / (max - min);
-        float sum_l = 0, sum_l2 = 0, sum_xl = 0;
-        for (int i = 0; i < n; i++) {
-            const int l = lb_max(0, lb_min(nmax, lb_round(iscale * (x[i] - min))));
-            Laux[i] = (uint8_t)l;
-            sum_l += w[i] * l;
-            sum_l2 += w[i] * l * l;
-            sum_xl += w[i] * l * x[i];
-        }
-        const float D = sum_w * sum_l2 - sum_l * sum_l;
-        if (D > 0) {
-            float this_scale = (sum_w * sum_xl - sum_x * sum_l) / D;
-            float this_min = (sum_l2 * sum_x - sum_l * sum_xl) / D;
-            if (this_min > 0) {
-                this_min = 0;
-                this_scale = sum_xl / sum_l2;
-            }
-            float cur_error = 0;
-            for (int i = 0; i < n; i++) cur_error += w[i] * fabsf(this_scale * Laux[i] + this_min - x[i]);
-            if (cur_error < best_error) {
-                memcpy(L, Laux, (size_t)n);
-                best_error = cur_error;
-                scale = this_scale;
-                min = this_min;
-            }
-        }
-    }
-    *neg_min = -min;
-    return scale;
-}
-
 static void to_float_q2_k_ref(const void *src, float *dst, int64_t n) {
     const hm_block_q2_k *x = src;
     uint8_t q[HM_QK_K];
@@ -379,13 +295,13 @@ static void from_float_q2_k_ref(const float *src, void *dst, int64_t n) {
         float max_scale = 0, max_min = 0;
         for (int j = 0; j < 16; j++) {
             for (int l = 0; l < 16; l++) weights[l] = fabsf(src[16 * j + l]);
-            scales[j] = q2k_fit(16, 3, src + 16 * j, weights, L + 16 * j, &mins[j], Laux, -0.5f, 0.1f, 15);
+            scales[j] = hm_k_fit_scale_min(16, 3, src + 16 * j, weights, L + 16 * j, &mins[j], Laux, -0.5f, 0.1f, 15, true);
             if (scales[j] > max_scale) max_scale = scales[j];
             if (mins[j] > max_min) max_min = mins[j];
         }
         if (max_scale > 0) {
             const float iscale = 15.f / max_scale;
-            for (int j = 0; j < 16; j++) y[i].scales[j] = (uint8_t)lb_round(iscale * scales[j]);
+            for (int j = 0; j < 16; j++) y[i].scales[j] = (uint8_t)hm_k_round(iscale * scales[j]);
             y[i].d = hm_f32_to_fp16(max_scale / 15.f);
         } else {
             memset(y[i].scales, 0, sizeof y[i].scales);
@@ -393,7 +309,7 @@ static void from_float_q2_k_ref(const float *src, void *dst, int64_t n) {
         }
         if (max_min > 0) {
             const float iscale = 15.f / max_min;
-            for (int j = 0; j < 16; j++) y[i].scales[j] |= (uint8_t)(lb_round(iscale * mins[j]) << 4);
+            for (int j = 0; j < 16; j++) y[i].scales[j] |= (uint8_t)(hm_k_round(iscale * mins[j]) << 4);
             y[i].dmin = hm_f32_to_fp16(max_min / 15.f);
         } else {
             y[i].dmin = hm_f32_to_fp16(0.f);
@@ -403,7 +319,7 @@ static void from_float_q2_k_ref(const float *src, void *dst, int64_t n) {
             if (!d) continue; /* keep the fit's levels */
             const float dm = hm_fp16_to_f32(y[i].dmin) * (y[i].scales[j] >> 4);
             for (int l = 0; l < 16; l++)
-                L[16 * j + l] = (uint8_t)lb_max(0, lb_min(3, lb_round((src[16 * j + l] + dm) / d)));
+                L[16 * j + l] = (uint8_t)hm_k_max(0, hm_k_min(3, hm_k_round((src[16 * j + l] + dm) / d)));
         }
         lb_pack2(L, y[i].qs);
     }
@@ -471,7 +387,7 @@ static float q3k_fit(int n, int nmax, const float *x, int8_t *L) {
     const float iscale = -nmax / max;
     float sumlx = 0, suml2 = 0;
     for (int i = 0; i < n; i++) {
-        const int l = lb_max(-nmax, lb_min(nmax - 1, lb_round(iscale * x[i])));
+        const int l = hm_k_max(-nmax, hm_k_min(nmax - 1, hm_k_round(iscale * x[i])));
         L[i] = (int8_t)l;
         const float w = x[i] * x[i];
         sumlx += w * x[i] * l;
@@ -484,7 +400,7 @@ static float q3k_fit(int n, int nmax, const float *x, int8_t *L) {
             float slx = sumlx - w * x[i] * L[i];
             if (slx > 0) {
                 float sl2 = suml2 - w * L[i] * L[i];
-                const int new_l = lb_max(-nmax, lb_min(nmax - 1, lb_round(x[i] * sl2 / slx)));
+                const int new_l = hm_k_max(-nmax, hm_k_min(nmax - 1, hm_k_round(x[i] * sl2 / slx)));
                 if (new_l != L[i]) {
                     slx += w * x[i] * new_l;
                     sl2 += w * new_l * new_l;
@@ -521,7 +437,7 @@ static void from_float_q3_k_ref(const float *src, void *dst, int64_t n) {
         if (max_scale) {
             const float iscale = -32.f / max_scale;
             for (int j = 0; j < 16; j++) {
-                const int l = lb_max(-32, lb_min(31, (int8_t)lb_round(iscale * scales[j]))) + 32;
+                const int l = hm_k_max(-32, hm_k_min(31, (int8_t)hm_k_round(iscale * scales[j]))) + 32;
                 y[i].scales[j % 8] |= (uint8_t)((l & 0xf) << (4 * (j / 8)));
                 y[i].scales[8 + j % 4] |= (uint8_t)((l >> 4) << (2 * (j / 4)));
             }
@@ -534,7 +450,7 @@ static void from_float_q3_k_ref(const float *src, void *dst, int64_t n) {
             const float d = hm_fp16_to_f32(y[i].d) * sc[j];
             if (!d) continue; /* keep the fit's levels */
             for (int l = 0; l < 16; l++)
-                L[16 * j + l] = (int8_t)(lb_max(-4, lb_min(3, lb_round(src[16 * j + l] / d))) + 4);
+                L[16 * j + l] = (int8_t)(hm_k_max(-4, hm_k_min(3, hm_k_round(src[16 * j + l] / d))) + 4);
         }
         memset(y[i].hmask, 0, sizeof y[i].hmask);
         uint8_t L2[HM_QK_K];
