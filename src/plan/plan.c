@@ -886,7 +886,7 @@ hm_status hm_plan(const hm_plan_opts *o, FILE *out, hm_err *err) {
 done:
     run_free(&pl->in_sample), run_free(&pl->ram_in_sample), run_free(&pl->gpu_on[0]), run_free(&pl->gpu_on[1]);
     free(pl->layer_dev);
-    for (int k = 0; k < 4; k++) run_free(&pl->on[k]), run_free(&pl->ram_on[k]);
+    for (int k = 0; k < HM_POLICY_COUNT; k++) run_free(&pl->on[k]), run_free(&pl->ram_on[k]);
     hm_units_free(&pl->units);
     hm_gguf_close(pl->gguf);
     hm_profile_free(&pl->prof);
