@@ -457,55 +457,56 @@ static void to_float_iq4_xs_ref(const void *src, float *dst, int64_t n) {
 /* One super-block: per sub-block the best scale over 15 grids (weights x^2), then 6-bit
  * sub-scales against the largest, then every element to its nearest level.
  * (ggml's quantize_row_iq4_nl_impl(QK_K, 32, ..., no importance weights, ntry 7).) */
-static void iq4xs_quantize_block(const float *x, hm_block_iq4_xs *y) {
+/* The IQ4 scale of 32 values (IQ4_NL's block, IQ4_XS's sub-block): the least-squares scale (weights
+ * x^2) of the grid through the largest-magnitude value, then 15 nudged grids (-max / (-127 + t),
+ * t in -7..7), keeping the best; 0 for an all-but-zero block. (ggml's quantize_row_iq4_nl_impl,
+ * ntry 7, without importance weights.) */
+float hm_k_iq4_fit_scale(const float *x) {
     const int8_t *values = hm_kvalues_iq4nl;
     const int ntry = 7;
-    float scales[8], weight[32];
+    float amax = 0, max = 0;
+    for (int j = 0; j < 32; j++) {
+        float ax = fabsf(x[j]);
+        if (ax > amax) {
+            amax = ax;
+            max = x[j];
+        }
+    }
+    if (amax < K_GROUP_MAX_EPS) return 0;
+    float d = -max / values[0];
+    float id = 1 / d;
+    float sumqx = 0, sumq2 = 0;
+    for (int j = 0; j < 32; j++) {
+        float q = values[hm_k_nearest_level(16, values, id * x[j])], w = x[j] * x[j];
+        sumqx += w * q * x[j];
+        sumq2 += w * q * q;
+    }
+    d = sumq2 > 0 ? sumqx / sumq2 : 0.f;
+    float best = d * sumqx;
+    for (int itry = -ntry; itry <= ntry; itry++) {
+        id = (itry + values[0]) / max;
+        sumqx = sumq2 = 0;
+        for (int j = 0; j < 32; j++) {
+            float q = values[hm_k_nearest_level(16, values, id * x[j])], w = x[j] * x[j];
+            sumqx += w * q * x[j];
+            sumq2 += w * q * q;
+        }
+        if (sumq2 > 0 && sumqx * sumqx > best * sumq2) {
+            d = sumqx / sumq2;
+            best = d * sumqx;
+        }
+    }
+    return d;
+}
+
+static void iq4xs_quantize_block(const float *x, hm_block_iq4_xs *y) {
+    const int8_t *values = hm_kvalues_iq4nl;
+    float scales[8];
     uint8_t L[HM_QK_K];
     memset(y->qs, 0, sizeof y->qs);
     float max_scale = 0, amax_scale = 0;
     for (int ib = 0; ib < 8; ib++) {
-        const float *xb = x + 32 * ib;
-        uint8_t *Lb = L + 32 * ib;
-        for (int j = 0; j < 32; j++) weight[j] = xb[j] * xb[j];
-        float amax = 0, max = 0;
-        for (int j = 0; j < 32; j++) {
-            float ax = fabsf(xb[j]);
-            if (ax > amax) {
-                amax = ax;
-                max = xb[j];
-            }
-        }
-        if (amax < K_GROUP_MAX_EPS) {
-            scales[ib] = 0;
-            continue;
-        }
-        float d = -max / values[0];
-        float id = 1 / d;
-        float sumqx = 0, sumq2 = 0;
-        for (int j = 0; j < 32; j++) {
-            int l = hm_k_nearest_level(16, values, id * xb[j]);
-            Lb[j] = (uint8_t)l;
-            float q = values[l], w = weight[j];
-            sumqx += w * q * xb[j];
-            sumq2 += w * q * q;
-        }
-        d = sumq2 > 0 ? sumqx / sumq2 : 0.f;
-        float best = d * sumqx;
-        for (int itry = -ntry; itry <= ntry; itry++) {
-            id = (itry + values[0]) / max;
-            sumqx = sumq2 = 0;
-            for (int j = 0; j < 32; j++) {
-                int l = hm_k_nearest_level(16, values, id * xb[j]);
-                float q = values[l], w = weight[j];
-                sumqx += w * q * xb[j];
-                sumq2 += w * q * q;
-            }
-            if (sumq2 > 0 && sumqx * sumqx > best * sumq2) {
-                d = sumqx / sumq2;
-                best = d * sumqx;
-            }
-        }
+        const float d = hm_k_iq4_fit_scale(x + 32 * ib);
         scales[ib] = d;
         if (fabsf(d) > amax_scale) {
             amax_scale = fabsf(d);

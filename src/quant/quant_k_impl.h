@@ -47,6 +47,8 @@ static inline int hm_k_nearest_level(int n, const int8_t *val, float x) {
 /* ggml's make_qkx2_quants: x[0..n) ~ scale * L + min, L in [0, nmax], min <= 0 (quant_k.c). */
 float hm_k_fit_scale_min(int n, int nmax, const float *x, const float *w, uint8_t *L, float *neg_min, uint8_t *Laux,
                          float rmin, float rdelta, int nstep, bool mad);
+/* The IQ4 scale of 32 values: ggml's quantize_row_iq4_nl_impl search without importance (quant_k.c). */
+float hm_k_iq4_fit_scale(const float *x);
 
 /* q8_k (activations only): value = qs[i] * d; bsums[j] = sum of qs[16j .. 16j+15]. */
 typedef struct hm_block_q8_k {

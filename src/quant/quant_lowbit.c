@@ -184,46 +184,10 @@ static void to_float_iq4_nl_ref(const void *src, float *dst, int64_t n) {
     }
 }
 
-/* One block: the least-squares scale (weights x^2) of the grid through the largest-magnitude
- * value, then 15 nudged grids (-max / (-127 + t), t in -7..7), keeping the best; the codes are
- * then the nearest levels under that scale. */
+/* One block: its IQ4 scale (hm_k_iq4_fit_scale), the codes the nearest levels under it. */
 static void iq4nl_quantize_block(const float *x, hm_block_iq4_nl *y) {
     const int8_t *values = hm_kvalues_iq4nl;
-    const int ntry = 7;
-    float amax = 0, max = 0;
-    for (int j = 0; j < HM_QK4_NL; j++) {
-        const float ax = fabsf(x[j]);
-        if (ax > amax) {
-            amax = ax;
-            max = x[j];
-        }
-    }
-    float d = 0;
-    if (amax >= LB_GROUP_MAX_EPS) {
-        d = -max / values[0];
-        float id = 1 / d;
-        float sumqx = 0, sumq2 = 0;
-        for (int j = 0; j < HM_QK4_NL; j++) {
-            const float q = values[hm_k_nearest_level(16, values, id * x[j])], w = x[j] * x[j];
-            sumqx += w * q * x[j];
-            sumq2 += w * q * q;
-        }
-        d = sumq2 > 0 ? sumqx / sumq2 : 0.f;
-        float best = d * sumqx;
-        for (int itry = -ntry; itry <= ntry; itry++) {
-            id = (itry + values[0]) / max;
-            sumqx = sumq2 = 0;
-            for (int j = 0; j < HM_QK4_NL; j++) {
-                const float q = values[hm_k_nearest_level(16, values, id * x[j])], w = x[j] * x[j];
-                sumqx += w * q * x[j];
-                sumq2 += w * q * q;
-            }
-            if (sumq2 > 0 && sumqx * sumqx > best * sumq2) {
-                d = sumqx / sumq2;
-                best = d * sumqx;
-            }
-        }
-    }
+    const float d = hm_k_iq4_fit_scale(x);
     y->d = hm_f32_to_fp16(d);
     const float id = d ? 1 / d : 0;
     for (int j = 0; j < HM_QK4_NL / 2; j++) {
