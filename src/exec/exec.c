@@ -1,33 +1,59 @@
 /* exec.c - the executor's backend-neutral part: the ops a layer description calls, dispatched to
  * the pass's backend (exec_impl.h), and the session entry points hm_arch points at, which pick the
- * CPU or the GPU path by the model's placement. */
+ * CPU or the GPU path by the model's placement. With HOTMOE_OP_PROFILE=1 in the environment each
+ * session times its ops (the backend synchronised around each one: slower, for finding where a
+ * pass's time goes) and prints the table to stderr when it closes. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "core/alloc.h"
+#include "core/timer.h"
 
 #include "exec_impl.h"
 
+static const char *const op_names[HM_OPP_COUNT] = {
+#define X(name) #name,
+    HM_OPP_LIST(X)
+#undef X
+};
+
+static int64_t prof_mark(hm_exec *x) {
+    if (x->ops->sync) x->ops->sync(x);
+    return hm_time_us();
+}
+
+/* Run an op's backend call; timed (synchronised before and after) when the pass profiles. */
+#define RUN(op, call)                                                              \
+    do {                                                                           \
+        if (!x->prof) return (call);                                               \
+        const int64_t t0_ = prof_mark(x);                                          \
+        const hm_status st_ = (call);                                              \
+        x->prof->us[HM_OPP_##op] += prof_mark(x) - t0_;                            \
+        x->prof->calls[HM_OPP_##op]++;                                             \
+        return st_;                                                                \
+    } while (0)
+
 hm_status hm_op_rmsnorm(hm_exec *x, hm_buf in, const float *w, hm_buf out) {
-    return x->ops->rmsnorm(x, in, w, out);
+    RUN(rmsnorm, x->ops->rmsnorm(x, in, w, out));
 }
 
 hm_status hm_op_matmul_n(hm_exec *x, hm_buf in, const hm_mat *const *ws, const hm_buf *outs, int n) {
     HM_ASSERT(n >= 1 && n <= 4);
-    return x->ops->matmul_n(x, in, ws, outs, n);
+    RUN(matmul_n, x->ops->matmul_n(x, in, ws, outs, n));
 }
 
 hm_status hm_op_add_rmsnorm(hm_exec *x, hm_buf acc, hm_buf add, const float *w, hm_buf out) {
-    return x->ops->add_rmsnorm(x, acc, add, w, out);
+    RUN(add_rmsnorm, x->ops->add_rmsnorm(x, acc, add, w, out));
 }
 
 hm_status hm_op_qk_norm_rope_kv(hm_exec *x, int32_t il, const hm_qk_rope *p) {
-    return x->ops->qk_norm_rope_kv(x, il, p);
+    RUN(qk_norm_rope_kv, x->ops->qk_norm_rope_kv(x, il, p));
 }
 
 hm_status hm_op_out_rows_w(hm_exec *x, int32_t il, const hm_buf *bufs, const int64_t *widths, int n) {
     if (il != x->xm->n_layer - 1 || x->n_out >= x->n) return HM_OK;
-    return x->ops->out_rows(x, il, bufs, widths, n);
+    RUN(out_rows, x->ops->out_rows(x, il, bufs, widths, n));
 }
 
 hm_status hm_op_out_rows(hm_exec *x, int32_t il, const hm_buf *bufs, int n) {
@@ -37,56 +63,60 @@ hm_status hm_op_out_rows(hm_exec *x, int32_t il, const hm_buf *bufs, int n) {
 bool hm_exec_done(const hm_exec *x) { return x->done; }
 
 hm_status hm_op_attention(hm_exec *x, int32_t il, hm_buf q, hm_buf out, float scale) {
-    return x->ops->attention(x, il, q, out, scale);
+    RUN(attention, x->ops->attention(x, il, q, out, scale));
 }
 
-hm_status hm_op_route(hm_exec *x, int32_t il, hm_buf in) { return x->ops->route(x, il, in); }
+hm_status hm_op_route(hm_exec *x, int32_t il, hm_buf in) { RUN(route, x->ops->route(x, il, in)); }
 
-hm_status hm_op_experts(hm_exec *x, int32_t il, hm_buf in, hm_buf out) { return x->ops->experts(x, il, in, out); }
+hm_status hm_op_experts(hm_exec *x, int32_t il, hm_buf in, hm_buf out) {
+    RUN(experts, x->ops->experts(x, il, in, out));
+}
 
 hm_status hm_op_moe(hm_exec *x, int32_t il, hm_buf in, hm_buf out) {
-    hm_status st = x->ops->route(x, il, in);
-    return st == HM_OK ? x->ops->experts(x, il, in, out) : st;
+    hm_status st = hm_op_route(x, il, in);
+    return st == HM_OK ? hm_op_experts(x, il, in, out) : st;
 }
 
-hm_status hm_op_add(hm_exec *x, hm_buf acc, hm_buf add) { return x->ops->add(x, acc, add); }
+hm_status hm_op_add(hm_exec *x, hm_buf acc, hm_buf add) { RUN(add, x->ops->add(x, acc, add)); }
 
-hm_status hm_op_scale(hm_exec *x, hm_buf a, float s, int64_t width) { return x->ops->scale(x, a, s, width); }
+hm_status hm_op_scale(hm_exec *x, hm_buf a, float s, int64_t width) { RUN(scale, x->ops->scale(x, a, s, width)); }
 
-hm_status hm_op_zero(hm_exec *x, hm_buf a, int64_t width) { return x->ops->zero(x, a, width); }
+hm_status hm_op_zero(hm_exec *x, hm_buf a, int64_t width) { RUN(zero, x->ops->zero(x, a, width)); }
 
 hm_status hm_op_copy(hm_exec *x, hm_buf src, hm_buf dst, int64_t width) {
-    return x->ops->copy(x, src, dst, width);
+    RUN(copy, x->ops->copy(x, src, dst, width));
 }
 
 hm_status hm_op_geglu(hm_exec *x, hm_buf g, hm_buf u, hm_buf out, int64_t width) {
-    return x->ops->geglu(x, g, u, out, width);
+    RUN(geglu, x->ops->geglu(x, g, u, out, width));
 }
 
-hm_status hm_op_attn_in_ring(hm_exec *x, int32_t il, const hm_ring_in *p) { return x->ops->attn_in_ring(x, il, p); }
+hm_status hm_op_attn_in_ring(hm_exec *x, int32_t il, const hm_ring_in *p) {
+    RUN(attn_in_ring, x->ops->attn_in_ring(x, il, p));
+}
 
 hm_status hm_op_attention_ring(hm_exec *x, int32_t il, hm_buf q, hm_buf out, float scale) {
-    return x->ops->attention_ring(x, il, q, out, scale);
+    RUN(attention_ring, x->ops->attention_ring(x, il, q, out, scale));
 }
 
 hm_status hm_op_split_gate(hm_exec *x, hm_buf mix, hm_buf q, hm_buf gate) {
-    return x->ops->split_gate(x, mix, q, gate);
+    RUN(split_gate, x->ops->split_gate(x, mix, q, gate));
 }
 
 hm_status hm_op_sigmoid_mul(hm_exec *x, hm_buf a, hm_buf gate, int64_t width) {
-    return x->ops->sigmoid_mul(x, a, gate, width);
+    RUN(sigmoid_mul, x->ops->sigmoid_mul(x, a, gate, width));
 }
 
 hm_status hm_op_swiglu(hm_exec *x, hm_buf g, hm_buf u, hm_buf out, int64_t width) {
-    return x->ops->swiglu(x, g, u, out, width);
+    RUN(swiglu, x->ops->swiglu(x, g, u, out, width));
 }
 
 hm_status hm_op_add_sigmoid_scaled(hm_exec *x, hm_buf acc, hm_buf y, hm_buf s) {
-    return x->ops->add_sigmoid_scaled(x, acc, y, s);
+    RUN(add_sigmoid_scaled, x->ops->add_sigmoid_scaled(x, acc, y, s));
 }
 
 hm_status hm_op_deltanet(hm_exec *x, int32_t il, hm_buf io, const hm_deltanet *p) {
-    return x->ops->deltanet(x, il, io, p);
+    RUN(deltanet, x->ops->deltanet(x, il, io, p));
 }
 
 /* ---- session entry points ---- */
@@ -143,6 +173,17 @@ hm_status hm_model_kv_bytes(const hm_model *m, int32_t n_ctx, int32_t n_ubatch, 
 void hm_exec_state_close(void *p) {
     hm_exec_state *s = p;
     if (!s) return;
+    if (s->prof) {
+        int64_t total = 0;
+        for (int i = 0; i < HM_OPP_COUNT; i++) total += s->prof->us[i];
+        fprintf(stderr, "op profile (HOTMOE_OP_PROFILE, %s, synchronised): %.1f ms in ops\n", s->arch,
+                (double)total / 1e3);
+        for (int i = 0; i < HM_OPP_COUNT; i++)
+            if (s->prof->calls[i])
+                fprintf(stderr, "  %-20s %8lld calls %10.1f ms %5.1f %%\n", op_names[i], (long long)s->prof->calls[i],
+                        (double)s->prof->us[i] / 1e3, total ? 100.0 * (double)s->prof->us[i] / (double)total : 0.0);
+        free(s->prof);
+    }
 #ifdef HM_HAVE_CUDA
     hm_exec_gpu_state_close(s);
 #endif
@@ -165,6 +206,11 @@ hm_status hm_exec_state_open(const hm_model *m, const hm_state_opts *o, void **o
     s->n_ubatch = o->n_ubatch;
     s->n_threads = o->n_threads;
     s->kv_type = o->kv_type;
+    const char *prof = getenv("HOTMOE_OP_PROFILE");
+    if (prof && *prof && strcmp(prof, "0") != 0 && !(s->prof = calloc(1, sizeof *s->prof))) {
+        free(s);
+        return hm_errf(err, HM_ERR_NOMEM, "out of memory");
+    }
     hm_status st = kv_layout(m->xm, o, s, err);
     if (st != HM_OK) {
         hm_exec_state_close(s);

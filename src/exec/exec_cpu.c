@@ -399,6 +399,7 @@ hm_status hm_exec_cpu_forward(const hm_model *m, hm_exec_state *work, hm_pool *p
 
     hm_exec x = {.m = m, .xm = xm, .ops = &cpu_ops, .pool = pool, .err = err, .n = n, .nr = n, .n_out = n_out,
                  .be = &c};
+    x.prof = work->prof;
     memcpy(x.buf, s->buf, sizeof x.buf);
     hm_cpu_get_rows(pool, xm->tok_embd, tokens, n, x.buf[HM_BUF_X]);
     if (xm->embd_scale) hm_cpu_scale(pool, x.buf[HM_BUF_X], xm->embd_scale, x.buf[HM_BUF_X], n * xm->n_embd);

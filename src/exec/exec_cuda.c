@@ -577,6 +577,9 @@ static hm_status g_attention_ring(hm_exec *x, int32_t il, hm_buf q, hm_buf out, 
                                       p->g->ds.scratch_size, x->err);
 }
 
+/* The profile's wait (HOTMOE_OP_PROFILE): the current device's queued work. */
+static void g_sync(hm_exec *x) { (void)hm_cuda_sync(gp(x)->g->ds.c, x->err); }
+
 static const hm_exec_ops cuda_ops = {
     .rmsnorm = g_rmsnorm,
     .matmul_n = g_matmul_n,
@@ -598,6 +601,7 @@ static const hm_exec_ops cuda_ops = {
     .geglu = g_geglu,
     .attn_in_ring = g_attn_in_ring,
     .attention_ring = g_attention_ring,
+    .sync = g_sync,
 };
 
 /* ---- the step ---- */
@@ -700,6 +704,7 @@ hm_status hm_exec_gpu_forward(const hm_model *m, hm_exec_state *s, hm_pool *pool
         return HM_OK;
     }
 
+    x.prof = s->prof; /* not in the graph: a capture cannot wait */
     set_dev(&x, g);
     CK(embed(&x));
     for (;; g = nxt(g)) {

@@ -29,7 +29,23 @@ typedef struct hm_exec_ops {
     hm_status (*geglu)(hm_exec *x, hm_buf g, hm_buf u, hm_buf out, int64_t width);
     hm_status (*attn_in_ring)(hm_exec *x, int32_t il, const hm_ring_in *p);
     hm_status (*attention_ring)(hm_exec *x, int32_t il, hm_buf q, hm_buf out, float scale);
+    void (*sync)(hm_exec *x); /* waits for the ops queued so far (NULL: ops finish when they return) */
 } hm_exec_ops;
+
+/* The ops a profile times (HOTMOE_OP_PROFILE; exec.c): each op's calls and microseconds. */
+#define HM_OPP_LIST(X)                                                                              \
+    X(rmsnorm) X(matmul_n) X(add_rmsnorm) X(qk_norm_rope_kv) X(out_rows) X(attention) X(route)      \
+    X(experts) X(split_gate) X(sigmoid_mul) X(swiglu) X(add_sigmoid_scaled) X(deltanet) X(add)      \
+    X(scale) X(zero) X(copy) X(geglu) X(attn_in_ring) X(attention_ring)
+enum {
+#define X(name) HM_OPP_##name,
+    HM_OPP_LIST(X)
+#undef X
+    HM_OPP_COUNT
+};
+typedef struct hm_op_prof {
+    int64_t us[HM_OPP_COUNT], calls[HM_OPP_COUNT];
+} hm_op_prof;
 
 /* One layer's K then V in a KV block: [n_kv][cap] rows of head_dim values of the cache's type
  * each (bytes bytes), from byte off on. */
@@ -52,6 +68,7 @@ struct hm_exec {
     bool done;                    /* nothing more to compute this pass */
     float *buf[HM_EXEC_MAX_BUF];  /* the buffers on this pass's backend (the current device's) */
     void *be;                     /* the backend's own context of this pass */
+    hm_op_prof *prof;             /* the session's op profile, NULL: not timed (exec.c) */
 };
 
 struct hm_xdev;
@@ -88,6 +105,7 @@ typedef struct hm_exec_state {
     hm_moe_route route;
     hm_scratch scratch;
     struct hm_xdev *dev;    /* the GPU chain (exec_cuda.c), owned; NULL on the CPU */
+    hm_op_prof *prof;       /* HOTMOE_OP_PROFILE: the ops' times, owned; NULL: none */
 } hm_exec_state;
 
 /* exec_cpu.c: the host state of s; a CPU pass over n_seq sequences (forward_multi's contract). */
