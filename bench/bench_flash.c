@@ -4,7 +4,7 @@
  * HM_CUDA_FLASH_MIN_TOK queries), at the qwen36-geom shape (32 q / 4 kv heads of 128) unless told
  * otherwise.
  *
- *   bench_flash [-hd D] [-heads H] [-kv K] [-ub UB] [-r REPS] [-exact] [LENGTH ...]
+ *   bench_flash [-hd D] [-heads H] [-kv K] [-ub UB] [-r REPS] [-exact] [-variant V] [LENGTH ...]
  *
  * For each LENGTH (default 4096 16384 65536): the whole prefill of LENGTH tokens as the engine runs
  * it, LENGTH / UB calls of UB queries at positions 0, UB, 2 UB, ... (UB default 512; -ub LENGTH is
@@ -12,7 +12,8 @@
  * then one batch of 512 queries at depth LENGTH (llama-bench's pp512 @ dLENGTH) and one decode
  * query at depth LENGTH. Prints milliseconds and the attention's useful rate: 4 * head_dim * heads
  * * (keys each query sees) FLOPs (Q.K^T and P.V, multiply and add), over the time. -exact runs the
- * exact f32 kernels (the flash kernel off). The cache holds random values; no result is checked
+ * exact f32 kernels (the flash kernel off); -variant V the flash kernel's register variant
+ * (hm_cuda_set_flash_variant). The cache holds random values; no result is checked
  * here (test_cuda_flash_gpu checks the kernel). Without CUDA or a device: "skipped: no GPU", exit 77. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -76,6 +77,7 @@ int main(int argc, char **argv) {
     int64_t ub = 512, lens[16];
     int n_len = 0, reps = 3;
     bool exact = false;
+    int variant = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-hd") && i + 1 < argc) s.hd = atoi(argv[++i]);
         else if (!strcmp(argv[i], "-heads") && i + 1 < argc) s.heads = atoi(argv[++i]);
@@ -83,9 +85,10 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "-ub") && i + 1 < argc) ub = atoll(argv[++i]);
         else if (!strcmp(argv[i], "-r") && i + 1 < argc) reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "-exact")) exact = true;
+        else if (!strcmp(argv[i], "-variant") && i + 1 < argc) variant = atoi(argv[++i]);
         else if (argv[i][0] != '-' && n_len < 16) lens[n_len++] = atoll(argv[i]);
         else {
-            fprintf(stderr, "usage: bench_flash [-hd D] [-heads H] [-kv K] [-ub UB] [-r REPS] [-exact] [LENGTH ...]\n");
+            fprintf(stderr, "usage: bench_flash [-hd D] [-heads H] [-kv K] [-ub UB] [-r REPS] [-exact] [-variant V] [LENGTH ...]\n");
             return 2;
         }
     }
@@ -104,6 +107,7 @@ int main(int argc, char **argv) {
     hm_cuda_ctx *c = NULL;
     CK(hm_cuda_open(&c, 0, &err));
     hm_cuda_set_flash(c, !exact);
+    hm_cuda_set_flash_variant(c, variant);
     int64_t max_len = 0;
     for (int i = 0; i < n_len; i++) max_len = lens[i] > max_len ? lens[i] : max_len;
     s.cap = max_len + 512;
@@ -137,8 +141,8 @@ int main(int argc, char **argv) {
     CK(hm_cuda_upload(c, dv, hk, nc * 2, &err));
     CK(hm_cuda_upload(c, dq, hq, (size_t)qmax * (size_t)s.heads * (size_t)s.hd * 4, &err));
 
-    printf("attention (%s): %d q / %d kv heads of %d, f16 cache, -ub %lld, best of %d\n",
-           exact ? "exact f32 kernels" : "flash", s.heads, s.kv, s.hd, (long long)ub, reps);
+    printf("attention (%s, variant %d): %d q / %d kv heads of %d, f16 cache, -ub %lld, best of %d\n",
+           exact ? "exact f32 kernels" : "flash", variant, s.heads, s.kv, s.hd, (long long)ub, reps);
     printf("| test | calls | ms | TFLOP/s |\n| --- | ---: | ---: | ---: |\n");
     const double per_key = 4.0 * s.hd * s.heads;
     for (int i = 0; i < n_len; i++) {

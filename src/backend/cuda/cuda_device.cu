@@ -33,6 +33,8 @@ static hm_status ctx_init(hm_cuda_ctx *c, int device, hm_err *err) {
         c->exact_mm = ev && strcmp(ev, "1") == 0;
         const char *fa = getenv("HOTMOE_FLASH_ATTN");
         c->flash = !c->exact_mm && !(fa && strcmp(fa, "0") == 0);
+        const char *fv = getenv("HOTMOE_FLASH_VARIANT"); /* a benchmark switch: hm_cuda_set_flash_variant */
+        c->flash_variant = fv ? atoi(fv) : 0;
     }
     HM_CU(cudaStreamCreateWithFlags(&c->compute, cudaStreamNonBlocking));
     HM_CU(cudaStreamCreateWithFlags(&c->upload, cudaStreamNonBlocking));

@@ -7,16 +7,19 @@
  * path is the f16 cache's. That adds one f16 rounding of each K and V value (relative 2^-12; exact
  * for bf16 values in f16's range) to the kernel's precision contract.
  *
- * One block of 4 warps takes BM = 64 consecutive query rows of one q head (and, for head_dim 512,
- * one half of the output columns: grid.z). The block walks the keys its rows can see in tiles of
- * BN positions: from max(0, min pos - window + 1) to max pos. Each tile's K and V rows are copied
- * to shared memory (position p lives in row p % cap: a plain cache has cap = n_ctx, a ring cache
- * less), and each warp takes 16 query rows:
- *   S = Q K^T on mma.sync m16n8k16 (f16 in, f32 accumulate; Q scaled and rounded to f16 once),
- *   masked per row (key > pos[t], or outside the window: -inf), the running max m and sum l
- *   updated, the earlier output rescaled, P = exp(S - m) rounded to f16 and O += P V on the same
- *   mma, P fed straight from the accumulator registers (the C fragment of m16n8 is the A fragment
- *   of the next product).
+ * One block of 8 warps (4 for head dims 256 and 512) takes BM = 16 per warp consecutive query rows
+ * of one q head (and, for head_dim 512, one half of the output columns: grid.z). The block walks the
+ * keys its rows can see in tiles of BN positions: from max(0, min pos - window + 1) to max pos.
+ * Each tile's K and V rows are copied to shared memory (position p lives in row p % cap: a plain
+ * cache has cap = n_ctx, a ring cache less); from an f16 cache by cp.async into two buffers, the
+ * next tile's copy in flight while this one is computed. Each warp takes 16 query rows:
+ *   S = Q K^T on mma.sync m16n8k16 (f16 in, f32 accumulate; Q scaled by scale / ln 2 and rounded
+ *   to f16 once, so the softmax runs in base 2 on the special-function unit's ex2), masked per row
+ *   (key > pos[t], or outside the window: -inf) in the tiles where some key is hidden from some
+ *   row of the warp (the diagonal and the window's edge; the others skip the mask), the running
+ *   max m and sum l updated, the earlier output rescaled, P = 2^(S - m) rounded to f16 and
+ *   O += P V on the same mma, P fed straight from the accumulator registers (the C fragment of
+ *   m16n8 is the A fragment of the next product).
  * At the end out = O / l. When the grid would be small (few query blocks: a long context at
  * -ub 512) each block's tiles are split over several blocks (grid.z), which write (m, l, O)
  * partials that cuda_attn.cu's merge kernel combines in split order. Everything happens in a fixed
@@ -30,17 +33,22 @@
 #include "cuda_impl.h"
 #include "cuda_kvq.cuh"
 
-#define FA_WARPS 4
-#define FA_BM (16 * FA_WARPS)
 #define FA_PAD 8 /* halves of padding per shared row: rows 16 bytes apart mod 128, ldmatrix conflict-free */
 
 namespace {
 
-/* The tile shape of a head dim, in one place for the launch and the split planning: output
- * columns per block (two blocks share a 512-wide head) and keys per tile (fewer for wide heads, so
- * the K tile fits beside Q in shared memory). */
+/* The tile shape of a head dim, in one place for the launch and the split planning: warps per
+ * block (16 query rows each: 8 warps for head dims up to 128, so each K/V tile copied from L2
+ * serves 128 queries; 4 for the wide heads, whose Q tile is large), output columns per block (two
+ * blocks share a 512-wide head), keys per tile (fewer for wide heads, so the K tile fits beside Q
+ * in shared memory) and K/V tile buffers (2: the next tile's copy (cp.async) runs while this one
+ * is computed; an f16 cache up to head dim 256. The quantised caches dequantise through registers
+ * and head dim 512 has no room for two: one). */
+constexpr int fa_warps(int head_dim) { return head_dim <= 128 ? 8 : 4; }
+constexpr int fa_bm(int head_dim) { return 16 * fa_warps(head_dim); }
 constexpr int fa_dv(int head_dim) { return head_dim > 256 ? 256 : head_dim; }
 constexpr int fa_bn(int head_dim) { return head_dim >= 256 ? 32 : 64; }
+constexpr int fa_stages(int head_dim, int kt) { return kt == HM_CUDA_KV_F16 && head_dim <= 256 ? 2 : 1; }
 
 __device__ __forceinline__ uint32_t smem_addr(const void *p) {
     return (uint32_t)__cvta_generic_to_shared(p);
@@ -66,6 +74,23 @@ __device__ __forceinline__ void mma16816(float (&d)[4], const uint32_t (&a)[4], 
                  : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+/* 16 bytes global -> shared without a register round trip; zeros when !valid (src unread). */
+__device__ __forceinline__ void cp_async16(void *dst, const void *src, bool valid) {
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)), "l"(src),
+                 "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+/* waits until at most N of this thread's committed groups are still in flight */
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+/* 2^x on the special-function unit (relative error ~2^-22; ex2(-inf) = 0) */
+__device__ __forceinline__ float ex2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+    return y;
+}
+
 __device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
     const __half2 h = __floats2half2_rn(lo, hi);
     return *(const uint32_t *)&h;
@@ -73,11 +98,11 @@ __device__ __forceinline__ uint32_t pack_half2(float lo, float hi) {
 
 /* Copy BN cache rows (positions kb .. kb + BN - 1, those outside [0, kend) as zeros) of ncol halves
  * starting at column c0 into dst (row stride ld halves). */
-template <int BN>
+template <int BN, int NT>
 __device__ __forceinline__ void load_rows(__half *dst, int ld, const uint16_t *__restrict__ cache, int64_t cap,
                                           int head_dim, int c0, int ncol, int64_t kb, int64_t kend) {
     const int per_row = ncol / 8; /* 16-byte chunks */
-    for (int i = threadIdx.x; i < BN * per_row; i += 32 * FA_WARPS) {
+    for (int i = threadIdx.x; i < BN * per_row; i += NT) {
         const int r = i / per_row, ch = i % per_row;
         const int64_t p = kb + r;
         uint4 v = make_uint4(0, 0, 0, 0);
@@ -86,14 +111,27 @@ __device__ __forceinline__ void load_rows(__half *dst, int ld, const uint16_t *_
     }
 }
 
+/* load_rows queued as cp.async copies (committed by the caller). */
+template <int BN, int NT>
+__device__ __forceinline__ void load_rows_async(__half *dst, int ld, const uint16_t *__restrict__ cache, int64_t cap,
+                                                int head_dim, int c0, int ncol, int64_t kb, int64_t kend) {
+    const int per_row = ncol / 8;
+    for (int i = threadIdx.x; i < BN * per_row; i += NT) {
+        const int r = i / per_row, ch = i % per_row;
+        const int64_t p = kb + r;
+        const bool ok = p >= 0 && p < kend;
+        cp_async16(dst + r * ld + ch * 8, ok ? cache + (p % cap) * head_dim + c0 + ch * 8 : cache, ok);
+    }
+}
+
 /* load_rows over a q8_0 / q4_0 / bf16 cache (KT: hm_cuda_kv): each 8-value chunk dequantised
  * (cuda_kvq.cuh) and rounded to f16. */
-template <int BN, int KT>
+template <int BN, int KT, int NT>
 __device__ __forceinline__ void load_rows_kv(__half *dst, int ld, const unsigned char *__restrict__ cache,
                                              int64_t cap, int head_dim, int c0, int ncol, int64_t kb, int64_t kend) {
     const int per_row = ncol / 8;
     const int64_t rb = hmkv::row_bytes<KT>(head_dim);
-    for (int i = threadIdx.x; i < BN * per_row; i += 32 * FA_WARPS) {
+    for (int i = threadIdx.x; i < BN * per_row; i += NT) {
         const int r = i / per_row, ch = i % per_row;
         const int64_t p = kb + r;
         uint4 v = make_uint4(0, 0, 0, 0);
@@ -111,59 +149,65 @@ __device__ __forceinline__ void load_rows_kv(__half *dst, int ld, const unsigned
 }
 
 /* D: head_dim (K's width); DV: output columns per block (D, or D / 2 for 512); BN: keys per tile;
- * KT: the cache's format (hm_cuda_kv). */
-template <int D, int DV, int BN, int KT>
-__global__ void __launch_bounds__(32 * FA_WARPS) k_flash(const float *__restrict__ q, const int32_t *__restrict__ pos,
-                                                         int64_t n_tok, const void *__restrict__ kc,
-                                                         const void *__restrict__ vc, int64_t cap, int32_t window,
-                                                         int n_head, int n_kv_head, float scale, int n_split,
-                                                         float *__restrict__ part, float *__restrict__ out) {
+ * KT: the cache's format (hm_cuda_kv); MINB: blocks per multiprocessor the registers must allow
+ * (2 caps them at 128 a thread for 8 warps: twice the warps in flight, a few spilled; 1: none
+ * spilled, hm_cuda_set_flash_variant picks). The tile shape and the buffering follow from D and
+ * KT (fa_warps, fa_stages). */
+template <int D, int DV, int BN, int KT, int MINB>
+__global__ void __launch_bounds__(32 * fa_warps(D), MINB) k_flash(const float *__restrict__ q, const int32_t *__restrict__ pos,
+                                                            int64_t n_tok, const void *__restrict__ kc,
+                                                            const void *__restrict__ vc, int64_t cap, int32_t window,
+                                                            int n_head, int n_kv_head, float scale, int n_split,
+                                                            float *__restrict__ part, float *__restrict__ out) {
+    constexpr int W = fa_warps(D), BM = fa_bm(D), NT = 32 * W, ST = fa_stages(D, KT);
     constexpr int LQ = D + FA_PAD, LV = DV + FA_PAD;
     extern __shared__ __align__(16) unsigned char fa_smem[];
-    __half *sQ = (__half *)fa_smem;  /* [BM][LQ] */
-    __half *sK = sQ + FA_BM * LQ;    /* [BN][LQ] */
-    __half *sV = sK + BN * LQ;       /* [BN][LV] */
-    __shared__ int32_t s_pos[FA_BM];
-    __shared__ int32_t s_lo[FA_WARPS], s_hi[FA_WARPS];
+    __half *sQ = (__half *)fa_smem;  /* [BM][LQ], then per stage K [BN][LQ] and V [BN][LV] */
+    __shared__ int32_t s_pos[BM];
+    __shared__ int32_t s_lo[W], s_hi[W], s_pmin[W];
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int h = blockIdx.y, kvh = h / (n_head / n_kv_head);
     const int dz = blockIdx.z % (D / DV), split = blockIdx.z / (D / DV);
     const int c0 = dz * DV;
-    const int64_t t0 = (int64_t)blockIdx.x * FA_BM;
+    const int64_t t0 = (int64_t)blockIdx.x * BM;
 
-    /* Q rows (scaled, f16) and positions; rows past n_tok are zeros with position -1 (no keys) */
-    for (int i = threadIdx.x; i < FA_BM * (D / 4); i += 32 * FA_WARPS) {
+    /* Q rows (scaled by scale / ln 2: the softmax runs in base 2; f16) and positions; rows past
+     * n_tok are zeros with position -1 (no keys) */
+    const float qs = scale * 1.44269504088896341f;
+    for (int i = threadIdx.x; i < BM * (D / 4); i += NT) {
         const int r = i / (D / 4), c = (i % (D / 4)) * 4;
         float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
         if (t0 + r < n_tok) v = *(const float4 *)(q + ((t0 + r) * n_head + h) * D + c);
-        *(__half2 *)(sQ + r * LQ + c) = __floats2half2_rn(v.x * scale, v.y * scale);
-        *(__half2 *)(sQ + r * LQ + c + 2) = __floats2half2_rn(v.z * scale, v.w * scale);
+        *(__half2 *)(sQ + r * LQ + c) = __floats2half2_rn(v.x * qs, v.y * qs);
+        *(__half2 *)(sQ + r * LQ + c + 2) = __floats2half2_rn(v.z * qs, v.w * qs);
     }
-    for (int r = threadIdx.x; r < FA_BM; r += 32 * FA_WARPS) s_pos[r] = t0 + r < n_tok ? pos[t0 + r] : -1;
+    for (int r = threadIdx.x; r < BM; r += NT) s_pos[r] = t0 + r < n_tok ? pos[t0 + r] : -1;
     __syncthreads();
-    /* each warp's visible key range [lo, hi], and the block's */
+    /* each warp's visible key range [lo, hi] and its lowest position, and the block's range */
     {
         const int p = s_pos[warp * 16 + (lane & 15)];
-        int hi = p, lo = p < 0 ? INT_MAX : (window > 0 ? max(0, p - window + 1) : 0);
+        int hi = p, lo = p < 0 ? INT_MAX : (window > 0 ? max(0, p - window + 1) : 0), pm = p;
 #pragma unroll
         for (int o = 8; o > 0; o >>= 1) {
             hi = max(hi, __shfl_xor_sync(0xffffffffu, hi, o));
             lo = min(lo, __shfl_xor_sync(0xffffffffu, lo, o));
+            pm = min(pm, __shfl_xor_sync(0xffffffffu, pm, o));
         }
         if (lane == 0) {
             s_lo[warp] = lo;
             s_hi[warp] = hi;
+            s_pmin[warp] = pm;
         }
     }
     __syncthreads();
     int blo = INT_MAX, bhi = -1;
 #pragma unroll
-    for (int w = 0; w < FA_WARPS; w++) {
+    for (int w = 0; w < W; w++) {
         blo = min(blo, s_lo[w]);
         bhi = max(bhi, s_hi[w]);
     }
-    const int wlo = s_lo[warp], whi = s_hi[warp];
+    const int wlo = s_lo[warp], whi = s_hi[warp], wpmin = s_pmin[warp];
     const int g = lane >> 2, cq = lane & 3;
     const int pr0 = s_pos[warp * 16 + g], pr1 = s_pos[warp * 16 + g + 8];
 
@@ -179,14 +223,35 @@ __global__ void __launch_bounds__(32 * FA_WARPS) k_flash(const float *__restrict
     /* this block's share of the tiles: split of n_split (a KV split when the grid is small) */
     const int64_t n_tiles = (kend - blo + BN - 1) / BN;
     const int64_t kb0 = blo + n_tiles * split / n_split * BN, kb1 = blo + n_tiles * (split + 1) / n_split * BN;
-    for (int64_t kb = kb0; kb < kb1 && kb < kend; kb += BN) {
-        __syncthreads(); /* the previous tile's readers are done */
-        if constexpr (KT != HM_CUDA_KV_F16) {
-            load_rows_kv<BN, KT>(sK, LQ, kbase, cap, D, 0, D, kb, kend);
-            load_rows_kv<BN, KT>(sV, LV, vbase, cap, D, c0, DV, kb, kend);
+    const int64_t kstop = kb1 < kend ? kb1 : kend;
+    /* tile buffers: stage st's K at sQ + BM LQ + st (BN LQ + BN LV), its V after it */
+    auto tile_k = [&](int st) { return sQ + BM * LQ + st * (BN * LQ + BN * LV); };
+    auto tile_v = [&](int st) { return tile_k(st) + BN * LQ; };
+    if constexpr (ST == 2) {
+        if (kb0 < kstop) {
+            load_rows_async<BN, NT>(tile_k(0), LQ, (const uint16_t *)kbase, cap, D, 0, D, kb0, kend);
+            load_rows_async<BN, NT>(tile_v(0), LV, (const uint16_t *)vbase, cap, D, c0, DV, kb0, kend);
+        }
+        cp_async_commit();
+    }
+    int stage = 0;
+    for (int64_t kb = kb0; kb < kstop; kb += BN, stage = ST == 2 ? stage ^ 1 : 0) {
+        __syncthreads(); /* the previous tile's readers are done (its buffer is the next one's) */
+        __half *sK = tile_k(stage), *sV = tile_v(stage);
+        if constexpr (ST == 2) {
+            /* queue the next tile's copy, then wait for this one's */
+            if (kb + BN < kstop) {
+                load_rows_async<BN, NT>(tile_k(stage ^ 1), LQ, (const uint16_t *)kbase, cap, D, 0, D, kb + BN, kend);
+                load_rows_async<BN, NT>(tile_v(stage ^ 1), LV, (const uint16_t *)vbase, cap, D, c0, DV, kb + BN, kend);
+            }
+            cp_async_commit();
+            cp_async_wait<1>();
+        } else if constexpr (KT != HM_CUDA_KV_F16) {
+            load_rows_kv<BN, KT, NT>(sK, LQ, kbase, cap, D, 0, D, kb, kend);
+            load_rows_kv<BN, KT, NT>(sV, LV, vbase, cap, D, c0, DV, kb, kend);
         } else {
-            load_rows<BN>(sK, LQ, (const uint16_t *)kbase, cap, D, 0, D, kb, kend);
-            load_rows<BN>(sV, LV, (const uint16_t *)vbase, cap, D, c0, DV, kb, kend);
+            load_rows<BN, NT>(sK, LQ, (const uint16_t *)kbase, cap, D, 0, D, kb, kend);
+            load_rows<BN, NT>(sV, LV, (const uint16_t *)vbase, cap, D, c0, DV, kb, kend);
         }
         __syncthreads();
         if (kb > whi || kb + BN <= wlo) continue; /* no key of this tile is visible to this warp's rows */
@@ -207,20 +272,27 @@ __global__ void __launch_bounds__(32 * FA_WARPS) k_flash(const float *__restrict
                 mma16816(s[2 * j + 1], a, b[2], b[3]);
             }
         }
-        /* mask and the row maxima (rows g and g + 8; a row's 8 values per tile are spread over the
-         * four lanes of a quad) */
+        /* the mask, where some key of the tile is hidden from some row of the warp (past its
+         * position, or before its window; a padding row sees nothing), then the row maxima (rows g
+         * and g + 8; a row's 8 values per tile are spread over the four lanes of a quad) */
+        const bool full = kb + BN - 1 <= (int64_t)wpmin && (window <= 0 || kb > (int64_t)whi - window);
+        if (!full) {
+#pragma unroll
+            for (int j = 0; j < BN / 8; j++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const int64_t key = kb + j * 8 + 2 * cq + (e & 1);
+                    const int pr = e < 2 ? pr0 : pr1;
+                    const bool ok = key <= pr && (window <= 0 || key > (int64_t)pr - window);
+                    s[j][e] = ok ? s[j][e] : -INFINITY;
+                }
+        }
         float mx0 = m0, mx1 = m1;
 #pragma unroll
-        for (int j = 0; j < BN / 8; j++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int64_t key = kb + j * 8 + 2 * cq + (e & 1);
-                const int pr = e < 2 ? pr0 : pr1;
-                const bool ok = key <= pr && (window <= 0 || key > (int64_t)pr - window);
-                s[j][e] = ok ? s[j][e] : -INFINITY;
-                if (e < 2) mx0 = fmaxf(mx0, s[j][e]);
-                else mx1 = fmaxf(mx1, s[j][e]);
-            }
+        for (int j = 0; j < BN / 8; j++) {
+            mx0 = fmaxf(mx0, fmaxf(s[j][0], s[j][1]));
+            mx1 = fmaxf(mx1, fmaxf(s[j][2], s[j][3]));
+        }
 #pragma unroll
         for (int o2 = 1; o2 < 4; o2 <<= 1) {
             mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, o2));
@@ -228,16 +300,16 @@ __global__ void __launch_bounds__(32 * FA_WARPS) k_flash(const float *__restrict
         }
         /* a row with no visible key so far keeps m = -inf; its exponent base is 0 so nothing is NaN */
         const float b0 = mx0 == -INFINITY ? 0.0f : mx0, b1 = mx1 == -INFINITY ? 0.0f : mx1;
-        const float f0 = expf(m0 - b0), f1 = expf(m1 - b1);
+        const float f0 = ex2(m0 - b0), f1 = ex2(m1 - b1);
         m0 = mx0;
         m1 = mx1;
         float rs0 = 0.0f, rs1 = 0.0f;
 #pragma unroll
         for (int j = 0; j < BN / 8; j++) {
-            s[j][0] = expf(s[j][0] - b0);
-            s[j][1] = expf(s[j][1] - b0);
-            s[j][2] = expf(s[j][2] - b1);
-            s[j][3] = expf(s[j][3] - b1);
+            s[j][0] = ex2(s[j][0] - b0);
+            s[j][1] = ex2(s[j][1] - b0);
+            s[j][2] = ex2(s[j][2] - b1);
+            s[j][3] = ex2(s[j][3] - b1);
             rs0 += s[j][0] + s[j][1];
             rs1 += s[j][2] + s[j][3];
         }
@@ -280,9 +352,9 @@ __global__ void __launch_bounds__(32 * FA_WARPS) k_flash(const float *__restrict
          * that saw no key have l = 0 and are skipped there */
         float *p0 = part + ((r0 * n_head + h) * n_split + split) * (D + 2);
         float *p1 = part + ((r1 * n_head + h) * n_split + split) * (D + 2);
-        if (dz == 0 && cq == 0) {
-            if (r0 < n_tok) { p0[0] = m0; p0[1] = l0; }
-            if (r1 < n_tok) { p1[0] = m1; p1[1] = l1; }
+        if (dz == 0 && cq == 0) { /* m back from base 2 to the merge's natural units */
+            if (r0 < n_tok) { p0[0] = m0 * 0.69314718055994531f; p0[1] = l0; }
+            if (r1 < n_tok) { p1[0] = m1 * 0.69314718055994531f; p1[1] = l1; }
         }
 #pragma unroll
         for (int j = 0; j < DV / 8; j++) {
@@ -308,8 +380,8 @@ __global__ void __launch_bounds__(32 * FA_WARPS) k_flash(const float *__restrict
 #define FA_MAX_SPLIT 16
 #define FA_MIN_TILES 4
 static int flash_splits(const hm_cuda_ctx *c, int64_t n_tok, int n_head, int head_dim, int64_t n_keys) {
-    const int dz = head_dim / fa_dv(head_dim), bn = fa_bn(head_dim);
-    const int64_t blocks = (n_tok + FA_BM - 1) / FA_BM * n_head * dz;
+    const int dz = head_dim / fa_dv(head_dim), bn = fa_bn(head_dim), bm = fa_bm(head_dim);
+    const int64_t blocks = (n_tok + bm - 1) / bm * n_head * dz;
     const int64_t target = (int64_t)FA_BLOCKS_PER_SM * (c->n_sm > 0 ? c->n_sm : 1);
     int64_t s = (target + blocks - 1) / blocks;
     const int64_t by_len = (n_keys + bn - 1) / bn / FA_MIN_TILES;
@@ -322,25 +394,40 @@ static size_t flash_part_bytes(int64_t n_tok, int n_head, int head_dim, int n_sp
     return n_split > 1 ? (size_t)n_tok * (size_t)n_head * (size_t)n_split * ((size_t)head_dim + 2) * sizeof(float) : 0;
 }
 
-template <int D, int DV, int BN, int KT>
-hm_status launch_flash(hm_cuda_ctx *c, const float *q, int64_t n_tok, const int32_t *pos, const void *kc,
+template <int D, int DV, int BN, int KT, int MINB>
+hm_status launch_flash_b(hm_cuda_ctx *c, const float *q, int64_t n_tok, const int32_t *pos, const void *kc,
                        const void *vc, int64_t cap, int32_t window, int n_head, int n_kv_head, float scale,
                        int n_split, float *part, float *out, hm_err *err) {
-    const size_t smem = sizeof(__half) * ((size_t)(FA_BM + BN) * (D + FA_PAD) + (size_t)BN * (DV + FA_PAD));
+    constexpr int BM = fa_bm(D), ST = fa_stages(D, KT);
+    const size_t smem = sizeof(__half) * ((size_t)BM * (D + FA_PAD) +
+                                          (size_t)ST * ((size_t)BN * (D + FA_PAD) + (size_t)BN * (DV + FA_PAD)));
     /* the shared-memory opt-in is a property of the function on each device: set once per device
      * (the context's device is the current one here); idempotent, so a race only repeats it */
     static unsigned long long attr_set = 0;
     const unsigned long long bit = c->device >= 0 && c->device < 64 ? 1ull << c->device : 0;
     if (!bit || !(attr_set & bit)) {
-        HM_CU(cudaFuncSetAttribute(k_flash<D, DV, BN, KT>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        HM_CU(cudaFuncSetAttribute(k_flash<D, DV, BN, KT, MINB>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
         attr_set |= bit;
     }
-    const dim3 grid((unsigned)((n_tok + FA_BM - 1) / FA_BM), (unsigned)n_head, (unsigned)(D / DV * n_split));
-    k_flash<D, DV, BN, KT><<<grid, 32 * FA_WARPS, smem, c->compute>>>(q, pos, n_tok, kc, vc, cap, window, n_head,
+    const dim3 grid((unsigned)((n_tok + BM - 1) / BM), (unsigned)n_head, (unsigned)(D / DV * n_split));
+    k_flash<D, DV, BN, KT, MINB><<<grid, 32 * fa_warps(D), smem, c->compute>>>(q, pos, n_tok, kc, vc, cap, window, n_head,
                                                                    n_kv_head, scale, n_split, part, out);
     HM_CU_LAUNCH("flash attention");
     if (n_split > 1) return hm_cuda_attn_merge(c, part, n_tok * n_head, n_split, D, out, err);
     return HM_OK;
+}
+
+/* The 8-warp f16 tiles in the variant the context picked (hm_cuda_set_flash_variant). */
+template <int D, int DV, int BN, int KT>
+hm_status launch_flash(hm_cuda_ctx *c, const float *q, int64_t n_tok, const int32_t *pos, const void *kc,
+                       const void *vc, int64_t cap, int32_t window, int n_head, int n_kv_head, float scale,
+                       int n_split, float *part, float *out, hm_err *err) {
+    if constexpr (D <= 128 && KT == HM_CUDA_KV_F16)
+        if (c->flash_variant == 1)
+            return launch_flash_b<D, DV, BN, KT, 2>(c, q, n_tok, pos, kc, vc, cap, window, n_head, n_kv_head, scale,
+                                                    n_split, part, out, err);
+    return launch_flash_b<D, DV, BN, KT, 1>(c, q, n_tok, pos, kc, vc, cap, window, n_head, n_kv_head, scale, n_split,
+                                            part, out, err);
 }
 
 } // namespace
@@ -354,8 +441,9 @@ size_t hm_cuda_flash_scratch_size(const hm_cuda_ctx *c, int64_t n_tok_max, int n
     /* the largest over batch sizes: fewer query blocks take more splits */
     size_t most = 0;
     if (!hm_cuda_flash_takes(c, n_tok_max, head_dim)) return 0;
-    for (int64_t qb = 1; qb <= (n_tok_max + FA_BM - 1) / FA_BM; qb++) {
-        int64_t nt = qb * FA_BM < n_tok_max ? qb * FA_BM : n_tok_max;
+    const int bm = fa_bm(head_dim);
+    for (int64_t qb = 1; qb <= (n_tok_max + bm - 1) / bm; qb++) {
+        int64_t nt = qb * bm < n_tok_max ? qb * bm : n_tok_max;
         if (nt < HM_CUDA_FLASH_MIN_TOK) nt = HM_CUDA_FLASH_MIN_TOK; /* smaller batches run the exact kernels */
         const size_t b = flash_part_bytes(nt, n_head, head_dim, flash_splits(c, nt, n_head, head_dim, n_ctx));
         if (b > most) most = b;
@@ -379,7 +467,7 @@ hm_status hm_cuda_flash_attention_kv(hm_cuda_ctx *c, hm_cuda_kv kv, const float 
               window >= 0);
     HM_CU_ARG(kv >= HM_CUDA_KV_F16 && kv <= HM_CUDA_KV_BF16);
     HM_CU_ARG(n_kv_head > 0 && n_head > 0 && n_head % n_kv_head == 0 && n_head <= 65535);
-    HM_CU_ARG((n_tok + FA_BM - 1) / FA_BM < (1LL << 31));
+    HM_CU_ARG((n_tok + 63) / 64 < (1LL << 31)); /* query blocks (of 64 or more) in grid.x */
     if (!n_tok) return HM_OK;
     /* the keys one query sees at most: its window, or the whole context */
     const int64_t n_keys = window > 0 && window < kv_len ? window + n_tok : kv_len;
@@ -408,4 +496,5 @@ hm_status hm_cuda_flash_attention_kv(hm_cuda_ctx *c, hm_cuda_kv kv, const float 
 }
 
 void hm_cuda_set_flash(hm_cuda_ctx *c, bool on) { c->flash = on; }
+void hm_cuda_set_flash_variant(hm_cuda_ctx *c, int v) { c->flash_variant = v; }
 bool hm_cuda_flash_on(const hm_cuda_ctx *c) { return c->flash; }

@@ -38,6 +38,9 @@ struct hm_cuda_ctx {
     bool flash;                /* prefill attention of >= HM_CUDA_FLASH_MIN_TOK queries runs the
                                   tensor-core flash kernel (cuda_flash.cu); off with
                                   HOTMOE_FLASH_ATTN=0 or HOTMOE_CUDA_EXACT=1 at open, or hm_cuda_set_flash */
+    int flash_variant;         /* the flash kernel's register budget for 8-warp f16 tiles: 0 (default)
+                                  none spilled, 1 two blocks per multiprocessor (HOTMOE_FLASH_VARIANT,
+                                  hm_cuda_set_flash_variant: benchmark switches) */
 };
 
 /* Evaluate a CUDA runtime call; on failure fill `err` (a hm_err * in scope) and return. */
@@ -84,7 +87,7 @@ hm_status hm_cuda_mmq_run(hm_cuda_ctx *c, const hm_cuda_mat *w, const float *x, 
  * deterministic either way). ud_host: the units' table as uploaded to ud (device); pair_tok,
  * pair_w, tok_start, tok_pairs, h: the grouped kernel's device tables and h (cuda_moe.cu). */
 enum { HM_CUDA_MMQ_GATE_UP = 1, HM_CUDA_MMQ_DOWN = 2 };
-int hm_cuda_mmq_moe_plan(const hm_cuda_ctx *c, int gate_type, int down_type, int64_t n_batch, int64_t n_pairs,
+int hm_cuda_mmq_moe_plan(hm_cuda_ctx *c, int gate_type, int down_type, int64_t n_batch, int64_t n_pairs,
                          int64_t n_embd, int64_t n_ff, int64_t max_pair);
 hm_status hm_cuda_mmq_moe_gate_up(hm_cuda_ctx *c, int gate_type, int act, const moe_unit_dev *ud_host,
                                   const moe_unit_dev *ud, int n_active, const int32_t *pair_tok, const float *x,

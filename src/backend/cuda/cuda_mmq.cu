@@ -37,7 +37,10 @@ using namespace hmcu;
 #define MQ_BN 64          /* tokens per tile */
 #define MQ_LD 272         /* byte pitch of the int8 tiles: 256 + 16 (68 words: conflict-free frags) */
 #define MQ_SCP 17         /* int pitch of the per-row sub-block scales (16 + 1) */
-#define MQ_WS_BYTES (16u << 20) /* the context's workspace: quantised activations, token chunks */
+#define MQ_WS_BYTES (16u << 20) /* the context's workspace at open: quantised activations, token chunks */
+#define MQ_WS_MAX ((size_t)256 << 20) /* what big MoE micro-batches may grow it to (mmq_ws_grow) */
+#define MQ_WS_HEADROOM ((size_t)512 << 20)
+#define MQ_CHUNK_PAIRS 8192     /* (unit, token) pairs whose outputs a grown workspace holds at once */
 
 /* Workspace bytes per token of ne0: int8 codes, a float scale per 256, an int sum per 32. */
 static inline size_t mmq_tok_bytes(int64_t ne0) { return (size_t)ne0 + (size_t)(ne0 / 256) * 4 + (size_t)(ne0 / 32) * 4; }
@@ -415,9 +418,42 @@ __global__ void __launch_bounds__(256) k_mmq_moe_sum(const float *__restrict__ p
 /* Workspace bytes of n rows of ne0 quantised (codes, scales, 32-sums), rounded up to 256. */
 static size_t mmq_rows_bytes(int64_t n, int64_t ne0) { return ((size_t)n * mmq_tok_bytes(ne0) + 255) & ~(size_t)255; }
 
-int hm_cuda_mmq_moe_plan(const hm_cuda_ctx *c, int gate_type, int down_type, int64_t n_batch, int64_t n_pairs,
+/* Grows c's workspace to need bytes (at most MQ_WS_MAX) when it is smaller: a big micro-batch's
+ * projections then run in a few chunks of units instead of dozens of small launches (at -ub 2048
+ * on the Qwen3.6 shape, 16 MB made the down projection 20 launches). The new buffer is allocated
+ * before the old one is freed (after the queued work that may read it): when VRAM is short the old
+ * one stays and the projections run in more chunks, as before; it also stays when the growth would
+ * leave less than MQ_WS_HEADROOM free on the device (what later allocations of a session may need). */
+static void mmq_ws_grow(hm_cuda_ctx *c, size_t need) {
+    need = (need + MQ_WS_BYTES - 1) / MQ_WS_BYTES * MQ_WS_BYTES;
+    if (need > MQ_WS_MAX) need = MQ_WS_MAX;
+    if (need <= c->mmq_ws_size) return;
+    void *p = NULL;
+    size_t free_b = 0, total_b = 0;
+    if (cudaSetDevice(c->device) != cudaSuccess || cudaMemGetInfo(&free_b, &total_b) != cudaSuccess ||
+        free_b < need + MQ_WS_HEADROOM || cudaMalloc(&p, need) != cudaSuccess) {
+        (void)cudaGetLastError(); /* not sticky: the old workspace serves */
+        return;
+    }
+    if (cudaStreamSynchronize(c->compute) != cudaSuccess) {
+        cudaFree(p);
+        return;
+    }
+    cudaFree(c->mmq_ws);
+    c->mmq_ws = p;
+    c->mmq_ws_size = need;
+}
+
+int hm_cuda_mmq_moe_plan(hm_cuda_ctx *c, int gate_type, int down_type, int64_t n_batch, int64_t n_pairs,
                          int64_t n_embd, int64_t n_ff, int64_t max_pair) {
     if (!c->mmq_ws || n_batch <= HM_CUDA_MATVEC_MAX_TOK || n_ff % 256) return 0;
+    {
+        /* room for each projection's quantised input and MQ_CHUNK_PAIRS pairs' outputs */
+        const size_t cp = (size_t)(n_pairs < MQ_CHUNK_PAIRS ? n_pairs : MQ_CHUNK_PAIRS);
+        const size_t a = mmq_rows_bytes(n_batch, n_embd) + cp * (size_t)n_ff * 4;
+        const size_t b = mmq_rows_bytes(n_pairs, n_ff) + cp * (size_t)n_embd * 4;
+        mmq_ws_grow(c, a > b ? a : b);
+    }
     int plan = 0;
     if (q8k_type(gate_type) && n_embd % 256 == 0 &&
         mmq_rows_bytes(n_batch, n_embd) + (size_t)max_pair * (size_t)n_ff * 4 <= c->mmq_ws_size)
