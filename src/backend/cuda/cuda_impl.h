@@ -39,8 +39,8 @@ struct hm_cuda_ctx {
                                   tensor-core flash kernel (cuda_flash.cu); off with
                                   HOTMOE_FLASH_ATTN=0 or HOTMOE_CUDA_EXACT=1 at open, or hm_cuda_set_flash */
     int flash_variant;         /* the flash kernel's register budget for 8-warp f16 tiles: 0 (default)
-                                  none spilled, 1 two blocks per multiprocessor (HOTMOE_FLASH_VARIANT,
-                                  hm_cuda_set_flash_variant: benchmark switches) */
+                                  two blocks per multiprocessor, 1 unbounded, none spilled
+                                  (HOTMOE_FLASH_VARIANT, hm_cuda_set_flash_variant: benchmark switches) */
 };
 
 /* Evaluate a CUDA runtime call; on failure fill `err` (a hm_err * in scope) and return. */

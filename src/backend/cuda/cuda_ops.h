@@ -397,7 +397,7 @@ hm_status hm_cuda_set_mmq(hm_cuda_ctx *c, bool on, hm_err *err);
 #define HM_CUDA_FLASH_MIN_TOK 32
 void hm_cuda_set_flash(hm_cuda_ctx *c, bool on);
 /* Benchmark hook: the flash kernel's variant for 8-warp f16 tiles (head dim <= 128): 0 (default)
- * registers unbounded, 1 bounded to two blocks per multiprocessor. Same results either way. */
+ * registers bounded to two blocks per multiprocessor, 1 unbounded. Same results either way. */
 void hm_cuda_set_flash_variant(hm_cuda_ctx *c, int v);
 /* Scratch bytes the flash kernel uses for batches up to n_tok_max queries over up to n_ctx
  * positions: with few query blocks (a long context at -ub 512) each block's KV range is split over
