@@ -9,8 +9,9 @@
 # (-ub 1: the decode path). Each is held to llama.cpp's logits by tests/llama_ref_compare.c (top-1
 # >= 99.5 %, mean KL < 1e-3, no disagreement where llama.cpp's margin > 0.5, its regression
 # guards), and the two cut ones to the one pass: max |d logit| < 1e-3 (measured 3e-5 on logits up
-# to ~40: the chunked and token-by-token delta rule agree to f32 rounding). The README says how the
-# references were made. A few seconds: tiny models.
+# to ~40: the chunked and token-by-token delta rule agree to f32 rounding). Then the refusals: a
+# legacy fused ssm_in and MTP layers, each named. The README says how the references were made. A
+# few seconds: tiny models.
 set -uo pipefail
 . "$(dirname "$0")/lib.sh"
 hm_tmpdir llama_qwen3next
@@ -50,4 +51,15 @@ for t in q8_0 q4_k_m; do
         fi
     done
 done
+# what is refused by name: a legacy fused ssm_in and MTP layers (the q8_0 file with a tensor and
+# a key renamed in place, names of the same length)
+m="$tmp/q8_0.gguf"
+if [ -s "$m" ]; then
+    LC_ALL=C sed 's/blk\.0\.ssm_ba\.weight/blk.0.ssm_in.weight/' "$m" >"$tmp/legacy.gguf"
+    LC_ALL=C sed 's/qwen3next\.rope\.dimension_count/qwen3next.nextn_predict_layers/' "$m" >"$tmp/mtp.gguf"
+    check "legacy ssm_in refused" test "$(code "$EXE" run -m "$tmp/legacy.gguf" -p hi -n 1 -t 2)" != 0
+    check "legacy ssm_in named" grep -q "legacy fused ssm_in" "$tmp/err"
+    check "MTP layers refused" test "$(code "$EXE" run -m "$tmp/mtp.gguf" -p hi -n 1 -t 2)" != 0
+    check "MTP layers named" grep -q "nextn_predict_layers = 16: MTP layers are not supported" "$tmp/err"
+fi
 exit $fail
