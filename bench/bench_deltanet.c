@@ -53,12 +53,12 @@ typedef void (*delta_fn)(hm_pool *pool, int64_t n, const float *q, const float *
 static void run_seq(hm_pool *pool, int64_t n, const float *q, const float *k, const float *v, const float *g,
                     const float *beta, float *state, float *out, hm_scratch *scr) {
     (void)scr;
-    hm_cpu_gated_delta_seq(pool, q, k, NK * DK, v, NV * DV, g, beta, n, NK, NV, DK, DV, state, out);
+    hm_cpu_gated_delta_seq(pool, q, k, NK * DK, v, NV * DV, g, beta, n, NK, NV, false, DK, DV, state, out);
 }
 
 static void run_chunked(hm_pool *pool, int64_t n, const float *q, const float *k, const float *v, const float *g,
                         const float *beta, float *state, float *out, hm_scratch *scr) {
-    hm_cpu_gated_delta_chunked(pool, q, k, NK * DK, v, NV * DV, g, beta, n, NK, NV, DK, DV, state, out, scr);
+    hm_cpu_gated_delta_chunked(pool, q, k, NK * DK, v, NV * DV, g, beta, n, NK, NV, false, DK, DV, state, out, scr);
 }
 
 /* Best seconds of reps runs of n tokens (state carried); the first run's output left in out. */

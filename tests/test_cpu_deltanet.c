@@ -3,7 +3,8 @@
  *  - state carried across calls: running n tokens as one call or as pieces (1, 3, rest) gives the
  *    same outputs and final state (conv window and delta state);
  *  - thread-count invariance: pools of 1 and 3 threads give bit-identical results;
- *  - the tiled V-head -> key-head mapping (value head j uses key head j % n_k);
+ *  - the tiled V-head -> key-head mapping (value head j uses key head j % n_k) and the grouped one
+ *    (Qwen3-Next: key head j / (n_v / n_k)), the latter as the former on renumbered heads;
  *  - the chunked delta rule against the token-by-token one (its reference) at the model's head
  *    shapes, over several chunk boundaries, a state carried in and out, and calls cut into pieces:
  *    max |chunked - seq| / max |seq| < 1e-4 for outputs and the final state. f32 gives ~1e-7 per
@@ -11,6 +12,7 @@
  *    of both paths compound along the recurrence, so 1e-4 leaves ~100x headroom over what it
  *    measures (printed) while catching any wrong decay, mask or index (errors of order 1). */
 #include <math.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -99,14 +101,15 @@ static void test_delta(hm_pool *p1, hm_pool *p3) {
         for (int i = 0; i < DK; i++)
             for (int j = 0; j < DV; j++) sref[(h * DK + i) * DV + j] = (float)S[h][i][j];
     memcpy(st1, s0, sizeof st1);
-    hm_cpu_gated_delta_seq(p1, q, k, QS, v, VS, g, beta, T, NK, NV, DK, DV, st1, o1);
+    hm_cpu_gated_delta_seq(p1, q, k, QS, v, VS, g, beta, T, NK, NV, false, DK, DV, st1, o1);
     CHECKF(maxdiff(o1, out_ref, T * NV * DV) < 1e-4, "delta vs reference: %g", maxdiff(o1, out_ref, T * NV * DV));
     CHECKF(maxdiff(st1, sref, NV * DK * DV) < 1e-4, "delta state vs reference: %g", maxdiff(st1, sref, NV * DK * DV));
     memcpy(st3, s0, sizeof st3);
     const int cuts[] = {0, 1, 4, T};
     for (int i = 0; i + 1 < (int)(sizeof cuts / sizeof cuts[0]); i++)
         hm_cpu_gated_delta_seq(p3, q + cuts[i] * QS, k + cuts[i] * QS, QS, v + cuts[i] * VS, VS, g + cuts[i] * NV,
-                           beta + cuts[i] * NV, cuts[i + 1] - cuts[i], NK, NV, DK, DV, st3, o3 + cuts[i] * NV * DV);
+                               beta + cuts[i] * NV, cuts[i + 1] - cuts[i], NK, NV, false, DK, DV, st3,
+                               o3 + cuts[i] * NV * DV);
     CHECK(memcmp(o1, o3, sizeof o1) == 0);
     CHECK(memcmp(st1, st3, sizeof st1) == 0);
 }
@@ -148,8 +151,8 @@ static double relerr(const float *a, const float *ref, size_t n) {
 
 /* Chunked vs token by token for one head shape: n_tok tokens from a random state, as one call and
  * in the pieces cuts[] (state carried between calls), on 1 and 3 threads. */
-static void test_chunked_shape(hm_pool *p1, hm_pool *p3, int nk, int nv, int dk, int dv, int n, const int *cuts,
-                               int n_cuts) {
+static void test_chunked_shape(hm_pool *p1, hm_pool *p3, int nk, int nv, bool gr, int dk, int dv, int n,
+                               const int *cuts, int n_cuts) {
     const int64_t qs = (int64_t)nk * dk + 3, vs = (int64_t)nv * dv + 1; /* padded rows, as the conv output */
     const size_t ns = (size_t)nv * (size_t)dk * (size_t)dv, no = (size_t)n * (size_t)nv * (size_t)dv;
     float *q = malloc((size_t)n * (size_t)qs * sizeof(float)), *k = malloc((size_t)n * (size_t)qs * sizeof(float));
@@ -171,18 +174,18 @@ static void test_chunked_shape(hm_pool *p1, hm_pool *p3, int nk, int nv, int dk,
     }
     for (size_t i = 0; i < ns; i++) s0[i] = frand();
     memcpy(sr, s0, ns * sizeof(float));
-    hm_cpu_gated_delta_seq(p1, q, k, qs, v, vs, g, beta, n, nk, nv, dk, dv, sr, orf);
+    hm_cpu_gated_delta_seq(p1, q, k, qs, v, vs, g, beta, n, nk, nv, gr, dk, dv, sr, orf);
     /* one chunked call, 1 thread */
     memcpy(sc, s0, ns * sizeof(float));
-    hm_cpu_gated_delta_chunked(p1, q, k, qs, v, vs, g, beta, n, nk, nv, dk, dv, sc, oc, &scr);
+    hm_cpu_gated_delta_chunked(p1, q, k, qs, v, vs, g, beta, n, nk, nv, gr, dk, dv, sc, oc, &scr);
     const double eo = relerr(oc, orf, no), es = relerr(sc, sr, ns);
-    fprintf(stderr, "chunked vs seq: %d/%d heads, d_k %d, d_v %d, %d tokens: out %.2g, state %.2g (relative)\n", nk,
-            nv, dk, dv, n, eo, es);
+    fprintf(stderr, "chunked vs seq: %d/%d heads%s, d_k %d, d_v %d, %d tokens: out %.2g, state %.2g (relative)\n",
+            nk, nv, gr ? " grouped" : "", dk, dv, n, eo, es);
     CHECKF(eo < 1e-4, "chunked out vs seq: %g", eo);
     CHECKF(es < 1e-4, "chunked state vs seq: %g", es);
     /* the dispatcher takes the path it says: the same bits (and 3 threads = 1 thread) */
     memcpy(sp, s0, ns * sizeof(float));
-    hm_cpu_gated_delta(p3, q, k, qs, v, vs, g, beta, n, nk, nv, dk, dv, sp, op, &scr);
+    hm_cpu_gated_delta(p3, q, k, qs, v, vs, g, beta, n, nk, nv, gr, dk, dv, sp, op, &scr);
     const bool chunks = hm_cpu_gated_delta_chunks(n);
     CHECK(memcmp(op, chunks ? oc : orf, no * sizeof(float)) == 0);
     CHECK(memcmp(sp, chunks ? sc : sr, ns * sizeof(float)) == 0);
@@ -191,7 +194,7 @@ static void test_chunked_shape(hm_pool *p1, hm_pool *p3, int nk, int nv, int dk,
     for (int i = 0; i + 1 < n_cuts; i++) {
         const int a = cuts[i], b = cuts[i + 1];
         hm_cpu_gated_delta_chunked(p3, q + a * qs, k + a * qs, qs, v + a * vs, vs, g + a * nv, beta + a * nv, b - a,
-                                   nk, nv, dk, dv, sp, op + (size_t)a * (size_t)nv * (size_t)dv, &scr);
+                                   nk, nv, gr, dk, dv, sp, op + (size_t)a * (size_t)nv * (size_t)dv, &scr);
     }
     const double po = relerr(op, orf, no), ps = relerr(sp, sr, ns);
     CHECKF(po < 1e-4, "chunked in pieces, out vs seq: %g", po);
@@ -203,15 +206,43 @@ static void test_chunked_shape(hm_pool *p1, hm_pool *p3, int nk, int nv, int dk,
 static void test_chunked(hm_pool *p1, hm_pool *p3) {
     /* Qwen3.6-35B-A3B's heads (16 key / 32 value heads of 128), 2.3 chunks, cut across boundaries */
     const int c1[] = {0, 1, 70, 128, 129, 150};
-    test_chunked_shape(p1, p3, 16, 32, 128, 128, 150, c1, 6);
+    test_chunked_shape(p1, p3, 16, 32, false, 128, 128, 150, c1, 6);
+    test_chunked_shape(p1, p3, 16, 32, true, 128, 128, 150, c1, 6); /* Qwen3-Next-80B-A3B's, grouped */
     /* the transformers fixture's shape (2 / 4 heads of 16), 5 chunks + a tail */
     const int c2[] = {0, 64, 65, 200, 333};
-    test_chunked_shape(p1, p3, 2, 4, 16, 16, 333, c2, 5);
+    test_chunked_shape(p1, p3, 2, 4, false, 16, 16, 333, c2, 5);
     /* odd head dims (masked tile edges), d_k != d_v, short calls */
     const int c3[] = {0, 3, 7, 70, 71, 97};
-    test_chunked_shape(p1, p3, 2, 6, 24, 40, 97, c3, 6);
+    test_chunked_shape(p1, p3, 2, 6, false, 24, 40, 97, c3, 6);
+    test_chunked_shape(p1, p3, 2, 6, true, 24, 40, 97, c3, 6);
     const int c4[] = {0, 5};
-    test_chunked_shape(p1, p3, 1, 3, 8, 5, 5, c4, 2);
+    test_chunked_shape(p1, p3, 1, 3, false, 8, 5, 5, c4, 2);
+}
+
+/* The grouped layout (Qwen3-Next: value head h reads key head h / r, r = n_v / n_k) is the tiled one
+ * (h % n_k) on value heads renumbered: grouped head h = tiled head (h % r) n_k + h / r. Both forms,
+ * on inputs permuted so, must give the same bits. */
+static void test_grouped(hm_pool *p3) {
+    enum { TG = 37, NKG = 2, NVG = 6, R = NVG / NKG, D = 16, DVG = 12 };
+    static float q[TG * NKG * D], k[TG * NKG * D], v[TG * NVG * DVG], g[TG * NVG], b[TG * NVG];
+    static float vt[TG * NVG * DVG], gt[TG * NVG], bt[TG * NVG], og[TG * NVG * DVG], ot[TG * NVG * DVG];
+    static float sg[NVG * D * DVG], st[NVG * D * DVG];
+    for (int i = 0; i < TG * NKG * D; i++) q[i] = 0.3f * frand(), k[i] = 0.3f * frand();
+    for (int i = 0; i < TG * NVG * DVG; i++) v[i] = frand();
+    for (int i = 0; i < TG * NVG; i++) g[i] = -0.1f - 0.1f * frand(), b[i] = 0.5f + 0.4f * frand();
+    for (int t = 0; t < TG; t++)
+        for (int h = 0; h < NVG; h++) {
+            const int ht = (h % R) * NKG + h / R;
+            memcpy(vt + (t * NVG + ht) * DVG, v + (t * NVG + h) * DVG, DVG * sizeof(float));
+            gt[t * NVG + ht] = g[t * NVG + h], bt[t * NVG + ht] = b[t * NVG + h];
+        }
+    hm_cpu_gated_delta_seq(p3, q, k, NKG * D, v, NVG * DVG, g, b, TG, NKG, NVG, true, D, DVG, sg, og);
+    hm_cpu_gated_delta_seq(p3, q, k, NKG * D, vt, NVG * DVG, gt, bt, TG, NKG, NVG, false, D, DVG, st, ot);
+    int bad = 0;
+    for (int t = 0; t < TG; t++)
+        for (int h = 0; h < NVG; h++)
+            bad += memcmp(og + (t * NVG + h) * DVG, ot + (t * NVG + (h % R) * NKG + h / R) * DVG, DVG * 4) != 0;
+    CHECKF(bad == 0, "grouped vs tiled on renumbered heads: %d of %d rows differ", bad, TG * NVG);
 }
 
 int main(void) {
@@ -224,6 +255,7 @@ int main(void) {
     test_delta(p1, p3);
     test_l2(p3);
     test_chunked(p1, p3);
+    test_grouped(p3);
     hm_pool_close(p1);
     hm_pool_close(p3);
     return test_done();

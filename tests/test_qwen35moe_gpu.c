@@ -220,7 +220,7 @@ static void host_checks(void) {
             b[i] = 0.5f + 0.4f * rnd(&s);
         }
         ref_delta(q, k, v, g, b, KT, KNK, KNV, dk, KDV, rS, rout);
-        hm_cpu_gated_delta_seq(pool, q, k, KNK * dk, v, KNV * KDV, g, b, KT, KNK, KNV, dk, KDV, S, out);
+        hm_cpu_gated_delta_seq(pool, q, k, KNK * dk, v, KNV * KDV, g, b, KT, KNK, KNV, false, dk, KDV, S, out);
         e = rel_err(out, rout, nvv);
         CHECKF(e < KERNEL_BOUND, "reference vs CPU delta rule d_k %d: %.3g", dk, e);
         free(q), free(k), free(v), free(g), free(b), free(S), free(out), free(rS), free(rout);
@@ -316,7 +316,7 @@ static void gpu_kernel_checks(void) {
         fill(hdt, NV, 1.0f, &s);
         float *a = DEV(ha, KT * NV), *b = DEV(hb, KT * NV), *A = DEV(hA, NV), *dt = DEV(hdt, NV);
         if (!a || !b || !A || !dt) goto done;
-        GK(hm_cuda_delta_gates(c, a, b, A, dt, KT, NV, a, b, &err));
+        GK(hm_cuda_delta_gates(c, a, b, A, dt, KT, NV, 0, a, b, &err));
         GK(hm_cuda_download(c, hg, a, sizeof hg, &err));
         GK(hm_cuda_download(c, hbt, b, sizeof hbt, &err));
         double rg[KT * NV], rb[KT * NV];
@@ -350,10 +350,13 @@ static void gpu_kernel_checks(void) {
         CHECK(ok);
         const int64_t qs = (int64_t)KNK * dk, vs = (int64_t)KNV * KDV;
         if (ok) ok = hm_cuda_memset(c, dS, 0, ns * 4, &err) == HM_OK;
-        if (ok) ok = hm_cuda_gated_delta(c, dq, dkk, qs, dv, vs, dg, db, KT1, KNK, KNV, dk, KDV, dS, dout, &err) == HM_OK;
+        if (ok)
+            ok = hm_cuda_gated_delta(c, dq, dkk, qs, dv, vs, dg, db, KT1, KNK, KNV, false, dk, KDV, dS, dout, &err) ==
+                 HM_OK;
         if (ok)
             ok = hm_cuda_gated_delta(c, dq + KT1 * qs, dkk + KT1 * qs, qs, dv + KT1 * vs, vs, dg + KT1 * KNV,
-                                     db + KT1 * KNV, KT - KT1, KNK, KNV, dk, KDV, dS, dout + KT1 * vs, &err) == HM_OK;
+                                     db + KT1 * KNV, KT - KT1, KNK, KNV, false, dk, KDV, dS, dout + KT1 * vs,
+                                     &err) == HM_OK;
         if (ok) ok = hm_cuda_download(c, out, dout, nvv * 4, &err) == HM_OK;
         if (ok) ok = hm_cuda_download(c, S, dS, ns * 4, &err) == HM_OK;
         CHECKF(ok, "GPU delta rule d_k %d: %s", dk, err.msg);

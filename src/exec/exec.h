@@ -71,7 +71,7 @@ typedef struct hm_moe_layer {
                                       routed by score (the router still gives the weights) */
 } hm_moe_layer;
 
-/* The shape of a Gated DeltaNet token mixer (qwen35moe's linear-attention layers): conv window d_conv
+/* The shape of a Gated DeltaNet token mixer (qwen35moe's and qwen3next's linear-attention layers): conv window d_conv
  * over conv_dim channels (q and k: n_k heads of d_k, v: n_v heads of d_v), the delta state
  * S [n_v][d_k][d_v] per layer. n_v 0: the arch has none. */
 typedef struct hm_deltanet_spec {
@@ -170,15 +170,20 @@ hm_status hm_op_add_sigmoid_scaled(hm_exec *x, hm_buf acc, hm_buf y, hm_buf s);
  * beta and alpha projections, the causal conv + SiLU over the carried window, q and k L2-normalised
  * per head (q / sqrt(d_k)), the gates g = ssm_a * softplus(alpha + dt_bias) and beta = sigmoid,
  * the gated delta rule over the carried S, per-head rmsnorm(o) * ssm_norm * silu(z), the output
- * projection; the layer's recurrent state advanced. The buffers are work space. */
+ * projection; the layer's recurrent state advanced. The buffers are work space. The layout of the
+ * value heads: qwen35moe's GGUF tiles them (value head h reads key head h % n_k); grouped is
+ * Qwen3-Next's, a key head's value heads adjacent (key head h / (n_v / n_k)), with beta and alpha
+ * from one fused matrix (wbeta: ssm_ba [2 n_v x n_embd], per key head its n_v / n_k beta rows then
+ * its alpha rows; walpha NULL; ba then [rows, 2 n_v]). */
 typedef struct hm_deltanet {
     const hm_mat *wqkv, *wz, *wbeta, *walpha, *wout;
     const float *conv_w;          /* [d_conv, conv_dim] */
     const float *dt_bias, *ssm_a; /* [n_v] */
     const float *ssm_norm;        /* [d_v] */
     float eps;
-    hm_buf mix, conv, z, ba, aa, g, beta, att; /* [rows, conv_dim] x2, [rows, n_v d_v], [rows, n_v] x4,
-                                                  [rows, n_v d_v] */
+    bool grouped;                 /* Qwen3-Next's layout (above) */
+    hm_buf mix, conv, z, ba, aa, g, beta, att; /* [rows, conv_dim] x2, [rows, n_v d_v], [rows, n_v] x4
+                                                  (ba: 2 n_v when grouped), [rows, n_v d_v] */
 } hm_deltanet;
 hm_status hm_op_deltanet(hm_exec *x, int32_t il, hm_buf io, const hm_deltanet *p);
 /* Layer il's MoE block (xm->moe_layers[il], xm->moe) in two steps. route: the router on in, the

@@ -273,18 +273,22 @@ static hm_status c_deltanet(hm_exec *x, int32_t il, hm_buf io, const hm_deltanet
 
     const hm_mat *ws[4] = {p->wqkv, p->wz, p->wbeta, p->walpha};
     float *const ys[4] = {mix, z, ba, aa};
-    hm_cpu_matmul_n(pool, ws, 4, x->buf[io], n, ys, &s->scratch);
+    HM_ASSERT(p->grouped == (p->walpha == NULL));
+    hm_cpu_matmul_n(pool, ws, p->grouped ? 3 : 4, x->buf[io], n, ys, &s->scratch);
     hm_cpu_ssm_conv(pool, mix, cd, n, cd, p->conv_w, d->d_conv, conv_state, conv);
     hm_cpu_l2norm_heads(pool, conv, cd, n, d->n_k, d->d_k, p->eps, 1.0f / sqrtf((float)d->d_k));
     hm_cpu_l2norm_heads(pool, conv + qk, cd, n, d->n_k, d->d_k, p->eps, 1.0f);
+    const int64_t grp = nv / d->n_k; /* grouped: each key head's betas, then its alphas, in rows of 2 nv */
     for (int64_t t = 0; t < n; t++)
         for (int64_t h = 0; h < nv; h++) {
             const size_t i = (size_t)(t * nv + h);
-            g[i] = p->ssm_a[h] * softplusf(aa[i] + p->dt_bias[h]);
-            beta[i] = sigmoidf(ba[i]);
+            const size_t ib = p->grouped ? (size_t)(t * 2 * nv + h / grp * 2 * grp + h % grp) : i;
+            const float a = p->grouped ? ba[ib + (size_t)grp] : aa[i];
+            g[i] = p->ssm_a[h] * softplusf(a + p->dt_bias[h]);
+            beta[i] = sigmoidf(ba[ib]);
         }
-    hm_cpu_gated_delta(pool, conv, conv + qk, cd, conv + 2 * qk, cd, g, beta, n, d->n_k, d->n_v, d->d_k, d->d_v,
-                       delta_state, att, &s->scratch);
+    hm_cpu_gated_delta(pool, conv, conv + qk, cd, conv + 2 * qk, cd, g, beta, n, d->n_k, d->n_v, p->grouped, d->d_k,
+                       d->d_v, delta_state, att, &s->scratch);
     /* gated RMSNorm per value head: rmsnorm(o) * ssm_norm * silu(z) */
     hm_cpu_rmsnorm(pool, att, p->ssm_norm, att, n * nv, d->d_v, p->eps);
     hm_cpu_swiglu(pool, z, att, att, n * vdim);

@@ -504,21 +504,24 @@ static hm_status g_deltanet(hm_exec *x, int32_t il, hm_buf io, const hm_deltanet
     float *ba = x->buf[p->ba], *aa = x->buf[p->aa], *att = x->buf[p->att];
     hm_err *err = x->err;
     hm_status st;
-    /* the gates go in place: aa becomes g, ba beta */
+    /* the gates go in place: aa becomes g, ba beta (grouped: p->beta) */
     if ((st = mm(c, dw(x, p->wqkv->data), in, n, mix, err)) != HM_OK) return st;
     if ((st = mm(c, dw(x, p->wz->data), in, n, z, err)) != HM_OK) return st;
     if ((st = mm(c, dw(x, p->wbeta->data), in, n, ba, err)) != HM_OK) return st;
-    if ((st = mm(c, dw(x, p->walpha->data), in, n, aa, err)) != HM_OK) return st;
+    if (!p->grouped && (st = mm(c, dw(x, p->walpha->data), in, n, aa, err)) != HM_OK) return st;
     if ((st = hm_cuda_ssm_conv(c, mix, cd, n, cd, dw(x, p->conv_w)->v, d->d_conv, conv_state, conv, err)) != HM_OK)
         return st;
     if ((st = hm_cuda_l2norm_heads(c, conv, cd, n, d->n_k, d->d_k, p->eps, 1.0f / sqrtf((float)d->d_k), err)) != HM_OK)
         return st;
     if ((st = hm_cuda_l2norm_heads(c, conv + qk, cd, n, d->n_k, d->d_k, p->eps, 1.0f, err)) != HM_OK) return st;
-    if ((st = hm_cuda_delta_gates(c, aa, ba, dw(x, p->ssm_a)->v, dw(x, p->dt_bias)->v, n, d->n_v, aa, ba, err)) !=
-        HM_OK)
+    /* grouped: beta and alpha read from the fused rows in ba, beta written to its own buffer */
+    const int grp = p->grouped ? d->n_v / d->n_k : 0;
+    float *beta = p->grouped ? x->buf[p->beta] : ba;
+    if ((st = hm_cuda_delta_gates(c, grp ? ba + grp : aa, ba, dw(x, p->ssm_a)->v, dw(x, p->dt_bias)->v, n, d->n_v, grp,
+                                  aa, beta, err)) != HM_OK)
         return st;
-    if ((st = hm_cuda_gated_delta(c, conv, conv + qk, cd, conv + 2 * qk, cd, aa, ba, n, d->n_k, d->n_v, d->d_k, d->d_v,
-                                  delta_state, att, err)) != HM_OK)
+    if ((st = hm_cuda_gated_delta(c, conv, conv + qk, cd, conv + 2 * qk, cd, aa, beta, n, d->n_k, d->n_v, p->grouped,
+                                  d->d_k, d->d_v, delta_state, att, err)) != HM_OK)
         return st;
     /* gated RMSNorm per value head: rmsnorm(o) * ssm_norm * silu(z) */
     if ((st = hm_cuda_rmsnorm_heads(c, att, dw(x, p->ssm_norm)->v, n, d->n_v, d->d_v, p->eps, err)) != HM_OK) return st;

@@ -278,6 +278,7 @@ static hm_status u_deltanet(hm_exec *x, int32_t il, hm_buf io, const hm_deltanet
     const hm_deltanet_spec *d = &x->xm->dn;
     const hm_mat *ms[5] = {p->wqkv, p->wz, p->wbeta, p->walpha, p->wout};
     for (int i = 0; i < 5; i++) {
+        if (!ms[i]) continue; /* walpha of the grouped layout (fused into wbeta) */
         hm_status st = up_mat(x, ms[i]);
         if (st != HM_OK) return st;
     }

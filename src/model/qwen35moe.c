@@ -1,5 +1,5 @@
-/* qwen35moe.c - the Qwen3.5-MoE architecture (Qwen3.5/3.6-35B-A3B, ...): hparams, tensor
- * binding and its one layer description.
+/* qwen35moe.c - the Qwen3.5-MoE architecture (Qwen3.5/3.6-35B-A3B, ...) and its parent Qwen3-Next
+ * (qwen3next, Qwen3-Next-80B-A3B): hparams, tensor binding and their one layer description.
  *
  * A hybrid stack: layer il is gated full attention when (il + 1) % full_attention_interval == 0
  * (default 4), else Gated DeltaNet (linear attention with a recurrent state). Every layer ends in
@@ -18,6 +18,13 @@
  *
  * File conventions are llama.cpp's (tools/qwen35moe.py writes them): V heads tiled, ssm_a =
  * -exp(A_log), norms + 1, conv1d [K, conv_dim] (ne order), rope.dimension_sections present.
+ *
+ * qwen3next is the same layer over another file layout, so this file describes both (one layer,
+ * one binding; the difference is data, q35_variant): its keys are qwen3next.*, its rotary NEOX, and
+ * its GGUF keeps HF's value-head order (a key head's value heads adjacent: value head j reads key
+ * head j / (n_v / n_k)) with beta and alpha in one matrix, ssm_ba [n_embd, 2 n_v] (per key head its
+ * n_v / n_k beta rows, then its alpha rows): hm_deltanet.grouped. The legacy ssm_in (q, k, v, z
+ * fused per key head) of early conversions is refused, as are MTP layers (nextn_predict_layers).
  *
  * Session state (the executor's, exec/exec.h): a KV cache for the attention layers only and, per
  * DeltaNet layer, the conv window (last K-1 inputs) and the delta state S [n_v][d_k][d_v] (f32). A
@@ -50,7 +57,7 @@ typedef struct q35_layer {
     /* Gated DeltaNet */
     hm_mat wqkv;            /* [2 * n_k * d_k + n_v * d_v x n_embd] */
     hm_mat wz;              /* [n_v * d_v x n_embd] (attn_gate) */
-    hm_mat wbeta, walpha;   /* [n_v x n_embd] */
+    hm_mat wbeta, walpha;   /* [n_v x n_embd]; grouped: wbeta ssm_ba [2 n_v x n_embd], walpha unused */
     const float *conv_w;    /* [conv_dim, K] */
     const float *dt_bias, *ssm_a; /* [n_v]; ssm_a = -exp(A_log) */
     const float *ssm_norm;  /* [d_v] (plain w) */
@@ -63,8 +70,16 @@ typedef struct q35_layer {
     hm_mat sh_inp;          /* [1 x n_embd]: the shared expert's sigmoid gate */
 } q35_layer;
 
+/* What tells the two archs apart. */
+typedef struct q35_variant {
+    const char *name;
+    bool grouped;            /* Qwen3-Next's layout: grouped value heads, fused ssm_ba */
+} q35_variant;
+static const q35_variant q35_variants[] = {{"qwen35moe", false}, {"qwen3next", true}};
+
 typedef struct q35_model {
     HM_MOE_HP;               /* n_layer, n_embd, heads, experts, eps, theta, ... (model.h) */
+    bool grouped;            /* q35_variant's */
     int32_t n_ff_sh;         /* the shared expert's */
     int32_t d_conv, n_k, n_v, d_k, d_v, conv_dim; /* DeltaNet shape */
     int32_t n_attn, n_recr;  /* layers of each kind */
@@ -113,9 +128,10 @@ static hm_status q35_layer_fwd(hm_exec *x, const hm_model *m, int32_t il) {
 #define OP(call) do { if ((st = (call)) != HM_OK) return st; } while (0)
     OP(hm_op_rmsnorm(x, HM_BUF_X, L->attn_norm, HM_BUF_H));
     if (L->recurrent) {
-        const hm_deltanet dn = {.wqkv = &L->wqkv, .wz = &L->wz, .wbeta = &L->wbeta, .walpha = &L->walpha,
-                                .wout = &L->wout, .conv_w = L->conv_w, .dt_bias = L->dt_bias, .ssm_a = L->ssm_a,
-                                .ssm_norm = L->ssm_norm, .eps = q->eps, .mix = Q35_MIX, .conv = Q35_CONV,
+        const hm_deltanet dn = {.wqkv = &L->wqkv, .wz = &L->wz, .wbeta = &L->wbeta,
+                                .walpha = q->grouped ? NULL : &L->walpha, .wout = &L->wout, .conv_w = L->conv_w,
+                                .dt_bias = L->dt_bias, .ssm_a = L->ssm_a, .ssm_norm = L->ssm_norm, .eps = q->eps,
+                                .grouped = q->grouped, .mix = Q35_MIX, .conv = Q35_CONV,
                                 .z = Q35_Z, .ba = Q35_BA, .aa = Q35_AA, .g = Q35_G, .beta = Q35_BETA,
                                 .att = Q35_ATT};
         OP(hm_op_deltanet(x, il, HM_BUF_H, &dn));
@@ -164,7 +180,7 @@ static void q35_exec_model(q35_model *q) {
     const int64_t w[Q35_NBUF] = {[HM_BUF_X] = E,  [HM_BUF_H] = E, [Q35_MIX] = cd > 2 * nq ? cd : 2 * nq,
                                  [Q35_Q] = nq,    [Q35_GATE] = nq, [Q35_K] = nkv, [Q35_V] = nkv,
                                  [Q35_ATT] = nq > vdim ? nq : vdim, [Q35_CONV] = cd, [Q35_Z] = vdim,
-                                 [Q35_BA] = nv,   [Q35_AA] = nv,  [Q35_G] = nv,  [Q35_BETA] = nv,
+                                 [Q35_BA] = q->grouped ? 2 * nv : nv, [Q35_AA] = nv,  [Q35_G] = nv,  [Q35_BETA] = nv,
                                  [Q35_SHG] = fs,  [Q35_SHU] = fs, [Q35_SHO] = E, [Q35_SHS] = 1};
     memcpy(xm->buf_width, w, sizeof w);
     for (int32_t il = 0; il < q->n_layer; il++) {
@@ -191,8 +207,19 @@ static hm_status q35_load(hm_model *m, hm_err *err) {
     q35_model *q = calloc(1, sizeof *q);
     if (!q) return hm_errf(err, HM_ERR_NOMEM, "out of memory");
     m->impl = q;
+    for (size_t i = 0; i < sizeof q35_variants / sizeof q35_variants[0]; i++)
+        if (strcmp(m->arch->name, q35_variants[i].name) == 0) q->grouped = q35_variants[i].grouped;
 
     TRY(hm_model_hp_moe(m, &q->hp, err));
+    {
+        int32_t nextn;
+        HP_INT("nextn_predict_layers", false, 0, &nextn);
+        if (nextn > 0) {
+            st = hm_errf(err, HM_ERR_UNSUPPORTED, "%s.nextn_predict_layers = %d: MTP layers are not supported "
+                         "(convert without them)", m->arch->name, nextn);
+            goto fail;
+        }
+    }
     {
         const hm_gguf_tensor *g = hm_gguf_find_tensor(m->gguf, "blk.0.ffn_gate_exps.weight");
         HP_INT("expert_feed_forward_length", g == NULL, g && g->n_dims >= 2 ? g->ne[1] : 0, &q->n_ff_exp);
@@ -247,10 +274,19 @@ static hm_status q35_load(hm_model *m, hm_err *err) {
         TRY(hm_model_bind_vec(m, NAME("attn_norm.weight"), E, true, &L->attn_norm, err));
         TRY(hm_model_bind_vec(m, NAME("post_attention_norm.weight"), E, true, &L->post_norm, err));
         if (L->recurrent) {
+            if (hm_gguf_find_tensor(m->gguf, NAME("ssm_in.weight"))) {
+                st = hm_errf(err, HM_ERR_UNSUPPORTED, "%s: the legacy fused ssm_in (q, k, v, z per key head) is not "
+                             "supported: re-convert with a current convert_hf_to_gguf.py (attn_qkv + attn_gate)", n);
+                goto fail;
+            }
             TRY(hm_model_bind_mat(m, NAME("attn_qkv.weight"), E, q->conv_dim, true, &L->wqkv, err));
             TRY(hm_model_bind_mat(m, NAME("attn_gate.weight"), E, vdim, true, &L->wz, err));
-            TRY(hm_model_bind_mat(m, NAME("ssm_beta.weight"), E, q->n_v, true, &L->wbeta, err));
-            TRY(hm_model_bind_mat(m, NAME("ssm_alpha.weight"), E, q->n_v, true, &L->walpha, err));
+            if (q->grouped) {
+                TRY(hm_model_bind_mat(m, NAME("ssm_ba.weight"), E, 2 * (int64_t)q->n_v, true, &L->wbeta, err));
+            } else {
+                TRY(hm_model_bind_mat(m, NAME("ssm_beta.weight"), E, q->n_v, true, &L->wbeta, err));
+                TRY(hm_model_bind_mat(m, NAME("ssm_alpha.weight"), E, q->n_v, true, &L->walpha, err));
+            }
             TRY(hm_model_bind_mat(m, NAME("ssm_out.weight"), vdim, E, true, &L->wout, err));
             const int64_t cne[2] = {q->d_conv, q->conv_dim};
             const hm_gguf_tensor *t;
@@ -280,11 +316,11 @@ static hm_status q35_load(hm_model *m, hm_err *err) {
     m->xm = &q->xm;
     hm_model_info_moe(m, &q->hp);
     hm_log_printf(&m->log, HM_LOG_INFO,
-                  "qwen35moe: %d layers (%d DeltaNet, %d attention), n_embd %d, heads %d/%d x %d (rope %d), "
+                  "%s: %d layers (%d DeltaNet, %d attention), n_embd %d, heads %d/%d x %d (rope %d), "
                   "DeltaNet k %dx%d v %dx%d conv %d, experts %d (k %d, n_ff %d, shared %d), vocab %d",
-                  q->n_layer, q->n_recr, q->n_attn, q->n_embd, q->n_head, q->n_head_kv, q->head_dim, q->n_rot,
-                  q->n_k, q->d_k, q->n_v, q->d_v, q->d_conv, q->n_expert, q->n_expert_used, q->n_ff_exp, q->n_ff_sh,
-                  q->n_vocab);
+                  m->arch->name, q->n_layer, q->n_recr, q->n_attn, q->n_embd, q->n_head, q->n_head_kv, q->head_dim,
+                  q->n_rot, q->n_k, q->d_k, q->n_v, q->d_v, q->d_conv, q->n_expert, q->n_expert_used, q->n_ff_exp,
+                  q->n_ff_sh, q->n_vocab);
     return HM_OK;
 fail:
     q35_unload(m);
@@ -293,6 +329,13 @@ fail:
 
 const hm_arch hm_arch_qwen35moe = {
     .name = "qwen35moe",
+    .load = q35_load,
+    .unload = q35_unload,
+    HM_EXEC_ARCH(q35_layer_fwd),
+};
+
+const hm_arch hm_arch_qwen3next = {
+    .name = "qwen3next",
     .load = q35_load,
     .unload = q35_unload,
     HM_EXEC_ARCH(q35_layer_fwd),

@@ -148,11 +148,11 @@ provenance:
 
 static hm_status check_opts(const hm_synth_opts *o, const hm_synth_preset **p, const hm_synth_q35 **q35,
                             const hm_synth_g4 **g4, const hm_synth_mix **m, hm_err *err) {
-    const bool is_q35 = o->arch && strcmp(o->arch, "qwen35moe") == 0;
+    const bool is_q35 = o->arch && (strcmp(o->arch, "qwen35moe") == 0 || strcmp(o->arch, "qwen3next") == 0);
     const bool is_g4 = o->arch && strcmp(o->arch, "gemma4") == 0;
     if (o->arch && !is_q35 && !is_g4 && strcmp(o->arch, "qwen3moe") != 0)
         return hm_errf(err, HM_ERR_UNSUPPORTED,
-                       "synth: architecture '%s' is not supported (qwen3moe, qwen35moe, gemma4)", o->arch);
+                       "synth: architecture '%s' is not supported (qwen3moe, qwen35moe, qwen3next, gemma4)", o->arch);
     if (is_g4) {
         if (!o->preset) return hm_errf(err, HM_ERR_ARG, "synth: no preset (one of: %s)", hm_synth_g4_names());
         if (!(*g4 = hm_synth_find_g4(o->preset)))
@@ -162,11 +162,11 @@ static hm_status check_opts(const hm_synth_opts *o, const hm_synth_preset **p, c
         if (o->tokenizer_json)
             return hm_errf(err, HM_ERR_UNSUPPORTED, "synth: --tokenizer is not supported for gemma4 (built-in vocabulary)");
     }
-    const char *names = is_q35 ? hm_synth_q35_names() : hm_synth_preset_names();
+    const char *names = is_q35 ? hm_synth_q35_names(o->arch) : hm_synth_preset_names();
     if (!o->preset) return hm_errf(err, HM_ERR_ARG, "synth: no preset (one of: %s)", names);
-    *q35 = is_q35 ? hm_synth_find_q35(o->preset) : NULL;
+    *q35 = is_q35 ? hm_synth_find_q35(o->arch, o->preset) : NULL;
     if (!is_g4 && !(*p = is_q35 ? (*q35 ? &(*q35)->base : NULL) : hm_synth_find_preset(o->preset)))
-        return hm_errf(err, HM_ERR_ARG, "synth: unknown %s preset '%s' (one of: %s)", is_q35 ? "qwen35moe" : "qwen3moe",
+        return hm_errf(err, HM_ERR_ARG, "synth: unknown %s preset '%s' (one of: %s)", is_q35 ? o->arch : "qwen3moe",
                        o->preset, names);
     if (!o->type) return hm_errf(err, HM_ERR_ARG, "synth: no type (one of: %s)", hm_synth_mix_names());
     if (!(*m = hm_synth_find_mix(o->type)))

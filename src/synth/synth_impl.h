@@ -159,14 +159,16 @@ void hm_synth_fast_row(int type, uint64_t key, int64_t row, int64_t ne0, float s
 typedef struct hm_synth_q35 {
     hm_synth_preset base;
     int32_t n_ff_sh, d_conv, n_k, n_v, d_k, d_v, n_rot, interval;
+    const char *arch; /* "qwen35moe", or "qwen3next" (ssm_ba for ssm_beta + ssm_alpha, NEOX rotary) */
 } hm_synth_q35;
 
-const hm_synth_q35 *hm_synth_find_q35(const char *name);
-const char *hm_synth_q35_names(void);
-/* As hm_synth_plan, for qwen35moe. */
+/* The preset of that name for arch (qwen35moe or qwen3next), NULL if none; the names, listed. */
+const hm_synth_q35 *hm_synth_find_q35(const char *arch, const char *name);
+const char *hm_synth_q35_names(const char *arch);
+/* As hm_synth_plan, for qwen35moe and qwen3next. */
 hm_status hm_synth_plan_q35(const hm_synth_q35 *q, int32_t n_layer, const hm_synth_mix *m, hm_synth_tensor **out,
                             int64_t *n_out, hm_err *err);
-/* general.* and qwen35moe.* keys as llama.cpp's converter writes them. */
+/* general.* and qwen35moe.* / qwen3next.* keys as llama.cpp's converter writes them. */
 hm_status hm_synth_meta_q35(hm_gguf_writer *w, const hm_synth_q35 *q, int32_t n_layer, const hm_synth_mix *m);
 
 #endif

@@ -1,5 +1,8 @@
-/* synth_qwen35.c - `hotmoe synth --arch qwen35moe`: the Qwen3.5-MoE presets, tensor plan and
- * arch keys, beside the qwen3moe ones of synth_plan.c / synth.c.
+/* synth_qwen35.c - `hotmoe synth --arch qwen35moe` and `--arch qwen3next`: the Qwen3.5-MoE and
+ * Qwen3-Next presets, tensor plan and arch keys, beside the qwen3moe ones of synth_plan.c / synth.c.
+ * qwen3next's file differs in its key prefix, ssm_ba {n_embd, 2 n_v} (per key head its n_v / n_k
+ * beta rows then its alpha rows, the value heads in HF's grouped order) in place of ssm_beta and
+ * ssm_alpha, and no rope.dimension_sections (NEOX rotary); everything else is the same.
  *
  * Names, shapes and keys are what llama.cpp's converter writes for qwen35moe (see
  * tools/qwen35moe.py and llama.cpp's src/models/qwen35moe.cpp), ne[0] contiguous. Per layer:
@@ -26,20 +29,31 @@
 #include "../quant/quant.h"
 #include "synth_impl.h"
 
-/* Qwen3.6-35B-A3B's config.json (text part). */
+/* Qwen3.6-35B-A3B's and Qwen3-Next-80B-A3B's config.json (text part); qwen3next tiny: a few MB with
+ * both layer kinds (4 layers), 2 key heads of 4 value heads (the grouped order matters), a shared
+ * expert, rows of whole 256-element K-quant blocks. */
 static const hm_synth_q35 q35_presets[] = {
     {{"qwen36-35b-a3b", "Qwen3.6-35B-A3B (hotmoe synth, random weights)", 40, 2048, 16, 2, 256, 256, 8, 512, 0,
       248320, 262144, 1e7f, 1e-6f},
-     512, 4, 16, 32, 128, 128, 64, 4},
+     512, 4, 16, 32, 128, 128, 64, 4, "qwen35moe"},
+    {{"qwen3-next-80b-a3b", "Qwen3-Next-80B-A3B (hotmoe synth, random weights)", 48, 2048, 16, 2, 256, 512, 10,
+      512, 5120, 151936, 262144, 1e7f, 1e-6f},
+     512, 4, 16, 32, 128, 128, 64, 4, "qwen3next"},
+    {{"tiny", "tiny qwen3next (hotmoe synth, random weights)", 4, 256, 4, 2, 64, 16, 4, 256, 1024, 384, 4096, 1e7f,
+      1e-6f},
+     256, 4, 2, 4, 64, 64, 16, 4, "qwen3next"},
 };
 
-const hm_synth_q35 *hm_synth_find_q35(const char *name) {
+const hm_synth_q35 *hm_synth_find_q35(const char *arch, const char *name) {
     for (size_t i = 0; name && i < sizeof q35_presets / sizeof q35_presets[0]; i++)
-        if (strcmp(q35_presets[i].base.name, name) == 0) return &q35_presets[i];
+        if (strcmp(q35_presets[i].arch, arch) == 0 && strcmp(q35_presets[i].base.name, name) == 0)
+            return &q35_presets[i];
     return NULL;
 }
 
-const char *hm_synth_q35_names(void) { return "qwen36-35b-a3b"; }
+const char *hm_synth_q35_names(const char *arch) {
+    return strcmp(arch, "qwen3next") == 0 ? "qwen3-next-80b-a3b, tiny" : "qwen36-35b-a3b";
+}
 
 typedef struct q35_plan {
     hm_synth_tensor *t;
@@ -89,6 +103,7 @@ hm_status hm_synth_plan_q35(const hm_synth_q35 *q, int32_t n_layer, const hm_syn
     const float embd_std = (float)(32.0 * 0.02 * 0.02 * sqrt((double)Q * (double)E));
     int n_attn = 0;
     for (int l = 0; l < n_layer; l++) n_attn += (l + 1) % q->interval == 0;
+    const bool next = strcmp(q->arch, "qwen3next") == 0;
     char n[64];
     hm_status st = q35_add(&pl, "token_embd.weight", 2, E, p->n_vocab, 1, 0, embd_std, false, false, err);
     for (int l = 0, ia = 0; !st && l < n_layer; l++) {
@@ -103,8 +118,12 @@ hm_status hm_synth_plan_q35(const hm_synth_q35 *q, int32_t n_layer, const hm_syn
             ADD("ssm_conv1d.weight", 2, q->d_conv, cd, 1, 0, 0.2f, false, false);
             ADD("ssm_dt.bias", 1, q->n_v, 1, 1, 1, 0.1f, false, false);
             ADD("ssm_a", 1, q->n_v, 1, 1, -4, 0.5f, false, false);
-            ADD("ssm_beta.weight", 2, E, q->n_v, 1, 0, W, false, false);
-            ADD("ssm_alpha.weight", 2, E, q->n_v, 1, 0, W, false, false);
+            if (next) {
+                ADD("ssm_ba.weight", 2, E, 2 * q->n_v, 1, 0, W, false, false);
+            } else {
+                ADD("ssm_beta.weight", 2, E, q->n_v, 1, 0, W, false, false);
+                ADD("ssm_alpha.weight", 2, E, q->n_v, 1, 0, W, false, false);
+            }
             ADD("ssm_norm.weight", 1, q->d_v, 1, 1, 1, N, false, false);
             ADD("ssm_out.weight", 2, vdim, E, 1, 0, W, false, false);
         } else {
@@ -142,35 +161,36 @@ hm_status hm_synth_plan_q35(const hm_synth_q35 *q, int32_t n_layer, const hm_syn
 hm_status hm_synth_meta_q35(hm_gguf_writer *w, const hm_synth_q35 *q, int32_t n_layer, const hm_synth_mix *m) {
     const hm_synth_preset *p = &q->base;
     hm_status st = HM_OK;
+    char key[96];
 #define SET(call) do { if (!st) st = (call); } while (0)
-#define A "qwen35moe."
-    SET(hm_gguf_writer_set_str(w, "general.architecture", "qwen35moe"));
+#define A(suffix) (snprintf(key, sizeof key, "%s." suffix, q->arch), key)
+    SET(hm_gguf_writer_set_str(w, "general.architecture", q->arch));
     SET(hm_gguf_writer_set_str(w, "general.type", "model"));
     SET(hm_gguf_writer_set_str(w, "general.name", p->model_name));
-    SET(hm_gguf_writer_set_u32(w, A "block_count", (uint32_t)n_layer));
-    SET(hm_gguf_writer_set_u32(w, A "context_length", (uint32_t)p->n_ctx));
-    SET(hm_gguf_writer_set_u32(w, A "embedding_length", (uint32_t)p->n_embd));
-    SET(hm_gguf_writer_set_u32(w, A "attention.head_count", (uint32_t)p->n_head));
-    SET(hm_gguf_writer_set_u32(w, A "attention.head_count_kv", (uint32_t)p->n_head_kv));
-    SET(hm_gguf_writer_set_f32(w, A "rope.freq_base", p->rope_theta));
-    SET(hm_gguf_writer_set_f32(w, A "attention.layer_norm_rms_epsilon", p->rms_eps));
-    SET(hm_gguf_writer_set_u32(w, A "expert_count", (uint32_t)p->n_expert));
-    SET(hm_gguf_writer_set_u32(w, A "expert_used_count", (uint32_t)p->n_expert_used));
-    SET(hm_gguf_writer_set_u32(w, A "attention.key_length", (uint32_t)p->head_dim));
-    SET(hm_gguf_writer_set_u32(w, A "attention.value_length", (uint32_t)p->head_dim));
+    SET(hm_gguf_writer_set_u32(w, A("block_count"), (uint32_t)n_layer));
+    SET(hm_gguf_writer_set_u32(w, A("context_length"), (uint32_t)p->n_ctx));
+    SET(hm_gguf_writer_set_u32(w, A("embedding_length"), (uint32_t)p->n_embd));
+    SET(hm_gguf_writer_set_u32(w, A("attention.head_count"), (uint32_t)p->n_head));
+    SET(hm_gguf_writer_set_u32(w, A("attention.head_count_kv"), (uint32_t)p->n_head_kv));
+    SET(hm_gguf_writer_set_f32(w, A("rope.freq_base"), p->rope_theta));
+    SET(hm_gguf_writer_set_f32(w, A("attention.layer_norm_rms_epsilon"), p->rms_eps));
+    SET(hm_gguf_writer_set_u32(w, A("expert_count"), (uint32_t)p->n_expert));
+    SET(hm_gguf_writer_set_u32(w, A("expert_used_count"), (uint32_t)p->n_expert_used));
+    SET(hm_gguf_writer_set_u32(w, A("attention.key_length"), (uint32_t)p->head_dim));
+    SET(hm_gguf_writer_set_u32(w, A("attention.value_length"), (uint32_t)p->head_dim));
     SET(hm_gguf_writer_set_u32(w, "general.file_type", (uint32_t)m->ftype));
-    SET(hm_gguf_writer_set_u32(w, A "expert_feed_forward_length", (uint32_t)p->n_ff_exp));
-    SET(hm_gguf_writer_set_u32(w, A "expert_shared_feed_forward_length", (uint32_t)q->n_ff_sh));
-    SET(hm_gguf_writer_set_u32(w, A "ssm.conv_kernel", (uint32_t)q->d_conv));
-    SET(hm_gguf_writer_set_u32(w, A "ssm.state_size", (uint32_t)q->d_k));
-    SET(hm_gguf_writer_set_u32(w, A "ssm.group_count", (uint32_t)q->n_k));
-    SET(hm_gguf_writer_set_u32(w, A "ssm.time_step_rank", (uint32_t)q->n_v));
-    SET(hm_gguf_writer_set_u32(w, A "ssm.inner_size", (uint32_t)(q->n_v * q->d_v)));
-    SET(hm_gguf_writer_set_u32(w, A "full_attention_interval", (uint32_t)q->interval));
-    SET(hm_gguf_writer_set_u32(w, A "rope.dimension_count", (uint32_t)q->n_rot));
-    {
+    SET(hm_gguf_writer_set_u32(w, A("expert_feed_forward_length"), (uint32_t)p->n_ff_exp));
+    SET(hm_gguf_writer_set_u32(w, A("expert_shared_feed_forward_length"), (uint32_t)q->n_ff_sh));
+    SET(hm_gguf_writer_set_u32(w, A("ssm.conv_kernel"), (uint32_t)q->d_conv));
+    SET(hm_gguf_writer_set_u32(w, A("ssm.state_size"), (uint32_t)q->d_k));
+    SET(hm_gguf_writer_set_u32(w, A("ssm.group_count"), (uint32_t)q->n_k));
+    SET(hm_gguf_writer_set_u32(w, A("ssm.time_step_rank"), (uint32_t)q->n_v));
+    SET(hm_gguf_writer_set_u32(w, A("ssm.inner_size"), (uint32_t)(q->n_v * q->d_v)));
+    SET(hm_gguf_writer_set_u32(w, A("full_attention_interval"), (uint32_t)q->interval));
+    SET(hm_gguf_writer_set_u32(w, A("rope.dimension_count"), (uint32_t)q->n_rot));
+    if (strcmp(q->arch, "qwen35moe") == 0) {
         const int32_t sections[4] = {11, 11, 10, 0}; /* interleaved M-RoPE; text uses one position */
-        SET(hm_gguf_writer_set_arr(w, A "rope.dimension_sections", HM_GGUF_I32, sections, 4));
+        SET(hm_gguf_writer_set_arr(w, A("rope.dimension_sections"), HM_GGUF_I32, sections, 4));
     }
     SET(hm_gguf_writer_set_u32(w, "general.quantization_version", 2));
 #undef A

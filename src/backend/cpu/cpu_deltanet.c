@@ -96,6 +96,7 @@ typedef struct delta_ctx {
     int64_t qks, vs, n;
     int n_k, n_v, dk, dv;
     float *state, *out;
+    int rep; /* value head h reads key head (h / rep) % n_k: 1 tiled, n_v / n_k grouped */
 } delta_ctx;
 
 static void delta_seq_run(void *p, int ith, int nth) {
@@ -106,7 +107,7 @@ static void delta_seq_run(void *p, int ith, int nth) {
     float kv[HM_DELTA_MAX_DV];
     for (int64_t h = h0; h < h1; h++) {
         float *S = c->state + h * (int64_t)dk * dv;
-        const int64_t kh = h % c->n_k;
+        const int64_t kh = (h / c->rep) % c->n_k;
         for (int64_t t = 0; t < c->n; t++) {
             const float *q = c->q + t * c->qks + kh * dk;
             const float *k = c->k + t * c->qks + kh * dk;
@@ -138,9 +139,10 @@ static void delta_seq_run(void *p, int ith, int nth) {
 
 void hm_cpu_gated_delta_seq(hm_pool *pool, const float *q, const float *k, int64_t qk_stride, const float *v,
                             int64_t v_stride, const float *g, const float *beta, int64_t n_tok, int n_k_head,
-                            int n_v_head, int d_k, int d_v, float *state, float *out) {
+                            int n_v_head, bool grouped, int d_k, int d_v, float *state, float *out) {
     HM_ASSERT(d_v > 0 && d_v <= HM_DELTA_MAX_DV && n_k_head > 0 && n_v_head % n_k_head == 0);
-    delta_ctx c = {q, k, v, g, beta, qk_stride, v_stride, n_tok, n_k_head, n_v_head, d_k, d_v, state, out};
+    delta_ctx c = {q, k, v, g, beta, qk_stride, v_stride, n_tok, n_k_head, n_v_head, d_k, d_v, state, out,
+                   grouped ? n_v_head / n_k_head : 1};
     hm_pool_run(pool, delta_seq_run, &c);
 }
 
@@ -255,7 +257,8 @@ static void chunk_head(const delta_ctx *c, float *w, int64_t h, int64_t c0, int6
     const size_t al = HM_ALIGN / sizeof(float);
     float *kt = w, *gp = kt + hm_align_up((size_t)dk * CH, al), *u = gp + hm_align_up(2 * CH * CH, al);
     float *pm = gp + CH * CH, *S = c->state + h * dk * dv, *o = c->out + (c0 * nv + h) * dv;
-    const float *kc = c->k + c0 * qks + (h % c->n_k) * dk, *qc = c->q + c0 * qks + (h % c->n_k) * dk;
+    const int64_t kh = (h / c->rep) % c->n_k;
+    const float *kc = c->k + c0 * qks + kh * dk, *qc = c->q + c0 * qks + kh * dk;
     float gam[CH], bt[CH], eg[CH], e[CH];
 
     float acc = 0.0f;
@@ -321,12 +324,14 @@ static void delta_chunk_run(void *p, int ith, int nth) {
 
 void hm_cpu_gated_delta_chunked(hm_pool *pool, const float *q, const float *k, int64_t qk_stride, const float *v,
                                 int64_t v_stride, const float *g, const float *beta, int64_t n_tok, int n_k_head,
-                                int n_v_head, int d_k, int d_v, float *state, float *out, hm_scratch *scratch) {
+                                int n_v_head, bool grouped, int d_k, int d_v, float *state, float *out,
+                                hm_scratch *scratch) {
     HM_ASSERT(d_k > 0 && d_v > 0 && n_k_head > 0 && n_v_head % n_k_head == 0 && n_tok >= 0);
     HM_ASSERT(scratch && scratch->size >= hm_cpu_gated_delta_scratch_size(d_k, d_v, hm_pool_size(pool)));
     hm_bump bump = hm_bump_init(scratch);
     const size_t per = chunk_floats(d_k, d_v);
-    chunk_ctx c = {{q, k, v, g, beta, qk_stride, v_stride, n_tok, n_k_head, n_v_head, d_k, d_v, state, out},
+    chunk_ctx c = {{q, k, v, g, beta, qk_stride, v_stride, n_tok, n_k_head, n_v_head, d_k, d_v, state, out,
+                    grouped ? n_v_head / n_k_head : 1},
                    hm_bump_take(&bump, (size_t)hm_pool_size(pool) * per * sizeof(float)), per};
     hm_pool_run(pool, delta_chunk_run, &c);
 }
@@ -342,11 +347,11 @@ bool hm_cpu_gated_delta_chunks(int64_t n_tok) {
 
 void hm_cpu_gated_delta(hm_pool *pool, const float *q, const float *k, int64_t qk_stride, const float *v,
                         int64_t v_stride, const float *g, const float *beta, int64_t n_tok, int n_k_head,
-                        int n_v_head, int d_k, int d_v, float *state, float *out, hm_scratch *scratch) {
+                        int n_v_head, bool grouped, int d_k, int d_v, float *state, float *out, hm_scratch *scratch) {
     if (scratch && hm_cpu_gated_delta_chunks(n_tok))
-        hm_cpu_gated_delta_chunked(pool, q, k, qk_stride, v, v_stride, g, beta, n_tok, n_k_head, n_v_head, d_k, d_v,
-                                   state, out, scratch);
+        hm_cpu_gated_delta_chunked(pool, q, k, qk_stride, v, v_stride, g, beta, n_tok, n_k_head, n_v_head, grouped,
+                                   d_k, d_v, state, out, scratch);
     else
-        hm_cpu_gated_delta_seq(pool, q, k, qk_stride, v, v_stride, g, beta, n_tok, n_k_head, n_v_head, d_k, d_v,
-                               state, out);
+        hm_cpu_gated_delta_seq(pool, q, k, qk_stride, v, v_stride, g, beta, n_tok, n_k_head, n_v_head, grouped, d_k,
+                               d_v, state, out);
 }

@@ -40,8 +40,9 @@ void hm_cpu_l2norm_heads(hm_pool *pool, float *x, int64_t x_stride, int64_t n_to
 #define HM_DELTA_CHUNK 64
 #define HM_DELTA_CHUNK_MIN 4
 
-/* The gated delta rule over n_tok tokens, per value head h (key head h % n_k_head: the GGUF's
- * tiled V-head order), as this recurrence over the tokens t:
+/* The gated delta rule over n_tok tokens, per value head h (key head h % n_k_head: qwen35moe's GGUF
+ * tiled V-head order; grouped: h / (n_v_head / n_k_head), Qwen3-Next's, where a key head's value
+ * heads are adjacent), as this recurrence over the tokens t:
  *   S = exp(g[t,h]) * S;  delta = beta[t,h] * (v_t - S^T k_t);  S += k_t delta^T;  o_t = S^T q_t
  * q, k: rows of n_k_head * d_k (stride qk_stride), already normalised / scaled; v: rows of
  * n_v_head * d_v (stride v_stride); g (log decay, <= 0), beta: [n_tok, n_v_head];
@@ -54,13 +55,13 @@ void hm_cpu_l2norm_heads(hm_pool *pool, float *x, int64_t x_stride, int64_t n_to
  * micro-batches. */
 void hm_cpu_gated_delta(hm_pool *pool, const float *q, const float *k, int64_t qk_stride, const float *v,
                         int64_t v_stride, const float *g, const float *beta, int64_t n_tok, int n_k_head,
-                        int n_v_head, int d_k, int d_v, float *state, float *out, hm_scratch *scratch);
+                        int n_v_head, bool grouped, int d_k, int d_v, float *state, float *out, hm_scratch *scratch);
 
 /* The recurrence above one token after another: the reference, and the decode path. ~6 d_k d_v
  * flops per token and head, S (d_k d_v floats) read twice and written once per token. */
 void hm_cpu_gated_delta_seq(hm_pool *pool, const float *q, const float *k, int64_t qk_stride, const float *v,
                             int64_t v_stride, const float *g, const float *beta, int64_t n_tok, int n_k_head,
-                            int n_v_head, int d_k, int d_v, float *state, float *out);
+                            int n_v_head, bool grouped, int d_k, int d_v, float *state, float *out);
 
 /* The same result by chunks of HM_DELTA_CHUNK tokens (the WY / UT form of fla and transformers'
  * torch_chunk_gated_delta_rule): within a chunk, with G_t the cumulative log decay from the chunk's
@@ -72,7 +73,8 @@ void hm_cpu_gated_delta_seq(hm_pool *pool, const float *q, const float *k, int64
  * is <= 0. Any n_tok >= 0 (the last chunk may be short). scratch: as above, required. */
 void hm_cpu_gated_delta_chunked(hm_pool *pool, const float *q, const float *k, int64_t qk_stride, const float *v,
                                 int64_t v_stride, const float *g, const float *beta, int64_t n_tok, int n_k_head,
-                                int n_v_head, int d_k, int d_v, float *state, float *out, hm_scratch *scratch);
+                                int n_v_head, bool grouped, int d_k, int d_v, float *state, float *out,
+                                hm_scratch *scratch);
 
 /* Whether hm_cpu_gated_delta (given scratch) takes the chunked form for n_tok tokens: from
  * HM_DELTA_CHUNK_MIN tokens on in AVX-512 builds; never in others, whose plain-loop products make

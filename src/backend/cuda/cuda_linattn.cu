@@ -77,23 +77,27 @@ hm_status hm_cuda_l2norm_heads(hm_cuda_ctx *c, float *x, int64_t x_stride, int64
 /* ---- gates ---- */
 
 __global__ void k_delta_gates(const float *alpha, const float *b, const float *ssm_a, const float *dt_bias,
-                              int64_t n, int n_v, float *g, float *beta) {
+                              int64_t n, int n_v, int grp, float *g, float *beta) {
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n) return;
     const int h = (int)(i % n_v);
-    const float a = alpha[i] + dt_bias[h];
+    /* grp > 0: rows of 2 n_v, per key head grp betas then grp alphas (alpha = b + grp) */
+    const int64_t ii = grp ? (i / n_v) * 2 * n_v + (h / grp) * 2 * grp + h % grp : i;
+    const float a = alpha[ii] + dt_bias[h];
     const float sp = a > 20.0f ? a : log1pf(expf(a));
-    const float bv = b[i];
+    const float bv = b[ii];
     g[i] = ssm_a[h] * sp;
     beta[i] = la_sigmoid(bv);
 }
 
 hm_status hm_cuda_delta_gates(hm_cuda_ctx *c, const float *alpha, const float *b, const float *ssm_a,
-                              const float *dt_bias, int64_t n_tok, int n_v, float *g, float *beta, hm_err *err) {
-    HM_CU_ARG(alpha && b && ssm_a && dt_bias && g && beta && n_tok >= 0 && n_v > 0);
+                              const float *dt_bias, int64_t n_tok, int n_v, int grp, float *g, float *beta,
+                              hm_err *err) {
+    HM_CU_ARG(alpha && b && ssm_a && dt_bias && g && beta && n_tok >= 0 && n_v > 0 && grp >= 0);
+    HM_CU_ARG(!grp || (n_v % grp == 0 && g != alpha && g != b && beta != alpha && beta != b));
     const int64_t n = n_tok * n_v;
     if (!n) return HM_OK;
-    k_delta_gates<<<hm_cu_blocks(n, 256), 256, 0, c->compute>>>(alpha, b, ssm_a, dt_bias, n, n_v, g, beta);
+    k_delta_gates<<<hm_cu_blocks(n, 256), 256, 0, c->compute>>>(alpha, b, ssm_a, dt_bias, n, n_v, grp, g, beta);
     HM_CU_LAUNCH("delta_gates");
     return HM_OK;
 }
@@ -110,7 +114,8 @@ template <int DK, int SPLIT>
 __global__ void __launch_bounds__(LA_DELTA_COLS * SPLIT) k_gated_delta(const float *q, const float *k, int64_t qks,
                                                                        const float *v, int64_t vs, const float *g,
                                                                        const float *beta, int64_t n, int n_k, int n_v,
-                                                                       int dk_rt, int dv, float *state, float *out) {
+                                                                       int rep, int dk_rt, int dv, float *state,
+                                                                       float *out) {
     static_assert(SPLIT == 1 || (SPLIT == 2 && DK > 0 && DK % 2 == 0), "split rows need a fixed d_k");
     constexpr int R = DK > 0 ? DK / SPLIT : 1; /* rows per thread */
     extern __shared__ float sh[];              /* [2][dk]: q_t, k_t */
@@ -119,7 +124,7 @@ __global__ void __launch_bounds__(LA_DELTA_COLS * SPLIT) k_gated_delta(const flo
     const int h = blockIdx.x, j = blockIdx.y * LA_DELTA_COLS + (int)threadIdx.x / SPLIT;
     const bool live = j < dv;
     float *S = state + (int64_t)h * dk * dv + (live ? j : 0); /* column j: S[i * dv] */
-    const int64_t kh = h % n_k;
+    const int64_t kh = (h / rep) % n_k; /* rep 1: tiled, n_v / n_k: grouped */
     float s[R];
 #pragma unroll
     for (int r = 0; r < R; r++) s[r] = DK > 0 && live ? S[(int64_t)(i0 + r) * dv] : 0.0f;
@@ -168,7 +173,7 @@ __global__ void __launch_bounds__(LA_DELTA_COLS * SPLIT) k_gated_delta(const flo
 
 hm_status hm_cuda_gated_delta(hm_cuda_ctx *c, const float *q, const float *k, int64_t qk_stride, const float *v,
                               int64_t v_stride, const float *g, const float *beta, int64_t n_tok, int n_k_head,
-                              int n_v_head, int d_k, int d_v, float *state, float *out, hm_err *err) {
+                              int n_v_head, bool grouped, int d_k, int d_v, float *state, float *out, hm_err *err) {
     HM_CU_ARG(q && k && v && g && beta && state && out && n_tok >= 0);
     HM_CU_ARG(n_k_head > 0 && n_v_head > 0 && n_v_head % n_k_head == 0 && n_v_head <= 65535);
     HM_CU_ARG(d_k > 0 && d_k <= 1024 && d_v > 0 && d_v <= 1024);
@@ -176,9 +181,10 @@ hm_status hm_cuda_gated_delta(hm_cuda_ctx *c, const float *q, const float *k, in
     if (!n_tok) return HM_OK;
     const dim3 grid((unsigned)n_v_head, hm_cu_blocks(d_v, LA_DELTA_COLS));
     const size_t shb = 2 * (size_t)d_k * sizeof(float);
+    const int rep = grouped ? n_v_head / n_k_head : 1;
 #define LA_DELTA(DKV, SPL)                                                                                    \
     k_gated_delta<DKV, SPL><<<grid, LA_DELTA_COLS * SPL, shb, c->compute>>>(                                  \
-        q, k, qk_stride, v, v_stride, g, beta, n_tok, n_k_head, n_v_head, d_k, d_v, state, out)
+        q, k, qk_stride, v, v_stride, g, beta, n_tok, n_k_head, n_v_head, rep, d_k, d_v, state, out)
     switch (d_k) {
     case 16: LA_DELTA(16, 1); break;
     case 32: LA_DELTA(32, 1); break;

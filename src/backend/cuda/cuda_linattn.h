@@ -18,6 +18,7 @@
 #ifndef HM_BACKEND_CUDA_LINATTN_H
 #define HM_BACKEND_CUDA_LINATTN_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "cuda_ops.h"
@@ -41,12 +42,15 @@ hm_status hm_cuda_l2norm_heads(hm_cuda_ctx *c, float *x, int64_t x_stride, int64
 /* The DeltaNet gates, per token t and value head h (i = t * n_v + h):
  *   g[i] = ssm_a[h] * softplus(alpha[i] + dt_bias[h])   (softplus(x) = x above 20, torch's threshold)
  *   beta[i] = sigmoid(b[i]).
- * alpha, b, g, beta: [n_tok, n_v]; ssm_a, dt_bias: [n_v]. g may alias alpha, beta may alias b. */
+ * g, beta: [n_tok, n_v]; ssm_a, dt_bias: [n_v]. grp 0: alpha, b [n_tok, n_v], g may alias alpha,
+ * beta b. grp > 0 (Qwen3-Next's fused ssm_ba): b the rows of 2 n_v that hold, per key head, its grp
+ * betas then its grp alphas, alpha = b + grp; no aliasing. */
 hm_status hm_cuda_delta_gates(hm_cuda_ctx *c, const float *alpha, const float *b, const float *ssm_a,
-                              const float *dt_bias, int64_t n_tok, int n_v, float *g, float *beta, hm_err *err);
+                              const float *dt_bias, int64_t n_tok, int n_v, int grp, float *g, float *beta,
+                              hm_err *err);
 
 /* The gated delta rule over n_tok tokens, token by token (hm_cpu_gated_delta_seq's contract): per
- * value head h (key head h % n_k_head),
+ * value head h (key head h % n_k_head; grouped: h / (n_v_head / n_k_head)),
  *   S = exp(g[t,h]) S;  delta = beta[t,h] (v_t - S^T k_t);  S += k_t delta^T;  o_t = S^T q_t.
  * q, k: rows of n_k_head * d_k (stride qk_stride); v: rows of n_v_head * d_v (stride v_stride);
  * g, beta: [n_tok, n_v_head]; state: [n_v_head, d_k, d_v] in and out; out: [n_tok, n_v_head * d_v].
@@ -55,7 +59,7 @@ hm_status hm_cuda_delta_gates(hm_cuda_ctx *c, const float *alpha, const float *b
  * writes it in memory; d_v <= 1024. Token by token: right for decode, a first form for prefill. */
 hm_status hm_cuda_gated_delta(hm_cuda_ctx *c, const float *q, const float *k, int64_t qk_stride, const float *v,
                               int64_t v_stride, const float *g, const float *beta, int64_t n_tok, int n_k_head,
-                              int n_v_head, int d_k, int d_v, float *state, float *out, hm_err *err);
+                              int n_v_head, bool grouped, int d_k, int d_v, float *state, float *out, hm_err *err);
 
 /* The gated attention's projection split: mix [n_tok, n_head * 2 * hd] holds per head [q | gate];
  * q, gate: [n_tok, n_head * hd]. */
