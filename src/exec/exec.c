@@ -89,6 +89,16 @@ hm_status hm_op_deltanet(hm_exec *x, int32_t il, hm_buf io, const hm_deltanet *p
     return x->ops->deltanet(x, il, io, p);
 }
 
+hm_status hm_op_rmsnorm_w(hm_exec *x, hm_buf in, const float *w, hm_buf out, int64_t width) {
+    return x->ops->rmsnorm_w(x, in, w, out, width);
+}
+
+hm_status hm_op_mla_in(hm_exec *x, int32_t il, const hm_mla_in *p) { return x->ops->mla_in(x, il, p); }
+
+hm_status hm_op_matmul_heads(hm_exec *x, const hm_mat_heads *w, const hm_heads_io *io) {
+    return x->ops->matmul_heads(x, w, io);
+}
+
 /* ---- session entry points ---- */
 
 /* s->kvl: each layer's K and V in one block, in layer order (a uniform arch's layer with KV slot i
@@ -119,7 +129,7 @@ static hm_status kv_layout(const hm_exec_model *xm, const hm_state_opts *o, hm_e
         }
         c->bytes = (size_t)a.n_head_kv * (size_t)c->cap * hm_row_size(rt, a.head_dim);
         c->off = at;
-        at += 2 * c->bytes;
+        at += (xm->kv_v_is_k ? 1 : 2) * c->bytes; /* V rows read as the K rows: no V block */
     }
     s->kv_bytes = at;
     return HM_OK;
