@@ -1,7 +1,7 @@
 /* test_cpu_mla.c - multi-head latent attention (DeepSeek-V2/V3, model/deepseek2.c) on the CPU: the
  * absorbed form hotmoe runs (hm_cpu_mla_in, the compressed row into a one-head cache whose V is
- * its K, hm_cpu_matmul_heads through attn_k_b, the ordinary attention kernel, attn_v_b) against a
- * double-precision reference of the decompressed form (per head k = [K_b^T c | k_pe], v = V_b c,
+ * its K (hm_cpu_mla_kv_write), hm_cpu_matmul_heads through attn_k_b, hm_cpu_mla_attention, attn_v_b)
+ * against a double-precision reference of the decompressed form (per head k = [K_b^T c | k_pe], v = V_b c,
  * plain causal multi-head attention over the weights' values), in one pass, in chunks of 7 and token
  * by token, over F32, F16 and Q8_0 caches; weights F32 and F16. Bounds relative to the output's
  * rms: the F32 cache is exact up to float rounding (2e-4), an F16 cache rounds c and k_pe (5e-3),
@@ -91,14 +91,9 @@ static void absorbed(hm_pool *pool, hm_kv_type kv_type, const float *q_in, const
     void *kv = NULL;
     float *att_scratch = NULL;
     hm_scratch sc = {0};
-    const size_t fl = hm_cpu_attention_ring_scratch_floats(N_CTX, 2) > hm_cpu_attn_tiled_scratch_floats(H, 1, AW, 2)
-                          ? hm_cpu_attention_ring_scratch_floats(N_CTX, 2)
-                          : hm_cpu_attn_tiled_scratch_floats(H, 1, AW, 2);
-    size_t ss = hm_cpu_attention_scratch_size(N_CTX, N_CTX, H, AW, 2);
-    if (hm_cpu_matmul_scratch_size(AW, N_CTX, 2) > ss) ss = hm_cpu_matmul_scratch_size(AW, N_CTX, 2);
     CHECK(hm_model_kv_alloc(&kv, (size_t)N_CTX * hm_row_size(rt, AW), kv_type, N_CTX, &err) == HM_OK);
-    CHECK(hm_model_att_scratch_alloc(&att_scratch, fl, &err) == HM_OK);
-    CHECK(hm_model_scratch_alloc(&sc, ss, &err) == HM_OK);
+    CHECK(hm_model_att_scratch_alloc(&att_scratch, hm_cpu_mla_scratch_floats(H, AW, 2), &err) == HM_OK);
+    CHECK(hm_model_scratch_alloc(&sc, hm_cpu_matmul_scratch_size(AW, N_CTX, 2), &err) == HM_OK);
     float *q = malloc(sizeof(float) * (size_t)chunk * H * QK), *kvr = malloc(sizeof(float) * (size_t)chunk * AW);
     float *qa = malloc(sizeof(float) * (size_t)chunk * H * AW), *lat = malloc(sizeof(float) * (size_t)chunk * H * AW);
     float *tin = malloc(sizeof(float) * (size_t)chunk * LORA), *tout = malloc(sizeof(float) * (size_t)chunk * LORA);
@@ -109,9 +104,9 @@ static void absorbed(hm_pool *pool, hm_kv_type kv_type, const float *q_in, const
         memcpy(q, q_in + (size_t)t0 * H * QK, sizeof(float) * (size_t)m * H * QK);
         memcpy(kvr, kv_in + (size_t)t0 * AW, sizeof(float) * (size_t)m * AW);
         hm_cpu_mla_in(pool, q, qa, kvr, m, H, NOPE, LORA, ROT, pos, theta, ff, norm, 1e-6f);
-        hm_model_kv_write(pool, kv_type, kv, kv, N_CTX, 1, AW, kvr, kvr, m, pos);
+        hm_cpu_mla_kv_write(pool, rt, kv, AW, kvr, m, pos);
         hm_cpu_matmul_heads(pool, kb, kb_nb2, H, q, QK, m, qa, AW, tin, tout, &sc);
-        hm_model_attention(pool, kv_type, qa, m, pos, kv, kv, N_CTX, H, 1, AW, scale, lat, att_scratch, &sc);
+        hm_cpu_mla_attention(pool, rt, qa, m, pos, kv, H, AW, scale, lat, att_scratch);
         hm_cpu_matmul_heads(pool, vb, vb_nb2, H, lat, AW, m, out + (size_t)t0 * H * VD, VD, tin, tout, &sc);
     }
     free(q), free(kvr), free(qa), free(lat), free(tin), free(tout);

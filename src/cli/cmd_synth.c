@@ -195,7 +195,8 @@ int hm_cmd_synth(int argc, char **argv) {
             o.n_threads = (int32_t)n;
         }
     }
-    if (!o.preset || !o.type || !o.out_path) {
+    const bool preset_default = o.arch && strcmp(o.arch, "deepseek2") == 0; /* its real shape */
+    if ((!o.preset && !preset_default) || !o.type || !o.out_path) {
         fprintf(stderr, "synth: %s is required\n\n", !o.preset ? "--preset" : !o.type ? "--type" : "-o FILE");
         usage(stderr);
         return 2;

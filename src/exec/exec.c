@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "core/alloc.h"
+#include "quant/quant.h"
 
 #include "exec_impl.h"
 
@@ -115,7 +116,7 @@ static hm_status kv_layout(const hm_exec_model *xm, const hm_state_opts *o, hm_e
         if (hm_exec_kv_slot(xm, il) < 0) continue;
         const hm_attn_layer a = xm->attn_layers ? xm->attn_layers[il]
                                                 : (hm_attn_layer){.head_dim = xm->head_dim, .n_head_kv = xm->n_head_kv};
-        if (!hm_cpu_kv_row_ok(rt, a.head_dim))
+        if (xm->kv_v_is_k ? a.head_dim % hm_type_get(rt)->blck_size != 0 : !hm_cpu_kv_row_ok(rt, a.head_dim))
             return hm_errf(err, HM_ERR_UNSUPPORTED,
                            "a %s KV cache: layer %d's head_dim %d is not a multiple of its block of %lld values "
                            "(use -ctk/-ctv f16)", hm_kv_type_name(o->kv_type), il, a.head_dim,

@@ -68,7 +68,10 @@ hm_status hm_exec_cpu_state_open(const hm_model *m, const hm_state_opts *o, hm_e
     }
     if ((st = hm_model_carve(&s->act, sizes, dst, n, err)) != HM_OK) return st;
 
-    if (xm->attn_ring) { /* the ring attention's scores, for the longest cache */
+    if (xm->kv_v_is_k && xm->n_kv_layer > 0) { /* MLA's compressed cache: its own attention (cpu_mla.h) */
+        const size_t fl = hm_cpu_mla_scratch_floats(xm->n_head, xm->head_dim, o->n_threads);
+        if ((st = hm_model_att_scratch_alloc(&s->kv_scratch, fl, err)) != HM_OK) return st;
+    } else if (xm->attn_ring) { /* the ring attention's scores, for the longest cache */
         int64_t cap_max = 1;
         for (int32_t il = 0; il < xm->n_layer; il++)
             if (s->kvl[il].cap > cap_max) cap_max = s->kvl[il].cap;
@@ -89,7 +92,7 @@ hm_status hm_exec_cpu_state_open(const hm_model *m, const hm_state_opts *o, hm_e
 
     /* the matmuls' inputs are the buffers (the widest bounds them), then attention, then the MoE */
     size_t sc = hm_cpu_matmul_scratch_size(widest, (int64_t)U, o->n_threads);
-    if (!xm->attn_ring)
+    if (!xm->attn_ring && !xm->kv_v_is_k)
         sc = hm_model_max_sz(sc, hm_cpu_attention_scratch_size((int64_t)U, o->n_ctx, xm->n_head, xm->head_dim,
                                                                o->n_threads));
     if (xm->moe.n_expert > 0)
@@ -193,6 +196,12 @@ static hm_status c_attention(hm_exec *x, int32_t il, hm_buf qb, hm_buf outb, flo
         hm_exec_state *si = c->seqs[i].state;
         if (!c->cnt[i]) continue;
         char *vc, *kc = kv_layer(xm, si, il, &vc);
+        if (xm->kv_v_is_k) { /* MLA's compressed one-head cache */
+            const size_t ro = (size_t)c->off[i] * (size_t)(nh * hd);
+            hm_cpu_mla_attention(x->pool, si->kv_row_type, x->buf[qb] + ro, c->cnt[i], c->pos + c->off[i], kc, nh, hd,
+                                 scale, x->buf[outb] + ro, si->kv_scratch);
+            continue;
+        }
         const size_t ro = (size_t)c->off[i] * (size_t)(nh * hd);
         hm_model_attention(x->pool, si->kv_type, x->buf[qb] + ro, c->cnt[i], c->pos + c->off[i], kc, vc, si->n_ctx,
                            nh, nkv, hd, scale, x->buf[outb] + ro, si->kv_scratch, &si->scratch);
@@ -362,8 +371,8 @@ static hm_status c_mla_in(hm_exec *x, int32_t il, const hm_mla_in *p) {
     for (int i = 0; i < c->n_seq; i++) { /* each sequence's rows into its own cache (V = K: one write) */
         const hm_exec_state *si = c->seqs[i].state;
         char *vc, *kc = kv_layer(x->xm, si, il, &vc);
-        const float *k = kv + (size_t)c->off[i] * (size_t)hd;
-        hm_model_kv_write(x->pool, si->kv_type, kc, vc, si->n_ctx, 1, hd, k, k, c->cnt[i], c->seqs[i].b.pos);
+        hm_cpu_mla_kv_write(x->pool, si->kv_row_type, kc, hd, kv + (size_t)c->off[i] * (size_t)hd, c->cnt[i],
+                            c->seqs[i].b.pos);
     }
     return HM_OK;
 }

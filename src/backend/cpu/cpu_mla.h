@@ -26,4 +26,18 @@ void hm_cpu_mla_in(hm_pool *pool, const float *q, float *qa, float *kv, int64_t 
 void hm_cpu_matmul_heads(hm_pool *pool, const hm_mat *w, size_t nb2, int n_head, const float *in, int64_t in_stride,
                          int64_t n, float *out, int64_t out_stride, float *tin, float *tout, hm_scratch *scratch);
 
+/* The compressed rows kv [n, hd] into rows pos[t] of a one-head cache of `type` (F32, F16, BF16,
+ * Q8_0, Q4_0: hd a multiple of its block), quantised as the KV writes do (the type's from_float). */
+void hm_cpu_mla_kv_write(hm_pool *pool, int type, char *cache, int hd, const float *kv, int64_t n, const int32_t *pos);
+
+/* Causal attention of q [n, n_head * hd] over the one-head cache of `type` whose V rows are its K
+ * rows: out [n, n_head * hd] (the latent sum in each head's first kv_lora values), row t attending
+ * to cache rows 0..pos[t] with scores q . k * scale; f32 scores, online softmax over blocks of
+ * HM_CPU_MLA_BLOCK rows, each block's rows converted once for every head of the item. Items are
+ * (row, group of heads) over the pool; any hd and head count. scratch: hm_cpu_mla_scratch_floats. */
+#define HM_CPU_MLA_BLOCK 32
+size_t hm_cpu_mla_scratch_floats(int n_head, int hd, int n_threads);
+void hm_cpu_mla_attention(hm_pool *pool, int type, const float *q, int64_t n, const int32_t *pos, const char *cache,
+                          int n_head, int hd, float scale, float *out, float *scratch);
+
 #endif
