@@ -234,6 +234,13 @@ static hm_status ds2_load(hm_model *m, hm_err *err) {
     HP_INT("embedding_length", true, 0, &d->n_embd);
     HP_INT("block_count", true, 0, &d->n_layer);
     HP_INT("attention.head_count", true, 0, &d->n_head);
+    int32_t nextn;
+    HP_INT("nextn_predict_layers", false, 0, &nextn);
+    if (nextn > 0 && nextn < d->n_layer) { /* the MTP blocks after the trunk: not run (as llama.cpp without MTP) */
+        hm_log_printf(&m->log, HM_LOG_INFO, "deepseek2: the last %d of %d blocks are multi-token prediction: skipped",
+                      nextn, d->n_layer);
+        d->n_layer -= nextn;
+    }
     HP_INT("attention.head_count_kv", false, 1, &n_kv);
     HP_INT("attention.q_lora_rank", false, 0, &d->q_lora);
     HP_INT("attention.kv_lora_rank", true, 0, &d->kv_lora);
