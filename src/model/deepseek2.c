@@ -96,13 +96,13 @@ static hm_status ds2_layer_fwd(hm_exec *x, const hm_model *m, int32_t il) {
     OP(hm_op_matmul(x, DS_ATT, &L->wo, HM_BUF_H));
     OP(hm_op_add_rmsnorm(x, HM_BUF_X, HM_BUF_H, L->ffn_norm, HM_BUF_H));
     const int64_t nff = L->dense ? d->n_ff : (int64_t)d->n_ff_exp * d->n_shared;
-    if (!L->dense) OP(hm_op_moe(x, il, HM_BUF_H, HM_BUF_X));
-    if (nff > 0) { /* the dense FFN, or the shared experts */
+    if (nff > 0) { /* the dense FFN, or the shared experts (before the routed ones, as qwen35moe.c) */
         OP(hm_op_matmul_n(x, HM_BUF_H, (const hm_mat *const[2]){&L->gate, &L->up}, (const hm_buf[2]){DS_G, DS_U}, 2));
         OP(hm_op_swiglu(x, DS_G, DS_U, DS_G, nff));
         OP(hm_op_matmul(x, DS_G, &L->down, DS_D));
         OP(hm_op_add(x, HM_BUF_X, DS_D));
     }
+    if (!L->dense) OP(hm_op_moe(x, il, HM_BUF_H, HM_BUF_X));
 #undef OP
     return HM_OK;
 }
