@@ -21,6 +21,7 @@ static void usage(FILE *f) {
           "                          vocab 262144; gemma4-tiny: a few MB) or deepseek2 (presets\n"
           "                          deepseek-v2-lite, the default: 27 layers, MLA kv_lora 512,\n"
           "                          64 experts k 6 + 2 shared, 1 dense layer, YaRN, vocab 102400;\n"
+          "                          deepseek-v3: 61 layers, q LoRA 1536, 256 experts k 8 in 8 groups;\n"
           "                          deepseek2-tiny: a few MB, q LoRA, sigmoid + bias + groups)\n"
           "  --preset NAME           qwen3-30b-a3b: Qwen3-30B-A3B's shapes (48 layers, 128 experts,\n"
           "                          k 8, vocab 151936; 17 GB at q4_k_m); tiny: a few MB;\n"

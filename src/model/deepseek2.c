@@ -283,9 +283,10 @@ static hm_status ds2_load(hm_model *m, hm_err *err) {
             "rope dims, value_length kv_lora_rank)", n_kv, key_len, val_len, d->kv_lora, key_mla, val_mla, d->n_rot);
     d->nope = key_mla - d->n_rot;
     d->v_dim = val_mla;
-    if (d->n_dense > d->n_layer || (d->n_dense > 0 && d->n_ff <= 0) || d->n_ff_exp <= 0)
-        BAD("bad hparams: leading_dense_block_count %d of %d layers, feed_forward_length %d, "
-            "expert_feed_forward_length %d", d->n_dense, d->n_layer, d->n_ff, d->n_ff_exp);
+    if (d->n_dense > d->n_layer) d->n_dense = d->n_layer; /* a cut-down file: every layer dense (llama.cpp alike) */
+    if ((d->n_dense > 0 && d->n_ff <= 0) || d->n_ff_exp <= 0)
+        BAD("bad hparams: leading_dense_block_count %d, feed_forward_length %d, expert_feed_forward_length %d",
+            d->n_dense, d->n_ff, d->n_ff_exp);
     if (gating == 3) {
         st = hm_errf(err, HM_ERR_UNSUPPORTED, "%s.expert_gating_func = 3 (softmax over the chosen weights) is not "
                      "supported for deepseek2", m->arch_name);

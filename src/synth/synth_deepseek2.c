@@ -7,7 +7,12 @@
  * n_shared_experts 2, first_k_dense_replace 1, intermediate_size 10944, n_group 1, topk_group 1,
  * softmax scoring, norm_topk_prob false, routed_scaling_factor 1.0, vocab_size 102400,
  * max_position_embeddings 163840, rope_theta 10000, YaRN factor 40 over 4096 with mscale =
- * mscale_all_dim = 0.707, rms_norm_eps 1e-6. deepseek2-tiny: a few MB with every feature on (a q
+ * mscale_all_dim = 0.707, rms_norm_eps 1e-6. deepseek-v3: deepseek-ai/DeepSeek-V3's config.json
+ * (R1 has the same shapes) - hidden_size 7168, 61 layers (the first 3 dense, intermediate_size
+ * 18432), 128 heads, q_lora_rank 1536, kv_lora_rank 512, nope 128, rope 64, v 128, 256 experts of
+ * 2048, k 8, 1 shared, sigmoid scores with e_score_correction_bias, n_group 8, topk_group 4,
+ * norm_topk_prob true, routed_scaling_factor 2.5, vocab 129280, YaRN factor 40 over 4096 with
+ * mscale = mscale_all_dim = 1 (its multi-token-prediction layer is not written). deepseek2-tiny: a few MB with every feature on (a q
  * LoRA, a dense first layer, a shared expert, sigmoid scores with exp_probs_b, 4 groups of which 2
  * are kept, renormalisation, a routed scale, YaRN).
  *
@@ -38,6 +43,9 @@ static const hm_synth_ds2 ds2_presets[] = {
     {{"deepseek-v2-lite", "DeepSeek-V2-Lite (hotmoe synth, random weights)", 27, 2048, 16, 1, 192, 64, 6, 1408, 10944,
       102400, 163840, 10000.0f, 1e-6f},
      0, 512, 128, 64, 128, 1, 2, 1, 1, 1, false, false, 1.0f, 40.0f, 4096, 0.707f, 32.0f, 0.02f},
+    {{"deepseek-v3", "DeepSeek-V3 (hotmoe synth, random weights)", 61, 7168, 128, 1, 192, 256, 8, 2048, 18432,
+      129280, 163840, 10000.0f, 1e-6f},
+     1536, 512, 128, 64, 128, 3, 1, 8, 4, 2, true, true, 2.5f, 40.0f, 4096, 1.0f, 32.0f, 0.02f},
     {{"deepseek2-tiny", "tiny deepseek2 (hotmoe synth, random weights)", 3, 128, 4, 1, 64, 16, 4, 64, 256, 512, 4096,
       10000.0f, 1e-6f},
      64, 64, 32, 32, 32, 1, 1, 4, 2, 2, true, true, 2.5f, 4.0f, 32, 1.0f, 32.0f, 0.2f},
@@ -49,7 +57,7 @@ const hm_synth_ds2 *hm_synth_find_ds2(const char *name) {
     return NULL;
 }
 
-const char *hm_synth_ds2_names(void) { return "deepseek-v2-lite, deepseek2-tiny"; }
+const char *hm_synth_ds2_names(void) { return "deepseek-v2-lite, deepseek-v3, deepseek2-tiny"; }
 
 typedef struct ds2_plan {
     hm_synth_tensor *t;
