@@ -35,7 +35,7 @@ typedef struct hm_exec_ops {
 } hm_exec_ops;
 
 /* One layer's K then V in a KV block: [n_kv][cap] rows of head_dim values of the cache's type
- * each (bytes bytes), from byte off on. */
+ * each (bytes bytes), from byte off on; K only when xm->kv_v_is_k (MLA's compressed cache). */
 typedef struct hm_kv_layer {
     size_t off, bytes;
     int64_t cap;
