@@ -9,7 +9,10 @@
 # regression guards; in one pass and in micro-batches of 7 (F16 cache), and in one pass and token
 # by token (-ub 1) with an F32 cache. The F32 passes (one, -ub 7, -ub 1) agree within 1e-4 per
 # logit: the chunked prefill and the decode read the compressed cache as the single pass does.
-# inspect -c: the cache holds kv_lora + rope values per token and layer, no V. A few seconds.
+# inspect -c: the cache holds kv_lora + rope values per token and layer, no V. An older conversion
+# (attn_kv_b whole, no key_length_mla: tests/ds2_kv_b_gguf.py rewrites the F32 synth so) against
+# llama.cpp on that file (its plain multi-head path; fixture kv_b/), and bit-identical with the
+# split file's logits. A few seconds.
 set -uo pipefail
 . "$(dirname "$0")/lib.sh"
 hm_tmpdir llama_ds2
@@ -51,6 +54,28 @@ PY
     echo "f32 one pass vs $tag: max |logit difference| $d"
     check "f32 $tag agrees with one pass within 1e-4" awk -v d="$d" 'BEGIN { exit !(d + 0 == d && d < 1e-4) }'
 done
+# the older conversion (attn_kv_b)
+f32="$tmp/ds2_f32.gguf" kvb="$tmp/ds2_kv_b.gguf"
+check "synth deepseek2-tiny f32" test "$(code "$EXE" synth --arch deepseek2 --preset deepseek2-tiny --type f32 --seed 1 -q -t 2 -o "$f32")" = 0
+check "rewrite as attn_kv_b" python3 "$SRC/tests/ds2_kv_b_gguf.py" "$f32" "$kvb"
+want=$(awk '{print $1}' "$fix/kv_b/model.sha256")
+got=$(sha256sum "$kvb" | awk '{print $1}')
+if [ "$got" != "$want" ]; then
+    echo "FAIL: the attn_kv_b model's sha256 is $got, the reference was made from $want:"
+    echo "      regenerate tests/fixtures/llama_deepseek2/kv_b as its README.md says"
+    fail=1
+else
+    check "logits attn_kv_b" test "$(code "$EXE" logits -m "$kvb" --tokens-file "$fix/tokens.txt" -o "$tmp/kvb.f32" -t 2)" = 0
+    if "$cmpexe" "$fix/kv_b" "$tmp/kvb.f32" 0.995 1e-3 >"$tmp/cmp" 2>&1; then
+        grep -E "top-1 agreement:|KL" "$tmp/cmp" | sed "s/^/attn_kv_b: /"
+    else
+        sed "s/^/attn_kv_b: /" "$tmp/cmp"
+        echo "FAIL: attn_kv_b against llama.cpp"
+        fail=1
+    fi
+    check "logits f32 split" test "$(code "$EXE" logits -m "$f32" --tokens-file "$fix/tokens.txt" -o "$tmp/split.f32" -t 2)" = 0
+    check "attn_kv_b bit-identical with the split file" cmp -s "$tmp/kvb.f32" "$tmp/split.f32"
+fi
 # 3 layers x 1000 positions x (kv_lora 64 + rope 32) x 2 bytes: one compressed row, no V
 check "inspect -c" test "$(code "$EXE" inspect "$m" -c 1000 --json)" = 0
 check "inspect -c: the compressed cache's bytes" grep -q '"kv_bytes": 576000' "$tmp/out"

@@ -303,8 +303,8 @@ static hm_status u_mla_in(hm_exec *x, int32_t il, const hm_mla_in *p) {
 static hm_status u_matmul_heads(hm_exec *x, const hm_mat_heads *w, const hm_heads_io *io) {
     (void)io;
     if (w->nb2 != (size_t)w->w.ne1 * w->w.nb1)
-        return hm_errf(x->err, HM_ERR_UNSUPPORTED, "tensor '%s': per-head matrices that are not packed",
-                       tensor_name(x->m, w->w.data));
+        return hm_errf(x->err, HM_ERR_UNSUPPORTED, "per-head matrices that are not packed (a deepseek2 file with "
+                       "attn_kv_b: convert it again with a current llama.cpp converter, or run it on the CPU)");
     hm_mat all = w->w;
     all.ne1 = w->w.ne1 * w->n_head;
     return up_mat(x, &all);

@@ -24,8 +24,10 @@
  *       shared experts (one SwiGLU of n_ff_exp * expert_shared_count)
  * then logits = (rmsnorm(x) * output_norm) Wout.
  *
- * Files whose kv_b is not split (attn_kv_b: older conversions, llama.cpp's non-MLA path) are
- * refused with a message; the current converter writes attn_k_b / attn_v_b. The layer is written
+ * Older conversions keep kv_b whole (attn_kv_b [kv_lora, n_head (nope + v)], no key_length_mla:
+ * llama.cpp runs them as plain multi-head attention): the same absorbed form runs on them, V_b a
+ * strided view into kv_b and K_b its nope rows transposed into an F32 copy made at load (CPU only;
+ * the GPU upload takes the split tensors the current converter writes). The layer is written
  * once over exec.h's ops (ds2_layer_fwd); the executor runs it on every backend. */
 #include <math.h>
 #include <stdio.h>
@@ -60,6 +62,8 @@ typedef struct ds2_model {
     ds2_layer *layers;        /* [n_layer], owned */
     hm_moe_layer *moe_layers; /* [n_layer], owned */
     float *rope_ff;           /* [n_rot / 2] YaRN's per-pair divisors, owned; NULL = none */
+    float *kb_legacy;         /* [n_layer][n_head][kv_lora][nope] K_b of a file with attn_kv_b, owned; NULL = none */
+    bool legacy;              /* attn_kv_b instead of attn_k_b / attn_v_b */
     hm_exec_model xm;
 } ds2_model;
 
@@ -138,6 +142,7 @@ static void ds2_unload(hm_model *m) {
     free(d->layers);
     free(d->moe_layers);
     free(d->rope_ff);
+    free(d->kb_legacy);
     free(d);
     m->impl = NULL;
 }
@@ -146,6 +151,31 @@ static hm_status bind_heads(const hm_model *m, const char *name, int64_t ne0, in
                             hm_mat_heads *out, hm_err *err) {
     out->n_head = n_head;
     return hm_model_bind_exps(m, name, ne0, ne1, n_head, true, &out->w, &out->nb2, err);
+}
+
+/* A whole kv_b [kv_lora, n_head (nope + v_dim)] (head h: nope K rows, then v_dim V rows): V_b a view
+ * (head stride (nope + v_dim) rows), K_b the nope rows transposed into d->kb_legacy. */
+static hm_status bind_kv_b(const hm_model *m, ds2_model *d, int32_t il, const char *name, hm_err *err) {
+    ds2_layer *L = &d->layers[il];
+    const int64_t H = d->n_head, nope = d->nope, lora = d->kv_lora, per = nope + d->v_dim;
+    hm_mat kv;
+    hm_status st = hm_model_bind_mat(m, name, lora, H * per, true, &kv, err);
+    if (st != HM_OK) return st;
+    const hm_type_traits *tr = hm_type_get(kv.type);
+    if (!tr || !tr->to_float) return hm_errf(err, HM_ERR_UNSUPPORTED, "tensor '%s': type %s", name, hm_type_name(kv.type));
+    L->v_b = (hm_mat_heads){.w = {.data = (const char *)kv.data + (size_t)nope * kv.nb1, .type = kv.type, .ne0 = lora,
+                                  .ne1 = d->v_dim, .nb1 = kv.nb1},
+                            .nb2 = (size_t)per * kv.nb1, .n_head = d->n_head};
+    float *kb = d->kb_legacy + (size_t)il * (size_t)(H * lora * nope), row[4096];
+    if (lora > 4096) return hm_errf(err, HM_ERR_UNSUPPORTED, "tensor '%s': kv_lora_rank %lld", name, (long long)lora);
+    for (int64_t h = 0; h < H; h++)
+        for (int64_t j = 0; j < nope; j++) {
+            tr->to_float((const char *)kv.data + (size_t)(h * per + j) * kv.nb1, row, lora);
+            for (int64_t l = 0; l < lora; l++) kb[(h * lora + l) * nope + j] = row[l];
+        }
+    L->k_b = (hm_mat_heads){.w = {.data = kb, .type = HM_TYPE_F32, .ne0 = nope, .ne1 = lora, .nb1 = (size_t)nope * 4},
+                            .nb2 = (size_t)(lora * nope) * 4, .n_head = d->n_head};
+    return HM_OK;
 }
 
 static hm_status bind_layer(const hm_model *m, ds2_model *d, int32_t il, hm_err *err) {
@@ -165,11 +195,12 @@ static hm_status bind_layer(const hm_model *m, ds2_model *d, int32_t il, hm_err 
     }
     TRY(hm_model_bind_mat(m, NAME("attn_kv_a_mqa.weight"), E, (int64_t)d->kv_lora + d->n_rot, true, &L->wkv_a, err));
     TRY(hm_model_bind_vec(m, NAME("attn_kv_a_norm.weight"), d->kv_lora, true, &L->kv_a_norm, err));
-    if (!hm_gguf_find_tensor(m->gguf, NAME("attn_k_b.weight")) && hm_gguf_find_tensor(m->gguf, NAME("attn_kv_b.weight")))
-        return hm_errf(err, HM_ERR_UNSUPPORTED, "%s: a file with attn_kv_b (kv_b not split into attn_k_b / attn_v_b) is "
-                       "not supported: convert it again with a current llama.cpp converter", n);
-    TRY(bind_heads(m, NAME("attn_k_b.weight"), d->nope, d->kv_lora, d->n_head, &L->k_b, err));
-    TRY(bind_heads(m, NAME("attn_v_b.weight"), d->kv_lora, d->v_dim, d->n_head, &L->v_b, err));
+    if (d->legacy) {
+        TRY(bind_kv_b(m, d, il, NAME("attn_kv_b.weight"), err));
+    } else {
+        TRY(bind_heads(m, NAME("attn_k_b.weight"), d->nope, d->kv_lora, d->n_head, &L->k_b, err));
+        TRY(bind_heads(m, NAME("attn_v_b.weight"), d->kv_lora, d->v_dim, d->n_head, &L->v_b, err));
+    }
     TRY(hm_model_bind_mat(m, NAME("attn_output.weight"), H * d->v_dim, E, true, &L->wo, err));
     TRY(hm_model_bind_vec(m, NAME("ffn_norm.weight"), E, true, &L->ffn_norm, err));
     L->dense = il < d->n_dense;
@@ -271,13 +302,14 @@ static hm_status ds2_load(hm_model *m, hm_err *err) {
     if (d->n_embd <= 0 || d->n_layer <= 0 || d->n_head <= 0 || d->kv_lora <= 0 || d->n_rot <= 0 || d->n_rot % 2)
         BAD("bad hparams: embedding_length %d, block_count %d, head_count %d, kv_lora_rank %d, rope.dimension_count %d",
             d->n_embd, d->n_layer, d->n_head, d->kv_lora, d->n_rot);
-    if (key_mla == 0 || val_mla == 0) {
-        st = hm_errf(err, HM_ERR_UNSUPPORTED, "%s: no attention.key_length_mla / value_length_mla: a file converted "
-                     "without MLA's split kv_b (attn_kv_b) is not supported; convert it again with a current "
-                     "llama.cpp converter", m->arch_name);
-        goto fail;
-    }
-    if (n_kv != 1 || key_len != d->kv_lora + d->n_rot || val_len != d->kv_lora || key_mla <= d->n_rot || val_mla <= 0)
+    d->legacy = key_mla == 0 && val_mla == 0 && hm_gguf_find_tensor(m->gguf, "blk.0.attn_kv_b.weight");
+    if (d->legacy) { /* an older conversion: the decompressed head sizes in key_length / value_length */
+        if (key_len <= d->n_rot || val_len <= 0)
+            BAD("bad hparams: attn_kv_b with key_length %d, value_length %d, rope.dimension_count %d", key_len, val_len,
+                d->n_rot);
+        key_mla = key_len, val_mla = val_len;
+    } else if (n_kv != 1 || key_len != d->kv_lora + d->n_rot || val_len != d->kv_lora || key_mla <= d->n_rot ||
+               val_mla <= 0)
         BAD("bad hparams: MLA with head_count_kv %d, key_length %d, value_length %d, kv_lora_rank %d, key_length_mla "
             "%d, value_length_mla %d, rope.dimension_count %d (expected head_count_kv 1, key_length kv_lora_rank + "
             "rope dims, value_length kv_lora_rank)", n_kv, key_len, val_len, d->kv_lora, key_mla, val_mla, d->n_rot);
@@ -304,7 +336,9 @@ static hm_status ds2_load(hm_model *m, hm_err *err) {
     if ((st = hm_model_bind_vec(m, "output_norm.weight", E, true, &d->output_norm, err)) != HM_OK) goto fail;
     d->layers = calloc((size_t)d->n_layer, sizeof *d->layers);
     d->moe_layers = calloc((size_t)d->n_layer, sizeof *d->moe_layers);
-    if (!d->layers || !d->moe_layers) {
+    if (d->legacy)
+        d->kb_legacy = malloc((size_t)d->n_layer * (size_t)d->n_head * (size_t)d->kv_lora * (size_t)d->nope * 4);
+    if (!d->layers || !d->moe_layers || (d->legacy && !d->kb_legacy)) {
         st = hm_errf(err, HM_ERR_NOMEM, "out of memory");
         goto fail;
     }
@@ -325,9 +359,9 @@ static hm_status ds2_load(hm_model *m, hm_err *err) {
     inf->n_expert_used = d->n_expert_used;
     inf->n_ff_exp = d->n_ff_exp;
     hm_log_printf(&m->log, HM_LOG_INFO,
-                  "deepseek2: %d layers (%d dense), n_embd %d, %d heads, MLA q_lora %d kv_lora %d nope %d rope %d v %d, "
+                  "deepseek2: %d layers (%d dense), n_embd %d, %d heads, MLA%s q_lora %d kv_lora %d nope %d rope %d v %d, "
                   "experts %d (k %d, n_ff %d, %d shared, %s, groups %d/%d, norm %d, scale %g), vocab %d",
-                  d->n_layer, d->n_dense, d->n_embd, d->n_head, d->q_lora, d->kv_lora, d->nope, d->n_rot, d->v_dim,
+                  d->n_layer, d->n_dense, d->n_embd, d->n_head, d->legacy ? " (from attn_kv_b)" : "", d->q_lora, d->kv_lora, d->nope, d->n_rot, d->v_dim,
                   d->n_expert, d->n_expert_used, d->n_ff_exp, d->n_shared, gating == 2 ? "sigmoid" : "softmax",
                   d->n_group, d->topk_group, (int)wnorm, (double)wscale, d->n_vocab);
     return HM_OK;
