@@ -319,15 +319,13 @@ static hm_status ds2_load(hm_model *m, hm_err *err) {
     if ((d->n_dense > 0 && d->n_ff <= 0) || d->n_ff_exp <= 0)
         BAD("bad hparams: leading_dense_block_count %d, feed_forward_length %d, expert_feed_forward_length %d",
             d->n_dense, d->n_ff, d->n_ff_exp);
-    if (gating == 3) {
-        st = hm_errf(err, HM_ERR_UNSUPPORTED, "%s.expert_gating_func = 3 (softmax over the chosen weights) is not "
-                     "supported for deepseek2", m->arch_name);
-        goto fail;
-    }
-    if (gating < 0 || gating > 2) BAD("%s.expert_gating_func = %d is unknown", m->arch_name, gating);
-    /* llama.cpp: absent (0) is softmax, as DeepSeek-V2 / V2.5 files were written */
+    if (gating < 0 || gating > 4) BAD("%s.expert_gating_func = %d is unknown", m->arch_name, gating);
+    /* llama.cpp's values: absent (0) is softmax, as DeepSeek-V2 / V2.5 files were written; 3 a softmax
+     * over the chosen logits; 4 sqrt(softplus) */
+    static const hm_route_score scores[5] = {HM_ROUTE_SOFTMAX, HM_ROUTE_SOFTMAX, HM_ROUTE_SIGMOID, HM_ROUTE_SOFTMAX_TOPK,
+                                             HM_ROUTE_SQRT_SOFTPLUS};
     d->spec = (hm_moe_spec){.n_expert = d->n_expert, .k = d->n_expert_used, .n_ff = d->n_ff_exp,
-                            .score = gating == 2 ? HM_ROUTE_SIGMOID : HM_ROUTE_SOFTMAX, .norm_topk = wnorm,
+                            .score = scores[gating], .norm_topk = wnorm,
                             .routed_scale = wscale, .n_group = d->n_group, .topk_group = d->topk_group};
     if ((st = ds2_rope(m, d, err)) != HM_OK) goto fail;
 
@@ -362,7 +360,8 @@ static hm_status ds2_load(hm_model *m, hm_err *err) {
                   "deepseek2: %d layers (%d dense), n_embd %d, %d heads, MLA%s q_lora %d kv_lora %d nope %d rope %d v %d, "
                   "experts %d (k %d, n_ff %d, %d shared, %s, groups %d/%d, norm %d, scale %g), vocab %d",
                   d->n_layer, d->n_dense, d->n_embd, d->n_head, d->legacy ? " (from attn_kv_b)" : "", d->q_lora, d->kv_lora, d->nope, d->n_rot, d->v_dim,
-                  d->n_expert, d->n_expert_used, d->n_ff_exp, d->n_shared, gating == 2 ? "sigmoid" : "softmax",
+                  d->n_expert, d->n_expert_used, d->n_ff_exp, d->n_shared,
+                  (const char *[5]){"softmax", "softmax", "sigmoid", "softmax of the chosen", "sqrt-softplus"}[gating],
                   d->n_group, d->topk_group, (int)wnorm, (double)wscale, d->n_vocab);
     return HM_OK;
 fail:
