@@ -18,9 +18,13 @@ static void usage(FILE *f) {
           "\n"
           "  --arch ARCH             qwen3moe (default), qwen35moe (preset qwen36-35b-a3b),\n"
           "                          qwen3next (presets qwen3-next-80b-a3b: 48 layers, 512 experts\n"
-          "                          k 10 + a shared expert; tiny: a few MB) or gemma4 (presets\n"
+          "                          k 10 + a shared expert; tiny: a few MB), gemma4 (presets\n"
           "                          gemma4-26b-a4b: 30 layers, 128 experts k 8, vocab 262144;\n"
-          "                          gemma4-tiny: a few MB)\n"
+          "                          gemma4-tiny: a few MB) or deepseek2 (presets\n"
+          "                          deepseek-v2-lite, the default: 27 layers, MLA kv_lora 512,\n"
+          "                          64 experts k 6 + 2 shared, 1 dense layer, YaRN, vocab 102400;\n"
+          "                          deepseek-v3: 61 layers, q LoRA 1536, 256 experts k 8 in 8 groups;\n"
+          "                          deepseek2-tiny: a few MB, q LoRA, sigmoid + bias + groups)\n"
           "  --preset NAME           qwen3-30b-a3b: Qwen3-30B-A3B's shapes (48 layers, 128 experts,\n"
           "                          k 8, vocab 151936; 17 GB at q4_k_m); tiny: a few MB;\n"
           "                          qwen36-geom: Qwen3.6-35B-A3B's expert geometry (40 layers,\n"
@@ -194,7 +198,8 @@ int hm_cmd_synth(int argc, char **argv) {
             o.n_threads = (int32_t)n;
         }
     }
-    if (!o.preset || !o.type || !o.out_path) {
+    const bool preset_default = o.arch && strcmp(o.arch, "deepseek2") == 0; /* its real shape */
+    if ((!o.preset && !preset_default) || !o.type || !o.out_path) {
         fprintf(stderr, "synth: %s is required\n\n", !o.preset ? "--preset" : !o.type ? "--type" : "-o FILE");
         usage(stderr);
         return 2;

@@ -9,6 +9,7 @@
 
 #include "core/alloc.h"
 #include "core/timer.h"
+#include "quant/quant.h"
 
 #include "exec_impl.h"
 
@@ -119,6 +120,16 @@ hm_status hm_op_deltanet(hm_exec *x, int32_t il, hm_buf io, const hm_deltanet *p
     RUN(deltanet, x->ops->deltanet(x, il, io, p));
 }
 
+hm_status hm_op_rmsnorm_w(hm_exec *x, hm_buf in, const float *w, hm_buf out, int64_t width) {
+    RUN(rmsnorm_w, x->ops->rmsnorm_w(x, in, w, out, width));
+}
+
+hm_status hm_op_mla_in(hm_exec *x, int32_t il, const hm_mla_in *p) { RUN(mla_in, x->ops->mla_in(x, il, p)); }
+
+hm_status hm_op_matmul_heads(hm_exec *x, const hm_mat_heads *w, const hm_heads_io *io) {
+    RUN(matmul_heads, x->ops->matmul_heads(x, w, io));
+}
+
 /* ---- session entry points ---- */
 
 /* s->kvl: each layer's K and V in one block, in layer order (a uniform arch's layer with KV slot i
@@ -135,7 +146,7 @@ static hm_status kv_layout(const hm_exec_model *xm, const hm_state_opts *o, hm_e
         if (hm_exec_kv_slot(xm, il) < 0) continue;
         const hm_attn_layer a = xm->attn_layers ? xm->attn_layers[il]
                                                 : (hm_attn_layer){.head_dim = xm->head_dim, .n_head_kv = xm->n_head_kv};
-        if (!hm_cpu_kv_row_ok(rt, a.head_dim))
+        if (xm->kv_v_is_k ? a.head_dim % hm_type_get(rt)->blck_size != 0 : !hm_cpu_kv_row_ok(rt, a.head_dim))
             return hm_errf(err, HM_ERR_UNSUPPORTED,
                            "a %s KV cache: layer %d's head_dim %d is not a multiple of its block of %lld values "
                            "(use -ctk/-ctv f16)", hm_kv_type_name(o->kv_type), il, a.head_dim,
@@ -149,7 +160,7 @@ static hm_status kv_layout(const hm_exec_model *xm, const hm_state_opts *o, hm_e
         }
         c->bytes = (size_t)a.n_head_kv * (size_t)c->cap * hm_row_size(rt, a.head_dim);
         c->off = at;
-        at += 2 * c->bytes;
+        at += (xm->kv_v_is_k ? 1 : 2) * c->bytes; /* V rows read as the K rows: no V block */
     }
     s->kv_bytes = at;
     return HM_OK;

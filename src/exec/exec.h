@@ -104,6 +104,8 @@ typedef struct hm_exec_model {
     const hm_attn_layer *attn_layers;  /* [n_layer] per-layer shapes (the ring attention ops read
                                           them); NULL: every layer n_head_kv x head_dim, all positions */
     bool attn_ring;                    /* the layers use hm_op_attn_in_ring / hm_op_attention_ring */
+    bool kv_v_is_k;                    /* a layer's cache holds K rows only and attention reads each V
+                                          row as its K row (MLA's compressed cache: hm_op_mla_in) */
     /* recurrent layers (Gated DeltaNet): a state of hm_exec_rs_floats floats each, carried from
      * pass to pass; with any, a session only continues at its last position or restarts at 0 */
     hm_deltanet_spec dn;
@@ -219,6 +221,37 @@ hm_status hm_op_attn_in_ring(hm_exec *x, int32_t il, const hm_ring_in *p);
 /* out = causal GQA attention of q over layer il's ring cache (its window; 0: every position),
  * scores scaled by scale. */
 hm_status hm_op_attention_ring(hm_exec *x, int32_t il, hm_buf q, hm_buf out, float scale);
+
+/* out = rmsnorm(in) * w over width-wide rows (w NULL: none). */
+hm_status hm_op_rmsnorm_w(hm_exec *x, hm_buf in, const float *w, hm_buf out, int64_t width);
+/* Multi-head latent attention's input (DeepSeek-V2/V3, deepseek2.c), layer il: q [rows, n_head *
+ * (nope + n_rot)] per head [nope part | rope part]; kv [rows, kv_lora + n_rot] [compressed c | k_pe].
+ * The rope part of each q head, RoPE'd (interleaved pairs 2i, 2i+1: ggml's NORM rope; angle pos *
+ * theta^(-2i/n_rot) / ff[i]), goes to qa's head h at kv_lora (qa [rows, n_head * (kv_lora + n_rot)]);
+ * c = rmsnorm(c) * kv_norm and k_pe RoPE'd in place; the kv rows go to the layer's cache (one head
+ * of kv_lora + n_rot: xm->n_head_kv 1, head_dim kv_lora + n_rot, kv_v_is_k). q is left as it was. */
+typedef struct hm_mla_in {
+    hm_buf q, qa, kv;
+    const float *kv_norm;  /* [kv_lora] */
+    const float *rope_ff;  /* [n_rot / 2] or NULL */
+    int32_t nope, kv_lora, n_rot;
+    float theta, eps;
+} hm_mla_in;
+hm_status hm_op_mla_in(hm_exec *x, int32_t il, const hm_mla_in *p);
+/* Per-head matrices: head h's [ne1 x ne0] matrix is w with data + h * nb2 (a 3-D tensor
+ * [ne0, ne1, n_head]: MLA's attn_k_b, attn_v_b). */
+typedef struct hm_mat_heads {
+    hm_mat w;   /* head 0 */
+    size_t nb2; /* bytes from one head's matrix to the next */
+    int32_t n_head;
+} hm_mat_heads;
+/* out[r][h * out_stride + j] = sum_i W_h[j][i] in[r][h * in_stride + i] for every head h, i < ne0,
+ * j < ne1 (other columns of out untouched); tin [rows, ne0] and tout [rows, ne1] are work space. */
+typedef struct hm_heads_io {
+    hm_buf in, out, tin, tout;
+    int64_t in_stride, out_stride;
+} hm_heads_io;
+hm_status hm_op_matmul_heads(hm_exec *x, const hm_mat_heads *w, const hm_heads_io *io);
 
 /* ---- the executor: an arch that has a layer description fills its hm_arch with these ---- */
 

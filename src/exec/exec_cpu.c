@@ -13,6 +13,7 @@
 
 #include "backend/cpu/cpu_deltanet.h"
 #include "backend/cpu/cpu_gemma.h"
+#include "backend/cpu/cpu_mla.h"
 #include "core/alloc.h"
 #include "exec_impl.h"
 
@@ -67,7 +68,10 @@ hm_status hm_exec_cpu_state_open(const hm_model *m, const hm_state_opts *o, hm_e
     }
     if ((st = hm_model_carve(&s->act, sizes, dst, n, err)) != HM_OK) return st;
 
-    if (xm->attn_ring) { /* the ring attention's scores, for the longest cache */
+    if (xm->kv_v_is_k && xm->n_kv_layer > 0) { /* MLA's compressed cache: its own attention (cpu_mla.h) */
+        const size_t fl = hm_cpu_mla_scratch_floats(xm->n_head, xm->head_dim, o->n_threads);
+        if ((st = hm_model_att_scratch_alloc(&s->kv_scratch, fl, err)) != HM_OK) return st;
+    } else if (xm->attn_ring) { /* the ring attention's scores, for the longest cache */
         int64_t cap_max = 1;
         for (int32_t il = 0; il < xm->n_layer; il++)
             if (s->kvl[il].cap > cap_max) cap_max = s->kvl[il].cap;
@@ -88,7 +92,7 @@ hm_status hm_exec_cpu_state_open(const hm_model *m, const hm_state_opts *o, hm_e
 
     /* the matmuls' inputs are the buffers (the widest bounds them), then attention, then the MoE */
     size_t sc = hm_cpu_matmul_scratch_size(widest, (int64_t)U, o->n_threads);
-    if (!xm->attn_ring)
+    if (!xm->attn_ring && !xm->kv_v_is_k)
         sc = hm_model_max_sz(sc, hm_cpu_attention_scratch_size((int64_t)U, o->n_ctx, xm->n_head, xm->head_dim,
                                                                o->n_threads));
     if (xm->moe.n_expert > 0)
@@ -129,7 +133,7 @@ static char *kv_layer(const hm_exec_model *xm, const hm_exec_state *s, int32_t i
     const hm_kv_layer *c = &s->kvl[il];
     HM_ASSERT(hm_exec_kv_slot(xm, il) >= 0 && c->bytes > 0);
     char *kc = (char *)s->kv + c->off;
-    *vc = kc + c->bytes;
+    *vc = xm->kv_v_is_k ? kc : kc + c->bytes;
     return kc;
 }
 
@@ -192,6 +196,12 @@ static hm_status c_attention(hm_exec *x, int32_t il, hm_buf qb, hm_buf outb, flo
         hm_exec_state *si = c->seqs[i].state;
         if (!c->cnt[i]) continue;
         char *vc, *kc = kv_layer(xm, si, il, &vc);
+        if (xm->kv_v_is_k) { /* MLA's compressed one-head cache */
+            const size_t ro = (size_t)c->off[i] * (size_t)(nh * hd);
+            hm_cpu_mla_attention(x->pool, si->kv_row_type, x->buf[qb] + ro, c->cnt[i], c->pos + c->off[i], kc, nh, hd,
+                                 scale, x->buf[outb] + ro, si->kv_scratch);
+            continue;
+        }
         const size_t ro = (size_t)c->off[i] * (size_t)(nh * hd);
         hm_model_attention(x->pool, si->kv_type, x->buf[qb] + ro, c->cnt[i], c->pos + c->off[i], kc, vc, si->n_ctx,
                            nh, nkv, hd, scale, x->buf[outb] + ro, si->kv_scratch, &si->scratch);
@@ -350,6 +360,33 @@ static hm_status c_attention_ring(hm_exec *x, int32_t il, hm_buf qb, hm_buf outb
     return HM_OK;
 }
 
+static hm_status c_rmsnorm_w(hm_exec *x, hm_buf in, const float *w, hm_buf out, int64_t width) {
+    hm_cpu_rmsnorm(x->pool, x->buf[in], w, x->buf[out], x->nr, width, x->xm->eps);
+    return HM_OK;
+}
+
+static hm_status c_mla_in(hm_exec *x, int32_t il, const hm_mla_in *p) {
+    const cpu_pass *c = cp(x);
+    const int hd = p->kv_lora + p->n_rot;
+    float *kv = x->buf[p->kv];
+    HM_ASSERT(x->xm->kv_v_is_k && x->xm->n_head_kv == 1 && x->xm->head_dim == hd);
+    hm_cpu_mla_in(x->pool, x->buf[p->q], x->buf[p->qa], kv, x->nr, x->xm->n_head, p->nope, p->kv_lora, p->n_rot, c->pos,
+                  p->theta, p->rope_ff, p->kv_norm, p->eps);
+    for (int i = 0; i < c->n_seq; i++) { /* each sequence's rows into its own cache (V = K: one write) */
+        const hm_exec_state *si = c->seqs[i].state;
+        char *vc, *kc = kv_layer(x->xm, si, il, &vc);
+        hm_cpu_mla_kv_write(x->pool, si->kv_row_type, kc, hd, kv + (size_t)c->off[i] * (size_t)hd, c->cnt[i],
+                            c->seqs[i].b.pos);
+    }
+    return HM_OK;
+}
+
+static hm_status c_matmul_heads(hm_exec *x, const hm_mat_heads *w, const hm_heads_io *io) {
+    hm_cpu_matmul_heads(x->pool, &w->w, w->nb2, w->n_head, x->buf[io->in], io->in_stride, x->nr, x->buf[io->out],
+                        io->out_stride, x->buf[io->tin], x->buf[io->tout], &cp(x)->s->scratch);
+    return HM_OK;
+}
+
 static const hm_exec_ops cpu_ops = {
     .rmsnorm = c_rmsnorm,
     .matmul_n = c_matmul_n,
@@ -371,6 +408,9 @@ static const hm_exec_ops cpu_ops = {
     .geglu = c_geglu,
     .attn_in_ring = c_attn_in_ring,
     .attention_ring = c_attention_ring,
+    .rmsnorm_w = c_rmsnorm_w,
+    .mla_in = c_mla_in,
+    .matmul_heads = c_matmul_heads,
 };
 
 /* ---- the pass ---- */

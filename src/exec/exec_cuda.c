@@ -38,6 +38,7 @@
 #include "backend/cuda/cuda_gemma.h"
 #include "backend/cuda/cuda_linattn.h"
 #include "core/alloc.h"
+#include "backend/cuda/cuda_mla.h"
 #include "backend/cuda/cuda_ops.h"
 #include "exec_cuda_impl.h"
 #include "exec/gpu_chain.h"
@@ -138,7 +139,7 @@ static hm_status xdev_open(const hm_model *m, const hm_state_opts *o, int32_t de
         if (rs >= 0 && n_rs++ == 0) g->rs0 = rs;
         if (s->kvl[il].bytes == 0) continue;
         if (!any_kv) g->kv_off0 = s->kvl[il].off, any_kv = true;
-        kv_bytes += 2 * s->kvl[il].bytes;
+        kv_bytes += (xm->kv_v_is_k ? 1 : 2) * s->kvl[il].bytes;
     }
     /* sizes first: a device that is full makes the expert pool give up room for all of them */
     g->rs_total = hm_exec_rs_floats(&xm->dn) * (size_t)n_rs;
@@ -220,6 +221,9 @@ hm_status hm_exec_gpu_state_open(const hm_model *m, const hm_state_opts *o, hm_e
     HM_ASSERT(gpu && gpu->arch && !s->dev);
     hm_status st = hm_gpu_state_opts_check(o, err);
     if (st != HM_OK) return st;
+    if (o->kv_type != HM_KV_F16 && xm->kv_v_is_k)
+        return hm_errf(err, HM_ERR_UNSUPPORTED, "%s: the compressed (MLA) KV cache on the GPU is f16 only (not %s "
+                       "yet): use -ctk f16, or run on the CPU", m->arch->name, hm_kv_type_name(o->kv_type));
     if (o->kv_type != HM_KV_F16 && !xm->attn_ring && attn_any(xm))
         return hm_errf(err, HM_ERR_UNSUPPORTED, "%s: a %s KV cache on the GPU takes head_dim 64, 128 or 256 (not %d "
                        "yet): use -ctk f16, or run on the CPU", m->arch->name, hm_kv_type_name(o->kv_type),
@@ -328,7 +332,7 @@ static void kv_of(const hm_exec *x, int32_t il, uint16_t **kc, uint16_t **vc) {
     const hm_kv_layer *c = &p->s->kvl[il];
     HM_ASSERT(c->bytes > 0 && c->off >= p->g->kv_off0);
     *kc = (uint16_t *)(void *)((char *)p->g->ds.kv + (c->off - p->g->kv_off0));
-    *vc = (uint16_t *)(void *)((char *)*kc + c->bytes);
+    *vc = x->xm->kv_v_is_k ? *kc : (uint16_t *)(void *)((char *)*kc + c->bytes);
 }
 
 static hm_status g_qk_norm_rope_kv(hm_exec *x, int32_t il, const hm_qk_rope *p) {
@@ -395,6 +399,9 @@ static hm_status g_attention(hm_exec *x, int32_t il, hm_buf q, hm_buf out, float
     const hm_exec_model *xm = x->xm;
     uint16_t *kc, *vc;
     kv_of(x, il, &kc, &vc);
+    if (xm->kv_v_is_k) /* MLA's compressed cache (one head, V = K) */
+        return hm_cuda_mla_attention(p->g->ds.c, x->buf[q], x->nr, p->pos, kc, p->s->n_ctx, xm->n_head, xm->head_dim,
+                                     scale, x->buf[out], x->err);
     if (attn_any(xm))
         return hm_cuda_attention_any(p->g->ds.c, x->buf[q], x->nr, p->pos, kc, vc, p->s->n_ctx, xm->n_head,
                                      xm->n_head_kv, xm->head_dim, scale, x->buf[out], x->err);
@@ -582,6 +589,41 @@ static hm_status g_attention_ring(hm_exec *x, int32_t il, hm_buf q, hm_buf out, 
 
 /* The profile's wait (HOTMOE_OP_PROFILE): the current device's queued work. */
 static void g_sync(hm_exec *x) { (void)hm_cuda_sync(gp(x)->g->ds.c, x->err); }
+static hm_status g_rmsnorm_w(hm_exec *x, hm_buf in, const float *w, hm_buf out, int64_t width) {
+    return hm_cuda_rmsnorm(gp(x)->g->ds.c, x->buf[in], w ? dw(x, w)->v : NULL, x->buf[out], x->nr, width, x->xm->eps,
+                           x->err);
+}
+
+static hm_status g_mla_in(hm_exec *x, int32_t il, const hm_mla_in *p) {
+    const gpu_pass *ps = gp(x);
+    uint16_t *kc, *vc;
+    kv_of(x, il, &kc, &vc);
+    return hm_cuda_mla_in(ps->g->ds.c, x->buf[p->q], x->buf[p->qa], x->buf[p->kv], x->nr, x->xm->n_head, p->nope,
+                          p->kv_lora, p->n_rot, ps->pos, p->theta, p->rope_ff ? dw(x, p->rope_ff)->v : NULL,
+                          dw(x, p->kv_norm)->v, p->eps, kc, ps->s->n_ctx, x->err);
+}
+
+/* Per head: its input columns gathered, the head's matrix (a view into the uploaded 3-D tensor),
+ * its output columns scattered. */
+static hm_status g_matmul_heads(hm_exec *x, const hm_mat_heads *w, const hm_heads_io *io) {
+    hm_cuda_ctx *c = gp(x)->g->ds.c;
+    const hm_xw *e = dw(x, w->w.data);
+    const int64_t k = w->w.ne0, mrows = w->w.ne1, H = w->n_head;
+    float *tin = x->buf[io->tin], *tout = x->buf[io->tout];
+    for (int64_t h = 0; h < H; h++) {
+        hm_xw eh = *e;
+        eh.m.data = (const char *)e->m.data + (size_t)h * w->nb2;
+        eh.m.ne1 = mrows;
+        hm_status st = hm_cuda_copy_strided(c, tin, k, x->buf[io->in] + h * io->in_stride, io->in_stride * H, x->nr,
+                                            k, x->err);
+        if (st == HM_OK) st = mm(c, &eh, tin, x->nr, tout, x->err);
+        if (st == HM_OK)
+            st = hm_cuda_copy_strided(c, x->buf[io->out] + h * io->out_stride, io->out_stride * H, tout, mrows, x->nr,
+                                      mrows, x->err);
+        if (st != HM_OK) return st;
+    }
+    return HM_OK;
+}
 
 static const hm_exec_ops cuda_ops = {
     .rmsnorm = g_rmsnorm,
@@ -604,6 +646,9 @@ static const hm_exec_ops cuda_ops = {
     .geglu = g_geglu,
     .attn_in_ring = g_attn_in_ring,
     .attention_ring = g_attention_ring,
+    .rmsnorm_w = g_rmsnorm_w,
+    .mla_in = g_mla_in,
+    .matmul_heads = g_matmul_heads,
     .sync = g_sync,
 };
 
@@ -657,6 +702,7 @@ fail:
 static size_t graph_key(const hm_exec *x, const hm_xdev *g) {
     const gpu_pass *p = x->be;
     const hm_exec_model *xm = x->xm;
+    if (xm->kv_v_is_k) return 0; /* the MLA attention: one warp per (row, head), no split */
     if (xm->attn_ring)
         return (size_t)hm_cuda_gemma_attention_splits(g->ds.c, x->n, xm->n_head, p->kv_len, p->s->window) * 4096 +
                (size_t)hm_cuda_gemma_attention_splits(g->ds.c, x->n, xm->n_head, p->kv_len, 0);

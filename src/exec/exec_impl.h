@@ -29,6 +29,9 @@ typedef struct hm_exec_ops {
     hm_status (*geglu)(hm_exec *x, hm_buf g, hm_buf u, hm_buf out, int64_t width);
     hm_status (*attn_in_ring)(hm_exec *x, int32_t il, const hm_ring_in *p);
     hm_status (*attention_ring)(hm_exec *x, int32_t il, hm_buf q, hm_buf out, float scale);
+    hm_status (*rmsnorm_w)(hm_exec *x, hm_buf in, const float *w, hm_buf out, int64_t width);
+    hm_status (*mla_in)(hm_exec *x, int32_t il, const hm_mla_in *p);
+    hm_status (*matmul_heads)(hm_exec *x, const hm_mat_heads *w, const hm_heads_io *io);
     void (*sync)(hm_exec *x); /* waits for the ops queued so far (NULL: ops finish when they return) */
 } hm_exec_ops;
 
@@ -36,7 +39,8 @@ typedef struct hm_exec_ops {
 #define HM_OPP_LIST(X)                                                                              \
     X(rmsnorm) X(matmul_n) X(add_rmsnorm) X(qk_norm_rope_kv) X(out_rows) X(attention) X(route)      \
     X(experts) X(split_gate) X(sigmoid_mul) X(swiglu) X(add_sigmoid_scaled) X(deltanet) X(add)      \
-    X(scale) X(zero) X(copy) X(geglu) X(attn_in_ring) X(attention_ring)
+    X(scale) X(zero) X(copy) X(geglu) X(attn_in_ring) X(attention_ring) X(rmsnorm_w) X(mla_in)        \
+    X(matmul_heads)
 enum {
 #define X(name) HM_OPP_##name,
     HM_OPP_LIST(X)
@@ -48,7 +52,7 @@ typedef struct hm_op_prof {
 } hm_op_prof;
 
 /* One layer's K then V in a KV block: [n_kv][cap] rows of head_dim values of the cache's type
- * each (bytes bytes), from byte off on. */
+ * each (bytes bytes), from byte off on; K only when xm->kv_v_is_k (MLA's compressed cache). */
 typedef struct hm_kv_layer {
     size_t off, bytes;
     int64_t cap;

@@ -289,6 +289,28 @@ static hm_status u_deltanet(hm_exec *x, int32_t il, hm_buf io, const hm_deltanet
     return st;
 }
 
+static hm_status u_rmsnorm_w(hm_exec *x, hm_buf in, const float *w, hm_buf out, int64_t width) {
+    (void)in, (void)out;
+    return up_vec(x, w, width);
+}
+
+static hm_status u_mla_in(hm_exec *x, int32_t il, const hm_mla_in *p) {
+    (void)il;
+    hm_status st = up_vec(x, p->kv_norm, p->kv_lora);
+    return st == HM_OK ? up_vec(x, p->rope_ff, p->n_rot / 2) : st;
+}
+
+/* The heads' matrices as one device matrix of n_head * ne1 rows (each head a view into it). */
+static hm_status u_matmul_heads(hm_exec *x, const hm_mat_heads *w, const hm_heads_io *io) {
+    (void)io;
+    if (w->nb2 != (size_t)w->w.ne1 * w->w.nb1)
+        return hm_errf(x->err, HM_ERR_UNSUPPORTED, "per-head matrices that are not packed (a deepseek2 file with "
+                       "attn_kv_b: convert it again with a current llama.cpp converter, or run it on the CPU)");
+    hm_mat all = w->w;
+    all.ne1 = w->w.ne1 * w->n_head;
+    return up_mat(x, &all);
+}
+
 static const hm_exec_ops upload_ops = {
     .rmsnorm = u_rmsnorm,
     .matmul_n = u_matmul_n,
@@ -310,13 +332,19 @@ static const hm_exec_ops upload_ops = {
     .geglu = u_swiglu,
     .attn_in_ring = u_attn_in_ring,
     .attention_ring = u_attention,
+    .rmsnorm_w = u_rmsnorm_w,
+    .mla_in = u_mla_in,
+    .matmul_heads = u_matmul_heads,
 };
 
 hm_status hm_exec_gpu_load(hm_model *m, hm_err *err) {
     const hm_exec_model *xm = m->xm;
     hm_gpu *g = m->gpu;
     HM_ASSERT(xm && g && !g->arch);
-    if (!xm->attn_ring && xm->n_kv_layer > 0 && xm->head_dim > 256)
+    if (xm->kv_v_is_k && xm->head_dim > 1024)
+        return hm_errf(err, HM_ERR_UNSUPPORTED, "a compressed (MLA) KV row of %d values: the CUDA MLA attention takes "
+                       "at most 1024 (run the model on the CPU: drop -ngl / --vram-budget)", xm->head_dim);
+    if (!xm->attn_ring && !xm->kv_v_is_k && xm->n_kv_layer > 0 && xm->head_dim > 256)
         return hm_errf(err, HM_ERR_UNSUPPORTED, "head_dim %d: the CUDA attention takes at most 256 (run the model "
                        "on the CPU: drop -ngl / --vram-budget)", xm->head_dim);
     for (int32_t il = 0; xm->attn_ring && il < xm->n_layer; il++) {

@@ -21,6 +21,7 @@
 
 #include "../core/timer.h"
 #include "../quant/quant.h"
+#include "synth_deepseek2.h"
 #include "synth_gemma4.h"
 #include "synth_impl.h"
 
@@ -101,10 +102,14 @@ static void run_chunk(chunk_job *j) {
 }
 
 static hm_status write_metadata(hm_gguf_writer *w, const hm_synth_opts *o, const hm_synth_preset *p,
-                                const hm_synth_q35 *q35, const hm_synth_g4 *g4, int32_t n_layer,
-                                const hm_synth_mix *m, const hm_synth_routing *routing, hm_err *err) {
+                                const hm_synth_q35 *q35, const hm_synth_g4 *g4, const hm_synth_ds2 *ds2,
+                                int32_t n_layer, const hm_synth_mix *m, const hm_synth_routing *routing, hm_err *err) {
     hm_status st = HM_OK;
 #define SET(call) do { if (!st) st = (call); } while (0)
+    if (ds2) {
+        SET(hm_synth_meta_ds2(w, ds2, n_layer, m));
+        goto provenance;
+    }
     if (q35) {
         SET(hm_synth_meta_q35(w, q35, n_layer, m));
         goto provenance;
@@ -147,12 +152,22 @@ provenance:
 }
 
 static hm_status check_opts(const hm_synth_opts *o, const hm_synth_preset **p, const hm_synth_q35 **q35,
-                            const hm_synth_g4 **g4, const hm_synth_mix **m, hm_err *err) {
+                            const hm_synth_g4 **g4, const hm_synth_ds2 **ds2, const hm_synth_mix **m, hm_err *err) {
     const bool is_q35 = o->arch && (strcmp(o->arch, "qwen35moe") == 0 || strcmp(o->arch, "qwen3next") == 0);
     const bool is_g4 = o->arch && strcmp(o->arch, "gemma4") == 0;
-    if (o->arch && !is_q35 && !is_g4 && strcmp(o->arch, "qwen3moe") != 0)
+    const bool is_ds2 = o->arch && strcmp(o->arch, "deepseek2") == 0;
+    if (o->arch && !is_q35 && !is_g4 && !is_ds2 && strcmp(o->arch, "qwen3moe") != 0)
         return hm_errf(err, HM_ERR_UNSUPPORTED,
-                       "synth: architecture '%s' is not supported (qwen3moe, qwen35moe, qwen3next, gemma4)", o->arch);
+                       "synth: architecture '%s' is not supported (qwen3moe, qwen35moe, qwen3next, gemma4, "
+                       "deepseek2)", o->arch);
+    if (is_ds2) { /* its own presets (default: the real shape); the built-in vocabulary or --tokenizer */
+        if (!(*ds2 = hm_synth_find_ds2(o->preset ? o->preset : "deepseek-v2-lite")))
+            return hm_errf(err, HM_ERR_ARG, "synth: unknown deepseek2 preset '%s' (one of: %s)", o->preset,
+                           hm_synth_ds2_names());
+        *p = &(*ds2)->base;
+        if (o->routing_profile)
+            return hm_errf(err, HM_ERR_UNSUPPORTED, "synth: --routing-profile is not supported for deepseek2");
+    }
     if (is_g4) {
         if (!o->preset) return hm_errf(err, HM_ERR_ARG, "synth: no preset (one of: %s)", hm_synth_g4_names());
         if (!(*g4 = hm_synth_find_g4(o->preset)))
@@ -163,15 +178,15 @@ static hm_status check_opts(const hm_synth_opts *o, const hm_synth_preset **p, c
             return hm_errf(err, HM_ERR_UNSUPPORTED, "synth: --tokenizer is not supported for gemma4 (built-in vocabulary)");
     }
     const char *names = is_q35 ? hm_synth_q35_names(o->arch) : hm_synth_preset_names();
-    if (!o->preset) return hm_errf(err, HM_ERR_ARG, "synth: no preset (one of: %s)", names);
+    if (!o->preset && !is_ds2) return hm_errf(err, HM_ERR_ARG, "synth: no preset (one of: %s)", names);
     *q35 = is_q35 ? hm_synth_find_q35(o->arch, o->preset) : NULL;
-    if (!is_g4 && !(*p = is_q35 ? (*q35 ? &(*q35)->base : NULL) : hm_synth_find_preset(o->preset)))
+    if (!is_g4 && !is_ds2 && !(*p = is_q35 ? (*q35 ? &(*q35)->base : NULL) : hm_synth_find_preset(o->preset)))
         return hm_errf(err, HM_ERR_ARG, "synth: unknown %s preset '%s' (one of: %s)", is_q35 ? o->arch : "qwen3moe",
                        o->preset, names);
     if (!o->type) return hm_errf(err, HM_ERR_ARG, "synth: no type (one of: %s)", hm_synth_mix_names());
     if (!(*m = hm_synth_find_mix(o->type)))
         return hm_errf(err, HM_ERR_ARG, "synth: unknown type '%s' (one of: %s)", o->type, hm_synth_mix_names());
-    if ((is_q35 || is_g4) && ((*m)->kind == HM_SYNTH_MIX_Q2_K || (*m)->kind == HM_SYNTH_MIX_Q3_K_M))
+    if ((is_q35 || is_g4 || is_ds2) && ((*m)->kind == HM_SYNTH_MIX_Q2_K || (*m)->kind == HM_SYNTH_MIX_Q3_K_M))
         return hm_errf(err, HM_ERR_UNSUPPORTED, "synth: --type %s follows llama-quantize's rules for qwen3moe only",
                        (*m)->name);
     if (o->n_layer < 0 || o->n_layer > 1000)
@@ -186,8 +201,9 @@ hm_status hm_synth(const hm_synth_opts *o, hm_err *err) {
     const hm_synth_preset *p = NULL;
     const hm_synth_q35 *q35 = NULL;
     const hm_synth_g4 *g4 = NULL;
+    const hm_synth_ds2 *ds2 = NULL;
     const hm_synth_mix *m = NULL;
-    hm_status st = check_opts(o, &p, &q35, &g4, &m, err);
+    hm_status st = check_opts(o, &p, &q35, &g4, &ds2, &m, err);
     if (st) return st;
     const int32_t n_layer = o->n_layer ? o->n_layer : p->n_layer;
 
@@ -206,6 +222,7 @@ hm_status hm_synth(const hm_synth_opts *o, hm_err *err) {
     hm_synth_routing *routing = NULL;
     st = q35  ? hm_synth_plan_q35(q35, n_layer, m, &plan, &n_tensors, err)
          : g4 ? hm_synth_plan_g4(g4, n_layer, m, &plan, &n_tensors, err)
+         : ds2 ? hm_synth_plan_ds2(ds2, n_layer, m, &plan, &n_tensors, err)
               : hm_synth_plan(p, n_layer, m, &plan, &n_tensors, err);
     if (st) return st;
     if (o->routing_profile &&
@@ -245,7 +262,7 @@ hm_status hm_synth(const hm_synth_opts *o, hm_err *err) {
     if (st) goto done;
     if (o->split_max_bytes || o->split_max_tensors)
         st = hm_gguf_writer_set_split(w, o->split_max_bytes, o->split_max_tensors);
-    if (!st) st = write_metadata(w, o, p, q35, g4, n_layer, m, routing, err);
+    if (!st) st = write_metadata(w, o, p, q35, g4, ds2, n_layer, m, routing, err);
     for (int64_t i = 0; !st && i < n_tensors; i++) {
         const hm_synth_tensor *t = &plan[i];
         st = hm_gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne);
