@@ -29,6 +29,12 @@ typedef struct hm_exec_ops {
     hm_status (*geglu)(hm_exec *x, hm_buf g, hm_buf u, hm_buf out, int64_t width);
     hm_status (*attn_in_ring)(hm_exec *x, int32_t il, const hm_ring_in *p);
     hm_status (*attention_ring)(hm_exec *x, int32_t il, hm_buf q, hm_buf out, float scale);
+    /* DeepSeek-V4's (NULL on a backend without them) */
+    hm_status (*hc_expand)(hm_exec *x, hm_buf io);
+    hm_status (*hc_pre)(hm_exec *x, hm_buf in, const hm_hc *p, hm_buf norm, hm_buf mix, hm_buf out, bool head);
+    hm_status (*hc_post)(hm_exec *x, hm_buf f, hm_buf res, hm_buf mix, hm_buf out);
+    hm_status (*dsv4_attn)(hm_exec *x, int32_t il, const hm_dsv4_attn *p);
+    hm_status (*swiglu_clamp)(hm_exec *x, hm_buf g, hm_buf u, hm_buf out, int64_t width, float limit);
 } hm_exec_ops;
 
 /* One layer's K then V in a KV block: [n_kv][cap] rows of head_dim values of the cache's type
@@ -87,6 +93,8 @@ typedef struct hm_exec_state {
                                              wanted rows (batch indexes), concatenated */
     hm_moe_route route;
     hm_scratch scratch;
+    float *aux;             /* DeepSeek-V4: every layer's attention state (cpu_dsv4.h), owned */
+    size_t *aux_off;        /* [n_layer] layer il's floats from aux on, owned */
     struct hm_xdev *dev;    /* the GPU chain (exec_cuda.c), owned; NULL on the CPU */
 } hm_exec_state;
 
