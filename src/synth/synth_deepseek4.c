@@ -27,8 +27,9 @@
  * ffn_gate_shexp / ffn_up_shexp {E, n_ff}, ffn_down_shexp {n_ff, E}. Globals: token_embd, output,
  * output_norm, output_hc_fn {hc E, hc}, output_hc_base {hc}, output_hc_scale {1}.
  *
- * Values: matrices std 0.02 (synth_plan.c's convention), norms 1 +- 0.05; output std 8 / sqrt(E)
- * (logits of std 8, a peaked distribution); token_embd as synth_plan.c's SYNTH_EMBD_RATIO rule;
+ * Values: matrices std 0.02 (synth_plan.c's convention), norms 1 +- 0.05 (the compressors' norms:
+ * the preset's comp_norm); output std 8 / sqrt(E) (logits of std 8, a peaked distribution);
+ * token_embd as synth_plan.c's SYNTH_EMBD_RATIO rule (32);
  * the hyper-connection scales 0.5 +- 0.05 and bases std 0.5 (mixes of a few tenths, so the
  * Sinkhorn matrices are far from uniform); attention sinks std 0.5; compressor position biases
  * (ape) std 0.1; router bias std 0.1. Hash tables: token v's k experts spread over the experts
@@ -49,14 +50,17 @@
 static const hm_synth_ds4 ds4_presets[] = {
     {{"deepseek-v4-flash", "DeepSeek-V4-Flash (hotmoe synth, random weights)", 43, 4096, 64, 1, 512, 256, 6, 2048,
       2048, 129280, 1048576, 10000.0f, 1e-6f},
-     64, 1024, 8, 1024, 128, 64, 128, 512, 4, 20, 3, 1, 2, 1e-6f, 160000.0f, 1.5f, 10.0f},
-    /* a few MB, every feature on: layer 0 uncompressed, then 4, 128, 4, 128 (a 128-token sequence
-     * fills 32 ratio-4 blocks, more than the indexer's top 8, and one ratio-128 block); window 16;
-     * hash-routed layers 0 and 1; a SwiGLU limit low enough to clamp; indexer heads of 64 (llama.cpp
-     * rotates the indexer by a Hadamard matrix of 64 or more) */
+     64, 1024, 8, 1024, 128, 64, 128, 512, 4, 20, 3, 1, 2, 1e-6f, 160000.0f, 1.5f, 10.0f, 32.0f, 1.0f},
+    /* a few MB, every feature on: layer 0 uncompressed, then 4, 128, 4, 128 (a 256-token sequence
+     * fills 64 ratio-4 blocks, far more than the indexer's top 8, and two ratio-128 blocks);
+     * window 16; hash-routed layers 0 and 1; a SwiGLU limit low enough to clamp; 16 indexer heads
+     * of 64 (llama.cpp rotates the indexer by a Hadamard matrix of 64 or more; with few heads many
+     * scores are exactly 0 after the ReLU and the top-k is a tie); compressor norms of mean 3, so
+     * compressed rows carry a large share of the attention and a wrong choice of them shows in
+     * the logits (tests/fixtures/llama_deepseek4/README.md) */
     {{"tiny", "tiny deepseek4 (hotmoe synth, random weights)", 5, 256, 8, 1, 64, 16, 4, 64, 64, 384, 4096,
       10000.0f, 1e-6f},
-     16, 64, 4, 32, 16, 4, 64, 8, 4, 20, 2, 1, 1, 1e-6f, 160000.0f, 1.5f, 0.5f},
+     16, 64, 4, 32, 16, 16, 64, 8, 4, 20, 2, 1, 1, 1e-6f, 160000.0f, 1.5f, 0.5f, 32.0f, 3.0f},
 };
 
 const hm_synth_ds4 *hm_synth_find_ds4(const char *name) {
@@ -134,7 +138,7 @@ hm_status hm_synth_plan_ds4(const hm_synth_ds4 *q, int32_t n_layer, const hm_syn
     const int64_t hc = q->hc, mix = (2 + hc) * hc, nq = H * hd;
     const float W = 0.02f, N = 0.05f;
     const float out_std = (float)(8.0 / sqrt((double)E));
-    const float embd_std = (float)(32.0 * W * W * sqrt((double)nq * (double)E));
+    const float embd_std = (float)(q->embd_ratio * W * W * sqrt((double)nq * (double)E));
     const bool q4km = m->kind == HM_SYNTH_MIX_Q4_K_M;
     char n[64];
     hm_status st = ds4_add(&pl, "token_embd.weight", 2, E, p->n_vocab, 1, 0, embd_std, false, err);
@@ -167,7 +171,7 @@ hm_status hm_synth_plan_ds4(const hm_synth_ds4 *q, int32_t n_layer, const hm_syn
             ADD("attn_compressor_kv.weight", 2, E, coff * hd, 1, 0, W, false);
             ADD("attn_compressor_gate.weight", 2, E, coff * hd, 1, 0, W, false);
             ADD("attn_compressor_ape.weight", 2, coff * hd, r, 1, 0, 0.1f, false);
-            ADD("attn_compressor_norm.weight", 1, hd, 1, 1, 1, N, false);
+            ADD("attn_compressor_norm.weight", 1, hd, 1, 1, q->comp_norm, q->comp_norm * N, false);
         }
         if (r == 4) {
             ADD("indexer.proj.weight", 2, E, q->idx_heads, 1, 0, W, false);
@@ -175,7 +179,7 @@ hm_status hm_synth_plan_ds4(const hm_synth_ds4 *q, int32_t n_layer, const hm_syn
             ADD("indexer_compressor_kv.weight", 2, E, 2 * (int64_t)q->idx_hd, 1, 0, W, false);
             ADD("indexer_compressor_gate.weight", 2, E, 2 * (int64_t)q->idx_hd, 1, 0, W, false);
             ADD("indexer_compressor_ape.weight", 2, 2 * (int64_t)q->idx_hd, 4, 1, 0, 0.1f, false);
-            ADD("indexer_compressor_norm.weight", 1, q->idx_hd, 1, 1, 1, N, false);
+            ADD("indexer_compressor_norm.weight", 1, q->idx_hd, 1, 1, q->comp_norm, q->comp_norm * N, false);
         }
         ADD("ffn_gate_inp.weight", 2, E, X, 1, 0, W, false);
         if (l < q->n_hash) {

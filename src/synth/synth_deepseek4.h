@@ -14,6 +14,8 @@ typedef struct hm_synth_ds4 {
     int32_t hc, hc_iters, n_hash, n_shared;
     int32_t n_dense_attn; /* the first layers without compression; after them 4, 128, 4, 128, ... */
     float hc_eps, compress_theta, routed_scale, swiglu_limit;
+    float embd_ratio; /* token_embd's std as synth_plan.c's SYNTH_EMBD_RATIO rule with this ratio */
+    float comp_norm;  /* the compressors' norm weights' mean: > 1 makes compressed rows win attention */
 } hm_synth_ds4;
 
 const hm_synth_ds4 *hm_synth_find_ds4(const char *name);
