@@ -163,6 +163,9 @@ hm_status hm_model_kv_bytes(const hm_model *m, int32_t n_ctx, int32_t n_ubatch, 
     hm_exec_state s = {0};
     hm_status st = kv_layout(m->xm, &o, &s, err);
     if (st == HM_OK) *bytes = (uint64_t)s.kv_bytes;
+    for (int32_t il = 0; st == HM_OK && m->xm->dsv4.hc > 0 && il < m->xm->n_layer; il++) /* V4's own state */
+        *bytes += (uint64_t)hm_dsv4_layout(&m->xm->dsv4.dims, m->xm->dsv4.ratio[il], o.n_ctx, o.n_ubatch, NULL, NULL) *
+                  sizeof(float);
     free(s.kvl);
     return st;
 }
