@@ -340,31 +340,54 @@ void hm_dsv4_hc_mix(float *m, int64_t n, int hc, bool head, const float *scale, 
     }
 }
 
+typedef struct hc_ctx {
+    const float *x, *a, *f; /* reduce: a = pre (row stride ps); post: a = the mixes, f the block output */
+    float *out;
+    int64_t n, E, ps;
+    int hc;
+} hc_ctx;
+
+static void reduce_task(void *p, int ith, int nth) {
+    const hc_ctx *c = p;
+    int64_t lo, hi;
+    hm_split(c->n, ith, nth, &lo, &hi);
+    for (int64_t t = lo; t < hi; t++) {
+        float *o = c->out + t * c->E;
+        const float *xt = c->x + t * c->hc * c->E, *pt = c->a + t * c->ps;
+        for (int64_t e = 0; e < c->E; e++) o[e] = xt[e] * pt[0];
+        for (int h = 1; h < c->hc; h++)
+            for (int64_t e = 0; e < c->E; e++) o[e] += xt[h * c->E + e] * pt[h];
+    }
+}
+
 void hm_dsv4_hc_reduce(hm_pool *pool, const float *x, const float *pre, int64_t ps, int64_t n, int64_t E, int hc,
                        float *y) {
-    (void)pool;
-    for (int64_t t = 0; t < n; t++) {
-        float *o = y + t * E;
-        const float *xt = x + t * hc * E, *pt = pre + t * ps;
-        for (int64_t e = 0; e < E; e++) o[e] = xt[e] * pt[0];
-        for (int h = 1; h < hc; h++)
-            for (int64_t e = 0; e < E; e++) o[e] += xt[h * E + e] * pt[h];
+    hc_ctx c = {.x = x, .a = pre, .out = y, .n = n, .E = E, .ps = ps, .hc = hc};
+    hm_pool_run(pool, reduce_task, &c);
+}
+
+static void post_task(void *p, int ith, int nth) {
+    const hc_ctx *c = p;
+    const int hc = c->hc;
+    const int64_t w = (2 + hc) * hc, E = c->E;
+    int64_t lo, hi;
+    hm_split(c->n * hc, ith, nth, &lo, &hi);
+    for (int64_t i = lo; i < hi; i++) { /* (row, destination stream) */
+        const int64_t t = i / hc;
+        const int dd = (int)(i % hc);
+        const float *post = c->a + t * w + hc, *cm = c->a + t * w + 2 * hc, *xt = c->x + t * hc * E;
+        const float *ft = c->f + t * E;
+        float *o = c->out + (t * hc + dd) * E;
+        for (int64_t e = 0; e < E; e++) o[e] = ft[e] * post[dd];
+        for (int s = 0; s < hc; s++)
+            for (int64_t e = 0; e < E; e++) o[e] += xt[s * E + e] * cm[dd + hc * s];
     }
 }
 
 void hm_dsv4_hc_post(hm_pool *pool, const float *f, const float *x, const float *mix, int64_t n, int64_t E, int hc,
                      float *out) {
-    (void)pool;
-    const int64_t w = (2 + hc) * hc;
-    for (int64_t t = 0; t < n; t++) {
-        const float *post = mix + t * w + hc, *cm = mix + t * w + 2 * hc, *xt = x + t * hc * E, *ft = f + t * E;
-        for (int dd = 0; dd < hc; dd++) {
-            float *o = out + (t * hc + dd) * E;
-            for (int64_t e = 0; e < E; e++) o[e] = ft[e] * post[dd];
-            for (int s = 0; s < hc; s++)
-                for (int64_t e = 0; e < E; e++) o[e] += xt[s * E + e] * cm[dd + hc * s];
-        }
-    }
+    hc_ctx c = {.x = x, .a = mix, .f = f, .out = out, .n = n, .E = E, .hc = hc};
+    hm_pool_run(pool, post_task, &c);
 }
 
 void hm_dsv4_swiglu_clamp(hm_pool *pool, const float *g, float *u, float *out, int64_t n, float limit) {
