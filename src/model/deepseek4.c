@@ -14,12 +14,13 @@
  *       bias (hash-routed layers: experts from the token id), renormalised, times the routed scale
  *   x = post f + comb x
  * with x0 = token_embd[tok] in every stream and logits = Wout (rmsnorm(hc_head(x)) * output_norm).
- * Compressed layers use compress_rope_freq_base for their RoPE, the others rope.freq_base.
+ * Compressed layers use compress_rope_freq_base for their RoPE (with the file's YaRN frequency
+ * correction, whose magnitude factor V4 cancels), the others rope.freq_base unscaled.
  *
  * Session state: each layer's window ring, compressors and compressed rows (the executor's, sized
  * by xm->dsv4); only one sequence a pass, and the CPU only for now (no gpu_load: a GPU placement is
- * refused naming the arch). Not supported (load says so): RoPE scaling (YaRN), MTP layers, KV
- * sharing variants, compression ratios other than 0, 4 and 128. */
+ * refused naming the arch). Not supported (load says so): MTP layers, KV sharing variants,
+ * compression ratios other than 0, 4 and 128. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -48,6 +49,7 @@ typedef struct ds4_model {
     int32_t n_layer, n_embd, n_head, hd, n_vocab, n_ctx_train;
     int32_t n_expert, n_expert_used, n_ff_exp, n_shared, n_hash, hc, hc_iters;
     float eps, theta, routed_scale, hc_eps;
+    float *c_ff;             /* [n_rot / 2] the compressed layers' YaRN divisors or NULL, owned */
     hm_dsv4_dims dims;
     hm_mat tok_embd, output, hc_head_fn;
     const float *output_norm, *hc_head_scale, *hc_head_base;
@@ -147,6 +149,7 @@ static void ds4_unload(hm_model *m) {
     free(g->ratio);
     free(g->kv_slot);
     free(g->moe_layers);
+    free(g->c_ff);
     free(g);
     m->impl = NULL;
 }
@@ -307,10 +310,6 @@ static hm_status ds4_load(hm_model *m, hm_err *err) {
         snprintf(key, sizeof key, "%s.expert_weights_norm", m->arch_name);
         if (hm_gguf_get_bool(m->gguf, key, &norm) && !norm)
             UNSUP("%s = false: DeepSeek-V4 renormalises its top-k weights", key);
-        hm_gguf_str s;
-        snprintf(key, sizeof key, "%s.rope.scaling.type", m->arch_name);
-        if (hm_gguf_get_str(m->gguf, key, &s) && !(s.len == 4 && memcmp(s.ptr, "none", 4) == 0))
-            UNSUP("%s = %.*s: RoPE scaling (the released V4's YaRN) is not supported yet", key, (int)s.len, s.ptr);
     }
     d->n_head = g->n_head;
     d->hd = g->hd;
@@ -326,6 +325,11 @@ static hm_status ds4_load(hm_model *m, hm_err *err) {
             "top %d, compress_rope_freq_base %g", g->n_embd, g->n_layer, g->n_head, g->hd, d->n_rot, d->q_lora,
             d->window, d->o_groups, d->o_lora, g->hc, g->hc_iters, g->n_expert, g->n_expert_used, g->n_ff_exp,
             g->n_shared, g->n_hash, d->idx_heads, d->idx_hd, d->idx_topk, (double)d->c_theta);
+    { /* YaRN (the release's) on the compressed layers only; V4 cancels its magnitude factor */
+        float attn_mul;
+        if ((st = hm_model_rope_scaling(m, d->n_rot, d->c_theta, &g->c_ff, &attn_mul, err)) != HM_OK) goto fail;
+        d->c_ff = g->c_ff;
+    }
     if (d->idx_heads > (int64_t)d->o_groups * d->o_lora)
         UNSUP("indexer.head_count %d > output_group_count x output_lora_rank: not supported", d->idx_heads);
 

@@ -8,9 +8,9 @@
  * index_head_dim 128, index_topk 512, hc_mult 4, hc_sinkhorn_iters 20, hc_eps 1e-6, 256 routed
  * experts top-6 + 1 shared of moe_intermediate_size 2048, routed_scaling_factor 1.5,
  * sqrtsoftplus scoring with a bias, norm_topk_prob, num_hash_layers 3, swiglu_limit 10,
- * rope_theta 10000, compress_rope_theta 160000, rms_norm_eps 1e-6, vocab 129280. The released
- * model uses YaRN on the compressed layers; the synth writes no rope scaling (plain RoPE on every
- * layer), which both engines then run alike.
+ * rope_theta 10000, compress_rope_theta 160000, rms_norm_eps 1e-6, vocab 129280, and YaRN (factor 16,
+ * original_max_position_embeddings 65536, beta 32 / 1) as rope.scaling.* keys: llama.cpp applies it
+ * to the compressed layers only (the others keep plain RoPE at rope.freq_base).
  *
  * Names, shapes and keys: what llama.cpp's converter writes for deepseek4 (its loader in
  * src/llama-model.cpp / src/models/deepseek4.cpp reads them), ne[0] contiguous. Per layer:
@@ -50,17 +50,18 @@
 static const hm_synth_ds4 ds4_presets[] = {
     {{"deepseek-v4-flash", "DeepSeek-V4-Flash (hotmoe synth, random weights)", 43, 4096, 64, 1, 512, 256, 6, 2048,
       2048, 129280, 1048576, 10000.0f, 1e-6f},
-     64, 1024, 8, 1024, 128, 64, 128, 512, 4, 20, 3, 1, 2, 1e-6f, 160000.0f, 1.5f, 10.0f, 32.0f, 1.0f},
+     64, 1024, 8, 1024, 128, 64, 128, 512, 4, 20, 3, 1, 2, 1e-6f, 160000.0f, 1.5f, 10.0f, 32.0f, 1.0f, 16.0f, 65536},
     /* a few MB, every feature on: layer 0 uncompressed, then 4, 128, 4, 128 (a 256-token sequence
      * fills 64 ratio-4 blocks, far more than the indexer's top 8, and two ratio-128 blocks);
      * window 16; hash-routed layers 0 and 1; a SwiGLU limit low enough to clamp; 16 indexer heads
      * of 64 (llama.cpp rotates the indexer by a Hadamard matrix of 64 or more; with few heads many
      * scores are exactly 0 after the ReLU and the top-k is a tie); compressor norms of mean 3, so
      * compressed rows carry a large share of the attention and a wrong choice of them shows in
-     * the logits (tests/fixtures/llama_deepseek4/README.md) */
+     * the logits (tests/fixtures/llama_deepseek4/README.md); YaRN from an original context of 64,
+     * so the 256 test positions are well past it */
     {{"tiny", "tiny deepseek4 (hotmoe synth, random weights)", 5, 256, 8, 1, 64, 16, 4, 64, 64, 384, 4096,
       10000.0f, 1e-6f},
-     16, 64, 4, 32, 16, 16, 64, 8, 4, 20, 2, 1, 1, 1e-6f, 160000.0f, 1.5f, 0.5f, 32.0f, 3.0f},
+     16, 64, 4, 32, 16, 16, 64, 8, 4, 20, 2, 1, 1, 1e-6f, 160000.0f, 1.5f, 0.5f, 32.0f, 2.0f, 16.0f, 64},
 };
 
 const hm_synth_ds4 *hm_synth_find_ds4(const char *name) {
@@ -266,6 +267,13 @@ hm_status hm_synth_meta_ds4(hm_gguf_writer *w, const hm_synth_ds4 *q, int32_t n_
     SET(hm_gguf_writer_set_u32(w, A "hash_layer_count", (uint32_t)n_hash));
     SET(hm_gguf_writer_set_u32(w, A "embedding_length_out", (uint32_t)(p->n_embd * q->hc)));
     SET(hm_gguf_writer_set_u32(w, A "expert_gating_func", 4)); /* sqrtsoftplus */
+    if (q->yarn_factor > 0) {
+        SET(hm_gguf_writer_set_str(w, A "rope.scaling.type", "yarn"));
+        SET(hm_gguf_writer_set_f32(w, A "rope.scaling.factor", q->yarn_factor));
+        SET(hm_gguf_writer_set_u32(w, A "rope.scaling.original_context_length", (uint32_t)q->yarn_orig));
+        SET(hm_gguf_writer_set_f32(w, A "rope.scaling.yarn_beta_fast", 32.0f));
+        SET(hm_gguf_writer_set_f32(w, A "rope.scaling.yarn_beta_slow", 1.0f));
+    }
     SET(hm_gguf_writer_set_u32(w, "general.quantization_version", 2));
 #undef A
 #undef SET

@@ -16,6 +16,8 @@ typedef struct hm_synth_ds4 {
     float hc_eps, compress_theta, routed_scale, swiglu_limit;
     float embd_ratio; /* token_embd's std as synth_plan.c's SYNTH_EMBD_RATIO rule with this ratio */
     float comp_norm;  /* the compressors' norm weights' mean: > 1 makes compressed rows win attention */
+    float yarn_factor;   /* the compressed layers' YaRN (rope.scaling.*): factor, 0: none */
+    int32_t yarn_orig;   /* and original_context_length */
 } hm_synth_ds4;
 
 const hm_synth_ds4 *hm_synth_find_ds4(const char *name);

@@ -47,14 +47,15 @@ static void rmsnorm_row(float *x, const float *w, int64_t n, float eps) {
     for (int64_t i = 0; i < n; i++) x[i] = x[i] * sc * (w ? w[i] : 1.0f);
 }
 
-/* RoPE (normal pairing) of the last n_rot values of a head of hd at position p; inv: the inverse
- * rotation (llama.cpp's rope_ext_back). */
-static void rope_tail(float *x, int hd, int n_rot, int32_t p, float base, bool inv) {
+/* RoPE (normal pairing) of the last n_rot values of a head of hd at position p, pair i's angle
+ * divided by ff[i] (NULL: none); inv: the inverse rotation (llama.cpp's rope_ext_back). */
+static void rope_tail(float *x, int hd, int n_rot, int32_t p, float base, const float *ff, bool inv) {
     const float tscale = powf(base, -2.0f / (float)n_rot);
     float theta = (float)p;
     float *r = x + (hd - n_rot);
     for (int i = 0; i < n_rot; i += 2) {
-        const float c = cosf(theta), s = inv ? -sinf(theta) : sinf(theta);
+        const float th = ff ? theta / ff[i / 2] : theta;
+        const float c = cosf(th), s = inv ? -sinf(th) : sinf(th);
         const float a = r[i], b = r[i + 1];
         r[i] = a * c - b * s;
         r[i + 1] = a * s + b * c;
@@ -66,7 +67,8 @@ static void rope_tail(float *x, int hd, int n_rot, int32_t p, float base, bool i
  * each a softmax over the block's (and with overlap the previous block's) positions of the
  * scores, weighting the values; then rmsnorm * norm, RoPE at the block's first position. */
 static void compress_block(const float *kv, const float *sc, int64_t w, int32_t r, bool overlap, int64_t b,
-                           int64_t dim, const float *norm, int n_rot, float theta, float eps, float *out) {
+                           int64_t dim, const float *norm, int n_rot, float theta, const float *ff, float eps,
+                           float *out) {
     const int64_t start = b * r, S = HM_DSV4_RING;
     for (int64_t d = 0; d < dim; d++) {
         float mx = -INFINITY;
@@ -93,7 +95,7 @@ static void compress_block(const float *kv, const float *sc, int64_t w, int32_t 
         }
     }
     rmsnorm_row(out, norm, dim, eps);
-    rope_tail(out, (int)dim, n_rot, (int32_t)start, theta, false);
+    rope_tail(out, (int)dim, n_rot, (int32_t)start, theta, ff, false);
     for (int64_t d = 0; d < dim; d++) out[d] = f16r(out[d]);
 }
 
@@ -187,7 +189,7 @@ static void attn_item(attn_ctx *c, int64_t t, int h, float *sc, float *acc) {
         for (int64_t k = 0; k < hd; k++) acc[k] += e * v[k];
     }
     for (int64_t k = 0; k < hd; k++) qh[k] = acc[k] / sum;
-    rope_tail(qh, (int)hd, d->n_rot, (int32_t)p, c->w->theta, true);
+    rope_tail(qh, (int)hd, d->n_rot, (int32_t)p, c->w->theta, c->w->ratio ? d->c_ff : NULL, true);
 }
 
 static void attn_task(void *p, int ith, int nth) {
@@ -214,16 +216,17 @@ void hm_dsv4_attention(hm_pool *pool, const hm_dsv4_dims *d, const hm_dsv4_lw *w
     (void)E;
     const int64_t H = d->n_head, hd = d->hd, ih = d->idx_heads, ihd = d->idx_hd, S = HM_DSV4_RING;
     const int32_t r = w->ratio;
+    const float *ff = r ? d->c_ff : NULL; /* the layer's RoPE frequencies */
     /* queries: rmsnorm(h Wq_a) * q_a_norm, Wq_b, per-head rmsnorm, RoPE of the tails */
     hm_cpu_rmsnorm(pool, qr, w->q_a_norm, qr, n, d->q_lora, d->eps);
     hm_cpu_matmul(pool, w->wq_b, qr, n, q, scratch);
     hm_cpu_rmsnorm(pool, q, NULL, q, n * H, hd, d->eps);
     for (int64_t t = 0; t < n; t++)
-        for (int64_t hh = 0; hh < H; hh++) rope_tail(q + (t * H + hh) * hd, (int)hd, d->n_rot, pos[t], w->theta, false);
+        for (int64_t hh = 0; hh < H; hh++) rope_tail(q + (t * H + hh) * hd, (int)hd, d->n_rot, pos[t], w->theta, ff, false);
     /* the shared K=V row: rmsnorm * kv_norm, RoPE, into the window's ring */
     hm_cpu_rmsnorm(pool, kv, w->kv_norm, kv, n, hd, d->eps);
     for (int64_t t = 0; t < n; t++) {
-        rope_tail(kv + t * hd, (int)hd, d->n_rot, pos[t], w->theta, false);
+        rope_tail(kv + t * hd, (int)hd, d->n_rot, pos[t], w->theta, ff, false);
         float *row = st->raw + (pos[t] % st->cap) * hd;
         for (int64_t e = 0; e < hd; e++) row[e] = f16r(kv[t * hd + e]);
     }
@@ -252,11 +255,11 @@ void hm_dsv4_attention(hm_pool *pool, const hm_dsv4_dims *d, const hm_dsv4_lw *w
                 }
             if ((p + 1) % r) continue;
             const int64_t b = p / r;
-            compress_block(st->ckv, st->csc, cw, r, r == 4, b, hd, w->c_norm, d->n_rot, d->c_theta, d->eps,
+            compress_block(st->ckv, st->csc, cw, r, r == 4, b, hd, w->c_norm, d->n_rot, d->c_theta, d->c_ff, d->eps,
                            st->comp + b * hd);
             if (r == 4)
-                compress_block(st->ikv, st->isc, 2 * ihd, 4, true, b, ihd, w->i_norm, d->n_rot, d->c_theta, d->eps,
-                               st->icomp + b * ihd);
+                compress_block(st->ikv, st->isc, 2 * ihd, 4, true, b, ihd, w->i_norm, d->n_rot, d->c_theta, d->c_ff,
+                               d->eps, st->icomp + b * ihd);
         }
     }
     attn_ctx c = {.d = d, .w = w, .st = st, .pos = pos, .n = n, .q = q};
@@ -267,7 +270,7 @@ void hm_dsv4_attention(hm_pool *pool, const hm_dsv4_dims *d, const hm_dsv4_lw *w
         hm_cpu_matmul(pool, w->i_qb, qr, n, iq, scratch);
         for (int64_t t = 0; t < n; t++)
             for (int64_t hh = 0; hh < ih; hh++)
-                rope_tail(iq + (t * ih + hh) * ihd, (int)ihd, d->n_rot, pos[t], d->c_theta, false);
+                rope_tail(iq + (t * ih + hh) * ihd, (int)ihd, d->n_rot, pos[t], d->c_theta, d->c_ff, false);
         hm_cpu_matmul(pool, w->i_proj, h, n, out, scratch); /* out: the head weights for now */
         const float ws = 1.0f / sqrtf((float)(ihd * ih));
         for (int64_t i = 0; i < n * ih; i++) out[i] *= ws;

@@ -29,13 +29,16 @@ typedef struct hm_dsv4_dims {
     int32_t n_head, hd, n_rot, q_lora, o_groups, o_lora, window;
     int32_t idx_heads, idx_hd, idx_topk;
     float eps, c_theta;
+    const float *c_ff; /* [n_rot / 2] the compressed layers' RoPE frequency divisors (YaRN, as
+                          hm_model_rope_scaling gives them; its magnitude factor V4 cancels), or
+                          NULL: plain RoPE. The uncompressed layers never scale. */
 } hm_dsv4_dims;
 
 /* One layer's weights (borrowed). Absent ones NULL (the compressor when ratio is 0, the indexer
  * unless ratio is 4). */
 typedef struct hm_dsv4_lw {
     int32_t ratio; /* 0, 4 or 128 */
-    float theta;   /* the layer's RoPE base */
+    float theta;   /* the layer's RoPE base (with ratio > 0 also dims.c_ff's frequencies) */
     const hm_mat *wq_b, *wo_a, *c_kv, *c_gate, *i_qb, *i_proj, *i_kv, *i_gate;
     const float *q_a_norm, *kv_norm, *sinks, *c_ape, *c_norm, *i_ape, *i_norm;
 } hm_dsv4_lw;
