@@ -130,6 +130,33 @@ hm_status hm_op_matmul_heads(hm_exec *x, const hm_mat_heads *w, const hm_heads_i
     RUN(matmul_heads, x->ops->matmul_heads(x, w, io));
 }
 
+/* A backend without an op of DeepSeek-V4's refuses it, naming it. */
+#define DSV4_OP(op, ...)                                                                                     \
+    (x->ops->op ? x->ops->op(__VA_ARGS__)                                                                     \
+                : hm_errf(x->err, HM_ERR_UNSUPPORTED, "%s: op " #op " is not implemented on this backend",     \
+                          x->m->arch->name))
+
+hm_status hm_op_hc_expand(hm_exec *x, hm_buf io) { return DSV4_OP(hc_expand, x, io); }
+
+hm_status hm_op_hc_pre(hm_exec *x, hm_buf in, const hm_hc *p, hm_buf norm, hm_buf mix, hm_buf out) {
+    return DSV4_OP(hc_pre, x, in, p, norm, mix, out, false);
+}
+
+hm_status hm_op_hc_post(hm_exec *x, hm_buf f, hm_buf res, hm_buf mix, hm_buf out) {
+    return DSV4_OP(hc_post, x, f, res, mix, out);
+}
+
+hm_status hm_op_hc_head(hm_exec *x, hm_buf in, const hm_hc *p, hm_buf norm, hm_buf mix, hm_buf out) {
+    return DSV4_OP(hc_pre, x, in, p, norm, mix, out, true);
+}
+
+hm_status hm_op_dsv4_attn(hm_exec *x, int32_t il, const hm_dsv4_attn *p) { return DSV4_OP(dsv4_attn, x, il, p); }
+
+hm_status hm_op_swiglu_clamp(hm_exec *x, hm_buf g, hm_buf u, hm_buf out, int64_t width, float limit) {
+    return DSV4_OP(swiglu_clamp, x, g, u, out, width, limit);
+}
+#undef DSV4_OP
+
 /* ---- session entry points ---- */
 
 /* s->kvl: each layer's K and V in one block, in layer order (a uniform arch's layer with KV slot i
@@ -177,6 +204,9 @@ hm_status hm_model_kv_bytes(const hm_model *m, int32_t n_ctx, int32_t n_ubatch, 
     hm_exec_state s = {0};
     hm_status st = kv_layout(m->xm, &o, &s, err);
     if (st == HM_OK) *bytes = (uint64_t)s.kv_bytes;
+    for (int32_t il = 0; st == HM_OK && m->xm->dsv4.hc > 0 && il < m->xm->n_layer; il++) /* V4's own state */
+        *bytes += (uint64_t)hm_dsv4_layout(&m->xm->dsv4.dims, m->xm->dsv4.ratio[il], o.n_ctx, o.n_ubatch, NULL, NULL) *
+                  sizeof(float);
     free(s.kvl);
     return st;
 }
@@ -199,6 +229,8 @@ void hm_exec_state_close(void *p) {
     hm_exec_gpu_state_close(s);
 #endif
     hm_free_aligned(s->rs);
+    hm_free_aligned(s->aux);
+    free(s->aux_off);
     free(s->kvl);
     hm_model_state_free(s->kv, s->kv_scratch, s->act, &s->scratch, &s->route);
     free(s);
@@ -245,6 +277,19 @@ hm_status hm_exec_state_open(const hm_model *m, const hm_state_opts *o, void **o
  * keeps everything (n_keep >= the positions it absorbed) or goes back to empty (n_keep 0). */
 hm_status hm_exec_state_trim(void *state, int32_t n_keep, hm_err *err) {
     hm_exec_state *s = state;
+    if (s->aux) { /* DeepSeek-V4's compressors: back within the current 128-position block only */
+        if (n_keep <= 0 || n_keep >= s->n_hi) {
+            if (n_keep <= 0) s->n_hi = 0;
+            return HM_OK;
+        }
+        const int64_t q_min = (int64_t)n_keep - s->window + 1; /* the window's ring, as below */
+        if (!hm_dsv4_can_trim(n_keep, s->n_hi) || (q_min > 0 && q_min + s->ring < s->n_hi))
+            return hm_errf(err, HM_ERR_UNSUPPORTED,
+                           "%s: cannot go back to %d positions: the compressed KV state holds only the current "
+                           "%d-position block of the %lld evaluated (reset and evaluate the kept prefix again)",
+                           s->arch, n_keep, HM_DSV4_BLOCK, (long long)s->n_hi);
+        return HM_OK; /* n_hi stays: the rows written past n_keep are gone all the same */
+    }
     if (s->ring < s->n_ctx) {
         /* the sliding layers' ring must still hold the window below n_keep: position q sits in row
          * q % ring, intact while no position q + ring has been written since the reset (n_hi only

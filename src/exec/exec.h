@@ -30,6 +30,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "backend/cpu/cpu_dsv4.h"
 #include "backend/cpu/cpu_ops.h"
 #include "core/status.h"
 #include "model/model.h"
@@ -85,6 +86,18 @@ typedef struct hm_attn_layer {
                         min(n_ctx, window + n_ubatch) rows); 0: every position (n_ctx rows) */
 } hm_attn_layer;
 
+/* DeepSeek-V4's shape (hc 0: the arch is not V4): the attention dims every layer shares, each
+ * layer's compression ratio (0, 4, 128), and the hyper-connections (hc residual streams mixed by
+ * Sinkhorn matrices of hc_iters iterations). Its layers keep their attention state (window ring,
+ * compressors, compressed rows: backend/cpu/cpu_dsv4.h) in the session's state; a session can go
+ * back only within the current 128-position block of what it evaluated (or to 0). */
+typedef struct hm_dsv4_spec {
+    hm_dsv4_dims dims;
+    int32_t hc, hc_iters;
+    float hc_eps;
+    const int32_t *ratio; /* [n_layer] */
+} hm_dsv4_spec;
+
 /* What the executor needs of an architecture besides its layer description (filled by the arch's
  * load, pointed at by hm_model.xm; borrowed). */
 typedef struct hm_exec_model {
@@ -113,6 +126,7 @@ typedef struct hm_exec_model {
     int32_t n_rs_layer;
     hm_moe_spec moe;
     const hm_moe_layer *moe_layers;    /* [n_layer] */
+    hm_dsv4_spec dsv4;                 /* DeepSeek-V4's attention and hyper-connections (hc 0: none) */
 } hm_exec_model;
 
 /* Floats of one recurrent layer's state: the conv window (d_conv - 1 inputs) then S. */
@@ -252,6 +266,36 @@ typedef struct hm_heads_io {
     int64_t in_stride, out_stride;
 } hm_heads_io;
 hm_status hm_op_matmul_heads(hm_exec *x, const hm_mat_heads *w, const hm_heads_io *io);
+
+/* ---- DeepSeek-V4's ops (xm->dsv4; one sequence a pass, the CPU only for now) ---- */
+
+/* Hyper-connection weights: fn [(2 + hc) hc x hc E] (the head's: [hc x hc E]), scale [3] ([1]),
+ * base [(2 + hc) hc] ([hc]). */
+typedef struct hm_hc {
+    const hm_mat *fn;
+    const float *scale, *base;
+} hm_hc;
+/* io's rows, packed n_embd wide (the embeddings), become hc copies each ([rows, hc n_embd]). */
+hm_status hm_op_hc_expand(hm_exec *x, hm_buf io);
+/* The mixing before a block: mix = fn rmsnorm(in) (norm: work, hc n_embd wide), turned into
+ * [pre | post | comb] (cpu_dsv4.h's hm_dsv4_hc_mix), out = sum_h pre_h in_h (n_embd wide). */
+hm_status hm_op_hc_pre(hm_exec *x, hm_buf in, const hm_hc *p, hm_buf norm, hm_buf mix, hm_buf out);
+/* After the block: out[dst] = post[dst] f + sum_src comb[dst][src] res[src] ([rows, hc n_embd];
+ * out must not be res). */
+hm_status hm_op_hc_post(hm_exec *x, hm_buf f, hm_buf res, hm_buf mix, hm_buf out);
+/* The head's reduction before the output norm: out (n_embd wide) = sum_h pre_h in_h with
+ * pre = sigmoid(fn rmsnorm(in) scale + base) + eps. */
+hm_status hm_op_hc_head(hm_exec *x, hm_buf in, const hm_hc *p, hm_buf norm, hm_buf mix, hm_buf out);
+/* Layer il's attention (cpu_dsv4.h's hm_dsv4_attention on the layer's state): in h (normed input),
+ * qr (h Wq_a), kv (h Wkv); out the grouped low-rank output (before Wo_b); the rest work space of
+ * the widths hm_dsv4_attn names (ca [max(2 hd, n_head hd / groups)], cb [max(2 hd, o_lora)]). */
+typedef struct hm_dsv4_attn {
+    hm_dsv4_lw w;
+    hm_buf h, qr, kv, q, out, ca, cb, ia, ib, iq;
+} hm_dsv4_attn;
+hm_status hm_op_dsv4_attn(hm_exec *x, int32_t il, const hm_dsv4_attn *p);
+/* out = silu(min(g, limit)) * clamp(u, -limit, limit) over [rows, width] (u clamped in place). */
+hm_status hm_op_swiglu_clamp(hm_exec *x, hm_buf g, hm_buf u, hm_buf out, int64_t width, float limit);
 
 /* ---- the executor: an arch that has a layer description fills its hm_arch with these ---- */
 

@@ -9,9 +9,11 @@
  * sequence is the plain single-session forward: no copies then. A recurrent arch (Gated DeltaNet
  * layers) runs one sequence a pass, its state carried in the session's. */
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "backend/cpu/cpu_deltanet.h"
+#include "backend/cpu/cpu_dsv4.h"
 #include "backend/cpu/cpu_gemma.h"
 #include "backend/cpu/cpu_mla.h"
 #include "core/alloc.h"
@@ -86,19 +88,39 @@ hm_status hm_exec_cpu_state_open(const hm_model *m, const hm_state_opts *o, hm_e
                                                                            o->n_threads));
         if ((st = hm_model_att_scratch_alloc(&s->kv_scratch, fl, err)) != HM_OK) return st;
     }
+    if (xm->dsv4.hc > 0) { /* DeepSeek-V4: each layer's attention state (cpu_dsv4.h) */
+        if (o->kv_type != HM_KV_F16)
+            return hm_errf(err, HM_ERR_UNSUPPORTED, "%s: a %s KV cache is not supported (its state is kept as f16 "
+                           "values; use -ctk/-ctv f16)", m->arch->name, hm_kv_type_name(o->kv_type));
+        if (!(s->aux_off = calloc((size_t)xm->n_layer, sizeof *s->aux_off))) return hm_errf(err, HM_ERR_NOMEM, "out of memory");
+        size_t total = 0;
+        for (int32_t il = 0; il < xm->n_layer; il++) {
+            s->aux_off[il] = total;
+            total += hm_dsv4_layout(&xm->dsv4.dims, xm->dsv4.ratio[il], o->n_ctx, o->n_ubatch, NULL, NULL);
+        }
+        if (!(s->aux = hm_malloc_aligned(total * sizeof(float))))
+            return hm_errf(err, HM_ERR_NOMEM, "cannot allocate the compressed KV state (%.1f MiB)",
+                           (double)total * sizeof(float) / (1 << 20));
+        memset(s->aux, 0, total * sizeof(float));
+        s->window = xm->dsv4.dims.window;
+        s->ring = (int64_t)xm->dsv4.dims.window + o->n_ubatch < o->n_ctx ? (int64_t)xm->dsv4.dims.window + o->n_ubatch
+                                                                          : o->n_ctx;
+    }
     if (xm->moe.n_expert > 0 &&
         (st = hm_moe_route_init(&s->route, xm->moe.n_expert, xm->moe.k, o->n_ubatch, err)) != HM_OK)
         return st;
 
     /* the matmuls' inputs are the buffers (the widest bounds them), then attention, then the MoE */
     size_t sc = hm_cpu_matmul_scratch_size(widest, (int64_t)U, o->n_threads);
-    if (!xm->attn_ring && !xm->kv_v_is_k)
+    if (!xm->attn_ring && !xm->kv_v_is_k && xm->n_kv_layer > 0)
         sc = hm_model_max_sz(sc, hm_cpu_attention_scratch_size((int64_t)U, o->n_ctx, xm->n_head, xm->head_dim,
                                                                o->n_threads));
     if (xm->moe.n_expert > 0)
         sc = hm_model_max_sz(sc, hm_moe_compute_scratch_size(&s->route, xm->n_embd, xm->moe.n_ff, o->n_threads));
     if (xm->n_rs_layer > 0)
         sc = hm_model_max_sz(sc, hm_cpu_gated_delta_scratch_size(xm->dn.d_k, xm->dn.d_v, o->n_threads));
+    if (xm->dsv4.hc > 0)
+        sc = hm_model_max_sz(sc, hm_dsv4_scratch_bytes(&xm->dsv4.dims, (int64_t)U, o->n_ctx, o->n_threads));
     return hm_model_scratch_alloc(&s->scratch, sc, err);
 }
 
@@ -387,6 +409,47 @@ static hm_status c_matmul_heads(hm_exec *x, const hm_mat_heads *w, const hm_head
     return HM_OK;
 }
 
+/* ---- DeepSeek-V4 (one sequence a pass, as the ring ops) ---- */
+
+static hm_status c_hc_expand(hm_exec *x, hm_buf io) {
+    hm_dsv4_hc_expand(x->buf[io], x->nr, x->xm->n_embd, x->xm->dsv4.hc);
+    return HM_OK;
+}
+
+static hm_status c_hc_pre(hm_exec *x, hm_buf in, const hm_hc *p, hm_buf norm, hm_buf mix, hm_buf out, bool head) {
+    const hm_dsv4_spec *d = &x->xm->dsv4;
+    const int64_t E = x->xm->n_embd, hc = d->hc, w = head ? hc : (2 + hc) * hc;
+    hm_cpu_rmsnorm(x->pool, x->buf[in], NULL, x->buf[norm], x->nr, hc * E, x->xm->eps);
+    hm_cpu_matmul(x->pool, p->fn, x->buf[norm], x->nr, x->buf[mix], &cp(x)->s->scratch);
+    hm_dsv4_hc_mix(x->buf[mix], x->nr, (int)hc, head, p->scale, p->base, d->hc_iters, d->hc_eps);
+    hm_dsv4_hc_reduce(x->pool, x->buf[in], x->buf[mix], w, x->nr, E, (int)hc, x->buf[out]);
+    return HM_OK;
+}
+
+static hm_status c_hc_post(hm_exec *x, hm_buf f, hm_buf res, hm_buf mix, hm_buf out) {
+    hm_dsv4_hc_post(x->pool, x->buf[f], x->buf[res], x->buf[mix], x->nr, x->xm->n_embd, x->xm->dsv4.hc,
+                    x->buf[out]);
+    return HM_OK;
+}
+
+static hm_status c_dsv4_attn(hm_exec *x, int32_t il, const hm_dsv4_attn *p) {
+    const cpu_pass *c = cp(x);
+    HM_ASSERT(c->n_seq == 1);
+    hm_exec_state *s = c->seqs[0].state;
+    const hm_dsv4_spec *d = &x->xm->dsv4;
+    hm_dsv4_state st;
+    hm_dsv4_layout(&d->dims, d->ratio[il], s->n_ctx, s->n_ubatch, s->aux + s->aux_off[il], &st);
+    hm_dsv4_attention(x->pool, &d->dims, &p->w, &st, x->xm->n_embd, x->buf[p->h], x->buf[p->qr], x->buf[p->kv],
+                 x->buf[p->q], x->buf[p->out], x->buf[p->ca], x->buf[p->cb], x->buf[p->ia], x->buf[p->ib],
+                 x->buf[p->iq], x->nr, c->pos, &cp(x)->s->scratch);
+    return HM_OK;
+}
+
+static hm_status c_swiglu_clamp(hm_exec *x, hm_buf g, hm_buf u, hm_buf out, int64_t width, float limit) {
+    hm_dsv4_swiglu_clamp(x->pool, x->buf[g], x->buf[u], x->buf[out], x->nr * width, limit);
+    return HM_OK;
+}
+
 static const hm_exec_ops cpu_ops = {
     .rmsnorm = c_rmsnorm,
     .matmul_n = c_matmul_n,
@@ -411,6 +474,11 @@ static const hm_exec_ops cpu_ops = {
     .rmsnorm_w = c_rmsnorm_w,
     .mla_in = c_mla_in,
     .matmul_heads = c_matmul_heads,
+    .hc_expand = c_hc_expand,
+    .hc_pre = c_hc_pre,
+    .hc_post = c_hc_post,
+    .dsv4_attn = c_dsv4_attn,
+    .swiglu_clamp = c_swiglu_clamp,
 };
 
 /* ---- the pass ---- */

@@ -32,6 +32,12 @@ typedef struct hm_exec_ops {
     hm_status (*rmsnorm_w)(hm_exec *x, hm_buf in, const float *w, hm_buf out, int64_t width);
     hm_status (*mla_in)(hm_exec *x, int32_t il, const hm_mla_in *p);
     hm_status (*matmul_heads)(hm_exec *x, const hm_mat_heads *w, const hm_heads_io *io);
+    /* DeepSeek-V4's (NULL on a backend without them) */
+    hm_status (*hc_expand)(hm_exec *x, hm_buf io);
+    hm_status (*hc_pre)(hm_exec *x, hm_buf in, const hm_hc *p, hm_buf norm, hm_buf mix, hm_buf out, bool head);
+    hm_status (*hc_post)(hm_exec *x, hm_buf f, hm_buf res, hm_buf mix, hm_buf out);
+    hm_status (*dsv4_attn)(hm_exec *x, int32_t il, const hm_dsv4_attn *p);
+    hm_status (*swiglu_clamp)(hm_exec *x, hm_buf g, hm_buf u, hm_buf out, int64_t width, float limit);
     void (*sync)(hm_exec *x); /* waits for the ops queued so far (NULL: ops finish when they return) */
 } hm_exec_ops;
 
@@ -40,7 +46,7 @@ typedef struct hm_exec_ops {
     X(rmsnorm) X(matmul_n) X(add_rmsnorm) X(qk_norm_rope_kv) X(out_rows) X(attention) X(route)      \
     X(experts) X(split_gate) X(sigmoid_mul) X(swiglu) X(add_sigmoid_scaled) X(deltanet) X(add)      \
     X(scale) X(zero) X(copy) X(geglu) X(attn_in_ring) X(attention_ring) X(rmsnorm_w) X(mla_in)        \
-    X(matmul_heads)
+    X(matmul_heads) X(hc_expand) X(hc_pre) X(hc_post) X(dsv4_attn) X(swiglu_clamp)
 enum {
 #define X(name) HM_OPP_##name,
     HM_OPP_LIST(X)
@@ -108,6 +114,8 @@ typedef struct hm_exec_state {
                                              wanted rows (batch indexes), concatenated */
     hm_moe_route route;
     hm_scratch scratch;
+    float *aux;             /* DeepSeek-V4: every layer's attention state (cpu_dsv4.h), owned */
+    size_t *aux_off;        /* [n_layer] layer il's floats from aux on, owned */
     struct hm_xdev *dev;    /* the GPU chain (exec_cuda.c), owned; NULL on the CPU */
     hm_op_prof *prof;       /* HOTMOE_OP_PROFILE: the ops' times, owned; NULL: none */
 } hm_exec_state;

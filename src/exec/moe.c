@@ -147,15 +147,15 @@ void hm_moe_compute(hm_pool *pool, const hm_moe_weights *mw, hm_moe_route *r, co
         j->w = r->w + r->start[i];
         j->n_tok = r->start[i + 1] - r->start[i];
     }
-    hm_cpu_moe_act(pool, mw->act == HM_MOE_ACT_GELU ? HM_CPU_ACT_GELU : HM_CPU_ACT_SILU, r->jobs, r->n_units, x,
-                   r->n_tok, mw->n_embd, mw->n_ff, out, scratch);
+    hm_cpu_moe_act_lim(pool, mw->act == HM_MOE_ACT_GELU ? HM_CPU_ACT_GELU : HM_CPU_ACT_SILU, mw->act_limit, r->jobs,
+                       r->n_units, x, r->n_tok, mw->n_embd, mw->n_ff, out, scratch);
 }
 
 static void run_jobs(hm_pool *pool, const hm_moe_weights *mw, const hm_moe_job *jobs, int32_t n_jobs,
                      const float *x, int32_t n_tok, float *out, hm_scratch *scratch) {
     if (n_jobs <= 0) return;
-    hm_cpu_moe_act(pool, mw->act == HM_MOE_ACT_GELU ? HM_CPU_ACT_GELU : HM_CPU_ACT_SILU, jobs, n_jobs, x, n_tok,
-                   mw->n_embd, mw->n_ff, out, scratch);
+    hm_cpu_moe_act_lim(pool, mw->act == HM_MOE_ACT_GELU ? HM_CPU_ACT_GELU : HM_CPU_ACT_SILU, mw->act_limit, jobs,
+                       n_jobs, x, n_tok, mw->n_embd, mw->n_ff, out, scratch);
 }
 
 void hm_moe_job_from_parts(const hm_moe_weights *mw, const hm_unit_parts *p, hm_moe_job *j) {

@@ -34,6 +34,8 @@ typedef struct hm_moe_weights {
     int32_t n_expert;
     int64_t n_embd, n_ff;
     hm_moe_act act;
+    float act_limit;  /* > 0: clamped SwiGLU (DeepSeek-V4's swiglu_limit): silu(min(g, L)) *
+                         clamp(u, -L, L); 0: none. The CPU expert kernels implement it. */
 } hm_moe_weights;
 
 /* Bind layer `layer`'s experts into mw (load): blk.<layer>.ffn_{gate,up,down}_exps.weight,

@@ -36,6 +36,7 @@
 
 const char *hm_moe_gpu_unfit(const hm_moe_weights *mw) {
     if (mw->act != HM_MOE_ACT_SILU && mw->act != HM_MOE_ACT_GELU) return "an activation the CUDA kernels do not compute";
+    if (mw->act_limit > 0.0f) return "a clamped SwiGLU (DeepSeek-V4's swiglu_limit) the CUDA kernels do not compute yet";
     if (mw->gate.type != mw->up.type || !hm_cuda_type_ok(mw->gate.type) || !hm_cuda_type_ok(mw->down.type))
         return "an expert tensor type the CUDA kernels do not compute";
     /* what the grouped kernels take (cuda_moe.cu, moe_widths_ok): widths in multiples of 32 (a

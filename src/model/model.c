@@ -16,6 +16,7 @@
 extern const hm_arch hm_arch_gemma4; /* gemma4.c */
 extern const hm_arch hm_arch_qwen3next; /* qwen35moe.c */
 extern const hm_arch hm_arch_deepseek2; /* deepseek2.c */
+extern const hm_arch hm_arch_deepseek4; /* deepseek4.c */
 
 static const hm_arch *const archs[] = {
     &hm_arch_qwen3moe,
@@ -23,6 +24,7 @@ static const hm_arch *const archs[] = {
     &hm_arch_qwen35moe,
     &hm_arch_qwen3next,
     &hm_arch_deepseek2,
+    &hm_arch_deepseek4,
 };
 
 void hm_model_opts_default(hm_model_opts *o) { memset(o, 0, sizeof *o); }

@@ -22,6 +22,7 @@
 #include "../core/timer.h"
 #include "../quant/quant.h"
 #include "synth_deepseek2.h"
+#include "synth_deepseek4.h"
 #include "synth_gemma4.h"
 #include "synth_impl.h"
 
@@ -69,6 +70,15 @@ static void run_rows(chunk_job *j, int ith) {
                 else hm_synth_fast_row(j->t->type, j->key, j->row0 + r, ne0, sd, y);
                 continue;
             }
+            if (j->t->hash_experts) { /* an I32 table: distinct ids, spread from the row's start */
+                const int64_t ne = j->t->hash_experts, step = ne / ne0 > 0 ? ne / ne0 : 1;
+                const int64_t start = (int64_t)(hm_synth_mix64(j->key + (uint64_t)(j->row0 + r)) % (uint64_t)ne);
+                for (int64_t c = 0; c < ne0; c++) {
+                    int32_t id = (int32_t)((start + c * step) % ne);
+                    memcpy(y + (size_t)c * 4, &id, 4);
+                }
+                continue;
+            }
             uint64_t base = (uint64_t)(j->row0 + r) * (uint64_t)ne0;
             for (int64_t c = 0; c < ne0; c++) x[c] = mean + sd * hm_synth_gauss(j->key, base + (uint64_t)c);
             if (j->t->rope_pairs) /* rope_freqs: fixed values */
@@ -101,6 +111,11 @@ static void run_chunk(chunk_job *j) {
         if (started[i]) pthread_join(tid[i], NULL);
 }
 
+/* The deepseek4 preset of o (NULL: another arch). */
+static const hm_synth_ds4 *ds4_of(const hm_synth_opts *o) {
+    return o->arch && strcmp(o->arch, "deepseek4") == 0 ? hm_synth_find_ds4(o->preset) : NULL;
+}
+
 static hm_status write_metadata(hm_gguf_writer *w, const hm_synth_opts *o, const hm_synth_preset *p,
                                 const hm_synth_q35 *q35, const hm_synth_g4 *g4, const hm_synth_ds2 *ds2,
                                 int32_t n_layer, const hm_synth_mix *m, const hm_synth_routing *routing, hm_err *err) {
@@ -116,6 +131,10 @@ static hm_status write_metadata(hm_gguf_writer *w, const hm_synth_opts *o, const
     }
     if (g4) {
         SET(hm_synth_meta_g4(w, g4, n_layer, m));
+        goto provenance;
+    }
+    if (ds4_of(o)) {
+        SET(hm_synth_meta_ds4(w, ds4_of(o), n_layer, m));
         goto provenance;
     }
     /* general.* and qwen3moe.* in the order and with the value types llama.cpp's converter
@@ -156,10 +175,11 @@ static hm_status check_opts(const hm_synth_opts *o, const hm_synth_preset **p, c
     const bool is_q35 = o->arch && (strcmp(o->arch, "qwen35moe") == 0 || strcmp(o->arch, "qwen3next") == 0);
     const bool is_g4 = o->arch && strcmp(o->arch, "gemma4") == 0;
     const bool is_ds2 = o->arch && strcmp(o->arch, "deepseek2") == 0;
-    if (o->arch && !is_q35 && !is_g4 && !is_ds2 && strcmp(o->arch, "qwen3moe") != 0)
+    const bool is_ds4 = o->arch && strcmp(o->arch, "deepseek4") == 0;
+    if (o->arch && !is_q35 && !is_g4 && !is_ds2 && !is_ds4 && strcmp(o->arch, "qwen3moe") != 0)
         return hm_errf(err, HM_ERR_UNSUPPORTED,
                        "synth: architecture '%s' is not supported (qwen3moe, qwen35moe, qwen3next, gemma4, "
-                       "deepseek2)", o->arch);
+                       "deepseek2, deepseek4)", o->arch);
     if (is_ds2) { /* its own presets (default: the real shape); the built-in vocabulary or --tokenizer */
         if (!(*ds2 = hm_synth_find_ds2(o->preset ? o->preset : "deepseek-v2-lite")))
             return hm_errf(err, HM_ERR_ARG, "synth: unknown deepseek2 preset '%s' (one of: %s)", o->preset,
@@ -167,6 +187,16 @@ static hm_status check_opts(const hm_synth_opts *o, const hm_synth_preset **p, c
         *p = &(*ds2)->base;
         if (o->routing_profile)
             return hm_errf(err, HM_ERR_UNSUPPORTED, "synth: --routing-profile is not supported for deepseek2");
+    }
+    if (is_ds4) {
+        if (!ds4_of(o))
+            return hm_errf(err, HM_ERR_ARG, "synth: unknown deepseek4 preset '%s' (one of: %s)",
+                           o->preset ? o->preset : "", hm_synth_ds4_names());
+        *p = &ds4_of(o)->base;
+        if (o->tokenizer_json)
+            return hm_errf(err, HM_ERR_UNSUPPORTED, "synth: --tokenizer is not supported for deepseek4 yet");
+        if (o->routing_profile)
+            return hm_errf(err, HM_ERR_UNSUPPORTED, "synth: --routing-profile is not supported for deepseek4 yet");
     }
     if (is_g4) {
         if (!o->preset) return hm_errf(err, HM_ERR_ARG, "synth: no preset (one of: %s)", hm_synth_g4_names());
@@ -180,13 +210,15 @@ static hm_status check_opts(const hm_synth_opts *o, const hm_synth_preset **p, c
     const char *names = is_q35 ? hm_synth_q35_names(o->arch) : hm_synth_preset_names();
     if (!o->preset && !is_ds2) return hm_errf(err, HM_ERR_ARG, "synth: no preset (one of: %s)", names);
     *q35 = is_q35 ? hm_synth_find_q35(o->arch, o->preset) : NULL;
-    if (!is_g4 && !is_ds2 && !(*p = is_q35 ? (*q35 ? &(*q35)->base : NULL) : hm_synth_find_preset(o->preset)))
+    if (!is_g4 && !is_ds2 && !is_ds4 &&
+        !(*p = is_q35 ? (*q35 ? &(*q35)->base : NULL) : hm_synth_find_preset(o->preset)))
         return hm_errf(err, HM_ERR_ARG, "synth: unknown %s preset '%s' (one of: %s)", is_q35 ? o->arch : "qwen3moe",
                        o->preset, names);
     if (!o->type) return hm_errf(err, HM_ERR_ARG, "synth: no type (one of: %s)", hm_synth_mix_names());
     if (!(*m = hm_synth_find_mix(o->type)))
         return hm_errf(err, HM_ERR_ARG, "synth: unknown type '%s' (one of: %s)", o->type, hm_synth_mix_names());
-    if ((is_q35 || is_g4 || is_ds2) && ((*m)->kind == HM_SYNTH_MIX_Q2_K || (*m)->kind == HM_SYNTH_MIX_Q3_K_M))
+    if ((is_q35 || is_g4 || is_ds2 || is_ds4) &&
+        ((*m)->kind == HM_SYNTH_MIX_Q2_K || (*m)->kind == HM_SYNTH_MIX_Q3_K_M))
         return hm_errf(err, HM_ERR_UNSUPPORTED, "synth: --type %s follows llama-quantize's rules for qwen3moe only",
                        (*m)->name);
     if (o->n_layer < 0 || o->n_layer > 1000)
@@ -223,6 +255,7 @@ hm_status hm_synth(const hm_synth_opts *o, hm_err *err) {
     st = q35  ? hm_synth_plan_q35(q35, n_layer, m, &plan, &n_tensors, err)
          : g4 ? hm_synth_plan_g4(g4, n_layer, m, &plan, &n_tensors, err)
          : ds2 ? hm_synth_plan_ds2(ds2, n_layer, m, &plan, &n_tensors, err)
+         : ds4_of(o) ? hm_synth_plan_ds4(ds4_of(o), n_layer, m, &plan, &n_tensors, err)
               : hm_synth_plan(p, n_layer, m, &plan, &n_tensors, err);
     if (st) return st;
     if (o->routing_profile &&
@@ -236,7 +269,7 @@ hm_status hm_synth(const hm_synth_opts *o, hm_err *err) {
     for (int64_t i = 0; i < n_tensors; i++) {
         const hm_synth_tensor *t = &plan[i];
         const hm_type_traits *tr = hm_type_get(t->type);
-        if (!tr || !tr->from_float_ref) {
+        if (!t->hash_experts && (!tr || !tr->from_float_ref)) {
             st = hm_errf(err, HM_ERR_UNSUPPORTED, "synth: type %s (for %s) has no reference quantiser in this build",
                          hm_type_name(t->type), t->name);
             goto done;

@@ -76,6 +76,8 @@ typedef struct hm_synth_tensor {
     float mean;  /* values are mean + std * gauss */
     float std;
     int32_t rope_pairs; /* > 0: rope_freqs (gemma4): 1 for the first rope_pairs values, 1e30 after */
+    int32_t hash_experts; /* > 0: an I32 hash-routing table (deepseek4): each row's ne0 distinct expert
+                             ids in [0, hash_experts), spread from a per-row start */
 } hm_synth_tensor;
 
 const hm_synth_preset *hm_synth_find_preset(const char *name);

@@ -5,7 +5,8 @@
  *   1. quantise every token of x to the gate/up partner types          (tokens split ith/nth)
  *   2. g = gate x, u = up x for each pair                               ((job, row chunk) items)
  *   3. h = act(g) * u, quantised to the down partner type               (pairs split ith/nth)
- *      (act: SiLU, or Gemma's GELU-tanh)
+ *      (act: SiLU, or Gemma's GELU-tanh; with a limit L > 0 DeepSeek-V4's clamped SwiGLU
+ *      silu(min(g, L)) * clamp(u, -L, L))
  *   4. o = down h for each pair                                         ((job, row chunk) items)
  *   5. out[t] += w * o over t's pairs in job order                      (tokens split ith/nth)
  * Items of 2 and 4 come from shared atomic counters, so busy threads take fewer; every element is
@@ -26,6 +27,7 @@ typedef struct moe_ctx {
     float *out;
     int64_t n_batch, n_embd, n_ff, n_pairs;
     hm_cpu_act act;        /* h = act(g) * u */
+    float limit;           /* > 0: the SwiGLU clamp */
     int pre_quantized;
     int n_q;
     int q_type[MOE_MAX_Q];
@@ -56,8 +58,14 @@ size_t hm_cpu_moe_scratch_size(int64_t n_batch, int64_t n_pairs, int64_t n_embd,
     return s;
 }
 
-/* g[i] = act(g[i]) * u[i] */
-static void act_mul(hm_cpu_act act, float *g, const float *u, int64_t n) {
+/* g[i] = act(g[i]) * u[i]; limit > 0: g clamped above at limit, u to [-limit, limit] first (u is
+ * the call's own scratch row) */
+static void act_mul(hm_cpu_act act, float limit, float *g, float *u, int64_t n) {
+    if (limit > 0.0f)
+        for (int64_t i = 0; i < n; i++) {
+            g[i] = g[i] > limit ? limit : g[i];
+            u[i] = u[i] > limit ? limit : u[i] < -limit ? -limit : u[i];
+        }
     if (act == HM_CPU_ACT_GELU)
         for (int64_t i = 0; i < n; i++) g[i] = hm_gelu_tanh(g[i]) * u[i];
     else
@@ -129,8 +137,8 @@ static void moe_task(void *vctx, int ith, int nth) {
     for (int64_t p = lo; p < hi; p++) {
         while (p >= c->off[a + 1]) a++;
         float *g = c->g + p * c->n_ff;
-        const float *u = c->u + p * c->n_ff;
-        act_mul(c->act, g, u, c->n_ff);
+        float *u = c->u + p * c->n_ff;
+        act_mul(c->act, c->limit, g, u, c->n_ff);
         const hm_type_traits *dt = hm_type_get(c->jobs[c->active[a]].down.type);
         if (dt->vec_dot_type != HM_TYPE_F32)
             hm_type_get((int)dt->vec_dot_type)->from_float(g, c->hq + (size_t)p * c->hq_stride, c->n_ff);
@@ -235,7 +243,7 @@ static void moe_one_task(void *vctx, int ith, int nth) {
                 size_t xs = q < 0 ? (size_t)n_embd * sizeof(float) : c->xq_stride[q];
                 hm_cpu_rows(m[k], lo, hi, xb, xs, j->tok, 1, y[k], n_ff);
             }
-            act_mul(c->act, y[0] + lo, y[1] + lo, hi - lo);
+            act_mul(c->act, c->limit, y[0] + lo, y[1] + lo, hi - lo);
         }
     }
     hm_pool_barrier(c->pool);
@@ -266,11 +274,13 @@ static void moe_one_task(void *vctx, int ith, int nth) {
     }
 }
 
-static void moe_one_token(hm_pool *pool, hm_cpu_act act, const hm_moe_job *jobs, int n_jobs, const float *x,
-                          int64_t n_embd, int64_t n_ff, float *out, hm_scratch *scratch, int64_t n_pairs) {
+static void moe_one_token(hm_pool *pool, hm_cpu_act act, float limit, const hm_moe_job *jobs, int n_jobs,
+                          const float *x, int64_t n_embd, int64_t n_ff, float *out, hm_scratch *scratch,
+                          int64_t n_pairs) {
     moe_ctx c;
     memset(&c, 0, sizeof c);
     c.act = act;
+    c.limit = limit;
     hm_bump b = hm_bump_init(scratch);
     int32_t *active = hm_bump_take(&b, ((size_t)n_pairs + 1) * sizeof(int32_t));
     float *pair_w = hm_bump_take(&b, ((size_t)n_pairs + 1) * sizeof(float));
@@ -304,9 +314,16 @@ static int64_t clamp64(int64_t v, int64_t lo, int64_t hi) { return v < lo ? lo :
 
 void hm_cpu_moe_act(hm_pool *pool, hm_cpu_act act, const hm_moe_job *jobs, int n_jobs, const float *x,
                     int64_t n_batch, int64_t n_embd, int64_t n_ff, float *out, hm_scratch *scratch) {
+    hm_cpu_moe_act_lim(pool, act, 0.0f, jobs, n_jobs, x, n_batch, n_embd, n_ff, out, scratch);
+}
+
+void hm_cpu_moe_act_lim(hm_pool *pool, hm_cpu_act act, float limit, const hm_moe_job *jobs, int n_jobs,
+                        const float *x, int64_t n_batch, int64_t n_embd, int64_t n_ff, float *out,
+                        hm_scratch *scratch) {
     moe_ctx c;
     memset(&c, 0, sizeof c);
     c.act = act;
+    c.limit = limit;
     int64_t n_pairs = 0;
     bool one_pair_each = true;
     for (int j = 0; j < n_jobs; j++) {
@@ -315,7 +332,7 @@ void hm_cpu_moe_act(hm_pool *pool, hm_cpu_act act, const hm_moe_job *jobs, int n
     }
     if (n_pairs == 0) return;
     if (n_batch == 1 && one_pair_each && one_token_path) {
-        moe_one_token(pool, act, jobs, n_jobs, x, n_embd, n_ff, out, scratch, n_pairs);
+        moe_one_token(pool, act, limit, jobs, n_jobs, x, n_embd, n_ff, out, scratch, n_pairs);
         return;
     }
     hm_bump b = hm_bump_init(scratch);

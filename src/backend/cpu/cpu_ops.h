@@ -95,6 +95,11 @@ void hm_cpu_moe(hm_pool *pool, const hm_moe_job *jobs, int n_jobs, const float *
 typedef enum hm_cpu_act { HM_CPU_ACT_SILU = 0, HM_CPU_ACT_GELU = 1 } hm_cpu_act;
 void hm_cpu_moe_act(hm_pool *pool, hm_cpu_act act, const hm_moe_job *jobs, int n_jobs, const float *x,
                     int64_t n_batch, int64_t n_embd, int64_t n_ff, float *out, hm_scratch *scratch);
+/* The same with a SwiGLU clamp (limit > 0; DeepSeek-V4): h = silu(min(g, limit)) * clamp(u, -limit,
+ * limit); limit 0 is hm_cpu_moe_act. */
+void hm_cpu_moe_act_lim(hm_pool *pool, hm_cpu_act act, float limit, const hm_moe_job *jobs, int n_jobs,
+                        const float *x, int64_t n_batch, int64_t n_embd, int64_t n_ff, float *out,
+                        hm_scratch *scratch);
 
 /* One token (n_batch == 1, one pair per job: decode) takes a path of static row ranges with two
  * barriers, bit-identical to the general one; false sends it through the general path (tests, A/B
