@@ -89,6 +89,14 @@ hm_status hm_op_deltanet(hm_exec *x, int32_t il, hm_buf io, const hm_deltanet *p
     return x->ops->deltanet(x, il, io, p);
 }
 
+hm_status hm_op_add_bias(hm_exec *x, hm_buf a, const float *b, int64_t width) {
+    return x->ops->add_bias(x, a, b, width);
+}
+
+hm_status hm_op_rmsnorm_w(hm_exec *x, hm_buf in, const float *w, hm_buf out, int64_t width) {
+    return x->ops->rmsnorm_w(x, in, w, out, width);
+}
+
 /* ---- session entry points ---- */
 
 /* s->kvl: each layer's K and V in one block, in layer order (a uniform arch's layer with KV slot i

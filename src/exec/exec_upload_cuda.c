@@ -288,6 +288,16 @@ static hm_status u_deltanet(hm_exec *x, int32_t il, hm_buf io, const hm_deltanet
     return st;
 }
 
+static hm_status u_add_bias(hm_exec *x, hm_buf a, const float *b, int64_t width) {
+    (void)a;
+    return up_vec(x, b, width);
+}
+
+static hm_status u_rmsnorm_w(hm_exec *x, hm_buf in, const float *w, hm_buf out, int64_t width) {
+    (void)in, (void)out;
+    return up_vec(x, w, width);
+}
+
 static const hm_exec_ops upload_ops = {
     .rmsnorm = u_rmsnorm,
     .matmul_n = u_matmul_n,
@@ -309,6 +319,8 @@ static const hm_exec_ops upload_ops = {
     .geglu = u_swiglu,
     .attn_in_ring = u_attn_in_ring,
     .attention_ring = u_attention,
+    .add_bias = u_add_bias,
+    .rmsnorm_w = u_rmsnorm_w,
 };
 
 hm_status hm_exec_gpu_load(hm_model *m, hm_err *err) {

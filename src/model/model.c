@@ -14,11 +14,17 @@
 #include "quant/quant.h"
 
 extern const hm_arch hm_arch_gemma4; /* gemma4.c */
+extern const hm_arch hm_arch_glm4moe; /* glm4moe.c */
+extern const hm_arch hm_arch_olmoe;   /* olmoe.c */
+extern const hm_arch hm_arch_llama;   /* mixtral.c: llama with experts (Mixtral) */
 
 static const hm_arch *const archs[] = {
     &hm_arch_qwen3moe,
     &hm_arch_gemma4,
     &hm_arch_qwen35moe,
+    &hm_arch_glm4moe,
+    &hm_arch_olmoe,
+    &hm_arch_llama,
 };
 
 void hm_model_opts_default(hm_model_opts *o) { memset(o, 0, sizeof *o); }

@@ -22,6 +22,7 @@
 #include "../core/timer.h"
 #include "../quant/quant.h"
 #include "synth_gemma4.h"
+#include "synth_moe_archs.h"
 #include "synth_impl.h"
 
 #define CHUNK_BYTES ((size_t)4 << 20) /* quantised bytes per chunk */
@@ -101,10 +102,15 @@ static void run_chunk(chunk_job *j) {
 }
 
 static hm_status write_metadata(hm_gguf_writer *w, const hm_synth_opts *o, const hm_synth_preset *p,
-                                const hm_synth_q35 *q35, const hm_synth_g4 *g4, int32_t n_layer,
-                                const hm_synth_mix *m, const hm_synth_routing *routing, hm_err *err) {
+                                const hm_synth_q35 *q35, const hm_synth_g4 *g4, const hm_synth_ma *ma,
+                                int32_t n_layer, const hm_synth_mix *m, const hm_synth_routing *routing,
+                                hm_err *err) {
     hm_status st = HM_OK;
 #define SET(call) do { if (!st) st = (call); } while (0)
+    if (ma) {
+        SET(hm_synth_meta_ma(w, ma, n_layer, m));
+        goto provenance;
+    }
     if (q35) {
         SET(hm_synth_meta_q35(w, q35, n_layer, m));
         goto provenance;
@@ -147,12 +153,25 @@ provenance:
 }
 
 static hm_status check_opts(const hm_synth_opts *o, const hm_synth_preset **p, const hm_synth_q35 **q35,
-                            const hm_synth_g4 **g4, const hm_synth_mix **m, hm_err *err) {
+                            const hm_synth_g4 **g4, const hm_synth_ma **ma, const hm_synth_mix **m, hm_err *err) {
     const bool is_q35 = o->arch && strcmp(o->arch, "qwen35moe") == 0;
     const bool is_g4 = o->arch && strcmp(o->arch, "gemma4") == 0;
-    if (o->arch && !is_q35 && !is_g4 && strcmp(o->arch, "qwen3moe") != 0)
-        return hm_errf(err, HM_ERR_UNSUPPORTED,
-                       "synth: architecture '%s' is not supported (qwen3moe, qwen35moe, gemma4)", o->arch);
+    const bool is_ma = hm_synth_is_ma(o->arch);
+    if (o->arch && !is_q35 && !is_g4 && !is_ma && strcmp(o->arch, "qwen3moe") != 0)
+        return hm_errf(err, HM_ERR_UNSUPPORTED, "synth: architecture '%s' is not supported (qwen3moe, qwen35moe, "
+                       "gemma4, glm4moe, olmoe, llama)", o->arch);
+    if (is_ma) {
+        if (!o->preset) return hm_errf(err, HM_ERR_ARG, "synth: no preset (one of: %s)", hm_synth_ma_names(o->arch));
+        if (!(*ma = hm_synth_find_ma(o->arch, o->preset)))
+            return hm_errf(err, HM_ERR_ARG, "synth: unknown %s preset '%s' (one of: %s)", o->arch, o->preset,
+                           hm_synth_ma_names(o->arch));
+        *p = &(*ma)->base;
+        if (o->tokenizer_json)
+            return hm_errf(err, HM_ERR_UNSUPPORTED, "synth: --tokenizer is not supported for %s yet (built-in "
+                           "vocabulary)", o->arch);
+        if (o->routing_profile)
+            return hm_errf(err, HM_ERR_UNSUPPORTED, "synth: --routing-profile is not supported for %s yet", o->arch);
+    }
     if (is_g4) {
         if (!o->preset) return hm_errf(err, HM_ERR_ARG, "synth: no preset (one of: %s)", hm_synth_g4_names());
         if (!(*g4 = hm_synth_find_g4(o->preset)))
@@ -165,7 +184,7 @@ static hm_status check_opts(const hm_synth_opts *o, const hm_synth_preset **p, c
     const char *names = is_q35 ? hm_synth_q35_names() : hm_synth_preset_names();
     if (!o->preset) return hm_errf(err, HM_ERR_ARG, "synth: no preset (one of: %s)", names);
     *q35 = is_q35 ? hm_synth_find_q35(o->preset) : NULL;
-    if (!is_g4 && !(*p = is_q35 ? (*q35 ? &(*q35)->base : NULL) : hm_synth_find_preset(o->preset)))
+    if (!is_g4 && !is_ma && !(*p = is_q35 ? (*q35 ? &(*q35)->base : NULL) : hm_synth_find_preset(o->preset)))
         return hm_errf(err, HM_ERR_ARG, "synth: unknown %s preset '%s' (one of: %s)", is_q35 ? "qwen35moe" : "qwen3moe",
                        o->preset, names);
     if (!o->type) return hm_errf(err, HM_ERR_ARG, "synth: no type (one of: %s)", hm_synth_mix_names());
@@ -186,8 +205,9 @@ hm_status hm_synth(const hm_synth_opts *o, hm_err *err) {
     const hm_synth_preset *p = NULL;
     const hm_synth_q35 *q35 = NULL;
     const hm_synth_g4 *g4 = NULL;
+    const hm_synth_ma *ma = NULL;
     const hm_synth_mix *m = NULL;
-    hm_status st = check_opts(o, &p, &q35, &g4, &m, err);
+    hm_status st = check_opts(o, &p, &q35, &g4, &ma, &m, err);
     if (st) return st;
     const int32_t n_layer = o->n_layer ? o->n_layer : p->n_layer;
 
@@ -206,6 +226,7 @@ hm_status hm_synth(const hm_synth_opts *o, hm_err *err) {
     hm_synth_routing *routing = NULL;
     st = q35  ? hm_synth_plan_q35(q35, n_layer, m, &plan, &n_tensors, err)
          : g4 ? hm_synth_plan_g4(g4, n_layer, m, &plan, &n_tensors, err)
+         : ma ? hm_synth_plan_ma(ma, n_layer, m, &plan, &n_tensors, err)
               : hm_synth_plan(p, n_layer, m, &plan, &n_tensors, err);
     if (st) return st;
     if (o->routing_profile &&
@@ -245,7 +266,7 @@ hm_status hm_synth(const hm_synth_opts *o, hm_err *err) {
     if (st) goto done;
     if (o->split_max_bytes || o->split_max_tensors)
         st = hm_gguf_writer_set_split(w, o->split_max_bytes, o->split_max_tensors);
-    if (!st) st = write_metadata(w, o, p, q35, g4, n_layer, m, routing, err);
+    if (!st) st = write_metadata(w, o, p, q35, g4, ma, n_layer, m, routing, err);
     for (int64_t i = 0; !st && i < n_tensors; i++) {
         const hm_synth_tensor *t = &plan[i];
         st = hm_gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne);
