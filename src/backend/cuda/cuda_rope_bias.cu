@@ -7,7 +7,7 @@
 #include "cuda_impl.h"
 #include "cuda_ops.h"
 
-__global__ void k_rope_norm_ff(float *x, int64_t n, int n_head, int head_dim, int n_rot, const int32_t *pos,
+static __global__ void k_rope_norm_ff(float *x, int64_t n, int n_head, int head_dim, int n_rot, const int32_t *pos,
                                double theta, const float *ff) {
     const int64_t id = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (id >= n) return;
@@ -34,7 +34,7 @@ hm_status hm_cuda_rope_norm_ff(hm_cuda_ctx *c, float *x, int64_t n_tok, int n_he
     return HM_OK;
 }
 
-__global__ void k_add_bias(float *a, const float *b, int64_t n, int64_t width) {
+static __global__ void k_add_bias(float *a, const float *b, int64_t n, int64_t width) {
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) a[i] += b[i % width];
 }
