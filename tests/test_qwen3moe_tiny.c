@@ -150,8 +150,8 @@ static int write_model(const char *path, const model_w *w, variant var) {
         fprintf(stderr, "writer: %s\n", err.msg);
         return -1;
     }
-    hm_gguf_writer_set_str(g, "general.architecture", var == V_WRONG_ARCH ? "llama" : "qwen3moe");
-    const char *a = var == V_WRONG_ARCH ? "llama" : "qwen3moe";
+    hm_gguf_writer_set_str(g, "general.architecture", var == V_WRONG_ARCH ? "falcon" : "qwen3moe");
+    const char *a = var == V_WRONG_ARCH ? "falcon" : "qwen3moe";
     char key[128];
 #define KU32(s, v) (snprintf(key, sizeof key, "%s." s, a), hm_gguf_writer_set_u32(g, key, (uint32_t)(v)))
 #define KF32(s, v) (snprintf(key, sizeof key, "%s." s, a), hm_gguf_writer_set_f32(g, key, (float)(v)))
@@ -804,7 +804,7 @@ int main(void) {
 
     /* 6. bad files: the message names what is wrong */
     {
-        const char *arch[] = {"llama", "qwen3moe", NULL};
+        const char *arch[] = {"falcon", "qwen3moe", NULL};
         check_bad(path, &w, V_WRONG_ARCH, HM_ERR_UNSUPPORTED, arch);
         const char *miss[] = {"blk.1.attn_k_norm.weight", "missing", NULL};
         check_bad(path, &w, V_MISSING, HM_ERR_FORMAT, miss);

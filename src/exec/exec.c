@@ -120,6 +120,10 @@ hm_status hm_op_deltanet(hm_exec *x, int32_t il, hm_buf io, const hm_deltanet *p
     RUN(deltanet, x->ops->deltanet(x, il, io, p));
 }
 
+hm_status hm_op_add_bias(hm_exec *x, hm_buf a, const float *b, int64_t width) {
+    RUN(add_bias, x->ops->add_bias(x, a, b, width));
+}
+
 hm_status hm_op_rmsnorm_w(hm_exec *x, hm_buf in, const float *w, hm_buf out, int64_t width) {
     RUN(rmsnorm_w, x->ops->rmsnorm_w(x, in, w, out, width));
 }

@@ -151,14 +151,17 @@ static inline hm_status hm_op_matmul(hm_exec *x, hm_buf in, const hm_mat *w, hm_
 hm_status hm_op_add_rmsnorm(hm_exec *x, hm_buf acc, hm_buf add, const float *w, hm_buf out);
 /* Layer il's attention input: per-head rmsnorm of q (q_norm) and k (k_norm) over head_dim, NEOX
  * RoPE of the first n_rot dims of each head at each row's position (base theta), then k and v into
- * the layer's KV cache at those positions. q: [rows, n_head*hd], k, v: [rows, n_head_kv*hd]. */
+ * the layer's KV cache at those positions. q: [rows, n_head*hd], k, v: [rows, n_head_kv*hd].
+ * A NULL q_norm / k_norm leaves q / k unnormed; rope_norm pairs dims (2i, 2i + 1) instead of
+ * NEOX's (i, i + n_rot/2) (llama.cpp's "normal" RoPE: llama, Mixtral). */
 typedef struct hm_qk_rope {
     hm_buf q, k, v;
-    const float *q_norm, *k_norm; /* [head_dim] */
+    const float *q_norm, *k_norm; /* [head_dim], or NULL: none */
     const float *rope_ff;         /* NULL, or per-pair frequency divisors [n_rot / 2] (RoPE scaling:
                                      angle pos * theta^(-2i/n_rot) / ff[i]; hm_model_rope_scaling) */
     int32_t n_rot;
     float theta, eps;
+    bool rope_norm;               /* pairs (2i, 2i + 1); false: NEOX */
 } hm_qk_rope;
 hm_status hm_op_qk_norm_rope_kv(hm_exec *x, int32_t il, const hm_qk_rope *p);
 /* Where the last layer drops the rows whose logits are not wanted: in layer n_layer - 1 of a pass
@@ -212,6 +215,8 @@ hm_status hm_op_moe(hm_exec *x, int32_t il, hm_buf in, hm_buf out);
 
 /* acc += add (n_embd wide). */
 hm_status hm_op_add(hm_exec *x, hm_buf acc, hm_buf add);
+/* a[r][i] += b[i] over [rows, width] (a projection's bias). */
+hm_status hm_op_add_bias(hm_exec *x, hm_buf a, const float *b, int64_t width);
 /* a *= s over [rows, width]. */
 hm_status hm_op_scale(hm_exec *x, hm_buf a, float s, int64_t width);
 /* a = 0 over [rows, width]. */
@@ -236,7 +241,8 @@ hm_status hm_op_attn_in_ring(hm_exec *x, int32_t il, const hm_ring_in *p);
  * scores scaled by scale. */
 hm_status hm_op_attention_ring(hm_exec *x, int32_t il, hm_buf q, hm_buf out, float scale);
 
-/* out = rmsnorm(in) * w over width-wide rows (w NULL: none). */
+/* out = rmsnorm(in) * w over width-wide rows (w NULL: none; a norm over a whole projection:
+ * OLMoE's q and k, MLA's compressed rows). */
 hm_status hm_op_rmsnorm_w(hm_exec *x, hm_buf in, const float *w, hm_buf out, int64_t width);
 /* Multi-head latent attention's input (DeepSeek-V2/V3, deepseek2.c), layer il: q [rows, n_head *
  * (nope + n_rot)] per head [nope part | rope part]; kv [rows, kv_lora + n_rot] [compressed c | k_pe].

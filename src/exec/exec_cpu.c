@@ -164,9 +164,12 @@ static hm_status c_qk_norm_rope_kv(hm_exec *x, int32_t il, const hm_qk_rope *p) 
     const hm_exec_model *xm = x->xm;
     const int nh = xm->n_head, nkv = xm->n_head_kv, hd = xm->head_dim;
     float *q = x->buf[p->q], *k = x->buf[p->k], *v = x->buf[p->v];
-    hm_cpu_rmsnorm_heads(x->pool, q, p->q_norm, x->nr, nh, hd, p->eps);
-    hm_cpu_rmsnorm_heads(x->pool, k, p->k_norm, x->nr, nkv, hd, p->eps);
-    if (p->rope_ff) { /* scaled RoPE: the per-pair frequencies */
+    if (p->q_norm) hm_cpu_rmsnorm_heads(x->pool, q, p->q_norm, x->nr, nh, hd, p->eps);
+    if (p->k_norm) hm_cpu_rmsnorm_heads(x->pool, k, p->k_norm, x->nr, nkv, hd, p->eps);
+    if (p->rope_norm) { /* pairs (2i, 2i + 1) */
+        hm_cpu_rope_norm(x->pool, q, x->nr, nh, hd, p->n_rot, c->pos, p->theta, p->rope_ff);
+        hm_cpu_rope_norm(x->pool, k, x->nr, nkv, hd, p->n_rot, c->pos, p->theta, p->rope_ff);
+    } else if (p->rope_ff) { /* scaled RoPE: the per-pair frequencies */
         hm_gemma_rope_neox(x->pool, q, x->nr, nh, hd, p->n_rot, c->pos, p->theta, p->rope_ff);
         hm_gemma_rope_neox(x->pool, k, x->nr, nkv, hd, p->n_rot, c->pos, p->theta, p->rope_ff);
     } else {
@@ -382,6 +385,13 @@ static hm_status c_attention_ring(hm_exec *x, int32_t il, hm_buf qb, hm_buf outb
     return HM_OK;
 }
 
+static hm_status c_add_bias(hm_exec *x, hm_buf a, const float *b, int64_t width) {
+    float *y = x->buf[a];
+    for (int64_t t = 0; t < x->nr; t++)
+        for (int64_t i = 0; i < width; i++) y[t * width + i] += b[i];
+    return HM_OK;
+}
+
 static hm_status c_rmsnorm_w(hm_exec *x, hm_buf in, const float *w, hm_buf out, int64_t width) {
     hm_cpu_rmsnorm(x->pool, x->buf[in], w, x->buf[out], x->nr, width, x->xm->eps);
     return HM_OK;
@@ -479,6 +489,7 @@ static const hm_exec_ops cpu_ops = {
     .hc_post = c_hc_post,
     .dsv4_attn = c_dsv4_attn,
     .swiglu_clamp = c_swiglu_clamp,
+    .add_bias = c_add_bias,
 };
 
 /* ---- the pass ---- */

@@ -341,16 +341,24 @@ static hm_status g_qk_norm_rope_kv(hm_exec *x, int32_t il, const hm_qk_rope *p) 
     uint16_t *kc, *vc;
     kv_of(x, il, &kc, &vc);
     const bool q8 = ps->s->kv_type != HM_KV_F16;
-    if (p->rope_ff || q8) { /* scaled RoPE (the per-pair frequencies) or a quantised cache: the unfused ops */
+    if (p->rope_ff || q8 || p->rope_norm || !p->q_norm || !p->k_norm) {
+        /* scaled RoPE (the per-pair frequencies), a quantised cache, the normal pairing or no q/k
+         * norm: the unfused ops */
         hm_cuda_ctx *c = ps->g->ds.c;
         const int nh = xm->n_head, nkv = xm->n_head_kv, hd = xm->head_dim;
         float *q = x->buf[p->q], *k = x->buf[p->k];
         const float *ff = p->rope_ff ? dw(x, p->rope_ff)->v : NULL;
+        hm_status (*rope)(hm_cuda_ctx *, float *, int64_t, int, int, int, const int32_t *, float, const float *,
+                          hm_err *) = p->rope_norm ? hm_cuda_rope_norm_ff : hm_cuda_rope_neox_ff;
         hm_status st;
-        if ((st = hm_cuda_rmsnorm_heads(c, q, dw(x, p->q_norm)->v, x->nr, nh, hd, p->eps, x->err)) != HM_OK) return st;
-        if ((st = hm_cuda_rmsnorm_heads(c, k, dw(x, p->k_norm)->v, x->nr, nkv, hd, p->eps, x->err)) != HM_OK) return st;
-        if ((st = hm_cuda_rope_neox_ff(c, q, x->nr, nh, hd, p->n_rot, ps->pos, p->theta, ff, x->err)) != HM_OK) return st;
-        if ((st = hm_cuda_rope_neox_ff(c, k, x->nr, nkv, hd, p->n_rot, ps->pos, p->theta, ff, x->err)) != HM_OK) return st;
+        if (p->q_norm &&
+            (st = hm_cuda_rmsnorm_heads(c, q, dw(x, p->q_norm)->v, x->nr, nh, hd, p->eps, x->err)) != HM_OK)
+            return st;
+        if (p->k_norm &&
+            (st = hm_cuda_rmsnorm_heads(c, k, dw(x, p->k_norm)->v, x->nr, nkv, hd, p->eps, x->err)) != HM_OK)
+            return st;
+        if ((st = rope(c, q, x->nr, nh, hd, p->n_rot, ps->pos, p->theta, ff, x->err)) != HM_OK) return st;
+        if ((st = rope(c, k, x->nr, nkv, hd, p->n_rot, ps->pos, p->theta, ff, x->err)) != HM_OK) return st;
         if (q8)
             return hm_cuda_kv_write_kv(c, cuda_kv(ps->s), kc, vc, ps->s->n_ctx, nkv, hd, k, x->buf[p->v], x->nr, ps->pos,
                                        x->err);
@@ -587,6 +595,10 @@ static hm_status g_attention_ring(hm_exec *x, int32_t il, hm_buf q, hm_buf out, 
                                       p->g->ds.scratch_size, x->err);
 }
 
+static hm_status g_add_bias(hm_exec *x, hm_buf a, const float *b, int64_t width) {
+    return hm_cuda_add_bias(gp(x)->g->ds.c, x->buf[a], dw(x, b)->v, x->nr, width, x->err);
+}
+
 /* The profile's wait (HOTMOE_OP_PROFILE): the current device's queued work. */
 static void g_sync(hm_exec *x) { (void)hm_cuda_sync(gp(x)->g->ds.c, x->err); }
 static hm_status g_rmsnorm_w(hm_exec *x, hm_buf in, const float *w, hm_buf out, int64_t width) {
@@ -650,6 +662,7 @@ static const hm_exec_ops cuda_ops = {
     .mla_in = g_mla_in,
     .matmul_heads = g_matmul_heads,
     .sync = g_sync,
+    .add_bias = g_add_bias,
 };
 
 /* ---- the step ---- */

@@ -38,6 +38,7 @@ typedef struct hm_exec_ops {
     hm_status (*hc_post)(hm_exec *x, hm_buf f, hm_buf res, hm_buf mix, hm_buf out);
     hm_status (*dsv4_attn)(hm_exec *x, int32_t il, const hm_dsv4_attn *p);
     hm_status (*swiglu_clamp)(hm_exec *x, hm_buf g, hm_buf u, hm_buf out, int64_t width, float limit);
+    hm_status (*add_bias)(hm_exec *x, hm_buf a, const float *b, int64_t width);
     void (*sync)(hm_exec *x); /* waits for the ops queued so far (NULL: ops finish when they return) */
 } hm_exec_ops;
 
@@ -46,7 +47,7 @@ typedef struct hm_exec_ops {
     X(rmsnorm) X(matmul_n) X(add_rmsnorm) X(qk_norm_rope_kv) X(out_rows) X(attention) X(route)      \
     X(experts) X(split_gate) X(sigmoid_mul) X(swiglu) X(add_sigmoid_scaled) X(deltanet) X(add)      \
     X(scale) X(zero) X(copy) X(geglu) X(attn_in_ring) X(attention_ring) X(rmsnorm_w) X(mla_in)        \
-    X(matmul_heads) X(hc_expand) X(hc_pre) X(hc_post) X(dsv4_attn) X(swiglu_clamp)
+    X(matmul_heads) X(hc_expand) X(hc_pre) X(hc_post) X(dsv4_attn) X(swiglu_clamp) X(add_bias)
 enum {
 #define X(name) HM_OPP_##name,
     HM_OPP_LIST(X)

@@ -289,6 +289,11 @@ static hm_status u_deltanet(hm_exec *x, int32_t il, hm_buf io, const hm_deltanet
     return st;
 }
 
+static hm_status u_add_bias(hm_exec *x, hm_buf a, const float *b, int64_t width) {
+    (void)a;
+    return up_vec(x, b, width);
+}
+
 static hm_status u_rmsnorm_w(hm_exec *x, hm_buf in, const float *w, hm_buf out, int64_t width) {
     (void)in, (void)out;
     return up_vec(x, w, width);
@@ -335,6 +340,7 @@ static const hm_exec_ops upload_ops = {
     .rmsnorm_w = u_rmsnorm_w,
     .mla_in = u_mla_in,
     .matmul_heads = u_matmul_heads,
+    .add_bias = u_add_bias,
 };
 
 hm_status hm_exec_gpu_load(hm_model *m, hm_err *err) {

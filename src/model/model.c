@@ -17,6 +17,9 @@ extern const hm_arch hm_arch_gemma4; /* gemma4.c */
 extern const hm_arch hm_arch_qwen3next; /* qwen35moe.c */
 extern const hm_arch hm_arch_deepseek2; /* deepseek2.c */
 extern const hm_arch hm_arch_deepseek4; /* deepseek4.c */
+extern const hm_arch hm_arch_glm4moe; /* glm4moe.c */
+extern const hm_arch hm_arch_olmoe;   /* olmoe.c */
+extern const hm_arch hm_arch_llama;   /* mixtral.c: llama with experts (Mixtral) */
 
 static const hm_arch *const archs[] = {
     &hm_arch_qwen3moe,
@@ -25,6 +28,9 @@ static const hm_arch *const archs[] = {
     &hm_arch_qwen3next,
     &hm_arch_deepseek2,
     &hm_arch_deepseek4,
+    &hm_arch_glm4moe,
+    &hm_arch_olmoe,
+    &hm_arch_llama,
 };
 
 void hm_model_opts_default(hm_model_opts *o) { memset(o, 0, sizeof *o); }

@@ -24,6 +24,7 @@
 #include "synth_deepseek2.h"
 #include "synth_deepseek4.h"
 #include "synth_gemma4.h"
+#include "synth_moe_archs.h"
 #include "synth_impl.h"
 
 #define CHUNK_BYTES ((size_t)4 << 20) /* quantised bytes per chunk */
@@ -111,26 +112,38 @@ static void run_chunk(chunk_job *j) {
         if (started[i]) pthread_join(tid[i], NULL);
 }
 
+/* The preset of the arch that is not qwen3moe (each its own type; all NULL: qwen3moe). */
+typedef struct synth_arch {
+    const hm_synth_q35 *q35;
+    const hm_synth_g4 *g4;
+    const hm_synth_ds2 *ds2;
+    const hm_synth_ma *ma;
+} synth_arch;
+
 /* The deepseek4 preset of o (NULL: another arch). */
 static const hm_synth_ds4 *ds4_of(const hm_synth_opts *o) {
     return o->arch && strcmp(o->arch, "deepseek4") == 0 ? hm_synth_find_ds4(o->preset) : NULL;
 }
 
 static hm_status write_metadata(hm_gguf_writer *w, const hm_synth_opts *o, const hm_synth_preset *p,
-                                const hm_synth_q35 *q35, const hm_synth_g4 *g4, const hm_synth_ds2 *ds2,
-                                int32_t n_layer, const hm_synth_mix *m, const hm_synth_routing *routing, hm_err *err) {
+                                const synth_arch *a, int32_t n_layer, const hm_synth_mix *m,
+                                const hm_synth_routing *routing, hm_err *err) {
     hm_status st = HM_OK;
 #define SET(call) do { if (!st) st = (call); } while (0)
-    if (ds2) {
-        SET(hm_synth_meta_ds2(w, ds2, n_layer, m));
+    if (a->ds2) {
+        SET(hm_synth_meta_ds2(w, a->ds2, n_layer, m));
         goto provenance;
     }
-    if (q35) {
-        SET(hm_synth_meta_q35(w, q35, n_layer, m));
+    if (a->ma) {
+        SET(hm_synth_meta_ma(w, a->ma, n_layer, m));
         goto provenance;
     }
-    if (g4) {
-        SET(hm_synth_meta_g4(w, g4, n_layer, m));
+    if (a->q35) {
+        SET(hm_synth_meta_q35(w, a->q35, n_layer, m));
+        goto provenance;
+    }
+    if (a->g4) {
+        SET(hm_synth_meta_g4(w, a->g4, n_layer, m));
         goto provenance;
     }
     if (ds4_of(o)) {
@@ -166,25 +179,26 @@ provenance:
     SET(hm_synth_routing_write_meta(routing, w));
 #undef SET
     if (st) return st;
-    if (g4) return hm_synth_vocab_g4(w, p->n_vocab, err);
+    if (a->g4) return hm_synth_vocab_g4(w, p->n_vocab, err);
     return hm_synth_write_vocab(w, p->n_vocab, o->tokenizer_json, o->tokenizer_config, err);
 }
 
-static hm_status check_opts(const hm_synth_opts *o, const hm_synth_preset **p, const hm_synth_q35 **q35,
-                            const hm_synth_g4 **g4, const hm_synth_ds2 **ds2, const hm_synth_mix **m, hm_err *err) {
+static hm_status check_opts(const hm_synth_opts *o, const hm_synth_preset **p, synth_arch *a,
+                            const hm_synth_mix **m, hm_err *err) {
     const bool is_q35 = o->arch && (strcmp(o->arch, "qwen35moe") == 0 || strcmp(o->arch, "qwen3next") == 0);
     const bool is_g4 = o->arch && strcmp(o->arch, "gemma4") == 0;
     const bool is_ds2 = o->arch && strcmp(o->arch, "deepseek2") == 0;
     const bool is_ds4 = o->arch && strcmp(o->arch, "deepseek4") == 0;
-    if (o->arch && !is_q35 && !is_g4 && !is_ds2 && !is_ds4 && strcmp(o->arch, "qwen3moe") != 0)
+    const bool is_ma = hm_synth_is_ma(o->arch);
+    if (o->arch && !is_q35 && !is_g4 && !is_ds2 && !is_ds4 && !is_ma && strcmp(o->arch, "qwen3moe") != 0)
         return hm_errf(err, HM_ERR_UNSUPPORTED,
                        "synth: architecture '%s' is not supported (qwen3moe, qwen35moe, qwen3next, gemma4, "
-                       "deepseek2, deepseek4)", o->arch);
+                       "deepseek2, deepseek4, glm4moe, olmoe, llama)", o->arch);
     if (is_ds2) { /* its own presets (default: the real shape); the built-in vocabulary or --tokenizer */
-        if (!(*ds2 = hm_synth_find_ds2(o->preset ? o->preset : "deepseek-v2-lite")))
+        if (!(a->ds2 = hm_synth_find_ds2(o->preset ? o->preset : "deepseek-v2-lite")))
             return hm_errf(err, HM_ERR_ARG, "synth: unknown deepseek2 preset '%s' (one of: %s)", o->preset,
                            hm_synth_ds2_names());
-        *p = &(*ds2)->base;
+        *p = &a->ds2->base;
         if (o->routing_profile)
             return hm_errf(err, HM_ERR_UNSUPPORTED, "synth: --routing-profile is not supported for deepseek2");
     }
@@ -198,26 +212,38 @@ static hm_status check_opts(const hm_synth_opts *o, const hm_synth_preset **p, c
         if (o->routing_profile)
             return hm_errf(err, HM_ERR_UNSUPPORTED, "synth: --routing-profile is not supported for deepseek4 yet");
     }
+    if (is_ma) {
+        if (!o->preset) return hm_errf(err, HM_ERR_ARG, "synth: no preset (one of: %s)", hm_synth_ma_names(o->arch));
+        if (!(a->ma = hm_synth_find_ma(o->arch, o->preset)))
+            return hm_errf(err, HM_ERR_ARG, "synth: unknown %s preset '%s' (one of: %s)", o->arch, o->preset,
+                           hm_synth_ma_names(o->arch));
+        *p = &a->ma->base;
+        if (o->tokenizer_json)
+            return hm_errf(err, HM_ERR_UNSUPPORTED, "synth: --tokenizer is not supported for %s yet (built-in "
+                           "vocabulary)", o->arch);
+        if (o->routing_profile)
+            return hm_errf(err, HM_ERR_UNSUPPORTED, "synth: --routing-profile is not supported for %s yet", o->arch);
+    }
     if (is_g4) {
         if (!o->preset) return hm_errf(err, HM_ERR_ARG, "synth: no preset (one of: %s)", hm_synth_g4_names());
-        if (!(*g4 = hm_synth_find_g4(o->preset)))
+        if (!(a->g4 = hm_synth_find_g4(o->preset)))
             return hm_errf(err, HM_ERR_ARG, "synth: unknown gemma4 preset '%s' (one of: %s)", o->preset,
                            hm_synth_g4_names());
-        *p = &(*g4)->base;
+        *p = &a->g4->base;
         if (o->tokenizer_json)
             return hm_errf(err, HM_ERR_UNSUPPORTED, "synth: --tokenizer is not supported for gemma4 (built-in vocabulary)");
     }
     const char *names = is_q35 ? hm_synth_q35_names(o->arch) : hm_synth_preset_names();
     if (!o->preset && !is_ds2) return hm_errf(err, HM_ERR_ARG, "synth: no preset (one of: %s)", names);
-    *q35 = is_q35 ? hm_synth_find_q35(o->arch, o->preset) : NULL;
-    if (!is_g4 && !is_ds2 && !is_ds4 &&
-        !(*p = is_q35 ? (*q35 ? &(*q35)->base : NULL) : hm_synth_find_preset(o->preset)))
+    a->q35 = is_q35 ? hm_synth_find_q35(o->arch, o->preset) : NULL;
+    if (!is_g4 && !is_ds2 && !is_ds4 && !is_ma &&
+        !(*p = is_q35 ? (a->q35 ? &a->q35->base : NULL) : hm_synth_find_preset(o->preset)))
         return hm_errf(err, HM_ERR_ARG, "synth: unknown %s preset '%s' (one of: %s)", is_q35 ? o->arch : "qwen3moe",
                        o->preset, names);
     if (!o->type) return hm_errf(err, HM_ERR_ARG, "synth: no type (one of: %s)", hm_synth_mix_names());
     if (!(*m = hm_synth_find_mix(o->type)))
         return hm_errf(err, HM_ERR_ARG, "synth: unknown type '%s' (one of: %s)", o->type, hm_synth_mix_names());
-    if ((is_q35 || is_g4 || is_ds2 || is_ds4) &&
+    if ((is_q35 || is_g4 || is_ds2 || is_ds4 || is_ma) &&
         ((*m)->kind == HM_SYNTH_MIX_Q2_K || (*m)->kind == HM_SYNTH_MIX_Q3_K_M))
         return hm_errf(err, HM_ERR_UNSUPPORTED, "synth: --type %s follows llama-quantize's rules for qwen3moe only",
                        (*m)->name);
@@ -231,11 +257,9 @@ static hm_status check_opts(const hm_synth_opts *o, const hm_synth_preset **p, c
 
 hm_status hm_synth(const hm_synth_opts *o, hm_err *err) {
     const hm_synth_preset *p = NULL;
-    const hm_synth_q35 *q35 = NULL;
-    const hm_synth_g4 *g4 = NULL;
-    const hm_synth_ds2 *ds2 = NULL;
+    synth_arch a = {0};
     const hm_synth_mix *m = NULL;
-    hm_status st = check_opts(o, &p, &q35, &g4, &ds2, &m, err);
+    hm_status st = check_opts(o, &p, &a, &m, err);
     if (st) return st;
     const int32_t n_layer = o->n_layer ? o->n_layer : p->n_layer;
 
@@ -252,10 +276,11 @@ hm_status hm_synth(const hm_synth_opts *o, hm_err *err) {
     chunk_job job;
     memset(&job, 0, sizeof job);
     hm_synth_routing *routing = NULL;
-    st = q35  ? hm_synth_plan_q35(q35, n_layer, m, &plan, &n_tensors, err)
-         : g4 ? hm_synth_plan_g4(g4, n_layer, m, &plan, &n_tensors, err)
-         : ds2 ? hm_synth_plan_ds2(ds2, n_layer, m, &plan, &n_tensors, err)
-         : ds4_of(o) ? hm_synth_plan_ds4(ds4_of(o), n_layer, m, &plan, &n_tensors, err)
+    st = a.q35         ? hm_synth_plan_q35(a.q35, n_layer, m, &plan, &n_tensors, err)
+         : a.g4        ? hm_synth_plan_g4(a.g4, n_layer, m, &plan, &n_tensors, err)
+         : a.ds2       ? hm_synth_plan_ds2(a.ds2, n_layer, m, &plan, &n_tensors, err)
+         : ds4_of(o)   ? hm_synth_plan_ds4(ds4_of(o), n_layer, m, &plan, &n_tensors, err)
+         : a.ma        ? hm_synth_plan_ma(a.ma, n_layer, m, &plan, &n_tensors, err)
               : hm_synth_plan(p, n_layer, m, &plan, &n_tensors, err);
     if (st) return st;
     if (o->routing_profile &&
@@ -295,7 +320,7 @@ hm_status hm_synth(const hm_synth_opts *o, hm_err *err) {
     if (st) goto done;
     if (o->split_max_bytes || o->split_max_tensors)
         st = hm_gguf_writer_set_split(w, o->split_max_bytes, o->split_max_tensors);
-    if (!st) st = write_metadata(w, o, p, q35, g4, ds2, n_layer, m, routing, err);
+    if (!st) st = write_metadata(w, o, p, &a, n_layer, m, routing, err);
     for (int64_t i = 0; !st && i < n_tensors; i++) {
         const hm_synth_tensor *t = &plan[i];
         st = hm_gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne);

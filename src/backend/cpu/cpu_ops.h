@@ -217,6 +217,11 @@ void hm_cpu_rmsnorm_heads(hm_pool *pool, float *x, const float *w, int64_t n_tok
 void hm_cpu_rope_neox(hm_pool *pool, float *x, int64_t n_tok, int n_head, int head_dim, int n_rot,
                       const int32_t *pos, float theta_base);
 
+/* RoPE, normal pairing (element 2i with 2i + 1, i < n_rot/2), in place on x as hm_cpu_rope_neox;
+ * ff NULL or per-pair frequency divisors [n_rot / 2] (cpu_rope.c). */
+void hm_cpu_rope_norm(hm_pool *pool, float *x, int64_t n_tok, int n_head, int head_dim, int n_rot,
+                      const int32_t *pos, float theta_base, const float *ff);
+
 void hm_cpu_add(hm_pool *pool, const float *a, const float *b, float *out, int64_t n); /* a + b */
 void hm_cpu_mul(hm_pool *pool, const float *a, const float *b, float *out, int64_t n); /* a * b */
 void hm_cpu_scale(hm_pool *pool, const float *a, float s, float *out, int64_t n);      /* a * s */

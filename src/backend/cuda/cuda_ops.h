@@ -299,6 +299,12 @@ hm_status hm_cuda_rmsnorm_heads(hm_cuda_ctx *c, float *x, const float *w, int64_
 /* RoPE NEOX in place (i with i + n_rot/2), angle = pos[t] * theta^(-2i/n_rot) in double. */
 hm_status hm_cuda_rope_neox(hm_cuda_ctx *c, float *x, int64_t n_tok, int n_head, int head_dim,
                             int n_rot, const int32_t *pos, float theta_base, hm_err *err);
+/* RoPE with the normal pairing (2i with 2i + 1, i < n_rot/2) in place, angle as hm_cuda_rope_neox's
+ * divided by ff[i] (device [n_rot/2] or NULL = ones); hm_cpu_rope_norm's semantics (cuda_rope_bias.cu). */
+hm_status hm_cuda_rope_norm_ff(hm_cuda_ctx *c, float *x, int64_t n_tok, int n_head, int head_dim, int n_rot,
+                               const int32_t *pos, float theta_base, const float *ff, hm_err *err);
+/* a[r][i] += b[i] over [n_rows, width] (cuda_rope_bias.cu). */
+hm_status hm_cuda_add_bias(hm_cuda_ctx *c, float *a, const float *b, int64_t n_rows, int64_t width, hm_err *err);
 hm_status hm_cuda_add(hm_cuda_ctx *c, const float *a, const float *b, float *out, int64_t n,
                       hm_err *err);
 hm_status hm_cuda_mul(hm_cuda_ctx *c, const float *a, const float *b, float *out, int64_t n,
