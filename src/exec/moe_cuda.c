@@ -36,6 +36,7 @@
 
 const char *hm_moe_gpu_unfit(const hm_moe_weights *mw) {
     if (mw->act != HM_MOE_ACT_SILU && mw->act != HM_MOE_ACT_GELU) return "an activation the CUDA kernels do not compute";
+    if (mw->gate_b || mw->up_b || mw->down_b) return "per-expert biases, which the CUDA kernels do not add";
     if (mw->gate.type != mw->up.type || !hm_cuda_type_ok(mw->gate.type) || !hm_cuda_type_ok(mw->down.type))
         return "an expert tensor type the CUDA kernels do not compute";
     /* what the grouped kernels take (cuda_moe.cu, moe_widths_ok): widths in multiples of 32 (a
@@ -138,7 +139,7 @@ static int32_t split_units(const hm_model *m, const hm_moe_weights *mw, hm_moe_r
             r->tier_unit[n_cold] = e;
             r->tier_ntok[n_cold] = nt;
             hm_moe_job *j = &r->jobs[n_cold++];
-            hm_moe_unit(mw, e, &j->gate, &j->up, &j->down);
+            hm_moe_job_unit(mw, e, j);
             j->tok = tok;
             j->w = w;
             j->n_tok = nt;
