@@ -69,6 +69,9 @@ hm_status hm_op_attention_ring(hm_exec *x, int32_t il, hm_buf q, hm_buf out, flo
     return x->ops->attention_ring(x, il, q, out, scale);
 }
 
+hm_status hm_op_add_bias(hm_exec *x, hm_buf a, const float *b, int64_t width) {
+    return x->ops->add_bias(x, a, b, width);
+}
 hm_status hm_op_split_gate(hm_exec *x, hm_buf mix, hm_buf q, hm_buf gate) {
     return x->ops->split_gate(x, mix, q, gate);
 }

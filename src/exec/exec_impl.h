@@ -29,6 +29,7 @@ typedef struct hm_exec_ops {
     hm_status (*geglu)(hm_exec *x, hm_buf g, hm_buf u, hm_buf out, int64_t width);
     hm_status (*attn_in_ring)(hm_exec *x, int32_t il, const hm_ring_in *p);
     hm_status (*attention_ring)(hm_exec *x, int32_t il, hm_buf q, hm_buf out, float scale);
+    hm_status (*add_bias)(hm_exec *x, hm_buf a, const float *b, int64_t width);
 } hm_exec_ops;
 
 /* One layer's K then V in a KV block: [n_kv][cap] rows of head_dim values of the cache's type
