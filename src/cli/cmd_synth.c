@@ -19,6 +19,10 @@ static void usage(FILE *f) {
           "  --arch ARCH             qwen3moe (default), qwen35moe (preset qwen36-35b-a3b) or\n"
           "                          gemma4 (presets gemma4-26b-a4b: 30 layers, 128 experts k 8,\n"
           "                          vocab 262144; gemma4-tiny: a few MB)\n"
+          "                          or gpt-oss (presets gpt-oss-20b, the default: 24 layers, 32\n"
+          "                          experts k 4, n_embd 2880, vocab 201088; gpt-oss-120b: 36\n"
+          "                          layers, 128 experts; gpt-oss-tiny (or tiny): a few MB, every\n"
+          "                          feature on; --type mxfp4 as the real files, or a pure type)\n"
           "  --preset NAME           qwen3-30b-a3b: Qwen3-30B-A3B's shapes (48 layers, 128 experts,\n"
           "                          k 8, vocab 151936; 17 GB at q4_k_m); tiny: a few MB;\n"
           "                          qwen36-geom: Qwen3.6-35B-A3B's expert geometry (40 layers,\n"
@@ -192,6 +196,7 @@ int hm_cmd_synth(int argc, char **argv) {
             o.n_threads = (int32_t)n;
         }
     }
+    if (!o.preset && o.arch && strcmp(o.arch, "gpt-oss") == 0) o.preset = "gpt-oss-20b"; /* its main shape */
     if (!o.preset || !o.type || !o.out_path) {
         fprintf(stderr, "synth: %s is required\n\n", !o.preset ? "--preset" : !o.type ? "--type" : "-o FILE");
         usage(stderr);

@@ -14,11 +14,13 @@
 #include "quant/quant.h"
 
 extern const hm_arch hm_arch_gemma4; /* gemma4.c */
+extern const hm_arch hm_arch_gptoss; /* gptoss.c */
 
 static const hm_arch *const archs[] = {
     &hm_arch_qwen3moe,
     &hm_arch_gemma4,
     &hm_arch_qwen35moe,
+    &hm_arch_gptoss,
 };
 
 void hm_model_opts_default(hm_model_opts *o) { memset(o, 0, sizeof *o); }

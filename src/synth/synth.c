@@ -22,6 +22,7 @@
 #include "../core/timer.h"
 #include "../quant/quant.h"
 #include "synth_gemma4.h"
+#include "synth_gptoss.h"
 #include "synth_impl.h"
 
 #define CHUNK_BYTES ((size_t)4 << 20) /* quantised bytes per chunk */
@@ -101,10 +102,14 @@ static void run_chunk(chunk_job *j) {
 }
 
 static hm_status write_metadata(hm_gguf_writer *w, const hm_synth_opts *o, const hm_synth_preset *p,
-                                const hm_synth_q35 *q35, const hm_synth_g4 *g4, int32_t n_layer,
-                                const hm_synth_mix *m, const hm_synth_routing *routing, hm_err *err) {
+                                const hm_synth_q35 *q35, const hm_synth_g4 *g4, const hm_synth_gpt *gpt,
+                                int32_t n_layer, const hm_synth_mix *m, const hm_synth_routing *routing, hm_err *err) {
     hm_status st = HM_OK;
 #define SET(call) do { if (!st) st = (call); } while (0)
+    if (gpt) {
+        SET(hm_synth_meta_gpt(w, gpt, n_layer, m));
+        goto provenance;
+    }
     if (q35) {
         SET(hm_synth_meta_q35(w, q35, n_layer, m));
         goto provenance;
@@ -147,12 +152,30 @@ provenance:
 }
 
 static hm_status check_opts(const hm_synth_opts *o, const hm_synth_preset **p, const hm_synth_q35 **q35,
-                            const hm_synth_g4 **g4, const hm_synth_mix **m, hm_err *err) {
+                            const hm_synth_g4 **g4, const hm_synth_gpt **gpt, const hm_synth_mix **m, hm_err *err) {
     const bool is_q35 = o->arch && strcmp(o->arch, "qwen35moe") == 0;
     const bool is_g4 = o->arch && strcmp(o->arch, "gemma4") == 0;
-    if (o->arch && !is_q35 && !is_g4 && strcmp(o->arch, "qwen3moe") != 0)
+    const bool is_gpt = o->arch && strcmp(o->arch, "gpt-oss") == 0;
+    if (o->arch && !is_q35 && !is_g4 && !is_gpt && strcmp(o->arch, "qwen3moe") != 0)
         return hm_errf(err, HM_ERR_UNSUPPORTED,
-                       "synth: architecture '%s' is not supported (qwen3moe, qwen35moe, gemma4)", o->arch);
+                       "synth: architecture '%s' is not supported (qwen3moe, qwen35moe, gemma4, gpt-oss)", o->arch);
+    if (is_gpt) {
+        if (!(*gpt = hm_synth_find_gpt(o->preset ? o->preset : "gpt-oss-20b")))
+            return hm_errf(err, HM_ERR_ARG, "synth: unknown gpt-oss preset '%s' (one of: %s)", o->preset,
+                           hm_synth_gpt_names());
+        *p = &(*gpt)->base;
+        if (o->routing_profile)
+            return hm_errf(err, HM_ERR_UNSUPPORTED, "synth: --routing-profile is not supported for gpt-oss");
+        if (!o->type) return hm_errf(err, HM_ERR_ARG, "synth: no type (one of: %s)", hm_synth_mix_names());
+        if (!(*m = hm_synth_find_mix(o->type)))
+            return hm_errf(err, HM_ERR_ARG, "synth: unknown type '%s' (one of: %s)", o->type, hm_synth_mix_names());
+        if (o->n_layer < 0 || o->n_layer > 1000)
+            return hm_errf(err, HM_ERR_ARG, "synth: --layers %d is out of range [1, 1000]", o->n_layer);
+        if (!o->out_path || !*o->out_path) return hm_errf(err, HM_ERR_ARG, "synth: no output file (-o FILE)");
+        if (o->tokenizer_config && !o->tokenizer_json)
+            return hm_errf(err, HM_ERR_ARG, "synth: --tokenizer-config needs --tokenizer");
+        return HM_OK;
+    }
     if (is_g4) {
         if (!o->preset) return hm_errf(err, HM_ERR_ARG, "synth: no preset (one of: %s)", hm_synth_g4_names());
         if (!(*g4 = hm_synth_find_g4(o->preset)))
@@ -186,8 +209,9 @@ hm_status hm_synth(const hm_synth_opts *o, hm_err *err) {
     const hm_synth_preset *p = NULL;
     const hm_synth_q35 *q35 = NULL;
     const hm_synth_g4 *g4 = NULL;
+    const hm_synth_gpt *gpt = NULL;
     const hm_synth_mix *m = NULL;
-    hm_status st = check_opts(o, &p, &q35, &g4, &m, err);
+    hm_status st = check_opts(o, &p, &q35, &g4, &gpt, &m, err);
     if (st) return st;
     const int32_t n_layer = o->n_layer ? o->n_layer : p->n_layer;
 
@@ -204,9 +228,10 @@ hm_status hm_synth(const hm_synth_opts *o, hm_err *err) {
     chunk_job job;
     memset(&job, 0, sizeof job);
     hm_synth_routing *routing = NULL;
-    st = q35  ? hm_synth_plan_q35(q35, n_layer, m, &plan, &n_tensors, err)
-         : g4 ? hm_synth_plan_g4(g4, n_layer, m, &plan, &n_tensors, err)
-              : hm_synth_plan(p, n_layer, m, &plan, &n_tensors, err);
+    st = q35   ? hm_synth_plan_q35(q35, n_layer, m, &plan, &n_tensors, err)
+         : g4  ? hm_synth_plan_g4(g4, n_layer, m, &plan, &n_tensors, err)
+         : gpt ? hm_synth_plan_gpt(gpt, n_layer, m, &plan, &n_tensors, err)
+               : hm_synth_plan(p, n_layer, m, &plan, &n_tensors, err);
     if (st) return st;
     if (o->routing_profile &&
         (st = hm_synth_routing_open(&routing, o->routing_profile, p, n_layer, plan, n_tensors, o->seed, n_threads, err)))
@@ -245,7 +270,7 @@ hm_status hm_synth(const hm_synth_opts *o, hm_err *err) {
     if (st) goto done;
     if (o->split_max_bytes || o->split_max_tensors)
         st = hm_gguf_writer_set_split(w, o->split_max_bytes, o->split_max_tensors);
-    if (!st) st = write_metadata(w, o, p, q35, g4, n_layer, m, routing, err);
+    if (!st) st = write_metadata(w, o, p, q35, g4, gpt, n_layer, m, routing, err);
     for (int64_t i = 0; !st && i < n_tensors; i++) {
         const hm_synth_tensor *t = &plan[i];
         st = hm_gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne);
