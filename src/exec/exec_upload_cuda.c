@@ -220,9 +220,20 @@ static hm_status u_route(hm_exec *x, int32_t il, hm_buf in) {
     const hm_moe_layer *L = &x->xm->moe_layers[il];
     hm_status st = up_mat(x, L->router);
     if (st == HM_OK) st = up_vec(x, L->score_bias, x->xm->moe.n_expert);
+    if (st == HM_OK) st = up_vec(x, L->router_bias, x->xm->moe.n_expert);
     /* the hash table's int32 ids travel as 4-byte words, as the vectors do */
     if (st == HM_OK) st = up_vec(x, (const float *)L->hash, (int64_t)x->xm->n_vocab * x->xm->moe.k);
     return st == HM_OK ? up_vec(x, L->expert_scale, x->xm->moe.n_expert) : st;
+}
+
+static hm_status u_attention_ring(hm_exec *x, int32_t il, hm_buf q, hm_buf out, float scale) {
+    (void)q, (void)out, (void)scale;
+    return up_vec(x, x->xm->attn_layers[il].sinks, x->xm->n_head);
+}
+
+static hm_status u_add_bias(hm_exec *x, hm_buf a, const float *b, int64_t width) {
+    (void)a;
+    return up_vec(x, b, width);
 }
 
 static hm_status u_experts(hm_exec *x, int32_t il, hm_buf in, hm_buf out) {
@@ -308,7 +319,8 @@ static const hm_exec_ops upload_ops = {
     .copy = u_copy,
     .geglu = u_swiglu,
     .attn_in_ring = u_attn_in_ring,
-    .attention_ring = u_attention,
+    .attention_ring = u_attention_ring,
+    .add_bias = u_add_bias,
 };
 
 hm_status hm_exec_gpu_load(hm_model *m, hm_err *err) {

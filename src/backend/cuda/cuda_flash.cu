@@ -117,7 +117,8 @@ __global__ void __launch_bounds__(32 * FA_WARPS) k_flash(const float *__restrict
                                                          int64_t n_tok, const void *__restrict__ kc,
                                                          const void *__restrict__ vc, int64_t cap, int32_t window,
                                                          int n_head, int n_kv_head, float scale, int n_split,
-                                                         float *__restrict__ part, float *__restrict__ out) {
+                                                         float *__restrict__ part, float *__restrict__ out,
+                                                         const float *__restrict__ sinks) {
     constexpr int LQ = D + FA_PAD, LV = DV + FA_PAD;
     extern __shared__ __align__(16) unsigned char fa_smem[];
     __half *sQ = (__half *)fa_smem;  /* [BM][LQ] */
@@ -292,6 +293,10 @@ __global__ void __launch_bounds__(32 * FA_WARPS) k_flash(const float *__restrict
         }
         return;
     }
+    if (sinks) { /* the sink: the denominator only */
+        l0 += l0 > 0.0f ? expf(sinks[h] - m0) : 0.0f;
+        l1 += l1 > 0.0f ? expf(sinks[h] - m1) : 0.0f;
+    }
     const float i0 = l0 > 0.0f ? 1.0f / l0 : 0.0f, i1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;
 #pragma unroll
     for (int j = 0; j < DV / 8; j++) {
@@ -325,7 +330,7 @@ static size_t flash_part_bytes(int64_t n_tok, int n_head, int head_dim, int n_sp
 template <int D, int DV, int BN, int KT>
 hm_status launch_flash(hm_cuda_ctx *c, const float *q, int64_t n_tok, const int32_t *pos, const void *kc,
                        const void *vc, int64_t cap, int32_t window, int n_head, int n_kv_head, float scale,
-                       int n_split, float *part, float *out, hm_err *err) {
+                       int n_split, float *part, float *out, const float *sinks, hm_err *err) {
     const size_t smem = sizeof(__half) * ((size_t)(FA_BM + BN) * (D + FA_PAD) + (size_t)BN * (DV + FA_PAD));
     /* the shared-memory opt-in is a property of the function on each device: set once per device
      * (the context's device is the current one here); idempotent, so a race only repeats it */
@@ -337,9 +342,9 @@ hm_status launch_flash(hm_cuda_ctx *c, const float *q, int64_t n_tok, const int3
     }
     const dim3 grid((unsigned)((n_tok + FA_BM - 1) / FA_BM), (unsigned)n_head, (unsigned)(D / DV * n_split));
     k_flash<D, DV, BN, KT><<<grid, 32 * FA_WARPS, smem, c->compute>>>(q, pos, n_tok, kc, vc, cap, window, n_head,
-                                                                   n_kv_head, scale, n_split, part, out);
+                                                                   n_kv_head, scale, n_split, part, out, sinks);
     HM_CU_LAUNCH("flash attention");
-    if (n_split > 1) return hm_cuda_attn_merge(c, part, n_tok * n_head, n_split, D, out, err);
+    if (n_split > 1) return hm_cuda_attn_merge_sinks(c, part, n_tok * n_head, n_split, D, sinks, n_head, out, err);
     return HM_OK;
 }
 
@@ -375,6 +380,15 @@ hm_status hm_cuda_flash_attention_kv(hm_cuda_ctx *c, hm_cuda_kv kv, const float 
                                      int64_t kv_len, const void *k_cache, const void *v_cache, int64_t cap,
                                      int32_t window, int n_head, int n_kv_head, int head_dim, float scale, float *out,
                                      void *scratch, size_t scratch_size, hm_err *err) {
+    return hm_cuda_flash_attention_kv_sinks(c, kv, q, n_tok, pos, kv_len, k_cache, v_cache, cap, window, n_head,
+                                            n_kv_head, head_dim, scale, NULL, out, scratch, scratch_size, err);
+}
+
+hm_status hm_cuda_flash_attention_kv_sinks(hm_cuda_ctx *c, hm_cuda_kv kv, const float *q, int64_t n_tok,
+                                           const int32_t *pos, int64_t kv_len, const void *k_cache,
+                                           const void *v_cache, int64_t cap, int32_t window, int n_head,
+                                           int n_kv_head, int head_dim, float scale, const float *sinks, float *out,
+                                           void *scratch, size_t scratch_size, hm_err *err) {
     HM_CU_ARG(q && pos && k_cache && v_cache && out && (const void *)q != (const void *)out && n_tok >= 0 && cap > 0 &&
               window >= 0);
     HM_CU_ARG(kv >= HM_CUDA_KV_F16 && kv <= HM_CUDA_KV_BF16);
@@ -388,7 +402,7 @@ hm_status hm_cuda_flash_attention_kv(hm_cuda_ctx *c, hm_cuda_kv kv, const float 
     float *part = (float *)scratch;
 #define HM_FA_KT(HD, KT)                                                                                               \
     launch_flash<HD, fa_dv(HD), fa_bn(HD), KT>(c, q, n_tok, pos, k_cache, v_cache, cap, window, n_head, n_kv_head,    \
-                                               scale, ns, part, out, err)
+                                               scale, ns, part, out, sinks, err)
 #define HM_FA_CASE(HD)                                                                                                  \
     case HD:                                                                                                            \
         return kv == HM_CUDA_KV_Q8_0   ? HM_FA_KT(HD, HM_CUDA_KV_Q8_0)                                                 \

@@ -117,11 +117,20 @@ hm_status hm_cuda_flash_attention_kv(hm_cuda_ctx *c, hm_cuda_kv kv, const float 
                                      int64_t kv_len, const void *k_cache, const void *v_cache, int64_t cap,
                                      int32_t window, int n_head, int n_kv_head, int head_dim, float scale, float *out,
                                      void *scratch, size_t scratch_size, hm_err *err);
+/* The same with attention sinks (cuda_gptoss.h; NULL: none). */
+hm_status hm_cuda_flash_attention_kv_sinks(hm_cuda_ctx *c, hm_cuda_kv kv, const float *q, int64_t n_tok,
+                                           const int32_t *pos, int64_t kv_len, const void *k_cache,
+                                           const void *v_cache, int64_t cap, int32_t window, int n_head,
+                                           int n_kv_head, int head_dim, float scale, const float *sinks, float *out,
+                                           void *scratch, size_t scratch_size, hm_err *err);
 /* The merge of KV-split partials (cuda_attn.cu): part [rows][n_split][head_dim + 2] as (m, l,
  * unnormalised O) per split, merged in split order into out [rows][head_dim]; a split with
  * l = 0 saw no key and is skipped. head_dim <= 1024. */
 hm_status hm_cuda_attn_merge(hm_cuda_ctx *c, const float *part, int64_t rows, int n_split, int head_dim, float *out,
                              hm_err *err);
+/* The same with sinks[n_head] (row r is q head r % n_head) in the denominator; NULL: none. */
+hm_status hm_cuda_attn_merge_sinks(hm_cuda_ctx *c, const float *part, int64_t rows, int n_split, int head_dim,
+                                   const float *sinks, int n_head, float *out, hm_err *err);
 
 /* Checks a weight matrix against the kernels' needs (type, alignment, ne0). */
 hm_status hm_cuda_mat_check(const hm_cuda_mat *w, hm_err *err);
