@@ -12,10 +12,14 @@
  * (.weight and .bias [n_expert]), ffn_gate_exps / ffn_up_exps / ffn_down_exps (.weight 3-D and
  * .bias [n_ff or n_embd, n_expert]).
  *
- * Values: matrices 0.02-wide (q and k 0.08, so that attention is peaked enough for the window, the
- * sinks and YaRN's scale to matter); the expert gate / up biases wide enough (std 3.5) that a few
+ * Values: matrices 0.02-wide at the tiny preset's widths (q and k 0.08, so that attention is peaked
+ * enough for the window, the sinks and YaRN's scale to matter; the output 0.15 for logit margins),
+ * scaled by 1/sqrt of the input width elsewhere so that every preset has the same activation and
+ * logit scales (unscaled, gpt-oss-20b's 2880-wide rows give attention near argmax and logits of std
+ * 8, where quantisation noise decides near-ties); the expert gate / up biases wide enough (std 3.5) that a few
  * per cent of the clamped SwiGLU's inputs pass its limit of 7; the sinks (std 1) and the router
  * bias (0.5) large enough to change which heads attend and which experts win. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,6 +49,10 @@ const hm_synth_gpt *hm_synth_find_gpt(const char *name) {
 
 const char *hm_synth_gpt_names(void) { return "gpt-oss-20b, gpt-oss-120b, gpt-oss-tiny (or tiny)"; }
 
+/* A matrix's std s (set for an input width of ref, the tiny preset's) at input width ne0: s
+ * sqrt(ref / ne0), so that its outputs keep the tiny preset's scale at every width (s itself there). */
+static float wstd(float s, int64_t ref, int64_t ne0) { return (float)((double)s * sqrt((double)ref / (double)ne0)); }
+
 typedef struct gpt_plan {
     hm_synth_tensor *t;
     int64_t n, cap;
@@ -72,7 +80,10 @@ hm_status hm_synth_plan_gpt(const hm_synth_gpt *q, int32_t n_layer, const hm_syn
     gpt_plan pl = {.mix = m};
     const int64_t E = p->n_embd, F = p->n_ff_exp, X = p->n_expert, hd = p->head_dim;
     const int64_t Q = (int64_t)p->n_head * hd, KV = (int64_t)p->n_head_kv * hd;
-    const float W = 0.02f, N = 0.05f, QK = 0.08f; /* q and k wider: attention that is not uniform */
+    /* matrices 0.02-wide at the tiny preset's widths (256 in, 512 for attn_output), q and k 0.08 (attention
+     * that is not uniform), the output 0.15 (logit margins); scaled by wstd at other widths */
+    const float W = wstd(0.02f, 256, E), N = 0.05f, QK = wstd(0.08f, 256, E), WO = wstd(0.02f, 512, Q);
+    const float WD = wstd(0.02f, 256, F), OUT = wstd(0.15f, 256, E);
     char n[64];
     hm_status st = gpt_add(&pl, "token_embd.weight", 2, E, p->n_vocab, 1, false, 0, 1.0f, err);
     for (int l = 0; !st && l < n_layer; l++) {
@@ -86,7 +97,7 @@ hm_status hm_synth_plan_gpt(const hm_synth_gpt *q, int32_t n_layer, const hm_syn
         ADD("attn_k.bias", 1, KV, 1, 1, true, 0, 0.1f);
         ADD("attn_v.weight", 2, E, KV, 1, false, 0, W);
         ADD("attn_v.bias", 1, KV, 1, 1, true, 0, 0.1f);
-        ADD("attn_output.weight", 2, Q, E, 1, false, 0, W);
+        ADD("attn_output.weight", 2, Q, E, 1, false, 0, WO);
         ADD("attn_output.bias", 1, E, 1, 1, true, 0, 0.1f);
         ADD("attn_sinks.weight", 1, p->n_head, 1, 1, true, 0, 1.0f);
         ADD("post_attention_norm.weight", 1, E, 1, 1, true, 1, N);
@@ -96,14 +107,13 @@ hm_status hm_synth_plan_gpt(const hm_synth_gpt *q, int32_t n_layer, const hm_syn
         ADD("ffn_gate_exps.bias", 2, F, X, 1, true, 0, 3.5f);
         ADD("ffn_up_exps.weight", 3, E, F, X, false, 0, W);
         ADD("ffn_up_exps.bias", 2, F, X, 1, true, 0, 3.5f);
-        ADD("ffn_down_exps.weight", 3, F, E, X, false, 0, W);
+        ADD("ffn_down_exps.weight", 3, F, E, X, false, 0, WD);
         ADD("ffn_down_exps.bias", 2, E, X, 1, true, 0, 0.1f);
 #undef ADD
 #undef T
     }
     if (!st) st = gpt_add(&pl, "output_norm.weight", 1, E, 1, 1, true, 1, N, err);
-    /* wide enough that the logits have real margins (top-1 comparisons mean something) */
-    if (!st) st = gpt_add(&pl, "output.weight", 2, E, p->n_vocab, 1, false, 0, 0.15f, err);
+    if (!st) st = gpt_add(&pl, "output.weight", 2, E, p->n_vocab, 1, false, 0, OUT, err);
     if (st) {
         free(pl.t);
         return st;
