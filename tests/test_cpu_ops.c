@@ -366,7 +366,8 @@ static void test_moe_type(hm_pool **pools, int type_gu, int type_down, bool oai)
 
 /* One token (decode): hm_cpu_moe's one-token path must give the general path's bytes exactly, for
  * 1, 2 and 8 units (with empty jobs between them), Q4_K gate/up, Q4_K and Q6_K down, at 1, 2, 3 and
- * 16 threads; both against the double reference too. Weights of decode size (n_embd 2048). */
+ * 16 threads; both against the double reference too; and with gpt-oss's experts (clamped SwiGLU,
+ * gate/up/down biases) the two paths' bytes equal. Weights of decode size (n_embd 2048). */
 static void test_moe_one_token(hm_pool **pools, int64_t n_ff) {
     const int64_t n_embd = 2048;
     enum { N_UNIT = 8 };
@@ -392,6 +393,8 @@ static void test_moe_one_token(hm_pool **pools, int64_t n_ff) {
     const int32_t tok0 = 0;
     float wu[N_UNIT];
     hm_scratch s = scratch_make(hm_cpu_moe_scratch_size(1, N_UNIT, n_embd, n_ff, 16));
+    float *bias = malloc((size_t)(N_UNIT + 2) * (size_t)(2 * n_ff + n_embd) * sizeof(float));
+    fill(bias, (int64_t)(N_UNIT + 2) * (2 * n_ff + n_embd), 4.0f);
     for (size_t di = 0; di < sizeof downs / sizeof downs[0]; di++) {
         for (int e = 0; e < N_UNIT; e++) mat_make(&down[e], downs[di], n_ff, n_embd);
         for (size_t ui = 0; ui < sizeof units / sizeof units[0]; ui++) {
@@ -447,11 +450,30 @@ static void test_moe_one_token(hm_pool **pools, int64_t n_ff) {
                 double e = nmse(one, ref, n_embd);
                 CHECKF(e < bound, "moe one token n_ff=%lld down=%s units=%d threads=%d: nmse %.3g > %.3g",
                        (long long)n_ff, hm_type_name(downs[di]), nu, tn[t], e, bound);
+                /* gpt-oss's experts (clamped SwiGLU, the jobs' biases): the same bytes on both paths
+                 * (their values: test_moe_type) */
+                hm_moe_job bj[N_UNIT + 2];
+                memcpy(bj, jobs, sizeof bj);
+                for (int j = 0; j < nj; j++) {
+                    bj[j].gate_b = bias + (size_t)j * (size_t)(2 * n_ff + n_embd);
+                    bj[j].up_b = bj[j].gate_b + n_ff;
+                    bj[j].down_b = bj[j].up_b + n_ff;
+                }
+                memcpy(gen, base, (size_t)n_embd * sizeof(float));
+                hm_cpu_moe_set_one_token_path(false);
+                hm_cpu_moe_act(tp[t], HM_CPU_ACT_SWIGLU_OAI, bj, nj, x, 1, n_embd, n_ff, gen, &s);
+                memcpy(one, base, (size_t)n_embd * sizeof(float));
+                hm_cpu_moe_set_one_token_path(true);
+                hm_cpu_moe_act(tp[t], HM_CPU_ACT_SWIGLU_OAI, bj, nj, x, 1, n_embd, n_ff, one, &s);
+                CHECKF(!memcmp(gen, one, (size_t)n_embd * sizeof(float)),
+                       "moe one token swiglu_oai+bias n_ff=%lld down=%s units=%d threads=%d: differs from the "
+                       "general path", (long long)n_ff, hm_type_name(downs[di]), nu, tn[t]);
             }
         }
         for (int e = 0; e < N_UNIT; e++) mat_free(&down[e]);
     }
     hm_free_aligned(s.data);
+    free(bias);
     for (int e = 0; e < N_UNIT; e++) {
         mat_free(&gate[e]);
         mat_free(&up[e]);
