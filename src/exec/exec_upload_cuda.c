@@ -237,8 +237,14 @@ static hm_status u_add_bias(hm_exec *x, hm_buf a, const float *b, int64_t width)
 }
 
 static hm_status u_experts(hm_exec *x, int32_t il, hm_buf in, hm_buf out) {
-    (void)x, (void)il, (void)in, (void)out;
-    return HM_OK; /* the units go to the VRAM tier's slots, placed by the store */
+    (void)in, (void)out;
+    /* the units go to the VRAM tier's slots, placed by the store; per-expert biases (gpt-oss) here,
+     * whole tensors on the layer's device (moe_cuda.c points each hot unit into them) */
+    const hm_moe_weights *mw = x->xm->moe_layers[il].experts;
+    if (!mw) return HM_OK;
+    hm_status st = up_vec(x, mw->gate_b, (int64_t)mw->n_expert * mw->n_ff);
+    if (st == HM_OK) st = up_vec(x, mw->up_b, (int64_t)mw->n_expert * mw->n_ff);
+    return st == HM_OK ? up_vec(x, mw->down_b, (int64_t)mw->n_expert * mw->n_embd) : st;
 }
 
 static hm_status u_add(hm_exec *x, hm_buf acc, hm_buf add) {

@@ -18,7 +18,9 @@
  * then logits = (rmsnorm(x) * output_norm) Wout.
  * The experts are usually MXFP4 (llama.cpp's conversion keeps the checkpoint's blocks), the rest
  * F32/BF16/Q8_0. The layer is written once (gpt_layer_fwd, over exec.h's ops); the executor runs
- * it on every backend. The Harmony chat format is not here (the server does not know it yet). */
+ * it on every backend (the experts' clamped SwiGLU and biases are fields of their hm_moe_weights,
+ * which the CPU and CUDA expert kernels read). The Harmony chat format is not here (the server does
+ * not know it yet), nor the o200k pre-tokenizer ("gpt-4o": the vocabulary refuses it by name). */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>

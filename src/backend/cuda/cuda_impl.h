@@ -68,6 +68,7 @@ hm_status hm_cuda_matvec_run(hm_cuda_ctx *c, const hm_cuda_mat *w, const float *
 struct moe_unit_dev {
     const uint8_t *gate, *up, *down;
     int32_t pair0, n_pair;
+    const float *gate_b, *up_b, *down_b; /* the unit's biases or NULL (hm_cuda_moe_unit) */
 };
 
 /* The int8 tensor-core prefill matmul (cuda_mmq.cu): whether it takes w (the switch is on and the
@@ -101,7 +102,15 @@ __device__ __forceinline__ float gelu_tanh(float v) {
     return 0.5f * v * (1.0f + tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v)));
 }
 __device__ __forceinline__ float act_mul(int act, float g, float u) {
+    if (act == HM_CUDA_ACT_SWIGLU_OAI) { /* gpt-oss: min(g, 7) sigmoid(1.702 min(g, 7)) (clamp(u, -7, 7) + 1) */
+        const float a = fminf(g, 7.0f), b = fminf(fmaxf(u, -7.0f), 7.0f);
+        return a / (1.0f + expf(-1.702f * a)) * (b + 1.0f);
+    }
     return (act == HM_CUDA_ACT_GELU ? gelu_tanh(g) : silu(g)) * u;
+}
+/* act_mul with row r's gate / up biases first (NULL: none) */
+__device__ __forceinline__ float act_mul_b(int act, float g, float u, const float *gb, const float *ub, int64_t r) {
+    return act_mul(act, gb ? g + gb[r] : g, ub ? u + ub[r] : u);
 }
 
 /* The flash prefill attention (cuda_flash.cu): whether it takes a batch of n_tok queries of
