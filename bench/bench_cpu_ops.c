@@ -340,9 +340,10 @@ static void bench_moe_cold(hm_pool *pool, int type, int dtype, size_t mib, int r
                             for (int k = 0; k < i; k++) dup |= pick[k] == pick[i];
                         } while (dup);
                         char *b = wp + (size_t)pick[i] * b_unit;
-                        jobs[i] = (hm_moe_job){hm_mat_make(b, type, E, F, rs_gu),
-                                               hm_mat_make(b + b_gu, type, E, F, rs_gu),
-                                               hm_mat_make(b + 2 * b_gu, dtype, F, E, rs_d), &tok0, &w, 1};
+                        jobs[i] = (hm_moe_job){.gate = hm_mat_make(b, type, E, F, rs_gu),
+                                               .up = hm_mat_make(b + b_gu, type, E, F, rs_gu),
+                                               .down = hm_mat_make(b + 2 * b_gu, dtype, F, E, rs_d), .tok = &tok0,
+                                               .w = &w, .n_tok = 1};
                     }
                 const int path = r & 1; /* 1: one-token path */
                 hm_cpu_moe_set_one_token_path(path == 1);

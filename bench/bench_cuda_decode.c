@@ -501,8 +501,8 @@ int main(int argc, char **argv) {
     CK(hm_cuda_memset(ctx, experts, 0x11, es * N_EXPERT, &err));
     hm_cuda_moe_slot slots[N_EXPERT];
     for (int e = 0; e < N_EXPERT; e++)
-        slots[e] = (hm_cuda_moe_slot){experts + (size_t)e * es, experts + (size_t)e * es + gs,
-                                      experts + (size_t)e * es + 2 * gs};
+        slots[e] = (hm_cuda_moe_slot){.gate = experts + (size_t)e * es, .up = experts + (size_t)e * es + gs,
+                                      .down = experts + (size_t)e * es + 2 * gs};
     CK(hm_cuda_alloc(ctx, sizeof slots, (void **)&g_slots, &err));
     CK(hm_cuda_upload(ctx, g_slots, slots, sizeof slots, &err));
     int32_t ids[N_ROUTE * K_USED];

@@ -229,7 +229,15 @@ static void test_matmul(hm_pool **pools) {
 
 static double silu_d(double v) { return v / (1.0 + exp(-v)); }
 
-static void test_moe_type(hm_pool **pools, int type_gu, int type_down) {
+/* gpt-oss's clamped SwiGLU, in double */
+static double swiglu_oai_d(double g, double u) {
+    const double lim = HM_SWIGLU_OAI_LIMIT, a = g < lim ? g : lim, b = u < -lim ? -lim : u > lim ? lim : u;
+    return a / (1.0 + exp(-(double)HM_SWIGLU_OAI_ALPHA * a)) * (b + 1.0);
+}
+
+/* oai: gpt-oss's experts (HM_CPU_ACT_SWIGLU_OAI, gate/up/down biases per job; the gate/up biases
+ * wide enough that the clamps take some rows) in place of plain SiLU ones. */
+static void test_moe_type(hm_pool **pools, int type_gu, int type_down, bool oai) {
     const int64_t n_embd = 512, n_ff = 256;
     const int n_expert = 6, k = 3;
     static const int64_t batches[] = {1, 5, 40};
@@ -241,6 +249,7 @@ static void test_moe_type(hm_pool **pools, int type_gu, int type_down) {
     }
     const double bound = 2 * partner_bound((int)hm_type_get(type_gu)->vec_dot_type) +
                          2 * partner_bound((int)hm_type_get(type_down)->vec_dot_type);
+    const hm_cpu_act act = oai ? HM_CPU_ACT_SWIGLU_OAI : HM_CPU_ACT_SILU;
     for (size_t bi = 0; bi < sizeof batches / sizeof batches[0]; bi++) {
         const int64_t nb = batches[bi];
         float *x = malloc((size_t)(nb * n_embd) * sizeof(float));
@@ -262,6 +271,10 @@ static void test_moe_type(hm_pool **pools, int type_gu, int type_down) {
             }
         /* jobs: one per expert (some may be empty), pairs in token order */
         hm_moe_job jobs[6];
+        memset(jobs, 0, sizeof jobs);
+        float *bias = malloc((size_t)n_expert * (size_t)(2 * n_ff + n_embd) * sizeof(float));
+        fill(bias, (int64_t)n_expert * (2 * n_ff + n_embd), 1.0f);
+        for (int64_t i = 0; i < (int64_t)n_expert * 2 * n_ff; i++) bias[i] *= 4.0f; /* |g|, |u| past 7 at times */
         int32_t *jt = malloc((size_t)(nb * k) * sizeof(int32_t));
         float *jw = malloc((size_t)(nb * k) * sizeof(float));
         int32_t at = 0;
@@ -272,6 +285,11 @@ static void test_moe_type(hm_pool **pools, int type_gu, int type_down) {
             jobs[e].tok = jt + at;
             jobs[e].w = jw + at;
             jobs[e].n_tok = 0;
+            if (oai) {
+                jobs[e].gate_b = bias + (size_t)e * (size_t)(2 * n_ff + n_embd);
+                jobs[e].up_b = jobs[e].gate_b + n_ff;
+                jobs[e].down_b = jobs[e].up_b + n_ff;
+            }
             for (int64_t t = 0; t < nb; t++)
                 for (int j = 0; j < k; j++)
                     if (sel[t * k + j] == e) {
@@ -295,10 +313,10 @@ static void test_moe_type(hm_pool **pools, int type_gu, int type_down) {
                         g += (double)gate[e].deq[r * n_embd + c] * x[t * n_embd + c];
                         u += (double)up[e].deq[r * n_embd + c] * x[t * n_embd + c];
                     }
-                    h[r] = silu_d(g) * u;
+                    h[r] = oai ? swiglu_oai_d(g + jobs[e].gate_b[r], u + jobs[e].up_b[r]) : silu_d(g) * u;
                 }
                 for (int64_t r = 0; r < n_embd; r++) {
-                    double o = 0;
+                    double o = oai ? jobs[e].down_b[r] : 0;
                     for (int64_t c = 0; c < n_ff; c++) o += (double)down[e].deq[r * n_ff + c] * h[c];
                     ref[t * n_embd + r] += wsel[t * k + j] * o;
                 }
@@ -309,11 +327,11 @@ static void test_moe_type(hm_pool **pools, int type_gu, int type_down) {
             out[p] = malloc((size_t)(nb * n_embd) * sizeof(float));
             memcpy(out[p], base, (size_t)(nb * n_embd) * sizeof(float));
             hm_scratch s = scratch_make(hm_cpu_moe_scratch_size(nb, nb * k, n_embd, n_ff, p + 1));
-            hm_cpu_moe(pools[p], jobs, n_expert, x, nb, n_embd, n_ff, out[p], &s);
+            hm_cpu_moe_act(pools[p], act, jobs, n_expert, x, nb, n_embd, n_ff, out[p], &s);
             hm_free_aligned(s.data);
             double e = nmse(out[p], ref, nb * n_embd);
-            CHECKF(e < bound, "moe %s/%s batch=%lld threads=%d: nmse %.3g > %.3g", hm_type_name(type_gu),
-                   hm_type_name(type_down), (long long)nb, p + 1, e, bound);
+            CHECKF(e < bound, "moe %s/%s%s batch=%lld threads=%d: nmse %.3g > %.3g", hm_type_name(type_gu),
+                   hm_type_name(type_down), oai ? " swiglu_oai+bias" : "", (long long)nb, p + 1, e, bound);
         }
         CHECKF(memcmp(out[0], out[1], (size_t)(nb * n_embd) * sizeof(float)) == 0 &&
                    memcmp(out[0], out[2], (size_t)(nb * n_embd) * sizeof(float)) == 0,
@@ -322,8 +340,8 @@ static void test_moe_type(hm_pool **pools, int type_gu, int type_down) {
         float *part = malloc((size_t)(nb * n_embd) * sizeof(float));
         memcpy(part, base, (size_t)(nb * n_embd) * sizeof(float));
         hm_scratch s = scratch_make(hm_cpu_moe_scratch_size(nb, nb * k, n_embd, n_ff, 2));
-        hm_cpu_moe(pools[1], jobs, 3, x, nb, n_embd, n_ff, part, &s);
-        hm_cpu_moe(pools[1], jobs + 3, n_expert - 3, x, nb, n_embd, n_ff, part, &s);
+        hm_cpu_moe_act(pools[1], act, jobs, 3, x, nb, n_embd, n_ff, part, &s);
+        hm_cpu_moe_act(pools[1], act, jobs + 3, n_expert - 3, x, nb, n_embd, n_ff, part, &s);
         hm_free_aligned(s.data);
         double e = nmse(part, ref, nb * n_embd);
         CHECKF(e < bound, "moe split jobs batch=%lld: nmse %.3g", (long long)nb, e);
@@ -337,6 +355,7 @@ static void test_moe_type(hm_pool **pools, int type_gu, int type_down) {
         free(sel);
         free(wsel);
         free(x);
+        free(bias);
     }
     for (int e = 0; e < n_expert; e++) {
         mat_free(&gate[e]);
@@ -347,7 +366,8 @@ static void test_moe_type(hm_pool **pools, int type_gu, int type_down) {
 
 /* One token (decode): hm_cpu_moe's one-token path must give the general path's bytes exactly, for
  * 1, 2 and 8 units (with empty jobs between them), Q4_K gate/up, Q4_K and Q6_K down, at 1, 2, 3 and
- * 16 threads; both against the double reference too. Weights of decode size (n_embd 2048). */
+ * 16 threads; both against the double reference too; and with gpt-oss's experts (clamped SwiGLU,
+ * gate/up/down biases) the two paths' bytes equal. Weights of decode size (n_embd 2048). */
 static void test_moe_one_token(hm_pool **pools, int64_t n_ff) {
     const int64_t n_embd = 2048;
     enum { N_UNIT = 8 };
@@ -373,6 +393,8 @@ static void test_moe_one_token(hm_pool **pools, int64_t n_ff) {
     const int32_t tok0 = 0;
     float wu[N_UNIT];
     hm_scratch s = scratch_make(hm_cpu_moe_scratch_size(1, N_UNIT, n_embd, n_ff, 16));
+    float *bias = malloc((size_t)(N_UNIT + 2) * (size_t)(2 * n_ff + n_embd) * sizeof(float));
+    fill(bias, (int64_t)(N_UNIT + 2) * (2 * n_ff + n_embd), 4.0f);
     for (size_t di = 0; di < sizeof downs / sizeof downs[0]; di++) {
         for (int e = 0; e < N_UNIT; e++) mat_make(&down[e], downs[di], n_ff, n_embd);
         for (size_t ui = 0; ui < sizeof units / sizeof units[0]; ui++) {
@@ -384,12 +406,14 @@ static void test_moe_one_token(hm_pool **pools, int64_t n_ff) {
             hm_moe_job jobs[N_UNIT + 2];
             int nj = 0;
             memset(jobs, 0, sizeof jobs);
-            jobs[nj++] = (hm_moe_job){gate[0].m, up[0].m, down[0].m, &tok0, wu, 0};
+            jobs[nj++] = (hm_moe_job){.gate = gate[0].m, .up = up[0].m, .down = down[0].m, .tok = &tok0, .w = wu};
             for (int i = 0; i < nu; i++) {
                 const int e = N_UNIT - 1 - i;
                 wu[i] = (float)(0.1 + rnd_u());
-                jobs[nj++] = (hm_moe_job){gate[e].m, up[e].m, down[e].m, &tok0, &wu[i], 1};
-                if (i == 0) jobs[nj++] = (hm_moe_job){gate[1].m, up[1].m, down[1].m, &tok0, wu, 0};
+                jobs[nj++] = (hm_moe_job){.gate = gate[e].m, .up = up[e].m, .down = down[e].m, .tok = &tok0,
+                                          .w = &wu[i], .n_tok = 1};
+                if (i == 0)
+                    jobs[nj++] = (hm_moe_job){.gate = gate[1].m, .up = up[1].m, .down = down[1].m, .tok = &tok0, .w = wu};
             }
             for (int64_t i = 0; i < n_embd; i++) ref[i] = base[i];
             for (int i = 0; i < nu; i++) {
@@ -426,11 +450,30 @@ static void test_moe_one_token(hm_pool **pools, int64_t n_ff) {
                 double e = nmse(one, ref, n_embd);
                 CHECKF(e < bound, "moe one token n_ff=%lld down=%s units=%d threads=%d: nmse %.3g > %.3g",
                        (long long)n_ff, hm_type_name(downs[di]), nu, tn[t], e, bound);
+                /* gpt-oss's experts (clamped SwiGLU, the jobs' biases): the same bytes on both paths
+                 * (their values: test_moe_type) */
+                hm_moe_job bj[N_UNIT + 2];
+                memcpy(bj, jobs, sizeof bj);
+                for (int j = 0; j < nj; j++) {
+                    bj[j].gate_b = bias + (size_t)j * (size_t)(2 * n_ff + n_embd);
+                    bj[j].up_b = bj[j].gate_b + n_ff;
+                    bj[j].down_b = bj[j].up_b + n_ff;
+                }
+                memcpy(gen, base, (size_t)n_embd * sizeof(float));
+                hm_cpu_moe_set_one_token_path(false);
+                hm_cpu_moe_act(tp[t], HM_CPU_ACT_SWIGLU_OAI, bj, nj, x, 1, n_embd, n_ff, gen, &s);
+                memcpy(one, base, (size_t)n_embd * sizeof(float));
+                hm_cpu_moe_set_one_token_path(true);
+                hm_cpu_moe_act(tp[t], HM_CPU_ACT_SWIGLU_OAI, bj, nj, x, 1, n_embd, n_ff, one, &s);
+                CHECKF(!memcmp(gen, one, (size_t)n_embd * sizeof(float)),
+                       "moe one token swiglu_oai+bias n_ff=%lld down=%s units=%d threads=%d: differs from the "
+                       "general path", (long long)n_ff, hm_type_name(downs[di]), nu, tn[t]);
             }
         }
         for (int e = 0; e < N_UNIT; e++) mat_free(&down[e]);
     }
     hm_free_aligned(s.data);
+    free(bias);
     for (int e = 0; e < N_UNIT; e++) {
         mat_free(&gate[e]);
         mat_free(&up[e]);
@@ -449,10 +492,14 @@ static void test_moe(hm_pool **pools) {
         test_moe_one_token(pools, 512);
         test_moe_one_token(pools, 768);
     }
-    test_moe_type(pools, HM_TYPE_F32, HM_TYPE_F32);
-    if (hm_cpu_type_ok(HM_TYPE_Q4_K) && hm_cpu_type_ok(HM_TYPE_Q6_K)) test_moe_type(pools, HM_TYPE_Q4_K, HM_TYPE_Q6_K);
-    if (hm_cpu_type_ok(HM_TYPE_Q8_0) && hm_cpu_type_ok(HM_TYPE_Q4_K)) test_moe_type(pools, HM_TYPE_Q8_0, HM_TYPE_Q4_K);
-    if (hm_cpu_type_ok(HM_TYPE_MXFP4)) test_moe_type(pools, HM_TYPE_MXFP4, HM_TYPE_MXFP4);
+    for (int oai = 0; oai < 2; oai++) {
+        test_moe_type(pools, HM_TYPE_F32, HM_TYPE_F32, oai);
+        if (hm_cpu_type_ok(HM_TYPE_Q4_K) && hm_cpu_type_ok(HM_TYPE_Q6_K))
+            test_moe_type(pools, HM_TYPE_Q4_K, HM_TYPE_Q6_K, oai);
+        if (hm_cpu_type_ok(HM_TYPE_Q8_0) && hm_cpu_type_ok(HM_TYPE_Q4_K))
+            test_moe_type(pools, HM_TYPE_Q8_0, HM_TYPE_Q4_K, oai);
+        if (hm_cpu_type_ok(HM_TYPE_MXFP4)) test_moe_type(pools, HM_TYPE_MXFP4, HM_TYPE_MXFP4, oai);
+    }
 }
 
 /* ---- attention ---- */
@@ -460,8 +507,10 @@ static void test_moe(hm_pool **pools) {
 /* hm_cpu_attention_tiled over a ring cache with a sliding window (gemma4's sliding layers): 40
  * queries at positions 100..139, window 24, 8 q / 2 kv heads, the ring of 24 + 40 - 1 = 63 rows
  * written position by position from 0 (so it holds 77..139, each at p % 63), against a double
- * reference over the same f16 rows; bit-identical on 1, 2 and 3 threads. */
-static void test_attention_ring(hm_pool **pools, int d) {
+ * reference over the same f16 rows; bit-identical on 1, 2 and 3 threads. With sinks (gpt-oss: one
+ * more logit per q head in the denominator), the tiled kernel and, on the last 4 queries, the
+ * per-query ring kernel (hm_cpu_attention_ring_sinks below the tiled batch size). */
+static void test_attention_ring(hm_pool **pools, int d, bool with_sinks) {
     const int n_head = 8, n_kv = 2, W = 24, n_tok = 40, pos0 = 100;
     const int64_t cap = W + n_tok - 1;
     const int64_t row_q = n_head * d;
@@ -478,6 +527,9 @@ static void test_attention_ring(hm_pool **pools, int d) {
     int32_t pos[40];
     for (int t = 0; t < n_tok; t++) pos[t] = pos0 + t;
     const float scale = 1.0f / sqrtf((float)d);
+    float sinks[8];
+    for (int h = 0; h < n_head; h++) sinks[h] = (float)(1.5 * sin(0.9 * h + 0.4)); /* around the scores' range */
+    const float *sk = with_sinks ? sinks : NULL;
     double *ref = malloc((size_t)(n_tok * row_q) * sizeof(double)), sc[64];
     for (int t = 0; t < n_tok; t++)
         for (int h = 0; h < n_head; h++) {
@@ -491,6 +543,7 @@ static void test_attention_ring(hm_pool **pools, int d) {
                 m = sc[p - p0] > m ? sc[p - p0] : m;
             }
             for (int p = p0; p <= pos[t]; p++) l += (sc[p - p0] = exp(sc[p - p0] - m));
+            if (sk) l += exp((double)sk[h] - m);
             for (int i = 0; i < d; i++) {
                 double o = 0;
                 for (int p = p0; p <= pos[t]; p++)
@@ -502,9 +555,21 @@ static void test_attention_ring(hm_pool **pools, int d) {
     for (int p = 0; p < 3; p++) {
         out[p] = malloc((size_t)(n_tok * row_q) * sizeof(float));
         float *ws = malloc(hm_cpu_attn_tiled_scratch_floats(n_head, n_kv, d, p + 1) * sizeof(float));
-        hm_cpu_attention_tiled(pools[p], q, n_tok, pos, kc, vc, HM_TYPE_F16, cap, W, n_head, n_kv, d, scale, out[p], ws);
+        hm_cpu_attention_tiled_sinks(pools[p], q, n_tok, pos, kc, vc, HM_TYPE_F16, cap, W, n_head, n_kv, d, scale, sk,
+                                     out[p], ws);
         const double e = nmse(out[p], ref, n_tok * row_q);
-        CHECKF(e < 1e-10, "tiled ring attention d=%d threads=%d: nmse %.3g", d, p + 1, e);
+        CHECKF(e < 1e-10, "tiled ring attention d=%d%s threads=%d: nmse %.3g", d, sk ? " sinks" : "", p + 1, e);
+        if (sk) { /* the per-query kernel on the last 4 queries */
+            float *o4 = malloc((size_t)(4 * row_q) * sizeof(float));
+            float *s4 = malloc(hm_cpu_attention_ring_scratch_floats(cap, p + 1) * sizeof(float));
+            const int t4 = n_tok - 4;
+            hm_cpu_attention_ring_sinks(pools[p], q + t4 * row_q, 4, pos + t4, kc, vc, HM_TYPE_F16, cap, W, n_head, n_kv,
+                                        d, scale, sk, o4, s4);
+            const double e4 = nmse(o4, ref + t4 * row_q, 4 * row_q);
+            CHECKF(e4 < 1e-10, "ring attention d=%d sinks threads=%d: nmse %.3g", d, p + 1, e4);
+            free(o4);
+            free(s4);
+        }
         if (p > 0)
             CHECKF(!memcmp(out[p], out[0], (size_t)(n_tok * row_q) * sizeof(float)),
                    "tiled ring attention d=%d: %d threads differ from 1", d, p + 1);
@@ -906,9 +971,11 @@ int main(void) {
     test_attention(pools, 64);
     test_attention(pools, 40);
     if (hm_cpu_attn_tiled_takes(40, 8, 2, 64)) { /* the tiled prefill path over a ring with a window */
-        test_attention_ring(pools, 64);
-        test_attention_ring(pools, 256);
-        test_attention_ring(pools, 512); /* o past 16 registers of 16 lanes */
+        test_attention_ring(pools, 64, false);
+        test_attention_ring(pools, 256, false);
+        test_attention_ring(pools, 512, false); /* o past 16 registers of 16 lanes */
+        test_attention_ring(pools, 64, true);
+        test_attention_ring(pools, 256, true);
     }
     test_rows(pools);
     test_router();

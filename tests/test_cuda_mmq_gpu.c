@@ -280,7 +280,8 @@ static void gpu_moe_case(int gt, int dt, int64_t n_batch, int n_units, int k, in
     hm_cuda_moe_unit *mu = xmalloc(sizeof(hm_cuda_moe_unit) * (size_t)n_units);
     int64_t n_pairs = 0;
     for (int u = 0; u < n_units; u++) {
-        mu[u] = (hm_cuda_moe_unit){dwt[3 * u], dwt[3 * u + 1], dwt[3 * u + 2], toks + u * n_batch, ws + u * n_batch, cnt[u]};
+        mu[u] = (hm_cuda_moe_unit){.gate = dwt[3 * u], .up = dwt[3 * u + 1], .down = dwt[3 * u + 2],
+                                   .tok_host = toks + u * n_batch, .w_host = ws + u * n_batch, .n_tok = cnt[u]};
         n_pairs += cnt[u];
     }
     float *x = xmalloc(sizeof(float) * (size_t)(n_batch * n_embd));

@@ -917,8 +917,8 @@ static void test_moe_case_w(int gate_type, int down_type, int64_t n_batch, int n
         dptr[3 * e] = dev_from(g[e].q, g[e].rs * (size_t)n_ff);
         dptr[3 * e + 1] = dev_from(u[e].q, u[e].rs * (size_t)n_ff);
         dptr[3 * e + 2] = dev_from(dn[e].q, dn[e].rs * (size_t)n_embd);
-        mu[e] = (hm_cuda_moe_unit){dptr[3 * e], dptr[3 * e + 1], dptr[3 * e + 2], tok + e * n_batch,
-                                   wts + e * n_batch, cnt[e]};
+        mu[e] = (hm_cuda_moe_unit){.gate = dptr[3 * e], .up = dptr[3 * e + 1], .down = dptr[3 * e + 2],
+                                   .tok_host = tok + e * n_batch, .w_host = wts + e * n_batch, .n_tok = cnt[e]};
         n_pairs += cnt[e];
     }
     const size_t xb = sizeof(float) * (size_t)(n_batch * n_embd);
@@ -1155,8 +1155,8 @@ static void test_moe_dev_case_w(int gate_type, int down_type, int64_t n_tok, int
         dptr[3 * e + 1] = dev_from(u[e].q, u[e].rs * (size_t)n_ff);
         dptr[3 * e + 2] = dev_from(dn[e].q, dn[e].rs * (size_t)n_embd);
         const bool hot = e % 3 != 1; /* every third expert cold */
-        slots[e] = hot ? (hm_cuda_moe_slot){dptr[3 * e], dptr[3 * e + 1], dptr[3 * e + 2]}
-                       : (hm_cuda_moe_slot){NULL, NULL, NULL};
+        slots[e] = hot ? (hm_cuda_moe_slot){.gate = dptr[3 * e], .up = dptr[3 * e + 1], .down = dptr[3 * e + 2]}
+                       : (hm_cuda_moe_slot){.gate = NULL};
         n_hot += hot;
     }
     const size_t xb = sizeof(float) * (size_t)(n_tok * n_embd);
@@ -1350,7 +1350,8 @@ static void bench_moe_dev(void) {
     CK(hm_cuda_memset(ctx, buf, 0x11, es * (size_t)n_expert, &err));
     hm_cuda_moe_slot *slots = xmalloc(sizeof(hm_cuda_moe_slot) * (size_t)n_expert);
     for (int e = 0; e < n_expert; e++)
-        slots[e] = (hm_cuda_moe_slot){buf + (size_t)e * es, buf + (size_t)e * es + gs, buf + (size_t)e * es + 2 * gs};
+        slots[e] = (hm_cuda_moe_slot){.gate = buf + (size_t)e * es, .up = buf + (size_t)e * es + gs,
+                                      .down = buf + (size_t)e * es + 2 * gs};
     hm_cuda_moe_slot *dslots = dev_from(slots, sizeof(hm_cuda_moe_slot) * (size_t)n_expert);
     int32_t *ids = xmalloc(sizeof(int32_t) * (size_t)(n_route * k));
     float *wts = xmalloc(sizeof(float) * (size_t)(n_route * k));

@@ -257,7 +257,7 @@ static void gpu_moe_case(int gt, int dt, int act, int64_t n_tok, int n_expert, i
         const bool hot = e % 3 != 1; /* every third expert cold */
         for (int i = 0; i < 3; i++)
             dmem[3 * e + i] = hot ? dev_from(gw[3 * e + i], (i < 2 ? rg * (size_t)n_ff : rd * (size_t)n_embd)) : NULL;
-        slots[e] = (hm_cuda_moe_slot){dmem[3 * e], dmem[3 * e + 1], dmem[3 * e + 2]};
+        slots[e] = (hm_cuda_moe_slot){.gate = dmem[3 * e], .up = dmem[3 * e + 1], .down = dmem[3 * e + 2]};
     }
     int32_t *ids = xmalloc(sizeof(int32_t) * (size_t)(n_tok * k));
     float *wt = xmalloc(sizeof(float) * (size_t)(n_tok * k));
@@ -391,7 +391,7 @@ static void bench(void) {
         CK(hm_cuda_upload(ctx, b, g, gb, &err));
         CK(hm_cuda_upload(ctx, b + gb, g, gb, &err));
         CK(hm_cuda_upload(ctx, b + 2 * gb, dn, db, &err));
-        slots[e] = (hm_cuda_moe_slot){b, b + gb, b + 2 * gb};
+        slots[e] = (hm_cuda_moe_slot){.gate = b, .up = b + gb, .down = b + 2 * gb};
     }
     const int n_route = 64;
     int32_t *ids = xmalloc(sizeof(int32_t) * (size_t)(n_route * k));

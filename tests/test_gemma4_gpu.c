@@ -305,8 +305,8 @@ static void check_moe_gelu(void) {
     /* device-routed, expert 2 cold */
     hm_cuda_moe_slot slots[NX];
     for (int x2 = 0; x2 < NX; x2++)
-        slots[x2] = x2 == 2 ? (hm_cuda_moe_slot){NULL, NULL, NULL}
-                            : (hm_cuda_moe_slot){units[x2].gate, units[x2].up, units[x2].down};
+        slots[x2] = x2 == 2 ? (hm_cuda_moe_slot){.gate = NULL}
+                            : (hm_cuda_moe_slot){.gate = units[x2].gate, .up = units[x2].up, .down = units[x2].down};
     hm_cuda_moe_slot *sld = dev_copy(slots, sizeof slots);
     int32_t *idd = dev_copy(ids, sizeof ids);
     float *wtd = dev_copy(wt, sizeof wt);

@@ -28,9 +28,12 @@ static void usage(FILE *f) {
           "                          deepseek4 (presets deepseek-v4-flash: 43 layers, 256 experts\n"
           "                          k 6 + 1 shared, n_ff 2048; tiny: a few MB, every V4 feature on),\n"
           "                          glm4moe (glm4.5-air, glm4moe-tiny), olmoe (olmoe-1b-7b,\n"
-          "                          olmoe-tiny) or llama with experts (mixtral-8x7b, mixtral-tiny);\n"
-          "                          the tiny presets switch every feature of the arch on\n"
-          "                          (docs/SYNTH.md)\n"
+          "                          olmoe-tiny), llama with experts (mixtral-8x7b, mixtral-tiny) or\n"
+          "                          gpt-oss (presets gpt-oss-20b, the default: 24 layers, 32\n"
+          "                          experts k 4, n_embd 2880, vocab 201088; gpt-oss-120b: 36\n"
+          "                          layers, 128 experts; gpt-oss-tiny (or tiny): a few MB; --type\n"
+          "                          mxfp4 as the real files, or a pure type); the tiny presets\n"
+          "                          switch every feature of the arch on (docs/SYNTH.md)\n"
           "  --preset NAME           qwen3-30b-a3b: Qwen3-30B-A3B's shapes (48 layers, 128 experts,\n"
           "                          k 8, vocab 151936; 17 GB at q4_k_m); tiny: a few MB;\n"
           "                          qwen36-geom: Qwen3.6-35B-A3B's expert geometry (40 layers,\n"
@@ -204,6 +207,7 @@ int hm_cmd_synth(int argc, char **argv) {
             o.n_threads = (int32_t)n;
         }
     }
+    if (!o.preset && o.arch && strcmp(o.arch, "gpt-oss") == 0) o.preset = "gpt-oss-20b"; /* its main shape */
     const bool preset_default = o.arch && strcmp(o.arch, "deepseek2") == 0; /* its real shape */
     if ((!o.preset && !preset_default) || !o.type || !o.out_path) {
         fprintf(stderr, "synth: %s is required\n\n", !o.preset ? "--preset" : !o.type ? "--type" : "-o FILE");

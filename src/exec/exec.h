@@ -46,7 +46,8 @@ enum { HM_BUF_X = 0, HM_BUF_H = 1, HM_BUF_ARCH = 2 /* the arch's own from here *
  * sigmoid or sqrt-softplus scores (or a softmax over the chosen logits), an optional per-layer
  * score bias that steers the choice, group-limited top-k, renormalisation, a routed scale, and
  * hash-routed layers (experts from a token-id table). qwen3moe, qwen35moe and gemma4: softmax,
- * top-k renormalised, SiLU or GELU experts (hm_moe_weights.act). */
+ * top-k renormalised, SiLU or GELU experts (hm_moe_weights.act); gpt-oss: biased router logits
+ * (hm_moe_layer.router_bias), a softmax over the chosen ones, clamped SwiGLU experts with biases. */
 typedef struct hm_moe_spec {
     int32_t n_expert, k;     /* experts, routed per token */
     int64_t n_ff;            /* an expert's hidden width */
@@ -70,6 +71,8 @@ typedef struct hm_moe_layer {
     const float *score_bias;       /* [n_expert] added to the scores for the choice, NULL: none */
     const int32_t *hash;           /* [n_vocab, k] a hash-routed layer's experts per token id, NULL:
                                       routed by score (the router still gives the weights) */
+    const float *router_bias;      /* [n_expert] added to the router's logits before the scores
+                                      (gpt-oss's ffn_gate_inp.bias), NULL: none */
 } hm_moe_layer;
 
 /* The shape of a Gated DeltaNet token mixer (qwen35moe's and qwen3next's linear-attention layers): conv window d_conv
@@ -84,6 +87,8 @@ typedef struct hm_attn_layer {
     int32_t head_dim, n_head_kv;
     int32_t window;  /* a sliding layer sees the last `window` positions (its KV cache a ring of
                         min(n_ctx, window + n_ubatch) rows); 0: every position (n_ctx rows) */
+    const float *sinks; /* [n_head] attention sinks (gpt-oss): one more logit per q head in the
+                           softmax's denominator, unscaled, with no value; NULL: none */
 } hm_attn_layer;
 
 /* DeepSeek-V4's shape (hc 0: the arch is not V4): the attention dims every layer shares, each
@@ -215,7 +220,7 @@ hm_status hm_op_moe(hm_exec *x, int32_t il, hm_buf in, hm_buf out);
 
 /* acc += add (n_embd wide). */
 hm_status hm_op_add(hm_exec *x, hm_buf acc, hm_buf add);
-/* a[r][i] += b[i] over [rows, width] (a projection's bias). */
+/* a[r][i] += b[i] over [rows, width] (a projection's bias: GLM-4.5's q/k/v, gpt-oss's q/k/v/o). */
 hm_status hm_op_add_bias(hm_exec *x, hm_buf a, const float *b, int64_t width);
 /* a *= s over [rows, width]. */
 hm_status hm_op_scale(hm_exec *x, hm_buf a, float s, int64_t width);
@@ -235,6 +240,7 @@ typedef struct hm_ring_in {
     const float *rope_ff;         /* [n_rot / 2] or NULL */
     int32_t n_rot;
     float theta, eps;
+    bool no_norm;                 /* q, k and v as they come: no rmsnorm at all (gpt-oss) */
 } hm_ring_in;
 hm_status hm_op_attn_in_ring(hm_exec *x, int32_t il, const hm_ring_in *p);
 /* out = causal GQA attention of q over layer il's ring cache (its window; 0: every position),

@@ -234,11 +234,23 @@ static hm_status c_attention(hm_exec *x, int32_t il, hm_buf qb, hm_buf outb, flo
     return HM_OK;
 }
 
+/* a[r][i] += b[i] over rows x width */
+static void add_rows(float *a, const float *b, int64_t rows, int64_t width) {
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t i = 0; i < width; i++) a[r * width + i] += b[i];
+}
+
+static hm_status c_add_bias(hm_exec *x, hm_buf a, const float *b, int64_t width) {
+    add_rows(x->buf[a], b, x->nr, width);
+    return HM_OK;
+}
+
 static hm_status c_route(hm_exec *x, int32_t il, hm_buf in) {
     hm_exec_state *s = cp(x)->s;
     const hm_exec_model *xm = x->xm;
     const hm_moe_layer *L = &xm->moe_layers[il];
     hm_cpu_matmul(x->pool, L->router, x->buf[in], x->nr, s->rlog, &s->scratch);
+    if (L->router_bias) add_rows(s->rlog, L->router_bias, x->nr, xm->moe.n_expert);
     const hm_route_spec sp = hm_moe_route_spec(&xm->moe);
     hm_moe_route_rows(x->m, il, &s->route, &sp, s->rlog, x->nr, L->score_bias, L->hash, cp(x)->tok, L->expert_scale,
                       s->rid, s->rw);
@@ -365,9 +377,11 @@ static hm_status c_attn_in_ring(hm_exec *x, int32_t il, const hm_ring_in *p) {
     const int nh = x->xm->n_head, nkv = a->n_head_kv, hd = a->head_dim;
     float *q = x->buf[p->q], *k = x->buf[p->k], *v = x->buf[p->v];
     char *vc, *kc = kv_layer(x->xm, s, il, &vc);
-    hm_cpu_rmsnorm_heads(x->pool, q, p->q_norm, x->nr, nh, hd, p->eps);
-    hm_cpu_rmsnorm_heads(x->pool, k, p->k_norm, x->nr, nkv, hd, p->eps);
-    hm_cpu_rmsnorm(x->pool, v, NULL, v, x->nr * nkv, hd, p->eps);
+    if (!p->no_norm) {
+        hm_cpu_rmsnorm_heads(x->pool, q, p->q_norm, x->nr, nh, hd, p->eps);
+        hm_cpu_rmsnorm_heads(x->pool, k, p->k_norm, x->nr, nkv, hd, p->eps);
+        hm_cpu_rmsnorm(x->pool, v, NULL, v, x->nr * nkv, hd, p->eps);
+    }
     hm_gemma_rope_neox(x->pool, q, x->nr, nh, hd, p->n_rot, c->pos, p->theta, p->rope_ff);
     hm_gemma_rope_neox(x->pool, k, x->nr, nkv, hd, p->n_rot, c->pos, p->theta, p->rope_ff);
     hm_cpu_kv_write_ring(x->pool, kc, vc, s->kv_row_type, s->kvl[il].cap, nkv, hd, k, v, x->nr, c->pos);
@@ -380,15 +394,9 @@ static hm_status c_attention_ring(hm_exec *x, int32_t il, hm_buf qb, hm_buf outb
     const hm_exec_state *s = c->seqs[0].state;
     const hm_attn_layer *a = &x->xm->attn_layers[il];
     char *vc, *kc = kv_layer(x->xm, s, il, &vc);
-    hm_cpu_attention_ring(x->pool, x->buf[qb], x->nr, c->pos, kc, vc, s->kv_row_type, s->kvl[il].cap, a->window,
-                          x->xm->n_head, a->n_head_kv, a->head_dim, scale, x->buf[outb], s->kv_scratch);
-    return HM_OK;
-}
-
-static hm_status c_add_bias(hm_exec *x, hm_buf a, const float *b, int64_t width) {
-    float *y = x->buf[a];
-    for (int64_t t = 0; t < x->nr; t++)
-        for (int64_t i = 0; i < width; i++) y[t * width + i] += b[i];
+    hm_cpu_attention_ring_sinks(x->pool, x->buf[qb], x->nr, c->pos, kc, vc, s->kv_row_type, s->kvl[il].cap,
+                                a->window, x->xm->n_head, a->n_head_kv, a->head_dim, scale, a->sinks, x->buf[outb],
+                                s->kv_scratch);
     return HM_OK;
 }
 

@@ -36,6 +36,7 @@
 #include <string.h>
 
 #include "backend/cuda/cuda_gemma.h"
+#include "backend/cuda/cuda_gptoss.h"
 #include "backend/cuda/cuda_linattn.h"
 #include "core/alloc.h"
 #include "backend/cuda/cuda_mla.h"
@@ -440,6 +441,19 @@ static hm_status route_dev(hm_exec *x, const hm_moe_layer *L, int32_t *ids, floa
     return hm_cuda_route(g->ds.c, &sp, g->rlog, x->nr, bias, hash, g->ds.ints, ids, w, x->err);
 }
 
+/* The router's logits of layer L on in into rlog (+ its bias, gpt-oss). */
+static hm_status router_logits(hm_exec *x, const hm_moe_layer *L, hm_buf in) {
+    hm_xdev *g = gp(x)->g;
+    hm_status st = mm(g->ds.c, dw(x, L->router->data), x->buf[in], x->nr, g->rlog, x->err);
+    if (st == HM_OK && L->router_bias)
+        st = hm_cuda_add_bias(g->ds.c, g->rlog, dw(x, L->router_bias)->v, x->nr, x->xm->moe.n_expert, x->err);
+    return st;
+}
+
+static hm_status g_add_bias(hm_exec *x, hm_buf a, const float *b, int64_t width) {
+    return hm_cuda_add_bias(gp(x)->g->ds.c, x->buf[a], dw(x, b)->v, x->nr, width, x->err);
+}
+
 static hm_status g_route(hm_exec *x, int32_t il, hm_buf in) {
     hm_xdev *g = gp(x)->g;
     const hm_exec_model *xm = x->xm;
@@ -449,7 +463,7 @@ static hm_status g_route(hm_exec *x, int32_t il, hm_buf in) {
     const size_t nk = (size_t)x->nr * (size_t)K;
     float *w_d;
     int32_t *ids_d = routing_of(x, il, &w_d);
-    hm_status st = mm(c, dw(x, L->router->data), x->buf[in], x->nr, g->rlog, x->err);
+    hm_status st = router_logits(x, L, in);
     if (st == HM_OK) st = route_dev(x, L, ids_d, w_d);
     if (st == HM_OK && L->expert_scale)
         st = hm_cuda_scale_by_id(c, w_d, ids_d, dw(x, L->expert_scale)->v, (int64_t)nk, x->err);
@@ -478,7 +492,7 @@ static hm_status g_experts(hm_exec *x, int32_t il, hm_buf in, hm_buf out) {
         /* prefill streaming ahead: the next layer's router on this layer's input (the residual
          * moves little in one layer), its ids down with this layer's routing */
         const hm_moe_layer *N = &xm->moe_layers[il + 1];
-        if ((st = mm(c, dw(x, N->router->data), x->buf[in], x->nr, g->rlog, x->err)) != HM_OK) return st;
+        if ((st = router_logits(x, N, in)) != HM_OK) return st;
         if ((st = route_dev(x, N, g->pred, (float *)(g->pred + nk))) != HM_OK) return st;
         if ((st = hm_cuda_download_async(c, g->pred_h, g->pred, nk * sizeof(int32_t), x->err)) != HM_OK) return st;
         next_mw = N->experts;
@@ -574,9 +588,11 @@ static hm_status g_attn_in_ring(hm_exec *x, int32_t il, const hm_ring_in *p) {
     uint16_t *kc, *vc;
     kv_of(x, il, &kc, &vc);
     hm_status st;
-    if ((st = hm_cuda_rmsnorm_heads(c, q, dw(x, p->q_norm)->v, x->nr, nh, hd, p->eps, x->err)) != HM_OK) return st;
-    if ((st = hm_cuda_rmsnorm_heads(c, k, dw(x, p->k_norm)->v, x->nr, nkv, hd, p->eps, x->err)) != HM_OK) return st;
-    if ((st = hm_cuda_rmsnorm(c, v, NULL, v, x->nr * nkv, hd, p->eps, x->err)) != HM_OK) return st;
+    if (!p->no_norm) {
+        if ((st = hm_cuda_rmsnorm_heads(c, q, dw(x, p->q_norm)->v, x->nr, nh, hd, p->eps, x->err)) != HM_OK) return st;
+        if ((st = hm_cuda_rmsnorm_heads(c, k, dw(x, p->k_norm)->v, x->nr, nkv, hd, p->eps, x->err)) != HM_OK) return st;
+        if ((st = hm_cuda_rmsnorm(c, v, NULL, v, x->nr * nkv, hd, p->eps, x->err)) != HM_OK) return st;
+    }
     if ((st = hm_cuda_rope_neox_ff(c, q, x->nr, nh, hd, p->n_rot, ps->pos, p->theta, ff, x->err)) != HM_OK) return st;
     if ((st = hm_cuda_rope_neox_ff(c, k, x->nr, nkv, hd, p->n_rot, ps->pos, p->theta, ff, x->err)) != HM_OK) return st;
     if (ps->s->kv_type != HM_KV_F16)
@@ -589,14 +605,10 @@ static hm_status g_attention_ring(hm_exec *x, int32_t il, hm_buf q, hm_buf out, 
     const hm_attn_layer *a = &x->xm->attn_layers[il];
     uint16_t *kc, *vc;
     kv_of(x, il, &kc, &vc);
-    return hm_cuda_gemma_attention_kv(p->g->ds.c, cuda_kv(p->s),
-                                      x->buf[q], x->nr, p->pos, p->kv_len, kc, vc, p->s->kvl[il].cap, a->window,
-                                      x->xm->n_head, a->n_head_kv, a->head_dim, scale, x->buf[out], p->g->ds.scratch,
-                                      p->g->ds.scratch_size, x->err);
-}
-
-static hm_status g_add_bias(hm_exec *x, hm_buf a, const float *b, int64_t width) {
-    return hm_cuda_add_bias(gp(x)->g->ds.c, x->buf[a], dw(x, b)->v, x->nr, width, x->err);
+    return hm_cuda_gemma_attention_kv_sinks(p->g->ds.c, cuda_kv(p->s), x->buf[q], x->nr, p->pos, p->kv_len, kc, vc,
+                                            p->s->kvl[il].cap, a->window, x->xm->n_head, a->n_head_kv, a->head_dim,
+                                            scale, a->sinks ? dw(x, a->sinks)->v : NULL, x->buf[out],
+                                            p->g->ds.scratch, p->g->ds.scratch_size, x->err);
 }
 
 /* The profile's wait (HOTMOE_OP_PROFILE): the current device's queued work. */

@@ -220,14 +220,31 @@ static hm_status u_route(hm_exec *x, int32_t il, hm_buf in) {
     const hm_moe_layer *L = &x->xm->moe_layers[il];
     hm_status st = up_mat(x, L->router);
     if (st == HM_OK) st = up_vec(x, L->score_bias, x->xm->moe.n_expert);
+    if (st == HM_OK) st = up_vec(x, L->router_bias, x->xm->moe.n_expert);
     /* the hash table's int32 ids travel as 4-byte words, as the vectors do */
     if (st == HM_OK) st = up_vec(x, (const float *)L->hash, (int64_t)x->xm->n_vocab * x->xm->moe.k);
     return st == HM_OK ? up_vec(x, L->expert_scale, x->xm->moe.n_expert) : st;
 }
 
+static hm_status u_attention_ring(hm_exec *x, int32_t il, hm_buf q, hm_buf out, float scale) {
+    (void)q, (void)out, (void)scale;
+    return up_vec(x, x->xm->attn_layers[il].sinks, x->xm->n_head);
+}
+
+static hm_status u_add_bias(hm_exec *x, hm_buf a, const float *b, int64_t width) {
+    (void)a;
+    return up_vec(x, b, width);
+}
+
 static hm_status u_experts(hm_exec *x, int32_t il, hm_buf in, hm_buf out) {
-    (void)x, (void)il, (void)in, (void)out;
-    return HM_OK; /* the units go to the VRAM tier's slots, placed by the store */
+    (void)in, (void)out;
+    /* the units go to the VRAM tier's slots, placed by the store; per-expert biases (gpt-oss) here,
+     * whole tensors on the layer's device (moe_cuda.c points each hot unit into them) */
+    const hm_moe_weights *mw = x->xm->moe_layers[il].experts;
+    if (!mw) return HM_OK;
+    hm_status st = up_vec(x, mw->gate_b, (int64_t)mw->n_expert * mw->n_ff);
+    if (st == HM_OK) st = up_vec(x, mw->up_b, (int64_t)mw->n_expert * mw->n_ff);
+    return st == HM_OK ? up_vec(x, mw->down_b, (int64_t)mw->n_expert * mw->n_embd) : st;
 }
 
 static hm_status u_add(hm_exec *x, hm_buf acc, hm_buf add) {
@@ -289,11 +306,6 @@ static hm_status u_deltanet(hm_exec *x, int32_t il, hm_buf io, const hm_deltanet
     return st;
 }
 
-static hm_status u_add_bias(hm_exec *x, hm_buf a, const float *b, int64_t width) {
-    (void)a;
-    return up_vec(x, b, width);
-}
-
 static hm_status u_rmsnorm_w(hm_exec *x, hm_buf in, const float *w, hm_buf out, int64_t width) {
     (void)in, (void)out;
     return up_vec(x, w, width);
@@ -336,7 +348,7 @@ static const hm_exec_ops upload_ops = {
     .copy = u_copy,
     .geglu = u_swiglu,
     .attn_in_ring = u_attn_in_ring,
-    .attention_ring = u_attention,
+    .attention_ring = u_attention_ring,
     .rmsnorm_w = u_rmsnorm_w,
     .mla_in = u_mla_in,
     .matmul_heads = u_matmul_heads,

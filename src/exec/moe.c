@@ -142,20 +142,20 @@ void hm_moe_compute(hm_pool *pool, const hm_moe_weights *mw, hm_moe_route *r, co
                     float *out, hm_scratch *scratch) {
     for (int32_t i = 0; i < r->n_units; i++) {
         hm_moe_job *j = &r->jobs[i];
-        hm_moe_unit(mw, r->unit[i], &j->gate, &j->up, &j->down);
+        hm_moe_job_unit(mw, r->unit[i], j);
         j->tok = r->tok + r->start[i];
         j->w = r->w + r->start[i];
         j->n_tok = r->start[i + 1] - r->start[i];
     }
-    hm_cpu_moe_act_lim(pool, mw->act == HM_MOE_ACT_GELU ? HM_CPU_ACT_GELU : HM_CPU_ACT_SILU, mw->act_limit, r->jobs,
-                       r->n_units, x, r->n_tok, mw->n_embd, mw->n_ff, out, scratch);
+    hm_cpu_moe_act_lim(pool, hm_moe_cpu_act(mw->act), mw->act_limit, r->jobs, r->n_units, x, r->n_tok, mw->n_embd,
+                       mw->n_ff, out, scratch);
 }
 
 static void run_jobs(hm_pool *pool, const hm_moe_weights *mw, const hm_moe_job *jobs, int32_t n_jobs,
                      const float *x, int32_t n_tok, float *out, hm_scratch *scratch) {
     if (n_jobs <= 0) return;
-    hm_cpu_moe_act_lim(pool, mw->act == HM_MOE_ACT_GELU ? HM_CPU_ACT_GELU : HM_CPU_ACT_SILU, mw->act_limit, jobs,
-                       n_jobs, x, n_tok, mw->n_embd, mw->n_ff, out, scratch);
+    hm_cpu_moe_act_lim(pool, hm_moe_cpu_act(mw->act), mw->act_limit, jobs, n_jobs, x, n_tok, mw->n_embd, mw->n_ff,
+                       out, scratch);
 }
 
 void hm_moe_job_from_parts(const hm_moe_weights *mw, const hm_unit_parts *p, hm_moe_job *j) {
@@ -266,7 +266,7 @@ hm_status hm_moe_forward(const hm_model *m, hm_pool *pool, const hm_moe_weights 
             const bool hot = smap && smap[e] >= 0;
             if (!hot && used == n_ready) break;
             hm_moe_job *j = &r->jobs[nj++];
-            hm_moe_unit(mw, e, &j->gate, &j->up, &j->down);
+            hm_moe_job_unit(mw, e, j);
             if (!hot) {
                 HM_ASSERT(r->tier_unit[done + used] == e);
                 hm_moe_job_from_parts(mw, &r->parts[done + used], j);

@@ -21,9 +21,9 @@
 #include "backend/cpu/cpu_ops.h"
 #include "core/status.h"
 
-/* The gate's activation of an expert: silu(gate) * up (Qwen, the zero default) or
- * gelu_tanh(gate) * up (Gemma). */
-typedef enum hm_moe_act { HM_MOE_ACT_SILU = 0, HM_MOE_ACT_GELU = 1 } hm_moe_act;
+/* The gate's activation of an expert: silu(gate) * up (Qwen, the zero default),
+ * gelu_tanh(gate) * up (Gemma) or gpt-oss's clamped SwiGLU (cpu_ops.h's HM_CPU_ACT_SWIGLU_OAI). */
+typedef enum hm_moe_act { HM_MOE_ACT_SILU = 0, HM_MOE_ACT_GELU = 1, HM_MOE_ACT_SWIGLU_OAI = 2 } hm_moe_act;
 
 /* One layer's expert tensors (borrowed from the mapping). gate/up/down describe expert 0; expert
  * e's slab starts nb2 bytes further per expert. */
@@ -36,6 +36,9 @@ typedef struct hm_moe_weights {
     hm_moe_act act;
     float act_limit;  /* > 0: clamped SwiGLU (DeepSeek-V4's swiglu_limit): silu(min(g, L)) *
                          clamp(u, -L, L); 0: none. The CPU expert kernels implement it. */
+    /* per-expert biases (gpt-oss; NULL: none): expert e's are gate_b/up_b + e n_ff, down_b + e n_embd,
+     * added to its gate and up outputs before the activation and to its down output before the weight */
+    const float *gate_b, *up_b, *down_b;
 } hm_moe_weights;
 
 /* Bind layer `layer`'s experts into mw (load): blk.<layer>.ffn_{gate,up,down}_exps.weight,
@@ -55,6 +58,19 @@ static inline void hm_moe_unit(const hm_moe_weights *w, int32_t e, hm_mat *gate,
     gate->data = (const char *)w->gate.data + (size_t)e * w->gate_nb2;
     up->data = (const char *)w->up.data + (size_t)e * w->up_nb2;
     down->data = (const char *)w->down.data + (size_t)e * w->down_nb2;
+}
+
+/* Job j's matrices and biases: unit e's (its tokens are the caller's to set). */
+static inline void hm_moe_job_unit(const hm_moe_weights *w, int32_t e, hm_moe_job *j) {
+    hm_moe_unit(w, e, &j->gate, &j->up, &j->down);
+    j->gate_b = w->gate_b ? w->gate_b + (size_t)e * (size_t)w->n_ff : NULL;
+    j->up_b = w->up_b ? w->up_b + (size_t)e * (size_t)w->n_ff : NULL;
+    j->down_b = w->down_b ? w->down_b + (size_t)e * (size_t)w->n_embd : NULL;
+}
+
+/* The CPU kernels' name of an expert activation. */
+static inline hm_cpu_act hm_moe_cpu_act(hm_moe_act a) {
+    return a == HM_MOE_ACT_GELU ? HM_CPU_ACT_GELU : a == HM_MOE_ACT_SWIGLU_OAI ? HM_CPU_ACT_SWIGLU_OAI : HM_CPU_ACT_SILU;
 }
 
 /* The routing list of one layer for one micro-batch, grouped by unit: active unit i is expert

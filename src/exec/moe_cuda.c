@@ -30,12 +30,14 @@
 #include "experts/tier_vram.h"
 #include "core/timer.h"
 #include "model/model.h"
+#include "exec_cuda_impl.h"
 #include "model_gpu.h"
 #include "moe.h"
 #include "quant/quant.h"
 
 const char *hm_moe_gpu_unfit(const hm_moe_weights *mw) {
-    if (mw->act != HM_MOE_ACT_SILU && mw->act != HM_MOE_ACT_GELU) return "an activation the CUDA kernels do not compute";
+    if (mw->act != HM_MOE_ACT_SILU && mw->act != HM_MOE_ACT_GELU && mw->act != HM_MOE_ACT_SWIGLU_OAI)
+        return "an activation the CUDA kernels do not compute";
     if (mw->act_limit > 0.0f) return "a clamped SwiGLU (DeepSeek-V4's swiglu_limit) the CUDA kernels do not compute yet";
     if (mw->gate.type != mw->up.type || !hm_cuda_type_ok(mw->gate.type) || !hm_cuda_type_ok(mw->down.type))
         return "an expert tensor type the CUDA kernels do not compute";
@@ -54,7 +56,8 @@ static bool gpu_computes(const hm_gpu *g, const hm_moe_weights *mw) { return g->
 
 /* The kernels' activation flag of mw's units. */
 static int cuda_act(const hm_moe_weights *mw) {
-    return mw->act == HM_MOE_ACT_GELU ? HM_CUDA_ACT_GELU : HM_CUDA_ACT_SILU;
+    return mw->act == HM_MOE_ACT_GELU ? HM_CUDA_ACT_GELU : mw->act == HM_MOE_ACT_SWIGLU_OAI ? HM_CUDA_ACT_SWIGLU_OAI
+                                                                                           : HM_CUDA_ACT_SILU;
 }
 
 /* The slot of a unit of mw's layer as that layer's device computes it: its store slot when it is on
@@ -97,6 +100,23 @@ static void slot_parts(const hm_gpu *g, int32_t slot, ptrdiff_t up_off, const vo
     tier_parts(&g->hot, slot, up_off, gate, up, down);
 }
 
+static bool has_bias(const hm_moe_weights *mw) { return mw->gate_b || mw->up_b || mw->down_b; }
+
+/* Expert e's biases on its layer's device (the upload pass put them there, exec_upload_cuda.c's
+ * experts op), NULL where mw has none. */
+static void unit_bias(const hm_gpu *g, const hm_moe_weights *mw, int32_t e, const float **gb, const float **ub,
+                      const float **db) {
+    const int32_t dev = hm_gpu_layer_dev(g, mw->layer);
+    const float *v[3] = {mw->gate_b, mw->up_b, mw->down_b};
+    const float **out[3] = {gb, ub, db};
+    const int64_t w[3] = {mw->n_ff, mw->n_ff, mw->n_embd};
+    for (int i = 0; i < 3; i++) {
+        const hm_xw *x = v[i] ? hm_xmap_find(g->arch, v[i], dev) : NULL;
+        HM_ASSERT(!v[i] || x);
+        *out[i] = x ? x->v + (size_t)e * (size_t)w[i] : NULL;
+    }
+}
+
 /* The cost rule for a peer unit: the peer path costs a fixed round trip (the layer's rows up to
  * its device, a launch, the sum down, a sync: tens of microseconds, paid once per layer and device)
  * while the CPU's cost of a unit grows with the tokens routed to it. Measured on two H200s
@@ -125,13 +145,16 @@ static int32_t split_units(const hm_model *m, const hm_moe_weights *mw, hm_moe_r
         const int32_t *tok = r->tok + r->start[i];
         const float *w = r->w + r->start[i];
         const int32_t nt = r->start[i + 1] - r->start[i];
-        const int32_t peer_dev =
-            slot < 0 && any >= 0 && g->peer_units && nt >= HM_PEER_MIN_TOK ? hm_gpu_slot_dev(g, any) : -1;
+        /* (the biases live on the layer's device only: a biased layer's peer units run on the CPU) */
+        const int32_t peer_dev = slot < 0 && any >= 0 && g->peer_units && nt >= HM_PEER_MIN_TOK && !has_bias(mw)
+                                     ? hm_gpu_slot_dev(g, any)
+                                     : -1;
         if (slot >= 0 || peer_dev >= 0) {
             if (slot >= 0 && !want_hot) continue;
             hm_cuda_moe_unit *u = slot >= 0 ? &b->units[n_hot++] : &g->peer_work[n_peer];
             if (slot < 0) g->peer_work_dev[n_peer++] = peer_dev;
             slot_parts(g, any, up_off, &u->gate, &u->up, &u->down);
+            unit_bias(g, mw, e, &u->gate_b, &u->up_b, &u->down_b);
             u->tok_host = tok;
             u->w_host = w;
             u->n_tok = nt;
@@ -139,7 +162,7 @@ static int32_t split_units(const hm_model *m, const hm_moe_weights *mw, hm_moe_r
             r->tier_unit[n_cold] = e;
             r->tier_ntok[n_cold] = nt;
             hm_moe_job *j = &r->jobs[n_cold++];
-            hm_moe_unit(mw, e, &j->gate, &j->up, &j->down);
+            hm_moe_job_unit(mw, e, j);
             j->tok = tok;
             j->w = w;
             j->n_tok = nt;
@@ -365,6 +388,7 @@ static hm_status stream_pick(const hm_model *m, hm_gpu_dev *dv, const hm_moe_wei
             hm_cuda_moe_unit *u = &units[*n_str];
             slots[(*n_str)++] = slot_of[i];
             tier_parts(&dv->stream_t, slot_of[i], up_off, &u->gate, &u->up, &u->down);
+            unit_bias(m->gpu, mw, r->tier_unit[i], &u->gate_b, &u->up_b, &u->down_b);
             u->tok_host = r->jobs[i].tok;
             u->w_host = r->jobs[i].w;
             u->n_tok = r->jobs[i].n_tok;
@@ -471,9 +495,11 @@ bool hm_moe_gpu_slot_table(const hm_model *m, const hm_moe_weights *mw, int32_t 
         hm_cuda_moe_slot *sl = &slots[e];
         if (slot < 0) {
             sl->gate = sl->up = sl->down = NULL;
+            sl->gate_b = sl->up_b = sl->down_b = NULL;
             continue;
         }
         slot_parts(g, slot, up_off, &sl->gate, &sl->up, &sl->down);
+        unit_bias(g, mw, e, &sl->gate_b, &sl->up_b, &sl->down_b);
         HM_ASSERT(sl->gate && sl->up && sl->down);
     }
     *all_hot = all;
@@ -485,9 +511,13 @@ hm_status hm_moe_forward_gpu_dev(const hm_model *m, const hm_moe_weights *mw, co
                                  const int32_t *ids_dev, const float *w_dev, int64_t n_tok, int k,
                                  const hm_moe_gpu_buf *b, hm_err *err) {
     HM_ASSERT(m->gpu);
-    return hm_cuda_moe_dev_act(layer_ctx(m->gpu, mw), slots_dev, mw->gate.type, mw->down.type, cuda_act(mw), ids_dev, w_dev, k,
-                               b->x_dev, n_tok, mw->n_embd, mw->n_ff, b->out_dev, b->scratch_dev,
-                               b->scratch_dev_size, err);
+    hm_status st = hm_cuda_moe_dev_act(layer_ctx(m->gpu, mw), slots_dev, mw->gate.type, mw->down.type, cuda_act(mw),
+                                       ids_dev, w_dev, k, b->x_dev, n_tok, mw->n_embd, mw->n_ff, b->out_dev,
+                                       b->scratch_dev, b->scratch_dev_size, err);
+    if (st == HM_OK && mw->down_b)
+        st = hm_cuda_moe_dev_down_bias(layer_ctx(m->gpu, mw), slots_dev, ids_dev, w_dev, k, n_tok, mw->n_embd,
+                                       b->out_dev, err);
+    return st;
 }
 
 hm_status hm_moe_forward_gpu_cold(const hm_model *m, hm_pool *pool, const hm_moe_weights *mw, hm_moe_route *r,

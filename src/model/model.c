@@ -20,6 +20,7 @@ extern const hm_arch hm_arch_deepseek4; /* deepseek4.c */
 extern const hm_arch hm_arch_glm4moe; /* glm4moe.c */
 extern const hm_arch hm_arch_olmoe;   /* olmoe.c */
 extern const hm_arch hm_arch_llama;   /* mixtral.c: llama with experts (Mixtral) */
+extern const hm_arch hm_arch_gptoss; /* gptoss.c */
 
 static const hm_arch *const archs[] = {
     &hm_arch_qwen3moe,
@@ -31,6 +32,7 @@ static const hm_arch *const archs[] = {
     &hm_arch_glm4moe,
     &hm_arch_olmoe,
     &hm_arch_llama,
+    &hm_arch_gptoss,
 };
 
 void hm_model_opts_default(hm_model_opts *o) { memset(o, 0, sizeof *o); }

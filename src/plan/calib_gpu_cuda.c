@@ -101,6 +101,7 @@ static hm_status time_hot_units(hm_cuda_ctx *c, hm_vram_tier *t, const hm_units 
         m->tok_host = &tok;
         m->w_host = &w;
         m->n_tok = 1;
+        m->gate_b = m->up_b = m->down_b = NULL; /* the timing runs the units without biases */
     }
     if (!n_hot) return hm_errf(err, HM_ERR_INTERNAL, "no slot with the first layer's shapes");
     float *x = NULL, *out = NULL, *xh = malloc((size_t)n_embd * sizeof *xh);

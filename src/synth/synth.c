@@ -25,6 +25,7 @@
 #include "synth_deepseek4.h"
 #include "synth_gemma4.h"
 #include "synth_moe_archs.h"
+#include "synth_gptoss.h"
 #include "synth_impl.h"
 
 #define CHUNK_BYTES ((size_t)4 << 20) /* quantised bytes per chunk */
@@ -118,6 +119,7 @@ typedef struct synth_arch {
     const hm_synth_g4 *g4;
     const hm_synth_ds2 *ds2;
     const hm_synth_ma *ma;
+    const hm_synth_gpt *gpt;
 } synth_arch;
 
 /* The deepseek4 preset of o (NULL: another arch). */
@@ -130,6 +132,10 @@ static hm_status write_metadata(hm_gguf_writer *w, const hm_synth_opts *o, const
                                 const hm_synth_routing *routing, hm_err *err) {
     hm_status st = HM_OK;
 #define SET(call) do { if (!st) st = (call); } while (0)
+    if (a->gpt) {
+        SET(hm_synth_meta_gpt(w, a->gpt, n_layer, m));
+        goto provenance;
+    }
     if (a->ds2) {
         SET(hm_synth_meta_ds2(w, a->ds2, n_layer, m));
         goto provenance;
@@ -190,10 +196,19 @@ static hm_status check_opts(const hm_synth_opts *o, const hm_synth_preset **p, s
     const bool is_ds2 = o->arch && strcmp(o->arch, "deepseek2") == 0;
     const bool is_ds4 = o->arch && strcmp(o->arch, "deepseek4") == 0;
     const bool is_ma = hm_synth_is_ma(o->arch);
-    if (o->arch && !is_q35 && !is_g4 && !is_ds2 && !is_ds4 && !is_ma && strcmp(o->arch, "qwen3moe") != 0)
+    const bool is_gpt = o->arch && strcmp(o->arch, "gpt-oss") == 0;
+    if (o->arch && !is_q35 && !is_g4 && !is_ds2 && !is_ds4 && !is_ma && !is_gpt && strcmp(o->arch, "qwen3moe") != 0)
         return hm_errf(err, HM_ERR_UNSUPPORTED,
                        "synth: architecture '%s' is not supported (qwen3moe, qwen35moe, qwen3next, gemma4, "
-                       "deepseek2, deepseek4, glm4moe, olmoe, llama)", o->arch);
+                       "deepseek2, deepseek4, glm4moe, olmoe, llama, gpt-oss)", o->arch);
+    if (is_gpt) {
+        if (!(a->gpt = hm_synth_find_gpt(o->preset ? o->preset : "gpt-oss-20b")))
+            return hm_errf(err, HM_ERR_ARG, "synth: unknown gpt-oss preset '%s' (one of: %s)", o->preset,
+                           hm_synth_gpt_names());
+        *p = &a->gpt->base;
+        if (o->routing_profile)
+            return hm_errf(err, HM_ERR_UNSUPPORTED, "synth: --routing-profile is not supported for gpt-oss");
+    }
     if (is_ds2) { /* its own presets (default: the real shape); the built-in vocabulary or --tokenizer */
         if (!(a->ds2 = hm_synth_find_ds2(o->preset ? o->preset : "deepseek-v2-lite")))
             return hm_errf(err, HM_ERR_ARG, "synth: unknown deepseek2 preset '%s' (one of: %s)", o->preset,
@@ -234,16 +249,16 @@ static hm_status check_opts(const hm_synth_opts *o, const hm_synth_preset **p, s
             return hm_errf(err, HM_ERR_UNSUPPORTED, "synth: --tokenizer is not supported for gemma4 (built-in vocabulary)");
     }
     const char *names = is_q35 ? hm_synth_q35_names(o->arch) : hm_synth_preset_names();
-    if (!o->preset && !is_ds2) return hm_errf(err, HM_ERR_ARG, "synth: no preset (one of: %s)", names);
+    if (!o->preset && !is_ds2 && !is_gpt) return hm_errf(err, HM_ERR_ARG, "synth: no preset (one of: %s)", names);
     a->q35 = is_q35 ? hm_synth_find_q35(o->arch, o->preset) : NULL;
-    if (!is_g4 && !is_ds2 && !is_ds4 && !is_ma &&
+    if (!is_g4 && !is_ds2 && !is_ds4 && !is_ma && !is_gpt &&
         !(*p = is_q35 ? (a->q35 ? &a->q35->base : NULL) : hm_synth_find_preset(o->preset)))
         return hm_errf(err, HM_ERR_ARG, "synth: unknown %s preset '%s' (one of: %s)", is_q35 ? o->arch : "qwen3moe",
                        o->preset, names);
     if (!o->type) return hm_errf(err, HM_ERR_ARG, "synth: no type (one of: %s)", hm_synth_mix_names());
     if (!(*m = hm_synth_find_mix(o->type)))
         return hm_errf(err, HM_ERR_ARG, "synth: unknown type '%s' (one of: %s)", o->type, hm_synth_mix_names());
-    if ((is_q35 || is_g4 || is_ds2 || is_ds4 || is_ma) &&
+    if ((is_q35 || is_g4 || is_ds2 || is_ds4 || is_ma || is_gpt) &&
         ((*m)->kind == HM_SYNTH_MIX_Q2_K || (*m)->kind == HM_SYNTH_MIX_Q3_K_M))
         return hm_errf(err, HM_ERR_UNSUPPORTED, "synth: --type %s follows llama-quantize's rules for qwen3moe only",
                        (*m)->name);
@@ -281,6 +296,7 @@ hm_status hm_synth(const hm_synth_opts *o, hm_err *err) {
          : a.ds2       ? hm_synth_plan_ds2(a.ds2, n_layer, m, &plan, &n_tensors, err)
          : ds4_of(o)   ? hm_synth_plan_ds4(ds4_of(o), n_layer, m, &plan, &n_tensors, err)
          : a.ma        ? hm_synth_plan_ma(a.ma, n_layer, m, &plan, &n_tensors, err)
+         : a.gpt       ? hm_synth_plan_gpt(a.gpt, n_layer, m, &plan, &n_tensors, err)
               : hm_synth_plan(p, n_layer, m, &plan, &n_tensors, err);
     if (st) return st;
     if (o->routing_profile &&

@@ -459,6 +459,7 @@ typedef struct {
     int32_t window;
     int n_head, n_kv_head, head_dim;
     float scale;
+    const float *sinks;       /* [n_head] or NULL */
     size_t ws_floats;
     _Alignas(64) _Atomic int64_t next;
 } tiled_ctx;
@@ -557,7 +558,12 @@ static void tiled_item(const tiled_ctx *c, int64_t item, float *ws) {
     for (int i = 0; i < nq; i++)
         for (int r = 0; r < n_rep; r++) {
             const int row = i * n_rep + r;
-            const __m512 inv = _mm512_set1_ps(1.0f / l[row]);
+            float iv = 1.0f / l[row];
+            if (c->sinks) { /* the sink joins the softmax's denominator only */
+                const float sk = c->sinks[g * n_rep + r], mx = sk > m[row] ? sk : m[row], f = expf(m[row] - mx);
+                iv = f / (l[row] * f + expf(sk - mx));
+            }
+            const __m512 inv = _mm512_set1_ps(iv);
             float *dst = c->out + ((t0 + i) * c->n_head + g * n_rep + r) * d;
             for (int k = 0; k < nd; k++)
                 _mm512_storeu_ps(dst + 16 * k, _mm512_mul_ps(_mm512_loadu_ps(o + (size_t)row * d + 16 * k), inv));
@@ -577,6 +583,14 @@ static void tiled_task(void *vctx, int ith, int nth) {
 void hm_cpu_attention_tiled(hm_pool *pool, const float *q, int64_t n_tok, const int32_t *pos,
                             const void *k_cache, const void *v_cache, int type, int64_t cap, int32_t window,
                             int n_head, int n_kv_head, int head_dim, float scale, float *out, float *ws) {
+    hm_cpu_attention_tiled_sinks(pool, q, n_tok, pos, k_cache, v_cache, type, cap, window, n_head, n_kv_head, head_dim,
+                                 scale, NULL, out, ws);
+}
+
+void hm_cpu_attention_tiled_sinks(hm_pool *pool, const float *q, int64_t n_tok, const int32_t *pos,
+                                  const void *k_cache, const void *v_cache, int type, int64_t cap, int32_t window,
+                                  int n_head, int n_kv_head, int head_dim, float scale, const float *sinks,
+                                  float *out, float *ws) {
     HM_ASSERT(hm_cpu_attn_tiled_takes(n_tok, n_head, n_kv_head, head_dim) && cap > 0 && window >= 0);
     HM_ASSERT(type != HM_TYPE_F32 && hm_cpu_kv_row_ok(type, head_dim));
 #ifdef HM_CPU_AVX512
@@ -585,10 +599,11 @@ void hm_cpu_attention_tiled(hm_pool *pool, const float *q, int64_t n_tok, const 
     tiled_ctx c = {.q = q, .pos = pos, .kc = k_cache, .vc = v_cache, .tt = hm_type_get(type), .f16 = type == HM_TYPE_F16,
                    .rb = hm_row_size(type, head_dim), .out = out, .ws = ws, .n_tok = n_tok, .cap = cap,
                    .window = window, .n_head = n_head, .n_kv_head = n_kv_head, .head_dim = head_dim, .scale = scale,
-                   .ws_floats = tiled_ws_floats(n_head, n_kv_head, head_dim)};
+                   .sinks = sinks, .ws_floats = tiled_ws_floats(n_head, n_kv_head, head_dim)};
     atomic_init(&c.next, nth);
     hm_pool_run(pool, tiled_task, &c);
 #else
-    (void)pool, (void)q, (void)pos, (void)k_cache, (void)v_cache, (void)type, (void)scale, (void)out, (void)ws;
+    (void)pool, (void)q, (void)pos, (void)k_cache, (void)v_cache, (void)type, (void)scale, (void)sinks, (void)out,
+        (void)ws;
 #endif
 }

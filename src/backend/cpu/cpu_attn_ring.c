@@ -60,6 +60,7 @@ typedef struct {
     int32_t window;
     int n_head, n_kv_head, head_dim;
     float scale;
+    const float *sinks; /* [n_head] or NULL */
 } kv_ctx;
 
 static void store_row(const kv_ctx *c, char *dst, const float *src, int n) {
@@ -165,7 +166,11 @@ static void attn_task(void *p, int ith, int nth) {
                 for (int j = 0; j < d; j++) o[j] += e * hm_fp16_to_f32(vr[j]);
             }
         }
-        const float inv = (float)(1.0 / sum);
+        float inv = (float)(1.0 / sum);
+        if (c->sinks) { /* the sink joins the softmax's denominator only */
+            const float sk = c->sinks[h], mx = sk > m ? sk : m, f = expf(m - mx);
+            inv = (float)(f / (sum * f + expf(sk - mx)));
+        }
         for (int j = 0; j < d; j++) o[j] *= inv;
     }
 }
@@ -174,15 +179,24 @@ void hm_cpu_attention_ring(hm_pool *pool, const float *q, int64_t n_tok, const i
                            const void *k_cache, const void *v_cache, int type, int64_t cap,
                            int32_t window, int n_head, int n_kv_head, int head_dim, float scale,
                            float *out, float *scratch) {
+    hm_cpu_attention_ring_sinks(pool, q, n_tok, pos, k_cache, v_cache, type, cap, window, n_head, n_kv_head, head_dim,
+                                scale, NULL, out, scratch);
+}
+
+void hm_cpu_attention_ring_sinks(hm_pool *pool, const float *q, int64_t n_tok, const int32_t *pos,
+                                 const void *k_cache, const void *v_cache, int type, int64_t cap,
+                                 int32_t window, int n_head, int n_kv_head, int head_dim, float scale,
+                                 const float *sinks, float *out, float *scratch) {
     HM_ASSERT(n_kv_head > 0 && n_head % n_kv_head == 0 && hm_cpu_kv_row_ok(type, head_dim));
     if (type != HM_TYPE_F32 && hm_cpu_attn_tiled_takes(n_tok, n_head, n_kv_head, head_dim)) {
-        hm_cpu_attention_tiled(pool, q, n_tok, pos, k_cache, v_cache, type, cap, window, n_head, n_kv_head, head_dim,
-                               scale, out, scratch);
+        hm_cpu_attention_tiled_sinks(pool, q, n_tok, pos, k_cache, v_cache, type, cap, window, n_head, n_kv_head,
+                                     head_dim, scale, sinks, out, scratch);
         return;
     }
     kv_ctx c = kv_ctx_of(type, head_dim);
     c.kc = (char *)k_cache, c.vc = (char *)v_cache, c.q = q, c.out = out, c.scratch = scratch, c.pos = pos;
     c.cap = cap, c.n_tok = n_tok, c.window = window, c.n_head = n_head, c.n_kv_head = n_kv_head, c.scale = scale;
+    c.sinks = sinks;
     hm_pool_run(pool, attn_task, &c);
 }
 

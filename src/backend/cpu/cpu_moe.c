@@ -5,10 +5,10 @@
  *   1. quantise every token of x to the gate/up partner types          (tokens split ith/nth)
  *   2. g = gate x, u = up x for each pair                               ((job, row chunk) items)
  *   3. h = act(g) * u, quantised to the down partner type               (pairs split ith/nth)
- *      (act: SiLU, or Gemma's GELU-tanh; with a limit L > 0 DeepSeek-V4's clamped SwiGLU
- *      silu(min(g, L)) * clamp(u, -L, L))
+ *      (act: SiLU, Gemma's GELU-tanh or gpt-oss's clamped SwiGLU; gpt-oss's gate / up biases first;
+ *      with a limit L > 0 DeepSeek-V4's clamped SwiGLU silu(min(g, L)) * clamp(u, -L, L))
  *   4. o = down h for each pair                                         ((job, row chunk) items)
- *   5. out[t] += w * o over t's pairs in job order                      (tokens split ith/nth)
+ *   5. out[t] += w * o over t's pairs in job order (o + down bias)      (tokens split ith/nth)
  * Items of 2 and 4 come from shared atomic counters, so busy threads take fewer; every element is
  * still computed by one thread in a fixed order, and phase 5's order is fixed: deterministic.
  * One token (decode) takes moe_one_token below: the same values, static row ranges, two barriers. */
@@ -40,6 +40,7 @@ typedef struct moe_ctx {
     const int32_t *tok_start; /* [n_batch + 1] CSR: pairs of token t, in job order */
     const int32_t *tok_pairs; /* [n_pairs] */
     const float *pair_w;      /* [n_pairs] routing weight of each pair */
+    const float *const *pair_db; /* [n_pairs] the pair's job's down bias, or NULL: no job has one */
     int64_t cr_a, cr_b, items_a_per_job, items_b_per_job;
     _Alignas(64) _Atomic int64_t next_a;
     _Alignas(64) _Atomic int64_t next_b;
@@ -55,6 +56,7 @@ size_t hm_cpu_moe_scratch_size(int64_t n_batch, int64_t n_pairs, int64_t n_embd,
     s += hm_align_up((uint64_t)n_pairs * (uint64_t)n_embd * sizeof(float), HM_ALIGN);
     s += 4 * hm_align_up(((uint64_t)n_pairs + 1) * sizeof(int32_t), HM_ALIGN);
     s += 2 * hm_align_up(((uint64_t)n_batch + 1) * sizeof(int32_t), HM_ALIGN);
+    s += hm_align_up(((uint64_t)n_pairs + 1) * sizeof(float *), HM_ALIGN); /* pair_db */
     return s;
 }
 
@@ -66,10 +68,28 @@ static void act_mul(hm_cpu_act act, float limit, float *g, float *u, int64_t n) 
             g[i] = g[i] > limit ? limit : g[i];
             u[i] = u[i] > limit ? limit : u[i] < -limit ? -limit : u[i];
         }
-    if (act == HM_CPU_ACT_GELU)
+    if (act == HM_CPU_ACT_GELU) {
         for (int64_t i = 0; i < n; i++) g[i] = hm_gelu_tanh(g[i]) * u[i];
-    else
+    } else if (act == HM_CPU_ACT_SWIGLU_OAI) {
+        for (int64_t i = 0; i < n; i++) {
+            const float a = g[i] < HM_SWIGLU_OAI_LIMIT ? g[i] : HM_SWIGLU_OAI_LIMIT;
+            const float b = u[i] < -HM_SWIGLU_OAI_LIMIT ? -HM_SWIGLU_OAI_LIMIT
+                            : u[i] > HM_SWIGLU_OAI_LIMIT ? HM_SWIGLU_OAI_LIMIT : u[i];
+            g[i] = a / (1.0f + expf(-HM_SWIGLU_OAI_ALPHA * a)) * (b + 1.0f);
+        }
+    } else {
         hm_swiglu_vec(g, u, g, n);
+    }
+}
+
+/* act_mul of a job's rows [lo, lo + n) with its gate / up biases first (u: work space when it has them) */
+static void act_mul_job(hm_cpu_act act, float limit, const hm_moe_job *j, int64_t lo, float *g, float *u,
+                        int64_t n) {
+    if (j->gate_b)
+        for (int64_t i = 0; i < n; i++) g[i] += j->gate_b[lo + i];
+    if (j->up_b)
+        for (int64_t i = 0; i < n; i++) u[i] += j->up_b[lo + i];
+    act_mul(act, limit, g, u, n);
 }
 
 static int q_index(const moe_ctx *c, int type) {
@@ -136,9 +156,8 @@ static void moe_task(void *vctx, int ith, int nth) {
     int32_t a = 0;
     for (int64_t p = lo; p < hi; p++) {
         while (p >= c->off[a + 1]) a++;
-        float *g = c->g + p * c->n_ff;
-        float *u = c->u + p * c->n_ff;
-        act_mul(c->act, c->limit, g, u, c->n_ff);
+        float *g = c->g + p * c->n_ff, *u = c->u + p * c->n_ff;
+        act_mul_job(c->act, c->limit, &c->jobs[c->active[a]], 0, g, u, c->n_ff);
         const hm_type_traits *dt = hm_type_get(c->jobs[c->active[a]].down.type);
         if (dt->vec_dot_type != HM_TYPE_F32)
             hm_type_get((int)dt->vec_dot_type)->from_float(g, c->hq + (size_t)p * c->hq_stride, c->n_ff);
@@ -159,7 +178,11 @@ static void moe_task(void *vctx, int ith, int nth) {
             int32_t p = c->tok_pairs[i];
             const float wgt = c->pair_w[p];
             const float *src = c->o + (int64_t)p * c->n_embd;
-            for (int64_t e = 0; e < c->n_embd; e++) dst[e] += wgt * src[e];
+            const float *db = c->pair_db ? c->pair_db[p] : NULL;
+            if (db)
+                for (int64_t e = 0; e < c->n_embd; e++) dst[e] += wgt * (src[e] + db[e]);
+            else
+                for (int64_t e = 0; e < c->n_embd; e++) dst[e] += wgt * src[e];
         }
     }
 }
@@ -243,7 +266,7 @@ static void moe_one_task(void *vctx, int ith, int nth) {
                 size_t xs = q < 0 ? (size_t)n_embd * sizeof(float) : c->xq_stride[q];
                 hm_cpu_rows(m[k], lo, hi, xb, xs, j->tok, 1, y[k], n_ff);
             }
-            act_mul(c->act, c->limit, y[0] + lo, y[1] + lo, hi - lo);
+            act_mul_job(c->act, c->limit, j, lo, y[0] + lo, y[1] + lo, hi - lo);
         }
     }
     hm_pool_barrier(c->pool);
@@ -270,7 +293,11 @@ static void moe_one_task(void *vctx, int ith, int nth) {
     for (int32_t a = 0; a < c->n_active; a++) {
         const float wgt = c->pair_w[a];
         const float *src = c->o + (int64_t)a * n_embd;
-        for (int64_t e = lo; e < hi; e++) dst[e] += wgt * src[e];
+        const float *db = c->jobs[c->active[a]].down_b;
+        if (db)
+            for (int64_t e = lo; e < hi; e++) dst[e] += wgt * (src[e] + db[e]);
+        else
+            for (int64_t e = lo; e < hi; e++) dst[e] += wgt * src[e];
     }
 }
 
@@ -340,6 +367,8 @@ void hm_cpu_moe_act_lim(hm_pool *pool, hm_cpu_act act, float limit, const hm_moe
     int32_t *off = hm_bump_take(&b, ((size_t)n_pairs + 1) * sizeof(int32_t));
     int32_t *tok_pairs = hm_bump_take(&b, ((size_t)n_pairs + 1) * sizeof(int32_t));
     float *pair_w = hm_bump_take(&b, ((size_t)n_pairs + 1) * sizeof(float));
+    const float **pair_db = hm_bump_take(&b, ((size_t)n_pairs + 1) * sizeof(float *));
+    bool any_db = false;
     int32_t *tok_start = hm_bump_take(&b, ((size_t)n_batch + 1) * sizeof(int32_t));
     c.pool = pool;
     c.jobs = jobs;
@@ -378,12 +407,15 @@ void hm_cpu_moe_act_lim(hm_pool *pool, hm_cpu_act act, float limit, const hm_moe
             for (int32_t i = 0; i < jb->n_tok; i++) {
                 tok_pairs[cur[jb->tok[i]]++] = off[a] + i;
                 pair_w[off[a] + i] = jb->w[i];
+                pair_db[off[a] + i] = jb->down_b;
+                any_db |= jb->down_b != NULL;
             }
         }
     }
     c.tok_start = tok_start;
     c.tok_pairs = tok_pairs;
     c.pair_w = pair_w;
+    c.pair_db = any_db ? pair_db : NULL;
     take_buffers(&c, &b, n_batch, n_pairs, hq_stride);
     /* row chunks: >= ~4 items per thread overall, more rows per item when a job has many tokens */
     const int nth = hm_pool_size(pool);

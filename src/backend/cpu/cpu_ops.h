@@ -78,6 +78,7 @@ typedef struct hm_moe_job {
     const int32_t *tok;
     const float *w;
     int32_t n_tok;
+    const float *gate_b, *up_b, *down_b; /* the unit's biases [n_ff], [n_ff], [n_embd] (gpt-oss), NULL: none */
 } hm_moe_job;
 
 /* Scratch bytes for hm_cpu_moe over up to n_batch tokens and n_pairs (token, job) pairs in total
@@ -91,8 +92,13 @@ size_t hm_cpu_moe_scratch_size(int64_t n_batch, int64_t n_pairs, int64_t n_embd,
  * threads. The sum into out runs in job order, then pair order: deterministic for any nth. */
 void hm_cpu_moe(hm_pool *pool, const hm_moe_job *jobs, int n_jobs, const float *x, int64_t n_batch,
                 int64_t n_embd, int64_t n_ff, float *out, hm_scratch *scratch);
-/* The same with the activation named: SiLU (hm_cpu_moe) or GELU-tanh (Gemma's experts). */
-typedef enum hm_cpu_act { HM_CPU_ACT_SILU = 0, HM_CPU_ACT_GELU = 1 } hm_cpu_act;
+/* The same with the activation named: SiLU (hm_cpu_moe), GELU-tanh (Gemma's experts) or gpt-oss's
+ * clamped SwiGLU, h = g' sigmoid(1.702 g') (u' + 1) with g' = min(g, 7), u' = clamp(u, -7, 7). A job's
+ * biases, when it has them, are added to g and u before the activation and to its down output
+ * before the routing weight: out += w (down h + down_b). */
+typedef enum hm_cpu_act { HM_CPU_ACT_SILU = 0, HM_CPU_ACT_GELU = 1, HM_CPU_ACT_SWIGLU_OAI = 2 } hm_cpu_act;
+#define HM_SWIGLU_OAI_ALPHA 1.702f
+#define HM_SWIGLU_OAI_LIMIT 7.0f
 void hm_cpu_moe_act(hm_pool *pool, hm_cpu_act act, const hm_moe_job *jobs, int n_jobs, const float *x,
                     int64_t n_batch, int64_t n_embd, int64_t n_ff, float *out, hm_scratch *scratch);
 /* The same with a SwiGLU clamp (limit > 0; DeepSeek-V4): h = silu(min(g, limit)) * clamp(u, -limit,
@@ -183,6 +189,12 @@ void hm_cpu_attention_ring(hm_pool *pool, const float *q, int64_t n_tok, const i
                            const void *k_cache, const void *v_cache, int type, int64_t cap,
                            int32_t window, int n_head, int n_kv_head, int head_dim, float scale,
                            float *out, float *scratch);
+/* The same with attention sinks (gpt-oss): sinks[h] (NULL: none) is one more logit of q head h's
+ * softmax, unscaled, with no value: it only adds e^(sinks[h] - max) to the denominator. */
+void hm_cpu_attention_ring_sinks(hm_pool *pool, const float *q, int64_t n_tok, const int32_t *pos,
+                                 const void *k_cache, const void *v_cache, int type, int64_t cap,
+                                 int32_t window, int n_head, int n_kv_head, int head_dim, float scale,
+                                 const float *sinks, float *out, float *scratch);
 
 /* Prefill attention in tiles (cpu_attn.c): blocks of 8 queries of one kv head walk their visible
  * keys 16 at a time, each K/V block converted to f32 once for all of their rows, with an online
@@ -200,6 +212,11 @@ size_t hm_cpu_attn_tiled_scratch_floats(int n_head, int n_kv_head, int head_dim,
 void hm_cpu_attention_tiled(hm_pool *pool, const float *q, int64_t n_tok, const int32_t *pos,
                             const void *k_cache, const void *v_cache, int type, int64_t cap, int32_t window,
                             int n_head, int n_kv_head, int head_dim, float scale, float *out, float *ws);
+/* hm_cpu_attention_tiled with attention sinks (hm_cpu_attention_ring_sinks's; NULL: none). */
+void hm_cpu_attention_tiled_sinks(hm_pool *pool, const float *q, int64_t n_tok, const int32_t *pos,
+                                  const void *k_cache, const void *v_cache, int type, int64_t cap, int32_t window,
+                                  int n_head, int n_kv_head, int head_dim, float scale, const float *sinks,
+                                  float *out, float *ws);
 
 /* ---- elementwise and row ops (out may alias the input unless said otherwise) -------------------- */
 

@@ -226,7 +226,8 @@ __global__ void __launch_bounds__(32 * ATTN_WARPS) k_attn_part(const float *__re
 }
 
 /* one block of head_dim threads per (token, q head) */
-__global__ void k_attn_merge(const float *__restrict__ part, int n_split, int head_dim, float *__restrict__ out) {
+__global__ void k_attn_merge(const float *__restrict__ part, int n_split, int head_dim, float *__restrict__ out,
+                             const float *__restrict__ sinks = nullptr, int n_head = 1) {
     const int64_t th = blockIdx.x;
     const int d = threadIdx.x;
     const float *pp = part + th * n_split * (head_dim + 2);
@@ -243,14 +244,20 @@ __global__ void k_attn_merge(const float *__restrict__ part, int n_split, int he
         L += f * ps[1];
         O += f * ps[2 + d];
     }
+    if (sinks && L > 0.0f) L += expf(sinks[th % n_head] - M); /* the sink: the denominator only */
     out[th * head_dim + d] = O / L;
 }
 
 hm_status hm_cuda_attn_merge(hm_cuda_ctx *c, const float *part, int64_t rows, int n_split, int head_dim, float *out,
                              hm_err *err) {
-    HM_CU_ARG(rows >= 0 && rows < (1LL << 31) && n_split >= 1 && head_dim > 0 && head_dim <= 1024);
+    return hm_cuda_attn_merge_sinks(c, part, rows, n_split, head_dim, NULL, 1, out, err);
+}
+
+hm_status hm_cuda_attn_merge_sinks(hm_cuda_ctx *c, const float *part, int64_t rows, int n_split, int head_dim,
+                                   const float *sinks, int n_head, float *out, hm_err *err) {
+    HM_CU_ARG(rows >= 0 && rows < (1LL << 31) && n_split >= 1 && head_dim > 0 && head_dim <= 1024 && n_head > 0);
     if (!rows) return HM_OK;
-    k_attn_merge<<<(unsigned)rows, head_dim, 0, c->compute>>>(part, n_split, head_dim, out);
+    k_attn_merge<<<(unsigned)rows, head_dim, 0, c->compute>>>(part, n_split, head_dim, out, sinks, n_head);
     HM_CU_LAUNCH("attention merge");
     return HM_OK;
 }

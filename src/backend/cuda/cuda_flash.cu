@@ -153,13 +153,15 @@ __device__ __forceinline__ void load_rows_kv(__half *dst, int ld, const unsigned
  * (2 caps them at 128 a thread for 8 warps: twice the warps in flight, a few bytes spilled, the
  * default for 8-warp f16 tiles: 1.15-1.25x faster on the H200 than 1, 181 registers and no spill,
  * which hm_cuda_set_flash_variant(1) selects). The tile shape and the buffering follow from D and
- * KT (fa_warps, fa_stages). */
+ * KT (fa_warps, fa_stages). sinks: per q head a logit added to the softmax's denominator only
+ * (gpt-oss), NULL: none. */
 template <int D, int DV, int BN, int KT, int MINB>
 __global__ void __launch_bounds__(32 * fa_warps(D), MINB) k_flash(const float *__restrict__ q, const int32_t *__restrict__ pos,
                                                             int64_t n_tok, const void *__restrict__ kc,
                                                             const void *__restrict__ vc, int64_t cap, int32_t window,
                                                             int n_head, int n_kv_head, float scale, int n_split,
-                                                            float *__restrict__ part, float *__restrict__ out) {
+                                                            float *__restrict__ part, float *__restrict__ out,
+                                                            const float *__restrict__ sinks) {
     constexpr int W = fa_warps(D), BM = fa_bm(D), NT = 32 * W, ST = fa_stages(D, KT);
     constexpr int LQ = D + FA_PAD, LV = DV + FA_PAD;
     extern __shared__ __align__(16) unsigned char fa_smem[];
@@ -365,6 +367,11 @@ __global__ void __launch_bounds__(32 * fa_warps(D), MINB) k_flash(const float *_
         }
         return;
     }
+    if (sinks) { /* the sink: the denominator only (m is in base 2, the sink's logit natural) */
+        const float sk = sinks[h] * 1.44269504088896341f;
+        l0 += l0 > 0.0f ? ex2(sk - m0) : 0.0f;
+        l1 += l1 > 0.0f ? ex2(sk - m1) : 0.0f;
+    }
     const float i0 = l0 > 0.0f ? 1.0f / l0 : 0.0f, i1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;
 #pragma unroll
     for (int j = 0; j < DV / 8; j++) {
@@ -398,7 +405,7 @@ static size_t flash_part_bytes(int64_t n_tok, int n_head, int head_dim, int n_sp
 template <int D, int DV, int BN, int KT, int MINB>
 hm_status launch_flash_b(hm_cuda_ctx *c, const float *q, int64_t n_tok, const int32_t *pos, const void *kc,
                        const void *vc, int64_t cap, int32_t window, int n_head, int n_kv_head, float scale,
-                       int n_split, float *part, float *out, hm_err *err) {
+                       int n_split, float *part, float *out, const float *sinks, hm_err *err) {
     constexpr int BM = fa_bm(D), ST = fa_stages(D, KT);
     const size_t smem = sizeof(__half) * ((size_t)BM * (D + FA_PAD) +
                                           (size_t)ST * ((size_t)BN * (D + FA_PAD) + (size_t)BN * (DV + FA_PAD)));
@@ -412,9 +419,9 @@ hm_status launch_flash_b(hm_cuda_ctx *c, const float *q, int64_t n_tok, const in
     }
     const dim3 grid((unsigned)((n_tok + BM - 1) / BM), (unsigned)n_head, (unsigned)(D / DV * n_split));
     k_flash<D, DV, BN, KT, MINB><<<grid, 32 * fa_warps(D), smem, c->compute>>>(q, pos, n_tok, kc, vc, cap, window, n_head,
-                                                                   n_kv_head, scale, n_split, part, out);
+                                                                   n_kv_head, scale, n_split, part, out, sinks);
     HM_CU_LAUNCH("flash attention");
-    if (n_split > 1) return hm_cuda_attn_merge(c, part, n_tok * n_head, n_split, D, out, err);
+    if (n_split > 1) return hm_cuda_attn_merge_sinks(c, part, n_tok * n_head, n_split, D, sinks, n_head, out, err);
     return HM_OK;
 }
 
@@ -423,13 +430,13 @@ hm_status launch_flash_b(hm_cuda_ctx *c, const float *q, int64_t n_tok, const in
 template <int D, int DV, int BN, int KT>
 hm_status launch_flash(hm_cuda_ctx *c, const float *q, int64_t n_tok, const int32_t *pos, const void *kc,
                        const void *vc, int64_t cap, int32_t window, int n_head, int n_kv_head, float scale,
-                       int n_split, float *part, float *out, hm_err *err) {
+                       int n_split, float *part, float *out, const float *sinks, hm_err *err) {
     if constexpr (D <= 128 && KT == HM_CUDA_KV_F16)
         if (c->flash_variant != 1)
             return launch_flash_b<D, DV, BN, KT, 2>(c, q, n_tok, pos, kc, vc, cap, window, n_head, n_kv_head, scale,
-                                                    n_split, part, out, err);
+                                                    n_split, part, out, sinks, err);
     return launch_flash_b<D, DV, BN, KT, 1>(c, q, n_tok, pos, kc, vc, cap, window, n_head, n_kv_head, scale, n_split,
-                                            part, out, err);
+                                            part, out, sinks, err);
 }
 
 } // namespace
@@ -465,6 +472,15 @@ hm_status hm_cuda_flash_attention_kv(hm_cuda_ctx *c, hm_cuda_kv kv, const float 
                                      int64_t kv_len, const void *k_cache, const void *v_cache, int64_t cap,
                                      int32_t window, int n_head, int n_kv_head, int head_dim, float scale, float *out,
                                      void *scratch, size_t scratch_size, hm_err *err) {
+    return hm_cuda_flash_attention_kv_sinks(c, kv, q, n_tok, pos, kv_len, k_cache, v_cache, cap, window, n_head,
+                                            n_kv_head, head_dim, scale, NULL, out, scratch, scratch_size, err);
+}
+
+hm_status hm_cuda_flash_attention_kv_sinks(hm_cuda_ctx *c, hm_cuda_kv kv, const float *q, int64_t n_tok,
+                                           const int32_t *pos, int64_t kv_len, const void *k_cache,
+                                           const void *v_cache, int64_t cap, int32_t window, int n_head,
+                                           int n_kv_head, int head_dim, float scale, const float *sinks, float *out,
+                                           void *scratch, size_t scratch_size, hm_err *err) {
     HM_CU_ARG(q && pos && k_cache && v_cache && out && (const void *)q != (const void *)out && n_tok >= 0 && cap > 0 &&
               window >= 0);
     HM_CU_ARG(kv >= HM_CUDA_KV_F16 && kv <= HM_CUDA_KV_BF16);
@@ -478,7 +494,7 @@ hm_status hm_cuda_flash_attention_kv(hm_cuda_ctx *c, hm_cuda_kv kv, const float 
     float *part = (float *)scratch;
 #define HM_FA_KT(HD, KT)                                                                                               \
     launch_flash<HD, fa_dv(HD), fa_bn(HD), KT>(c, q, n_tok, pos, k_cache, v_cache, cap, window, n_head, n_kv_head,    \
-                                               scale, ns, part, out, err)
+                                               scale, ns, part, out, sinks, err)
 #define HM_FA_CASE(HD)                                                                                                  \
     case HD:                                                                                                            \
         return kv == HM_CUDA_KV_Q8_0   ? HM_FA_KT(HD, HM_CUDA_KV_Q8_0)                                                 \

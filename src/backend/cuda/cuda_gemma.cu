@@ -7,6 +7,7 @@
 #include <math.h>
 
 #include "cuda_gemma.h"
+#include "cuda_gptoss.h"
 #include "cuda_impl.h"
 #include "cuda_kvq.cuh"
 #include "cuda_quant.cuh"
@@ -126,7 +127,8 @@ template <int D, int KT>
 __global__ void __launch_bounds__(128) k_g4_attn(const float *__restrict__ q, const int32_t *__restrict__ pos,
                                                  const void *__restrict__ kc, const void *__restrict__ vc,
                                                  int64_t cap, int32_t window, int n_head, int n_kv_head, float scale,
-                                                 int n_split, float *__restrict__ out, float *__restrict__ part) {
+                                                 int n_split, float *__restrict__ out, float *__restrict__ part,
+                                                 const float *__restrict__ sinks) {
     constexpr int HD = D * 32;
     constexpr int64_t RB = hmkv::row_bytes<KT>(HD); /* bytes of a cache row (cuda_kvq.cuh) */
     __shared__ float sm_m[G4A_WARPS], sm_l[G4A_WARPS];
@@ -185,6 +187,7 @@ __global__ void __launch_bounds__(128) k_g4_attn(const float *__restrict__ q, co
         f[j] = mx == -INFINITY ? 0.0f : expf(sm_m[j] - mx); /* an empty warp (or range): weight 0 */
         sum += sm_l[j] * f[j];
     }
+    if (sinks && n_split == 1) sum += expf(sinks[h] - mx); /* the sink: the denominator only */
     for (int e = threadIdx.x; e < HD; e += blockDim.x) {
         float acc = 0.0f;
 #pragma unroll
@@ -200,13 +203,14 @@ __global__ void __launch_bounds__(128) k_g4_attn(const float *__restrict__ q, co
 }
 
 /* Block per row, thread per head element: the ranges' partials merged in range order. */
-__global__ void k_g4_attn_merge(const float *__restrict__ part, int n_split, int head_dim, float *__restrict__ out) {
+__global__ void k_g4_attn_merge(const float *__restrict__ part, int n_split, int head_dim, float *__restrict__ out,
+                                const float *__restrict__ sinks, int n_head) {
     const int64_t row = blockIdx.x;
     const float *pr = part + row * n_split * (head_dim + 2);
     float mx = -INFINITY;
     for (int j = 0; j < n_split; j++) mx = fmaxf(mx, pr[j * (head_dim + 2)]);
     for (int e = threadIdx.x; e < head_dim; e += blockDim.x) {
-        float sum = 0.0f, acc = 0.0f;
+        float sum = sinks ? expf(sinks[row % n_head] - mx) : 0.0f, acc = 0.0f;
         for (int j = 0; j < n_split; j++) {
             const float *pj = pr + j * (head_dim + 2);
             const float f = pj[0] == -INFINITY ? 0.0f : expf(pj[0] - mx);
@@ -249,14 +253,23 @@ hm_status hm_cuda_gemma_attention_kv(hm_cuda_ctx *c, hm_cuda_kv kv, const float 
                                      int64_t kv_len, const void *k_cache, const void *v_cache, int64_t cap,
                                      int32_t window, int n_head, int n_kv_head, int head_dim, float scale, float *out,
                                      void *scratch, size_t scratch_size, hm_err *err) {
+    return hm_cuda_gemma_attention_kv_sinks(c, kv, q, n_tok, pos, kv_len, k_cache, v_cache, cap, window, n_head,
+                                            n_kv_head, head_dim, scale, NULL, out, scratch, scratch_size, err);
+}
+
+hm_status hm_cuda_gemma_attention_kv_sinks(hm_cuda_ctx *c, hm_cuda_kv kv, const float *q, int64_t n_tok,
+                                           const int32_t *pos, int64_t kv_len, const void *k_cache,
+                                           const void *v_cache, int64_t cap, int32_t window, int n_head,
+                                           int n_kv_head, int head_dim, float scale, const float *sinks, float *out,
+                                           void *scratch, size_t scratch_size, hm_err *err) {
     HM_CU_ARG(q && pos && k_cache && v_cache && out && (const void *)q != (const void *)out && n_tok >= 0 &&
               kv_len > 0 && cap > 0);
     HM_CU_ARG(n_kv_head > 0 && n_head > 0 && n_head % n_kv_head == 0 && window >= 0);
     HM_CU_ARG(kv == HM_CUDA_KV_F16 || (kv >= HM_CUDA_KV_Q8_0 && kv <= HM_CUDA_KV_BF16 && head_dim % 32 == 0));
     if (!n_tok) return HM_OK;
     if (hm_cuda_flash_takes(c, n_tok, head_dim))
-        return hm_cuda_flash_attention_kv(c, kv, q, n_tok, pos, kv_len, k_cache, v_cache, cap, window, n_head,
-                                          n_kv_head, head_dim, scale, out, scratch, scratch_size, err);
+        return hm_cuda_flash_attention_kv_sinks(c, kv, q, n_tok, pos, kv_len, k_cache, v_cache, cap, window, n_head,
+                                                n_kv_head, head_dim, scale, sinks, out, scratch, scratch_size, err);
     HM_CU_ARG(n_tok * n_head < (1LL << 31));
     const int64_t rows = n_tok * n_head;
     const int64_t span = window > 0 && window < kv_len ? window : kv_len;
@@ -267,7 +280,7 @@ hm_status hm_cuda_gemma_attention_kv(hm_cuda_ctx *c, hm_cuda_kv kv, const float 
     const dim3 grid((unsigned)rows, (unsigned)split);
 #define G4A_LAUNCH(HDIM, KT)                                                                                     \
     k_g4_attn<HDIM / 32, KT><<<grid, 128, 0, c->compute>>>(q, pos, k_cache, v_cache, cap, window, n_head,        \
-                                                           n_kv_head, scale, split, out, part)
+                                                           n_kv_head, scale, split, out, part, sinks)
     switch (head_dim) {
 #define G4A_CASE(HDIM)                                                                                           \
     case HDIM:                                                                                                   \
@@ -290,7 +303,7 @@ hm_status hm_cuda_gemma_attention_kv(hm_cuda_ctx *c, hm_cuda_kv kv, const float 
     HM_CU_LAUNCH("gemma attention");
     if (split > 1) {
         k_g4_attn_merge<<<(unsigned)rows, head_dim < 256 ? head_dim : 256, 0, c->compute>>>(part, split, head_dim,
-                                                                                             out);
+                                                                                             out, sinks, n_head);
         HM_CU_LAUNCH("gemma attention merge");
     }
     return HM_OK;

@@ -71,6 +71,7 @@ hm_status hm_cuda_matvec_run(hm_cuda_ctx *c, const hm_cuda_mat *w, const float *
 struct moe_unit_dev {
     const uint8_t *gate, *up, *down;
     int32_t pair0, n_pair;
+    const float *gate_b, *up_b, *down_b; /* the unit's biases or NULL (hm_cuda_moe_unit) */
 };
 
 /* The int8 tensor-core prefill matmul (cuda_mmq.cu): whether it takes w (the switch is on and the
@@ -104,7 +105,15 @@ __device__ __forceinline__ float gelu_tanh(float v) {
     return 0.5f * v * (1.0f + tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v)));
 }
 __device__ __forceinline__ float act_mul(int act, float g, float u) {
+    if (act == HM_CUDA_ACT_SWIGLU_OAI) { /* gpt-oss: min(g, 7) sigmoid(1.702 min(g, 7)) (clamp(u, -7, 7) + 1) */
+        const float a = fminf(g, 7.0f), b = fminf(fmaxf(u, -7.0f), 7.0f);
+        return a / (1.0f + expf(-1.702f * a)) * (b + 1.0f);
+    }
     return (act == HM_CUDA_ACT_GELU ? gelu_tanh(g) : silu(g)) * u;
+}
+/* act_mul with row r's gate / up biases first (NULL: none) */
+__device__ __forceinline__ float act_mul_b(int act, float g, float u, const float *gb, const float *ub, int64_t r) {
+    return act_mul(act, gb ? g + gb[r] : g, ub ? u + ub[r] : u);
 }
 
 /* The flash prefill attention (cuda_flash.cu): whether it takes a batch of n_tok queries of
@@ -120,11 +129,20 @@ hm_status hm_cuda_flash_attention_kv(hm_cuda_ctx *c, hm_cuda_kv kv, const float 
                                      int64_t kv_len, const void *k_cache, const void *v_cache, int64_t cap,
                                      int32_t window, int n_head, int n_kv_head, int head_dim, float scale, float *out,
                                      void *scratch, size_t scratch_size, hm_err *err);
+/* The same with attention sinks (cuda_gptoss.h; NULL: none). */
+hm_status hm_cuda_flash_attention_kv_sinks(hm_cuda_ctx *c, hm_cuda_kv kv, const float *q, int64_t n_tok,
+                                           const int32_t *pos, int64_t kv_len, const void *k_cache,
+                                           const void *v_cache, int64_t cap, int32_t window, int n_head,
+                                           int n_kv_head, int head_dim, float scale, const float *sinks, float *out,
+                                           void *scratch, size_t scratch_size, hm_err *err);
 /* The merge of KV-split partials (cuda_attn.cu): part [rows][n_split][head_dim + 2] as (m, l,
  * unnormalised O) per split, merged in split order into out [rows][head_dim]; a split with
  * l = 0 saw no key and is skipped. head_dim <= 1024. */
 hm_status hm_cuda_attn_merge(hm_cuda_ctx *c, const float *part, int64_t rows, int n_split, int head_dim, float *out,
                              hm_err *err);
+/* The same with sinks[n_head] (row r is q head r % n_head) in the denominator; NULL: none. */
+hm_status hm_cuda_attn_merge_sinks(hm_cuda_ctx *c, const float *part, int64_t rows, int n_split, int head_dim,
+                                   const float *sinks, int n_head, float *out, hm_err *err);
 
 /* Checks a weight matrix against the kernels' needs (type, alignment, ne0). */
 hm_status hm_cuda_mat_check(const hm_cuda_mat *w, hm_err *err);

@@ -7,9 +7,10 @@
  * Launch A, grid (n_ff / 4 rows, unit): a warp takes row r of one unit's gate and up and all the
  *   unit's tokens (8 at a time, the weights read once per 8 tokens) and writes
  *   h[i][r] = act(gate_r . x) * (up_r . x) for each pair i.   h: [n_pairs, n_ff] f32
- *   (act: silu, or gelu_tanh for Gemma: hm_cuda_act, a run-time flag read in the epilogue only)
+ *   (act: silu, gelu_tanh for Gemma or gpt-oss's clamped SwiGLU: hm_cuda_act, a run-time flag read
+ *   in the epilogue only; a unit's gate / up biases, when it has them, added there too)
  * Launch B, grid (n_embd / 4 rows, token): a warp takes row r of the output of token t and sums
- *   w_i * (down_u row r . h_i) over t's pairs in unit order, then out[t][r] += the sum.
+ *   w_i * (down_u row r . h_i + down bias) over t's pairs in unit order, then out[t][r] += the sum.
  * Each output element has exactly one writer: no atomics, bit-identical results run to run.
  * Launch B reads a unit's down rows once per token routed to it (from L2 after the first): right
  * for decode batches; with the mmq switch on (the default), prefill batches of K-quant parts
@@ -65,7 +66,7 @@ __device__ __forceinline__ void gate_up_chunk(const moe_unit_dev &u, int64_t r, 
 #pragma unroll
     for (int t = 0; t < NT; t++) {
         const float gs = warp_sum(g[t]), us = warp_sum(up[t]);
-        if (lane == t && t < n) h[(int64_t)(i0 + t) * n_ff + r] = act_mul(act, gs, us);
+        if (lane == t && t < n) h[(int64_t)(i0 + t) * n_ff + r] = act_mul_b(act, gs, us, u.gate_b, u.up_b, r);
     }
 }
 
@@ -102,7 +103,9 @@ __global__ void __launch_bounds__(128) k_moe_down(const moe_unit_dev *__restrict
         const int32_t i = tok_pairs[q];
         const float *xs[1] = {h + (int64_t)i * n_ff};
         float d[1] = {0.0f};
-        warp_row_dot<T, 1>(units[pair_unit[i]].down + r * nb1, n_ff / 8, xs, d, lane);
+        const moe_unit_dev &u = units[pair_unit[i]];
+        warp_row_dot<T, 1>(u.down + r * nb1, n_ff / 8, xs, d, lane);
+        if (u.down_b && lane == 0) d[0] += u.down_b[r]; /* the bias once, in lane 0's share of the dot */
         acc = fmaf(pair_w[i], d[0], acc);
     }
     acc = warp_sum(acc);
@@ -174,11 +177,12 @@ hm_status hm_cuda_moe_act(hm_cuda_ctx *c, const hm_cuda_moe_unit *units, int n_u
                           int down_type, int act, const float *x, int64_t n_batch, int64_t n_embd, int64_t n_ff,
                           float *out, void *scratch, size_t scratch_size, hm_err *err) {
     HM_CU_ARG(x && out && scratch && n_units >= 0 && n_batch >= 0 && n_batch <= 65535);
-    HM_CU_ARG(act == HM_CUDA_ACT_SILU || act == HM_CUDA_ACT_GELU);
+    HM_CU_ARG(act == HM_CUDA_ACT_SILU || act == HM_CUDA_ACT_GELU || act == HM_CUDA_ACT_SWIGLU_OAI);
     if (!hm_cuda_type_ok(gate_type) || !hm_cuda_type_ok(down_type))
         return hm_errf(err, HM_ERR_UNSUPPORTED, "cuda moe: types %s / %s", hm_type_name(gate_type),
                        hm_type_name(down_type));
     HM_CU_ARG(moe_widths_ok(gate_type, down_type, n_embd, n_ff));
+    bool biased = false; /* the int8 tile paths (cuda_mmq.cu) add no biases: such units take the f32 kernels */
     const size_t ga = hm_cuda_type_align(gate_type), da = hm_cuda_type_align(down_type);
     HM_CU_ARG(hm_row_size(gate_type, n_embd) % ga == 0 && hm_row_size(down_type, n_ff) % da == 0);
     int64_t n_pairs = 0, max_pair = 0;
@@ -192,6 +196,7 @@ hm_status hm_cuda_moe_act(hm_cuda_ctx *c, const hm_cuda_moe_unit *units, int n_u
                   (uintptr_t)units[j].down % da == 0);
         n_pairs += units[j].n_tok;
         n_active++;
+        biased |= units[j].gate_b || units[j].up_b || units[j].down_b;
     }
     if (!n_pairs) return HM_OK;
     const moe_layout L = moe_layout_of(n_batch, n_pairs, n_active, n_ff);
@@ -215,6 +220,9 @@ hm_status hm_cuda_moe_act(hm_cuda_ctx *c, const hm_cuda_moe_unit *units, int n_u
         ud[a].down = (const uint8_t *)u->down;
         ud[a].pair0 = i;
         ud[a].n_pair = u->n_tok;
+        ud[a].gate_b = u->gate_b;
+        ud[a].up_b = u->up_b;
+        ud[a].down_b = u->down_b;
         for (int32_t k = 0; k < u->n_tok; k++, i++) {
             const int32_t t = u->tok_host[k];
             if (t < 0 || t >= n_batch)
@@ -237,7 +245,7 @@ hm_status hm_cuda_moe_act(hm_cuda_ctx *c, const hm_cuda_moe_unit *units, int n_u
     HM_CU(cudaMemcpyAsync(scr, hb, L.tables_end, cudaMemcpyHostToDevice, c->compute));
     HM_CU(cudaEventRecord(c->moe_free[slot], c->compute));
 
-    const int mmq = hm_cuda_mmq_moe_plan(c, gate_type, down_type, n_batch, n_pairs, n_embd, n_ff, max_pair);
+    const int mmq = biased ? 0 : hm_cuda_mmq_moe_plan(c, gate_type, down_type, n_batch, n_pairs, n_embd, n_ff, max_pair);
     if ((mmq & HM_CUDA_MMQ_GATE_UP) &&
         (st = hm_cuda_mmq_moe_gate_up(c, gate_type, act, ud, (const moe_unit_dev *)(scr + L.units), n_active,
                                       (const int32_t *)(scr + L.pair_tok), x, n_batch, n_embd, n_ff,
@@ -301,7 +309,7 @@ __global__ void __launch_bounds__(128) k_moed_gate_up(const hm_cuda_moe_slot *__
         gs = warp_sum(g[0]);
         us = warp_sum(u[0]);
     }
-    if (lane == 0) h[p * n_ff + r] = act_mul(act, gs, us);
+    if (lane == 0) h[p * n_ff + r] = act_mul_b(act, gs, us, s.gate_b, s.up_b, r);
 }
 
 template <int T, bool NEW>
@@ -417,7 +425,7 @@ __global__ void __launch_bounds__(256) k_moeq_gate_up(const hm_cuda_moe_slot *__
 #pragma unroll
     for (int i = 0; i < MQ_RF; i++) {
         const float gs = warp_sum(acc[2 * i][0]), us = warp_sum(acc[2 * i + 1][0]);
-        if (lane == 0 && r0 + i < n_ff) h[p * n_ff + r0 + i] = act_mul(act, gs, us);
+        if (lane == 0 && r0 + i < n_ff) h[p * n_ff + r0 + i] = act_mul_b(act, gs, us, s.gate_b, s.up_b, r0 + i);
     }
 }
 
@@ -618,7 +626,10 @@ __global__ void __launch_bounds__(256, MOEP_BPS) k_moeqp_gate_up(const hm_cuda_m
         float acc[2][1] = {{0.0f}, {0.0f}};
         q8k_rows_dot<T, 1, 2, U, q8kx<T>>(rows, n_units, xq, xd, (int)n_embd, tok, acc, lane, rw);
         const float gs = warp_sum(acc[0][0]), us = warp_sum(acc[1][0]);
-        if (lane == 0) h[i] = act_mul(act, gs, us); /* i = p * n_ff + r */
+        if (lane == 0) { /* i = p * n_ff + r */
+            const hm_cuda_moe_slot &s = slots[ids[p]];
+            h[i] = act_mul_b(act, gs, us, s.gate_b, s.up_b, i - (int64_t)p * nf);
+        }
     };
     const uint8_t *ra[2] = {NULL, NULL}, *rb[2] = {NULL, NULL};
     qraw a[U][2] = {}, b[U][2] = {};
@@ -693,7 +704,7 @@ hm_status hm_cuda_moe_dev_act(hm_cuda_ctx *c, const hm_cuda_moe_slot *slots, int
                               int64_t n_embd, int64_t n_ff, float *out, void *scratch, size_t scratch_size,
                               hm_err *err) {
     HM_CU_ARG(slots && ids && weights && x && out && scratch && k >= 1 && n_tok >= 0);
-    HM_CU_ARG(act == HM_CUDA_ACT_SILU || act == HM_CUDA_ACT_GELU);
+    HM_CU_ARG(act == HM_CUDA_ACT_SILU || act == HM_CUDA_ACT_GELU || act == HM_CUDA_ACT_SWIGLU_OAI);
     HM_CU_ARG(n_tok * k <= 65535);
     if (!hm_cuda_type_ok(gate_type) || !hm_cuda_type_ok(down_type))
         return hm_errf(err, HM_ERR_UNSUPPORTED, "cuda moe: types %s / %s", hm_type_name(gate_type),
@@ -760,5 +771,32 @@ hm_status hm_cuda_moe_dev_act(hm_cuda_ctx *c, const hm_cuda_moe_slot *slots, int
     default: return hm_errf(err, HM_ERR_UNSUPPORTED, "cuda moe: down type %d", down_type);
     }
     HM_CU_LAUNCH("moe_dev down");
+    return HM_OK;
+}
+
+/* Block per (256 elements, token): out[t][r] += sum over t's hot pairs j with a down bias, in j order. */
+__global__ void k_moed_down_bias(const hm_cuda_moe_slot *__restrict__ slots, const int32_t *__restrict__ ids,
+                                 const float *__restrict__ weights, int k, int64_t n_embd, float *__restrict__ out) {
+    const int64_t r = (int64_t)blockIdx.x * blockDim.x + threadIdx.x, t = blockIdx.y;
+    if (r >= n_embd) return;
+    float acc = 0.0f;
+    bool any = false;
+    for (int j = 0; j < k; j++) {
+        const hm_cuda_moe_slot &s = slots[ids[t * k + j]];
+        if (!s.gate || !s.down_b) continue;
+        acc = fmaf(weights[t * k + j], s.down_b[r], acc);
+        any = true;
+    }
+    if (any) out[t * n_embd + r] += acc;
+}
+
+hm_status hm_cuda_moe_dev_down_bias(hm_cuda_ctx *c, const hm_cuda_moe_slot *slots, const int32_t *ids,
+                                    const float *weights, int k, int64_t n_tok, int64_t n_embd, float *out,
+                                    hm_err *err) {
+    HM_CU_ARG(slots && ids && weights && out && k >= 1 && n_tok >= 0 && n_tok <= 65535 && n_embd > 0);
+    if (!n_tok) return HM_OK;
+    k_moed_down_bias<<<dim3(hm_cu_blocks(n_embd, 256), (unsigned)n_tok), 256, 0, c->compute>>>(slots, ids, weights, k,
+                                                                                              n_embd, out);
+    HM_CU_LAUNCH("moe_dev down bias");
     return HM_OK;
 }

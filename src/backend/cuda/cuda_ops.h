@@ -176,12 +176,14 @@ typedef struct hm_cuda_moe_unit {
     const int32_t *tok_host;
     const float *w_host;
     int32_t n_tok;
+    const float *gate_b, *up_b, *down_b; /* device [n_ff], [n_ff], [n_embd]: the unit's biases (gpt-oss), or NULL */
 } hm_cuda_moe_unit;
 
 /* The gate's activation of the grouped MoE kernels: silu(gate) * up (Qwen; hm_cuda_moe and
  * hm_cuda_moe_dev) or gelu_tanh(gate) * up (Gemma; gelu_tanh(x) = 0.5 x (1 + tanh(sqrt(2/pi)
  * (x + 0.044715 x^3))), as cpu_gemma.c). The values match moe.h's hm_moe_act. */
-enum hm_cuda_act { HM_CUDA_ACT_SILU = 0, HM_CUDA_ACT_GELU = 1 };
+enum hm_cuda_act { HM_CUDA_ACT_SILU = 0, HM_CUDA_ACT_GELU = 1, HM_CUDA_ACT_SWIGLU_OAI = 2 /* gpt-oss's clamped
+                                                                                         SwiGLU (cpu_ops.h) */ };
 
 /* Scratch bytes for hm_cuda_moe over up to n_batch tokens, n_pairs (token, unit) pairs and
  * n_units units. */
@@ -215,6 +217,8 @@ hm_status hm_cuda_moe_act(hm_cuda_ctx *c, const hm_cuda_moe_unit *units, int n_u
  * scratch: hm_cuda_moe_dev_scratch_size bytes (h: [n_tok * k, n_ff]). */
 typedef struct hm_cuda_moe_slot {
     const void *gate, *up, *down;
+    const float *gate_b, *up_b, *down_b; /* device: the expert's biases (gpt-oss; added to gate and up before
+                                            the activation, down_b by hm_cuda_moe_dev_down_bias), or NULL */
 } hm_cuda_moe_slot;
 size_t hm_cuda_moe_dev_scratch_size(int64_t n_tok, int k, int64_t n_ff);
 hm_status hm_cuda_moe_dev(hm_cuda_ctx *c, const hm_cuda_moe_slot *slots, int gate_type, int down_type,
@@ -226,6 +230,12 @@ hm_status hm_cuda_moe_dev_act(hm_cuda_ctx *c, const hm_cuda_moe_slot *slots, int
                               int act, const int32_t *ids, const float *weights, int k, const float *x,
                               int64_t n_tok, int64_t n_embd, int64_t n_ff, float *out, void *scratch,
                               size_t scratch_size, hm_err *err);
+
+/* out[t] += sum over t's hot pairs j (slots[ids] non-NULL with a down_b) of weights[t][j] * down_b:
+ * the down biases of hm_cuda_moe_dev_act's units, in j order. */
+hm_status hm_cuda_moe_dev_down_bias(hm_cuda_ctx *c, const hm_cuda_moe_slot *slots, const int32_t *ids,
+                                    const float *weights, int k, int64_t n_tok, int64_t n_embd, float *out,
+                                    hm_err *err);
 
 /* Router: per token p = softmax(logits[t]), the k largest (ties: lower id first; ids in descending
  * p), weights = their p, divided by their sum when renorm. n_expert <= 1024, k <= 32.
