@@ -29,8 +29,7 @@ using namespace hmcu;
 #define ATTN_WARPS 4
 #define ATTN_MIN_RANGE 256 /* positions per range at least, before splitting further (OLD) */
 #define ATTN_MIN_RANGE_NEW 32
-#define ATTN_MAX_SPLIT 256
-#define ATTN_BLOCKS_PER_SM 8 /* the split aims at this many blocks a multiprocessor (decode at depth) */
+#define ATTN_MAX_SPLIT 128
 
 static int heads_per_block(int head_dim) { return head_dim == 256 ? 4 : 8; }
 
@@ -40,7 +39,7 @@ static int attn_splits(const hm_cuda_ctx *c, int64_t n_tok, int64_t kv_len, int 
     const int64_t g = n_head / n_kv_head;
     const int64_t blocks = n_tok * n_kv_head * ((g + gc - 1) / gc);
     const bool old = c->kern == HM_CUDA_KERN_OLD;
-    int64_t want = ((old ? 2 : ATTN_BLOCKS_PER_SM) * (int64_t)c->n_sm + blocks - 1) / blocks;
+    int64_t want = (2 * (int64_t)c->n_sm + blocks - 1) / blocks;
     const int64_t min_range = old ? ATTN_MIN_RANGE : ATTN_MIN_RANGE_NEW;
     int64_t by_len = (kv_len + min_range - 1) / min_range;
     /* new: by length in powers of two, so the split (and the scratch size, which keys a captured
@@ -48,7 +47,7 @@ static int attn_splits(const hm_cuda_ctx *c, int64_t n_tok, int64_t kv_len, int 
     if (!old)
         while (by_len & (by_len - 1)) by_len &= by_len - 1;
     if (want > by_len) want = by_len;
-    if (want > (old ? 128 : ATTN_MAX_SPLIT)) want = old ? 128 : ATTN_MAX_SPLIT;
+    if (want > ATTN_MAX_SPLIT) want = ATTN_MAX_SPLIT;
     return want < 1 ? 1 : (int)want;
 }
 
