@@ -17,10 +17,10 @@ extern const hm_arch hm_arch_gemma4; /* gemma4.c */
 extern const hm_arch hm_arch_qwen3next; /* qwen35moe.c */
 extern const hm_arch hm_arch_deepseek2; /* deepseek2.c */
 extern const hm_arch hm_arch_deepseek4; /* deepseek4.c */
-extern const hm_arch hm_arch_glm4moe; /* glm4moe.c */
-extern const hm_arch hm_arch_olmoe;   /* olmoe.c */
-extern const hm_arch hm_arch_llama;   /* mixtral.c: llama with experts (Mixtral) */
-extern const hm_arch hm_arch_gptoss; /* gptoss.c */
+extern const hm_arch hm_arch_glm4moe; /* qwen3moe.c: the same layer, a variant row */
+extern const hm_arch hm_arch_olmoe;   /* qwen3moe.c */
+extern const hm_arch hm_arch_llama;   /* qwen3moe.c: llama with experts (Mixtral) */
+extern const hm_arch hm_arch_gptoss;  /* gptoss.c */
 
 static const hm_arch *const archs[] = {
     &hm_arch_qwen3moe,
