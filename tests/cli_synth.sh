@@ -64,5 +64,13 @@ check "synth bad type lists types" grep -q "q4_k_m" "$tmp/err"
 check "synth no output exit 2" test "$(code "$EXE" synth --preset tiny --type f16)" = 2
 check "synth bad dir exit 1" test "$(code "$EXE" synth --preset tiny --type f16 -q -o "$tmp/no/dir/x.gguf")" = 1
 check "no partial file" test ! -e "$tmp/x.gguf"
+# an arch without --preset takes its main real shape (a valid preset: the run gets as far as the
+# type, which is wrong on purpose so that no multi-GB file is written); qwen3moe still asks
+for a in qwen35moe qwen3next gemma4 deepseek2 deepseek4 glm4moe olmoe llama gpt-oss; do
+    check "synth --arch $a without --preset: exit 2" test "$(code "$EXE" synth --arch $a --type bogus -q -o "$tmp/x.gguf")" = 2
+    check "synth --arch $a without --preset: the preset resolved" grep -q "unknown type 'bogus'" "$tmp/err"
+done
+check "synth qwen3moe without --preset exit 2" test "$(code "$EXE" synth --type q8_0 -q -o "$tmp/x.gguf")" = 2
+check "synth qwen3moe without --preset says so" grep -q -- "--preset is required" "$tmp/err"
 
 exit $fail

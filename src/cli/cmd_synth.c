@@ -10,8 +10,18 @@
 
 #include "cli.h"
 
+/* Each arch's main real shape: its preset when --arch comes without --preset (qwen3moe, the
+ * default arch, keeps asking: its presets are shapes of several models). */
+static const struct {
+    const char *arch, *preset;
+} default_preset[] = {
+    {"qwen35moe", "qwen36-35b-a3b"}, {"qwen3next", "qwen3-next-80b-a3b"}, {"gemma4", "gemma4-26b-a4b"},
+    {"deepseek2", "deepseek-v2-lite"}, {"deepseek4", "deepseek-v4-flash"}, {"glm4moe", "glm4.5-air"},
+    {"olmoe", "olmoe-1b-7b"},          {"llama", "mixtral-8x7b"},            {"gpt-oss", "gpt-oss-20b"},
+};
+
 static void usage(FILE *f) {
-    fputs("usage: hotmoe synth [--arch ARCH] --preset NAME --type TYPE -o FILE.gguf [options]\n"
+    fputs("usage: hotmoe synth [--arch ARCH] [--preset NAME] --type TYPE -o FILE.gguf [options]\n"
           "\n"
           "Write a random-weight MoE model with real tensor names, shapes and GGUF keys (llama.cpp\n"
           "loads it): for tests, benchmarks and demos without downloading a model.\n"
@@ -33,7 +43,10 @@ static void usage(FILE *f) {
           "                          experts k 4, n_embd 2880, vocab 201088; gpt-oss-120b: 36\n"
           "                          layers, 128 experts; gpt-oss-tiny (or tiny): a few MB; --type\n"
           "                          mxfp4 as the real files, or a pure type); the tiny presets\n"
-          "                          switch every feature of the arch on (docs/SYNTH.md)\n"
+          "                          switch every feature of the arch on (docs/SYNTH.md); without\n"
+          "                          --preset an arch other than qwen3moe takes its main real shape\n"
+          "                          (the first preset named above; llama: mixtral-8x7b, glm4moe:\n"
+          "                          glm4.5-air, olmoe: olmoe-1b-7b)\n"
           "  --preset NAME           qwen3-30b-a3b: Qwen3-30B-A3B's shapes (48 layers, 128 experts,\n"
           "                          k 8, vocab 151936; 17 GB at q4_k_m); tiny: a few MB;\n"
           "                          qwen36-geom: Qwen3.6-35B-A3B's expert geometry (40 layers,\n"
@@ -207,9 +220,9 @@ int hm_cmd_synth(int argc, char **argv) {
             o.n_threads = (int32_t)n;
         }
     }
-    if (!o.preset && o.arch && strcmp(o.arch, "gpt-oss") == 0) o.preset = "gpt-oss-20b"; /* its main shape */
-    const bool preset_default = o.arch && strcmp(o.arch, "deepseek2") == 0; /* its real shape */
-    if ((!o.preset && !preset_default) || !o.type || !o.out_path) {
+    for (size_t i = 0; !o.preset && o.arch && i < sizeof default_preset / sizeof default_preset[0]; i++)
+        if (strcmp(o.arch, default_preset[i].arch) == 0) o.preset = default_preset[i].preset;
+    if (!o.preset || !o.type || !o.out_path) {
         fprintf(stderr, "synth: %s is required\n\n", !o.preset ? "--preset" : !o.type ? "--type" : "-o FILE");
         usage(stderr);
         return 2;
