@@ -65,20 +65,6 @@ typedef struct ds2_plan {
     const hm_synth_mix *mix;
 } ds2_plan;
 
-/* llama.cpp's tensor_type_fallback for rows of ne0 elements. */
-static int fallback(int type, int64_t ne0) {
-    const hm_type_traits *tr = hm_type_get(type);
-    if (tr && tr->blck_size > 0 && ne0 % tr->blck_size == 0) return type;
-    switch (type) {
-    case HM_TYPE_Q2_K: case HM_TYPE_Q3_K: return HM_TYPE_Q4_0;
-    case HM_TYPE_Q4_K: return HM_TYPE_Q5_0;
-    case HM_TYPE_Q5_K: return HM_TYPE_Q5_1;
-    case HM_TYPE_Q6_K: return HM_TYPE_Q8_0;
-    case HM_TYPE_IQ4_XS: return HM_TYPE_IQ4_NL;
-    default: return type; /* the caller reports the block mismatch */
-    }
-}
-
 static hm_status ds2_add(ds2_plan *pl, const char *name, uint32_t n_dims, int64_t ne0, int64_t ne1, int64_t ne2,
                          float mean, float std, hm_err *err) {
     hm_synth_tensor *t = hm_synth_push(&pl->t, &pl->n, &pl->cap, name, n_dims, ne0, ne1, ne2, err);
@@ -90,7 +76,7 @@ static hm_status ds2_add(ds2_plan *pl, const char *name, uint32_t n_dims, int64_
     else if (m->kind == HM_SYNTH_MIX_Q4_K_M) ty = strcmp(name, "output.weight") == 0 ? HM_TYPE_Q6_K : HM_TYPE_Q4_K;
     else if (m->kind != HM_SYNTH_MIX_PURE)
         return hm_errf(err, HM_ERR_UNSUPPORTED, "synth: --type %s is written for qwen3moe only", m->name);
-    t->type = n_dims < 2 ? ty : fallback(ty, ne0);
+    t->type = n_dims < 2 ? ty : hm_synth_type_fallback(ty, ne0);
     t->mean = mean;
     t->std = std;
     return hm_synth_check_rows(t, err);

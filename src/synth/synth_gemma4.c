@@ -81,20 +81,6 @@ typedef struct g4_plan {
     const hm_synth_mix *mix;
 } g4_plan;
 
-/* llama.cpp's tensor_type_fallback for rows of ne0 elements. */
-static int fallback(int type, int64_t ne0) {
-    const hm_type_traits *tr = hm_type_get(type);
-    if (tr && tr->blck_size > 0 && ne0 % tr->blck_size == 0) return type;
-    switch (type) {
-    case HM_TYPE_Q2_K: case HM_TYPE_Q3_K: return HM_TYPE_Q4_0;
-    case HM_TYPE_Q4_K: return HM_TYPE_Q5_0;
-    case HM_TYPE_Q5_K: return HM_TYPE_Q5_1;
-    case HM_TYPE_Q6_K: return HM_TYPE_Q8_0;
-    case HM_TYPE_IQ4_XS: return HM_TYPE_IQ4_NL;
-    default: return type; /* the caller reports the block mismatch */
-    }
-}
-
 /* more: a tensor llama-quantize gives Q6_K on use_more_bits layers under Q4_K_M */
 static int g4_type(g4_plan *pl, const char *name, uint32_t n_dims, int64_t ne0, bool more) {
     const hm_synth_mix *m = pl->mix;
@@ -109,7 +95,7 @@ static int g4_type(g4_plan *pl, const char *name, uint32_t n_dims, int64_t ne0, 
         break;
     case HM_SYNTH_MIX_Q2_K: case HM_SYNTH_MIX_Q3_K_M: break; /* refused by hm_synth's option check */
     }
-    return fallback(t, ne0);
+    return hm_synth_type_fallback(t, ne0);
 }
 
 static hm_status g4_add(g4_plan *pl, const char *name, uint32_t n_dims, int64_t ne0, int64_t ne1, int64_t ne2,

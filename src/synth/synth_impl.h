@@ -82,6 +82,10 @@ typedef struct hm_synth_tensor {
 
 const hm_synth_preset *hm_synth_find_preset(const char *name);
 const hm_synth_mix *hm_synth_find_mix(const char *name);
+/* llama.cpp's tensor_type_fallback: type when rows of ne0 are whole blocks of it, else the type
+ * llama-quantize falls back to (Q2_K/Q3_K -> Q4_0, Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0,
+ * IQ4_XS -> IQ4_NL; any other type as it is: the caller reports the block mismatch). */
+int hm_synth_type_fallback(int type, int64_t ne0);
 /* "tiny, qwen3-30b-a3b" / "q4_k_m, q8_0, ..." for error messages and --help. */
 const char *hm_synth_preset_names(void);
 const char *hm_synth_mix_names(void);

@@ -92,20 +92,6 @@ const char *hm_synth_ma_names(const char *arch) {
 
 static bool use_more_bits(int i, int n) { return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2; }
 
-/* llama.cpp's tensor_type_fallback for rows of ne0 elements. */
-static int fallback(int type, int64_t ne0) {
-    const hm_type_traits *tr = hm_type_get(type);
-    if (tr && tr->blck_size > 0 && ne0 % tr->blck_size == 0) return type;
-    switch (type) {
-    case HM_TYPE_Q2_K: case HM_TYPE_Q3_K: return HM_TYPE_Q4_0;
-    case HM_TYPE_Q4_K: return HM_TYPE_Q5_0;
-    case HM_TYPE_Q5_K: return HM_TYPE_Q5_1;
-    case HM_TYPE_Q6_K: return HM_TYPE_Q8_0;
-    case HM_TYPE_IQ4_XS: return HM_TYPE_IQ4_NL;
-    default: return type; /* the caller reports the block mismatch */
-    }
-}
-
 typedef struct ma_plan {
     hm_synth_tensor *t;
     int64_t n, cap;
@@ -134,7 +120,7 @@ static int ma_type(const ma_plan *pl, const char *name, uint32_t n_dims, int64_t
         break;
     default: return -1; /* the qwen3moe-only rules */
     }
-    return fallback(t, ne0);
+    return hm_synth_type_fallback(t, ne0);
 }
 
 static hm_status ma_add(ma_plan *pl, int layer, const char *name, uint32_t n_dims, int64_t ne0, int64_t ne1,

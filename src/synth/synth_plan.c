@@ -71,6 +71,19 @@ const hm_synth_preset *hm_synth_find_preset(const char *name) {
     return NULL;
 }
 
+int hm_synth_type_fallback(int type, int64_t ne0) {
+    const hm_type_traits *tr = hm_type_get(type);
+    if (tr && tr->blck_size > 0 && ne0 % tr->blck_size == 0) return type;
+    switch (type) {
+    case HM_TYPE_Q2_K: case HM_TYPE_Q3_K: return HM_TYPE_Q4_0;
+    case HM_TYPE_Q4_K: return HM_TYPE_Q5_0;
+    case HM_TYPE_Q5_K: return HM_TYPE_Q5_1;
+    case HM_TYPE_Q6_K: return HM_TYPE_Q8_0;
+    case HM_TYPE_IQ4_XS: return HM_TYPE_IQ4_NL;
+    default: return type; /* the caller reports the block mismatch */
+    }
+}
+
 const hm_synth_mix *hm_synth_find_mix(const char *name) {
     for (size_t i = 0; name && i < N_MIXES; i++)
         if (strcasecmp(mixes[i].name, name) == 0) return &mixes[i];
