@@ -4,7 +4,7 @@
  * HM_CUDA_FLASH_MIN_TOK queries), at the qwen36-geom shape (32 q / 4 kv heads of 128) unless told
  * otherwise.
  *
- *   bench_flash [-hd D] [-heads H] [-kv K] [-ub UB] [-r REPS] [-exact] [-variant V] [LENGTH ...]
+ *   bench_flash [-hd D] [-heads H] [-kv K] [-ub UB] [-r REPS] [-exact] [-variant V] [-decode] [LENGTH ...]
  *
  * For each LENGTH (default 4096 16384 65536): the whole prefill of LENGTH tokens as the engine runs
  * it, LENGTH / UB calls of UB queries at positions 0, UB, 2 UB, ... (UB default 512; -ub LENGTH is
@@ -13,7 +13,11 @@
  * query at depth LENGTH. Prints milliseconds and the attention's useful rate: 4 * head_dim * heads
  * * (keys each query sees) FLOPs (Q.K^T and P.V, multiply and add), over the time. -exact runs the
  * exact f32 kernels (the flash kernel off); -variant V the flash kernel's register variant
- * (hm_cuda_set_flash_variant). The cache holds random values; no result is checked
+ * (hm_cuda_set_flash_variant). -decode times only decode at each depth instead: batches of 1 and 4
+ * queries (a verify step) at position LENGTH, 200 calls back to back between two drains of the
+ * queue (so a launch's host cost hides behind the previous call, as in a decode step), printing
+ * microseconds a call and the cache's read rate (K and V rows of every kv head, LENGTH + 1 of them,
+ * over the time). The cache holds random values; no result is checked
  * here (test_cuda_flash_gpu checks the kernel). Without CUDA or a device: "skipped: no GPU", exit 77. */
 #include <stdio.h>
 #include <stdlib.h>
@@ -72,11 +76,33 @@ static double run(hm_cuda_ctx *c, const shape *s, const float *dq, int32_t *dpos
     return best;
 }
 
+/* -decode: the microseconds of one call of ub queries at positions p0 .. p0 + ub - 1, as the mean
+ * of 200 calls back to back (best of reps). */
+static double run_decode(hm_cuda_ctx *c, const shape *s, const float *dq, int32_t *dpos, int32_t *hpos,
+                         const uint16_t *dk, const uint16_t *dv, float *dout, void *scr, size_t scr_n, int64_t p0,
+                         int64_t ub, int reps) {
+    enum { CALLS = 200 };
+    for (int64_t k = 0; k < ub; k++) hpos[k] = (int32_t)(p0 + k);
+    CK(hm_cuda_upload(c, dpos, hpos, (size_t)ub * 4, &err));
+    double best = 1e30;
+    for (int r = 0; r < reps; r++) {
+        CK(hm_cuda_sync(c, &err));
+        const double t0 = now_s();
+        for (int i = 0; i < CALLS; i++)
+            CK(hm_cuda_attention(c, dq, ub, dpos, p0 + ub, dk, dv, s->cap, s->heads, s->kv, s->hd, 0.08838835f, dout,
+                                 scr, scr_n, &err));
+        CK(hm_cuda_sync(c, &err));
+        const double t = (now_s() - t0) / CALLS;
+        if (t < best) best = t;
+    }
+    return best * 1e6;
+}
+
 int main(int argc, char **argv) {
     shape s = {.hd = 128, .heads = 32, .kv = 4};
     int64_t ub = 512, lens[16];
     int n_len = 0, reps = 3;
-    bool exact = false;
+    bool exact = false, decode = false;
     int variant = 0;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-hd") && i + 1 < argc) s.hd = atoi(argv[++i]);
@@ -85,10 +111,12 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "-ub") && i + 1 < argc) ub = atoll(argv[++i]);
         else if (!strcmp(argv[i], "-r") && i + 1 < argc) reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "-exact")) exact = true;
+        else if (!strcmp(argv[i], "-decode")) decode = true;
         else if (!strcmp(argv[i], "-variant") && i + 1 < argc) variant = atoi(argv[++i]);
         else if (argv[i][0] != '-' && n_len < 16) lens[n_len++] = atoll(argv[i]);
         else {
-            fprintf(stderr, "usage: bench_flash [-hd D] [-heads H] [-kv K] [-ub UB] [-r REPS] [-exact] [-variant V] [LENGTH ...]\n");
+            fprintf(stderr, "usage: bench_flash [-hd D] [-heads H] [-kv K] [-ub UB] [-r REPS] [-exact] [-variant V] "
+                            "[-decode] [LENGTH ...]\n");
             return 2;
         }
     }
@@ -141,11 +169,26 @@ int main(int argc, char **argv) {
     CK(hm_cuda_upload(c, dv, hk, nc * 2, &err));
     CK(hm_cuda_upload(c, dq, hq, (size_t)qmax * (size_t)s.heads * (size_t)s.hd * 4, &err));
 
-    printf("attention (%s, variant %d): %d q / %d kv heads of %d, f16 cache, -ub %lld, best of %d\n",
-           exact ? "exact f32 kernels" : "flash", variant, s.heads, s.kv, s.hd, (long long)ub, reps);
-    printf("| test | calls | ms | TFLOP/s |\n| --- | ---: | ---: | ---: |\n");
+    if (decode) {
+        printf("decode attention (%s, variant %d): %d q / %d kv heads of %d, f16 cache, mean of 200 calls, best of %d\n",
+               exact ? "exact f32 kernels" : "flash", variant, s.heads, s.kv, s.hd, reps);
+        printf("| depth | tg1 us | tg1 GB/s | tg4 us | tg4 GB/s |\n| ---: | ---: | ---: | ---: | ---: |\n");
+        for (int i = 0; i < n_len; i++) {
+            const int64_t L = lens[i];
+            const double gb = 4.0 * s.kv * s.hd * (double)(L + 1) / 1e9; /* K and V, f16 */
+            const double t1 = run_decode(c, &s, dq, dpos, hpos, dk, dv, dout, scr, scr_n, L, 1, reps);
+            const double t4 = run_decode(c, &s, dq, dpos, hpos, dk, dv, dout, scr, scr_n, L, 4, reps);
+            printf("| %lld | %.1f | %.0f | %.1f | %.0f |\n", (long long)L, t1, gb / (t1 * 1e-6), t4,
+                   gb / (t4 * 1e-6));
+        }
+    }
     const double per_key = 4.0 * s.hd * s.heads;
-    for (int i = 0; i < n_len; i++) {
+    if (!decode) {
+        printf("attention (%s, variant %d): %d q / %d kv heads of %d, f16 cache, -ub %lld, best of %d\n",
+               exact ? "exact f32 kernels" : "flash", variant, s.heads, s.kv, s.hd, (long long)ub, reps);
+        printf("| test | calls | ms | TFLOP/s |\n| --- | ---: | ---: | ---: |\n");
+    }
+    for (int i = 0; !decode && i < n_len; i++) {
         const int64_t L = lens[i], u = ub < L ? ub : L, n_call = L / u;
         double keys, t = run(c, &s, dq, dpos, hpos, dk, dv, dout, scr, scr_n, 0, u, n_call, reps, &keys);
         printf("| pp%lld | %lld | %.2f | %.1f |\n", (long long)(n_call * u), (long long)n_call, t * 1e3,

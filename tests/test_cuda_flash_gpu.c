@@ -7,7 +7,7 @@
  * cap = n_ctx, window = 0 case and is run too where that applies) and compares query rows (all of
  * them for short batches, a sample of first, last and spread rows for long ones) with two double
  * references:
- *   - the kernel's contract: q * scale rounded to f16 once (cuda_flash.cu's documented rounding),
+ *   - the kernel's contract: q * scale / ln 2 rounded to f16 once (cuda_flash.cu's documented rounding),
  *     then exact softmax attention. The kernel differs from it only by rounding each softmax
  *     weight to f16 (relative 2^-11 each: |err| <= 2^-11 max|v|, plus 2^-25 per visible key
  *     for weights in f16's subnormal range) and f32 accumulation; bound: max|v| (1.25 * 2^-11 +
@@ -16,8 +16,10 @@
  *     mask or tile is > 1e-2) and printed.
  * Flash runs with its KV-split scratch (short batches over long contexts split each block's key
  * range; "ring") and without it (unsplit, "ring1"). Batches below HM_CUDA_FLASH_MIN_TOK (decode,
- * lengths 1 and 7) run the exact kernels and must match the exact reference within 1e-10 NMSE; with
- * flash off (hm_cuda_set_flash) long batches must too. Every run twice into a NaN-filled output: bit-identical. The times printed are
+ * verify) run the flash kernel's decode shape through the plain op (a tile's 16 rows are a kv
+ * head's GQA group, the keys split over up to 256 blocks: the same bounds as flash) and the exact
+ * kernels through the ring op, which must match the exact reference within 1e-10 NMSE; with flash
+ * off (hm_cuda_set_flash) every batch must. Every run twice into a NaN-filled output: bit-identical. The times printed are
  * information, not checks.
  * q8_0, q4_0 and bf16 caches (-ctk; hm_cuda_attention_kv for plain caches, hm_cuda_gemma_attention_kv
  * for rings and every case as the ring op): the cache is written on the device by
@@ -78,7 +80,10 @@ static void reference(const flash_case *fc, const float *q, const float *kc, con
         double qe[512], qf[512];
         for (int i = 0; i < hd; i++) {
             qe[i] = (double)qv[i] * (double)scale;
-            qf[i] = hm_fp16_to_f32(hm_f32_to_fp16(qv[i] * scale));
+            /* the kernel's rounding: q * scale / ln 2 to f16 (its softmax runs in base 2), the
+             * score back in natural units exactly */
+            qf[i] = (double)hm_fp16_to_f32(hm_f32_to_fp16(qv[i] * (scale * 1.44269504088896341f))) *
+                    0.69314718055994531;
         }
         double me = -INFINITY, mf = -INFINITY;
         for (int64_t p = p0; p <= p1; p++) {
@@ -141,7 +146,8 @@ static double run_op(const flash_case *fc, bool plain, const float *dq, const in
 static void check_case(const flash_case *fc, bool flash) {
     hm_cuda_set_flash(ctx, flash);
     const int hd = fc->hd;
-    const bool takes = flash && fc->n_tok >= HM_CUDA_FLASH_MIN_TOK;
+    /* the ring op runs flash for prefill batches; the plain op for decode batches too */
+    const bool ring_takes = flash && fc->n_tok >= HM_CUDA_FLASH_MIN_TOK;
     const size_t nq = (size_t)fc->n_tok * (size_t)fc->n_head * (size_t)hd;
     const size_t nc = (size_t)fc->n_kv * (size_t)fc->cap * (size_t)hd;
     float *q = xmalloc(nq * 4), *o = xmalloc(nq * 4), *o2 = xmalloc(nq * 4);
@@ -243,6 +249,9 @@ static void check_case(const flash_case *fc, bool flash) {
         const bool via_plain = entry == 1;
         const size_t sn = entry == 2 ? scr_ring : scr_n;
         const char *how = entry == 0 ? "ring" : entry == 1 ? "plain" : "ring1";
+        const bool takes = via_plain ? hm_cuda_attention_flash(ctx, fc->n_tok, fc->pos0 + fc->n_tok, hd) : ring_takes;
+        CHECKF(!via_plain || takes == (flash && (hd < 256 || fc->n_tok >= HM_CUDA_FLASH_MIN_TOK || fc->pos0 + fc->n_tok > 2048)),
+               "%s: the plain op takes flash for %lld queries: %d", fc->what, (long long)fc->n_tok, (int)takes);
         const double secs = run_op(fc, via_plain, dq, dpos, dk, dv, scale, dout, scr, sn);
         CK(hm_cuda_download(ctx, o, dout, nq * 4, &err));
         run_op(fc, via_plain, dq, dpos, dk, dv, scale, dout, scr, sn);
@@ -308,6 +317,18 @@ int main(void) {
     if (rc >= 0) return rc;
     const flash_case cases[] = {
         {"decode at depth (length 1)", 128, 16, 2, 8192, 0, 5000, 1, false, 0},
+        /* decode on the flash kernel (the plain op): GQA groups of 8, 16, 1 and 4 as the 16 rows
+         * of a tile (a group of 16 fills it, 8 leaves padding rows, a batch of 3 x 8 spans two
+         * blocks), short and deep caches (the KV split grows to its cap of 256), every head dim */
+        {"decode qwen36-geom at 32768", 128, 32, 4, 32768, 0, 32767, 1, false, 0},
+        {"decode qwen36-geom at 65536", 128, 32, 4, 65536, 0, 65535, 1, false, 0},
+        {"decode G 16 at 3000", 128, 32, 2, 4096, 0, 2999, 1, false, 0},
+        {"verify batch of 3 at 20000", 128, 32, 4, 20480, 0, 20000, 3, false, 0},
+        {"verify batch of 31 at 9000", 128, 16, 2, 12288, 0, 9000, 31, false, 0},
+        {"decode hd 64 G 1 at 10", 64, 4, 4, 2048, 0, 9, 1, false, 0},
+        {"decode hd 256 G 8 at 40000", 256, 16, 2, 40960, 0, 40000, 1, false, 0},
+        {"decode hd 256 G 8 at 1000 (exact kernel)", 256, 16, 2, 2048, 0, 1000, 1, false, 0},
+        {"decode at position 0", 128, 16, 2, 64, 0, 0, 1, false, 0},
         {"length 7", 128, 16, 2, 8192, 0, 300, 7, false, 0},
         {"length 32 (the smallest flash batch)", 128, 16, 2, 8192, 0, 0, 32, false, 0},
         {"qwen3moe prefill 512", 128, 32, 4, 4096, 0, 0, 512, false, 0},
@@ -321,6 +342,9 @@ int main(void) {
         {"long prefill 65536", 128, 16, 2, 65536, 0, 0, 65536, false, 0},
         /* q8_0 caches (-ctk q8_0): decode, short batches, flash prefill, at depth, each head_dim */
         {"q8_0 decode at depth (length 1)", 128, 16, 2, 8192, 0, 5000, 1, false, HM_TYPE_Q8_0},
+        {"q8_0 decode G 8 at 30000", 128, 32, 4, 30720, 0, 30000, 1, false, HM_TYPE_Q8_0},
+        {"q4_0 decode G 8 at 30000", 128, 32, 4, 30720, 0, 30000, 1, false, HM_TYPE_Q4_0},
+        {"bf16 decode hd 256 at 12000", 256, 16, 2, 12288, 0, 12000, 2, false, HM_TYPE_BF16},
         {"q8_0 length 7", 128, 16, 2, 8192, 0, 300, 7, false, HM_TYPE_Q8_0},
         {"q8_0 qwen3moe prefill 512", 128, 32, 4, 4096, 0, 0, 512, false, HM_TYPE_Q8_0},
         {"q8_0 unaligned batch at depth", 128, 16, 2, 8192, 0, 4000, 100, false, HM_TYPE_Q8_0},
@@ -340,11 +364,16 @@ int main(void) {
         {"bf16 hd 512 at depth", 512, 8, 1, 8192, 0, 6000, 64, false, HM_TYPE_BF16},
     };
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) check_case(&cases[i], true);
-    /* the exact kernels on long batches too (flash off), where their cost allows */
-    check_case(&cases[3], false);
-    check_case(&cases[7], false);
-    check_case(&cases[9], false);
-    check_case(&cases[14], false); /* q8_0 prefill 512 on the exact kernels */
+    /* the exact kernels (flash off) on decode and on long batches, where their cost allows */
+    const char *exact_too[] = {"decode at depth (length 1)", "decode qwen36-geom at 32768", "verify batch of 3 at 20000",
+                               "qwen3moe prefill 512", "gemma4 sliding ring, window 1024",
+                               "gemma4 global hd 512 at depth", "q8_0 qwen3moe prefill 512", "q4_0 decode G 8 at 30000"};
+    for (size_t j = 0; j < sizeof exact_too / sizeof exact_too[0]; j++) {
+        size_t i = 0;
+        while (i < sizeof cases / sizeof cases[0] && strcmp(cases[i].what, exact_too[j])) i++;
+        CHECKF(i < sizeof cases / sizeof cases[0], "no case named %s", exact_too[j]);
+        if (i < sizeof cases / sizeof cases[0]) check_case(&cases[i], false);
+    }
     hm_cuda_close(ctx);
     return test_done();
 }

@@ -731,7 +731,7 @@ static size_t graph_key(const hm_exec *x, const hm_xdev *g) {
     if (xm->attn_ring)
         return (size_t)hm_cuda_gemma_attention_splits(g->ds.c, x->n, xm->n_head, p->kv_len, p->s->window) * 4096 +
                (size_t)hm_cuda_gemma_attention_splits(g->ds.c, x->n, xm->n_head, p->kv_len, 0);
-    return hm_cuda_attention_scratch_size(g->ds.c, x->n, p->kv_len, xm->n_head, xm->n_head_kv, xm->head_dim);
+    return hm_cuda_attention_key(g->ds.c, x->n, p->kv_len, xm->n_head, xm->n_head_kv, xm->head_dim, g->ds.scratch_size);
 }
 
 /* The graph decode over the chain (the first device current): each device's graph, then the

@@ -1,4 +1,9 @@
-/* cuda_attn.cu - causal GQA attention over the f16 or q8_0 KV cache, with a flash-decoding split.
+/* cuda_attn.cu - causal GQA attention over the f16 or q8_0 KV cache: the op's entry, which sends
+ * prefill batches (HM_CUDA_FLASH_MIN_TOK or more queries) and decode batches to the flash kernel
+ * (cuda_flash.cu; decode as its GQA-group shape) while flash is on, and the exact f32 kernels
+ * below, with their flash-decoding split, which run everything with flash off (-fa off,
+ * HOTMOE_CUDA_EXACT=1) and head dim 256 decode up to 2048 positions; the merges of KV-split
+ * partials.
  *
  * A q8_0, q4_0 or bf16 cache (cuda_kvq.cu) is read by the same kernels: a lane's D values lie in
  * one block, dequantised as they are loaded (code * scale in f32, exactly the CPU's to_float;
@@ -56,8 +61,32 @@ size_t hm_cuda_attention_scratch_size(const hm_cuda_ctx *c, int64_t n_tok, int64
     if (n_kv_head <= 0 || n_head % n_kv_head) return 0;
     const int ns = attn_splits(c, n_tok, kv_len, n_head, n_kv_head, head_dim);
     const size_t fl = hm_cuda_flash_scratch_size(c, n_tok, n_head, head_dim, kv_len);
+    const size_t fd = hm_cuda_flash_decode_scratch_size(c, n_tok, n_head, n_kv_head, head_dim, kv_len);
     const size_t ex = (size_t)n_tok * (size_t)n_head * (size_t)ns * ((size_t)head_dim + 2) * sizeof(float);
-    return ex > fl ? ex : fl;
+    const size_t most = ex > fl ? ex : fl;
+    return most > fd ? most : fd;
+}
+
+/* Whether a decode batch runs on the flash kernel: on the H200 it reads a deep cache 2-4x faster
+ * than the exact kernels (bench_flash -decode: 131 against 509 us at 131072 positions, 32 q / 4 kv
+ * heads of 128), and is as fast at 1024 positions, except for head dim 256, whose exact kernel is
+ * faster up to about 2048 positions (25 against 37 us at 1024). */
+static bool decode_on_flash(const hm_cuda_ctx *c, int64_t n_tok, int64_t kv_len, int head_dim) {
+    return hm_cuda_flash_decode_takes(c, n_tok, head_dim) && (head_dim < 256 || kv_len > 2048);
+}
+
+bool hm_cuda_attention_flash(const hm_cuda_ctx *c, int64_t n_tok, int64_t kv_len, int head_dim) {
+    if (head_dim != 64 && head_dim != 128 && head_dim != 256) return false;
+    return hm_cuda_flash_takes(c, n_tok, head_dim) || decode_on_flash(c, n_tok, kv_len, head_dim);
+}
+
+size_t hm_cuda_attention_key(const hm_cuda_ctx *c, int64_t n_tok, int64_t kv_len, int n_head, int n_kv_head,
+                             int head_dim, size_t scratch_size) {
+    if (n_kv_head <= 0 || n_head % n_kv_head) return 0;
+    if (decode_on_flash(c, n_tok, kv_len, head_dim))
+        return (size_t)hm_cuda_flash_decode_splits(c, n_tok, n_head, n_kv_head, head_dim, kv_len, 0, scratch_size) << 1 |
+               1;
+    return (size_t)attn_splits(c, n_tok, kv_len, n_head, n_kv_head, head_dim) << 1;
 }
 
 /* D consecutive f16 of a K or V row (2, 4 or 8: one 4-, 8- or 16-byte load). */
@@ -247,6 +276,75 @@ __global__ void k_attn_merge(const float *__restrict__ part, int n_split, int he
     out[th * head_dim + d] = O / L;
 }
 
+/* The merge for many splits (decode at depth: up to 256 per row): one block of MW_THREADS per
+ * (token, q head). The splits' maxima and weights exp(m_s - M) are found in parallel (each thread
+ * a stride of splits, the block's reductions in a fixed tree), the weights kept in shared memory;
+ * then MW_THREADS / head_dim groups of head_dim threads each sum a stride of the splits' O
+ * columns, and the groups' sums are added in group order. Fixed orders: deterministic. */
+#define MW_THREADS 512
+__device__ __forceinline__ float block_reduce_mw(float v, float *red, bool is_max) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+        const float u = __shfl_xor_sync(0xffffffffu, v, o);
+        v = is_max ? fmaxf(v, u) : v + u;
+    }
+    __syncthreads(); /* red's earlier readers are done */
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    v = red[0];
+    for (int w = 1; w < MW_THREADS / 32; w++) v = is_max ? fmaxf(v, red[w]) : v + red[w];
+    return v;
+}
+
+__global__ void __launch_bounds__(MW_THREADS) k_attn_merge_wide(const float *__restrict__ part, int n_split,
+                                                                int head_dim, float *__restrict__ out,
+                                                                const float *__restrict__ sinks, int n_head) {
+    extern __shared__ float mw_smem[]; /* w [n_split], then acc [groups][head_dim] */
+    __shared__ float red[MW_THREADS / 32];
+    float *w = mw_smem, *acc = mw_smem + n_split;
+    const int64_t th = blockIdx.x;
+    const int tid = threadIdx.x, stride = head_dim + 2;
+    const float *pp = part + th * n_split * stride;
+    float mx = -INFINITY;
+    for (int s = tid; s < n_split; s += MW_THREADS)
+        if (pp[s * stride + 1] > 0.0f) mx = fmaxf(mx, pp[s * stride]);
+    const float M = block_reduce_mw(mx, red, true);
+    float ls = 0.0f;
+    for (int s = tid; s < n_split; s += MW_THREADS) {
+        const float l = pp[s * stride + 1];
+        const float f = l > 0.0f ? expf(pp[s * stride] - M) : 0.0f; /* an empty range weighs nothing */
+        w[s] = f;
+        ls += f * l;
+    }
+    float L = block_reduce_mw(ls, red, false);
+    __syncthreads(); /* w complete */
+    const int groups = MW_THREADS / head_dim, j = tid / head_dim, d = tid % head_dim;
+    if (j < groups) {
+        float o = 0.0f;
+        for (int s = j; s < n_split; s += groups) o += w[s] * pp[s * stride + 2 + d];
+        acc[j * head_dim + d] = o;
+    }
+    __syncthreads();
+    if (tid < head_dim) {
+        float O = 0.0f;
+        for (int g = 0; g < groups; g++) O += acc[g * head_dim + tid];
+        if (sinks && L > 0.0f) L += expf(sinks[th % n_head] - M); /* the sink: the denominator only */
+        out[th * head_dim + tid] = L > 0.0f ? O / L : 0.0f;
+    }
+}
+
+hm_status hm_cuda_attn_merge_wide(hm_cuda_ctx *c, const float *part, int64_t rows, int n_split, int head_dim,
+                                  const float *sinks, int n_head, float *out, hm_err *err) {
+    HM_CU_ARG(rows >= 0 && rows < (1LL << 31) && n_split >= 1 && n_split <= 4096 && head_dim > 0 &&
+              head_dim <= MW_THREADS && n_head > 0);
+    if (!rows) return HM_OK;
+    const size_t smem = sizeof(float) * ((size_t)n_split + (size_t)(MW_THREADS / head_dim) * (size_t)head_dim);
+    k_attn_merge_wide<<<(unsigned)rows, MW_THREADS, smem, c->compute>>>(part, n_split, head_dim, out, sinks, n_head);
+    HM_CU_LAUNCH("attention merge (wide)");
+    return HM_OK;
+}
+
 hm_status hm_cuda_attn_merge(hm_cuda_ctx *c, const float *part, int64_t rows, int n_split, int head_dim, float *out,
                              hm_err *err) {
     return hm_cuda_attn_merge_sinks(c, part, rows, n_split, head_dim, NULL, 1, out, err);
@@ -300,6 +398,9 @@ hm_status hm_cuda_attention_kv(hm_cuda_ctx *c, hm_cuda_kv kv, const float *q, in
     if (hm_cuda_flash_takes(c, n_tok, head_dim))
         return hm_cuda_flash_attention_kv(c, kv, q, n_tok, pos, kv_len, k_cache, v_cache, n_ctx, 0, n_head, n_kv_head,
                                           head_dim, scale, out, scratch, scratch_size, err);
+    if (decode_on_flash(c, n_tok, kv_len, head_dim))
+        return hm_cuda_flash_decode_kv_sinks(c, kv, q, n_tok, pos, kv_len, k_cache, v_cache, n_ctx, 0, n_head,
+                                             n_kv_head, head_dim, scale, NULL, out, scratch, scratch_size, err);
     HM_CU_ARG(n_tok <= 65535); /* grid.z of the exact kernels */
     const int ns = attn_splits(c, n_tok, kv_len, n_head, n_kv_head, head_dim);
     HM_CU_ARG(scratch && scratch_size >= hm_cuda_attention_scratch_size(c, n_tok, kv_len, n_head, n_kv_head, head_dim));

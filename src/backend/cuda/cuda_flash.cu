@@ -155,14 +155,14 @@ __device__ __forceinline__ void load_rows_kv(__half *dst, int ld, const unsigned
  * which hm_cuda_set_flash_variant(1) selects). The tile shape and the buffering follow from D and
  * KT (fa_warps, fa_stages). sinks: per q head a logit added to the softmax's denominator only
  * (gpt-oss), NULL: none. */
-template <int D, int DV, int BN, int KT, int MINB>
-__global__ void __launch_bounds__(32 * fa_warps(D), MINB) k_flash(const float *__restrict__ q, const int32_t *__restrict__ pos,
-                                                            int64_t n_tok, const void *__restrict__ kc,
-                                                            const void *__restrict__ vc, int64_t cap, int32_t window,
-                                                            int n_head, int n_kv_head, float scale, int n_split,
-                                                            float *__restrict__ part, float *__restrict__ out,
-                                                            const float *__restrict__ sinks) {
-    constexpr int W = fa_warps(D), BM = fa_bm(D), NT = 32 * W, ST = fa_stages(D, KT);
+template <int D, int DV, int BN, int KT, int MINB, int W, bool GR>
+__global__ void __launch_bounds__(32 * W, MINB) k_flash(const float *__restrict__ q, const int32_t *__restrict__ pos,
+                                                        int64_t n_tok, const void *__restrict__ kc,
+                                                        const void *__restrict__ vc, int64_t cap, int32_t window,
+                                                        int n_head, int n_kv_head, float scale, int n_split,
+                                                        float *__restrict__ part, float *__restrict__ out,
+                                                        const float *__restrict__ sinks) {
+    constexpr int BM = 16 * W, NT = 32 * W, ST = fa_stages(D, KT);
     constexpr int LQ = D + FA_PAD, LV = DV + FA_PAD;
     extern __shared__ __align__(16) unsigned char fa_smem[];
     __half *sQ = (__half *)fa_smem;  /* [BM][LQ], then per stage K [BN][LQ] and V [BN][LV] */
@@ -170,27 +170,39 @@ __global__ void __launch_bounds__(32 * fa_warps(D), MINB) k_flash(const float *_
     __shared__ int32_t s_lo[W], s_hi[W], s_pmin[W];
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int h = blockIdx.y, kvh = h / (n_head / n_kv_head);
+    const int G = n_head / n_kv_head;
+    const int kvh = GR ? (int)blockIdx.y : (int)blockIdx.y / G;
     const int dz = blockIdx.z % (D / DV), split = blockIdx.z / (D / DV);
     const int c0 = dz * DV;
     const int64_t t0 = (int64_t)blockIdx.x * BM;
+    /* Row r of the block: a query row of q head blockIdx.y, token t0 + r; or (GR) entry t0 + r of
+     * the kv head's (token, head of its group) list, token (t0 + r) / G, head kvh G + (t0 + r) % G.
+     * Its index in q / out as rows of head_dim: token * n_head + head; -1 past the batch. */
+    const int64_t n_rows = GR ? n_tok * G : n_tok;
+    auto row_at = [&](int64_t r) -> int64_t {
+        const int64_t i = t0 + r;
+        if (i >= n_rows) return -1;
+        return GR ? i / G * n_head + (int64_t)kvh * G + i % G : i * n_head + blockIdx.y;
+    };
 
     /* Q rows (scaled by scale / ln 2: the softmax runs in base 2; f16) and positions; rows past
-     * n_tok are zeros with position -1 (no keys) */
+     * the batch are zeros with position -1 (no keys) */
     const float qs = scale * 1.44269504088896341f;
     for (int i = threadIdx.x; i < BM * (D / 4); i += NT) {
         const int r = i / (D / 4), c = (i % (D / 4)) * 4;
         float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-        if (t0 + r < n_tok) v = *(const float4 *)(q + ((t0 + r) * n_head + h) * D + c);
+        const int64_t qr = row_at(r);
+        if (qr >= 0) v = *(const float4 *)(q + qr * D + c);
         *(__half2 *)(sQ + r * LQ + c) = __floats2half2_rn(v.x * qs, v.y * qs);
         *(__half2 *)(sQ + r * LQ + c + 2) = __floats2half2_rn(v.z * qs, v.w * qs);
     }
-    for (int r = threadIdx.x; r < BM; r += NT) s_pos[r] = t0 + r < n_tok ? pos[t0 + r] : -1;
+    for (int r = threadIdx.x; r < BM; r += NT) s_pos[r] = t0 + r < n_rows ? pos[GR ? (t0 + r) / G : t0 + r] : -1;
     __syncthreads();
-    /* each warp's visible key range [lo, hi] and its lowest position, and the block's range */
+    /* each warp's visible key range [lo, hi], its rows' lowest position, and the block's range
+     * (padding rows see no key and are never written: they do not count) */
     {
         const int p = s_pos[warp * 16 + (lane & 15)];
-        int hi = p, lo = p < 0 ? INT_MAX : (window > 0 ? max(0, p - window + 1) : 0), pm = p;
+        int hi = p, lo = p < 0 ? INT_MAX : (window > 0 ? max(0, p - window + 1) : 0), pm = p < 0 ? INT_MAX : p;
 #pragma unroll
         for (int o = 8; o > 0; o >>= 1) {
             hi = max(hi, __shfl_xor_sync(0xffffffffu, hi, o));
@@ -349,35 +361,35 @@ __global__ void __launch_bounds__(32 * fa_warps(D), MINB) k_flash(const float *_
         l0 += __shfl_xor_sync(0xffffffffu, l0, o2);
         l1 += __shfl_xor_sync(0xffffffffu, l1, o2);
     }
-    const int64_t r0 = t0 + warp * 16 + g, r1 = r0 + 8;
+    /* this lane's two rows (g and g + 8 of its warp) as rows of q / out, -1 past the batch */
+    const int64_t r0 = row_at(warp * 16 + g), r1 = row_at(warp * 16 + g + 8);
     if (n_split > 1) {
         /* a partial: (m, l, unnormalised O) per row, as the merge of cuda_attn.cu reads them; rows
          * that saw no key have l = 0 and are skipped there */
-        float *p0 = part + ((r0 * n_head + h) * n_split + split) * (D + 2);
-        float *p1 = part + ((r1 * n_head + h) * n_split + split) * (D + 2);
+        float *p0 = part + (r0 * n_split + split) * (D + 2);
+        float *p1 = part + (r1 * n_split + split) * (D + 2);
         if (dz == 0 && cq == 0) { /* m back from base 2 to the merge's natural units */
-            if (r0 < n_tok) { p0[0] = m0 * 0.69314718055994531f; p0[1] = l0; }
-            if (r1 < n_tok) { p1[0] = m1 * 0.69314718055994531f; p1[1] = l1; }
+            if (r0 >= 0) { p0[0] = m0 * 0.69314718055994531f; p0[1] = l0; }
+            if (r1 >= 0) { p1[0] = m1 * 0.69314718055994531f; p1[1] = l1; }
         }
 #pragma unroll
         for (int j = 0; j < DV / 8; j++) {
             const int col = 2 + c0 + j * 8 + 2 * cq;
-            if (r0 < n_tok) { p0[col] = o[j][0]; p0[col + 1] = o[j][1]; }
-            if (r1 < n_tok) { p1[col] = o[j][2]; p1[col + 1] = o[j][3]; }
+            if (r0 >= 0) { p0[col] = o[j][0]; p0[col + 1] = o[j][1]; }
+            if (r1 >= 0) { p1[col] = o[j][2]; p1[col + 1] = o[j][3]; }
         }
         return;
     }
     if (sinks) { /* the sink: the denominator only (m is in base 2, the sink's logit natural) */
-        const float sk = sinks[h] * 1.44269504088896341f;
-        l0 += l0 > 0.0f ? ex2(sk - m0) : 0.0f;
-        l1 += l1 > 0.0f ? ex2(sk - m1) : 0.0f;
+        if (r0 >= 0) l0 += l0 > 0.0f ? ex2(sinks[r0 % n_head] * 1.44269504088896341f - m0) : 0.0f;
+        if (r1 >= 0) l1 += l1 > 0.0f ? ex2(sinks[r1 % n_head] * 1.44269504088896341f - m1) : 0.0f;
     }
     const float i0 = l0 > 0.0f ? 1.0f / l0 : 0.0f, i1 = l1 > 0.0f ? 1.0f / l1 : 0.0f;
 #pragma unroll
     for (int j = 0; j < DV / 8; j++) {
         const int col = c0 + j * 8 + 2 * cq;
-        if (r0 < n_tok) *(float2 *)(out + (r0 * n_head + h) * D + col) = make_float2(o[j][0] * i0, o[j][1] * i0);
-        if (r1 < n_tok) *(float2 *)(out + (r1 * n_head + h) * D + col) = make_float2(o[j][2] * i1, o[j][3] * i1);
+        if (r0 >= 0) *(float2 *)(out + r0 * D + col) = make_float2(o[j][0] * i0, o[j][1] * i0);
+        if (r1 >= 0) *(float2 *)(out + r1 * D + col) = make_float2(o[j][2] * i1, o[j][3] * i1);
     }
 }
 
@@ -402,11 +414,11 @@ static size_t flash_part_bytes(int64_t n_tok, int n_head, int head_dim, int n_sp
     return n_split > 1 ? (size_t)n_tok * (size_t)n_head * (size_t)n_split * ((size_t)head_dim + 2) * sizeof(float) : 0;
 }
 
-template <int D, int DV, int BN, int KT, int MINB>
+template <int D, int DV, int BN, int KT, int MINB, int W = fa_warps(D), bool GR = false>
 hm_status launch_flash_b(hm_cuda_ctx *c, const float *q, int64_t n_tok, const int32_t *pos, const void *kc,
                        const void *vc, int64_t cap, int32_t window, int n_head, int n_kv_head, float scale,
                        int n_split, float *part, float *out, const float *sinks, hm_err *err) {
-    constexpr int BM = fa_bm(D), ST = fa_stages(D, KT);
+    constexpr int BM = 16 * W, ST = fa_stages(D, KT);
     const size_t smem = sizeof(__half) * ((size_t)BM * (D + FA_PAD) +
                                           (size_t)ST * ((size_t)BN * (D + FA_PAD) + (size_t)BN * (DV + FA_PAD)));
     /* the shared-memory opt-in is a property of the function on each device: set once per device
@@ -414,13 +426,16 @@ hm_status launch_flash_b(hm_cuda_ctx *c, const float *q, int64_t n_tok, const in
     static unsigned long long attr_set = 0;
     const unsigned long long bit = c->device >= 0 && c->device < 64 ? 1ull << c->device : 0;
     if (!bit || !(attr_set & bit)) {
-        HM_CU(cudaFuncSetAttribute(k_flash<D, DV, BN, KT, MINB>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
+        HM_CU(cudaFuncSetAttribute(k_flash<D, DV, BN, KT, MINB, W, GR>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   (int)smem));
         attr_set |= bit;
     }
-    const dim3 grid((unsigned)((n_tok + BM - 1) / BM), (unsigned)n_head, (unsigned)(D / DV * n_split));
-    k_flash<D, DV, BN, KT, MINB><<<grid, 32 * fa_warps(D), smem, c->compute>>>(q, pos, n_tok, kc, vc, cap, window, n_head,
-                                                                   n_kv_head, scale, n_split, part, out, sinks);
+    const int64_t rows = GR ? n_tok * (n_head / n_kv_head) : n_tok;
+    const dim3 grid((unsigned)((rows + BM - 1) / BM), (unsigned)(GR ? n_kv_head : n_head), (unsigned)(D / DV * n_split));
+    k_flash<D, DV, BN, KT, MINB, W, GR><<<grid, 32 * W, smem, c->compute>>>(q, pos, n_tok, kc, vc, cap, window, n_head,
+                                                                          n_kv_head, scale, n_split, part, out, sinks);
     HM_CU_LAUNCH("flash attention");
+    if (n_split > 1 && GR) return hm_cuda_attn_merge_wide(c, part, n_tok * n_head, n_split, D, sinks, n_head, out, err);
     if (n_split > 1) return hm_cuda_attn_merge_sinks(c, part, n_tok * n_head, n_split, D, sinks, n_head, out, err);
     return HM_OK;
 }
@@ -510,6 +525,96 @@ hm_status hm_cuda_flash_attention_kv_sinks(hm_cuda_ctx *c, hm_cuda_kv kv, const 
 #undef HM_FA_KT
     default:
         return hm_errf(err, HM_ERR_UNSUPPORTED, "flash attention: head_dim %d (takes 64, 128, 256, 512)", head_dim);
+    }
+}
+
+/* Decode (batches below HM_CUDA_FLASH_MIN_TOK): the same kernel with one warp per block whose 16
+ * rows are a kv head's (token, q head of its group) pairs, so each K/V tile read serves the whole
+ * GQA group, and the key range split over enough blocks (about FD_BLOCKS_PER_SM per
+ * multiprocessor, each at least FD_MIN_TILES tiles) to keep the memory system busy: decode at depth
+ * is a read of the whole cache. The split by length is a power of two (it changes at kv lengths
+ * 2^k FD_MIN_TILES BN + 1 only), so a captured decode graph keyed on it is captured again rarely. */
+#define FD_BLOCKS_PER_SM 8
+#define FD_MAX_SPLIT 256
+#define FD_MIN_TILES 4
+constexpr int fd_bn(int head_dim) { return head_dim <= 64 ? 32 : 16; }
+
+static int decode_splits(const hm_cuda_ctx *c, int64_t n_tok, int n_head, int n_kv_head, int head_dim,
+                         int64_t n_keys) {
+    const int64_t g = n_head / n_kv_head, dz = head_dim / fa_dv(head_dim);
+    const int64_t blocks = (n_tok * g + 15) / 16 * n_kv_head * dz;
+    const int64_t per_sm = c->flash_variant == 2 ? 4 : c->flash_variant == 3 ? 16 : FD_BLOCKS_PER_SM;
+    int64_t s = (per_sm * (c->n_sm > 0 ? c->n_sm : 1) + blocks - 1) / blocks;
+    int64_t by_len = (n_keys + fd_bn(head_dim) - 1) / fd_bn(head_dim) / FD_MIN_TILES;
+    while (by_len & (by_len - 1)) by_len &= by_len - 1;
+    if (s > by_len) s = by_len;
+    if (s > FD_MAX_SPLIT) s = FD_MAX_SPLIT;
+    return s < 1 ? 1 : (int)s;
+}
+
+/* The split a decode batch runs with: decode_splits, halved until its partials fit the scratch. */
+static int decode_splits_in(const hm_cuda_ctx *c, int64_t n_tok, int n_head, int n_kv_head, int head_dim,
+                            int64_t n_keys, size_t scratch_size) {
+    int ns = decode_splits(c, n_tok, n_head, n_kv_head, head_dim, n_keys);
+    while (ns > 1 && flash_part_bytes(n_tok, n_head, head_dim, ns) > scratch_size) ns /= 2;
+    return ns;
+}
+
+bool hm_cuda_flash_decode_takes(const hm_cuda_ctx *c, int64_t n_tok, int head_dim) {
+    return c->flash && n_tok >= 1 && n_tok < HM_CUDA_FLASH_MIN_TOK &&
+           (head_dim == 64 || head_dim == 128 || head_dim == 256 || head_dim == 512);
+}
+
+size_t hm_cuda_flash_decode_scratch_size(const hm_cuda_ctx *c, int64_t n_tok_max, int n_head, int n_kv_head,
+                                         int head_dim, int64_t n_ctx) {
+    size_t most = 0;
+    if (n_kv_head <= 0 || n_head % n_kv_head || !hm_cuda_flash_decode_takes(c, 1, head_dim)) return 0;
+    for (int64_t nt = 1; nt <= n_tok_max && nt < HM_CUDA_FLASH_MIN_TOK; nt++) {
+        const size_t b = flash_part_bytes(nt, n_head, head_dim, decode_splits(c, nt, n_head, n_kv_head, head_dim, n_ctx));
+        if (b > most) most = b;
+    }
+    return most;
+}
+
+int hm_cuda_flash_decode_splits(const hm_cuda_ctx *c, int64_t n_tok, int n_head, int n_kv_head, int head_dim,
+                                int64_t kv_len, int32_t window, size_t scratch_size) {
+    if (n_kv_head <= 0 || n_head % n_kv_head) return 1;
+    const int64_t n_keys = window > 0 && window < kv_len ? window + n_tok : kv_len;
+    return decode_splits_in(c, n_tok, n_head, n_kv_head, head_dim, n_keys, scratch_size);
+}
+
+hm_status hm_cuda_flash_decode_kv_sinks(hm_cuda_ctx *c, hm_cuda_kv kv, const float *q, int64_t n_tok,
+                                        const int32_t *pos, int64_t kv_len, const void *k_cache, const void *v_cache,
+                                        int64_t cap, int32_t window, int n_head, int n_kv_head, int head_dim,
+                                        float scale, const float *sinks, float *out, void *scratch,
+                                        size_t scratch_size, hm_err *err) {
+    HM_CU_ARG(q && pos && k_cache && v_cache && out && (const void *)q != (const void *)out && cap > 0 && window >= 0);
+    HM_CU_ARG(kv >= HM_CUDA_KV_F16 && kv <= HM_CUDA_KV_BF16);
+    HM_CU_ARG(n_kv_head > 0 && n_kv_head <= 65535 && n_head > 0 && n_head % n_kv_head == 0);
+    HM_CU_ARG(n_tok >= 0 && n_tok < HM_CUDA_FLASH_MIN_TOK && kv_len >= 1);
+    if (!n_tok) return HM_OK;
+    const int ns = hm_cuda_flash_decode_splits(c, n_tok, n_head, n_kv_head, head_dim, kv_len, window,
+                                               scratch ? scratch_size : 0);
+    float *part = (float *)scratch;
+#define HM_FD_KT(HD, KT)                                                                                               \
+    launch_flash_b<HD, fa_dv(HD), fd_bn(HD), KT, 1, 1, true>(c, q, n_tok, pos, k_cache, v_cache, cap, window, n_head, \
+                                                             n_kv_head, scale, ns, part, out, sinks, err)
+#define HM_FD_CASE(HD)                                                                                                  \
+    case HD:                                                                                                            \
+        return kv == HM_CUDA_KV_Q8_0   ? HM_FD_KT(HD, HM_CUDA_KV_Q8_0)                                                 \
+               : kv == HM_CUDA_KV_Q4_0 ? HM_FD_KT(HD, HM_CUDA_KV_Q4_0)                                                 \
+               : kv == HM_CUDA_KV_BF16 ? HM_FD_KT(HD, HM_CUDA_KV_BF16)                                                 \
+                                       : HM_FD_KT(HD, HM_CUDA_KV_F16);
+    switch (head_dim) {
+    HM_FD_CASE(64)
+    HM_FD_CASE(128)
+    HM_FD_CASE(256)
+    HM_FD_CASE(512)
+#undef HM_FD_CASE
+#undef HM_FD_KT
+    default:
+        return hm_errf(err, HM_ERR_UNSUPPORTED, "flash decode attention: head_dim %d (takes 64, 128, 256, 512)",
+                       head_dim);
     }
 }
 

@@ -135,6 +135,21 @@ hm_status hm_cuda_flash_attention_kv_sinks(hm_cuda_ctx *c, hm_cuda_kv kv, const 
                                            const void *v_cache, int64_t cap, int32_t window, int n_head,
                                            int n_kv_head, int head_dim, float scale, const float *sinks, float *out,
                                            void *scratch, size_t scratch_size, hm_err *err);
+/* Decode with the flash kernel (cuda_flash.cu): batches of 1 .. HM_CUDA_FLASH_MIN_TOK - 1 queries,
+ * each tile of K/V rows serving a kv head's whole GQA group, the key range split over many
+ * blocks; the same contract and precision as the prefill kernel. The split it runs with
+ * (decode_splits; fewer when the scratch is smaller than hm_cuda_flash_decode_scratch_size's) and
+ * the scratch its partials need at most for batches up to n_tok_max over n_ctx positions. */
+bool hm_cuda_flash_decode_takes(const hm_cuda_ctx *c, int64_t n_tok, int head_dim);
+int hm_cuda_flash_decode_splits(const hm_cuda_ctx *c, int64_t n_tok, int n_head, int n_kv_head, int head_dim,
+                                int64_t kv_len, int32_t window, size_t scratch_size);
+size_t hm_cuda_flash_decode_scratch_size(const hm_cuda_ctx *c, int64_t n_tok_max, int n_head, int n_kv_head,
+                                         int head_dim, int64_t n_ctx);
+hm_status hm_cuda_flash_decode_kv_sinks(hm_cuda_ctx *c, hm_cuda_kv kv, const float *q, int64_t n_tok,
+                                        const int32_t *pos, int64_t kv_len, const void *k_cache, const void *v_cache,
+                                        int64_t cap, int32_t window, int n_head, int n_kv_head, int head_dim,
+                                        float scale, const float *sinks, float *out, void *scratch,
+                                        size_t scratch_size, hm_err *err);
 /* The merge of KV-split partials (cuda_attn.cu): part [rows][n_split][head_dim + 2] as (m, l,
  * unnormalised O) per split, merged in split order into out [rows][head_dim]; a split with
  * l = 0 saw no key and is skipped. head_dim <= 1024. */
@@ -143,6 +158,10 @@ hm_status hm_cuda_attn_merge(hm_cuda_ctx *c, const float *part, int64_t rows, in
 /* The same with sinks[n_head] (row r is q head r % n_head) in the denominator; NULL: none. */
 hm_status hm_cuda_attn_merge_sinks(hm_cuda_ctx *c, const float *part, int64_t rows, int n_split, int head_dim,
                                    const float *sinks, int n_head, float *out, hm_err *err);
+/* The same merge for many splits per row (decode: up to 256), each row's splits reduced by a
+ * block of 512 threads in parallel; a fixed order too (not the order of hm_cuda_attn_merge). */
+hm_status hm_cuda_attn_merge_wide(hm_cuda_ctx *c, const float *part, int64_t rows, int n_split, int head_dim,
+                                  const float *sinks, int n_head, float *out, hm_err *err);
 
 /* Checks a weight matrix against the kernels' needs (type, alignment, ne0). */
 hm_status hm_cuda_mat_check(const hm_cuda_mat *w, hm_err *err);

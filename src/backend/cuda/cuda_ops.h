@@ -280,6 +280,16 @@ hm_status hm_cuda_kv_write_kv(hm_cuda_ctx *c, hm_cuda_kv kv, void *k_cache, void
 size_t hm_cuda_attention_scratch_size(const hm_cuda_ctx *c, int64_t n_tok, int64_t kv_len,
                                       int n_head, int n_kv_head, int head_dim);
 
+/* Whether hm_cuda_attention(_kv) runs a batch of n_tok queries over kv_len positions on the flash
+ * kernel (cuda_flash.cu: Q and P rounded to f16): prefill batches of HM_CUDA_FLASH_MIN_TOK or
+ * more, and decode batches below it, whose tiles serve a whole GQA group (head dim 256: past 2048
+ * positions); false: the exact f32 kernels (flash off). */
+bool hm_cuda_attention_flash(const hm_cuda_ctx *c, int64_t n_tok, int64_t kv_len, int head_dim);
+/* A captured decode graph's key for its attention: the KV split the batch runs with (a kernel
+ * argument), given the scratch the caller has. */
+size_t hm_cuda_attention_key(const hm_cuda_ctx *c, int64_t n_tok, int64_t kv_len, int n_head, int n_kv_head,
+                             int head_dim, size_t scratch_size);
+
 /* Causal GQA attention, the CPU's contract: query t (position pos[t], its K/V already written)
  * attends to cache rows 0..pos[t]; q head h uses kv head h / (n_head / n_kv_head).
  *   q: [n_tok, n_head * head_dim];  out: [n_tok, n_head * head_dim];  pos: device int32.
@@ -413,7 +423,9 @@ hm_status hm_cuda_set_mmq(hm_cuda_ctx *c, bool on, hm_err *err);
 #define HM_CUDA_FLASH_MIN_TOK 32
 void hm_cuda_set_flash(hm_cuda_ctx *c, bool on);
 /* Benchmark hook: the flash kernel's variant for 8-warp f16 tiles (head dim <= 128): 0 (default)
- * registers bounded to two blocks per multiprocessor, 1 unbounded. Same results either way. */
+ * registers bounded to two blocks per multiprocessor, 1 unbounded; 2 and 3: decode's KV split
+ * aimed at 4 and 16 blocks per multiprocessor instead of 8. Same results up to the split's
+ * rounding. */
 void hm_cuda_set_flash_variant(hm_cuda_ctx *c, int v);
 /* Scratch bytes the flash kernel uses for batches up to n_tok_max queries over up to n_ctx
  * positions: with few query blocks (a long context at -ub 512) each block's KV range is split over
