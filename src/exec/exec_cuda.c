@@ -745,7 +745,7 @@ static hm_status g_dsv4_attn(hm_exec *x, int32_t il, const hm_dsv4_attn *p) {
                        hpos[0], hpos[n - 1]);
     hm_dsv4_state sd;
     hm_dsv4_layout(d, r, ps->s->n_ctx, ps->s->n_ubatch, g->aux + g->aux_off[il - g->ds.l0], &sd);
-    const float *ff = r ? dv(x, d->c_ff) : NULL, *cff = dv(x, d->c_ff);
+    const float *ff = r ? dv(x, d->c_ff) : NULL, *cff = ff; /* the compressed layers only */
     const float ts = powf(w->theta, -2.0f / (float)d->n_rot), cts = powf(d->c_theta, -2.0f / (float)d->n_rot);
     float *h = x->buf[p->h], *qr = x->buf[p->qr], *kv = x->buf[p->kv], *q = x->buf[p->q], *out = x->buf[p->out];
     float *ca = x->buf[p->ca], *cb = x->buf[p->cb], *ia = x->buf[p->ia], *ib = x->buf[p->ib], *iq = x->buf[p->iq];

@@ -1,0 +1,649 @@
+/* test_deepseek4_gpu.c - deepseek4 (DeepSeek-V4) on the GPU against the CPU engine (whose logits
+ * tests/cli_llama_ref_deepseek4.sh holds to llama.cpp), and the V4 CUDA ops (cuda_dsv4.h) against
+ * their CPU twins (cpu_dsv4.h) and references.
+ *
+ * Host part (no GPU needed; the orders the kernels use, emulated):
+ *   - the compressors' chunked order (exec_cuda.c's g_dsv4_attn: a chunk's ring rows written, then
+ *     its blocks compressed) reads, for every block, exactly the ring rows the CPU's row-by-row order
+ *     reads (positions tagged), for chunks of HM_DSV4_BLOCK at several starts and batch sizes; a chunk
+ *     of 2 x HM_DSV4_BLOCK is shown to break it (the emulation can fail);
+ *   - the indexer's top-k as k_index forms it (strided per-thread scans, an xor-shuffle tree per warp,
+ *     then the warps in order) chooses what the CPU's k passes of a first maximum choose, on scores
+ *     full of ties.
+ * Kernels (random inputs; max error relative to the largest value KERN_REL 1e-5 where the CPU twin
+ * runs the same float expression, the rest against double references): hc_expand (exact), hc_mix,
+ * hc_reduce, hc_post, swiglu_clamp against cpu_dsv4.c; rope_tail against the CPU's float recurrence;
+ * the indexer on integer-valued inputs (every score exact in f32: the choice must equal the CPU
+ * algorithm's, ties included); the attention (window ring + compressed rows + sinks, de-roped) at
+ * head dims 64 and 512 against a double reference (ATTN_ABS 1e-4, as test_deepseek2_gpu's).
+ *
+ * Model: synth deepseek4 tiny (5 layers: ratios 0, 4, 128, 4, 128; window 16, indexer top 8 of
+ * 16 x 64, hc 4, hash layers 0-1, a SwiGLU clamp of 0.5 that clamps), F32 and Q8_0: a 150-token
+ * prompt (past one ratio-128 block and 37 ratio-4 blocks: the indexer's top-k is live) then 16
+ * decode steps, with n_ubatch 256 (one prefill pass of 150 rows: the compressors in two chunks),
+ * 64 (three passes: the state carried) and 8 (the decode path for everything), under -ngl 99
+ * (every unit hot; decode on the CUDA graph), --cpu-moe, a --vram-budget of a third of the units
+ * and --n-cpu-moe 3; logits compared step by step with gpu_compare.h's rule. Bounds as
+ * test_deepseek2_gpu's (the same kinds of numerics): F32 decode NMSE_EXACT 1e-6, F32 prefill
+ * (bf16 tensor cores) NMSE_BF16 1e-4, Q8_0 (the CPU quantises activations to Q8, the GPU keeps
+ * f32) NMSE_Q8 3e-4. Then -ngl 99 with HOTMOE_CUDA_GRAPH=0 must equal the graph's decode logits
+ * byte for byte (the same kernels in the same order), and the state: back within the current
+ * 128-block (hm_session_trim) and on again equals the uninterrupted GPU run (BOUND 1e-4 relative,
+ * as test_deepseek4_state's) and the CPU doing the same; back further is refused naming the
+ * compressed state. HM_DS4_REAL_LAYERS=N (3 or 4) adds the real deepseek-v4-flash shape (head 512,
+ * 64 heads, indexer 64 x 128 top 512, window 128; --fast-experts q4_k_m, N layers: about 3.6 GB a
+ * layer) under -ngl 99 and --n-cpu-moe 2 against the CPU. Exits 77 without a CUDA device. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "backend/cpu/cpu_dsv4.h"
+#include "backend/cuda/cuda_dsv4.h"
+#include "core/fp16.h"
+#include "gpu_compare.h"
+#include "hotmoe.h"
+#include "test.h"
+/* last: its file-scope `err` would shadow the parameters of the helpers above */
+#include "cuda_test.h"
+
+#define NMSE_EXACT 1e-6
+#define NMSE_BF16 1e-4
+#define NMSE_Q8 3e-4
+#define KERN_REL 1e-5
+#define ATTN_ABS 1e-4
+#define BOUND 1e-4
+
+static float frand(uint64_t *s) { return (float)(rnd_unit(s) * 2.0 - 1.0); }
+
+/* ---- host part: the kernels' orders, emulated ---- */
+
+/* The ring rows (position tags) compress_block reads for block b of ratio r (overlap: r == 4);
+ * -1 where a read row holds another position than the one the CPU's order reads. */
+static int64_t ring_reads_ok(const int64_t *ring, int32_t r, int64_t b) {
+    const int64_t start = b * r, S = HM_DSV4_RING;
+    int64_t bad = 0;
+    for (int half = r == 4 ? 0 : 1; half < 2; half++)
+        for (int64_t j = 0; j < r; j++) {
+            const int64_t p = (half == 0 ? start - r : start) + j;
+            if (p >= 0 && ring[p % S] != p) bad++;
+        }
+    return bad;
+}
+
+/* A batch of n rows from position p0 through the compressor ring: row by row (the CPU: write, then
+ * compress when a block ends) or in chunks (write the chunk, then compress its ended blocks);
+ * returns the reads that saw a wrong row. The ring starts holding positions p0 - S .. p0 - 1. */
+static int64_t chunk_order_bad(int32_t r, int64_t p0, int64_t n, int64_t chunk) {
+    int64_t ring[HM_DSV4_RING], bad = 0;
+    for (int64_t p = p0 - HM_DSV4_RING; p < p0; p++)
+        if (p >= 0) ring[p % HM_DSV4_RING] = p;
+    for (int64_t t0 = 0; t0 < n; t0 += chunk) {
+        const int64_t t1 = n - t0 < chunk ? n : t0 + chunk;
+        for (int64_t t = t0; t < t1; t++) ring[(p0 + t) % HM_DSV4_RING] = p0 + t;
+        for (int64_t t = t0; t < t1; t++)
+            if ((p0 + t + 1) % r == 0) bad += ring_reads_ok(ring, r, (p0 + t) / r);
+    }
+    return bad;
+}
+
+static void check_chunk_order(void) {
+    const int64_t starts[4] = {0, 5, 127, 300}, ns[4] = {1, 128, 200, 512};
+    int64_t bad = 0, bad_wide = 0;
+    for (int ri = 0; ri < 2; ri++)
+        for (int i = 0; i < 4; i++)
+            for (int j = 0; j < 4; j++) {
+                const int32_t r = ri ? 128 : 4;
+                bad += chunk_order_bad(r, starts[i], ns[j], 1) != 0; /* the CPU's order: the emulation's base */
+                bad += chunk_order_bad(r, starts[i], ns[j], HM_DSV4_BLOCK);
+                bad_wide += chunk_order_bad(r, starts[i], ns[j], 2 * HM_DSV4_BLOCK);
+            }
+    printf("compressor chunks: %lld wrong ring reads with chunks of %d, %lld with chunks of %d\n", (long long)bad,
+           HM_DSV4_BLOCK, (long long)bad_wide, 2 * HM_DSV4_BLOCK);
+    CHECKF(bad == 0, "chunked compressor order: %lld wrong ring reads", (long long)bad);
+    CHECKF(bad_wide > 0, "the emulation should see chunks of %d break the ring (it saw none)", 2 * HM_DSV4_BLOCK);
+}
+
+/* The CPU's choice (cpu_dsv4.c's index_row): k passes of the first maximum among the untaken. */
+static void topk_cpu(float *sc, int64_t n, int k, int32_t *sel) {
+    for (int i = 0; i < k; i++) {
+        int64_t best = -1;
+        for (int64_t b = 0; b < n; b++)
+            if (sc[b] != -INFINITY && (best < 0 || sc[b] > sc[best])) best = b;
+        sel[i] = (int32_t)best;
+        sc[best] = -INFINITY;
+    }
+}
+
+static void better(float *s, int *i, float s2, int i2) {
+    if (i2 < 0) return;
+    if (*i < 0 || s2 > *s || (s2 == *s && i2 < *i)) *s = s2, *i = i2;
+}
+
+/* k_index's choice: 256 threads scan strided, each warp reduces by xor shuffles (lane l takes
+ * lane l ^ o's pair, o = 16 .. 1), thread 0 takes the warps in order. */
+static void topk_gpu_emul(float *sc, int64_t n, int k, int32_t *sel) {
+    enum { NT = 256 };
+    for (int i = 0; i < k; i++) {
+        float bs[NT], ws[NT / 32];
+        int bi[NT], wi[NT / 32];
+        for (int t = 0; t < NT; t++) {
+            bs[t] = 0.0f, bi[t] = -1;
+            for (int64_t b = t; b < n; b += NT)
+                if (sc[b] != -INFINITY) better(&bs[t], &bi[t], sc[b], (int)b);
+        }
+        for (int w = 0; w < NT / 32; w++) {
+            float s[32];
+            int id[32];
+            for (int l = 0; l < 32; l++) s[l] = bs[w * 32 + l], id[l] = bi[w * 32 + l];
+            for (int o = 16; o > 0; o >>= 1) {
+                float s2[32];
+                int i2[32];
+                for (int l = 0; l < 32; l++) s2[l] = s[l ^ o], i2[l] = id[l ^ o];
+                for (int l = 0; l < 32; l++) better(&s[l], &id[l], s2[l], i2[l]);
+            }
+            ws[w] = s[0], wi[w] = id[0];
+        }
+        float s = ws[0];
+        int b = wi[0];
+        for (int w = 1; w < NT / 32; w++) better(&s, &b, ws[w], wi[w]);
+        sel[i] = b;
+        if (b >= 0) sc[b] = -INFINITY;
+    }
+}
+
+static void check_topk_order(void) {
+    uint64_t s = 3;
+    int bad = 0;
+    for (int trial = 0; trial < 6; trial++) {
+        const int64_t n = trial < 3 ? 300 : 1031;
+        const int k = trial % 3 == 0 ? 8 : trial % 3 == 1 ? 64 : 255;
+        float *a = xmalloc((size_t)n * 4), *b = xmalloc((size_t)n * 4);
+        for (int64_t i = 0; i < n; i++) a[i] = b[i] = (float)(int)(frand(&s) * 6.0f); /* many ties */
+        int32_t sa[256], sb[256];
+        topk_cpu(a, n, k, sa);
+        topk_gpu_emul(b, n, k, sb);
+        bad += memcmp(sa, sb, (size_t)k * sizeof(int32_t)) != 0;
+        free(a), free(b);
+    }
+    printf("indexer top-k: the GPU's reduction order chose as the CPU in %d of 6 cases with ties\n", 6 - bad);
+    CHECKF(bad == 0, "indexer top-k emulation: %d cases differ from the CPU's choice", bad);
+}
+
+/* ---- kernels ---- */
+
+static void *dev_copy(const void *h, size_t n) {
+    void *d = NULL;
+    CK(hm_cuda_alloc(ctx, n ? n : 4, &d, &err));
+    if (n) CK(hm_cuda_upload(ctx, d, h, n, &err));
+    return d;
+}
+
+static void dev_get(void *h, const void *d, size_t n) {
+    CK(hm_cuda_sync(ctx, &err));
+    CK(hm_cuda_download(ctx, h, d, n, &err));
+}
+
+static double max_rel(const float *a, const float *b, size_t n) {
+    double md = 0, mr = 1e-30;
+    for (size_t i = 0; i < n; i++) {
+        md = fmax(md, fabs((double)a[i] - b[i]));
+        mr = fmax(mr, fabs((double)b[i]));
+    }
+    return md / mr;
+}
+
+static void check_hc(void) {
+    enum { N = 3, E = 96, HC = 4, MW = (2 + HC) * HC };
+    uint64_t s = 7;
+    float x[N * HC * E], mix[N * MW], head[N * HC], f[N * E], scale[3], base[MW];
+    for (int i = 0; i < N * HC * E; i++) x[i] = frand(&s);
+    for (int i = 0; i < N * MW; i++) mix[i] = 2.0f * frand(&s);
+    for (int i = 0; i < N * HC; i++) head[i] = 2.0f * frand(&s);
+    for (int i = 0; i < N * E; i++) f[i] = frand(&s);
+    for (int i = 0; i < 3; i++) scale[i] = 0.5f + 0.1f * frand(&s);
+    for (int i = 0; i < MW; i++) base[i] = 0.5f * frand(&s);
+    hm_pool *pool = NULL;
+    CK(hm_pool_open(&pool, 2, &err));
+    /* expand: the packed rows into hc copies (exact) */
+    float packed[N * E], ex_c[N * HC * E], ex_g[N * HC * E];
+    memcpy(packed, x, sizeof packed);
+    memcpy(ex_c, x, sizeof packed);
+    hm_dsv4_hc_expand(ex_c, N, E, HC);
+    float *pd = dev_copy(packed, sizeof packed), *ed = dev_copy(NULL, sizeof ex_g);
+    CK(hm_cuda_dsv4_hc_expand(ctx, pd, ed, N, E, HC, &err));
+    dev_get(ex_g, ed, sizeof ex_g);
+    CHECKF(memcmp(ex_g, ex_c, sizeof ex_g) == 0, "hc_expand differs from the CPU's");
+    /* mix (both forms) */
+    float mix_c[N * MW], mix_g[N * MW], head_c[N * HC], head_g[N * HC];
+    memcpy(mix_c, mix, sizeof mix);
+    memcpy(head_c, head, sizeof head);
+    hm_dsv4_hc_mix(mix_c, N, HC, false, scale, base, 20, 1e-6f);
+    hm_dsv4_hc_mix(head_c, N, HC, true, scale, base, 20, 1e-6f);
+    float *md = dev_copy(mix, sizeof mix), *hd_ = dev_copy(head, sizeof head), *scd = dev_copy(scale, sizeof scale);
+    float *bd = dev_copy(base, sizeof base);
+    CK(hm_cuda_dsv4_hc_mix(ctx, md, N, HC, false, scd, bd, 20, 1e-6f, &err));
+    CK(hm_cuda_dsv4_hc_mix(ctx, hd_, N, HC, true, scd, bd, 20, 1e-6f, &err));
+    dev_get(mix_g, md, sizeof mix_g);
+    dev_get(head_g, hd_, sizeof head_g);
+    const double e_mix = max_rel(mix_g, mix_c, N * MW), e_head = max_rel(head_g, head_c, N * HC);
+    /* reduce by pre, post: from the CPU's mixes (each kernel on its own) */
+    float y_c[N * E], y_g[N * E], o_c[N * HC * E], o_g[N * HC * E];
+    hm_dsv4_hc_reduce(pool, x, mix_c, MW, N, E, HC, y_c);
+    hm_dsv4_hc_post(pool, f, x, mix_c, N, E, HC, o_c);
+    float *xd = dev_copy(x, sizeof x), *mcd = dev_copy(mix_c, sizeof mix_c), *fd = dev_copy(f, sizeof f);
+    float *yd = dev_copy(NULL, sizeof y_g), *od = dev_copy(NULL, sizeof o_g);
+    CK(hm_cuda_dsv4_hc_reduce(ctx, xd, mcd, MW, N, E, HC, yd, &err));
+    CK(hm_cuda_dsv4_hc_post(ctx, fd, xd, mcd, N, E, HC, od, &err));
+    dev_get(y_g, yd, sizeof y_g);
+    dev_get(o_g, od, sizeof o_g);
+    const double e_red = max_rel(y_g, y_c, N * E), e_post = max_rel(o_g, o_c, N * HC * E);
+    /* clamped SwiGLU (limit 0.5 clamps most values) */
+    float g[N * E], u[N * E], sw_c[N * E], sw_g[N * E];
+    for (int i = 0; i < N * E; i++) g[i] = 2.0f * frand(&s), u[i] = 2.0f * frand(&s);
+    float uc[N * E];
+    memcpy(uc, u, sizeof u);
+    hm_dsv4_swiglu_clamp(pool, g, uc, sw_c, N * E, 0.5f);
+    float *gd = dev_copy(g, sizeof g), *ud = dev_copy(u, sizeof u), *sd = dev_copy(NULL, sizeof sw_g);
+    CK(hm_cuda_swiglu_clamp(ctx, gd, ud, sd, N * E, 0.5f, &err));
+    dev_get(sw_g, sd, sizeof sw_g);
+    const double e_sw = max_rel(sw_g, sw_c, N * E);
+    printf("hc: mix %.3g, head mix %.3g, reduce %.3g, post %.3g, swiglu_clamp %.3g (max rel err)\n", e_mix, e_head,
+           e_red, e_post, e_sw);
+    CHECKF(e_mix <= KERN_REL && e_head <= KERN_REL, "hc_mix: %.3g, head %.3g", e_mix, e_head);
+    CHECKF(e_red <= KERN_REL && e_post <= KERN_REL, "hc_reduce %.3g, hc_post %.3g", e_red, e_post);
+    CHECKF(e_sw <= KERN_REL, "swiglu_clamp: %.3g", e_sw);
+    hm_pool_close(pool);
+    void *fr[] = {pd, ed, md, hd_, scd, bd, xd, mcd, fd, yd, od, gd, ud, sd};
+    for (size_t i = 0; i < sizeof fr / sizeof fr[0]; i++) hm_cuda_free(ctx, fr[i]);
+}
+
+/* cpu_dsv4.c's rope_tail, the test's copy (the reference) */
+static void rope_tail_ref(float *x, int hd, int n_rot, int32_t p, float base, const float *ff, bool inv) {
+    const float tscale = powf(base, -2.0f / (float)n_rot);
+    float theta = (float)p;
+    float *r = x + (hd - n_rot);
+    for (int i = 0; i < n_rot; i += 2) {
+        const float th = ff ? theta / ff[i / 2] : theta;
+        const float c = cosf(th), sn = inv ? -sinf(th) : sinf(th);
+        const float a = r[i], b = r[i + 1];
+        r[i] = a * c - b * sn;
+        r[i + 1] = a * sn + b * c;
+        theta *= tscale;
+    }
+}
+
+static void check_rope(void) {
+    enum { N = 4, H = 3, HD = 96, ROT = 32 };
+    uint64_t s = 9;
+    float x[N * H * HD], xr[N * H * HD], got[N * H * HD], ff[ROT / 2];
+    const int32_t pos[N] = {0, 17, 300, 4095};
+    for (int i = 0; i < N * H * HD; i++) x[i] = frand(&s);
+    for (int i = 0; i < ROT / 2; i++) ff[i] = 1.0f + 0.7f * (float)i;
+    float *fd = dev_copy(ff, sizeof ff);
+    int32_t *pd = dev_copy(pos, sizeof pos);
+    double worst = 0;
+    for (int v = 0; v < 4; v++) { /* plain, scaled, inverse, inverse scaled */
+        const bool inv = v >= 2, sc = v % 2 == 1;
+        const float base = sc ? 160000.0f : 10000.0f;
+        memcpy(xr, x, sizeof x);
+        for (int t = 0; t < N; t++)
+            for (int h = 0; h < H; h++) rope_tail_ref(xr + (t * H + h) * HD, HD, ROT, pos[t], base, sc ? ff : NULL, inv);
+        float *xd = dev_copy(x, sizeof x);
+        CK(hm_cuda_dsv4_rope_tail(ctx, xd, N, H, HD, ROT, pd, powf(base, -2.0f / (float)ROT), sc ? fd : NULL, inv,
+                                  &err));
+        dev_get(got, xd, sizeof got);
+        hm_cuda_free(ctx, xd);
+        worst = fmax(worst, max_rel(got, xr, N * H * HD));
+    }
+    printf("rope_tail: max rel err %.3g\n", worst);
+    CHECKF(worst <= KERN_REL, "rope_tail: %.3g", worst);
+    hm_cuda_free(ctx, fd), hm_cuda_free(ctx, pd);
+}
+
+/* The indexer on integer-valued inputs: every dot and score exact in f32, so the GPU's choice must be
+ * the CPU algorithm's exactly (ties among them). */
+static void check_index(void) {
+    enum { IH = 4, IHD = 64, TOPK = 8, N = 3, NC = 64 };
+    uint64_t s = 21;
+    const int32_t pos[N] = {20, 150, 255}; /* 5 visible rows (all taken), 37, 64 */
+    float iq[N * IH * IHD], iw[N * IH], icomp[NC * IHD];
+    for (int i = 0; i < N * IH * IHD; i++) iq[i] = (float)(int)(frand(&s) * 3.0f);
+    for (int i = 0; i < N * IH; i++) iw[i] = (float)(1 + (int)(rnd_unit(&s) * 3.0));
+    for (int i = 0; i < NC * IHD; i++) icomp[i] = (float)(int)(frand(&s) * 2.0f);
+    float *qd = dev_copy(iq, sizeof iq), *wd = dev_copy(iw, sizeof iw), *cd = dev_copy(icomp, sizeof icomp);
+    int32_t *pd = dev_copy(pos, sizeof pos);
+    float *scd = dev_copy(NULL, (size_t)N * NC * 4);
+    int32_t *seld = dev_copy(NULL, sizeof(int32_t) * N * TOPK), *nsd = dev_copy(NULL, sizeof(int32_t) * N);
+    CK(hm_cuda_dsv4_index(ctx, qd, wd, cd, pd, 0, N, IH, IHD, TOPK, scd, NC, seld, nsd, &err));
+    int32_t sel[N * TOPK], ns[N];
+    dev_get(sel, seld, sizeof sel);
+    dev_get(ns, nsd, sizeof ns);
+    int bad = 0;
+    for (int t = 0; t < N; t++) {
+        const int64_t n_vis = (pos[t] + 1) / 4;
+        int32_t want[TOPK];
+        int nw;
+        if (n_vis <= TOPK) {
+            for (int b = 0; b < n_vis; b++) want[b] = b;
+            nw = (int)n_vis;
+        } else {
+            float sc[NC];
+            for (int64_t b = 0; b < n_vis; b++) {
+                double sum = 0;
+                for (int h = 0; h < IH; h++) {
+                    double dot = 0;
+                    for (int i = 0; i < IHD; i++) dot += (double)iq[(t * IH + h) * IHD + i] * icomp[b * IHD + i];
+                    sum += (dot > 0 ? dot : 0) * iw[t * IH + h];
+                }
+                sc[b] = (float)sum;
+            }
+            topk_cpu(sc, n_vis, TOPK, want);
+            nw = TOPK;
+        }
+        const bool ok = ns[t] == nw && memcmp(sel + t * TOPK, want, (size_t)nw * 4) == 0;
+        bad += !ok;
+        printf("index row %d (pos %d): %d chosen%s, first %d %d %d\n", t, pos[t], ns[t], ok ? "" : " (WRONG)",
+               sel[t * TOPK], sel[t * TOPK + 1], sel[t * TOPK + 2]);
+    }
+    CHECKF(bad == 0, "indexer: %d rows chose other rows than the CPU's algorithm", bad);
+    void *fr[] = {qd, wd, cd, pd, scd, seld, nsd};
+    for (size_t i = 0; i < sizeof fr / sizeof fr[0]; i++) hm_cuda_free(ctx, fr[i]);
+}
+
+/* The attention op against a double reference: ratio 4 (chosen rows), 128 (all blocks) or 0. */
+static void check_attention(int hd, int n_head, int ratio, int64_t n, int64_t p0) {
+    enum { WIN = 16, TOPK = 8 };
+    const int n_rot = hd / 8;
+    const int64_t n_ctx = 1024, cap = WIN + n, n_comp = n_ctx / (ratio ? ratio : 4) + 1;
+    uint64_t s = 31 + (uint64_t)hd + (uint64_t)ratio;
+    const size_t nq = (size_t)(n * n_head * hd);
+    float *q = xmalloc(nq * 4), *o = xmalloc(nq * 4), *raw = xmalloc((size_t)cap * hd * 4);
+    float *comp = xmalloc((size_t)n_comp * hd * 4), sinks[64], ff[64];
+    double *ref = xmalloc(nq * 8), *sc = xmalloc((size_t)(WIN + n_comp) * 8);
+    int32_t *pos = xmalloc((size_t)n * 4), *sel = xmalloc((size_t)n * TOPK * 4), *ns = xmalloc((size_t)n * 4);
+    for (size_t i = 0; i < nq; i++) q[i] = frand(&s);
+    for (int64_t i = 0; i < cap * hd; i++) raw[i] = hm_fp16_to_f32(hm_f32_to_fp16(frand(&s)));
+    for (int64_t i = 0; i < n_comp * hd; i++) comp[i] = hm_fp16_to_f32(hm_f32_to_fp16(2.0f * frand(&s)));
+    for (int h = 0; h < n_head; h++) sinks[h] = frand(&s);
+    for (int i = 0; i < n_rot / 2; i++) ff[i] = 1.0f + 0.3f * (float)i;
+    for (int64_t t = 0; t < n; t++) {
+        pos[t] = (int32_t)(p0 + t);
+        const int64_t vis = (pos[t] + 1) / 4;
+        ns[t] = (int32_t)(vis < TOPK ? vis : TOPK);
+        for (int k = 0; k < ns[t]; k++) sel[t * TOPK + k] = (int32_t)((k * 5 + t) % vis); /* any distinct-ish rows */
+    }
+    const float theta = ratio ? 160000.0f : 10000.0f, scale = 1.0f / sqrtf((float)hd);
+    for (int64_t t = 0; t < n; t++)
+        for (int h = 0; h < n_head; h++) {
+            const float *qv = q + ((size_t)t * n_head + h) * hd;
+            const int64_t p = pos[t], j0 = p - WIN + 1 > 0 ? p - WIN + 1 : 0, n_raw = p - j0 + 1;
+            const int64_t n_cmp = ratio == 128 ? (p + 1) / 128 : ratio == 4 ? ns[t] : 0;
+            double mx = sinks[h];
+            for (int64_t i = 0; i < n_raw + n_cmp; i++) {
+                const float *k = i < n_raw ? raw + ((j0 + i) % cap) * hd
+                                           : comp + (ratio == 4 ? sel[t * TOPK + i - n_raw] : i - n_raw) * hd;
+                double a = 0;
+                for (int e = 0; e < hd; e++) a += (double)qv[e] * k[e];
+                sc[i] = a * scale;
+                mx = fmax(mx, sc[i]);
+            }
+            double sum = exp(sinks[h] - mx);
+            double *r = ref + ((size_t)t * n_head + h) * hd;
+            for (int e = 0; e < hd; e++) r[e] = 0;
+            for (int64_t i = 0; i < n_raw + n_cmp; i++) {
+                const float *v = i < n_raw ? raw + ((j0 + i) % cap) * hd
+                                           : comp + (ratio == 4 ? sel[t * TOPK + i - n_raw] : i - n_raw) * hd;
+                const double e = exp(sc[i] - mx);
+                sum += e;
+                for (int d = 0; d < hd; d++) r[d] += e * v[d];
+            }
+            for (int d = 0; d < hd; d++) r[d] /= sum;
+            /* the inverse RoPE of the tail in double, at the angles the contract forms (the CPU's float
+             * products: cuda_dsv4.h) */
+            const float ts = powf(theta, -2.0f / (float)n_rot);
+            float thf = (float)p;
+            for (int i = 0; i < n_rot / 2; i++, thf *= ts) {
+                const double th = ratio ? (double)(thf / ff[i]) : (double)thf;
+                const double c = cos(th), sn = -sin(th), a = r[hd - n_rot + 2 * i], b = r[hd - n_rot + 2 * i + 1];
+                r[hd - n_rot + 2 * i] = a * c - b * sn;
+                r[hd - n_rot + 2 * i + 1] = a * sn + b * c;
+            }
+        }
+    float *qd = dev_copy(q, nq * 4), *rd = dev_copy(raw, (size_t)cap * hd * 4);
+    float *cd = dev_copy(comp, (size_t)n_comp * hd * 4), *sd = dev_copy(sinks, sizeof sinks), *fd = dev_copy(ff, sizeof ff);
+    int32_t *pd = dev_copy(pos, (size_t)n * 4), *seld = dev_copy(sel, (size_t)n * TOPK * 4);
+    int32_t *nsd = dev_copy(ns, (size_t)n * 4);
+    const hm_cuda_dsv4_attn a = {.raw = rd, .comp = ratio ? cd : NULL, .sinks = sd, .ff = ratio ? fd : NULL,
+                                 .sel = seld, .n_sel = nsd, .cap = cap, .ratio = ratio, .window = WIN, .topk = TOPK,
+                                 .n_head = n_head, .hd = hd, .n_rot = n_rot,
+                                 .tscale = powf(theta, -2.0f / (float)n_rot),
+                                 .max_keys = WIN + (ratio == 4 ? TOPK : ratio == 128 ? n_ctx / 128 + 1 : 0)};
+    CK(hm_cuda_dsv4_attention(ctx, &a, qd, n, pd, &err));
+    dev_get(o, qd, nq * 4);
+    double e = 0;
+    for (size_t i = 0; i < nq; i++) e = fmax(e, fabs(o[i] - ref[i]));
+    printf("dsv4 attention hd %d, %d heads, ratio %d, %lld rows at %lld: max abs err %.3g\n", hd, n_head, ratio,
+           (long long)n, (long long)p0, e);
+    CHECKF(e <= ATTN_ABS, "dsv4 attention hd %d ratio %d: %.3g", hd, ratio, e);
+    void *fr[] = {qd, rd, cd, sd, fd, pd, seld, nsd};
+    for (size_t i = 0; i < sizeof fr / sizeof fr[0]; i++) hm_cuda_free(ctx, fr[i]);
+    free(q), free(o), free(raw), free(comp), free(ref), free(sc), free(pos), free(sel), free(ns);
+}
+
+/* ---- the model ---- */
+
+#define SP 150
+#define SDEC 16
+#define SSTEP (1 + SDEC)
+#define NCTX 256
+
+static hm_model *open_gpu(const char *path, const hm_placement_opts *po, hm_err *e) {
+    hm_model_opts mo;
+    memset(&mo, 0, sizeof mo);
+    mo.placement = po;
+    hm_model *m = NULL;
+    return hm_model_open(&m, path, &mo, e) == HM_OK ? m : NULL;
+}
+
+/* The placements: -ngl 99, --cpu-moe, a third of the units by --vram-budget, --n-cpu-moe 3. */
+enum { PL_ALL, PL_CPU_MOE, PL_BUDGET, PL_NCPUMOE, PL_COUNT };
+static const char *const pl_name[PL_COUNT] = {"-ngl 99", "--cpu-moe", "--vram-budget 1/3", "--n-cpu-moe 3"};
+
+static void placement(int p, uint64_t unit_bytes, uint64_t n_units, hm_placement_opts *po) {
+    hm_placement_opts_default(po);
+    po->n_gpu_layers = 99;
+    po->n_ctx = NCTX;
+    if (p == PL_CPU_MOE) po->cpu_moe = true;
+    if (p == PL_BUDGET) po->vram_budget = (int64_t)(unit_bytes * (n_units / 3));
+    if (p == PL_NCPUMOE) po->n_cpu_moe = 3;
+}
+
+/* On a fresh session (n_ubatch ub): the prompt and SDEC decode steps (logits into full, [SSTEP][V]),
+ * back to SP + 2 (within the current 128-block) and the tokens from there again, one by one (logits
+ * into out, [SDEC - 2][V]: out[i] is full[i + 3]'s step). Then back to 100 must be refused naming the
+ * compressed state. */
+static hm_status run_trim(hm_model *m, int32_t ub, const int32_t *toks, float *full, float *out, int32_t V,
+                          hm_err *e) {
+    hm_session_opts so;
+    hm_session_opts_default(&so);
+    so.n_ctx = NCTX;
+    so.n_ubatch = ub;
+    so.n_threads = 4;
+    hm_session *s = NULL;
+    hm_status st = hm_session_open(&s, m, &so, e);
+    if (st != HM_OK) return st;
+    int32_t t[SP + SDEC];
+    memcpy(t, toks, sizeof t);
+    if ((st = gpu_compare_run(s, t, SP, SDEC, false, full, V, e)) != HM_OK) goto out;
+    if ((st = hm_session_trim(s, SP + 2, e)) != HM_OK) goto out;
+    for (int i = 2; i < SDEC; i++) { /* step i + 1 of full: token toks[SP + i] at position SP + i */
+        const float *lg = NULL;
+        if ((st = hm_session_eval(s, toks + SP + i, 1, false, &lg, e)) != HM_OK) goto out;
+        memcpy(out + (size_t)(i - 2) * (size_t)V, lg, (size_t)V * sizeof(float));
+    }
+    st = hm_session_trim(s, 100, e);
+    CHECKF(st == HM_ERR_UNSUPPORTED && strstr(e->msg, "compressed"), "trim to 100: status %d (%s)", st, e->msg);
+    st = HM_OK;
+out:
+    hm_session_close(s);
+    return st;
+}
+
+static double max_rel_steps(const float *a, const float *b, int n_step, int32_t V) {
+    double w = 0;
+    for (int i = 0; i < n_step; i++) w = fmax(w, max_rel(a + (size_t)i * V, b + (size_t)i * V, (size_t)V));
+    return w;
+}
+
+static void run_synth(const char *type, bool quant) {
+    char path[] = "/tmp/hm_ds4gpu_XXXXXX";
+    if (!gpu_compare_synth(path, "deepseek4", "tiny", type, 1)) return;
+    hm_err e = {{0}};
+    int32_t V = 0, n_layer = 0, K = 0;
+    uint64_t unit_bytes = 0, n_units = 0;
+    hm_model *m = gpu_compare_open_cpu(path, type, &V, &n_layer, &K, &unit_bytes, &n_units, &e);
+    if (!m) {
+        unlink(path);
+        return;
+    }
+    printf("deepseek4 tiny %s: %d layers, vocab %d, k %d, %llu units of %llu bytes\n", type, n_layer, V, K,
+           (unsigned long long)n_units, (unsigned long long)unit_bytes);
+    enum { NUB = 3 };
+    const int32_t ubs[NUB] = {256, 64, 8};
+    int32_t toks[SP + SDEC], dummy[1];
+    gpu_compare_prompts(0x9e3779b97f4a7c15ull, V, toks, SP, dummy, 0);
+    const size_t sz = (size_t)SSTEP * (size_t)V * sizeof(float);
+    float *cpu[NUB], *gpu = xmalloc(sz), *graph = xmalloc(sz), *full = xmalloc(sz), *trim = xmalloc(sz);
+    float *cpu_full = xmalloc(sz), *cpu_trim = xmalloc(sz);
+    for (int i = 0; i < NUB; i++) {
+        cpu[i] = xmalloc(sz);
+        CHECKF(gpu_compare_run_fresh(m, NCTX, ubs[i], toks, SP, SDEC, i == 0, cpu[i], V, &e) == HM_OK,
+               "%s CPU run n_ubatch %d: %s", type, ubs[i], e.msg);
+    }
+    CHECKF(run_trim(m, 64, toks, cpu_full, cpu_trim, V, &e) == HM_OK, "%s CPU trim run: %s", type, e.msg);
+    hm_model_close(m);
+    for (int p = 0; p < PL_COUNT; p++) {
+        hm_placement_opts po;
+        placement(p, unit_bytes, n_units, &po);
+        m = open_gpu(path, &po, &e);
+        CHECKF(m != NULL, "%s %s: open: %s", type, pl_name[p], e.msg);
+        if (!m) continue;
+        for (int i = 0; i < NUB; i++) {
+            char what[160];
+            snprintf(what, sizeof what, "deepseek4-tiny %s %s n_ubatch %d", type, pl_name[p], ubs[i]);
+            hm_status st = gpu_compare_run_fresh(m, NCTX, ubs[i], toks, SP, SDEC, false, gpu, V, &e);
+            CHECKF(st == HM_OK, "%s: %s", what, e.msg);
+            if (st != HM_OK) continue;
+            /* n_ubatch 8: everything on the decode path (exact f32 matvecs); larger: the prefill's
+             * tensor cores for the prompt (its first step), decode after */
+            const double w = gpu_compare_logits(what, gpu, cpu[i], SSTEP, V,
+                                                quant ? NMSE_Q8 : (ubs[i] == 8 ? NMSE_EXACT : NMSE_BF16));
+            printf("%s: worst NMSE %.3g\n", what, w);
+            if (p == PL_ALL && i == NUB - 1) memcpy(graph, gpu, sz);
+        }
+        if (p == PL_ALL) {
+            /* the per-launch decode must be the graph's, byte for byte */
+            setenv("HOTMOE_CUDA_GRAPH", "0", 1);
+            hm_status st = gpu_compare_run_fresh(m, NCTX, 8, toks, SP, SDEC, false, gpu, V, &e);
+            unsetenv("HOTMOE_CUDA_GRAPH");
+            CHECKF(st == HM_OK, "%s per-launch run: %s", type, e.msg);
+            if (st == HM_OK) {
+                const double d = max_rel_steps(gpu, graph, SSTEP, V);
+                printf("deepseek4-tiny %s -ngl 99: per-launch vs graph decode, max rel difference %.3g\n", type, d);
+                CHECKF(memcmp(gpu, graph, sz) == 0, "%s: per-launch decode differs from the graph's (max rel %.3g)",
+                       type, d);
+            }
+            /* the state: back within the block and on again */
+            st = run_trim(m, 64, toks, full, trim, V, &e);
+            CHECKF(st == HM_OK, "%s GPU trim run: %s", type, e.msg);
+            if (st == HM_OK) {
+                const double d = max_rel_steps(trim, full + 3 * (size_t)V, SDEC - 2, V);
+                printf("deepseek4-tiny %s -ngl 99: trim to %d and on, max rel difference to the uninterrupted run "
+                       "%.3g\n", type, SP + 2, d);
+                CHECKF(d <= BOUND, "%s: after the trim %.3g > %g", type, d, BOUND);
+                const double w = gpu_compare_logits("deepseek4-tiny trimmed vs CPU trimmed", trim, cpu_trim, SDEC - 2,
+                                                    V, quant ? NMSE_Q8 : NMSE_BF16);
+                printf("deepseek4-tiny %s -ngl 99: trimmed run vs the CPU's trimmed run, worst NMSE %.3g\n", type, w);
+            }
+        }
+        hm_model_close(m);
+    }
+    for (int i = 0; i < NUB; i++) free(cpu[i]);
+    free(gpu), free(graph), free(full), free(trim), free(cpu_full), free(cpu_trim);
+    unlink(path);
+}
+
+/* HM_DS4_REAL_LAYERS=N: the deepseek-v4-flash shape, N layers, fast q4_k_m experts. */
+static void run_real(int n_layer) {
+    char path[] = "/tmp/hm_ds4real_XXXXXX";
+    int fd = mkstemp(path);
+    CHECK(fd >= 0);
+    if (fd < 0) return;
+    close(fd);
+    hm_synth_opts so = {.arch = "deepseek4", .preset = "deepseek-v4-flash", .n_layer = n_layer, .type = "q4_k_m",
+                        .seed = 1, .out_path = path, .n_threads = 0, .fast_experts = true};
+    hm_err e = {{0}};
+    hm_status st = hm_synth(&so, &e);
+    CHECKF(st == HM_OK, "synth deepseek-v4-flash %d layers: %s", n_layer, e.msg);
+    if (st != HM_OK) {
+        unlink(path);
+        return;
+    }
+    int32_t V = 0, nl = 0, K = 0;
+    uint64_t unit_bytes = 0, n_units = 0;
+    hm_model *m = gpu_compare_open_cpu(path, "deepseek-v4-flash", &V, &nl, &K, &unit_bytes, &n_units, &e);
+    if (!m) {
+        unlink(path);
+        return;
+    }
+    enum { RP = 140, RD = 6 };
+    int32_t toks[RP + RD], dummy[1];
+    gpu_compare_prompts(0x51ed270b27e1ull, V, toks, RP, dummy, 0);
+    const size_t sz = (size_t)(1 + RD) * (size_t)V * sizeof(float);
+    float *cpu = xmalloc(sz), *gpu = xmalloc(sz);
+    CHECKF(gpu_compare_run_fresh(m, NCTX, 64, toks, RP, RD, true, cpu, V, &e) == HM_OK, "real CPU run: %s", e.msg);
+    hm_model_close(m);
+    for (int p = 0; p < 2; p++) {
+        hm_placement_opts po;
+        hm_placement_opts_default(&po);
+        po.n_gpu_layers = 99;
+        po.n_ctx = NCTX;
+        if (p == 1) po.n_cpu_moe = 2;
+        m = open_gpu(path, &po, &e);
+        CHECKF(m != NULL, "real %s: open: %s", p ? "--n-cpu-moe 2" : "-ngl 99", e.msg);
+        if (!m) continue;
+        char what[128];
+        snprintf(what, sizeof what, "deepseek-v4-flash %d layers q4_k_m %s", n_layer, p ? "--n-cpu-moe 2" : "-ngl 99");
+        st = gpu_compare_run_fresh(m, NCTX, 64, toks, RP, RD, false, gpu, V, &e);
+        CHECKF(st == HM_OK, "%s: %s", what, e.msg);
+        if (st == HM_OK) printf("%s: worst NMSE %.3g\n", what, gpu_compare_logits(what, gpu, cpu, 1 + RD, V, NMSE_Q8));
+        hm_model_close(m);
+    }
+    free(cpu), free(gpu);
+    unlink(path);
+}
+
+int main(void) {
+    check_chunk_order();
+    check_topk_order();
+    int rc = cuda_test_open("the host checks passed");
+    if (rc >= 0) return rc;
+    check_hc();
+    check_rope();
+    check_index();
+    check_attention(64, 8, 4, 1, 100);
+    check_attention(64, 8, 4, 20, 0);
+    check_attention(64, 8, 128, 3, 300);
+    check_attention(64, 8, 0, 5, 7);
+    check_attention(512, 64, 4, 2, 600);
+    check_attention(512, 64, 128, 9, 250);
+    hm_cuda_close(ctx);
+    run_synth("f32", false);
+    run_synth("q8_0", true);
+    const char *real = getenv("HM_DS4_REAL_LAYERS");
+    if (real && atoi(real) > 0) run_real(atoi(real));
+    return test_done();
+}
