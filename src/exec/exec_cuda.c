@@ -873,6 +873,12 @@ static hm_status logits_of(hm_exec *x, const float *in, int64_t rows, float *log
     return hm_cuda_softcap(c, logits, rows * (int64_t)x->xm->n_vocab, x->xm->softcap, x->err);
 }
 
+/* Floats a row of the residual stream carries between layers (what a hand-over copies): n_embd, or
+ * DeepSeek-V4's hc streams of it. */
+static int64_t resid_width(const hm_exec_model *xm) {
+    return xm->dsv4.hc > 0 ? (int64_t)xm->dsv4.hc * xm->n_embd : xm->n_embd;
+}
+
 /* The decode graph's capture callback: the device g's part of the step (moe.h, hm_moe_graph). */
 static hm_status enqueue_step(void *ctx, hm_err *err) {
     hm_exec *x = ctx;
@@ -921,7 +927,7 @@ static hm_status graph_step(hm_exec *x) {
                                     enqueue_step, x, x->err)) != HM_OK)
             return st;
         if (!nxt(g)) break;
-        if ((st = hm_gpu_hand_over(&g->ds, x->n, xm->n_embd, x->err)) != HM_OK) return st;
+        if ((st = hm_gpu_hand_over(&g->ds, x->n, resid_width(xm), x->err)) != HM_OK) return st;
     }
     return hm_cuda_download(p->g->ds.c, p->b->logits, p->g->ds.logits,
                             (size_t)x->n * (size_t)xm->n_vocab * sizeof(float), x->err);
@@ -958,7 +964,7 @@ hm_status hm_exec_gpu_forward(const hm_model *m, hm_exec_state *s, hm_pool *pool
         for (int32_t il = g->ds.l0; il < g->ds.l1 && !x.done; il++) CK(hm_exec_layer(&x, il));
         CK(hm_gpu_routing_down(&g->ds, err)); /* decode: recorded once the step's work is done */
         if (!nxt(g) || x.done) break;
-        CK(hm_gpu_hand_over(&g->ds, x.nr, E, err));
+        CK(hm_gpu_hand_over(&g->ds, x.nr, resid_width(xm), err));
     }
     if (x.done || n_out == 0) {
         CK(hm_gpu_chain_sync(&s->dev->ds, err));
