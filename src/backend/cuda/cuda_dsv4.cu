@@ -13,6 +13,7 @@
 #define DS_THREADS 128
 #define DS_IDX_THREADS 256
 #define DS_MAX_HD 1024
+#define DS_IDX_SMEM_SCORES 11264 /* the indexer's scores in shared memory up to 44 KiB (a 45k context) */
 
 __device__ static inline float ds_warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -283,11 +284,13 @@ __device__ static inline void ds_better(float &s, int &i, float s2, int i2) {
     if (i < 0 || s2 > s || (s2 == s && i2 < i)) s = s2, i = i2;
 }
 
-/* one block per row t0 + blockIdx.x */
+/* one block per row t0 + blockIdx.x; the scores in dynamic shared memory when the launch gave it
+ * room for n_cmp_max of them (the k passes then read no global memory), else in scores */
 __global__ void __launch_bounds__(DS_IDX_THREADS) k_index(const float *iq, const float *iw, const float *icomp,
                                                           const int32_t *pos, int64_t t0, int ih, int ihd, int topk,
-                                                          float *scores, int64_t n_cmp_max, int32_t *sel,
-                                                          int32_t *n_sel) {
+                                                          float *scores, int64_t n_cmp_max, bool in_smem,
+                                                          int32_t *sel, int32_t *n_sel) {
+    extern __shared__ float sc_sm[];
     __shared__ float bs_w[DS_IDX_THREADS / 32];
     __shared__ int bi_w[DS_IDX_THREADS / 32];
     const int64_t t = t0 + blockIdx.x;
@@ -298,7 +301,7 @@ __global__ void __launch_bounds__(DS_IDX_THREADS) k_index(const float *iq, const
         if (threadIdx.x == 0) n_sel[t] = (int32_t)n_vis;
         return;
     }
-    float *sc = scores + (int64_t)blockIdx.x * n_cmp_max;
+    float *sc = in_smem ? sc_sm : scores + (int64_t)blockIdx.x * n_cmp_max;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     for (int64_t b = warp; b < n_vis; b += nw) {
         const float *kb = icomp + b * ihd;
@@ -343,8 +346,9 @@ hm_status hm_cuda_dsv4_index(hm_cuda_ctx *c, const float *iq, const float *iw, c
     HM_CU_ARG(iq && iw && icomp && pos && scores && sel && n_sel && ih > 0 && ihd > 0 && topk > 0);
     HM_CU_ARG(t0 >= 0 && t1 >= t0 && t1 - t0 < (1ll << 31) && n_cmp_max > 0);
     if (t1 == t0) return HM_OK;
-    k_index<<<(unsigned)(t1 - t0), DS_IDX_THREADS, 0, c->compute>>>(iq, iw, icomp, pos, t0, ih, ihd, topk, scores,
-                                                                   n_cmp_max, sel, n_sel);
+    const bool in_smem = n_cmp_max <= DS_IDX_SMEM_SCORES;
+    k_index<<<(unsigned)(t1 - t0), DS_IDX_THREADS, in_smem ? (size_t)n_cmp_max * sizeof(float) : 0, c->compute>>>(
+        iq, iw, icomp, pos, t0, ih, ihd, topk, scores, n_cmp_max, in_smem, sel, n_sel);
     HM_CU_LAUNCH("dsv4_index");
     return HM_OK;
 }
@@ -417,7 +421,7 @@ hm_status hm_cuda_dsv4_attention(hm_cuda_ctx *c, const hm_cuda_dsv4_attn *a, flo
                                  hm_err *err) {
     HM_CU_ARG(a && q && pos && a->raw && a->sinks && n >= 0 && n < 65536 && a->n_head > 0 && a->hd > 0);
     HM_CU_ARG(a->hd <= DS_MAX_HD && a->n_rot > 0 && a->n_rot % 2 == 0 && a->n_rot <= a->hd && a->window > 0);
-    HM_CU_ARG(a->cap >= a->window && a->max_keys >= a->window);
+    HM_CU_ARG(a->cap > 0 && a->max_keys >= a->window);
     HM_CU_ARG(a->ratio == 0 || (a->comp && (a->ratio == 128 || (a->ratio == 4 && a->sel && a->n_sel && a->topk > 0))));
     if (!n) return HM_OK;
     const size_t smem = ((size_t)a->hd + 32 + (size_t)a->max_keys) * sizeof(float);
