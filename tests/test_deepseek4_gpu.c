@@ -298,7 +298,8 @@ static void check_rope(void) {
         const float base = sc ? 160000.0f : 10000.0f;
         memcpy(xr, x, sizeof x);
         for (int t = 0; t < N; t++)
-            for (int h = 0; h < H; h++) rope_tail_ref(xr + (t * H + h) * HD, HD, ROT, pos[t], base, sc ? ff : NULL, inv);
+            for (int h = 0; h < H; h++)
+                rope_tail_ref(xr + (t * H + h) * HD, HD, ROT, pos[t], base, sc ? ff : NULL, inv);
         float *xd = dev_copy(x, sizeof x);
         CK(hm_cuda_dsv4_rope_tail(ctx, xd, N, H, HD, ROT, pd, powf(base, -2.0f / (float)ROT), sc ? fd : NULL, inv,
                                   &err));
@@ -421,7 +422,8 @@ static void check_attention(int hd, int n_head, int ratio, int64_t n, int64_t p0
             }
         }
     float *qd = dev_copy(q, nq * 4), *rd = dev_copy(raw, (size_t)cap * hd * 4);
-    float *cd = dev_copy(comp, (size_t)n_comp * hd * 4), *sd = dev_copy(sinks, sizeof sinks), *fd = dev_copy(ff, sizeof ff);
+    float *cd = dev_copy(comp, (size_t)n_comp * hd * 4), *sd = dev_copy(sinks, sizeof sinks);
+    float *fd = dev_copy(ff, sizeof ff);
     int32_t *pd = dev_copy(pos, (size_t)n * 4), *seld = dev_copy(sel, (size_t)n * TOPK * 4);
     int32_t *nsd = dev_copy(ns, (size_t)n * 4);
     const hm_cuda_dsv4_attn a = {.raw = rd, .comp = ratio ? cd : NULL, .sinks = sd, .ff = ratio ? fd : NULL,

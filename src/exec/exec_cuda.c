@@ -200,7 +200,8 @@ static hm_status xdev_open(const hm_model *m, const hm_state_opts *o, int32_t de
                                            hm_cuda_attention_scratch_size(c, (int64_t)U, o->n_ctx, xm->n_head,
                                                                           xm->n_head_kv, xm->head_dim));
     if (xm->dsv4.hc > 0)
-        g->ds.scratch_size = hm_gpu_max_sz(g->ds.scratch_size, dsv4_scratch(&xm->dsv4.dims, (int64_t)U, o->n_ctx, NULL));
+        g->ds.scratch_size =
+            hm_gpu_max_sz(g->ds.scratch_size, dsv4_scratch(&xm->dsv4.dims, (int64_t)U, o->n_ctx, NULL));
     const size_t rest = kv_bytes + rs_bytes + aux_bytes + act_bytes + g->ds.scratch_size;
 
     /* the KV cache, the recurrent state (zeroed) */
@@ -794,11 +795,11 @@ static hm_status g_dsv4_attn(hm_exec *x, int32_t il, const hm_dsv4_attn *p) {
             T(hm_cuda_dsv4_index(c, iq, out, sd.icomp, pos, t0, n - t0 < DS_IDX_ROWS ? n : t0 + DS_IDX_ROWS, (int)ih,
                                  (int)ihd, d->idx_topk, (float *)(void *)scr, n_ctx / 4 + 1, sel, n_sel, err));
     }
+    const int64_t max_cmp = r == 4 ? d->idx_topk : r == 128 ? n_ctx / 128 + 1 : 0; /* compressed keys a row */
     const hm_cuda_dsv4_attn a = {.raw = sd.raw, .comp = sd.comp, .sinks = dv(x, w->sinks), .ff = ff, .sel = sel,
                                  .n_sel = n_sel, .cap = sd.cap, .ratio = r, .window = d->window,
                                  .topk = d->idx_topk, .n_head = (int32_t)H, .hd = (int32_t)hd, .n_rot = d->n_rot,
-                                 .tscale = ts,
-                                 .max_keys = (int64_t)d->window + (r == 4 ? d->idx_topk : r == 128 ? n_ctx / 128 + 1 : 0)};
+                                 .tscale = ts, .max_keys = (int64_t)d->window + max_cmp};
     T(hm_cuda_dsv4_attention(c, &a, q, n, pos, err));
     /* the grouped low-rank output: group j's heads times its rows of Wo_a */
     const int64_t G = d->o_groups, gd = H * hd / G, L = d->o_lora;
