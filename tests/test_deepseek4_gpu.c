@@ -322,7 +322,10 @@ static void check_index(void) {
     for (int i = 0; i < N * IH * IHD; i++) iq[i] = (float)(int)(frand(&s) * 3.0f);
     for (int i = 0; i < N * IH; i++) iw[i] = (float)(1 + (int)(rnd_unit(&s) * 3.0));
     for (int i = 0; i < NC * IHD; i++) icomp[i] = (float)(int)(frand(&s) * 2.0f);
-    float *qd = dev_copy(iq, sizeof iq), *wd = dev_copy(iw, sizeof iw), *cd = dev_copy(icomp, sizeof icomp);
+    uint16_t icomp_h[NC * IHD]; /* the device keeps compressed rows as f16: small integers, exact */
+    for (int i = 0; i < NC * IHD; i++) icomp_h[i] = hm_f32_to_fp16(icomp[i]);
+    float *qd = dev_copy(iq, sizeof iq), *wd = dev_copy(iw, sizeof iw);
+    uint16_t *cd = dev_copy(icomp_h, sizeof icomp_h);
     int32_t *pd = dev_copy(pos, sizeof pos);
     float *scd = dev_copy(NULL, (size_t)N * NC * 4);
     int32_t *seld = dev_copy(NULL, sizeof(int32_t) * N * TOPK), *nsd = dev_copy(NULL, sizeof(int32_t) * N);
@@ -421,8 +424,12 @@ static void check_attention(int hd, int n_head, int ratio, int64_t n, int64_t p0
                 r[hd - n_rot + 2 * i + 1] = a * sn + b * c;
             }
         }
-    float *qd = dev_copy(q, nq * 4), *rd = dev_copy(raw, (size_t)cap * hd * 4);
-    float *cd = dev_copy(comp, (size_t)n_comp * hd * 4), *sd = dev_copy(sinks, sizeof sinks);
+    /* the device's rows are f16: the f16-rounded values above, exactly */
+    uint16_t *raw_h = xmalloc((size_t)cap * hd * 2), *comp_h = xmalloc((size_t)n_comp * hd * 2);
+    for (int64_t i = 0; i < cap * hd; i++) raw_h[i] = hm_f32_to_fp16(raw[i]);
+    for (int64_t i = 0; i < n_comp * hd; i++) comp_h[i] = hm_f32_to_fp16(comp[i]);
+    float *qd = dev_copy(q, nq * 4), *sd = dev_copy(sinks, sizeof sinks);
+    uint16_t *rd = dev_copy(raw_h, (size_t)cap * hd * 2), *cd = dev_copy(comp_h, (size_t)n_comp * hd * 2);
     float *fd = dev_copy(ff, sizeof ff);
     int32_t *pd = dev_copy(pos, (size_t)n * 4), *seld = dev_copy(sel, (size_t)n * TOPK * 4);
     int32_t *nsd = dev_copy(ns, (size_t)n * 4);
@@ -441,6 +448,7 @@ static void check_attention(int hd, int n_head, int ratio, int64_t n, int64_t p0
     void *fr[] = {qd, rd, cd, sd, fd, pd, seld, nsd};
     for (size_t i = 0; i < sizeof fr / sizeof fr[0]; i++) hm_cuda_free(ctx, fr[i]);
     free(q), free(o), free(raw), free(comp), free(ref), free(sc), free(pos), free(sel), free(ns);
+    free(raw_h), free(comp_h);
 }
 
 /* ---- the model ---- */

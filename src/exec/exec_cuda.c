@@ -94,8 +94,8 @@ typedef struct hm_xdev {
     int32_t *pred;            /* [2 * U * k]: prefill, the next layer's routing predicted on this
                                  layer's MoE input (for streaming ahead: moe.h, next_ids) */
     int32_t *pred_h;          /* [U * k] the predicted ids, down (in ds.pin) */
-    float *aux;               /* DeepSeek-V4: its layers' attention states (cpu_dsv4.h's layout), owned */
-    size_t *aux_off;          /* [l1 - l0] layer l0 + i's floats from aux on, owned */
+    char *aux;                /* DeepSeek-V4: its layers' attention states (hm_cuda_dsv4_layout), owned */
+    size_t *aux_off;          /* [l1 - l0] layer l0 + i's bytes from aux on, owned */
 } hm_xdev;
 
 static hm_xdev *nxt(const hm_xdev *g) { return (hm_xdev *)g->ds.next; }
@@ -166,12 +166,10 @@ static hm_status xdev_open(const hm_model *m, const hm_state_opts *o, int32_t de
     if (xm->dsv4.hc > 0) {
         if (!(g->aux_off = calloc((size_t)(l1 - l0 > 0 ? l1 - l0 : 1), sizeof *g->aux_off)))
             return hm_errf(err, HM_ERR_NOMEM, "out of memory");
-        size_t fl = 0;
         for (int32_t il = l0; il < l1; il++) {
-            g->aux_off[il - l0] = fl;
-            fl += hm_dsv4_layout(&xm->dsv4.dims, xm->dsv4.ratio[il], o->n_ctx, o->n_ubatch, NULL, NULL);
+            g->aux_off[il - l0] = aux_bytes;
+            aux_bytes += hm_cuda_dsv4_layout(&xm->dsv4.dims, xm->dsv4.ratio[il], o->n_ctx, o->n_ubatch, NULL, NULL);
         }
-        aux_bytes = fl * sizeof(float);
     }
     /* the arch's buffers, then router logits, sel, cold, logits, ints, sel_all, slots, pred */
     enum { N_MORE = 8 };
@@ -744,8 +742,8 @@ static hm_status g_dsv4_attn(hm_exec *x, int32_t il, const hm_dsv4_attn *p) {
     if (hpos[n - 1] - hpos[0] != n - 1) /* the chunked compressors assume consecutive positions */
         return hm_errf(err, HM_ERR_ARG, "%s: the batch's positions %d..%d are not consecutive", x->m->arch->name,
                        hpos[0], hpos[n - 1]);
-    hm_dsv4_state sd;
-    hm_dsv4_layout(d, r, ps->s->n_ctx, ps->s->n_ubatch, g->aux + g->aux_off[il - g->ds.l0], &sd);
+    hm_cuda_dsv4_state sd;
+    hm_cuda_dsv4_layout(d, r, ps->s->n_ctx, ps->s->n_ubatch, g->aux + g->aux_off[il - g->ds.l0], &sd);
     const float *ff = r ? dv(x, d->c_ff) : NULL, *cff = ff; /* the compressed layers only */
     const float ts = powf(w->theta, -2.0f / (float)d->n_rot), cts = powf(d->c_theta, -2.0f / (float)d->n_rot);
     float *h = x->buf[p->h], *qr = x->buf[p->qr], *kv = x->buf[p->kv], *q = x->buf[p->q], *out = x->buf[p->out];

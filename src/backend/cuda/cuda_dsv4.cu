@@ -2,9 +2,12 @@
  * backend/cpu/cpu_dsv4.c expression by expression (the same float products for RoPE angles, the
  * same order of the sequential sums: the softmax's denominator and the weighted values in key
  * order, the hyper-connection sums in stream order), so results differ from the CPU's by the
- * order of the dot products' reductions (warp trees here) and the libm's last bits only. */
+ * order of the dot products' reductions (warp trees here) and the libm's last bits only. The window
+ * and compressed rows are stored as f16 (hm_cuda_dsv4_layout): the values the CPU rounds to f16 and
+ * keeps in f32, so every read sees the CPU's number. */
 #include <cuda_fp16.h>
 #include <math.h>
+#include <string.h>
 
 #include "backend/cpu/cpu_dsv4.h"
 #include "cuda_dsv4.h"
@@ -20,7 +23,7 @@ __device__ static inline float ds_warp_sum(float v) {
     return v;
 }
 
-__device__ static inline float ds_f16r(float v) { return __half2float(__float2half_rn(v)); }
+__device__ static inline float ds_h(const __half *p, int64_t i) { return __half2float(p[i]); }
 
 /* Pair i's angle at position p: p tscale^i as the CPU forms it (a float product per pair). */
 __device__ static inline float ds_theta(int32_t p, float tscale, int i) {
@@ -37,6 +40,36 @@ __device__ static inline void ds_rope_pair(float *r, int i, int32_t p, float tsc
     const float a = r[2 * i], b = r[2 * i + 1];
     r[2 * i] = a * cs - b * sn;
     r[2 * i + 1] = a * sn + b * cs;
+}
+
+/* ---- the layer state ---- */
+
+size_t hm_cuda_dsv4_layout(const hm_dsv4_dims *d, int32_t ratio, int32_t n_ctx, int32_t n_ubatch, void *base,
+                           hm_cuda_dsv4_state *st) {
+    const int64_t hd = d->hd, ihd = d->idx_hd, S = HM_DSV4_RING, coff = ratio == 4 ? 2 : 1;
+    int64_t cap = (int64_t)d->window + n_ubatch;
+    if (cap > n_ctx) cap = n_ctx;
+    size_t at = 0;
+    char *b = (char *)base;
+#define TAKE(field, T, n)                                                   \
+    do {                                                                    \
+        if (base) st->field = (T *)(void *)(b + at);                        \
+        at += ((size_t)(n) * sizeof(T) + 255) & ~(size_t)255;               \
+    } while (0)
+    if (base) memset(st, 0, sizeof *st), st->cap = cap;
+    TAKE(raw, uint16_t, cap * hd);
+    if (ratio > 0) {
+        TAKE(ckv, float, S * coff * hd);
+        TAKE(csc, float, S * coff * hd);
+        TAKE(comp, uint16_t, ((int64_t)n_ctx / ratio + 1) * hd);
+    }
+    if (ratio == 4) {
+        TAKE(ikv, float, S * 2 * ihd);
+        TAKE(isc, float, S * 2 * ihd);
+        TAKE(icomp, uint16_t, ((int64_t)n_ctx / 4 + 1) * ihd);
+    }
+#undef TAKE
+    return at;
 }
 
 /* ---- hyper-connections ---- */
@@ -180,18 +213,18 @@ hm_status hm_cuda_dsv4_rope_tail(hm_cuda_ctx *c, float *x, int64_t n, int n_head
     return HM_OK;
 }
 
-__global__ void k_raw_write(const float *kv, int64_t n, int hd, const int32_t *pos, float *raw, int64_t cap) {
+__global__ void k_raw_write(const float *kv, int64_t n, int hd, const int32_t *pos, __half *raw, int64_t cap) {
     const int64_t i = (int64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= n * hd) return;
     const int64_t t = i / hd, e = i % hd;
-    raw[((int64_t)pos[t] % cap) * hd + e] = ds_f16r(kv[i]);
+    raw[((int64_t)pos[t] % cap) * hd + e] = __float2half_rn(kv[i]);
 }
 
-hm_status hm_cuda_dsv4_raw_write(hm_cuda_ctx *c, const float *kv, int64_t n, int hd, const int32_t *pos, float *raw,
-                                 int64_t cap, hm_err *err) {
+hm_status hm_cuda_dsv4_raw_write(hm_cuda_ctx *c, const float *kv, int64_t n, int hd, const int32_t *pos,
+                                 uint16_t *raw, int64_t cap, hm_err *err) {
     HM_CU_ARG(kv && pos && raw && n >= 0 && hd > 0 && cap >= n);
     if (!n) return HM_OK;
-    k_raw_write<<<hm_cu_blocks(n * hd, 256), 256, 0, c->compute>>>(kv, n, hd, pos, raw, cap);
+    k_raw_write<<<hm_cu_blocks(n * hd, 256), 256, 0, c->compute>>>(kv, n, hd, pos, (__half *)raw, cap);
     HM_CU_LAUNCH("dsv4_raw_write");
     return HM_OK;
 }
@@ -218,7 +251,7 @@ hm_status hm_cuda_dsv4_comp_write(hm_cuda_ctx *c, const float *a, const float *b
 /* one block per row t0 + blockIdx.x; o: dynamic shared [dim] */
 __global__ void k_compress(const float *kv, const float *sc, int64_t w, int32_t r, bool overlap, int64_t dim,
                            const float *norm, int n_rot, float tscale, const float *ff, float eps, const int32_t *pos,
-                           int64_t t0, float *out) {
+                           int64_t t0, __half *out) {
     extern __shared__ float o[];
     __shared__ double part[DS_THREADS];
     const int64_t p = pos[t0 + blockIdx.x];
@@ -262,17 +295,17 @@ __global__ void k_compress(const float *kv, const float *sc, int64_t w, int32_t 
     for (int j = threadIdx.x; j < n_rot / 2; j += blockDim.x)
         ds_rope_pair(o + dim - n_rot, j, (int32_t)start, tscale, ff, false);
     __syncthreads();
-    for (int64_t d = threadIdx.x; d < dim; d += blockDim.x) out[b * dim + d] = ds_f16r(o[d]);
+    for (int64_t d = threadIdx.x; d < dim; d += blockDim.x) out[b * dim + d] = __float2half_rn(o[d]);
 }
 
 hm_status hm_cuda_dsv4_compress(hm_cuda_ctx *c, const float *kv, const float *sc, int64_t w, int32_t r, bool overlap,
                                 int64_t dim, const float *norm, int n_rot, float tscale, const float *ff, float eps,
-                                const int32_t *pos, int64_t t0, int64_t t1, float *out, hm_err *err) {
+                                const int32_t *pos, int64_t t0, int64_t t1, uint16_t *out, hm_err *err) {
     HM_CU_ARG(kv && sc && norm && pos && out && r > 0 && dim > 0 && dim <= DS_MAX_HD && w >= (overlap ? 2 : 1) * dim);
     HM_CU_ARG(n_rot > 0 && n_rot % 2 == 0 && n_rot <= dim && t0 >= 0 && t1 >= t0 && t1 - t0 <= HM_DSV4_BLOCK);
     if (t1 == t0) return HM_OK;
     k_compress<<<(unsigned)(t1 - t0), DS_THREADS, (size_t)dim * sizeof(float), c->compute>>>(
-        kv, sc, w, r, overlap, dim, norm, n_rot, tscale, ff, eps, pos, t0, out);
+        kv, sc, w, r, overlap, dim, norm, n_rot, tscale, ff, eps, pos, t0, (__half *)out);
     HM_CU_LAUNCH("dsv4_compress");
     return HM_OK;
 }
@@ -286,7 +319,7 @@ __device__ static inline void ds_better(float &s, int &i, float s2, int i2) {
 
 /* one block per row t0 + blockIdx.x; the scores in dynamic shared memory when the launch gave it
  * room for n_cmp_max of them (the k passes then read no global memory), else in scores */
-__global__ void __launch_bounds__(DS_IDX_THREADS) k_index(const float *iq, const float *iw, const float *icomp,
+__global__ void __launch_bounds__(DS_IDX_THREADS) k_index(const float *iq, const float *iw, const __half *icomp,
                                                           const int32_t *pos, int64_t t0, int ih, int ihd, int topk,
                                                           float *scores, int64_t n_cmp_max, bool in_smem,
                                                           int32_t *sel, int32_t *n_sel) {
@@ -304,12 +337,12 @@ __global__ void __launch_bounds__(DS_IDX_THREADS) k_index(const float *iq, const
     float *sc = in_smem ? sc_sm : scores + (int64_t)blockIdx.x * n_cmp_max;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     for (int64_t b = warp; b < n_vis; b += nw) {
-        const float *kb = icomp + b * ihd;
+        const __half *kb = icomp + b * ihd;
         float s = 0.0f;
         for (int h = 0; h < ih; h++) {
             const float *qh = iq + (t * ih + h) * ihd;
             float dot = 0.0f;
-            for (int i = lane; i < ihd; i += 32) dot += qh[i] * kb[i];
+            for (int i = lane; i < ihd; i += 32) dot += qh[i] * ds_h(kb, i);
             dot = ds_warp_sum(dot);
             s += (dot > 0.0f ? dot : 0.0f) * iw[t * ih + h];
         }
@@ -340,7 +373,7 @@ __global__ void __launch_bounds__(DS_IDX_THREADS) k_index(const float *iq, const
     if (threadIdx.x == 0) n_sel[t] = topk;
 }
 
-hm_status hm_cuda_dsv4_index(hm_cuda_ctx *c, const float *iq, const float *iw, const float *icomp,
+hm_status hm_cuda_dsv4_index(hm_cuda_ctx *c, const float *iq, const float *iw, const uint16_t *icomp,
                              const int32_t *pos, int64_t t0, int64_t t1, int ih, int ihd, int topk,
                              float *scores, int64_t n_cmp_max, int32_t *sel, int32_t *n_sel, hm_err *err) {
     HM_CU_ARG(iq && iw && icomp && pos && scores && sel && n_sel && ih > 0 && ihd > 0 && topk > 0);
@@ -348,7 +381,7 @@ hm_status hm_cuda_dsv4_index(hm_cuda_ctx *c, const float *iq, const float *iw, c
     if (t1 == t0) return HM_OK;
     const bool in_smem = n_cmp_max <= DS_IDX_SMEM_SCORES;
     k_index<<<(unsigned)(t1 - t0), DS_IDX_THREADS, in_smem ? (size_t)n_cmp_max * sizeof(float) : 0, c->compute>>>(
-        iq, iw, icomp, pos, t0, ih, ihd, topk, scores, n_cmp_max, in_smem, sel, n_sel);
+        iq, iw, (const __half *)icomp, pos, t0, ih, ihd, topk, scores, n_cmp_max, in_smem, sel, n_sel);
     HM_CU_LAUNCH("dsv4_index");
     return HM_OK;
 }
@@ -369,11 +402,12 @@ __global__ void __launch_bounds__(DS_THREADS) k_dsv4_attn(hm_cuda_dsv4_attn a, f
     const int64_t nk = n_raw + n_cmp;
     const float scale = 1.0f / sqrtf((float)hd);
     __syncthreads();
+    const __half *raw = (const __half *)a.raw, *comp = (const __half *)a.comp;
     for (int64_t i = warp; i < nk; i += nw) {
-        const float *k = i < n_raw ? a.raw + ((j0 + i) % a.cap) * hd
-                                   : a.comp + (int64_t)(sel ? sel[i - n_raw] : i - n_raw) * hd;
+        const __half *k = i < n_raw ? raw + ((j0 + i) % a.cap) * hd
+                                    : comp + (int64_t)(sel ? sel[i - n_raw] : i - n_raw) * hd;
         float s = 0.0f;
-        for (int64_t e = lane; e < hd; e += 32) s += qs[e] * k[e];
+        for (int64_t e = lane; e < hd; e += 32) s += qs[e] * ds_h(k, e);
         s = ds_warp_sum(s);
         if (lane == 0) sc[i] = s * scale;
     }
@@ -395,14 +429,14 @@ __global__ void __launch_bounds__(DS_THREADS) k_dsv4_attn(hm_cuda_dsv4_attn a, f
 #pragma unroll
     for (int k = 0; k < DS_MAX_HD / DS_THREADS; k++) acc[k] = 0.0f;
     for (int64_t i = 0; i < nk; i++) {
-        const float *v = i < n_raw ? a.raw + ((j0 + i) % a.cap) * hd
-                                   : a.comp + (int64_t)(sel ? sel[i - n_raw] : i - n_raw) * hd;
+        const __half *v = i < n_raw ? raw + ((j0 + i) % a.cap) * hd
+                                    : comp + (int64_t)(sel ? sel[i - n_raw] : i - n_raw) * hd;
         const float e = sc[i];
         sum += e;
 #pragma unroll
         for (int k = 0; k < DS_MAX_HD / DS_THREADS; k++) {
             const int64_t d = threadIdx.x + (int64_t)k * blockDim.x;
-            if (d < hd) acc[k] += e * v[d];
+            if (d < hd) acc[k] += e * ds_h(v, d);
         }
     }
 #pragma unroll
