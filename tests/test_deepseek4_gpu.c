@@ -6,7 +6,9 @@
  * host by test_dsv4_cuda_order (label fast, every build).
  * Kernels (random inputs; max error relative to the largest value KERN_REL 1e-5 where the CPU twin
  * runs the same float expression, the rest against double references): hc_expand (exact), hc_mix,
- * hc_reduce, hc_post, swiglu_clamp against cpu_dsv4.c; rope_tail against the CPU's float recurrence;
+ * hc_reduce, hc_post, swiglu_clamp against cpu_dsv4.c; the grouped expert kernels' clamp
+ * (hm_cuda_moe_act_lim host-routed, decode and prefill batches, hm_cuda_moe_dev_act_lim device-routed
+ * with a cold expert) on F32 units against a double reference; rope_tail against the CPU's float recurrence;
  * the indexer on integer-valued inputs (every score exact in f32: the choice must equal the CPU
  * algorithm's, ties included); the attention (window ring + compressed rows + sinks, de-roped) at
  * head dims 64 and 512 against a double reference (ATTN_ABS 1e-4, as test_deepseek2_gpu's).
@@ -77,7 +79,7 @@ static void topk_cpu(float *sc, int64_t n, int k, int32_t *sel) {
 static void *dev_copy(const void *h, size_t n) {
     void *d = NULL;
     CK(hm_cuda_alloc(ctx, n ? n : 4, &d, &err));
-    if (n) CK(hm_cuda_upload(ctx, d, h, n, &err));
+    if (h && n) CK(hm_cuda_upload(ctx, d, h, n, &err)); /* h NULL: uninitialised room */
     return d;
 }
 
@@ -343,6 +345,99 @@ static void check_attention(int hd, int n_head, int ratio, int64_t n, int64_t p0
     free(raw_h), free(comp_h);
 }
 
+/* The grouped expert kernels with DeepSeek-V4's clamp (hm_cuda_moe_act_lim, host-routed, a decode
+ * batch and a prefill batch of 12 tokens; hm_cuda_moe_dev_act_lim, device-routed with one expert
+ * cold) on F32 units against a double reference of silu(min(g, L)) clamp(u, -L, L) (cpu_moe.c's
+ * act_mul); the limit 0.5 clamps most rows. Bound KERN_REL (f32 math against double). */
+static void check_moe_clamp(void) {
+    enum { E = 256, F = 128, NX = 3, T = 12, K = 2 };
+    const float L = 0.5f;
+    uint64_t seed = 91;
+    const size_t mw = (size_t)E * F;
+    float *w = xmalloc(3 * NX * mw * 4), *x = xmalloc(T * E * 4), *o = xmalloc(T * E * 4);
+    double *r = xmalloc(T * E * 8), *r_hot = xmalloc(T * E * 8), hbuf[F];
+    for (size_t i = 0; i < 3 * NX * mw; i++) w[i] = 0.25f * frand(&seed);
+    for (int i = 0; i < T * E; i++) x[i] = frand(&seed);
+    int32_t ids[T * K];
+    float wt[T * K];
+    for (int t = 0; t < T; t++) { /* token t: experts t % 3 and (t + 1) % 3 */
+        ids[t * K] = t % NX, ids[t * K + 1] = (t + 1) % NX;
+        wt[t * K] = 0.6f, wt[t * K + 1] = 0.4f;
+    }
+    int n_clamped = 0;
+    for (int i = 0; i < T * E; i++) r[i] = r_hot[i] = 0;
+    for (int t = 0; t < T; t++)
+        for (int j = 0; j < K; j++) {
+            const int e = ids[t * K + j];
+            const float *gw = w + (size_t)(3 * e) * mw, *uw = gw + mw, *dw = uw + mw;
+            for (int f = 0; f < F; f++) {
+                double gs = 0, us = 0;
+                for (int c = 0; c < E; c++) {
+                    gs += (double)gw[(size_t)f * E + c] * x[t * E + c];
+                    us += (double)uw[(size_t)f * E + c] * x[t * E + c];
+                }
+                n_clamped += gs > L || fabs(us) > L;
+                const double g = gs > L ? L : gs, u = us > L ? L : us < -L ? -L : us;
+                hbuf[f] = g / (1.0 + exp(-g)) * u;
+            }
+            for (int i = 0; i < E; i++) {
+                double a = 0;
+                for (int f = 0; f < F; f++) a += (double)dw[(size_t)i * F + f] * hbuf[f];
+                r[t * E + i] += wt[t * K + j] * a;
+                if (e != 2) r_hot[t * E + i] += wt[t * K + j] * a;
+            }
+        }
+    float *wd = dev_copy(w, 3 * NX * mw * 4), *xd = dev_copy(x, T * E * 4), *od = dev_copy(NULL, T * E * 4);
+    const size_t scr = hm_cuda_moe_scratch_size(T, T * K, NX, F), scr2 = hm_cuda_moe_dev_scratch_size(T, K, F);
+    void *sd = dev_copy(NULL, scr > scr2 ? scr : scr2);
+    double e_host[2] = {0, 0};
+    for (int b = 0; b < 2; b++) { /* a decode batch of 2 tokens, then the prefill batch of T */
+        const int nt = b ? T : 2;
+        int32_t toks[NX][T];
+        float wts[NX][T];
+        hm_cuda_moe_unit units[NX];
+        for (int e = 0; e < NX; e++) {
+            int n = 0;
+            for (int t = 0; t < nt; t++)
+                for (int j = 0; j < K; j++)
+                    if (ids[t * K + j] == e) toks[e][n] = t, wts[e][n++] = wt[t * K + j];
+            units[e] = (hm_cuda_moe_unit){.gate = wd + (size_t)(3 * e) * mw, .up = wd + (size_t)(3 * e + 1) * mw,
+                                          .down = wd + (size_t)(3 * e + 2) * mw, .tok_host = toks[e],
+                                          .w_host = wts[e], .n_tok = n};
+        }
+        CK(hm_cuda_memset(ctx, od, 0, T * E * 4, &err));
+        CK(hm_cuda_moe_act_lim(ctx, units, NX, HM_TYPE_F32, HM_TYPE_F32, HM_CUDA_ACT_SILU, L, xd, nt, E, F, od, sd,
+                               scr, &err));
+        dev_get(o, od, (size_t)nt * E * 4);
+        double md = 0, mr = 1e-30;
+        for (int i = 0; i < nt * E; i++) md = fmax(md, fabs(o[i] - r[i])), mr = fmax(mr, fabs(r[i]));
+        e_host[b] = md / mr;
+    }
+    hm_cuda_moe_slot slots[NX];
+    for (int e = 0; e < NX; e++)
+        slots[e] = e == 2 ? (hm_cuda_moe_slot){.gate = NULL}
+                          : (hm_cuda_moe_slot){.gate = wd + (size_t)(3 * e) * mw, .up = wd + (size_t)(3 * e + 1) * mw,
+                                               .down = wd + (size_t)(3 * e + 2) * mw};
+    hm_cuda_moe_slot *sld = dev_copy(slots, sizeof slots);
+    int32_t *idd = dev_copy(ids, sizeof ids);
+    float *wtd = dev_copy(wt, sizeof wt);
+    CK(hm_cuda_memset(ctx, od, 0, T * E * 4, &err));
+    CK(hm_cuda_moe_dev_act_lim(ctx, sld, HM_TYPE_F32, HM_TYPE_F32, HM_CUDA_ACT_SILU, L, idd, wtd, K, xd, 2, E, F, od,
+                               sd, scr2, &err));
+    dev_get(o, od, 2 * E * 4);
+    double md = 0, mr = 1e-30;
+    for (int i = 0; i < 2 * E; i++) md = fmax(md, fabs(o[i] - r_hot[i])), mr = fmax(mr, fabs(r_hot[i]));
+    const double e_dev = md / mr;
+    printf("experts' clamp (limit %.2g, %d of %d gate/up rows clamped): host-routed decode %.3g, prefill %.3g, "
+           "device-routed %.3g (max rel err)\n", (double)L, n_clamped, T * K * F, e_host[0], e_host[1], e_dev);
+    CHECKF(n_clamped > T * K * F / 4, "the clamp test clamps too few rows (%d)", n_clamped);
+    CHECKF(e_host[0] <= KERN_REL && e_host[1] <= KERN_REL && e_dev <= KERN_REL,
+           "experts' clamp: host-routed %.3g / %.3g, device-routed %.3g", e_host[0], e_host[1], e_dev);
+    void *fr[] = {wd, xd, od, sd, sld, idd, wtd};
+    for (size_t i = 0; i < sizeof fr / sizeof fr[0]; i++) hm_cuda_free(ctx, fr[i]);
+    free(w), free(x), free(o), free(r), free(r_hot);
+}
+
 /* ---- the model ---- */
 
 #define SP 150  /* the long runs' prompt: past a ratio-128 block, 37 ratio-4 blocks (top-k live) */
@@ -556,6 +651,7 @@ int main(void) {
     int rc = cuda_test_open("no host part: test_dsv4_cuda_order holds the kernels' orders");
     if (rc >= 0) return rc;
     check_hc();
+    check_moe_clamp();
     check_rope();
     check_index();
     check_attention(64, 8, 4, 1, 100);
