@@ -8,7 +8,9 @@
  * runs the same float expression, the rest against double references): hc_expand (exact), hc_mix,
  * hc_reduce, hc_post, swiglu_clamp against cpu_dsv4.c; the grouped expert kernels' clamp
  * (hm_cuda_moe_act_lim host-routed, decode and prefill batches, hm_cuda_moe_dev_act_lim device-routed
- * with a cold expert) on F32 units against a double reference; rope_tail against the CPU's float recurrence;
+ * with a cold expert) on F32 units against a double reference; the compressor's ring write (exact)
+ * and block compression (ratios 4 and 128) against a double reference; rope_tail against the CPU's
+ * float recurrence;
  * the indexer on integer-valued inputs (every score exact in f32: the choice must equal the CPU
  * algorithm's, ties included); the attention (window ring + compressed rows + sinks, de-roped) at
  * head dims 64 and 512 against a double reference (ATTN_ABS 1e-4, as test_deepseek2_gpu's).
@@ -345,6 +347,93 @@ static void check_attention(int hd, int n_head, int ratio, int64_t n, int64_t p0
     free(raw_h), free(comp_h);
 }
 
+/* The compressor's steps: hm_cuda_dsv4_comp_write (the ring rows, exact) then hm_cuda_dsv4_compress
+ * over a chunk of rows starting mid-block after earlier positions in the ring, for ratio 4 (the
+ * overlapping pair of blocks) and 128, against a double reference of cpu_dsv4.c's compress_block
+ * (softmax of the scores over the block's positions weighting the values, rmsnorm * norm, RoPE of
+ * the tail at the block's first position); the f16 rows within 1e-3 of the largest value (one f16
+ * rounding is 4.9e-4 relative). */
+static void check_compress(int32_t r, int64_t p0, int64_t n) {
+    enum { DIM = 64, ROT = 16, S = HM_DSV4_RING };
+    const bool ov = r == 4;
+    const int64_t w = (ov ? 2 : 1) * DIM, n_blk = (p0 + n) / r + 1;
+    uint64_t sd_ = 41 + (uint64_t)r;
+    float *kv = xmalloc((size_t)S * w * 4), *sc = xmalloc((size_t)S * w * 4), *a = xmalloc((size_t)n * w * 4);
+    float *b = xmalloc((size_t)n * w * 4), *ape = xmalloc((size_t)r * w * 4), norm[DIM], ff[ROT / 2];
+    int32_t *pos = xmalloc((size_t)n * 4);
+    for (int64_t i = 0; i < S * w; i++) kv[i] = frand(&sd_), sc[i] = 2.0f * frand(&sd_); /* earlier positions */
+    for (int64_t i = 0; i < n * w; i++) a[i] = frand(&sd_), b[i] = 2.0f * frand(&sd_);
+    for (int64_t i = 0; i < r * w; i++) ape[i] = 0.3f * frand(&sd_);
+    for (int i = 0; i < DIM; i++) norm[i] = 1.0f + 0.2f * frand(&sd_);
+    for (int i = 0; i < ROT / 2; i++) ff[i] = 1.0f + 0.5f * (float)i;
+    for (int64_t t = 0; t < n; t++) pos[t] = (int32_t)(p0 + t);
+    /* the reference ring: the chunk's rows written over the earlier ones */
+    float *rkv = xmalloc((size_t)S * w * 4), *rsc = xmalloc((size_t)S * w * 4);
+    memcpy(rkv, kv, (size_t)S * w * 4);
+    memcpy(rsc, sc, (size_t)S * w * 4);
+    for (int64_t t = 0; t < n; t++)
+        for (int64_t e = 0; e < w; e++) {
+            rkv[(pos[t] % S) * w + e] = a[t * w + e];
+            rsc[(pos[t] % S) * w + e] = b[t * w + e] + ape[(pos[t] % r) * w + e];
+        }
+    float *kvd = dev_copy(kv, (size_t)S * w * 4), *scd = dev_copy(sc, (size_t)S * w * 4);
+    float *ad = dev_copy(a, (size_t)n * w * 4), *bd = dev_copy(b, (size_t)n * w * 4);
+    float *aped = dev_copy(ape, (size_t)r * w * 4), *nd = dev_copy(norm, sizeof norm), *fd = dev_copy(ff, sizeof ff);
+    int32_t *pd = dev_copy(pos, (size_t)n * 4);
+    uint16_t *outd = dev_copy(NULL, (size_t)n_blk * DIM * 2), *out = xmalloc((size_t)n_blk * DIM * 2);
+    const float theta = 160000.0f, ts = powf(theta, -2.0f / ROT);
+    CK(hm_cuda_dsv4_comp_write(ctx, ad, bd, aped, 0, n, w, r, pd, kvd, scd, &err));
+    CK(hm_cuda_dsv4_compress(ctx, kvd, scd, w, r, ov, DIM, nd, ROT, ts, fd, 1e-6f, pd, 0, n, outd, &err));
+    float *gkv = xmalloc((size_t)S * w * 4), *gsc = xmalloc((size_t)S * w * 4);
+    dev_get(gkv, kvd, (size_t)S * w * 4);
+    dev_get(gsc, scd, (size_t)S * w * 4);
+    dev_get(out, outd, (size_t)n_blk * DIM * 2);
+    const bool ring_ok = memcmp(gkv, rkv, (size_t)S * w * 4) == 0 && memcmp(gsc, rsc, (size_t)S * w * 4) == 0;
+    double worst = 0, mx = 1e-30;
+    int n_done = 0;
+    for (int64_t t = 0; t < n; t++) {
+        if ((pos[t] + 1) % r) continue;
+        const int64_t blk = pos[t] / r, start = blk * r;
+        double o[DIM];
+        for (int d = 0; d < DIM; d++) {
+            double m = -INFINITY, sum = 0, acc = 0;
+            for (int pass = 0; pass < 2; pass++)
+                for (int half = ov ? 0 : 1; half < 2; half++)
+                    for (int64_t j = 0; j < r; j++) {
+                        const int64_t p = (half == 0 ? start - r : start) + j, col = ov && half == 1 ? DIM + d : d;
+                        if (p < 0) continue;
+                        const double sv = rsc[(p % S) * w + col];
+                        if (pass == 0) m = fmax(m, sv);
+                        else sum += exp(sv - m), acc += exp(sv - m) * rkv[(p % S) * w + col];
+                    }
+            o[d] = acc / sum;
+        }
+        double ss = 0;
+        for (int d = 0; d < DIM; d++) ss += o[d] * o[d];
+        const double scl = 1.0 / sqrt(ss / DIM + 1e-6);
+        for (int d = 0; d < DIM; d++) o[d] *= scl * norm[d];
+        float thf = (float)start; /* the contract's angles: the CPU's float products */
+        for (int i = 0; i < ROT / 2; i++, thf *= ts) {
+            const double th = (double)(thf / ff[i]), c = cos(th), sn = sin(th);
+            const double x0 = o[DIM - ROT + 2 * i], x1 = o[DIM - ROT + 2 * i + 1];
+            o[DIM - ROT + 2 * i] = x0 * c - x1 * sn;
+            o[DIM - ROT + 2 * i + 1] = x0 * sn + x1 * c;
+        }
+        for (int d = 0; d < DIM; d++) {
+            worst = fmax(worst, fabs(hm_fp16_to_f32(out[blk * DIM + d]) - o[d]));
+            mx = fmax(mx, fabs(o[d]));
+        }
+        n_done++;
+    }
+    printf("compressor ratio %d, rows %lld..%lld: ring %s, %d blocks, max err %.3g of max %.3g\n", r, (long long)p0,
+           (long long)(p0 + n - 1), ring_ok ? "exact" : "WRONG", n_done, worst, mx);
+    CHECKF(ring_ok, "comp_write ratio %d: the ring differs from the reference", r);
+    CHECKF(n_done > 0 && worst <= 1e-3 * mx, "compress ratio %d: %.3g of %.3g", r, worst, mx);
+    void *fr[] = {kvd, scd, ad, bd, aped, nd, fd, pd, outd};
+    for (size_t i = 0; i < sizeof fr / sizeof fr[0]; i++) hm_cuda_free(ctx, fr[i]);
+    free(kv), free(sc), free(a), free(b), free(ape), free(pos), free(rkv), free(rsc), free(out), free(gkv), free(gsc);
+}
+
 /* The grouped expert kernels with DeepSeek-V4's clamp (hm_cuda_moe_act_lim, host-routed, a decode
  * batch and a prefill batch of 12 tokens; hm_cuda_moe_dev_act_lim, device-routed with one expert
  * cold) on F32 units against a double reference of silu(min(g, L)) clamp(u, -L, L) (cpu_moe.c's
@@ -653,6 +742,9 @@ int main(void) {
     check_hc();
     check_moe_clamp();
     check_rope();
+    check_compress(4, 150, 37);   /* 9 blocks end in the chunk, the first reads the ring's rows */
+    check_compress(128, 200, 100); /* block 1 ends at 255 */
+    check_compress(4, 0, 9);      /* block 0 has no previous block */
     check_index();
     check_attention(64, 8, 4, 1, 100);
     check_attention(64, 8, 4, 20, 0);
