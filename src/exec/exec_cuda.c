@@ -789,9 +789,11 @@ static hm_status g_dsv4_attn(hm_exec *x, int32_t il, const hm_dsv4_attn *p) {
         T(hm_cuda_dsv4_rope_tail(c, iq, n, (int)ih, (int)ihd, d->n_rot, pos, cts, cff, false, err));
         T(mm(c, dw(x, w->i_proj->data), h, n, out, err)); /* out: the head weights for now */
         T(hm_cuda_scale(c, out, 1.0f / sqrtf((float)(ihd * ih)), out, n * ih, err));
-        for (int64_t t0 = 0; t0 < n; t0 += DS_IDX_ROWS)
-            T(hm_cuda_dsv4_index(c, iq, out, sd.icomp, pos, t0, n - t0 < DS_IDX_ROWS ? n : t0 + DS_IDX_ROWS, (int)ih,
-                                 (int)ihd, d->idx_topk, (float *)(void *)scr, n_ctx / 4 + 1, sel, n_sel, err));
+        /* the scores in shared memory: every row in one launch; else DS_IDX_ROWS rows' in the scratch */
+        const int64_t step = n_ctx / 4 + 1 <= HM_CUDA_DSV4_IDX_SMEM ? n : DS_IDX_ROWS;
+        for (int64_t t0 = 0; t0 < n; t0 += step)
+            T(hm_cuda_dsv4_index(c, iq, out, sd.icomp, pos, t0, n - t0 < step ? n : t0 + step, (int)ih, (int)ihd,
+                                 d->idx_topk, (float *)(void *)scr, n_ctx / 4 + 1, sel, n_sel, err));
     }
     const int64_t max_cmp = r == 4 ? d->idx_topk : r == 128 ? n_ctx / 128 + 1 : 0; /* compressed keys a row */
     const hm_cuda_dsv4_attn a = {.raw = sd.raw, .comp = sd.comp, .sinks = dv(x, w->sinks), .ff = ff, .sel = sel,

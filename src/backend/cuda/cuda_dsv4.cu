@@ -16,7 +16,6 @@
 #define DS_THREADS 128
 #define DS_IDX_THREADS 256
 #define DS_MAX_HD 1024
-#define DS_IDX_SMEM_SCORES 11264 /* the indexer's scores in shared memory up to 44 KiB (a 45k context) */
 
 __device__ static inline float ds_warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -379,7 +378,7 @@ hm_status hm_cuda_dsv4_index(hm_cuda_ctx *c, const float *iq, const float *iw, c
     HM_CU_ARG(iq && iw && icomp && pos && scores && sel && n_sel && ih > 0 && ihd > 0 && topk > 0);
     HM_CU_ARG(t0 >= 0 && t1 >= t0 && t1 - t0 < (1ll << 31) && n_cmp_max > 0);
     if (t1 == t0) return HM_OK;
-    const bool in_smem = n_cmp_max <= DS_IDX_SMEM_SCORES;
+    const bool in_smem = n_cmp_max <= HM_CUDA_DSV4_IDX_SMEM; /* 44 KiB: a context of 45k */
     k_index<<<(unsigned)(t1 - t0), DS_IDX_THREADS, in_smem ? (size_t)n_cmp_max * sizeof(float) : 0, c->compute>>>(
         iq, iw, (const __half *)icomp, pos, t0, ih, ihd, topk, scores, n_cmp_max, in_smem, sel, n_sel);
     HM_CU_LAUNCH("dsv4_index");

@@ -79,7 +79,9 @@ hm_status hm_cuda_dsv4_compress(hm_cuda_ctx *c, const float *kv, const float *sc
 /* The indexer's choice for rows [t0, t1): the visible compressed rows ((pos + 1) / 4) or, when more
  * than topk, the topk best by sum_h relu(iq_h . icomp_b) iw_h (ties: the lower row), in the CPU's
  * order (best first). iq [n, ih ihd], iw [n, ih], icomp [.., ihd] f16; scores: work [t1 - t0,
- * n_cmp_max] (unused up to 11264 rows: shared memory); sel [n, topk], n_sel [n]. */
+ * n_cmp_max], unused when n_cmp_max <= HM_CUDA_DSV4_IDX_SMEM (the scores in shared memory then);
+ * sel [n, topk], n_sel [n]. */
+#define HM_CUDA_DSV4_IDX_SMEM 11264
 hm_status hm_cuda_dsv4_index(hm_cuda_ctx *c, const float *iq, const float *iw, const uint16_t *icomp,
                              const int32_t *pos, int64_t t0, int64_t t1, int ih, int ihd, int topk,
                              float *scores, int64_t n_cmp_max, int32_t *sel, int32_t *n_sel, hm_err *err);
