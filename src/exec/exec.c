@@ -259,6 +259,15 @@ hm_status hm_exec_state_open(const hm_model *m, const hm_state_opts *o, void **o
         return hm_errf(err, HM_ERR_NOMEM, "out of memory");
     }
     hm_status st = kv_layout(m->xm, o, s, err);
+    if (st == HM_OK && m->xm->dsv4.hc > 0) { /* DeepSeek-V4: its own state, the window's ring in it */
+        const hm_dsv4_dims *d = &m->xm->dsv4.dims;
+        if (o->kv_type != HM_KV_F16)
+            st = hm_errf(err, HM_ERR_UNSUPPORTED, "%s: a %s KV cache is not supported (its state is kept as f16 "
+                         "values; use -ctk/-ctv f16)", m->arch->name, hm_kv_type_name(o->kv_type));
+        s->dsv4 = true;
+        s->window = d->window;
+        s->ring = (int64_t)d->window + o->n_ubatch < o->n_ctx ? (int64_t)d->window + o->n_ubatch : o->n_ctx;
+    }
     if (st != HM_OK) {
         hm_exec_state_close(s);
         return st;
@@ -281,7 +290,7 @@ hm_status hm_exec_state_open(const hm_model *m, const hm_state_opts *o, void **o
  * keeps everything (n_keep >= the positions it absorbed) or goes back to empty (n_keep 0). */
 hm_status hm_exec_state_trim(void *state, int32_t n_keep, hm_err *err) {
     hm_exec_state *s = state;
-    if (s->aux) { /* DeepSeek-V4's compressors: back within the current 128-position block only */
+    if (s->dsv4) { /* DeepSeek-V4's compressors: back within the current 128-position block only */
         if (n_keep <= 0 || n_keep >= s->n_hi) {
             if (n_keep <= 0) s->n_hi = 0;
             return HM_OK;

@@ -279,7 +279,7 @@ typedef struct hm_heads_io {
 } hm_heads_io;
 hm_status hm_op_matmul_heads(hm_exec *x, const hm_mat_heads *w, const hm_heads_io *io);
 
-/* ---- DeepSeek-V4's ops (xm->dsv4; one sequence a pass, the CPU only for now) ---- */
+/* ---- DeepSeek-V4's ops (xm->dsv4; one sequence a pass; CPU: cpu_dsv4.h, CUDA: cuda_dsv4.h) ---- */
 
 /* Hyper-connection weights: fn [(2 + hc) hc x hc E] (the head's: [hc x hc E]), scale [3] ([1]),
  * base [(2 + hc) hc] ([hc]). */

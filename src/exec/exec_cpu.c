@@ -88,10 +88,8 @@ hm_status hm_exec_cpu_state_open(const hm_model *m, const hm_state_opts *o, hm_e
                                                                            o->n_threads));
         if ((st = hm_model_att_scratch_alloc(&s->kv_scratch, fl, err)) != HM_OK) return st;
     }
-    if (xm->dsv4.hc > 0) { /* DeepSeek-V4: each layer's attention state (cpu_dsv4.h) */
-        if (o->kv_type != HM_KV_F16)
-            return hm_errf(err, HM_ERR_UNSUPPORTED, "%s: a %s KV cache is not supported (its state is kept as f16 "
-                           "values; use -ctk/-ctv f16)", m->arch->name, hm_kv_type_name(o->kv_type));
+    if (xm->dsv4.hc > 0) { /* DeepSeek-V4: each layer's attention state (cpu_dsv4.h; its KV type and
+                              window checked and set by hm_exec_state_open) */
         if (!(s->aux_off = calloc((size_t)xm->n_layer, sizeof *s->aux_off))) return hm_errf(err, HM_ERR_NOMEM, "out of memory");
         size_t total = 0;
         for (int32_t il = 0; il < xm->n_layer; il++) {
@@ -102,9 +100,6 @@ hm_status hm_exec_cpu_state_open(const hm_model *m, const hm_state_opts *o, hm_e
             return hm_errf(err, HM_ERR_NOMEM, "cannot allocate the compressed KV state (%.1f MiB)",
                            (double)total * sizeof(float) / (1 << 20));
         memset(s->aux, 0, total * sizeof(float));
-        s->window = xm->dsv4.dims.window;
-        s->ring = (int64_t)xm->dsv4.dims.window + o->n_ubatch < o->n_ctx ? (int64_t)xm->dsv4.dims.window + o->n_ubatch
-                                                                          : o->n_ctx;
     }
     if (xm->moe.n_expert > 0 &&
         (st = hm_moe_route_init(&s->route, xm->moe.n_expert, xm->moe.k, o->n_ubatch, err)) != HM_OK)

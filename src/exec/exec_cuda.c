@@ -35,6 +35,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend/cuda/cuda_dsv4.h"
 #include "backend/cuda/cuda_gemma.h"
 #include "backend/cuda/cuda_gptoss.h"
 #include "backend/cuda/cuda_linattn.h"
@@ -62,6 +63,19 @@ static bool attn_any(const hm_exec_model *xm) {
     return xm->head_dim != 64 && xm->head_dim != 128 && xm->head_dim != 256;
 }
 
+/* DeepSeek-V4's attention scratch: the indexer's scores of up to DS_IDX_ROWS rows over every
+ * compressed row a context has, then n rows' chosen rows and their counts; off[0..1] (NULL: the size
+ * only) the byte offsets of sel and n_sel. The attention runs before the MoE on one stream: the
+ * device scratch holds both, one after the other. */
+#define DS_IDX_ROWS 64
+static size_t dsv4_scratch(const hm_dsv4_dims *d, int64_t n, int32_t n_ctx, size_t *off) {
+    const int64_t rows = n < DS_IDX_ROWS ? n : DS_IDX_ROWS;
+    const size_t sc = ((size_t)rows * (size_t)(n_ctx / 4 + 1) * sizeof(float) + 255) & ~(size_t)255;
+    const size_t sel = ((size_t)n * (size_t)d->idx_topk * sizeof(int32_t) + 255) & ~(size_t)255;
+    if (off) off[0] = sc, off[1] = sc + sel;
+    return sc + sel + (size_t)n * sizeof(int32_t);
+}
+
 /* ---- a session's device states ----
  *
  * One hm_xdev per device of the placement that runs layers or the output, chained in layer order
@@ -80,6 +94,8 @@ typedef struct hm_xdev {
     int32_t *pred;            /* [2 * U * k]: prefill, the next layer's routing predicted on this
                                  layer's MoE input (for streaming ahead: moe.h, next_ids) */
     int32_t *pred_h;          /* [U * k] the predicted ids, down (in ds.pin) */
+    char *aux;                /* DeepSeek-V4: its layers' attention states (hm_cuda_dsv4_layout), owned */
+    size_t *aux_off;          /* [l1 - l0] layer l0 + i's bytes from aux on, owned */
 } hm_xdev;
 
 static hm_xdev *nxt(const hm_xdev *g) { return (hm_xdev *)g->ds.next; }
@@ -88,7 +104,8 @@ void hm_exec_gpu_state_close(hm_exec_state *s) {
     for (hm_xdev *g = s->dev, *nx; g; g = nx) {
         nx = nxt(g);
         hm_gpu_dstate_free(&g->ds); /* syncs its device first */
-        if (g->ds.c) hm_cuda_free(g->ds.c, g->rs);
+        if (g->ds.c) hm_cuda_free(g->ds.c, g->rs), hm_cuda_free(g->ds.c, g->aux);
+        free(g->aux_off);
         free(g);
     }
     s->dev = NULL;
@@ -145,6 +162,15 @@ static hm_status xdev_open(const hm_model *m, const hm_state_opts *o, int32_t de
     /* sizes first: a device that is full makes the expert pool give up room for all of them */
     g->rs_total = hm_exec_rs_floats(&xm->dn) * (size_t)n_rs;
     const size_t rs_bytes = g->rs_total * sizeof(float);
+    size_t aux_bytes = 0; /* DeepSeek-V4's attention states of its layers */
+    if (xm->dsv4.hc > 0) {
+        if (!(g->aux_off = calloc((size_t)(l1 - l0 > 0 ? l1 - l0 : 1), sizeof *g->aux_off)))
+            return hm_errf(err, HM_ERR_NOMEM, "out of memory");
+        for (int32_t il = l0; il < l1; il++) {
+            g->aux_off[il - l0] = aux_bytes;
+            aux_bytes += hm_cuda_dsv4_layout(&xm->dsv4.dims, xm->dsv4.ratio[il], o->n_ctx, o->n_ubatch, NULL, NULL);
+        }
+    }
     /* the arch's buffers, then router logits, sel, cold, logits, ints, sel_all, slots, pred */
     enum { N_MORE = 8 };
     size_t act_el[HM_EXEC_MAX_BUF + N_MORE], act_off[HM_EXEC_MAX_BUF + N_MORE];
@@ -171,7 +197,10 @@ static hm_status xdev_open(const hm_model *m, const hm_state_opts *o, int32_t de
         g->ds.scratch_size = hm_gpu_max_sz(g->ds.scratch_size,
                                            hm_cuda_attention_scratch_size(c, (int64_t)U, o->n_ctx, xm->n_head,
                                                                           xm->n_head_kv, xm->head_dim));
-    const size_t rest = kv_bytes + rs_bytes + act_bytes + g->ds.scratch_size;
+    if (xm->dsv4.hc > 0)
+        g->ds.scratch_size =
+            hm_gpu_max_sz(g->ds.scratch_size, dsv4_scratch(&xm->dsv4.dims, (int64_t)U, o->n_ctx, NULL));
+    const size_t rest = kv_bytes + rs_bytes + aux_bytes + act_bytes + g->ds.scratch_size;
 
     /* the KV cache, the recurrent state (zeroed) */
     char what[96];
@@ -181,6 +210,13 @@ static hm_status xdev_open(const hm_model *m, const hm_state_opts *o, int32_t de
     if (rs_bytes && (st = hm_gpu_dev_alloc_on(m, dev, rs_bytes, rest - kv_bytes, (void **)&g->rs, "recurrent state",
                                               err)) != HM_OK)
         return st;
+    if (aux_bytes) {
+        if ((st = hm_cuda_make_current(c, err)) != HM_OK ||
+            (st = hm_gpu_dev_alloc_on(m, dev, aux_bytes, rest - kv_bytes - rs_bytes, (void **)&g->aux,
+                                      "compressed KV state", err)) != HM_OK ||
+            (st = hm_cuda_memset(c, g->aux, 0, aux_bytes, err)) != HM_OK)
+            return st;
+    }
     /* activations: one device block */
     if ((st = hm_gpu_dev_alloc_on(m, dev, act_bytes, act_bytes + g->ds.scratch_size, &g->ds.dev_block, "activations",
                                   err)) != HM_OK)
@@ -649,6 +685,137 @@ static hm_status g_matmul_heads(hm_exec *x, const hm_mat_heads *w, const hm_head
     return HM_OK;
 }
 
+
+/* ---- DeepSeek-V4 (cuda_dsv4.h; the CPU's cpu_dsv4.c step by step) ---- */
+
+static const float *dv(hm_exec *x, const float *host) { return host ? dw(x, host)->v : NULL; }
+
+/* The packed embeddings into hc streams, through ds.cold (free before the first MoE step). */
+static hm_status g_hc_expand(hm_exec *x, hm_buf io) {
+    hm_xdev *g = gp(x)->g;
+    const int64_t E = x->xm->n_embd;
+    hm_status st = hm_cuda_copy(g->ds.c, g->ds.cold, x->buf[io], (size_t)(x->nr * E) * sizeof(float), x->err);
+    return st == HM_OK ? hm_cuda_dsv4_hc_expand(g->ds.c, g->ds.cold, x->buf[io], x->nr, E, x->xm->dsv4.hc, x->err)
+                       : st;
+}
+
+static hm_status g_hc_pre(hm_exec *x, hm_buf in, const hm_hc *p, hm_buf norm, hm_buf mix, hm_buf out, bool head) {
+    hm_cuda_ctx *c = gp(x)->g->ds.c;
+    const hm_dsv4_spec *d = &x->xm->dsv4;
+    const int64_t E = x->xm->n_embd, hc = d->hc, w = head ? hc : (2 + hc) * hc;
+    hm_status st = hm_cuda_rmsnorm(c, x->buf[in], NULL, x->buf[norm], x->nr, hc * E, x->xm->eps, x->err);
+    if (st == HM_OK) st = mm(c, dw(x, p->fn->data), x->buf[norm], x->nr, x->buf[mix], x->err);
+    if (st == HM_OK)
+        st = hm_cuda_dsv4_hc_mix(c, x->buf[mix], x->nr, (int)hc, head, dv(x, p->scale), dv(x, p->base), d->hc_iters,
+                                 d->hc_eps, x->err);
+    return st == HM_OK ? hm_cuda_dsv4_hc_reduce(c, x->buf[in], x->buf[mix], w, x->nr, E, (int)hc, x->buf[out], x->err)
+                       : st;
+}
+
+static hm_status g_hc_post(hm_exec *x, hm_buf f, hm_buf res, hm_buf mix, hm_buf out) {
+    return hm_cuda_dsv4_hc_post(gp(x)->g->ds.c, x->buf[f], x->buf[res], x->buf[mix], x->nr, x->xm->n_embd,
+                                x->xm->dsv4.hc, x->buf[out], x->err);
+}
+
+static hm_status g_swiglu_clamp(hm_exec *x, hm_buf g, hm_buf u, hm_buf out, int64_t width, float limit) {
+    hm_cuda_ctx *c = gp(x)->g->ds.c;
+    if (limit > 0.0f)
+        return hm_cuda_swiglu_clamp(c, x->buf[g], x->buf[u], x->buf[out], x->nr * width, limit, x->err);
+    return hm_cuda_swiglu(c, x->buf[g], x->buf[u], x->buf[out], x->nr * width, x->err);
+}
+
+/* hm_dsv4_attention on the layer's device state. The compressors advance in chunks of at most
+ * HM_DSV4_BLOCK rows (each chunk's ring rows written, then its blocks compressed): the rows a
+ * chunk's blocks read are never those its own writes replace (the ring holds 2 x 128 positions),
+ * the CPU's row-by-row order in effect. */
+static hm_status g_dsv4_attn(hm_exec *x, int32_t il, const hm_dsv4_attn *p) {
+    const gpu_pass *ps = gp(x);
+    hm_xdev *g = ps->g;
+    hm_cuda_ctx *c = g->ds.c;
+    const hm_dsv4_dims *d = &x->xm->dsv4.dims;
+    const hm_dsv4_lw *w = &p->w;
+    const int32_t r = w->ratio;
+    const int64_t n = x->nr, H = d->n_head, hd = d->hd, ih = d->idx_heads, ihd = d->idx_hd, n_ctx = ps->s->n_ctx;
+    const int32_t *pos = ps->pos, *hpos = ps->b->pos;
+    hm_err *err = x->err;
+    HM_ASSERT(n == ps->b->n && g->aux && il >= g->ds.l0 && il < g->ds.l1);
+    if (hpos[n - 1] - hpos[0] != n - 1) /* the chunked compressors assume consecutive positions */
+        return hm_errf(err, HM_ERR_ARG, "%s: the batch's positions %d..%d are not consecutive", x->m->arch->name,
+                       hpos[0], hpos[n - 1]);
+    hm_cuda_dsv4_state sd;
+    hm_cuda_dsv4_layout(d, r, ps->s->n_ctx, ps->s->n_ubatch, g->aux + g->aux_off[il - g->ds.l0], &sd);
+    const float *ff = r ? dv(x, d->c_ff) : NULL, *cff = ff; /* the compressed layers only */
+    const float ts = powf(w->theta, -2.0f / (float)d->n_rot), cts = powf(d->c_theta, -2.0f / (float)d->n_rot);
+    float *h = x->buf[p->h], *qr = x->buf[p->qr], *kv = x->buf[p->kv], *q = x->buf[p->q], *out = x->buf[p->out];
+    float *ca = x->buf[p->ca], *cb = x->buf[p->cb], *ia = x->buf[p->ia], *ib = x->buf[p->ib], *iq = x->buf[p->iq];
+    hm_status st;
+#define T(call) do { if ((st = (call)) != HM_OK) return st; } while (0)
+    /* queries: rmsnorm(qr) * q_a_norm, Wq_b, per-head rmsnorm, RoPE of the tails */
+    T(hm_cuda_rmsnorm(c, qr, dv(x, w->q_a_norm), qr, n, d->q_lora, d->eps, err));
+    T(mm(c, dw(x, w->wq_b->data), qr, n, q, err));
+    T(hm_cuda_rmsnorm(c, q, NULL, q, n * H, hd, d->eps, err));
+    T(hm_cuda_dsv4_rope_tail(c, q, n, (int)H, (int)hd, d->n_rot, pos, ts, ff, false, err));
+    /* the K=V row into the window's ring */
+    T(hm_cuda_rmsnorm(c, kv, dv(x, w->kv_norm), kv, n, hd, d->eps, err));
+    T(hm_cuda_dsv4_rope_tail(c, kv, n, 1, (int)hd, d->n_rot, pos, ts, ff, false, err));
+    T(hm_cuda_dsv4_raw_write(c, kv, n, (int)hd, pos, sd.raw, sd.cap, err));
+    if (r > 0) { /* the compressors */
+        const int64_t cw = (r == 4 ? 2 : 1) * hd;
+        T(mm(c, dw(x, w->c_kv->data), h, n, ca, err));
+        T(mm(c, dw(x, w->c_gate->data), h, n, cb, err));
+        if (r == 4) {
+            T(mm(c, dw(x, w->i_kv->data), h, n, ia, err));
+            T(mm(c, dw(x, w->i_gate->data), h, n, ib, err));
+        }
+        for (int64_t t0 = 0; t0 < n; t0 += HM_DSV4_BLOCK) {
+            const int64_t t1 = n - t0 < HM_DSV4_BLOCK ? n : t0 + HM_DSV4_BLOCK;
+            T(hm_cuda_dsv4_comp_write(c, ca, cb, dv(x, w->c_ape), t0, t1, cw, r, pos, sd.ckv, sd.csc, err));
+            T(hm_cuda_dsv4_compress(c, sd.ckv, sd.csc, cw, r, r == 4, hd, dv(x, w->c_norm), d->n_rot, cts, cff, d->eps,
+                                    pos, t0, t1, sd.comp, err));
+            if (r == 4) {
+                T(hm_cuda_dsv4_comp_write(c, ia, ib, dv(x, w->i_ape), t0, t1, 2 * ihd, 4, pos, sd.ikv, sd.isc, err));
+                T(hm_cuda_dsv4_compress(c, sd.ikv, sd.isc, 2 * ihd, 4, true, ihd, dv(x, w->i_norm), d->n_rot, cts, cff,
+                                        d->eps, pos, t0, t1, sd.icomp, err));
+            }
+        }
+    }
+    size_t off[2];
+    dsv4_scratch(d, n, (int32_t)n_ctx, off);
+    char *scr = g->ds.scratch;
+    HM_ASSERT(dsv4_scratch(d, n, (int32_t)n_ctx, NULL) <= g->ds.scratch_size);
+    int32_t *sel = (int32_t *)(void *)(scr + off[0]), *n_sel = (int32_t *)(void *)(scr + off[1]);
+    if (r == 4) { /* the indexer: queries from qr (RoPE at the compressed base), head weights from h */
+        T(mm(c, dw(x, w->i_qb->data), qr, n, iq, err));
+        T(hm_cuda_dsv4_rope_tail(c, iq, n, (int)ih, (int)ihd, d->n_rot, pos, cts, cff, false, err));
+        T(mm(c, dw(x, w->i_proj->data), h, n, out, err)); /* out: the head weights for now */
+        T(hm_cuda_scale(c, out, 1.0f / sqrtf((float)(ihd * ih)), out, n * ih, err));
+        /* the scores in shared memory: every row in one launch; else DS_IDX_ROWS rows' in the scratch */
+        const int64_t step = n_ctx / 4 + 1 <= HM_CUDA_DSV4_IDX_SMEM ? n : DS_IDX_ROWS;
+        for (int64_t t0 = 0; t0 < n; t0 += step)
+            T(hm_cuda_dsv4_index(c, iq, out, sd.icomp, pos, t0, n - t0 < step ? n : t0 + step, (int)ih, (int)ihd,
+                                 d->idx_topk, (float *)(void *)scr, n_ctx / 4 + 1, sel, n_sel, err));
+    }
+    const int64_t max_cmp = r == 4 ? d->idx_topk : r == 128 ? n_ctx / 128 + 1 : 0; /* compressed keys a row */
+    const hm_cuda_dsv4_attn a = {.raw = sd.raw, .comp = sd.comp, .sinks = dv(x, w->sinks), .ff = ff, .sel = sel,
+                                 .n_sel = n_sel, .cap = sd.cap, .ratio = r, .window = d->window,
+                                 .topk = d->idx_topk, .n_head = (int32_t)H, .hd = (int32_t)hd, .n_rot = d->n_rot,
+                                 .tscale = ts, .max_keys = (int64_t)d->window + max_cmp};
+    T(hm_cuda_dsv4_attention(c, &a, q, n, pos, err));
+    /* the grouped low-rank output: group j's heads times its rows of Wo_a */
+    const int64_t G = d->o_groups, gd = H * hd / G, L = d->o_lora;
+    const hm_xw *e = dw(x, w->wo_a->data);
+    for (int64_t j = 0; j < G; j++) {
+        hm_xw ej = *e;
+        ej.m.data = (const char *)e->m.data + (size_t)(j * L) * e->m.nb1;
+        ej.m.ne1 = L;
+        T(hm_cuda_copy_strided(c, ca, gd, q + j * gd, H * hd, n, gd, err));
+        T(mm(c, &ej, ca, n, cb, err));
+        T(hm_cuda_copy_strided(c, out + j * L, G * L, cb, L, n, L, err));
+    }
+#undef T
+    return HM_OK;
+}
+
 static const hm_exec_ops cuda_ops = {
     .rmsnorm = g_rmsnorm,
     .matmul_n = g_matmul_n,
@@ -675,6 +842,11 @@ static const hm_exec_ops cuda_ops = {
     .matmul_heads = g_matmul_heads,
     .sync = g_sync,
     .add_bias = g_add_bias,
+    .hc_expand = g_hc_expand,
+    .hc_pre = g_hc_pre,
+    .hc_post = g_hc_post,
+    .dsv4_attn = g_dsv4_attn,
+    .swiglu_clamp = g_swiglu_clamp,
 };
 
 /* ---- the step ---- */
@@ -700,6 +872,12 @@ static hm_status logits_of(hm_exec *x, const float *in, int64_t rows, float *log
     hm_status st = mm(c, dw(x, x->xm->output->data), in, rows, logits, x->err);
     if (st != HM_OK || x->xm->softcap <= 0) return st;
     return hm_cuda_softcap(c, logits, rows * (int64_t)x->xm->n_vocab, x->xm->softcap, x->err);
+}
+
+/* Floats a row of the residual stream carries between layers (what a hand-over copies): n_embd, or
+ * DeepSeek-V4's hc streams of it. */
+static int64_t resid_width(const hm_exec_model *xm) {
+    return xm->dsv4.hc > 0 ? (int64_t)xm->dsv4.hc * xm->n_embd : xm->n_embd;
 }
 
 /* The decode graph's capture callback: the device g's part of the step (moe.h, hm_moe_graph). */
@@ -728,6 +906,7 @@ static size_t graph_key(const hm_exec *x, const hm_xdev *g) {
     const gpu_pass *p = x->be;
     const hm_exec_model *xm = x->xm;
     if (xm->kv_v_is_k) return 0; /* the MLA attention: one warp per (row, head), no split */
+    if (xm->dsv4.hc > 0) return 0; /* V4's attention: no split; its sizes from n_ctx and the rows only */
     if (xm->attn_ring)
         return (size_t)hm_cuda_gemma_attention_splits(g->ds.c, x->n, xm->n_head, p->kv_len, p->s->window) * 4096 +
                (size_t)hm_cuda_gemma_attention_splits(g->ds.c, x->n, xm->n_head, p->kv_len, 0);
@@ -749,7 +928,7 @@ static hm_status graph_step(hm_exec *x) {
                                     enqueue_step, x, x->err)) != HM_OK)
             return st;
         if (!nxt(g)) break;
-        if ((st = hm_gpu_hand_over(&g->ds, x->n, xm->n_embd, x->err)) != HM_OK) return st;
+        if ((st = hm_gpu_hand_over(&g->ds, x->n, resid_width(xm), x->err)) != HM_OK) return st;
     }
     return hm_cuda_download(p->g->ds.c, p->b->logits, p->g->ds.logits,
                             (size_t)x->n * (size_t)xm->n_vocab * sizeof(float), x->err);
@@ -786,7 +965,7 @@ hm_status hm_exec_gpu_forward(const hm_model *m, hm_exec_state *s, hm_pool *pool
         for (int32_t il = g->ds.l0; il < g->ds.l1 && !x.done; il++) CK(hm_exec_layer(&x, il));
         CK(hm_gpu_routing_down(&g->ds, err)); /* decode: recorded once the step's work is done */
         if (!nxt(g) || x.done) break;
-        CK(hm_gpu_hand_over(&g->ds, x.nr, E, err));
+        CK(hm_gpu_hand_over(&g->ds, x.nr, resid_width(xm), err));
     }
     if (x.done || n_out == 0) {
         CK(hm_gpu_chain_sync(&s->dev->ds, err));

@@ -115,7 +115,9 @@ typedef struct hm_exec_state {
                                              wanted rows (batch indexes), concatenated */
     hm_moe_route route;
     hm_scratch scratch;
-    float *aux;             /* DeepSeek-V4: every layer's attention state (cpu_dsv4.h), owned */
+    bool dsv4;              /* DeepSeek-V4: the layers keep their attention state (cpu_dsv4.h; trimmed
+                               by hm_dsv4_can_trim), on the CPU in aux, on the GPU per device */
+    float *aux;             /* DeepSeek-V4 on the CPU: every layer's attention state, owned */
     size_t *aux_off;        /* [n_layer] layer il's floats from aux on, owned */
     struct hm_xdev *dev;    /* the GPU chain (exec_cuda.c), owned; NULL on the CPU */
     hm_op_prof *prof;       /* HOTMOE_OP_PROFILE: the ops' times, owned; NULL: none */

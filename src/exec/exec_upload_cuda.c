@@ -328,6 +328,53 @@ static hm_status u_matmul_heads(hm_exec *x, const hm_mat_heads *w, const hm_head
     return up_mat(x, &all);
 }
 
+/* ---- DeepSeek-V4's ---- */
+
+static hm_status u_hc_expand(hm_exec *x, hm_buf io) {
+    (void)x, (void)io;
+    return HM_OK;
+}
+
+static hm_status u_hc_pre(hm_exec *x, hm_buf in, const hm_hc *p, hm_buf norm, hm_buf mix, hm_buf out, bool head) {
+    (void)in, (void)norm, (void)mix, (void)out;
+    const int64_t hc = x->xm->dsv4.hc;
+    hm_status st = up_mat(x, p->fn);
+    if (st == HM_OK) st = up_vec(x, p->scale, head ? 1 : 3);
+    return st == HM_OK ? up_vec(x, p->base, head ? hc : (2 + hc) * hc) : st;
+}
+
+static hm_status u_hc_post(hm_exec *x, hm_buf f, hm_buf res, hm_buf mix, hm_buf out) {
+    (void)x, (void)f, (void)res, (void)mix, (void)out;
+    return HM_OK;
+}
+
+static hm_status u_swiglu_clamp(hm_exec *x, hm_buf g, hm_buf u, hm_buf out, int64_t width, float limit) {
+    (void)x, (void)g, (void)u, (void)out, (void)width, (void)limit;
+    return HM_OK;
+}
+
+/* The attention's matrices (Wo_a whole: the compute op takes each group's rows as a view) and
+ * vectors; the compressed layers' RoPE frequencies (the model's, one copy a device). */
+static hm_status u_dsv4_attn(hm_exec *x, int32_t il, const hm_dsv4_attn *p) {
+    (void)il;
+    const hm_dsv4_dims *d = &x->xm->dsv4.dims;
+    const hm_dsv4_lw *w = &p->w;
+    const int64_t hd = d->hd, ihd = d->idx_hd, coff = w->ratio == 4 ? 2 : 1;
+    const hm_mat *ms[8] = {w->wq_b, w->wo_a, w->c_kv, w->c_gate, w->i_qb, w->i_proj, w->i_kv, w->i_gate};
+    hm_status st = HM_OK;
+    for (int i = 0; i < 8 && st == HM_OK; i++)
+        if (ms[i]) st = up_mat(x, ms[i]);
+    if (st == HM_OK) st = up_vec(x, w->q_a_norm, d->q_lora);
+    if (st == HM_OK) st = up_vec(x, w->kv_norm, hd);
+    if (st == HM_OK) st = up_vec(x, w->sinks, d->n_head);
+    if (st == HM_OK) st = up_vec(x, w->c_ape, coff * hd * w->ratio);
+    if (st == HM_OK) st = up_vec(x, w->c_norm, hd);
+    if (st == HM_OK) st = up_vec(x, w->i_ape, 2 * ihd * 4);
+    if (st == HM_OK) st = up_vec(x, w->i_norm, ihd);
+    if (st == HM_OK && w->ratio > 0) st = up_vec(x, d->c_ff, d->n_rot / 2);
+    return st;
+}
+
 static const hm_exec_ops upload_ops = {
     .rmsnorm = u_rmsnorm,
     .matmul_n = u_matmul_n,
@@ -353,6 +400,11 @@ static const hm_exec_ops upload_ops = {
     .mla_in = u_mla_in,
     .matmul_heads = u_matmul_heads,
     .add_bias = u_add_bias,
+    .hc_expand = u_hc_expand,
+    .hc_pre = u_hc_pre,
+    .hc_post = u_hc_post,
+    .dsv4_attn = u_dsv4_attn,
+    .swiglu_clamp = u_swiglu_clamp,
 };
 
 hm_status hm_exec_gpu_load(hm_model *m, hm_err *err) {
@@ -371,6 +423,11 @@ hm_status hm_exec_gpu_load(hm_model *m, hm_err *err) {
             return hm_errf(err, HM_ERR_UNSUPPORTED, "layer %d: head_dim %d: the CUDA ring attention takes 32, 64, "
                            "128, 256 or 512 (run the model on the CPU: drop -ngl / --vram-budget)", il, hd);
     }
+    const hm_dsv4_dims *v4 = &xm->dsv4.dims;
+    if (xm->dsv4.hc > 0 && (v4->hd > 1024 || v4->idx_hd > 1024 || xm->dsv4.hc > 16))
+        return hm_errf(err, HM_ERR_UNSUPPORTED, "DeepSeek-V4 head_dim %d, indexer head %d, %d streams: the CUDA "
+                       "kernels take head dims up to 1024 and 16 streams (run the model on the CPU)", v4->hd,
+                       v4->idx_hd, xm->dsv4.hc);
     const hm_deltanet_spec *dn = &xm->dn;
     if (xm->n_rs_layer > 0 && (dn->d_k > 1024 || dn->d_v > 1024 || dn->n_v > 65535))
         return hm_errf(err, HM_ERR_UNSUPPORTED, "DeltaNet heads %d x (%d, %d): the CUDA delta rule takes d_k, d_v "

@@ -38,7 +38,8 @@
 const char *hm_moe_gpu_unfit(const hm_moe_weights *mw) {
     if (mw->act != HM_MOE_ACT_SILU && mw->act != HM_MOE_ACT_GELU && mw->act != HM_MOE_ACT_SWIGLU_OAI)
         return "an activation the CUDA kernels do not compute";
-    if (mw->act_limit > 0.0f) return "a clamped SwiGLU (DeepSeek-V4's swiglu_limit) the CUDA kernels do not compute yet";
+    if (mw->act_limit > 0.0f && mw->act != HM_MOE_ACT_SILU)
+        return "a clamp on an activation other than SiLU (the CUDA kernels clamp SwiGLU only)";
     if (mw->gate.type != mw->up.type || !hm_cuda_type_ok(mw->gate.type) || !hm_cuda_type_ok(mw->down.type))
         return "an expert tensor type the CUDA kernels do not compute";
     /* what the grouped kernels take (cuda_moe.cu, moe_widths_ok): widths in multiples of 32 (a
@@ -195,9 +196,9 @@ static hm_status peer_queue(const hm_model *m, const hm_moe_weights *mw, int32_t
     *queued = true;
     if ((st = hm_cuda_upload_compute(dv->ctx, dv->peer_x, x_host, bytes, err)) != HM_OK) return st;
     if ((st = hm_cuda_memset(dv->ctx, dv->peer_out, 0, bytes, err)) != HM_OK) return st;
-    if ((st = hm_cuda_moe_act(dv->ctx, grp, n, mw->gate.type, mw->down.type, cuda_act(mw), dv->peer_x, n_tok,
-                              mw->n_embd, mw->n_ff, dv->peer_out, dv->peer_scratch, dv->peer_scratch_size, err)) !=
-        HM_OK)
+    if ((st = hm_cuda_moe_act_lim(dv->ctx, grp, n, mw->gate.type, mw->down.type, cuda_act(mw), mw->act_limit,
+                                  dv->peer_x, n_tok, mw->n_embd, mw->n_ff, dv->peer_out, dv->peer_scratch,
+                                  dv->peer_scratch_size, err)) != HM_OK)
         return st;
     return hm_cuda_download_async(dv->ctx, dv->peer_out_h, dv->peer_out, bytes, err);
 }
@@ -466,16 +467,18 @@ hm_status hm_moe_forward_gpu(const hm_model *m, hm_pool *pool, const hm_moe_weig
         (st = stream_ahead(m, dv, b->next_mw, b->next_ids, r->n_tok, r->k, err)) != HM_OK)
         return st;
     if (n_hot > 0 &&
-        (st = hm_cuda_moe_act(c, b->units, n_hot, mw->gate.type, mw->down.type, cuda_act(mw), b->x_dev, r->n_tok,
-                              mw->n_embd, mw->n_ff, b->out_dev, b->scratch_dev, b->scratch_dev_size, err)) != HM_OK)
+        (st = hm_cuda_moe_act_lim(c, b->units, n_hot, mw->gate.type, mw->down.type, cuda_act(mw), mw->act_limit,
+                                  b->x_dev, r->n_tok, mw->n_embd, mw->n_ff, b->out_dev, b->scratch_dev,
+                                  b->scratch_dev_size, err)) != HM_OK)
         return st;
     /* the CPU part and the peer units, while the hot launch runs and the streamed units go up */
     if ((st = cold_part(m, pool, mw, r, n_cold, n_peer, b, scratch, err)) != HM_OK || n_str == 0) return st;
     /* the streamed units, once landed, in a second launch (after the first on the same stream) */
     if ((st = stream_wait(dv, str_slots, n_str, err)) != HM_OK) return st;
     if (g->stream_mode == 3) dv->stream_busy_until = hm_time_us(); /* nothing queued behind them */
-    return hm_cuda_moe_act(c, b->units + n_hot, n_str, mw->gate.type, mw->down.type, cuda_act(mw), b->x_dev, r->n_tok,
-                           mw->n_embd, mw->n_ff, b->out_dev, b->scratch_dev, b->scratch_dev_size, err);
+    return hm_cuda_moe_act_lim(c, b->units + n_hot, n_str, mw->gate.type, mw->down.type, cuda_act(mw), mw->act_limit,
+                               b->x_dev, r->n_tok, mw->n_embd, mw->n_ff, b->out_dev, b->scratch_dev,
+                               b->scratch_dev_size, err);
 }
 
 bool hm_moe_gpu_slot_table(const hm_model *m, const hm_moe_weights *mw, int32_t *seen, hm_cuda_moe_slot *slots,
@@ -511,9 +514,10 @@ hm_status hm_moe_forward_gpu_dev(const hm_model *m, const hm_moe_weights *mw, co
                                  const int32_t *ids_dev, const float *w_dev, int64_t n_tok, int k,
                                  const hm_moe_gpu_buf *b, hm_err *err) {
     HM_ASSERT(m->gpu);
-    hm_status st = hm_cuda_moe_dev_act(layer_ctx(m->gpu, mw), slots_dev, mw->gate.type, mw->down.type, cuda_act(mw),
-                                       ids_dev, w_dev, k, b->x_dev, n_tok, mw->n_embd, mw->n_ff, b->out_dev,
-                                       b->scratch_dev, b->scratch_dev_size, err);
+    hm_status st = hm_cuda_moe_dev_act_lim(layer_ctx(m->gpu, mw), slots_dev, mw->gate.type, mw->down.type,
+                                           cuda_act(mw), mw->act_limit, ids_dev, w_dev, k, b->x_dev, n_tok,
+                                           mw->n_embd, mw->n_ff, b->out_dev, b->scratch_dev, b->scratch_dev_size,
+                                           err);
     if (st == HM_OK && mw->down_b)
         st = hm_cuda_moe_dev_down_bias(layer_ctx(m->gpu, mw), slots_dev, ids_dev, w_dev, k, n_tok, mw->n_embd,
                                        b->out_dev, err);

@@ -18,9 +18,11 @@
  * correction, whose magnitude factor V4 cancels), the others rope.freq_base unscaled.
  *
  * Session state: each layer's window ring, compressors and compressed rows (the executor's, sized
- * by xm->dsv4); only one sequence a pass, and the CPU only for now (no gpu_load: a GPU placement is
- * refused naming the arch). Not supported (load says so): MTP layers, KV sharing variants,
- * compression ratios other than 0, 4 and 128. */
+ * by xm->dsv4, on the CPU or on the layer's device); only one sequence a pass. On CUDA the same
+ * description runs (backend/cuda/cuda_dsv4.h: the hyper-connections and the attention; the clamped
+ * SwiGLU in the grouped expert kernels), hot experts in VRAM slots and cold ones on the CPU. Not
+ * supported (load says so): MTP layers, KV sharing variants, compression ratios other than 0, 4
+ * and 128. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -401,15 +403,11 @@ fail:
 #undef UNSUP
 }
 
-/* The executor's CPU path; no gpu_load (a GPU placement is refused naming the arch) and no
- * forward_multi (the attention state is per sequence, one a pass). */
+/* The executor's paths (CPU, CUDA per-launch and graph); no forward_multi (the attention state is
+ * per sequence, one a pass). */
 const hm_arch hm_arch_deepseek4 = {
     .name = "deepseek4",
     .load = ds4_load,
     .unload = ds4_unload,
-    .state_open = hm_exec_state_open,
-    .state_close = hm_exec_state_close,
-    .state_trim = hm_exec_state_trim,
-    .forward = hm_exec_forward,
-    .layer = ds4_layer_fwd,
+    HM_EXEC_ARCH(ds4_layer_fwd),
 };

@@ -90,7 +90,7 @@ hm_status hm_cuda_mmq_run(hm_cuda_ctx *c, const hm_cuda_mat *w, const float *x, 
 enum { HM_CUDA_MMQ_GATE_UP = 1, HM_CUDA_MMQ_DOWN = 2 };
 int hm_cuda_mmq_moe_plan(hm_cuda_ctx *c, int gate_type, int down_type, int64_t n_batch, int64_t n_pairs,
                          int64_t n_embd, int64_t n_ff, int64_t max_pair);
-hm_status hm_cuda_mmq_moe_gate_up(hm_cuda_ctx *c, int gate_type, int act, const moe_unit_dev *ud_host,
+hm_status hm_cuda_mmq_moe_gate_up(hm_cuda_ctx *c, int gate_type, int act, float lim, const moe_unit_dev *ud_host,
                                   const moe_unit_dev *ud, int n_active, const int32_t *pair_tok, const float *x,
                                   int64_t n_batch, int64_t n_embd, int64_t n_ff, float *h, hm_err *err);
 hm_status hm_cuda_mmq_moe_down(hm_cuda_ctx *c, int down_type, const moe_unit_dev *ud_host, const moe_unit_dev *ud,
@@ -99,12 +99,17 @@ hm_status hm_cuda_mmq_moe_down(hm_cuda_ctx *c, int down_type, const moe_unit_dev
                                float *out, hm_err *err);
 
 /* The grouped MoE's activation: silu(gate) * up (Qwen) or gelu_tanh(gate) * up (Gemma: 0.5 x
- * (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), as cpu_gemma.c); act: hm_cuda_act. */
+ * (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), as cpu_gemma.c); act: hm_cuda_act; lim > 0: gate and up
+ * clamped first (hm_cuda_moe_act_lim). */
 __device__ __forceinline__ float silu(float v) { return v / (1.0f + expf(-v)); }
 __device__ __forceinline__ float gelu_tanh(float v) {
     return 0.5f * v * (1.0f + tanhf(0.7978845608028654f * (v + 0.044715f * v * v * v)));
 }
-__device__ __forceinline__ float act_mul(int act, float g, float u) {
+__device__ __forceinline__ float act_mul(int act, float lim, float g, float u) {
+    if (lim > 0.0f) { /* DeepSeek-V4's clamp (cpu_moe.c's act_mul): gate above, up both ways */
+        g = fminf(g, lim);
+        u = fminf(fmaxf(u, -lim), lim);
+    }
     if (act == HM_CUDA_ACT_SWIGLU_OAI) { /* gpt-oss: min(g, 7) sigmoid(1.702 min(g, 7)) (clamp(u, -7, 7) + 1) */
         const float a = fminf(g, 7.0f), b = fminf(fmaxf(u, -7.0f), 7.0f);
         return a / (1.0f + expf(-1.702f * a)) * (b + 1.0f);
@@ -112,8 +117,9 @@ __device__ __forceinline__ float act_mul(int act, float g, float u) {
     return (act == HM_CUDA_ACT_GELU ? gelu_tanh(g) : silu(g)) * u;
 }
 /* act_mul with row r's gate / up biases first (NULL: none) */
-__device__ __forceinline__ float act_mul_b(int act, float g, float u, const float *gb, const float *ub, int64_t r) {
-    return act_mul(act, gb ? g + gb[r] : g, ub ? u + ub[r] : u);
+__device__ __forceinline__ float act_mul_b(int act, float lim, float g, float u, const float *gb, const float *ub,
+                                           int64_t r) {
+    return act_mul(act, lim, gb ? g + gb[r] : g, ub ? u + ub[r] : u);
 }
 
 /* The flash prefill attention (cuda_flash.cu): whether it takes a batch of n_tok queries of

@@ -391,10 +391,10 @@ k_mmq_moe(const moe_unit_dev *__restrict__ units, int a0, int which, size_t nb1,
 
 /* h[i][r] = act(h[i][r]) * ub[i - p0][r] for pairs i in [p0, p1) (the gate's result is in h). */
 __global__ void __launch_bounds__(256) k_mmq_moe_act(float *__restrict__ h, const float *__restrict__ ub, int64_t p0,
-                                                     int64_t p1, int64_t n_ff, int act) {
+                                                     int64_t p1, int64_t n_ff, int act, float lim) {
     const int64_t e = (int64_t)blockIdx.x * 256 + threadIdx.x, n = (p1 - p0) * n_ff;
     if (e >= n) return;
-    h[p0 * n_ff + e] = act_mul(act, h[p0 * n_ff + e], ub[e]);
+    h[p0 * n_ff + e] = act_mul(act, lim, h[p0 * n_ff + e], ub[e]);
 }
 
 /* out[t][r] += sum over t's pairs i in [p0, p1), in tok_pairs (unit) order, of w_i y_i[r], as
@@ -531,7 +531,7 @@ static mmq_moe_ws mmq_moe_quant(hm_cuda_ctx *c, const float *v, int64_t n, int64
     return w;
 }
 
-hm_status hm_cuda_mmq_moe_gate_up(hm_cuda_ctx *c, int gate_type, int act, const moe_unit_dev *ud_host,
+hm_status hm_cuda_mmq_moe_gate_up(hm_cuda_ctx *c, int gate_type, int act, float lim, const moe_unit_dev *ud_host,
                                   const moe_unit_dev *ud, int n_active, const int32_t *pair_tok, const float *x,
                                   int64_t n_batch, int64_t n_embd, int64_t n_ff, float *h, hm_err *err) {
     const mmq_moe_ws w = mmq_moe_quant(c, x, n_batch, n_embd, n_ff);
@@ -544,7 +544,7 @@ hm_status hm_cuda_mmq_moe_gate_up(hm_cuda_ctx *c, int gate_type, int act, const 
                    moe_tiles(gate_type, st, ud, a, a1 - a, mt, 1, n_embd, n_ff, w.q, w.d, w.s, pair_tok, p0, w.y);
         },
         [&](int64_t p0, int64_t np) {
-            k_mmq_moe_act<<<hm_cu_blocks(np * n_ff, 256), 256, 0, st>>>(h, w.y, p0, p0 + np, n_ff, act);
+            k_mmq_moe_act<<<hm_cu_blocks(np * n_ff, 256), 256, 0, st>>>(h, w.y, p0, p0 + np, n_ff, act, lim);
         },
         err);
     if (s) return s;

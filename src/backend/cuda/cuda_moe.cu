@@ -53,7 +53,7 @@ size_t hm_cuda_moe_scratch_size(int64_t n_batch, int64_t n_pairs, int64_t n_unit
 template <int T, int NT>
 __device__ __forceinline__ void gate_up_chunk(const moe_unit_dev &u, int64_t r, size_t nb1, int64_t n_embd,
                                               int64_t n_ff, const int32_t *pair_tok, int32_t i0, int n,
-                                              const float *x, float *h, int lane, int act) {
+                                              const float *x, float *h, int lane, int act, float lim) {
     const float *xs[NT];
     float g[NT], up[NT];
 #pragma unroll
@@ -66,24 +66,24 @@ __device__ __forceinline__ void gate_up_chunk(const moe_unit_dev &u, int64_t r, 
 #pragma unroll
     for (int t = 0; t < NT; t++) {
         const float gs = warp_sum(g[t]), us = warp_sum(up[t]);
-        if (lane == t && t < n) h[(int64_t)(i0 + t) * n_ff + r] = act_mul_b(act, gs, us, u.gate_b, u.up_b, r);
+        if (lane == t && t < n) h[(int64_t)(i0 + t) * n_ff + r] = act_mul_b(act, lim, gs, us, u.gate_b, u.up_b, r);
     }
 }
 
 template <int T>
 __global__ void __launch_bounds__(128) k_moe_gate_up(const moe_unit_dev *__restrict__ units, const int32_t *__restrict__ pair_tok,
                                                      const float *__restrict__ x, int64_t n_embd, int64_t n_ff, size_t nb1,
-                                                     float *__restrict__ h, int act) {
+                                                     float *__restrict__ h, int act, float lim) {
     const int lane = threadIdx.x & 31;
     const int64_t r = (int64_t)blockIdx.x * 4 + (threadIdx.x >> 5);
     if (r >= n_ff) return;
     const moe_unit_dev u = units[blockIdx.y];
     for (int32_t i = u.pair0; i < u.pair0 + u.n_pair; i += 8) {
         const int n = min(8, u.pair0 + u.n_pair - i);
-        if (n == 1) gate_up_chunk<T, 1>(u, r, nb1, n_embd, n_ff, pair_tok, i, n, x, h, lane, act);
-        else if (n == 2) gate_up_chunk<T, 2>(u, r, nb1, n_embd, n_ff, pair_tok, i, n, x, h, lane, act);
-        else if (n <= 4) gate_up_chunk<T, 4>(u, r, nb1, n_embd, n_ff, pair_tok, i, n, x, h, lane, act);
-        else gate_up_chunk<T, 8>(u, r, nb1, n_embd, n_ff, pair_tok, i, n, x, h, lane, act);
+        if (n == 1) gate_up_chunk<T, 1>(u, r, nb1, n_embd, n_ff, pair_tok, i, n, x, h, lane, act, lim);
+        else if (n == 2) gate_up_chunk<T, 2>(u, r, nb1, n_embd, n_ff, pair_tok, i, n, x, h, lane, act, lim);
+        else if (n <= 4) gate_up_chunk<T, 4>(u, r, nb1, n_embd, n_ff, pair_tok, i, n, x, h, lane, act, lim);
+        else gate_up_chunk<T, 8>(u, r, nb1, n_embd, n_ff, pair_tok, i, n, x, h, lane, act, lim);
     }
 }
 
@@ -114,12 +114,12 @@ __global__ void __launch_bounds__(128) k_moe_down(const moe_unit_dev *__restrict
 
 template <int TG, int TD>
 static void launch_moe(cudaStream_t st, char *scr, const moe_layout &L, int n_active, const float *x,
-                       int64_t n_batch, int64_t n_embd, int64_t n_ff, float *out, int act, bool gate_up, bool down) {
+                       int64_t n_batch, int64_t n_embd, int64_t n_ff, float *out, int act, float lim, bool gate_up, bool down) {
     const moe_unit_dev *units = (const moe_unit_dev *)(scr + L.units);
     float *h = (float *)(scr + L.h);
     if (gate_up) /* else the int8 tile path (cuda_mmq.cu) wrote h */
         k_moe_gate_up<TG><<<dim3(hm_cu_blocks(n_ff, 4), (unsigned)n_active), 128, 0, st>>>(
-            units, (const int32_t *)(scr + L.pair_tok), x, n_embd, n_ff, hm_row_size(TG, n_embd), h, act);
+            units, (const int32_t *)(scr + L.pair_tok), x, n_embd, n_ff, hm_row_size(TG, n_embd), h, act, lim);
     if (!down) return; /* the int8 tile path (cuda_mmq.cu) takes the down projection */
     k_moe_down<TD><<<dim3(hm_cu_blocks(n_embd, 4), (unsigned)n_batch), 128, 0, st>>>(
         units, (const float *)(scr + L.pair_w), (const int32_t *)(scr + L.pair_unit),
@@ -131,10 +131,10 @@ static void launch_moe(cudaStream_t st, char *scr, const moe_layout &L, int n_ac
  * type of launch B, so the 11 x 11 table is two switches. */
 template <int TG>
 static bool launch_moe_down(int down_type, cudaStream_t st, char *scr, const moe_layout &L, int n_active,
-                            const float *x, int64_t n_batch, int64_t n_embd, int64_t n_ff, float *out, int act,
+                            const float *x, int64_t n_batch, int64_t n_embd, int64_t n_ff, float *out, int act, float lim,
                             bool gate_up, bool down) {
     switch (down_type) {
-#define HM_MD_CASE(T) case T: launch_moe<TG, T>(st, scr, L, n_active, x, n_batch, n_embd, n_ff, out, act, gate_up, down); return true;
+#define HM_MD_CASE(T) case T: launch_moe<TG, T>(st, scr, L, n_active, x, n_batch, n_embd, n_ff, out, act, lim, gate_up, down); return true;
         HM_CUDA_FOR_TYPES(HM_MD_CASE)
 #undef HM_MD_CASE
     default: return false;
@@ -176,7 +176,14 @@ static bool moe_widths_ok(int gate_type, int down_type, int64_t n_embd, int64_t 
 hm_status hm_cuda_moe_act(hm_cuda_ctx *c, const hm_cuda_moe_unit *units, int n_units, int gate_type,
                           int down_type, int act, const float *x, int64_t n_batch, int64_t n_embd, int64_t n_ff,
                           float *out, void *scratch, size_t scratch_size, hm_err *err) {
-    HM_CU_ARG(x && out && scratch && n_units >= 0 && n_batch >= 0 && n_batch <= 65535);
+    return hm_cuda_moe_act_lim(c, units, n_units, gate_type, down_type, act, 0.0f, x, n_batch, n_embd, n_ff, out,
+                               scratch, scratch_size, err);
+}
+
+hm_status hm_cuda_moe_act_lim(hm_cuda_ctx *c, const hm_cuda_moe_unit *units, int n_units, int gate_type,
+                              int down_type, int act, float lim, const float *x, int64_t n_batch, int64_t n_embd,
+                              int64_t n_ff, float *out, void *scratch, size_t scratch_size, hm_err *err) {
+    HM_CU_ARG(x && out && scratch && n_units >= 0 && n_batch >= 0 && n_batch <= 65535 && lim >= 0.0f);
     HM_CU_ARG(act == HM_CUDA_ACT_SILU || act == HM_CUDA_ACT_GELU || act == HM_CUDA_ACT_SWIGLU_OAI);
     if (!hm_cuda_type_ok(gate_type) || !hm_cuda_type_ok(down_type))
         return hm_errf(err, HM_ERR_UNSUPPORTED, "cuda moe: types %s / %s", hm_type_name(gate_type),
@@ -247,13 +254,13 @@ hm_status hm_cuda_moe_act(hm_cuda_ctx *c, const hm_cuda_moe_unit *units, int n_u
 
     const int mmq = biased ? 0 : hm_cuda_mmq_moe_plan(c, gate_type, down_type, n_batch, n_pairs, n_embd, n_ff, max_pair);
     if ((mmq & HM_CUDA_MMQ_GATE_UP) &&
-        (st = hm_cuda_mmq_moe_gate_up(c, gate_type, act, ud, (const moe_unit_dev *)(scr + L.units), n_active,
+        (st = hm_cuda_mmq_moe_gate_up(c, gate_type, act, lim, ud, (const moe_unit_dev *)(scr + L.units), n_active,
                                       (const int32_t *)(scr + L.pair_tok), x, n_batch, n_embd, n_ff,
                                       (float *)(scr + L.h), err)) != HM_OK)
         return st;
     bool ok = false;
     switch (gate_type) {
-#define HM_MG_CASE(T) case T: ok = launch_moe_down<T>(down_type, c->compute, scr, L, n_active, x, n_batch, n_embd, n_ff, out, act, !(mmq & HM_CUDA_MMQ_GATE_UP), !(mmq & HM_CUDA_MMQ_DOWN)); break;
+#define HM_MG_CASE(T) case T: ok = launch_moe_down<T>(down_type, c->compute, scr, L, n_active, x, n_batch, n_embd, n_ff, out, act, lim, !(mmq & HM_CUDA_MMQ_GATE_UP), !(mmq & HM_CUDA_MMQ_DOWN)); break;
         HM_CUDA_FOR_TYPES(HM_MG_CASE)
 #undef HM_MG_CASE
     default: break;
@@ -285,7 +292,7 @@ template <int T, bool NEW>
 __global__ void __launch_bounds__(128) k_moed_gate_up(const hm_cuda_moe_slot *__restrict__ slots,
                                                       const int32_t *__restrict__ ids, int k,
                                                       const float *__restrict__ x, int64_t n_embd,
-                                                      int64_t n_ff, size_t nb1, float *__restrict__ h, int act) {
+                                                      int64_t n_ff, size_t nb1, float *__restrict__ h, int act, float lim) {
     const int lane = threadIdx.x & 31;
     const int64_t r = (int64_t)blockIdx.x * 4 + (threadIdx.x >> 5);
     if (r >= n_ff) return;
@@ -309,7 +316,7 @@ __global__ void __launch_bounds__(128) k_moed_gate_up(const hm_cuda_moe_slot *__
         gs = warp_sum(g[0]);
         us = warp_sum(u[0]);
     }
-    if (lane == 0) h[p * n_ff + r] = act_mul_b(act, gs, us, s.gate_b, s.up_b, r);
+    if (lane == 0) h[p * n_ff + r] = act_mul_b(act, lim, gs, us, s.gate_b, s.up_b, r);
 }
 
 template <int T, bool NEW>
@@ -393,7 +400,7 @@ template <int T>
 __global__ void __launch_bounds__(256) k_moeq_gate_up(const hm_cuda_moe_slot *__restrict__ slots,
                                                       const int32_t *__restrict__ ids, int k,
                                                       const float *__restrict__ x, int64_t n_embd,
-                                                      int64_t n_ff, size_t nb1, float *__restrict__ h, int act) {
+                                                      int64_t n_ff, size_t nb1, float *__restrict__ h, int act, float lim) {
     constexpr int R = 2 * MQ_RF, U = q8k_unroll(T, R);
     extern __shared__ __align__(16) uint8_t smem[];
     const int64_t p = blockIdx.y;
@@ -425,7 +432,7 @@ __global__ void __launch_bounds__(256) k_moeq_gate_up(const hm_cuda_moe_slot *__
 #pragma unroll
     for (int i = 0; i < MQ_RF; i++) {
         const float gs = warp_sum(acc[2 * i][0]), us = warp_sum(acc[2 * i + 1][0]);
-        if (lane == 0 && r0 + i < n_ff) h[p * n_ff + r0 + i] = act_mul_b(act, gs, us, s.gate_b, s.up_b, r0 + i);
+        if (lane == 0 && r0 + i < n_ff) h[p * n_ff + r0 + i] = act_mul_b(act, lim, gs, us, s.gate_b, s.up_b, r0 + i);
     }
 }
 
@@ -590,7 +597,7 @@ __global__ void __launch_bounds__(256, MOEP_BPS) k_moeqp_gate_up(const hm_cuda_m
                                                                 const int32_t *__restrict__ ids, int k, int n_tok,
                                                                 const float *__restrict__ x, int64_t n_embd,
                                                                 int64_t n_ff, size_t nb1, float *__restrict__ h,
-                                                                int act) {
+                                                                int act, float lim) {
     constexpr int U = q8k_words(T) <= 8 ? 2 : 1;
     extern __shared__ __align__(16) uint8_t smem[];
     const int n_pairs = n_tok * k;
@@ -628,7 +635,7 @@ __global__ void __launch_bounds__(256, MOEP_BPS) k_moeqp_gate_up(const hm_cuda_m
         const float gs = warp_sum(acc[0][0]), us = warp_sum(acc[1][0]);
         if (lane == 0) { /* i = p * n_ff + r */
             const hm_cuda_moe_slot &s = slots[ids[p]];
-            h[i] = act_mul_b(act, gs, us, s.gate_b, s.up_b, i - (int64_t)p * nf);
+            h[i] = act_mul_b(act, lim, gs, us, s.gate_b, s.up_b, i - (int64_t)p * nf);
         }
     };
     const uint8_t *ra[2] = {NULL, NULL}, *rb[2] = {NULL, NULL};
@@ -703,7 +710,15 @@ hm_status hm_cuda_moe_dev_act(hm_cuda_ctx *c, const hm_cuda_moe_slot *slots, int
                               const int32_t *ids, const float *weights, int k, const float *x, int64_t n_tok,
                               int64_t n_embd, int64_t n_ff, float *out, void *scratch, size_t scratch_size,
                               hm_err *err) {
-    HM_CU_ARG(slots && ids && weights && x && out && scratch && k >= 1 && n_tok >= 0);
+    return hm_cuda_moe_dev_act_lim(c, slots, gate_type, down_type, act, 0.0f, ids, weights, k, x, n_tok, n_embd, n_ff,
+                                   out, scratch, scratch_size, err);
+}
+
+hm_status hm_cuda_moe_dev_act_lim(hm_cuda_ctx *c, const hm_cuda_moe_slot *slots, int gate_type, int down_type, int act,
+                                  float lim, const int32_t *ids, const float *weights, int k, const float *x,
+                                  int64_t n_tok, int64_t n_embd, int64_t n_ff, float *out, void *scratch,
+                                  size_t scratch_size, hm_err *err) {
+    HM_CU_ARG(slots && ids && weights && x && out && scratch && k >= 1 && n_tok >= 0 && lim >= 0.0f);
     HM_CU_ARG(act == HM_CUDA_ACT_SILU || act == HM_CUDA_ACT_GELU || act == HM_CUDA_ACT_SWIGLU_OAI);
     HM_CU_ARG(n_tok * k <= 65535);
     if (!hm_cuda_type_ok(gate_type) || !hm_cuda_type_ok(down_type))
@@ -723,7 +738,7 @@ hm_status hm_cuda_moe_dev_act(hm_cuda_ctx *c, const hm_cuda_moe_slot *slots, int
         const unsigned g = (unsigned)(want < (int64_t)MOEP_BPS * c->n_sm ? want : (int64_t)MOEP_BPS * c->n_sm);
         switch (gate_type) {
 #define HM_MQP_CASE(T) case T: k_moeqp_gate_up<T><<<g, 256, sp, c->compute>>>(slots, ids, k, (int)n_tok, x, n_embd, \
-                                   n_ff, hm_row_size(T, n_embd), h, act); break;
+                                   n_ff, hm_row_size(T, n_embd), h, act, lim); break;
         HM_MQP_CASE(HM_TYPE_Q4_K) HM_MQP_CASE(HM_TYPE_Q5_K) HM_MQP_CASE(HM_TYPE_Q6_K) HM_MQP_CASE(HM_TYPE_IQ4_XS)
 #undef HM_MQP_CASE
         default: break;
@@ -732,14 +747,14 @@ hm_status hm_cuda_moe_dev_act(hm_cuda_ctx *c, const hm_cuda_moe_slot *slots, int
         const dim3 g(hm_cu_blocks(n_ff, 8 * MQ_RF), (unsigned)(n_tok * k));
         switch (gate_type) {
 #define HM_MQG_CASE(T) case T: k_moeq_gate_up<T><<<g, 256, sa, c->compute>>>(slots, ids, k, x, n_embd, n_ff, \
-                                   hm_row_size(T, n_embd), h, act); break;
+                                   hm_row_size(T, n_embd), h, act, lim); break;
         HM_MQG_CASE(HM_TYPE_Q4_K) HM_MQG_CASE(HM_TYPE_Q5_K) HM_MQG_CASE(HM_TYPE_Q6_K) HM_MQG_CASE(HM_TYPE_IQ4_XS)
 #undef HM_MQG_CASE
         default: break;
         }
     } else switch (gate_type) {
 #define HM_MDG_CASE(T) case T: (old ? k_moed_gate_up<T, false> : k_moed_gate_up<T, true>)<<<ga, 128, 0, c->compute>>>( \
-                                   slots, ids, k, x, n_embd, n_ff, hm_row_size(T, n_embd), h, act); break;
+                                   slots, ids, k, x, n_embd, n_ff, hm_row_size(T, n_embd), h, act, lim); break;
         HM_CUDA_FOR_TYPES(HM_MDG_CASE)
 #undef HM_MDG_CASE
     default: return hm_errf(err, HM_ERR_UNSUPPORTED, "cuda moe: gate type %d", gate_type);

@@ -203,6 +203,11 @@ hm_status hm_cuda_moe(hm_cuda_ctx *c, const hm_cuda_moe_unit *units, int n_units
 hm_status hm_cuda_moe_act(hm_cuda_ctx *c, const hm_cuda_moe_unit *units, int n_units, int gate_type,
                           int down_type, int act, const float *x, int64_t n_batch, int64_t n_embd,
                           int64_t n_ff, float *out, void *scratch, size_t scratch_size, hm_err *err);
+/* hm_cuda_moe_act with a clamp first when lim > 0 (DeepSeek-V4's swiglu_limit, cpu_moe.c's act_mul):
+ * gate = min(gate, lim), up = clamp(up, -lim, lim), then the activation; lim 0: none. */
+hm_status hm_cuda_moe_act_lim(hm_cuda_ctx *c, const hm_cuda_moe_unit *units, int n_units, int gate_type,
+                              int down_type, int act, float lim, const float *x, int64_t n_batch, int64_t n_embd,
+                              int64_t n_ff, float *out, void *scratch, size_t scratch_size, hm_err *err);
 
 /* The device-routed variant for decode (no host staging, no host wait before it): the routing
  * is read on the device, straight from the router's output.
@@ -230,6 +235,11 @@ hm_status hm_cuda_moe_dev_act(hm_cuda_ctx *c, const hm_cuda_moe_slot *slots, int
                               int act, const int32_t *ids, const float *weights, int k, const float *x,
                               int64_t n_tok, int64_t n_embd, int64_t n_ff, float *out, void *scratch,
                               size_t scratch_size, hm_err *err);
+/* hm_cuda_moe_dev_act with hm_cuda_moe_act_lim's clamp (lim 0: none). */
+hm_status hm_cuda_moe_dev_act_lim(hm_cuda_ctx *c, const hm_cuda_moe_slot *slots, int gate_type, int down_type, int act,
+                                  float lim, const int32_t *ids, const float *weights, int k, const float *x,
+                                  int64_t n_tok, int64_t n_embd, int64_t n_ff, float *out, void *scratch,
+                                  size_t scratch_size, hm_err *err);
 
 /* out[t] += sum over t's hot pairs j (slots[ids] non-NULL with a down_b) of weights[t][j] * down_b:
  * the down biases of hm_cuda_moe_dev_act's units, in j order. */
