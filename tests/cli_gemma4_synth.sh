@@ -23,4 +23,7 @@ check "logits size" test "$(stat -c %s "$tmp/l.f32")" = $((3 * 512 * 4))
 # (1 kv head of 128, 1000 rows); K and V each, 2 bytes: 4 * (2*2*64*528 + 128*1000) = 1052672
 check "inspect -c on a sliding-window model" test "$(code "$EXE" inspect "$m" -c 1000 --json)" = 0
 check "inspect -c: the rings stop at window + ubatch" grep -q '"kv_bytes": 1052672' "$tmp/out"
+# RoPE scaling is not implemented for gemma4: asked for, the load refuses rather than ignore it
+check "gemma4 refuses --rope-scaling yarn" test "$(code "$EXE" bench -m "$m" -p 4 -n 0 -r 1 -t 1 --rope-scaling yarn --rope-scale 4 --yarn-orig-ctx 64)" = 1
+check "gemma4: the refusal says why" grep -q "RoPE scaling.*not implemented" "$tmp/err"
 exit $fail

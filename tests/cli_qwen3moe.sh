@@ -73,6 +73,10 @@ check "bench table rows" grep -q "| pp16 |" "$tmp/out"
 q35="$SRC/tests/fixtures/hf_ref/qwen35moe/model.gguf"
 check "bench -d on qwen35moe" test "$(code "$EXE" bench -m "$q35" -p 8 -n 4 -d 16 -r 2 -t 2)" = 0
 check "bench -d qwen35moe rows" grep -q "| tg4 @ d16 |" "$tmp/out"
+# RoPE scaling is not implemented for qwen35moe: asked for, the load refuses rather than ignore it
+check "qwen35moe refuses --rope-scaling linear" test "$(code "$EXE" bench -m "$q35" -p 4 -n 0 -r 1 -t 2 --rope-scaling linear --rope-scale 2)" = 1
+check "qwen35moe: the refusal says why" grep -q "RoPE scaling.*not implemented" "$tmp/err"
+check "qwen35moe runs with --rope-scaling none" test "$(code "$EXE" bench -m "$q35" -p 4 -n 0 -r 1 -t 2 --rope-scaling none)" = 0
 
 # expert usage: profiles and traces from every command, read by plan; refusals
 nl=$("$EXE" inspect "$m" 2>/dev/null | sed -n 's/.*block_count *\([0-9]*\).*/\1/p')

@@ -284,6 +284,7 @@ static hm_status g4_load(hm_model *m, hm_err *err) {
                      hd_full, hd_swa, n_rot_full, n_rot_swa);
         goto fail;
     }
+    if ((st = hm_model_rope_scaling_none(m, err)) != HM_OK) goto fail;
     float theta, theta_swa;
     HP_FLOAT("rope.freq_base", false, 1000000.0, &theta);
     HP_FLOAT("rope.freq_base_swa", false, 10000.0, &theta_swa);

@@ -340,6 +340,17 @@ hm_status hm_model_rope_scaling(const hm_model *m, int32_t n_rot, float theta, f
     return HM_OK;
 }
 
+hm_status hm_model_rope_scaling_none(const hm_model *m, hm_err *err) {
+    float *ff = NULL, attn_mul = 1.0f;
+    hm_status st = hm_model_rope_scaling(m, 64, 10000.0f, &ff, &attn_mul, err);
+    if (st != HM_OK) return st;
+    free(ff);
+    if (!ff && attn_mul == 1.0f) return HM_OK;
+    return hm_errf(err, HM_ERR_UNSUPPORTED, "%s: RoPE scaling (the file's %s.rope.scaling keys or --rope-scaling / "
+                   "--rope-scale) is not implemented for this architecture; refusing rather than ignoring it "
+                   "(--rope-scaling none runs without)", m->arch_name, m->arch_name);
+}
+
 hm_status hm_model_hp_moe(const hm_model *m, hm_moe_hp *hp, hm_err *err) {
     hm_status st;
 #define HP_INT(suffix, req, dflt, dst) \

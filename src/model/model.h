@@ -185,6 +185,10 @@ hm_status hm_model_hp_head_dim(const hm_model *m, const char *sfx, bool required
  * rope_ff) and *attn_mul, the factor YaRN's magnitude scaling puts on the attention logits (q and
  * k each scaled by attn_factor (1 + 0.1 ln factor)). Another type: HM_ERR_UNSUPPORTED naming it. */
 hm_status hm_model_rope_scaling(const hm_model *m, int32_t n_rot, float theta, float **ff, float *attn_mul, hm_err *err);
+/* For an arch that does not apply RoPE scaling: HM_ERR_UNSUPPORTED when the file's rope.scaling
+ * keys or --rope-scaling / --rope-scale ask for any (a type other than none with a factor other than
+ * 1), rather than running without it. */
+hm_status hm_model_rope_scaling_none(const hm_model *m, hm_err *err);
 
 /* The hparams a transformer with a MoE block in every layer reads alike (qwen3moe, qwen35moe).
  * An arch's model struct holds them as HM_MOE_HP: the fields by their own names (q->n_embd) and,

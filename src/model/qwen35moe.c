@@ -211,6 +211,7 @@ static hm_status q35_load(hm_model *m, hm_err *err) {
         if (strcmp(m->arch->name, q35_variants[i].name) == 0) q->grouped = q35_variants[i].grouped;
 
     TRY(hm_model_hp_moe(m, &q->hp, err));
+    TRY(hm_model_rope_scaling_none(m, err));
     {
         int32_t nextn;
         HP_INT("nextn_predict_layers", false, 0, &nextn);
