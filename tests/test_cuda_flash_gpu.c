@@ -16,10 +16,11 @@
  *     mask or tile is > 1e-2) and printed.
  * Flash runs with its KV-split scratch (short batches over long contexts split each block's key
  * range; "ring") and without it (unsplit, "ring1"). Batches below HM_CUDA_FLASH_MIN_TOK (decode,
- * verify) run the flash kernel's decode shape through the plain op (a tile's 16 rows are a kv
- * head's GQA group, the keys split over up to 256 blocks: the same bounds as flash) and the exact
- * kernels through the ring op, which must match the exact reference within 1e-10 NMSE; with flash
- * off (hm_cuda_set_flash) every batch must. Every run twice into a NaN-filled output: bit-identical. The times printed are
+ * verify) run the flash kernel's decode shape on both ops (a tile's 16 rows are a kv head's GQA
+ * group, the keys split over up to 256 blocks, fewer with the ring op's own scratch: the same
+ * bounds as flash), except head dims 256 and 512 seeing up to 2048 positions, which run the exact
+ * kernels and must match the exact reference within 1e-10 NMSE; with flash off
+ * (hm_cuda_set_flash) every batch must. Every run twice into a NaN-filled output: bit-identical. The times printed are
  * information, not checks.
  * q8_0, q4_0 and bf16 caches (-ctk; hm_cuda_attention_kv for plain caches, hm_cuda_gemma_attention_kv
  * for rings and every case as the ring op): the cache is written on the device by
@@ -146,8 +147,14 @@ static double run_op(const flash_case *fc, bool plain, const float *dq, const in
 static void check_case(const flash_case *fc, bool flash) {
     hm_cuda_set_flash(ctx, flash);
     const int hd = fc->hd;
-    /* the ring op runs flash for prefill batches; the plain op for decode batches too */
-    const bool ring_takes = flash && fc->n_tok >= HM_CUDA_FLASH_MIN_TOK;
+    /* both ops run flash for prefill batches and for decode batches (head dims 256 and 512: past
+     * 2048 visible positions) */
+    const bool ring_takes = hm_cuda_gemma_attention_flash(ctx, fc->n_tok, fc->pos0 + fc->n_tok, fc->window, hd);
+    {
+        const int64_t kv_len = fc->pos0 + fc->n_tok, span = fc->window > 0 && fc->window < kv_len ? fc->window : kv_len;
+        CHECKF(ring_takes == (flash && (fc->n_tok >= HM_CUDA_FLASH_MIN_TOK || hd < 256 || span > 2048)),
+               "%s: the ring op takes flash for %lld queries: %d", fc->what, (long long)fc->n_tok, (int)ring_takes);
+    }
     const size_t nq = (size_t)fc->n_tok * (size_t)fc->n_head * (size_t)hd;
     const size_t nc = (size_t)fc->n_kv * (size_t)fc->cap * (size_t)hd;
     float *q = xmalloc(nq * 4), *o = xmalloc(nq * 4), *o2 = xmalloc(nq * 4);
@@ -338,6 +345,13 @@ int main(void) {
         {"gemma4 sliding ring, window 1024", 256, 16, 8, 1600, 1024, 3000, 512, false, 0},
         {"gemma4 global hd 512, K=V", 512, 16, 2, 4608, 0, 0, 4096, true, 0},
         {"gemma4 global hd 512 at depth", 512, 8, 1, 8192, 0, 6000, 64, true, 0},
+        /* decode on rings: the flash decode shape with a window (gpt-oss's sliding layers), a ring
+         * that has wrapped, gemma4's K=V global layer at depth, and one short enough for the exact
+         * kernel (head dim 512, 1001 positions) */
+        {"gpt-oss sliding ring decode, window 128", 64, 64, 8, 640, 128, 5000, 1, false, 0},
+        {"wrapped ring decode, window 4096", 128, 32, 4, 4608, 4096, 20000, 2, false, 0},
+        {"gemma4 global hd 512 decode, K=V", 512, 16, 2, 8192, 0, 6000, 1, true, 0},
+        {"gemma4 global hd 512 decode at 1000 (exact)", 512, 16, 2, 2048, 0, 1000, 1, true, 0},
         {"long prefill 32768", 128, 16, 2, 32768, 0, 0, 32768, false, 0},
         {"long prefill 65536", 128, 16, 2, 65536, 0, 0, 65536, false, 0},
         /* q8_0 caches (-ctk q8_0): decode, short batches, flash prefill, at depth, each head_dim */

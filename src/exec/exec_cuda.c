@@ -188,10 +188,15 @@ static hm_status xdev_open(const hm_model *m, const hm_state_opts *o, int32_t de
                                            hm_cuda_moe_dev_scratch_size(g->ds.dec_cap, xm->moe.k, xm->moe.n_ff));
     if (xm->attn_ring) {
         g->ds.scratch_size = hm_gpu_max_sz(g->ds.scratch_size, hm_cuda_gemma_attention_scratch_size(c, hd_max(xm)));
-        for (int32_t il = 0; il < xm->n_layer; il++) /* the flash kernel's KV-split partials, per head dim */
+        for (int32_t il = 0; il < xm->n_layer; il++) { /* the flash kernel's KV-split partials, per head dim */
+            const hm_attn_layer *a = &xm->attn_layers[il];
             g->ds.scratch_size = hm_gpu_max_sz(g->ds.scratch_size,
-                                               hm_cuda_flash_scratch_size(c, (int64_t)U, xm->n_head,
-                                                                          xm->attn_layers[il].head_dim, o->n_ctx));
+                                               hm_cuda_flash_scratch_size(c, (int64_t)U, xm->n_head, a->head_dim,
+                                                                          o->n_ctx));
+            g->ds.scratch_size = hm_gpu_max_sz(g->ds.scratch_size,
+                                               hm_cuda_flash_decode_scratch_size(c, (int64_t)U, xm->n_head,
+                                                                                 a->n_head_kv, a->head_dim, o->n_ctx));
+        }
     }
     else if (xm->n_kv_layer > 0 && !attn_any(xm))
         g->ds.scratch_size = hm_gpu_max_sz(g->ds.scratch_size,
@@ -899,17 +904,23 @@ fail:
     return st;
 }
 
-/* The decode graph's key beside the rows and hot layers: the attention's KV split (a captured
- * graph's kernel arguments; its scratch grows with kv_len). Ring attention: the sliding and the
- * global layers' splits. */
+/* The decode graph's key beside the rows and hot layers: the attention's path and KV split (a
+ * captured graph's kernel arguments, which change with kv_len). Ring attention: every layer's
+ * (sliding and global layers, their head dims), folded into one value. */
 static size_t graph_key(const hm_exec *x, const hm_xdev *g) {
     const gpu_pass *p = x->be;
     const hm_exec_model *xm = x->xm;
     if (xm->kv_v_is_k) return 0; /* the MLA attention: one warp per (row, head), no split */
     if (xm->dsv4.hc > 0) return 0; /* V4's attention: no split; its sizes from n_ctx and the rows only */
-    if (xm->attn_ring)
-        return (size_t)hm_cuda_gemma_attention_splits(g->ds.c, x->n, xm->n_head, p->kv_len, p->s->window) * 4096 +
-               (size_t)hm_cuda_gemma_attention_splits(g->ds.c, x->n, xm->n_head, p->kv_len, 0);
+    if (xm->attn_ring) {
+        size_t key = 0;
+        for (int32_t il = 0; il < xm->n_layer; il++) {
+            const hm_attn_layer *a = &xm->attn_layers[il];
+            key = key * 1000003u + hm_cuda_gemma_attention_key(g->ds.c, x->n, xm->n_head, a->n_head_kv, a->head_dim,
+                                                               p->kv_len, a->window, g->ds.scratch_size);
+        }
+        return key;
+    }
     return hm_cuda_attention_key(g->ds.c, x->n, p->kv_len, xm->n_head, xm->n_head_kv, xm->head_dim, g->ds.scratch_size);
 }
 

@@ -67,23 +67,15 @@ size_t hm_cuda_attention_scratch_size(const hm_cuda_ctx *c, int64_t n_tok, int64
     return most > fd ? most : fd;
 }
 
-/* Whether a decode batch runs on the flash kernel: on the H200 it reads a deep cache 2-4x faster
- * than the exact kernels (bench_flash -decode: 131 against 509 us at 131072 positions, 32 q / 4 kv
- * heads of 128), and is as fast at 1024 positions, except for head dim 256, whose exact kernel is
- * faster up to about 2048 positions (25 against 37 us at 1024). */
-static bool decode_on_flash(const hm_cuda_ctx *c, int64_t n_tok, int64_t kv_len, int head_dim) {
-    return hm_cuda_flash_decode_takes(c, n_tok, head_dim) && (head_dim < 256 || kv_len > 2048);
-}
-
 bool hm_cuda_attention_flash(const hm_cuda_ctx *c, int64_t n_tok, int64_t kv_len, int head_dim) {
     if (head_dim != 64 && head_dim != 128 && head_dim != 256) return false;
-    return hm_cuda_flash_takes(c, n_tok, head_dim) || decode_on_flash(c, n_tok, kv_len, head_dim);
+    return hm_cuda_flash_takes(c, n_tok, head_dim) || hm_cuda_flash_decode_on(c, n_tok, kv_len, head_dim);
 }
 
 size_t hm_cuda_attention_key(const hm_cuda_ctx *c, int64_t n_tok, int64_t kv_len, int n_head, int n_kv_head,
                              int head_dim, size_t scratch_size) {
     if (n_kv_head <= 0 || n_head % n_kv_head) return 0;
-    if (decode_on_flash(c, n_tok, kv_len, head_dim))
+    if (hm_cuda_flash_decode_on(c, n_tok, kv_len, head_dim))
         return (size_t)hm_cuda_flash_decode_splits(c, n_tok, n_head, n_kv_head, head_dim, kv_len, 0, scratch_size) << 1 |
                1;
     return (size_t)attn_splits(c, n_tok, kv_len, n_head, n_kv_head, head_dim) << 1;
@@ -398,7 +390,7 @@ hm_status hm_cuda_attention_kv(hm_cuda_ctx *c, hm_cuda_kv kv, const float *q, in
     if (hm_cuda_flash_takes(c, n_tok, head_dim))
         return hm_cuda_flash_attention_kv(c, kv, q, n_tok, pos, kv_len, k_cache, v_cache, n_ctx, 0, n_head, n_kv_head,
                                           head_dim, scale, out, scratch, scratch_size, err);
-    if (decode_on_flash(c, n_tok, kv_len, head_dim))
+    if (hm_cuda_flash_decode_on(c, n_tok, kv_len, head_dim))
         return hm_cuda_flash_decode_kv_sinks(c, kv, q, n_tok, pos, kv_len, k_cache, v_cache, n_ctx, 0, n_head,
                                              n_kv_head, head_dim, scale, NULL, out, scratch, scratch_size, err);
     HM_CU_ARG(n_tok <= 65535); /* grid.z of the exact kernels */

@@ -565,6 +565,10 @@ bool hm_cuda_flash_decode_takes(const hm_cuda_ctx *c, int64_t n_tok, int head_di
            (head_dim == 64 || head_dim == 128 || head_dim == 256 || head_dim == 512);
 }
 
+bool hm_cuda_flash_decode_on(const hm_cuda_ctx *c, int64_t n_tok, int64_t n_keys, int head_dim) {
+    return hm_cuda_flash_decode_takes(c, n_tok, head_dim) && (head_dim < 256 || n_keys > 2048);
+}
+
 size_t hm_cuda_flash_decode_scratch_size(const hm_cuda_ctx *c, int64_t n_tok_max, int n_head, int n_kv_head,
                                          int head_dim, int64_t n_ctx) {
     size_t most = 0;

@@ -232,9 +232,19 @@ static int g4a_split(const hm_cuda_ctx *c, int64_t rows, int64_t span) {
     return s < 1 ? 1 : (int)s;
 }
 
-int hm_cuda_gemma_attention_splits(const hm_cuda_ctx *c, int64_t n_tok, int n_head, int64_t kv_len,
-                                   int32_t window) {
-    return g4a_split(c, n_tok * n_head, window > 0 && window < kv_len ? window : kv_len);
+bool hm_cuda_gemma_attention_flash(const hm_cuda_ctx *c, int64_t n_tok, int64_t kv_len, int32_t window, int head_dim) {
+    const int64_t span = window > 0 && window < kv_len ? window : kv_len;
+    return hm_cuda_flash_takes(c, n_tok, head_dim) || hm_cuda_flash_decode_on(c, n_tok, span, head_dim);
+}
+
+size_t hm_cuda_gemma_attention_key(const hm_cuda_ctx *c, int64_t n_tok, int n_head, int n_kv_head, int head_dim,
+                                   int64_t kv_len, int32_t window, size_t scratch_size) {
+    const int64_t span = window > 0 && window < kv_len ? window : kv_len;
+    if (hm_cuda_flash_decode_on(c, n_tok, span, head_dim))
+        return (size_t)hm_cuda_flash_decode_splits(c, n_tok, n_head, n_kv_head, head_dim, kv_len, window, scratch_size)
+                   << 1 |
+               1;
+    return (size_t)g4a_split(c, n_tok * n_head, span) << 1;
 }
 
 size_t hm_cuda_gemma_attention_scratch_size(const hm_cuda_ctx *c, int head_dim) {
@@ -270,9 +280,12 @@ hm_status hm_cuda_gemma_attention_kv_sinks(hm_cuda_ctx *c, hm_cuda_kv kv, const 
     if (hm_cuda_flash_takes(c, n_tok, head_dim))
         return hm_cuda_flash_attention_kv_sinks(c, kv, q, n_tok, pos, kv_len, k_cache, v_cache, cap, window, n_head,
                                                 n_kv_head, head_dim, scale, sinks, out, scratch, scratch_size, err);
+    const int64_t span = window > 0 && window < kv_len ? window : kv_len;
+    if (hm_cuda_flash_decode_on(c, n_tok, span, head_dim))
+        return hm_cuda_flash_decode_kv_sinks(c, kv, q, n_tok, pos, kv_len, k_cache, v_cache, cap, window, n_head,
+                                             n_kv_head, head_dim, scale, sinks, out, scratch, scratch_size, err);
     HM_CU_ARG(n_tok * n_head < (1LL << 31));
     const int64_t rows = n_tok * n_head;
-    const int64_t span = window > 0 && window < kv_len ? window : kv_len;
     const int split = g4a_split(c, rows, span);
     float *part = (float *)scratch;
     if (split > 1)

@@ -42,7 +42,9 @@ hm_status hm_cuda_kv_write_ring(hm_cuda_ctx *c, uint16_t *k_cache, uint16_t *v_c
                                 int n_kv_head, int head_dim, const float *k, const float *v,
                                 int64_t n_tok, const int32_t *pos, hm_err *err);
 
-/* Scratch bytes of hm_cuda_gemma_attention for heads of head_dim (any n_tok, n_head). */
+/* Scratch bytes of hm_cuda_gemma_attention's exact kernels for heads of head_dim (any n_tok,
+ * n_head); a caller adds the flash kernel's (hm_cuda_flash_scratch_size, and for decode
+ * hm_cuda_flash_decode_scratch_size of cuda_ops.h), or the flash kernels split less. */
 size_t hm_cuda_gemma_attention_scratch_size(const hm_cuda_ctx *c, int head_dim);
 
 /* Causal GQA attention over a ring cache (hm_gemma_attention's contract): query t (position
@@ -65,10 +67,14 @@ hm_status hm_cuda_gemma_attention_kv(hm_cuda_ctx *c, hm_cuda_kv kv, const float 
                                      int32_t window, int n_head, int n_kv_head, int head_dim, float scale, float *out,
                                      void *scratch, size_t scratch_size, hm_err *err);
 
-/* The KV-range split hm_cuda_gemma_attention takes for these arguments (kernel arguments of a
- * captured graph: a graph stays valid while this value does). */
-int hm_cuda_gemma_attention_splits(const hm_cuda_ctx *c, int64_t n_tok, int n_head, int64_t kv_len,
-                                   int32_t window);
+/* Whether hm_cuda_gemma_attention runs these arguments on the flash kernel (prefill batches, and
+ * decode batches as cuda_ops.h's hm_cuda_attention_flash says), not the exact f32 kernel. */
+bool hm_cuda_gemma_attention_flash(const hm_cuda_ctx *c, int64_t n_tok, int64_t kv_len, int32_t window, int head_dim);
+/* The path and KV-range split hm_cuda_gemma_attention takes for a batch of n_tok < HM_CUDA_FLASH_MIN_TOK
+ * queries with this scratch (kernel arguments of a captured graph: a graph stays valid while this
+ * value does). */
+size_t hm_cuda_gemma_attention_key(const hm_cuda_ctx *c, int64_t n_tok, int n_head, int n_kv_head, int head_dim,
+                                   int64_t kv_len, int32_t window, size_t scratch_size);
 
 /* w[i] *= table[ids[i]], i < n (Gemma's per-expert scale on the routing weights). */
 hm_status hm_cuda_scale_by_id(hm_cuda_ctx *c, float *w, const int32_t *ids, const float *table, int64_t n,

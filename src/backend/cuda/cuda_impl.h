@@ -144,13 +144,16 @@ hm_status hm_cuda_flash_attention_kv_sinks(hm_cuda_ctx *c, hm_cuda_kv kv, const 
 /* Decode with the flash kernel (cuda_flash.cu): batches of 1 .. HM_CUDA_FLASH_MIN_TOK - 1 queries,
  * each tile of K/V rows serving a kv head's whole GQA group, the key range split over many
  * blocks; the same contract and precision as the prefill kernel. The split it runs with
- * (decode_splits; fewer when the scratch is smaller than hm_cuda_flash_decode_scratch_size's) and
- * the scratch its partials need at most for batches up to n_tok_max over n_ctx positions. */
+ * (decode_splits; fewer when the scratch is smaller than hm_cuda_flash_decode_scratch_size's). */
 bool hm_cuda_flash_decode_takes(const hm_cuda_ctx *c, int64_t n_tok, int head_dim);
+/* Whether the attention ops send a decode batch seeing n_keys positions (its window, or the
+ * context) to it: on the H200 it reads a deep cache 2-4x faster than the exact kernels
+ * (bench_flash -decode: 131 against 509 us at 131072 positions, 32 q / 4 kv heads of 128) and is as
+ * fast at 1024 positions, except for head dims 256 and 512, whose exact kernels are faster up to
+ * about 2048 positions (256: 25 against 37 us at 1024). */
+bool hm_cuda_flash_decode_on(const hm_cuda_ctx *c, int64_t n_tok, int64_t n_keys, int head_dim);
 int hm_cuda_flash_decode_splits(const hm_cuda_ctx *c, int64_t n_tok, int n_head, int n_kv_head, int head_dim,
                                 int64_t kv_len, int32_t window, size_t scratch_size);
-size_t hm_cuda_flash_decode_scratch_size(const hm_cuda_ctx *c, int64_t n_tok_max, int n_head, int n_kv_head,
-                                         int head_dim, int64_t n_ctx);
 hm_status hm_cuda_flash_decode_kv_sinks(hm_cuda_ctx *c, hm_cuda_kv kv, const float *q, int64_t n_tok,
                                         const int32_t *pos, int64_t kv_len, const void *k_cache, const void *v_cache,
                                         int64_t cap, int32_t window, int n_head, int n_kv_head, int head_dim,

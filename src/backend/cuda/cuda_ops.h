@@ -437,6 +437,12 @@ void hm_cuda_set_flash(hm_cuda_ctx *c, bool on);
  * aimed at 4 and 16 blocks per multiprocessor instead of 8. Same results up to the split's
  * rounding. */
 void hm_cuda_set_flash_variant(hm_cuda_ctx *c, int v);
+/* Scratch bytes the flash kernel's decode shape uses for batches up to n_tok_max queries (below
+ * HM_CUDA_FLASH_MIN_TOK) over up to n_ctx positions: its partials of up to 256 KV ranges a row.
+ * hm_cuda_attention_scratch_size includes it; a ring-cache caller adds it. With less scratch the
+ * key range is split less (same results within rounding, slower). */
+size_t hm_cuda_flash_decode_scratch_size(const hm_cuda_ctx *c, int64_t n_tok_max, int n_head, int n_kv_head,
+                                         int head_dim, int64_t n_ctx);
 /* Scratch bytes the flash kernel uses for batches up to n_tok_max queries over up to n_ctx
  * positions: with few query blocks (a long context at -ub 512) each block's KV range is split over
  * several blocks whose partials a second kernel merges in order. hm_cuda_attention_scratch_size
