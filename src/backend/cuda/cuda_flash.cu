@@ -543,12 +543,13 @@ static int decode_splits(const hm_cuda_ctx *c, int64_t n_tok, int n_head, int n_
                          int64_t n_keys) {
     const int64_t g = n_head / n_kv_head, dz = head_dim / fa_dv(head_dim);
     const int64_t blocks = (n_tok * g + 15) / 16 * n_kv_head * dz;
-    const int64_t per_sm = c->flash_variant == 2 ? 4 : c->flash_variant == 3 ? 16 : FD_BLOCKS_PER_SM;
+    const int64_t per_sm = c->flash_variant == 2 ? 4 : c->flash_variant >= 3 ? 16 : FD_BLOCKS_PER_SM;
+    const int64_t cap = c->flash_variant == 4 ? 4 * FD_MAX_SPLIT : FD_MAX_SPLIT;
     int64_t s = (per_sm * (c->n_sm > 0 ? c->n_sm : 1) + blocks - 1) / blocks;
     int64_t by_len = (n_keys + fd_bn(head_dim) - 1) / fd_bn(head_dim) / FD_MIN_TILES;
     while (by_len & (by_len - 1)) by_len &= by_len - 1;
     if (s > by_len) s = by_len;
-    if (s > FD_MAX_SPLIT) s = FD_MAX_SPLIT;
+    if (s > cap) s = cap;
     return s < 1 ? 1 : (int)s;
 }
 

@@ -434,8 +434,8 @@ hm_status hm_cuda_set_mmq(hm_cuda_ctx *c, bool on, hm_err *err);
 void hm_cuda_set_flash(hm_cuda_ctx *c, bool on);
 /* Benchmark hook: the flash kernel's variant for 8-warp f16 tiles (head dim <= 128): 0 (default)
  * registers bounded to two blocks per multiprocessor, 1 unbounded; 2 and 3: decode's KV split
- * aimed at 4 and 16 blocks per multiprocessor instead of 8. Same results up to the split's
- * rounding. */
+ * aimed at 4 and 16 blocks per multiprocessor instead of 8, 4: at 16 with up to 1024 ranges
+ * instead of 256. Same results up to the split's rounding. */
 void hm_cuda_set_flash_variant(hm_cuda_ctx *c, int v);
 /* Scratch bytes the flash kernel's decode shape uses for batches up to n_tok_max queries (below
  * HM_CUDA_FLASH_MIN_TOK) over up to n_ctx positions: its partials of up to 256 KV ranges a row.
