@@ -1,5 +1,5 @@
 /* pretok.c - the table of known pre-tokenizers (see pretok.h). The regex strings are the
- * originals from each model family's tokenizer.json. Characters that NFC would change (Greek
+ * originals from each model family's tokenizer.json (gpt-4o's is llama.cpp's form, see there). Characters that NFC would change (Greek
  * Extended and letterlike singletons such as U+1F7D, U+2126, U+212A) are written as \x{...}
  * escapes so no editor or tool can silently normalise the source. */
 #include "pretok.h"
@@ -32,6 +32,23 @@ static const hm_pretok_def defs[] = {
       "| ?[\\p{P}\\p{S}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"},
      false, false},
     {"gpt-2", {RX_GPT2}, false, false},
+    /* GLM-4 / GLM-4.5: Llama 3's regex, but merges always run (llama.cpp's CHATGLM4) */
+    {"glm4",
+     {"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}"
+      "| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"},
+     false, false},
+    /* o200k (gpt-oss, GPT-4o, Llama 4). Not the tokenizer.json original but llama.cpp's form of
+     * it: the original's letter classes [\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]* / [\p{Ll}\p{Lm}\p{Lo}\p{M}]+
+     * become "a letter that is not a-z" / "a letter that is not A-Z", so outside ASCII every
+     * letter counts as both cases and combining marks (\p{M}) are not letters. llama.cpp
+     * tokenizes gpt-oss's GGUFs with this one; we give the same ids (docs/ENGINE.md). */
+    {"gpt-4o",
+     {"[^\\r\\n\\p{L}\\p{N}]?((?=[\\p{L}])([^a-z]))*((?=[\\p{L}])([^A-Z]))+"
+      "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?"
+      "|[^\\r\\n\\p{L}\\p{N}]?((?=[\\p{L}])([^a-z]))+((?=[\\p{L}])([^A-Z]))*"
+      "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])?"
+      "|\\p{N}{1,3}| ?[^\\s\\p{L}\\p{N}]+[\\r\\n/]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"},
+     false, false},
 };
 
 static const struct {
@@ -39,6 +56,8 @@ static const struct {
 } aliases[] = {
     {"default", "gpt-2"}, {"gpt2", "gpt-2"},   {"llama3", "llama-bpe"},
     {"deepseek3-llm", "deepseek-v3"}, {"deepseek-llm", "deepseek-llm"},
+    /* llama.cpp's synonyms: the same regexes and flags there */
+    {"olmo", "gpt-2"}, {"chatglm-bpe", "glm4"}, {"llama4", "gpt-4o"},
 };
 
 const hm_pretok_def *hm_pretok_at(size_t i) {
