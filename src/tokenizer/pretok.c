@@ -58,6 +58,8 @@ static const struct {
     {"deepseek3-llm", "deepseek-v3"}, {"deepseek-llm", "deepseek-llm"},
     /* llama.cpp's synonyms: the same regexes and flags there */
     {"olmo", "gpt-2"}, {"chatglm-bpe", "glm4"}, {"llama4", "gpt-4o"},
+    /* DeepSeek-V4's GGUFs: its tokenizer hashes as JoyAI-LLM's in llama.cpp's converter */
+    {"joyai-llm", "deepseek-v3"},
 };
 
 const hm_pretok_def *hm_pretok_at(size_t i) {
