@@ -1,5 +1,6 @@
 /* pretok.c - the table of known pre-tokenizers (see pretok.h). The regex strings are the
- * originals from each model family's tokenizer.json (gpt-4o's is llama.cpp's form, see there). Characters that NFC would change (Greek
+ * originals from each model family's tokenizer.json (gpt-4o's is llama.cpp's form, and deepseek-llm's
+ * classes take no spaces as in llama.cpp, see there). Characters that NFC would change (Greek
  * Extended and letterlike singletons such as U+1F7D, U+2126, U+212A) are written as \x{...}
  * escapes so no editor or tool can silently normalise the source. */
 #include "pretok.h"
@@ -24,7 +25,11 @@ static const hm_pretok_def defs[] = {
     {"deepseek-llm",
      {"[\\r\\n]",
       "\\s?[A-Za-zµÀ-ÖØ-öø-ƺƼ-ƿǄ-ʓʕ-ʯͰ-ͳͶͷͻ-ͽͿΆΈ-ΊΌΎ-ΡΣ-ϵϷ-ҁҊ-ԯԱ-ՖႠ-ჅᎠ-Ᏽᏸ-ᏽᲐ-ᲺᲽ-Ჿᴀ-ᴫᵫ-ᵷᵹ-ᶚḀ-ἕἘ-Ἕἠ-ὅὈ-Ὅὐ-ὗὙὛὝὟ-\\x{1F7D}ᾀ-ᾴᾶ-ᾼ\\x{1FBE}ῂ-ῄῆ-ῌῐ-\\x{1FD3}ῖ-\\x{1FDB}ῠ-Ῥῲ-ῴῶ-ῼℂℇℊ-ℓℕℙ-ℝℤ\\x{2126}ℨ\\x{212A}-ℭℯ-ℴℹℼ-ℿⅅ-ⅉⅎↃↄⰀ-ⱻⱾ-ⳤⳫ-ⳮⳲⳳꙀ-ꙭꚀ-ꚛꜢ-ꝯꝱ-ꞇꞋ-ꞎꭰ-ꮿﬀ-ﬆﬓ-ﬗＡ-Ｚａ-ｚ𐐀-𐑏𐒰-𐓓𐓘-𐓻𐲀-𐲲𐳀-𐳲𑢠-𑣟𞤀-𞥃]+",
-      "\\s?[!-/:-~！-／：-～‘-‟　-。]+", "\\s+$", "[一-龥ࠀ-一가-퟿]+", "\\p{N}+"},
+      /* llama.cpp turns every non-ASCII space into \v before it matches these regexes, so no
+       * space is ever in their literal classes: tokenizer.json's U+3000-U+3002 here becomes
+       * U+3001-U+3002, and the CJK class below (U+0800-U+4E00 holds U+2000-U+200A, U+3000...)
+       * takes no space (?!\s), to split as llama.cpp does */
+      "\\s?[!-/:-~！-／：-～‘-‟、-。]+", "\\s+$", "(?:(?!\\s)[一-龥ࠀ-一가-퟿])+", "\\p{N}+"},
      false, false},
     {"deepseek-v3",
      {"\\p{N}{1,3}", "[一-龥\\x{3040}-ゟ゠-ヿ]+",

@@ -129,7 +129,8 @@ static int cmp_spec(const void *a, const void *b, void *ctx) {
 }
 
 static const char *const eog_texts[] = {"<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|eom_id|>",
-                                        "<end_of_turn>", "<|end|>", "<|return|>", "<|call|>", "<|end_of_text|>"};
+                                        "<end_of_turn>", "<|end|>", "<|return|>", "<|call|>", "<|end_of_text|>",
+                                        "<｜end▁of▁sentence｜>"};
 
 /* gpt-oss's o200k_harmony vocabulary, as llama.cpp loads it: the Harmony markers <|start|>,
  * <|channel|>, <|message|> and <|constrain|> are user-defined (detokenised as text, so a reply's
