@@ -118,6 +118,9 @@ static bool write_vocab(const char *path, const char *pre) {
     /* bos <｜begin▁of▁sentence｜>, eos <|endoftext|>; add_bos_token absent: the pre's default */
     hm_gguf_writer_set_u32(w, "tokenizer.ggml.bos_token_id", (uint32_t)(first_spec + 16));
     hm_gguf_writer_set_u32(w, "tokenizer.ggml.eos_token_id", (uint32_t)first_spec);
+    /* GLM-4.5's: eot <|user|>, eom <|observation|> */
+    hm_gguf_writer_set_u32(w, "tokenizer.ggml.eot_token_id", (uint32_t)(first_spec + 12));
+    hm_gguf_writer_set_u32(w, "tokenizer.ggml.eom_token_id", (uint32_t)(first_spec + 15));
     CHECK(hm_gguf_writer_begin_data(w) == HM_OK);
     CHECK(hm_gguf_writer_finish(w) == HM_OK);
     for (size_t i = 0; i < n; i++) free(toks[i]);

@@ -435,9 +435,11 @@ hm_status hm_tokenizer_from_gguf(hm_tokenizer **out, const hm_gguf *g, hm_err *e
     }
 
     /* special ids and flags */
+    int32_t eom = -1;
     if ((st = get_id(g, "tokenizer.ggml.bos_token_id", n, &t->bos, err)) != HM_OK ||
         (st = get_id(g, "tokenizer.ggml.eos_token_id", n, &t->eos, err)) != HM_OK ||
         (st = get_id(g, "tokenizer.ggml.eot_token_id", n, &t->eot, err)) != HM_OK ||
+        (st = get_id(g, "tokenizer.ggml.eom_token_id", n, &eom, err)) != HM_OK ||
         (st = get_id(g, "tokenizer.ggml.padding_token_id", n, &t->pad, err)) != HM_OK ||
         (st = get_id(g, "tokenizer.ggml.unknown_token_id", n, &t->unk, err)) != HM_OK)
         goto fail;
@@ -452,6 +454,7 @@ hm_status hm_tokenizer_from_gguf(hm_tokenizer **out, const hm_gguf *g, hm_err *e
     if (t->kind == HM_VOCAB_GEMMA4) t->add_space_prefix = false; /* llama.cpp: BPE vocabularies never */
     if (t->eos >= 0) t->eog[t->n_eog++] = t->eos;
     if (t->eot >= 0 && t->eot != t->eos) t->eog[t->n_eog++] = t->eot;
+    if (eom >= 0 && eom != t->eos && eom != t->eot) t->eog[t->n_eog++] = eom; /* GLM's <|observation|> */
     for (size_t i = 0; i < sizeof eog_texts / sizeof eog_texts[0]; i++) {
         size_t l = strlen(eog_texts[i]);
         const uint32_t *start = &t->spec_start[(unsigned char)eog_texts[i][0]];
