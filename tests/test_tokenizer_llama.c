@@ -6,7 +6,8 @@
  * ids), then the special tokens below (control). For every text of tests/data/tokenizer_mixed.json
  * (code, numbers, CJK, emoji, whitespace runs, contractions, other scripts, special tokens) the ids
  * with special-token parsing on and off, the ids of one text with BOS/EOS added as the file says,
- * and the set of end-of-generation tokens must be those llama.cpp gave for the same file
+ * the text those ids detokenise to (special tokens not rendered, user-defined ones rendered), and
+ * the set of end-of-generation tokens must be those llama.cpp gave for the same file
  * (tests/fixtures/llama_tok/<pre>.json: llama_tokenize and llama_vocab_is_eog of llama.cpp
  * d32676d, recorded as tests/fixtures/llama_tok/README.md says). An unknown pre-tokenizer is an
  * error that names it.
@@ -184,6 +185,25 @@ static void check_pre(const char *dir, const char *pre, json_t *texts) {
     }
     CHECKF(same == json_array_size(texts) && same_plain == same, "%s: %zu + %zu of %zu texts", pre, same, same_plain,
            json_array_size(texts));
+    /* back to text as a reply streams out (special tokens not rendered, user-defined ones are:
+     * gpt-oss's Harmony markers): llama_token_to_piece(special = false) of each id, joined */
+    json_t *want_text = json_object_get(ref, "text");
+    size_t same_text = 0;
+    for (size_t i = 0; i < json_array_size(texts); i++) {
+        json_t *ja = json_array_get(ids, i);
+        size_t n = json_array_size(ja), len = 0;
+        int32_t *v = malloc((n + 1) * sizeof *v);
+        for (size_t k = 0; k < n; k++) v[k] = (int32_t)json_integer_value(json_array_get(ja, k));
+        char *out = NULL;
+        CHECK(hm_detokenize(t, v, n, false, &out, &len, &err) == HM_OK);
+        const char *w = json_string_value(json_array_get(want_text, i));
+        bool ok = out && w && len == strlen(w) && memcmp(out, w, len) == 0;
+        CHECKF(ok, "%s: text %zu detokenised:\n  llama.cpp: %s\n  hotmoe:    %s", pre, i, w ? w : "(none)",
+               out ? out : "(none)");
+        same_text += ok;
+        free(out);
+        free(v);
+    }
     /* "Hello world" with the file's add_bos (add_special in llama.cpp) */
     hm_tokenize_opts def;
     hm_tokenize_opts_default(t, &def);
@@ -205,8 +225,8 @@ static void check_pre(const char *dir, const char *pre, json_t *texts) {
         }
     }
     fprintf(stderr, "%-13s %zu/%zu texts identical to llama.cpp (%zu tokens), %zu/%zu without special parsing, "
-                    "%zu eog tokens %s\n", pre, same, json_array_size(texts), n_tok, same_plain, json_array_size(texts),
-            n_eog, eog_ok ? "the same" : "DIFFER");
+                    "%zu/%zu detokenised alike, %zu eog tokens %s\n", pre, same, json_array_size(texts), n_tok, same_plain,
+            json_array_size(texts), same_text, json_array_size(texts), n_eog, eog_ok ? "the same" : "DIFFER");
     hm_tokenizer_close(t);
     json_decref(ref);
 }
