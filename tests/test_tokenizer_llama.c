@@ -24,7 +24,7 @@
 
 /* the tokenizer.ggml.pre names checked (each has a fixture) */
 static const char *const pres[] = {"gpt-4o", "llama4",      "glm4",  "chatglm-bpe", "deepseek-v3", "joyai-llm", "deepseek-llm",
-                                   "qwen2",  "qwen35",      "llama-bpe", "olmo",    "gpt-2"};
+                                   "qwen2",  "qwen35",      "llama-bpe", "olmo",    "gpt-2", "default"};
 
 static const char *const specials[] = {
     "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|start|>", "<|channel|>", "<|message|>", "<|end|>",

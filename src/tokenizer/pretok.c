@@ -37,6 +37,12 @@ static const hm_pretok_def defs[] = {
       "| ?[\\p{P}\\p{S}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"},
      false, false},
     {"gpt-2", {RX_GPT2}, false, false},
+    /* llama.cpp's own, for files without tokenizer.ggml.pre (it warns that quality suffers):
+     * punctuation runs first, then GPT-2's regex, digit runs cut in threes */
+    {"default",
+     {"[\\p{P}\\$\\+<=>\\^~\\|]+", "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)",
+      "\\p{N}+", "[0-9][0-9][0-9]"},
+     false, false},
     /* GLM-4 / GLM-4.5: Llama 3's regex, but merges always run (llama.cpp's CHATGLM4) */
     {"glm4",
      {"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}"
@@ -59,7 +65,7 @@ static const hm_pretok_def defs[] = {
 static const struct {
     const char *alias, *name;
 } aliases[] = {
-    {"default", "gpt-2"}, {"gpt2", "gpt-2"},   {"llama3", "llama-bpe"},
+    {"gpt2", "gpt-2"},   {"llama3", "llama-bpe"},
     {"deepseek3-llm", "deepseek-v3"}, {"deepseek-llm", "deepseek-llm"},
     /* llama.cpp's synonyms: the same regexes and flags there */
     {"olmo", "gpt-2"}, {"chatglm-bpe", "glm4"}, {"llama4", "gpt-4o"},
