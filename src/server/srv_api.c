@@ -269,7 +269,14 @@ static bool parse_messages(srv_api *a, json_t *req, srv_task *t, bad *b) {
             ok = fail(b, 400, "messages", "chat_template_error", "%s", err.msg);
     }
     if (ok) ok = tokenize_text(a, prompt, t, b);
-    if (ok) { /* gpt-oss: the analysis channel is reasoning_content, not content */
+    /* gpt-oss: the analysis channel is reasoning_content, not content, unless the request asks
+     * for the raw text (llama-server's reasoning_format "none") */
+    json_t *rf = json_object_get(req, "reasoning_format");
+    const char *rfs = json_string_value(rf);
+    if (ok && rf && !json_is_null(rf) &&
+        (!rfs || (strcmp(rfs, "none") && strcmp(rfs, "auto") && strcmp(rfs, "deepseek") && strcmp(rfs, "deepseek-legacy"))))
+        ok = fail(b, 400, "reasoning_format", "invalid_value", "'reasoning_format' must be none, auto, deepseek or deepseek-legacy");
+    if (ok && !(rfs && !strcmp(rfs, "none"))) {
         hm_err err = {{0}};
         if (hm_chat_reply_open(&t->reply, a->chat_template, &err) != HM_OK) ok = fail(b, 500, NULL, NULL, "%s", err.msg);
     }
