@@ -12,6 +12,8 @@
  * d32676d, recorded as tests/fixtures/llama_tok/README.md says). An unknown pre-tokenizer is an
  * error that names it.
  *
+ * With HM_LLAMA_MODELS=DIR also llama.cpp's own vocab files with their expected ids.
+ *
  * `test_tokenizer_llama --write DIR` writes the GGUF files into DIR and exits (for recording). */
 #include <jansson.h>
 #include <stdlib.h>
@@ -231,6 +233,70 @@ static void check_pre(const char *dir, const char *pre, json_t *texts) {
     json_decref(ref);
 }
 
+static char *slurp(const char *path, size_t *n) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return NULL;
+    fseek(f, 0, SEEK_END);
+    long l = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *b = malloc((size_t)l + 1);
+    *n = fread(b, 1, (size_t)l, f);
+    b[*n] = 0;
+    fclose(f);
+    return b;
+}
+
+/* With HM_LLAMA_MODELS=DIR (a llama.cpp checkout's models/): its real vocabularies that come with
+ * expected ids (ggml-vocab-NAME.gguf + .gguf.inp/.gguf.out, what llama.cpp's test-tokenizer-0
+ * checks: add_special and parse_special off) must tokenize the same here. */
+static void check_llama_vocab_files(const char *dir) {
+    static const char *const names[] = {"gpt-2", "deepseek-llm", "llama-spm", "phi-3", "llama-bpe", "qwen2",
+                                        "qwen35", "gemma-4", "deepseek-coder", "falcon", "mpt", "starcoder"};
+    for (size_t k = 0; k < sizeof names / sizeof names[0]; k++) {
+        char path[1024], pin[1100], pout[1100];
+        snprintf(path, sizeof path, "%s/ggml-vocab-%s.gguf", dir, names[k]);
+        snprintf(pin, sizeof pin, "%s.inp", path);
+        snprintf(pout, sizeof pout, "%s.out", path);
+        size_t ni, no;
+        char *in = slurp(pin, &ni), *out = slurp(pout, &no);
+        hm_tokenizer *t = NULL;
+        hm_err err = {{0}};
+        bool have = in && out && access(path, R_OK) == 0;
+        if (!have || hm_tokenizer_open(&t, path, &err) != HM_OK) {
+            fprintf(stderr, "%-14s (llama.cpp vocab) skipped: %s\n", names[k], have ? err.msg : "no file");
+            free(in);
+            free(out);
+            continue;
+        }
+        static const char sep[] = "\n__ggml_vocab_test__\n";
+        size_t n_all = 0, n_same = 0;
+        char *p = in, *o = out;
+        while (p && *o) {
+            char *e = strstr(p, sep), *oe = strchr(o, '\n');
+            size_t len = e ? (size_t)(e - p) : strlen(p);
+            if (oe) *oe = 0;
+            hm_tokenize_opts opt = {.add_bos = false, .parse_special = false};
+            int32_t *ids = NULL;
+            size_t n = 0;
+            bool ok = hm_tokenize(t, p, len, &opt, &ids, &n, &err) == HM_OK;
+            char *q = o;
+            for (size_t i = 0; ok && i < n; i++) ok = strtol(q, &q, 10) == ids[i];
+            while (ok && *q == ' ') q++;
+            ok = ok && *q == 0;
+            CHECKF(ok, "llama.cpp's ggml-vocab-%s.gguf, text %zu", names[k], n_all);
+            n_same += ok;
+            n_all++;
+            free(ids);
+            p = e ? e + sizeof sep - 1 : NULL;
+            o = oe ? oe + 1 : o + strlen(o);
+        }
+        fprintf(stderr, "%-14s (llama.cpp vocab) %zu/%zu texts identical to its .out\n", names[k], n_same, n_all);
+        hm_tokenizer_close(t);
+        free(in);
+        free(out);
+    }
+}
+
 int main(int argc, char **argv) {
     if (argc == 3 && strcmp(argv[1], "--write") == 0) {
         for (size_t i = 0; i < sizeof pres / sizeof pres[0]; i++) {
@@ -249,6 +315,8 @@ int main(int argc, char **argv) {
     json_t *texts = json_load_file(test_src_path("tests/data/tokenizer_mixed.json"), 0, &je);
     CHECKF(texts && json_array_size(texts) > 50, "tests/data/tokenizer_mixed.json: %s", je.text);
     for (size_t i = 0; texts && i < sizeof pres / sizeof pres[0]; i++) check_pre(dir, pres[i], texts);
+    if (getenv("HM_LLAMA_MODELS")) check_llama_vocab_files(getenv("HM_LLAMA_MODELS"));
+    else fprintf(stderr, "set HM_LLAMA_MODELS to a llama.cpp checkout's models/ to check its vocab files too\n");
     /* an unknown pre-tokenizer: refused, naming it and the known ones */
     char path[600];
     snprintf(path, sizeof path, "%s/unknown.gguf", dir);
