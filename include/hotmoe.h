@@ -560,7 +560,9 @@ hm_status hm_detokenize(const hm_tokenizer *t, const int32_t *ids, size_t n, boo
                         char **out, size_t *len, hm_err *err);
 
 /* Chat templates: the family is recognised from the template text (tokenizer.chat_template);
- * supported: "chatml" (<|im_start|>, Qwen 2/2.5/3 with Qwen3's think/tool rules). */
+ * supported: "chatml" (<|im_start|>, Qwen 2/2.5/3 with Qwen3's think/tool rules), "gemma4",
+ * and llama.cpp's built-in renderings of "chatglm4" (GLM-4.5), "deepseek3" (DeepSeek-V3/R1/V4)
+ * and "harmony" (gpt-oss). */
 typedef struct hm_chat_msg {
     const char *role;    /* "system", "user", "assistant", "tool" */
     const char *content; /* NULL = "" */
@@ -576,8 +578,26 @@ typedef struct hm_chat_opts {
  * is HM_ERR_UNSUPPORTED with a message quoting its beginning; NULL/"" says the model has none. */
 hm_status hm_chat_apply(const char *tmpl, const hm_chat_msg *msgs, size_t n, const hm_chat_opts *o,
                         char **out, hm_err *err);
-/* "chatml", or NULL when the template is not one we render. */
+/* "chatml", "gemma4", "chatglm4", "deepseek3", "harmony", or NULL when the template is not one
+ * we render. */
 const char *hm_chat_template_name(const char *tmpl);
+
+/* A generated reply split into what the user is shown and the model's reasoning, for families
+ * that mark them: "harmony" (gpt-oss), whose analysis channel is reasoning and whose final (and
+ * commentary) channel is content; the channel headers and markers are dropped. Feed the
+ * detokenised text (special tokens rendered as llama.cpp renders them) in pieces of any size;
+ * each push returns the parts released by it (borrowed until the next push). hm_chat_reply_open
+ * sets *out NULL for families without channels: their whole reply is content. */
+typedef struct hm_chat_reply hm_chat_reply;
+typedef struct hm_chat_reply_part {
+    const char *content, *reasoning; /* borrowed; "" when empty */
+    size_t n_content, n_reasoning;
+} hm_chat_reply_part;
+hm_status hm_chat_reply_open(hm_chat_reply **out, const char *tmpl, hm_err *err);
+/* final: the reply ends here (a tail held for a possible marker is released). */
+hm_status hm_chat_reply_push(hm_chat_reply *r, const char *text, size_t len, bool final, hm_chat_reply_part *out,
+                             hm_err *err);
+void hm_chat_reply_close(hm_chat_reply *r); /* NULL is a no-op */
 
 /* Write a vocab-only GGUF (tokenizer keys, no tensors) at out_path from a Hugging Face
  * tokenizer.json and optional tokenizer_config.json (NULL): byte-level BPE only. */

@@ -39,10 +39,25 @@ typedef struct run_ctx {
     long n_predict;
     bool chat, no_think;
     bool turn_closed; /* the last generation ended with an end-of-generation token */
+    hm_chat_reply *reply; /* chat with gpt-oss's Harmony: the turn's reply split by channel; NULL = as is */
     /* totals */
     long n_prompt, n_gen;
     double t_prompt, t_gen;
 } run_ctx;
+
+/* Print generated text: as it is, or (Harmony) the content to stdout and the analysis channel's
+ * reasoning to stderr, the channel markers dropped. final: the turn's text ends here. */
+static void put_text(run_ctx *r, const char *s, size_t len, bool final) {
+    hm_chat_reply_part p;
+    hm_err err;
+    if (!r->reply || hm_chat_reply_push(r->reply, s, len, final, &p, &err) != HM_OK) {
+        fwrite(s, 1, len, stdout);
+    } else {
+        fwrite(p.reasoning, 1, p.n_reasoning, stderr);
+        fwrite(p.content, 1, p.n_content, stdout);
+    }
+    fflush(stdout);
+}
 
 /* Print tok unless it ends the generation; true when it does. */
 static bool emit(run_ctx *r, int32_t tok) {
@@ -50,8 +65,7 @@ static bool emit(run_ctx *r, int32_t tok) {
     if (!eog) {
         size_t len;
         const char *piece = hm_detok_push(r->dt, tok, &len);
-        fwrite(piece, 1, len, stdout);
-        fflush(stdout);
+        put_text(r, piece, len, false);
     }
     return eog;
 }
@@ -135,11 +149,17 @@ static int turn(run_ctx *r, const char *text, bool first) {
     t0 = cli_now_s();
     size_t len;
     r->turn_closed = false;
+    hm_chat_reply_close(r->reply);
+    r->reply = NULL;
+    if (r->chat && hm_chat_reply_open(&r->reply, hm_tokenizer_chat_template(r->tk), &err) != HM_OK) {
+        fprintf(stderr, "hotmoe run: %s\n", err.msg);
+        return 1;
+    }
     if (r->spec) {
         int rc = generate_spec(r, lg);
         r->t_gen += cli_now_s() - t0;
         const char *rest = hm_detok_flush(r->dt, &len);
-        fwrite(rest, 1, len, stdout);
+        put_text(r, rest, len, true);
         printf("\n");
         fflush(stdout);
         return rc;
@@ -150,8 +170,7 @@ static int turn(run_ctx *r, const char *text, bool first) {
         bool eog = hm_tokenizer_is_eog(r->tk, tok);
         if (!eog) {
             const char *piece = hm_detok_push(r->dt, tok, &len);
-            fwrite(piece, 1, len, stdout);
-            fflush(stdout);
+            put_text(r, piece, len, false);
         }
         if (hm_session_n_past(r->s) >= hm_session_n_ctx(r->s)) {
             fprintf(stderr, "\nhotmoe run: context full (%d positions)\n", hm_session_n_ctx(r->s));
@@ -171,15 +190,17 @@ static int turn(run_ctx *r, const char *text, bool first) {
     }
     r->t_gen += cli_now_s() - t0;
     const char *rest = hm_detok_flush(r->dt, &len);
-    fwrite(rest, 1, len, stdout);
+    put_text(r, rest, len, true);
     printf("\n");
     fflush(stdout);
     return 0;
 }
 
 /* The text of one user turn: the template applied to it. After an earlier turn it starts with
- * what closes the previous assistant turn: a newline after its end token, or (ChatML, cut off by
- * -n or the context) the end token itself too. *out malloc'd. */
+ * what closes the previous assistant turn: a newline after ChatML's or Gemma's end token, nothing
+ * after DeepSeek's, Harmony's or GLM's; when the turn was cut off by -n or the context, the end
+ * token itself too (ChatML's, DeepSeek's, Harmony's <|return|>); and it loses what the template
+ * writes once at the start of a conversation (GLM's [gMASK]<sop>). *out malloc'd. */
 static int render_user(run_ctx *r, const char *content, bool first, char **out) {
     hm_chat_msg msg = {"user", content};
     hm_chat_opts co = {.add_generation_prompt = true, .no_thinking = r->no_think};
@@ -193,13 +214,27 @@ static int render_user(run_ctx *r, const char *content, bool first, char **out) 
         *out = txt;
         return 0;
     }
-    const char *tmpl_name = hm_chat_template_name(hm_tokenizer_chat_template(r->tk));
-    const char *close = !r->turn_closed && tmpl_name && !strcmp(tmpl_name, "chatml") ? "<|im_end|>\n" : "\n";
-    size_t l = strlen(txt), lc = strlen(close);
+    const char *tmpl = hm_tokenizer_chat_template(r->tk), *name = hm_chat_template_name(tmpl);
+    static const struct {
+        const char *name, *closed, *cut;
+    } closes[] = {{"chatml", "\n", "<|im_end|>\n"},
+                  {"deepseek3", "", "<｜end▁of▁sentence｜>"},
+                  {"harmony", "", "<|return|>"},
+                  {"chatglm4", "", ""}};
+    const char *close = "\n";
+    for (size_t i = 0; name && i < sizeof closes / sizeof closes[0]; i++)
+        if (!strcmp(name, closes[i].name)) close = r->turn_closed ? closes[i].closed : closes[i].cut;
+    char *head = NULL; /* what an empty conversation renders: written once, at the start */
+    co.add_generation_prompt = false;
+    size_t skip = 0;
+    if (hm_chat_apply(tmpl, NULL, 0, &co, &head, &err) == HM_OK && strncmp(txt, head, strlen(head)) == 0)
+        skip = strlen(head);
+    free(head);
+    size_t l = strlen(txt + skip), lc = strlen(close);
     *out = malloc(lc + l + 1);
     if (*out) {
         memcpy(*out, close, lc);
-        memcpy(*out + lc, txt, l + 1);
+        memcpy(*out + lc, txt + skip, l + 1);
     }
     free(txt);
     return *out ? 0 : 1;
@@ -340,6 +375,7 @@ done:
     free(text);
     free(file_text);
     hm_detok_close(r.dt);
+    hm_chat_reply_close(r.reply);
     hm_sampler_close(r.smp);
     cli_spec_close(&sp, r.spec);
     hm_session_close(r.s);

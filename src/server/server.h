@@ -100,7 +100,10 @@ typedef struct srv_task {
     bool done;            /* the engine is finished with it: finish is set */
     srv_finish finish;
     srv_buf out;          /* stream: SSE bytes not yet sent to the client */
-    srv_buf text;         /* the completion text released so far (stop strings cut) */
+    srv_buf text;         /* the completion text released so far (stop strings cut; for a chat whose
+                             template marks reasoning, the content part only) */
+    srv_buf reasoning;    /* that reasoning (gpt-oss's analysis channel): message.reasoning_content */
+    hm_chat_reply *reply; /* owned; splits the text into content and reasoning; NULL = all content */
     int32_t n_gen;        /* tokens generated (usage.completion_tokens) */
     int32_t n_cached;     /* prompt tokens reused from the slot's cache */
     int slot;             /* -1 while queued */

@@ -269,6 +269,17 @@ static bool parse_messages(srv_api *a, json_t *req, srv_task *t, bad *b) {
             ok = fail(b, 400, "messages", "chat_template_error", "%s", err.msg);
     }
     if (ok) ok = tokenize_text(a, prompt, t, b);
+    /* gpt-oss: the analysis channel is reasoning_content, not content, unless the request asks
+     * for the raw text (llama-server's reasoning_format "none") */
+    json_t *rf = json_object_get(req, "reasoning_format");
+    const char *rfs = json_string_value(rf);
+    if (ok && rf && !json_is_null(rf) &&
+        (!rfs || (strcmp(rfs, "none") && strcmp(rfs, "auto") && strcmp(rfs, "deepseek") && strcmp(rfs, "deepseek-legacy"))))
+        ok = fail(b, 400, "reasoning_format", "invalid_value", "'reasoning_format' must be none, auto, deepseek or deepseek-legacy");
+    if (ok && !(rfs && !strcmp(rfs, "none"))) {
+        hm_err err = {{0}};
+        if (hm_chat_reply_open(&t->reply, a->chat_template, &err) != HM_OK) ok = fail(b, 500, NULL, NULL, "%s", err.msg);
+    }
     free(prompt);
     for (size_t i = 0; texts && i < n; i++) srv_buf_free(&texts[i]);
     free(texts);
@@ -337,9 +348,12 @@ void srv_api_finish_reply(srv_api *a, srv_task *t, srv_reply *r) {
     json_t *text = json_stringn(t->text.p ? t->text.p : "", t->text.len);
     if (!text) text = json_string("");
     json_t *choice;
-    if (t->kind == SRV_TASK_CHAT)
+    if (t->kind == SRV_TASK_CHAT) {
         choice = json_pack("{s:i, s:{s:s, s:o}, s:n, s:s}", "index", 0, "message", "role", "assistant", "content", text,
                            "logprobs", "finish_reason", srv_finish_name(t->finish));
+        json_t *rc = t->reasoning.len ? json_stringn(t->reasoning.p, t->reasoning.len) : NULL;
+        if (choice && rc) json_object_set_new(json_object_get(choice, "message"), "reasoning_content", rc);
+    }
     else
         choice = json_pack("{s:i, s:o, s:n, s:s}", "index", 0, "text", text, "logprobs", "finish_reason",
                            srv_finish_name(t->finish));

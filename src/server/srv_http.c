@@ -664,8 +664,10 @@ hm_status hm_server_open(hm_server **out, const hm_server_opts *opts, hm_err *er
     if (tmpl && *tmpl) {
         if (!hm_chat_template_name(tmpl)) {
             if (s->o.chat_template) {
-                set_err(err, "serve: --chat-template '%.60s%s' is not a template hotmoe renders (chatml)", s->o.chat_template,
-                        strlen(s->o.chat_template) > 60 ? "..." : "");
+                set_err(err,
+                        "serve: --chat-template '%.60s%s' is not a template hotmoe renders (chatml, gemma4, chatglm4, "
+                        "deepseek3, harmony)",
+                        s->o.chat_template, strlen(s->o.chat_template) > 60 ? "..." : "");
                 st = HM_ERR_ARG;
                 goto fail;
             }

@@ -84,6 +84,8 @@ static void task_free(srv_task *t) {
     for (int i = 0; i < t->n_stop; i++) free(t->stop[i]);
     srv_buf_free(&t->out);
     srv_buf_free(&t->text);
+    srv_buf_free(&t->reasoning);
+    hm_chat_reply_close(t->reply);
     pthread_cond_destroy(&t->cv);
     free(t);
 }
@@ -157,9 +159,10 @@ static json_t *usage_json(const srv_task *t) {
                      (int)t->n_cached);
 }
 
-/* A stream chunk of the OpenAI format. delta may be NULL (the finishing chunk). */
-static json_t *chunk_json(const srv_sched *s, const srv_task *t, const char *delta, size_t len, bool first,
-                          srv_finish finish) {
+/* A stream chunk of the OpenAI format. delta may be NULL (the finishing chunk); reasoning (NULL
+ * or not empty) goes out as delta.reasoning_content, as llama-server sends it. */
+static json_t *chunk_json_r(const srv_sched *s, const srv_task *t, const char *delta, size_t len,
+                            const char *reasoning, size_t rlen, bool first, srv_finish finish) {
     json_t *choice;
     json_t *text = json_stringn(delta ? delta : "", delta ? len : 0);
     if (!text) text = json_string(""); /* the detokenizer promises UTF-8; never send junk */
@@ -169,6 +172,8 @@ static json_t *chunk_json(const srv_sched *s, const srv_task *t, const char *del
         if (first) json_object_set_new(d, "role", json_string("assistant"));
         if (delta) json_object_set_new(d, "content", text);
         else json_decref(text);
+        json_t *r = reasoning ? json_stringn(reasoning, rlen) : NULL;
+        if (r) json_object_set_new(d, "reasoning_content", r);
         choice = json_pack("{s:i, s:o, s:n, s:s?}", "index", 0, "delta", d, "logprobs", "finish_reason", fr);
     } else {
         choice = json_pack("{s:i, s:o, s:n, s:s?}", "index", 0, "text", text, "logprobs", "finish_reason", fr);
@@ -177,6 +182,11 @@ static json_t *chunk_json(const srv_sched *s, const srv_task *t, const char *del
                      t->kind == SRV_TASK_CHAT ? "chat.completion.chunk" : "text_completion", "created",
                      (json_int_t)t->created, "model", s->model_id, "system_fingerprint", "hotmoe-" HOTMOE_VERSION,
                      "choices", choice);
+}
+
+static json_t *chunk_json(const srv_sched *s, const srv_task *t, const char *delta, size_t len, bool first,
+                          srv_finish finish) {
+    return chunk_json_r(s, t, delta, len, NULL, 0, first, finish);
 }
 
 static void sse_add(srv_buf *out, json_t *j) {
@@ -189,12 +199,30 @@ static void sse_add(srv_buf *out, json_t *j) {
     free(str);
 }
 
+/* Add released text to the task (and its stream): through the reply splitter when the task has one
+ * (final: the reply ends here). A chunk goes out for a token even when the splitter holds all of
+ * its text back, so the first one still carries the role. */
+static void task_add_text(srv_sched *s, srv_task *t, const char *delta, size_t len, bool first, bool final) {
+    if (!t->reply) {
+        srv_buf_add(&t->text, delta, len);
+        if (t->stream) sse_add(&t->out, chunk_json(s, t, delta, len, first, SRV_FINISH_NONE));
+        return;
+    }
+    hm_chat_reply_part p;
+    hm_err err = {{0}};
+    if (hm_chat_reply_push(t->reply, delta, len, final, &p, &err) != HM_OK) p = (hm_chat_reply_part){"", "", 0, 0};
+    srv_buf_add(&t->text, p.content, p.n_content);
+    srv_buf_add(&t->reasoning, p.reasoning, p.n_reasoning);
+    if (t->stream && (first || p.n_content || p.n_reasoning))
+        sse_add(&t->out, chunk_json_r(s, t, p.content, p.n_content, p.n_reasoning ? p.reasoning : NULL,
+                                      p.n_reasoning, first, SRV_FINISH_NONE));
+}
+
 /* Hand delta (released text of one token) to the task. */
-static void publish_token(srv_sched *s, srv_slot *sl, const char *delta, size_t len) {
+static void publish_token(srv_sched *s, srv_slot *sl, const char *delta, size_t len, bool final) {
     srv_task *t = sl->task;
     t->n_gen = sl->n_gen;
-    srv_buf_add(&t->text, delta, len);
-    if (t->stream) sse_add(&t->out, chunk_json(s, t, delta, len, sl->n_gen == 1, SRV_FINISH_NONE));
+    task_add_text(s, t, delta, len, sl->n_gen == 1, final);
     pthread_cond_broadcast(&t->cv);
 }
 
@@ -439,11 +467,9 @@ static void slot_sample(srv_sched *s, srv_slot *sl, const float *logits) {
     pthread_mutex_lock(&s->mu);
     s->stats.n_predicted += eog ? 0 : 1;
     stats_rate_sample(&s->stats, srv_now());
-    if (!eog) publish_token(s, sl, sl->gen.p ? sl->gen.p + from : "", rel - from);
-    else if (rel > from) { /* text held back for a stop string that never came */
-        srv_buf_add(&t->text, sl->gen.p + from, rel - from);
-        if (t->stream) sse_add(&t->out, chunk_json(s, t, sl->gen.p + from, rel - from, false, SRV_FINISH_NONE));
-    }
+    if (!eog) publish_token(s, sl, sl->gen.p ? sl->gen.p + from : "", rel - from, last || stopped);
+    else if (rel > from || t->reply) /* text held back for a stop string that never came, or by the splitter */
+        task_add_text(s, t, sl->gen.p ? sl->gen.p + from : "", rel - from, false, true);
     pthread_mutex_unlock(&s->mu);
     if (eog || stopped) finish(s, sl, SRV_FINISH_STOP, NULL);
     else if (last) finish(s, sl, SRV_FINISH_LENGTH, NULL);

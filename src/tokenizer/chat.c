@@ -8,7 +8,21 @@
  *   Qwen3's extras, applied when the template mentions them: assistant turns before the last
  *   user turn lose their <think>...</think> part; consecutive "tool" messages are grouped into
  *   one user turn of <tool_response> blocks; no_thinking appends an empty think block to the
- *   generation prompt (enable_thinking=false). */
+ *   generation prompt (enable_thinking=false).
+ *
+ * chatglm4, deepseek3 and harmony are llama.cpp's built-in renderings (llama_chat_apply_template,
+ * src/llama-chat.cpp), recognised by the same strings in the same order of precedence:
+ *   chatglm4 (GLM-4, GLM-4.5/4.6: "[gMASK]<sop>"):
+ *     [gMASK]<sop><|{role}|>\n{content} ... [+ <|assistant|>\n]
+ *   deepseek3 (DeepSeek-V3/R1 and V4: <｜User｜>, <｜Assistant｜>, <｜end▁of▁sentence｜>):
+ *     system: {content}\n\n   user: <｜User｜>{content}
+ *     assistant: <｜Assistant｜>{content}<｜end▁of▁sentence｜>   (other roles: nothing)
+ *     [+ <｜Assistant｜>]; BOS is the tokenizer's (add_bos_token)
+ *   harmony (gpt-oss: "<|start|>" and "<|channel|>"):
+ *     <|start|>{role}<|message|>{content}<|end|>  (assistant turns end in <|return|>)
+ *     [+ <|start|>assistant]
+ * These are not the Jinja renders (no Harmony system preamble, no GLM think block): they are what
+ * llama.cpp's server gives without --jinja. tests/test_tokenizer_chat.c holds llama.cpp's bytes. */
 #include <stdlib.h>
 #include <string.h>
 
@@ -124,6 +138,65 @@ static void render_gemma4(sbuf *b, const char *tmpl, const hm_chat_msg *m, size_
     free(s);
 }
 
+/* llama.cpp's detection (llm_chat_detect_template): earlier families it checks first win */
+static bool has(const char *t, const char *s) { return strstr(t, s) != NULL; }
+static bool is_mistral_or_phi3(const char *t) {
+    return strncmp(t, "mistral", 7) == 0 || has(t, "[INST]") || (has(t, "<|assistant|>") && has(t, "<|end|>"));
+}
+static bool detect_chatglm4(const char *t) { return has(t, "[gMASK]<sop>") && !is_mistral_or_phi3(t); }
+static bool detect_deepseek3(const char *t) {
+    return has(t, "<｜Assistant｜>") && has(t, "<｜User｜>") &&
+           has(t, "<｜end▁of▁sentence｜>") && !is_mistral_or_phi3(t) &&
+           !has(t, "[gMASK]<sop>") && !has(t, "'Assistant: ' + message['content'] + eos_token");
+}
+static bool detect_harmony(const char *t) {
+    return has(t, "<|start|>") && has(t, "<|channel|>") && !is_mistral_or_phi3(t) && !has(t, "[gMASK]<sop>") &&
+           !has(t, "<|start_header_id|>") && !has(t, "<|header_start|>");
+}
+
+static void render_chatglm4(sbuf *b, const char *tmpl, const hm_chat_msg *m, size_t n, const hm_chat_opts *o) {
+    (void)tmpl;
+    sb_str(b, "[gMASK]<sop>");
+    for (size_t i = 0; i < n; i++) {
+        sb_str(b, "<|");
+        sb_str(b, m[i].role);
+        sb_str(b, "|>\n");
+        sb_str(b, m[i].content ? m[i].content : "");
+    }
+    if (o->add_generation_prompt) sb_str(b, "<|assistant|>\n");
+}
+
+static void render_deepseek3(sbuf *b, const char *tmpl, const hm_chat_msg *m, size_t n, const hm_chat_opts *o) {
+    (void)tmpl;
+    for (size_t i = 0; i < n; i++) {
+        const char *c = m[i].content ? m[i].content : "";
+        if (strcmp(m[i].role, "system") == 0) {
+            sb_str(b, c);
+            sb_str(b, "\n\n");
+        } else if (strcmp(m[i].role, "user") == 0) {
+            sb_str(b, "<｜User｜>");
+            sb_str(b, c);
+        } else if (strcmp(m[i].role, "assistant") == 0) {
+            sb_str(b, "<｜Assistant｜>");
+            sb_str(b, c);
+            sb_str(b, "<｜end▁of▁sentence｜>");
+        }
+    }
+    if (o->add_generation_prompt) sb_str(b, "<｜Assistant｜>");
+}
+
+static void render_harmony(sbuf *b, const char *tmpl, const hm_chat_msg *m, size_t n, const hm_chat_opts *o) {
+    (void)tmpl;
+    for (size_t i = 0; i < n; i++) {
+        sb_str(b, "<|start|>");
+        sb_str(b, m[i].role);
+        sb_str(b, "<|message|>");
+        sb_str(b, m[i].content ? m[i].content : "");
+        sb_str(b, strcmp(m[i].role, "assistant") == 0 ? "<|return|>" : "<|end|>");
+    }
+    if (o->add_generation_prompt) sb_str(b, "<|start|>assistant");
+}
+
 static const struct chat_fmt {
     const char *name;
     bool (*detect)(const char *tmpl);
@@ -131,6 +204,9 @@ static const struct chat_fmt {
 } formats[] = {
     {"chatml", detect_chatml, render_chatml},
     {"gemma4", hm_chat_gemma4_detect, render_gemma4},
+    {"chatglm4", detect_chatglm4, render_chatglm4},
+    {"deepseek3", detect_deepseek3, render_deepseek3},
+    {"harmony", detect_harmony, render_harmony},
 };
 
 const char *hm_chat_template_name(const char *tmpl) {
@@ -156,7 +232,8 @@ hm_status hm_chat_apply(const char *tmpl, const hm_chat_msg *msgs, size_t n, con
         for (const char *p = tmpl; *p && k < 80; p++) head[k++] = (*p == '\n' || *p == '\r') ? ' ' : *p;
         head[k] = 0;
         return hm_errf(err, HM_ERR_UNSUPPORTED,
-                       "chat template not recognised (supported: chatml / <|im_start|>, gemma4 / <|turn>); it begins: \"%s%s\"",
+                       "chat template not recognised (supported: chatml / <|im_start|>, gemma4 / <|turn>, chatglm4 / "
+                       "[gMASK]<sop>, deepseek3 / <｜User｜>, harmony / <|start|> + <|channel|>); it begins: \"%s%s\"",
                        head, strlen(tmpl) > 80 ? "..." : "");
     }
     for (size_t i = 0; i < n; i++)

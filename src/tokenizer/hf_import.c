@@ -50,6 +50,10 @@ static const char *detect_pre(json_t *root) {
     /* DeepSeek's files spell their character classes with literal characters; recognise them
      * by shape */
     if (n == 3 && strcmp(rx[0], "\\p{N}{1,3}") == 0) return "deepseek-v3";
+    /* o200k (GPT-4o, gpt-oss): its original regex; our table holds llama.cpp's form of it */
+    if (n == 1 && strstr(rx[0], "[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}]+") &&
+        strstr(rx[0], "\\p{N}{1,3}") && strstr(rx[0], "[\\r\\n/]*"))
+        return "gpt-4o";
     if (n == 6 && strcmp(rx[0], "[\r\n]") == 0) return "deepseek-llm";
     return NULL;
 }

@@ -21,7 +21,7 @@ typedef struct hm_pretok_def {
 } hm_pretok_def;
 
 /* The definition for a `tokenizer.ggml.pre` value (aliases included), or NULL when unknown.
- * An absent key means "default" (GPT-2's regex), as in llama.cpp. */
+ * An absent key means "default" (llama.cpp's default regexes), as in llama.cpp. */
 const hm_pretok_def *hm_pretok_find(const char *name, size_t len);
 /* The i-th known definition (NULL past the end), for detection from tokenizer.json. */
 const hm_pretok_def *hm_pretok_at(size_t i);

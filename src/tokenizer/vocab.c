@@ -129,7 +129,39 @@ static int cmp_spec(const void *a, const void *b, void *ctx) {
 }
 
 static const char *const eog_texts[] = {"<|im_end|>", "<|endoftext|>", "<|eot_id|>", "<|eom_id|>",
-                                        "<end_of_turn>", "<|end|>", "<|return|>", "<|end_of_text|>"};
+                                        "<end_of_turn>", "<|end|>", "<|return|>", "<|call|>", "<|end_of_text|>",
+                                        "<｜end▁of▁sentence｜>"};
+
+/* gpt-oss's o200k_harmony vocabulary, as llama.cpp loads it: the Harmony markers <|start|>,
+ * <|channel|>, <|message|> and <|constrain|> are user-defined (detokenised as text, so a reply's
+ * channels can be parsed), and when <|return|> and <|call|> end generation <|end|> does not (it
+ * closes the analysis message; the final one follows) and is user-defined too. */
+static void harmony_tokens(hm_tokenizer *t) {
+    static const char *const markers[] = {"<|start|>", "<|channel|>", "<|message|>", "<|constrain|>"};
+    int32_t end = -1;
+    bool ret = false, call = false;
+    for (int i = 0; i < t->n_eog; i++) {
+        int32_t id = t->eog[i];
+        const char *s = t->text + t->text_off[id];
+        uint32_t l = t->text_len[id];
+        ret |= l == 10 && memcmp(s, "<|return|>", 10) == 0;
+        call |= l == 8 && memcmp(s, "<|call|>", 8) == 0;
+        if (l == 7 && memcmp(s, "<|end|>", 7) == 0) end = id;
+    }
+    for (uint32_t k = t->spec_start['<']; k < t->spec_start['<' + 1]; k++) {
+        int32_t id = t->spec[k];
+        for (size_t m = 0; m < sizeof markers / sizeof markers[0]; m++)
+            if (t->text_len[id] == strlen(markers[m]) && memcmp(t->text + t->text_off[id], markers[m], t->text_len[id]) == 0)
+                t->type[id] = HM_TT_USER_DEFINED;
+    }
+    if (ret && call && end >= 0) {
+        int j = 0;
+        for (int i = 0; i < t->n_eog; i++)
+            if (t->eog[i] != end) t->eog[j++] = t->eog[i];
+        t->n_eog = j;
+        t->type[end] = HM_TT_USER_DEFINED;
+    }
+}
 
 hm_status hm_tokenizer_from_gguf(hm_tokenizer **out, const hm_gguf *g, hm_err *err) {
     *out = NULL;
@@ -375,9 +407,13 @@ hm_status hm_tokenizer_from_gguf(hm_tokenizer **out, const hm_gguf *g, hm_err *e
         if (hm_gguf_get_str(g, "tokenizer.ggml.pre", &s)) { pre = s.ptr; pre_len = s.len; }
         t->pretok = hm_pretok_find(pre, pre_len);
         if (!t->pretok) {
-            st = hm_errf(err, HM_ERR_UNSUPPORTED,
-                         "%s: tokenizer.ggml.pre '%.*s' not supported (known: qwen2, qwen35, llama-bpe, "
-                         "deepseek-llm, deepseek-v3, gpt-2)", path, (int)(pre_len > 40 ? 40 : pre_len), pre);
+            char known[256];
+            size_t k = 0;
+            known[0] = 0;
+            for (size_t i = 0; hm_pretok_at(i) && k < sizeof known; i++)
+                k += (size_t)snprintf(known + k, sizeof known - k, "%s%s", i ? ", " : "", hm_pretok_at(i)->name);
+            st = hm_errf(err, HM_ERR_UNSUPPORTED, "%s: tokenizer.ggml.pre '%.*s' not supported (known: %s)", path,
+                         (int)(pre_len > 40 ? 40 : pre_len), pre, known);
             goto fail;
         }
         snprintf(t->pre, sizeof t->pre, "%s", t->pretok->name);
@@ -399,14 +435,18 @@ hm_status hm_tokenizer_from_gguf(hm_tokenizer **out, const hm_gguf *g, hm_err *e
     }
 
     /* special ids and flags */
+    int32_t eom = -1;
     if ((st = get_id(g, "tokenizer.ggml.bos_token_id", n, &t->bos, err)) != HM_OK ||
         (st = get_id(g, "tokenizer.ggml.eos_token_id", n, &t->eos, err)) != HM_OK ||
         (st = get_id(g, "tokenizer.ggml.eot_token_id", n, &t->eot, err)) != HM_OK ||
+        (st = get_id(g, "tokenizer.ggml.eom_token_id", n, &eom, err)) != HM_OK ||
         (st = get_id(g, "tokenizer.ggml.padding_token_id", n, &t->pad, err)) != HM_OK ||
         (st = get_id(g, "tokenizer.ggml.unknown_token_id", n, &t->unk, err)) != HM_OK)
         goto fail;
     bool b;
-    t->add_bos = hm_gguf_get_bool(g, "tokenizer.ggml.add_bos_token", &b) ? b : t->kind == HM_VOCAB_SPM;
+    /* without the key: SentencePiece and Llama 3's BPE add BOS, other BPE vocabularies not (llama.cpp) */
+    t->add_bos = hm_gguf_get_bool(g, "tokenizer.ggml.add_bos_token", &b)
+                     ? b : t->kind == HM_VOCAB_SPM || (t->pretok && strcmp(t->pretok->name, "llama-bpe") == 0);
     if (t->kind == HM_VOCAB_GEMMA4) t->add_bos = true; /* llama.cpp forces it for gemma4 (its PR 21500) */
     t->add_eos = hm_gguf_get_bool(g, "tokenizer.ggml.add_eos_token", &b) && b;
     t->add_space_prefix = hm_gguf_get_bool(g, "tokenizer.ggml.add_space_prefix", &b)
@@ -414,6 +454,7 @@ hm_status hm_tokenizer_from_gguf(hm_tokenizer **out, const hm_gguf *g, hm_err *e
     if (t->kind == HM_VOCAB_GEMMA4) t->add_space_prefix = false; /* llama.cpp: BPE vocabularies never */
     if (t->eos >= 0) t->eog[t->n_eog++] = t->eos;
     if (t->eot >= 0 && t->eot != t->eos) t->eog[t->n_eog++] = t->eot;
+    if (eom >= 0 && eom != t->eos && eom != t->eot) t->eog[t->n_eog++] = eom; /* GLM's <|observation|> */
     for (size_t i = 0; i < sizeof eog_texts / sizeof eog_texts[0]; i++) {
         size_t l = strlen(eog_texts[i]);
         const uint32_t *start = &t->spec_start[(unsigned char)eog_texts[i][0]];
@@ -427,6 +468,7 @@ hm_status hm_tokenizer_from_gguf(hm_tokenizer **out, const hm_gguf *g, hm_err *e
             }
         }
     }
+    harmony_tokens(t);
     if (hm_gguf_get_str(g, "tokenizer.chat_template", &s)) {
         t->chat_template = malloc(s.len + 1);
         if (!t->chat_template) { st = hm_errf(err, HM_ERR_NOMEM, "out of memory"); goto fail; }
