@@ -82,8 +82,9 @@ void hm_spec_mtp_accept(hm_spec_mtp *d, int32_t n_keep);
 void hm_spec_mtp_mute(hm_spec_mtp *d, bool mute);
 /* Draft greedily after the pending token tok at position n_past: up to n_max tokens (or cap),
  * stopping before one whose probability (hm_spec_top_token) is below p_min; a draft shorter than
- * n_min is dropped. */
+ * n_min is dropped. lg_out (NULL: not wanted; else [n_max, n_vocab]): each draft step's logits (the
+ * tests compare them with llama.cpp's). */
 hm_status hm_spec_mtp_draft(hm_spec_mtp *d, int32_t tok, int32_t n_past, int32_t n_max, int32_t n_min, float p_min,
-                            int32_t *draft, int32_t cap, int32_t *n_draft, hm_err *err);
+                            int32_t *draft, int32_t cap, int32_t *n_draft, float *lg_out, hm_err *err);
 
 #endif

@@ -112,7 +112,7 @@ void hm_spec_mtp_accept(hm_spec_mtp *d, int32_t n_keep) {
 void hm_spec_mtp_mute(hm_spec_mtp *d, bool mute) { d->mute = mute; }
 
 hm_status hm_spec_mtp_draft(hm_spec_mtp *d, int32_t tok, int32_t n_past, int32_t n_max, int32_t n_min, float p_min,
-                            int32_t *draft, int32_t cap, int32_t *n_draft, hm_err *err) {
+                            int32_t *draft, int32_t cap, int32_t *n_draft, float *lg_out, hm_err *err) {
     *n_draft = 0;
     if (n_max > cap) n_max = cap;
     if (n_max <= 0 || n_past + n_max > hm_session_n_ctx(d->s)) return HM_OK;
@@ -127,6 +127,7 @@ hm_status hm_spec_mtp_draft(hm_spec_mtp *d, int32_t tok, int32_t n_past, int32_t
     while (k < n_max) {
         const float *lg;
         if ((st = hm_session_eval_rows(d->s, &t, 1, in, d->hout, &lg, err)) != HM_OK) return st;
+        if (lg_out) memcpy(lg_out + (size_t)k * (size_t)nv, lg, (size_t)nv * sizeof(float));
         float p;
         t = hm_spec_top_token(lg, nv, &p);
         if (p < p_min) break;

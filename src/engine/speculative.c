@@ -171,7 +171,7 @@ hm_status hm_spec_step(hm_spec *sp, hm_sampler *smp, int32_t tok, int32_t max_ou
             k = hm_spec_ngcache_draft(sp->ngc, sp->hist, sp->n_hist, tok, b + 1, cap);
         } else if (sp->o.type == HM_SPEC_DRAFT_MTP) {
             hm_status st = hm_spec_mtp_draft(sp->mtp, tok, n_past, sp->n_cur, sp->o.n_min, sp->o.p_min, b + 1, cap,
-                                             &k, err);
+                                             &k, NULL, err);
             if (st != HM_OK) return st;
         } else {
             hm_status st = hm_spec_drafter_draft(sp->drafter, sp->hist, sp->n_hist, tok, sp->n_cur, sp->o.n_min,
