@@ -289,6 +289,13 @@ void hm_spec_trim(hm_spec *sp, int32_t n_keep);
 hm_status hm_spec_step(hm_spec *sp, hm_sampler *smp, int32_t tok, int32_t max_out, int32_t *out, int32_t *n_out,
                        hm_err *err);
 
+/* Change the model drafters' n_max / n_min / p_min (a server request's speculative.n_max, .n_min,
+ * .p_min) from the next step on; the adaptive length restarts at n_max. HM_ERR_ARG as hm_spec_open
+ * for values out of range. */
+hm_status hm_spec_set_draft(hm_spec *sp, int32_t n_max, int32_t n_min, float p_min, hm_err *err);
+/* The options it runs with (after hm_spec_set_draft). */
+void hm_spec_get_opts(const hm_spec *sp, hm_spec_opts *o);
+
 /* Counters since open. steps: verify micro-batches (with or without a draft); drafted: draft tokens
  * verified; accepted: of them, kept (= tokens - steps: each step adds its own token); tokens: picks
  * returned. Acceptance rate = accepted / drafted. */

@@ -106,6 +106,10 @@ typedef struct hm_server_opts {
     bool profile_on_exit;      /* also write profile_out when the server closes (--profile-out) */
     hm_profile_fmt profile_format; /* of those files (default hotmoe) */
     const hm_placement_opts *placement; /* borrowed during open; NULL = count expert use only */
+    const hm_spec_opts *spec;  /* speculative decoding in every slot (ngram-simple, ngram-cache,
+                                  draft-mtp; its n_max / n_min / p_min the defaults a request's
+                                  speculative.* fields override); borrowed during open; NULL or
+                                  type none = none */
     const char *trace_out;     /* write the routing trace of every request here; NULL = none */
     size_t max_body;           /* request body cap in bytes; 0 = 8 MiB */
     /* Connection limits (0 = the default in brackets): a client that opens many connections or

@@ -141,6 +141,20 @@ void hm_spec_trim(hm_spec *sp, int32_t n_keep) {
 
 void hm_spec_get_stats(const hm_spec *sp, hm_spec_stats *st) { *st = sp->st; }
 
+void hm_spec_get_opts(const hm_spec *sp, hm_spec_opts *o) { *o = sp->o; }
+
+hm_status hm_spec_set_draft(hm_spec *sp, int32_t n_max, int32_t n_min, float p_min, hm_err *err) {
+    if (n_max < 1 || n_max > 1024 || n_min < 0 || n_min > n_max)
+        return hm_errf(err, HM_ERR_ARG, "speculative: n_max %d / n_min %d (need 1 <= n_max <= 1024, 0 <= n_min <= "
+                       "n_max)", n_max, n_min);
+    if (!(p_min >= 0.0f && p_min <= 1.0f))
+        return hm_errf(err, HM_ERR_ARG, "speculative: p_min %g outside [0, 1]", (double)p_min);
+    sp->o.n_max = sp->n_cur = n_max;
+    sp->o.n_min = n_min;
+    sp->o.p_min = p_min;
+    return HM_OK;
+}
+
 static bool is_stop(const hm_spec *sp, int32_t t) {
     for (int32_t i = 0; i < sp->o.n_stop_ids; i++)
         if (sp->stop[i] == t) return true;
