@@ -78,6 +78,8 @@ void hm_spec_mtp_close(hm_spec_mtp *d);
 /* The target kept the first n_keep rows of its last micro-batch: the head's next input is the
  * hidden row n_keep - 1 (the one that gave the pending token). */
 void hm_spec_mtp_accept(hm_spec_mtp *d, int32_t n_keep);
+/* The target was reset: the next row pairs with zeros again (as at open). */
+void hm_spec_mtp_reset(hm_spec_mtp *d);
 /* While muted the hook ignores the target's evals (a recurrent target's replay of kept rows). */
 void hm_spec_mtp_mute(hm_spec_mtp *d, bool mute);
 /* Draft greedily after the pending token tok at position n_past: up to n_max tokens (or cap),

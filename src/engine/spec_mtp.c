@@ -111,6 +111,11 @@ void hm_spec_mtp_accept(hm_spec_mtp *d, int32_t n_keep) {
 
 void hm_spec_mtp_mute(hm_spec_mtp *d, bool mute) { d->mute = mute; }
 
+void hm_spec_mtp_reset(hm_spec_mtp *d) {
+    memset(d->pending, 0, (size_t)d->E * sizeof(float));
+    d->n_rows = 0;
+}
+
 hm_status hm_spec_mtp_draft(hm_spec_mtp *d, int32_t tok, int32_t n_past, int32_t n_max, int32_t n_min, float p_min,
                             int32_t *draft, int32_t cap, int32_t *n_draft, float *lg_out, hm_err *err) {
     *n_draft = 0;

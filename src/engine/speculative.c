@@ -137,6 +137,7 @@ hm_status hm_spec_add(hm_spec *sp, const int32_t *tokens, int32_t n, hm_err *err
 
 void hm_spec_trim(hm_spec *sp, int32_t n_keep) {
     if (n_keep >= 0 && n_keep < sp->n_hist) sp->n_hist = n_keep;
+    if (n_keep == 0 && sp->mtp) hm_spec_mtp_reset(sp->mtp);
 }
 
 void hm_spec_get_stats(const hm_spec *sp, hm_spec_stats *st) { *st = sp->st; }
