@@ -1,14 +1,15 @@
 /* test_spec_mtp_ref.c - draft-mtp's MTP head against llama.cpp: the synth tiny qwen35moe with its MTP
- * block (`synth --arch qwen35moe --preset tiny --nextn 1 --type q8_0 --seed 1`, its bytes pinned by
- * tests/fixtures/llama_qwen35mtp/q8_0/model.fnv1a64: a synth change that alters them makes the
- * reference stale, loudly). llama.cpp's common_speculative draft-mtp driver (a throwaway program,
+ * block (`synth --arch qwen35moe --preset tiny --nextn 1 --type TYPE --seed 1`, TYPE f32 and q8_0, its
+ * bytes pinned by tests/fixtures/llama_qwen35mtp/TYPE/model.fnv1a64: a synth change that alters them
+ * makes the reference stale, loudly). llama.cpp's common_speculative draft-mtp driver (a throwaway program,
  * README.md) recorded: the prompt, the target's greedy pick, then two draft cycles of 3 chained
  * steps with every step's full draft logits: cycle 1 right after the prompt (the head fed every
  * prompt row), cycle 2 after a verify batch [pick, first draft] and its acceptance (the pending
  * hidden row chosen by the kept count, the head's KV past it dropped). Here the same through
- * engine/spec_mtp.c: each step's draft token must be llama.cpp's and its logits within TOL of
- * llama.cpp's (measured max |d| is in README.md; a head with [h | e] concatenated in the wrong order,
- * the two norms swapped or the hidden rows not shifted by one moves them by O(1)). */
+ * engine/spec_mtp.c: each step's draft token must be llama.cpp's and its logits within the type's
+ * tolerance of llama.cpp's (measured 3e-4 for f32, the KV cache's rounding; 0.16 for q8_0, whose
+ * activations are rounded to Q8_0 again in the head; README.md). The hidden rows not shifted by one
+ * in the process step move the q8_0 logits by 1.04; [h | e] in the wrong order by 37. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,7 +20,8 @@
 #include "hotmoe_tools.h"
 #include "test.h"
 
-#define TOL 2e-3 /* max |d logit| allowed over a cycle's 3 x 384 draft logits */
+#define TOL_F32 2e-3  /* max |d logit| allowed over a cycle's 3 x 384 draft logits */
+#define TOL_Q8_0 0.3
 #define NV 384
 #define NSTEP 3
 
@@ -68,7 +70,7 @@ static int32_t argmax(const float *v, int n) {
 }
 
 /* One cycle: draft NSTEP after tok at n_past and hold it to the reference's cycle c. */
-static void cycle(hm_spec_mtp *d, int c, int32_t tok, int32_t n_past, const ref *r) {
+static void cycle(hm_spec_mtp *d, int c, int32_t tok, int32_t n_past, const ref *r, const char *type, double tol) {
     static float lg[NSTEP][NV];
     int32_t draft[NSTEP], k = 0;
     hm_err err;
@@ -81,29 +83,35 @@ static void cycle(hm_spec_mtp *d, int c, int32_t tok, int32_t n_past, const ref 
                r->pos[c][s]);
         CHECKF(draft[s] == r->tok[c][s], "cycle %d step %d: token %d, llama.cpp's %d", c + 1, s, draft[s],
                r->tok[c][s]);
+        double ms = 0, sum = 0;
         for (int j = 0; j < NV; j++) {
             const double dd = fabs((double)lg[s][j] - (double)r->lg[c][s][j]);
-            if (dd > md) md = dd;
+            if (dd > ms) ms = dd;
+            sum += dd;
         }
+        if (ms > md) md = ms;
+        if (getenv("HM_MTP_REF_VERBOSE")) fprintf(stderr, "  cycle %d step %d: max %.3g mean %.3g\n", c + 1, s, ms, sum / NV);
     }
-    fprintf(stderr, "cycle %d: tokens %d %d %d (llama.cpp %d %d %d), max |d logit| %.3g (tol %g)\n", c + 1, draft[0],
-            draft[1], draft[2], r->tok[c][0], r->tok[c][1], r->tok[c][2], md, TOL);
-    CHECKF(md <= TOL, "cycle %d: max |d logit| %.3g > %g", c + 1, md, TOL);
+    fprintf(stderr, "%s cycle %d: tokens %d %d %d (llama.cpp %d %d %d), max |d logit| %.3g (tol %g)\n", type, c + 1,
+            draft[0], draft[1], draft[2], r->tok[c][0], r->tok[c][1], r->tok[c][2], md, tol);
+    CHECKF(md <= tol, "%s cycle %d: max |d logit| %.3g > %g", type, c + 1, md, tol);
 }
 
-int main(void) {
-    const char *fix = "tests/fixtures/llama_qwen35mtp/q8_0";
+/* One type's reference: its file synthesised, pinned, compared. */
+static void run_type(const char *type, double tol) {
+    char fix[128];
+    snprintf(fix, sizeof fix, "tests/fixtures/llama_qwen35mtp/%s", type);
     char p[512];
     static ref r;
     snprintf(p, sizeof p, "%s/ref.txt", fix);
     if (read_ref(test_src_path(p), &r) != 0) {
         CHECKF(0, "cannot read %s", test_src_path(p));
-        return test_done();
+        return;
     }
     char path[] = "/tmp/hm_test_mtp_ref_XXXXXX";
     int fd = mkstemp(path);
     if (fd >= 0) close(fd);
-    hm_synth_opts o = {.arch = "qwen35moe", .preset = "tiny", .type = "q8_0", .seed = 1, .out_path = path,
+    hm_synth_opts o = {.arch = "qwen35moe", .preset = "tiny", .type = type, .seed = 1, .out_path = path,
                        .n_threads = 2, .n_nextn = 1};
     hm_err err = {{0}};
     CHECKF(hm_synth(&o, &err) == HM_OK, "synth: %s", err.msg);
@@ -124,13 +132,14 @@ int main(void) {
         so.n_ctx = 256;
         so.n_ubatch = 128;
         so.n_threads = 2;
+        if (getenv("HM_MTP_REF_KV_F32")) so.kv_type = HM_KV_F32;
         const float *lg;
         CHECKF(hm_session_open(&s, m, &so, &err) == HM_OK, "%s", err.msg);
         CHECKF(s && hm_spec_mtp_open(&d, s, &err) == HM_OK, "%s", err.msg);
         if (d && hm_session_eval(s, r.prompt, r.np, false, &lg, &err) == HM_OK) {
             const int32_t t1 = argmax(lg, NV);
             CHECKF(t1 == r.target, "target's pick %d, llama.cpp's %d", t1, r.target);
-            cycle(d, 0, t1, r.np, &r);
+            cycle(d, 0, t1, r.np, &r, type, tol);
             /* the verify batch [t1, first draft], llama.cpp's acceptance, the head told how many kept */
             const int32_t vb[2] = {r.v_t1, r.v_d1};
             CHECKF(hm_session_eval(s, vb, 2, true, &lg, &err) == HM_OK, "%s", err.msg);
@@ -139,7 +148,7 @@ int main(void) {
             const int32_t t2 = argmax(lg + (size_t)acc * NV, NV);
             CHECKF(t2 == r.v_next, "verify: next %d, llama.cpp's %d", t2, r.v_next);
             hm_spec_mtp_accept(d, acc + 1);
-            cycle(d, 1, t2, r.np + 1 + acc, &r);
+            cycle(d, 1, t2, r.np + 1 + acc, &r, type, tol);
         } else {
             CHECKF(0, "prompt: %s", err.msg);
         }
@@ -150,5 +159,10 @@ int main(void) {
     hm_session_close(s);
     hm_model_close(m);
     unlink(path);
+}
+
+int main(void) {
+    run_type("f32", TOL_F32);
+    run_type("q8_0", TOL_Q8_0);
     return test_done();
 }
