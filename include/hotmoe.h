@@ -229,7 +229,7 @@ typedef enum hm_spec_type {
                                  the sequence, from counts over the history (llama.cpp's context cache
                                  and thresholds; its static/dynamic cache files are not read); up to 8 */
     HM_SPEC_DRAFT_MTP = 4,    /* "draft-mtp": the target model's own multi-token-prediction layer
-                                 (qwen35moe files with nextn_predict_layers 1) drafts greedily */
+                                 (qwen35moe / qwen3next files with nextn_predict_layers 1) drafts greedily */
 } hm_spec_type;
 
 /* "none" / "ngram-simple" / "draft-simple" / "ngram-cache" / "draft-mtp" -> the type; -1 for any

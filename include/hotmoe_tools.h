@@ -66,7 +66,7 @@ typedef struct hm_synth_opts {
                                      out_path must end in .gguf, the files are
                                      out_path-without-.gguf-00001-of-0000N.gguf ... (gguf.h) */
     int32_t split_max_tensors;    /* > 0 (and no split_max_bytes): a new file every N tensors */
-    int32_t n_nextn;              /* qwen35moe only: 1 writes a multi-token-prediction block after the
+    int32_t n_nextn;              /* qwen35moe, qwen3next: 1 writes a multi-token-prediction block after the
                                      layers as llama.cpp's converter does (block_count + 1,
                                      nextn_predict_layers 1, blk.N.nextn.*); 0: none */
 } hm_synth_opts;

@@ -15,7 +15,7 @@ hm_tmpdir spec_mtp
 check "synth --nextn 1" test "$(code "$EXE" synth --arch qwen35moe --preset tiny --nextn 1 --type q8_0 --seed 1 -q -t 2 \
     -o "$tmp/m.gguf")" = 0
 check "synth --nextn on qwen3moe refused" test "$(code "$EXE" synth --preset tiny --nextn 1 --type q8_0 -o "$tmp/x.gguf")" = 2
-check "synth --nextn named" grep -q "MTP block is written for --arch qwen35moe only" "$tmp/err"
+check "synth --nextn named" grep -q "MTP block is written for --arch qwen35moe and qwen3next only" "$tmp/err"
 P='one two three four five six one two three four five six one two three'
 check "plain run" test "$(code "$EXE" run -m "$tmp/m.gguf" -p "$P" -n 40 --temp 0 -t 2)" = 0
 cp "$tmp/out" "$tmp/plain"

@@ -1,7 +1,8 @@
 /* test_spec_mtp_ref.c - draft-mtp's MTP head against llama.cpp: the synth tiny qwen35moe with its MTP
  * block (`synth --arch qwen35moe --preset tiny --nextn 1 --type TYPE --seed 1`, TYPE f32 and q8_0, its
  * bytes pinned by tests/fixtures/llama_qwen35mtp/TYPE/model.fnv1a64: a synth change that alters them
- * makes the reference stale, loudly). llama.cpp's common_speculative draft-mtp driver (a throwaway program,
+ * makes the reference stale, loudly), and the tiny qwen3next the same way (q8_0: llama.cpp runs the
+ * same graph_mtp for it, NEOX rotary). llama.cpp's common_speculative draft-mtp driver (a throwaway program,
  * README.md) recorded: the prompt, the target's greedy pick, then two draft cycles of 3 chained
  * steps with every step's full draft logits: cycle 1 right after the prompt (the head fed every
  * prompt row), cycle 2 after a verify batch [pick, first draft] and its acceptance (the pending
@@ -98,9 +99,10 @@ static void cycle(hm_spec_mtp *d, int c, int32_t tok, int32_t n_past, const ref 
 }
 
 /* One type's reference: its file synthesised, pinned, compared. */
-static void run_type(const char *type, double tol) {
+static void run_type(const char *arch, const char *type, double tol) {
     char fix[128];
-    snprintf(fix, sizeof fix, "tests/fixtures/llama_qwen35mtp/%s", type);
+    snprintf(fix, sizeof fix, "tests/fixtures/llama_qwen35mtp/%s%s%s", strcmp(arch, "qwen35moe") ? arch : "",
+             strcmp(arch, "qwen35moe") ? "-" : "", type);
     char p[512];
     static ref r;
     snprintf(p, sizeof p, "%s/ref.txt", fix);
@@ -111,7 +113,7 @@ static void run_type(const char *type, double tol) {
     char path[] = "/tmp/hm_test_mtp_ref_XXXXXX";
     int fd = mkstemp(path);
     if (fd >= 0) close(fd);
-    hm_synth_opts o = {.arch = "qwen35moe", .preset = "tiny", .type = type, .seed = 1, .out_path = path,
+    hm_synth_opts o = {.arch = arch, .preset = "tiny", .type = type, .seed = 1, .out_path = path,
                        .n_threads = 2, .n_nextn = 1};
     hm_err err = {{0}};
     CHECKF(hm_synth(&o, &err) == HM_OK, "synth: %s", err.msg);
@@ -139,7 +141,7 @@ static void run_type(const char *type, double tol) {
         if (d && hm_session_eval(s, r.prompt, r.np, false, &lg, &err) == HM_OK) {
             const int32_t t1 = argmax(lg, NV);
             CHECKF(t1 == r.target, "target's pick %d, llama.cpp's %d", t1, r.target);
-            cycle(d, 0, t1, r.np, &r, type, tol);
+            cycle(d, 0, t1, r.np, &r, fix + strlen("tests/fixtures/llama_qwen35mtp/"), tol);
             /* the verify batch [t1, first draft], llama.cpp's acceptance, the head told how many kept */
             const int32_t vb[2] = {r.v_t1, r.v_d1};
             CHECKF(hm_session_eval(s, vb, 2, true, &lg, &err) == HM_OK, "%s", err.msg);
@@ -148,7 +150,7 @@ static void run_type(const char *type, double tol) {
             const int32_t t2 = argmax(lg + (size_t)acc * NV, NV);
             CHECKF(t2 == r.v_next, "verify: next %d, llama.cpp's %d", t2, r.v_next);
             hm_spec_mtp_accept(d, acc + 1);
-            cycle(d, 1, t2, r.np + 1 + acc, &r, type, tol);
+            cycle(d, 1, t2, r.np + 1 + acc, &r, fix + strlen("tests/fixtures/llama_qwen35mtp/"), tol);
         } else {
             CHECKF(0, "prompt: %s", err.msg);
         }
@@ -162,7 +164,8 @@ static void run_type(const char *type, double tol) {
 }
 
 int main(void) {
-    run_type("f32", TOL_F32);
-    run_type("q8_0", TOL_Q8_0);
+    run_type("qwen35moe", "f32", TOL_F32);
+    run_type("qwen35moe", "q8_0", TOL_Q8_0);
+    run_type("qwen3next", "q8_0", TOL_Q8_0);
     return test_done();
 }

@@ -57,8 +57,8 @@ hm_status hm_spec_mtp_open(hm_spec_mtp **out, hm_session *target, hm_err *err) {
     hm_model *m = hm_session_model(target);
     if (!m->mtp)
         return hm_errf(err, HM_ERR_UNSUPPORTED, "draft-mtp: %s has no multi-token-prediction layer (%s; it needs a "
-                       "qwen35moe file converted with its MTP block: %s.nextn_predict_layers = 1 and blk.N.nextn.*)",
-                       m->name[0] ? m->name : "the model", m->arch->name, m->arch->name);
+                       "qwen35moe or qwen3next file converted with its MTP block: nextn_predict_layers = 1 and "
+                       "blk.N.nextn.*)", m->name[0] ? m->name : "the model", m->arch->name);
     if (hm_session_n_past(target) != 0)
         return hm_errf(err, HM_ERR_ARG, "draft-mtp: open it before the target evaluates anything (it holds %d "
                        "positions; the MTP head must see every row)", hm_session_n_past(target));

@@ -24,9 +24,10 @@
  * its GGUF keeps HF's value-head order (a key head's value heads adjacent: value head j reads key
  * head j / (n_v / n_k)) with beta and alpha in one matrix, ssm_ba [n_embd, 2 n_v] (per key head its
  * n_v / n_k beta rows, then its alpha rows): hm_deltanet.grouped. The legacy ssm_in (q, k, v, z
- * fused per key head) of early conversions is refused, as are qwen3next's MTP layers.
+ * fused per key head) of early conversions is refused.
  *
- * qwen35moe's multi-token-prediction head (nextn_predict_layers = 1, llama.cpp's layout: the last
+ * The multi-token-prediction head of both (llama.cpp runs the same graph_mtp for each, qwen3next's
+ * with its NEOX rotary) (nextn_predict_layers = 1, llama.cpp's layout: the last
  * block blk.N of block_count = N + 1, a gated-attention block with the MoE, plus nextn.eh_proj
  * [2 n_embd -> n_embd], nextn.enorm, nextn.hnorm and the optional nextn.embed_tokens,
  * shared_head_head, shared_head_norm) is never run by the main forward (its n_layer is N, so the
@@ -285,7 +286,7 @@ fail:
 
 /* The MTP head: block n_layer (a gated-attention block) and its nextn tensors; the one-layer
  * model over them (the header). */
-static const hm_arch q35_mtp_arch = {.name = "qwen35moe (MTP head)", HM_EXEC_ARCH(q35_mtp_fwd)};
+static const hm_arch q35_mtp_arch = {.name = "MTP head", HM_EXEC_ARCH(q35_mtp_fwd)};
 
 static hm_status bind_mtp(hm_model *m, q35_model *q, hm_err *err) {
     hm_status st;
@@ -370,11 +371,10 @@ static hm_status q35_load(hm_model *m, hm_err *err) {
 
     TRY(hm_model_hp_moe(m, &q->hp, err));
     HP_INT("nextn_predict_layers", false, 0, &q->n_nextn);
-    if (q->n_nextn > 0 && (q->grouped || q->n_nextn > 1 || q->n_nextn >= q->n_layer)) {
+    if (q->n_nextn > 0 && (q->n_nextn > 1 || q->n_nextn >= q->n_layer)) {
         st = hm_errf(err, HM_ERR_UNSUPPORTED, "%s.nextn_predict_layers = %d: MTP layers are not supported%s",
                      m->arch->name, q->n_nextn,
-                     q->grouped ? " (convert without them)" : q->n_nextn > 1 ? " beyond one block (as llama.cpp)"
-                                                                             : " (no main layers left)");
+                     q->n_nextn > 1 ? " beyond one block (as llama.cpp)" : " (no main layers left)");
         goto fail;
     }
     q->n_layer -= q->n_nextn; /* block_count holds the MTP block after the main ones */

@@ -262,9 +262,10 @@ static hm_status check_opts(const hm_synth_opts *o, const hm_synth_preset **p, s
         ((*m)->kind == HM_SYNTH_MIX_Q2_K || (*m)->kind == HM_SYNTH_MIX_Q3_K_M))
         return hm_errf(err, HM_ERR_UNSUPPORTED, "synth: --type %s follows llama-quantize's rules for qwen3moe only",
                        (*m)->name);
-    if (o->n_nextn < 0 || o->n_nextn > 1 || (o->n_nextn && (!o->arch || strcmp(o->arch, "qwen35moe") != 0)))
-        return hm_errf(err, HM_ERR_ARG, "synth: --nextn %d: an MTP block is written for --arch qwen35moe only, "
-                       "0 or 1 of it (as llama.cpp runs it)", o->n_nextn);
+    if (o->n_nextn < 0 || o->n_nextn > 1 ||
+        (o->n_nextn && (!o->arch || (strcmp(o->arch, "qwen35moe") != 0 && strcmp(o->arch, "qwen3next") != 0))))
+        return hm_errf(err, HM_ERR_ARG, "synth: --nextn %d: an MTP block is written for --arch qwen35moe and "
+                       "qwen3next only, 0 or 1 of it (as llama.cpp runs it)", o->n_nextn);
     if (o->n_layer < 0 || o->n_layer > 1000)
         return hm_errf(err, HM_ERR_ARG, "synth: --layers %d is out of range [1, 1000]", o->n_layer);
     if (!o->out_path || !*o->out_path) return hm_errf(err, HM_ERR_ARG, "synth: no output file (-o FILE)");
