@@ -203,7 +203,7 @@ void hm_sampler_reset(hm_sampler *s);
 
 /* ==== end of models, sessions, sampling ================================================== */
 
-/* ==== Speculative decoding (engine/speculative.c, spec_ngram.c, spec_draft.c) ============== */
+/* ==== Speculative decoding (engine/speculative.c, spec_ngram.c, spec_draft.c, spec_mtp.c) === */
 
 /* A drafter proposes the next k tokens cheaply; the target session verifies [the pending token,
  * the k drafts] in ONE micro-batch with the logits of every row, the caller's sampler picks each
@@ -214,8 +214,11 @@ void hm_sampler_reset(hm_sampler *s);
  * plain decoding's up to the float rounding of a batched row against a single-row step (greedy: the
  * same ids unless two logits tie within that rounding). Names and defaults are llama.cpp's
  * (--spec-type, --spec-draft-n-max/-n-min/-p-min, --spec-ngram-simple-size-n/-m, -md).
- * Not for a recurrent state that cannot be rewound (qwen35moe): hm_spec_open refuses it. The draft
- * length is fixed (n_max, or size_m); adapting it to the measured acceptance is not done yet. */
+ * A recurrent target (qwen35moe's Gated DeltaNet) is saved before a verify batch and, when a draft is
+ * rejected, restored and the kept rows evaluated again (hm_session_save / restore). The model
+ * drafters' length (draft-simple, draft-mtp) adapts to the measured acceptance within
+ * [max(n_min, 1), n_max]: one more after a step that kept every draft, one past the kept ones after
+ * a rejection; the n-gram drafters' length is their match's (size_m, 8). */
 typedef enum hm_spec_type {
     HM_SPEC_NONE = 0,
     HM_SPEC_NGRAM_SIMPLE = 1, /* "ngram-simple": the last size_n tokens (the pending one last) matched
@@ -225,18 +228,22 @@ typedef enum hm_spec_type {
     HM_SPEC_NGRAM_CACHE = 3,  /* "ngram-cache": the most frequent follower of the longest 1..4-gram ending
                                  the sequence, from counts over the history (llama.cpp's context cache
                                  and thresholds; its static/dynamic cache files are not read); up to 8 */
+    HM_SPEC_DRAFT_MTP = 4,    /* "draft-mtp": the target model's own multi-token-prediction layer
+                                 (qwen35moe / qwen3next files with nextn_predict_layers 1) drafts greedily */
 } hm_spec_type;
 
-/* "none" / "ngram-simple" / "draft-simple" / "ngram-cache" -> the type; -1 for any other name
- * (llama.cpp's draft-eagle3, draft-mtp, ngram-mod, ... are not run yet: the caller refuses them). */
+/* "none" / "ngram-simple" / "draft-simple" / "ngram-cache" / "draft-mtp" -> the type; -1 for any
+ * other name (llama.cpp's draft-eagle3, draft-dflash, ngram-mod, ... are not run yet: the caller
+ * refuses them). */
 int hm_spec_type_from_name(const char *name);
 const char *hm_spec_type_name(hm_spec_type t); /* static string; "?" out of range */
 
 typedef struct hm_spec_opts {
     hm_spec_type type;
-    int32_t n_max;     /* draft-simple: tokens drafted per step (llama.cpp --spec-draft-n-max, 3) */
-    int32_t n_min;     /* draft-simple: fewer drafted than this = no draft this step (0) */
-    float p_min;       /* draft-simple: stop drafting when the draft's top token has a probability
+    int32_t n_max;     /* draft-simple, draft-mtp: most tokens drafted per step (llama.cpp
+                          --spec-draft-n-max, 3); the length adapts below it (above) */
+    int32_t n_min;     /* draft-simple, draft-mtp: fewer drafted than this = no draft this step (0) */
+    float p_min;       /* draft-simple, draft-mtp: stop drafting when the draft's top token has a probability
                           (softmax over its 10 best, as llama.cpp's draft sampler) below this (0) */
     int32_t size_n;    /* ngram-simple: lookup n-gram length (12) */
     int32_t size_m;    /* ngram-simple: longest draft (48) */
@@ -254,8 +261,11 @@ typedef struct hm_spec hm_spec;
 
 /* Speculation on target (a session, borrowed: it and its model must outlive sp). For
  * draft-simple a session of o->draft is opened with the target's context, threads and KV type.
- * Errors (nothing opened): HM_ERR_UNSUPPORTED for a recurrent target (qwen35moe: its state cannot
- * be rewound past a rejected draft) or a recurrent draft; HM_ERR_ARG for bad sizes, a missing draft
+ * draft-mtp opens a session of the target model's MTP head and must be opened before the target
+ * evaluates anything (the head reads every row's hidden state; HM_ERR_ARG otherwise).
+ * Errors (nothing opened): HM_ERR_UNSUPPORTED for a recurrent draft model, a target whose state
+ * cannot be saved, or draft-mtp on a model without an MTP layer (the message names the arch and
+ * what the file lacks); HM_ERR_ARG for bad sizes, a missing draft
  * model, or a draft vocabulary that llama.cpp would refuse (tokenizer type, BOS/EOS ids and
  * add-flags, vocabulary sizes more than 128 apart, a token text differing from id 5 on; the message
  * names the first difference). The history starts empty: hm_spec_add what the target evaluates
@@ -278,6 +288,13 @@ void hm_spec_trim(hm_spec *sp, int32_t n_keep);
  * the context for tok, or a history that does not match the target's length. */
 hm_status hm_spec_step(hm_spec *sp, hm_sampler *smp, int32_t tok, int32_t max_out, int32_t *out, int32_t *n_out,
                        hm_err *err);
+
+/* Change the model drafters' n_max / n_min / p_min (a server request's speculative.n_max, .n_min,
+ * .p_min) from the next step on; the adaptive length restarts at n_max. HM_ERR_ARG as hm_spec_open
+ * for values out of range. */
+hm_status hm_spec_set_draft(hm_spec *sp, int32_t n_max, int32_t n_min, float p_min, hm_err *err);
+/* The options it runs with (after hm_spec_set_draft). */
+void hm_spec_get_opts(const hm_spec *sp, hm_spec_opts *o);
 
 /* Counters since open. steps: verify micro-batches (with or without a draft); drafted: draft tokens
  * verified; accepted: of them, kept (= tokens - steps: each step adds its own token); tokens: picks

@@ -66,6 +66,9 @@ typedef struct hm_synth_opts {
                                      out_path must end in .gguf, the files are
                                      out_path-without-.gguf-00001-of-0000N.gguf ... (gguf.h) */
     int32_t split_max_tensors;    /* > 0 (and no split_max_bytes): a new file every N tensors */
+    int32_t n_nextn;              /* qwen35moe, qwen3next: 1 writes a multi-token-prediction block after the
+                                     layers as llama.cpp's converter does (block_count + 1,
+                                     nextn_predict_layers 1, blk.N.nextn.*); 0: none */
 } hm_synth_opts;
 
 /* Write a random-weight model with the real tensor names, shapes, GGUF keys and (for q4_k_m)
@@ -103,6 +106,10 @@ typedef struct hm_server_opts {
     bool profile_on_exit;      /* also write profile_out when the server closes (--profile-out) */
     hm_profile_fmt profile_format; /* of those files (default hotmoe) */
     const hm_placement_opts *placement; /* borrowed during open; NULL = count expert use only */
+    const hm_spec_opts *spec;  /* speculative decoding in every slot (ngram-simple, ngram-cache,
+                                  draft-mtp; its n_max / n_min / p_min the defaults a request's
+                                  speculative.* fields override); borrowed during open; NULL or
+                                  type none = none */
     const char *trace_out;     /* write the routing trace of every request here; NULL = none */
     size_t max_body;           /* request body cap in bytes; 0 = 8 MiB */
     /* Connection limits (0 = the default in brackets): a client that opens many connections or

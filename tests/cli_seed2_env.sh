@@ -2,7 +2,8 @@
 # cli_seed2_env.sh - the seed-2 user's command lines, with `hotmoe serve` for llama-server, on a tiny
 # synth model (CPU): every GGML_CUDA_MOE_CACHE_* / LLAMA_EXPERT_SWAP_* variable of issue 28 and the
 # flags -c 167936 --parallel 1 --split-mode layer -b 4096 -ub 4096 --flash-attn on --moe-cache auto
-# are accepted and a streamed completion comes back; --spec-type is refused with a clear error; the
+# are accepted and a streamed completion comes back; --spec-type draft-dspark is refused with a clear
+# error naming what it needs; the
 # stats line comes at the cadence STATS asks (its token counts checked against the tokens run); an
 # out-of-range value is an error naming the variable; an unknown variable of the families is named
 # in a warning.
@@ -19,10 +20,10 @@ SEED_ENV=(GGML_CUDA_MOE_CACHE_RESERVE_MB=512 GGML_CUDA_MOE_CACHE_ADMIT_AFTER=1 G
 SEED_FLAGS=(-c 167936 --parallel 1 --split-mode layer -b 4096 -ub 4096 --flash-attn on --moe-cache auto)
 # (the issue's STATS=1024 is 8 here, so a 32-token completion shows the cadence)
 
-# --spec-type draft-dspark (speculation, another issue): refused, naming the flag
+# --spec-type draft-dspark (ds4's DeepSeek-V4 drafter): refused, naming what it would need
 check "spec-type refused" test "$(code env "${SEED_ENV[@]}" "$EXE" serve -m "$tmp/m.gguf" --spec-type draft-dspark \
     "${SEED_FLAGS[@]}")" = 2
-check "spec-type message" grep -q "spec-type draft-dspark: speculative decoding is not implemented" "$tmp/err"
+check "spec-type message" grep -q "spec-type draft-dspark is not served.*needs a deepseek4 target" "$tmp/err"
 
 # the rest of the first line: serve, then one streamed completion
 LOG=$tmp/log

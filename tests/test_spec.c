@@ -10,8 +10,12 @@
  * steps roll back), greedy; sampled at temperature 0.8 on the F32 transformers fixture (see
  * sampled_f32 for why not on a quantised model);
  * a gemma4 synth (sliding window 16, micro-batches of 8: the ring cache is rolled back across the
- * window) with ngram-simple and draft-simple; a qwen35moe model (recurrent state) is refused with
- * HM_ERR_UNSUPPORTED naming the reason, and a draft of another vocabulary with HM_ERR_ARG.
+ * window) with ngram-simple and draft-simple; the synth tiny qwen35moe with its MTP block (a
+ * recurrent state saved before each verify and restored after a rejection) with draft-mtp, ngram-simple
+ * and ngram-cache, one pass and micro-batches of 5, and the draft length's adaptation to the
+ * acceptance (0 % for the random MTP head: 3, then 1 a step); draft-mtp on a model without an MTP
+ * layer and after the prompt is refused naming why, as is a draft of another vocabulary (HM_ERR_ARG).
+ * The MTP head's draft logits against llama.cpp's: test_spec_mtp_ref.c.
  * Every run checks the stats: accepted <= drafted, tokens = accepted + steps, tokens = the ids the
  * steps returned; the repetitive cases must accept some drafts (else nothing was tested). */
 #include <stdint.h>
@@ -326,7 +330,93 @@ static void gemma4(void) {
     unlink(path);
 }
 
-/* qwen35moe: refused with the reason; a draft of another vocabulary: refused naming it. */
+/* qwen35moe with its MTP block (synth --nextn 1): greedy ids identical to plain decoding with every
+ * drafter that runs on it; the random head accepts nothing, so each step restores the recurrent state
+ * and replays the kept row, and the length falls to 1 after the first rejection. */
+static void qwen35moe(void) {
+    char path[] = "/tmp/hm_test_spec_q35mtp_XXXXXX";
+    int fd = mkstemp(path);
+    if (fd >= 0) close(fd);
+    hm_synth_opts o = {.arch = "qwen35moe", .preset = "tiny", .type = "q8_0", .seed = 1, .out_path = path,
+                       .n_threads = 2, .n_nextn = 1};
+    hm_err err = {{0}};
+    hm_status st = hm_synth(&o, &err);
+    CHECKF(st == HM_OK, "synth qwen35moe --nextn 1: %s", err.msg);
+    hm_model *m = NULL;
+    if (st == HM_OK) CHECKF(hm_model_open(&m, path, NULL, &err) == HM_OK, "%s", err.msg);
+    if (m) {
+        int32_t prompt[48];
+        for (int i = 0; i < 48; i++) prompt[i] = 200 + (i * 5) % 16; /* a 16-token phrase, 3 times */
+        const int32_t ubs[2] = {64, 5};
+        for (int u = 0; u < 2; u++) {
+            gen_cfg g = {.n_ubatch = ubs[u]};
+            char what[96];
+            hm_spec_opts so;
+            hm_spec_opts_default(&so);
+            so.type = HM_SPEC_DRAFT_MTP;
+            int32_t a[NGEN], b[NGEN];
+            hm_spec_stats ss;
+            const int na = gen_plain(m, prompt, 48, 40, &g, a);
+            const int nb = gen_spec(m, prompt, 48, 40, &g, &so, b, &ss);
+            snprintf(what, sizeof what, "qwen35moe synth, draft-mtp, ubatch %d", ubs[u]);
+            CHECKF(na == 40 && nb == 40 && !memcmp(a, b, sizeof a[0] * 40), "%s: ids differ", what);
+            fprintf(stderr, "%s: %llu drafted, %llu accepted, %llu steps (%llu with a draft)\n", what,
+                    (unsigned long long)ss.drafted, (unsigned long long)ss.accepted, (unsigned long long)ss.steps,
+                    (unsigned long long)ss.steps_drafted);
+            /* adaptive length: n_max 3 at first; every draft rejected, so one past the kept (1) after */
+            CHECKF(ss.steps_drafted > 10 && ss.drafted == ss.steps_drafted + 2 * (ss.accepted == 0),
+                   "%s: %llu drafted in %llu steps", what, (unsigned long long)ss.drafted,
+                   (unsigned long long)ss.steps_drafted);
+            so.type = HM_SPEC_NGRAM_SIMPLE;
+            so.size_n = 1;
+            so.size_m = 4;
+            snprintf(what, sizeof what, "qwen35moe synth, ngram-simple (1, 4), ubatch %d", ubs[u]);
+            double r = compare(what, m, prompt, 48, &g, &so);
+            CHECKF(r > 0 && r < 1, "%s: acceptance %.3f (a rollback must have happened after some kept drafts)", what,
+                   r);
+            so.type = HM_SPEC_NGRAM_CACHE;
+            snprintf(what, sizeof what, "qwen35moe synth, ngram-cache, ubatch %d", ubs[u]);
+            CHECKF(compare(what, m, prompt, 48, &g, &so) >= 0, "%s", what);
+        }
+        /* draft-mtp after the target has evaluated: refused (the head must see every row) */
+        gen_cfg g = {.n_ubatch = 64};
+        hm_session *s = open_session(m, &g);
+        const float *lg;
+        hm_spec *sp = NULL;
+        hm_spec_opts so;
+        hm_spec_opts_default(&so);
+        so.type = HM_SPEC_DRAFT_MTP;
+        if (s && hm_session_eval(s, prompt, 4, false, &lg, &err) == HM_OK) {
+            st = hm_spec_open(&sp, s, &so, &err);
+            CHECKF(st == HM_ERR_ARG && !sp && strstr(err.msg, "before the target"), "late draft-mtp: %d %s", (int)st,
+                   err.msg);
+        }
+        hm_session_close(s);
+    }
+    hm_model_close(m);
+    m = NULL;
+    /* qwen3next's MTP block: the same head over Qwen3-Next's layout */
+    o.arch = "qwen3next";
+    st = hm_synth(&o, &err);
+    CHECKF(st == HM_OK, "synth qwen3next --nextn 1: %s", err.msg);
+    if (st == HM_OK) CHECKF(hm_model_open(&m, path, NULL, &err) == HM_OK, "%s", err.msg);
+    if (m) {
+        int32_t prompt[48], a[NGEN], b[NGEN];
+        for (int i = 0; i < 48; i++) prompt[i] = 200 + (i * 5) % 16;
+        gen_cfg g = {.n_ubatch = 16};
+        hm_spec_opts so;
+        hm_spec_opts_default(&so);
+        so.type = HM_SPEC_DRAFT_MTP;
+        hm_spec_stats ss;
+        const int na = gen_plain(m, prompt, 48, 40, &g, a), nb = gen_spec(m, prompt, 48, 40, &g, &so, b, &ss);
+        CHECKF(na == 40 && nb == 40 && !memcmp(a, b, sizeof a[0] * 40), "qwen3next synth, draft-mtp: ids differ");
+        CHECK(ss.steps_drafted > 10);
+    }
+    hm_model_close(m);
+    unlink(path);
+}
+
+/* draft-mtp on models without an MTP layer and a draft of another vocabulary: refused naming why. */
 static void refusals(void) {
     char q35[] = "/tmp/hm_test_spec_q35_XXXXXX", syn[] = "/tmp/hm_test_spec_syn_XXXXXX";
     int fd = mkstemp(q35);
@@ -339,12 +429,15 @@ static void refusals(void) {
     gen_cfg g = {.n_ubatch = 64};
     hm_spec_opts so;
     hm_spec_opts_default(&so);
-    so.type = HM_SPEC_NGRAM_SIMPLE;
+    so.type = HM_SPEC_DRAFT_MTP;
     if (hm_model_open(&m, q35, NULL, &err) == HM_OK) {
         hm_session *s = open_session(m, &g);
         hm_spec *sp = NULL;
         hm_status st = hm_spec_open(&sp, s, &so, &err);
-        CHECKF(st == HM_ERR_UNSUPPORTED && !sp && strstr(err.msg, "recurrent"), "qwen35moe: %d %s", (int)st, err.msg);
+        CHECKF(st == HM_ERR_UNSUPPORTED && !sp && strstr(err.msg, "no multi-token-prediction layer") &&
+                   strstr(err.msg, "nextn_predict_layers"),
+               "qwen35moe without MTP: %d %s", (int)st, err.msg);
+        fprintf(stderr, "refused as it should be: %s\n", err.msg);
         hm_session_close(s);
     } else {
         CHECKF(0, "qwen35moe: %s", err.msg);
@@ -355,6 +448,10 @@ static void refusals(void) {
         hm_model_open(&ds, syn, NULL, &err) == HM_OK) {
         hm_session *s = open_session(t, &g);
         hm_spec *sp = NULL;
+        so.type = HM_SPEC_DRAFT_MTP; /* qwen3moe: no MTP layer */
+        hm_status st0 = hm_spec_open(&sp, s, &so, &err);
+        CHECKF(st0 == HM_ERR_UNSUPPORTED && !sp && strstr(err.msg, "qwen3moe"), "qwen3moe draft-mtp: %d %s", (int)st0,
+               err.msg);
         so.type = HM_SPEC_DRAFT_SIMPLE;
         so.draft = ds;
         hm_status st = hm_spec_open(&sp, s, &so, &err);
@@ -406,6 +503,7 @@ int main(void) {
     bundled();
     sampled_f32();
     gemma4();
+    qwen35moe();
     refusals();
     return test_done();
 }

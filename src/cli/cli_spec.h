@@ -16,18 +16,21 @@ typedef struct cli_spec {
 #define CLI_SPEC_HELP                                                                           \
     "speculative decoding (greedy output is the same as without it):\n"                          \
     "  --spec-type T          none (default), ngram-simple or ngram-cache (drafts from the prompt\n" \
-    "                         and output so far) or draft-simple (a draft model, -md)\n"        \
+    "                         and output so far), draft-simple (a draft model, -md) or draft-mtp\n" \
+    "                         (the model's own MTP layer: qwen35moe files with nextn tensors)\n" \
     "  -md, --model-draft F   draft model (same vocabulary; alias --spec-draft-model); implies\n"  \
     "                         draft-simple when --spec-type is not given\n"                     \
-    "  --spec-draft-n-max N   draft-simple: tokens drafted per step (default 3)\n"              \
-    "  --spec-draft-n-min N   draft-simple: a shorter draft is not used (default 0)\n"         \
-    "  --spec-draft-p-min P   draft-simple: stop drafting below this probability (default 0)\n" \
+    "  --spec-draft-n-max N   draft-simple, draft-mtp: most tokens drafted per step (default 3;\n" \
+    "                         the length adapts to the acceptance below it)\n"                \
+    "  --spec-draft-n-min N   draft-simple, draft-mtp: a shorter draft is not used (default 0)\n" \
+    "  --spec-draft-p-min P   draft-simple, draft-mtp: stop drafting below this probability\n" \
+    "                         (default 0)\n"                                                   \
     "  --spec-ngram-simple-size-n N  ngram-simple: lookup length (default 12)\n"              \
     "  --spec-ngram-simple-size-m N  ngram-simple: longest draft (default 48)\n"
 
 /* llama.cpp's names we do not run yet: refused by name, never replaced by another */
-static const char *const cli_spec_later[] = {"draft-eagle3", "draft-mtp", "draft-dflash", "draft-dspark",
-                                              "ngram-map-k", "ngram-map-k4v", "ngram-mod"};
+static const char *const cli_spec_later[] = {"draft-eagle3", "draft-dflash", "ngram-map-k", "ngram-map-k4v",
+                                              "ngram-mod"};
 
 /* CLI_ARG_NEXT when argv[*i] was a speculation flag (consumed), CLI_ARG_OWN when it is not one, 2 on
  * a bad value (printed). */
@@ -42,15 +45,21 @@ static inline int cli_spec_arg(cli_spec *sp, const char *cmd, int argc, char **a
     if (!strcmp(a, "--spec-type")) {
         if (!(v = cli_value(cmd, argc, argv, i))) return 2;
         int t = hm_spec_type_from_name(v);
+        if (t < 0 && !strcmp(v, "draft-dspark")) {
+            fprintf(stderr, "hotmoe %s: --spec-type draft-dspark (antirez/ds4's DeepSeek-V4 drafter) is not implemented: "
+                            "it needs a deepseek4 target and the DSpark drafter's weights as a GGUF file hotmoe can "
+                            "bind, and no converter writes one yet; no other drafter is run in its place\n", cmd);
+            return 2;
+        }
         if (t < 0) {
             for (size_t k = 0; k < sizeof cli_spec_later / sizeof cli_spec_later[0]; k++)
                 if (!strcmp(v, cli_spec_later[k])) {
                     fprintf(stderr, "hotmoe %s: --spec-type %s is llama.cpp's, not implemented in hotmoe yet "
-                                    "(have: ngram-simple, ngram-cache, draft-simple)\n", cmd, v);
+                                    "(have: ngram-simple, ngram-cache, draft-simple, draft-mtp)\n", cmd, v);
                     return 2;
                 }
-            fprintf(stderr, "hotmoe %s: --spec-type '%s' is unknown (none, ngram-simple, ngram-cache, draft-simple; one type, "
-                            "not a list)\n", cmd, v);
+            fprintf(stderr, "hotmoe %s: --spec-type '%s' is unknown (none, ngram-simple, ngram-cache, draft-simple, "
+                            "draft-mtp; one type, not a list)\n", cmd, v);
             return 2;
         }
         sp->o.type = (hm_spec_type)t;

@@ -246,6 +246,7 @@ int hm_cmd_bench(int argc, char **argv) {
             if ((tg[r] = gen_test(m, s, NULL, gprompt, (int32_t)gnp, (int32_t)n_gen, gen_a)) < 0) goto done;
         mean_std(tg, (int)reps, &gpm, &gpsd);
         if (spc.o.type != HM_SPEC_NONE) {
+            hm_session_reset(s); /* draft-mtp opens on an empty session (its head sees every row) */
             if (cli_spec_open(&spc, e.cmd, s, NULL, &gsp)) goto done;
             if (gen_test(m, s, gsp, gprompt, (int32_t)gnp, (int32_t)n_gen, gen_b) < 0) goto done; /* warm-up */
             hm_spec_get_stats(gsp, &gst0);

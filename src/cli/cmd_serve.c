@@ -40,6 +40,14 @@ static void usage(FILE *f) {
             "      --chat-template T  \"chatml\" or a template text (default: the model's own)\n"
             "      --max-body BYTES   request body cap (default 8MiB)\n"
             "  -v, --verbose          log loading and every request to stderr\n"
+            "speculative decoding in every slot (llama.cpp's flags; greedy output unchanged):\n"
+            "      --spec-type T      none (default), ngram-simple, ngram-cache or draft-mtp (the model's\n"
+            "                         own MTP layer); a request's speculative.n_max / .n_min / .p_min\n"
+            "                         override the three below for it\n"
+            "      --spec-draft-n-max N  most tokens drafted per step (3; adapts below it)\n"
+            "      --spec-draft-n-min N  a shorter draft is not used (0)\n"
+            "      --spec-draft-p-min P  stop drafting below this probability (0)\n"
+            "      --spec-ngram-simple-size-n N, --spec-ngram-simple-size-m N  ngram-simple (12, 48)\n"
             "limits (a client cannot lock others out; docs/SERVER.md \"Running it safely\"):\n"
             "      --max-conns N      open connections at once (default 256); past it, requests answer 503\n"
             "      --max-conns-per-ip N  open connections from one client address (default 32; behind a\n"
@@ -69,6 +77,8 @@ static int int_arg(const char *flag, const char *v, long lo, long hi, int32_t *o
 int hm_cmd_serve(int argc, char **argv) {
     hm_server_opts o;
     hm_server_opts_default(&o);
+    hm_spec_opts spec;
+    hm_spec_opts_default(&spec);
     cli_engine e = {.cmd = "serve", .place_init = true};
     hm_placement_opts_default(&e.place);
     int32_t n_batch = 0; /* -b: llama.cpp's logical batch; it caps the micro-batch as there */
@@ -93,10 +103,37 @@ int hm_cmd_serve(int argc, char **argv) {
             return 2;
         }
         i++;
-        if (!strcmp(a, "--spec-type")) { /* the seed-2 fork's speculative decoding: another issue's */
-            fprintf(stderr, "serve: --spec-type %s: speculative decoding is not implemented in hotmoe yet; run without "
-                            "--spec-type (the rest of the command line works as written)\n", v);
-            return 2;
+        if (!strcmp(a, "--spec-type")) {
+            const int t = hm_spec_type_from_name(v);
+            if (t < 0 || t == HM_SPEC_DRAFT_SIMPLE) {
+                fprintf(stderr, "serve: --spec-type %s is not served (have: none, ngram-simple, ngram-cache, draft-mtp%s)\n",
+                        v, !strcmp(v, "draft-dspark") ? "; draft-dspark, antirez/ds4's DeepSeek-V4 drafter, needs a "
+                        "deepseek4 target and its weights as GGUF, which hotmoe cannot read yet" :
+                        t == HM_SPEC_DRAFT_SIMPLE ? "; a draft model in serve is not done yet" : "");
+                return 2;
+            }
+            spec.type = (hm_spec_type)t;
+            continue;
+        }
+        if (!strcmp(a, "--spec-draft-n-max") || !strcmp(a, "--spec-draft-n-min") || !strcmp(a, "--spec-ngram-simple-size-n") ||
+            !strcmp(a, "--spec-ngram-simple-size-m")) {
+            int32_t x;
+            if (!int_arg(a, v, strcmp(a, "--spec-draft-n-min") ? 1 : 0, 1024, &x)) return 2;
+            if (!strcmp(a, "--spec-draft-n-max")) spec.n_max = x;
+            else if (!strcmp(a, "--spec-draft-n-min")) spec.n_min = x;
+            else if (!strcmp(a, "--spec-ngram-simple-size-n")) spec.size_n = x;
+            else spec.size_m = x;
+            continue;
+        }
+        if (!strcmp(a, "--spec-draft-p-min") || !strcmp(a, "--draft-p-min")) {
+            char *end;
+            const double x = strtod(v, &end);
+            if (*end || end == v || !(x >= 0 && x <= 1)) {
+                fprintf(stderr, "serve: %s needs a number in [0, 1]\n", a);
+                return 2;
+            }
+            spec.p_min = (float)x;
+            continue;
         }
         if (!strcmp(a, "-m") || !strcmp(a, "--model")) o.model_path = v;
         else if (!strcmp(a, "--host")) o.host = v;
@@ -189,6 +226,11 @@ int hm_cmd_serve(int argc, char **argv) {
     o.trace_out = e.trace_out;
     if (cli_placement_env(&e, &e.place) || cli_split_check(&e, &e.place)) return 2;
     o.placement = &e.place;
+    if (spec.n_min > spec.n_max) {
+        fprintf(stderr, "serve: --spec-draft-n-min %d is above --spec-draft-n-max %d\n", spec.n_min, spec.n_max);
+        return 2;
+    }
+    o.spec = &spec;
     if (!e.place.n_ctx && o.n_ctx > 0) e.place.n_ctx = o.n_ctx * (o.n_parallel > 0 ? o.n_parallel : 1); /* every slot's KV */
     if (e.place.policy && strcmp(e.place.policy, "none") && !hm_placement_wants_gpu(&e.place))
         fprintf(stderr, "serve: note: --policy %s has no fast tier to place units in (no VRAM budget); expert use is "

@@ -26,7 +26,7 @@ static void usage(FILE *f) {
           "Write a random-weight MoE model with real tensor names, shapes and GGUF keys (llama.cpp\n"
           "loads it): for tests, benchmarks and demos without downloading a model.\n"
           "\n"
-          "  --arch ARCH             qwen3moe (default), qwen35moe (preset qwen36-35b-a3b),\n"
+          "  --arch ARCH             qwen3moe (default), qwen35moe (presets qwen36-35b-a3b; tiny),\n"
           "                          qwen3next (presets qwen3-next-80b-a3b: 48 layers, 512 experts\n"
           "                          k 10 + a shared expert; tiny: a few MB), gemma4 (presets\n"
           "                          gemma4-26b-a4b: 30 layers, 128 experts k 8, vocab 262144;\n"
@@ -52,6 +52,9 @@ static void usage(FILE *f) {
           "                          qwen36-geom: Qwen3.6-35B-A3B's expert geometry (40 layers,\n"
           "                          256 experts of n_ff 512, k 8) on qwen3moe\n"
           "  --layers N              override the preset's depth\n"
+          "  --nextn N               qwen35moe, qwen3next: 1 adds the multi-token-prediction\n"
+          "                          block after the layers as llama.cpp's converter writes it\n"
+          "                          (for --spec-type draft-mtp)\n"
           "  --type TYPE             q4_k_m (llama.cpp's Q4_K_M mix), q8_0, f16, f32, bf16, q4_0,\n"
           "                          q4_1, q5_1, iq4_nl, q4_k, q5_k, q6_k, iq4_xs (pure), mxfp4\n"
           "                          (experts MXFP4, rest Q8_0), q2_k, q3_k_m (llama.cpp's Q2_K and\n"
@@ -155,7 +158,7 @@ int hm_cmd_synth(int argc, char **argv) {
         }
         static const char *const with_value[] = {"--arch", "--preset", "--layers", "--type", "--seed", "--tokenizer",
                                                  "--tokenizer-config", "-t", "--threads", "-o", "--output",
-                                                 "--routing-profile", "--split-max-size", "--split-max-tensors"};
+                                                 "--routing-profile", "--split-max-size", "--split-max-tensors", "--nextn"};
         bool known = false;
         for (size_t k = 0; k < sizeof with_value / sizeof with_value[0]; k++) known |= strcmp(a, with_value[k]) == 0;
         if (!known) {
@@ -197,7 +200,13 @@ int hm_cmd_synth(int argc, char **argv) {
                 return 2;
             }
         }
-        else if (strcmp(a, "--layers") == 0) {
+        else if (strcmp(a, "--nextn") == 0) {
+            if (!parse_int(v, 0, 1, &n)) {
+                fprintf(stderr, "synth: --nextn '%s' is not 0 or 1\n", v);
+                return 2;
+            }
+            o.n_nextn = (int32_t)n;
+        } else if (strcmp(a, "--layers") == 0) {
             if (!parse_int(v, 1, 1000, &n)) {
                 fprintf(stderr, "synth: --layers '%s' is not a number in [1, 1000]\n", v);
                 return 2;

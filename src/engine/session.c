@@ -29,6 +29,10 @@ struct hm_session {
     float *logits_last; /* [n_vocab] */
     float *logits_all;  /* [cap_all, n_vocab] */
     int32_t cap_all;
+    /* hm_session_set_rows_hook: called after each micro-batch with its hidden rows (draft-mtp) */
+    hm_session_rows_fn rows_fn;
+    void *rows_ctx;
+    float *hidden;      /* [n_ubatch, n_embd] while a hook is set, owned */
 };
 
 static const char *const kv_names[HM_KV_TYPE_COUNT] = {"f16", "f32", "q8_0", "q4_0", "bf16"};
@@ -148,6 +152,7 @@ void hm_session_close(hm_session *s) {
     hm_free_aligned(s->rows);
     hm_free_aligned(s->logits_last);
     hm_free_aligned(s->logits_all);
+    hm_free_aligned(s->hidden);
     free(s);
 }
 
@@ -180,7 +185,7 @@ hm_status hm_session_eval(hm_session *s, const int32_t *tokens, int32_t n, bool 
     for (int32_t i0 = 0; i0 < n; i0 += s->n_ubatch) {
         int32_t nb = n - i0 < s->n_ubatch ? n - i0 : s->n_ubatch;
         for (int32_t j = 0; j < nb; j++) s->pos[j] = s->n_past + j;
-        hm_fwd_batch b = {.tokens = tokens + i0, .pos = s->pos, .n = nb};
+        hm_fwd_batch b = {.tokens = tokens + i0, .pos = s->pos, .n = nb, .hidden = s->rows_fn ? s->hidden : NULL};
         if (logits_all) {
             b.out_rows = s->rows;
             b.n_out = nb;
@@ -207,10 +212,60 @@ hm_status hm_session_eval(hm_session *s, const int32_t *tokens, int32_t n, bool 
             if (s->model->ram && hm_ram_tier_step_end(s->model->ram, nb, n > 1, &serr) != HM_OK)
                 hm_log_printf(&s->model->log, HM_LOG_WARN, "RAM tier: %s", serr.msg);
         }
+        if (s->rows_fn && (st = s->rows_fn(s->rows_ctx, tokens + i0, s->n_past - nb, nb, s->hidden, err)) != HM_OK) {
+            atomic_store(&s->model->busy, 0);
+            return st;
+        }
     }
     atomic_store(&s->model->busy, 0);
     if (logits) *logits = logits_all ? s->logits_all : s->logits_last;
     return HM_OK;
+}
+
+hm_status hm_session_set_rows_hook(hm_session *s, hm_session_rows_fn fn, void *ctx, hm_err *err) {
+    if (fn && !s->hidden &&
+        !(s->hidden = hm_malloc_aligned((size_t)s->n_ubatch * (size_t)s->model->info.n_embd * sizeof(float))))
+        return hm_errf(err, HM_ERR_NOMEM, "session: out of memory for the hidden rows");
+    s->rows_fn = fn;
+    s->rows_ctx = ctx;
+    return HM_OK;
+}
+
+hm_status hm_session_eval_rows(hm_session *s, const int32_t *tokens, int32_t n, const float *inject, float *hidden,
+                               const float **logits, hm_err *err) {
+    if (logits) *logits = NULL;
+    if (n < 1 || n > s->n_ubatch || n > s->n_ctx - s->n_past)
+        return hm_errf(err, HM_ERR_ARG, "eval rows: %d tokens (1..%d, %d of %d positions used)", n, s->n_ubatch,
+                       s->n_past, s->n_ctx);
+    for (int32_t j = 0; j < n; j++) s->pos[j] = s->n_past + j;
+    hm_fwd_batch b = {.tokens = tokens, .pos = s->pos, .n = n, .inject = inject, .hidden = hidden};
+    if (logits) {
+        b.out_rows = s->rows + n - 1;
+        b.n_out = 1;
+        b.logits = s->logits_last;
+    }
+    if (atomic_exchange(&s->model->busy, 1))
+        return hm_errf(err, HM_ERR_ARG, "eval rows: another session of this model is evaluating");
+    hm_status st = s->model->arch->forward(s->model, s->state, s->pool, &b, err);
+    atomic_store(&s->model->busy, 0);
+    if (st != HM_OK) return st;
+    s->n_past += n;
+    if (logits) *logits = s->logits_last;
+    return HM_OK;
+}
+
+hm_status hm_session_save(hm_session *s, hm_err *err) {
+    if (!s->model->arch->state_save)
+        return hm_errf(err, HM_ERR_UNSUPPORTED, "%s: its session state cannot be saved", s->model->arch->name);
+    return s->model->arch->state_save(s->state, err);
+}
+
+hm_status hm_session_restore(hm_session *s, int32_t n_past, hm_err *err) {
+    if (!s->model->arch->state_restore)
+        return hm_errf(err, HM_ERR_UNSUPPORTED, "%s: its session state cannot be restored", s->model->arch->name);
+    hm_status st = s->model->arch->state_restore(s->state, err);
+    if (st == HM_OK) s->n_past = n_past;
+    return st;
 }
 
 /* Arguments of one sequence of a batched eval (as hm_session_eval checks them). */

@@ -14,6 +14,22 @@ hm_model *hm_session_model(const hm_session *s);
  * cores the first one computes on. A no-op for another thread count. */
 void hm_session_borrow_pool(hm_session *s, const hm_session *other);
 
+/* Called by hm_session_eval after each micro-batch of n tokens at positions pos0.. with every row's
+ * final hidden state after the output norm (hidden [n, n_embd], valid during the call); an error
+ * fails the eval. While a hook is set the last layer runs every row (hm_fwd_batch.hidden). */
+typedef hm_status (*hm_session_rows_fn)(void *ctx, const int32_t *tokens, int32_t pos0, int32_t n,
+                                        const float *hidden, hm_err *err);
+hm_status hm_session_set_rows_hook(hm_session *s, hm_session_rows_fn fn, void *ctx, hm_err *err); /* fn NULL: off */
+/* One micro-batch (n <= n_ubatch) with the arch's inject rows (NULL: none) and every row's hidden
+ * state out (NULL: not wanted); the last row's logits into *logits when logits is not NULL.
+ * Neither counted in an expert store nor hooked: for a drafter's own session. */
+hm_status hm_session_eval_rows(hm_session *s, const int32_t *tokens, int32_t n, const float *inject, float *hidden,
+                               const float **logits, hm_err *err);
+/* Save the session's state (its recurrent state: the KV rows need nothing), and go back to it with
+ * n_past positions (the n_past at the save). HM_ERR_UNSUPPORTED for an arch that cannot. */
+hm_status hm_session_save(hm_session *s, hm_err *err);
+hm_status hm_session_restore(hm_session *s, int32_t n_past, hm_err *err);
+
 /* ngram-simple (llama.cpp's rule): the pattern is hist[n-size_n+1 .. n) followed by tok; its latest
  * earlier occurrence starting at j (1 <= j <= n - size_n - 1; position 0 is never a match) gives
  * the draft hist[j + size_n ..], at most min(size_m, n - j - size_n) tokens, none when that is below
@@ -46,5 +62,31 @@ void hm_spec_drafter_close(hm_spec_drafter *d);
 hm_status hm_spec_drafter_draft(hm_spec_drafter *d, const int32_t *hist, int32_t n, int32_t tok, int32_t n_max,
                                 int32_t n_min, float p_min, int32_t *draft, int32_t cap, int32_t *n_draft,
                                 hm_err *err);
+
+/* The argmax of lg[0..n) and its probability under a softmax over the 10 largest (llama.cpp's draft
+ * sampler: top-k 10): what p_min is compared with. */
+int32_t hm_spec_top_token(const float *lg, int32_t n, float *p);
+
+/* draft-mtp (spec_mtp.c): the target model's own multi-token-prediction head (hm_model.mtp) in a
+ * session of its own (its KV cache), fed the target's hidden rows through the target session's
+ * rows hook (installed at open, removed at close). */
+typedef struct hm_spec_mtp hm_spec_mtp;
+/* HM_ERR_UNSUPPORTED naming the arch when the target's model has no MTP head; HM_ERR_ARG when the
+ * target has evaluated positions already (the head must see every row: open before the prompt). */
+hm_status hm_spec_mtp_open(hm_spec_mtp **out, hm_session *target, hm_err *err);
+void hm_spec_mtp_close(hm_spec_mtp *d);
+/* The target kept the first n_keep rows of its last micro-batch: the head's next input is the
+ * hidden row n_keep - 1 (the one that gave the pending token). */
+void hm_spec_mtp_accept(hm_spec_mtp *d, int32_t n_keep);
+/* The target was reset: the next row pairs with zeros again (as at open). */
+void hm_spec_mtp_reset(hm_spec_mtp *d);
+/* While muted the hook ignores the target's evals (a recurrent target's replay of kept rows). */
+void hm_spec_mtp_mute(hm_spec_mtp *d, bool mute);
+/* Draft greedily after the pending token tok at position n_past: up to n_max tokens (or cap),
+ * stopping before one whose probability (hm_spec_top_token) is below p_min; a draft shorter than
+ * n_min is dropped. lg_out (NULL: not wanted; else [n_max, n_vocab]): each draft step's logits (the
+ * tests compare them with llama.cpp's). */
+hm_status hm_spec_mtp_draft(hm_spec_mtp *d, int32_t tok, int32_t n_past, int32_t n_max, int32_t n_min, float p_min,
+                            int32_t *draft, int32_t cap, int32_t *n_draft, float *lg_out, hm_err *err);
 
 #endif

@@ -114,8 +114,7 @@ void hm_spec_drafter_close(hm_spec_drafter *d) {
     free(d);
 }
 
-/* The argmax of lg[0..n) and its probability under a softmax over the SPEC_DRAFT_TOP_K largest. */
-static int32_t top_token(const float *lg, int32_t n, float *p) {
+int32_t hm_spec_top_token(const float *lg, int32_t n, float *p) {
     float top[SPEC_DRAFT_TOP_K];
     int32_t best = 0, nt = 0;
     for (int32_t i = 0; i < n; i++) {
@@ -158,7 +157,7 @@ hm_status hm_spec_drafter_draft(hm_spec_drafter *d, const int32_t *hist, int32_t
     int32_t k = 0;
     while (k < n_max) {
         float p;
-        const int32_t t = top_token(lg, nv, &p);
+        const int32_t t = hm_spec_top_token(lg, nv, &p);
         if (p < p_min) break;
         draft[k++] = t;
         if (k == n_max) break;

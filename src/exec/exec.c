@@ -159,6 +159,10 @@ hm_status hm_op_dsv4_attn(hm_exec *x, int32_t il, const hm_dsv4_attn *p) { retur
 hm_status hm_op_swiglu_clamp(hm_exec *x, hm_buf g, hm_buf u, hm_buf out, int64_t width, float limit) {
     return DSV4_OP(swiglu_clamp, x, g, u, out, width, limit);
 }
+
+hm_status hm_op_concat(hm_exec *x, hm_buf a, int64_t wa, hm_buf b, int64_t wb, hm_buf out) {
+    return DSV4_OP(concat, x, a, wa, b, wb, out);
+}
 #undef DSV4_OP
 
 /* ---- session entry points ---- */
@@ -233,6 +237,7 @@ void hm_exec_state_close(void *p) {
     hm_exec_gpu_state_close(s);
 #endif
     hm_free_aligned(s->rs);
+    hm_free_aligned(s->rs_saved);
     hm_free_aligned(s->aux);
     free(s->aux_off);
     free(s->kvl);
@@ -253,6 +258,7 @@ hm_status hm_exec_state_open(const hm_model *m, const hm_state_opts *o, void **o
     s->n_ubatch = o->n_ubatch;
     s->n_threads = o->n_threads;
     s->kv_type = o->kv_type;
+    s->saved_pos = -1;
     const char *prof = getenv("HOTMOE_OP_PROFILE");
     if (prof && *prof && strcmp(prof, "0") != 0 && !(s->prof = calloc(1, sizeof *s->prof))) {
         free(s);
@@ -336,12 +342,50 @@ hm_status hm_exec_state_trim(void *state, int32_t n_keep, hm_err *err) {
                    "and evaluate the kept prefix again)", s->arch, n_keep, s->n_pos);
 }
 
+hm_status hm_exec_state_save(void *state, hm_err *err) {
+    hm_exec_state *s = state;
+    if (s->aux || s->ring < s->n_ctx)
+        return hm_errf(err, HM_ERR_UNSUPPORTED, "%s: saving the session state is not supported for its attention state",
+                       s->arch);
+#ifdef HM_HAVE_CUDA
+    if (s->dev) {
+        hm_status st = hm_exec_gpu_state_save(s, false, err);
+        if (st != HM_OK) return st;
+    }
+#endif
+    if (s->rs) {
+        if (!s->rs_saved && !(s->rs_saved = hm_malloc_aligned(s->rs_total * sizeof(float))))
+            return hm_errf(err, HM_ERR_NOMEM, "%s: out of memory for a copy of the recurrent state", s->arch);
+        memcpy(s->rs_saved, s->rs, s->rs_total * sizeof(float));
+    }
+    s->saved_pos = s->n_pos;
+    return HM_OK;
+}
+
+hm_status hm_exec_state_restore(void *state, hm_err *err) {
+    hm_exec_state *s = state;
+    if (s->saved_pos < 0) return hm_errf(err, HM_ERR_ARG, "%s: restore without a saved state", s->arch);
+#ifdef HM_HAVE_CUDA
+    if (s->dev) {
+        hm_status st = hm_exec_gpu_state_save(s, true, err);
+        if (st != HM_OK) return st;
+    }
+#endif
+    if (s->rs) memcpy(s->rs, s->rs_saved, s->rs_total * sizeof(float));
+    s->n_pos = s->saved_pos;
+    return HM_OK;
+}
+
 hm_status hm_exec_forward(const hm_model *m, void *state, hm_pool *pool, const hm_fwd_batch *b, hm_err *err) {
     hm_exec_state *s = state;
     const bool recurrent = m->xm->n_rs_layer > 0;
     if (recurrent && b->pos[0] != s->n_pos)
         return hm_errf(err, HM_ERR_ARG, "%s: batch starts at position %d but the recurrent state holds %d", s->arch,
                        b->pos[0], s->n_pos);
+    if (b->inject && m->xm->inject_buf <= 0)
+        return hm_errf(err, HM_ERR_ARG, "%s: a batch with inject rows, but the arch takes none", s->arch);
+    if (b->hidden && b->n_out > 0 && b->out_rows[b->n_out - 1] - b->out_rows[0] != b->n_out - 1)
+        return hm_errf(err, HM_ERR_ARG, "%s: hidden rows wanted with non-contiguous logits rows", s->arch);
     if (b->pos[b->n - 1] + 1 > s->n_hi) s->n_hi = b->pos[b->n - 1] + 1;
     hm_status st;
 #ifdef HM_HAVE_CUDA

@@ -132,6 +132,9 @@ typedef struct hm_exec_model {
     hm_moe_spec moe;
     const hm_moe_layer *moe_layers;    /* [n_layer] */
     hm_dsv4_spec dsv4;                 /* DeepSeek-V4's attention and hyper-connections (hc 0: none) */
+    hm_buf inject_buf;                 /* > 0: the buffer a batch's inject rows land in (an MTP head's
+                                          hidden input; hm_fwd_batch.inject), inject_width wide */
+    int64_t inject_width;
 } hm_exec_model;
 
 /* Floats of one recurrent layer's state: the conv window (d_conv - 1 inputs) then S. */
@@ -228,6 +231,9 @@ hm_status hm_op_scale(hm_exec *x, hm_buf a, float s, int64_t width);
 hm_status hm_op_zero(hm_exec *x, hm_buf a, int64_t width);
 /* dst = src over [rows, width]. */
 hm_status hm_op_copy(hm_exec *x, hm_buf src, hm_buf dst, int64_t width);
+/* out[r] = [a[r][0..wa) | b[r][0..wb)] (a concatenation along the row; out wa + wb wide; the CPU
+ * only for now: another backend refuses it naming the op). */
+hm_status hm_op_concat(hm_exec *x, hm_buf a, int64_t wa, hm_buf b, int64_t wb, hm_buf out);
 /* out = gelu_tanh(g) * u elementwise over [rows, width] (out may be g). */
 hm_status hm_op_geglu(hm_exec *x, hm_buf g, hm_buf u, hm_buf out, int64_t width);
 /* Layer il's attention input over a ring KV cache (xm->attn_layers[il]'s shape, n_head query
@@ -314,6 +320,10 @@ hm_status hm_op_swiglu_clamp(hm_exec *x, hm_buf g, hm_buf u, hm_buf out, int64_t
 hm_status hm_exec_state_open(const hm_model *m, const hm_state_opts *o, void **state, hm_err *err);
 void hm_exec_state_close(void *state);
 hm_status hm_exec_state_trim(void *state, int32_t n_keep, hm_err *err);
+/* Remember the recurrent state and its position (save; KV rows need nothing: rows past a position
+ * are overwritten), and go back to it (restore). */
+hm_status hm_exec_state_save(void *state, hm_err *err);
+hm_status hm_exec_state_restore(void *state, hm_err *err);
 hm_status hm_exec_forward(const hm_model *m, void *state, hm_pool *pool, const hm_fwd_batch *b, hm_err *err);
 hm_status hm_exec_forward_multi(const hm_model *m, void *work, hm_pool *pool, const hm_fwd_seq *seqs, int n_seq,
                                 float *logits, hm_err *err);
@@ -329,6 +339,7 @@ void hm_exec_gpu_unload(hm_model *m);
  * `HM_EXEC_ARCH(my_layer)`; an arch that batches several sequences adds .forward_multi. */
 #define HM_EXEC_ARCH(layer_fn)                                                                             \
     .state_open = hm_exec_state_open, .state_close = hm_exec_state_close, .state_trim = hm_exec_state_trim, \
-    .forward = hm_exec_forward, HM_EXEC_ARCH_GPU.layer = (layer_fn)
+    .state_save = hm_exec_state_save, .state_restore = hm_exec_state_restore, .forward = hm_exec_forward,       \
+    HM_EXEC_ARCH_GPU.layer = (layer_fn)
 
 #endif

@@ -358,6 +358,17 @@ static hm_status c_copy(hm_exec *x, hm_buf src, hm_buf dst, int64_t width) {
     return HM_OK;
 }
 
+static hm_status c_concat(hm_exec *x, hm_buf a, int64_t wa, hm_buf b, int64_t wb, hm_buf out) {
+    const float *pa = x->buf[a], *pb = x->buf[b];
+    float *po = x->buf[out];
+    HM_ASSERT(out != a && out != b);
+    for (int64_t r = 0; r < x->nr; r++) {
+        memcpy(po + (size_t)(r * (wa + wb)), pa + (size_t)(r * wa), (size_t)wa * sizeof(float));
+        memcpy(po + (size_t)(r * (wa + wb) + wa), pb + (size_t)(r * wb), (size_t)wb * sizeof(float));
+    }
+    return HM_OK;
+}
+
 static hm_status c_geglu(hm_exec *x, hm_buf g, hm_buf u, hm_buf out, int64_t width) {
     hm_gemma_gelu_mul(x->pool, x->buf[g], x->buf[u], x->buf[out], x->nr * width);
     return HM_OK;
@@ -493,6 +504,7 @@ static const hm_exec_ops cpu_ops = {
     .dsv4_attn = c_dsv4_attn,
     .swiglu_clamp = c_swiglu_clamp,
     .add_bias = c_add_bias,
+    .concat = c_concat,
 };
 
 /* ---- the pass ---- */
@@ -518,6 +530,11 @@ hm_status hm_exec_cpu_forward(const hm_model *m, hm_exec_state *work, hm_pool *p
         for (int32_t j = 0; j < b->n_out; j++) s->row_out[n_out++] = (int32_t)n + b->out_rows[j];
         n += b->n;
     }
+    /* hidden rows (one sequence): the last layer keeps every row, the wanted ones get logits */
+    float *hidden = seqs[0].b.hidden;
+    HM_ASSERT(!hidden || n_seq == 1);
+    const int64_t n_want = n_out;
+    if (hidden) n_out = n;
     const int32_t *tokens = n_seq > 1 ? s->tok_all : seqs[0].b.tokens;
     c.pos_in = n_seq > 1 ? s->pos_all : seqs[0].b.pos;
     c.pos = c.pos_in;
@@ -529,9 +546,26 @@ hm_status hm_exec_cpu_forward(const hm_model *m, hm_exec_state *work, hm_pool *p
     memcpy(x.buf, s->buf, sizeof x.buf);
     hm_cpu_get_rows(pool, xm->tok_embd, tokens, n, x.buf[HM_BUF_X]);
     if (xm->embd_scale) hm_cpu_scale(pool, x.buf[HM_BUF_X], xm->embd_scale, x.buf[HM_BUF_X], n * xm->n_embd);
+    if (seqs[0].b.inject) {
+        HM_ASSERT(n_seq == 1 && xm->inject_buf > 0);
+        memcpy(x.buf[xm->inject_buf], seqs[0].b.inject, (size_t)(n * xm->inject_width) * sizeof(float));
+    }
     for (int32_t il = 0; il < xm->n_layer && !x.done; il++) {
         hm_status st = hm_exec_layer(&x, il);
         if (st != HM_OK) return st;
+    }
+    if (hidden) {
+        /* every row normed into hout (= hidden), the wanted rows' logits (contiguous from the first) */
+        HM_ASSERT(x.nr == n);
+        hm_cpu_rmsnorm(pool, x.buf[HM_BUF_X], xm->output_norm, s->hout, n, xm->n_embd, xm->eps);
+        memcpy(hidden, s->hout, (size_t)(n * xm->n_embd) * sizeof(float));
+        if (n_want > 0) {
+            HM_ASSERT(logits);
+            hm_cpu_matmul(pool, xm->output, s->hout + (size_t)s->row_out[0] * (size_t)xm->n_embd, n_want, logits,
+                          &s->scratch);
+            if (xm->softcap > 0) hm_gemma_softcap(pool, logits, n_want * xm->n_vocab, xm->softcap);
+        }
+        return HM_OK;
     }
     if (n_out > 0) {
         /* x rows 0..n_out-1 are the wanted rows now (compacted, or all rows in order) */

@@ -89,6 +89,7 @@ typedef struct hm_xdev {
     int32_t rs0;              /* the recurrent slot of its first layer that has one */
     float *rs;                /* device [its recurrent layers][hm_exec_rs_floats], owned */
     size_t rs_total;          /* floats of rs */
+    float *rs_saved;          /* device: hm_exec_gpu_state_save's copy of rs, owned; NULL until then */
     float *buf[HM_EXEC_MAX_BUF]; /* [U, buf_width[i]] the arch's buffers (x and h are ds's) */
     float *rlog;              /* [U, n_expert] router logits */
     int32_t *pred;            /* [2 * U * k]: prefill, the next layer's routing predicted on this
@@ -105,6 +106,7 @@ void hm_exec_gpu_state_close(hm_exec_state *s) {
         nx = nxt(g);
         hm_gpu_dstate_free(&g->ds); /* syncs its device first */
         if (g->ds.c) hm_cuda_free(g->ds.c, g->rs), hm_cuda_free(g->ds.c, g->aux);
+        if (g->ds.c) hm_cuda_free(g->ds.c, g->rs_saved);
         free(g->aux_off);
         free(g);
     }
@@ -122,6 +124,24 @@ static hm_status xdev_reset(hm_xdev *g, hm_err *err) {
 hm_status hm_exec_gpu_state_reset(hm_exec_state *s, hm_err *err) {
     for (hm_xdev *g = s->dev; g; g = nxt(g)) {
         hm_status st = xdev_reset(g, err);
+        if (st != HM_OK) return st;
+    }
+    return HM_OK;
+}
+
+hm_status hm_exec_gpu_state_save(hm_exec_state *s, bool restore, hm_err *err) {
+    for (hm_xdev *g = s->dev; g; g = nxt(g)) {
+        if (!g->rs) continue;
+        const size_t bytes = g->rs_total * sizeof(float);
+        hm_status st = hm_cuda_make_current(g->ds.c, err);
+        if (st == HM_OK && !g->rs_saved) {
+            if (restore) return hm_errf(err, HM_ERR_ARG, "%s: restore without a saved state", s->arch);
+            st = hm_cuda_alloc(g->ds.c, bytes, (void **)&g->rs_saved, err);
+        }
+        if (st == HM_OK)
+            st = restore ? hm_cuda_copy(g->ds.c, g->rs, g->rs_saved, bytes, err)
+                         : hm_cuda_copy(g->ds.c, g->rs_saved, g->rs, bytes, err);
+        if (st == HM_OK) st = hm_cuda_sync(g->ds.c, err);
         if (st != HM_OK) return st;
     }
     return HM_OK;
@@ -949,8 +969,13 @@ hm_status hm_exec_gpu_forward(const hm_model *m, hm_exec_state *s, hm_pool *pool
                               hm_err *err) {
     const hm_exec_model *xm = m->xm;
     hm_xdev *g = s->dev;
-    const int64_t E = xm->n_embd, n = b->n, n_out = b->n_out, U = s->n_ubatch;
-    HM_ASSERT(g && n > 0 && n <= U && n_out <= n && b->pos[n - 1] < s->n_ctx);
+    const int64_t E = xm->n_embd, n = b->n, U = s->n_ubatch;
+    /* hidden rows: every row goes through the last layer (n_out n), the wanted ones get logits */
+    const int64_t n_want = b->n_out, n_out = b->hidden ? n : n_want;
+    HM_ASSERT(g && n > 0 && n <= U && n_want <= n && b->pos[n - 1] < s->n_ctx);
+    if (b->inject)
+        return hm_errf(err, HM_ERR_UNSUPPORTED, "%s: inject rows (an MTP head) on the GPU are not supported",
+                       m->arch->name);
     hm_status st = HM_OK;
     gpu_pass p = {.s = s, .b = b, .kv_len = b->pos[n - 1] + 1};
     hm_exec x = {.m = m, .xm = xm, .ops = &cuda_ops, .pool = pool, .err = err, .n = n, .nr = n, .n_out = n_out,
@@ -963,7 +988,7 @@ hm_status hm_exec_gpu_forward(const hm_model *m, hm_exec_state *s, hm_pool *pool
     p.dec = n <= HM_CUDA_MATVEC_MAX_TOK && n <= g->ds.dec_cap;
     CK(hm_gpu_chain_begin(m, &g->ds, U, b, p.dec, err));
     CK(hm_cuda_make_current(g->ds.c, err));
-    if (p.dec && g->ds.mh.graph && n_out == n && b->logits && n <= g->ds.logit_rows) {
+    if (p.dec && g->ds.mh.graph && n_out == n && b->logits && !b->hidden && n <= g->ds.logit_rows) {
         CK(graph_step(&x)); /* every flag released, the device idle, when it fails */
         return HM_OK;
     }
@@ -985,17 +1010,23 @@ hm_status hm_exec_gpu_forward(const hm_model *m, hm_exec_state *s, hm_pool *pool
     }
     /* x rows 0..n_out-1 are the wanted rows now (compacted, or all rows in order), on the output's
      * device (the last) */
-    HM_ASSERT(x.nr == n_out && b->logits && g->ds.out);
+    HM_ASSERT(x.nr == n_out && (b->logits || !n_want) && g->ds.out);
     hm_cuda_ctx *c = g->ds.c;
     CK(g_rmsnorm(&x, HM_BUF_X, xm->output_norm, HM_BUF_H));
     const size_t V = (size_t)xm->n_vocab;
-    for (int64_t r0 = 0; r0 < n_out; r0 += g->ds.logit_rows) {
-        const int64_t nc = n_out - r0 < g->ds.logit_rows ? n_out - r0 : g->ds.logit_rows;
-        CK(logits_of(&x, x.buf[HM_BUF_H] + (size_t)r0 * (size_t)E, nc, g->ds.logits));
+    const float *hrow = x.buf[HM_BUF_H];
+    if (b->hidden) { /* every row's normed state down; the wanted rows (contiguous) from the first */
+        CK(hm_cuda_download(c, b->hidden, x.buf[HM_BUF_H], (size_t)n * (size_t)E * sizeof(float), err));
+        if (n_want) hrow += (size_t)b->out_rows[0] * (size_t)E;
+    }
+    for (int64_t r0 = 0; r0 < n_want; r0 += g->ds.logit_rows) {
+        const int64_t nc = n_want - r0 < g->ds.logit_rows ? n_want - r0 : g->ds.logit_rows;
+        CK(logits_of(&x, hrow + (size_t)r0 * (size_t)E, nc, g->ds.logits));
         /* waits for the queued work (the last chunk's wait ends the step's device work: every
          * earlier device's work came before its hand-over, which this stream waited for) */
         CK(hm_cuda_download(c, b->logits + (size_t)r0 * V, g->ds.logits, (size_t)nc * V * sizeof(float), err));
     }
+    if (!n_want) CK(hm_gpu_chain_sync(&s->dev->ds, err));
     hm_gpu_chain_record(m, &s->dev->ds);
     return HM_OK;
 fail:

@@ -39,6 +39,7 @@ typedef struct hm_exec_ops {
     hm_status (*dsv4_attn)(hm_exec *x, int32_t il, const hm_dsv4_attn *p);
     hm_status (*swiglu_clamp)(hm_exec *x, hm_buf g, hm_buf u, hm_buf out, int64_t width, float limit);
     hm_status (*add_bias)(hm_exec *x, hm_buf a, const float *b, int64_t width);
+    hm_status (*concat)(hm_exec *x, hm_buf a, int64_t wa, hm_buf b, int64_t wb, hm_buf out); /* NULL: refused */
     void (*sync)(hm_exec *x); /* waits for the ops queued so far (NULL: ops finish when they return) */
 } hm_exec_ops;
 
@@ -47,7 +48,7 @@ typedef struct hm_exec_ops {
     X(rmsnorm) X(matmul_n) X(add_rmsnorm) X(qk_norm_rope_kv) X(out_rows) X(attention) X(route)      \
     X(experts) X(split_gate) X(sigmoid_mul) X(swiglu) X(add_sigmoid_scaled) X(deltanet) X(add)      \
     X(scale) X(zero) X(copy) X(geglu) X(attn_in_ring) X(attention_ring) X(rmsnorm_w) X(mla_in)        \
-    X(matmul_heads) X(hc_expand) X(hc_pre) X(hc_post) X(dsv4_attn) X(swiglu_clamp) X(add_bias)
+    X(matmul_heads) X(hc_expand) X(hc_pre) X(hc_post) X(dsv4_attn) X(swiglu_clamp) X(add_bias) X(concat)
 enum {
 #define X(name) HM_OPP_##name,
     HM_OPP_LIST(X)
@@ -102,6 +103,8 @@ typedef struct hm_exec_state {
     void *kv;               /* the CPU's KV block (kvl), owned */
     float *rs;              /* [n_rs_layer][hm_exec_rs_floats] recurrent state, owned */
     size_t rs_total;        /* floats of rs */
+    float *rs_saved;        /* hm_exec_state_save's copy of rs (CPU), owned; NULL until the first save */
+    int32_t saved_pos;      /* n_pos at the last save; -1: none */
     float *kv_scratch;      /* attention scores (an f32 cache, or the ring attention), owned */
     void *act;              /* one block holding the activations below, owned */
     float *buf[HM_EXEC_MAX_BUF]; /* [U, buf_width[i]] the arch's buffers */
@@ -140,6 +143,8 @@ static inline int32_t hm_exec_rs_slot(const hm_exec_model *xm, int32_t il) {
 hm_status hm_exec_gpu_state_open(const hm_model *m, const hm_state_opts *o, hm_exec_state *s, hm_err *err);
 void hm_exec_gpu_state_close(hm_exec_state *s);
 hm_status hm_exec_gpu_state_reset(hm_exec_state *s, hm_err *err); /* zero the recurrent state */
+/* save: copy each device's recurrent state aside (allocated at the first save); restore: back */
+hm_status hm_exec_gpu_state_save(hm_exec_state *s, bool restore, hm_err *err);
 hm_status hm_exec_gpu_forward(const hm_model *m, hm_exec_state *s, hm_pool *pool, const hm_fwd_batch *b,
                               hm_err *err);
 #endif

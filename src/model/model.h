@@ -67,6 +67,11 @@ struct hm_model {
     /* What the executor runs (exec/exec.h), for an arch with a layer description: set by its load,
      * borrowed from m->impl; NULL for the others. */
     const struct hm_exec_model *xm;
+    /* The model's own multi-token-prediction head (qwen35moe's nextn layer) as a one-layer model of
+     * the same file that the executor runs on the CPU (draft-mtp, engine/spec_mtp.c): owned by
+     * the arch's impl; NULL when the file has none. Its experts are computed from the mapping and
+     * not counted in the store. */
+    struct hm_model *mtp;
     _Atomic int busy;     /* 1 while a session of this model is inside eval */
     /* The compute pool shared by the model's sessions (engine/session.c): the first session opened
      * sets its thread count; later sessions with that count share the pool, others own theirs.
@@ -104,6 +109,13 @@ typedef struct hm_fwd_batch {
     const int32_t *out_rows; /* [n_out] */
     int32_t n_out;
     float *logits; /* [n_out, n_vocab]; may be NULL when n_out == 0 */
+    /* Optional (NULL: none). hidden: every row's final hidden state after the output norm
+     * ([n, n_embd]; the last layer then runs all n rows, logits still only for out_rows, which
+     * must be contiguous): what a multi-token-prediction head reads (draft-mtp). inject: rows of
+     * xm->inject_width floats copied into the arch's xm->inject_buf before the first layer (an
+     * MTP head's hidden input); only an arch that declares inject_buf takes it. */
+    float *hidden;
+    const float *inject;
 } hm_fwd_batch;
 
 /* Most sequences in one forward_multi call. */
@@ -127,6 +139,11 @@ struct hm_arch {
     /* Forget positions >= n_keep. A KV cache needs nothing (rows are overwritten); a recurrent
      * state can only go back to 0 and says HM_ERR_UNSUPPORTED otherwise. */
     hm_status (*state_trim)(void *state, int32_t n_keep, hm_err *err);
+    /* Optional (NULL: cannot): remember the state as it is now (save), and go back to the last
+     * saved one (restore: positions after the saved ones are forgotten, the KV rows overwritten
+     * later): how a speculative verify batch is rolled back over a recurrent state. */
+    hm_status (*state_save)(void *state, hm_err *err);
+    hm_status (*state_restore)(void *state, hm_err *err);
     /* Run one micro-batch (n <= n_ubatch). */
     hm_status (*forward)(const hm_model *m, void *state, hm_pool *pool, const hm_fwd_batch *b,
                          hm_err *err);

@@ -24,17 +24,30 @@
  * its GGUF keeps HF's value-head order (a key head's value heads adjacent: value head j reads key
  * head j / (n_v / n_k)) with beta and alpha in one matrix, ssm_ba [n_embd, 2 n_v] (per key head its
  * n_v / n_k beta rows, then its alpha rows): hm_deltanet.grouped. The legacy ssm_in (q, k, v, z
- * fused per key head) of early conversions is refused, as are MTP layers (nextn_predict_layers).
+ * fused per key head) of early conversions is refused.
+ *
+ * The multi-token-prediction head of both (llama.cpp runs the same graph_mtp for each, qwen3next's
+ * with its NEOX rotary) (nextn_predict_layers = 1, llama.cpp's layout: the last
+ * block blk.N of block_count = N + 1, a gated-attention block with the MoE, plus nextn.eh_proj
+ * [2 n_embd -> n_embd], nextn.enorm, nextn.hnorm and the optional nextn.embed_tokens,
+ * shared_head_head, shared_head_norm) is never run by the main forward (its n_layer is N, so the
+ * logits are those of the same file without it). It is bound into a second, one-layer hm_model
+ * (q->mtp_model, m->mtp) whose layer q35_mtp_fwd is llama.cpp's graph_mtp:
+ *   x = eh_proj [rmsnorm(embed(t)) * enorm | rmsnorm(h) * hnorm]   (h: the target's hidden row
+ *   after its output norm, injected by the batch); then the gated-attention block and MoE above;
+ *   logits = (rmsnorm(x) * shared_head_norm) shared_head_head (absent: output_norm, output).
+ * Its session keeps its own KV cache (engine/spec_mtp.c drives it, on the CPU).
  *
  * Session state (the executor's, exec/exec.h): a KV cache for the attention layers only and, per
  * DeltaNet layer, the conv window (last K-1 inputs) and the delta state S [n_v][d_k][d_v] (f32). A
  * recurrent state cannot be rewound: state_trim keeps everything (n_keep >= positions seen) or
  * resets to empty (n_keep == 0); anything between is HM_ERR_UNSUPPORTED and the caller must
- * re-prefill. The layer is written once (q35_layer_fwd); the executor runs it on the CPU and on the
+ * re-prefill, or go back to the last state_save (a speculative verify's rollback). The layer is written once (q35_layer_fwd); the executor runs it on the CPU and on the
  * GPU (per launch, as the decode graph, and as the upload pass). In the last layer only the rows
  * whose logits are wanted go on past the token mixer (attention: past the K/V write; DeltaNet: past
  * the state update). */
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -89,6 +102,15 @@ typedef struct q35_model {
     hm_moe_layer *moe_layers;/* [n_layer], owned: each layer's router and experts, for xm */
     int32_t *kv_slot, *rs_slot; /* [n_layer], owned: L->slot in the layer's kind, -1 in the other */
     hm_exec_model xm;        /* what the executor runs (m->xm points here) */
+    /* the MTP head (nextn_predict_layers 1; the header): its block, eh_proj [2 E -> E], norms */
+    int32_t n_nextn;
+    q35_layer mtp_layer;
+    hm_mat mtp_eh, mtp_embd, mtp_head; /* embd / head: nextn's own or tok_embd / output */
+    const float *mtp_enorm, *mtp_hnorm, *mtp_head_norm;
+    hm_moe_layer mtp_moe;
+    int32_t mtp_kv_slot;     /* 0 */
+    hm_exec_model mtp_xm;
+    hm_model mtp_model;      /* a one-layer view of the same file (m->mtp points here) */
 } q35_model;
 
 
@@ -117,12 +139,14 @@ enum {
     Q35_ATT,               /* the attention's or the DeltaNet's output */
     Q35_CONV, Q35_Z, Q35_BA, Q35_AA, Q35_G, Q35_BETA, /* DeltaNet */
     Q35_SHG, Q35_SHU, Q35_SHO, Q35_SHS,               /* the shared expert */
-    Q35_NBUF
+    Q35_NBUF,
+    Q35_HIN = Q35_NBUF, Q35_CAT,                      /* the MTP head's: the injected hidden row,
+                                                         [e_norm | h_norm] */
+    Q35_MTP_NBUF
 };
 
-static hm_status q35_layer_fwd(hm_exec *x, const hm_model *m, int32_t il) {
-    const q35_model *q = m->impl;
-    const q35_layer *L = &q->layers[il];
+/* Layer il (its weights L): the block of the header. */
+static hm_status q35_block(hm_exec *x, const q35_model *q, const q35_layer *L, int32_t il) {
     const int64_t nq = (int64_t)q->n_head * q->head_dim;
     hm_status st;
 #define OP(call) do { if ((st = (call)) != HM_OK) return st; } while (0)
@@ -163,6 +187,24 @@ static hm_status q35_layer_fwd(hm_exec *x, const hm_model *m, int32_t il) {
     return HM_OK;
 }
 
+static hm_status q35_layer_fwd(hm_exec *x, const hm_model *m, int32_t il) {
+    const q35_model *q = m->impl;
+    return q35_block(x, q, &q->layers[il], il);
+}
+
+/* The MTP head (the one layer of q->mtp_model): X holds the token embeddings, Q35_HIN the
+ * injected hidden rows. */
+static hm_status q35_mtp_fwd(hm_exec *x, const hm_model *m, int32_t il) {
+    const q35_model *q = m->impl;
+    const int64_t E = q->n_embd;
+    hm_status st;
+    if ((st = hm_op_rmsnorm(x, HM_BUF_X, q->mtp_enorm, HM_BUF_H)) != HM_OK) return st;
+    if ((st = hm_op_rmsnorm(x, Q35_HIN, q->mtp_hnorm, Q35_SHO)) != HM_OK) return st;
+    if ((st = hm_op_concat(x, HM_BUF_H, E, Q35_SHO, E, Q35_CAT)) != HM_OK) return st;
+    if ((st = hm_op_matmul(x, Q35_CAT, &q->mtp_eh, HM_BUF_X)) != HM_OK) return st;
+    return q35_block(x, q, &q->mtp_layer, il);
+}
+
 /* What the executor needs besides the layer (exec.h). */
 static void q35_exec_model(q35_model *q) {
     hm_exec_model *xm = &q->xm;
@@ -191,6 +233,123 @@ static void q35_exec_model(q35_model *q) {
     }
 }
 
+/* Layer il's tensors into L (L->recurrent says which token mixer). */
+static hm_status bind_layer(const hm_model *m, const q35_model *q, int32_t il, q35_layer *L, hm_err *err) {
+    hm_status st;
+    const int64_t E = q->n_embd, hd = q->head_dim, nq = (int64_t)q->n_head * hd, nkv = (int64_t)q->n_head_kv * hd;
+    const int64_t vdim = (int64_t)q->n_v * q->d_v;
+    char n[96];
+#define NAME(s) (snprintf(n, sizeof n, "blk.%d." s, il), n)
+    TRY(hm_model_bind_vec(m, NAME("attn_norm.weight"), E, true, &L->attn_norm, err));
+    TRY(hm_model_bind_vec(m, NAME("post_attention_norm.weight"), E, true, &L->post_norm, err));
+    if (L->recurrent) {
+        if (hm_gguf_find_tensor(m->gguf, NAME("ssm_in.weight"))) {
+            st = hm_errf(err, HM_ERR_UNSUPPORTED, "%s: the legacy fused ssm_in (q, k, v, z per key head) is not "
+                         "supported: re-convert with a current convert_hf_to_gguf.py (attn_qkv + attn_gate)", n);
+            goto fail;
+        }
+        TRY(hm_model_bind_mat(m, NAME("attn_qkv.weight"), E, q->conv_dim, true, &L->wqkv, err));
+        TRY(hm_model_bind_mat(m, NAME("attn_gate.weight"), E, vdim, true, &L->wz, err));
+        if (q->grouped) {
+            TRY(hm_model_bind_mat(m, NAME("ssm_ba.weight"), E, 2 * (int64_t)q->n_v, true, &L->wbeta, err));
+        } else {
+            TRY(hm_model_bind_mat(m, NAME("ssm_beta.weight"), E, q->n_v, true, &L->wbeta, err));
+            TRY(hm_model_bind_mat(m, NAME("ssm_alpha.weight"), E, q->n_v, true, &L->walpha, err));
+        }
+        TRY(hm_model_bind_mat(m, NAME("ssm_out.weight"), vdim, E, true, &L->wout, err));
+        const int64_t cne[2] = {q->d_conv, q->conv_dim};
+        const hm_gguf_tensor *t;
+        TRY(hm_model_bind(m, NAME("ssm_conv1d.weight"), HM_BIND_F32, 2, cne, true, &t, err));
+        L->conv_w = (const float *)t->data;
+        TRY(hm_model_bind_vec(m, NAME("ssm_dt.bias"), q->n_v, true, &L->dt_bias, err));
+        TRY(hm_model_bind_vec(m, NAME("ssm_a"), q->n_v, true, &L->ssm_a, err));
+        TRY(hm_model_bind_vec(m, NAME("ssm_norm.weight"), q->d_v, true, &L->ssm_norm, err));
+    } else {
+        TRY(hm_model_bind_mat(m, NAME("attn_q.weight"), E, 2 * nq, true, &L->wq, err));
+        TRY(hm_model_bind_mat(m, NAME("attn_k.weight"), E, nkv, true, &L->wk, err));
+        TRY(hm_model_bind_mat(m, NAME("attn_v.weight"), E, nkv, true, &L->wv, err));
+        TRY(hm_model_bind_mat(m, NAME("attn_output.weight"), nq, E, true, &L->wo, err));
+        TRY(hm_model_bind_vec(m, NAME("attn_q_norm.weight"), hd, true, &L->q_norm, err));
+        TRY(hm_model_bind_vec(m, NAME("attn_k_norm.weight"), hd, true, &L->k_norm, err));
+    }
+    TRY(hm_model_bind_mat(m, NAME("ffn_gate_inp.weight"), E, q->n_expert, true, &L->router, err));
+    TRY(hm_moe_bind(m, il, q->n_expert, E, q->n_ff_exp, HM_MOE_ACT_SILU, false, &L->moe, err));
+    TRY(bind_shexp_gate(m, NAME("ffn_gate_inp_shexp.weight"), E, &L->sh_inp, err));
+    TRY(hm_model_bind_mat(m, NAME("ffn_gate_shexp.weight"), E, q->n_ff_sh, true, &L->sh_gate, err));
+    TRY(hm_model_bind_mat(m, NAME("ffn_up_shexp.weight"), E, q->n_ff_sh, true, &L->sh_up, err));
+    TRY(hm_model_bind_mat(m, NAME("ffn_down_shexp.weight"), q->n_ff_sh, E, true, &L->sh_down, err));
+#undef NAME
+    return HM_OK;
+fail:
+    return st;
+}
+
+/* The MTP head: block n_layer (a gated-attention block) and its nextn tensors; the one-layer
+ * model over them (the header). */
+static const hm_arch q35_mtp_arch = {.name = "MTP head", HM_EXEC_ARCH(q35_mtp_fwd)};
+
+static hm_status bind_mtp(hm_model *m, q35_model *q, hm_err *err) {
+    hm_status st;
+    const int32_t il = q->n_layer;
+    const int64_t E = q->n_embd;
+    char n[96];
+#define NAME(s) (snprintf(n, sizeof n, "blk.%d." s, il), n)
+    q->mtp_layer.recurrent = false;
+    TRY(bind_layer(m, q, il, &q->mtp_layer, err));
+    TRY(hm_model_bind_mat(m, NAME("nextn.eh_proj.weight"), 2 * E, E, true, &q->mtp_eh, err));
+    TRY(hm_model_bind_vec(m, NAME("nextn.enorm.weight"), E, true, &q->mtp_enorm, err));
+    TRY(hm_model_bind_vec(m, NAME("nextn.hnorm.weight"), E, true, &q->mtp_hnorm, err));
+    q->mtp_embd = q->tok_embd;
+    q->mtp_head = q->output;
+    q->mtp_head_norm = q->output_norm;
+    TRY(hm_model_bind_mat(m, NAME("nextn.embed_tokens.weight"), E, q->n_vocab, false, &q->mtp_embd, err));
+    TRY(hm_model_bind_mat(m, NAME("nextn.shared_head_head.weight"), E, q->n_vocab, false, &q->mtp_head, err));
+    {
+        const float *hn = NULL;
+        TRY(hm_model_bind_vec(m, NAME("nextn.shared_head_norm.weight"), E, false, &hn, err));
+        if (hn) q->mtp_head_norm = hn;
+    }
+#undef NAME
+    /* the executor's view: the main one's shape, one layer with a KV cache, no recurrent state,
+     * the injected hidden row and the concatenation on top */
+    hm_exec_model *xm = &q->mtp_xm;
+    *xm = q->xm;
+    xm->n_layer = 1;
+    xm->tok_embd = &q->mtp_embd;
+    xm->output = &q->mtp_head;
+    xm->output_norm = q->mtp_head_norm;
+    xm->n_buf = Q35_MTP_NBUF;
+    xm->buf_width[Q35_HIN] = E;
+    xm->buf_width[Q35_CAT] = 2 * E;
+    q->mtp_kv_slot = 0;
+    xm->kv_slot = &q->mtp_kv_slot;
+    xm->n_kv_layer = 1;
+    xm->rs_slot = NULL;
+    xm->n_rs_layer = 0;
+    q->mtp_moe = (hm_moe_layer){.router = &q->mtp_layer.router, .experts = &q->mtp_layer.moe};
+    xm->moe_layers = &q->mtp_moe;
+    xm->inject_buf = Q35_HIN;
+    xm->inject_width = E;
+    /* the model: the same file and impl, this description, no store, tier or GPU (CPU, from the
+     * mapping) */
+    hm_model *mm = &q->mtp_model;
+    memcpy(mm, m, sizeof *mm);
+    mm->arch = &q35_mtp_arch;
+    mm->xm = xm;
+    mm->experts = NULL;
+    mm->ram = NULL;
+    mm->gpu = NULL;
+    mm->mtp = NULL;
+    mm->pool = NULL;
+    mm->pool_threads = mm->pool_refs = 0;
+    atomic_store(&mm->busy, 0);
+    atomic_store(&mm->pool_lock, 0);
+    m->mtp = mm;
+    return HM_OK;
+fail:
+    return st;
+}
+
 static void q35_unload(hm_model *m) {
     q35_model *q = m->impl;
     if (!q) return;
@@ -212,15 +371,14 @@ static hm_status q35_load(hm_model *m, hm_err *err) {
 
     TRY(hm_model_hp_moe(m, &q->hp, err));
     TRY(hm_model_rope_scaling_none(m, err));
-    {
-        int32_t nextn;
-        HP_INT("nextn_predict_layers", false, 0, &nextn);
-        if (nextn > 0) {
-            st = hm_errf(err, HM_ERR_UNSUPPORTED, "%s.nextn_predict_layers = %d: MTP layers are not supported "
-                         "(convert without them)", m->arch->name, nextn);
-            goto fail;
-        }
+    HP_INT("nextn_predict_layers", false, 0, &q->n_nextn);
+    if (q->n_nextn > 0 && (q->n_nextn > 1 || q->n_nextn >= q->n_layer)) {
+        st = hm_errf(err, HM_ERR_UNSUPPORTED, "%s.nextn_predict_layers = %d: MTP layers are not supported%s",
+                     m->arch->name, q->n_nextn,
+                     q->n_nextn > 1 ? " beyond one block (as llama.cpp)" : " (no main layers left)");
+        goto fail;
     }
+    q->n_layer -= q->n_nextn; /* block_count holds the MTP block after the main ones */
     {
         const hm_gguf_tensor *g = hm_gguf_find_tensor(m->gguf, "blk.0.ffn_gate_exps.weight");
         HP_INT("expert_feed_forward_length", g == NULL, g && g->n_dims >= 2 ? g->ne[1] : 0, &q->n_ff_exp);
@@ -253,8 +411,7 @@ static hm_status q35_load(hm_model *m, hm_err *err) {
     }
     q->conv_dim = 2 * q->n_k * q->d_k + q->n_v * q->d_v;
 
-    const int64_t E = q->n_embd, hd = q->head_dim, nq = (int64_t)q->n_head * hd, nkv = (int64_t)q->n_head_kv * hd;
-    const int64_t vdim = (int64_t)q->n_v * q->d_v;
+    const int64_t E = q->n_embd;
     TRY(hm_model_bind_vocab(m, E, &q->tok_embd, &q->output, &q->n_vocab, err));
     TRY(hm_model_bind_vec(m, "output_norm.weight", E, true, &q->output_norm, err));
 
@@ -268,54 +425,14 @@ static hm_status q35_load(hm_model *m, hm_err *err) {
     }
     for (int32_t il = 0; il < q->n_layer; il++) {
         q35_layer *L = &q->layers[il];
-        char n[96];
-#define NAME(s) (snprintf(n, sizeof n, "blk.%d." s, il), n)
         L->recurrent = (il + 1) % interval != 0;
         L->slot = L->recurrent ? q->n_recr++ : q->n_attn++;
-        TRY(hm_model_bind_vec(m, NAME("attn_norm.weight"), E, true, &L->attn_norm, err));
-        TRY(hm_model_bind_vec(m, NAME("post_attention_norm.weight"), E, true, &L->post_norm, err));
-        if (L->recurrent) {
-            if (hm_gguf_find_tensor(m->gguf, NAME("ssm_in.weight"))) {
-                st = hm_errf(err, HM_ERR_UNSUPPORTED, "%s: the legacy fused ssm_in (q, k, v, z per key head) is not "
-                             "supported: re-convert with a current convert_hf_to_gguf.py (attn_qkv + attn_gate)", n);
-                goto fail;
-            }
-            TRY(hm_model_bind_mat(m, NAME("attn_qkv.weight"), E, q->conv_dim, true, &L->wqkv, err));
-            TRY(hm_model_bind_mat(m, NAME("attn_gate.weight"), E, vdim, true, &L->wz, err));
-            if (q->grouped) {
-                TRY(hm_model_bind_mat(m, NAME("ssm_ba.weight"), E, 2 * (int64_t)q->n_v, true, &L->wbeta, err));
-            } else {
-                TRY(hm_model_bind_mat(m, NAME("ssm_beta.weight"), E, q->n_v, true, &L->wbeta, err));
-                TRY(hm_model_bind_mat(m, NAME("ssm_alpha.weight"), E, q->n_v, true, &L->walpha, err));
-            }
-            TRY(hm_model_bind_mat(m, NAME("ssm_out.weight"), vdim, E, true, &L->wout, err));
-            const int64_t cne[2] = {q->d_conv, q->conv_dim};
-            const hm_gguf_tensor *t;
-            TRY(hm_model_bind(m, NAME("ssm_conv1d.weight"), HM_BIND_F32, 2, cne, true, &t, err));
-            L->conv_w = (const float *)t->data;
-            TRY(hm_model_bind_vec(m, NAME("ssm_dt.bias"), q->n_v, true, &L->dt_bias, err));
-            TRY(hm_model_bind_vec(m, NAME("ssm_a"), q->n_v, true, &L->ssm_a, err));
-            TRY(hm_model_bind_vec(m, NAME("ssm_norm.weight"), q->d_v, true, &L->ssm_norm, err));
-        } else {
-            TRY(hm_model_bind_mat(m, NAME("attn_q.weight"), E, 2 * nq, true, &L->wq, err));
-            TRY(hm_model_bind_mat(m, NAME("attn_k.weight"), E, nkv, true, &L->wk, err));
-            TRY(hm_model_bind_mat(m, NAME("attn_v.weight"), E, nkv, true, &L->wv, err));
-            TRY(hm_model_bind_mat(m, NAME("attn_output.weight"), nq, E, true, &L->wo, err));
-            TRY(hm_model_bind_vec(m, NAME("attn_q_norm.weight"), hd, true, &L->q_norm, err));
-            TRY(hm_model_bind_vec(m, NAME("attn_k_norm.weight"), hd, true, &L->k_norm, err));
-        }
-        TRY(hm_model_bind_mat(m, NAME("ffn_gate_inp.weight"), E, q->n_expert, true, &L->router, err));
-        TRY(hm_moe_bind(m, il, q->n_expert, E, q->n_ff_exp, HM_MOE_ACT_SILU, false, &L->moe, err));
-        TRY(bind_shexp_gate(m, NAME("ffn_gate_inp_shexp.weight"), E, &L->sh_inp, err));
-        TRY(hm_model_bind_mat(m, NAME("ffn_gate_shexp.weight"), E, q->n_ff_sh, true, &L->sh_gate, err));
-        TRY(hm_model_bind_mat(m, NAME("ffn_up_shexp.weight"), E, q->n_ff_sh, true, &L->sh_up, err));
-        TRY(hm_model_bind_mat(m, NAME("ffn_down_shexp.weight"), q->n_ff_sh, E, true, &L->sh_down, err));
-#undef NAME
+        TRY(bind_layer(m, q, il, L, err));
     }
-
     q35_exec_model(q);
     m->xm = &q->xm;
     hm_model_info_moe(m, &q->hp);
+    if (q->n_nextn) TRY(bind_mtp(m, q, err)); /* after the main view: the head's copies it */
     hm_log_printf(&m->log, HM_LOG_INFO,
                   "%s: %d layers (%d DeltaNet, %d attention), n_embd %d, heads %d/%d x %d (rope %d), "
                   "DeltaNet k %dx%d v %dx%d conv %d, experts %d (k %d, n_ff %d, shared %d), vocab %d",

@@ -87,6 +87,8 @@ typedef struct srv_task {
     int32_t n_prompt;
     int32_t max_tokens;   /* >= 1, already clipped to the context */
     hm_sampler_opts sampling;
+    int32_t spec_n_max, spec_n_min; /* llama-server's speculative.n_max / .n_min; -1: the server's */
+    float spec_p_min;     /* speculative.p_min; < 0: the server's */
     char *stop[SRV_MAX_STOP]; /* owned */
     int n_stop;
     char id[64];          /* "cmpl-..." / "chatcmpl-..." */
@@ -124,6 +126,7 @@ typedef struct srv_stats {
     uint64_t n_requests_ok, n_requests_cancelled, n_requests_failed;
     uint64_t n_rounds;
     uint64_t n_batched;         /* rounds whose slots went through one hm_batch_eval (>= 2 slots) */
+    uint64_t spec_drafted, spec_accepted, spec_steps; /* speculative decoding, all slots */
     double rate_predicted;      /* generated tokens per second over the last seconds */
     double rate_t[16];          /* ring of (time, n_predicted) samples for the rate */
     uint64_t rate_n[16];
@@ -139,6 +142,7 @@ typedef struct srv_sched {
     int32_t n_eog;
     int n_slots;
     srv_slot *slots;           /* [n_slots] */
+    hm_spec_opts spec;         /* type none: no speculation; stop_ids borrowed from eog */
 
     pthread_mutex_t mu;
     pthread_cond_t cv;         /* wakes the engine thread */
@@ -163,7 +167,7 @@ typedef struct srv_sched {
  * threads and a KV cache of kv_type each (all KV caches sized now). */
 hm_status srv_sched_init(srv_sched *s, hm_model *m, const hm_tokenizer *tok, const char *model_id,
                          int n_slots, int32_t n_ctx, int32_t n_ubatch, int32_t n_threads, hm_kv_type kv_type,
-                         hm_err *err);
+                         const hm_spec_opts *spec, hm_err *err);
 hm_status srv_sched_start(srv_sched *s, hm_err *err); /* start the engine thread */
 /* Stop the engine thread: every queued and running task finishes as SRV_FINISH_CANCEL. */
 void srv_sched_stop(srv_sched *s);

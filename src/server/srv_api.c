@@ -151,6 +151,16 @@ static bool parse_common(srv_api *a, json_t *req, srv_task *t, bad *b) {
     if (!get_int(req, "max_tokens", 1, 1 << 30, &mt, &has_mt, b)) return false;
     if (!has_mt && !get_int(req, "max_completion_tokens", 1, 1 << 30, &mt, &has_mt, b)) return false;
     t->max_tokens = has_mt ? (int32_t)mt : a->n_ctx;
+    /* llama-server's per-request speculative decoding fields (used when the server speculates) */
+    bool has_sp = false;
+    json_int_t sn = 0;
+    if (!get_int(req, "speculative.n_max", 1, 1024, &sn, &has_sp, b)) return false;
+    t->spec_n_max = has_sp ? (int32_t)sn : -1;
+    if (!get_int(req, "speculative.n_min", 0, 1024, &sn, &has_sp, b)) return false;
+    t->spec_n_min = has_sp ? (int32_t)sn : -1;
+    d = -1;
+    if (!get_num(req, "speculative.p_min", 0, 1, &d, b)) return false;
+    t->spec_p_min = (float)d;
     json_t *stop = json_object_get(req, "stop");
     if (stop && !json_is_null(stop)) {
         if (json_is_string(stop)) {

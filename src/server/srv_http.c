@@ -680,7 +680,7 @@ hm_status hm_server_open(hm_server **out, const hm_server_opts *opts, hm_err *er
     }
 
     if ((st = srv_sched_init(&s->sched, s->model, s->tok, s->model_id, s->o.n_parallel, s->o.n_ctx, s->o.n_ubatch,
-                             s->o.n_threads, s->o.kv_type, err)) != HM_OK) {
+                             s->o.n_threads, s->o.kv_type, s->o.spec, err)) != HM_OK) {
         s->sched_init = true;
         goto fail;
     }

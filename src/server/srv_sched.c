@@ -16,6 +16,14 @@
  * Prompt cache: a slot remembers the tokens in its KV cache; a new task goes to the idle slot
  * sharing the longest prefix with its prompt, and only the rest is evaluated.
  *
+ * Speculative decoding (serve --spec-type): each slot keeps an hm_spec on its session, opened before
+ * anything is evaluated (draft-mtp's head must see every row); its history follows the session
+ * (hm_spec_add of each evaluated job, hm_spec_trim with the prompt cache). A slot past its prompt
+ * takes one hm_spec_step a round instead of a decode job (alone: its verify batch is its own
+ * forward), and emits its picks in order until one ends the task; a request's speculative.n_max,
+ * .n_min and .p_min override the server's for it. ignore_eos requests decode plainly (the masked
+ * logits are the sampler's input there).
+ *
  * Invariants: only the engine thread touches sessions, samplers and detokenizers; slot->task
  * changes only under mu (so /slots and cancel see a consistent picture); every task the
  * scheduler holds ends with done = true and exactly one finish reason. */
@@ -41,6 +49,9 @@ struct srv_slot {
     int32_t n_done;     /* prompt tokens of the task in the KV */
     int32_t next_tok;   /* the token to evaluate next round once the prompt is in */
     int32_t n_gen;
+    hm_spec *spec;      /* owned; NULL without speculation */
+    bool spec_now;      /* this round: a speculative step (run_round) */
+    hm_spec_stats spec_st; /* the task's share of spec's counters (for /slots) */
     srv_buf gen;        /* the task's generated text */
     size_t released;    /* bytes of gen handed to the task */
     double t_start;
@@ -338,6 +349,17 @@ static bool slot_setup(srv_sched *s, srv_slot *sl) {
         hm_session_reset(sl->sess);
         p = 0;
     }
+    if (sl->spec) {
+        hm_spec_trim(sl->spec, p);
+        memset(&sl->spec_st, 0, sizeof sl->spec_st);
+        const int32_t nx = t->spec_n_max >= 0 ? t->spec_n_max : s->spec.n_max;
+        const int32_t nn = t->spec_n_min >= 0 ? t->spec_n_min : s->spec.n_min;
+        const float pm = t->spec_p_min >= 0 ? t->spec_p_min : s->spec.p_min;
+        if (hm_spec_set_draft(sl->spec, nx, nn, pm, &err) != HM_OK) {
+            finish(s, sl, SRV_FINISH_ERROR, err.msg);
+            return false;
+        }
+    }
     sl->n_cache = p;
     sl->n_done = p;
     pthread_mutex_lock(&s->mu);
@@ -437,20 +459,14 @@ static size_t release_text(srv_slot *sl, bool final, bool *stopped) {
     return len - hold;
 }
 
-/* Sample the slot's next token from logits and publish it; may finish the task. */
-static void slot_sample(srv_sched *s, srv_slot *sl, const float *logits) {
+/* Publish the slot's picked token tok (already given to the sampler when it is not an
+ * end-of-generation id); may finish the task. */
+static void slot_emit(srv_sched *s, srv_slot *sl, int32_t tok) {
     srv_task *t = sl->task;
-    if (t->ignore_eos && s->n_eog) {
-        memcpy(sl->masked, logits, (size_t)s->n_vocab * sizeof(float));
-        for (int32_t i = 0; i < s->n_eog; i++) sl->masked[s->eog[i]] = -INFINITY;
-        logits = sl->masked;
-    }
-    int32_t tok = hm_sampler_sample(sl->smp, logits);
     bool eog = hm_tokenizer_is_eog(s->tok, tok);
     size_t plen = 0;
     const char *piece;
     if (!eog) {
-        hm_sampler_accept(sl->smp, tok);
         sl->n_gen++;
         piece = hm_detok_push(sl->detok, tok, &plen);
         srv_buf_add(&sl->gen, piece, plen);
@@ -476,13 +492,68 @@ static void slot_sample(srv_sched *s, srv_slot *sl, const float *logits) {
     else sl->next_tok = tok;
 }
 
+/* Sample the slot's next token from logits and publish it; may finish the task. */
+static void slot_sample(srv_sched *s, srv_slot *sl, const float *logits) {
+    srv_task *t = sl->task;
+    if (t->ignore_eos && s->n_eog) {
+        memcpy(sl->masked, logits, (size_t)s->n_vocab * sizeof(float));
+        for (int32_t i = 0; i < s->n_eog; i++) sl->masked[s->eog[i]] = -INFINITY;
+        logits = sl->masked;
+    }
+    int32_t tok = hm_sampler_sample(sl->smp, logits);
+    if (!hm_tokenizer_is_eog(s->tok, tok)) hm_sampler_accept(sl->smp, tok);
+    slot_emit(s, sl, tok);
+}
+
+#define SRV_SPEC_MAX_OUT 64 /* picks of one speculative step (drafts + 1) */
+
+/* One speculative step of a slot past its prompt: draft, verify, emit the picks in order. */
+static void slot_spec_step(srv_sched *s, srv_slot *sl) {
+    srv_task *t = sl->task;
+    int32_t out[SRV_SPEC_MAX_OUT], k = 0, room = t->max_tokens - sl->n_gen;
+    if (room > SRV_SPEC_MAX_OUT) room = SRV_SPEC_MAX_OUT;
+    if (room < 1) room = 1;
+    hm_spec_stats a, b;
+    hm_spec_get_stats(sl->spec, &a);
+    hm_err err;
+    const double t0 = srv_now();
+    hm_status st = hm_spec_step(sl->spec, sl->smp, sl->next_tok, room, out, &k, &err);
+    const double dt = srv_now() - t0;
+    if (st != HM_OK) {
+        hm_session_reset(sl->sess);
+        hm_spec_trim(sl->spec, 0);
+        sl->n_cache = 0;
+        finish(s, sl, SRV_FINISH_ERROR, err.msg);
+        return;
+    }
+    hm_spec_get_stats(sl->spec, &b);
+    /* the session holds next_tok and every pick but the last */
+    sl->cache[sl->n_cache++] = sl->next_tok;
+    for (int32_t i = 0; i + 1 < k; i++) sl->cache[sl->n_cache++] = out[i];
+    pthread_mutex_lock(&s->mu);
+    s->stats.t_predicted_s += dt;
+    s->stats.spec_drafted += b.drafted - a.drafted;
+    s->stats.spec_accepted += b.accepted - a.accepted;
+    s->stats.spec_steps += b.steps_drafted - a.steps_drafted;
+    sl->spec_st.drafted += b.drafted - a.drafted;
+    sl->spec_st.accepted += b.accepted - a.accepted;
+    sl->spec_st.steps_drafted += b.steps_drafted - a.steps_drafted;
+    pthread_mutex_unlock(&s->mu);
+    for (int32_t i = 0; i < k && sl->task == t; i++) slot_emit(s, sl, out[i]);
+}
+
 static void run_round(srv_sched *s, srv_job *jobs) {
     int n_jobs = 0;
     for (int i = 0; i < s->n_slots; i++) {
         srv_slot *sl = &s->slots[i];
+        sl->spec_now = false;
         if (!sl->task) continue;
         if (sl->fresh && !slot_setup(s, sl)) continue;
         srv_task *t = sl->task;
+        if (sl->spec && !t->ignore_eos && sl->n_done >= t->n_prompt) {
+            sl->spec_now = true; /* a speculative step after the jobs */
+            continue;
+        }
         srv_job *j = &jobs[n_jobs++];
         memset(j, 0, sizeof *j);
         j->slot = sl;
@@ -495,8 +566,7 @@ static void run_round(srv_sched *s, srv_job *jobs) {
             j->n = 1;
         }
     }
-    if (n_jobs == 0) return;
-    eval_jobs(s, jobs, n_jobs);
+    if (n_jobs > 0) eval_jobs(s, jobs, n_jobs);
     for (int i = 0; i < n_jobs; i++) {
         srv_job *j = &jobs[i];
         srv_slot *sl = j->slot;
@@ -508,6 +578,13 @@ static void run_round(srv_sched *s, srv_job *jobs) {
         }
         memcpy(sl->cache + sl->n_cache, j->tokens, (size_t)j->n * sizeof(int32_t));
         sl->n_cache += j->n;
+        if (sl->spec && hm_spec_add(sl->spec, j->tokens, j->n, &j->err) != HM_OK) { /* a bug: the history lost */
+            hm_session_reset(sl->sess);
+            hm_spec_trim(sl->spec, 0);
+            sl->n_cache = 0;
+            finish(s, sl, SRV_FINISH_ERROR, j->err.msg);
+            continue;
+        }
         pthread_mutex_lock(&s->mu);
         if (j->prefill) {
             sl->n_done += j->n;
@@ -521,6 +598,8 @@ static void run_round(srv_sched *s, srv_job *jobs) {
         pthread_mutex_unlock(&s->mu);
         if (ready) slot_sample(s, sl, j->logits);
     }
+    for (int i = 0; i < s->n_slots; i++)
+        if (s->slots[i].spec_now && s->slots[i].task) slot_spec_step(s, &s->slots[i]);
 }
 
 static void *engine_main(void *arg) {
@@ -595,7 +674,8 @@ bool srv_sched_call(srv_sched *s, srv_engine_fn fn, void *arg) {
 /* ---- life cycle ---- */
 
 hm_status srv_sched_init(srv_sched *s, hm_model *m, const hm_tokenizer *tok, const char *model_id, int n_slots,
-                         int32_t n_ctx, int32_t n_ubatch, int32_t n_threads, hm_kv_type kv_type, hm_err *err) {
+                         int32_t n_ctx, int32_t n_ubatch, int32_t n_threads, hm_kv_type kv_type,
+                         const hm_spec_opts *spec, hm_err *err) {
     memset(s, 0, sizeof *s);
     s->model = m;
     s->tok = tok;
@@ -612,6 +692,11 @@ hm_status srv_sched_init(srv_sched *s, hm_model *m, const hm_tokenizer *tok, con
     if (!s->slots || !s->eog) {
         snprintf(err->msg, sizeof err->msg, "serve: out of memory for %d slots", n_slots);
         return HM_ERR_NOMEM;
+    }
+    if (spec && spec->type != HM_SPEC_NONE) {
+        s->spec = *spec;
+        s->spec.stop_ids = s->eog;
+        s->spec.n_stop_ids = s->n_eog;
     }
     hm_session_opts so;
     hm_session_opts_default(&so);
@@ -631,6 +716,7 @@ hm_status srv_sched_init(srv_sched *s, hm_model *m, const hm_tokenizer *tok, con
             snprintf(err->msg, sizeof err->msg, "serve: out of memory for slot %d", i);
             return HM_ERR_NOMEM;
         }
+        if (s->spec.type != HM_SPEC_NONE && (st = hm_spec_open(&sl->spec, sl->sess, &s->spec, err)) != HM_OK) return st;
     }
     return HM_OK;
 }
@@ -656,6 +742,7 @@ void srv_sched_stop(srv_sched *s) {
 void srv_sched_free(srv_sched *s) {
     for (int i = 0; s->slots && i < s->n_slots; i++) {
         srv_slot *sl = &s->slots[i];
+        hm_spec_close(sl->spec);
         hm_session_close(sl->sess);
         hm_sampler_close(sl->smp);
         hm_detok_close(sl->detok);
@@ -680,11 +767,23 @@ json_t *srv_sched_slots_json(srv_sched *s) {
     for (int i = 0; i < s->n_slots; i++) {
         const srv_slot *sl = &s->slots[i];
         const srv_task *t = sl->task;
-        json_array_append_new(
-            a, json_pack("{s:i, s:i, s:i, s:b, s:I, s:i, s:i, s:i}", "id", i, "n_ctx", (int)s->n_ctx, "state", t ? 1 : 0,
-                         "is_processing", (int)(t != NULL), "id_task", t ? (json_int_t)t->seq : (json_int_t)-1,
-                         "n_prompt_tokens", t ? (int)t->n_prompt : 0, "n_decoded", t ? (int)t->n_gen : 0, "n_cached",
-                         (int)sl->n_cache));
+        json_t *j = json_pack("{s:i, s:i, s:i, s:b, s:I, s:i, s:i, s:i}", "id", i, "n_ctx", (int)s->n_ctx, "state",
+                              t ? 1 : 0, "is_processing", (int)(t != NULL), "id_task",
+                              t ? (json_int_t)t->seq : (json_int_t)-1, "n_prompt_tokens", t ? (int)t->n_prompt : 0,
+                              "n_decoded", t ? (int)t->n_gen : 0, "n_cached", (int)sl->n_cache);
+        if (j && sl->spec) { /* the current (or last) task's speculation */
+            hm_spec_opts so;
+            hm_spec_get_opts(sl->spec, &so);
+            const hm_spec_stats *st = &sl->spec_st;
+            json_object_set_new(
+                j, "speculative",
+                json_pack("{s:s, s:i, s:i, s:f, s:I, s:I, s:I, s:f}", "type", hm_spec_type_name(so.type), "n_max",
+                          (int)so.n_max, "n_min", (int)so.n_min, "p_min", (double)so.p_min, "n_drafted",
+                          (json_int_t)st->drafted, "n_accepted", (json_int_t)st->accepted, "n_steps",
+                          (json_int_t)st->steps_drafted,
+                          "acceptance_rate", st->drafted ? (double)st->accepted / (double)st->drafted : 0.0));
+        }
+        json_array_append_new(a, j);
     }
     pthread_mutex_unlock(&s->mu);
     return a;
@@ -727,6 +826,13 @@ void srv_sched_metrics(srv_sched *s, srv_buf *o) {
            (double)st.n_rounds);
     metric(o, "batched_rounds_total", "counter",
            "Rounds whose slots were evaluated together in one forward pass (hm_batch_eval).", (double)st.n_batched);
+    /* llama-server's speculative counters (its names after our prefix) and the rate */
+    metric(o, "spec_decode_num_draft_tokens_total", "counter", "Draft tokens generated.", (double)st.spec_drafted);
+    metric(o, "spec_decode_num_accepted_tokens_total", "counter", "Draft tokens accepted by the target model.",
+           (double)st.spec_accepted);
+    metric(o, "spec_decode_num_drafts_total", "counter", "Verify steps with a draft.", (double)st.spec_steps);
+    metric(o, "spec_decode_acceptance_rate", "gauge", "Accepted / drafted tokens since start (0 without drafts).",
+           st.spec_drafted ? (double)st.spec_accepted / (double)st.spec_drafted : 0.0);
     srv_buf_str(o, "# HELP hotmoe_requests_total Finished completion requests by outcome.\n"
                    "# TYPE hotmoe_requests_total counter\n");
     srv_buf_printf(o, "hotmoe_requests_total{outcome=\"ok\"} %llu\n", (unsigned long long)st.n_requests_ok);

@@ -145,7 +145,7 @@ static hm_status write_metadata(hm_gguf_writer *w, const hm_synth_opts *o, const
         goto provenance;
     }
     if (a->q35) {
-        SET(hm_synth_meta_q35(w, a->q35, n_layer, m));
+        SET(hm_synth_meta_q35(w, a->q35, n_layer, o->n_nextn, m));
         goto provenance;
     }
     if (a->g4) {
@@ -262,6 +262,10 @@ static hm_status check_opts(const hm_synth_opts *o, const hm_synth_preset **p, s
         ((*m)->kind == HM_SYNTH_MIX_Q2_K || (*m)->kind == HM_SYNTH_MIX_Q3_K_M))
         return hm_errf(err, HM_ERR_UNSUPPORTED, "synth: --type %s follows llama-quantize's rules for qwen3moe only",
                        (*m)->name);
+    if (o->n_nextn < 0 || o->n_nextn > 1 ||
+        (o->n_nextn && (!o->arch || (strcmp(o->arch, "qwen35moe") != 0 && strcmp(o->arch, "qwen3next") != 0))))
+        return hm_errf(err, HM_ERR_ARG, "synth: --nextn %d: an MTP block is written for --arch qwen35moe and "
+                       "qwen3next only, 0 or 1 of it (as llama.cpp runs it)", o->n_nextn);
     if (o->n_layer < 0 || o->n_layer > 1000)
         return hm_errf(err, HM_ERR_ARG, "synth: --layers %d is out of range [1, 1000]", o->n_layer);
     if (!o->out_path || !*o->out_path) return hm_errf(err, HM_ERR_ARG, "synth: no output file (-o FILE)");
@@ -291,7 +295,7 @@ hm_status hm_synth(const hm_synth_opts *o, hm_err *err) {
     chunk_job job;
     memset(&job, 0, sizeof job);
     hm_synth_routing *routing = NULL;
-    st = a.q35         ? hm_synth_plan_q35(a.q35, n_layer, m, &plan, &n_tensors, err)
+    st = a.q35         ? hm_synth_plan_q35(a.q35, n_layer, o->n_nextn, m, &plan, &n_tensors, err)
          : a.g4        ? hm_synth_plan_g4(a.g4, n_layer, m, &plan, &n_tensors, err)
          : a.ds2       ? hm_synth_plan_ds2(a.ds2, n_layer, m, &plan, &n_tensors, err)
          : ds4_of(o)   ? hm_synth_plan_ds4(ds4_of(o), n_layer, m, &plan, &n_tensors, err)

@@ -172,9 +172,11 @@ typedef struct hm_synth_q35 {
 const hm_synth_q35 *hm_synth_find_q35(const char *arch, const char *name);
 const char *hm_synth_q35_names(const char *arch);
 /* As hm_synth_plan, for qwen35moe and qwen3next. */
-hm_status hm_synth_plan_q35(const hm_synth_q35 *q, int32_t n_layer, const hm_synth_mix *m, hm_synth_tensor **out,
+hm_status hm_synth_plan_q35(const hm_synth_q35 *q, int32_t n_layer, int32_t n_nextn, const hm_synth_mix *m,
+                            hm_synth_tensor **out,
                             int64_t *n_out, hm_err *err);
 /* general.* and qwen35moe.* / qwen3next.* keys as llama.cpp's converter writes them. */
-hm_status hm_synth_meta_q35(hm_gguf_writer *w, const hm_synth_q35 *q, int32_t n_layer, const hm_synth_mix *m);
+hm_status hm_synth_meta_q35(hm_gguf_writer *w, const hm_synth_q35 *q, int32_t n_layer, int32_t n_nextn,
+                            const hm_synth_mix *m);
 
 #endif

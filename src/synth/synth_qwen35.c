@@ -39,6 +39,9 @@ static const hm_synth_q35 q35_presets[] = {
     {{"qwen3-next-80b-a3b", "Qwen3-Next-80B-A3B (hotmoe synth, random weights)", 48, 2048, 16, 2, 256, 512, 10,
       512, 5120, 151936, 262144, 1e7f, 1e-6f},
      512, 4, 16, 32, 128, 128, 64, 4, "qwen3next"},
+    {{"tiny", "tiny qwen35moe (hotmoe synth, random weights)", 4, 256, 4, 2, 64, 16, 4, 256, 1024, 384, 4096, 1e7f,
+      1e-6f},
+     256, 4, 2, 4, 64, 64, 64, 4, "qwen35moe"},
     {{"tiny", "tiny qwen3next (hotmoe synth, random weights)", 4, 256, 4, 2, 64, 16, 4, 256, 1024, 384, 4096, 1e7f,
       1e-6f},
      256, 4, 2, 4, 64, 64, 16, 4, "qwen3next"},
@@ -52,7 +55,7 @@ const hm_synth_q35 *hm_synth_find_q35(const char *arch, const char *name) {
 }
 
 const char *hm_synth_q35_names(const char *arch) {
-    return strcmp(arch, "qwen3next") == 0 ? "qwen3-next-80b-a3b, tiny" : "qwen36-35b-a3b";
+    return strcmp(arch, "qwen3next") == 0 ? "qwen3-next-80b-a3b, tiny" : "qwen36-35b-a3b, tiny";
 }
 
 typedef struct q35_plan {
@@ -91,8 +94,8 @@ static hm_status q35_add(q35_plan *pl, const char *name, uint32_t n_dims, int64_
     return hm_synth_check_rows(t, err);
 }
 
-hm_status hm_synth_plan_q35(const hm_synth_q35 *q, int32_t n_layer, const hm_synth_mix *m, hm_synth_tensor **out,
-                            int64_t *n_out, hm_err *err) {
+hm_status hm_synth_plan_q35(const hm_synth_q35 *q, int32_t n_layer, int32_t n_nextn, const hm_synth_mix *m,
+                            hm_synth_tensor **out, int64_t *n_out, hm_err *err) {
     const hm_synth_preset *p = &q->base;
     q35_plan pl = {.mix = m};
     const int64_t E = p->n_embd, hd = p->head_dim, Q = (int64_t)p->n_head * hd, KV = (int64_t)p->n_head_kv * hd;
@@ -106,8 +109,10 @@ hm_status hm_synth_plan_q35(const hm_synth_q35 *q, int32_t n_layer, const hm_syn
     const bool next = strcmp(q->arch, "qwen3next") == 0;
     char n[64];
     hm_status st = q35_add(&pl, "token_embd.weight", 2, E, p->n_vocab, 1, 0, embd_std, false, false, err);
-    for (int l = 0, ia = 0; !st && l < n_layer; l++) {
-        const bool recr = (l + 1) % q->interval != 0, mb = use_more_bits(l, n_layer);
+    for (int l = 0, ia = 0; !st && l < n_layer + n_nextn; l++) {
+        /* the MTP block (l >= n_layer): gated attention + the MoE + its nextn tensors, base types */
+        const bool mtp = l >= n_layer;
+        const bool recr = !mtp && (l + 1) % q->interval != 0, mb = !mtp && use_more_bits(l, n_layer);
 #define T(suffix) (snprintf(n, sizeof n, "blk.%d." suffix, l), n)
 #define ADD(suffix, nd, a, b, c, mean, std, more, ml) \
     do { if (!st) st = q35_add(&pl, T(suffix), nd, a, b, c, mean, std, more, ml, err); } while (0)
@@ -127,7 +132,7 @@ hm_status hm_synth_plan_q35(const hm_synth_q35 *q, int32_t n_layer, const hm_syn
             ADD("ssm_norm.weight", 1, q->d_v, 1, 1, 1, N, false, false);
             ADD("ssm_out.weight", 2, vdim, E, 1, 0, W, false, false);
         } else {
-            const bool mv = use_more_bits(ia++, n_attn);
+            const bool mv = !mtp && use_more_bits(ia++, n_attn);
             ADD("attn_q.weight", 2, E, 2 * Q, 1, 0, W, false, false);
             ADD("attn_k.weight", 2, E, KV, 1, 0, W, false, false);
             ADD("attn_v.weight", 2, E, KV, 1, 0, W, true, mv);
@@ -144,6 +149,12 @@ hm_status hm_synth_plan_q35(const hm_synth_q35 *q, int32_t n_layer, const hm_syn
         ADD("ffn_gate_shexp.weight", 2, E, q->n_ff_sh, 1, 0, W, false, false);
         ADD("ffn_up_shexp.weight", 2, E, q->n_ff_sh, 1, 0, W, false, false);
         ADD("ffn_down_shexp.weight", 2, q->n_ff_sh, E, 1, 0, W, true, mb);
+        if (mtp) { /* llama.cpp's converter: mtp.fc, pre_fc_norm_embedding / _hidden, norm */
+            ADD("nextn.eh_proj.weight", 2, 2 * E, E, 1, 0, W, false, false);
+            ADD("nextn.enorm.weight", 1, E, 1, 1, 1, N, false, false);
+            ADD("nextn.hnorm.weight", 1, E, 1, 1, 1, N, false, false);
+            ADD("nextn.shared_head_norm.weight", 1, E, 1, 1, 1, N, false, false);
+        }
 #undef ADD
 #undef T
     }
@@ -158,7 +169,8 @@ hm_status hm_synth_plan_q35(const hm_synth_q35 *q, int32_t n_layer, const hm_syn
     return HM_OK;
 }
 
-hm_status hm_synth_meta_q35(hm_gguf_writer *w, const hm_synth_q35 *q, int32_t n_layer, const hm_synth_mix *m) {
+hm_status hm_synth_meta_q35(hm_gguf_writer *w, const hm_synth_q35 *q, int32_t n_layer, int32_t n_nextn,
+                            const hm_synth_mix *m) {
     const hm_synth_preset *p = &q->base;
     hm_status st = HM_OK;
     char key[96];
@@ -167,7 +179,8 @@ hm_status hm_synth_meta_q35(hm_gguf_writer *w, const hm_synth_q35 *q, int32_t n_
     SET(hm_gguf_writer_set_str(w, "general.architecture", q->arch));
     SET(hm_gguf_writer_set_str(w, "general.type", "model"));
     SET(hm_gguf_writer_set_str(w, "general.name", p->model_name));
-    SET(hm_gguf_writer_set_u32(w, A("block_count"), (uint32_t)n_layer));
+    SET(hm_gguf_writer_set_u32(w, A("block_count"), (uint32_t)(n_layer + n_nextn)));
+    if (n_nextn) SET(hm_gguf_writer_set_u32(w, A("nextn_predict_layers"), (uint32_t)n_nextn));
     SET(hm_gguf_writer_set_u32(w, A("context_length"), (uint32_t)p->n_ctx));
     SET(hm_gguf_writer_set_u32(w, A("embedding_length"), (uint32_t)p->n_embd));
     SET(hm_gguf_writer_set_u32(w, A("attention.head_count"), (uint32_t)p->n_head));
