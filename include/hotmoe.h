@@ -290,6 +290,57 @@ void hm_spec_get_stats(const hm_spec *sp, hm_spec_stats *st);
 
 /* ==== end of speculative decoding ======================================================== */
 
+/* ==== The prompt-processing model (engine/ppmodel.c; docs/ENGINE.md) ====================== */
+
+/* A long prompt prefilled by a cheaper copy of the model (the same model at another quantisation)
+ * writing the session's own state - KV cache, qwen35moe's recurrent state, DeepSeek-V4's compressed
+ * state - in the main model's format, then the main model decodes from it with nothing recomputed.
+ * The prefill's routing (counts per unit, step by step) is fed to the main model's expert store as
+ * if the main model had routed it, so its policy warms the VRAM tier while the copy still runs, and
+ * the units the prompt used are read ahead in RAM (madvise) on the mmap path. */
+typedef struct hm_pp_opts {
+    hm_model *model;     /* the prompt-processing copy (borrowed; its own hm_model, not the session's);
+                            NULL detaches */
+    int32_t min_tokens;  /* hm_session_prefill: prompts of at least this many tokens go through it (8192) */
+    int32_t refresh;     /* hm_session_prefill: the last N prompt tokens are evaluated by the main model
+                            instead (0): the cache's tail and the first token's logits are its own */
+    bool no_warm;        /* do not feed the prefill's routing to the main model's store */
+} hm_pp_opts;
+
+void hm_pp_opts_default(hm_pp_opts *o); /* model NULL, min_tokens 8192, refresh 0, warm */
+
+/* pp is the same model as m at another quantisation: the same architecture, every "<arch>.*" hparam
+ * key and every "tokenizer.*" key equal (vocabulary, merges, special ids, template), the same tensor
+ * names and shapes (types may differ), and the same bytes in every 1-D tensor stored at the same type
+ * in both (norms and biases stay f32 at every quantisation: another model of the same shapes differs
+ * there). HM_ERR_ARG naming the first difference otherwise. */
+hm_status hm_model_check_same(const hm_model *m, const hm_model *pp, hm_err *err);
+
+/* Attach o->model to s (checked with hm_model_check_same; the two must run on the same kind of
+ * state: both on the CPU, else HM_ERR_UNSUPPORTED saying so). o NULL or o->model NULL detaches. */
+hm_status hm_session_set_pp(hm_session *s, const hm_pp_opts *o, hm_err *err);
+/* hm_session_eval's contract (last-token logits only), evaluated by the attached copy into s's state:
+ * s holds the n positions afterwards exactly as if its own model had written them (in the copy's
+ * numbers). HM_ERR_ARG without an attached copy. */
+hm_status hm_session_eval_pp(hm_session *s, const int32_t *tokens, int32_t n, const float **logits, hm_err *err);
+/* A prompt: with a copy attached and n >= min_tokens, tokens[0 .. n - refresh) through the copy
+ * (hm_session_eval_pp) and the rest through the main model; else hm_session_eval (last logits). */
+hm_status hm_session_prefill(hm_session *s, const int32_t *tokens, int32_t n, const float **logits, hm_err *err);
+
+typedef struct hm_pp_stats {
+    uint64_t prefills_pp;     /* hm_session_prefill calls the copy took */
+    uint64_t prefills_main;   /* ... the main model took alone (shorter than min_tokens) */
+    uint64_t tokens_pp;       /* tokens the copy evaluated (hm_session_eval_pp) */
+    uint64_t tokens_refresh;  /* prompt tokens the main model evaluated after the copy (refresh) */
+    uint64_t routes_warm;     /* routed (token, unit) selections fed to the main model's store */
+    uint64_t units_advised;   /* units read ahead in the main model's mapping (madvise WILLNEED) */
+    double t_pp_s, t_refresh_s; /* time in the copy's evals and in the refresh evals */
+    bool last_pp;             /* the last hm_session_prefill went through the copy */
+} hm_pp_stats;
+void hm_session_pp_stats(const hm_session *s, hm_pp_stats *out);
+
+/* ==== end of the prompt-processing model ================================================= */
+
 
 
 /* ==== Expert store of a model: usage, placement, profiles, traces (engine/ + experts/) ===== */

@@ -14,6 +14,8 @@
 #include <unistd.h>
 
 #include "core/alloc.h"
+#include "core/timer.h"
+#include "engine/pp.h"
 #include "engine/spec.h"
 #include "model/model.h"
 
@@ -29,6 +31,7 @@ struct hm_session {
     float *logits_last; /* [n_vocab] */
     float *logits_all;  /* [cap_all, n_vocab] */
     int32_t cap_all;
+    hm_pp *pp;          /* the prompt-processing copy attached (hm_session_set_pp), owned; NULL: none */
 };
 
 static const char *const kv_names[HM_KV_TYPE_COUNT] = {"f16", "f32", "q8_0", "q4_0", "bf16"};
@@ -143,6 +146,7 @@ fail:
 void hm_session_close(hm_session *s) {
     if (!s) return;
     if (s->state) s->model->arch->state_close(s->state);
+    hm_pp_close(s->pp);
     pool_release(s);
     hm_free_aligned(s->pos);
     hm_free_aligned(s->rows);
@@ -151,8 +155,10 @@ void hm_session_close(hm_session *s) {
     free(s);
 }
 
-hm_status hm_session_eval(hm_session *s, const int32_t *tokens, int32_t n, bool logits_all,
-                          const float **logits, hm_err *err) {
+/* The evaluation of hm_session_eval with the forward passes of fm: s's own model, or the attached
+ * prompt-processing copy (then each step of the copy's store is handed over to s's model's, pp.h). */
+static hm_status eval_with(hm_session *s, hm_model *fm, const int32_t *tokens, int32_t n, bool logits_all,
+                           const float **logits, hm_err *err) {
     if (logits) *logits = NULL;
     const int32_t n_vocab = s->model->info.n_vocab;
     if (n <= 0) return hm_errf(err, HM_ERR_ARG, "eval: %d tokens (need at least 1)", n);
@@ -177,6 +183,13 @@ hm_status hm_session_eval(hm_session *s, const int32_t *tokens, int32_t n, bool 
     if (atomic_exchange(&s->model->busy, 1))
         return hm_errf(err, HM_ERR_ARG, "eval: another session of this model is evaluating (sessions of one model "
                        "share its expert store: evaluate them one at a time)");
+    if (fm != s->model) {
+        if (atomic_exchange(&fm->busy, 1)) {
+            atomic_store(&s->model->busy, 0);
+            return hm_errf(err, HM_ERR_ARG, "eval: another session is evaluating the prompt-processing model");
+        }
+        hm_pp_begin(s->pp);
+    }
     for (int32_t i0 = 0; i0 < n; i0 += s->n_ubatch) {
         int32_t nb = n - i0 < s->n_ubatch ? n - i0 : s->n_ubatch;
         for (int32_t j = 0; j < nb; j++) s->pos[j] = s->n_past + j;
@@ -190,27 +203,87 @@ hm_status hm_session_eval(hm_session *s, const int32_t *tokens, int32_t n, bool 
             b.n_out = 1;
             b.logits = s->logits_last;
         }
-        hm_status st = s->model->arch->forward(s->model, s->state, s->pool, &b, err);
+        hm_status st = fm->arch->forward(fm, s->state, s->pool, &b, err);
         if (st != HM_OK) {
+            if (fm != s->model) atomic_store(&fm->busy, 0);
             atomic_store(&s->model->busy, 0);
             return st;
         }
         s->n_past += nb;
-        if (s->model->experts) {
+        if (fm->experts) {
             /* the step boundary: the policy may move units now, never inside a layer. A tier error
              * leaves units in RAM and the logits are good, so it is a warning, not a failure. */
             hm_err serr;
-            if (hm_experts_step_end(s->model->experts, nb, n > 1, &serr) != HM_OK)
-                hm_log_printf(&s->model->log, HM_LOG_WARN, "expert store: %s", serr.msg);
-            hm_model_experts_tick(s->model, nb);
+            if (hm_experts_step_end(fm->experts, nb, n > 1, &serr) != HM_OK)
+                hm_log_printf(&fm->log, HM_LOG_WARN, "expert store: %s", serr.msg);
+            hm_model_experts_tick(fm, nb);
             /* the SSD tier after the VRAM store: exclusivity, then its RAM policy */
-            if (s->model->ram && hm_ram_tier_step_end(s->model->ram, nb, n > 1, &serr) != HM_OK)
-                hm_log_printf(&s->model->log, HM_LOG_WARN, "RAM tier: %s", serr.msg);
+            if (fm->ram && hm_ram_tier_step_end(fm->ram, nb, n > 1, &serr) != HM_OK)
+                hm_log_printf(&fm->log, HM_LOG_WARN, "RAM tier: %s", serr.msg);
         }
+        if (fm != s->model) hm_pp_step(s->pp, s->model, nb); /* the main store sees the step */
     }
+    if (fm != s->model) atomic_store(&fm->busy, 0);
     atomic_store(&s->model->busy, 0);
     if (logits) *logits = logits_all ? s->logits_all : s->logits_last;
     return HM_OK;
+}
+
+hm_status hm_session_eval(hm_session *s, const int32_t *tokens, int32_t n, bool logits_all,
+                          const float **logits, hm_err *err) {
+    return eval_with(s, s->model, tokens, n, logits_all, logits, err);
+}
+
+/* ---- the prompt-processing copy (pp.h, ppmodel.c) ---- */
+
+hm_status hm_session_set_pp(hm_session *s, const hm_pp_opts *o, hm_err *err) {
+    hm_pp *p = NULL;
+    if (o && o->model) {
+        hm_status st = hm_pp_open(&p, s->model, o, s->n_ubatch, err);
+        if (st != HM_OK) return st;
+    }
+    hm_pp_close(s->pp);
+    s->pp = p;
+    return HM_OK;
+}
+
+hm_status hm_session_eval_pp(hm_session *s, const int32_t *tokens, int32_t n, const float **logits, hm_err *err) {
+    if (logits) *logits = NULL;
+    if (!s->pp) return hm_errf(err, HM_ERR_ARG, "eval: no prompt-processing model is attached to the session");
+    const int64_t t0 = hm_time_us();
+    hm_status st = eval_with(s, hm_pp_model(s->pp), tokens, n, false, logits, err);
+    hm_pp_stats *ps = hm_pp_stats_of(s->pp);
+    ps->t_pp_s += (double)(hm_time_us() - t0) * 1e-6;
+    if (st == HM_OK) ps->tokens_pp += (uint64_t)n;
+    return st;
+}
+
+hm_status hm_session_prefill(hm_session *s, const int32_t *tokens, int32_t n, const float **logits, hm_err *err) {
+    if (!s->pp) return hm_session_eval(s, tokens, n, false, logits, err);
+    const hm_pp_opts *o = hm_pp_get_opts(s->pp);
+    hm_pp_stats *ps = hm_pp_stats_of(s->pp);
+    const int32_t n_pp = n >= o->min_tokens ? n - (o->refresh < n ? o->refresh : n) : 0;
+    ps->last_pp = n_pp > 0;
+    if (n_pp == 0) {
+        ps->prefills_main++;
+        return hm_session_eval(s, tokens, n, false, logits, err);
+    }
+    ps->prefills_pp++;
+    if (n > s->n_ctx - s->n_past) /* checked before the copy writes anything */
+        return hm_errf(err, HM_ERR_ARG, "eval: %d tokens do not fit the context (%d of %d positions used)", n,
+                       s->n_past, s->n_ctx);
+    hm_status st = hm_session_eval_pp(s, tokens, n_pp, logits, err);
+    if (st != HM_OK || n_pp == n) return st;
+    const int64_t t0 = hm_time_us();
+    st = hm_session_eval(s, tokens + n_pp, n - n_pp, false, logits, err);
+    ps->t_refresh_s += (double)(hm_time_us() - t0) * 1e-6;
+    if (st == HM_OK) ps->tokens_refresh += (uint64_t)(n - n_pp);
+    return st;
+}
+
+void hm_session_pp_stats(const hm_session *s, hm_pp_stats *out) {
+    if (s->pp) *out = *hm_pp_stats_of(s->pp);
+    else memset(out, 0, sizeof *out);
 }
 
 /* Arguments of one sequence of a batched eval (as hm_session_eval checks them). */
