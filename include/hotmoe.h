@@ -305,6 +305,7 @@ typedef struct hm_pp_opts {
     int32_t refresh;     /* hm_session_prefill: the last N prompt tokens are evaluated by the main model
                             instead (0): the cache's tail and the first token's logits are its own */
     bool no_warm;        /* do not feed the prefill's routing to the main model's store */
+    bool copy_state;     /* hand over by copying (below) even where the state could be shared (tests) */
 } hm_pp_opts;
 
 void hm_pp_opts_default(hm_pp_opts *o); /* model NULL, min_tokens 8192, refresh 0, warm */
@@ -316,8 +317,11 @@ void hm_pp_opts_default(hm_pp_opts *o); /* model NULL, min_tokens 8192, refresh 
  * there). HM_ERR_ARG naming the first difference otherwise. */
 hm_status hm_model_check_same(const hm_model *m, const hm_model *pp, hm_err *err);
 
-/* Attach o->model to s (checked with hm_model_check_same; the two must run on the same kind of
- * state: both on the CPU, else HM_ERR_UNSUPPORTED saying so). o NULL or o->model NULL detaches. */
+/* Attach o->model to s (checked with hm_model_check_same). o NULL or o->model NULL detaches. Both
+ * models on the CPU: the copy's passes run on s's own state (nothing copied). Either on a GPU: the
+ * copy evaluates in a session of its own (its placement: KV cache and activations there too) and
+ * the positions it wrote are copied into s's state after each hm_session_eval_pp (device to host to
+ * device; s's earlier positions are copied into it first when s changed since). */
 hm_status hm_session_set_pp(hm_session *s, const hm_pp_opts *o, hm_err *err);
 /* hm_session_eval's contract (last-token logits only), evaluated by the attached copy into s's state:
  * s holds the n positions afterwards exactly as if its own model had written them (in the copy's

@@ -16,6 +16,9 @@
  *  - hm_session_prefill: below min_tokens the main model alone (stats say so), at or above the
  *    copy, with refresh R the last R tokens by the main model (= eval_pp of the head + main eval of
  *    the tail, byte for byte);
+ *  - the copy hand-over (hm_pp_opts.copy_state: the copy's own session, its new positions copied
+ *    into the main session's state, as with a GPU placement) equals the shared state byte for byte,
+ *    through chunks with a main-model eval between them;
  *  - refusals: another seed (same shapes: the norms differ), another depth, the model object itself.
  */
 #include <stdint.h>
@@ -234,6 +237,34 @@ static void arch_case(const char *arch, const char *t_main, const char *t_pp) {
     }
     hm_session_close(r1);
     hm_session_close(r2);
+
+    /* the copy hand-over (a session of the copy's own, its state copied over: what a GPU placement
+     * uses) against the shared state, byte for byte, through chunks interleaved with the main model */
+    hm_session *sh = open_session(m), *cp = open_session(m);
+    if (sh && cp && attach(sh, q4, 1, 0) == HM_OK) {
+        hm_pp_opts o;
+        hm_pp_opts_default(&o);
+        o.model = q4;
+        o.copy_state = true;
+        CHECK(hm_session_set_pp(cp, &o, &err) == HM_OK);
+        hm_session *both[2] = {sh, cp};
+        for (int k = 0; k < 2; k++) {
+            hm_session *t = both[k];
+            CHECK(hm_session_eval_pp(t, tok, 16, &lg, &err) == HM_OK);
+            CHECK(hm_session_eval_pp(t, tok + 16, 8, &lg, &err) == HM_OK);
+            CHECK(hm_session_eval(t, tok + 24, 6, false, &lg, &err) == HM_OK); /* the main model in between */
+            CHECKF(hm_session_eval_pp(t, tok + 30, NP - 30, &lg, &err) == HM_OK, "%s", err.msg);
+            decode(t, dec, k ? lc : lb, V);
+        }
+        CHECKF(!memcmp(lb, lc, nb), "%s: the copy hand-over differs from the shared state", arch);
+        hm_pp_stats st;
+        hm_session_pp_stats(cp, &st);
+        CHECK(st.tokens_pp == NP - 6 && st.routes_warm > 0);
+    } else {
+        CHECK(0);
+    }
+    hm_session_close(sh);
+    hm_session_close(cp);
 
     /* refusals, each naming what differs */
     hm_session *x = open_session(m);

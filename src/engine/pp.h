@@ -14,6 +14,9 @@ typedef struct hm_pp hm_pp;
 hm_status hm_pp_open(hm_pp **out, hm_model *main, const hm_pp_opts *o, int32_t n_ubatch, hm_err *err);
 void hm_pp_close(hm_pp *p); /* NULL is a no-op */
 hm_model *hm_pp_model(const hm_pp *p);
+/* The copy evaluates in a session of its own whose state is copied over (a GPU placement, or
+ * hm_pp_opts.copy_state); false: on the main session's state itself. */
+bool hm_pp_copies(const hm_pp *p);
 const hm_pp_opts *hm_pp_get_opts(const hm_pp *p);
 hm_pp_stats *hm_pp_stats_of(hm_pp *p);
 

@@ -8,7 +8,8 @@
  * from the weights' types. Two files with the same tensor names and shapes and the same hparams
  * therefore describe the same state, and the copy's forward writes it exactly where and how the
  * main model's would. With a GPU placement the state lives on the device chain of one model's
- * placement, so that case is refused (a copy between the two chains is not written yet).
+ * placement (its weights' devices, its decode graph): there the copy runs in a session of its own
+ * and exec's hm_exec_state_copy moves the positions it wrote into the main session's state.
  *
  * Warm hand-over: after each of the copy's steps the per-unit count deltas of its store are
  * replayed into the main model's store (hm_experts_record per layer, then one prompt step_end): the
@@ -26,6 +27,7 @@
 
 struct hm_pp {
     hm_pp_opts o;
+    bool copies;               /* hm_pp_copies */
     int32_t n_layer, n_expert; /* the store's geometry (the largest layer's experts) */
     uint64_t *prev;            /* [n_layer * n_expert] the copy's counts at the last step */
     uint8_t *advised;          /* [n_layer * n_expert] read ahead in main's mapping already */
@@ -183,13 +185,10 @@ hm_status hm_pp_open(hm_pp **out, hm_model *main, const hm_pp_opts *o, int32_t n
     if (pp->arch != main->arch || !pp->xm || !main->xm)
         return hm_errf(err, HM_ERR_UNSUPPORTED, "prompt-processing model: architecture %s has no layer description "
                        "to share a session's state through", main->arch->name);
-    if (main->gpu || pp->gpu)
-        return hm_errf(err, HM_ERR_UNSUPPORTED, "prompt-processing model: the %s model has a GPU placement; the "
-                       "hand-over of a device KV cache is not written yet (run both on the CPU)",
-                       main->gpu ? "main" : "prompt-processing");
     hm_pp *p = calloc(1, sizeof *p);
     if (!p) return hm_errf(err, HM_ERR_NOMEM, "prompt-processing model: out of memory");
     p->o = *o;
+    p->copies = o->copy_state || main->gpu || pp->gpu;
     if (main->experts && pp->experts) {
         const hm_units *u = &main->units;
         p->n_layer = u->n_layer;
@@ -218,6 +217,7 @@ void hm_pp_close(hm_pp *p) {
 }
 
 hm_model *hm_pp_model(const hm_pp *p) { return p->o.model; }
+bool hm_pp_copies(const hm_pp *p) { return p->copies; }
 const hm_pp_opts *hm_pp_get_opts(const hm_pp *p) { return &p->o; }
 hm_pp_stats *hm_pp_stats_of(hm_pp *p) { return &p->st; }
 

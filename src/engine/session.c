@@ -17,6 +17,7 @@
 #include "core/timer.h"
 #include "engine/pp.h"
 #include "engine/spec.h"
+#include "exec/exec.h"
 #include "model/model.h"
 
 struct hm_session {
@@ -26,12 +27,17 @@ struct hm_session {
     bool pool_borrowed; /* another session's pool (hm_session_borrow_pool): neither closed nor counted */
     void *state;      /* owned, by model->arch */
     int32_t n_ctx, n_ubatch, n_past, n_threads;
+    hm_kv_type kv_type;
     int32_t *pos;     /* [n_ubatch] */
     int32_t *rows;    /* [n_ubatch] = 0, 1, ... */
     float *logits_last; /* [n_vocab] */
     float *logits_all;  /* [cap_all, n_vocab] */
     int32_t cap_all;
     hm_pp *pp;          /* the prompt-processing copy attached (hm_session_set_pp), owned; NULL: none */
+    hm_session *pp_sess; /* hm_pp_copies: the copy's own session, owned (NULL otherwise) */
+    int32_t pp_synced;  /* pp_sess holds s's positions [0, pp_synced) exactly; -1: unknown */
+    hm_pp *warm_pp;     /* a copy's session: whose hand-over its steps feed (borrowed), and into which */
+    hm_model *warm_to;  /* main model's store; NULL both for any other session */
 };
 
 static const char *const kv_names[HM_KV_TYPE_COUNT] = {"f16", "f32", "q8_0", "q4_0", "bf16"};
@@ -124,6 +130,7 @@ hm_status hm_session_open(hm_session **out, hm_model *m, const hm_session_opts *
     s->n_ctx = o.n_ctx;
     s->n_ubatch = o.n_ubatch;
     s->n_threads = o.n_threads;
+    s->kv_type = o.kv_type;
     hm_status st = pool_acquire(s, err);
     if (st != HM_OK) goto fail;
     hm_state_opts so = {.n_ctx = o.n_ctx, .n_ubatch = o.n_ubatch, .n_threads = o.n_threads, .kv_type = o.kv_type};
@@ -146,6 +153,7 @@ fail:
 void hm_session_close(hm_session *s) {
     if (!s) return;
     if (s->state) s->model->arch->state_close(s->state);
+    hm_session_close(s->pp_sess);
     hm_pp_close(s->pp);
     pool_release(s);
     hm_free_aligned(s->pos);
@@ -188,8 +196,12 @@ static hm_status eval_with(hm_session *s, hm_model *fm, const int32_t *tokens, i
             atomic_store(&s->model->busy, 0);
             return hm_errf(err, HM_ERR_ARG, "eval: another session is evaluating the prompt-processing model");
         }
-        hm_pp_begin(s->pp);
     }
+    /* the warm hand-over: the copy's steps into the main model's store (on s's state, or from its own session) */
+    hm_pp *wp = fm != s->model ? s->pp : s->warm_pp;
+    hm_model *wm = fm != s->model ? s->model : s->warm_to;
+    if (wp) hm_pp_begin(wp);
+    s->pp_synced = -1; /* s's state changes: a copy's session no longer holds what it holds */
     for (int32_t i0 = 0; i0 < n; i0 += s->n_ubatch) {
         int32_t nb = n - i0 < s->n_ubatch ? n - i0 : s->n_ubatch;
         for (int32_t j = 0; j < nb; j++) s->pos[j] = s->n_past + j;
@@ -221,7 +233,7 @@ static hm_status eval_with(hm_session *s, hm_model *fm, const int32_t *tokens, i
             if (fm->ram && hm_ram_tier_step_end(fm->ram, nb, n > 1, &serr) != HM_OK)
                 hm_log_printf(&fm->log, HM_LOG_WARN, "RAM tier: %s", serr.msg);
         }
-        if (fm != s->model) hm_pp_step(s->pp, s->model, nb); /* the main store sees the step */
+        if (wp) hm_pp_step(wp, wm, nb); /* the main store sees the step */
     }
     if (fm != s->model) atomic_store(&fm->busy, 0);
     atomic_store(&s->model->busy, 0);
@@ -238,12 +250,58 @@ hm_status hm_session_eval(hm_session *s, const int32_t *tokens, int32_t n, bool 
 
 hm_status hm_session_set_pp(hm_session *s, const hm_pp_opts *o, hm_err *err) {
     hm_pp *p = NULL;
+    hm_session *ps = NULL;
     if (o && o->model) {
         hm_status st = hm_pp_open(&p, s->model, o, s->n_ubatch, err);
-        if (st != HM_OK) return st;
+        if (st == HM_OK && hm_pp_copies(p)) { /* the copy's own session, with s's options */
+            hm_session_opts so = {.n_ctx = s->n_ctx, .n_threads = s->n_threads, .n_ubatch = s->n_ubatch,
+                                  .kv_type = s->kv_type};
+            if ((st = hm_session_open(&ps, o->model, &so, err)) == HM_OK) {
+                hm_session_borrow_pool(ps, s);
+                ps->warm_pp = p;
+                ps->warm_to = s->model;
+            }
+        }
+        if (st != HM_OK) {
+            hm_pp_close(p);
+            return st;
+        }
     }
+    hm_session_close(s->pp_sess);
     hm_pp_close(s->pp);
     s->pp = p;
+    s->pp_sess = ps;
+    s->pp_synced = -1;
+    return HM_OK;
+}
+
+/* The copy in its own session: bring it to s's positions (unless it holds them already), evaluate
+ * there, copy the new positions into s's state. */
+static hm_status eval_pp_copy(hm_session *s, const int32_t *tokens, int32_t n, const float **logits, hm_err *err) {
+    hm_session *ps = s->pp_sess;
+    hm_status st;
+    if (n > s->n_ctx - s->n_past)
+        return hm_errf(err, HM_ERR_ARG, "eval: %d tokens do not fit the context (%d of %d positions used)", n,
+                       s->n_past, s->n_ctx);
+    if (s->pp_synced != s->n_past || ps->n_past != s->n_past) {
+        hm_session_reset(ps);
+        if (s->n_past > 0 && (st = hm_exec_state_copy(ps->state, s->state, 0, s->n_past, err)) != HM_OK) return st;
+        ps->n_past = s->n_past;
+    }
+    const float *lg = NULL;
+    if ((st = hm_session_eval(ps, tokens, n, false, &lg, err)) != HM_OK) {
+        ps->n_past = 0;
+        s->pp_synced = -1;
+        return st;
+    }
+    if ((st = hm_exec_state_copy(s->state, ps->state, s->n_past, s->n_past + n, err)) != HM_OK) {
+        s->pp_synced = -1;
+        return st;
+    }
+    s->n_past += n;
+    s->pp_synced = s->n_past;
+    memcpy(s->logits_last, lg, (size_t)s->model->info.n_vocab * sizeof(float));
+    if (logits) *logits = s->logits_last;
     return HM_OK;
 }
 
@@ -251,7 +309,8 @@ hm_status hm_session_eval_pp(hm_session *s, const int32_t *tokens, int32_t n, co
     if (logits) *logits = NULL;
     if (!s->pp) return hm_errf(err, HM_ERR_ARG, "eval: no prompt-processing model is attached to the session");
     const int64_t t0 = hm_time_us();
-    hm_status st = eval_with(s, hm_pp_model(s->pp), tokens, n, false, logits, err);
+    hm_status st = s->pp_sess ? eval_pp_copy(s, tokens, n, logits, err)
+                              : eval_with(s, hm_pp_model(s->pp), tokens, n, false, logits, err);
     hm_pp_stats *ps = hm_pp_stats_of(s->pp);
     ps->t_pp_s += (double)(hm_time_us() - t0) * 1e-6;
     if (st == HM_OK) ps->tokens_pp += (uint64_t)n;
@@ -369,6 +428,7 @@ hm_status hm_batch_eval(hm_session *const *sessions, const int32_t *const *token
         for (int k = 0, o = 0; k < ns; k++) {
             hm_session *si = sessions[idx[k]];
             si->n_past += take[k];
+            si->pp_synced = -1;
             done[idx[k]] += take[k];
             if (seqs[k].b.n_out)
                 memcpy(si->logits_last, s0->logits_all + (size_t)o++ * (size_t)n_vocab, (size_t)n_vocab * sizeof(float));
@@ -395,6 +455,7 @@ int32_t hm_session_n_threads(const hm_session *s) { return s->n_threads; }
 void hm_session_reset(hm_session *s) {
     s->model->arch->state_trim(s->state, 0, NULL);
     s->n_past = 0;
+    s->pp_synced = -1;
 }
 
 hm_status hm_session_trim(hm_session *s, int32_t n_keep, hm_err *err) {
@@ -402,6 +463,7 @@ hm_status hm_session_trim(hm_session *s, int32_t n_keep, hm_err *err) {
         return hm_errf(err, HM_ERR_ARG, "trim: n_keep %d outside [0, %d]", n_keep, s->n_past);
     hm_status st = s->model->arch->state_trim(s->state, n_keep, err);
     if (st == HM_OK) s->n_past = n_keep;
+    s->pp_synced = -1;
     return st;
 }
 
