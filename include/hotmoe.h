@@ -59,6 +59,11 @@ typedef struct hm_model_opts {
     float rope_scale;
     int32_t yarn_orig_ctx;
     const hm_placement_opts *placement; /* borrowed during open; NULL = count expert use only */
+    /* Another open model whose dense tensors this file may share (the prompt-processing copy's
+     * main model): every non-expert tensor with the same name, type, shape and bytes in both is
+     * bound to share_dense's mapping, so its pages are in memory once (the file's own copy was read
+     * once to compare, then dropped). Borrowed: it must outlive this model. NULL = none. */
+    const hm_model *share_dense;
 } hm_model_opts;
 
 /* Fills o with the defaults. */
@@ -89,6 +94,8 @@ typedef struct hm_model_info {
     bool add_bos;         /* tokenizer.ggml.add_bos_token (false when absent) */
     uint64_t n_params;    /* elements of all tensors */
     uint64_t file_bytes;
+    uint64_t shared_bytes; /* tensor bytes bound to hm_model_opts.share_dense's mapping */
+    int32_t shared_tensors;
 } hm_model_info;
 
 /* Borrowed; valid until hm_model_close. */

@@ -9,8 +9,9 @@
  *    only) gives logits byte-identical to a plain session of the q4_0 model, so the copy wrote the
  *    main session's state exactly as its own session would have (the independent reference is the
  *    q4_0 model's own session);
- *  - decode after a q4_0 hand-over: deterministic (two sessions agree byte for byte), and not the
- *    main model's own logits (the comparison can fail);
+ *  - decode after a q4_0 hand-over: deterministic (two sessions agree byte for byte, the second
+ *    with a copy opened with share_dense: its dense tensors equal to the main model's bound to the
+ *    main model's mapping), and not the main model's own logits (the comparison can fail);
  *  - warm hand-over: the main model's store counts, per unit, exactly the routing the copy's store
  *    counted for the prompt (counts, not ids);
  *  - hm_session_prefill: below min_tokens the main model alone (stats say so), at or above the
@@ -187,9 +188,24 @@ static void arch_case(const char *arch, const char *t_main, const char *t_pp) {
         hm_model_close(m2);
     }
 
-    /* decode after a q4_0 hand-over: deterministic, and not the main model's own */
+    /* decode after a q4_0 hand-over: deterministic, and not the main model's own; the second run's
+     * copy holds its dense tensors that equal the main model's in the main model's mapping */
+    hm_model *q4s = NULL;
+    {
+        hm_model_opts mo;
+        hm_model_opts_default(&mo);
+        mo.share_dense = m;
+        CHECKF(hm_model_open(&q4s, p4, &mo, &err) == HM_OK, "open shared: %s", err.msg);
+        if (q4s) {
+            const hm_model_info *in = hm_model_get_info(q4s);
+            CHECKF(in->shared_tensors > 0 && in->shared_bytes > 0 && in->shared_bytes < in->file_bytes,
+                   "%s: %d tensors shared", arch, in->shared_tensors);
+            fprintf(stderr, "  (the q4_0 copy shares %d tensors, %llu bytes)\n", in->shared_tensors,
+                    (unsigned long long)in->shared_bytes);
+        }
+    }
     hm_session *d1 = open_session(m), *d2 = open_session(m);
-    if (d1 && d2 && attach(d1, q4, 1, 0) == HM_OK && attach(d2, q4, 1, 0) == HM_OK) {
+    if (d1 && d2 && q4s && attach(d1, q4, 1, 0) == HM_OK && attach(d2, q4s, 1, 0) == HM_OK) {
         CHECK(hm_session_prefill(d1, tok, NP, &lg, &err) == HM_OK);
         decode(d1, dec, lb, V);
         CHECK(hm_session_prefill(d2, tok, NP, &lg, &err) == HM_OK);
@@ -201,6 +217,7 @@ static void arch_case(const char *arch, const char *t_main, const char *t_pp) {
     }
     hm_session_close(d1);
     hm_session_close(d2);
+    hm_model_close(q4s);
 
     /* min tokens and refresh */
     hm_session *r1 = open_session(m), *r2 = open_session(m);

@@ -52,8 +52,9 @@ static inline int cli_pp_arg(cli_pp *p, const char *cmd, int argc, char **argv, 
 }
 
 /* Open the copy (no --prompt-processing-model: nothing, 0) with e's placement and RoPE flags,
- * --prompt-processing-gpu-moe as its --n-cpu-moe. 0 ok, 1 printed. */
-static inline int cli_pp_open_model(cli_pp *p, const cli_engine *e) {
+ * --prompt-processing-gpu-moe as its --n-cpu-moe, sharing main's identical dense tensors (main must
+ * outlive it: cli_pp_close first). 0 ok, 1 printed. */
+static inline int cli_pp_open_model(cli_pp *p, const cli_engine *e, const hm_model *main) {
     if (!p->init) hm_pp_opts_default(&p->o), p->gpu_moe = -1, p->init = true;
     if (!p->path) return 0;
     hm_placement_opts po;
@@ -68,11 +69,16 @@ static inline int cli_pp_open_model(cli_pp *p, const cli_engine *e) {
     mo.rope_scaling = e->rope_scaling;
     mo.rope_scale = e->rope_scale;
     mo.yarn_orig_ctx = e->yarn_orig_ctx;
+    mo.share_dense = main;
     hm_err err;
     if (hm_model_open(&p->model, p->path, &mo, &err) != HM_OK) {
         fprintf(stderr, "hotmoe %s: prompt-processing model: %s\n", e->cmd, err.msg);
         return 1;
     }
+    const hm_model_info *in = hm_model_get_info(p->model);
+    fprintf(stderr, "hotmoe %s: prompt-processing model %s: %d tensors (%.2f MiB) identical to the main model's, "
+                    "held once; %.2f MiB of its own\n", e->cmd, p->path, in->shared_tensors,
+            (double)in->shared_bytes / 1048576.0, (double)(in->file_bytes - in->shared_bytes) / 1048576.0);
     p->o.model = p->model;
     return 0;
 }

@@ -247,7 +247,7 @@ int hm_cmd_bench(int argc, char **argv) {
     }
     hm_model *m = cli_open_model(&e);
     hm_session *s = m ? cli_open_session(&e, m, e.n_ctx ? e.n_ctx : need) : NULL;
-    if (!s || cli_pp_open_model(&ppo, &e) || cli_pp_attach(&ppo, e.cmd, s)) {
+    if (!s || cli_pp_open_model(&ppo, &e, m) || cli_pp_attach(&ppo, e.cmd, s)) {
         hm_session_close(s);
         cli_pp_close(&ppo);
         hm_model_close(m);

@@ -291,7 +291,7 @@ int hm_cmd_run(int argc, char **argv) {
         goto done;
     }
     if (!(r.m = cli_open_model(&e)) || !(r.s = cli_open_session(&e, r.m, e.n_ctx))) goto done;
-    if (cli_pp_open_model(&pp, &e) || cli_pp_attach(&pp, e.cmd, r.s)) goto done;
+    if (cli_pp_open_model(&pp, &e, r.m) || cli_pp_attach(&pp, e.cmd, r.s)) goto done;
     if (hm_sampler_open(&r.smp, hm_model_n_vocab(r.m), &so, &err) != HM_OK ||
         hm_detok_open(&r.dt, r.tk, false, &err) != HM_OK) {
         fprintf(stderr, "hotmoe run: %s\n", err.msg);

@@ -651,6 +651,7 @@ hm_status hm_server_open(hm_server **out, const hm_server_opts *opts, hm_err *er
     if ((st = hm_model_open(&s->model, s->model_path, &mo, err)) != HM_OK) goto fail;
     if (s->o.pp_model_path) {
         mo.placement = &ppo;
+        mo.share_dense = s->model; /* identical dense tensors held once (closed before it) */
         if ((st = hm_model_open(&s->pp_model, s->o.pp_model_path, &mo, err)) != HM_OK) goto fail;
     }
     if (s->o.trace_out && (st = hm_model_trace_out(s->model, s->o.trace_out, err)) != HM_OK) goto fail;
