@@ -304,7 +304,8 @@ void hm_spec_get_stats(const hm_spec *sp, hm_spec_stats *st);
  * state - in the main model's format, then the main model decodes from it with nothing recomputed.
  * The prefill's routing (counts per unit, step by step) is fed to the main model's expert store as
  * if the main model had routed it, so its policy warms the VRAM tier while the copy still runs, and
- * the units the prompt used are read ahead in RAM (madvise) on the mmap path. */
+ * the units the prompt used are read ahead in RAM (madvise) on the mmap path, or its most routed
+ * units read into the SSD tier's RAM (--ram-budget) when the copy's run ends. */
 typedef struct hm_pp_opts {
     hm_model *model;     /* the prompt-processing copy (borrowed; its own hm_model, not the session's);
                             NULL detaches */
@@ -345,6 +346,7 @@ typedef struct hm_pp_stats {
     uint64_t tokens_refresh;  /* prompt tokens the main model evaluated after the copy (refresh) */
     uint64_t routes_warm;     /* routed (token, unit) selections fed to the main model's store */
     uint64_t units_advised;   /* units read ahead in the main model's mapping (madvise WILLNEED) */
+    uint64_t units_prefetched; /* units read into the main model's SSD tier's RAM after the copy's run */
     double t_pp_s, t_refresh_s; /* time in the copy's evals and in the refresh evals */
     bool last_pp;             /* the last hm_session_prefill went through the copy */
 } hm_pp_stats;

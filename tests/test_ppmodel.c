@@ -20,6 +20,8 @@
  *  - the copy hand-over (hm_pp_opts.copy_state: the copy's own session, its new positions copied
  *    into the main session's state, as with a GPU placement) equals the shared state byte for byte,
  *    through chunks with a main-model eval between them;
+ *  - the SSD tier (--ram-budget): the warm hand-over reads the prompt's most routed units into RAM,
+ *    so decode misses fewer, with byte-identical logits;
  *  - refusals: another seed (same shapes: the norms differ), another depth, the model object itself.
  */
 #include <stdint.h>
@@ -328,9 +330,88 @@ out:
     unlink(p4);
 }
 
+/* The SSD tier (--ram-budget below the experts): after the copy's prefill its most routed units are
+ * read into the main model's RAM tier (warm), and decode reads fewer units on demand than after the
+ * same prefill without the warm hand-over, with byte-identical logits. */
+static void ram_tier_case(void) {
+    fprintf(stderr, "--- qwen3moe: the SSD tier warmed\n");
+    char p8[256], p4[256];
+    if (synth("qwen3moe", "q8_0", 3, 0, p8, sizeof p8) || synth("qwen3moe", "q4_0", 3, 0, p4, sizeof p4)) return;
+    float *out[2] = {NULL, NULL};
+    uint64_t reads_after_prefill[2] = {0, 0}, miss_decode[2] = {0, 0}, pref[2] = {0, 0};
+    for (int warm = 0; warm < 2; warm++) {
+        hm_model *probe = open_model(p8);
+        if (!probe) break;
+        hm_usage u;
+        hm_err err = {{0}};
+        CHECK(hm_model_usage(probe, &u, &err) == HM_OK);
+        const int64_t budget = (int64_t)(u.unit_bytes * (uint64_t)u.n_layer * (uint64_t)u.n_expert / 2);
+        hm_usage_free(&u);
+        hm_model_close(probe);
+        hm_placement_opts po;
+        hm_placement_opts_default(&po);
+        po.ram_budget = budget;
+        po.io_pread = true;
+        hm_model_opts mo;
+        hm_model_opts_default(&mo);
+        mo.placement = &po;
+        hm_model *m = NULL, *q = open_model(p4);
+        CHECKF(hm_model_open(&m, p8, &mo, &err) == HM_OK, "open with --ram-budget: %s", err.msg);
+        hm_session *s = m && q ? open_session(m) : NULL;
+        if (!s) {
+            hm_model_close(m);
+            hm_model_close(q);
+            break;
+        }
+        const int32_t nv = hm_model_n_vocab(m);
+        int32_t tok[NP], dec[ND];
+        for (int i = 0; i < NP; i++) tok[i] = 2 + (i * 37 + 11) % (nv - 4);
+        for (int i = 0; i < ND; i++) dec[i] = 3 + (i * 53 + 7) % (nv - 4);
+        hm_pp_opts o;
+        hm_pp_opts_default(&o);
+        o.model = q;
+        o.min_tokens = 1;
+        o.no_warm = !warm;
+        CHECK(hm_session_set_pp(s, &o, &err) == HM_OK);
+        const float *lg;
+        CHECK(hm_session_prefill(s, tok, NP, &lg, &err) == HM_OK);
+        hm_pp_stats st;
+        hm_session_pp_stats(s, &st);
+        pref[warm] = st.units_prefetched;
+        /* let the background reads land, then count */
+        CHECK(hm_model_usage(m, &u, &err) == HM_OK);
+        reads_after_prefill[warm] = u.ssd_reads;
+        const uint64_t acq0 = u.ram_acquired, hit0 = u.ram_hits;
+        hm_usage_free(&u);
+        out[warm] = malloc((size_t)ND * (size_t)nv * sizeof(float));
+        if (out[warm]) decode(s, dec, out[warm], nv);
+        CHECK(hm_model_usage(m, &u, &err) == HM_OK);
+        miss_decode[warm] = (u.ram_acquired - acq0) - (u.ram_hits - hit0);
+        hm_usage_free(&u);
+        if (out[0] && out[1])
+            CHECKF(!memcmp(out[0], out[1], (size_t)ND * (size_t)nv * sizeof(float)),
+                   "the warm SSD tier changed the logits");
+        hm_session_close(s);
+        hm_model_close(q);
+        hm_model_close(m);
+    }
+    fprintf(stderr, "  prefetched %llu units; reads after the prefill %llu (cold) vs %llu (warm); decode misses %llu vs "
+            "%llu\n", (unsigned long long)pref[1], (unsigned long long)reads_after_prefill[0],
+            (unsigned long long)reads_after_prefill[1], (unsigned long long)miss_decode[0],
+            (unsigned long long)miss_decode[1]);
+    CHECK(pref[0] == 0 && pref[1] > 0);
+    CHECK(reads_after_prefill[1] > reads_after_prefill[0]);
+    CHECK(miss_decode[1] < miss_decode[0]);
+    free(out[0]);
+    free(out[1]);
+    unlink(p8);
+    unlink(p4);
+}
+
 int main(void) {
     arch_case("qwen3moe", "q8_0", "q4_0");
     arch_case("qwen35moe", "f32", "q8_0");
     arch_case("deepseek4", "q8_0", "q4_0");
+    ram_tier_case();
     return test_done();
 }

@@ -27,5 +27,8 @@ void hm_pp_begin(hm_pp *p);
  * tier's copier while the copy goes on), and the units routed for the first time read ahead in
  * main's mapping. A tier error is a warning in main's log, as a step's is. */
 void hm_pp_step(hm_pp *p, hm_model *main, int32_t n_tok);
+/* After a run of the copy's steps: with main's SSD tier (--ram-budget), the run's most routed units
+ * of each layer are read into RAM in the background (staging, spread over the layers). */
+void hm_pp_end(hm_pp *p, hm_model *main);
 
 #endif

@@ -30,6 +30,7 @@ struct hm_pp {
     bool copies;               /* hm_pp_copies */
     int32_t n_layer, n_expert; /* the store's geometry (the largest layer's experts) */
     uint64_t *prev;            /* [n_layer * n_expert] the copy's counts at the last step */
+    uint64_t *tot;             /* [n_layer * n_expert] the routing of the current run of the copy */
     uint8_t *advised;          /* [n_layer * n_expert] read ahead in main's mapping already */
     int32_t *ids;              /* [cap] one layer's replayed ids */
     int32_t cap;
@@ -197,9 +198,10 @@ hm_status hm_pp_open(hm_pp **out, hm_model *main, const hm_pp_opts *o, int32_t n
         const size_t nu = (size_t)p->n_layer * (size_t)p->n_expert;
         p->cap = n_ubatch * (u->n_expert_used > 0 ? u->n_expert_used : 1);
         p->prev = calloc(nu, sizeof *p->prev);
+        p->tot = calloc(nu, sizeof *p->tot);
         p->advised = calloc(nu, 1);
         p->ids = malloc((size_t)p->cap * sizeof *p->ids);
-        if (!p->prev || !p->advised || !p->ids) {
+        if (!p->prev || !p->tot || !p->advised || !p->ids) {
             hm_pp_close(p);
             return hm_errf(err, HM_ERR_NOMEM, "prompt-processing model: out of memory");
         }
@@ -211,6 +213,7 @@ hm_status hm_pp_open(hm_pp **out, hm_model *main, const hm_pp_opts *o, int32_t n
 void hm_pp_close(hm_pp *p) {
     if (!p) return;
     free(p->prev);
+    free(p->tot);
     free(p->advised);
     free(p->ids);
     free(p);
@@ -228,6 +231,33 @@ void hm_pp_begin(hm_pp *p) {
     for (int32_t l = 0; l < p->n_layer; l++)
         for (int32_t x = 0; x < u->layers[l].n_expert; x++)
             p->prev[(size_t)l * (size_t)p->n_expert + (size_t)x] = hm_experts_unit(e, l, x)->count;
+    memset(p->tot, 0, (size_t)p->n_layer * (size_t)p->n_expert * sizeof *p->tot);
+}
+
+void hm_pp_end(hm_pp *p, hm_model *main) {
+    if (p->o.no_warm || !p->prev || !main->ram || !main->experts) return;
+    /* the SSD tier: each layer's most routed units of the run read into staging now, in the
+     * background (the tier's prefetch: skips units in VRAM or RAM already), as many as staging
+     * holds spread over the layers; the first decode steps then find them in RAM */
+    hm_ram_tier_stats rs;
+    hm_ram_tier_get_stats(main->ram, &rs);
+    int32_t per = p->n_layer > 0 ? rs.n_stage / p->n_layer : 0;
+    if (per < 1) per = 1;
+    if (per > p->cap) per = p->cap;
+    for (int32_t l = 0; l < p->n_layer; l++) {
+        uint64_t *t = p->tot + (size_t)l * (size_t)p->n_expert;
+        int32_t n = 0;
+        for (; n < per; n++) { /* selection of the top `per` by count (small: a few per layer) */
+            int32_t best = -1;
+            for (int32_t x = 0; x < p->n_expert; x++)
+                if (t[x] && (best < 0 || t[x] > t[best])) best = x;
+            if (best < 0) break;
+            p->ids[n] = best;
+            t[best] = 0;
+        }
+        if (n) hm_ram_tier_prefetch(main->ram, l, p->ids, n);
+        p->st.units_prefetched += (uint64_t)n;
+    }
 }
 
 /* Read unit (l, x) of main's mapping ahead: its parts' pages, page-aligned. */
@@ -254,6 +284,7 @@ void hm_pp_step(hm_pp *p, hm_model *main, int32_t n_tok) {
             uint64_t d = c - p->prev[ui];
             p->prev[ui] = c;
             if (!d) continue;
+            p->tot[ui] += d;
             p->st.routes_warm += d;
             if (!main->ram && !p->advised[ui]) {
                 advise(main, l, x);

@@ -235,6 +235,7 @@ static hm_status eval_with(hm_session *s, hm_model *fm, const int32_t *tokens, i
         }
         if (wp) hm_pp_step(wp, wm, nb); /* the main store sees the step */
     }
+    if (wp) hm_pp_end(wp, wm);
     if (fm != s->model) atomic_store(&fm->busy, 0);
     atomic_store(&s->model->busy, 0);
     if (logits) *logits = logits_all ? s->logits_all : s->logits_last;
