@@ -8,13 +8,23 @@
  * perplexity on the same continuations. A benchmark program: it prints, it asserts nothing.
  *
  * usage: bench_ppmodel MAIN.gguf COPY.gguf TEXT [-p P] [-c C] [-w WINDOWS] [-t THREADS]
- *                      [--refresh N[,N...]]     (defaults: P 256, C 256, 8 windows, refresh 0,16,64) */
+ *                      [--refresh N[,N...]]     (defaults: P 256, C 256, 8 windows, refresh 0,16,64)
+ *        bench_ppmodel --requant TYPE IN.gguf OUT.gguf
+ *                      the copy to measure: every quantised (not f32) tensor of 2+ dimensions of IN
+ *                      dequantised and quantised again to TYPE (ggml's name: q4_0, q2_K, ...; llama.cpp's fallback
+ *                      where a row is not whole blocks of it: Q2_K -> Q4_0, ...), 1-D tensors and
+ *                      every key as they are. Requantised from IN's values (e.g. Q8_0), not from
+ *                      the original float weights: a slightly worse copy than llama-quantize makes
+ *                      from f16. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "gguf/gguf.h"
 #include "hotmoe.h"
+#include "quant/quant.h"
+#include "synth/synth_impl.h"
 
 #define MAX_REFRESH 8
 
@@ -73,7 +83,152 @@ static int window_logits(hm_session *s, const int32_t *prompt, int32_t P, const 
     return 0;
 }
 
+/* Value i of g (or an array element a, when a != NULL) as a writer value; nested arrays and string
+ * arrays need storage: *keep collects it (freed by the caller after the set_value). */
+typedef struct keep_list {
+    void **p;
+    int n, cap;
+} keep_list;
+
+static void *keep(keep_list *k, size_t bytes) {
+    if (k->n == k->cap) {
+        k->cap = k->cap ? 2 * k->cap : 16;
+        k->p = realloc(k->p, (size_t)k->cap * sizeof *k->p);
+    }
+    return k->p[k->n++] = calloc(1, bytes ? bytes : 1);
+}
+
+static int arr_value(const hm_gguf_arr *a, hm_gguf_value *v, keep_list *k) {
+    v->type = HM_GGUF_ARRAY;
+    v->arr.elem_type = a->elem_type;
+    v->arr.n = a->n;
+    if (hm_gguf_vtype_size(a->elem_type)) {
+        v->arr.data = a->data;
+        return 0;
+    }
+    if (a->elem_type == HM_GGUF_STRING) {
+        hm_gguf_str *ss = keep(k, (size_t)a->n * sizeof *ss);
+        for (uint64_t i = 0; i < a->n; i++)
+            if (!hm_gguf_arr_str(a, i, &ss[i])) return -1;
+        v->arr.data = ss;
+        return 0;
+    }
+    hm_gguf_value *vs = keep(k, (size_t)a->n * sizeof *vs);
+    for (uint64_t i = 0; i < a->n; i++) {
+        hm_gguf_arr sub;
+        if (!hm_gguf_arr_arr(a, i, &sub) || arr_value(&sub, &vs[i], k)) return -1;
+    }
+    v->arr.data = vs;
+    return 0;
+}
+
+static int kv_value(const hm_gguf *g, int64_t i, hm_gguf_value *v, keep_list *k) {
+    memset(v, 0, sizeof *v);
+    v->type = hm_gguf_kv_type(g, i);
+    switch (v->type) {
+    case HM_GGUF_STRING: return hm_gguf_kv_str(g, i, &v->str) ? 0 : -1;
+    case HM_GGUF_ARRAY: {
+        hm_gguf_arr a;
+        return hm_gguf_kv_arr(g, i, &a) ? arr_value(&a, v, k) : -1;
+    }
+    case HM_GGUF_F32:
+    case HM_GGUF_F64: return hm_gguf_kv_float(g, i, &v->f) ? 0 : -1;
+    case HM_GGUF_I8:
+    case HM_GGUF_I16:
+    case HM_GGUF_I32:
+    case HM_GGUF_I64: return hm_gguf_kv_int(g, i, &v->i) ? 0 : -1;
+    default: {
+        int64_t x;
+        if (!hm_gguf_kv_int(g, i, &x)) return -1;
+        v->u = (uint64_t)x;
+        return 0;
+    }
+    }
+}
+
+static int requant(const char *type_name, const char *in, const char *out) {
+    const int type = hm_type_from_name(type_name);
+    const hm_type_traits *tt = type >= 0 ? hm_type_get(type) : NULL;
+    if (!tt || !tt->from_float_ref) {
+        fprintf(stderr, "bench_ppmodel: --requant: '%s' is not a type we can quantise to\n", type_name);
+        return 2;
+    }
+    hm_err err = {{0}};
+    hm_gguf *g = NULL;
+    hm_gguf_writer *w = NULL;
+    keep_list k = {0};
+    int rc = 1;
+    if (hm_gguf_open(&g, in, &err) != HM_OK || hm_gguf_writer_open(&w, out, 0, &err) != HM_OK) goto done;
+    for (int64_t i = 0; i < hm_gguf_n_kv(g); i++) {
+        const char *key = hm_gguf_key(g, i);
+        /* the writer records its own alignment; the file type (a llama.cpp mix id) no longer holds */
+        if (!strcmp(key, "general.alignment") || !strcmp(key, "general.file_type")) continue;
+        hm_gguf_value v;
+        if (kv_value(g, i, &v, &k)) {
+            fprintf(stderr, "bench_ppmodel: --requant: cannot read key %s\n", key);
+            goto done;
+        }
+        if (hm_gguf_writer_set_value(w, key, &v) != HM_OK) goto done;
+    }
+    const int64_t nt = hm_gguf_n_tensors(g);
+    int *types = calloc((size_t)nt, sizeof *types);
+    if (!types) goto done;
+    for (int64_t i = 0; i < nt; i++) {
+        const hm_gguf_tensor *t = hm_gguf_tensor_at(g, i);
+        /* the quantised matrices only: f32 ones (routers, as llama-quantize leaves ffn_gate_inp) stay */
+        types[i] = t->n_dims >= 2 && t->type != HM_TYPE_F32 && hm_type_get(t->type) && hm_type_get(t->type)->to_float_ref
+                       ? hm_synth_type_fallback(type, t->ne[0]) : t->type;
+        if (types[i] != t->type && t->ne[0] % hm_type_get(types[i])->blck_size) types[i] = t->type;
+        if (hm_gguf_writer_add_tensor(w, t->name, types[i], t->n_dims, t->ne) != HM_OK) {
+            free(types);
+            goto done;
+        }
+    }
+    if (hm_gguf_writer_begin_data(w) != HM_OK) {
+        free(types);
+        goto done;
+    }
+    for (int64_t i = 0; i < nt; i++) {
+        const hm_gguf_tensor *t = hm_gguf_tensor_at(g, i);
+        if (types[i] == t->type) {
+            if (hm_gguf_writer_write(w, t->data, t->nbytes) != HM_OK) break;
+            continue;
+        }
+        const int64_t ne0 = t->ne[0], rows = t->ne[1] * t->ne[2] * t->ne[3];
+        const hm_type_traits *st = hm_type_get(t->type), *dt = hm_type_get(types[i]);
+        const size_t in_row = (size_t)(ne0 / st->blck_size) * st->type_size;
+        const size_t out_row = (size_t)(ne0 / dt->blck_size) * dt->type_size;
+        float *f = malloc((size_t)ne0 * sizeof *f);
+        void *q = malloc(out_row);
+        hm_status ws = HM_OK;
+        for (int64_t r = 0; f && q && ws == HM_OK && r < rows; r++) {
+            st->to_float_ref((const char *)t->data + (size_t)r * in_row, f, ne0);
+            dt->from_float_ref(f, q, ne0);
+            ws = hm_gguf_writer_write(w, q, out_row);
+        }
+        free(f);
+        free(q);
+        if (ws != HM_OK) break;
+    }
+    free(types);
+    if (hm_gguf_writer_finish(w) != HM_OK) {
+        w = NULL;
+        goto done;
+    }
+    w = NULL;
+    fprintf(stderr, "bench_ppmodel: wrote %s (%s from %s)\n", out, type_name, in);
+    rc = 0;
+done:
+    if (rc) fprintf(stderr, "bench_ppmodel: --requant: %s\n", err.msg);
+    if (w) hm_gguf_writer_abort(w);
+    for (int i = 0; i < k.n; i++) free(k.p[i]);
+    free(k.p);
+    hm_gguf_close(g);
+    return rc;
+}
+
 int main(int argc, char **argv) {
+    if (argc == 5 && !strcmp(argv[1], "--requant")) return requant(argv[2], argv[3], argv[4]);
     if (argc < 4) {
         fprintf(stderr, "usage: bench_ppmodel MAIN.gguf COPY.gguf TEXT [-p P] [-c C] [-w WINDOWS] [-t THREADS] "
                         "[--refresh N,N,...]\n");
