@@ -46,6 +46,7 @@ check "q4_0 copy" test "$(code "$EXE" run -m "$tmp/q8_0.gguf" -f "$tmp/p.txt" -n
     --prompt-processing-model "$tmp/q4_0.gguf" --prompt-processing-min-tokens 8)" = 0
 cp "$tmp/out" "$tmp/q4a"
 check "q4_0 copy: prefilled by it" grep -q "prefill: prompt-processing model" "$tmp/err"
+check "q4_0 copy: the norms held once" grep -Eq "prompt-processing model .*q4_0.gguf: [1-9][0-9]* tensors \([0-9.]+ MiB\) identical to the main model's, held once" "$tmp/err"
 check "q4_0 copy again" test "$(code "$EXE" run -m "$tmp/q8_0.gguf" -f "$tmp/p.txt" -n 40 --temp 0 -t 1 \
     --prompt-processing-model "$tmp/q4_0.gguf" --prompt-processing-min-tokens 8)" = 0
 check "q4_0 copy: deterministic (and across thread counts)" cmp -s "$tmp/q4a" "$tmp/out"
