@@ -347,6 +347,8 @@ typedef struct hm_pp_stats {
     uint64_t routes_warm;     /* routed (token, unit) selections fed to the main model's store */
     uint64_t units_advised;   /* units read ahead in the main model's mapping (madvise WILLNEED) */
     uint64_t units_prefetched; /* units read into the main model's SSD tier's RAM after the copy's run */
+    uint64_t replans;         /* the main model's VRAM residency re-planned from the counts (half-way
+                                 through a long run of the copy, and at its end) */
     double t_pp_s, t_refresh_s; /* time in the copy's evals and in the refresh evals */
     bool last_pp;             /* the last hm_session_prefill went through the copy */
 } hm_pp_stats;

@@ -49,8 +49,10 @@ static hm_model *open_at(const char *path, int where) {
     return m;
 }
 
-/* prefill tok through the copy (pp NULL: the main model), then ND decode steps; logits to out. */
-static int run(hm_model *m, hm_model *pp, const int32_t *tok, const int32_t *dec, float *out, int32_t V) {
+/* prefill tok through the copy (pp NULL: the main model), then ND decode steps; logits to out. ps
+ * (may be NULL): the hand-over's stats; used_after: VRAM slots in use right after the prefill. */
+static int run_x(hm_model *m, hm_model *pp, bool warm, const int32_t *tok, const int32_t *dec, float *out, int32_t V,
+                 hm_pp_stats *ps, int64_t *used_after) {
     hm_session_opts so;
     hm_session_opts_default(&so);
     so.n_ctx = 128;
@@ -65,9 +67,19 @@ static int run(hm_model *m, hm_model *pp, const int32_t *tok, const int32_t *dec
         hm_pp_opts_default(&o);
         o.model = pp;
         o.min_tokens = 1;
+        o.no_warm = !warm;
         if (hm_session_set_pp(s, &o, &err) != HM_OK) goto done;
     }
     if (hm_session_prefill(s, tok, NP, &lg, &err) != HM_OK) goto done;
+    if (ps) hm_session_pp_stats(s, ps);
+    if (used_after) {
+        hm_usage u;
+        *used_after = -1;
+        if (hm_model_usage(m, &u, &err) == HM_OK) {
+            *used_after = u.vram_slots_used;
+            hm_usage_free(&u);
+        }
+    }
     for (int i = 0; i < ND; i++) {
         if (hm_session_eval(s, &dec[i], 1, false, &lg, &err) != HM_OK) goto done;
         memcpy(out + (size_t)i * (size_t)V, lg, (size_t)V * sizeof(float));
@@ -77,6 +89,10 @@ done:
     if (rc) fprintf(stderr, "run: %s\n", err.msg);
     hm_session_close(s);
     return rc;
+}
+
+static int run(hm_model *m, hm_model *pp, const int32_t *tok, const int32_t *dec, float *out, int32_t V) {
+    return run_x(m, pp, true, tok, dec, out, V, NULL, NULL);
 }
 
 static double rel_diff(const float *a, const float *b, size_t n) {
@@ -135,10 +151,24 @@ static void pair_case(const char *label, const char *main_path, const char *pp_p
         CHECKF(d <= BOUND, "%s: %s: %.3g", label, cases[k].what, d);
         CHECKF(same_argmax(got, ref, V), "%s: %s: another argmax", label, cases[k].what);
     }
-    /* warm hand-over into a VRAM budget: the main store counted the prompt, its slots hold units */
+    /* warm hand-over into a VRAM budget: the main store counted the prompt, the residency was
+     * re-planned from its counts and its slots hold units right after the prefill; without the warm
+     * hand-over none (an online store starts empty); the logits are the same either way */
     {
+        hm_model *mc2 = open_at(main_path, GPU_BUDGET);
+        int64_t used_cold = -1;
+        if (!mc2 || run_x(mc2, pg, false, tok, dec, alone, V, NULL, &used_cold) != 0) CHECK(0);
+        hm_model_close(mc2);
         hm_model *mb = open_at(main_path, GPU_BUDGET);
-        if (mb && run(mb, pg, tok, dec, got, V) == 0) {
+        hm_pp_stats ps;
+        int64_t used_warm = -1;
+        if (mb && run_x(mb, pg, true, tok, dec, got, V, &ps, &used_warm) == 0) {
+            fprintf(stderr, "  VRAM slots used after the prefill: %lld warm, %lld cold; %llu re-plans\n",
+                    (long long)used_warm, (long long)used_cold, (unsigned long long)ps.replans);
+            CHECKF(ps.replans >= 1 && used_warm > 0 && used_cold == 0, "%s: warm %lld, cold %lld slots used", label,
+                   (long long)used_warm, (long long)used_cold);
+            CHECKF(rel_diff(got, alone, n) <= BOUND && same_argmax(got, alone, V),
+                   "%s: the warm hand-over changed the logits beyond the bound", label);
             hm_usage u;
             hm_err err = {{0}};
             if (hm_model_usage(mb, &u, &err) == HM_OK) {

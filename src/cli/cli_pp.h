@@ -111,10 +111,11 @@ static inline void cli_pp_print(FILE *f, const char *cmd, const cli_pp *p, const
     }
     fprintf(f, "hotmoe %s: prefill: prompt-processing model %llu tokens in %.2f s (%.2f tok/s), main model refresh "
                "%llu tokens in %.2f s; %llu routed selections handed to the main model's expert store, %llu units "
-               "read ahead (%llu into the SSD tier's RAM)\n",
+               "read ahead (%llu into the SSD tier's RAM), %llu VRAM re-plans\n",
             cmd, (unsigned long long)st.tokens_pp, st.t_pp_s, st.t_pp_s > 0 ? (double)st.tokens_pp / st.t_pp_s : 0.0,
             (unsigned long long)st.tokens_refresh, st.t_refresh_s, (unsigned long long)st.routes_warm,
-            (unsigned long long)st.units_advised, (unsigned long long)st.units_prefetched);
+            (unsigned long long)st.units_advised, (unsigned long long)st.units_prefetched,
+            (unsigned long long)st.replans);
 }
 
 #endif

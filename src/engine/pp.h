@@ -27,8 +27,14 @@ void hm_pp_begin(hm_pp *p);
  * tier's copier while the copy goes on), and the units routed for the first time read ahead in
  * main's mapping. A tier error is a warning in main's log, as a step's is. */
 void hm_pp_step(hm_pp *p, hm_model *main, int32_t n_tok);
-/* After a run of the copy's steps: with main's SSD tier (--ram-budget), the run's most routed units
- * of each layer are read into RAM in the background (staging, spread over the layers). */
+/* Between the copy's steps, done of total tokens evaluated: with VRAM slots and an adaptive policy
+ * (online, lru, elite), the residency is re-planned from the counts once half-way through a run of
+ * at least 4 steps (so the prompt's hot set is copied up while the copy computes the rest): a
+ * switch to static (its placement from the live counts, or from the store's profile) and back. */
+void hm_pp_progress(hm_pp *p, hm_model *main, int32_t done, int32_t total, int32_t n_ubatch);
+/* After a run of the copy's steps: the residency re-planned as hm_pp_progress does (again: the second
+ * half's counts too); with main's SSD tier (--ram-budget), the run's most routed units of each
+ * layer are read into RAM in the background (staging, spread over the layers). */
 void hm_pp_end(hm_pp *p, hm_model *main);
 
 #endif

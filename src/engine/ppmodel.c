@@ -28,6 +28,7 @@
 struct hm_pp {
     hm_pp_opts o;
     bool copies;               /* hm_pp_copies */
+    bool half_done;            /* this run's half-way re-plan happened */
     int32_t n_layer, n_expert; /* the store's geometry (the largest layer's experts) */
     uint64_t *prev;            /* [n_layer * n_expert] the copy's counts at the last step */
     uint64_t *tot;             /* [n_layer * n_expert] the routing of the current run of the copy */
@@ -232,10 +233,34 @@ void hm_pp_begin(hm_pp *p) {
         for (int32_t x = 0; x < u->layers[l].n_expert; x++)
             p->prev[(size_t)l * (size_t)p->n_expert + (size_t)x] = hm_experts_unit(e, l, x)->count;
     memset(p->tot, 0, (size_t)p->n_layer * (size_t)p->n_expert * sizeof *p->tot);
+    p->half_done = false;
+}
+
+/* The VRAM residency of main's store placed from its counts now (static's ranking), then the policy
+ * in force again (online and lru keep the residents): fills start on the tier's copier thread. */
+static void replan(hm_pp *p, hm_model *main) {
+    hm_experts *e = main->experts;
+    hm_experts_stats es;
+    hm_experts_get_stats(e, &es);
+    const hm_policy_kind k = hm_experts_policy(e);
+    if (es.n_slots <= 0 || k == HM_POLICY_NONE || k == HM_POLICY_STATIC) return;
+    hm_err serr;
+    if (hm_experts_set_policy(e, HM_POLICY_STATIC, NULL, &serr) != HM_OK ||
+        hm_experts_set_policy(e, k, NULL, &serr) != HM_OK)
+        hm_log_printf(&main->log, HM_LOG_WARN, "expert store (prompt-processing hand-over): %s", serr.msg);
+    p->st.replans++;
+}
+
+void hm_pp_progress(hm_pp *p, hm_model *main, int32_t done, int32_t total, int32_t n_ubatch) {
+    if (p->o.no_warm || !p->prev || !main->experts || p->half_done || total < 4 * n_ubatch || 2 * done < total) return;
+    p->half_done = true;
+    replan(p, main);
 }
 
 void hm_pp_end(hm_pp *p, hm_model *main) {
-    if (p->o.no_warm || !p->prev || !main->ram || !main->experts) return;
+    if (p->o.no_warm || !p->prev || !main->experts) return;
+    replan(p, main);
+    if (!main->ram) return;
     /* the SSD tier: each layer's most routed units of the run read into staging now, in the
      * background (the tier's prefetch: skips units in VRAM or RAM already), as many as staging
      * holds spread over the layers; the first decode steps then find them in RAM */

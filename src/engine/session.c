@@ -233,7 +233,10 @@ static hm_status eval_with(hm_session *s, hm_model *fm, const int32_t *tokens, i
             if (fm->ram && hm_ram_tier_step_end(fm->ram, nb, n > 1, &serr) != HM_OK)
                 hm_log_printf(&fm->log, HM_LOG_WARN, "RAM tier: %s", serr.msg);
         }
-        if (wp) hm_pp_step(wp, wm, nb); /* the main store sees the step */
+        if (wp) { /* the main store sees the step; half-way, its VRAM residency is re-planned */
+            hm_pp_step(wp, wm, nb);
+            hm_pp_progress(wp, wm, i0 + nb, n, s->n_ubatch);
+        }
     }
     if (wp) hm_pp_end(wp, wm);
     if (fm != s->model) atomic_store(&fm->busy, 0);
