@@ -59,6 +59,11 @@ typedef struct hm_model_opts {
     float rope_scale;
     int32_t yarn_orig_ctx;
     const hm_placement_opts *placement; /* borrowed during open; NULL = count expert use only */
+    /* Another open model whose dense tensors this file may share (the prompt-processing copy's
+     * main model): every non-expert tensor with the same name, type, shape and bytes in both is
+     * bound to share_dense's mapping, so its pages are in memory once (the file's own copy was read
+     * once to compare, then dropped). Borrowed: it must outlive this model. NULL = none. */
+    const hm_model *share_dense;
 } hm_model_opts;
 
 /* Fills o with the defaults. */
@@ -89,6 +94,8 @@ typedef struct hm_model_info {
     bool add_bos;         /* tokenizer.ggml.add_bos_token (false when absent) */
     uint64_t n_params;    /* elements of all tensors */
     uint64_t file_bytes;
+    uint64_t shared_bytes; /* tensor bytes bound to hm_model_opts.share_dense's mapping */
+    int32_t shared_tensors;
 } hm_model_info;
 
 /* Borrowed; valid until hm_model_close. */
@@ -306,6 +313,65 @@ typedef struct hm_spec_stats {
 void hm_spec_get_stats(const hm_spec *sp, hm_spec_stats *st);
 
 /* ==== end of speculative decoding ======================================================== */
+
+/* ==== The prompt-processing model (engine/ppmodel.c; docs/ENGINE.md) ====================== */
+
+/* A long prompt prefilled by a cheaper copy of the model (the same model at another quantisation)
+ * writing the session's own state - KV cache, qwen35moe's recurrent state, DeepSeek-V4's compressed
+ * state - in the main model's format, then the main model decodes from it with nothing recomputed.
+ * The prefill's routing (counts per unit, step by step) is fed to the main model's expert store as
+ * if the main model had routed it, so its policy warms the VRAM tier while the copy still runs, and
+ * the units the prompt used are read ahead in RAM (madvise) on the mmap path, or its most routed
+ * units read into the SSD tier's RAM (--ram-budget) when the copy's run ends. */
+typedef struct hm_pp_opts {
+    hm_model *model;     /* the prompt-processing copy (borrowed; its own hm_model, not the session's);
+                            NULL detaches */
+    int32_t min_tokens;  /* hm_session_prefill: prompts of at least this many tokens go through it (8192) */
+    int32_t refresh;     /* hm_session_prefill: the last N prompt tokens are evaluated by the main model
+                            instead (0): the cache's tail and the first token's logits are its own */
+    bool no_warm;        /* do not feed the prefill's routing to the main model's store */
+    bool copy_state;     /* hand over by copying (below) even where the state could be shared (tests) */
+} hm_pp_opts;
+
+void hm_pp_opts_default(hm_pp_opts *o); /* model NULL, min_tokens 8192, refresh 0, warm */
+
+/* pp is the same model as m at another quantisation: the same architecture, every "<arch>.*" hparam
+ * key and every "tokenizer.*" key equal (vocabulary, merges, special ids, template), the same tensor
+ * names and shapes (types may differ), and the same bytes in every 1-D tensor stored at the same type
+ * in both (norms and biases stay f32 at every quantisation: another model of the same shapes differs
+ * there). HM_ERR_ARG naming the first difference otherwise. */
+hm_status hm_model_check_same(const hm_model *m, const hm_model *pp, hm_err *err);
+
+/* Attach o->model to s (checked with hm_model_check_same). o NULL or o->model NULL detaches. Both
+ * models on the CPU: the copy's passes run on s's own state (nothing copied). Either on a GPU: the
+ * copy evaluates in a session of its own (its placement: KV cache and activations there too) and
+ * the positions it wrote are copied into s's state after each hm_session_eval_pp (device to host to
+ * device; s's earlier positions are copied into it first when s changed since). */
+hm_status hm_session_set_pp(hm_session *s, const hm_pp_opts *o, hm_err *err);
+/* hm_session_eval's contract (last-token logits only), evaluated by the attached copy into s's state:
+ * s holds the n positions afterwards exactly as if its own model had written them (in the copy's
+ * numbers). HM_ERR_ARG without an attached copy. */
+hm_status hm_session_eval_pp(hm_session *s, const int32_t *tokens, int32_t n, const float **logits, hm_err *err);
+/* A prompt: with a copy attached and n >= min_tokens, tokens[0 .. n - refresh) through the copy
+ * (hm_session_eval_pp) and the rest through the main model; else hm_session_eval (last logits). */
+hm_status hm_session_prefill(hm_session *s, const int32_t *tokens, int32_t n, const float **logits, hm_err *err);
+
+typedef struct hm_pp_stats {
+    uint64_t prefills_pp;     /* hm_session_prefill calls the copy took */
+    uint64_t prefills_main;   /* ... the main model took alone (shorter than min_tokens) */
+    uint64_t tokens_pp;       /* tokens the copy evaluated (hm_session_eval_pp) */
+    uint64_t tokens_refresh;  /* prompt tokens the main model evaluated after the copy (refresh) */
+    uint64_t routes_warm;     /* routed (token, unit) selections fed to the main model's store */
+    uint64_t units_advised;   /* units read ahead in the main model's mapping (madvise WILLNEED) */
+    uint64_t units_prefetched; /* units read into the main model's SSD tier's RAM after the copy's run */
+    uint64_t replans;         /* the main model's VRAM residency re-planned from the counts (half-way
+                                 through a long run of the copy, and at its end) */
+    double t_pp_s, t_refresh_s; /* time in the copy's evals and in the refresh evals */
+    bool last_pp;             /* the last hm_session_prefill went through the copy */
+} hm_pp_stats;
+void hm_session_pp_stats(const hm_session *s, hm_pp_stats *out);
+
+/* ==== end of the prompt-processing model ================================================= */
 
 
 

@@ -124,6 +124,13 @@ typedef struct hm_server_opts {
     int32_t idle_timeout_s;    /* no byte either way for this long closes a connection while an
                                   answer is being sent [120] */
     bool verbose;              /* log requests to stderr */
+    /* The prompt-processing model (issue 25, hotmoe.h's hm_pp_*): a request whose prompt (after the
+     * cached prefix) has at least pp_min_tokens tokens is prefilled by this copy, its last
+     * pp_refresh tokens by the main model. NULL = none. */
+    const char *pp_model_path;
+    int32_t pp_min_tokens;     /* 0 = 8192 */
+    int32_t pp_refresh;        /* >= 0 */
+    int32_t pp_gpu_moe;        /* >= 0: the copy's --n-cpu-moe; < 0: the main model's placement */
 } hm_server_opts;
 
 void hm_server_opts_default(hm_server_opts *o);

@@ -6,11 +6,17 @@
  * +/- sample standard deviation over the repetitions. With the GPU, the expert hit rate of the tg
  * runs (routed units found in VRAM) is printed too. Needs no tokenizer, except for -f FILE: a greedy
  * generation of n tokens continuing FILE's text (prompt untimed), plain and, with --spec-type, with
- * speculation, side by side with the acceptance rate and whether the tokens were the same. */
+ * speculation, side by side with the acceptance rate and whether the tokens were the same. With
+ * --prompt-processing-model the pp test's prompt goes through hm_session_prefill (the copy when it is
+ * long enough); --e2e adds the end-to-end test of issue 25: reset, a prompt of -p random tokens, then
+ * -n greedy decode steps, timed as time to first token, decode rate (the first 100 steps and all)
+ * and total, once per repetition (run it with and without the copy in two processes: each starts
+ * its expert store cold). */
 #include <math.h>
 #include <sys/resource.h>
 #include <time.h>
 
+#include "cli_pp.h"
 #include "cli_spec.h"
 
 static void usage(FILE *f) {
@@ -24,7 +30,11 @@ static void usage(FILE *f) {
                "  --seed N               seed of the random token ids (default 1)\n"
                "  --json                 print one JSON object (pp_tok_s, tg_tok_s, ...)\n"
                "  -f, --file FILE        also a greedy generation of -n tokens continuing FILE's text\n"
-               "                         (plain, and with --spec-type: side by side)\n" CLI_SPEC_HELP CLI_ENGINE_HELP);
+               "                         (plain, and with --spec-type: side by side)\n"
+               "  --e2e                  also time prompt + greedy decode end to end (time to first token,\n"
+               "                         decode tok/s of the first 100 and of all -n steps, total)\n"
+               "  --e2e-only             --e2e without the pp and tg tests (long prompts: each pp run costs)\n" CLI_SPEC_HELP
+               CLI_PP_HELP CLI_ENGINE_HELP);
 }
 
 static void mean_std(const double *x, int n, double *mean, double *std) {
@@ -65,8 +75,8 @@ static double run_test(const hm_model *m, hm_session *s, const int32_t *ctx, int
     uint64_t h0 = 0, m0 = 0;
     if (cnt && cnt->on) cnt->on = usage_hm(m, &h0, &m0);
     double t0 = cli_now_s();
-    if (prompt) {
-        if (hm_session_eval(s, ids, n, false, &lg, &err) != HM_OK) goto fail;
+    if (prompt) { /* through the prompt-processing copy when one is attached and the prompt is long enough */
+        if (hm_session_prefill(s, ids, n, &lg, &err) != HM_OK) goto fail;
     } else {
         for (int32_t i = 0; i < n; i++)
             if (hm_session_eval(s, &ids[i], 1, false, &lg, &err) != HM_OK) goto fail;
@@ -120,11 +130,69 @@ fail:
     return -1;
 }
 
+/* --e2e: reset, prefill ids[0..np) (hm_session_prefill), then n greedy decode steps. Fills the
+ * times; -1 on failure (printed). */
+typedef struct e2e_times {
+    double ttft, dec100, dec, total; /* s to the first token; decode tok/s of the first 100 steps, all */
+    double hit100, hit;              /* the decode's VRAM hit rate, first 100 steps and all (-1: no count) */
+} e2e_times;
+
+static int argmax(const float *lg, int32_t n) {
+    int32_t b = 0;
+    for (int32_t i = 1; i < n; i++)
+        if (lg[i] > lg[b]) b = i;
+    return b;
+}
+
+static int e2e_test(hm_model *m, hm_session *s, const int32_t *ids, int32_t np, int32_t n, e2e_times *t) {
+    hm_err err;
+    const float *lg;
+    const int32_t nv = hm_model_n_vocab(m);
+    hm_session_reset(s);
+    const double t0 = cli_now_s();
+    if (hm_session_prefill(s, ids, np, &lg, &err) != HM_OK) goto fail;
+    int32_t tok = argmax(lg, nv);
+    const double t1 = cli_now_s();
+    double t100 = t1;
+    uint64_t h0 = 0, m0 = 0, h1 = 0, m1 = 0, h2 = 0, m2 = 0;
+    hm_usage us0;
+    bool cnt = hm_model_usage(m, &us0, NULL) == HM_OK;
+    if (cnt) {
+        cnt = us0.vram_slots > 0; /* a hit rate only where there is a VRAM tier */
+        hm_usage_free(&us0);
+    }
+    cnt = cnt && usage_hm(m, &h0, &m0);
+    h1 = h0, m1 = m0;
+    for (int32_t i = 0; i < n; i++) {
+        if (hm_session_eval(s, &tok, 1, false, &lg, &err) != HM_OK) goto fail;
+        tok = argmax(lg, nv);
+        if (i + 1 == 100) {
+            t100 = cli_now_s();
+            cnt = cnt && usage_hm(m, &h1, &m1);
+        }
+    }
+    const double t2 = cli_now_s();
+    cnt = cnt && usage_hm(m, &h2, &m2);
+    if (n < 100) h1 = h2, m1 = m2;
+    t->hit100 = cnt && h1 + m1 > h0 + m0 ? (double)(h1 - h0) / (double)(h1 + m1 - h0 - m0) : -1;
+    t->hit = cnt && h2 + m2 > h0 + m0 ? (double)(h2 - h0) / (double)(h2 + m2 - h0 - m0) : -1;
+    t->ttft = t1 - t0;
+    t->dec = n > 0 ? n / (t2 - t1) : 0;
+    t->dec100 = n >= 100 ? 100 / (t100 - t1) : t->dec;
+    t->total = t2 - t0;
+    return 0;
+fail:
+    fprintf(stderr, "hotmoe bench: e2e: %s\n", err.msg);
+    return -1;
+}
+
 int hm_cmd_bench(int argc, char **argv) {
     cli_engine e = {.cmd = "bench"};
     long n_prompt = 512, n_gen = 128, reps = 5, seed = 1, depth = 0;
     bool json = false;
     cli_spec spc = {0};
+    cli_pp ppo = {0};
+    bool e2e = false, e2e_only = false;
     hm_spec *gsp = NULL; /* -f with --spec-type */
     const char *gen_file = NULL;
     for (int i = 1; i < argc; i++) {
@@ -132,6 +200,8 @@ int hm_cmd_bench(int argc, char **argv) {
         if (r == CLI_ARG_NEXT) continue;
         if (r != CLI_ARG_OWN) return r;
         if ((r = cli_spec_arg(&spc, e.cmd, argc, argv, &i)) == CLI_ARG_NEXT) continue;
+        if (r != CLI_ARG_OWN) return r;
+        if ((r = cli_pp_arg(&ppo, e.cmd, argc, argv, &i)) == CLI_ARG_NEXT) continue;
         if (r != CLI_ARG_OWN) return r;
         const char *a = argv[i], *v;
         if (!strcmp(a, "-p") || !strcmp(a, "--n-prompt")) {
@@ -146,6 +216,10 @@ int hm_cmd_bench(int argc, char **argv) {
             if (!(v = cli_value(e.cmd, argc, argv, &i)) || cli_long(e.cmd, a, v, 0, 0x7fffffff, &seed)) return 2;
         } else if (!strcmp(a, "--json")) {
             json = true;
+        } else if (!strcmp(a, "--e2e")) {
+            e2e = true;
+        } else if (!strcmp(a, "--e2e-only")) {
+            e2e = e2e_only = true;
         } else if (!strcmp(a, "-f") || !strcmp(a, "--file")) {
             if (!(gen_file = cli_value(e.cmd, argc, argv, &i))) return 2;
         } else {
@@ -180,6 +254,12 @@ int hm_cmd_bench(int argc, char **argv) {
     }
     int32_t need = (int32_t)(depth + (n_prompt > n_gen ? n_prompt : n_gen));
     if (gen_file && (int32_t)gnp + (int32_t)n_gen + 1 > need) need = (int32_t)gnp + (int32_t)n_gen + 1;
+    if (e2e && (int32_t)(n_prompt + n_gen + 1) > need) need = (int32_t)(n_prompt + n_gen + 1);
+    if (e2e && n_prompt == 0) {
+        fprintf(stderr, "hotmoe bench: --e2e needs a prompt (-p N > 0)\n");
+        free(gprompt);
+        return 2;
+    }
     if (e.n_ctx && e.n_ctx < need) {
         fprintf(stderr, "hotmoe bench: -c %d is smaller than the test (%d tokens)\n", e.n_ctx, need);
         free(gprompt);
@@ -187,7 +267,9 @@ int hm_cmd_bench(int argc, char **argv) {
     }
     hm_model *m = cli_open_model(&e);
     hm_session *s = m ? cli_open_session(&e, m, e.n_ctx ? e.n_ctx : need) : NULL;
-    if (!s) {
+    if (!s || cli_pp_open_model(&ppo, &e, m) || cli_pp_attach(&ppo, e.cmd, s)) {
+        hm_session_close(s);
+        cli_pp_close(&ppo);
         hm_model_close(m);
         free(gprompt);
         return 1;
@@ -196,6 +278,7 @@ int hm_cmd_bench(int argc, char **argv) {
     int32_t *ids = malloc((size_t)need * sizeof *ids);
     double *pp = calloc((size_t)reps, sizeof *pp), *tg = calloc((size_t)reps, sizeof *tg);
     int rc = 1;
+    e2e_times *et = NULL; /* --e2e: one per repetition */
     if (!ids || !pp || !tg) goto done;
     uint64_t x = (uint64_t)seed * 0x9e3779b97f4a7c15ull + 1;
     for (int32_t i = 0; i < need; i++) {
@@ -215,7 +298,7 @@ int hm_cmd_bench(int argc, char **argv) {
         }
         if (!json) fprintf(stderr, "hotmoe bench: filled %d tokens of context in %.1f s\n", d, cli_now_s() - t0);
     }
-    if (n_prompt) {
+    if (n_prompt && !e2e_only) {
         if (run_test(m, s, ids, d, gen, (int32_t)n_prompt, true, NULL) < 0) goto done; /* warm-up */
         for (long r = 0; r < reps; r++)
             if ((pp[r] = run_test(m, s, ids, d, gen, (int32_t)n_prompt, true, NULL)) < 0) goto done;
@@ -224,13 +307,25 @@ int hm_cmd_bench(int argc, char **argv) {
     cli_tier_snap t0, t1;
     memset(&t1, 0, sizeof t1);
     tg_count cnt = {.on = true};
-    if (n_gen) {
+    if (n_gen && !e2e_only) {
         if (run_test(m, s, ids, d, gen, n_gen < 16 ? (int32_t)n_gen : 16, false, NULL) < 0) goto done; /* warm-up */
         cli_tier_get(m, &t0);
         for (long r = 0; r < reps; r++)
             if ((tg[r] = run_test(m, s, ids, d, gen, (int32_t)n_gen, false, &cnt)) < 0) goto done;
         mean_std(tg, (int)reps, &tm, &tsd);
         cli_tier_get(m, &t1);
+    }
+    /* --e2e: prompt + decode from a reset session, each repetition (no warm-up: the first is the cold one) */
+    if (e2e && !(et = calloc((size_t)reps, sizeof *et))) goto done;
+    for (long r = 0; e2e && r < reps; r++) {
+        if (e2e_test(m, s, ids, (int32_t)n_prompt, (int32_t)n_gen, &et[r])) goto done;
+        fprintf(stderr, "hotmoe bench: e2e run %ld: prompt %ld tokens, time to first token %.3f s, decode %ld tokens: "
+                        "%.2f tok/s (first 100: %.2f tok/s), total %.3f s", r + 1, n_prompt, et[r].ttft, n_gen, et[r].dec,
+                et[r].dec100, et[r].total);
+        if (et[r].hit >= 0)
+            fprintf(stderr, "; VRAM hit rate %.1f %% (first 100: %.1f %%)", 100.0 * et[r].hit, 100.0 * et[r].hit100);
+        fprintf(stderr, "\n");
+        if (ppo.model) cli_pp_print(stderr, "bench", &ppo, s, n_prompt);
     }
     /* -f: greedy generation after the file's text, plain then with speculation */
     double gpm = 0, gpsd = 0, gsm = 0, gssd = 0;
@@ -264,7 +359,7 @@ int hm_cmd_bench(int argc, char **argv) {
     hm_usage us;         /* the whole run's usage (a model without experts has none) */
     const bool have_us = hm_model_usage(m, &us, NULL) == HM_OK;
     const int64_t vslots = have_us ? us.vram_slots : 0;
-    if (n_gen && cnt.on && (vslots > 0 || cnt.hits > 0))
+    if (n_gen && !e2e_only && cnt.on && (vslots > 0 || cnt.hits > 0))
         hit = cnt.hits + cnt.misses ? (double)cnt.hits / (double)(cnt.hits + cnt.misses) : 0.0;
     const char *backend = hm_placement_wants_gpu(&e.place) ? "CUDA" : "CPU";
     struct rusage ru;
@@ -279,8 +374,8 @@ int hm_cmd_bench(int argc, char **argv) {
                name, inf->arch, (unsigned long long)inf->file_bytes, (unsigned long long)inf->n_params, th,
                hm_kv_type_name(e.kv_type), backend, n_prompt, n_gen, depth, reps);
         if (hit >= 0) printf(", \"vram_slots\": %lld, \"tg_vram_hit_rate\": %.4f", (long long)vslots, hit);
-        if (n_prompt) printf(", \"pp_tok_s\": %.3f, \"pp_tok_s_std\": %.3f", pm, psd);
-        if (n_gen) printf(", \"tg_tok_s\": %.3f, \"tg_tok_s_std\": %.3f", tm, tsd);
+        if (n_prompt && !e2e_only) printf(", \"pp_tok_s\": %.3f, \"pp_tok_s_std\": %.3f", pm, psd);
+        if (n_gen && !e2e_only) printf(", \"tg_tok_s\": %.3f, \"tg_tok_s_std\": %.3f", tm, tsd);
         if (gen_file) printf(", \"gen_tok_s\": %.3f, \"gen_tok_s_std\": %.3f", gpm, gpsd);
         if (gsp)
             printf(", \"spec_type\": \"%s\", \"gen_spec_tok_s\": %.3f, \"gen_spec_tok_s_std\": %.3f, \"spec_drafted\": %llu, "
@@ -295,6 +390,12 @@ int hm_cmd_bench(int argc, char **argv) {
                    (unsigned long long)us.mlocked_bytes, (unsigned long long)us.stream_units,
                    (unsigned long long)us.stream_bytes, (unsigned long long)us.stream_ahead,
                    (unsigned long long)us.stream_ahead_used);
+        if (e2e)
+            printf(", \"e2e_ttft_s\": %.4f, \"e2e_decode_tok_s\": %.3f, \"e2e_decode100_tok_s\": %.3f, "
+                   "\"e2e_total_s\": %.4f, \"e2e_cold_ttft_s\": %.4f, \"e2e_cold_decode100_tok_s\": %.3f, "
+                   "\"e2e_cold_hit100\": %.4f, \"e2e_cold_hit\": %.4f, \"prompt_processing_model\": %s",
+                   et[reps - 1].ttft, et[reps - 1].dec, et[reps - 1].dec100, et[reps - 1].total, et[0].ttft,
+                   et[0].dec100, et[0].hit100, et[0].hit, ppo.model ? "true" : "false");
         if (t1.on) {
             const double ntg = (double)(reps * n_gen), acq = (double)(t1.acq - t0.acq), pred = (double)(t1.pred - t0.pred);
             printf(", \"ram_budget\": %lld, \"tg_ssd_bytes_per_tok\": %.1f, \"tg_ram_hit_rate\": %.4f",
@@ -311,10 +412,10 @@ int hm_cmd_bench(int argc, char **argv) {
         printf("| --- | ---: | ---: | --- | ---: | ---: | ---: |\n");
         char dep[32] = "";
         if (depth) snprintf(dep, sizeof dep, " @ d%ld", depth);
-        if (n_prompt)
+        if (n_prompt && !e2e_only)
             printf("| %s %s | %.2f GiB | %.2f B | %s | %d | pp%ld%s | %.2f ± %.2f |\n", inf->arch, name, gib, bparams,
                    backend, th, n_prompt, dep, pm, psd);
-        if (n_gen)
+        if (n_gen && !e2e_only)
             printf("| %s %s | %.2f GiB | %.2f B | %s | %d | tg%ld%s | %.2f ± %.2f |\n", inf->arch, name, gib, bparams,
                    backend, th, n_gen, dep, tm, tsd);
         if (gen_file)
@@ -354,6 +455,7 @@ int hm_cmd_bench(int argc, char **argv) {
     if (have_us) hm_usage_free(&us);
     rc = cli_engine_finish(&e, m);
 done:
+    free(et);
     cli_spec_close(&spc, gsp);
     free(gprompt);
     free(gen_a);
@@ -362,6 +464,7 @@ done:
     free(pp);
     free(tg);
     hm_session_close(s);
+    cli_pp_close(&ppo);
     hm_model_close(m);
     return rc;
 }

@@ -9,6 +9,7 @@
  * Speed (prompt and generation tok/s) goes to stderr at the end. */
 #include <time.h>
 
+#include "cli_pp.h"
 #include "cli_spec.h"
 
 static void usage(FILE *f) {
@@ -26,7 +27,8 @@ static void usage(FILE *f) {
                "  --min-p P              (default 0.05; 0 = off)\n"
                "  --repeat-penalty X     (default 1.0 = off)\n"
                "  --repeat-last-n N      tokens the penalty looks back over (default 64)\n"
-               "  --seed N               sampling seed (default: from the clock)\n" CLI_SPEC_HELP CLI_ENGINE_HELP);
+               "  --seed N               sampling seed (default: from the clock)\n" CLI_SPEC_HELP CLI_PP_HELP
+               CLI_ENGINE_HELP);
 }
 
 typedef struct run_ctx {
@@ -36,6 +38,7 @@ typedef struct run_ctx {
     hm_sampler *smp;
     hm_detok *dt;
     hm_spec *spec; /* NULL without --spec-type */
+    cli_pp *pp;    /* the prompt-processing flags (its model NULL without --prompt-processing-model) */
     long n_predict;
     bool chat, no_think;
     bool turn_closed; /* the last generation ended with an end-of-generation token */
@@ -136,8 +139,9 @@ static int turn(run_ctx *r, const char *text, bool first) {
     }
     const float *lg = NULL;
     double t0 = cli_now_s();
-    hm_status st = hm_session_eval(r->s, ids, (int32_t)n, false, &lg, &err);
+    hm_status st = hm_session_prefill(r->s, ids, (int32_t)n, &lg, &err);
     r->t_prompt += cli_now_s() - t0;
+    if (st == HM_OK) cli_pp_print(stderr, "run", r->pp, r->s, (long)n);
     r->n_prompt += (long)n;
     for (size_t i = 0; i < n; i++) hm_sampler_accept(r->smp, ids[i]);
     if (st == HM_OK && r->spec) st = hm_spec_add(r->spec, ids, (int32_t)n, &err);
@@ -246,6 +250,8 @@ int hm_cmd_run(int argc, char **argv) {
     bool interactive = false;
     run_ctx r = {.n_predict = 256};
     cli_spec sp = {0};
+    cli_pp pp = {0};
+    r.pp = &pp;
     hm_sampler_opts so;
     hm_sampler_opts_default(&so);
     so.seed = (uint64_t)time(NULL);
@@ -254,6 +260,8 @@ int hm_cmd_run(int argc, char **argv) {
         if (rr == CLI_ARG_NEXT) continue;
         if (rr != CLI_ARG_OWN) return rr;
         if ((rr = cli_spec_arg(&sp, e.cmd, argc, argv, &i)) == CLI_ARG_NEXT) continue;
+        if (rr != CLI_ARG_OWN) return rr;
+        if ((rr = cli_pp_arg(&pp, e.cmd, argc, argv, &i)) == CLI_ARG_NEXT) continue;
         if (rr != CLI_ARG_OWN) return rr;
         const char *a = argv[i], *v;
         long n;
@@ -318,6 +326,7 @@ int hm_cmd_run(int argc, char **argv) {
         goto done;
     }
     if (!(r.m = cli_open_model(&e)) || !(r.s = cli_open_session(&e, r.m, e.n_ctx))) goto done;
+    if (cli_pp_open_model(&pp, &e, r.m) || cli_pp_attach(&pp, e.cmd, r.s)) goto done;
     if (hm_sampler_open(&r.smp, hm_model_n_vocab(r.m), &so, &err) != HM_OK ||
         hm_detok_open(&r.dt, r.tk, false, &err) != HM_OK) {
         fprintf(stderr, "hotmoe run: %s\n", err.msg);
@@ -379,6 +388,7 @@ done:
     hm_sampler_close(r.smp);
     cli_spec_close(&sp, r.spec);
     hm_session_close(r.s);
+    cli_pp_close(&pp);
     hm_model_close(r.m);
     hm_tokenizer_close(r.tk);
     return rc;

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cli_pp.h"
 #include "cmd_engine.h"
 
 static hm_server *g_server; /* for the signal handler only */
@@ -58,6 +59,8 @@ static void usage(FILE *f) {
             "      --body-timeout S   its body within S seconds of its headers (default 60)\n"
             "      --idle-timeout S   no byte either way for S seconds while an answer is sent closes the\n"
             "                         connection (default 120)\n"
+            CLI_PP_HELP
+            "  (serve: per request, by the length of its prompt after the cached prefix)\n"
             CLI_PLACEMENT_HELP
             "  (serve: --profile-out is also where POST /profile/save writes; without it that is\n"
             "  hotmoe-profile.json and nothing is written at exit)\n");
@@ -83,10 +86,13 @@ int hm_cmd_serve(int argc, char **argv) {
     hm_placement_opts_default(&e.place);
     int32_t n_batch = 0; /* -b: llama.cpp's logical batch; it caps the micro-batch as there */
     bool kv_set = false; /* a -ctk / -ctv was given (they must agree) */
+    cli_pp pp = {0};
     for (int i = 1; i < argc; i++) {
         int pr = cli_placement_arg(&e, argc, argv, &i); /* --profile-out, --policy, ... */
         if (pr < 0) return 2;
         if (pr > 0) continue;
+        if ((pr = cli_pp_arg(&pp, e.cmd, argc, argv, &i)) == CLI_ARG_NEXT) continue;
+        if (pr != CLI_ARG_OWN) return pr;
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         int32_t n;
@@ -231,6 +237,12 @@ int hm_cmd_serve(int argc, char **argv) {
         return 2;
     }
     o.spec = &spec;
+    if (pp.init) { /* --prompt-processing-* (cli_pp.h) */
+        o.pp_model_path = pp.path;
+        o.pp_min_tokens = pp.o.min_tokens;
+        o.pp_refresh = pp.o.refresh;
+        o.pp_gpu_moe = pp.gpu_moe;
+    }
     if (!e.place.n_ctx && o.n_ctx > 0) e.place.n_ctx = o.n_ctx * (o.n_parallel > 0 ? o.n_parallel : 1); /* every slot's KV */
     if (e.place.policy && strcmp(e.place.policy, "none") && !hm_placement_wants_gpu(&e.place))
         fprintf(stderr, "serve: note: --policy %s has no fast tier to place units in (no VRAM budget); expert use is "

@@ -14,7 +14,10 @@
 #include <unistd.h>
 
 #include "core/alloc.h"
+#include "core/timer.h"
+#include "engine/pp.h"
 #include "engine/spec.h"
+#include "exec/exec.h"
 #include "model/model.h"
 
 struct hm_session {
@@ -24,6 +27,7 @@ struct hm_session {
     bool pool_borrowed; /* another session's pool (hm_session_borrow_pool): neither closed nor counted */
     void *state;      /* owned, by model->arch */
     int32_t n_ctx, n_ubatch, n_past, n_threads;
+    hm_kv_type kv_type;
     int32_t *pos;     /* [n_ubatch] */
     int32_t *rows;    /* [n_ubatch] = 0, 1, ... */
     float *logits_last; /* [n_vocab] */
@@ -33,6 +37,11 @@ struct hm_session {
     hm_session_rows_fn rows_fn;
     void *rows_ctx;
     float *hidden;      /* [n_ubatch, n_embd] while a hook is set, owned */
+    hm_pp *pp;          /* the prompt-processing copy attached (hm_session_set_pp), owned; NULL: none */
+    hm_session *pp_sess; /* hm_pp_copies: the copy's own session, owned (NULL otherwise) */
+    int32_t pp_synced;  /* pp_sess holds s's positions [0, pp_synced) exactly; -1: unknown */
+    hm_pp *warm_pp;     /* a copy's session: whose hand-over its steps feed (borrowed), and into which */
+    hm_model *warm_to;  /* main model's store; NULL both for any other session */
 };
 
 static const char *const kv_names[HM_KV_TYPE_COUNT] = {"f16", "f32", "q8_0", "q4_0", "bf16"};
@@ -125,6 +134,7 @@ hm_status hm_session_open(hm_session **out, hm_model *m, const hm_session_opts *
     s->n_ctx = o.n_ctx;
     s->n_ubatch = o.n_ubatch;
     s->n_threads = o.n_threads;
+    s->kv_type = o.kv_type;
     hm_status st = pool_acquire(s, err);
     if (st != HM_OK) goto fail;
     hm_state_opts so = {.n_ctx = o.n_ctx, .n_ubatch = o.n_ubatch, .n_threads = o.n_threads, .kv_type = o.kv_type};
@@ -147,6 +157,8 @@ fail:
 void hm_session_close(hm_session *s) {
     if (!s) return;
     if (s->state) s->model->arch->state_close(s->state);
+    hm_session_close(s->pp_sess);
+    hm_pp_close(s->pp);
     pool_release(s);
     hm_free_aligned(s->pos);
     hm_free_aligned(s->rows);
@@ -156,8 +168,10 @@ void hm_session_close(hm_session *s) {
     free(s);
 }
 
-hm_status hm_session_eval(hm_session *s, const int32_t *tokens, int32_t n, bool logits_all,
-                          const float **logits, hm_err *err) {
+/* The evaluation of hm_session_eval with the forward passes of fm: s's own model, or the attached
+ * prompt-processing copy (then each step of the copy's store is handed over to s's model's, pp.h). */
+static hm_status eval_with(hm_session *s, hm_model *fm, const int32_t *tokens, int32_t n, bool logits_all,
+                           const float **logits, hm_err *err) {
     if (logits) *logits = NULL;
     const int32_t n_vocab = s->model->info.n_vocab;
     if (n <= 0) return hm_errf(err, HM_ERR_ARG, "eval: %d tokens (need at least 1)", n);
@@ -182,6 +196,17 @@ hm_status hm_session_eval(hm_session *s, const int32_t *tokens, int32_t n, bool 
     if (atomic_exchange(&s->model->busy, 1))
         return hm_errf(err, HM_ERR_ARG, "eval: another session of this model is evaluating (sessions of one model "
                        "share its expert store: evaluate them one at a time)");
+    if (fm != s->model) {
+        if (atomic_exchange(&fm->busy, 1)) {
+            atomic_store(&s->model->busy, 0);
+            return hm_errf(err, HM_ERR_ARG, "eval: another session is evaluating the prompt-processing model");
+        }
+    }
+    /* the warm hand-over: the copy's steps into the main model's store (on s's state, or from its own session) */
+    hm_pp *wp = fm != s->model ? s->pp : s->warm_pp;
+    hm_model *wm = fm != s->model ? s->model : s->warm_to;
+    if (wp) hm_pp_begin(wp);
+    s->pp_synced = -1; /* s's state changes: a copy's session no longer holds what it holds */
     for (int32_t i0 = 0; i0 < n; i0 += s->n_ubatch) {
         int32_t nb = n - i0 < s->n_ubatch ? n - i0 : s->n_ubatch;
         for (int32_t j = 0; j < nb; j++) s->pos[j] = s->n_past + j;
@@ -195,28 +220,35 @@ hm_status hm_session_eval(hm_session *s, const int32_t *tokens, int32_t n, bool 
             b.n_out = 1;
             b.logits = s->logits_last;
         }
-        hm_status st = s->model->arch->forward(s->model, s->state, s->pool, &b, err);
+        hm_status st = fm->arch->forward(fm, s->state, s->pool, &b, err);
         if (st != HM_OK) {
+            if (fm != s->model) atomic_store(&fm->busy, 0);
             atomic_store(&s->model->busy, 0);
             return st;
         }
         s->n_past += nb;
-        if (s->model->experts) {
+        if (fm->experts) {
             /* the step boundary: the policy may move units now, never inside a layer. A tier error
              * leaves units in RAM and the logits are good, so it is a warning, not a failure. */
             hm_err serr;
-            if (hm_experts_step_end(s->model->experts, nb, n > 1, &serr) != HM_OK)
-                hm_log_printf(&s->model->log, HM_LOG_WARN, "expert store: %s", serr.msg);
-            hm_model_experts_tick(s->model, nb);
+            if (hm_experts_step_end(fm->experts, nb, n > 1, &serr) != HM_OK)
+                hm_log_printf(&fm->log, HM_LOG_WARN, "expert store: %s", serr.msg);
+            hm_model_experts_tick(fm, nb);
             /* the SSD tier after the VRAM store: exclusivity, then its RAM policy */
-            if (s->model->ram && hm_ram_tier_step_end(s->model->ram, nb, n > 1, &serr) != HM_OK)
-                hm_log_printf(&s->model->log, HM_LOG_WARN, "RAM tier: %s", serr.msg);
+            if (fm->ram && hm_ram_tier_step_end(fm->ram, nb, n > 1, &serr) != HM_OK)
+                hm_log_printf(&fm->log, HM_LOG_WARN, "RAM tier: %s", serr.msg);
+        }
+        if (wp) { /* the main store sees the step; half-way, its VRAM residency is re-planned */
+            hm_pp_step(wp, wm, nb);
+            hm_pp_progress(wp, wm, i0 + nb, n, s->n_ubatch);
         }
         if (s->rows_fn && (st = s->rows_fn(s->rows_ctx, tokens + i0, s->n_past - nb, nb, s->hidden, err)) != HM_OK) {
             atomic_store(&s->model->busy, 0);
             return st;
         }
     }
+    if (wp) hm_pp_end(wp, wm);
+    if (fm != s->model) atomic_store(&fm->busy, 0);
     atomic_store(&s->model->busy, 0);
     if (logits) *logits = logits_all ? s->logits_all : s->logits_last;
     return HM_OK;
@@ -254,6 +286,70 @@ hm_status hm_session_eval_rows(hm_session *s, const int32_t *tokens, int32_t n, 
     return HM_OK;
 }
 
+hm_status hm_session_eval(hm_session *s, const int32_t *tokens, int32_t n, bool logits_all,
+                          const float **logits, hm_err *err) {
+    return eval_with(s, s->model, tokens, n, logits_all, logits, err);
+}
+
+/* ---- the prompt-processing copy (pp.h, ppmodel.c) ---- */
+
+hm_status hm_session_set_pp(hm_session *s, const hm_pp_opts *o, hm_err *err) {
+    hm_pp *p = NULL;
+    hm_session *ps = NULL;
+    if (o && o->model) {
+        hm_status st = hm_pp_open(&p, s->model, o, s->n_ubatch, err);
+        if (st == HM_OK && hm_pp_copies(p)) { /* the copy's own session, with s's options */
+            hm_session_opts so = {.n_ctx = s->n_ctx, .n_threads = s->n_threads, .n_ubatch = s->n_ubatch,
+                                  .kv_type = s->kv_type};
+            if ((st = hm_session_open(&ps, o->model, &so, err)) == HM_OK) {
+                hm_session_borrow_pool(ps, s);
+                ps->warm_pp = p;
+                ps->warm_to = s->model;
+            }
+        }
+        if (st != HM_OK) {
+            hm_pp_close(p);
+            return st;
+        }
+    }
+    hm_session_close(s->pp_sess);
+    hm_pp_close(s->pp);
+    s->pp = p;
+    s->pp_sess = ps;
+    s->pp_synced = -1;
+    return HM_OK;
+}
+
+/* The copy in its own session: bring it to s's positions (unless it holds them already), evaluate
+ * there, copy the new positions into s's state. */
+static hm_status eval_pp_copy(hm_session *s, const int32_t *tokens, int32_t n, const float **logits, hm_err *err) {
+    hm_session *ps = s->pp_sess;
+    hm_status st;
+    if (n > s->n_ctx - s->n_past)
+        return hm_errf(err, HM_ERR_ARG, "eval: %d tokens do not fit the context (%d of %d positions used)", n,
+                       s->n_past, s->n_ctx);
+    if (s->pp_synced != s->n_past || ps->n_past != s->n_past) {
+        hm_session_reset(ps);
+        if (s->n_past > 0 && (st = hm_exec_state_copy(ps->state, s->state, 0, s->n_past, err)) != HM_OK) return st;
+        ps->n_past = s->n_past;
+    }
+    const float *lg = NULL;
+    if ((st = hm_session_eval(ps, tokens, n, false, &lg, err)) != HM_OK) {
+        ps->n_past = 0;
+        s->pp_synced = -1;
+        return st;
+    }
+    if ((st = hm_exec_state_copy(s->state, ps->state, s->n_past, s->n_past + n, err)) != HM_OK) {
+        s->pp_synced = -1;
+        return st;
+    }
+    s->n_past += n;
+    s->pp_synced = s->n_past;
+    memcpy(s->logits_last, lg, (size_t)s->model->info.n_vocab * sizeof(float));
+    if (logits) *logits = s->logits_last;
+    return HM_OK;
+}
+
 hm_status hm_session_save(hm_session *s, hm_err *err) {
     if (!s->model->arch->state_save)
         return hm_errf(err, HM_ERR_UNSUPPORTED, "%s: its session state cannot be saved", s->model->arch->name);
@@ -266,6 +362,46 @@ hm_status hm_session_restore(hm_session *s, int32_t n_past, hm_err *err) {
     hm_status st = s->model->arch->state_restore(s->state, err);
     if (st == HM_OK) s->n_past = n_past;
     return st;
+}
+
+hm_status hm_session_eval_pp(hm_session *s, const int32_t *tokens, int32_t n, const float **logits, hm_err *err) {
+    if (logits) *logits = NULL;
+    if (!s->pp) return hm_errf(err, HM_ERR_ARG, "eval: no prompt-processing model is attached to the session");
+    const int64_t t0 = hm_time_us();
+    hm_status st = s->pp_sess ? eval_pp_copy(s, tokens, n, logits, err)
+                              : eval_with(s, hm_pp_model(s->pp), tokens, n, false, logits, err);
+    hm_pp_stats *ps = hm_pp_stats_of(s->pp);
+    ps->t_pp_s += (double)(hm_time_us() - t0) * 1e-6;
+    if (st == HM_OK) ps->tokens_pp += (uint64_t)n;
+    return st;
+}
+
+hm_status hm_session_prefill(hm_session *s, const int32_t *tokens, int32_t n, const float **logits, hm_err *err) {
+    if (!s->pp) return hm_session_eval(s, tokens, n, false, logits, err);
+    const hm_pp_opts *o = hm_pp_get_opts(s->pp);
+    hm_pp_stats *ps = hm_pp_stats_of(s->pp);
+    const int32_t n_pp = n >= o->min_tokens ? n - (o->refresh < n ? o->refresh : n) : 0;
+    ps->last_pp = n_pp > 0;
+    if (n_pp == 0) {
+        ps->prefills_main++;
+        return hm_session_eval(s, tokens, n, false, logits, err);
+    }
+    ps->prefills_pp++;
+    if (n > s->n_ctx - s->n_past) /* checked before the copy writes anything */
+        return hm_errf(err, HM_ERR_ARG, "eval: %d tokens do not fit the context (%d of %d positions used)", n,
+                       s->n_past, s->n_ctx);
+    hm_status st = hm_session_eval_pp(s, tokens, n_pp, logits, err);
+    if (st != HM_OK || n_pp == n) return st;
+    const int64_t t0 = hm_time_us();
+    st = hm_session_eval(s, tokens + n_pp, n - n_pp, false, logits, err);
+    ps->t_refresh_s += (double)(hm_time_us() - t0) * 1e-6;
+    if (st == HM_OK) ps->tokens_refresh += (uint64_t)(n - n_pp);
+    return st;
+}
+
+void hm_session_pp_stats(const hm_session *s, hm_pp_stats *out) {
+    if (s->pp) *out = *hm_pp_stats_of(s->pp);
+    else memset(out, 0, sizeof *out);
 }
 
 /* Arguments of one sequence of a batched eval (as hm_session_eval checks them). */
@@ -351,6 +487,7 @@ hm_status hm_batch_eval(hm_session *const *sessions, const int32_t *const *token
         for (int k = 0, o = 0; k < ns; k++) {
             hm_session *si = sessions[idx[k]];
             si->n_past += take[k];
+            si->pp_synced = -1;
             done[idx[k]] += take[k];
             if (seqs[k].b.n_out)
                 memcpy(si->logits_last, s0->logits_all + (size_t)o++ * (size_t)n_vocab, (size_t)n_vocab * sizeof(float));
@@ -377,6 +514,7 @@ int32_t hm_session_n_threads(const hm_session *s) { return s->n_threads; }
 void hm_session_reset(hm_session *s) {
     s->model->arch->state_trim(s->state, 0, NULL);
     s->n_past = 0;
+    s->pp_synced = -1;
 }
 
 hm_status hm_session_trim(hm_session *s, int32_t n_keep, hm_err *err) {
@@ -384,6 +522,7 @@ hm_status hm_session_trim(hm_session *s, int32_t n_keep, hm_err *err) {
         return hm_errf(err, HM_ERR_ARG, "trim: n_keep %d outside [0, %d]", n_keep, s->n_past);
     hm_status st = s->model->arch->state_trim(s->state, n_keep, err);
     if (st == HM_OK) s->n_past = n_keep;
+    s->pp_synced = -1;
     return st;
 }
 

@@ -194,6 +194,7 @@ static hm_status kv_layout(const hm_exec_model *xm, const hm_state_opts *o, hm_e
             if (c->cap < s->ring) s->ring = c->cap;
         }
         c->bytes = (size_t)a.n_head_kv * (size_t)c->cap * hm_row_size(rt, a.head_dim);
+        c->n_head_kv = a.n_head_kv;
         c->off = at;
         at += (xm->kv_v_is_k ? 1 : 2) * c->bytes; /* V rows read as the K rows: no V block */
     }
@@ -254,6 +255,10 @@ hm_status hm_exec_state_open(const hm_model *m, const hm_state_opts *o, void **o
     if (!s) return hm_errf(err, HM_ERR_NOMEM, "out of memory");
     s->arch = m->arch->name;
     s->recurrent = m->xm->n_rs_layer > 0;
+    s->n_layer = m->xm->n_layer;
+    s->n_rs = m->xm->n_rs_layer;
+    s->kv_v_is_k = m->xm->kv_v_is_k;
+    s->rs_floats = s->n_rs > 0 ? hm_exec_rs_floats(&m->xm->dn) : 0;
     s->n_ctx = o->n_ctx;
     s->n_ubatch = o->n_ubatch;
     s->n_threads = o->n_threads;
@@ -399,6 +404,63 @@ hm_status hm_exec_forward(const hm_model *m, void *state, hm_pool *pool, const h
     }
     if (st == HM_OK && recurrent) s->n_pos = b->pos[b->n - 1] + 1;
     return st;
+}
+
+/* n bytes of a state's segment (layer il's KV block at byte off of the host layout, or recurrent
+ * slot il at byte off) to host (get) or from host (put): the host block itself, or its device. */
+static hm_status seg_io(hm_exec_state *s, bool rs, int32_t il, size_t off, void *host, size_t n, bool put,
+                        hm_err *err) {
+#ifdef HM_HAVE_CUDA
+    if (s->dev) return hm_exec_gpu_seg(s, rs, il, off, host, n, put, err);
+#endif
+    char *p = rs ? (char *)(s->rs + (size_t)il * s->rs_floats) + off : (char *)s->kv + off;
+    if (put) memcpy(p, host, n);
+    else memcpy(host, p, n);
+    return HM_OK;
+}
+
+hm_status hm_exec_state_copy(void *dst, const void *src, int32_t p0, int32_t p1, hm_err *err) {
+    hm_exec_state *d = dst, *s = (hm_exec_state *)src;
+    if (d->kv_bytes != s->kv_bytes || d->kv_row_type != s->kv_row_type || d->n_ctx != s->n_ctx ||
+        d->rs_floats != s->rs_floats || d->n_rs != s->n_rs || d->n_layer != s->n_layer || d->ring != s->ring || (d->aux != NULL) != (s->aux != NULL) || p0 < 0 ||
+        p1 > s->n_ctx || p0 > p1)
+        return hm_errf(err, HM_ERR_ARG, "state copy: the two sessions' states differ in layout (KV %zu vs %zu bytes, "
+                       "context %d vs %d) or positions [%d, %d) are out of range", d->kv_bytes, s->kv_bytes, d->n_ctx,
+                       s->n_ctx, p0, p1);
+    if (s->aux && (s->dev || d->dev))
+        return hm_errf(err, HM_ERR_UNSUPPORTED, "%s: its compressed KV state has no device form to copy", s->arch);
+    /* one host buffer for the largest segment */
+    size_t big = s->rs_floats * sizeof(float);
+    for (int32_t il = 0; s->kvl && il < s->n_layer; il++) if (s->kvl[il].bytes > big) big = s->kvl[il].bytes;
+    char *buf = big ? malloc(big) : NULL;
+    if (big && !buf) return hm_errf(err, HM_ERR_NOMEM, "state copy: out of memory (%zu bytes)", big);
+    hm_status st = HM_OK;
+    for (int32_t il = 0; st == HM_OK && il < s->n_layer; il++) {
+        const hm_kv_layer *c = &s->kvl[il];
+        if (!c->bytes) continue;
+        const size_t row = c->bytes / (size_t)c->n_head_kv / (size_t)c->cap;
+        const bool whole = c->cap < s->n_ctx; /* a ring: positions sit at q % cap */
+        for (int kv = 0; st == HM_OK && kv < (s->kv_v_is_k ? 1 : 2); kv++)
+            for (int32_t h = 0; st == HM_OK && h < c->n_head_kv; h++) {
+                const size_t head = c->off + (size_t)kv * c->bytes + (size_t)h * (size_t)c->cap * row;
+                const size_t off = whole ? head : head + (size_t)p0 * row;
+                const size_t n = whole ? (size_t)c->cap * row : (size_t)(p1 - p0) * row;
+                if (!n) continue;
+                st = seg_io(s, false, il, off, buf, n, false, err);
+                if (st == HM_OK) st = seg_io(d, false, il, off, buf, n, true, err);
+            }
+    }
+    const size_t rsb = s->rs_floats * sizeof(float);
+    for (int32_t r = 0; st == HM_OK && r < s->n_rs; r++) {
+        st = seg_io(s, true, r, 0, buf, rsb, false, err);
+        if (st == HM_OK) st = seg_io(d, true, r, 0, buf, rsb, true, err);
+    }
+    if (st == HM_OK && s->aux) memcpy(d->aux, s->aux, s->aux_total * sizeof(float));
+    free(buf);
+    if (st != HM_OK) return st;
+    d->n_pos = s->n_pos;
+    if (s->n_hi > d->n_hi) d->n_hi = s->n_hi;
+    return HM_OK;
 }
 
 hm_status hm_exec_forward_multi(const hm_model *m, void *work, hm_pool *pool, const hm_fwd_seq *seqs, int n_seq,

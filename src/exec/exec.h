@@ -327,6 +327,14 @@ hm_status hm_exec_state_restore(void *state, hm_err *err);
 hm_status hm_exec_forward(const hm_model *m, void *state, hm_pool *pool, const hm_fwd_batch *b, hm_err *err);
 hm_status hm_exec_forward_multi(const hm_model *m, void *work, hm_pool *pool, const hm_fwd_seq *seqs, int n_seq,
                                 float *logits, hm_err *err);
+/* Copy positions [p0, p1) of src's KV cache into dst's, the recurrent state and DeepSeek-V4's
+ * compressed state whole, and the positions they hold: the prompt-processing hand-over between two
+ * sessions of two models with the same shapes (hm_model_check_same) opened with the same options.
+ * Either state may be on the CPU or on a GPU chain (any layer split): host copies, downloads and
+ * uploads through a host buffer. A sliding layer's ring is copied whole. HM_ERR_ARG when the two
+ * layouts differ, HM_ERR_UNSUPPORTED for a device state the executor keeps elsewhere (none today
+ * but DeepSeek-V4's, which has no GPU path). */
+hm_status hm_exec_state_copy(void *dst, const void *src, int32_t p0, int32_t p1, hm_err *err);
 #ifdef HM_HAVE_CUDA
 /* gpu_load: the upload pass (each op's weights to its layer's device); gpu_unload frees its map. */
 hm_status hm_exec_gpu_load(hm_model *m, hm_err *err);

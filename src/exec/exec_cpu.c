@@ -96,6 +96,7 @@ hm_status hm_exec_cpu_state_open(const hm_model *m, const hm_state_opts *o, hm_e
             s->aux_off[il] = total;
             total += hm_dsv4_layout(&xm->dsv4.dims, xm->dsv4.ratio[il], o->n_ctx, o->n_ubatch, NULL, NULL);
         }
+        s->aux_total = total;
         if (!(s->aux = hm_malloc_aligned(total * sizeof(float))))
             return hm_errf(err, HM_ERR_NOMEM, "cannot allocate the compressed KV state (%.1f MiB)",
                            (double)total * sizeof(float) / (1 << 20));

@@ -121,6 +121,27 @@ static hm_status xdev_reset(hm_xdev *g, hm_err *err) {
     return st == HM_OK ? hm_cuda_sync(g->ds.c, err) : st;
 }
 
+hm_status hm_exec_gpu_seg(hm_exec_state *s, bool rs, int32_t il, size_t off, void *host, size_t n, bool put,
+                          hm_err *err) {
+    for (hm_xdev *g = s->dev; g; g = nxt(g)) {
+        char *p;
+        if (rs) {
+            const int32_t nr = s->rs_floats ? (int32_t)(g->rs_total / s->rs_floats) : 0;
+            if (!g->rs || il < g->rs0 || il >= g->rs0 + nr) continue;
+            p = (char *)(g->rs + (size_t)(il - g->rs0) * s->rs_floats) + off;
+        } else {
+            if (il < g->ds.l0 || il >= g->ds.l1 || !g->ds.kv) continue;
+            p = (char *)g->ds.kv + (off - g->kv_off0);
+        }
+        hm_status st = hm_cuda_make_current(g->ds.c, err);
+        if (st != HM_OK) return st;
+        if (!put) return hm_cuda_download(g->ds.c, host, p, n, err);
+        if ((st = hm_cuda_sync(g->ds.c, err)) != HM_OK) return st; /* nothing queued still reads it */
+        return hm_cuda_upload(g->ds.c, p, host, n, err);
+    }
+    return hm_errf(err, HM_ERR_INTERNAL, "state copy: no device holds %s %d", rs ? "recurrent slot" : "layer", il);
+}
+
 hm_status hm_exec_gpu_state_reset(hm_exec_state *s, hm_err *err) {
     for (hm_xdev *g = s->dev; g; g = nxt(g)) {
         hm_status st = xdev_reset(g, err);

@@ -64,6 +64,7 @@ typedef struct hm_op_prof {
 typedef struct hm_kv_layer {
     size_t off, bytes;
     int64_t cap;
+    int32_t n_head_kv; /* bytes = n_head_kv x cap rows (K, and V after it unless kv_v_is_k) */
 } hm_kv_layer;
 
 
@@ -98,6 +99,10 @@ typedef struct hm_exec_state {
     int64_t ring;           /* the sliding layers' ring rows (n_ctx when none, or they hold all) */
     int64_t n_hi;           /* 1 + the highest position written since the last reset */
     hm_kv_layer *kvl;       /* [n_layer] each layer's K/V in the KV block (bytes 0: none), owned */
+    int32_t n_layer, n_rs;  /* the model's layers and recurrent layers (hm_exec_state_copy) */
+    size_t rs_floats;       /* floats of one recurrent layer's state (0 without) */
+    bool kv_v_is_k;         /* the KV block holds K rows only (xm->kv_v_is_k) */
+    size_t aux_total;       /* floats of aux */
     size_t kv_bytes;        /* bytes of the KV block (every layer's K and V) */
     int kv_row_type;        /* hm_kv_row_type(kv_type) */
     void *kv;               /* the CPU's KV block (kvl), owned */
@@ -147,6 +152,11 @@ hm_status hm_exec_gpu_state_reset(hm_exec_state *s, hm_err *err); /* zero the re
 hm_status hm_exec_gpu_state_save(hm_exec_state *s, bool restore, hm_err *err);
 hm_status hm_exec_gpu_forward(const hm_model *m, hm_exec_state *s, hm_pool *pool, const hm_fwd_batch *b,
                               hm_err *err);
+/* hm_exec_state_copy's device side: n bytes at byte `off` of the host layout of layer il's KV block
+ * (s->kvl offsets; rs: recurrent slot il, off bytes into it) between the device that holds it and
+ * host (get: device -> host after its queued work; put: host -> device, the device idle first). */
+hm_status hm_exec_gpu_seg(hm_exec_state *s, bool rs, int32_t il, size_t off, void *host, size_t n, bool put,
+                          hm_err *err);
 #endif
 
 /* Run the arch's description of layer il on x (x->m->arch->layer). */

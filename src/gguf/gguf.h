@@ -138,6 +138,9 @@ bool hm_gguf_arr_arr(const hm_gguf_arr *a, uint64_t i, hm_gguf_arr *out); /* nes
 
 /* Tensors, in file order. */
 int64_t hm_gguf_n_tensors(const hm_gguf *g);
+/* Point tensor i's data at data (borrowed: another mapping holding the same bytes, which must
+ * outlive g), before anything binds it: two files' identical tensors then occupy memory once. */
+void hm_gguf_tensor_alias(hm_gguf *g, int64_t i, const void *data);
 const hm_gguf_tensor *hm_gguf_tensor_at(const hm_gguf *g, int64_t i);
 const hm_gguf_tensor *hm_gguf_find_tensor(const hm_gguf *g, const char *name); /* NULL if absent */
 

@@ -752,6 +752,10 @@ bool hm_gguf_arr_arr(const hm_gguf_arr *a, uint64_t i, hm_gguf_arr *out) {
 
 int64_t hm_gguf_n_tensors(const hm_gguf *g) { return g->n_tensors; }
 
+void hm_gguf_tensor_alias(hm_gguf *g, int64_t i, const void *data) {
+    if (i >= 0 && i < g->n_tensors) g->tensors[i].data = data;
+}
+
 const hm_gguf_tensor *hm_gguf_tensor_at(const hm_gguf *g, int64_t i) {
     return i >= 0 && i < g->n_tensors ? &g->tensors[i] : NULL;
 }

@@ -8,6 +8,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "core/alloc.h"
 #include "exec/moe.h"
@@ -36,6 +38,26 @@ static const hm_arch *const archs[] = {
 };
 
 void hm_model_opts_default(hm_model_opts *o) { memset(o, 0, sizeof *o); }
+
+/* hm_model_opts.share_dense: m's non-expert tensors equal to o's (name, type, shape, bytes) bound to
+ * o's mapping before the arch binds them; the pages of m's own copy, read once by the comparison,
+ * are dropped from its mapping (the whole pages inside the tensor). */
+static void share_dense(hm_model *m, const hm_model *o) {
+    const long pg = sysconf(_SC_PAGESIZE);
+    const uintptr_t mask = (uintptr_t)(pg > 0 ? pg : 4096) - 1;
+    for (int64_t i = 0; i < hm_gguf_n_tensors(m->gguf); i++) {
+        const hm_gguf_tensor *t = hm_gguf_tensor_at(m->gguf, i), *u = hm_gguf_find_tensor(o->gguf, t->name);
+        if (!u || strstr(t->name, "_exps") || t->type != u->type || t->nbytes != u->nbytes ||
+            t->n_dims != u->n_dims || memcmp(t->ne, u->ne, sizeof t->ne) || !t->data || !u->data ||
+            memcmp(t->data, u->data, t->nbytes))
+            continue;
+        const uintptr_t a = ((uintptr_t)t->data + mask) & ~mask, b = ((uintptr_t)t->data + t->nbytes) & ~mask;
+        if (b > a) (void)madvise((void *)a, (size_t)(b - a), MADV_DONTNEED); /* clean file pages: advice */
+        hm_gguf_tensor_alias(m->gguf, i, u->data);
+        m->info.shared_bytes += t->nbytes;
+        m->info.shared_tensors++;
+    }
+}
 
 static void copy_str(char *dst, size_t cap, hm_gguf_str s) {
     size_t n = s.len < cap - 1 ? (size_t)s.len : cap - 1;
@@ -122,6 +144,7 @@ hm_status hm_model_open(hm_model **out, const char *path, const hm_model_opts *o
         inf->n_params += n;
     }
 
+    if (o.share_dense) share_dense(m, o.share_dense);
     st = m->arch->load(m, err);
     if (st != HM_OK) {
         /* prefix the path once, so messages read "FILE: tensor 'x' ..." */

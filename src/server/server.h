@@ -127,6 +127,8 @@ typedef struct srv_stats {
     uint64_t n_rounds;
     uint64_t n_batched;         /* rounds whose slots went through one hm_batch_eval (>= 2 slots) */
     uint64_t spec_drafted, spec_accepted, spec_steps; /* speculative decoding, all slots */
+    uint64_t n_prompt_tokens_pp; /* of n_prompt_tokens: evaluated by the prompt-processing copy */
+    uint64_t n_requests_pp;     /* requests whose prompt went through it */
     double rate_predicted;      /* generated tokens per second over the last seconds */
     double rate_t[16];          /* ring of (time, n_predicted) samples for the rate */
     uint64_t rate_n[16];
@@ -154,6 +156,7 @@ typedef struct srv_sched {
     pthread_t thread;
     srv_stats stats;
     hm_profile_fmt profile_format; /* of POST /profile/save */
+    hm_pp_opts pp;             /* the prompt-processing copy (pp.model NULL: none), attached to every slot */
     bool no_batch;             /* the model evaluates one session at a time (hm_batch_eval said
                                   HM_ERR_UNSUPPORTED once): eval_jobs loops over the slots */
     /* one pending engine call (srv_sched_call) */
@@ -172,6 +175,8 @@ hm_status srv_sched_start(srv_sched *s, hm_err *err); /* start the engine thread
 /* Stop the engine thread: every queued and running task finishes as SRV_FINISH_CANCEL. */
 void srv_sched_stop(srv_sched *s);
 void srv_sched_free(srv_sched *s); /* after stop; frees sessions */
+/* Before start: attach the prompt-processing copy o->model (borrowed, must outlive s) to every slot. */
+hm_status srv_sched_set_pp(srv_sched *s, const hm_pp_opts *o, hm_err *err);
 
 srv_task *srv_task_new(void);      /* refs = 1 (the caller's) */
 /* Queue t (the scheduler takes a reference). */

@@ -65,6 +65,7 @@ struct hm_server {
     char **keys; /* [n_keys] owned: --api-key and the lines of --api-key-file; none = no auth */
     int n_keys;
     hm_model *model;
+    hm_model *pp_model; /* --prompt-processing-model, owned; NULL: none */
     hm_tokenizer *tok;
     char model_id[256];
     char *chat_template; /* owned copy, NULL when none */
@@ -108,6 +109,7 @@ void hm_server_opts_default(hm_server_opts *o) {
     o->host = "127.0.0.1";
     o->port = 8080;
     o->n_parallel = 1;
+    o->pp_gpu_moe = -1;
 }
 
 /* ---- connections: tracking, deadlines ---- */
@@ -641,8 +643,17 @@ hm_status hm_server_open(hm_server **out, const hm_server_opts *opts, hm_err *er
     hm_model_opts_default(&mo);
     mo.verbose = s->o.verbose;
     mo.placement = s->o.placement;
+    hm_placement_opts ppo; /* the copy's: the main model's, --prompt-processing-gpu-moe as its --n-cpu-moe */
+    if (s->o.placement) ppo = *s->o.placement;
+    else hm_placement_opts_default(&ppo);
+    if (s->o.pp_gpu_moe >= 0) ppo.n_cpu_moe = s->o.pp_gpu_moe;
     s->o.placement = NULL; /* borrowed during open only */
     if ((st = hm_model_open(&s->model, s->model_path, &mo, err)) != HM_OK) goto fail;
+    if (s->o.pp_model_path) {
+        mo.placement = &ppo;
+        mo.share_dense = s->model; /* identical dense tensors held once (closed before it) */
+        if ((st = hm_model_open(&s->pp_model, s->o.pp_model_path, &mo, err)) != HM_OK) goto fail;
+    }
     if (s->o.trace_out && (st = hm_model_trace_out(s->model, s->o.trace_out, err)) != HM_OK) goto fail;
     if ((st = hm_tokenizer_open(&s->tok, s->model_path, err)) != HM_OK) goto fail;
     if (s->o.alias) {
@@ -686,6 +697,14 @@ hm_status hm_server_open(hm_server **out, const hm_server_opts *opts, hm_err *er
     }
     s->sched_init = true;
     s->sched.profile_format = s->o.profile_format;
+    if (s->pp_model) {
+        hm_pp_opts po;
+        hm_pp_opts_default(&po);
+        po.model = s->pp_model;
+        if (s->o.pp_min_tokens > 0) po.min_tokens = s->o.pp_min_tokens;
+        po.refresh = s->o.pp_refresh;
+        if ((st = srv_sched_set_pp(&s->sched, &po, err)) != HM_OK) goto fail;
+    }
     s->api = (srv_api){.sched = &s->sched, .model = s->model, .tok = s->tok, .info = hm_model_get_info(s->model),
                        .model_id = s->model_id, .model_path = s->model_path, .chat_template = s->chat_template,
                        .profile_out = s->profile_out, .n_ctx = s->sched.n_ctx, .n_slots = s->o.n_parallel,
@@ -783,6 +802,7 @@ void hm_server_close(hm_server *s) {
         if (hm_model_trace_close(s->model, &err) != HM_OK) fprintf(stderr, "serve: %s\n", err.msg);
     }
     hm_tokenizer_close(s->tok);
+    hm_model_close(s->pp_model); /* after the sessions that borrowed it (srv_sched_free) */
     hm_model_close(s->model);
     if (s->stop_pipe[0] >= 0) close(s->stop_pipe[0]);
     if (s->stop_pipe[1] >= 0) close(s->stop_pipe[1]);

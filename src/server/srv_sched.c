@@ -47,6 +47,7 @@ struct srv_slot {
     float *masked;      /* [n_vocab] logits with end-of-generation ids masked (ignore_eos) */
     int32_t n_cache;
     int32_t n_done;     /* prompt tokens of the task in the KV */
+    int32_t pp_end;     /* prompt tokens before this go through the prompt-processing copy (0: none) */
     int32_t next_tok;   /* the token to evaluate next round once the prompt is in */
     int32_t n_gen;
     hm_spec *spec;      /* owned; NULL without speculation */
@@ -63,6 +64,7 @@ typedef struct srv_job {
     const int32_t *tokens;
     int32_t n;
     bool prefill;
+    bool pp;             /* a prefill chunk for the prompt-processing copy */
     const float *logits; /* out: [n_vocab] of the last token */
     hm_status st;        /* out */
     double dt;           /* out: seconds */
@@ -362,8 +364,15 @@ static bool slot_setup(srv_sched *s, srv_slot *sl) {
     }
     sl->n_cache = p;
     sl->n_done = p;
+    /* per request, by the length of what is left to evaluate: the copy takes all but the refresh */
+    const int32_t left = t->n_prompt - p, keep = s->pp.refresh < left ? s->pp.refresh : left;
+    sl->pp_end = s->pp.model && left >= s->pp.min_tokens && left > keep ? t->n_prompt - keep : 0;
+    if (sl->pp_end)
+        fprintf(stderr, "serve: slot %d: prompt of %d tokens (%d cached): %d prefilled by the prompt-processing "
+                        "model, %d by the main model\n", sl->id, t->n_prompt, p, sl->pp_end - p, t->n_prompt - sl->pp_end);
     pthread_mutex_lock(&s->mu);
     t->n_cached = p;
+    s->stats.n_requests_pp += sl->pp_end > 0;
     pthread_mutex_unlock(&s->mu);
     return true;
 }
@@ -374,7 +383,9 @@ static bool slot_setup(srv_sched *s, srv_slot *sl) {
  * architecture batches one session only (qwen35moe, gemma4: HM_ERR_UNSUPPORTED, remembered) and
  * for a round with a bad job (HM_ERR_ARG: nothing was evaluated; the loop fails that job alone). */
 static void eval_jobs(srv_sched *s, srv_job *jobs, int n_jobs) {
-    if (n_jobs > 1 && n_jobs <= HM_BATCH_MAX_SEQ && !s->no_batch) {
+    bool any_pp = false; /* a chunk for the copy runs on its own (another model's pass) */
+    for (int i = 0; i < n_jobs; i++) any_pp |= jobs[i].pp;
+    if (n_jobs > 1 && n_jobs <= HM_BATCH_MAX_SEQ && !s->no_batch && !any_pp) {
         hm_session *ss[HM_BATCH_MAX_SEQ];
         const int32_t *tp[HM_BATCH_MAX_SEQ];
         int32_t nn[HM_BATCH_MAX_SEQ];
@@ -407,7 +418,8 @@ static void eval_jobs(srv_sched *s, srv_job *jobs, int n_jobs) {
     for (int i = 0; i < n_jobs; i++) {
         srv_job *j = &jobs[i];
         double t0 = srv_now();
-        j->st = hm_session_eval(j->slot->sess, j->tokens, j->n, false, &j->logits, &j->err);
+        j->st = j->pp ? hm_session_eval_pp(j->slot->sess, j->tokens, j->n, &j->logits, &j->err)
+                      : hm_session_eval(j->slot->sess, j->tokens, j->n, false, &j->logits, &j->err);
         j->dt = srv_now() - t0;
     }
 }
@@ -561,6 +573,10 @@ static void run_round(srv_sched *s, srv_job *jobs) {
             j->prefill = true;
             j->tokens = t->prompt + sl->n_done;
             j->n = t->n_prompt - sl->n_done < SRV_PREFILL_CHUNK ? t->n_prompt - sl->n_done : SRV_PREFILL_CHUNK;
+            if (sl->n_done < sl->pp_end) { /* the copy's part ends where the main model's refresh starts */
+                j->pp = true;
+                if (j->n > sl->pp_end - sl->n_done) j->n = sl->pp_end - sl->n_done;
+            }
         } else {
             j->tokens = &sl->next_tok;
             j->n = 1;
@@ -590,6 +606,7 @@ static void run_round(srv_sched *s, srv_job *jobs) {
             sl->n_done += j->n;
             sl->task->t_prompt_s += j->dt;
             s->stats.n_prompt_tokens += (uint64_t)j->n;
+            if (j->pp) s->stats.n_prompt_tokens_pp += (uint64_t)j->n;
             s->stats.t_prompt_s += j->dt;
         } else {
             s->stats.t_predicted_s += j->dt;
@@ -721,6 +738,15 @@ hm_status srv_sched_init(srv_sched *s, hm_model *m, const hm_tokenizer *tok, con
     return HM_OK;
 }
 
+hm_status srv_sched_set_pp(srv_sched *s, const hm_pp_opts *o, hm_err *err) {
+    for (int i = 0; i < s->n_slots; i++) {
+        hm_status st = hm_session_set_pp(s->slots[i].sess, o, err);
+        if (st != HM_OK) return st;
+    }
+    s->pp = *o;
+    return HM_OK;
+}
+
 hm_status srv_sched_start(srv_sched *s, hm_err *err) {
     if (pthread_create(&s->thread, NULL, engine_main, s) != 0) {
         snprintf(err->msg, sizeof err->msg, "serve: cannot start the engine thread");
@@ -813,6 +839,10 @@ void srv_sched_metrics(srv_sched *s, srv_buf *o) {
     metric(o, "prompt_tokens_total", "counter", "Prompt tokens evaluated (cached prefixes not counted).",
            (double)st.n_prompt_tokens);
     metric(o, "prompt_seconds_total", "counter", "Seconds spent evaluating prompts.", st.t_prompt_s);
+    metric(o, "prompt_tokens_pp_total", "counter", "Of the prompt tokens: evaluated by the prompt-processing model.",
+           (double)st.n_prompt_tokens_pp);
+    metric(o, "requests_pp_total", "counter", "Requests whose prompt the prompt-processing model prefilled.",
+           (double)st.n_requests_pp);
     metric(o, "tokens_predicted_total", "counter", "Tokens generated.", (double)st.n_predicted);
     metric(o, "tokens_predicted_seconds_total", "counter", "Seconds spent in decode steps.", st.t_predicted_s);
     metric(o, "prompt_tokens_per_second", "gauge", "Average prompt throughput.",
