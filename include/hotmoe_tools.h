@@ -66,6 +66,10 @@ typedef struct hm_synth_opts {
                                      out_path must end in .gguf, the files are
                                      out_path-without-.gguf-00001-of-0000N.gguf ... (gguf.h) */
     int32_t split_max_tensors;    /* > 0 (and no split_max_bytes): a new file every N tensors */
+    const char *imatrix;          /* llama.cpp importance matrix (llama-imatrix's GGUF or the legacy
+                                     .dat): each quantised matrix uses its entry as llama-quantize
+                                     --imatrix does (same bytes), and the mixes take llama-quantize's
+                                     with-imatrix rules. NULL = none */
 } hm_synth_opts;
 
 /* Write a random-weight model with the real tensor names, shapes, GGUF keys and (for q4_k_m)
