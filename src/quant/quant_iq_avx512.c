@@ -2,13 +2,14 @@
  * against Q8_K.
  *
  * One zmm is 64 elements, two 32-element sub-blocks: the eight grid entries of their groups (IQ2 /
- * IQ1: eight 8-byte entries; IQ3: sixteen 4-byte entries by one gather). Signs never touch the
+ * IQ1: eight 8-byte entries; IQ3: sixteen 4-byte entries), put together in registers. Signs never touch the
  * weights: they become a 64-bit mask, one bit an element, that negates the activations under it
  * (vpsubb with a mask), so the IQ2/IQ3 grid bytes (<= 62) stay unsigned for maddubs (no saturation:
  * 2 * 62 * 127 < 2^15). IQ1 levels 8 g +- 1 are signed: their absolute value meets the activation
  * negated where the level is negative. The int16 pair sums are multiplied by the 16-element scale
- * codes (2s + 1) with madd (vpdpwssd under VNNI), so each super-block's integer sum is exact and
- * only the float accumulation differs from the scalar reference (quant_iq.c). */
+ * codes (2s + 1) with madd (vpdpwssd under VNNI), so each super-block's integer sums are exact;
+ * the float accumulation is the AVX2 variant's (IQ_DOT_END), so the two give the same bits and
+ * differ from the scalar reference (quant_iq.c) only by float summation order. */
 #include "quant_iq_impl.h"
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
@@ -64,6 +65,15 @@ static inline __m512i grid8(const uint64_t g[8]) {
     return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
 }
 
+/* Sixteen 4-byte grid entries (IQ3) as one zmm, built in registers (table loads: cheaper than a
+ * gather on most cores). */
+static inline __m512i grid16(const uint32_t e[16]) {
+    const __m256i lo = _mm256_setr_epi32((int)e[0], (int)e[1], (int)e[2], (int)e[3], (int)e[4], (int)e[5], (int)e[6], (int)e[7]);
+    const __m256i hi =
+        _mm256_setr_epi32((int)e[8], (int)e[9], (int)e[10], (int)e[11], (int)e[12], (int)e[13], (int)e[14], (int)e[15]);
+    return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
+}
+
 /* Each byte of v (7-bit codes) with its parity in bit 7: eight hm_iq_signs7 at once. */
 static inline uint64_t signs7_bytes(uint64_t v) {
     uint64_t p = v ^ (v >> 4);
@@ -84,18 +94,29 @@ static inline uint64_t signs7x8(uint32_t a, uint32_t b) {
     return signs7_bytes(v);
 }
 
+/* The float side is the AVX2 variant's, so that both give the same bits: the two 256-bit halves of
+ * the integer sums (sub-blocks 2j and 2j+1 lane by lane, as the AVX2 code accumulates them into one
+ * ymm) are added exactly, then scaled and accumulated in 8 float lanes and summed in its order. */
+static inline float hsum256_ps(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
 #define IQ_DOT_BEGIN(BT)                                \
     const BT *x = vx;                                   \
     const hm_block_q8_k *y = vy;                        \
-    __m512 acc = _mm512_setzero_ps();                   \
+    __m256 acc = _mm256_setzero_ps();                   \
     for (int64_t i = 0; i < n / HM_QK_K; i++) {         \
         const BT *b = &x[i];                            \
         const int8_t *q8 = y[i].qs;                     \
         __m512i sumi = _mm512_setzero_si512();
-#define IQ_DOT_END(D, FACTOR)                                                               \
-        acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sumi), _mm512_set1_ps((D) * y[i].d), acc); \
-    }                                                                                       \
-    *out = _mm512_reduce_add_ps(acc) * (FACTOR);
+#define IQ_DOT_END(D, FACTOR)                                                                               \
+        const __m256i s8 = _mm256_add_epi32(_mm512_castsi512_si256(sumi), _mm512_extracti64x4_epi64(sumi, 1)); \
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s8), _mm256_set1_ps((D) * y[i].d), acc);                    \
+    }                                                                                                       \
+    *out = hsum256_ps(acc) * (FACTOR);
 
 void hm_vec_dot_iq2_xxs_avx512(int64_t n, float *out, const void *vx, const void *vy) {
     IQ_DOT_BEGIN(hm_block_iq2_xxs)
@@ -148,8 +169,10 @@ void hm_vec_dot_iq3_xxs_avx512(int64_t n, float *out, const void *vx, const void
     IQ_DOT_BEGIN(hm_block_iq3_xxs)
     for (int ib = 0; ib < 8; ib += 2, q8 += 64) {
         const uint32_t s0 = rd32(b->qs + 64 + 4 * ib), s1 = rd32(b->qs + 64 + 4 * ib + 4);
-        const __m512i idx = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(b->qs + 8 * ib)));
-        const __m512i g = _mm512_i32gather_epi32(idx, (const void *)hm_iq3xxs_grid, 4);
+        const uint8_t *q = b->qs + 8 * ib;
+        uint32_t e[16];
+        for (int k = 0; k < 16; k++) e[k] = hm_iq3xxs_grid[q[k]];
+        const __m512i g = grid16(e);
         const int l0 = 2 * (int)(s0 >> 28) + 1, l1 = 2 * (int)(s1 >> 28) + 1;
         sumi = dot64_unsigned(sumi, g, signs7x8(s0, s1), q8, scales4(l0, l0, l1, l1));
     }
@@ -157,14 +180,14 @@ void hm_vec_dot_iq3_xxs_avx512(int64_t n, float *out, const void *vx, const void
 }
 
 void hm_vec_dot_iq3_s_avx512(int64_t n, float *out, const void *vx, const void *vy) {
-    const __m512i bitpos = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7);
     IQ_DOT_BEGIN(hm_block_iq3_s)
     for (int ib = 0; ib < 8; ib += 2, q8 += 64) {
-        /* the 16 half-group indices qs[8ib + k] | bit k%8 of qh[ib + k/8] << 8, gathered in one go */
-        const __m512i lo = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(b->qs + 8 * ib)));
-        const __m512i h = _mm512_inserti64x4(_mm512_set1_epi32(b->qh[ib]), _mm256_set1_epi32(b->qh[ib + 1]), 1);
-        const __m512i hi = _mm512_slli_epi32(_mm512_and_si512(_mm512_srlv_epi32(h, bitpos), _mm512_set1_epi32(1)), 8);
-        const __m512i g = _mm512_i32gather_epi32(_mm512_or_si512(lo, hi), (const void *)hm_iq3s_grid, 4);
+        /* the 16 half-group indices qs[8ib + k] | bit k%8 of qh[ib + k/8] << 8 */
+        const uint8_t *q = b->qs + 8 * ib;
+        const uint32_t h = (uint32_t)b->qh[ib] | (uint32_t)b->qh[ib + 1] << 8;
+        uint32_t e[16];
+        for (int k = 0; k < 16; k++) e[k] = hm_iq3s_grid[q[k] | ((h >> k) & 1) << 8];
+        const __m512i g = grid16(e);
         const int c = b->scales[ib / 2], s0 = 2 * (c & 15) + 1, s1 = 2 * (c >> 4) + 1;
         sumi = dot64_unsigned(sumi, g, rd64(b->signs + 4 * ib), q8, scales4(s0, s0, s1, s1));
     }
