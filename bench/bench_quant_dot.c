@@ -6,8 +6,9 @@
  * DIR: a llama.cpp build's directory holding libggml-base.so and libggml-cpu.so (e.g.
  * llama.cpp/build/bin); its CPU dots are loaded with dlopen (ggml_get_type_traits_cpu) and run on
  * the same bytes: the weights (random blocks, N MiB, rows of ne0) and one Q8_K activation row
- * (ggml's block_q8_K and ours are the same bytes). Each cell is the best of R passes over all rows
- * (a matvec, as decode does); the ggml column also says whether its first rows' dots equal ours
+ * (ggml's block_q8_K and ours are the same bytes). Each cell is the median of R passes over all
+ * rows (a matvec, as decode does) in the thread's CPU time (a busy machine's other work does not
+ * count), the variants taking turns pass by pass; the ggml column also says whether its first rows' dots equal ours
  * within 1e-4 relative. Default types: the seven grid i-quants, q2_K, q3_K and q4_K. A benchmark,
  * never a test: it asserts nothing. */
 #include <dlfcn.h>
@@ -16,8 +17,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
-#include "core/timer.h"
 #include "quant/quant.h"
 
 /* ggml's CPU type traits as libggml-cpu exports them (ggml-cpu.h's struct ggml_type_traits_cpu). */
@@ -43,33 +44,32 @@ static void fill(uint8_t *w, size_t n) {
     for (size_t i = 0; i < n; i++) w[i] = (uint8_t)rnd();
 }
 
-static double bench_ours(hm_vec_dot_fn f, int64_t ne0, const uint8_t *w, size_t rs, int64_t rows, const void *y,
-                         float *out, int reps) {
-    double best = 1e30;
-    for (int r = 0; r < reps; r++) {
-        const int64_t t0 = hm_time_us();
-        for (int64_t i = 0; i < rows; i++) f(ne0, &out[i], w + (size_t)i * rs, y);
-        const double s = (double)(hm_time_us() - t0) * 1e-6;
-        if (s < best) best = s;
-    }
-    return best;
+/* Seconds of one pass over the rows: ours (g NULL) or ggml's. */
+/* This thread's CPU seconds: on a shared machine, time the thread was not running does not count. */
+static double thread_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-static double bench_ggml(ggml_vec_dot_fn f, int64_t ne0, const uint8_t *w, size_t rs, int64_t rows, const void *y,
-                         float *out, int reps) {
-    double best = 1e30;
-    for (int r = 0; r < reps; r++) {
-        const int64_t t0 = hm_time_us();
-        for (int64_t i = 0; i < rows; i++) f((int)ne0, &out[i], 0, w + (size_t)i * rs, 0, y, 0, 1);
-        const double s = (double)(hm_time_us() - t0) * 1e-6;
-        if (s < best) best = s;
-    }
-    return best;
+static double pass(hm_vec_dot_fn f, ggml_vec_dot_fn g, int64_t ne0, const uint8_t *w, size_t rs, int64_t rows,
+                   const void *y, float *out) {
+    const double t0 = thread_s();
+    if (g)
+        for (int64_t i = 0; i < rows; i++) g((int)ne0, &out[i], 0, w + (size_t)i * rs, 0, y, 0, 1);
+    else
+        for (int64_t i = 0; i < rows; i++) f(ne0, &out[i], w + (size_t)i * rs, y);
+    return thread_s() - t0;
+}
+
+static int cmp_d(const void *a, const void *b) {
+    const double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
 }
 
 int main(int argc, char **argv) {
     const char *ggml_dir = NULL;
-    int mib = 64, reps = 5;
+    int mib = 16, reps = 9;
     int64_t ne0 = 4096;
     bool scalar = false;
     int types[HM_TYPE_COUNT], n_types = 0;
@@ -115,7 +115,7 @@ int main(int argc, char **argv) {
     void *y = malloc(hm_row_size(HM_TYPE_Q8_K, ne0));
     for (int64_t i = 0; i < ne0; i++) yf[i] = (float)((double)(rnd() >> 11) / 9007199254740992.0 * 2 - 1);
     hm_type_get(HM_TYPE_Q8_K)->from_float_ref(yf, y, ne0);
-    printf("one thread, %d MiB of weights a type, rows of %lld, best of %d (GB/s of weights)\n", mib, (long long)ne0, reps);
+    printf("one thread, %d MiB of weights a type, rows of %lld, median of %d interleaved passes, thread CPU time (GB/s of weights)\n", mib, (long long)ne0, reps);
     printf("%-8s %9s %9s %9s %9s  %s\n", "type", "scalar", "avx2", "avx512", "ggml", "ours/ggml");
     for (int k = 0; k < n_types; k++) {
         const int t = types[k];
@@ -130,20 +130,33 @@ int main(int argc, char **argv) {
         float *o = malloc((size_t)rows * sizeof(float)), *og = malloc((size_t)rows * sizeof(float));
         fill(w, (size_t)rows * rs);
         const double gb = (double)rows * (double)rs * 1e-9;
-        double v[HM_ISA_COUNT] = {0};
+        /* the variants take turns, pass by pass, so a busy machine slows them alike; medians */
+        enum { NV = HM_ISA_COUNT + 1 };
+        hm_vec_dot_fn fn[NV] = {0};
+        ggml_vec_dot_fn gfn = NULL;
         for (int isa = 0; isa < HM_ISA_COUNT; isa++)
             if (tr->vec_dot_isa[isa] && (isa != HM_ISA_SCALAR || scalar) && hm_isa_available((hm_isa)isa))
-                v[isa] = gb / bench_ours(tr->vec_dot_isa[isa], ne0, w, rs, rows, y, o, reps);
-        double g = 0;
-        bool same = true;
+                fn[isa] = tr->vec_dot_isa[isa];
         if (get) {
             const ggml_traits_cpu *gt = get(t);
-            if (gt && gt->vec_dot && gt->vec_dot_type == HM_TYPE_Q8_K) {
-                g = gb / bench_ggml(gt->vec_dot, ne0, w, rs, rows, y, og, reps);
-                for (int64_t i = 0; i < rows && i < 64; i++)
-                    if (isfinite(o[i]) && isfinite(og[i]) && fabsf(o[i] - og[i]) > 1e-4f * (fabsf(og[i]) + 1e-3f)) same = false;
-            }
+            if (gt && gt->vec_dot && gt->vec_dot_type == HM_TYPE_Q8_K) gfn = gt->vec_dot;
         }
+        double *sec = malloc(sizeof(double) * (size_t)(NV * reps)), v[NV] = {0};
+        for (int r = 0; r < reps; r++)
+            for (int j = 0; j < NV; j++)
+                if (j < HM_ISA_COUNT ? fn[j] != NULL : gfn != NULL)
+                    sec[j * reps + r] = pass(fn[j < HM_ISA_COUNT ? j : 0], j < HM_ISA_COUNT ? NULL : gfn, ne0, w, rs,
+                                             rows, y, j < HM_ISA_COUNT ? o : og);
+        for (int j = 0; j < NV; j++)
+            if (j < HM_ISA_COUNT ? fn[j] != NULL : gfn != NULL) {
+                qsort(sec + j * reps, (size_t)reps, sizeof(double), cmp_d);
+                v[j] = gb / sec[j * reps + reps / 2];
+            }
+        free(sec);
+        const double g = v[HM_ISA_COUNT];
+        bool same = true;
+        for (int64_t i = 0; g > 0 && i < rows && i < 64; i++)
+            if (isfinite(o[i]) && isfinite(og[i]) && fabsf(o[i] - og[i]) > 1e-4f * (fabsf(og[i]) + 1e-3f)) same = false;
         const double best = v[HM_ISA_AVX512] > v[HM_ISA_AVX2] ? v[HM_ISA_AVX512] : v[HM_ISA_AVX2];
         char ratio[64] = "-";
         if (g > 0) snprintf(ratio, sizeof ratio, "%.2fx%s", best / g, same ? "" : " (values differ!)");
