@@ -158,7 +158,8 @@ int hm_cmd_synth(int argc, char **argv) {
         }
         static const char *const with_value[] = {"--arch", "--preset", "--layers", "--type", "--seed", "--tokenizer",
                                                  "--tokenizer-config", "-t", "--threads", "-o", "--output",
-                                                 "--routing-profile", "--split-max-size", "--split-max-tensors"};
+                                                 "--routing-profile", "--split-max-size", "--split-max-tensors",
+                                                 "--imatrix"};
         bool known = false;
         for (size_t k = 0; k < sizeof with_value / sizeof with_value[0]; k++) known |= strcmp(a, with_value[k]) == 0;
         if (!known) {
@@ -177,6 +178,7 @@ int hm_cmd_synth(int argc, char **argv) {
         else if (strcmp(a, "--tokenizer") == 0) o.tokenizer_json = v;
         else if (strcmp(a, "--tokenizer-config") == 0) o.tokenizer_config = v;
         else if (strcmp(a, "--routing-profile") == 0) o.routing_profile = v;
+        else if (strcmp(a, "--imatrix") == 0) o.imatrix = v;
         else if (strcmp(a, "-o") == 0 || strcmp(a, "--output") == 0) o.out_path = v;
         else if (strcmp(a, "--split-max-tensors") == 0) {
             if (!parse_int(v, 1, 1000000, &n)) {
