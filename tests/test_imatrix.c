@@ -197,6 +197,8 @@ int main(void) {
     if (im && raw && model) {
         CHECK(!hm_imatrix_is_legacy(im) && hm_imatrix_chunk_count(im) > 0);
         test_parse(im, raw, model);
+    }
+    if (im && model) {
         test_mix("iq2_m", im, model);
         test_mix("q2_k", im, model);
         test_mix("iq1_s", im, model);
