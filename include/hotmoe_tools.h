@@ -69,6 +69,10 @@ typedef struct hm_synth_opts {
     int32_t n_nextn;              /* qwen35moe, qwen3next: 1 writes a multi-token-prediction block after the
                                      layers as llama.cpp's converter does (block_count + 1,
                                      nextn_predict_layers 1, blk.N.nextn.*); 0: none */
+    const char *imatrix;          /* llama.cpp importance matrix (llama-imatrix's GGUF or the legacy
+                                     .dat): each quantised matrix uses its entry as llama-quantize
+                                     --imatrix does (same bytes), and the mixes take llama-quantize's
+                                     with-imatrix rules. NULL = none */
 } hm_synth_opts;
 
 /* Write a random-weight model with the real tensor names, shapes, GGUF keys and (for q4_k_m)

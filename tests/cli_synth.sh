@@ -47,8 +47,19 @@ for tu in q2_k:71168 q3_k_m:93184; do
     check "$t unit_bytes" grep -qF "\"unit_bytes\": ${tu#*:}" "$tmp/out"
     check "run $t" test "$(code "$EXE" run -m "$tmp/$t.gguf" -p "hello" -n 4 --temp 0 -t 2)" = 0
 done
-check "q3_k_m is qwen3moe-only" test "$(code "$EXE" synth --arch gemma4 --preset gemma4-tiny --type q3_k_m -q -o "$tmp/g.gguf")" = 1
-check "q3_k_m refusal says why" grep -q "qwen3moe only" "$tmp/err"
+# the llama-quantize and ud-* mixes on the other archs (types by hand: test_synth's check_arch_mixes)
+for at in "gemma4 gemma4-tiny q3_k_m" "deepseek4 tiny iq2_m" "qwen3next tiny ud-iq2_m"; do
+    set -- $at
+    check "synth $1 $3" test "$(code "$EXE" synth --arch $1 --preset $2 --type $3 --seed 3 -q -t 2 -o "$tmp/a.gguf")" = 0
+    check "run $1 $3" test "$(code "$EXE" run -m "$tmp/a.gguf" -p "hello" -n 2 --temp 0 -t 2)" = 0
+done
+# --imatrix: a file that is not an importance matrix is refused, naming it
+printf 'GGUF\003\000\000\000garbage' >"$tmp/im.gguf"
+check "bad imatrix exit 1" test "$(code "$EXE" synth --preset tiny --type iq2_m --imatrix "$tmp/im.gguf" -q -o "$tmp/i.gguf")" = 1
+check "bad imatrix named" grep -q "im.gguf" "$tmp/err"
+printf '\001\000\000\000' >"$tmp/im.dat"
+check "truncated legacy imatrix exit 1" test "$(code "$EXE" synth --preset tiny --type iq2_m --imatrix "$tmp/im.dat" -q -o "$tmp/i.gguf")" = 1
+check "truncated legacy imatrix says so" grep -q "entry 1 of 1" "$tmp/err"
 
 # errors: exit 1 with the file named for bad files, 2 for bad usage
 check "missing file exit 1" test "$(code "$EXE" inspect "$tmp/nope.gguf")" = 1

@@ -250,13 +250,20 @@ static void test_dots(void) {
                 tr->vec_dot_isa[HM_ISA_SCALAR](n, &ref, qx, qy);
                 CHECKF(fabs(ref - want) <= 2e-6 * mag + 1e-30, "%s n=%lld mode %d: scalar %.9g vs dequantised %.9g (mag %.3g)",
                        tr->name, (long long)n, mode, (double)ref, want, mag);
+                float simd[HM_ISA_COUNT];
                 for (int isa = HM_ISA_AVX2; isa < HM_ISA_COUNT; isa++) {
-                    if (!tr->vec_dot_isa[isa]) continue;
+                    if (!tr->vec_dot_isa[isa] || !hm_isa_available((hm_isa)isa)) continue;
                     float got = NAN;
                     tr->vec_dot_isa[isa](n, &got, qx, qy);
+                    simd[isa] = got;
                     CHECKF(fabs(got - ref) <= 1e-6 * mag + 1e-30, "%s n=%lld mode %d isa %d: %.9g vs scalar %.9g (mag %.3g)",
                            tr->name, (long long)n, mode, isa, (double)got, (double)ref, mag);
                 }
+                /* AVX-512 keeps AVX2's float order: the same bits (a model's logits do not move with the ISA) */
+                if (tr->vec_dot_isa[HM_ISA_AVX2] && tr->vec_dot_isa[HM_ISA_AVX512] && hm_isa_available(HM_ISA_AVX512))
+                    CHECKF(memcmp(&simd[HM_ISA_AVX2], &simd[HM_ISA_AVX512], sizeof(float)) == 0,
+                           "%s n=%lld mode %d: avx512 %.9g, avx2 %.9g", tr->name, (long long)n, mode,
+                           (double)simd[HM_ISA_AVX512], (double)simd[HM_ISA_AVX2]);
             }
         }
         free(yf);

@@ -156,6 +156,42 @@ static void test_hand_q8_1(void) {
     CHECKF(hm_fp16_to_f32(b.s) == (float)sum, "s %g vs %d", (double)hm_fp16_to_f32(b.s), sum);
 }
 
+/* Every compiled Q8_1 quantiser (the activations' run-time one included) writes the reference's
+ * bytes: gaussian rows, and rows of halves (amax 127: d = 1, every value k + 1/2 a tie that roundf
+ * takes away from zero, where round-to-even would not), by hand: the code of -126.5 is -127, of
+ * 2.5 is 3. */
+static void test_simd_q8_1(void) {
+    enum { N = 32 * 37 };
+    static float x[N];
+    static uint8_t want[N / 32 * 36], got[N / 32 * 36];
+    const hm_type_traits *tr = hm_type_get(HM_TYPE_Q8_1);
+    for (int kind = 0; kind < 3; kind++) {
+        for (int i = 0; i < N; i++)
+            x[i] = kind == 0 ? rnd_gauss() : kind == 1 ? (float)((i * 37) % 254 - 127) + 0.5f : rnd_gauss() * 1e-3f;
+        if (kind == 1)
+            for (int b = 0; b < N / 32; b++) x[32 * b + 7] = b % 2 ? 127.0f : -127.0f; /* amax 127 in every block */
+        if (kind == 2) memset(x + 64, 0, 32 * sizeof(float)); /* an all-zero block: d = 0 */
+        tr->from_float_ref(x, want, N);
+        if (kind == 1) {
+            const hm_block_q8_1 *b = (const hm_block_q8_1 *)(const void *)want;
+            CHECK(b[0].d == 0x3c00);
+            int bad = 0;
+            for (int e = 0; e < 32; e++)
+                if (e != 7) bad += b[0].qs[e] != (int8_t)(x[e] < 0 ? x[e] - 0.5f : x[e] + 0.5f);
+            CHECKF(bad == 0, "q8_1 ties: %d codes not rounded away from zero", bad);
+        }
+        for (int isa = 0; isa < HM_ISA_COUNT; isa++) {
+            if (!tr->from_float_isa[isa] || !hm_isa_available((hm_isa)isa)) continue;
+            memset(got, 0xa5, sizeof got);
+            tr->from_float_isa[isa](x, got, N);
+            CHECKF(memcmp(got, want, sizeof got) == 0, "q8_1 from_float isa %d kind %d differs from the reference", isa, kind);
+        }
+        memset(got, 0xa5, sizeof got);
+        tr->from_float(x, got, N);
+        CHECKF(memcmp(got, want, sizeof got) == 0, "q8_1 run-time from_float kind %d differs from the reference", kind);
+    }
+}
+
 /* ---------------------------------------------------------------- 2. traits */
 
 static void test_traits(void) {
@@ -324,6 +360,7 @@ int main(void) {
     test_hand_q2_k();
     test_hand_q3_k();
     test_hand_q8_1();
+    test_simd_q8_1();
     test_traits();
     test_round_trip();
     test_dots();

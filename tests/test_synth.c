@@ -13,7 +13,8 @@
  *  - inspect on a vocab-only GGUF, a missing file, a truncated file and garbage;
  *  - q2_k / q3_k_m plans put each type where llama.cpp's llama_tensor_get_type does (written out
  *    below from its rules for a MoE model with n_expert != 8), on qwen3-30b-a3b's shape (GQA 8)
- *    and tiny's (GQA 2); gemma4 and qwen35moe refuse them;
+ *    and tiny's (GQA 2); the same mixes and the ud-* mixes on deepseek4, gemma4 and qwen35moe
+ *    (check_arch_mixes), with and without an imatrix's rule changes;
  *  - gemma4's q4_k_m plan takes llama.cpp's block fallbacks (Q5_0, Q8_0) for rows of 704/2112;
  *  - --fast-experts: the random-block generator of every supported type dequantises to mean ~0,
  *    std ~0.02; a q4_k_m file (Q4_K and Q6_K experts) loads, is the same for 1 and 3 threads,
@@ -31,6 +32,7 @@
 #include "gguf/gguf.h"
 #include "hotmoe_tools.h"
 #include "quant/quant.h"
+#include "synth/synth_deepseek4.h"
 #include "synth/synth_gemma4.h"
 #include "synth/synth_impl.h"
 #include "test.h"
@@ -534,14 +536,6 @@ static void check_lowbit_mixes(void) {
                want[i].type);
         free(t);
     }
-    /* the mixes are llama.cpp's rules for qwen3moe's tensors; other archs refuse them */
-    static const char *refuse[][2] = {{"gemma4", "gemma4-tiny"}, {"qwen35moe", "qwen36-35b-a3b"}};
-    for (size_t i = 0; i < 2; i++) {
-        hm_synth_opts o = {.arch = refuse[i][0], .preset = refuse[i][1], .n_layer = 1, .type = "q3_k_m",
-                           .out_path = tpath("refused.gguf")};
-        hm_err err = {{0}};
-        CHECKF(hm_synth(&o, &err) == HM_ERR_UNSUPPORTED, "%s q3_k_m: %s", refuse[i][0], err.msg);
-    }
 }
 
 /* The i-quant mixes on qwen3moe, by hand from llama.cpp's llama_tensor_get_type_impl without an
@@ -599,6 +593,133 @@ static void check_iq_mixes(void) {
             if (strcmp(t[k].name, want[i].name) == 0) type = t[k].type;
         CHECKF(type == want[i].type, "%s %s %s: %s, want %s", want[i].preset, want[i].mix, want[i].name,
                hm_type_name(type), hm_type_name(want[i].type));
+        free(t);
+    }
+}
+
+/* The llama-quantize mixes on deepseek4, gemma4 and qwen35moe (synth_mix.c), by hand from
+ * llama_tensor_get_type_impl on their real shapes; and the ud-* mixes (synth_mix.c's table).
+ * deepseek-v4-flash: 43 layers, n_gqa 64/1, 256 experts; its attention tensors (attn_q_a/_b,
+ * attn_kv, attn_output_a/_b, indexer, compressors) match no llama category: the ftype's type.
+ * The IQ ftypes count ffn_down tensors in the loader's order (by layer, then by name:
+ * ffn_down_exps before ffn_down_shexp) against n_layer / 8 = 5: blk.0 exps, blk.0 shexp, blk.1
+ * exps, blk.1 shexp, blk.2 exps get IQ3_S (IQ2_M); Q3_K_M takes the layer from the name (< 43 / 16
+ * = 2: Q5_K). hc_*_fn stay F32 as the converter writes them.
+ * gemma4-26b-a4b: 30 layers, no output.weight (tied: token_embd takes output's rule), layer 0
+ * sliding with 16/8 heads (n_gqa 2), 128 experts; dense ffn_down rows of 2112 and ffn_down_exps
+ * rows of 704 are not whole 256-blocks: Q3_K -> Q4_0, Q4_K -> Q5_0, Q5_K -> Q5_1, IQ3_S/IQ2_S ->
+ * IQ4_NL; the first two attn_v tensors (layers 0, 1) Q5_K under Q3_K_M.
+ * qwen36-35b-a3b: 40 layers, every 4th full attention (n_gqa 16/2 = 8), 256 experts + shared;
+ * attn_qkv (the DeltaNet layers' input) is attn_v-like: the first two (layers 0, 1) Q5_K under
+ * Q3_K_M; ffn_down counted as deepseek4's, 40 / 8 = 5. */
+static void check_arch_mixes(void) {
+    static const struct { const char *arch, *mix, *name; int type; bool imatrix; } want[] = {
+        {"deepseek4", "iq2_m", "token_embd.weight", HM_TYPE_IQ3_S, false},
+        {"deepseek4", "iq2_m", "output.weight", HM_TYPE_Q5_K, false},
+        {"deepseek4", "iq2_m", "blk.0.ffn_down_exps.weight", HM_TYPE_IQ3_S, false},
+        {"deepseek4", "iq2_m", "blk.0.ffn_down_shexp.weight", HM_TYPE_IQ3_S, false},
+        {"deepseek4", "iq2_m", "blk.2.ffn_down_exps.weight", HM_TYPE_IQ3_S, false},
+        {"deepseek4", "iq2_m", "blk.2.ffn_down_shexp.weight", HM_TYPE_IQ2_S, false},
+        {"deepseek4", "iq2_m", "blk.3.ffn_down_exps.weight", HM_TYPE_IQ2_S, false},
+        {"deepseek4", "iq2_m", "blk.0.ffn_gate_exps.weight", HM_TYPE_IQ2_S, false},
+        {"deepseek4", "iq2_m", "blk.0.attn_kv.weight", HM_TYPE_IQ2_S, false},
+        {"deepseek4", "iq2_m", "blk.5.attn_q_b.weight", HM_TYPE_IQ2_S, false},
+        {"deepseek4", "iq2_m", "blk.0.hc_attn_fn.weight", HM_TYPE_F32, false},
+        {"deepseek4", "iq2_m", "blk.0.ffn_gate_inp.weight", HM_TYPE_F32, false},
+        {"deepseek4", "q3_k_m", "blk.1.ffn_down_shexp.weight", HM_TYPE_Q5_K, false},
+        {"deepseek4", "q3_k_m", "blk.2.ffn_down_exps.weight", HM_TYPE_Q4_K, false},
+        {"deepseek4", "q3_k_m", "blk.0.attn_output_a.weight", HM_TYPE_Q3_K, false},
+        {"deepseek4", "q3_k_m", "token_embd.weight", HM_TYPE_Q3_K, false},
+        {"deepseek4", "q3_k_m", "output.weight", HM_TYPE_Q6_K, false},
+        {"deepseek4", "q2_k", "blk.10.ffn_down_exps.weight", HM_TYPE_Q3_K, false},
+        {"deepseek4", "q2_k", "blk.10.ffn_up_exps.weight", HM_TYPE_Q2_K, false},
+        {"deepseek4", "iq1_s", "blk.20.ffn_up_exps.weight", HM_TYPE_IQ1_S, false},
+        {"deepseek4", "iq1_s", "blk.0.ffn_down_exps.weight", HM_TYPE_Q2_K, false},
+        {"deepseek4", "iq1_s", "token_embd.weight", HM_TYPE_Q2_K, false},
+        {"deepseek4", "iq2_xxs", "blk.30.ffn_gate_exps.weight", HM_TYPE_IQ2_XXS, false},
+        /* IQ3_XXS: ffn_down Q4_K in the first eighth by layer, Q3_K after; with an imatrix the
+         * ftype's type */
+        {"deepseek4", "iq3_xxs", "blk.4.ffn_down_exps.weight", HM_TYPE_Q4_K, false},
+        {"deepseek4", "iq3_xxs", "blk.5.ffn_down_exps.weight", HM_TYPE_Q3_K, false},
+        {"deepseek4", "iq3_xxs", "blk.5.ffn_down_exps.weight", HM_TYPE_IQ3_XXS, true},
+        {"deepseek4", "ud-iq2_m", "blk.3.ffn_gate_exps.weight", HM_TYPE_IQ2_S, false},
+        {"deepseek4", "ud-iq2_m", "blk.3.ffn_down_exps.weight", HM_TYPE_IQ3_S, false},
+        {"deepseek4", "ud-iq2_m", "blk.3.ffn_up_shexp.weight", HM_TYPE_Q6_K, false},
+        {"deepseek4", "ud-iq2_m", "blk.3.attn_kv.weight", HM_TYPE_Q6_K, false},
+        {"deepseek4", "ud-iq2_m", "blk.3.attn_q_b.weight", HM_TYPE_Q5_K, false},
+        {"deepseek4", "ud-iq2_m", "token_embd.weight", HM_TYPE_Q4_K, false},
+        {"deepseek4", "ud-iq2_m", "output.weight", HM_TYPE_Q6_K, false},
+        {"deepseek4", "ud-iq1_s", "blk.7.ffn_up_exps.weight", HM_TYPE_IQ1_S, false},
+        {"deepseek4", "ud-iq1_s", "blk.7.ffn_down_exps.weight", HM_TYPE_IQ2_XXS, false},
+        {"deepseek4", "ud-q2_k_xl", "blk.7.ffn_up_exps.weight", HM_TYPE_Q2_K, false},
+        {"deepseek4", "ud-q2_k_xl", "blk.7.ffn_down_exps.weight", HM_TYPE_Q3_K, false},
+        {"gemma4", "q2_k", "token_embd.weight", HM_TYPE_Q6_K, false},
+        {"gemma4", "q2_k", "blk.0.attn_v.weight", HM_TYPE_Q3_K, false},
+        {"gemma4", "q2_k", "blk.0.attn_output.weight", HM_TYPE_Q3_K, false},
+        {"gemma4", "q2_k", "blk.0.ffn_down.weight", HM_TYPE_Q4_0, false},
+        {"gemma4", "q2_k", "blk.0.ffn_down_exps.weight", HM_TYPE_Q4_0, false},
+        {"gemma4", "q2_k", "blk.0.ffn_gate_up_exps.weight", HM_TYPE_Q2_K, false},
+        {"gemma4", "q2_k", "blk.0.attn_q.weight", HM_TYPE_Q2_K, false},
+        {"gemma4", "iq2_m", "token_embd.weight", HM_TYPE_Q5_K, false},
+        {"gemma4", "iq2_m", "blk.0.attn_v.weight", HM_TYPE_Q4_K, false},
+        {"gemma4", "iq2_m", "blk.0.ffn_down.weight", HM_TYPE_IQ4_NL, false},
+        {"gemma4", "iq2_m", "blk.9.ffn_down_exps.weight", HM_TYPE_IQ4_NL, false},
+        {"gemma4", "iq2_m", "blk.9.attn_output.weight", HM_TYPE_IQ3_S, false},
+        {"gemma4", "iq2_m", "blk.9.ffn_gate_up_exps.weight", HM_TYPE_IQ2_S, false},
+        {"gemma4", "q3_k_m", "blk.0.attn_v.weight", HM_TYPE_Q5_K, false},
+        {"gemma4", "q3_k_m", "blk.1.attn_v.weight", HM_TYPE_Q5_K, false},
+        {"gemma4", "q3_k_m", "blk.2.attn_v.weight", HM_TYPE_Q4_K, false},
+        {"gemma4", "q3_k_m", "blk.0.ffn_down.weight", HM_TYPE_Q5_1, false},
+        {"gemma4", "q3_k_m", "blk.1.ffn_down.weight", HM_TYPE_Q5_0, false},
+        {"gemma4", "ud-q2_k_xl", "token_embd.weight", HM_TYPE_Q6_K, false},
+        {"gemma4", "ud-q2_k_xl", "blk.4.ffn_gate_up_exps.weight", HM_TYPE_Q2_K, false},
+        {"gemma4", "ud-q2_k_xl", "blk.4.ffn_down_exps.weight", HM_TYPE_Q4_0, false},
+        {"gemma4", "ud-q2_k_xl", "blk.4.ffn_down.weight", HM_TYPE_Q8_0, false},
+        {"gemma4", "ud-q2_k_xl", "blk.4.ffn_up.weight", HM_TYPE_Q6_K, false},
+        {"qwen35moe", "q3_k_m", "blk.0.attn_qkv.weight", HM_TYPE_Q5_K, false},
+        {"qwen35moe", "q3_k_m", "blk.1.attn_qkv.weight", HM_TYPE_Q5_K, false},
+        {"qwen35moe", "q3_k_m", "blk.2.attn_qkv.weight", HM_TYPE_Q4_K, false},
+        {"qwen35moe", "q3_k_m", "blk.3.attn_v.weight", HM_TYPE_Q4_K, false},
+        {"qwen35moe", "q3_k_m", "blk.1.ffn_down_exps.weight", HM_TYPE_Q5_K, false},
+        {"qwen35moe", "q3_k_m", "blk.2.ffn_down_shexp.weight", HM_TYPE_Q4_K, false},
+        {"qwen35moe", "q3_k_m", "blk.2.ssm_out.weight", HM_TYPE_Q3_K, false},
+        {"qwen35moe", "iq2_m", "blk.0.attn_qkv.weight", HM_TYPE_Q4_K, false},
+        {"qwen35moe", "iq2_m", "blk.2.ffn_down_exps.weight", HM_TYPE_IQ3_S, false},
+        {"qwen35moe", "iq2_m", "blk.2.ffn_down_shexp.weight", HM_TYPE_IQ2_S, false},
+        {"qwen35moe", "iq2_m", "blk.0.attn_gate.weight", HM_TYPE_IQ2_S, false},
+        {"qwen35moe", "iq2_m", "blk.0.ssm_conv1d.weight", HM_TYPE_F32, false},
+        {"qwen35moe", "iq2_m", "blk.0.ffn_gate_inp_shexp.weight", HM_TYPE_F32, false},
+        {"qwen35moe", "iq2_m", "blk.3.attn_output.weight", HM_TYPE_IQ3_S, false},
+        {"qwen35moe", "iq2_m", "token_embd.weight", HM_TYPE_IQ3_S, false},
+        {"qwen35moe", "iq2_m", "output.weight", HM_TYPE_Q5_K, false},
+        {"qwen35moe", "ud-iq2_m", "blk.3.attn_q.weight", HM_TYPE_Q5_K, false},
+        {"qwen35moe", "ud-iq2_m", "blk.0.attn_qkv.weight", HM_TYPE_Q6_K, false},
+        {"qwen35moe", "ud-iq2_m", "blk.0.ffn_down_shexp.weight", HM_TYPE_Q6_K, false},
+        {"qwen35moe", "ud-iq2_m", "blk.0.ffn_down_exps.weight", HM_TYPE_IQ3_S, false},
+    };
+    for (size_t i = 0; i < sizeof want / sizeof want[0]; i++) {
+        hm_synth_mix m = *hm_synth_find_mix(want[i].mix);
+        m.imatrix = want[i].imatrix;
+        hm_err err = {{0}};
+        hm_synth_tensor *t = NULL;
+        int64_t n = 0;
+        hm_status st;
+        if (!strcmp(want[i].arch, "deepseek4")) {
+            const hm_synth_ds4 *q = hm_synth_find_ds4("deepseek-v4-flash");
+            st = hm_synth_plan_ds4(q, q->base.n_layer, &m, &t, &n, &err);
+        } else if (!strcmp(want[i].arch, "gemma4")) {
+            const hm_synth_g4 *q = hm_synth_find_g4("gemma4-26b-a4b");
+            st = hm_synth_plan_g4(q, q->base.n_layer, &m, &t, &n, &err);
+        } else {
+            const hm_synth_q35 *q = hm_synth_find_q35("qwen35moe", "qwen36-35b-a3b");
+            st = hm_synth_plan_q35(q, q->base.n_layer, &m, &t, &n, &err);
+        }
+        CHECKF(st == HM_OK, "plan %s %s: %s", want[i].arch, want[i].mix, err.msg);
+        int type = -1;
+        for (int64_t k = 0; k < n; k++)
+            if (strcmp(t[k].name, want[i].name) == 0) type = t[k].type;
+        CHECKF(type == want[i].type, "%s %s%s %s: %s, want %s", want[i].arch, want[i].mix,
+               want[i].imatrix ? " (imatrix)" : "", want[i].name, hm_type_name(type), hm_type_name(want[i].type));
         free(t);
     }
 }
@@ -747,6 +868,7 @@ int main(void) {
     check_g4_fallback();
     check_lowbit_mixes();
     check_iq_mixes();
+    check_arch_mixes();
     check_fast_generator();
     check_fast_experts();
     char cmd[600];

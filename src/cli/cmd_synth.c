@@ -57,10 +57,13 @@ static void usage(FILE *f) {
           "                          (for --spec-type draft-mtp)\n"
           "  --type TYPE             q4_k_m (llama.cpp's Q4_K_M mix), q8_0, f16, f32, bf16, q4_0,\n"
           "                          q4_1, q5_1, iq4_nl, q4_k, q5_k, q6_k, iq4_xs (pure), mxfp4\n"
-          "                          (experts MXFP4, rest Q8_0), q2_k, q3_k_m (llama.cpp's Q2_K and\n"
-          "                          Q3_K_M mixes; qwen3moe only), iq2_m, iq2_xxs, iq1_s, iq3_xxs\n"
-          "                          (llama.cpp's mixes, no imatrix; qwen3moe only), iq2_xs, iq2_s,\n"
-          "                          iq3_s, iq1_m (pure)\n"
+          "                          (experts MXFP4, rest Q8_0), q2_k, q3_k_m, iq2_m, iq2_xxs,\n"
+          "                          iq1_s, iq3_xxs (llama-quantize's mixes, every arch), iq2_xs,\n"
+          "                          iq2_s, iq3_s, iq1_m (pure), ud-iq1_s, ud-iq2_m, ud-q2_k_xl\n"
+          "                          (unsloth-dynamic-like: routed experts low, the rest Q5_K/Q6_K;\n"
+          "                          docs/SYNTH.md)\n"
+          "  --imatrix FILE          llama.cpp importance matrix (llama-imatrix's GGUF or legacy\n"
+          "                          .dat): quantise as llama-quantize --imatrix does (same bytes)\n"
           "  --seed S                random seed (default 1); same options + seed = same bytes\n"
           "  --routing-profile P.json  build the profile's per-layer expert popularity into the\n"
           "                          weights: every engine then routes with that skew (profile\n"
@@ -158,7 +161,8 @@ int hm_cmd_synth(int argc, char **argv) {
         }
         static const char *const with_value[] = {"--arch", "--preset", "--layers", "--type", "--seed", "--tokenizer",
                                                  "--tokenizer-config", "-t", "--threads", "-o", "--output",
-                                                 "--routing-profile", "--split-max-size", "--split-max-tensors", "--nextn"};
+                                                 "--routing-profile", "--split-max-size", "--split-max-tensors",
+                                                 "--imatrix", "--nextn"};
         bool known = false;
         for (size_t k = 0; k < sizeof with_value / sizeof with_value[0]; k++) known |= strcmp(a, with_value[k]) == 0;
         if (!known) {
@@ -177,6 +181,7 @@ int hm_cmd_synth(int argc, char **argv) {
         else if (strcmp(a, "--tokenizer") == 0) o.tokenizer_json = v;
         else if (strcmp(a, "--tokenizer-config") == 0) o.tokenizer_config = v;
         else if (strcmp(a, "--routing-profile") == 0) o.routing_profile = v;
+        else if (strcmp(a, "--imatrix") == 0) o.imatrix = v;
         else if (strcmp(a, "-o") == 0 || strcmp(a, "--output") == 0) o.out_path = v;
         else if (strcmp(a, "--split-max-tensors") == 0) {
             if (!parse_int(v, 1, 1000000, &n)) {

@@ -94,6 +94,15 @@ size_t hm_row_size(int t, int64_t ne0);
  * IQ1_S (ggml refuses those without one). False if t is not one of these. */
 bool hm_quant_iq_quantize(int t, const float *src, void *dst, int64_t nrow, int64_t n_per_row, const float *qw);
 
+/* Quantise nrow rows of n_per_row elements of type t as ggml_quantize_chunk(t, ...) does with
+ * importance qw[n_per_row] (llama.cpp's imatrix entry for the matrix): the same bytes. qw NULL:
+ * the reference quantiser (the i-quants: as hm_quant_iq_quantize). F32/F16/BF16/Q8_0/MXFP4 ignore
+ * qw, as ggml does. False for a type without such a quantiser (hm_quant_weighted_supported) or
+ * rows that are not whole blocks (quant_weighted.c). */
+bool hm_quant_quantize(int t, const float *src, void *dst, int64_t nrow, int64_t n_per_row, const float *qw);
+/* Whether hm_quant_quantize takes an importance vector for type t. */
+bool hm_quant_weighted_supported(int t);
+
 /* Which variants this build compiled and this CPU can run. */
 bool hm_isa_available(hm_isa isa);
 

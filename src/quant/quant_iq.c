@@ -1,7 +1,7 @@
 /* quant_iq.c - the grid-based i-quant family (IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S,
  * IQ1_M): scalar reference dequantisation and dot products against Q8_K, and the registration of
- * the family's rows of the traits table (quantisers: quant_iq_quantize.c; AVX2 dots:
- * quant_iq_avx2.c).
+ * the family's rows of the traits table (quantisers: quant_iq_quantize.c; AVX2 / AVX-512 dots:
+ * quant_iq_avx2.c, quant_iq_avx512.c).
  *
  * Every block is first unpacked into what all operations share: 256 signed integer levels (the
  * grid points with their signs; for IQ1 eight times grid +- delta, so that they stay integers)
@@ -10,7 +10,7 @@
  * order ggml's dequantize_row_iq* does them, so dequantisation is bit-exact with ggml's. Dot
  * products sum (2 s + 1) * sum(level * q8) exactly in integers per super-block and scale once by
  * d * d8 * 2^-k (k: 3 for IQ2 and IQ1, 2 for IQ3_XXS, 0 for IQ3_S), accumulating in double: they
- * are the reference the SIMD variants (quant_iq_avx2.c) are measured against. */
+ * are the reference the SIMD variants (quant_iq_avx2.c, quant_iq_avx512.c) are measured against. */
 #if defined(__clang__)
 #pragma STDC FP_CONTRACT OFF
 #elif defined(__GNUC__)
@@ -214,9 +214,15 @@ IQ_FNS(iq1_m)
 #else
 #define IQ_AVX2(f) NULL
 #endif
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#define IQ_AVX512(f) f##_avx512
+#else
+#define IQ_AVX512(f) NULL
+#endif
 
 static void iq_set(hm_type_traits *e, const char *name, size_t type_size, hm_to_float_fn to_float_ref,
-                   hm_from_float_fn from_float_ref, hm_vec_dot_fn dot_scalar, hm_vec_dot_fn dot_avx2) {
+                   hm_from_float_fn from_float_ref, hm_vec_dot_fn dot_scalar, hm_vec_dot_fn dot_avx2,
+                   hm_vec_dot_fn dot_avx512) {
     e->name = name;
     e->blck_size = HM_QK_K;
     e->type_size = type_size;
@@ -225,13 +231,14 @@ static void iq_set(hm_type_traits *e, const char *name, size_t type_size, hm_to_
     e->vec_dot_type = HM_TYPE_Q8_K;
     e->vec_dot_isa[HM_ISA_SCALAR] = dot_scalar;
     e->vec_dot_isa[HM_ISA_AVX2] = dot_avx2;
+    e->vec_dot_isa[HM_ISA_AVX512] = dot_avx512;
     e->to_float_isa[HM_ISA_SCALAR] = to_float_ref;
     e->from_float_isa[HM_ISA_SCALAR] = from_float_ref;
 }
 
 #define IQ_SET(ID, T)                                                                                     \
     iq_set(&table[ID], #T, sizeof(hm_block_##T), to_float_##T##_ref, hm_from_float_##T##_ref, vec_dot_##T##_scalar, \
-           IQ_AVX2(hm_vec_dot_##T))
+           IQ_AVX2(hm_vec_dot_##T), IQ_AVX512(hm_vec_dot_##T))
 
 void hm_quant_register_iq(hm_type_traits *table) {
     IQ_SET(HM_TYPE_IQ2_XXS, iq2_xxs);

@@ -163,8 +163,10 @@ void hm_vec_dot_iq3_xxs_avx2(int64_t n, float *out, const void *vx, const void *
     IQ_DOT_BEGIN(hm_block_iq3_xxs)
     for (int ib = 0; ib < 8; ib++, q8 += 32) {
         const uint32_t sg = rd32(b->qs + 64 + 4 * ib);
-        const __m256i idx = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(b->qs + 8 * ib)));
-        const __m256i g = _mm256_i32gather_epi32((const int *)hm_iq3xxs_grid, idx, 4);
+        const uint8_t *q = b->qs + 8 * ib; /* eight table loads: cheaper than a gather on most cores */
+        const __m256i g = _mm256_setr_epi32((int)hm_iq3xxs_grid[q[0]], (int)hm_iq3xxs_grid[q[1]], (int)hm_iq3xxs_grid[q[2]],
+                                            (int)hm_iq3xxs_grid[q[3]], (int)hm_iq3xxs_grid[q[4]], (int)hm_iq3xxs_grid[q[5]],
+                                            (int)hm_iq3xxs_grid[q[6]], (int)hm_iq3xxs_grid[q[7]]);
         sumi = _mm256_add_epi32(sumi, dot32_signs7(g, sg & 127, (sg >> 7) & 127, (sg >> 14) & 127, (sg >> 21) & 127, q8,
                                                    _mm256_set1_epi16((short)(2 * (sg >> 28) + 1))));
     }
@@ -174,13 +176,14 @@ void hm_vec_dot_iq3_xxs_avx2(int64_t n, float *out, const void *vx, const void *
 void hm_vec_dot_iq3_s_avx2(int64_t n, float *out, const void *vx, const void *vy) {
     IQ_DOT_BEGIN(hm_block_iq3_s)
     for (int ib = 0; ib < 8; ib++, q8 += 32) {
-        /* the 8 half-group indices qs[8ib + k] | bit k of qh[ib] << 8, gathered in one go */
-        const __m256i lo = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(b->qs + 8 * ib)));
-        const __m256i hi = _mm256_slli_epi32(
-            _mm256_and_si256(_mm256_srlv_epi32(_mm256_set1_epi32(b->qh[ib]), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7)),
-                             _mm256_set1_epi32(1)),
-            8);
-        const __m256i g = _mm256_i32gather_epi32((const int *)hm_iq3s_grid, _mm256_or_si256(lo, hi), 4);
+        /* the 8 half-group indices qs[8ib + k] | bit k of qh[ib] << 8 */
+        const uint8_t *q = b->qs + 8 * ib;
+        const int h = b->qh[ib];
+        const __m256i g = _mm256_setr_epi32(
+            (int)hm_iq3s_grid[q[0] | (h << 8 & 256)], (int)hm_iq3s_grid[q[1] | (h << 7 & 256)],
+            (int)hm_iq3s_grid[q[2] | (h << 6 & 256)], (int)hm_iq3s_grid[q[3] | (h << 5 & 256)],
+            (int)hm_iq3s_grid[q[4] | (h << 4 & 256)], (int)hm_iq3s_grid[q[5] | (h << 3 & 256)],
+            (int)hm_iq3s_grid[q[6] | (h << 2 & 256)], (int)hm_iq3s_grid[q[7] | (h << 1 & 256)]);
         const int s = (b->scales[ib / 2] >> (4 * (ib % 2))) & 15;
         sumi = _mm256_add_epi32(sumi, dot32_unsigned(g, rd32(b->signs + 4 * ib), q8, _mm256_set1_epi16((short)(2 * s + 1))));
     }
@@ -214,10 +217,9 @@ void hm_vec_dot_iq1_m_avx2(int64_t n, float *out, const void *vx, const void *vy
         const int sc = b->scales[2 * (ib / 2)] | b->scales[2 * (ib / 2) + 1] << 8;
         const __m256i g = grid4(hm_iq1s_grid[qs[0] | (h0 & 7) << 8], hm_iq1s_grid[qs[1] | ((h0 >> 4) & 7) << 8],
                                 hm_iq1s_grid[qs[2] | (h1 & 7) << 8], hm_iq1s_grid[qs[3] | ((h1 >> 4) & 7) << 8]);
-        /* the four groups' shift signs (bits 3 and 7 of h0, h1) as whole sign bytes, then +-1 lanes */
-        const uint32_t neg = (uint32_t)((h0 >> 3) & 1) | (uint32_t)((h0 >> 7) & 1) << 8 | (uint32_t)((h1 >> 3) & 1) << 16 |
-                             (uint32_t)((h1 >> 7) & 1) << 24;
-        const __m256i sh = signs_pm1(neg * 0xffu);
+        /* the four groups' shifts (bits 3 and 7 of h0, h1) as +-1 lanes */
+        const __m256i sh = _mm256_setr_epi64x((long long)shift8(h0 & 8), (long long)shift8(h0 & 0x80),
+                                              (long long)shift8(h1 & 8), (long long)shift8(h1 & 0x80));
         const int s1 = (sc >> (6 * (ib % 2))) & 7, s2 = (sc >> (6 * (ib % 2) + 3)) & 7;
         sumi = _mm256_add_epi32(sumi, dot32_signed(iq1_levels(g, sh), q8, scales16(2 * s1 + 1, 2 * s2 + 1)));
     }

@@ -138,7 +138,7 @@ void hm_from_float_iq3_s_ref(const float *src, void *dst, int64_t n);
 void hm_from_float_iq1_s_ref(const float *src, void *dst, int64_t n);
 void hm_from_float_iq1_m_ref(const float *src, void *dst, int64_t n);
 
-/* SIMD variants (quant_iq_avx2.c), registered by quant_iq.c where compiled. */
+/* SIMD variants (quant_iq_avx2.c, quant_iq_avx512.c), registered by quant_iq.c where compiled. */
 void hm_vec_dot_iq2_xxs_avx2(int64_t n, float *out, const void *x, const void *y);
 void hm_vec_dot_iq2_xs_avx2(int64_t n, float *out, const void *x, const void *y);
 void hm_vec_dot_iq2_s_avx2(int64_t n, float *out, const void *x, const void *y);
@@ -146,5 +146,13 @@ void hm_vec_dot_iq3_xxs_avx2(int64_t n, float *out, const void *x, const void *y
 void hm_vec_dot_iq3_s_avx2(int64_t n, float *out, const void *x, const void *y);
 void hm_vec_dot_iq1_s_avx2(int64_t n, float *out, const void *x, const void *y);
 void hm_vec_dot_iq1_m_avx2(int64_t n, float *out, const void *x, const void *y);
+/* AVX-512 variants (quant_iq_avx512.c), where compiled (F+BW+VL). */
+void hm_vec_dot_iq2_xxs_avx512(int64_t n, float *out, const void *x, const void *y);
+void hm_vec_dot_iq2_xs_avx512(int64_t n, float *out, const void *x, const void *y);
+void hm_vec_dot_iq2_s_avx512(int64_t n, float *out, const void *x, const void *y);
+void hm_vec_dot_iq3_xxs_avx512(int64_t n, float *out, const void *x, const void *y);
+void hm_vec_dot_iq3_s_avx512(int64_t n, float *out, const void *x, const void *y);
+void hm_vec_dot_iq1_s_avx512(int64_t n, float *out, const void *x, const void *y);
+void hm_vec_dot_iq1_m_avx512(int64_t n, float *out, const void *x, const void *y);
 
 #endif

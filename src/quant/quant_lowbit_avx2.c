@@ -8,6 +8,7 @@
  * sub-blocks (one per 128-bit lane), weighted by their scales through vpmaddwd; Q2_K's mins
  * come from the activation's bsums, Q3_K's missing high bit subtracts 4 x the activation. All
  * integer sums are exact; only the float accumulation order differs from the reference. */
+#include "core/fp16.h"
 #include "quant_lowbit_impl.h"
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
@@ -134,11 +135,53 @@ static void vec_dot_q3_k_avx2(int64_t n, float *out, const void *vx, const void 
     *out = hsum8(acc);
 }
 
+/* roundf (half away from zero) of 8 floats, exactly: truncate, then step away from zero where the
+ * dropped fraction is at least one half (v - trunc(v) is exact). */
+static inline __m256i round_away_avx2(__m256 v) {
+    const __m256 t = _mm256_round_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+    const __m256 frac = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), _mm256_sub_ps(v, t));
+    const __m256 step = _mm256_or_ps(_mm256_and_ps(v, _mm256_set1_ps(-0.0f)), _mm256_set1_ps(1.0f));
+    return _mm256_cvttps_epi32(_mm256_add_ps(t, _mm256_and_ps(_mm256_cmp_ps(frac, _mm256_set1_ps(0.5f), _CMP_GE_OQ), step)));
+}
+
+/* Q8_1 activations: the reference's d = amax / 127, q = roundf(x / d) as x * (1 / d), s = d * sum q,
+ * bit-exact. */
+static void from_float_q8_1_avx2(const float *src, void *dst, int64_t n) {
+    hm_block_q8_1 *y = dst;
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (int64_t i = 0; i < n / HM_QK8_1; i++, src += HM_QK8_1) {
+        __m256 v[4], m = _mm256_setzero_ps();
+        for (int k = 0; k < 4; k++) {
+            v[k] = _mm256_loadu_ps(src + 8 * k);
+            m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v[k]));
+        }
+        __m128 h = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+        h = _mm_max_ss(h, _mm_movehdup_ps(h));
+        const float d = _mm_cvtss_f32(h) / 127.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        y[i].d = hm_f32_to_fp16(d);
+        __m256i q[4];
+        for (int k = 0; k < 4; k++) q[k] = round_away_avx2(_mm256_mul_ps(v[k], _mm256_set1_ps(id)));
+        const __m256i sum = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+        /* int32 -> int8 in element order (packs interleave 128-bit lanes: undo with a permute) */
+        const __m256i p16 = _mm256_packs_epi32(q[0], q[1]), p16b = _mm256_packs_epi32(q[2], q[3]);
+        const __m256i p8 = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(p16, p16b), _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+        _mm256_storeu_si256((__m256i *)y[i].qs, p8);
+        y[i].s = hm_f32_to_fp16((float)_mm_cvtsi128_si32(s4) * d);
+    }
+}
+
 void hm_lowbit_register_avx2(hm_type_traits *table) {
     table[HM_TYPE_Q4_1].vec_dot_isa[HM_ISA_AVX2] = vec_dot_q4_1_avx2;
     table[HM_TYPE_Q5_1].vec_dot_isa[HM_ISA_AVX2] = vec_dot_q5_1_avx2;
     table[HM_TYPE_IQ4_NL].vec_dot_isa[HM_ISA_AVX2] = vec_dot_iq4_nl_avx2;
     table[HM_TYPE_Q2_K].vec_dot_isa[HM_ISA_AVX2] = vec_dot_q2_k_avx2;
     table[HM_TYPE_Q3_K].vec_dot_isa[HM_ISA_AVX2] = vec_dot_q3_k_avx2;
+    table[HM_TYPE_Q8_1].from_float_isa[HM_ISA_AVX2] = from_float_q8_1_avx2;
+    table[HM_TYPE_Q8_1].from_float = from_float_q8_1_avx2;
 }
 #endif

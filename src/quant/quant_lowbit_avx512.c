@@ -8,6 +8,7 @@
  * int16 lanes each by one vpermw. Q3_K's missing high bit subtracts 4 x the activation (a
  * second maddubs under a byte mask). Integer sums per block are exact; only the float
  * accumulation order differs from the scalar reference. */
+#include "core/fp16.h"
 #include "quant_lowbit_impl.h"
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
@@ -178,11 +179,41 @@ static void vec_dot_q3_k_avx512(int64_t n, float *out, const void *vx, const voi
     *out = _mm512_reduce_add_ps(acc);
 }
 
+/* Q8_1 activations, two blocks a step: the reference's d = amax / 127, q = roundf(x * (1 / d))
+ * (half away from zero, done exactly as trunc + a step where the fraction is >= 0.5), s = d * sum q;
+ * bit-exact. */
+static void from_float_q8_1_avx512(const float *src, void *dst, int64_t n) {
+    hm_block_q8_1 *y = dst;
+    const __m512 half = _mm512_set1_ps(0.5f), one = _mm512_set1_ps(1.0f);
+    const int64_t nb = n / HM_QK8_1;
+    for (int64_t i = 0; i < nb; i++, src += HM_QK8_1) {
+        const __m512 v0 = _mm512_loadu_ps(src), v1 = _mm512_loadu_ps(src + 16);
+        const float d = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1))) / 127.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        y[i].d = hm_f32_to_fp16(d);
+        __m512i q[2];
+        const __m512 vs[2] = {v0, v1};
+        for (int k = 0; k < 2; k++) {
+            const __m512 x = _mm512_mul_ps(vs[k], _mm512_set1_ps(id));
+            const __m512 t = _mm512_roundscale_ps(x, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+            const __mmask16 up = _mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_sub_ps(x, t)), half, _CMP_GE_OQ);
+            const __m512 step = _mm512_castsi512_ps(_mm512_or_si512(
+                _mm512_and_si512(_mm512_castps_si512(x), _mm512_set1_epi32((int)0x80000000u)), _mm512_castps_si512(one)));
+            q[k] = _mm512_cvttps_epi32(_mm512_mask_add_ps(t, up, t, step));
+        }
+        _mm_storeu_si128((__m128i *)y[i].qs, _mm512_cvtsepi32_epi8(q[0]));
+        _mm_storeu_si128((__m128i *)(y[i].qs + 16), _mm512_cvtsepi32_epi8(q[1]));
+        y[i].s = hm_f32_to_fp16((float)_mm512_reduce_add_epi32(_mm512_add_epi32(q[0], q[1])) * d);
+    }
+}
+
 void hm_lowbit_register_avx512(hm_type_traits *table) {
     table[HM_TYPE_Q4_1].vec_dot_isa[HM_ISA_AVX512] = vec_dot_q4_1_avx512;
     table[HM_TYPE_Q5_1].vec_dot_isa[HM_ISA_AVX512] = vec_dot_q5_1_avx512;
     table[HM_TYPE_IQ4_NL].vec_dot_isa[HM_ISA_AVX512] = vec_dot_iq4_nl_avx512;
     table[HM_TYPE_Q2_K].vec_dot_isa[HM_ISA_AVX512] = vec_dot_q2_k_avx512;
     table[HM_TYPE_Q3_K].vec_dot_isa[HM_ISA_AVX512] = vec_dot_q3_k_avx512;
+    table[HM_TYPE_Q8_1].from_float_isa[HM_ISA_AVX512] = from_float_q8_1_avx512;
+    table[HM_TYPE_Q8_1].from_float = from_float_q8_1_avx512;
 }
 #endif

@@ -26,6 +26,7 @@
 #include "synth_gemma4.h"
 #include "synth_moe_archs.h"
 #include "synth_gptoss.h"
+#include "synth_imatrix.h"
 #include "synth_impl.h"
 
 #define CHUNK_BYTES ((size_t)4 << 20) /* quantised bytes per chunk */
@@ -44,6 +45,7 @@ typedef struct chunk_job {
     int route_op;                    /* what routing does to this tensor's rows (0: nothing) */
     int32_t route_layer;
     bool fast; /* --fast-experts and an expert tensor of a type with a generator */
+    const float *qw; /* --imatrix: the tensor's importance, ne[0] per matrix (ne[2] of them); or NULL */
     _Atomic int64_t next_row; /* the next row of the chunk no thread has taken */
 } chunk_job;
 
@@ -86,7 +88,9 @@ static void run_rows(chunk_job *j, int ith) {
             if (j->t->rope_pairs) /* rope_freqs: fixed values */
                 for (int64_t c = 0; c < ne0; c++) x[c] = c < j->t->rope_pairs ? 1.0f : 1e30f;
             if (j->route_op) hm_synth_routing_row(j->routing, j->route_op, j->route_layer, j->key, j->row0 + r, x, ne0);
-            j->quantise(x, y, ne0);
+            if (j->qw) /* the expert's (matrix's) importance, as llama-quantize slices it */
+                hm_quant_quantize(j->t->type, x, y, 1, ne0, j->qw + ((j->row0 + r) / j->t->ne[1]) * ne0);
+            else j->quantise(x, y, ne0);
         }
     }
 }
@@ -127,9 +131,52 @@ static const hm_synth_ds4 *ds4_of(const hm_synth_opts *o) {
     return o->arch && strcmp(o->arch, "deepseek4") == 0 ? hm_synth_find_ds4(o->preset) : NULL;
 }
 
+/* Which importance each tensor of the plan is quantised with, as llama-quantize picks it: the entry
+ * of the same name for every tensor it quantises (not F32, not a hash table); its size must be
+ * ne[0] * ne[2] (token_embd of another size goes without, as llama-quantize lets it); a tensor of a
+ * type llama-quantize will not write without one (the grid i-quants but for token_embd / output)
+ * must have an entry. *out[i] borrowed from im, NULL for none; *out owned by the caller. */
+static hm_status imatrix_bind(const hm_imatrix *im, const char *path, const hm_synth_tensor *plan, int64_t n,
+                              const float ***out, hm_err *err) {
+    const float **qw = calloc((size_t)n, sizeof *qw);
+    if (!qw) return hm_errf(err, HM_ERR_NOMEM, "synth: out of memory");
+    for (int64_t i = 0; i < n; i++) {
+        const hm_synth_tensor *t = &plan[i];
+        if (t->type == HM_TYPE_F32 || t->hash_experts) continue;
+        const bool embd_or_out = !strcmp(t->name, "token_embd.weight") || !strcmp(t->name, "output.weight");
+        int64_t nv = 0;
+        const float *v = hm_imatrix_find(im, t->name, &nv);
+        if (v && nv != t->ne[0] * t->ne[2]) {
+            if (strcmp(t->name, "token_embd.weight") != 0) {
+                free(qw);
+                return hm_errf(err, HM_ERR_ARG, "synth: imatrix %s: %s has %lld values, the tensor needs %lld "
+                               "(%lld per row x %lld matrices): an imatrix of another model?", path, t->name,
+                               (long long)nv, (long long)(t->ne[0] * t->ne[2]), (long long)t->ne[0], (long long)t->ne[2]);
+            }
+            v = NULL;
+        }
+        const bool needs = !embd_or_out && (t->type == HM_TYPE_IQ2_XXS || t->type == HM_TYPE_IQ2_XS ||
+                                            t->type == HM_TYPE_IQ2_S || t->type == HM_TYPE_IQ3_XXS ||
+                                            t->type == HM_TYPE_IQ1_S || t->type == HM_TYPE_IQ1_M);
+        if (!v && needs) {
+            free(qw);
+            return hm_errf(err, HM_ERR_ARG, "synth: imatrix %s has no entry for %s, which is %s (llama-quantize "
+                           "refuses that type without one)", path, t->name, hm_type_name(t->type));
+        }
+        if (v && !hm_quant_weighted_supported(t->type)) {
+            free(qw);
+            return hm_errf(err, HM_ERR_UNSUPPORTED, "synth: %s is %s, which has no importance-weighted quantiser here",
+                           t->name, hm_type_name(t->type));
+        }
+        qw[i] = v;
+    }
+    *out = qw;
+    return HM_OK;
+}
+
 static hm_status write_metadata(hm_gguf_writer *w, const hm_synth_opts *o, const hm_synth_preset *p,
                                 const synth_arch *a, int32_t n_layer, const hm_synth_mix *m,
-                                const hm_synth_routing *routing, hm_err *err) {
+                                const hm_synth_routing *routing, const hm_imatrix *im, hm_err *err) {
     hm_status st = HM_OK;
 #define SET(call) do { if (!st) st = (call); } while (0)
     if (a->gpt) {
@@ -183,6 +230,11 @@ provenance:
     SET(hm_gguf_writer_set_u64(w, "hotmoe.synth.seed", o->seed));
     if (o->fast_experts) SET(hm_gguf_writer_set_bool(w, "hotmoe.synth.fast_experts", true));
     SET(hm_synth_routing_write_meta(routing, w));
+    if (im) { /* the keys llama-quantize writes */
+        SET(hm_gguf_writer_set_str(w, "quantize.imatrix.file", o->imatrix));
+        SET(hm_gguf_writer_set_i32(w, "quantize.imatrix.entries_count", (int32_t)hm_imatrix_n_entries(im)));
+        SET(hm_gguf_writer_set_i32(w, "quantize.imatrix.chunks_count", hm_imatrix_chunk_count(im)));
+    }
 #undef SET
     if (st) return st;
     if (a->g4) return hm_synth_vocab_g4(w, p->n_vocab, err);
@@ -258,10 +310,6 @@ static hm_status check_opts(const hm_synth_opts *o, const hm_synth_preset **p, s
     if (!o->type) return hm_errf(err, HM_ERR_ARG, "synth: no type (one of: %s)", hm_synth_mix_names());
     if (!(*m = hm_synth_find_mix(o->type)))
         return hm_errf(err, HM_ERR_ARG, "synth: unknown type '%s' (one of: %s)", o->type, hm_synth_mix_names());
-    if ((is_q35 || is_g4 || is_ds2 || is_ds4 || is_ma || is_gpt) &&
-        ((*m)->kind == HM_SYNTH_MIX_Q2_K || (*m)->kind == HM_SYNTH_MIX_Q3_K_M))
-        return hm_errf(err, HM_ERR_UNSUPPORTED, "synth: --type %s follows llama-quantize's rules for qwen3moe only",
-                       (*m)->name);
     if (o->n_nextn < 0 || o->n_nextn > 1 ||
         (o->n_nextn && (!o->arch || (strcmp(o->arch, "qwen35moe") != 0 && strcmp(o->arch, "qwen3next") != 0))))
         return hm_errf(err, HM_ERR_ARG, "synth: --nextn %d: an MTP block is written for --arch qwen35moe and "
@@ -269,6 +317,9 @@ static hm_status check_opts(const hm_synth_opts *o, const hm_synth_preset **p, s
     if (o->n_layer < 0 || o->n_layer > 1000)
         return hm_errf(err, HM_ERR_ARG, "synth: --layers %d is out of range [1, 1000]", o->n_layer);
     if (!o->out_path || !*o->out_path) return hm_errf(err, HM_ERR_ARG, "synth: no output file (-o FILE)");
+    if (o->imatrix && o->fast_experts)
+        return hm_errf(err, HM_ERR_ARG, "synth: --imatrix and --fast-experts do not go together (random expert blocks "
+                       "are not quantised)");
     if (o->tokenizer_config && !o->tokenizer_json)
         return hm_errf(err, HM_ERR_ARG, "synth: --tokenizer-config needs --tokenizer");
     return HM_OK;
@@ -280,6 +331,12 @@ hm_status hm_synth(const hm_synth_opts *o, hm_err *err) {
     const hm_synth_mix *m = NULL;
     hm_status st = check_opts(o, &p, &a, &m, err);
     if (st) return st;
+    hm_synth_mix mi; /* with --imatrix: the mix with llama-quantize's with-imatrix rules */
+    if (o->imatrix) {
+        mi = *m;
+        mi.imatrix = true;
+        m = &mi;
+    }
     const int32_t n_layer = o->n_layer ? o->n_layer : p->n_layer;
 
     int n_threads = o->n_threads;
@@ -295,6 +352,8 @@ hm_status hm_synth(const hm_synth_opts *o, hm_err *err) {
     chunk_job job;
     memset(&job, 0, sizeof job);
     hm_synth_routing *routing = NULL;
+    hm_imatrix *im = NULL;
+    const float **qws = NULL;
     st = a.q35         ? hm_synth_plan_q35(a.q35, n_layer, o->n_nextn, m, &plan, &n_tensors, err)
          : a.g4        ? hm_synth_plan_g4(a.g4, n_layer, m, &plan, &n_tensors, err)
          : a.ds2       ? hm_synth_plan_ds2(a.ds2, n_layer, m, &plan, &n_tensors, err)
@@ -307,6 +366,8 @@ hm_status hm_synth(const hm_synth_opts *o, hm_err *err) {
         (st = hm_synth_routing_open(&routing, o->routing_profile, p, n_layer, plan, n_tensors, o->seed, n_threads, err)))
         goto done;
     job.routing = routing;
+    if (o->imatrix && ((st = hm_imatrix_open(&im, o->imatrix, err)) || (st = imatrix_bind(im, o->imatrix, plan, n_tensors, &qws, err))))
+        goto done;
 
     uint64_t total = 0;
     int64_t max_ne0 = 0;
@@ -340,7 +401,7 @@ hm_status hm_synth(const hm_synth_opts *o, hm_err *err) {
     if (st) goto done;
     if (o->split_max_bytes || o->split_max_tensors)
         st = hm_gguf_writer_set_split(w, o->split_max_bytes, o->split_max_tensors);
-    if (!st) st = write_metadata(w, o, p, &a, n_layer, m, routing, err);
+    if (!st) st = write_metadata(w, o, p, &a, n_layer, m, routing, im, err);
     for (int64_t i = 0; !st && i < n_tensors; i++) {
         const hm_synth_tensor *t = &plan[i];
         st = hm_gguf_writer_add_tensor(w, t->name, t->type, t->n_dims, t->ne);
@@ -356,6 +417,7 @@ hm_status hm_synth(const hm_synth_opts *o, hm_err *err) {
         job.key = hm_synth_key(o->seed, t->name);
         job.route_op = hm_synth_routing_op(routing, t, &job.route_layer);
         job.fast = o->fast_experts && t->n_dims == 3 && hm_synth_fast_supported(t->type);
+        job.qw = qws ? qws[i] : NULL;
         job.row_bytes = hm_row_size(t->type, t->ne[0]);
         const int64_t rows = t->ne[1] * t->ne[2];
         int64_t per_chunk = (int64_t)(buf_bytes / job.row_bytes);
@@ -380,6 +442,8 @@ hm_status hm_synth(const hm_synth_opts *o, hm_err *err) {
 done:
     hm_gguf_writer_abort(w);
     hm_synth_routing_close(routing);
+    hm_imatrix_close(im);
+    free(qws);
     free(plan);
     free(job.out);
     for (int i = 0; i < MAX_THREADS; i++) free(job.scratch[i]);

@@ -74,7 +74,7 @@ static hm_status ds2_add(ds2_plan *pl, const char *name, uint32_t n_dims, int64_
     if (n_dims < 2 || strstr(name, "ffn_gate_inp")) ty = HM_TYPE_F32;
     else if (m->kind == HM_SYNTH_MIX_MXFP4_MOE) ty = n_dims == 3 && strstr(name, "_exps") ? HM_TYPE_MXFP4 : HM_TYPE_Q8_0;
     else if (m->kind == HM_SYNTH_MIX_Q4_K_M) ty = strcmp(name, "output.weight") == 0 ? HM_TYPE_Q6_K : HM_TYPE_Q4_K;
-    else if (m->kind != HM_SYNTH_MIX_PURE)
+    else if (m->kind != HM_SYNTH_MIX_PURE && !hm_synth_mix_by_rules(m))
         return hm_errf(err, HM_ERR_UNSUPPORTED, "synth: --type %s is written for qwen3moe only", m->name);
     t->type = n_dims < 2 ? ty : hm_synth_type_fallback(ty, ne0);
     t->mean = mean;
@@ -129,6 +129,8 @@ hm_status hm_synth_plan_ds2(const hm_synth_ds2 *q, int32_t n_layer, const hm_syn
     }
     if (!st) st = ds2_add(&pl, "output_norm.weight", 1, E, 1, 1, 1, N, err);
     if (!st) st = ds2_add(&pl, "output.weight", 2, E, p->n_vocab, 1, 0, out_std, err);
+    const hm_synth_mix_hp hp = {n_layer, p->n_head / p->n_head_kv, p->n_expert};
+    if (!st) st = hm_synth_mix_apply(pl.t, pl.n, m, &hp, err);
     if (st) {
         free(pl.t);
         return st;

@@ -99,7 +99,9 @@ static int ds4_type(const ds4_plan *pl, const char *name, uint32_t n_dims, int64
     case HM_SYNTH_MIX_Q4_K_M:
         t = strcmp(name, "token_embd.weight") == 0 || more ? HM_TYPE_Q6_K : HM_TYPE_Q4_K;
         break;
-    default: return -1;
+    default:
+        if (!hm_synth_mix_by_rules(m)) return -1;
+        break; /* the base type; hm_synth_mix_apply sets the mix */
     }
     return hm_synth_type_fallback(t, ne0);
 }
@@ -111,7 +113,7 @@ static hm_status ds4_add(ds4_plan *pl, const char *name, uint32_t n_dims, int64_
     t->type = ds4_type(pl, name, n_dims, ne0, more);
     if (t->type < 0)
         return hm_errf(err, HM_ERR_UNSUPPORTED, "synth: --type %s is not available for deepseek4 (pure types, "
-                       "q4_k_m, mxfp4)", pl->mix->name);
+                       "q4_k_m, mxfp4, the llama-quantize and ud-* mixes)", pl->mix->name);
     t->mean = mean;
     t->std = std;
     return hm_synth_check_rows(t, err);
@@ -189,6 +191,8 @@ hm_status hm_synth_plan_ds4(const hm_synth_ds4 *q, int32_t n_layer, const hm_syn
     }
     if (!st) st = ds4_add(&pl, "output_norm.weight", 1, E, 1, 1, 1, N, false, err);
     if (!st) st = ds4_add(&pl, "output.weight", 2, E, p->n_vocab, 1, 0, out_std, false, err);
+    const hm_synth_mix_hp hp = {n_layer, p->n_head / p->n_head_kv, p->n_expert};
+    if (!st) st = hm_synth_mix_apply(pl.t, pl.n, m, &hp, err);
     if (st) {
         free(pl.t);
         return st;

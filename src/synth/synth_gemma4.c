@@ -89,11 +89,10 @@ static int g4_type(g4_plan *pl, const char *name, uint32_t n_dims, int64_t ne0, 
     switch (m->kind) {
     case HM_SYNTH_MIX_PURE: break;
     case HM_SYNTH_MIX_MXFP4_MOE: t = n_dims == 3 ? HM_TYPE_MXFP4 : HM_TYPE_Q8_0; break;
-    case HM_SYNTH_MIX_IQ: return -1; /* the i-quant ftype rules are written for qwen3moe only */
     case HM_SYNTH_MIX_Q4_K_M:
         t = strcmp(name, "token_embd.weight") == 0 || more ? HM_TYPE_Q6_K : HM_TYPE_Q4_K;
         break;
-    case HM_SYNTH_MIX_Q2_K: case HM_SYNTH_MIX_Q3_K_M: break; /* refused by hm_synth's option check */
+    default: break; /* the mixes by rules: the base type; hm_synth_mix_apply sets them */
     }
     return hm_synth_type_fallback(t, ne0);
 }
@@ -163,6 +162,8 @@ hm_status hm_synth_plan_g4(const hm_synth_g4 *q, int32_t n_layer, const hm_synth
 #undef T
     }
     if (!st) st = g4_add(&pl, "output_norm.weight", 1, E, 1, 1, 1, N, false, err);
+    const hm_synth_mix_hp hp = {n_layer, p->n_head / q->n_head_kv_swa, p->n_expert} /* layer 0 slides */;
+    if (!st) st = hm_synth_mix_apply(pl.t, pl.n, m, &hp, err);
     if (st) {
         free(pl.t);
         return st;

@@ -56,9 +56,10 @@ typedef enum hm_synth_mix_kind {
     HM_SYNTH_MIX_PURE,      /* every matrix of base type (llama-quantize --pure) */
     HM_SYNTH_MIX_Q4_K_M,    /* llama.cpp's Q4_K_M rules */
     HM_SYNTH_MIX_MXFP4_MOE, /* llama.cpp's MXFP4_MOE: experts MXFP4, other matrices Q8_0 */
-    HM_SYNTH_MIX_Q2_K,      /* llama.cpp's Q2_K rules (qwen3moe only) */
-    HM_SYNTH_MIX_Q3_K_M,    /* llama.cpp's Q3_K_M rules (qwen3moe only) */
-    HM_SYNTH_MIX_IQ,        /* llama.cpp's rules for the i-quant ftype m->ftype (synth_mix_iq.c; qwen3moe) */
+    HM_SYNTH_MIX_Q2_K,      /* llama.cpp's Q2_K rules (synth_mix.c, every arch) */
+    HM_SYNTH_MIX_Q3_K_M,    /* llama.cpp's Q3_K_M rules (synth_mix.c) */
+    HM_SYNTH_MIX_IQ,        /* llama.cpp's rules for the i-quant ftype m->ftype (synth_mix.c) */
+    HM_SYNTH_MIX_UD,        /* unsloth-dynamic-like: routed experts base / down, the rest high (synth_mix.c) */
 } hm_synth_mix_kind;
 
 typedef struct hm_synth_mix {
@@ -66,6 +67,9 @@ typedef struct hm_synth_mix {
     int32_t ftype;     /* general.file_type (LLAMA_FTYPE_*) */
     int base;          /* hm_type of the bulk of the matrices */
     hm_synth_mix_kind kind;
+    int down;          /* HM_SYNTH_MIX_UD: hm_type of the routed ffn_down_exps */
+    bool imatrix;      /* the rules llama-quantize applies with an importance matrix (hm_synth sets
+                          it on a copy of the table's entry when --imatrix is given) */
 } hm_synth_mix;
 
 typedef struct hm_synth_tensor {
@@ -84,7 +88,8 @@ const hm_synth_preset *hm_synth_find_preset(const char *name);
 const hm_synth_mix *hm_synth_find_mix(const char *name);
 /* llama.cpp's tensor_type_fallback: type when rows of ne0 are whole blocks of it, else the type
  * llama-quantize falls back to (Q2_K/Q3_K -> Q4_0, Q4_K -> Q5_0, Q5_K -> Q5_1, Q6_K -> Q8_0,
- * IQ4_XS -> IQ4_NL; any other type as it is: the caller reports the block mismatch). */
+ * IQ4_XS and the grid i-quants -> IQ4_NL; F16 when that does not fit either; any other type as it
+ * is: the caller reports the block mismatch). */
 int hm_synth_type_fallback(int type, int64_t ne0);
 /* "tiny, qwen3-30b-a3b" / "q4_k_m, q8_0, ..." for error messages and --help. */
 const char *hm_synth_preset_names(void);
@@ -97,17 +102,21 @@ hm_synth_tensor *hm_synth_push(hm_synth_tensor **t, int64_t *n, int64_t *cap, co
 /* HM_ERR_UNSUPPORTED naming the tensor when its rows do not fit its type's block size. */
 hm_status hm_synth_check_rows(const hm_synth_tensor *t, hm_err *err);
 
-/* What a matrix is for, as llama-quantize's rules tell tensors apart. */
-typedef enum hm_synth_role {
-    HM_SYNTH_ROLE_TOKEN_EMBD, HM_SYNTH_ROLE_OUTPUT, HM_SYNTH_ROLE_ATTN_Q, HM_SYNTH_ROLE_ATTN_K, HM_SYNTH_ROLE_ATTN_V,
-    HM_SYNTH_ROLE_ATTN_OUT, HM_SYNTH_ROLE_FFN_GATE, HM_SYNTH_ROLE_FFN_UP, HM_SYNTH_ROLE_FFN_DOWN,
-} hm_synth_role;
+/* The model facts llama-quantize's rules read (its hparams: n_layer, n_head / n_head_kv of layer
+ * 0, n_expert). */
+typedef struct hm_synth_mix_hp {
+    int32_t n_layer, n_gqa, n_expert;
+} hm_synth_mix_hp;
 
-/* The ggml type llama-quantize gives a matrix of role r in layer `layer` (-1: none) of a qwen3moe
- * model (n_layer layers, n_head / n_head_kv = n_gqa, n_expert experts, one ffn_down tensor per
- * layer) under i-quant ftype `ftype` (LLAMA_FTYPE_MOSTLY_IQ2_XXS 19, IQ3_XXS 23, IQ1_S 24, IQ2_M
- * 29), without an importance matrix (synth_mix_iq.c). */
-int hm_synth_iq_mix_type(int32_t ftype, hm_synth_role r, int layer, int n_layer, int n_gqa, int n_expert);
+/* Whether m's types come from hm_synth_mix_apply (Q2_K, Q3_K_M, the i-quant ftypes, ud-*): an
+ * arch's plan then gives each matrix it quantises m->base (hm_synth_type_fallback'd) and calls it. */
+bool hm_synth_mix_by_rules(const hm_synth_mix *m);
+/* Set the type of every matrix of t[0..n) the plan quantises (n_dims >= 2, not F32, not a hash
+ * table) by llama-quantize's rules for m (or the ud-* rules), as synth_mix.c says (m->imatrix:
+ * the rules it applies with an importance matrix). A no-op for other mixes. HM_ERR_UNSUPPORTED
+ * naming a tensor whose rows fit no type. */
+hm_status hm_synth_mix_apply(hm_synth_tensor *t, int64_t n, const hm_synth_mix *m, const hm_synth_mix_hp *hp,
+                             hm_err *err);
 
 /* The tensors of preset p with n_layer layers and type mix m, in file order. *out owned by the
  * caller (free). HM_ERR_UNSUPPORTED when a shape does not fit a type's block size. */

@@ -118,7 +118,9 @@ static int ma_type(const ma_plan *pl, const char *name, uint32_t n_dims, int64_t
                  use_more_bits(layer < pl->n_layer ? layer : pl->n_layer - 1, pl->n_layer))
             t = HM_TYPE_Q6_K;
         break;
-    default: return -1; /* the qwen3moe-only rules */
+    default:
+        if (!hm_synth_mix_by_rules(m)) return -1;
+        break; /* the base type; hm_synth_mix_apply sets the mix */
     }
     return hm_synth_type_fallback(t, ne0);
 }
@@ -194,6 +196,8 @@ hm_status hm_synth_plan_ma(const hm_synth_ma *q, int32_t n_layer, const hm_synth
     }
     if (!st) st = ma_add(&pl, -1, "output_norm.weight", 1, E, 1, 1, 1, N, err);
     if (!st) st = ma_add(&pl, -1, "output.weight", 2, E, p->n_vocab, 1, 0, out_std, err);
+    const hm_synth_mix_hp hp = {n_all, p->n_head / p->n_head_kv, p->n_expert};
+    if (!st) st = hm_synth_mix_apply(pl.t, pl.n, m, &hp, err);
     if (st) {
         free(pl.t);
         return st;

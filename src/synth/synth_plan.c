@@ -36,30 +36,35 @@ static const hm_synth_preset presets[] = {
 /* general.file_type values are llama.cpp's LLAMA_FTYPE_*. Pure K-quant files are labelled with
  * the nearest llama.cpp ftype (Q4_K_S, Q5_K_S, Q6_K), as llama-quantize --pure does. */
 static const hm_synth_mix mixes[] = {
-    {"q4_k_m", 15, HM_TYPE_Q4_K, HM_SYNTH_MIX_Q4_K_M},
-    {"q8_0", 7, HM_TYPE_Q8_0, HM_SYNTH_MIX_PURE},
-    {"f16", 1, HM_TYPE_F16, HM_SYNTH_MIX_PURE},
-    {"f32", 0, HM_TYPE_F32, HM_SYNTH_MIX_PURE},
-    {"bf16", 32, HM_TYPE_BF16, HM_SYNTH_MIX_PURE},
-    {"q4_0", 2, HM_TYPE_Q4_0, HM_SYNTH_MIX_PURE},
-    {"q4_k", 14, HM_TYPE_Q4_K, HM_SYNTH_MIX_PURE},
-    {"q5_k", 16, HM_TYPE_Q5_K, HM_SYNTH_MIX_PURE},
-    {"q6_k", 18, HM_TYPE_Q6_K, HM_SYNTH_MIX_PURE},
-    {"iq4_xs", 30, HM_TYPE_IQ4_XS, HM_SYNTH_MIX_PURE},
-    {"mxfp4", 38, HM_TYPE_MXFP4, HM_SYNTH_MIX_MXFP4_MOE},
-    {"q4_1", 3, HM_TYPE_Q4_1, HM_SYNTH_MIX_PURE},
-    {"q5_1", 9, HM_TYPE_Q5_1, HM_SYNTH_MIX_PURE},
-    {"iq4_nl", 25, HM_TYPE_IQ4_NL, HM_SYNTH_MIX_PURE},
-    {"q2_k", 10, HM_TYPE_Q2_K, HM_SYNTH_MIX_Q2_K},
-    {"q3_k_m", 12, HM_TYPE_Q3_K, HM_SYNTH_MIX_Q3_K_M},
-    {"iq2_m", 29, HM_TYPE_IQ2_S, HM_SYNTH_MIX_IQ},
-    {"iq2_xxs", 19, HM_TYPE_IQ2_XXS, HM_SYNTH_MIX_IQ},
-    {"iq1_s", 24, HM_TYPE_IQ1_S, HM_SYNTH_MIX_IQ},
-    {"iq3_xxs", 23, HM_TYPE_IQ3_XXS, HM_SYNTH_MIX_IQ},
-    {"iq2_xs", 20, HM_TYPE_IQ2_XS, HM_SYNTH_MIX_PURE},
-    {"iq2_s", 28, HM_TYPE_IQ2_S, HM_SYNTH_MIX_PURE},
-    {"iq3_s", 26, HM_TYPE_IQ3_S, HM_SYNTH_MIX_PURE},
-    {"iq1_m", 31, HM_TYPE_IQ1_M, HM_SYNTH_MIX_PURE},
+    {"q4_k_m", 15, HM_TYPE_Q4_K, HM_SYNTH_MIX_Q4_K_M, 0, false},
+    {"q8_0", 7, HM_TYPE_Q8_0, HM_SYNTH_MIX_PURE, 0, false},
+    {"f16", 1, HM_TYPE_F16, HM_SYNTH_MIX_PURE, 0, false},
+    {"f32", 0, HM_TYPE_F32, HM_SYNTH_MIX_PURE, 0, false},
+    {"bf16", 32, HM_TYPE_BF16, HM_SYNTH_MIX_PURE, 0, false},
+    {"q4_0", 2, HM_TYPE_Q4_0, HM_SYNTH_MIX_PURE, 0, false},
+    {"q4_k", 14, HM_TYPE_Q4_K, HM_SYNTH_MIX_PURE, 0, false},
+    {"q5_k", 16, HM_TYPE_Q5_K, HM_SYNTH_MIX_PURE, 0, false},
+    {"q6_k", 18, HM_TYPE_Q6_K, HM_SYNTH_MIX_PURE, 0, false},
+    {"iq4_xs", 30, HM_TYPE_IQ4_XS, HM_SYNTH_MIX_PURE, 0, false},
+    {"mxfp4", 38, HM_TYPE_MXFP4, HM_SYNTH_MIX_MXFP4_MOE, 0, false},
+    {"q4_1", 3, HM_TYPE_Q4_1, HM_SYNTH_MIX_PURE, 0, false},
+    {"q5_1", 9, HM_TYPE_Q5_1, HM_SYNTH_MIX_PURE, 0, false},
+    {"iq4_nl", 25, HM_TYPE_IQ4_NL, HM_SYNTH_MIX_PURE, 0, false},
+    {"q2_k", 10, HM_TYPE_Q2_K, HM_SYNTH_MIX_Q2_K, 0, false},
+    {"q3_k_m", 12, HM_TYPE_Q3_K, HM_SYNTH_MIX_Q3_K_M, 0, false},
+    {"iq2_m", 29, HM_TYPE_IQ2_S, HM_SYNTH_MIX_IQ, 0, false},
+    {"iq2_xxs", 19, HM_TYPE_IQ2_XXS, HM_SYNTH_MIX_IQ, 0, false},
+    {"iq1_s", 24, HM_TYPE_IQ1_S, HM_SYNTH_MIX_IQ, 0, false},
+    {"iq3_xxs", 23, HM_TYPE_IQ3_XXS, HM_SYNTH_MIX_IQ, 0, false},
+    {"iq2_xs", 20, HM_TYPE_IQ2_XS, HM_SYNTH_MIX_PURE, 0, false},
+    {"iq2_s", 28, HM_TYPE_IQ2_S, HM_SYNTH_MIX_PURE, 0, false},
+    {"iq3_s", 26, HM_TYPE_IQ3_S, HM_SYNTH_MIX_PURE, 0, false},
+    {"iq1_m", 31, HM_TYPE_IQ1_M, HM_SYNTH_MIX_PURE, 0, false},
+    /* unsloth-dynamic-like (synth_mix.c): routed gate/up at base, routed down at .down, the rest
+     * Q5_K/Q6_K; labelled with llama.cpp's ftype of the nearest name */
+    {"ud-iq1_s", 24, HM_TYPE_IQ1_S, HM_SYNTH_MIX_UD, HM_TYPE_IQ2_XXS, false},
+    {"ud-iq2_m", 29, HM_TYPE_IQ2_S, HM_SYNTH_MIX_UD, HM_TYPE_IQ3_S, false},
+    {"ud-q2_k_xl", 10, HM_TYPE_Q2_K, HM_SYNTH_MIX_UD, HM_TYPE_Q3_K, false},
 };
 
 #define N_PRESETS (sizeof presets / sizeof presets[0])
@@ -74,14 +79,17 @@ const hm_synth_preset *hm_synth_find_preset(const char *name) {
 int hm_synth_type_fallback(int type, int64_t ne0) {
     const hm_type_traits *tr = hm_type_get(type);
     if (tr && tr->blck_size > 0 && ne0 % tr->blck_size == 0) return type;
+    int fb;
     switch (type) {
-    case HM_TYPE_Q2_K: case HM_TYPE_Q3_K: return HM_TYPE_Q4_0;
-    case HM_TYPE_Q4_K: return HM_TYPE_Q5_0;
-    case HM_TYPE_Q5_K: return HM_TYPE_Q5_1;
-    case HM_TYPE_Q6_K: return HM_TYPE_Q8_0;
-    case HM_TYPE_IQ4_XS: return HM_TYPE_IQ4_NL;
+    case HM_TYPE_Q2_K: case HM_TYPE_Q3_K: fb = HM_TYPE_Q4_0; break;
+    case HM_TYPE_Q4_K: fb = HM_TYPE_Q5_0; break;
+    case HM_TYPE_Q5_K: fb = HM_TYPE_Q5_1; break;
+    case HM_TYPE_Q6_K: fb = HM_TYPE_Q8_0; break;
+    case HM_TYPE_IQ4_XS: case HM_TYPE_IQ1_S: case HM_TYPE_IQ1_M: case HM_TYPE_IQ2_XXS: case HM_TYPE_IQ2_XS:
+    case HM_TYPE_IQ2_S: case HM_TYPE_IQ3_XXS: case HM_TYPE_IQ3_S: fb = HM_TYPE_IQ4_NL; break;
     default: return type; /* the caller reports the block mismatch */
     }
+    return ne0 % 32 == 0 ? fb : HM_TYPE_F16; /* every fallback type has blocks of 32 */
 }
 
 const hm_synth_mix *hm_synth_find_mix(const char *name) {
@@ -93,7 +101,7 @@ const hm_synth_mix *hm_synth_find_mix(const char *name) {
 const char *hm_synth_preset_names(void) { return "qwen3-30b-a3b, tiny, qwen36-geom"; }
 const char *hm_synth_mix_names(void) {
     return "q4_k_m, q8_0, f16, f32, bf16, q4_0, q4_k, q5_k, q6_k, iq4_xs, mxfp4, q4_1, q5_1, iq4_nl, q2_k, q3_k_m, "
-           "iq2_m, iq2_xxs, iq1_s, iq3_xxs, iq2_xs, iq2_s, iq3_s, iq1_m";
+           "iq2_m, iq2_xxs, iq1_s, iq3_xxs, iq2_xs, iq2_s, iq3_s, iq1_m, ud-iq1_s, ud-iq2_m, ud-q2_k_xl";
 }
 
 typedef enum tkind {
@@ -108,31 +116,6 @@ static bool use_more_bits(int i_layer, int n_layers) {
     return i_layer < n_layers / 8 || i_layer >= 7 * n_layers / 8 || (i_layer - n_layers / 8) % 3 == 2;
 }
 
-/* The 2/3-bit mixes of llama_tensor_get_type_impl (llama.cpp src/llama-quant.cpp) for a non-Falcon
- * MoE model with all row lengths multiples of 256, as they fall on qwen3moe's tensors:
- * - output Q6_K; token_embd, attn_q, ffn_gate_exps, ffn_up_exps the base type (Q2_K / Q3_K);
- * - attn_v: Q2_K: Q4_K when n_head / n_head_kv >= 4, else Q3_K; Q3_K_M: Q5_K on the first two
- *   attn_v tensors (layers 0 and 1 here), Q4_K after; either: Q8_0 when n_expert == 8;
- * - attn_k: Q8_0 when n_expert == 8, else the base type;
- * - ffn_down_exps: Q2_K: Q3_K; Q3_K_M: Q5_K on layers < n_layer / 16, Q4_K after;
- * - attn_output: Q5_K when n_expert == 8, else Q2_K: Q3_K, Q3_K_M: Q4_K. */
-static int lowbit_mix_type(hm_synth_mix_kind kind, tkind k, int layer, int n_layer, int n_gqa, int n_expert) {
-    const bool q2 = kind == HM_SYNTH_MIX_Q2_K;
-    switch (k) {
-    case T_OUTPUT: return HM_TYPE_Q6_K;
-    case T_ATTN_V:
-        if (n_expert == 8) return HM_TYPE_Q8_0;
-        if (q2) return n_gqa >= 4 ? HM_TYPE_Q4_K : HM_TYPE_Q3_K;
-        return layer < 2 ? HM_TYPE_Q5_K : HM_TYPE_Q4_K;
-    case T_ATTN_K: return n_expert == 8 ? HM_TYPE_Q8_0 : q2 ? HM_TYPE_Q2_K : HM_TYPE_Q3_K;
-    case T_FFN_DOWN_EXPS:
-        if (q2) return HM_TYPE_Q3_K;
-        return layer < n_layer / 16 ? HM_TYPE_Q5_K : HM_TYPE_Q4_K;
-    case T_ATTN_OUT: return n_expert == 8 ? HM_TYPE_Q5_K : q2 ? HM_TYPE_Q3_K : HM_TYPE_Q4_K;
-    default: return q2 ? HM_TYPE_Q2_K : HM_TYPE_Q3_K;
-    }
-}
-
 /* The ggml type of a tensor, following llama.cpp:
  * - 1-D tensors (all norms) are F32 (the converter writes them F32, llama-quantize skips them);
  * - ffn_gate_inp (the router) is F32 (the converter forces it, llama-quantize never quantises it);
@@ -142,32 +125,21 @@ static int lowbit_mix_type(hm_synth_mix_kind kind, tkind k, int layer, int n_lay
  *   counts attn_v tensors in file order, which is layer order here); ffn_down(_exps) Q6_K on
  *   use_more_bits layers; everything else (token_embd, attn_q/k/output, ffn_gate/up_exps) Q4_K;
  * - MXFP4_MOE: expert tensors (ne[2] > 1) MXFP4, every other matrix Q8_0 (output included);
- * - Q2_K, Q3_K_M: lowbit_mix_type;
- * - the i-quant ftypes (iq2_m, iq2_xxs, iq1_s, iq3_xxs): hm_synth_iq_mix_type. The pure i-quant
- *   types (iq2_xs, iq2_s, iq3_s, iq1_m) are labelled with llama.cpp's ftype of that name. */
+ * - Q2_K, Q3_K_M, the i-quant ftypes (iq2_m, iq2_xxs, iq1_s, iq3_xxs) and ud-*: the base type
+ *   here, then hm_synth_mix_apply (synth_mix.c) over the whole list. The pure i-quant types
+ *   (iq2_xs, iq2_s, iq3_s, iq1_m) are labelled with llama.cpp's ftype of that name. */
 static int tensor_type(const hm_synth_mix *m, const hm_synth_preset *p, tkind k, uint32_t n_dims, int layer,
                        int n_layer) {
     if (n_dims < 2 || k == T_FFN_GATE_INP) return HM_TYPE_F32;
     switch (m->kind) {
-    case HM_SYNTH_MIX_IQ: {
-        const hm_synth_role r = k == T_TOKEN_EMBD ? HM_SYNTH_ROLE_TOKEN_EMBD : k == T_OUTPUT ? HM_SYNTH_ROLE_OUTPUT
-                              : k == T_ATTN_Q     ? HM_SYNTH_ROLE_ATTN_Q     : k == T_ATTN_K ? HM_SYNTH_ROLE_ATTN_K
-                              : k == T_ATTN_V     ? HM_SYNTH_ROLE_ATTN_V     : k == T_ATTN_OUT ? HM_SYNTH_ROLE_ATTN_OUT
-                              : k == T_FFN_GATE_EXPS ? HM_SYNTH_ROLE_FFN_GATE : k == T_FFN_UP_EXPS ? HM_SYNTH_ROLE_FFN_UP
-                                                     : HM_SYNTH_ROLE_FFN_DOWN;
-        return hm_synth_iq_mix_type(m->ftype, r, layer, n_layer, p->n_head / p->n_head_kv, p->n_expert);
-    }
     case HM_SYNTH_MIX_PURE: return m->base;
     case HM_SYNTH_MIX_MXFP4_MOE: return n_dims == 3 ? HM_TYPE_MXFP4 : HM_TYPE_Q8_0;
     case HM_SYNTH_MIX_Q4_K_M:
         if (k == T_OUTPUT) return HM_TYPE_Q6_K;
         if ((k == T_ATTN_V || k == T_FFN_DOWN_EXPS) && use_more_bits(layer, n_layer)) return HM_TYPE_Q6_K;
         return HM_TYPE_Q4_K;
-    case HM_SYNTH_MIX_Q2_K:
-    case HM_SYNTH_MIX_Q3_K_M:
-        return lowbit_mix_type(m->kind, k, layer, n_layer, p->n_head / p->n_head_kv, p->n_expert);
+    default: return m->base; /* the mixes by rules: hm_synth_mix_apply */
     }
-    return m->base;
 }
 
 typedef struct plan {
@@ -253,6 +225,7 @@ static hm_status add(plan *pl, tkind k, int layer, const char *suffix, uint32_t 
     hm_synth_tensor *t = hm_synth_push(&pl->t, &pl->n, &pl->cap, name, n_dims, ne0, ne1, ne2, err);
     if (!t) return HM_ERR_NOMEM;
     t->type = tensor_type(pl->mix, pl->preset, k, n_dims, layer, pl->n_layer);
+    if (hm_synth_mix_by_rules(pl->mix) && t->type != HM_TYPE_F32) t->type = hm_synth_type_fallback(t->type, ne0);
     bool norm = n_dims == 1;
     t->mean = norm ? 1.0f : 0.0f; /* norms near 1, matrices centred */
     t->std = norm ? 0.05f : (float)SYNTH_WEIGHT_STD;
@@ -283,6 +256,8 @@ hm_status hm_synth_plan(const hm_synth_preset *p, int32_t n_layer, const hm_synt
     }
     if (!st) st = add(&pl, T_OUTPUT_NORM, -1, "output_norm", 1, E, 1, 1, err);
     if (!st) st = add(&pl, T_OUTPUT, -1, "output", 2, E, p->n_vocab, 1, err);
+    const hm_synth_mix_hp hp = {n_layer, p->n_head / p->n_head_kv, p->n_expert};
+    if (!st) st = hm_synth_mix_apply(pl.t, pl.n, m, &hp, err);
     if (st) {
         free(pl.t);
         return st;

@@ -72,13 +72,12 @@ static int q35_type(const hm_synth_mix *m, const char *name, uint32_t n_dims, bo
     switch (m->kind) {
     case HM_SYNTH_MIX_PURE: return m->base;
     case HM_SYNTH_MIX_MXFP4_MOE: return n_dims == 3 ? HM_TYPE_MXFP4 : HM_TYPE_Q8_0;
-    case HM_SYNTH_MIX_IQ: return -1; /* the i-quant ftype rules are written for qwen3moe only */
     case HM_SYNTH_MIX_Q4_K_M:
         if (strcmp(name, "output.weight") == 0) return HM_TYPE_Q6_K;
         if (strstr(name, "attn_qkv")) return HM_TYPE_Q5_K;
         if (more && more_layer) return HM_TYPE_Q6_K;
         return HM_TYPE_Q4_K;
-    case HM_SYNTH_MIX_Q2_K: case HM_SYNTH_MIX_Q3_K_M: break; /* refused by hm_synth's option check */
+    default: break; /* the mixes by rules: the base type; hm_synth_mix_apply sets them */
     }
     return m->base;
 }
@@ -88,6 +87,7 @@ static hm_status q35_add(q35_plan *pl, const char *name, uint32_t n_dims, int64_
     hm_synth_tensor *t = hm_synth_push(&pl->t, &pl->n, &pl->cap, name, n_dims, ne0, ne1, ne2, err);
     if (!t) return HM_ERR_NOMEM;
     t->type = q35_type(pl->mix, name, n_dims, more, more_layer);
+    if (hm_synth_mix_by_rules(pl->mix) && t->type > 0) t->type = hm_synth_type_fallback(t->type, ne0);
     if (t->type < 0) return hm_errf(err, HM_ERR_UNSUPPORTED, "synth: --type %s is written for qwen3moe only", pl->mix->name);
     t->mean = mean;
     t->std = std;
@@ -160,6 +160,8 @@ hm_status hm_synth_plan_q35(const hm_synth_q35 *q, int32_t n_layer, int32_t n_ne
     }
     if (!st) st = q35_add(&pl, "output_norm.weight", 1, E, 1, 1, 1, N, false, false, err);
     if (!st) st = q35_add(&pl, "output.weight", 2, E, p->n_vocab, 1, 0, out_std, false, false, err);
+    const hm_synth_mix_hp hp = {n_layer, p->n_head / p->n_head_kv, p->n_expert};
+    if (!st) st = hm_synth_mix_apply(pl.t, pl.n, m, &hp, err);
     if (st) {
         free(pl.t);
         return st;
