@@ -2,8 +2,9 @@
 # cli_seed2_env.sh - the seed-2 user's command lines, with `hotmoe serve` for llama-server, on a tiny
 # synth model (CPU): every GGML_CUDA_MOE_CACHE_* / LLAMA_EXPERT_SWAP_* variable of issue 28 and the
 # flags -c 167936 --parallel 1 --split-mode layer -b 4096 -ub 4096 --flash-attn on --moe-cache auto
-# are accepted and a streamed completion comes back; --spec-type draft-dspark is refused with a clear
-# error naming what it needs; the
+# are accepted and a streamed completion comes back; --spec-type draft-dspark without a drafter file
+# runs as llama-server runs it (no speculation) with a loud warning, and with -md is refused saying
+# what DSpark is; a type serve does not run is refused; the
 # stats line comes at the cadence STATS asks (its token counts checked against the tokens run); an
 # out-of-range value is an error naming the variable; an unknown variable of the families is named
 # in a warning.
@@ -20,10 +21,15 @@ SEED_ENV=(GGML_CUDA_MOE_CACHE_RESERVE_MB=512 GGML_CUDA_MOE_CACHE_ADMIT_AFTER=1 G
 SEED_FLAGS=(-c 167936 --parallel 1 --split-mode layer -b 4096 -ub 4096 --flash-attn on --moe-cache auto)
 # (the issue's STATS=1024 is 8 here, so a 32-token completion shows the cadence)
 
-# --spec-type draft-dspark (ds4's DeepSeek-V4 drafter): refused, naming what it would need
-check "spec-type refused" test "$(code env "${SEED_ENV[@]}" "$EXE" serve -m "$tmp/m.gguf" --spec-type draft-dspark \
-    "${SEED_FLAGS[@]}")" = 2
-check "spec-type message" grep -q "spec-type draft-dspark is not served.*needs a deepseek4 target" "$tmp/err"
+# --spec-type draft-dspark with a drafter file: refused, saying what DSpark is (no other drafter runs)
+check "dspark -md refused" test "$(code env "${SEED_ENV[@]}" "$EXE" serve -m "$tmp/m.gguf" --spec-type draft-dspark \
+    -md "$tmp/m.gguf" "${SEED_FLAGS[@]}")" = 2
+check "dspark -md message" grep -q "spec-type draft-dspark -md .*not implemented in hotmoe yet. DSpark is" "$tmp/err"
+check "dspark -md: GGUF named" grep -q "arch 'dflash'" "$tmp/err"
+# a type serve does not run: refused, naming it
+check "spec-type refused" test "$(code "$EXE" serve -m "$tmp/m.gguf" --spec-type draft-eagle3)" = 2
+check "spec-type message" grep -q "spec-type draft-eagle3 is not served" "$tmp/err"
+SEED_FLAGS=(--spec-type draft-dspark "${SEED_FLAGS[@]}") # the first line as written, from here on
 
 # the rest of the first line: serve, then one streamed completion
 LOG=$tmp/log
@@ -49,6 +55,7 @@ if [ "$up" = 1 ]; then
     check "stats cadence" awk '/expert cache @/ { t = $6 + 0; if (t <= last || int(t / 8) == int(last / 8)) bad = 1; last = t }
                                 END { exit bad }' "$LOG"
     check "unknown variable named" grep -q "GGML_CUDA_MOE_CACHE_FROBNICATE is not a variable hotmoe knows" "$LOG"
+    check "dspark: speculation-off warning" grep -q "WARNING: --spec-type draft-dspark without a DSpark drafter file" "$LOG"
     if grep -Eq "built without CUDA|no CUDA device found" "$LOG"; then
         check "no-CUDA note names the budget" grep -q "GGML_CUDA_MOE_CACHE_BUDGET_MB" "$LOG"
     else # a GPU: BUDGET_MB_DEVICES=0:11800 holds the whole tiny model; the elite policy runs there

@@ -4,8 +4,8 @@
 #     prints exactly the text of `run --temp 0` without them, and the stats line on stderr;
 #   - `bench -f` with --spec-type prints both rates and says the tokens were the same;
 #   - refusals: llama.cpp's types we do not run (named), an unknown type, draft-simple without -md,
-#     -md with ngram-simple, n-min above n-max, --spec-type in bench without -f, draft-dspark (naming
-#     what it needs), draft-mtp on a model without an MTP layer (naming it), a draft model of
+#     -md with ngram-simple, n-min above n-max, --spec-type in bench without -f, draft-dspark -md (saying
+#     what DSpark is; without -md: cli_spec_dspark.sh), draft-mtp on a model without an MTP layer (naming it), a draft model of
 #     another vocabulary (a synth: its tokenizer differs).
 set -uo pipefail
 . "$(dirname "$0")/lib.sh"
@@ -35,8 +35,8 @@ check "bench ngram-cache: same tokens (its cache rebuilt each run)" grep -q "tok
 
 check "later type refused" test "$(code "$EXE" run -m "$M" -p x --spec-type draft-eagle3)" = 2
 check "later type named" grep -q "draft-eagle3 is llama.cpp's, not implemented" "$tmp/err"
-check "draft-dspark refused" test "$(code "$EXE" run -m "$M" -p x --spec-type draft-dspark)" = 2
-check "draft-dspark: what it needs" grep -q "draft-dspark (antirez/ds4's DeepSeek-V4 drafter) is not implemented: it needs a deepseek4 target" "$tmp/err"
+check "draft-dspark -md refused" test "$(code "$EXE" run -m "$M" -p x --spec-type draft-dspark -md "$M")" = 2
+check "draft-dspark: what it is" grep -q "DSpark is DeepSeek's block drafter" "$tmp/err"
 check "draft-mtp without MTP refused" test "$(code "$EXE" run -m "$M" -p x -n 4 --spec-type draft-mtp)" = 1
 check "draft-mtp without MTP named" grep -q "no multi-token-prediction layer (qwen3moe" "$tmp/err"
 check "unknown type" test "$(code "$EXE" run -m "$M" -p x --spec-type foo)" = 2

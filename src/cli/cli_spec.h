@@ -4,11 +4,13 @@
 #ifndef HM_CLI_SPEC_H
 #define HM_CLI_SPEC_H
 
+#include "cli_dspark.h"
 #include "cmd_engine.h"
 
 typedef struct cli_spec {
     hm_spec_opts o;
     bool init;
+    bool dspark;            /* --spec-type draft-dspark: see cli_dspark.h (type stays none) */
     const char *draft_path; /* -md */
     hm_model *draft;        /* owned, opened by cli_spec_open */
 } cli_spec;
@@ -45,12 +47,8 @@ static inline int cli_spec_arg(cli_spec *sp, const char *cmd, int argc, char **a
     if (!strcmp(a, "--spec-type")) {
         if (!(v = cli_value(cmd, argc, argv, i))) return 2;
         int t = hm_spec_type_from_name(v);
-        if (t < 0 && !strcmp(v, "draft-dspark")) {
-            fprintf(stderr, "hotmoe %s: --spec-type draft-dspark (antirez/ds4's DeepSeek-V4 drafter) is not implemented: "
-                            "it needs a deepseek4 target and the DSpark drafter's weights as a GGUF file hotmoe can "
-                            "bind, and no converter writes one yet; no other drafter is run in its place\n", cmd);
-            return 2;
-        }
+        sp->dspark = !strcmp(v, CLI_DSPARK_NAME);
+        if (sp->dspark) t = HM_SPEC_NONE; /* without -md: no drafter, loudly (cli_spec_check) */
         if (t < 0) {
             for (size_t k = 0; k < sizeof cli_spec_later / sizeof cli_spec_later[0]; k++)
                 if (!strcmp(v, cli_spec_later[k])) {
@@ -90,6 +88,14 @@ static inline int cli_spec_arg(cli_spec *sp, const char *cmd, int argc, char **a
  * another type are errors. 0 ok, 2 printed. */
 static inline int cli_spec_check(cli_spec *sp, const char *cmd) {
     if (!sp->init) hm_spec_opts_default(&sp->o), sp->init = true;
+    if (sp->dspark) {
+        if (sp->draft_path) {
+            cli_dspark_refuse(cmd, sp->draft_path);
+            return 2;
+        }
+        cli_dspark_warn_none(cmd);
+        return 0;
+    }
     if (sp->draft_path && sp->o.type == HM_SPEC_NONE) sp->o.type = HM_SPEC_DRAFT_SIMPLE;
     if (sp->o.type == HM_SPEC_DRAFT_SIMPLE && !sp->draft_path) {
         fprintf(stderr, "hotmoe %s: --spec-type draft-simple needs a draft model (-md FILE)\n", cmd);

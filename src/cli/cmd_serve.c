@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "cli_pp.h"
+#include "cli_dspark.h"
 #include "cmd_engine.h"
 
 static hm_server *g_server; /* for the signal handler only */
@@ -87,6 +88,8 @@ int hm_cmd_serve(int argc, char **argv) {
     int32_t n_batch = 0; /* -b: llama.cpp's logical batch; it caps the micro-batch as there */
     bool kv_set = false; /* a -ctk / -ctv was given (they must agree) */
     cli_pp pp = {0};
+    bool dspark = false; /* --spec-type draft-dspark (cli_dspark.h) */
+    const char *draft_path = NULL; /* -md: only ever refused here */
     for (int i = 1; i < argc; i++) {
         int pr = cli_placement_arg(&e, argc, argv, &i); /* --profile-out, --policy, ... */
         if (pr < 0) return 2;
@@ -109,16 +112,24 @@ int hm_cmd_serve(int argc, char **argv) {
             return 2;
         }
         i++;
+        if (!strcmp(a, "--spec-type") && !strcmp(v, CLI_DSPARK_NAME)) { /* the seed-2 line's: cli_dspark.h */
+            dspark = true;
+            spec.type = HM_SPEC_NONE;
+            continue;
+        }
+        if (!strcmp(a, "-md") || !strcmp(a, "--model-draft") || !strcmp(a, "--spec-draft-model")) {
+            draft_path = v; /* refused below: draft-dspark's message, or no draft model in serve */
+            continue;
+        }
         if (!strcmp(a, "--spec-type")) {
             const int t = hm_spec_type_from_name(v);
             if (t < 0 || t == HM_SPEC_DRAFT_SIMPLE) {
                 fprintf(stderr, "serve: --spec-type %s is not served (have: none, ngram-simple, ngram-cache, draft-mtp%s)\n",
-                        v, !strcmp(v, "draft-dspark") ? "; draft-dspark, antirez/ds4's DeepSeek-V4 drafter, needs a "
-                        "deepseek4 target and its weights as GGUF, which hotmoe cannot read yet" :
-                        t == HM_SPEC_DRAFT_SIMPLE ? "; a draft model in serve is not done yet" : "");
+                        v, t == HM_SPEC_DRAFT_SIMPLE ? "; a draft model in serve is not done yet" : "");
                 return 2;
             }
             spec.type = (hm_spec_type)t;
+            dspark = false; /* the last --spec-type wins */
             continue;
         }
         if (!strcmp(a, "--spec-draft-n-max") || !strcmp(a, "--spec-draft-n-min") || !strcmp(a, "--spec-ngram-simple-size-n") ||
@@ -210,6 +221,15 @@ int hm_cmd_serve(int argc, char **argv) {
             return 2;
         }
     }
+    if (dspark && draft_path) {
+        cli_dspark_refuse("serve", draft_path);
+        return 2;
+    }
+    if (draft_path) {
+        fprintf(stderr, "serve: -md %s: a draft model in serve is not done yet (served: ngram-simple, ngram-cache, "
+                        "draft-mtp)\n", draft_path);
+        return 2;
+    }
     o.n_ubatch = cli_ubatch_capped(o.n_ubatch, n_batch);
     const char *env_key = getenv("HOTMOE_API_KEY");
     if (!o.api_key && env_key) {
@@ -224,6 +244,7 @@ int hm_cmd_serve(int argc, char **argv) {
         usage(stderr);
         return 2;
     }
+    if (dspark) cli_dspark_warn_none("serve");
     if (e.profile_out) {
         o.profile_out = e.profile_out;
         o.profile_on_exit = true;
