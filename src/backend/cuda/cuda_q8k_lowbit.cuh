@@ -326,7 +326,8 @@ HMCU_UNROLL
             iq1_group(HMCU_IQ_GRID(iq1s_grid, ((r.w[0] >> (8 * l)) & 255u) | (h & 7u) << 8), (h & 8u) != 0,
                       iq_slot(u, l));
         }
-        const uint32_t sc = (r.w[2 + (p >> 2)] >> (16 * ((p >> 1) & 1))) & 0xffffu;
+        /* a select, not r.w[2 + (p >> 2)]: p is a run-time value, and an index would put r in local memory */
+        const uint32_t sc = ((p & 4 ? r.w[3] : r.w[2]) >> (16 * ((p >> 1) & 1))) & 0xffffu;
         const uint32_t d16 = (r.w[2] >> 12 & 0x000fu) | (r.w[2] >> 24 & 0x00f0u) | (r.w[3] >> 4 & 0x0f00u) |
                              (r.w[3] >> 16 & 0xf000u);
         u.s1 = (int)(2 * ((sc >> (6 * (p & 1))) & 7u) + 1);
