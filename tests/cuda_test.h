@@ -23,6 +23,7 @@
 
 #include "backend/cuda/cuda_device.h"
 #include "backend/cuda/cuda_ops.h"
+#include "quant/quant.h"
 #include "test.h"
 
 static hm_cuda_ctx *ctx; /* device 0, opened by cuda_test_open; the test closes it */
@@ -82,6 +83,28 @@ static inline void *xmalloc(size_t n) {
         exit(1);
     }
     return p;
+}
+
+/* The grid i-quants (IQ1/IQ2/IQ3 but IQ4), whose reference quantisers search a lattice: too slow
+ * for weights of GPU-test and timing shapes, which take random_iq_blocks instead. */
+static inline bool cuda_test_iq_type(int type) {
+    return type == HM_TYPE_IQ2_XXS || type == HM_TYPE_IQ2_XS || type == HM_TYPE_IQ2_S || type == HM_TYPE_IQ3_XXS ||
+           type == HM_TYPE_IQ3_S || type == HM_TYPE_IQ1_S || type == HM_TYPE_IQ1_M;
+}
+/* bytes of random blocks of an i-quant (every grid index, sign and scale code is valid) with each
+ * block's fp16 super-scale set to 0.03 .. 0.06 (IQ1_M keeps it in the top nibbles of bytes 49, 51,
+ * 53, 55; the others in bytes 0..1). */
+static inline void random_iq_blocks(uint64_t *s, int type, uint8_t *w, size_t bytes) {
+    const size_t bs = hm_type_get(type)->type_size;
+    for (size_t i = 0; i < bytes; i++) w[i] = (uint8_t)(rnd_unit(s) * 256);
+    for (size_t b = 0; b + bs <= bytes; b += bs) {
+        const uint16_t d = (uint16_t)(0x2800 + (int)(rnd_unit(s) * 0x800));
+        uint8_t *blk = w + b;
+        if (type == HM_TYPE_IQ1_M)
+            for (int k = 0; k < 4; k++) blk[49 + 2 * k] = (uint8_t)((blk[49 + 2 * k] & 15) | ((d >> (4 * k)) & 15) << 4);
+        else
+            blk[0] = (uint8_t)d, blk[1] = (uint8_t)(d >> 8);
+    }
 }
 
 static inline double now_s(void) {

@@ -5,7 +5,9 @@
  * Host part (runs everywhere): the kernel's staging of the weights (hm_cuda_mmq_host_dot: the same
  * mmq_stage code, the same integer block sums and f32 operations in the same order) must agree
  * with the CPU's vec_dot against the CPU's own Q8_K row up to float summation order, for Q4_K,
- * Q5_K, Q6_K, IQ4_XS; the 32-sums it uses must be the CPU's bsums pairwise.
+ * Q5_K, Q6_K, IQ4_XS and the low-bit types Q3_K, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M
+ * (a scale per 16, like Q6_K; Q2_K has no tiles: its mins come per 16); the 32-sums it uses must
+ * be the CPU's bsums pairwise.
  * GPU part: hm_cuda_matmul with the switch on, n_tok 9 / 64 / 512 / 1000 (the last over a
  * workspace chunk), ne0 2048 / 4096 / 16384, ne1 not a multiple of the 64-row tile:
  *   - bit-identical to the host emulation (every float operation is the same and in the same
@@ -17,7 +19,7 @@
  *   - the switch does not touch other types (Q8_0) nor the decode path (n_tok <= 8): same bits.
  * hm_cuda_moe_act with the switch on (gate / up and down in int8 tiles): deterministic, NMSE vs
  * the CPU engine's numerics <= 1e-5, vs the switch-off (f32) path <= 1e-3.
- * Then prints the 4096 x 4096, n_tok 512 timings of both paths (Q4_K, Q6_K).
+ * Then prints the 4096 x 4096, n_tok 512 timings of both paths for every type.
  * Exits 77 ("skipped: no GPU") without a device once the host part passed, 1 if it failed. */
 #include <math.h>
 #include <stdint.h>
@@ -33,15 +35,24 @@ void hm_cuda_q8k_host_quant(const float *x, int64_t n, int8_t *q, float *d);
 bool hm_cuda_mmq_host_dot(int type, const void *row, int64_t ne0, const int8_t *xq, const float *xd,
                           const int *xs32, float *out);
 
-static const int types[] = {HM_TYPE_Q4_K, HM_TYPE_Q5_K, HM_TYPE_Q6_K, HM_TYPE_IQ4_XS};
-#define N_TYPES 4
+static const int types[] = {HM_TYPE_Q4_K,    HM_TYPE_Q5_K,    HM_TYPE_Q6_K,   HM_TYPE_IQ4_XS, HM_TYPE_Q3_K,
+                            HM_TYPE_IQ2_XXS, HM_TYPE_IQ2_XS,  HM_TYPE_IQ2_S,  HM_TYPE_IQ3_XXS, HM_TYPE_IQ3_S,
+                            HM_TYPE_IQ1_S,   HM_TYPE_IQ1_M};
+#define N_TYPES 12
 #define Q8K_BLOCK 292 /* sizeof hm_block_q8_k: float d, int8 qs[256], int16 bsums[16] */
 
 static uint64_t rng = 0x2545f4914f6cdd1dull;
 static void fill(float *x, int64_t n, float scale) { fill_normal(&rng, x, n, scale); }
 
-static uint8_t *make_w(int type, int64_t ne0, int64_t ne1, size_t *rs) {
+/* Weights through the CPU's reference quantiser; the grid i-quants' (a lattice search, too slow
+ * for these shapes) as random blocks unless quantise is forced. */
+static uint8_t *make_w_q(int type, int64_t ne0, int64_t ne1, size_t *rs, bool quantise) {
     *rs = hm_row_size(type, ne0);
+    if (cuda_test_iq_type(type) && !quantise) {
+        uint8_t *w = xmalloc(*rs * (size_t)ne1);
+        random_iq_blocks(&rng, type, w, *rs * (size_t)ne1);
+        return w;
+    }
     float *f = xmalloc(sizeof(float) * (size_t)(ne0 * ne1));
     fill(f, ne0 * ne1, 0.05f);
     uint8_t *w = xmalloc(*rs * (size_t)ne1);
@@ -49,6 +60,7 @@ static uint8_t *make_w(int type, int64_t ne0, int64_t ne1, size_t *rs) {
     free(f);
     return w;
 }
+static uint8_t *make_w(int type, int64_t ne0, int64_t ne1, size_t *rs) { return make_w_q(type, ne0, ne1, rs, false); }
 
 /* Activations of n_tok rows quantised both ways: the CPU's Q8_K blocks (cq) and the device
  * quantiser's codes, scales and 32-sums (as k_mmq_quant lays them out). */
@@ -119,11 +131,13 @@ static void host_checks(void) {
     }
     const int64_t ne0s[] = {256, 2048, 4608};
     for (int ti = 0; ti < N_TYPES; ti++)
-        for (int si = 0; si < 3; si++) {
+        for (int si = 0; si < 6; si++) {
             const int type = types[ti];
-            const int64_t ne0 = ne0s[si], ne1 = 7, n_tok = 3;
+            const int64_t ne0 = ne0s[si % 3], ne1 = 7, n_tok = 3;
             size_t rs;
-            uint8_t *w = make_w(type, ne0, ne1, &rs); /* odd rows of q6_K at ne0 256 are 2-aligned */
+            /* quantised weights, then random blocks (i-quants; the others quantised again); odd rows
+             * of q6_K at ne0 256 are 2-aligned */
+            uint8_t *w = make_w_q(type, ne0, ne1, &rs, si < 3);
             float *x = xmalloc(sizeof(float) * (size_t)(n_tok * ne0));
             fill(x, n_tok * ne0, 1.0f);
             qacts a = quant_acts(x, n_tok, ne0);
@@ -136,7 +150,9 @@ static void host_checks(void) {
                 }
             CHECKF(worst <= 1e-5 * mx, "host mmq %s ne0 %lld: |emu - cpu| %.3g of max %.3g", hm_type_name(type),
                    (long long)ne0, worst, mx);
-            if (si == 2) printf("host: %-6s mmq block sums vs CPU vec_dot: max |diff| / max |y| %.2e\n", hm_type_name(type), worst / mx);
+            if (si % 3 == 2)
+                printf("host: %-7s %s mmq block sums vs CPU vec_dot: max |diff| / max |y| %.2e\n", hm_type_name(type),
+                       si < 3 ? "quantised" : "random   ", worst / mx);
             free_acts(&a);
             free(w);
             free(x);
@@ -376,8 +392,14 @@ int main(void) {
     gpu_moe_case(HM_TYPE_Q4_K, HM_TYPE_Q6_K, 100, 12, 4, 1024, 512);  /* unit 0: 100 pairs, 2 tiles */
     gpu_moe_case(HM_TYPE_Q4_K, HM_TYPE_Q4_K, 40, 5, 3, 2048, 768);
     gpu_moe_case(HM_TYPE_Q5_K, HM_TYPE_IQ4_XS, 600, 16, 8, 1024, 512); /* 4800 pairs: two chunks */
-    bench(HM_TYPE_Q4_K);
-    bench(HM_TYPE_Q6_K);
+    /* the low-bit types; Q2_K has no tiles, so (IQ2_XXS, Q2_K) runs gate / up in int8 tiles and
+     * down on the other path in one call */
+    gpu_moe_case(HM_TYPE_IQ2_XXS, HM_TYPE_Q2_K, 100, 12, 4, 1024, 512);
+    gpu_moe_case(HM_TYPE_Q3_K, HM_TYPE_IQ3_XXS, 40, 5, 3, 2048, 768);
+    gpu_moe_case(HM_TYPE_IQ1_S, HM_TYPE_IQ2_XS, 100, 12, 4, 1024, 512);
+    gpu_moe_case(HM_TYPE_IQ1_M, HM_TYPE_IQ3_S, 100, 12, 4, 1024, 512);
+    gpu_moe_case(HM_TYPE_IQ2_S, HM_TYPE_Q3_K, 100, 12, 4, 1024, 512);
+    for (int ti = 0; ti < N_TYPES; ti++) bench(types[ti]);
     hm_cuda_close(ctx);
     return test_done();
 }

@@ -929,11 +929,15 @@ static void test_moe_case_w(int gate_type, int down_type, int64_t n_batch, int n
     float *dx = dev_from(x, xb), *dout = dev_from(out0, xb);
     const size_t ss = hm_cuda_moe_scratch_size(n_batch, n_pairs, n_units, n_ff);
     void *scr = dev_zero(ss);
+    /* the f32 grouped kernels: batches > 8 of the int8 types would take the MMQ tiles (Q8_K
+     * numerics, checked by test_cuda_mmq_gpu), so the switch is off here */
+    CK(hm_cuda_set_mmq(ctx, false, &err));
     CK(hm_cuda_moe(ctx, mu, n_units, gate_type, down_type, dx, n_batch, n_embd, n_ff, dout, scr, ss, &err));
     dev_to(out, dout, xb);
     CK(hm_cuda_upload(ctx, dout, out0, xb, &err));
     CK(hm_cuda_moe(ctx, mu, n_units, gate_type, down_type, dx, n_batch, n_embd, n_ff, dout, scr, ss, &err));
     dev_to(out2, dout, xb);
+    CK(hm_cuda_set_mmq(ctx, true, &err));
     CHECKF(!memcmp(out, out2, xb), "moe: two runs differ (not deterministic)");
 
     for (int64_t i = 0; i < n_batch * n_embd; i++) ref[i] = out0[i];
@@ -1243,7 +1247,7 @@ static void test_moe_dev(void) {
     test_moe_dev_case(HM_TYPE_IQ1_S, HM_TYPE_IQ3_XXS, 5, 9, 3, 256);
     test_moe_dev_case(HM_TYPE_Q4_K, HM_TYPE_Q5_0, 1, 12, 4, 256); /* gemma4 Q4_K_M: int8 gate/up, f32 Q5_0 down */
     test_moe_dev_case(HM_TYPE_Q5_0, HM_TYPE_Q8_0, 5, 9, 3, 256);
-    test_moe_dev_case(HM_TYPE_Q2_K, HM_TYPE_Q3_K, 1, 12, 4, 256); /* Q2_K decode: f32 decoders */
+    test_moe_dev_case(HM_TYPE_Q2_K, HM_TYPE_Q3_K, 1, 12, 4, 256); /* Q2_K decode */
     test_moe_dev_case(HM_TYPE_Q3_K, HM_TYPE_Q4_K, 4, 9, 3, 256);  /* Q3_K_M */
     test_moe_dev_case(HM_TYPE_IQ4_NL, HM_TYPE_Q5_1, 2, 6, 2, 256);
     /* Gemma-4 26B-A4B's expert width 704 (not a multiple of 256): Q4_K gate/up, Q5_0 / Q8_0 down */

@@ -4,7 +4,11 @@
  * Host part (runs everywhere, before any GPU work): the device code's Q8_K quantiser, run on the
  * host (hm_cuda_q8k_host_quant), must give the CPU quantiser's bytes and scales exactly, ties and
  * zero blocks included; its unit decoding and dp4a sums (hm_cuda_q8k_host_dot) must agree with the
- * CPU's vec_dot on the same Q8_K row up to float summation order, for Q4_K, Q5_K, Q6_K, IQ4_XS.
+ * CPU's vec_dot on the same Q8_K row up to float summation order, for Q4_K, Q5_K, Q6_K, IQ4_XS and
+ * the low-bit types Q2_K, Q3_K, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M (quantised
+ * weights, and random blocks for the i-quants); and the units' integer sums must be the CPU's
+ * exactly: summed in double (hm_cuda_q8k_host_dot_dbl) they give the scalar vec_dot's float (at
+ * most one ulp apart: double rounding in another order; a wrong integer moves it by far more).
  * GPU part: hm_cuda_matmul's decode path (n_tok 1..8) bit-identical to the host emulation and
  * within float order of the CPU vec_dot, hm_cuda_matvec_multi bit-identical to separate calls,
  * hm_cuda_moe_dev_act (SiLU and GELU, hot and cold experts, several k) against a CPU reference,
@@ -21,9 +25,12 @@
 /* Test hooks defined in cuda_matvec.cu: the device code's quantiser and row dot run on the host. */
 void hm_cuda_q8k_host_quant(const float *x, int64_t n, int8_t *q, float *d);
 bool hm_cuda_q8k_host_dot(int type, const void *row, int64_t ne0, const int8_t *xq, const float *xd, float *out);
+bool hm_cuda_q8k_host_dot_dbl(int type, const void *row, int64_t ne0, const int8_t *xq, const float *xd, float *out);
 
-static const int types[] = {HM_TYPE_Q4_K, HM_TYPE_Q5_K, HM_TYPE_Q6_K, HM_TYPE_IQ4_XS};
-#define N_TYPES 4
+static const int types[] = {HM_TYPE_Q4_K,    HM_TYPE_Q5_K,   HM_TYPE_Q6_K,  HM_TYPE_IQ4_XS, HM_TYPE_Q2_K,
+                            HM_TYPE_Q3_K,    HM_TYPE_IQ2_XXS, HM_TYPE_IQ2_XS, HM_TYPE_IQ2_S, HM_TYPE_IQ3_XXS,
+                            HM_TYPE_IQ3_S,   HM_TYPE_IQ1_S,  HM_TYPE_IQ1_M};
+#define N_TYPES 13
 #define Q8K_BLOCK 292 /* sizeof hm_block_q8_k: float d, int8 qs[256], int16 bsums[16] */
 
 static uint64_t rng = 0x9e3779b97f4a7c15ull;
@@ -42,9 +49,15 @@ static float cpu_dot(int type, const void *row, int64_t ne0, const void *xq8) {
     hm_type_get(type)->vec_dot(ne0, &r, row, xq8);
     return r;
 }
-/* Weights of `type`: ne1 rows of ne0 random floats through the CPU's reference quantiser. */
-static uint8_t *make_w(int type, int64_t ne0, int64_t ne1, size_t *rs) {
+/* Weights of `type`: ne1 rows of ne0 random floats through the CPU's reference quantiser
+ * (random_iq_blocks for the i-quants unless quantise is forced). */
+static uint8_t *make_w_q(int type, int64_t ne0, int64_t ne1, size_t *rs, bool quantise) {
     *rs = hm_row_size(type, ne0);
+    if (cuda_test_iq_type(type) && !quantise) {
+        uint8_t *w = xmalloc(*rs * (size_t)ne1);
+        random_iq_blocks(&rng, type, w, *rs * (size_t)ne1);
+        return w;
+    }
     float *f = xmalloc(sizeof(float) * (size_t)(ne0 * ne1));
     fill(f, ne0 * ne1, 0.05f);
     uint8_t *w = xmalloc(*rs * (size_t)ne1);
@@ -52,6 +65,7 @@ static uint8_t *make_w(int type, int64_t ne0, int64_t ne1, size_t *rs) {
     free(f);
     return w;
 }
+static uint8_t *make_w(int type, int64_t ne0, int64_t ne1, size_t *rs) { return make_w_q(type, ne0, ne1, rs, false); }
 
 /* ---- host part ---- */
 
@@ -84,14 +98,20 @@ static void host_quant(void) {
     free(cr);
 }
 
+/* Whether two floats are at most one unit in the last place apart. */
+static bool within_ulp(float a, float b) {
+    return a == b || nextafterf(a, b) == b;
+}
+
 static void host_dots(void) {
     const int64_t ne0s[] = {256, 512, 2048, 4608};
     for (int ti = 0; ti < N_TYPES; ti++)
-        for (int si = 0; si < 4; si++) {
+        for (int si = 0; si < 8; si++) {
             const int type = types[ti];
-            const int64_t ne0 = ne0s[si], ne1 = 7;
+            const int64_t ne0 = ne0s[si % 4], ne1 = 7;
             size_t rs;
-            uint8_t *w = make_w(type, ne0, ne1, &rs);
+            /* the first four: quantised weights; the last four: random bytes (i-quants) or quantised again */
+            uint8_t *w = make_w_q(type, ne0, ne1, &rs, si < 4);
             float *x = xmalloc(sizeof(float) * (size_t)ne0);
             fill(x, ne0, 1.0f);
             int8_t *xq = xmalloc((size_t)ne0);
@@ -99,16 +119,29 @@ static void host_dots(void) {
             hm_cuda_q8k_host_quant(x, ne0, xq, xd);
             void *c = cpu_q8k(x, ne0);
             double worst = 0, mx = 0;
+            int n_exact = 0, n_far = 0;
+            const hm_vec_dot_fn scalar = hm_type_get(type)->vec_dot_isa[HM_ISA_SCALAR];
             for (int64_t r = 0; r < ne1; r++) { /* rows of odd index are 2-aligned for q6_K at ne0 256 */
-                float g = 0;
+                float g = 0, gd = 0, rs_ref = 0;
                 CHECK(hm_cuda_q8k_host_dot(type, w + (size_t)r * rs, ne0, xq, xd, &g));
                 const float ref = cpu_dot(type, w + (size_t)r * rs, ne0, c);
                 if (fabs(g - ref) > worst) worst = fabs(g - ref);
                 if (fabs(ref) > mx) mx = fabs(ref);
+                /* the units' integer sums are the CPU's: summed in double as the scalar dot sums its
+                 * blocks, they give its float (up to the double rounding of a different order) */
+                CHECK(hm_cuda_q8k_host_dot_dbl(type, w + (size_t)r * rs, ne0, xq, xd, &gd));
+                scalar(ne0, &rs_ref, w + (size_t)r * rs, c);
+                n_exact += memcmp(&gd, &rs_ref, 4) == 0;
+                n_far += !within_ulp(gd, rs_ref);
             }
             CHECKF(worst <= 1e-5 * mx, "host dot %s ne0 %lld: |gpu - cpu| %.3g of max %.3g", hm_type_name(type),
                    (long long)ne0, worst, mx);
-            if (si == 3) printf("host: %-6s unit dots vs CPU vec_dot: max |diff| / max |y| %.2e\n", hm_type_name(type), worst / mx);
+            CHECKF(n_far == 0, "host dot %s ne0 %lld: %d rows' unit sums (in double) differ from the scalar CPU dot",
+                   hm_type_name(type), (long long)ne0, n_far);
+            if (si % 4 == 3)
+                printf("host: %-7s %s unit dots vs CPU vec_dot: max |diff| / max |y| %.2e; in double %d/%d rows "
+                       "bit-identical to the scalar dot\n", hm_type_name(type), si < 4 ? "quantised" : "random   ",
+                       worst / mx, n_exact, (int)ne1);
             free(w);
             free(x);
             free(xq);
@@ -344,10 +377,16 @@ static double time_mv(int type, int64_t ne0, int64_t ne1, void *buf, size_t mb, 
     return (now_s() - t0) / iters;
 }
 
+static void bench_moe(int gt, int dt);
+
 static void bench(void) {
     const struct { int type; int64_t ne0, ne1; } sh[] = {
         {HM_TYPE_Q4_K, 4096, 4096}, {HM_TYPE_Q4_K, 4608, 2048}, {HM_TYPE_Q4_K, 2048, 768}, {HM_TYPE_Q6_K, 4096, 4096},
-        {HM_TYPE_Q6_K, 2048, 768}, {HM_TYPE_Q5_K, 4096, 4096}, {HM_TYPE_IQ4_XS, 4096, 4096}};
+        {HM_TYPE_Q6_K, 2048, 768}, {HM_TYPE_Q5_K, 4096, 4096}, {HM_TYPE_IQ4_XS, 4096, 4096},
+        {HM_TYPE_Q2_K, 4096, 4096}, {HM_TYPE_Q2_K, 2048, 768}, {HM_TYPE_Q3_K, 4096, 4096}, {HM_TYPE_Q3_K, 768, 2048},
+        {HM_TYPE_IQ2_XXS, 4096, 4096}, {HM_TYPE_IQ2_XXS, 2048, 768}, {HM_TYPE_IQ2_XS, 4096, 4096},
+        {HM_TYPE_IQ2_S, 4096, 4096}, {HM_TYPE_IQ3_XXS, 4096, 4096}, {HM_TYPE_IQ3_S, 4096, 4096},
+        {HM_TYPE_IQ1_S, 4096, 4096}, {HM_TYPE_IQ1_S, 2048, 768}, {HM_TYPE_IQ1_M, 4096, 4096}};
     printf("\ndecode matvec, 1 token, weights cycled through >= 1 GiB (ne0 x ne1): f32 kernel -> int8 kernel\n");
     float *hx = xmalloc(sizeof(float) * 4608);
     fill(hx, 4608, 1.0f);
@@ -377,11 +416,17 @@ static void bench(void) {
     hm_cuda_free(ctx, dy);
     free(hx);
 
-    /* the decode MoE: 256 experts, n_embd 2048, n_ff 512, q4_K gate/up, q6_K down, top-8, 1 token */
+    const int pairs[][2] = {{HM_TYPE_Q4_K, HM_TYPE_Q6_K},    {HM_TYPE_Q2_K, HM_TYPE_Q3_K},     {HM_TYPE_IQ2_XXS, HM_TYPE_Q2_K},
+                            {HM_TYPE_IQ1_S, HM_TYPE_IQ2_XXS}, {HM_TYPE_IQ2_S, HM_TYPE_IQ3_S}, {HM_TYPE_IQ3_XXS, HM_TYPE_IQ3_S}};
+    for (size_t i = 0; i < sizeof pairs / sizeof pairs[0]; i++) bench_moe(pairs[i][0], pairs[i][1]);
+}
+
+/* The decode MoE: 256 experts, n_embd 2048, n_ff 512, gate/up of type gt, down of dt, top-8, 1 token. */
+static void bench_moe(int gt, int dt) {
     const int n_expert = 256, k = 8;
     const int64_t n_embd = 2048, n_ff = 512;
     size_t rg, rd;
-    uint8_t *g = make_w(HM_TYPE_Q4_K, n_embd, n_ff, &rg), *dn = make_w(HM_TYPE_Q6_K, n_ff, n_embd, &rd);
+    uint8_t *g = make_w(gt, n_embd, n_ff, &rg), *dn = make_w(dt, n_ff, n_embd, &rd);
     const size_t gb = rg * (size_t)n_ff, db = rd * (size_t)n_embd, eb = (2 * gb + db + 255) & ~(size_t)255;
     void *all;
     CK(hm_cuda_alloc(ctx, eb * (size_t)n_expert, &all, &err));
@@ -420,7 +465,7 @@ static void bench(void) {
                 t0 = now_s();
             }
             const int r = (it + 20) % n_route;
-            CK(hm_cuda_moe_dev(ctx, dslots, HM_TYPE_Q4_K, HM_TYPE_Q6_K, dids + r * k, dwt + r * k, k, dxm, 1, n_embd,
+            CK(hm_cuda_moe_dev(ctx, dslots, gt, dt, dids + r * k, dwt + r * k, k, dxm, 1, n_embd,
                                n_ff, dout, scr, ss, &err));
         }
         CK(hm_cuda_sync(ctx, &err));
@@ -428,8 +473,9 @@ static void bench(void) {
     }
     hm_cuda_set_kern(ctx, HM_CUDA_KERN_DEFAULT);
     const double mb = (double)k * (double)(2 * gb + db);
-    printf("moe_dev decode (256 experts, 2048 / 512, q4_K / q6_K, top-8, 1 token, %.1f MB): %.2f us (%.0f GB/s) -> "
-           "%.2f us (%.0f GB/s)\n", mb * 1e-6, t[0] * 1e6, mb / t[0] * 1e-9, t[1] * 1e6, mb / t[1] * 1e-9);
+    printf("moe_dev decode (256 experts, 2048 / 512, %s / %s, top-8, 1 token, %.1f MB): %.2f us (%.0f GB/s) -> "
+           "%.2f us (%.0f GB/s)\n", hm_type_name(gt), hm_type_name(dt), mb * 1e-6, t[0] * 1e6, mb / t[0] * 1e-9,
+           t[1] * 1e6, mb / t[1] * 1e-9);
     hm_cuda_free(ctx, all), hm_cuda_free(ctx, dslots), hm_cuda_free(ctx, dids), hm_cuda_free(ctx, dwt);
     hm_cuda_free(ctx, dxm), hm_cuda_free(ctx, scr), hm_cuda_free(ctx, dout);
     free(g), free(dn), free(slots), free(ids), free(wt), free(x);
@@ -449,6 +495,17 @@ int main(void) {
     gpu_moe_case(HM_TYPE_IQ4_XS, HM_TYPE_Q5_K, HM_CUDA_ACT_SILU, 8, 9, 2, 512, 768);
     gpu_moe_case(HM_TYPE_Q5_K, HM_TYPE_IQ4_XS, HM_CUDA_ACT_GELU, 2, 6, 6, 768, 256);
     gpu_moe_case(HM_TYPE_Q6_K, HM_TYPE_Q4_K, HM_CUDA_ACT_SILU, 3, 40, 16, 256, 1024);
+    /* the low-bit types, each as gate/up and as down (the mixes' pairs: llama-quantize's q2_k puts
+     * Q3_K on down, iq2_xxs / iq1_s put Q2_K / IQ2_XXS there, iq3_xxs IQ3_XXS / IQ3_S) */
+    gpu_moe_case(HM_TYPE_Q2_K, HM_TYPE_Q3_K, HM_CUDA_ACT_SILU, 1, 12, 8, 2048, 512);
+    gpu_moe_case(HM_TYPE_Q3_K, HM_TYPE_Q2_K, HM_CUDA_ACT_GELU, 5, 12, 3, 1024, 512);
+    gpu_moe_case(HM_TYPE_IQ2_XXS, HM_TYPE_Q2_K, HM_CUDA_ACT_SILU, 1, 12, 8, 2048, 768);
+    gpu_moe_case(HM_TYPE_IQ1_S, HM_TYPE_IQ2_XXS, HM_CUDA_ACT_SILU, 3, 12, 4, 1024, 512);
+    gpu_moe_case(HM_TYPE_IQ1_M, HM_TYPE_IQ2_XS, HM_CUDA_ACT_SILU, 2, 9, 6, 512, 768);
+    gpu_moe_case(HM_TYPE_IQ2_S, HM_TYPE_IQ3_S, HM_CUDA_ACT_GELU, 1, 12, 8, 2048, 512);
+    gpu_moe_case(HM_TYPE_IQ3_XXS, HM_TYPE_IQ3_XXS, HM_CUDA_ACT_SILU, 8, 9, 2, 512, 256);
+    gpu_moe_case(HM_TYPE_IQ3_S, HM_TYPE_IQ1_S, HM_CUDA_ACT_SILU, 1, 12, 8, 1024, 512);
+    gpu_moe_case(HM_TYPE_IQ2_XS, HM_TYPE_IQ1_M, HM_CUDA_ACT_SILU, 4, 12, 8, 768, 256);
     bench();
     hm_cuda_close(ctx);
     return test_done();

@@ -24,9 +24,9 @@
  * the synth's embedding dominates it): NMSE_BF16 = 1e-4 (10x over that estimate squared).
  * Q4_K_M: the CPU quantises activations to Q8_K / Q8_0 for its dot products (0.6 % rms rounding
  * per element) while the GPU keeps them f32 (or bf16 in prefill): the CPU's own rounding
- * dominates, NMSE_Q8 = 3e-4 for both runs. The same holds for the low-bit files (q2_k, q3_k_m,
- * iq4_nl, q4_1, q5_1): the GPU decodes their weights exactly (f32 paths), the CPU rounds
- * activations to their dot partner (Q8_K, Q8_0, Q8_1).
+ * dominates, NMSE_Q8 = 3e-4 for both runs. The same holds for the low-bit files (q2_k, q3_k_m:
+ * Q2_K / Q3_K take the int8 paths as the K-quants do; iq4_nl, q4_1, q5_1: the GPU decodes their
+ * weights exactly (f32 paths), the CPU rounds activations to their dot partner, Q8_0 / Q8_1).
  * Store stats (hm_model_usage): per layer hits + misses = the rows that layer computed x k;
  * (a) no hits, (d) no misses, (b) hits exactly on layers >= 2 (all of them, no misses there);
  * (c) static: hits and misses both > 0, lru: units swapped in during the run.
@@ -414,8 +414,8 @@ int main(void) {
     check_yarn_fixture();
     run_model("f32", false);
     run_model("q4_k_m", true);
-    /* the low-bit files (f32 decoders on the GPU; the CPU rounds activations to Q8_K / Q8_1 /
-     * Q8_0 as for Q4_K_M: the same NMSE_Q8 bound) */
+    /* the low-bit files (Q2_K / Q3_K on the int8 paths, the others on the f32 decoders; the CPU
+     * rounds activations to Q8_K / Q8_1 / Q8_0 as for Q4_K_M: the same NMSE_Q8 bound) */
     run_model("q2_k", true);
     run_model("q3_k_m", true);
     run_model("iq4_nl", true);

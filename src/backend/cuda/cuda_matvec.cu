@@ -438,13 +438,54 @@ static float host_row_dot(const uint8_t *row, int64_t ne0, const int8_t *xq, con
     return lanes[0];
 }
 
+/* The same units' integer sums, each times its block's float scales and summed in double in unit
+ * order, as the CPU's scalar dots sum their blocks: equal (up to double rounding) to the scalar
+ * vec_dot's float exactly when every integer and scale product matches the CPU's. */
+template <int T>
+static float host_row_dot_dbl(const uint8_t *row, int64_t ne0, const int8_t *xq, const float *xd) {
+    double acc = 0;
+    for (int un = 0; un < (int)(ne0 / 32); un++) {
+        const int b = un >> 3, p = un & 7;
+        const uint8_t *blk = row + (int64_t)b * q8k<T>::size;
+        const qunit u = q8k<T>::dec(q8k<T>::load(blk, p), blk, p);
+        uint4 xa, xc;
+        memcpy(&xa, xq + 256 * b + q8k<T>::off1(p), 16);
+        memcpy(&xc, xq + 256 * b + q8k<T>::off2(p), 16);
+        const uint32_t a[4] = {xa.x, xa.y, xa.z, xa.w}, c[4] = {xc.x, xc.y, xc.z, xc.w};
+        int d1 = 0, d2 = 0;
+        for (int i = 0; i < 4; i++) {
+            d1 = dp4a(u.v1[i], a[i], d1);
+            d2 = dp4a(u.v2[i], c[i], d2);
+        }
+        const int bs1 = q8_sum16(xa), bs2 = q8_sum16(xc);
+        const int64_t si = q8k<T>::kind == 1   ? (int64_t)u.s1 * (d1 - 32 * bs1) + (int64_t)u.s2 * (d2 - 32 * bs2)
+                           : q8k<T>::kind == 2 ? (int64_t)u.s1 * (d1 + d2)
+                                               : (int64_t)u.s1 * d1 + (int64_t)u.s2 * d2;
+        const int64_t sm = q8k<T>::kind == 0 ? (int64_t)u.m1 * bs1 + (int64_t)u.m2 * bs2 : 0;
+        acc += (double)(u.d * xd[b]) * (double)si;
+        if (sm) acc -= (double)(u.dm * xd[b]) * (double)sm;
+    }
+    return (float)acc;
+}
+
+extern "C" bool hm_cuda_q8k_host_dot_dbl(int type, const void *row, int64_t ne0, const int8_t *xq, const float *xd,
+                                         float *out);
+bool hm_cuda_q8k_host_dot_dbl(int type, const void *row, int64_t ne0, const int8_t *xq, const float *xd, float *out) {
+    const uint8_t *r = (const uint8_t *)row;
+    switch (type) {
+#define HM_HOST_DBL_CASE(T) case T: *out = host_row_dot_dbl<T>(r, ne0, xq, xd); return true;
+        HM_CUDA_FOR_Q8K_TYPES(HM_HOST_DBL_CASE)
+#undef HM_HOST_DBL_CASE
+    default: return false;
+    }
+}
+
 bool hm_cuda_q8k_host_dot(int type, const void *row, int64_t ne0, const int8_t *xq, const float *xd, float *out) {
     const uint8_t *r = (const uint8_t *)row;
     switch (type) {
-    case HM_TYPE_Q4_K: *out = host_row_dot<HM_TYPE_Q4_K>(r, ne0, xq, xd); return true;
-    case HM_TYPE_Q5_K: *out = host_row_dot<HM_TYPE_Q5_K>(r, ne0, xq, xd); return true;
-    case HM_TYPE_Q6_K: *out = host_row_dot<HM_TYPE_Q6_K>(r, ne0, xq, xd); return true;
-    case HM_TYPE_IQ4_XS: *out = host_row_dot<HM_TYPE_IQ4_XS>(r, ne0, xq, xd); return true;
+#define HM_HOST_DOT_CASE(T) case T: *out = host_row_dot<T>(r, ne0, xq, xd); return true;
+        HM_CUDA_FOR_Q8K_TYPES(HM_HOST_DOT_CASE)
+#undef HM_HOST_DOT_CASE
     default: return false;
     }
 }

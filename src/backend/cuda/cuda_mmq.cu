@@ -1,5 +1,7 @@
 /* cuda_mmq.cu - the int8 tensor-core prefill matmul ("MMQ") for the K-quants: y = W x for
- * n_tok > HM_CUDA_MATVEC_MAX_TOK tokens, W of type Q4_K, Q5_K, Q6_K or IQ4_XS. Taken by
+ * n_tok > HM_CUDA_MATVEC_MAX_TOK tokens, W of type Q4_K, Q5_K, Q6_K or IQ4_XS, or of the low-bit
+ * Q3_K, IQ2_XXS, IQ2_XS, IQ2_S, IQ3_XXS, IQ3_S, IQ1_S, IQ1_M (cuda_q8k_lowbit.cuh's units; a scale
+ * per 16 elements, staged and multiplied as Q6_K's). Taken by
  * hm_cuda_matmul while the context's mmq switch is on (the default; HOTMOE_CUDA_MMQ=0 or
  * HOTMOE_CUDA_EXACT=1 when the context opens, or the hm_cuda_set_mmq test hook, turn it off);
  * otherwise the bf16 WMMA kernel of cuda_matmul.cu runs.
@@ -82,9 +84,11 @@ __device__ __forceinline__ void mma_k16(const uint32_t (&a)[2], uint32_t b, int 
                  : "r"(a[0]), "r"(a[1]), "r"(b), "r"(0));
 }
 
-/* Per type: the sub-block size (32, or 16 for Q6_K) and whether there are mins (Q4_K, Q5_K). */
+/* Per type: the sub-block size (32, or 16 for Q6_K and the symmetric low-bit types of kind 3,
+ * whose units carry a scale per 16: Q3_K, the grid i-quants) and whether there are mins (Q4_K,
+ * Q5_K). */
 template <int T> struct mmq_traits {
-    static constexpr int S = T == HM_TYPE_Q6_K ? 16 : 32, NS = 256 / S;
+    static constexpr int S = T == HM_TYPE_Q6_K || q8k<T>::kind == 3 ? 16 : 32, NS = 256 / S;
     static constexpr bool mins = q8k<T>::kind == 0;
     /* blocks per multiprocessor the registers must allow: 4 (<= 128 a thread; no spills in
      * ptxas -v on sm_90 with the weight loads two units at a time and the j loop not unrolled) */
@@ -111,7 +115,7 @@ HMCU_UNROLL
     }
     *(uint4 *)(dst + Q::off1(p)) = make_uint4(v1[0], v1[1], v1[2], v1[3]);
     *(uint4 *)(dst + Q::off2(p)) = make_uint4(v2[0], v2[1], v2[2], v2[3]);
-    if constexpr (tr::S == 16) { /* q6_K: every unit holds two whole sub-blocks of 16 */
+    if constexpr (tr::S == 16) { /* q6_K, kind 3: every unit holds two whole sub-blocks of 16 */
         sc[Q::off1(p) / 16] = u.s1;
         sc[Q::off2(p) / 16] = u.s2;
     } else if constexpr (tr::mins) { /* units 2c, 2c + 1: the halves of sub-blocks 2c, 2c + 1 */
@@ -345,7 +349,7 @@ static void launch_mmq(cudaStream_t st, const hm_cuda_mat *w, const int8_t *q, c
 }
 
 bool hm_cuda_mmq_takes(const hm_cuda_ctx *c, const hm_cuda_mat *w) {
-    return c->mmq_ws && q8k_type(w->type) && w->ne0 % 256 == 0 && mmq_tok_bytes(w->ne0) <= c->mmq_ws_size;
+    return c->mmq_ws && q8k_mmq_type(w->type) && w->ne0 % 256 == 0 && mmq_tok_bytes(w->ne0) <= c->mmq_ws_size;
 }
 
 hm_status hm_cuda_mmq_run(hm_cuda_ctx *c, const hm_cuda_mat *w, const float *x, int64_t n_tok, float *y,
@@ -361,10 +365,9 @@ hm_status hm_cuda_mmq_run(hm_cuda_ctx *c, const hm_cuda_mat *w, const float *x, 
         k_mmq_quant<<<hm_cu_blocks(n_tasks, 8), 256, 0, c->compute>>>(x + t0 * ne0, ne0, n_tasks, q, d, s);
         float *yc = y + t0 * w->ne1;
         switch (w->type) {
-        case HM_TYPE_Q4_K: launch_mmq<HM_TYPE_Q4_K>(c->compute, w, q, d, s, nt, yc); break;
-        case HM_TYPE_Q5_K: launch_mmq<HM_TYPE_Q5_K>(c->compute, w, q, d, s, nt, yc); break;
-        case HM_TYPE_Q6_K: launch_mmq<HM_TYPE_Q6_K>(c->compute, w, q, d, s, nt, yc); break;
-        case HM_TYPE_IQ4_XS: launch_mmq<HM_TYPE_IQ4_XS>(c->compute, w, q, d, s, nt, yc); break;
+#define HM_MMQ_CASE(T) case T: launch_mmq<T>(c->compute, w, q, d, s, nt, yc); break;
+            HM_CUDA_FOR_MMQ_TYPES(HM_MMQ_CASE)
+#undef HM_MMQ_CASE
         default: return hm_errf(err, HM_ERR_UNSUPPORTED, "cuda mmq: type %s", hm_type_name(w->type));
         }
         HM_CU_LAUNCH("mmq");
@@ -455,10 +458,10 @@ int hm_cuda_mmq_moe_plan(hm_cuda_ctx *c, int gate_type, int down_type, int64_t n
         mmq_ws_grow(c, a > b ? a : b);
     }
     int plan = 0;
-    if (q8k_type(gate_type) && n_embd % 256 == 0 &&
+    if (q8k_mmq_type(gate_type) && n_embd % 256 == 0 &&
         mmq_rows_bytes(n_batch, n_embd) + (size_t)max_pair * (size_t)n_ff * 4 <= c->mmq_ws_size)
         plan |= HM_CUDA_MMQ_GATE_UP;
-    if (q8k_type(down_type) && mmq_rows_bytes(n_pairs, n_ff) + (size_t)max_pair * (size_t)n_embd * 4 <= c->mmq_ws_size)
+    if (q8k_mmq_type(down_type) && mmq_rows_bytes(n_pairs, n_ff) + (size_t)max_pair * (size_t)n_embd * 4 <= c->mmq_ws_size)
         plan |= HM_CUDA_MMQ_DOWN;
     return plan;
 }
@@ -499,10 +502,10 @@ static bool moe_tiles(int type, cudaStream_t st, const moe_unit_dev *ud, int a0,
                       int64_t ne0, int64_t ne1, const int8_t *vq, const float *vd, const int *vs, const int32_t *map,
                       int64_t y0, float *y) {
     switch (type) {
-    case HM_TYPE_Q4_K: launch_moe_tiles<HM_TYPE_Q4_K>(st, ud, a0, n_u, max_tiles, which, ne0, ne1, vq, vd, vs, map, y0, y); return true;
-    case HM_TYPE_Q5_K: launch_moe_tiles<HM_TYPE_Q5_K>(st, ud, a0, n_u, max_tiles, which, ne0, ne1, vq, vd, vs, map, y0, y); return true;
-    case HM_TYPE_Q6_K: launch_moe_tiles<HM_TYPE_Q6_K>(st, ud, a0, n_u, max_tiles, which, ne0, ne1, vq, vd, vs, map, y0, y); return true;
-    case HM_TYPE_IQ4_XS: launch_moe_tiles<HM_TYPE_IQ4_XS>(st, ud, a0, n_u, max_tiles, which, ne0, ne1, vq, vd, vs, map, y0, y); return true;
+#define HM_MMQ_MOE_CASE(T) \
+    case T: launch_moe_tiles<T>(st, ud, a0, n_u, max_tiles, which, ne0, ne1, vq, vd, vs, map, y0, y); return true;
+        HM_CUDA_FOR_MMQ_TYPES(HM_MMQ_MOE_CASE)
+#undef HM_MMQ_MOE_CASE
     default: return false;
     }
 }
@@ -630,10 +633,9 @@ bool hm_cuda_mmq_host_dot(int type, const void *row, int64_t ne0, const int8_t *
                           const int *xs32, float *out) {
     const uint8_t *r = (const uint8_t *)row;
     switch (type) {
-    case HM_TYPE_Q4_K: *out = host_mmq_dot<HM_TYPE_Q4_K>(r, ne0, xq, xd, xs32); return true;
-    case HM_TYPE_Q5_K: *out = host_mmq_dot<HM_TYPE_Q5_K>(r, ne0, xq, xd, xs32); return true;
-    case HM_TYPE_Q6_K: *out = host_mmq_dot<HM_TYPE_Q6_K>(r, ne0, xq, xd, xs32); return true;
-    case HM_TYPE_IQ4_XS: *out = host_mmq_dot<HM_TYPE_IQ4_XS>(r, ne0, xq, xd, xs32); return true;
+#define HM_MMQ_HOST_CASE(T) case T: *out = host_mmq_dot<T>(r, ne0, xq, xd, xs32); return true;
+        HM_CUDA_FOR_MMQ_TYPES(HM_MMQ_HOST_CASE)
+#undef HM_MMQ_HOST_CASE
     default: return false;
     }
 }

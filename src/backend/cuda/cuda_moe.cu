@@ -512,7 +512,7 @@ __device__ __forceinline__ void moeq_down_units(const moeq_down_tok &s, int lane
             x.wgt = s.wj[j];
             x.bs1 = 0;
             x.bs2 = 0;
-            if (q8k<T>::kind != 2) {
+            if (q8k<T>::kind < 2) {
                 x.bs1 = q8_sum16(x.xa);
                 x.bs2 = q8_sum16(x.xc);
             }
@@ -739,7 +739,7 @@ hm_status hm_cuda_moe_dev_act_lim(hm_cuda_ctx *c, const hm_cuda_moe_slot *slots,
         switch (gate_type) {
 #define HM_MQP_CASE(T) case T: k_moeqp_gate_up<T><<<g, 256, sp, c->compute>>>(slots, ids, k, (int)n_tok, x, n_embd, \
                                    n_ff, hm_row_size(T, n_embd), h, act, lim); break;
-        HM_MQP_CASE(HM_TYPE_Q4_K) HM_MQP_CASE(HM_TYPE_Q5_K) HM_MQP_CASE(HM_TYPE_Q6_K) HM_MQP_CASE(HM_TYPE_IQ4_XS)
+        HM_CUDA_FOR_Q8K_TYPES(HM_MQP_CASE)
 #undef HM_MQP_CASE
         default: break;
         }
@@ -748,7 +748,7 @@ hm_status hm_cuda_moe_dev_act_lim(hm_cuda_ctx *c, const hm_cuda_moe_slot *slots,
         switch (gate_type) {
 #define HM_MQG_CASE(T) case T: k_moeq_gate_up<T><<<g, 256, sa, c->compute>>>(slots, ids, k, x, n_embd, n_ff, \
                                    hm_row_size(T, n_embd), h, act, lim); break;
-        HM_MQG_CASE(HM_TYPE_Q4_K) HM_MQG_CASE(HM_TYPE_Q5_K) HM_MQG_CASE(HM_TYPE_Q6_K) HM_MQG_CASE(HM_TYPE_IQ4_XS)
+        HM_CUDA_FOR_Q8K_TYPES(HM_MQG_CASE)
 #undef HM_MQG_CASE
         default: break;
         }
@@ -765,7 +765,7 @@ hm_status hm_cuda_moe_dev_act_lim(hm_cuda_ctx *c, const hm_cuda_moe_slot *slots,
         switch (down_type) {
 #define HM_MQD1_CASE(T) case T: k_moeq_down1<T><<<g, 256, sb, c->compute>>>(slots, ids, weights, k, h, n_embd, n_ff, \
                                     hm_row_size(T, n_ff), out); break;
-        HM_MQD1_CASE(HM_TYPE_Q4_K) HM_MQD1_CASE(HM_TYPE_Q5_K) HM_MQD1_CASE(HM_TYPE_Q6_K) HM_MQD1_CASE(HM_TYPE_IQ4_XS)
+        HM_CUDA_FOR_Q8K_TYPES(HM_MQD1_CASE)
 #undef HM_MQD1_CASE
         default: break;
         }
@@ -774,7 +774,7 @@ hm_status hm_cuda_moe_dev_act_lim(hm_cuda_ctx *c, const hm_cuda_moe_slot *slots,
         switch (down_type) {
 #define HM_MQD_CASE(T) case T: k_moeq_down<T><<<g, 256, sb, c->compute>>>(slots, ids, weights, k, h, n_embd, n_ff, \
                                    hm_row_size(T, n_ff), out); break;
-        HM_MQD_CASE(HM_TYPE_Q4_K) HM_MQD_CASE(HM_TYPE_Q5_K) HM_MQD_CASE(HM_TYPE_Q6_K) HM_MQD_CASE(HM_TYPE_IQ4_XS)
+        HM_CUDA_FOR_Q8K_TYPES(HM_MQD_CASE)
 #undef HM_MQD_CASE
         default: break;
         }

@@ -13,17 +13,20 @@
  *
  * Numerics (the backend-ops test bounds each against a double reference):
  *   - decode matvec (n_tok <= HM_CUDA_MATVEC_MAX_TOK: hm_cuda_matmul's decode path and
- *     hm_cuda_matvec_multi) and hm_cuda_moe_dev(_act), weights Q4_K / Q5_K / Q6_K / IQ4_XS: the
+ *     hm_cuda_matvec_multi) and hm_cuda_moe_dev(_act), weights Q4_K / Q5_K / Q6_K / IQ4_XS and the
+ *     low-bit Q2_K / Q3_K / IQ2_XXS / IQ2_XS / IQ2_S / IQ3_XXS / IQ3_S / IQ1_S / IQ1_M: the
  *     activations (and the MoE's h before the down projection) are quantised to Q8_K exactly as the
  *     CPU's quantize_row_q8_K, and each block's integer dot is the CPU vec_dot's, bit for bit; only
- *     the f32 scaling and summation order of the block sums differs from the CPU. Against exact
+ *     the f32 scaling and summation order of the block sums differs from the CPU (the low-bit
+ *     types: each unit's integer is the CPU's per-16 / per-8 integer, bit for bit). Against exact
  *     f32 this is the CPU's Q8_K rounding (NMSE ~1e-5 .. 1e-4), not float rounding.
  *   - the other types, hm_cuda_moe, calls whose quantised activations exceed 48 KiB of shared
  *     memory, and the test hook's F32 / NEW / OLD kernels: weights dequantised exactly to f32 in
  *     registers, f32 activations, f32 accumulation: error is float rounding only.
  *   - prefill matmul (n_tok > HM_CUDA_MATVEC_MAX_TOK): weights and activations rounded to bf16
  *     (8-bit mantissa, f32 range) for the tensor cores, f32 accumulation; with the int8
- *     path (hm_cuda_set_mmq, on by default) K-quant weights get the decode path's Q8_K numerics.
+ *     path (hm_cuda_set_mmq, on by default) the weights of the int8 decode types but Q2_K get the
+ *     decode path's Q8_K numerics.
  *     With HOTMOE_CUDA_EXACT=1 in the environment when the context opens, such matmuls run as
  *     the decode matvec in chunks of 8 rows instead: a slow reference path for tests (a model
  *     whose routing flips under bf16 rounding can then still be checked tightly).
@@ -144,7 +147,7 @@ typedef struct hm_cuda_mat {
 } hm_cuda_mat;
 
 /* True for the types this backend computes with: F32 F16 BF16 Q8_0 Q4_0 Q5_0 MXFP4 Q4_K Q5_K Q6_K
- * IQ4_XS. */
+ * IQ4_XS Q4_1 Q5_1 IQ4_NL Q2_K Q3_K IQ2_XXS IQ2_XS IQ2_S IQ3_XXS IQ3_S IQ1_S IQ1_M. */
 bool hm_cuda_type_ok(int type);
 /* Alignment in bytes the kernels' vector loads need of a weight's data pointer and row stride. */
 size_t hm_cuda_type_align(int type);
@@ -417,7 +420,7 @@ enum hm_cuda_kern { HM_CUDA_KERN_DEFAULT = 0, HM_CUDA_KERN_OLD = 1, HM_CUDA_KERN
 void hm_cuda_set_kern(hm_cuda_ctx *c, int kern);
 
 /* The int8 tensor-core prefill matmul (hm_cuda_matmul, n_tok > HM_CUDA_MATVEC_MAX_TOK, weights
- * Q4_K / Q5_K / Q6_K / IQ4_XS): activations quantised to Q8_K as the CPU does, each block's integer
+ * Q4_K / Q5_K / Q6_K / IQ4_XS / Q3_K and the grid i-quants; not Q2_K): activations quantised to Q8_K as the CPU does, each block's integer
  * dot the CPU vec_dot's, only the f32 order of the block sums differs (as the decode int8 path).
  * On by default when a context opens; off with HOTMOE_CUDA_MMQ=0 or HOTMOE_CUDA_EXACT=1 in the
  * environment then, or with this setter (a test / A-B hook; turning it on allocates a 16 MiB device workspace, turning

@@ -550,7 +550,8 @@ __device__ __forceinline__ void warp_rows_dot(const uint8_t *const (&rows)[R], i
 }
 
 
-/* ---- int8 decode path (HM_CUDA_KERN_DEFAULT for Q4_K, Q5_K, Q6_K, IQ4_XS) ----------------------
+/* ---- int8 decode path (HM_CUDA_KERN_DEFAULT for Q4_K, Q5_K, Q6_K, IQ4_XS; Q2_K, Q3_K and the
+ * grid i-quants in cuda_q8k_lowbit.cuh) ----------------------------------------------------------
  * Activations are quantised to Q8_K exactly as the CPU's quantize_row_q8_K (quant_k.c): per
  * 256-element block max = the value of largest |x| (first on ties), iscale = -127 / max,
  * q = min(127, round_half_even(iscale * x)), d = 1 / iscale; an all-zero block is all zero. The
@@ -568,15 +569,23 @@ HMCU_HD int dp4a(uint32_t a, uint32_t b, int c) {
 #endif
 }
 
-/* Which weight types take the int8 path (their CPU dot partner is Q8_K). */
+/* Which weight types take the int8 decode path (their CPU dot partner is Q8_K): Q4_K, Q5_K, Q6_K,
+ * IQ4_XS, and Q2_K, Q3_K and the grid i-quants (their units: cuda_q8k_lowbit.cuh). */
 HMCU_HD constexpr bool q8k_type(int t) {
-    return t == HM_TYPE_Q4_K || t == HM_TYPE_Q5_K || t == HM_TYPE_Q6_K || t == HM_TYPE_IQ4_XS;
+    return t == HM_TYPE_Q4_K || t == HM_TYPE_Q5_K || t == HM_TYPE_Q6_K || t == HM_TYPE_IQ4_XS || t == HM_TYPE_Q2_K ||
+           t == HM_TYPE_Q3_K || t == HM_TYPE_IQ2_XXS || t == HM_TYPE_IQ2_XS || t == HM_TYPE_IQ2_S ||
+           t == HM_TYPE_IQ3_XXS || t == HM_TYPE_IQ3_S || t == HM_TYPE_IQ1_S || t == HM_TYPE_IQ1_M;
 }
+/* Which of them have int8 MMQ prefill tiles (cuda_mmq.cu): all but Q2_K, whose mins come per 16
+ * elements (the tile's min path takes them per 32). */
+HMCU_HD constexpr bool q8k_mmq_type(int t) { return q8k_type(t) && t != HM_TYPE_Q2_K; }
 
 /* Registers of raw bytes per unit, and how many units of R rows a lane loads before it decodes
  * the first (about 64 registers of loads in flight). */
 HMCU_HD constexpr int q8k_words(int t) {
-    return t == HM_TYPE_Q4_K ? 8 : t == HM_TYPE_Q5_K ? 12 : t == HM_TYPE_Q6_K ? 11 : 6;
+    return t == HM_TYPE_Q4_K ? 8 : t == HM_TYPE_Q5_K ? 12 : t == HM_TYPE_Q6_K ? 11 : t == HM_TYPE_Q3_K ? 13
+         : t == HM_TYPE_IQ2_XXS || t == HM_TYPE_IQ1_S ? 3
+         : t == HM_TYPE_IQ2_XS || t == HM_TYPE_IQ3_XXS || t == HM_TYPE_IQ1_M ? 4 : t == HM_TYPE_IQ2_S ? 5 : 6;
 }
 HMCU_HD constexpr int q8k_unroll(int t, int r) {
     return 64 / (q8k_words(t) * r) < 1 ? 1 : 64 / (q8k_words(t) * r) > 4 ? 4 : 64 / (q8k_words(t) * r);
@@ -857,6 +866,8 @@ HMCU_HD float q8k_unit_dot(const qunit &u, const uint4 &xa, const uint4 &xb, int
         const int sumi = u.s1 * (d1 - 32 * bs1) + u.s2 * (d2 - 32 * bs2);
         return fmaf(u.d * xd, (float)sumi, acc);
     }
+    if (q8k<T>::kind == 3) /* symmetric, a scale per chunk (Q3_K, the i-quants) */
+        return fmaf(u.d * xd, (float)(u.s1 * d1 + u.s2 * d2), acc);
     return fmaf(u.d * xd, (float)(u.s1 * (d1 + d2)), acc);
 }
 HMCU_HD int q8_sum16(const uint4 &x) {
@@ -976,7 +987,7 @@ __device__ __forceinline__ void q8k_rows_dot(const uint8_t *const (&rows)[R], in
                 const uint4 xa = *(const uint4 *)(xb + q8k<T>::off1(p)), xc = *(const uint4 *)(xb + q8k<T>::off2(p));
                 const float dx = xd[tok[t] * (ne0 >> 8) + b];
                 int bs1 = 0, bs2 = 0;
-                if (q8k<T>::kind != 2) {
+                if (q8k<T>::kind < 2) {
                     bs1 = q8_sum16(xa);
                     bs2 = q8_sum16(xc);
                 }
@@ -991,12 +1002,25 @@ __device__ __forceinline__ void q8k_rows_dot(const uint8_t *const (&rows)[R], in
 } /* namespace hmcu */
 
 #include "cuda_quant_lowbit.cuh"
+#include "cuda_q8k_lowbit.cuh"
 
 /* Expand M(T) for every weight type the backend supports (dispatch tables of the .cu files). */
 #define HM_CUDA_FOR_TYPES(M) \
     M(HM_TYPE_F32) M(HM_TYPE_F16) M(HM_TYPE_BF16) M(HM_TYPE_Q8_0) M(HM_TYPE_Q4_0) \
     M(HM_TYPE_Q5_0) M(HM_TYPE_MXFP4) M(HM_TYPE_Q4_K) M(HM_TYPE_Q5_K) M(HM_TYPE_Q6_K) M(HM_TYPE_IQ4_XS) \
     M(HM_TYPE_Q4_1) M(HM_TYPE_Q5_1) M(HM_TYPE_IQ4_NL) M(HM_TYPE_Q2_K) M(HM_TYPE_Q3_K) \
+    M(HM_TYPE_IQ2_XXS) M(HM_TYPE_IQ2_XS) M(HM_TYPE_IQ2_S) M(HM_TYPE_IQ3_XXS) M(HM_TYPE_IQ3_S) M(HM_TYPE_IQ1_S) \
+    M(HM_TYPE_IQ1_M)
+
+/* Expand M(T) for every type of the int8 MMQ prefill (q8k_mmq_type; cuda_mmq.cu's dispatch). */
+#define HM_CUDA_FOR_MMQ_TYPES(M) \
+    M(HM_TYPE_Q4_K) M(HM_TYPE_Q5_K) M(HM_TYPE_Q6_K) M(HM_TYPE_IQ4_XS) M(HM_TYPE_Q3_K) \
+    M(HM_TYPE_IQ2_XXS) M(HM_TYPE_IQ2_XS) M(HM_TYPE_IQ2_S) M(HM_TYPE_IQ3_XXS) M(HM_TYPE_IQ3_S) M(HM_TYPE_IQ1_S) \
+    M(HM_TYPE_IQ1_M)
+
+/* Expand M(T) for every type of the int8 decode path (q8k_type; the MoE kernels' dispatch). */
+#define HM_CUDA_FOR_Q8K_TYPES(M) \
+    M(HM_TYPE_Q4_K) M(HM_TYPE_Q5_K) M(HM_TYPE_Q6_K) M(HM_TYPE_IQ4_XS) M(HM_TYPE_Q2_K) M(HM_TYPE_Q3_K) \
     M(HM_TYPE_IQ2_XXS) M(HM_TYPE_IQ2_XS) M(HM_TYPE_IQ2_S) M(HM_TYPE_IQ3_XXS) M(HM_TYPE_IQ3_S) M(HM_TYPE_IQ1_S) \
     M(HM_TYPE_IQ1_M)
 

@@ -4,7 +4,8 @@
  * CPU's to_float_ref (src/quant/quant_lowbit.c): the affine types compute q * d + m and
  * d * q - m as a rounded product then a rounded add, as the CPU reference does (never fused).
  * Layouts: src/quant/quant_lowbit_impl.h (ggml-common.h compatible). Included by cuda_quant.cuh
- * after the other types; no int8 (dp4a / MMQ) kernels for these types yet. */
+ * after the other types. The int8 (dp4a / MMQ) units of Q2_K and Q3_K are in cuda_q8k_lowbit.cuh;
+ * Q4_1, Q5_1 and IQ4_NL (Q8_1 / Q8_0 partners) have none yet. */
 #ifndef HM_BACKEND_CUDA_QUANT_LOWBIT_CUH
 #define HM_BACKEND_CUDA_QUANT_LOWBIT_CUH
 
