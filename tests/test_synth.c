@@ -712,7 +712,7 @@ static void check_arch_mixes(void) {
             st = hm_synth_plan_g4(q, q->base.n_layer, &m, &t, &n, &err);
         } else {
             const hm_synth_q35 *q = hm_synth_find_q35("qwen35moe", "qwen36-35b-a3b");
-            st = hm_synth_plan_q35(q, q->base.n_layer, &m, &t, &n, &err);
+            st = hm_synth_plan_q35(q, q->base.n_layer, 0, &m, &t, &n, &err);
         }
         CHECKF(st == HM_OK, "plan %s %s: %s", want[i].arch, want[i].mix, err.msg);
         int type = -1;
