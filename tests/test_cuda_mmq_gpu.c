@@ -264,7 +264,7 @@ static void gpu_untouched(void) {
  * apart, ~1e-5; a wrong unit, pair, token map or tile gives ~1). */
 static float silu_h(float v) { return v / (1.0f + expf(-v)); }
 
-static void gpu_moe_case(int gt, int dt, int64_t n_batch, int n_units, int k, int64_t n_embd, int64_t n_ff) {
+static void gpu_moe_case(int gt, int dt, int64_t n_batch, int n_units, int k, int64_t n_embd, int64_t n_ff, bool down_tiles) {
     size_t rg, rd;
     uint8_t **gw = xmalloc(sizeof(uint8_t *) * (size_t)(3 * n_units));
     void **dwt = xmalloc(sizeof(void *) * (size_t)(3 * n_units));
@@ -330,8 +330,11 @@ static void gpu_moe_case(int gt, int dt, int64_t n_batch, int n_units, int k, in
     const double e_cpu = nmse(out[0], ref, n_batch * n_embd), e_off = nmse(out[0], out[2], n_batch * n_embd),
                  e_old = nmse(out[2], ref, n_batch * n_embd);
     CHECKF(!memcmp(out[0], out[1], ob), "mmq moe: two runs differ (not deterministic)");
-    CHECKF(e_cpu <= 1e-5 && e_off <= 1e-3, "mmq moe %s/%s n_batch %lld: NMSE vs CPU %.3g, vs the switch-off path %.3g",
-           hm_type_name(gt), hm_type_name(dt), (long long)n_batch, e_cpu, e_off);
+    /* down_tiles false: the down type has no int8 tiles, so down runs on the bf16 path with the
+     * switch on as off; the CPU comparison is then that path's (no worse than all of it off) */
+    const bool ok_cpu = down_tiles ? e_cpu <= 1e-5 : e_cpu <= e_old && e_cpu <= 1e-3;
+    CHECKF(ok_cpu && e_off <= 1e-3, "mmq moe %s/%s n_batch %lld: NMSE vs CPU %.3g (switch off %.3g), vs the "
+           "switch-off path %.3g", hm_type_name(gt), hm_type_name(dt), (long long)n_batch, e_cpu, e_old, e_off);
     printf("mmq moe %-6s/%-6s n_batch %4lld, %d units, %lld pairs: NMSE vs CPU %.2e (switch off: %.2e), vs switch off "
            "%.2e\n", hm_type_name(gt), hm_type_name(dt), (long long)n_batch, n_units, (long long)n_pairs, e_cpu, e_old, e_off);
     CK(hm_cuda_set_mmq(ctx, false, &err));
@@ -389,16 +392,16 @@ int main(void) {
     gpu_case(HM_TYPE_Q6_K, 4096, 4096, 512);
     gpu_case(HM_TYPE_Q4_K, 16384, 70, 1000); /* 1000 tokens of 16384: two workspace chunks */
     gpu_untouched();
-    gpu_moe_case(HM_TYPE_Q4_K, HM_TYPE_Q6_K, 100, 12, 4, 1024, 512);  /* unit 0: 100 pairs, 2 tiles */
-    gpu_moe_case(HM_TYPE_Q4_K, HM_TYPE_Q4_K, 40, 5, 3, 2048, 768);
-    gpu_moe_case(HM_TYPE_Q5_K, HM_TYPE_IQ4_XS, 600, 16, 8, 1024, 512); /* 4800 pairs: two chunks */
+    gpu_moe_case(HM_TYPE_Q4_K, HM_TYPE_Q6_K, 100, 12, 4, 1024, 512, true);  /* unit 0: 100 pairs, 2 tiles */
+    gpu_moe_case(HM_TYPE_Q4_K, HM_TYPE_Q4_K, 40, 5, 3, 2048, 768, true);
+    gpu_moe_case(HM_TYPE_Q5_K, HM_TYPE_IQ4_XS, 600, 16, 8, 1024, 512, true); /* 4800 pairs: two chunks */
     /* the low-bit types; Q2_K has no tiles, so (IQ2_XXS, Q2_K) runs gate / up in int8 tiles and
      * down on the other path in one call */
-    gpu_moe_case(HM_TYPE_IQ2_XXS, HM_TYPE_Q2_K, 100, 12, 4, 1024, 512);
-    gpu_moe_case(HM_TYPE_Q3_K, HM_TYPE_IQ3_XXS, 40, 5, 3, 2048, 768);
-    gpu_moe_case(HM_TYPE_IQ1_S, HM_TYPE_IQ2_XS, 100, 12, 4, 1024, 512);
-    gpu_moe_case(HM_TYPE_IQ1_M, HM_TYPE_IQ3_S, 100, 12, 4, 1024, 512);
-    gpu_moe_case(HM_TYPE_IQ2_S, HM_TYPE_Q3_K, 100, 12, 4, 1024, 512);
+    gpu_moe_case(HM_TYPE_IQ2_XXS, HM_TYPE_Q2_K, 100, 12, 4, 1024, 512, false);
+    gpu_moe_case(HM_TYPE_Q3_K, HM_TYPE_IQ3_XXS, 40, 5, 3, 2048, 768, true);
+    gpu_moe_case(HM_TYPE_IQ1_S, HM_TYPE_IQ2_XS, 100, 12, 4, 1024, 512, true);
+    gpu_moe_case(HM_TYPE_IQ1_M, HM_TYPE_IQ3_S, 100, 12, 4, 1024, 512, true);
+    gpu_moe_case(HM_TYPE_IQ2_S, HM_TYPE_Q3_K, 100, 12, 4, 1024, 512, true);
     for (int ti = 0; ti < N_TYPES; ti++) bench(types[ti]);
     hm_cuda_close(ctx);
     return test_done();
