@@ -149,8 +149,8 @@ bool hm_cuda_flash_decode_takes(const hm_cuda_ctx *c, int64_t n_tok, int head_di
 /* Whether the attention ops send a decode batch seeing n_keys positions (its window, or the
  * context) to it: on the H200 it reads a deep cache 2-4x faster than the exact kernels
  * (bench_flash -decode: 131 against 509 us at 131072 positions, 32 q / 4 kv heads of 128) and is as
- * fast at 1024 positions, except for head dims 256 and 512, whose exact kernels are faster up to
- * about 2048 positions (256: 25 against 37 us at 1024). */
+ * fast at 1024 positions, except for head dim 256, whose exact kernel is faster up to about 2048
+ * positions (25 against 37 us at 1024; 512 is given the same rule, unmeasured). */
 bool hm_cuda_flash_decode_on(const hm_cuda_ctx *c, int64_t n_tok, int64_t n_keys, int head_dim);
 int hm_cuda_flash_decode_splits(const hm_cuda_ctx *c, int64_t n_tok, int n_head, int n_kv_head, int head_dim,
                                 int64_t kv_len, int32_t window, size_t scratch_size);
